@@ -1,0 +1,253 @@
+"""Recompute mechanisms and the one place that applies the recompute policy.
+
+Two mechanisms, with Megatron-Core's semantics:
+
+* `checkpoint(fn, *args)` - a normal checkpoint: runs `fn` without building a graph, saves only
+  its tensor inputs, and re-runs `fn` in backward. RNG state (CPU and the inputs' device) is
+  captured before the forward and replayed for the recompute, so dropout masks are bit-identical.
+  Used for `core_attn`, `mlp`, `moe`, `shared_experts` and full-layer recompute.
+
+* `OutputDiscardingCheckpoint` - Megatron's `CheckpointWithoutOutput`. A normal checkpoint still
+  keeps its *output* alive, because the next op saves it for its own backward (the QKV linear
+  saves the LayerNorm output). This one lets the consumer save the output, then frees the
+  output's storage and refills it in backward, from a hook on a tensor whose gradient arrives
+  before the consumer needs the output. Used for `layernorm`, `moe_act`, `mla_up_proj`.
+
+`RecomputePolicy` turns a `RecomputeConfig` into those calls; layers ask it, never the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .config import RecomputeConfig
+
+# --------------------------------------------------------------------------------------------
+# RNG capture and replay
+# --------------------------------------------------------------------------------------------
+
+
+class RNGSnapshot:
+    """CPU RNG state plus the RNG state of every CUDA device the inputs live on."""
+
+    def __init__(self, tensors: Sequence[Any]):
+        self.cpu = torch.get_rng_state()
+        self.cuda: dict[int, Tensor] = {}
+        for t in tensors:
+            if isinstance(t, Tensor) and t.is_cuda and t.device.index not in self.cuda:
+                self.cuda[t.device.index] = torch.cuda.get_rng_state(t.device)
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        """Run the body with the captured states, then put the current states back."""
+        with torch.random.fork_rng(devices=list(self.cuda), enabled=True):
+            torch.set_rng_state(self.cpu)
+            for index, state in self.cuda.items():
+                torch.cuda.set_rng_state(state, index)
+            yield
+
+
+def _as_tuple(x: Any) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _detached_inputs(args: Sequence[Any]) -> list[Any]:
+    return [
+        a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a for a in args
+    ]
+
+
+def _check_backward_not_grad() -> None:
+    # Inside torch.autograd.grad() the recompute cannot route parameter gradients.
+    if not torch.autograd._is_checkpoint_valid():
+        raise RuntimeError(
+            "Checkpointing is not compatible with .grad(), please use .backward() if possible"
+        )
+
+
+def _backward_through(outputs: Sequence[Any], grads: Sequence[Any]) -> None:
+    pairs = [
+        (o, g)
+        for o, g in zip(outputs, grads, strict=True)
+        if isinstance(o, Tensor) and o.requires_grad and g is not None
+    ]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def _input_grads(inputs: Sequence[Any]) -> tuple:
+    return tuple(a.grad if isinstance(a, Tensor) and a.requires_grad else None for a in inputs)
+
+
+# --------------------------------------------------------------------------------------------
+# Normal checkpoint
+# --------------------------------------------------------------------------------------------
+
+
+class _CheckpointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_fn: Callable, *args: Any) -> Any:  # type: ignore[override]
+        ctx.run_fn = run_fn
+        ctx.rng = RNGSnapshot(args)
+        ctx.tensor_index = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        ctx.args = [None if isinstance(a, Tensor) else a for a in args]
+        ctx.save_for_backward(*(args[i] for i in ctx.tensor_index))
+        with torch.no_grad():
+            return run_fn(*args)
+
+    @staticmethod
+    def backward(ctx, *grads: Any) -> Any:  # type: ignore[override]
+        _check_backward_not_grad()
+        args = list(ctx.args)
+        for i, t in zip(ctx.tensor_index, ctx.saved_tensors, strict=True):
+            args[i] = t
+        inputs = _detached_inputs(args)
+        with ctx.rng.replay(), torch.enable_grad():
+            outputs = _as_tuple(ctx.run_fn(*inputs))
+        _backward_through(outputs, grads)
+        return (None, *_input_grads(inputs))
+
+
+def checkpoint(fn: Callable, *args: Any) -> Any:
+    """Run `fn(*args)` keeping only the tensor inputs for backward; recompute in backward."""
+    return _CheckpointFunction.apply(fn, *args)
+
+
+# --------------------------------------------------------------------------------------------
+# Output-discarding checkpoint (Megatron's CheckpointWithoutOutput)
+# --------------------------------------------------------------------------------------------
+
+
+class _DiscardingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, owner: OutputDiscardingCheckpoint, *args: Tensor) -> Any:  # type: ignore[override]
+        ctx.owner = owner
+        owner.ctx = ctx
+        ctx.save_for_backward(*args)
+        with torch.no_grad():
+            return owner.fn(*args)
+
+    @staticmethod
+    def backward(ctx, *grads: Any) -> Any:  # type: ignore[override]
+        _check_backward_not_grad()
+        owner = ctx.owner
+        if owner.recomputed is None:  # the hook did not fire (hook tensor outside the graph)
+            owner.recompute()
+        inputs, outputs = owner.recomputed
+        owner.ctx = owner.recomputed = owner.outputs = None  # break the ctx <-> owner cycle
+        _backward_through(outputs, grads)
+        return (None, *_input_grads(inputs))
+
+
+class OutputDiscardingCheckpoint:
+    """Run a function, let its consumer save the output, free that output, refill it in backward.
+
+    Usage (LayerNorm before the QKV projection)::
+
+        ln = OutputDiscardingCheckpoint()
+        y = ln.run(norm, x)              # y is consumed (and saved) by the next op
+        out = attention(y)
+        ln.discard_output_and_register_recompute(out)   # frees y's storage now
+
+    The tensor given to `discard_output_and_register_recompute` must receive its gradient in
+    backward before the consumer of `y` runs its backward.
+    """
+
+    def __init__(self) -> None:
+        self.fn: Callable | None = None
+        self.ctx: Any = None
+        self.outputs: tuple | None = None
+        self.recomputed: tuple | None = None
+
+    def run(self, fn: Callable, *args: Tensor) -> Any:
+        self.fn = fn
+        self.rng = RNGSnapshot(args)
+        out = _DiscardingFunction.apply(self, *args)
+        self.outputs = _as_tuple(out)
+        return out
+
+    def discard_output_and_register_recompute(self, hook_tensor: Tensor) -> None:
+        if self.outputs is None or not hook_tensor.requires_grad:
+            return
+        for out in self.outputs:
+            out.untyped_storage().resize_(0)
+        hook_tensor.register_hook(self._on_grad)
+
+    def _on_grad(self, grad: Tensor) -> None:
+        if self.recomputed is None and self.ctx is not None:
+            self.recompute()
+
+    def recompute(self) -> None:
+        inputs = _detached_inputs(self.ctx.saved_tensors)
+        with self.rng.replay(), torch.enable_grad():
+            fresh = _as_tuple(self.fn(*inputs))
+        # Put the values back into the storage the consumers saved (their tensors see it again).
+        for old, new in zip(self.outputs, fresh, strict=True):
+            storage = old.untyped_storage()
+            storage.resize_(new.untyped_storage().nbytes())
+            storage.copy_(new.untyped_storage())
+        self.recomputed = (inputs, fresh)
+
+
+class _NoDiscard:
+    """Stand-in when the module is not recomputed: runs the function, discards nothing."""
+
+    def run(self, fn: Callable, *args: Tensor) -> Any:
+        return fn(*args)
+
+    def discard_output_and_register_recompute(self, hook_tensor: Tensor) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# The recompute policy
+# --------------------------------------------------------------------------------------------
+
+
+class RecomputePolicy:
+    """Decides, from a RecomputeConfig, which mechanism each module's activations get.
+
+    Layers call `policy.checkpoint("core_attn", fn, *args)` or `policy.discarding("layernorm")`;
+    the block calls `policy.full_recompute_chunks(n)`. Megatron's rules: selective modules act
+    only with granularity 'selective'; full recompute supersedes them; normal checkpoints and full
+    recompute act only in training mode.
+    """
+
+    def __init__(self, config: RecomputeConfig):
+        self.config = config
+
+    def checkpoint(self, module: str, fn: Callable, *args: Any, training: bool = True) -> Any:
+        if training and torch.is_grad_enabled() and self.config.selects(module):
+            return checkpoint(fn, *args)
+        return fn(*args)
+
+    def discarding(self, module: str) -> OutputDiscardingCheckpoint | _NoDiscard:
+        if torch.is_grad_enabled() and self.config.selects(module):
+            return OutputDiscardingCheckpoint()
+        return _NoDiscard()
+
+    def full_recompute_chunks(
+        self, num_layers: int, training: bool = True
+    ) -> list[tuple[int, int, bool]]:
+        """Split layers [0, num_layers) into (start, end, checkpointed) runs.
+
+        uniform, N: chunks of N layers, each one checkpoint (the last chunk is clamped).
+        block, N:   the first N layers checkpointed one by one, the rest run normally.
+        """
+        rc = self.config
+        if not (training and torch.is_grad_enabled() and rc.recompute_granularity == "full"):
+            return [(0, num_layers, False)]
+        n = rc.recompute_num_layers or 1
+        if rc.recompute_method == "uniform":
+            return [(i, min(i + n, num_layers), True) for i in range(0, num_layers, n)]
+        if rc.recompute_method == "block":
+            chunks = [(i, i + 1, True) for i in range(min(n, num_layers))]
+            if n < num_layers:
+                chunks.append((n, num_layers, False))
+            return chunks
+        raise ValueError("Invalid activation recompute method.")

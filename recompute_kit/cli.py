@@ -1,0 +1,255 @@
+"""The `recompute-kit` command. Thin: every decision lives in the package.
+
+Human tables by default, `--json` for one JSON document on stdout. Exit 0 when the command did
+its job, 1 for invalid input or an impossible goal (one line on stderr, no traceback), 2 for a
+usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from .config import SPEC_HELP, Config, ConfigError, load_config
+from .presets import PRESETS, get_preset
+
+GIB = 2**30
+MIB = 2**20
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers
+# --------------------------------------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def byte_unit(values: Sequence[int]) -> tuple[str, int]:
+    """GiB for real sizes; MiB when every value is under 0.1 GiB (tiny models)."""
+    return ("GiB", GIB) if max(values, default=0) >= GIB // 10 else ("MiB", MIB)
+
+
+def emit_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared argument handling
+# --------------------------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(PRESETS)}")
+    source.add_argument(
+        "--config", metavar="FILE", help="a YAML/JSON config (flat or under model:)"
+    )
+
+
+def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") -> Config:
+    if args.config:
+        cfg, warnings = load_config(args.config)
+        for warning in warnings:
+            print(f"recompute-kit: warning: {warning}", file=sys.stderr)
+        return cfg
+    return get_preset(args.model or default_model).config()
+
+
+# --------------------------------------------------------------------------------------------
+# Subcommands
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    if args.json:
+        emit_json(
+            {
+                "presets": [
+                    {
+                        "name": p.name,
+                        "description": p.description,
+                        "runnable": p.runnable,
+                        "source": p.source,
+                        "config": p.config().to_flat(),
+                    }
+                    for p in PRESETS.values()
+                ]
+            }
+        )
+        return 0
+    rows = [
+        (
+            p.name,
+            "yes" if p.runnable else "shape only",
+            p.model.num_layers,
+            p.model.hidden_size,
+            p.model.num_attention_heads,
+            p.model.kv_groups,
+            p.model.seq_length,
+            p.description,
+        )
+        for p in PRESETS.values()
+    ]
+    print(
+        format_table(
+            ["preset", "runs here", "layers", "hidden", "heads", "kv groups", "seq", "description"],
+            rows,
+        )
+    )
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg, warnings = load_config(args.config_file)
+    errors: list[str] = []
+    try:
+        warnings += cfg.validate(strict=args.strict)
+    except ConfigError as exc:
+        errors.append(str(exc))
+    if args.json:
+        emit_json(
+            {
+                "valid": not errors,
+                "errors": errors,
+                "warnings": warnings,
+                "normalized": cfg.to_flat(),
+            }
+        )
+    else:
+        for warning in warnings:
+            print(f"warning: {warning}")
+        for error in errors:
+            print(f"error: {error}")
+        if not errors:
+            print(f"valid: {args.config_file} (recompute: {cfg.recompute.spec})")
+    return 1 if errors else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify  # imports torch: keep `presets`/`validate` fast
+
+    cfg = config_from_args(args)
+    if args.model and not get_preset(args.model).runnable:
+        raise ConfigError(
+            f"preset {args.model!r} is shape-only (too large to run here); verify a runnable "
+            f"preset: {', '.join(p.name for p in PRESETS.values() if p.runnable)}"
+        )
+    cfg.validate()
+    results = verify(cfg, args.recompute, device=args.device, dtype=args.dtype, seed=args.seed)
+    ok = all(r.loss_match and r.grads_match for r in results)
+    if args.json:
+        emit_json(
+            {
+                "model": args.model or args.config,
+                "device": args.device,
+                "dtype": args.dtype,
+                "seed": args.seed,
+                "all_match": ok,
+                "results": [asdict(r) for r in results],
+            }
+        )
+    else:
+        unit, scale = byte_unit([r.baseline_saved_activation_bytes for r in results])
+        rows = [
+            (
+                r.recompute,
+                "yes" if r.loss_match else "NO",
+                "yes" if r.grads_match else "NO",
+                f"{r.max_grad_abs_diff:.3g}",
+                f"{r.saved_activation_bytes / scale:.3f}",
+                f"{100 * (1 - r.saved_activation_bytes / r.baseline_saved_activation_bytes):.1f}",
+                "; ".join(r.notes),
+            )
+            for r in results
+        ]
+        print(
+            format_table(
+                [
+                    "recompute",
+                    "loss equal",
+                    "grads equal",
+                    "max |dgrad|",
+                    f"saved act ({unit})",
+                    "saved vs none (%)",
+                    "notes",
+                ],
+                rows,
+            )
+        )
+        print(
+            f"\nno-recompute step saves {results[0].baseline_saved_activation_bytes / scale:.3f} "
+            f"{unit}; {'all specs match it bitwise' if ok else 'SOME SPECS DIFFER'}"
+        )
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------------------------
+# Parser and entry point
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recompute-kit",
+        description="Choose, verify and measure activation recomputation settings "
+        "(Megatron-Core semantics).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("presets", help="list the named model shapes")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("validate", help="check a config file against Megatron-Core's rules")
+    p.add_argument("config_file", metavar="CONFIG", help="YAML or JSON, flat or under model:")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="also apply the rules only Megatron-LM's command line enforces",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("verify", help="prove each recompute spec gives the same loss and grads")
+    add_model_args(p)
+    p.add_argument(
+        "--recompute",
+        metavar="SPEC",
+        nargs="+",
+        help=f"specs to check (default: every valid spec). {SPEC_HELP}",
+    )
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"recompute-kit: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("recompute-kit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,543 @@
+"""Configuration: model shape, parallel sizes and recompute settings, with Megatron-Core's names.
+
+A `Config` bundles three dataclasses:
+
+* `ModelConfig`     - the architecture and the training shape (seq_length, micro_batch_size, dtype);
+* `ParallelConfig`  - TP/PP/VPP/CP/EP/DP sizes and sequence parallelism;
+* `RecomputeConfig` - recompute_granularity/method/num_layers/modules and activation offloading.
+
+`Config.validate()` applies Megatron-Core's `TransformerConfig.__post_init__` rules for these
+fields, in Megatron's order and with Megatron's own messages (typos included), as `ValueError`.
+`strict=True` adds the rules that only Megatron-LM's command line enforces.
+
+Recompute spec strings (`none`, `selective`, `selective:mlp,layernorm`, `full:uniform:2`, ...) are
+the short form used by the CLI and the notebooks; `parse_spec` and `format_spec` convert both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# The modules Megatron-Core accepts in recompute_modules (v0.14 to v0.19); the first seven are
+# the ones recompute-kit's layers implement.
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "mlp",
+    "layernorm",
+    "moe",
+    "moe_act",
+    "shared_experts",
+    "mla_up_proj",
+)
+# Normal checkpoint (saves the inputs) vs output-discarding checkpoint (frees the output too).
+NORMAL_CHECKPOINT_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+OUTPUT_DISCARDING_MODULES = ("layernorm", "moe_act", "mla_up_proj")
+
+OFFLOAD_MODULES = (
+    "attn_norm",
+    "qkv_linear",
+    "core_attn",
+    "attn_proj",
+    "mlp_norm",
+    "expert_fc1",
+    "moe_act",
+)
+ATTENTION_BACKENDS = ("unfused", "flash", "fused", "auto")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+
+class ConfigError(ValueError):
+    """A configuration or spec that recompute-kit (or Megatron) rejects. The message is one line."""
+
+
+@dataclass
+class ModelConfig:
+    """Architecture and training shape (Megatron-Core field names)."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None  # None: MHA (= num_attention_heads)
+    ffn_hidden_size: int | None = None  # None: 4 * hidden_size
+    seq_length: int = 32
+    micro_batch_size: int = 2
+    vocab_size: int = 128
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    attention_backend: str = "unfused"
+    bf16: bool = False
+    fp16: bool = False
+    # Mixture of experts
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_grouped_gemm: bool = False
+    moe_shared_expert_overlap: bool = False
+    # Multi-latent attention
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    # Low precision and CUDA graphs (validated against recompute; not executed by the layers)
+    fp8: str | None = None
+    fp8_recipe: str = "tensorwise"
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: list[str] = field(default_factory=list)
+
+    @property
+    def kv_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel sizes. The reference layers run on one device; these feed the per-rank model."""
+
+    data_parallel_size: int = 1
+    use_distributed_optimizer: bool = False
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+
+@dataclass
+class RecomputeConfig:
+    """Activation recomputation and offloading settings (Megatron-Core semantics)."""
+
+    recompute_granularity: str | None = None  # None | "selective" | "full"
+    recompute_method: str | None = None  # None | "uniform" | "block"
+    recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = None  # None -> ["core_attn"]; [] is the no-op control
+    distribute_saved_activations: bool = False
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
+    fine_grained_activation_offloading: bool = False
+    offload_modules: list[str] = field(default_factory=list)
+
+    @property
+    def modules(self) -> list[str]:
+        """The modules recomputed by selective granularity (Megatron's default when None)."""
+        return ["core_attn"] if self.recompute_modules is None else list(self.recompute_modules)
+
+    def selects(self, module: str) -> bool:
+        """Whether selective recompute applies to `module` (only with granularity 'selective')."""
+        return self.recompute_granularity == "selective" and module in self.modules
+
+    @property
+    def spec(self) -> str:
+        return format_spec(self)
+
+
+@dataclass
+class Config:
+    """Everything recompute-kit needs to know about one training setup."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+
+    def replace(self, **flat: Any) -> Config:
+        """A copy with some flat Megatron keys changed (`replace(seq_length=4096)`)."""
+        new = Config(
+            dataclasses.replace(self.model),
+            dataclasses.replace(self.parallel),
+            dataclasses.replace(self.recompute),
+        )
+        for key, value in flat.items():
+            section = _SECTION_OF_KEY.get(key)
+            if section is None:
+                raise ConfigError(f"unknown config key {key!r}{_did_you_mean(key)}")
+            setattr(getattr(new, section), key, value)
+        return new
+
+    def with_recompute(self, recompute: RecomputeConfig | str) -> Config:
+        """A copy whose recompute settings are replaced (a spec string or a RecomputeConfig)."""
+        rc = parse_spec(recompute) if isinstance(recompute, str) else recompute
+        # Offloading settings belong to the setup, not to the spec: keep them.
+        rc = dataclasses.replace(
+            rc,
+            distribute_saved_activations=self.recompute.distribute_saved_activations,
+            cpu_offloading=self.recompute.cpu_offloading,
+            cpu_offloading_num_layers=self.recompute.cpu_offloading_num_layers,
+            fine_grained_activation_offloading=self.recompute.fine_grained_activation_offloading,
+            offload_modules=list(self.recompute.offload_modules),
+        )
+        return Config(self.model, self.parallel, rc)
+
+    def to_flat(self) -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        for section in (self.model, self.parallel, self.recompute):
+            flat.update(dataclasses.asdict(section))
+        return flat
+
+    def validate(self, strict: bool = False) -> list[str]:
+        """Raise `ConfigError` on the first rule broken; return warnings. Normalises in place
+        (`recompute_modules=None` becomes `["core_attn"]`, as in Megatron)."""
+        return validate(self, strict=strict)
+
+
+_SECTION_OF_KEY: dict[str, str] = {
+    f.name: section
+    for section, cls in (
+        ("model", ModelConfig),
+        ("parallel", ParallelConfig),
+        ("recompute", RecomputeConfig),
+    )
+    for f in fields(cls)
+}
+CONFIG_KEYS = tuple(_SECTION_OF_KEY)
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: Megatron-Core TransformerConfig rules, Megatron's messages verbatim.
+# Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
+# --------------------------------------------------------------------------------------------
+
+
+def validate(cfg: Config, strict: bool = False) -> list[str]:
+    m, p, r = cfg.model, cfg.parallel, cfg.recompute
+    warnings: list[str] = []
+    _check_types(cfg)
+
+    # Rules 1-3: layer-level CPU offloading.
+    if r.cpu_offloading and (
+        r.cpu_offloading_num_layers < 0 or r.cpu_offloading_num_layers >= m.num_layers
+    ):
+        raise ConfigError(f"CPU offloading can be done only for layers less than {m.num_layers}")
+    if r.cpu_offloading and p.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            "Currently there is no support for Pipeline parallelism with CPU offloading"
+        )
+    if r.cpu_offloading and r.recompute_granularity is not None:
+        raise ConfigError("CPU offloading does not work when activation recomputation is enabled")
+
+    # Rules 4-9: granularity, method, num_layers.
+    g = r.recompute_granularity
+    if g is not None:
+        if g not in ("full", "selective"):
+            raise ConfigError(
+                f'When using recompute_granuarlity: {g} must be "full"or "selective".'
+            )
+        if r.recompute_method is not None:
+            if r.recompute_method not in ("block", "uniform"):
+                raise ConfigError(
+                    f'recompute_method: {r.recompute_method} must be "block" or "uniform".'
+                )
+        elif g != "selective":
+            raise ConfigError(
+                f'Using recompute_granularity: {g} so recompute_method must be "block" or "uniform"'
+            )
+        if g != "selective" and r.recompute_num_layers is None:
+            raise ConfigError(
+                f"When using recompute_granularity: {g} "
+                "recompute_num_layers must be between "
+                "1 and num_layers_per_pipeline_rank: "
+                f"{m.num_layers // p.pipeline_model_parallel_size}"
+            )
+        if g == "selective" and r.recompute_num_layers is not None:
+            raise ConfigError(
+                f"When using recompute_granularity: {g} recompute_num_layers must be None."
+            )
+        if r.distribute_saved_activations and p.sequence_parallel:
+            raise ConfigError(
+                f"distribute_saved_activations: {r.distribute_saved_activations} must be "
+                f"false when sequence parallel is enabled: {p.sequence_parallel}"
+            )
+
+    # Rule 10: the default module list.
+    if r.recompute_modules is None:
+        r.recompute_modules = ["core_attn"]
+
+    # Rules 11-17: selective modules.
+    if g == "selective":
+        allowed = {*RECOMPUTE_MODULES, "gdn_norm_out"}
+        invalid = set(r.recompute_modules) - allowed
+        if r.recompute_modules and invalid:
+            raise ConfigError(
+                f"Invalid choices for recompute_modules: {invalid}. Allowed modules are: {allowed}"
+            )
+        mods = r.recompute_modules
+        if "moe_act" in mods and not m.moe_grouped_gemm:
+            raise ConfigError(
+                "moe_act in recompute_modules is only supported with moe_grouped_gemm."
+            )
+        if "mla_up_proj" in mods and not m.multi_latent_attention:
+            raise ConfigError(
+                "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
+            )
+        if "gdn_norm_out" in mods:  # recompute-kit has no gated-delta-net attention
+            raise ConfigError(
+                "gdn_norm_out in recompute_modules is only supported with "
+                "experimental_attention_variant='gdn' or 'gdn2'."
+            )
+        if "core_attn" in mods:
+            warnings.append(
+                "If you are using transformer_engine as the transformer implementation, "
+                "the core_attn is from transformer_engine and may be the fused version. "
+                "For fused attention, you have no need to set 'core_attn' to recompute. "
+                "Please check that the core_attn recompute is really needed."
+            )
+        if (
+            "shared_experts" in mods
+            and m.moe_shared_expert_intermediate_size is not None
+            and m.moe_shared_expert_overlap
+        ):
+            raise ConfigError(
+                "shared_experts recompute cannot work with --moe-shared-expert-overlap."
+            )
+        if m.fp8 and ("moe_act" in mods or "layernorm" in mods) and m.fp8_recipe == "delayed":
+            # Megatron also requires transformer-engine>=2.6.0dev0 here; the kit has no TE.
+            raise ConfigError(
+                "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+            )
+
+    # Rules 20-22: fine-grained activation offloading.
+    if r.fine_grained_activation_offloading:
+        if r.cpu_offloading:
+            raise ConfigError(
+                "fine_grained_activation_offloading cannot be enabled with cpu_offloading."
+            )
+        if not r.offload_modules:
+            # Megatron: a bare `assert len(self.offload_modules) > 0`.
+            raise ConfigError(
+                "fine_grained_activation_offloading needs a non-empty offload_modules, "
+                f"choose from {list(OFFLOAD_MODULES)}"
+            )
+        allowed_offload = set(OFFLOAD_MODULES)
+        invalid = set(r.offload_modules) - allowed_offload
+        if invalid:
+            raise ConfigError(
+                f"Invalid choices for offload_modules: {invalid}. "
+                f"Allowed modules are: {allowed_offload}"
+            )
+        if "attn_proj" in r.offload_modules and "core_attn" not in r.offload_modules:
+            raise ConfigError(
+                "attn_proj cannot be set to offload_modules alone without core_attn because "
+                "the input of attn_proj is the output of core_attn, which is needed in "
+                "core_attn.backward()."
+            )
+        offload_inside_moe = [x for x in r.offload_modules if x in ("moe_act", "expert_fc1")]
+        if g == "selective" and "moe" in r.recompute_modules and offload_inside_moe:
+            raise ConfigError(
+                f"Cannot offload {offload_inside_moe} while recomputing the entire MoE layer. "
+                "'moe' in recompute_modules wraps the full MoE forward in a checkpoint, so "
+                "offloading activations inside it is redundant and will cause errors. Either "
+                "remove 'moe' from --recompute-modules or remove "
+                f"{offload_inside_moe} from --offload-modules."
+            )
+
+    # Rules 26-28: only Megatron-LM's argument parser enforces these.
+    if strict:
+        if r.distribute_saved_activations:
+            if p.tensor_model_parallel_size <= 1:
+                raise ConfigError(
+                    "can distribute recomputed activations only across tensor model parallel groups"
+                )
+            if g != "full":
+                raise ConfigError(
+                    "distributed recompute activations is only application to full recompute "
+                    "granularity"
+                )
+            if r.recompute_method is None:
+                raise ConfigError(
+                    "for distributed recompute activations to work you need to use a recompute "
+                    "method "
+                )
+        if g == "selective" and r.recompute_method is not None:
+            raise ConfigError(
+                "recompute method is not yet supported for selective recomputing granularity"
+            )
+
+    # Not a Megatron rule, but the layers must be able to run the config.
+    _check_shapes(m)
+    if g == "full" and r.recompute_num_layers is not None and r.recompute_num_layers < 1:
+        raise ConfigError(
+            f"recompute_num_layers must be at least 1 for full recompute, got "
+            f"{r.recompute_num_layers}"
+        )
+    return warnings
+
+
+def _check_types(cfg: Config) -> None:
+    """Reject values of the wrong type with a one-line message naming the key."""
+    for section in (cfg.model, cfg.parallel, cfg.recompute):
+        for f in fields(section):
+            value = getattr(section, f.name)
+            expected = f.type if isinstance(f.type, str) else str(f.type)
+            if value is None:
+                if "None" not in expected:
+                    raise ConfigError(f"{f.name} must not be null")
+                continue
+            if expected.startswith("int") and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
+                raise ConfigError(f"{f.name} must be an integer, got {value!r}")
+            if expected.startswith("float") and (
+                isinstance(value, bool) or not isinstance(value, (int, float))
+            ):
+                raise ConfigError(f"{f.name} must be a number, got {value!r}")
+            if expected == "bool" and not isinstance(value, bool):
+                raise ConfigError(f"{f.name} must be true or false, got {value!r}")
+            if expected.startswith("str") and not isinstance(value, str):
+                raise ConfigError(f"{f.name} must be a string, got {value!r}")
+            if expected.startswith("list") and not isinstance(value, list):
+                raise ConfigError(f"{f.name} must be a list, got {value!r}")
+
+
+def _check_shapes(m: ModelConfig) -> None:
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "vocab_size",
+    ):
+        if getattr(m, key) < 1:
+            raise ConfigError(f"{key} must be positive, got {getattr(m, key)}")
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(
+            f"hidden_size ({m.hidden_size}) must be divisible by num_attention_heads "
+            f"({m.num_attention_heads})"
+        )
+    if m.num_attention_heads % m.kv_groups:
+        raise ConfigError(
+            f"num_attention_heads ({m.num_attention_heads}) must be divisible by "
+            f"num_query_groups ({m.kv_groups})"
+        )
+    if m.normalization not in NORMALIZATIONS:
+        raise ConfigError(
+            f"normalization must be one of {list(NORMALIZATIONS)}, got {m.normalization!r}"
+        )
+    if m.attention_backend not in ATTENTION_BACKENDS:
+        raise ConfigError(
+            f"attention_backend must be one of {list(ATTENTION_BACKENDS)}, got "
+            f"{m.attention_backend!r}"
+        )
+    for key in ("hidden_dropout", "attention_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {getattr(m, key)}")
+    if m.bf16 and m.fp16:
+        raise ConfigError("bf16 and fp16 cannot both be true")
+
+
+# --------------------------------------------------------------------------------------------
+# Spec strings (SPEC_HELP below lists the forms)
+# --------------------------------------------------------------------------------------------
+
+SPEC_HELP = (
+    "none | selective | selective:MOD[,MOD...] | selective: | full:uniform:N | full:block:N "
+    f"(MOD in {', '.join(RECOMPUTE_MODULES)})"
+)
+
+
+def parse_spec(spec: str) -> RecomputeConfig:
+    """Parse a recompute spec string into a RecomputeConfig (raises ConfigError on bad input)."""
+    text = spec.strip()
+    head, _, rest = text.partition(":")
+    if text == "none":
+        return RecomputeConfig()
+    if head == "selective":
+        if ":" not in text:
+            return RecomputeConfig("selective", recompute_modules=["core_attn"])
+        modules = [mod.strip() for mod in rest.split(",") if mod.strip()]
+        unknown = [mod for mod in modules if mod not in RECOMPUTE_MODULES]
+        if unknown:
+            raise ConfigError(
+                f"unknown recompute module {unknown[0]!r} in spec {spec!r}; "
+                f"choose from {', '.join(RECOMPUTE_MODULES)}"
+            )
+        return RecomputeConfig("selective", recompute_modules=list(dict.fromkeys(modules)))
+    if head == "full":
+        method, _, num = rest.partition(":")
+        if method not in ("uniform", "block") or not num.isdigit() or int(num) < 1:
+            raise ConfigError(
+                f"malformed full recompute spec {spec!r}; expected full:uniform:N or "
+                "full:block:N with N >= 1"
+            )
+        return RecomputeConfig("full", recompute_method=method, recompute_num_layers=int(num))
+    raise ConfigError(f"malformed recompute spec {spec!r}; expected {SPEC_HELP}")
+
+
+def format_spec(rc: RecomputeConfig) -> str:
+    """The canonical spec string of a RecomputeConfig (`selective:core_attn` prints `selective`)."""
+    if rc.recompute_granularity is None:
+        return "none"
+    if rc.recompute_granularity == "full":
+        return f"full:{rc.recompute_method}:{rc.recompute_num_layers}"
+    modules = rc.modules
+    if modules == ["core_attn"]:
+        return "selective"
+    return "selective:" + ",".join(modules)
+
+
+# --------------------------------------------------------------------------------------------
+# Config files: YAML or JSON, flat or nested under `model:` (Megatron-Bridge style).
+# --------------------------------------------------------------------------------------------
+
+
+def config_from_dict(data: dict[str, Any], base: Config | None = None) -> tuple[Config, list[str]]:
+    """Build a Config from a flat or `model:`-nested mapping. Returns (config, warnings), where
+    warnings name every key that was not used."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"a config must be a mapping of keys to values, got {type(data).__name__}"
+        )
+    warnings: list[str] = []
+    flat = dict(data)
+    if isinstance(flat.get("model"), dict):
+        nested = flat.pop("model")
+        for key in flat:
+            warnings.append(f"ignored top-level key {key!r}: only the 'model' section is read")
+        flat = dict(nested)
+    cfg = base or Config()
+    known = {key: value for key, value in flat.items() if key in _SECTION_OF_KEY}
+    for key in flat:
+        if key not in _SECTION_OF_KEY:
+            warnings.append(f"unknown config key {key!r}{_did_you_mean(key)} (ignored)")
+    return cfg.replace(**known), warnings
+
+
+def load_config(path: str | Path, base: Config | None = None) -> tuple[Config, list[str]]:
+    """Read a YAML or JSON config file. Raises ConfigError with one line on any problem."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML/JSON: {first}") from None
+    if data is None:
+        raise ConfigError(f"config file {str(path)!r} is empty")
+    return config_from_dict(data, base)

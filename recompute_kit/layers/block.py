@@ -1,0 +1,123 @@
+"""Transformer layer, transformer block and GPT model.
+
+The layer is pre-norm: x + dropout(attention(norm(x))), then x + dropout(mlp(norm(x))).
+Recompute decisions come from the shared `RecomputePolicy`: the layer asks it about
+`layernorm` and `mlp`, the attention about `core_attn`, the block about full recompute.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checkpoint import RecomputePolicy, checkpoint
+from ..config import Config, ModelConfig, RecomputeConfig
+from .attention import SelfAttention
+from .mlp import MLP
+from .norm import make_norm
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: ModelConfig, policy: RecomputePolicy):
+        super().__init__()
+        self.policy = policy
+        self.hidden_dropout = config.hidden_dropout
+        self.input_layernorm = make_norm(config.normalization, config.hidden_size)
+        self.self_attention = SelfAttention(config, policy)
+        self.pre_mlp_layernorm = make_norm(config.normalization, config.hidden_size)
+        self.mlp = MLP(config.hidden_size, config.ffn_size, config.swiglu)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # 'layernorm' recompute: the norm output is freed once the next op has saved it, and
+        # rebuilt when the gradient of this sub-block's output arrives.
+        norm = self.policy.discarding("layernorm")
+        attention_out = self.self_attention(norm.run(self.input_layernorm, x))
+        norm.discard_output_and_register_recompute(attention_out)
+        x = x + F.dropout(attention_out, self.hidden_dropout, self.training)
+
+        norm = self.policy.discarding("layernorm")
+        mlp_out = self._mlp(norm.run(self.pre_mlp_layernorm, x))
+        norm.discard_output_and_register_recompute(mlp_out)
+        return x + F.dropout(mlp_out, self.hidden_dropout, self.training)
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        return self.policy.checkpoint("mlp", self.mlp, x, training=self.training)
+
+
+class TransformerBlock(nn.Module):
+    """A stack of layers; applies full recompute (uniform or block) when configured."""
+
+    def __init__(self, layers: list[nn.Module], policy: RecomputePolicy):
+        super().__init__()
+        self.policy = policy
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for start, end, checkpointed in self.policy.full_recompute_chunks(
+            len(self.layers), self.training
+        ):
+            if checkpointed:
+                x = checkpoint(self._run_layers, x, start, end)
+            else:
+                x = self._run_layers(x, start, end)
+        return x
+
+    def _run_layers(self, x: Tensor, start: int, end: int) -> Tensor:
+        for layer in self.layers[start:end]:
+            x = layer(x)
+        return x
+
+
+class Embedding(nn.Module):
+    """Token embedding plus learned absolute positions, then dropout."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Parameter(
+            torch.randn(config.seq_length, config.hidden_size) * 0.02
+        )
+        self.dropout = config.hidden_dropout
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        seq = tokens.shape[1]
+        x = self.word_embeddings(tokens) + self.position_embeddings[:seq]
+        return F.dropout(x, self.dropout, self.training)
+
+
+class CrossEntropyLoss(nn.Module):
+    """Mean token cross-entropy computed in fp32, as Megatron does (the fp32 logits term)."""
+
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def build_layers(config: ModelConfig, policy: RecomputePolicy) -> list[nn.Module]:
+    return [TransformerLayer(config, policy) for _ in range(config.num_layers)]
+
+
+class GPTModel(nn.Module):
+    """Embedding, transformer block, final norm, output layer and loss."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        model = config.model
+        self.config = config
+        self.policy = RecomputePolicy(config.recompute)
+        self.embedding = Embedding(model)
+        self.decoder = TransformerBlock(build_layers(model, self.policy), self.policy)
+        self.final_layernorm = make_norm(model.normalization, model.hidden_size)
+        self.output_layer = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        self.loss = CrossEntropyLoss()
+
+    def set_recompute(self, recompute: RecomputeConfig) -> None:
+        """Switch recompute settings in place (the weights stay as they are)."""
+        self.policy.config = recompute
+        self.config = Config(self.config.model, self.config.parallel, recompute)
+
+    def forward(self, tokens: Tensor, labels: Tensor | None = None) -> Tensor:
+        x = self.embedding(tokens)
+        x = self.decoder(x)
+        logits = self.output_layer(self.final_layernorm(x))
+        return logits if labels is None else self.loss(logits, labels)

@@ -1,0 +1,56 @@
+"""LayerNorm and RMSNorm, chosen by ModelConfig.normalization."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)  # fp32 for 16-bit inputs
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """One autograd node, like a fused RMSNorm kernel: saves the input and the fp32 rstd.
+
+    (The composite `F.rms_norm` saves several intermediates and sends the input's gradient along
+    three paths, so its summation order - and the last bit of the gradient - would depend on
+    whether the norm was recomputed.)
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        x32 = x.to(_compute_dtype(x))
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        dtype = rstd.dtype
+        x_hat = x.to(dtype) * rstd
+        grad_weight = (grad.to(dtype) * x_hat.to(x.dtype).to(dtype)).sum(
+            tuple(range(grad.dim() - 1))
+        )
+        grad_x_hat = grad.to(dtype) * weight.to(dtype)
+        grad_x = rstd * (grad_x_hat - x_hat * (grad_x_hat * x_hat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Llama-style, no bias)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
+
+
+def make_norm(normalization: str, hidden_size: int) -> nn.Module:
+    if normalization == "RMSNorm":
+        return RMSNorm(hidden_size)
+    return nn.LayerNorm(hidden_size, eps=1e-5)

@@ -1,0 +1,1 @@
+"""Measurement (and, later, estimation) of activation memory."""
