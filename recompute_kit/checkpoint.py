@@ -13,6 +13,9 @@ Two mechanisms, with Megatron-Core's semantics:
   output's storage and refills it in backward, from a hook on a tensor whose gradient arrives
   before the consumer needs the output. Used for `layernorm`, `moe_act`, `mla_up_proj`.
 
+Offloading (`offload_saved_tensors`) moves what a region saves for backward to pinned host
+memory instead: layer-level `cpu_offloading` and module-level `offload_modules`.
+
 `RecomputePolicy` turns a `RecomputeConfig` into those calls; layers ask it, never the config.
 """
 
@@ -50,6 +53,24 @@ class RNGSnapshot:
             for index, state in self.cuda.items():
                 torch.cuda.set_rng_state(state, index)
             yield
+
+
+_recompute_depth = 0
+
+
+@contextlib.contextmanager
+def _recomputing() -> Iterator[None]:
+    """Marks the re-run of a checkpointed function in backward (offloading stays off there)."""
+    global _recompute_depth
+    _recompute_depth += 1
+    try:
+        yield
+    finally:
+        _recompute_depth -= 1
+
+
+def is_recomputing() -> bool:
+    return _recompute_depth > 0
 
 
 def _as_tuple(x: Any) -> tuple:
@@ -107,7 +128,7 @@ class _CheckpointFunction(torch.autograd.Function):
         for i, t in zip(ctx.tensor_index, ctx.saved_tensors, strict=True):
             args[i] = t
         inputs = _detached_inputs(args)
-        with ctx.rng.replay(), torch.enable_grad():
+        with ctx.rng.replay(), torch.enable_grad(), _recomputing():
             outputs = _as_tuple(ctx.run_fn(*inputs))
         _backward_through(outputs, grads)
         return (None, *_input_grads(inputs))
@@ -184,7 +205,7 @@ class OutputDiscardingCheckpoint:
 
     def recompute(self) -> None:
         inputs = _detached_inputs(self.ctx.saved_tensors)
-        with self.rng.replay(), torch.enable_grad():
+        with self.rng.replay(), torch.enable_grad(), _recomputing():
             fresh = _as_tuple(self.fn(*inputs))
         # Put the values back into the storage the consumers saved (their tensors see it again).
         for old, new in zip(self.outputs, fresh, strict=True):
@@ -205,6 +226,91 @@ class _NoDiscard:
 
 
 # --------------------------------------------------------------------------------------------
+# Activation offloading
+# --------------------------------------------------------------------------------------------
+
+
+class OffloadLedger:
+    """Bytes of saved activations sent to host memory in the last forward, per offload unit
+    (on a CPU-only run: the bytes that would have left the device)."""
+
+    def __init__(self) -> None:
+        self.by_unit: dict[str, int] = {}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.by_unit.values())
+
+    def reset(self) -> None:
+        self.by_unit.clear()
+
+    def add(self, unit: str, nbytes: int) -> None:
+        self.by_unit[unit] = self.by_unit.get(unit, 0) + nbytes
+
+
+class _OnHost:
+    """What autograd keeps instead of an offloaded tensor."""
+
+    __slots__ = ("device", "host", "tensor")
+
+    def __init__(self, device: torch.device, host: Tensor | None, tensor: Tensor | None):
+        self.device, self.host, self.tensor = device, host, tensor
+
+
+_offload_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _is_weight(t: Tensor) -> bool:
+    base = t._base if t._base is not None else t
+    return base.is_leaf and base.requires_grad
+
+
+@contextlib.contextmanager
+def offload_saved_tensors(ledger: OffloadLedger, unit: str) -> Iterator[None]:
+    """Send every activation saved for backward inside the block to pinned host memory.
+
+    On CUDA the copy runs on a side stream (the allocator is told, via record_stream, not to
+    reuse the GPU memory before the copy finished) and comes back on the current stream when
+    backward unpacks it. On CPU nothing needs to move: the tensor stays and only its bytes are
+    counted. Weights are never offloaded.
+    """
+
+    moved: dict[tuple, _OnHost] = {}  # a tensor saved twice (same view) moves once
+
+    def pack(t: Tensor) -> Any:
+        if _is_weight(t):
+            return t
+        key = (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), t.stride())
+        if key in moved:
+            return moved[key]
+        moved[key] = _move_to_host(t)
+        ledger.add(unit, t.numel() * t.element_size())
+        return moved[key]
+
+    def _move_to_host(t: Tensor) -> _OnHost:
+        if not t.is_cuda:
+            return _OnHost(t.device, None, t)
+        stream = _offload_streams.setdefault(t.device.index, torch.cuda.Stream(t.device))
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(stream):
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+        t.record_stream(stream)
+        return _OnHost(t.device, host, None)
+
+    def unpack(saved: Any) -> Tensor:
+        if isinstance(saved, Tensor):
+            return saved
+        if saved.tensor is not None:
+            return saved.tensor
+        torch.cuda.current_stream(saved.device).wait_stream(_offload_streams[saved.device.index])
+        return saved.host.to(saved.device, non_blocking=True)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+# --------------------------------------------------------------------------------------------
 # The recompute policy
 # --------------------------------------------------------------------------------------------
 
@@ -220,6 +326,31 @@ class RecomputePolicy:
 
     def __init__(self, config: RecomputeConfig):
         self.config = config
+        self.offloaded = OffloadLedger()
+
+    def offload(self, module: str) -> contextlib.AbstractContextManager:
+        """Fine-grained offloading of what `module` saves (offload_modules)."""
+        rc = self.config
+        if (
+            rc.fine_grained_activation_offloading
+            and module in rc.offload_modules
+            and torch.is_grad_enabled()
+            and not is_recomputing()
+        ):
+            return offload_saved_tensors(self.offloaded, module)
+        return contextlib.nullcontext()
+
+    def offload_layer(self, index: int) -> contextlib.AbstractContextManager:
+        """Layer-level offloading (cpu_offloading) of the first cpu_offloading_num_layers."""
+        rc = self.config
+        if (
+            rc.cpu_offloading
+            and index < rc.cpu_offloading_num_layers
+            and torch.is_grad_enabled()
+            and not is_recomputing()
+        ):
+            return offload_saved_tensors(self.offloaded, f"layer {index}")
+        return contextlib.nullcontext()
 
     def checkpoint(self, module: str, fn: Callable, *args: Any, training: bool = True) -> Any:
         if training and torch.is_grad_enabled() and self.config.selects(module):

@@ -63,6 +63,7 @@ class ModelConfig:
     hidden_size: int = 64
     num_attention_heads: int = 4
     num_query_groups: int | None = None  # None: MHA (= num_attention_heads)
+    kv_channels: int | None = None  # per-head dim; None: hidden_size // num_attention_heads
     ffn_hidden_size: int | None = None  # None: 4 * hidden_size
     seq_length: int = 32
     micro_batch_size: int = 2
@@ -77,7 +78,10 @@ class ModelConfig:
     # Mixture of experts
     num_moe_experts: int | None = None
     moe_router_topk: int = 2
-    moe_ffn_hidden_size: int | None = None
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_layer_freq: int | list[int] = 1  # N: every N-th layer is MoE; list: 1 = MoE, 0 = dense
+    moe_router_score_function: str = "softmax"  # "softmax" | "sigmoid"
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
     moe_shared_expert_intermediate_size: int | None = None
     moe_grouped_gemm: bool = False
     moe_shared_expert_overlap: bool = False
@@ -104,7 +108,24 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def moe_ffn_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Megatron's moe_layer_freq: an int N puts MoE on layers 0, N, 2N, ...; a list gives
+        one 0/1 flag per layer."""
+        if not self.num_moe_experts:
+            return False
+        if isinstance(self.moe_layer_freq, list):
+            return bool(self.moe_layer_freq[index])
+        return index % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
 @dataclass
@@ -390,6 +411,8 @@ def _check_types(cfg: Config) -> None:
         for f in fields(section):
             value = getattr(section, f.name)
             expected = f.type if isinstance(f.type, str) else str(f.type)
+            if expected == "int | list[int]":  # moe_layer_freq: checked with the MoE shapes
+                continue
             if value is None:
                 if "None" not in expected:
                     raise ConfigError(f"{f.name} must not be null")
@@ -445,6 +468,36 @@ def _check_shapes(m: ModelConfig) -> None:
             raise ConfigError(f"{key} must be in [0, 1), got {getattr(m, key)}")
     if m.bf16 and m.fp16:
         raise ConfigError("bf16 and fp16 cannot both be true")
+    if m.num_moe_experts:
+        if not 1 <= m.moe_router_topk <= m.num_moe_experts:
+            raise ConfigError(
+                f"moe_router_topk ({m.moe_router_topk}) must be between 1 and num_moe_experts "
+                f"({m.num_moe_experts})"
+            )
+        if m.moe_router_score_function not in ("softmax", "sigmoid"):
+            raise ConfigError(
+                "moe_router_score_function must be 'softmax' or 'sigmoid', got "
+                f"{m.moe_router_score_function!r}"
+            )
+        freq = m.moe_layer_freq
+        if isinstance(freq, list):
+            if len(freq) != m.num_layers or any(x not in (0, 1) for x in freq):
+                raise ConfigError(
+                    f"moe_layer_freq as a list needs one 0/1 entry per layer ({m.num_layers}), "
+                    f"got {freq}"
+                )
+        elif isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+            raise ConfigError(
+                f"moe_layer_freq must be a positive integer or a 0/1 list, got {freq!r}"
+            )
+    if m.multi_latent_attention:
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            if getattr(m, key) < 1:
+                raise ConfigError(f"{key} must be positive for multi_latent_attention")
+        if m.qk_pos_emb_head_dim % 2:
+            raise ConfigError(
+                f"qk_pos_emb_head_dim ({m.qk_pos_emb_head_dim}) must be even (rotary pairs)"
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,12 +12,18 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import Config, ConfigError, RecomputeConfig, format_spec, parse_spec
+from .config import (
+    RECOMPUTE_MODULES,
+    Config,
+    ConfigError,
+    RecomputeConfig,
+    format_spec,
+    parse_spec,
+)
 from .layers import GPTModel
 from .memory.measure import SavedActivations, track_saved_tensors
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DENSE_SELECTIVE_MODULES = ("core_attn", "mlp", "layernorm")
 
 
 @dataclass
@@ -25,6 +31,7 @@ class StepResult:
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     saved: SavedActivations
+    offloaded_bytes: int
 
 
 @dataclass
@@ -35,21 +42,42 @@ class VerifyResult:
     max_grad_abs_diff: float
     loss: float
     baseline_loss: float
-    saved_activation_bytes: int
+    saved_activation_bytes: int  # device-resident saved bytes
     baseline_saved_activation_bytes: int
+    offloaded_bytes: int  # saved bytes sent to host (CPU run: that would have been sent)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
+def applicable_modules(config: Config) -> list[str]:
+    """The recompute modules that act on this model (and pass Megatron's validation)."""
+    m = config.model
+    modules = ["core_attn", "layernorm"]
+    if m.num_moe_layers < m.num_layers:
+        modules.append("mlp")
+    if m.num_moe_layers:
+        modules.append("moe")
+        if m.moe_grouped_gemm:
+            modules.append("moe_act")
+        if m.moe_shared_expert_intermediate_size and not m.moe_shared_expert_overlap:
+            modules.append("shared_experts")
+    if m.multi_latent_attention:
+        modules.append("mla_up_proj")
+    return [mod for mod in RECOMPUTE_MODULES if mod in modules]
+
+
 def all_specs(config: Config) -> list[str]:
-    """Every valid spec for the model: none, the empty selective control, each non-empty subset
-    of the modules that apply, and full uniform/block for every N from 1 to num_layers."""
-    modules = list(DENSE_SELECTIVE_MODULES)
+    """The specs worth checking on this model: none, the empty selective control, every module
+    alone, every pair, all of them together, and full uniform/block for every N from 1 to
+    num_layers. (With three modules or fewer that is every subset.)"""
+    modules = applicable_modules(config)
     specs = ["none", "selective:"]
-    for r in range(1, len(modules) + 1):
+    sizes = sorted({1, 2, len(modules)} & set(range(1, len(modules) + 1)))
+    for r in sizes:
         specs += ["selective:" + ",".join(c) for c in itertools.combinations(modules, r)]
+    specs = [format_spec(parse_spec(spec)) for spec in specs]  # canonical: selective:core_attn
     for method in ("uniform", "block"):
         specs += [f"full:{method}:{n}" for n in range(1, config.model.num_layers + 1)]
     return specs
@@ -97,7 +125,7 @@ def training_step(
     grads = {
         name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None
     }
-    return StepResult(loss.detach(), grads, saved)
+    return StepResult(loss.detach(), grads, saved, model.policy.offloaded.total_bytes)
 
 
 def spec_notes(config: Config, rc: RecomputeConfig) -> list[str]:
@@ -105,12 +133,31 @@ def spec_notes(config: Config, rc: RecomputeConfig) -> list[str]:
     notes = []
     m = config.model
     if rc.recompute_granularity == "selective":
-        if not m.num_moe_experts:
+        moe_layers = m.num_moe_layers
+        if not moe_layers:
             notes += [
                 f"'{mod}' has no effect: the model has no MoE layers"
                 for mod in rc.modules
-                if mod in ("moe", "shared_experts")
+                if mod in ("moe", "moe_act", "shared_experts")
             ]
+        if "mlp" in rc.modules and moe_layers:
+            dense = m.num_layers - moe_layers
+            notes.append(
+                f"'mlp' is a no-op on the {moe_layers} MoE layers (as in Megatron); "
+                + (
+                    f"it acts on the {dense} dense layer(s) only"
+                    if dense
+                    else "no dense layer left"
+                )
+            )
+        if (
+            "shared_experts" in rc.modules
+            and moe_layers
+            and not (m.moe_shared_expert_intermediate_size)
+        ):
+            notes.append("'shared_experts' has no effect: the MoE layers have no shared experts")
+        if "shared_experts" in rc.modules and "moe" in rc.modules:
+            notes.append("'shared_experts' adds nothing under 'moe', which already covers them")
         if "core_attn" in rc.modules and m.attention_backend != "unfused":
             notes.append(
                 f"'core_attn' with the {m.attention_backend} backend stores no s^2 tensors to "
@@ -134,16 +181,21 @@ def verify(
     """Run the no-recompute step and one step per spec; compare losses and gradients."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    specs = specs or all_specs(config)
     configs = []
-    for spec in specs:
-        rc = parse_spec(spec)
-        candidate = config.with_recompute(rc)
-        candidate.validate()
+    for spec in specs or all_specs(config):
+        candidate = config.with_recompute(parse_spec(spec))
+        try:
+            candidate.validate()
+        except ConfigError:
+            if specs:  # asked for by name: say why it cannot run
+                raise
+            continue  # from the default list: skip what the offload settings rule out
         configs.append(candidate.recompute)
 
     torch.manual_seed(seed)
-    model = GPTModel(config.with_recompute("none")).to(torch_device, torch_dtype)
+    # The baseline keeps everything on the device: no recompute, no offloading.
+    baseline_config = Config(config.model, config.parallel, RecomputeConfig())
+    model = GPTModel(baseline_config).to(torch_device, torch_dtype)
     tokens, labels = make_batch(config, torch_device, seed)
     baseline = training_step(model, tokens, labels, seed + 1)
 
@@ -166,6 +218,7 @@ def verify(
                 baseline_loss=baseline.loss.item(),
                 saved_activation_bytes=step.saved.total_bytes,
                 baseline_saved_activation_bytes=baseline.saved.total_bytes,
+                offloaded_bytes=step.offloaded_bytes,
                 notes=spec_notes(config, rc),
             )
         )

@@ -119,3 +119,31 @@ def test_usage_errors_exit_2():
     assert run("verify", "--no-such-flag").returncode == 2
     assert run().returncode == 2
     assert run("verify", "--device", "tpu").returncode == 2
+
+
+def test_verify_offloading_json():
+    proc = run(
+        "verify", "--model", "tiny-moe", "--cpu-offloading-num-layers", "2", "--json", check_rc=0
+    )
+    doc = json.loads(proc.stdout)
+    [r] = doc["results"]  # recompute specs are ruled out by cpu_offloading (Megatron rule 3)
+    assert r["recompute"] == "none" and r["loss_match"] and r["grads_match"]
+    assert r["offloaded_bytes"] > 0
+    assert (
+        r["saved_activation_bytes"] + r["offloaded_bytes"] == r["baseline_saved_activation_bytes"]
+    )
+
+
+def test_verify_offload_conflict_is_one_line():
+    proc = run(
+        "verify",
+        "--model",
+        "tiny-moe",
+        "--offload-modules",
+        "moe_act",
+        "--recompute",
+        "selective:moe",
+        check_rc=1,
+    )
+    assert proc.stderr.startswith("recompute-kit: error: Cannot offload ['moe_act'] while")
+    assert len(proc.stderr.strip().splitlines()) == 1

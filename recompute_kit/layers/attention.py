@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import RecomputePolicy
 from ..config import ModelConfig
+from .norm import make_norm
 
 
 class CoreAttention(nn.Module):
@@ -81,12 +82,115 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
         a, g, d = self.num_heads, self.num_groups, self.head_dim
-        q, k, v = self.linear_qkv(x).split([a * d, g * d, g * d], dim=-1)
+        with self.policy.offload("qkv_linear"):
+            qkv = self.linear_qkv(x)
+        q, k, v = qkv.split([a * d, g * d, g * d], dim=-1)
         q = q.view(b, s, a, d).transpose(1, 2).contiguous()
         k = k.view(b, s, g, d).transpose(1, 2).contiguous()
         v = v.view(b, s, g, d).transpose(1, 2).contiguous()
-        context = self.policy.checkpoint(
-            "core_attn", self.core_attention, q, k, v, training=self.training
-        )
+        with self.policy.offload("core_attn"):
+            context = self.policy.checkpoint(
+                "core_attn", self.core_attention, q, k, v, training=self.training
+            )
         context = context.transpose(1, 2).reshape(b, s, a * d)
-        return self.linear_proj(context)
+        with self.policy.offload("attn_proj"):
+            return self.linear_proj(context)
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-latent attention (DeepSeek-V2/V3)
+# --------------------------------------------------------------------------------------------
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables kept as buffers (state, not activations); apply() rotates the last dim."""
+
+    def __init__(self, dim: int, max_positions: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def apply(self, x: Tensor) -> Tensor:
+        """x [..., s, dim] -> rotated by position (the tables only scale: nothing else saved)."""
+        seq = x.shape[-2]
+        cos, sin = self.cos[:seq].to(x.dtype), self.sin[:seq].to(x.dtype)
+        return x * cos + _rotate_half(x) * sin
+
+
+class MLASelfAttention(nn.Module):
+    """Multi-latent attention: low-rank (latent) Q and KV projections with a decoupled RoPE key.
+
+    hidden -> q latent (q_lora_rank, optional) and kv latent (kv_lora_rank) + one shared RoPE key
+    per token; the up-projections expand the latents to per-head Q (nope + rope), K (nope +
+    shared rope) and V. `mla_up_proj` recompute discards the expanded Q/K/V (the largest tensors
+    here) once core attention has saved them, and rebuilds them from the latents in backward.
+    """
+
+    def __init__(self, config: ModelConfig, policy: RecomputePolicy):
+        super().__init__()
+        self.policy = policy
+        self.num_heads = a = config.num_attention_heads
+        self.qk_head_dim, self.rope_dim = config.qk_head_dim, config.qk_pos_emb_head_dim
+        self.v_head_dim = config.v_head_dim
+        self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
+        h, q_dim = config.hidden_size, self.qk_head_dim + self.rope_dim
+        if self.q_lora_rank:
+            self.linear_q_down_proj = nn.Linear(h, self.q_lora_rank, bias=False)
+            self.q_layernorm = make_norm(config.normalization, self.q_lora_rank)
+            self.linear_q_up_proj = nn.Linear(self.q_lora_rank, a * q_dim, bias=False)
+        else:
+            self.linear_q_proj = nn.Linear(h, a * q_dim, bias=False)
+        self.linear_kv_down_proj = nn.Linear(h, self.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_layernorm = make_norm(config.normalization, self.kv_lora_rank)
+        self.linear_kv_up_proj = nn.Linear(
+            self.kv_lora_rank, a * (self.qk_head_dim + self.v_head_dim), bias=False
+        )
+        self.rotary = RotaryEmbedding(self.rope_dim, config.seq_length)
+        self.core_attention = CoreAttention(
+            a, a, config.attention_dropout, config.attention_backend
+        )
+        self.linear_proj = nn.Linear(a * self.v_head_dim, h, bias=False)
+
+    def up_proj_and_rope(self, q_latent: Tensor, kv_latent: Tensor, k_rope: Tensor):
+        """Latents -> per-head q [b,a,s,qk+rope], k [b,a,s,qk+rope], v [b,a,s,v] (fresh storage)."""
+        b, s, _ = kv_latent.shape
+        a, d_nope, d_rope = self.num_heads, self.qk_head_dim, self.rope_dim
+        if self.q_lora_rank:
+            q = self.linear_q_up_proj(self.q_layernorm(q_latent))
+        else:
+            q = self.linear_q_proj(q_latent)
+        q = q.view(b, s, a, d_nope + d_rope).transpose(1, 2)
+        q_nope, q_rope = q.split([d_nope, d_rope], dim=-1)
+        kv = self.linear_kv_up_proj(self.kv_layernorm(kv_latent))
+        kv = kv.view(b, s, a, d_nope + self.v_head_dim).transpose(1, 2)
+        k_nope, v = kv.split([d_nope, self.v_head_dim], dim=-1)
+        k_rope = self.rotary.apply(k_rope.unsqueeze(1)).expand(b, a, s, d_rope)
+        q = torch.cat((q_nope, self.rotary.apply(q_rope)), dim=-1)
+        k = torch.cat((k_nope, k_rope), dim=-1)
+        return q, k, v.contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        with self.policy.offload("qkv_linear"):
+            q_latent = self.linear_q_down_proj(x) if self.q_lora_rank else x
+            kv_latent, k_rope = self.linear_kv_down_proj(x).split(
+                [self.kv_lora_rank, self.rope_dim], dim=-1
+            )
+        up = self.policy.discarding("mla_up_proj")
+        q, k, v = up.run(self.up_proj_and_rope, q_latent, kv_latent, k_rope)
+        with self.policy.offload("core_attn"):
+            context = self.policy.checkpoint(
+                "core_attn", self.core_attention, q, k, v, training=self.training
+            )
+        up.discard_output_and_register_recompute(context)
+        context = context.transpose(1, 2).reshape(b, s, self.num_heads * self.v_head_dim)
+        with self.policy.offload("attn_proj"):
+            return self.linear_proj(context)

@@ -13,36 +13,51 @@ from torch import Tensor, nn
 
 from ..checkpoint import RecomputePolicy, checkpoint
 from ..config import Config, ModelConfig, RecomputeConfig
-from .attention import SelfAttention
+from .attention import MLASelfAttention, SelfAttention
 from .mlp import MLP
+from .moe import MoELayer
 from .norm import make_norm
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, config: ModelConfig, policy: RecomputePolicy):
+    """Attention is MLA or MHA/GQA; the feed-forward is a dense MLP or an MoE layer."""
+
+    def __init__(self, config: ModelConfig, policy: RecomputePolicy, is_moe: bool = False):
         super().__init__()
         self.policy = policy
+        self.is_moe = is_moe
         self.hidden_dropout = config.hidden_dropout
         self.input_layernorm = make_norm(config.normalization, config.hidden_size)
-        self.self_attention = SelfAttention(config, policy)
+        attention = MLASelfAttention if config.multi_latent_attention else SelfAttention
+        self.self_attention = attention(config, policy)
         self.pre_mlp_layernorm = make_norm(config.normalization, config.hidden_size)
-        self.mlp = MLP(config.hidden_size, config.ffn_size, config.swiglu)
+        if is_moe:
+            self.mlp = MoELayer(config, policy)
+        else:
+            self.mlp = MLP(config.hidden_size, config.ffn_size, config.swiglu)
 
     def forward(self, x: Tensor) -> Tensor:
         # 'layernorm' recompute: the norm output is freed once the next op has saved it, and
         # rebuilt when the gradient of this sub-block's output arrives.
         norm = self.policy.discarding("layernorm")
-        attention_out = self.self_attention(norm.run(self.input_layernorm, x))
+        with self.policy.offload("attn_norm"):
+            normed = norm.run(self.input_layernorm, x)
+        attention_out = self.self_attention(normed)
         norm.discard_output_and_register_recompute(attention_out)
         x = x + F.dropout(attention_out, self.hidden_dropout, self.training)
 
         norm = self.policy.discarding("layernorm")
-        mlp_out = self._mlp(norm.run(self.pre_mlp_layernorm, x))
+        with self.policy.offload("mlp_norm"):
+            normed = norm.run(self.pre_mlp_layernorm, x)
+        mlp_out = self._mlp(normed)
         norm.discard_output_and_register_recompute(mlp_out)
         return x + F.dropout(mlp_out, self.hidden_dropout, self.training)
 
     def _mlp(self, x: Tensor) -> Tensor:
-        return self.policy.checkpoint("mlp", self.mlp, x, training=self.training)
+        # Megatron checkpoints a dense MLP under 'mlp' and an MoE layer under 'moe' ('mlp' is a
+        # no-op on MoE layers).
+        unit = "moe" if self.is_moe else "mlp"
+        return self.policy.checkpoint(unit, self.mlp, x, training=self.training)
 
 
 class TransformerBlock(nn.Module):
@@ -64,8 +79,9 @@ class TransformerBlock(nn.Module):
         return x
 
     def _run_layers(self, x: Tensor, start: int, end: int) -> Tensor:
-        for layer in self.layers[start:end]:
-            x = layer(x)
+        for index in range(start, end):
+            with self.policy.offload_layer(index):
+                x = self.layers[index](x)
         return x
 
 
@@ -94,7 +110,10 @@ class CrossEntropyLoss(nn.Module):
 
 
 def build_layers(config: ModelConfig, policy: RecomputePolicy) -> list[nn.Module]:
-    return [TransformerLayer(config, policy) for _ in range(config.num_layers)]
+    return [
+        TransformerLayer(config, policy, is_moe=config.is_moe_layer(i))
+        for i in range(config.num_layers)
+    ]
 
 
 class GPTModel(nn.Module):
@@ -117,6 +136,7 @@ class GPTModel(nn.Module):
         self.config = Config(self.config.model, self.config.parallel, recompute)
 
     def forward(self, tokens: Tensor, labels: Tensor | None = None) -> Tensor:
+        self.policy.offloaded.reset()
         x = self.embedding(tokens)
         x = self.decoder(x)
         logits = self.output_layer(self.final_layernorm(x))

@@ -57,7 +57,9 @@ class SavedActivations:
 
 class _Tracker:
     def __init__(self, model: nn.Module):
-        self.param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
+        # Parameters and buffers (e.g. rotary tables) are model state, not activations.
+        state = [*model.parameters(), *model.buffers()]
+        self.param_storages = {t.untyped_storage()._cdata for t in state}
         self.module_names = [name for name, _ in model.named_modules()]
         self.stack: list[str] = []
         self.seen: dict[int, tuple[Tensor, str]] = {}
