@@ -1,8 +1,10 @@
-"""Self-attention with MHA/GQA and two core-attention backends.
+"""Self-attention: MHA/GQA and DeepSeek-style multi-latent attention (MLA).
 
 Shapes follow nanoGPT: activations are [batch, seq, hidden]; per-head tensors [batch, heads,
-seq, head_dim]. `CoreAttention` is the unit that `core_attn` recompute checkpoints: it takes
-q, k, v and returns the per-head context, exactly the region Megatron's `core_attention` covers.
+seq, head_dim]. Each recompute unit is a module that applies the policy itself, so what it saves
+is attributed to it: `CoreAttention` (`core_attn`) takes q, k, v and returns the per-head
+context, exactly the region Megatron's `core_attention` covers; `MLAUpProjection`
+(`mla_up_proj`) turns the MLA latents into per-head q, k, v.
 """
 
 from __future__ import annotations
@@ -21,21 +23,28 @@ from .norm import make_norm
 class CoreAttention(nn.Module):
     """softmax(q k^T / sqrt(d) + causal mask) with dropout, times v.
 
-    backend 'unfused' spells the math out like Megatron's unfused path, so the scores, the
-    softmax output, the dropout mask and the dropped probabilities ([b, a, s, s] each, the
-    paper's 5as^2b term) are real tensors saved for backward. GQA K/V are expanded to all heads
-    first, as Megatron does. Any other backend calls scaled_dot_product_attention (flash on
-    CUDA), which never materialises the s x s matrices.
+    backend 'unfused' spells the math out like Megatron's unfused path, so the softmax output,
+    the dropout mask and the dropped probabilities ([b, a, s, s] each, the paper's 5as^2b term)
+    are real tensors saved for backward. GQA K/V are expanded to all heads first, as Megatron
+    does. Any other backend calls scaled_dot_product_attention (flash on CUDA), which never
+    materialises the s x s matrices.
     """
 
-    def __init__(self, num_heads: int, num_groups: int, dropout: float, backend: str):
+    def __init__(
+        self, num_heads: int, num_groups: int, dropout: float, backend: str, policy: RecomputePolicy
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.num_groups = num_groups
         self.dropout = dropout
         self.backend = "unfused" if backend == "unfused" else "sdpa"
+        self.policy = policy
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        with self.policy.offload("core_attn"):
+            return self.policy.checkpoint("core_attn", self.attend, q, k, v, training=self.training)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         dropout = self.dropout if self.training else 0.0
         if self.backend == "sdpa":
             return _sdpa(q, k, v, dropout, gqa=self.num_groups != self.num_heads)
@@ -75,7 +84,11 @@ class SelfAttention(nn.Module):
         qkv_size = (self.num_heads + 2 * self.num_groups) * self.head_dim
         self.linear_qkv = nn.Linear(config.hidden_size, qkv_size)
         self.core_attention = CoreAttention(
-            self.num_heads, self.num_groups, config.attention_dropout, config.attention_backend
+            self.num_heads,
+            self.num_groups,
+            config.attention_dropout,
+            config.attention_backend,
+            policy,
         )
         self.linear_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size)
 
@@ -88,10 +101,7 @@ class SelfAttention(nn.Module):
         q = q.view(b, s, a, d).transpose(1, 2).contiguous()
         k = k.view(b, s, g, d).transpose(1, 2).contiguous()
         v = v.view(b, s, g, d).transpose(1, 2).contiguous()
-        with self.policy.offload("core_attn"):
-            context = self.policy.checkpoint(
-                "core_attn", self.core_attention, q, k, v, training=self.training
-            )
+        context = self.core_attention(q, k, v)
         context = context.transpose(1, 2).reshape(b, s, a * d)
         with self.policy.offload("attn_proj"):
             return self.linear_proj(context)
@@ -125,42 +135,44 @@ class RotaryEmbedding(nn.Module):
         return x * cos + _rotate_half(x) * sin
 
 
-class MLASelfAttention(nn.Module):
-    """Multi-latent attention: low-rank (latent) Q and KV projections with a decoupled RoPE key.
+class MLAUpProjection(nn.Module):
+    """Latents -> per-head q [b,a,s,qk+rope], k [b,a,s,qk+rope], v [b,a,s,v] (fresh storage).
 
-    hidden -> q latent (q_lora_rank, optional) and kv latent (kv_lora_rank) + one shared RoPE key
-    per token; the up-projections expand the latents to per-head Q (nope + rope), K (nope +
-    shared rope) and V. `mla_up_proj` recompute discards the expanded Q/K/V (the largest tensors
-    here) once core attention has saved them, and rebuilds them from the latents in backward.
+    The latent norms are part of the unit, as in TransformerEngine's fused norm+linear. With
+    `mla_up_proj` recompute the expanded q/k/v - the largest tensors of MLA - are discarded once
+    core attention has saved them and rebuilt from the latents in backward.
     """
 
     def __init__(self, config: ModelConfig, policy: RecomputePolicy):
         super().__init__()
         self.policy = policy
-        self.num_heads = a = config.num_attention_heads
+        a = self.num_heads = config.num_attention_heads
         self.qk_head_dim, self.rope_dim = config.qk_head_dim, config.qk_pos_emb_head_dim
         self.v_head_dim = config.v_head_dim
-        self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
-        h, q_dim = config.hidden_size, self.qk_head_dim + self.rope_dim
+        self.q_lora_rank = config.q_lora_rank
+        q_dim = self.qk_head_dim + self.rope_dim
         if self.q_lora_rank:
-            self.linear_q_down_proj = nn.Linear(h, self.q_lora_rank, bias=False)
             self.q_layernorm = make_norm(config.normalization, self.q_lora_rank)
             self.linear_q_up_proj = nn.Linear(self.q_lora_rank, a * q_dim, bias=False)
         else:
-            self.linear_q_proj = nn.Linear(h, a * q_dim, bias=False)
-        self.linear_kv_down_proj = nn.Linear(h, self.kv_lora_rank + self.rope_dim, bias=False)
-        self.kv_layernorm = make_norm(config.normalization, self.kv_lora_rank)
+            self.linear_q_proj = nn.Linear(config.hidden_size, a * q_dim, bias=False)
+        self.kv_layernorm = make_norm(config.normalization, config.kv_lora_rank)
         self.linear_kv_up_proj = nn.Linear(
-            self.kv_lora_rank, a * (self.qk_head_dim + self.v_head_dim), bias=False
+            config.kv_lora_rank, a * (self.qk_head_dim + self.v_head_dim), bias=False
         )
         self.rotary = RotaryEmbedding(self.rope_dim, config.seq_length)
-        self.core_attention = CoreAttention(
-            a, a, config.attention_dropout, config.attention_backend
-        )
-        self.linear_proj = nn.Linear(a * self.v_head_dim, h, bias=False)
+        self._pending = None
 
-    def up_proj_and_rope(self, q_latent: Tensor, kv_latent: Tensor, k_rope: Tensor):
-        """Latents -> per-head q [b,a,s,qk+rope], k [b,a,s,qk+rope], v [b,a,s,v] (fresh storage)."""
+    def forward(self, q_latent: Tensor, kv_latent: Tensor, k_rope: Tensor):
+        self._pending = self.policy.discarding("mla_up_proj")
+        return self._pending.run(self.up_project, q_latent, kv_latent, k_rope)
+
+    def discard_output(self, hook_tensor: Tensor) -> None:
+        if self._pending is not None:
+            self._pending.discard_output_and_register_recompute(hook_tensor)
+            self._pending = None
+
+    def up_project(self, q_latent: Tensor, kv_latent: Tensor, k_rope: Tensor):
         b, s, _ = kv_latent.shape
         a, d_nope, d_rope = self.num_heads, self.qk_head_dim, self.rope_dim
         if self.q_lora_rank:
@@ -177,6 +189,30 @@ class MLASelfAttention(nn.Module):
         k = torch.cat((k_nope, k_rope), dim=-1)
         return q, k, v.contiguous()
 
+
+class MLASelfAttention(nn.Module):
+    """Multi-latent attention: low-rank (latent) Q and KV projections with a decoupled RoPE key.
+
+    hidden -> q latent (q_lora_rank, optional) and kv latent (kv_lora_rank) + one shared RoPE key
+    per token; `up_proj` expands them to per-head Q (nope + rope), K (nope + shared rope) and V.
+    """
+
+    def __init__(self, config: ModelConfig, policy: RecomputePolicy):
+        super().__init__()
+        self.policy = policy
+        self.num_heads = a = config.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
+        self.rope_dim, self.v_head_dim = config.qk_pos_emb_head_dim, config.v_head_dim
+        h = config.hidden_size
+        if self.q_lora_rank:
+            self.linear_q_down_proj = nn.Linear(h, self.q_lora_rank, bias=False)
+        self.linear_kv_down_proj = nn.Linear(h, self.kv_lora_rank + self.rope_dim, bias=False)
+        self.up_proj = MLAUpProjection(config, policy)
+        self.core_attention = CoreAttention(
+            a, a, config.attention_dropout, config.attention_backend, policy
+        )
+        self.linear_proj = nn.Linear(a * self.v_head_dim, h, bias=False)
+
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
         with self.policy.offload("qkv_linear"):
@@ -184,13 +220,9 @@ class MLASelfAttention(nn.Module):
             kv_latent, k_rope = self.linear_kv_down_proj(x).split(
                 [self.kv_lora_rank, self.rope_dim], dim=-1
             )
-        up = self.policy.discarding("mla_up_proj")
-        q, k, v = up.run(self.up_proj_and_rope, q_latent, kv_latent, k_rope)
-        with self.policy.offload("core_attn"):
-            context = self.policy.checkpoint(
-                "core_attn", self.core_attention, q, k, v, training=self.training
-            )
-        up.discard_output_and_register_recompute(context)
+        q, k, v = self.up_proj(q_latent, kv_latent, k_rope)
+        context = self.core_attention(q, k, v)
+        self.up_proj.discard_output(context)
         context = context.transpose(1, 2).reshape(b, s, self.num_heads * self.v_head_dim)
         with self.policy.offload("attn_proj"):
             return self.linear_proj(context)

@@ -16,48 +16,40 @@ from ..config import Config, ModelConfig, RecomputeConfig
 from .attention import MLASelfAttention, SelfAttention
 from .mlp import MLP
 from .moe import MoELayer
-from .norm import make_norm
+from .norm import LayerNormUnit, make_norm
 
 
 class TransformerLayer(nn.Module):
-    """Attention is MLA or MHA/GQA; the feed-forward is a dense MLP or an MoE layer."""
+    """Attention is MLA or MHA/GQA; the feed-forward is a dense MLP or an MoE layer.
+
+    The norms, the core attention, the MLP/MoE and their parts are recompute units that apply
+    the shared policy themselves; the layer only wires them up.
+    """
 
     def __init__(self, config: ModelConfig, policy: RecomputePolicy, is_moe: bool = False):
         super().__init__()
-        self.policy = policy
         self.is_moe = is_moe
         self.hidden_dropout = config.hidden_dropout
-        self.input_layernorm = make_norm(config.normalization, config.hidden_size)
+        norm, hidden = config.normalization, config.hidden_size
+        self.input_layernorm = LayerNormUnit(norm, hidden, policy, offload_unit="attn_norm")
         attention = MLASelfAttention if config.multi_latent_attention else SelfAttention
         self.self_attention = attention(config, policy)
-        self.pre_mlp_layernorm = make_norm(config.normalization, config.hidden_size)
-        if is_moe:
+        self.pre_mlp_layernorm = LayerNormUnit(norm, hidden, policy, offload_unit="mlp_norm")
+        if is_moe:  # Megatron's 'mlp' recompute is a no-op here; 'moe' covers the layer
             self.mlp = MoELayer(config, policy)
         else:
-            self.mlp = MLP(config.hidden_size, config.ffn_size, config.swiglu)
+            self.mlp = MLP(hidden, config.ffn_size, config.swiglu, policy, "mlp")
 
     def forward(self, x: Tensor) -> Tensor:
-        # 'layernorm' recompute: the norm output is freed once the next op has saved it, and
-        # rebuilt when the gradient of this sub-block's output arrives.
-        norm = self.policy.discarding("layernorm")
-        with self.policy.offload("attn_norm"):
-            normed = norm.run(self.input_layernorm, x)
-        attention_out = self.self_attention(normed)
-        norm.discard_output_and_register_recompute(attention_out)
+        # With 'layernorm' recompute the norm output is freed once its consumer saved it, and
+        # rebuilt when the gradient of the sub-block's output arrives.
+        attention_out = self.self_attention(self.input_layernorm(x))
+        self.input_layernorm.discard_output(attention_out)
         x = x + F.dropout(attention_out, self.hidden_dropout, self.training)
 
-        norm = self.policy.discarding("layernorm")
-        with self.policy.offload("mlp_norm"):
-            normed = norm.run(self.pre_mlp_layernorm, x)
-        mlp_out = self._mlp(normed)
-        norm.discard_output_and_register_recompute(mlp_out)
+        mlp_out = self.mlp(self.pre_mlp_layernorm(x))
+        self.pre_mlp_layernorm.discard_output(mlp_out)
         return x + F.dropout(mlp_out, self.hidden_dropout, self.training)
-
-    def _mlp(self, x: Tensor) -> Tensor:
-        # Megatron checkpoints a dense MLP under 'mlp' and an MoE layer under 'moe' ('mlp' is a
-        # no-op on MoE layers).
-        unit = "moe" if self.is_moe else "mlp"
-        return self.policy.checkpoint(unit, self.mlp, x, training=self.training)
 
 
 class TransformerBlock(nn.Module):

@@ -104,42 +104,56 @@ def grouped_matmul(tokens: Tensor, weight: Tensor, tokens_per_expert: list[int])
     return torch.cat(outputs)
 
 
-class GroupedExperts(nn.Module):
-    """All routed experts as two stacked weights (like Megatron's grouped GEMM MLP).
+class ExpertActivation(nn.Module):
+    """The expert activation between fc1 and fc2, weighted by each pick's router probability
+    (as Megatron's grouped MLP does, so the combine is a plain sum). The `moe_act` unit: its
+    output is discarded once fc2 saved it and rebuilt when fc2's output gradient arrives."""
 
-    The router probability of each (token, expert) pick scales that pick's activation, as
-    Megatron's grouped MLP does, so the combine is a plain sum.
-    """
+    def __init__(self, use_swiglu: bool, policy: RecomputePolicy):
+        super().__init__()
+        self.activation_fn = activation_fn(use_swiglu)
+        self.policy = policy
+        self._pending = None
+
+    def forward(self, fc1_out: Tensor, probs: Tensor) -> Tensor:
+        self._pending = self.policy.discarding("moe_act")
+        with self.policy.offload("moe_act"):
+            return self._pending.run(self.weighted_activation, fc1_out, probs)
+
+    def weighted_activation(self, fc1_out: Tensor, probs: Tensor) -> Tensor:
+        return self.activation_fn(fc1_out) * probs.unsqueeze(-1)
+
+    def discard_output(self, hook_tensor: Tensor) -> None:
+        if self._pending is not None:
+            self._pending.discard_output_and_register_recompute(hook_tensor)
+            self._pending = None
+
+
+class GroupedExperts(nn.Module):
+    """All routed experts as two stacked weights (like Megatron's grouped GEMM MLP)."""
 
     def __init__(self, config: ModelConfig, policy: RecomputePolicy):
         super().__init__()
         self.policy = policy
-        num_experts, hidden, ffn = (
-            config.num_moe_experts or 1,
-            config.hidden_size,
-            config.moe_ffn_size,
-        )
+        num_experts, hidden = config.num_moe_experts or 1, config.hidden_size
+        ffn = config.moe_ffn_size
         fc1_out = 2 * ffn if config.swiglu else ffn
         self.weight1 = nn.Parameter(torch.randn(num_experts, hidden, fc1_out) / math.sqrt(hidden))
         self.weight2 = nn.Parameter(torch.randn(num_experts, ffn, hidden) / math.sqrt(ffn))
-        self.activation_fn = activation_fn(config.swiglu)
-
-    def activation(self, fc1_out: Tensor, probs: Tensor) -> Tensor:
-        return self.activation_fn(fc1_out) * probs.unsqueeze(-1)
+        self.activation = ExpertActivation(config.swiglu, policy)
 
     def forward(self, tokens: Tensor, probs: Tensor, tokens_per_expert: list[int]) -> Tensor:
         with self.policy.offload("expert_fc1"):
             fc1_out = grouped_matmul(tokens, self.weight1, tokens_per_expert)
-        act = self.policy.discarding("moe_act")
-        with self.policy.offload("moe_act"):
-            act_out = act.run(self.activation, fc1_out, probs)
+        act_out = self.activation(fc1_out, probs)
         fc2_out = grouped_matmul(act_out, self.weight2, tokens_per_expert)
-        act.discard_output_and_register_recompute(fc2_out)
+        self.activation.discard_output(fc2_out)
         return fc2_out
 
 
 class MoELayer(nn.Module):
-    """Router -> dispatch (top-k copies sorted by expert) -> experts -> combine (+ shared)."""
+    """Router -> dispatch (top-k copies sorted by expert) -> experts -> combine (+ shared).
+    The `moe` unit: a normal checkpoint of all of it."""
 
     def __init__(self, config: ModelConfig, policy: RecomputePolicy):
         super().__init__()
@@ -149,9 +163,16 @@ class MoELayer(nn.Module):
         self.router = Router(config)
         self.experts = GroupedExperts(config, policy)
         shared = config.moe_shared_expert_intermediate_size
-        self.shared_experts = MLP(config.hidden_size, shared, config.swiglu) if shared else None
+        self.shared_experts = (
+            MLP(config.hidden_size, shared, config.swiglu, policy, "shared_experts")
+            if shared
+            else None
+        )
 
     def forward(self, hidden: Tensor) -> Tensor:
+        return self.policy.checkpoint("moe", self.route_and_compute, hidden, training=self.training)
+
+    def route_and_compute(self, hidden: Tensor) -> Tensor:
         shape = hidden.shape
         tokens = hidden.reshape(-1, shape[-1])
         probs, indices = self.router(tokens)
@@ -169,7 +190,5 @@ class MoELayer(nn.Module):
         # Combine: sum each token's picks back into its row.
         out = _SumIntoRows.apply(expert_out, token_of_slot, tokens.shape[0])
         if self.shared_experts is not None:
-            out = out + self.policy.checkpoint(
-                "shared_experts", self.shared_experts, tokens, training=self.training
-            )
+            out = out + self.shared_experts(tokens)
         return out.view(shape)

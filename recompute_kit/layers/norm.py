@@ -54,3 +54,30 @@ def make_norm(normalization: str, hidden_size: int) -> nn.Module:
     if normalization == "RMSNorm":
         return RMSNorm(hidden_size)
     return nn.LayerNorm(hidden_size, eps=1e-5)
+
+
+class LayerNormUnit(nn.Module):
+    """A transformer layer's norm, as a recompute unit.
+
+    With `layernorm` recompute its output is discarded once the consumer saved it; the layer
+    calls `discard_output(t)` with a tensor whose gradient arrives before the consumer's
+    backward needs the output. `offload_unit` names it for fine-grained offloading
+    (`attn_norm`, `mlp_norm`).
+    """
+
+    def __init__(self, normalization: str, hidden_size: int, policy, offload_unit: str):
+        super().__init__()
+        self.norm = make_norm(normalization, hidden_size)
+        self.policy = policy
+        self.offload_unit = offload_unit
+        self._pending = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._pending = self.policy.discarding("layernorm")
+        with self.policy.offload(self.offload_unit):
+            return self._pending.run(self.norm, x)
+
+    def discard_output(self, hook_tensor: Tensor) -> None:
+        if self._pending is not None:
+            self._pending.discard_output_and_register_recompute(hook_tensor)
+            self._pending = None
