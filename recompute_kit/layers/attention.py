@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import RecomputePolicy
 from ..config import ModelConfig
+from . import ops
 from .norm import make_norm
 
 
@@ -56,7 +57,7 @@ class CoreAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores + _causal_mask(seq, scores.dtype, scores.device)  # add: saves nothing
         probs = torch.softmax(scores, dim=-1)
-        probs = F.dropout(probs, dropout, self.training)
+        probs = ops.dropout(probs, dropout, self.training)
         return torch.matmul(probs, v)
 
 
@@ -65,6 +66,11 @@ def _causal_mask(seq: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout: float, gqa: bool) -> Tensor:
+    if q.is_meta and dropout == 0.0:
+        # Shape-only runs: PyTorch's meta SDPA takes the math path (s x s tensors); use the
+        # flash kernel's own op so a meta run saves what a GPU flash kernel saves (q, k, v,
+        # output and the fp32 log-sum-exp; GQA K/V un-expanded).
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
     if gqa:
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=True

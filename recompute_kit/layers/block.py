@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import RecomputePolicy, checkpoint
 from ..config import Config, ModelConfig, RecomputeConfig
+from . import ops
 from .attention import MLASelfAttention, SelfAttention
 from .mlp import MLP
 from .moe import MoELayer
@@ -45,11 +46,11 @@ class TransformerLayer(nn.Module):
         # rebuilt when the gradient of the sub-block's output arrives.
         attention_out = self.self_attention(self.input_layernorm(x))
         self.input_layernorm.discard_output(attention_out)
-        x = x + F.dropout(attention_out, self.hidden_dropout, self.training)
+        x = x + ops.dropout(attention_out, self.hidden_dropout, self.training)
 
         mlp_out = self.mlp(self.pre_mlp_layernorm(x))
         self.pre_mlp_layernorm.discard_output(mlp_out)
-        return x + F.dropout(mlp_out, self.hidden_dropout, self.training)
+        return x + ops.dropout(mlp_out, self.hidden_dropout, self.training)
 
 
 class TransformerBlock(nn.Module):
@@ -91,7 +92,7 @@ class Embedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         seq = tokens.shape[1]
         x = self.word_embeddings(tokens) + self.position_embeddings[:seq]
-        return F.dropout(x, self.dropout, self.training)
+        return ops.dropout(x, self.dropout, self.training)
 
 
 class CrossEntropyLoss(nn.Module):

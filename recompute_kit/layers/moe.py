@@ -183,7 +183,7 @@ class MoELayer(nn.Module):
         token_of_slot = order // self.topk
         dispatched = tokens[token_of_slot]
         slot_probs = probs.flatten()[order]
-        tokens_per_expert = torch.bincount(expert_of_pick, minlength=self.num_experts).tolist()
+        tokens_per_expert = self._tokens_per_expert(expert_of_pick)
 
         expert_out = self.experts(dispatched, slot_probs, tokens_per_expert)
 
@@ -192,3 +192,10 @@ class MoELayer(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         return out.view(shape)
+
+    def _tokens_per_expert(self, expert_of_pick: Tensor) -> list[int]:
+        if expert_of_pick.is_meta:
+            # Shape-only runs have no routing decisions: assume perfectly balanced experts.
+            picks, experts = expert_of_pick.numel(), self.num_experts
+            return [picks // experts + (e < picks % experts) for e in range(experts)]
+        return torch.bincount(expert_of_pick, minlength=self.num_experts).tolist()

@@ -1,4 +1,8 @@
-"""LayerNorm and RMSNorm, chosen by ModelConfig.normalization."""
+"""LayerNorm and RMSNorm, chosen by ModelConfig.normalization.
+
+Both are single autograd nodes that save the input and fp32 statistics, like fused GPU kernels,
+on every device: the memory a CPU run measures is the memory a GPU run keeps.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +42,43 @@ class _RMSNormFunction(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
 
 
+class _LayerNormFunction(torch.autograd.Function):
+    """LayerNorm as one autograd node that saves the input and fp32 mean/rstd on every device
+    (PyTorch's CPU kernel keeps the statistics in the input dtype, CUDA in fp32: this makes CPU
+    and meta runs account for memory exactly as a GPU run does)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        x32 = x.to(_compute_dtype(x))
+        mean = x32.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((x32 - mean).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return ((x32 - mean) * rstd).to(x.dtype) * weight + bias
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, weight, mean, rstd = ctx.saved_tensors
+        dtype = rstd.dtype
+        x_hat = (x.to(dtype) - mean) * rstd
+        batch_dims = tuple(range(grad.dim() - 1))
+        grad_weight = (grad.to(dtype) * x_hat.to(x.dtype).to(dtype)).sum(batch_dims)
+        grad_bias = grad.to(dtype).sum(batch_dims)
+        g = grad.to(dtype) * weight.to(dtype)
+        grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(weight.dtype), None
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _LayerNormFunction.apply(x, self.weight, self.bias, self.eps)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Llama-style, no bias)."""
 
@@ -53,7 +94,7 @@ class RMSNorm(nn.Module):
 def make_norm(normalization: str, hidden_size: int) -> nn.Module:
     if normalization == "RMSNorm":
         return RMSNorm(hidden_size)
-    return nn.LayerNorm(hidden_size, eps=1e-5)
+    return LayerNorm(hidden_size)
 
 
 class LayerNormUnit(nn.Module):
