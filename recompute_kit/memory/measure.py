@@ -1,21 +1,33 @@
-"""Measure the bytes a forward pass saves for backward.
+"""Measure activation memory: what a forward saves for backward, per module, and the peak.
 
-`track_saved_tensors(model)` installs a saved-tensors hook for the duration of a forward pass and
-records every tensor autograd keeps, attributed to the innermost module running when it was
-saved. Sizes are counted per distinct storage (views and tensors saved twice count once),
-parameters are excluded, and sizes are read when the context exits, so storage freed by an
-output-discarding checkpoint during the forward counts as zero.
+* `track_saved_tensors(model)` installs a saved-tensors hook for a forward pass and records every
+  tensor autograd keeps, attributed to the innermost module running when it was saved. Sizes
+  are counted per distinct storage (views and tensors saved twice count once), parameters and
+  buffers are excluded, and sizes are read when the context exits, so storage freed by an
+  output-discarding checkpoint during the forward counts as zero.
+* `LiveTensorTracker` follows every storage created while it is active (a TorchDispatchMode) and
+  records the peak of their live bytes: the activation peak of forward + backward on any device.
+* `measure(config, spec)` runs one training step of a runnable model on CPU/CUDA; with
+  `fake=True` it runs on the meta device (shapes only, nothing allocated), one layer of each
+  kind, and scales the result to the whole model, so a 70B or 671B model is measured on a laptop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+# --------------------------------------------------------------------------------------------
+# Saved-for-backward bytes, per module
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -54,24 +66,58 @@ class SavedActivations:
         }
         return [layers[i] for i in sorted(layers)]
 
+    def layer_roles(self, index: int) -> dict[str, int]:
+        """Bytes of layer `index` per role (`core_attn`, `qkv`, `mlp`, `router`, ...)."""
+        prefix = f"decoder.layers.{index}"
+        out: dict[str, int] = {}
+        for name, n in self.by_module.items():
+            if name == prefix or name.startswith(prefix + "."):
+                role = module_role(name[len(prefix) :])
+                out[role] = out.get(role, 0) + n
+        return out
 
-class _Tracker:
+
+# What each module's saves count as. Matched against the path inside a layer; the first rule
+# that matches the longest suffix wins (so `mlp.shared_experts.linear_fc1` is shared_experts).
+_ROLE_RULES = [
+    (r"\.input_layernorm|\.pre_mlp_layernorm", "layernorm"),
+    (r"\.self_attention\.core_attention", "core_attn"),
+    (r"\.self_attention\.up_proj", "mla_up_proj"),
+    (r"\.self_attention\.linear_proj", "proj"),
+    (r"\.self_attention", "qkv"),
+    (r"\.mlp\.router", "router"),
+    (r"\.mlp\.experts\.activation", "moe_act"),
+    (r"\.mlp\.experts", "experts"),
+    (r"\.mlp\.shared_experts", "shared_experts"),
+    (r"\.mlp", "mlp"),  # a dense MLP, or (MoELayer itself) dispatch indices / the moe unit
+]
+
+
+def module_role(path_in_layer: str) -> str:
+    """Role of a module path inside a transformer layer ('' is the layer: dropout masks)."""
+    for pattern, role in _ROLE_RULES:
+        if re.match(pattern + r"(\.|$)", path_in_layer):
+            return role
+    return "residual"
+
+
+class _SavedTensorTracker:
     def __init__(self, model: nn.Module):
         # Parameters and buffers (e.g. rotary tables) are model state, not activations.
         state = [*model.parameters(), *model.buffers()]
-        self.param_storages = {t.untyped_storage()._cdata for t in state}
+        self.state_storages = {t.untyped_storage()._cdata for t in state}
         self.module_names = [name for name, _ in model.named_modules()]
         self.stack: list[str] = []
         self.seen: dict[int, tuple[Tensor, str]] = {}
 
     def pack(self, tensor: Tensor) -> Tensor:
-        try:
-            key = tensor.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. fake)
-            return tensor
-        if key not in self.param_storages and key not in self.seen:
+        key = tensor.untyped_storage()._cdata
+        if key not in self.state_storages and key not in self.seen:
             self.seen[key] = (tensor, self.stack[-1] if self.stack else "")
         return tensor
+
+    def push(self, name: str) -> None:
+        self.stack.append(name)
 
     def pop(self, *_: object) -> None:  # a forward hook: must return None
         self.stack.pop()
@@ -81,7 +127,7 @@ class _Tracker:
         for tensor, module in self.seen.values():
             nbytes = tensor.untyped_storage().nbytes()
             out.total_bytes += nbytes
-            out.by_module[module] = out.by_module.get(module, 0) + nbytes
+            out.by_module[module] += nbytes
         self.seen.clear()  # do not keep the activations alive
         return out
 
@@ -96,12 +142,10 @@ def track_saved_tensors(model: nn.Module) -> Iterator[SavedActivations]:
             loss = model(tokens, labels)
         print(saved.total_bytes, saved.top_level())
     """
-    tracker = _Tracker(model)
+    tracker = _SavedTensorTracker(model)
     handles = []
     for name, module in model.named_modules():
-        handles.append(
-            module.register_forward_pre_hook(lambda _m, _a, name=name: tracker.stack.append(name))
-        )
+        handles.append(module.register_forward_pre_hook(lambda *_, n=name: tracker.push(n)))
         handles.append(module.register_forward_hook(tracker.pop, always_call=True))
     result = SavedActivations()
     try:
@@ -112,3 +156,46 @@ def track_saved_tensors(model: nn.Module) -> Iterator[SavedActivations]:
             handle.remove()
         measured = tracker.result()
         result.total_bytes, result.by_module = measured.total_bytes, measured.by_module
+
+
+# --------------------------------------------------------------------------------------------
+# Live bytes and their peak
+# --------------------------------------------------------------------------------------------
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Peak of the bytes of storages created while active and still alive.
+
+    Every op's outputs are registered; a storage leaves when Python frees it. Sizes are re-read
+    after each op, so storage an output-discarding checkpoint freed (resized to 0) or refilled
+    counts as it is. Works on CPU, CUDA and meta tensors (meta storages report their size).
+    """
+
+    def __init__(self, exclude: nn.Module | None = None) -> None:
+        super().__init__()
+        self.live: dict[int, weakref.ref] = {}
+        self.peak_bytes = 0
+        # Model state (parameters, their gradients, buffers) is not activation memory.
+        self.exclude = set()
+        if exclude is not None:
+            state = [*exclude.parameters(), *exclude.buffers()]
+            state += [p.grad for p in exclude.parameters() if p.grad is not None]
+            self.exclude = {t.untyped_storage()._cdata for t in state}
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(ref().nbytes() for ref in self.live.values() if ref() is not None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, Tensor):
+                self._register(t)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out
+
+    def _register(self, t: Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in self.live and key not in self.exclude:
+            self.live[key] = weakref.ref(storage, lambda _ref, k=key: self.live.pop(k, None))

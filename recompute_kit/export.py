@@ -1,0 +1,371 @@
+"""Render a `RecomputeConfig` as the settings of another training framework.
+
+Formats (`FORMATS`):
+
+* ``megatron-bridge`` - Python override lines ``cfg.model.<field> = ...`` on a Megatron-Bridge
+  ``ConfigContainer`` (the model provider carries Megatron-Core's TransformerConfig field names).
+* ``megatron-lm``     - a Megatron-LM command-line fragment (``--recompute-granularity ...``).
+  The flags are the field names with ``_`` -> ``-``: ``--recompute-granularity``,
+  ``--recompute-method``, ``--recompute-num-layers``, ``--recompute-modules``,
+  ``--distribute-saved-activations`` (written out in ``megatron/training/arguments.py``) and
+  ``--cpu-offloading``, ``--cpu-offloading-num-layers``, ``--fine-grained-activation-offloading``,
+  ``--offload-modules`` (generated from TransformerConfig by ``ArgumentGroupFactory`` in
+  ``megatron/training/argument_utils.py``).
+* ``nemo``            - a NeMo 1.x model-config YAML block under ``model:``. NeMo's
+  ``MegatronBaseModel.build_transformer_config`` reads the recompute settings from
+  ``activations_checkpoint_granularity/_method/_num_layers`` (and these take priority over a
+  ``recompute_granularity`` key), hard-codes ``distribute_saved_activations=False``, and passes
+  any other TransformerConfig field (``recompute_modules``, ``cpu_offloading``, ...) by name.
+  (NeMo 2 configures the model in Python recipes; Megatron-Bridge's own YAML overrides use the
+  Megatron-Core names under ``model:``, which is what `config.load_config` reads.)
+* ``torchtitan``      - the ``[activation_checkpoint]`` TOML table of torchtitan's JobConfig
+  (``mode = "none" | "selective" | "full"``, ``selective_ac_option = "op"`` or ``"<k>"`` for every
+  k-th layer). Only some Megatron settings have an exact equivalent; the rendering says so in
+  TOML comments. torchtitan's 2026 config refactor replaced this TOML form (the policy is now
+  chosen with a ``selective | full | memory-budget | none`` subcommand, and the every-k-th-layer
+  option is gone); the mode names are unchanged.
+
+Every rendering starts with ``# recompute-kit: <spec>`` (all four formats use ``#`` comments).
+Sources: shared/reference/megatron-recompute.md and pytorch-checkpointing-and-memory.md section 4.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
+
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")
+
+# YAML words that load back as the same string (not null/true/false/numbers).
+_PLAIN_WORD = re.compile(
+    r"(?!(?:null|true|false|yes|no|on|off|y|n)$)[a-z][a-z0-9_]*", re.IGNORECASE
+)
+
+
+def render(recompute: RecomputeConfig, fmt: str, *, num_layers: int | None = None) -> str:
+    """The recompute (and offloading) settings of `recompute` in format `fmt` (see FORMATS).
+
+    `num_layers` (transformer layers per pipeline stage) is only used by the torchtitan
+    rendering of ``full:block:N``, to pick the closest every-k-th-layer option. Raises
+    `ConfigError` (one line) for an unknown format or settings that cannot be exported.
+    The result ends with a newline.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    _check(recompute, num_layers)
+    header = f"# recompute-kit: {format_spec(recompute)}"
+    body = _RENDERERS[fmt](recompute, num_layers)
+    return "\n".join([header, *body]) + "\n"
+
+
+def render_all(recompute: RecomputeConfig, *, num_layers: int | None = None) -> dict[str, str]:
+    """`render` for every format, keyed by format name in FORMATS order."""
+    return {fmt: render(recompute, fmt, num_layers=num_layers) for fmt in FORMATS}
+
+
+# --------------------------------------------------------------------------------------------
+# Checks and the settings every format shares
+# --------------------------------------------------------------------------------------------
+
+
+def _check(rc: RecomputeConfig, num_layers: int | None) -> None:
+    g = rc.recompute_granularity
+    if g not in (None, "selective", "full"):
+        raise ConfigError(
+            f"cannot export recompute_granularity {g!r}; expected None, 'selective' or 'full'"
+        )
+    if g == "full":
+        if rc.recompute_method not in ("uniform", "block"):
+            raise ConfigError(
+                f"cannot export full recompute with recompute_method {rc.recompute_method!r}; "
+                "expected 'uniform' or 'block'"
+            )
+        n = rc.recompute_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                f"cannot export full recompute with recompute_num_layers {n!r}; expected an "
+                "integer >= 1"
+            )
+    if g == "selective" and (
+        rc.recompute_method is not None or rc.recompute_num_layers is not None
+    ):
+        raise ConfigError(
+            "cannot export selective recompute with recompute_method/recompute_num_layers set; "
+            "Megatron requires both to be None for selective"
+        )
+    if rc.fine_grained_activation_offloading and not rc.offload_modules:
+        raise ConfigError(
+            "fine_grained_activation_offloading needs a non-empty offload_modules, "
+            f"choose from {list(OFFLOAD_MODULES)}"
+        )
+    if num_layers is not None and (
+        isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1
+    ):
+        raise ConfigError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+
+
+def _core(rc: RecomputeConfig) -> dict[str, Any]:
+    """The four recompute fields, normalised: method/num_layers only for full, the module list
+    (explicit, Megatron's default filled in) only for selective."""
+    g = rc.recompute_granularity
+    return {
+        "recompute_granularity": g,
+        "recompute_modules": rc.modules if g == "selective" else None,
+        "recompute_method": rc.recompute_method if g == "full" else None,
+        "recompute_num_layers": rc.recompute_num_layers if g == "full" else None,
+    }
+
+
+def _offload(rc: RecomputeConfig) -> dict[str, Any]:
+    """The offloading fields that are switched on (Megatron-Core names)."""
+    out: dict[str, Any] = {}
+    if rc.distribute_saved_activations:
+        out["distribute_saved_activations"] = True
+    if rc.cpu_offloading:
+        out["cpu_offloading"] = True
+        out["cpu_offloading_num_layers"] = rc.cpu_offloading_num_layers
+    if rc.fine_grained_activation_offloading:
+        out["fine_grained_activation_offloading"] = True
+        out["offload_modules"] = list(rc.offload_modules)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-Bridge: Python overrides on cfg.model
+# --------------------------------------------------------------------------------------------
+
+
+def _py(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a double-quoted Python literal for these ASCII names
+    if isinstance(value, list):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
+    raise TypeError(f"cannot render {value!r}")
+
+
+def _render_bridge(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    settings = {**_core(rc), **_offload(rc)}
+    if rc.cpu_offloading:
+        # What TE's offload context moves; Megatron-Core's defaults, set explicitly because TE
+        # refuses an offload with neither (Megatron-Bridge#2684).
+        settings["cpu_offloading_activations"] = True
+        settings["cpu_offloading_weights"] = False
+    return [f"cfg.model.{key} = {_py(value)}" for key, value in settings.items()]
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-LM: command-line flags
+# --------------------------------------------------------------------------------------------
+
+
+def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    core = _core(rc)
+    comments: list[str] = []
+    flags: list[str] = []
+    g = core["recompute_granularity"]
+    if g is None:
+        comments.append("# no recompute: omit --recompute-granularity")
+    else:
+        flags += ["--recompute-granularity", g]
+    if g == "selective":
+        flags += ["--recompute-modules", *core["recompute_modules"]]
+        if not core["recompute_modules"]:
+            comments.append(
+                "# --recompute-modules with no names is the no-op control (nothing recomputed); "
+                "it needs a parser that takes nargs='*'"
+            )
+    if g == "full":
+        flags += [
+            "--recompute-method",
+            core["recompute_method"],
+            "--recompute-num-layers",
+            str(core["recompute_num_layers"]),
+        ]
+    if rc.distribute_saved_activations:
+        flags.append("--distribute-saved-activations")
+    if rc.cpu_offloading:
+        flags += [
+            "--cpu-offloading",
+            "--cpu-offloading-num-layers",
+            str(rc.cpu_offloading_num_layers),
+        ]
+    if rc.fine_grained_activation_offloading:
+        flags += ["--fine-grained-activation-offloading", "--offload-modules", *rc.offload_modules]
+        comments.append(
+            "# fine-grained offloading needs --transformer-impl transformer_engine; "
+            "with TE >= 2.10 also set NVTE_CPU_OFFLOAD_V1=1"
+        )
+    return comments + ([" ".join(flags)] if flags else [])
+
+
+# --------------------------------------------------------------------------------------------
+# NeMo 1.x: model config YAML
+# --------------------------------------------------------------------------------------------
+
+
+def _yaml(value: Any) -> str:
+    """A YAML scalar or flow list (module and method names are plain lower-case words)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return value if _PLAIN_WORD.fullmatch(value) else json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    raise TypeError(f"cannot render {value!r}")
+
+
+def _render_nemo(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    core = _core(rc)
+    model: dict[str, Any] = {
+        "activations_checkpoint_granularity": core["recompute_granularity"],
+        "activations_checkpoint_method": core["recompute_method"],
+        "activations_checkpoint_num_layers": core["recompute_num_layers"],
+    }
+    if core["recompute_granularity"] == "selective":
+        model["recompute_modules"] = core["recompute_modules"]
+    offload = _offload(rc)
+    offload.pop("distribute_saved_activations", None)
+    model.update(offload)
+    if rc.cpu_offloading:
+        # NeMo's GPT config defaults cpu_offloading_weights to True; these settings offload
+        # activations only.
+        model["cpu_offloading_activations"] = True
+        model["cpu_offloading_weights"] = False
+    comments = [
+        "# NeMo reads activations_checkpoint_* into Megatron-Core's recompute_granularity/method/"
+        "num_layers;",
+        "# the other keys go to TransformerConfig by name (if your Megatron-Core has the field).",
+    ]
+    if rc.distribute_saved_activations:
+        comments.append("# distribute_saved_activations: not exported, NeMo hard-codes it to False")
+    lines = ["model:"] + [f"  {key}: {_yaml(value)}" for key, value in model.items()]
+    return comments + lines
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan: [activation_checkpoint] TOML
+# --------------------------------------------------------------------------------------------
+
+
+def _render_torchtitan(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    core = _core(rc)
+    g = core["recompute_granularity"]
+    notes: list[str] = []
+    option: str | None = None
+    if g is None:
+        mode = "none"
+    elif g == "selective" and not core["recompute_modules"]:
+        mode = "none"
+        notes.append(
+            "# selective with an empty recompute_modules recomputes nothing: same as mode none"
+        )
+    elif g == "selective":
+        mode, option = "selective", "op"
+        modules = ", ".join(core["recompute_modules"])
+        notes += [
+            f"# Not module-for-module the same as Megatron's recompute_modules [{modules}]:",
+            "# torchtitan's op-level SAC saves the outputs of compute-heavy ops (matmuls - except",
+            "# every second one -, attention kernels, collectives) in every layer and recomputes",
+            "# the cheap ops around them.",
+        ]
+    elif core["recompute_method"] == "uniform":
+        mode = "full"
+        n = core["recompute_num_layers"]
+        if n > 1:
+            stored = (
+                f"{num_layers} layer inputs instead of {-(-num_layers // n)}"
+                if num_layers is not None
+                else f"about {n}x as many layer inputs"
+            )
+            notes += [
+                "# Approximate: torchtitan's full mode checkpoints every layer on its own;",
+                f"# Megatron's uniform:{n} checkpoints chunks of {n} layers. Full mode stores",
+                f"# {stored}, but its recompute buffer holds one layer's",
+                f"# activations instead of {min(n, num_layers or n)} layers'.",
+            ]
+    else:
+        mode, option = _block_to_torchtitan(core["recompute_num_layers"], num_layers, notes)
+    notes += _torchtitan_offload_notes(rc)
+    form = [
+        "# torchtitan JobConfig TOML (before its 2026 config refactor, which selects the mode as",
+        "# a subcommand and dropped the every-k-th-layer selective_ac_option).",
+    ]
+    table = ["[activation_checkpoint]", f'mode = "{mode}"']
+    if option is not None:
+        table.append(f'selective_ac_option = "{option}"')
+    return form + notes + table
+
+
+def _block_to_torchtitan(n: int, layers: int | None, notes: list[str]) -> tuple[str, str | None]:
+    """Megatron full:block:N checkpoints the first N layers of each pipeline stage (all of them
+    when N >= L). torchtitan's layer SAC, selective_ac_option = "k", checkpoints layers
+    k, 2k, ... (counting from 1) of each model chunk: L // k layers."""
+    if layers is None:
+        notes += [
+            f"# Exact only if block:{n} covers every layer (N >= layers per pipeline stage).",
+            "# Otherwise torchtitan's closest is every-k-th-layer selective AC",
+            '# (mode = "selective", selective_ac_option = "k" with k = L // N): render with',
+            "# num_layers to get it. Full mode recomputes more than block:N does.",
+        ]
+        return "full", None
+    if n >= layers:
+        notes.append(f"# block:{n} with {layers} layers checkpoints every layer: same as full")
+        return "full", None
+    k = layers // n
+    count = layers // k
+    if k == 1:
+        notes += [
+            f"# Approximate: block:{n} of {layers} layers; torchtitan's every-k-th-layer option",
+            f"# checkpoints {layers // 2} (k = 2) or all {layers} (full) layers. Full is used: it",
+            "# recomputes more but saves at least as much memory.",
+        ]
+        return "full", None
+    where = f"layers {k}, {2 * k}, ... (counting from 1), not the first {n}"
+    if count == n:
+        notes += [
+            f"# Same number of checkpointed layers as block:{n} of {layers} ({n}), but at",
+            f"# {where}.",
+        ]
+    else:
+        notes += [
+            f"# Approximate: checkpoints {count} of {layers} layers instead of block:{n}'s {n},",
+            f"# at {where}; no every-k-th option gives exactly {n}.",
+        ]
+    return "selective", str(k)
+
+
+def _torchtitan_offload_notes(rc: RecomputeConfig) -> list[str]:
+    notes = []
+    if rc.distribute_saved_activations:
+        notes.append(
+            "# distribute_saved_activations: no torchtitan equivalent (Megatron shards the saved "
+            "layer inputs across TP ranks); not exported"
+        )
+    if rc.cpu_offloading:
+        notes.append(
+            f"# cpu_offloading ({rc.cpu_offloading_num_layers} layers): torchtitan has no "
+            "activation CPU-offloading key; not exported"
+        )
+    if rc.fine_grained_activation_offloading:
+        notes.append(
+            f"# fine_grained_activation_offloading ({', '.join(rc.offload_modules)}): torchtitan "
+            "has no equivalent key; not exported"
+        )
+    return notes
+
+
+_RENDERERS = {
+    "megatron-bridge": _render_bridge,
+    "megatron-lm": _render_megatron_lm,
+    "nemo": _render_nemo,
+    "torchtitan": _render_torchtitan,
+}
