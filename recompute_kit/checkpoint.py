@@ -205,13 +205,28 @@ class OutputDiscardingCheckpoint:
 
     def recompute(self) -> None:
         inputs = _detached_inputs(self.ctx.saved_tensors)
-        with self.rng.replay(), torch.enable_grad(), _recomputing():
+        saved_by_recompute: set[int] = set()
+
+        def note(t: Tensor) -> Tensor:
+            saved_by_recompute.add(t.untyped_storage()._cdata)
+            return t
+
+        with (
+            self.rng.replay(),
+            torch.enable_grad(),
+            _recomputing(),
+            torch.autograd.graph.saved_tensors_hooks(note, lambda t: t),
+        ):
             fresh = _as_tuple(self.fn(*inputs))
-        # Put the values back into the storage the consumers saved (their tensors see it again).
+        # Put the values back into the storage the consumers saved (their tensors see it
+        # again), then free the fresh copy unless the recomputed graph itself saved it: its
+        # tensors only serve as the roots of the backward below.
         for old, new in zip(self.outputs, fresh, strict=True):
             storage = old.untyped_storage()
             storage.resize_(new.untyped_storage().nbytes())
             storage.copy_(new.untyped_storage())
+            if new.untyped_storage()._cdata not in saved_by_recompute:
+                new.untyped_storage().resize_(0)
         self.recomputed = (inputs, fresh)
 
 

@@ -21,17 +21,7 @@ from .config import (
     parse_spec,
 )
 from .layers import GPTModel
-from .memory.measure import SavedActivations, track_saved_tensors
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass
-class StepResult:
-    loss: torch.Tensor
-    grads: dict[str, torch.Tensor]
-    saved: SavedActivations
-    offloaded_bytes: int
+from .memory.measure import make_batch, resolve_device, resolve_dtype, training_step
 
 
 @dataclass
@@ -81,51 +71,6 @@ def all_specs(config: Config) -> list[str]:
     for method in ("uniform", "block"):
         specs += [f"full:{method}:{n}" for n in range(1, config.model.num_layers + 1)]
     return specs
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "--device cuda was asked for but no CUDA GPU is visible; use --device cpu"
-        )
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"unknown device {device!r}; choose cpu, cuda or auto")
-    return torch.device(device)
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ConfigError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
-
-
-def make_batch(
-    config: Config, device: torch.device, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random tokens and next-token labels of the configured micro-batch and sequence length."""
-    m = config.model
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length + 1), generator=gen)
-    return data[:, :-1].to(device), data[:, 1:].to(device)
-
-
-def training_step(
-    model: GPTModel, tokens: torch.Tensor, labels: torch.Tensor, seed: int
-) -> StepResult:
-    """One forward + backward with a fixed dropout seed; returns loss, grads and saved bytes."""
-    model.train()
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    with track_saved_tensors(model) as saved:
-        loss = model(tokens, labels)
-    loss.backward()
-    grads = {
-        name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None
-    }
-    return StepResult(loss.detach(), grads, saved, model.policy.offloaded.total_bytes)
 
 
 def spec_notes(config: Config, rc: RecomputeConfig) -> list[str]:

@@ -92,15 +92,19 @@ class _SumIntoRows(torch.autograd.Function):
         return grad.index_select(0, index), None, None
 
 
-def grouped_matmul(tokens: Tensor, weight: Tensor, tokens_per_expert: list[int]) -> Tensor:
-    """tokens sorted by expert [N, in] times weight [E, in, out], expert by expert."""
+def grouped_matmul(
+    tokens: Tensor, weight: nn.ParameterList, tokens_per_expert: list[int]
+) -> Tensor:
+    """tokens sorted by expert [N, in] times each expert's [in, out] weight, expert by expert.
+    (One parameter per expert: slicing a stacked [E, in, out] weight would make every expert's
+    weight gradient a full [E, in, out] temporary.)"""
     outputs = [
         chunk @ weight[e]
         for e, chunk in enumerate(tokens.split(tokens_per_expert))
         if chunk.numel()
     ]
     if not outputs:
-        return tokens.new_zeros(0, weight.shape[-1])
+        return tokens.new_zeros(0, weight[0].shape[-1])
     return torch.cat(outputs)
 
 
@@ -130,7 +134,8 @@ class ExpertActivation(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """All routed experts as two stacked weights (like Megatron's grouped GEMM MLP)."""
+    """All routed experts: fc1 and fc2 weights per expert, run over each expert's slice of the
+    sorted token copies (what Megatron's grouped GEMM does in one kernel)."""
 
     def __init__(self, config: ModelConfig, policy: RecomputePolicy):
         super().__init__()
@@ -138,8 +143,12 @@ class GroupedExperts(nn.Module):
         num_experts, hidden = config.num_moe_experts or 1, config.hidden_size
         ffn = config.moe_ffn_size
         fc1_out = 2 * ffn if config.swiglu else ffn
-        self.weight1 = nn.Parameter(torch.randn(num_experts, hidden, fc1_out) / math.sqrt(hidden))
-        self.weight2 = nn.Parameter(torch.randn(num_experts, ffn, hidden) / math.sqrt(ffn))
+        self.weight1 = nn.ParameterList(
+            torch.randn(hidden, fc1_out) / math.sqrt(hidden) for _ in range(num_experts)
+        )
+        self.weight2 = nn.ParameterList(
+            torch.randn(ffn, hidden) / math.sqrt(ffn) for _ in range(num_experts)
+        )
         self.activation = ExpertActivation(config.swiglu, policy)
 
     def forward(self, tokens: Tensor, probs: Tensor, tokens_per_expert: list[int]) -> Tensor:

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..config import Config, ConfigError
+
 # --------------------------------------------------------------------------------------------
 # Saved-for-backward bytes, per module
 # --------------------------------------------------------------------------------------------
@@ -199,3 +201,143 @@ class LiveTensorTracker(TorchDispatchMode):
         key = storage._cdata
         if key not in self.live and key not in self.exclude:
             self.live[key] = weakref.ref(storage, lambda _ref, k=key: self.live.pop(k, None))
+
+
+# --------------------------------------------------------------------------------------------
+# One training step, measured
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    loss: Tensor
+    grads: dict[str, Tensor]
+    saved: SavedActivations
+    offloaded_bytes: int
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "--device cuda was asked for but no CUDA GPU is visible; use --device cpu"
+        )
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {device!r}; choose cpu, cuda or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
+
+
+def make_batch(config: Config, device: torch.device, seed: int) -> tuple[Tensor, Tensor]:
+    """Random tokens and next-token labels of the configured micro-batch and sequence length."""
+    m = config.model
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length + 1), generator=gen)
+    return data[:, :-1].to(device), data[:, 1:].to(device)
+
+
+def training_step(
+    model: nn.Module,
+    tokens: Tensor,
+    labels: Tensor,
+    seed: int,
+    keep_grad_buffers: bool = False,
+) -> StepResult:
+    """One forward + backward with a fixed dropout seed; returns loss, grads and saved bytes.
+
+    `keep_grad_buffers` (memory measurements) zeroes existing gradients in place instead of
+    dropping them, so the step allocates no gradient buffers, and returns no gradient copies.
+    """
+    model.train()
+    model.zero_grad(set_to_none=not keep_grad_buffers)
+    torch.manual_seed(seed)
+    with track_saved_tensors(model) as saved:
+        loss = model(tokens, labels)
+    loss.backward()
+    grads = {
+        name: p.grad.detach().clone()
+        for name, p in model.named_parameters()
+        if p.grad is not None and not keep_grad_buffers
+    }
+    return StepResult(loss.detach(), grads, saved, model.policy.offloaded.total_bytes)
+
+
+@dataclass
+class Measurement:
+    recompute: str
+    device: str  # cpu | cuda | meta (shape-only)
+    per_layer_activation_bytes: float  # mean over layers, full-recompute layer inputs included
+    activation_bytes: int  # saved for backward at the end of the forward, whole model
+    peak_activation_bytes: int  # peak live bytes of forward + backward (model state excluded)
+    modules: dict[str, float]  # role -> mean bytes per layer
+    layers: list[int]  # bytes kept inside each layer
+    offloaded_bytes: int = 0
+    scaled_from_layers: int | None = None  # shape-only runs: layers actually run
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _roles_mean(saved: SavedActivations, n_layers: int) -> dict[str, float]:
+    modules: dict[str, float] = {}
+    for i in range(n_layers):
+        for role, value in saved.layer_roles(i).items():
+            modules[role] = modules.get(role, 0.0) + value / n_layers
+    stored = saved.by_module.get("decoder", 0)
+    if stored:
+        modules["layer_inputs"] = stored / n_layers
+    return modules
+
+
+def run_step(model: nn.Module, tokens: Tensor, labels: Tensor, seed: int = 0):
+    """One forward + backward: (saved activations, peak live bytes, offloaded bytes)."""
+    device = tokens.device
+    cuda = device.type == "cuda"
+    for p in model.parameters():  # gradients exist before: the peak counts activations only
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        step = training_step(model, tokens, labels, seed, keep_grad_buffers=True)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+    else:
+        with LiveTensorTracker(model) as live:
+            step = training_step(model, tokens, labels, seed, keep_grad_buffers=True)
+        peak = live.peak_bytes
+    return step.saved, peak, step.offloaded_bytes
+
+
+def measure(config: Config, device: str = "cpu", dtype: str = "fp32", seed: int = 0) -> Measurement:
+    """Measure one training step of `config` (its recompute settings) on a real device."""
+    from ..layers import GPTModel
+
+    torch_device = resolve_device(device)
+    torch.manual_seed(seed)
+    model = GPTModel(config).to(torch_device, resolve_dtype(dtype))
+    tokens, labels = make_batch(config, torch_device, seed)
+    saved, peak, offloaded = run_step(model, tokens, labels, seed + 1)
+    layers = saved.per_layer()
+    n = len(layers)
+    return Measurement(
+        recompute=config.recompute.spec,
+        device=torch_device.type,
+        per_layer_activation_bytes=saved.by_prefix("decoder") / n,
+        activation_bytes=saved.total_bytes,
+        peak_activation_bytes=peak,
+        modules=_roles_mean(saved, n),
+        layers=layers,
+        offloaded_bytes=offloaded,
+    )

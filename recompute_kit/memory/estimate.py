@@ -1,0 +1,575 @@
+"""Analytic activation, weight, gradient and optimizer memory per rank, for any recompute spec.
+
+The per-module terms generalise Korthikanti et al. (2022) to GQA, SwiGLU, RMSNorm, flash
+attention, MoE (top-k token copies, router, shared experts) and MLA, and they describe exactly
+what the reference layers keep for backward (tests check them against measurement, byte for
+byte). Conventions, as in a GPU run: activations in the training dtype (B bytes), dropout masks
+1 byte, norm statistics fp32, indices int64.
+
+Per rank (Megatron's layout):
+* tensor parallel t shards heads, ffn and experts' inner dims; with sequence parallelism the
+  sequence-sharded tensors outside those regions (norm inputs, dropout masks, the inputs of the
+  QKV/fc1 GEMMs, layer inputs) are split by t too;
+* context parallel cp splits the sequence;
+* pipeline parallel p: the first stage holds L/p layers for p micro-batches in flight (1F1B),
+  x (1 + (p-1)/(p*vpp)) with interleaving;
+* expert parallel ep splits the experts (weights); each rank still processes ~T*k token copies;
+* weights bf16 (2 B), fp32 main gradients (4 B) and Adam (fp32 master + m + v, 12 B) sharded
+  over data parallel with the distributed optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig, format_spec
+from .flops import recompute_flops_fraction
+
+MASK_BYTES = 1  # bool dropout masks
+STAT_BYTES = 4  # fp32 norm statistics
+INDEX_BYTES = 8  # int64 indices
+
+
+@dataclass
+class Estimate:
+    recompute: str
+    per_layer_activation_bytes: float  # mean over the first stage's layers, per micro-batch
+    activation_bytes: int  # first pipeline stage, all in-flight micro-batches
+    peak_activation_bytes: int  # activation_bytes + the largest transient of backward
+    modules: dict[str, float]  # role -> mean bytes per layer
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    total_bytes: int  # weights + grads + optimizer + peak activations
+    recompute_flops_fraction: float
+    offloaded_bytes: int = 0  # activations sent to host per micro-batch
+    layer_kinds: dict[str, dict] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes per rank
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Per-rank sizes used by the formulas."""
+
+    b: int
+    s: int  # local sequence (s / cp)
+    s_kv: int  # keys per query row (full sequence)
+    h: int
+    t: int  # tensor-parallel divisor for head/ffn-sharded tensors
+    sp: int  # divisor for sequence-sharded hidden tensors (t with SP, else 1)
+    B: int  # activation bytes
+
+    @property
+    def sbh(self) -> float:
+        return self.s * self.b * self.h
+
+    @property
+    def tokens(self) -> int:
+        return self.s * self.b
+
+
+def _shape(m: ModelConfig, p: ParallelConfig, dtype_bytes: int) -> _Shape:
+    t, cp = p.tensor_model_parallel_size, p.context_parallel_size
+    return _Shape(
+        b=m.micro_batch_size,
+        s=m.seq_length // cp,
+        s_kv=m.seq_length,
+        h=m.hidden_size,
+        t=t,
+        sp=t if p.sequence_parallel else 1,
+        B=dtype_bytes,
+    )
+
+
+def _norm_stats(m: ModelConfig, tokens: float) -> float:
+    return (2 if m.normalization == "LayerNorm" else 1) * STAT_BYTES * tokens
+
+
+def _act_internal(swiglu: bool, rows: float, ffn: float, B: int) -> float:
+    """Bytes an MLP activation keeps between fc1 and fc2, fc2's input included:
+    GeLU: its input and output; SwiGLU: fc1 out (gate|up), silu(gate), and the product."""
+    return (4 if swiglu else 2) * B * rows * ffn
+
+
+# --------------------------------------------------------------------------------------------
+# One layer
+# --------------------------------------------------------------------------------------------
+
+
+def layer_activation_bytes(
+    m: ModelConfig,
+    rc: RecomputeConfig,
+    p: ParallelConfig,
+    dtype_bytes: int,
+    moe_layer: bool,
+    training: bool = True,
+) -> dict[str, float]:
+    """Bytes one layer keeps for backward, per role, on one rank, for one micro-batch, with the
+    selective part of `rc` applied (full recompute is applied by the caller)."""
+    x = _shape(m, p, dtype_bytes)
+    B, t, sp = x.B, x.t, x.sp
+    sel = rc.selects if rc.recompute_granularity == "selective" else (lambda _m: False)
+    hidden_dropout = training and m.hidden_dropout > 0
+    attn_dropout = training and m.attention_dropout > 0
+    norm_out = 0.0 if sel("layernorm") else B * x.sbh / sp  # a norm output saved by its consumer
+    roles: dict[str, float] = {}
+
+    # The two norms: their input (kept by the discarding checkpoint too) and fp32 statistics.
+    stats = 0.0 if sel("layernorm") else _norm_stats(m, x.tokens / sp)
+    roles["layernorm"] = 2 * (B * x.sbh / sp + stats)
+
+    # Attention.
+    a = m.num_attention_heads
+    if m.multi_latent_attention:
+        dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        q_bytes = k_bytes = B * x.tokens * a * dq / t
+        v_bytes = B * x.tokens * a * dv / t
+        k_stored, v_stored = k_bytes, v_bytes
+        roles["qkv"] = norm_out  # the down projections' input
+        kv_down = B * x.tokens * (m.kv_lora_rank + m.qk_pos_emb_head_dim)
+        q_down = B * x.tokens * m.q_lora_rank if m.q_lora_rank else 0.0
+        # The latents stay either way; the latent norms' outputs and statistics only without
+        # mla_up_proj recompute.
+        up = q_down + kv_down
+        if not sel("mla_up_proj"):
+            up += B * x.tokens * ((m.q_lora_rank or 0) + m.kv_lora_rank)
+            up += (2 if m.q_lora_rank else 1) * _norm_stats(m, x.tokens)
+        roles["mla_up_proj"] = up
+        expanded_gone = sel("mla_up_proj")  # q, k, v storage discarded after core attention
+        heads_out = a * dv
+    else:
+        d, g = m.head_dim, m.kv_groups
+        q_bytes = B * x.tokens * a * d / t
+        k_bytes = v_bytes = B * x.tokens * g * d / t  # un-expanded
+        k_stored = v_stored = B * x.tokens * a * d / t  # expanded for the unfused path
+        roles["qkv"] = norm_out
+        expanded_gone = False
+        heads_out = a * d
+
+    scores = x.b * (a / t) * x.s * x.s_kv  # elements of one [b, a, s, s] tensor
+    if sel("core_attn"):
+        core = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
+    elif m.attention_backend == "unfused":
+        qkv_kept = 0.0 if expanded_gone else q_bytes + k_stored + v_stored
+        probs = B * scores * (2 if attn_dropout else 1) + (
+            MASK_BYTES * scores if attn_dropout else 0
+        )
+        core = qkv_kept + probs
+    else:  # flash: q, k, v, output and the fp32 log-sum-exp
+        qkv_kept = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
+        lse = STAT_BYTES * x.b * (a / t) * x.s
+        core = qkv_kept + B * x.tokens * heads_out / t + lse + (16 if attn_dropout else 0)
+    roles["core_attn"] = core
+    roles["proj"] = B * x.tokens * heads_out / t
+    roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0
+
+    # Feed-forward.
+    if not moe_layer:
+        if sel("mlp"):
+            roles["mlp"] = norm_out  # the checkpoint's input
+        else:
+            roles["mlp"] = norm_out + _act_internal(m.swiglu, x.tokens, m.ffn_size / t, B)
+        return roles
+
+    roles.update(_moe_layer_bytes(m, rc, x, norm_out, sel, training))
+    return roles
+
+
+def _moe_layer_bytes(m: ModelConfig, rc, x: _Shape, norm_out: float, sel, training: bool) -> dict:
+    # Tokens of this rank (sequence-sharded with SP); experts are not tensor-parallel (ETP = 1).
+    B, T, k, E = x.B, x.tokens / x.sp, m.moe_router_topk, m.num_moe_experts or 1
+    picks = T * k
+    if sel("moe"):
+        # One checkpoint of the whole layer: only its input stays (the norm output, unless the
+        # layernorm recompute discarded it).
+        return {
+            "mlp": norm_out,
+            "router": 0.0,
+            "experts": 0.0,
+            "moe_act": 0.0,
+            "shared_experts": 0.0,
+        }
+    roles: dict[str, float] = {}
+    router = norm_out + INDEX_BYTES * picks  # the router GEMM's input, top-k ids
+    if m.moe_router_score_function == "sigmoid":
+        router += B * T * E + B * picks + B * T  # sigmoid output, top scores, their sum
+    else:
+        router += B * picks  # softmax over the top-k logits
+    if training and m.moe_aux_loss_coeff > 0:
+        router += STAT_BYTES * T * E + STAT_BYTES * E  # fp32 softmax over all experts, fractions
+    roles["router"] = router
+    roles["mlp"] = 2 * INDEX_BYTES * picks  # dispatch: slot -> token, pick order
+    f_e = m.moe_ffn_size
+    fc1_out = B * picks * f_e * (2 if m.swiglu else 1)
+    act_out = B * picks * f_e
+    # Between fc1's output and fc2's input: the activation's own intermediates (SwiGLU:
+    # silu(gate)) and the activation before it is scaled by the pick's probability.
+    internals = _act_internal(m.swiglu, picks, f_e, B) - fc1_out - act_out + B * picks * f_e
+    probs = B * picks
+    roles["experts"] = B * picks * x.h + (0.0 if sel("moe_act") else act_out)
+    roles["moe_act"] = fc1_out + probs + (0.0 if sel("moe_act") else internals)
+    f_s = m.moe_shared_expert_intermediate_size
+    if f_s and not sel("shared_experts"):
+        roles["shared_experts"] = _act_internal(m.swiglu, x.tokens, f_s / x.t, B)
+    else:
+        roles["shared_experts"] = 0.0
+    return roles
+
+
+# --------------------------------------------------------------------------------------------
+# The whole model on one rank
+# --------------------------------------------------------------------------------------------
+
+OFFLOAD_ROLES = {  # offload unit -> (role, share of that role)
+    "attn_norm": ("layernorm", 0.5),
+    "mlp_norm": ("layernorm", 0.5),
+    "qkv_linear": ("qkv", 1.0),
+    "core_attn": ("core_attn", 1.0),
+    "attn_proj": ("proj", 1.0),
+    "moe_act": ("moe_act", 1.0),
+}
+
+
+def edge_bytes(m: ModelConfig, p: ParallelConfig, dtype_bytes: int, training: bool = True) -> dict:
+    """What the embedding (first stage) and the output head and loss (last stage) keep."""
+    x = _shape(m, p, dtype_bytes)
+    tokens = x.tokens
+    mask = MASK_BYTES * x.sbh / x.sp if training and m.hidden_dropout > 0 else 0.0
+    return {
+        "embedding": INDEX_BYTES * tokens + mask,  # token ids, embedding dropout mask
+        "final_norm": x.B * x.sbh / x.sp + _norm_stats(m, tokens / x.sp),
+        "output": x.B * x.sbh / x.sp,  # the output layer's input
+        # fp32 log-softmax of the logits (vocab-parallel), labels, a scalar
+        "loss": STAT_BYTES * tokens * m.vocab_size / x.t + INDEX_BYTES * tokens + 4,
+    }
+
+
+def _stage_layers(m: ModelConfig, p: ParallelConfig) -> list[int]:
+    per_stage = m.num_layers // p.pipeline_model_parallel_size
+    return list(range(per_stage))
+
+
+def _chunks(rc: RecomputeConfig, n_layers: int) -> list[tuple[int, int, bool]]:
+    if rc.recompute_granularity != "full":
+        return [(0, n_layers, False)]
+    n = rc.recompute_num_layers or 1
+    if rc.recompute_method == "uniform":
+        return [(i, min(i + n, n_layers), True) for i in range(0, n_layers, n)]
+    chunks = [(i, i + 1, True) for i in range(min(n, n_layers))]
+    return chunks + ([(n, n_layers, False)] if n < n_layers else [])
+
+
+def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int) -> float:
+    if rc.cpu_offloading and layer < rc.cpu_offloading_num_layers:
+        return sum(roles.values())
+    if not rc.fine_grained_activation_offloading:
+        return 0.0
+    total = 0.0
+    for unit in rc.offload_modules:
+        if unit == "expert_fc1":  # the dispatched token copies, fc1's input
+            total += roles.get("experts_input", 0.0)
+        elif unit in OFFLOAD_ROLES:
+            role, share = OFFLOAD_ROLES[unit]
+            total += share * roles.get(role, 0.0)
+    return total
+
+
+def check_divisible(config: Config) -> None:
+    """Shapes must split evenly over the parallel sizes (one line per problem)."""
+    m, p = config.model, config.parallel
+    t, pp, ep, cp = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.expert_model_parallel_size,
+        p.context_parallel_size,
+    )
+    for name, value in (
+        ("tp", t),
+        ("pp", pp),
+        ("ep", ep),
+        ("cp", cp),
+        ("dp", p.data_parallel_size),
+    ):
+        if value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if m.num_attention_heads % t:
+        raise ConfigError(
+            f"num_attention_heads ({m.num_attention_heads}) is not divisible by tensor parallel "
+            f"size {t}; pick a --tp that divides it"
+        )
+    if not m.multi_latent_attention and m.kv_groups % t and t % m.kv_groups:
+        raise ConfigError(
+            f"num_query_groups ({m.kv_groups}) and tensor parallel size {t} must divide one another"
+        )
+    if m.num_layers % pp:
+        raise ConfigError(
+            f"num_layers ({m.num_layers}) is not divisible by pipeline parallel size {pp}"
+        )
+    vpp = p.virtual_pipeline_model_parallel_size
+    if vpp and (m.num_layers // pp) % vpp:
+        raise ConfigError(
+            f"layers per pipeline stage ({m.num_layers // pp}) are not divisible by virtual "
+            f"pipeline size {vpp}"
+        )
+    if m.num_moe_experts and m.num_moe_experts % ep:
+        raise ConfigError(
+            f"num_moe_experts ({m.num_moe_experts}) is not divisible by expert parallel size {ep}"
+        )
+    if ep > 1 and not m.num_moe_experts:
+        raise ConfigError(f"expert parallel size {ep} needs an MoE model (num_moe_experts)")
+    if m.seq_length % (cp * (t if p.sequence_parallel else 1)):
+        raise ConfigError(
+            f"seq_length ({m.seq_length}) is not divisible by context parallel size {cp}"
+            + (f" x sequence-parallel size {t}" if p.sequence_parallel else "")
+        )
+    if m.ffn_size % t or (m.moe_shared_expert_intermediate_size or 0) % t:
+        raise ConfigError(
+            f"ffn_hidden_size ({m.ffn_size}) is not divisible by tensor parallel size {t}"
+        )
+
+
+def estimate(config: Config, dtype_bytes: int | None = None, training: bool = True) -> Estimate:
+    """Estimate per-rank memory of one training step under `config` (its recompute settings)."""
+    m, p, rc = config.model, config.parallel, config.recompute
+    check_divisible(config)
+    B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)
+    x = _shape(m, p, B)
+    pp = p.pipeline_model_parallel_size
+    n_layers = m.num_layers // pp  # the first stage's layers
+    kinds = [m.is_moe_layer(i) for i in range(n_layers)]
+    roles = [layer_activation_bytes(m, rc, p, B, moe, training) for moe in kinds]
+    plain = [layer_activation_bytes(m, RecomputeConfig(), p, B, moe, training) for moe in kinds]
+    edges = edge_bytes(m, p, B, training)
+    head = edges["final_norm"] + edges["output"] + edges["loss"] if pp == 1 else 0.0
+
+    layer_input = B * x.sbh / x.sp  # what a full-recompute chunk stores
+    if rc.distribute_saved_activations and not p.sequence_parallel:
+        layer_input /= x.t
+    chunks = _chunks(rc, n_layers)
+    kept = [0.0] * n_layers  # device-resident saved bytes per layer
+    offloaded = 0.0
+    for start, end, checkpointed in chunks:
+        for i in range(start, end):
+            if not checkpointed:
+                off = _offloaded(rc, roles[i], i, x, m)
+                kept[i] = sum(roles[i].values()) - off
+                offloaded += off
+    stored = layer_input * sum(1 for c in chunks if c[2])
+    layer_total = sum(kept) + stored
+    micro = layer_total + edges["embedding"] + head
+
+    vpp = p.virtual_pipeline_model_parallel_size or 1
+    in_flight = pp * (1 + (pp - 1) / (pp * vpp)) if pp > 1 else 1.0
+    activation = micro * in_flight
+    transient = _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head)
+    peak = activation + transient
+
+    modules: dict[str, float] = {}
+    for start, end, checkpointed in chunks:
+        for i in range(start, end):
+            for role, value in roles[i].items():
+                modules[role] = modules.get(role, 0.0) + (0.0 if checkpointed else value) / n_layers
+    if stored:
+        modules["layer_inputs"] = stored / n_layers
+
+    weights, grads, optimizer = model_state_bytes(config)
+    return Estimate(
+        recompute=format_spec(rc),
+        per_layer_activation_bytes=layer_total / n_layers,
+        activation_bytes=round(activation),
+        peak_activation_bytes=round(peak),
+        modules=modules,
+        weights_bytes=weights,
+        grads_bytes=grads,
+        optimizer_bytes=optimizer,
+        total_bytes=round(weights + grads + optimizer + peak),
+        recompute_flops_fraction=recompute_flops_fraction(config),
+        offloaded_bytes=round(offloaded * in_flight),
+    )
+
+
+def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int, x, m) -> float:
+    """Bytes of one layer that offloading sends to the host."""
+    if rc.cpu_offloading and layer < rc.cpu_offloading_num_layers:
+        return sum(roles.values())
+    if not rc.fine_grained_activation_offloading:
+        return 0.0
+    total = 0.0
+    for unit in rc.offload_modules:
+        if unit == "expert_fc1" and roles.get("experts"):  # the token copies fc1 reads
+            total += x.B * (x.tokens / x.sp) * m.moe_router_topk * x.h
+        elif unit in OFFLOAD_ROLES:
+            role, share = OFFLOAD_ROLES[unit]
+            total += share * roles.get(role, 0.0)
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# The backward transient: what backward needs on top of the saved activations
+# --------------------------------------------------------------------------------------------
+
+
+def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head) -> float:
+    """The largest extra backward needs on top of everything saved at the end of the forward.
+
+    Backward walks the layers last to first and frees each layer's saved tensors once it has
+    passed it, so an early layer's recompute has less company than the first moments of
+    backward. At each layer the extra is the rematerialised activations (a full-recompute
+    chunk's layers all at once; a selective unit's internals) plus gradient workspace.
+    """
+    # The first moment of backward: the fp32 logits gradient and its cast (last stage only).
+    vocab = x.tokens * m.vocab_size / x.t
+    best = (STAT_BYTES + x.B) * vocab if head else 0.0
+    freed = head  # saved bytes backward has already released
+    for start, end, checkpointed in reversed(chunks):
+        if checkpointed:  # the whole chunk comes back at once, then its last layer's backward
+            remat = sum(sum(plain[i].values()) for i in range(start, end))
+            attention, ffn = _workspace(m, x, m.is_moe_layer(end - 1))
+            work = max(ffn, attention - _ffn_part(plain[end - 1]))
+            best = max(best, remat + work - freed)
+            freed += layer_input
+            continue
+        for i in reversed(range(start, end)):
+            attention, ffn = _workspace(m, x, m.is_moe_layer(i))
+            # The feed-forward's backward runs first; the attention's once its saves are gone.
+            ffn_extra = _remat(roles[i], plain[i], rc, _FFN_UNITS) + ffn
+            attention_extra = (
+                _remat(roles[i], plain[i], rc, _ATTENTION_UNITS) + attention - _ffn_part(roles[i])
+            )
+            best = max(best, max(ffn_extra, attention_extra) - freed)
+            freed += kept[i]
+    return max(best, 0.0)
+
+
+_FFN_ROLES = ("mlp", "router", "experts", "moe_act", "shared_experts")
+
+
+def _ffn_part(roles: dict[str, float]) -> float:
+    """Saved bytes of a layer's feed-forward half (its norm and dropout mask included)."""
+    return (
+        sum(roles.get(r, 0.0) for r in _FFN_ROLES)
+        + (roles.get("layernorm", 0.0) + roles.get("residual", 0.0)) / 2
+    )
+
+
+# Which roles a selective unit's recompute brings back, per sub-block of the layer.
+_ATTENTION_UNITS = {
+    "core_attn": ("core_attn",),
+    "mla_up_proj": ("mla_up_proj", "core_attn"),
+    "layernorm": ("qkv",),
+}
+_FFN_UNITS = {
+    "mlp": ("mlp",),
+    "moe": ("mlp", "router", "experts", "moe_act", "shared_experts"),
+    "moe_act": ("moe_act", "experts"),
+    "shared_experts": ("shared_experts",),
+    "layernorm": ("mlp", "router"),
+}
+
+
+def _remat(roles: dict, plain: dict, rc: RecomputeConfig, units: dict) -> float:
+    """Bytes the recomputed units of a sub-block bring back while its backward runs (they are
+    all alive together: a refilled norm output is still needed after the checkpointed unit)."""
+    if rc.recompute_granularity != "selective":
+        return 0.0
+    affected = {role for unit in rc.modules if unit in units for role in units[unit]}
+    return sum(plain.get(r, 0.0) - roles.get(r, 0.0) for r in affected)
+
+
+def _workspace(m: ModelConfig, x: _Shape, moe_layer: bool) -> tuple[float, float]:
+    """Gradient workspace of a layer's attention and feed-forward backward: the gradient in
+    and out of the layer plus the largest moment inside (an activation gradient next to a
+    weight gradient, or two [b, a, s, s] gradients)."""
+    B, t = x.B, x.t
+    grads_in_out = 2 * B * x.sbh / x.sp
+    a = m.num_attention_heads / t
+    if m.attention_backend == "unfused":
+        attention = B * x.b * a * x.s * x.s_kv + 2 * B * x.tokens * a * m.head_dim
+    else:
+        attention = 3 * B * x.tokens * a * m.head_dim
+    width = 2 if m.swiglu else 1
+    if moe_layer:  # the activation's input gradient for every pick, and the token rows'
+        picks = x.tokens / x.sp * m.moe_router_topk
+        ffn = B * picks * m.moe_ffn_size * width + B * x.tokens / x.sp * x.h
+    else:
+        f = m.ffn_size / t
+        ffn = B * x.tokens * f * width + B * x.h * f * width
+    return grads_in_out + attention, grads_in_out + ffn
+
+
+# --------------------------------------------------------------------------------------------
+# Weights, gradients, optimizer states
+# --------------------------------------------------------------------------------------------
+
+
+def parameter_counts(m: ModelConfig) -> dict[str, int]:
+    """Parameters of the reference model by part (whole model, no parallelism)."""
+    h, a = m.hidden_size, m.num_attention_heads
+    norm = 2 * h if m.normalization == "LayerNorm" else h
+    width = 2 if m.swiglu else 1
+
+    def mlp(ffn: int) -> int:
+        return h * ffn * width + ffn * width + ffn * h + h
+
+    if m.multi_latent_attention:
+        dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        attention = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h  # kv down
+        attention += m.kv_lora_rank * a * (m.qk_head_dim + dv) + m.kv_lora_rank  # kv up + norm
+        if m.q_lora_rank:
+            attention += h * m.q_lora_rank + m.q_lora_rank * a * dq + m.q_lora_rank
+        else:
+            attention += h * a * dq
+        attention += a * dv * h  # output projection
+    else:
+        d, g = m.head_dim, m.kv_groups
+        attention = h * (a + 2 * g) * d + (a + 2 * g) * d + a * d * h + h
+    dense_layer = 2 * norm + attention + mlp(m.ffn_size)
+    experts = 0
+    moe_layer = 2 * norm + attention
+    if m.num_moe_experts:
+        e, f = m.num_moe_experts, m.moe_ffn_size
+        experts = e * (h * f * width + f * h)
+        moe_layer += e * h  # router
+        if m.moe_shared_expert_intermediate_size:
+            moe_layer += mlp(m.moe_shared_expert_intermediate_size)
+    n_moe = m.num_moe_layers
+    return {
+        "embedding": m.vocab_size * h + m.seq_length * h,
+        "layers": dense_layer * (m.num_layers - n_moe) + moe_layer * n_moe,
+        "experts": experts * n_moe,
+        "head": norm + h * m.vocab_size,
+    }
+
+
+def model_state_bytes(config: Config) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes on the most loaded rank.
+
+    Mixed precision as in Megatron: 16-bit weights, fp32 main gradients, Adam with an fp32
+    master copy and two moments (12 B/param), sharded over data parallel by the distributed
+    optimizer. In fp32: 4 B weights, 4 B gradients, 8 B moments."""
+    m, p = config.model, config.parallel
+    counts = parameter_counts(m)
+    t, pp, ep = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.expert_model_parallel_size,
+    )
+    # The first stage holds the embedding and 1/pp of the layers (the head sits on the last).
+    on_rank = counts["layers"] / (t * pp) + counts["experts"] / (ep * pp) + counts["embedding"] / t
+    if pp == 1:
+        on_rank += counts["head"] / t
+    half = m.bf16 or m.fp16
+    weight_b, grad_b, optim_b = (2, 4, 12) if half else (4, 4, 8)
+    shards = p.data_parallel_size if p.use_distributed_optimizer else 1
+    return (
+        round(on_rank * weight_b),
+        round(on_rank * grad_b),
+        round(on_rank * optim_b / shards),
+    )
