@@ -64,8 +64,71 @@ def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") 
         cfg, warnings = load_config(args.config)
         for warning in warnings:
             print(f"recompute-kit: warning: {warning}", file=sys.stderr)
-        return cfg
-    return get_preset(args.model or default_model).config()
+    else:
+        cfg = get_preset(args.model or default_model).config()
+    return apply_overrides(cfg, args)
+
+
+# CLI flag -> Megatron key, for the shape and parallelism overrides.
+OVERRIDES = {
+    "seq_length": "seq_length",
+    "micro_batch_size": "micro_batch_size",
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "dp": "data_parallel_size",
+}
+
+
+def add_override_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("overrides (Megatron keys of the model/config)")
+    group.add_argument("--seq-length", type=int, metavar="S")
+    group.add_argument("--micro-batch-size", type=int, metavar="B")
+    for flag, what in (
+        ("tp", "tensor"),
+        ("pp", "pipeline"),
+        ("vpp", "virtual pipeline"),
+        ("cp", "context"),
+        ("ep", "expert"),
+        ("dp", "data"),
+    ):
+        group.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} parallel size")
+    group.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
+    group.add_argument(
+        "--distributed-optimizer",
+        action="store_true",
+        default=None,
+        help="shard optimizer states over data parallel",
+    )
+    group.add_argument(
+        "--attention",
+        choices=["unfused", "sdpa"],
+        help="core attention: unfused (s^2 tensors) or sdpa/flash",
+    )
+
+
+def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
+    flat = {
+        key: getattr(args, flag)
+        for flag, key in OVERRIDES.items()
+        if getattr(args, flag, None) is not None
+    }
+    if getattr(args, "sp", None):
+        flat["sequence_parallel"] = True
+    if getattr(args, "distributed_optimizer", None):
+        flat["use_distributed_optimizer"] = True
+    if getattr(args, "attention", None):
+        flat["attention_backend"] = "unfused" if args.attention == "unfused" else "flash"
+    if getattr(args, "dtype", None) in ("bf16", "fp16", "fp32"):
+        flat["bf16"], flat["fp16"] = args.dtype == "bf16", args.dtype == "fp16"
+    return cfg.replace(**flat) if flat else cfg
+
+
+def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
+    """--recompute SPEC ... or, by default, the config's own setting."""
+    return list(args.recompute) if args.recompute else [cfg.recompute.spec]
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,6 +263,152 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .memory.estimate import estimate
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    results = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        results.append(estimate(candidate))
+    if args.json:
+        emit_json({"estimates": [e.to_json() for e in results]})
+        return 0
+    print(
+        format_table(
+            [
+                "recompute",
+                "act/layer (GiB)",
+                "activations (GiB)",
+                "peak act (GiB)",
+                "weights (GiB)",
+                "grads (GiB)",
+                "optimizer (GiB)",
+                "total (GiB)",
+                "recompute FLOPs (%)",
+            ],
+            [
+                (
+                    e.recompute,
+                    _gib(e.per_layer_activation_bytes),
+                    _gib(e.activation_bytes),
+                    _gib(e.peak_activation_bytes),
+                    _gib(e.weights_bytes),
+                    _gib(e.grads_bytes),
+                    _gib(e.optimizer_bytes),
+                    _gib(e.total_bytes),
+                    f"{100 * e.recompute_flops_fraction:.2f}",
+                )
+                for e in results
+            ],
+        )
+    )
+    print("\nper rank (first pipeline stage); bytes per module and layer: --json")
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from .memory.measure import measure, measure_fake
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    if not args.fake and args.model and not get_preset(args.model).runnable:
+        raise ConfigError(
+            f"preset {args.model!r} is shape-only; measure it with --fake (meta device, nothing "
+            "allocated) or pick a runnable preset"
+        )
+    results = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        print(f"measuring {spec} ...", file=sys.stderr)
+        if args.fake:
+            results.append(measure_fake(candidate, args.dtype))
+        else:
+            results.append(measure(candidate, args.device, args.dtype or "fp32", args.seed))
+    if args.json:
+        emit_json({"measurements": [r.to_json() for r in results]})
+        return 0
+    unit, scale = byte_unit([r.peak_activation_bytes for r in results])
+    print(
+        format_table(
+            [
+                "recompute",
+                "device",
+                f"act/layer ({unit})",
+                f"activations ({unit})",
+                f"peak act ({unit})",
+            ],
+            [
+                (
+                    r.recompute,
+                    r.device,
+                    f"{r.per_layer_activation_bytes / scale:.3f}",
+                    f"{r.activation_bytes / scale:.3f}",
+                    f"{r.peak_activation_bytes / scale:.3f}",
+                )
+                for r in results
+            ],
+        )
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import plan
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format)
+    if args.json:
+        emit_json(
+            {
+                "budget_bytes": result.budget_bytes,
+                "usable_bytes": result.usable_bytes,
+                "candidates": [c.to_json() for c in result.candidates],
+                "best": result.best.to_json(),
+                "explanation": result.explanation,
+                "rendered": result.rendered,
+            }
+        )
+        return 0
+    shown = result.candidates[: args.top]
+    print(
+        format_table(
+            [
+                "recompute",
+                "offload",
+                "fits",
+                "total (GiB)",
+                "peak act (GiB)",
+                "recompute FLOPs (%)",
+            ],
+            [
+                (
+                    c.estimate.recompute,
+                    c.offload or "-",
+                    "yes" if c.fits else "no",
+                    _gib(c.estimate.total_bytes),
+                    _gib(c.estimate.peak_activation_bytes),
+                    f"{100 * c.estimate.recompute_flops_fraction:.2f}",
+                )
+                for c in shown
+            ],
+        )
+    )
+    hidden = len(result.candidates) - len(shown)
+    if hidden:
+        print(f"({hidden} more candidates: --top N or --json)")
+    print(f"\n{result.explanation}\n\n{result.rendered}", end="")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # Parser and entry point
 # --------------------------------------------------------------------------------------------
@@ -252,6 +461,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("estimate", help="analytic memory per rank for recompute specs")
+    add_model_args(p)
+    add_override_args(p)
+    p.add_argument("--recompute", metavar="SPEC", nargs="+", help=SPEC_HELP)
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser("measure", help="measure saved activations and the peak of a real step")
+    add_model_args(p)
+    add_override_args(p)
+    p.add_argument("--recompute", metavar="SPEC", nargs="+", help=SPEC_HELP)
+    p.add_argument(
+        "--fake",
+        action="store_true",
+        help="shape-only run on the meta device: any model size, nothing allocated",
+    )
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_measure)
+
+    p = sub.add_parser("plan", help="the cheapest recompute setting that fits a GPU")
+    add_model_args(p)
+    add_override_args(p)
+    p.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        required=True,
+        metavar="X",
+        help="memory per GPU in GiB (80 for an 80 GB H100)",
+    )
+    p.add_argument(
+        "--safety-margin",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of the GPU kept free for the allocator and NCCL (default 0.1)",
+    )
+    p.add_argument(
+        "--format",
+        default="megatron-bridge",
+        help="megatron-bridge | megatron-lm | nemo | torchtitan",
+    )
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
+    p.add_argument("--top", type=int, default=12, help="rows of the table (default 12)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -536,6 +537,38 @@ def parse_spec(spec: str) -> RecomputeConfig:
             )
         return RecomputeConfig("full", recompute_method=method, recompute_num_layers=int(num))
     raise ConfigError(f"malformed recompute spec {spec!r}; expected {SPEC_HELP}")
+
+
+def applicable_modules(config: Config) -> list[str]:
+    """The recompute modules that act on this model (and pass Megatron's validation)."""
+    m = config.model
+    modules = ["core_attn", "layernorm"]
+    if m.num_moe_layers < m.num_layers:
+        modules.append("mlp")
+    if m.num_moe_layers:
+        modules.append("moe")
+        if m.moe_grouped_gemm:
+            modules.append("moe_act")
+        if m.moe_shared_expert_intermediate_size and not m.moe_shared_expert_overlap:
+            modules.append("shared_experts")
+    if m.multi_latent_attention:
+        modules.append("mla_up_proj")
+    return [mod for mod in RECOMPUTE_MODULES if mod in modules]
+
+
+def all_specs(config: Config) -> list[str]:
+    """The specs worth checking on this model: none, the empty selective control, every module
+    alone, every pair, all of them together, and full uniform/block for every N from 1 to
+    num_layers. (With three modules or fewer that is every subset.)"""
+    modules = applicable_modules(config)
+    specs = ["none", "selective:"]
+    sizes = sorted({1, 2, len(modules)} & set(range(1, len(modules) + 1)))
+    for r in sizes:
+        specs += ["selective:" + ",".join(c) for c in itertools.combinations(modules, r)]
+    specs = [format_spec(parse_spec(spec)) for spec in specs]  # canonical: selective:core_attn
+    for method in ("uniform", "block"):
+        specs += [f"full:{method}:{n}" for n in range(1, config.model.num_layers + 1)]
+    return specs
 
 
 def format_spec(rc: RecomputeConfig) -> str:

@@ -147,3 +147,79 @@ def test_verify_offload_conflict_is_one_line():
     )
     assert proc.stderr.startswith("recompute-kit: error: Cannot offload ['moe_act'] while")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- estimate / measure / plan ----------------------------------------------------------------
+
+ESTIMATE_FIELDS = {"recompute", "per_layer_activation_bytes", "activation_bytes",
+                   "peak_activation_bytes", "modules", "weights_bytes", "grads_bytes",
+                   "optimizer_bytes", "total_bytes", "recompute_flops_fraction"}
+
+
+def test_estimate_json():
+    doc = json.loads(run("estimate", "--model", "llama3-70b", "--seq-length", "4096", "--tp", "8",
+                         "--pp", "4", "--sp", "--recompute", "none", "selective:mlp",
+                         "full:uniform:1", "--json", check_rc=0).stdout)
+    rows = doc["estimates"]
+    assert [r["recompute"] for r in rows] == ["none", "selective:mlp", "full:uniform:1"]
+    for r in rows:
+        assert set(r) >= ESTIMATE_FIELDS
+        assert isinstance(r["activation_bytes"], int) and isinstance(r["total_bytes"], int)
+        assert r["total_bytes"] == pytest.approx(
+            r["weights_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
+            + r["peak_activation_bytes"], abs=2)
+    assert rows[0]["activation_bytes"] > rows[1]["activation_bytes"] > rows[2]["activation_bytes"]
+    assert rows[0]["recompute_flops_fraction"] == 0 < rows[1]["recompute_flops_fraction"]
+
+
+def test_measure_json_real_and_fake():
+    doc = json.loads(run("measure", "--model", "tiny-moe", "--recompute", "none",
+                         "selective:moe", "--json", check_rc=0).stdout)
+    real = doc["measurements"]
+    assert [m["device"] for m in real] == ["cpu", "cpu"]
+    assert real[1]["peak_activation_bytes"] < real[0]["peak_activation_bytes"]
+    assert "moe_act" in real[0]["modules"] and real[1]["modules"]["moe_act"] == 0
+    doc = json.loads(run("measure", "--model", "llama3-70b", "--fake", "--recompute",
+                         "full:uniform:1", "--json", check_rc=0).stdout)
+    [fake] = doc["measurements"]
+    assert fake["device"] == "meta" and fake["per_layer_activation_bytes"] > 0
+    assert set(fake) >= {"recompute", "per_layer_activation_bytes", "modules",
+                         "peak_activation_bytes"}
+
+
+def test_plan_json_and_render():
+    doc = json.loads(run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "80",
+                         "--format", "megatron-lm", "--json", check_rc=0).stdout)
+    assert doc["best"]["fits"] is True
+    assert doc["best"]["total_bytes"] <= doc["usable_bytes"]
+    fitting = [c for c in doc["candidates"] if c["fits"]]
+    assert doc["best"] == fitting[0]
+    no_offload = [c for c in fitting if not c["offload"]]
+    assert doc["best"]["recompute_flops_fraction"] == min(
+        c["recompute_flops_fraction"] for c in no_offload)
+    assert doc["rendered"].splitlines()[1].startswith("--recompute-granularity")
+    assert doc["best"]["recompute"] in doc["explanation"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["estimate", "--model", "llama3-70b", "--tp", "3"],
+     "num_attention_heads (64) is not divisible by tensor parallel size 3"),
+    (["estimate", "--model", "llama3-70b", "--pp", "3"],
+     "num_layers (80) is not divisible by pipeline parallel size 3"),
+    (["estimate", "--model", "mixtral-8x7b", "--ep", "3"],
+     "num_moe_experts (8) is not divisible by expert parallel size 3"),
+    (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "10"], "nothing fits in 10 GiB"),
+    (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "-1"], "must be positive"),
+    (["plan", "--model", "tiny-gpt", "--gpu-memory-gb", "8", "--format", "toml"],
+     "unknown format 'toml'"),
+    (["measure", "--model", "llama3-70b"], "measure it with --fake"),
+])
+def test_memory_commands_bad_input_one_line(args, message):
+    proc = run(*args, check_rc=1)
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_plan_says_by_how_much_nothing_fits():
+    proc = run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "10", check_rc=1)
+    assert "GiB too much" in proc.stderr and "smallest candidate" in proc.stderr

@@ -114,11 +114,17 @@ def test_full_uniform_re_runs_every_layer_once(cfg):
         assert extra(cfg, f"full:uniform:{n}") == extra(cfg, "full:uniform:1")
 
 
-def test_full_block_scales_with_n():
+def test_full_block_scales_with_n_per_pipeline_stage():
+    # Megatron applies block N on every pipeline stage: N of each stage's L/p layers.
     layer = sum(layer_forward_flops(GPT3.model, moe_layer=False).values())
-    for n in (1, 2, 7, 96):
-        assert extra(GPT3, f"full:block:{n}") == n * layer
-    assert extra(GPT3, "full:block:500") == extra(GPT3, "full:uniform:1")
+    stages = GPT3.parallel.pipeline_model_parallel_size
+    per_stage = GPT3.model.num_layers // stages
+    assert stages == 8 and per_stage == 12
+    for n in (1, 2, 7, 12):
+        assert extra(GPT3, f"full:block:{n}") == stages * n * layer
+    assert extra(GPT3, "full:block:13") == extra(GPT3, "full:uniform:1")
+    single_stage = GPT3.replace(pipeline_model_parallel_size=1)
+    assert extra(single_stage, "full:block:7") == 7 * layer
 
 
 def test_full_block_follows_the_layer_kinds():

@@ -4,11 +4,12 @@ that match formulas written from the shapes (top-k token expansion included)."""
 import pytest
 import torch
 
-from recompute_kit.config import parse_spec
+from recompute_kit.config import all_specs, applicable_modules, parse_spec
 from recompute_kit.layers import GPTModel
 from recompute_kit.layers.moe import Router
+from recompute_kit.memory.measure import make_batch, training_step
 from recompute_kit.presets import get_preset
-from recompute_kit.verify import all_specs, applicable_modules, make_batch, training_step, verify
+from recompute_kit.verify import verify
 
 MOE = get_preset("tiny-moe").config()
 MLA = get_preset("tiny-mla").config()

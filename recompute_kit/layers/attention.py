@@ -66,16 +66,32 @@ def _causal_mask(seq: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout: float, gqa: bool) -> Tensor:
-    if q.is_meta and dropout == 0.0:
-        # Shape-only runs: PyTorch's meta SDPA takes the math path (s x s tensors); use the
-        # flash kernel's own op so a meta run saves what a GPU flash kernel saves (q, k, v,
-        # output and the fp32 log-sum-exp; GQA K/V un-expanded).
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    if q.is_meta:
+        return _FlashShapes.apply(q, k, v)
     if gqa:
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=True
         )
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+
+class _FlashShapes(torch.autograd.Function):
+    """Shape-only stand-in for a GPU flash-attention kernel on the meta device (PyTorch's meta
+    SDPA takes the math path and would save s x s tensors): it saves what the kernel saves -
+    q, k, v (GQA un-expanded), the output and the fp32 log-sum-exp - and its backward allocates
+    dq, dk, dv. No numbers flow on meta, so none are computed."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # type: ignore[override]
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 class SelfAttention(nn.Module):

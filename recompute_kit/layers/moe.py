@@ -56,7 +56,10 @@ class Router(nn.Module):
     def _load_balancing_loss(self, logits: Tensor, indices: Tensor) -> Tensor:
         """Switch-style loss: E * sum_e (fraction of picks to e) * (mean score of e)."""
         scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        picks = torch.bincount(indices.flatten(), minlength=self.num_experts).float()
+        if indices.is_meta:  # shape-only runs: balanced routing
+            picks = scores.new_full((self.num_experts,), indices.numel() / self.num_experts)
+        else:
+            picks = torch.bincount(indices.flatten(), minlength=self.num_experts).float()
         fraction = picks / indices.numel()
         return self.aux_loss_coeff * self.num_experts * (fraction * scores.mean(0)).sum()
 

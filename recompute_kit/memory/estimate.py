@@ -365,8 +365,10 @@ def estimate(config: Config, dtype_bytes: int | None = None, training: bool = Tr
     layer_total = sum(kept) + stored
     micro = layer_total + edges["embedding"] + head
 
+    # 1F1B: the first stage holds p micro-batches of its L/p layers (Eq. 5 of the paper);
+    # the interleaved schedule adds (p-1)/(p*vpp) of that.
     vpp = p.virtual_pipeline_model_parallel_size or 1
-    in_flight = pp * (1 + (pp - 1) / (pp * vpp)) if pp > 1 else 1.0
+    in_flight = pp * (1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1.0)
     activation = micro * in_flight
     transient = _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head)
     peak = activation + transient
@@ -424,9 +426,10 @@ def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head)
     backward. At each layer the extra is the rematerialised activations (a full-recompute
     chunk's layers all at once; a selective unit's internals) plus gradient workspace.
     """
-    # The first moment of backward: the fp32 logits gradient and its cast (last stage only).
+    # The first moment of backward (last stage only): the fp32 gradients of the log-softmax
+    # output and of its input, [tokens, vocab] each.
     vocab = x.tokens * m.vocab_size / x.t
-    best = (STAT_BYTES + x.B) * vocab if head else 0.0
+    best = 2 * STAT_BYTES * vocab if head else 0.0
     freed = head  # saved bytes backward has already released
     for start, end, checkpointed in reversed(chunks):
         if checkpointed:  # the whole chunk comes back at once, then its last layer's backward

@@ -144,9 +144,9 @@ def recompute_flops(config: Config) -> float:
     """Extra forward FLOPs that recomputation re-runs during backward, for one micro-batch.
 
     selective: the recomputed modules' forward on every layer they apply to; full uniform (any
-    N): every layer once; full block N: the first min(N, L) layers. The reference layers (and
-    these counts) take the whole model as one stage; with pipeline parallelism Megatron applies
-    block N on every stage, i.e. N of each stage's L/p layers. Offloading costs no FLOPs.
+    N): every layer once; full block N: the first min(N, L/p) layers of every pipeline stage,
+    as Megatron applies it (with p = 1, the first N layers of the model). Offloading costs no
+    FLOPs.
     """
     model, rc = config.model, config.recompute
     if rc.recompute_granularity is None:
@@ -159,7 +159,10 @@ def recompute_flops(config: Config) -> float:
     if rc.recompute_method == "uniform":
         return sum(layers)  # every chunk of N layers is re-run once
     if rc.recompute_method == "block":
-        return sum(layers[: rc.recompute_num_layers or 1])
+        stages = config.parallel.pipeline_model_parallel_size
+        per_stage = len(layers) // stages
+        n = min(rc.recompute_num_layers or 1, per_stage)
+        return sum(sum(layers[k * per_stage : k * per_stage + n]) for k in range(stages))
     raise ValueError(
         f"full recompute needs recompute_method uniform or block, got {rc.recompute_method!r}"
     )

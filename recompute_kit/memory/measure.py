@@ -341,3 +341,102 @@ def measure(config: Config, device: str = "cpu", dtype: str = "fp32", seed: int 
         layers=layers,
         offloaded_bytes=offloaded,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Shape-only ("fake") measurement of full-size models
+# --------------------------------------------------------------------------------------------
+
+
+def _run_on_meta(config: Config, dtype: torch.dtype) -> tuple[SavedActivations, int]:
+    """One step of `config` on the meta device: (saved activations, peak live bytes)."""
+    from ..layers import GPTModel
+
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)  # build the parameters directly in the training dtype
+        with torch.device("meta"):
+            model = GPTModel(config)
+    finally:
+        torch.set_default_dtype(default)
+    m = config.model
+    tokens = torch.zeros(m.micro_batch_size, m.seq_length, dtype=torch.long, device="meta")
+    saved, peak, _ = run_step(model, tokens, tokens)
+    return saved, peak
+
+
+def measure_fake(config: Config, dtype: str | None = None) -> Measurement:
+    """Measure a full-size model without allocating: each distinct layer kind runs once on the
+    meta device and the whole model is composed from it.
+
+    Saved bytes add up exactly (every layer of a kind keeps the same bytes). The peak is the
+    whole model's saved bytes plus the backward transient measured on a reduced model: one
+    layer per kind, or for full recompute the first checkpoint chunk's layers. MoE routing on
+    meta tensors is perfectly balanced.
+    """
+    from .. import config as cfgmod
+
+    m, rc = config.model, config.recompute
+    torch_dtype = resolve_dtype(dtype or ("bf16" if m.bf16 else "fp32"))
+    flags = [m.is_moe_layer(i) for i in range(m.num_layers)]
+    kinds = sorted(set(flags))  # dense (False) first, then MoE (True)
+    reduced_layers = len(kinds)
+    reduced = config.replace(
+        num_layers=reduced_layers,
+        moe_layer_freq=[int(k) for k in kinds] if m.num_moe_experts else 1,
+        cpu_offloading_num_layers=min(rc.cpu_offloading_num_layers, reduced_layers - 1),
+    )
+
+    # Per-kind layer bytes (under the selective part of the spec) and the edges.
+    per_layer_spec = rc if rc.recompute_granularity != "full" else cfgmod.RecomputeConfig()
+    saved, _ = _run_on_meta(reduced.with_recompute(per_layer_spec), torch_dtype)
+    kind_bytes = dict(zip(kinds, saved.per_layer(), strict=True))
+    kind_roles = {k: saved.layer_roles(i) for i, k in enumerate(kinds)}
+    edges = saved.total_bytes - saved.by_prefix("decoder")
+
+    # The backward transient, from the same spec on a reduced model. Full recompute: the first
+    # chunk's layers (the largest rematerialisation) as one chunk.
+    if rc.recompute_granularity == "full":
+        n = rc.recompute_num_layers or 1
+        chunk = min(n, m.num_layers) if rc.recompute_method == "uniform" else 1
+        first = config.replace(
+            num_layers=chunk,
+            moe_layer_freq=[int(f) for f in flags[:chunk]] if m.num_moe_experts else 1,
+        ).with_recompute(f"full:uniform:{chunk}")
+        run_saved, run_peak = _run_on_meta(first, torch_dtype)
+        layer_input = run_saved.by_module.get("decoder", 0)
+        chunks = _chunk_list(rc, m.num_layers)
+    else:
+        run_saved, run_peak = saved, _run_on_meta(reduced, torch_dtype)[1]
+        layer_input, chunks = 0, [(0, m.num_layers, False)]
+    transient = run_peak - run_saved.total_bytes
+
+    layers = []
+    for start, end, checkpointed in chunks:
+        layers += [0 if checkpointed else kind_bytes[flags[i]] for i in range(start, end)]
+    stored = layer_input * sum(1 for c in chunks if c[2])
+    activation = edges + sum(layers) + stored
+    modules: dict[str, float] = {}
+    for start, end, checkpointed in chunks:
+        for i in range(start, end):
+            for role, value in kind_roles[flags[i]].items():
+                add = 0.0 if checkpointed else value / m.num_layers
+                modules[role] = modules.get(role, 0.0) + add
+    if stored:
+        modules["layer_inputs"] = stored / m.num_layers
+    return Measurement(
+        recompute=rc.spec,
+        device="meta",
+        per_layer_activation_bytes=(sum(layers) + stored) / m.num_layers,
+        activation_bytes=round(activation),
+        peak_activation_bytes=round(activation + transient),
+        modules=modules,
+        layers=layers,
+        scaled_from_layers=reduced_layers,
+    )
+
+
+def _chunk_list(rc, n_layers: int) -> list[tuple[int, int, bool]]:
+    from ..checkpoint import RecomputePolicy
+
+    return RecomputePolicy(rc).full_recompute_chunks(n_layers, training=True)
