@@ -409,6 +409,60 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor.engine import diagnose
+    from .doctor.evidence import EvidenceError, collect
+
+    logs = list(args.log or [])
+    stdin_text = sys.stdin.read() if "-" in logs else None
+    if not (logs or args.config or args.experiments or args.memory_stats or args.snapshot):
+        raise ConfigError(
+            "give the doctor something to read: --log FILE (or -), --config FILE, "
+            "--experiments FILE, --memory-stats FILE or --snapshot FILE"
+        )
+    try:
+        evidence = collect(
+            logs,
+            args.config,
+            args.experiments,
+            args.memory_stats,
+            args.snapshot,
+            stdin_text=stdin_text,
+        )
+    except EvidenceError as exc:
+        raise ConfigError(str(exc)) from None
+    diagnosis = diagnose(evidence, args.gpu_memory_gb)
+    if args.json:
+        emit_json(diagnosis.to_json())
+        return 0
+    print(diagnosis.summary)
+    for f in diagnosis.findings:
+        print(f"\n[{f.rule}] {f.title}  ({f.category}, confidence {f.confidence:.0%})")
+        print(f"  evidence: {f.evidence}")
+        print(f"  cause:    {f.cause}")
+        print(f"  confirm:  {f.confirm}")
+        print(f"  fix:      {f.fix}")
+        if f.config_patch:
+            print(f"  patch:    {json.dumps(f.config_patch)}")
+    for note in diagnosis.assumptions + evidence.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from .doctor.rules import RULES, catalog_markdown
+
+    if args.markdown:
+        sys.stdout.write(catalog_markdown())
+    elif args.json:
+        emit_json({"rules": [r.doc() for r in RULES]})
+    else:
+        print(
+            format_table(["id", "category", "title"], [(r.id, r.category, r.title) for r in RULES])
+        )
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # Parser and entry point
 # --------------------------------------------------------------------------------------------
@@ -511,6 +565,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=12, help="rows of the table (default 12)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("doctor", help="diagnose OOMs and recompute problems from real artefacts")
+    p.add_argument(
+        "--log",
+        action="append",
+        metavar="FILE",
+        help="a training log, traceback or OOM message ('-' for stdin); repeatable",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML/JSON config, Megatron-LM command line or Hydra overrides",
+    )
+    p.add_argument(
+        "--experiments",
+        metavar="FILE",
+        help="ablation results: the kit's results.jsonl, CSV or a Markdown table",
+    )
+    p.add_argument("--memory-stats", metavar="FILE", help="torch.cuda.memory_stats() as JSON")
+    p.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="torch.cuda.memory._snapshot() pickle (read without running code)",
+    )
+    p.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        metavar="X",
+        help="GPU size in GiB when no OOM message says it",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("rules", help="the doctor's rule catalog")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    out.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the symptom/cause/confirm/fix table the agent skill ships",
+    )
+    p.set_defaults(func=cmd_rules)
     return parser
 
 
