@@ -12,9 +12,10 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from .config import OFFLOAD_MODULES, SPEC_HELP, Config, ConfigError, load_config
+from .config import OFFLOAD_MODULES, SPEC_HELP, Config, ConfigError, all_specs, load_config
 from .presets import PRESETS, get_preset
 
 GIB = 2**30
@@ -409,6 +410,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from .ablation import AblationSetup, run_ablation
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    name = args.model or args.config or "tiny-gpt"
+    if args.command_template:
+        from .external import external_runner
+
+        runner = external_runner(args.command_template, args.timeout, args.out)
+    else:
+        if args.model and not get_preset(args.model).runnable:
+            raise ConfigError(
+                f"preset {args.model!r} is shape-only; ablate a runnable preset here, or your own "
+                "training with --command-template"
+            )
+        from .ablation import run_config as runner
+    setup = AblationSetup(
+        config=cfg,
+        name=name,
+        specs=list(args.recompute or all_specs(cfg)),
+        steps=args.steps,
+        warmup=args.warmup,
+        device=args.device,
+        dtype=args.dtype,
+        memory_budget_gb=args.memory_budget_gb,
+        golden=None if args.golden_tflops is not None else args.golden,
+        golden_tflops=args.golden_tflops,
+        regression_threshold=args.regression_threshold,
+    )
+    rows = run_ablation(setup, args.out, resume=args.resume, runner=runner)
+    if args.json:
+        emit_json({"out": args.out, "rows": rows})
+    else:
+        print((Path(args.out) / "summary.md").read_text(), end="")
+        print(f"\nresults: {Path(args.out) / 'results.jsonl'}; plots: {args.out}/*.png")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor.engine import diagnose
     from .doctor.evidence import EvidenceError, collect
@@ -565,6 +605,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=12, help="rows of the table (default 12)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("ablate", help="run a grid of recompute settings: throughput, memory")
+    add_model_args(p)
+    add_override_args(p)
+    p.add_argument(
+        "--recompute",
+        metavar="SPEC",
+        nargs="+",
+        help=f"specs to run (default: every valid spec). {SPEC_HELP}",
+    )
+    p.add_argument("--steps", type=int, default=5, help="timed steps per config (median)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument(
+        "--memory-budget-gb",
+        type=float,
+        metavar="X",
+        help="GiB per GPU: CUDA caps the process; CPU marks configs above it OOM",
+    )
+    golden = p.add_mutually_exclusive_group()
+    golden.add_argument(
+        "--golden",
+        default="none",
+        metavar="SPEC",
+        help="the reference config for 'vs golden' (default none)",
+    )
+    golden.add_argument(
+        "--golden-tflops", type=float, metavar="X", help="a reference TFLOP/s/GPU instead of a run"
+    )
+    p.add_argument(
+        "--regression-threshold",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="slower than golden by more than this is a perf regression (0.10)",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="results.jsonl, summary.md, PNGs")
+    p.add_argument("--resume", action="store_true", help="skip configs already in DIR")
+    p.add_argument(
+        "--command-template",
+        metavar="CMD",
+        help="run your own training per config; placeholders {megatron_lm}, "
+        "{bridge}, {spec}, {recompute_granularity}, ... (see README)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        metavar="S",
+        help="seconds per config for --command-template (default 3600)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("doctor", help="diagnose OOMs and recompute problems from real artefacts")
     p.add_argument(
