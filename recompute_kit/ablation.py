@@ -271,23 +271,19 @@ def label_rows(rows: list[dict[str, Any]], setup: AblationSetup) -> list[dict[st
     """Fill result / vs_golden / recommended from the golden (a spec or a TFLOP/s figure)."""
     golden = setup.golden_tflops
     if golden is None and setup.golden:
-        ref = next(
-            (
-                r
-                for r in rows
-                if r["recompute"] == parse_spec(setup.golden).spec and r["status"] == "ok"
-            ),
-            None,
-        )
+        # A simulated OOM (CPU) still has its measured throughput: it can serve as golden.
+        spec = parse_spec(setup.golden).spec
+        ref = next((r for r in rows if r["recompute"] == spec and r.get("tflops_per_gpu")), None)
         golden = ref["tflops_per_gpu"] if ref else None
     for r in rows:
+        if r.get("tflops_per_gpu") and golden:
+            r["vs_golden"] = r["tflops_per_gpu"] / golden - 1
+        regressed = r.get("vs_golden") is not None and r["vs_golden"] < -setup.regression_threshold
         if r["status"] == "oom":
             r["result"] = "OOM"
         elif r["status"] != "ok":
             r["result"] = "Error"
         else:
-            r["vs_golden"] = r["tflops_per_gpu"] / golden - 1 if golden else None
-            regressed = r["vs_golden"] is not None and r["vs_golden"] < -setup.regression_threshold
             r["result"] = "Perf regression" if regressed else "OK"
         r["recommended"] = False
     ok = [r for r in rows if r["status"] == "ok"]

@@ -1,0 +1,212 @@
+"""What the notebooks run: parameter checks, the OOM diagnosis and the ablation report.
+
+The notebooks narrate and plot; every decision is here (and shared with the CLI), so a batch
+run with papermill, a notebook in JupyterLab and `recompute-kit doctor/plan/ablate` agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, ConfigError, load_config, parse_spec
+from .presets import get_preset
+
+GIB = 2**30
+PROXIES = {"dense": "tiny-gpt", "moe": "tiny-moe", "mla": "tiny-mla"}
+
+
+@dataclass
+class Setup:
+    config: Config
+    name: str
+    out_dir: Path
+
+
+def _number(name: str, value: Any, positive: bool = True, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"parameter {name} must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"parameter {name} must be positive, got {value!r}")
+
+
+def load_setup(model: str | None, config_path: str | None, out_dir: str, **overrides: Any) -> Setup:
+    """The model (a preset or a config file) with overrides, and a writable out_dir."""
+    from .ablation import prepare_out_dir
+
+    if config_path:
+        cfg, _ = load_config(config_path)
+        name = config_path
+    else:
+        cfg, name = get_preset(model or "tiny-gpt").config(), model or "tiny-gpt"
+    flat = {k: v for k, v in overrides.items() if v is not None}
+    for key, value in flat.items():
+        if key != "sequence_parallel":
+            _number(key, value)
+    cfg = cfg.replace(**flat)
+    cfg.validate()
+    return Setup(cfg, name, prepare_out_dir(out_dir))
+
+
+# --------------------------------------------------------------------------------------------
+# OOM diagnosis
+# --------------------------------------------------------------------------------------------
+
+
+def oom_setup(
+    model,
+    config_path,
+    seq_length,
+    micro_batch_size,
+    tp,
+    pp,
+    cp,
+    ep,
+    dp,
+    sequence_parallel,
+    gpu_memory_gb,
+    recompute,
+    out_dir,
+) -> Setup:
+    """Check every parameter of the OOM notebook; one ConfigError naming what is wrong."""
+    _number("gpu_memory_gb", gpu_memory_gb)
+    setup = load_setup(
+        model,
+        config_path,
+        out_dir,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        data_parallel_size=dp,
+        sequence_parallel=sequence_parallel,
+    )
+    if recompute:
+        setup.config = setup.config.with_recompute(parse_spec(recompute))
+        setup.config.validate()
+    from .memory.estimate import check_divisible
+
+    check_divisible(setup.config)
+    return setup
+
+
+def read_error_log(error_log: str | None):
+    """`error_log` is a path or the pasted text itself; returns Evidence."""
+    from .doctor.evidence import Evidence, parse_log
+
+    if not error_log:
+        return Evidence()
+    path = Path(error_log)
+    if len(error_log) < 4096 and "\n" not in error_log and path.exists():
+        from .doctor.evidence import parse_log_file
+
+        return parse_log_file(path)
+    return parse_log(error_log)
+
+
+def config_keys(cfg: Config) -> dict[str, Any]:
+    """The config as the flat Megatron keys the doctor reads."""
+    return cfg.to_flat()
+
+
+def memory_breakdown(cfg: Config) -> dict[str, float]:
+    """Per-rank bytes by component: model states and activations by role (first stage)."""
+    from .memory.estimate import estimate
+
+    e = estimate(cfg)
+    layers = cfg.model.num_layers // cfg.parallel.pipeline_model_parallel_size
+    parts = {"weights": e.weights_bytes, "gradients": e.grads_bytes, "optimizer": e.optimizer_bytes}
+    in_flight = e.activation_bytes / max(e.per_layer_activation_bytes * layers, 1)
+    for role, per_layer in e.modules.items():
+        parts[f"act:{role}"] = per_layer * layers * in_flight
+    parts["act:other (embedding, head)"] = max(
+        0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
+    )
+    parts["backward transient"] = e.peak_activation_bytes - e.activation_bytes
+    return parts
+
+
+def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):
+    import matplotlib.pyplot as plt
+
+    from . import plots  # noqa: F401  (selects the Agg backend)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bottom = 0.0
+    cmap = plt.get_cmap("tab20")
+    for i, (name, value) in enumerate(p for p in parts.items() if p[1] > 0):
+        ax.bar(["per rank"], [value / GIB], bottom=bottom, label=name, color=cmap(i % 20))
+        bottom += value / GIB
+    ax.axhline(gpu_memory_gb, color="tab:red", linestyle="--", label=f"GPU {gpu_memory_gb:g} GiB")
+    ax.set_ylabel("GiB")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def proxy_preset(cfg: Config) -> str:
+    m = cfg.model
+    if m.multi_latent_attention:
+        return PROXIES["mla"]
+    return PROXIES["moe" if m.num_moe_experts else "dense"]
+
+
+def verify_on_proxy(
+    preset: str, specs: list[str], device: str, out_dir: Path, steps: int = 2
+) -> list[dict[str, Any]]:
+    """A small ablation of the given settings on a runnable model of the same family (specs
+    that do not apply to it are skipped): does the planned setting run, what does it cost?"""
+    from .ablation import AblationSetup, run_ablation
+
+    cfg = get_preset(preset).config()
+    valid = []
+    for spec in dict.fromkeys(specs):
+        try:
+            cfg.with_recompute(parse_spec(spec)).validate()
+            valid.append(parse_spec(spec).spec)
+        except ConfigError:
+            continue
+    setup = AblationSetup(cfg, preset, valid or ["none"], steps=steps, warmup=1, device=device)
+    return run_ablation(setup, out_dir / f"verify-{preset}", resume=True)
+
+
+def write_report(out_dir: Path, report: dict[str, Any], markdown: str) -> None:
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out_dir / "report.md").write_text(markdown)
+
+
+def oom_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# OOM diagnosis: {report['model']}", "", report["summary"], ""]
+    for f in report["findings"]:
+        lines += [
+            f"## [{f['rule']}] {f['title']} ({f['category']}, {f['confidence']:.0%})",
+            "",
+            f"- evidence: {f['evidence']}",
+            f"- cause: {f['cause']}",
+            f"- confirm: {f['confirm']}",
+            f"- fix: {f['fix']}",
+            f"- patch: `{json.dumps(f['config_patch'])}`",
+            "",
+        ]
+    plan = report.get("plan") or {}
+    if plan.get("best"):
+        lines += [
+            "## Plan",
+            "",
+            plan["explanation"],
+            "",
+            "```",
+            plan["rendered"].rstrip(),
+            "```",
+            "",
+        ]
+    elif plan.get("error"):
+        lines += ["## Plan", "", plan["error"], ""]
+    return "\n".join(lines)
