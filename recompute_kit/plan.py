@@ -99,9 +99,11 @@ def plan(
         found.append(Candidate(est, candidate.recompute, est.total_bytes <= usable, offload))
     fitting = sorted(
         (c for c in found if c.fits),
+        # ties (elementwise recompute costs no matmul FLOPs): fewer recomputed modules first
         key=lambda c: (
             bool(c.offload),
             c.estimate.recompute_flops_fraction,
+            _units(c.recompute),
             c.estimate.total_bytes,
         ),
     )
@@ -124,6 +126,12 @@ def plan(
         explanation=explain(best, found, usable),
         rendered=render(best.recompute, fmt, num_layers=layers),
     )
+
+
+def _units(rc: RecomputeConfig) -> int:
+    if rc.recompute_granularity == "selective":
+        return len(rc.modules)
+    return 0 if rc.recompute_granularity is None else 100
 
 
 def _name(c: Candidate) -> str:

@@ -45,7 +45,7 @@ def load_setup(model: str | None, config_path: str | None, out_dir: str, **overr
         cfg, name = get_preset(model or "tiny-gpt").config(), model or "tiny-gpt"
     flat = {k: v for k, v in overrides.items() if v is not None}
     for key, value in flat.items():
-        if key != "sequence_parallel":
+        if key not in ("sequence_parallel", "use_distributed_optimizer"):
             _number(key, value)
     cfg = cfg.replace(**flat)
     cfg.validate()
@@ -68,6 +68,7 @@ def oom_setup(
     ep,
     dp,
     sequence_parallel,
+    distributed_optimizer,
     gpu_memory_gb,
     recompute,
     out_dir,
@@ -86,6 +87,7 @@ def oom_setup(
         expert_model_parallel_size=ep,
         data_parallel_size=dp,
         sequence_parallel=sequence_parallel,
+        use_distributed_optimizer=distributed_optimizer,
     )
     if recompute:
         setup.config = setup.config.with_recompute(parse_spec(recompute))
@@ -96,17 +98,23 @@ def oom_setup(
     return setup
 
 
+def _is_path(text: str) -> bool:
+    try:
+        return "\n" not in text and Path(text).is_file()
+    except OSError:  # e.g. a pasted message longer than a file name may be
+        return False
+
+
 def read_error_log(error_log: str | None):
     """`error_log` is a path or the pasted text itself; returns Evidence."""
     from .doctor.evidence import Evidence, parse_log
 
     if not error_log:
         return Evidence()
-    path = Path(error_log)
-    if len(error_log) < 4096 and "\n" not in error_log and path.exists():
+    if _is_path(error_log):
         from .doctor.evidence import parse_log_file
 
-        return parse_log_file(path)
+        return parse_log_file(error_log)
     return parse_log(error_log)
 
 

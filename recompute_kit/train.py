@@ -102,18 +102,23 @@ def train(config, args) -> int:
     last = rank == world - 1  # Megatron prints iteration lines on the last rank
     for iteration in range(1, args.train_iters + 1):
         tokens, labels = make_batch(config, device, args.seed + 1000 * iteration + rank)
+        # The memory report covers iteration `report_at` (optimizer states exist by then); on a
+        # CPU the live-tensor tracker watches its forward and backward.
+        report_at = min(2, args.train_iters)
+        tracker = (
+            LiveTensorTracker(model) if device.type == "cpu" and iteration == report_at else None
+        )
         start = time.perf_counter()
-        tracker = LiveTensorTracker(model) if device.type == "cpu" and iteration == 1 else None
+        optimizer.zero_grad(set_to_none=False)
         with tracker or _null():
-            optimizer.zero_grad(set_to_none=False)
             loss = model(tokens, labels)
             loss.backward()
-            optimizer.step()
+        optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
-        if iteration == 1:
-            _report_memory(rank, model, optimizer, device, tracker)
+        if iteration == report_at:
+            _report_memory(rank, iteration, model, optimizer, device, tracker)
         if last and iteration % args.log_interval == 0:
             print(
                 f" [{datetime.datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
@@ -142,7 +147,7 @@ class _null:
         return False
 
 
-def _report_memory(rank, model, optimizer, device, tracker) -> None:
+def _report_memory(rank, iteration, model, optimizer, device, tracker) -> None:
     """Megatron's report_memory line. On CUDA the allocator's figures; on a CPU the live-tensor
     tracker's peak on top of the model state stands in for 'max allocated'."""
     if device.type == "cuda":
@@ -165,7 +170,7 @@ def _report_memory(rank, model, optimizer, device, tracker) -> None:
         allocated, peak = state, state + (tracker.peak_bytes if tracker else 0)
         reserved, max_reserved = allocated, peak
     print(
-        f"[Rank {rank}] (after 1 iterations) memory (MB)"
+        f"[Rank {rank}] (after {iteration} iterations) memory (MB)"
         f" | allocated: {allocated / MB:.2f} | max allocated: {peak / MB:.2f}"
         f" | reserved: {reserved / MB:.2f} | max reserved: {max_reserved / MB:.2f}",
         flush=True,

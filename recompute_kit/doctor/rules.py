@@ -129,7 +129,13 @@ def rule(
 
 
 def gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / GIB:.2f} GiB"
+    """A size as PyTorch's OOM message prints it: GiB from 1 GiB up, MiB below (so that a
+    138.00 MiB request reads as in the message, not as 0.13 GiB)."""
+    if n is None:
+        return "?"
+    if abs(n) < GIB:
+        return f"{n / 2**20:.2f} MiB"
+    return f"{n / GIB:.2f} GiB"
 
 
 def on_message(*fragments: str, confidence: float = 0.95):
@@ -153,6 +159,21 @@ def on_message(*fragments: str, confidence: float = 0.95):
 PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 
 
+def _reserved_unallocated(oom) -> int | None:
+    """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
+    is that amount itself, '(... A already allocated; ... R reserved in total by PyTorch)'
+    gives it as R - A."""
+    if oom.reserved_unallocated_bytes is not None:
+        return oom.reserved_unallocated_bytes
+    if oom.reserved_bytes is None:
+        return None
+    if oom.generation == "gen1_cached":
+        return oom.reserved_bytes
+    if oom.allocated_bytes is not None and oom.reserved_bytes >= oom.allocated_bytes:
+        return oom.reserved_bytes - oom.allocated_bytes
+    return None
+
+
 @rule(
     "RK001",
     "Fragmentation: memory is reserved but unallocated",
@@ -170,15 +191,23 @@ PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-mem
 )
 def _fragmentation(ctx: Context) -> Match | None:
     oom = ctx.oom
-    if not oom or not oom.reserved_unallocated_bytes or not oom.requested_bytes:
+    slack = _reserved_unallocated(oom) if oom else None
+    if not oom or not slack or not oom.requested_bytes:
         return None
-    slack, req = oom.reserved_unallocated_bytes, oom.requested_bytes
+    req = oom.requested_bytes
     total = oom.total_bytes or 0
     if slack < req and slack < 0.05 * total:
         return None
-    if "expandable_segments:True" in ctx.evidence.env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    # PYTORCH_CUDA_ALLOC_CONF, or its newer name PYTORCH_ALLOC_CONF (2.9+), or ROCm's
+    if any(
+        "expandable_segments:True" in value
+        for key, value in ctx.evidence.env.items()
+        if key.endswith("ALLOC_CONF")
+    ):
         return None
-    confidence = 0.9 if slack >= req else 0.6
+    # The allocator's hint is printed on every OOM; it matters when the slack is a real share
+    # of the GPU, not just larger than one small request.
+    confidence = 0.9 if slack >= max(req, 0.05 * total) else 0.45
     return Match(
         confidence,
         f"{gib(slack)} is reserved by PyTorch but unallocated, against a "
@@ -201,13 +230,29 @@ def _other_processes(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not oom or not oom.other_processes_bytes or not oom.total_bytes:
         return None
-    share = oom.other_processes_bytes / oom.total_bytes
+    others, total = oom.other_processes_bytes, oom.total_bytes
+    pytorch = (oom.allocated_bytes or 0) + (oom.reserved_unallocated_bytes or 0)
+    if oom.process_bytes is None:
+        # NVML listed the GPU's processes but none as "this process": our own PID did not
+        # match (a container's PID namespace), so this process is one of the "Process <pid>"
+        # entries. Only what exceeds PyTorch's own memory can belong to other processes (an
+        # upper bound: it still includes this process's CUDA context and workspaces).
+        others = others - pytorch
+        share = others / total
+        if others < max(2 * GIB, 0.1 * total):
+            return None
+        return Match(
+            min(0.95, 0.5 + share),
+            f"Processes other than this one hold up to {gib(others)} ({share:.0%}) of the "
+            f"{gib(total)} GPU: {gib(oom.other_processes_bytes)} listed, of which this "
+            f"process's own PyTorch memory ({gib(pytorch)}) is a part.",
+        )
+    share = others / total
     if share < 0.02:
         return None
     return Match(
         min(0.95, 0.5 + share),
-        f"Other processes hold {gib(oom.other_processes_bytes)} "
-        f"({share:.0%}) of the {gib(oom.total_bytes)} GPU.",
+        f"Other processes hold {gib(others)} ({share:.0%}) of the {gib(total)} GPU.",
     )
 
 
@@ -739,10 +784,13 @@ def _double(ctx: Context) -> Match | None:
     confirm="recompute-kit plan --gpu-memory-gb X ranks the settings that fit by added FLOPs",
     fix="Switch to the planner's choice",
     refs=("arXiv:2205.05198 Table 4",),
+    supersedes=("RK090",),  # the same advice, said more specifically
 )
 def _full_overkill(ctx: Context) -> Match | None:
     if ctx.granularity != "full" or ctx.best is None:
         return None
+    if ctx.oom or ctx.says("out of memory"):
+        return None  # the run does not fit even with full recompute: never advise less
     best = ctx.best.estimate
     if best.recompute.startswith("full") or ctx.estimate is None:
         return None
@@ -848,6 +896,8 @@ def _optimizer_peak(ctx: Context) -> Match | None:
                 "reduce_scatter",
                 "finish_grad_sync",
                 "start_grad_sync",
+                "allreduce_params",  # Megatron-LM's older DDP gradient all-reduce
+                "allreduce_gradients",
             )
         ):
             return Match(
@@ -1061,10 +1111,36 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
     refs=("https://github.com/NVIDIA/Megatron-LM/issues/2294",),
 )
 def _uniform_index(ctx: Context) -> Match | None:
-    if not ctx.says("IndexError"):
-        return None
-    if ctx.granularity == "full" or ctx.says("out of range"):
-        return Match(0.75, "An IndexError with full/uniform recompute configured.")
+    # Only an IndexError raised with full recompute configured or from inside the recompute
+    # loop (checkpoint / transformer_block frames): "list index out of range" in a data
+    # loader says nothing about recompute.
+    for e in ctx.evidence.errors:
+        if e.type.rsplit(".", 1)[-1] != "IndexError":
+            continue
+        frames = " ".join(e.frames)
+        in_recompute = any(
+            k in frames for k in ("checkpoint", "transformer_block.py", "_get_layer")
+        )
+        if ctx.granularity != "full" and not in_recompute:
+            continue
+        text = f"IndexError: {e.message}"
+        layers, pp = ctx.cfg.get("num_layers"), ctx.cfg.get("pipeline_model_parallel_size") or 1
+        n = ctx.cfg.get("recompute_num_layers")
+        per_stage = layers // pp if isinstance(layers, int) and isinstance(pp, int) else None
+        uniform = ctx.cfg.get("recompute_method") == "uniform" and isinstance(n, int) and n > 0
+        if uniform and per_stage and per_stage % n:
+            return Match(
+                0.85,
+                f'The log says "{text}"; {per_stage} layers per pipeline stage are not a '
+                f"multiple of recompute_num_layers {n}, so the last uniform chunk runs past "
+                "the last layer.",
+            )
+        where = (
+            "full recompute is configured"
+            if ctx.granularity == "full"
+            else "the traceback passes through the recompute loop"
+        )
+        return Match(0.75, f'The log says "{text}" and {where}.')
     return None
 
 

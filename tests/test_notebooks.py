@@ -1,0 +1,78 @@
+"""Both notebooks run with papermill on small parameters; bad parameters stop in the first cells
+with one clear message; the committed notebooks carry no outputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+papermill = pytest.importorskip("papermill", reason="the notebooks extra is not installed")
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def run(name: str, tmp_path: Path, **params):
+    out = tmp_path / name
+    return papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=params,
+                                      progress_bar=False, log_output=False, cwd=str(tmp_path))
+
+
+def test_oom_notebook_writes_a_report(tmp_path):
+    out_dir = tmp_path / "oom"
+    run("oom_diagnosis.ipynb", tmp_path, out_dir=str(out_dir), run_verification=True)
+    report = json.loads((out_dir / "report.json").read_text())
+    assert report["model"] == "llama3-8b"
+    assert report["evidence"]["oom"][0]["total_bytes"] == pytest.approx(23.65 * 2**30, abs=1)
+    assert report["findings"] and report["summary"]
+    assert report["plan"]["best"]["fits"] is True
+    assert report["plan"]["rendered"].startswith("# recompute-kit:")
+    assert {r["recompute"] for r in report["verification"]} >= {"none"}
+    assert (out_dir / "report.md").read_text().startswith("# OOM diagnosis")
+    assert (out_dir / "breakdown_current.png").stat().st_size > 1000
+
+
+def test_ablation_notebook_writes_a_report(tmp_path):
+    out_dir = tmp_path / "abl"
+    run("recompute_ablation.ipynb", tmp_path, model="tiny-moe", out_dir=str(out_dir), steps=1,
+        recompute_specs="none,selective:moe,full:uniform:1", memory_budget_gb=None)
+    report = json.loads((out_dir / "report.json").read_text())
+    assert [r["recompute"] for r in report["rows"]] == ["none", "selective:moe", "full:uniform:1"]
+    assert report["recommended"] in {"none", "selective:moe", "full:uniform:1"}
+    assert set(report["measured_modules"]["none"]) >= {"router", "experts", "moe_act"}
+    for png in ("pareto.png", "modules.png", "overhead.png"):
+        assert (out_dir / png).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("name,params,message", [
+    ("oom_diagnosis.ipynb", {"model": "llama9"}, "unknown preset 'llama9'"),
+    ("oom_diagnosis.ipynb", {"recompute": "selective:attention"},
+     "unknown recompute module 'attention'"),
+    ("oom_diagnosis.ipynb", {"gpu_memory_gb": -4}, "gpu_memory_gb must be positive"),
+    ("recompute_ablation.ipynb", {"recompute_specs": "full:uniform"},
+     "malformed full recompute spec"),
+    ("recompute_ablation.ipynb", {"model": "nope"}, "unknown preset 'nope'"),
+])
+def test_bad_parameters_fail_in_the_first_cells(tmp_path, name, params, message):
+    with pytest.raises(papermill.PapermillExecutionError) as exc:
+        run(name, tmp_path, out_dir=str(tmp_path / "out"), **params)
+    assert message in str(exc.value)
+    # 1: parameters, 2: the parameters papermill injects, 3: the parameter check
+    assert exc.value.exec_count <= 3
+    assert exc.value.ename == "ConfigError"
+
+
+def test_unwritable_out_dir_fails_first(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(papermill.PapermillExecutionError) as exc:
+        run("recompute_ablation.ipynb", tmp_path, out_dir=str(blocker / "sub"))
+    assert "cannot write to output directory" in str(exc.value) and exc.value.exec_count <= 3
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_committed_without_outputs(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None
+    params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(params) == 1
