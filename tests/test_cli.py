@@ -188,7 +188,7 @@ def test_measure_json_real_and_fake():
 
 
 def test_plan_json_and_render():
-    doc = json.loads(run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "80",
+    doc = json.loads(run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "64",
                          "--format", "megatron-lm", "--json", check_rc=0).stdout)
     assert doc["best"]["fits"] is True
     assert doc["best"]["total_bytes"] <= doc["usable_bytes"]

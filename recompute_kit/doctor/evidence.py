@@ -180,6 +180,7 @@ _PREFIX_RE = re.compile(
     r"\[rank(?P<rank>\d+)\]:"  # torch.distributed: [rank3]:
     r"|\[(?P<role>[A-Za-z_]+)(?P<local>\d+)\]:"  # torchrun --tee: [default0]:
     r"|(?P<task>\d{1,5}):(?=\s|$)"  # srun --label: " 0: "
+    r"|\d{1,3}(?:\.\d{1,3}){3}:(?=\s|$)"  # pdsh / DeepSpeed launcher: "192.168.0.32: "
     r"|\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
     r"|\[NeMo (?P<level>[A-Z]) [^\]]*\]"  # [NeMo I 2025-01-01 12:00:00 file:12]
     r")[ \t]?"
@@ -327,21 +328,28 @@ OOM_GENERATIONS = {
     "modern_truncated": "the 2.1+ layout, cut before the advice that dates it",
     "legacy_truncated": "the <=2.0 layout, cut before the fields that date it",
     "cuda_error": "'CUDA error: out of memory' (a CUDA call, not the caching allocator)",
+    "nccl_cuda_failure": "NCCL's \"Cuda failure 2 'out of memory'\" (NCCL's own buffers)",
+    "triton_cuda": "'Triton Error [CUDA]: out of memory' (a Triton kernel launch)",
     "unknown": "an out-of-memory message without the allocator's fields",
 }
 
 _SIZE_PAT = r"(\d+(?:\.\d+)?) ?(bytes|[KMGTP]iB|[KMGTP]B)"
 
 
-def _flex(pattern: str) -> re.Pattern[str]:
-    """Compile an OOM field pattern in which every space may be missing (hard-wrap joins)."""
-    return re.compile(pattern.replace("SIZE", _SIZE_PAT).replace(" ", r"\s?"))
+def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
+    """Compile an OOM field pattern in which every space may be missing (hard-wrap joins);
+    case-insensitive unless told (pastes write "tried to allocate 32768.00 Gib")."""
+    return re.compile(pattern.replace("SIZE", _SIZE_PAT).replace(" ", r"\s?"), flags)
 
 
 _OOM_START_RE = re.compile(
     r"(?:CUDA|HIP|XPU)\s?out\s?of\s?memory|CUDA error: out of memory|OutOfMemoryError"
+    r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
 )
-_OOM_VALID_RE = re.compile(r"(?:cuda|hip|xpu)outofmemory|cudaerror:outofmemory|outofmemoryerror:")
+_OOM_VALID_RE = re.compile(
+    r"(?:cuda|hip|xpu)outofmemory|cudaerror:outofmemory|outofmemoryerror:"
+    r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
+)
 _OOM_FIELDS: dict[str, re.Pattern[str]] = {
     "requested_bytes": _flex(r"Tried to allocate SIZE"),
     "old_device": _flex(r"\(GPU (\d+) ;"),
@@ -359,7 +367,8 @@ _OOM_FIELDS: dict[str, re.Pattern[str]] = {
     "private_pool_bytes": _flex(r"with SIZE allocated in private pools"),
     "reserved_unallocated_bytes": _flex(r"and SIZE is reserved by PyTorch but unallocated"),
 }
-_OOM_OTHER_PROCESS_RE = _flex(r"Process (\d+) has SIZE memory in use")
+# Case matters here: "Process 123 has" is another process, "this process has" is this one.
+_OOM_OTHER_PROCESS_RE = _flex(r"Process (\d+) has SIZE memory in use", flags=0)
 # The advice that ends each message generation, without whitespace: continuation lines of a
 # hard-wrapped message are pieces of one of these (ROCm builds say PYTORCH_HIP_ALLOC_CONF).
 _OOM_TAILS = tuple(
@@ -423,8 +432,13 @@ def _oom_generation(compact: str) -> str:
         return "gen4_capacty" if "max_split_size_mb" in compact else "modern_truncated"
     if "(GPU" in compact or "totalcapacity" in compact:
         return "legacy_truncated"
-    if "cudaerror:outofmemory" in compact.lower():
+    lower = compact.lower()
+    if "cudaerror:outofmemory" in lower:
         return "cuda_error"
+    if "cudafailure" in lower and "'outofmemory'" in lower:
+        return "nccl_cuda_failure"
+    if "tritonerror[cuda]:outofmemory" in lower:
+        return "triton_cuda"
     return "unknown"
 
 
@@ -464,8 +478,8 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     event.generation = _oom_generation(compact)
     lower = flat.lower()
     event.backend = "hip" if "hip out of" in lower else "xpu" if "xpu out of" in lower else "cuda"
-    partial = not _oom_data_complete(compact)
-    event.truncated = partial and event.generation not in ("cuda_error", "unknown")
+    outside_allocator = ("cuda_error", "nccl_cuda_failure", "triton_cuda")
+    event.truncated = event.generation not in outside_allocator and not _oom_data_complete(compact)
     return event
 
 
@@ -487,12 +501,12 @@ def parse_oom(text: str) -> list[OOMEvent]:
 
 _DOTTED = r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
 _EXC_SEARCH_RE = re.compile(
-    rf"(?:^|(?<=[\s:(]))({_DOTTED}(?:Error|Exception|Interrupt|Failure|Exit)):(?:\s(.*)|$)"
+    rf"(?:^|(?<=[\s:(]))({_DOTTED}(?:Error|Exception|Interrupt|Failure|Exit)):\s?(.*)$"
 )
 _EXC_LINE_RE = re.compile(rf"^({_DOTTED})(?::\s?(.*))?$")
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
 _MEGATRON_WARN_RE = re.compile(r"^WARNING:(?:[\w.]+:)?\s?(.*)$")
-_FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.+?))?\s*$')
+_FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.*))?$')
 _CHAIN_CAUSE = "The above exception was the direct cause of the following exception"
 _CHAIN_CONTEXT = "During handling of the above exception, another exception occurred"
 _MAX_FRAMES = 200
@@ -528,7 +542,9 @@ _MEGATRON_LABELS = (
 )
 _MEGATRON_FAST_RE = re.compile(
     r"iteration\s+(\d+)\s*/\s*(\d+) \|"
-    + "".join(rf"(?:.*?{re.escape(label.lstrip('| '))}([^|]*)\|)?" for label in _MEGATRON_LABELS)
+    + "".join(
+        rf"(?:.*?{re.escape(label.lstrip('| '))}([^|]*)(?:\||$))?" for label in _MEGATRON_LABELS
+    )
 )
 _NEMO_ITER_RE = re.compile(r"epoch\s*(\d+),\s*iteration\s*(\d+)\s*/\s*(\d+)")
 _NAN_ITERS_RE = re.compile(r"numberofnaniterations:\d")
@@ -540,22 +556,32 @@ _TQDM_RE = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)\s*(s/it|it/s)(?
 _MEM_REPORT_RE = re.compile(r"\[Rank\s*(\d+)\]\s*(.*?)\s*memory\s*\((MB|GB)\)")
 _MEM_COMPLETE_RE = re.compile(r"maxreserved:[\d.]+$|allocated-count:\d+")
 _AFTER_ITERS_RE = re.compile(r"after\s*(\d+)\s*iterations")
-_WORLD_RE = re.compile(r"([\w-]+(?:-parallel)?) size: (\d+)")
+_WORLD_RE = re.compile(r"(?<![\w-])([\w-]+) size: (\d+)")
 _THEORY_RE = re.compile(
     r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
     r"(?:, activation=([\d.]+) MB)?(?:, total=([\d.]+) MB)?"
 )
 _ENV_RE = re.compile(
-    r"(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)['\"]?\s*(?:=|:\s)\s*['\"]?([A-Za-z_][\w:.,\[\]|=-]*)"
+    r"(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)['\"]?\]?\s*(?:=|:\s)\s*['\"]?([A-Za-z_][\w:.,\[\]|=-]*)"
 )
-_ARG_RE = re.compile(r"^(\s*)([A-Za-z_][\w.-]*) (\.+)(?: (.*?))?\s*$")
-_ARG_LONG_RE = re.compile(r"^\s+([A-Za-z_][\w.-]*)\s\s+(\S.*?)\s*$")
+# (No lazy group before a trailing \s*$ in these patterns: that backtracks quadratically.)
+_ARG_RE = re.compile(r"^(\s*)([A-Za-z_][\w.-]*) (\.+)(?: (.*))?$")
+_ARG_LONG_RE = re.compile(r"^\s+([A-Za-z_][\w.-]*)\s\s+(\S.*)$")
 _ARGS_HEADER_RE = re.compile(r"^-{3,} (.+?) -{3,}\s*$")
 _RECORD_RE = re.compile(
     r"^(?:Traceback \(most recent|\s*File \"|During handling of the above|The above exception"
     r"|iteration\s+\d+\s*/|Training epoch|\[Rank\s*\d+\]|Step Time|-{3,} |WARNING:)"
 )
 
+# Lines with these are read by a parser of their own (never a continuation of another record).
+_OTHER_RECORD_KEYS = (
+    "ALLOC_CONF",
+    "Theoretical memory",
+    "using world size",
+    "Job throughput",
+    "s/it,",
+    "it/s,",
+)
 _WORLD_KEYS = {
     "world": "world_size",
     "data-parallel": "data_parallel_size",
@@ -593,6 +619,10 @@ def _starts_record(text: str, stamped: bool) -> bool:
     if ("out of memory" in text or "OutOfMemory" in text) and _OOM_START_RE.search(text):
         return True
     if ("Error" in text or "Exception" in text) and _EXC_SEARCH_RE.search(text):
+        return True
+    if " .." in text and (m := _ARG_RE.match(text)) is not None and len(m.group(3)) >= 3:
+        return True  # a line of an argument dump
+    if any(key in text for key in _OTHER_RECORD_KEYS):
         return True
     return "Warning: " in text and _WARN_RE.match(text) is not None
 
@@ -779,10 +809,9 @@ class _LogParser:
                 if event.truncated:
                     self._note(f"line {p.line_number}: the out-of-memory message is truncated")
             if p.error is not None:
-                flat = " ".join(text.split())
                 head = p.error.type + ":"
-                at = flat.find(head)
-                p.error.message = (flat[at + len(head) :] if at >= 0 else flat).strip()[:1000]
+                at = text.find(head)
+                p.error.message = (text[at + len(head) :] if at >= 0 else text).strip()[:2000]
                 self._add_error(p.error)
         elif p.kind == "iteration":
             self._iteration(text, wrapped=p.lines > 1)
@@ -822,6 +851,8 @@ class _LogParser:
         is_oom = ("out of memory" in text or "OutOfMemory" in text) and bool(
             _OOM_START_RE.search(text)
         )
+        if not is_oom and self._warning(text, rank, level):
+            return  # a warning, even one that names an exception type
         error = None
         if "Error" in text or "Exception" in text or "Interrupt" in text:
             m = _EXC_SEARCH_RE.search(text)
@@ -835,15 +866,12 @@ class _LogParser:
         if is_oom:
             self._start_oom(text, rank, error)
             return
-        if "Warning" in text or "WARNING" in text or level == "W":
-            self._warning(text, rank, level)
-            return
         if "iteration" in text:
-            if "|" in text and _MEGATRON_ITER_RE.search(text):
-                self._start_record("iteration", text, rank)
-                return
             if "epoch" in text and _NEMO_ITER_RE.search(text):
                 self._iteration(text)
+                return
+            if "|" in text and _MEGATRON_ITER_RE.search(text):
+                self._start_record("iteration", text, rank)
                 return
         if "memory (" in text and "[Rank" in text:
             self._start_record("memory", text, rank)
@@ -860,8 +888,8 @@ class _LogParser:
             return
         if (" ." in text or self._in_args) and self._arg_line(text):
             return
-        if "---" in text and _ARGS_HEADER_RE.match(text.strip()):
-            title = _ARGS_HEADER_RE.match(text.strip()).group(1)  # type: ignore[union-attr]
+        if "---" in text and (header := _ARGS_HEADER_RE.match(text.strip())) is not None:
+            title = header.group(1)  # "arguments" ... "end of arguments"
             self._in_args = "argument" in title and not title.startswith("end of")
             return
         if "/it" in text or "it/s" in text:
@@ -890,6 +918,7 @@ class _LogParser:
             m = _FRAME_RE.match(text)
             if m is not None:
                 file, line, func = m.groups()
+                func = (func or "").strip()
                 frame = f"{file}:{line}" + (f" in {func}" if func else "")
                 tb.frames.append(frame)
                 if len(tb.frames) > _MAX_FRAMES:
@@ -936,7 +965,11 @@ class _LogParser:
         if event.type or event.frames:
             self._add_error(event)
 
-    def _warning(self, text: str, rank: int | None, level: str) -> None:
+    def _warning(self, text: str, rank: int | None, level: str) -> bool:
+        """Record a Python warning, Megatron's `WARNING:` line or a NeMo `[NeMo W ...]` line;
+        False when `text` is none of these."""
+        if "Warning" not in text and "WARNING" not in text and level != "W":
+            return False
         stripped = text.strip()
         m = _WARN_RE.match(stripped)
         if m is not None:
@@ -950,8 +983,9 @@ class _LogParser:
             elif level == "W":
                 event = ErrorEvent("WARNING", stripped, kind="warning", rank=rank)
             else:
-                return
+                return False
         self._add_error(event)
+        return True
 
     # -- records -----------------------------------------------------------------------------
 
@@ -1122,11 +1156,12 @@ class _LogParser:
             indent, key, dots, value = m.groups()
             if not (indent or len(dots) >= 3):
                 return False
+            value = (value or "").rstrip()
         elif self._in_args:
             m2 = _ARG_LONG_RE.match(text)
             if m2 is None:
                 return False
-            key, value = m2.groups()
+            key, value = m2.group(1), m2.group(2).rstrip()
         else:
             return False
         _assign(self.ev.config, key, _convert_value(value or ""))
@@ -1336,7 +1371,7 @@ def _finalize_config(flat: dict[str, Any]) -> dict[str, Any]:
 _CLI_FLAG_RE = re.compile(r"(?:^|\s)--[A-Za-z]")
 _HYDRA_RE = re.compile(r"^(\+{0,2}|~)?([A-Za-z_][\w-]*(?:\.[\w-]+)*)=(.*)$", re.S)
 _SHELL_VAR_RE = re.compile(r"^\$\{?([A-Za-z_]\w*)\}?$")
-_PY_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED})\s*=\s*(.*?)\s*$")
+_PY_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED})\s*=(.*)$")
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "(", ")", "\\"})
 _MAX_NODES = 20_000
 
@@ -1491,7 +1526,7 @@ def _parse_python_assignments(text: str) -> dict[str, Any]:
         i += 1
         if m is None:
             continue
-        key, rhs = m.groups()
+        key, rhs = m.group(1), m.group(2).strip()
         if rhs[:1] in "[({" and rhs.count(rhs[0]) > rhs.count(
             {"[": "]", "(": ")", "{": "}"}[rhs[0]]
         ):
@@ -1631,7 +1666,8 @@ def _experiment_column(header: str) -> tuple[str, str | None]:
         return "tflops_per_gpu", None
     if "golden" in h or h.startswith("vs ") or h in ("vs baseline", "delta"):
         return "vs_golden", None
-    if "peak" in h or (re.search(r"\bmem(ory)?\b", h) and _MEM_UNIT_RE.search(h)):
+    memory_words = re.search(r"\b(?:mem|memory|allocated|reserved)\b", h)
+    if "peak" in h or (memory_words and _MEM_UNIT_RE.search(h)):
         unit = _MEM_UNIT_RE.search(h)
         return "peak_memory_bytes", unit.group(1) if unit else None
     if h in ("result", "status", "outcome", "verdict"):
@@ -1732,7 +1768,10 @@ def _experiment_spec(row: dict[str, Any]) -> str | None:
     """The recompute spec string of a row: given, or derived from granularity/modules."""
     given = row.get("recompute")
     if isinstance(given, str) and given.strip():
-        return given.strip()
+        try:
+            return format_spec(parse_spec(given.strip()))  # "selective:core_attn" -> "selective"
+        except ConfigError:
+            return given.strip()
     granularity = str(row.get("recompute_granularity") or "").strip().lower()
     if granularity == "full":
         method, layers = row.get("recompute_method"), _int(str(row.get("recompute_num_layers")))
@@ -2039,8 +2078,9 @@ def _load_snapshot_bytes(blob: bytes, label: str) -> dict[str, Any]:
     if head in (b"{", b"["):
         try:
             data = json.loads(blob.decode("utf-8", errors="replace"))
-        except ValueError as exc:
-            raise EvidenceError(f"snapshot {label} is not valid JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise EvidenceError(f"snapshot {label} is not valid JSON: {reason}") from None
     else:
         try:
             data = _SnapshotUnpickler(io.BytesIO(blob), label).load()

@@ -182,7 +182,8 @@ def _reserved_unallocated(oom) -> int | None:
     "than the failed allocation",
     cause="The caching allocator's segments are split into blocks too small for the request; "
     "the memory is free inside PyTorch but not in one piece",
-    confirm="In the OOM message compare 'reserved but unallocated' with 'Tried to allocate'; "
+    confirm="In the OOM message compare 'reserved but unallocated' (before PyTorch 2.1: "
+    "'reserved in total' minus 'already allocated', or 'cached') with 'Tried to allocate'; "
     "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] is large",
     fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of "
     "splitting); recompute settings are not the problem",
@@ -222,7 +223,9 @@ def _fragmentation(ctx: Context) -> Match | None:
     "other_processes",
     symptom="CUDA OOM listing 'Process <pid> has X memory in use' for other processes",
     cause="Another process (a second job, a stale worker, a notebook kernel) shares the GPU",
-    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv on the node",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv on the node (in a "
+    "container the message lists this process itself as 'Process <pid>' too, without an "
+    "'Including non-PyTorch memory, this process has' line)",
     fix="Stop the other process or give this job its own GPU (CUDA_VISIBLE_DEVICES)",
     refs=("https://github.com/pytorch/pytorch/pull/99699",),
 )
@@ -863,6 +866,8 @@ def _uniform_groups(ctx: Context) -> Match | None:
     refs=("Megatron-Bridge perf-activation-recompute triage",),
 )
 def _moved_rank(ctx: Context) -> Match | None:
+    if ctx.cfg.get("pipeline_model_parallel_size") == 1:
+        return None  # no pipeline stages: data-parallel replicas simply all OOM at once
     ranks = [o.rank for o in ctx.evidence.oom if o.rank is not None]
     if len(set(ranks)) < 2:
         return None

@@ -1,0 +1,326 @@
+"""GPU checks and figures: estimate vs CUDA allocator, per-module deltas, step-time ratios, an
+ablation with OOMs. Writes gpu_results.json and gpu_results.md into --out.
+
+    PYTHONPATH=. python3 benchmarks/gpu.py --out DIR
+
+Runnable presets are scaled up until a step uses several GB (bf16, SDPA/flash unless noted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from recompute_kit.ablation import AblationSetup, run_ablation
+from recompute_kit.memory.estimate import estimate
+from recompute_kit.memory.measure import measure
+from recompute_kit.presets import get_preset
+
+GIB = 2**30
+
+SCALED = {
+    "gpt-scaled": (
+        "tiny-gpt",
+        dict(
+            num_layers=8,
+            hidden_size=2048,
+            num_attention_heads=16,
+            num_query_groups=8,
+            ffn_hidden_size=8192,
+            seq_length=4096,
+            micro_batch_size=2,
+            vocab_size=32000,
+            attention_backend="flash",
+            bf16=True,
+        ),
+    ),
+    "gpt-scaled-unfused": (
+        "tiny-gpt",
+        dict(
+            num_layers=4,
+            hidden_size=2048,
+            num_attention_heads=16,
+            ffn_hidden_size=8192,
+            seq_length=2048,
+            micro_batch_size=2,
+            vocab_size=32000,
+            attention_backend="unfused",
+            bf16=True,
+        ),
+    ),
+    "moe-scaled": (
+        "tiny-moe",
+        dict(
+            hidden_size=1024,
+            num_attention_heads=16,
+            num_query_groups=4,
+            ffn_hidden_size=4096,
+            seq_length=4096,
+            micro_batch_size=2,
+            vocab_size=32000,
+            num_moe_experts=8,
+            moe_ffn_hidden_size=1024,
+            moe_shared_expert_intermediate_size=1024,
+            attention_backend="flash",
+            bf16=True,
+        ),
+    ),
+    "mla-scaled": (
+        "tiny-mla",
+        dict(
+            hidden_size=1024,
+            num_attention_heads=16,
+            ffn_hidden_size=4096,
+            seq_length=4096,
+            micro_batch_size=2,
+            vocab_size=32000,
+            q_lora_rank=512,
+            kv_lora_rank=256,
+            qk_head_dim=64,
+            qk_pos_emb_head_dim=32,
+            v_head_dim=64,
+            num_moe_experts=8,
+            moe_ffn_hidden_size=1024,
+            moe_shared_expert_intermediate_size=1024,
+            attention_backend="flash",
+            bf16=True,
+        ),
+    ),
+}
+SPECS = {
+    "gpt-scaled": [
+        "none",
+        "selective",
+        "selective:mlp",
+        "selective:layernorm",
+        "selective:mlp,layernorm",
+        "full:uniform:1",
+        "full:uniform:2",
+        "full:block:4",
+    ],
+    "gpt-scaled-unfused": ["none", "selective", "selective:mlp", "full:uniform:1"],
+    "moe-scaled": [
+        "none",
+        "selective:moe_act",
+        "selective:moe",
+        "selective:shared_experts",
+        "selective:layernorm,moe_act",
+        "full:uniform:1",
+    ],
+    "mla-scaled": [
+        "none",
+        "selective:mla_up_proj",
+        "selective:moe_act",
+        "selective:moe",
+        "selective:mla_up_proj,moe_act,layernorm",
+        "full:uniform:1",
+    ],
+}
+
+
+def config(name: str):
+    preset, flat = SCALED[name]
+    return get_preset(preset).config().replace(**flat)
+
+
+def memory_section() -> list[dict]:
+    rows = []
+    for name in SCALED:
+        cfg = config(name)
+        for spec in SPECS[name]:
+            c = cfg.with_recompute(spec)
+            m = measure(c, device="cuda", dtype="bf16")
+            e = estimate(c, dtype_bytes=2)
+            rows.append(
+                {
+                    "model": name,
+                    "recompute": spec,
+                    "measured_saved_bytes": m.activation_bytes,
+                    "estimated_saved_bytes": e.activation_bytes,
+                    "measured_peak_bytes": m.peak_activation_bytes,
+                    "estimated_peak_bytes": e.peak_activation_bytes,
+                    "saved_ratio": e.activation_bytes / m.activation_bytes,
+                    "peak_ratio": e.peak_activation_bytes / m.peak_activation_bytes,
+                    "measured_modules": m.modules,
+                    "estimated_modules": e.modules,
+                }
+            )
+            print(
+                f"{name:20s} {spec:40s} saved est/meas {rows[-1]['saved_ratio']:.4f} "
+                f"peak est/meas {rows[-1]['peak_ratio']:.4f}",
+                flush=True,
+            )
+            torch.cuda.empty_cache()
+    return rows
+
+
+def timing_section(out: Path) -> list[dict]:
+    rows = []
+    for name, specs in (
+        ("gpt-scaled", SPECS["gpt-scaled"]),
+        ("gpt-scaled-unfused", SPECS["gpt-scaled-unfused"]),
+        ("moe-scaled", SPECS["moe-scaled"]),
+    ):
+        setup = AblationSetup(
+            config(name), name, specs, steps=10, warmup=3, device="cuda", dtype="bf16"
+        )
+        for r in run_ablation(setup, out / f"ablation-{name}"):
+            rows.append(
+                {
+                    "model": name,
+                    **{
+                        k: r[k]
+                        for k in (
+                            "recompute",
+                            "status",
+                            "step_time_s",
+                            "tflops_per_gpu",
+                            "vs_golden",
+                            "peak_memory_bytes",
+                            "estimated_total_bytes",
+                            "recompute_flops_fraction",
+                        )
+                    },
+                }
+            )
+    return rows
+
+
+def oom_section(out: Path) -> list[dict]:
+    """A budget between the full-recompute and the no-recompute peaks: some configs OOM."""
+    name = "gpt-scaled"
+    cfg = config(name)
+    free = estimate(cfg.with_recompute("none"))
+    tight = estimate(cfg.with_recompute("full:uniform:1"))
+    budget = (free.total_bytes + tight.total_bytes) / 2 / GIB
+    setup = AblationSetup(
+        cfg,
+        name,
+        SPECS[name],
+        steps=5,
+        warmup=2,
+        device="cuda",
+        dtype="bf16",
+        memory_budget_gb=budget,
+    )
+    rows = run_ablation(setup, out / "ablation-oom")
+    return [
+        {
+            "budget_gb": budget,
+            **{
+                k: r[k]
+                for k in (
+                    "recompute",
+                    "status",
+                    "result",
+                    "peak_memory_bytes",
+                    "estimated_total_bytes",
+                    "tflops_per_gpu",
+                    "vs_golden",
+                )
+            },
+        }
+        for r in rows
+    ]
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"## GPU figures ({results['device']}, {results['date']})",
+        "",
+        f"`{results['command']}`, torch {results['torch']}",
+        "",
+    ]
+    lines += [
+        "### Estimate vs CUDA allocator (bf16)",
+        "",
+        "| model | recompute | saved, measured (GiB) | saved est/meas | peak act, measured "
+        "(GiB) | peak est/meas |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results.get("memory", []):
+        lines.append(
+            f"| {r['model']} | {r['recompute']} | {r['measured_saved_bytes'] / GIB:.3f} "
+            f"| {r['saved_ratio']:.4f} | {r['measured_peak_bytes'] / GIB:.3f} | "
+            f"{r['peak_ratio']:.4f} |"
+        )
+    lines += [
+        "",
+        "### Step time vs no recompute (median of 10 steps, one run)",
+        "",
+        "| model | recompute | step (ms) | step vs none | predicted extra FLOPs | peak (GiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in dict.fromkeys(r["model"] for r in results.get("timing", [])):
+        rows = [r for r in results["timing"] if r["model"] == model]
+        base = next((r for r in rows if r["recompute"] == "none" and r["step_time_s"]), None)
+        for r in rows:
+            ratio = (
+                f"{r['step_time_s'] / base['step_time_s'] - 1:+.1%}"
+                if base and r["step_time_s"]
+                else "-"
+            )
+            step = f"{1000 * r['step_time_s']:.1f}" if r["step_time_s"] else "-"
+            peak = f"{r['peak_memory_bytes'] / GIB:.2f}" if r["peak_memory_bytes"] else "-"
+            lines.append(
+                f"| {model} | {r['recompute']} | {step} | {ratio} | "
+                f"{100 * r['recompute_flops_fraction']:.1f}% | {peak} |"
+            )
+    if results.get("oom"):
+        lines += [
+            "",
+            f"### Ablation under a {results['oom'][0]['budget_gb']:.2f} GiB budget "
+            "(set_per_process_memory_fraction)",
+            "",
+            "| recompute | result | peak (GiB) | estimated total (GiB) |",
+            "|---|---|---|---|",
+        ]
+        for r in results["oom"]:
+            peak = f"{r['peak_memory_bytes'] / GIB:.2f}" if r["peak_memory_bytes"] else "-"
+            lines.append(
+                f"| {r['recompute']} | {r['result']} | {peak} | "
+                f"{r['estimated_total_bytes'] / GIB:.2f} |"
+            )
+    for key in ("errors",):
+        for err in results.get(key, []):
+            lines += ["", f"error in {err['section']}: `{err['error']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": "PYTHONPATH=. python3 benchmarks/gpu.py --out DIR",
+        "errors": [],
+    }
+    for section, fn in (
+        ("memory", memory_section),
+        ("timing", lambda: timing_section(out)),
+        ("oom", lambda: oom_section(out)),
+    ):
+        start = time.time()
+        try:
+            results[section] = fn()
+        except Exception as exc:  # keep the other sections' figures
+            results["errors"].append({"section": section, "error": repr(exc)[:500]})
+            traceback.print_exc()
+        print(f"section {section}: {time.time() - start:.0f} s", flush=True)
+        (out / "gpu_results.json").write_text(json.dumps(results, indent=2, default=str))
+        (out / "gpu_results.md").write_text(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
