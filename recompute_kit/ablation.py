@@ -52,6 +52,7 @@ class AblationRow:
     tflops_per_gpu: float | None = None  # model FLOPs (no recompute) / step time
     vs_golden: float | None = None  # relative TFLOP/s against the golden row
     peak_memory_bytes: int | None = None  # weights + grads + optimizer + activation peak
+    peak_reserved_bytes: int | None = None  # CUDA: what a per-process memory cap limits
     peak_activation_bytes: int | None = None
     saved_activation_bytes: int | None = None
     estimated_peak_activation_bytes: int | None = None
@@ -198,11 +199,11 @@ def run_config(setup: AblationSetup, spec: str) -> AblationRow:
             model(tokens, labels).backward()
             optimizer.step()
 
-        for _ in range(max(setup.warmup, 1)):  # the first step also creates optimizer states
-            step()
-        if device.type == "cuda":
+        if device.type == "cuda":  # the peak covers the whole run, first step included
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(max(setup.warmup, 1)):  # the first step also creates optimizer states
+            step()
         times = []
         for _ in range(setup.steps):
             start = time.perf_counter()
@@ -222,6 +223,7 @@ def run_config(setup: AblationSetup, spec: str) -> AblationRow:
                 loss = model(tokens, labels)
             loss.backward()
             row.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+            row.peak_reserved_bytes = torch.cuda.max_memory_reserved(device)
             row.peak_activation_bytes = max(0, row.peak_memory_bytes - state)
         else:
             with LiveTensorTracker(model) as live:
@@ -246,6 +248,48 @@ def run_config(setup: AblationSetup, spec: str) -> AblationRow:
     return row
 
 
+def run_config_isolated(setup: AblationSetup, spec: str) -> AblationRow:
+    """`run_config` in a fresh Python process. On CUDA a caught OOM can leave memory held in
+    the process (the failed step's tensors), which would fail every later config; a process
+    per config starts each from an empty GPU. The budget cap is applied inside the worker."""
+    import subprocess
+
+    job = {
+        "config": setup.config.to_flat(),
+        "name": setup.name,
+        "spec": spec,
+        "steps": setup.steps,
+        "warmup": setup.warmup,
+        "device": setup.device,
+        "dtype": setup.dtype,
+        "memory_budget_gb": setup.memory_budget_gb,
+        "seed": setup.seed,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.ablation", "--worker"],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["worker failed"])[-1]
+        return AblationRow(recompute=parse_spec(spec).spec, status="error", error=last[:300])
+    return AblationRow(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _worker() -> None:
+    from .config import config_from_dict
+
+    job = json.loads(sys.stdin.read())
+    config, _ = config_from_dict(job.pop("config"))
+    spec = job.pop("spec")
+    setup = AblationSetup(config=config, specs=[spec], **job)
+    with memory_cap(setup):
+        row = run_config(setup, spec)
+    print(json.dumps(row.to_json()))
+
+
 @contextlib.contextmanager
 def memory_cap(setup: AblationSetup):
     """On CUDA, cap this process at the budget (emulating a smaller GPU)."""
@@ -253,13 +297,14 @@ def memory_cap(setup: AblationSetup):
     if device.type != "cuda" or not setup.memory_budget_gb:
         yield
         return
-    total = torch.cuda.get_device_properties(device).total_memory
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     fraction = min(1.0, setup.memory_budget_gb * GIB / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     try:
         yield
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,7 +366,10 @@ def run_ablation(
     if setup.golden and parse_spec(setup.golden).spec not in done | set(todo):
         todo.insert(0, parse_spec(setup.golden).spec)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    with memory_cap(setup):
+    isolated = runner is run_config and resolve_device(setup.device).type == "cuda"
+    if isolated:  # one process per config (and the cap is set inside each)
+        runner = run_config_isolated
+    with contextlib.nullcontext() if isolated else memory_cap(setup):
         for i, spec in enumerate(todo, 1):
             say(f"[{i}/{len(todo)}] {spec} ...")
             start = time.perf_counter()
@@ -398,3 +446,8 @@ def summary_markdown(rows: Iterable[dict[str, Any]], setup: AblationSetup) -> st
         else "Recommended: none - every setting ran out of memory or failed.",
     ]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        _worker()

@@ -22,6 +22,7 @@ memory instead: layer-level `cpu_offloading` and module-level `offload_modules`.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -290,17 +291,21 @@ def offload_saved_tensors(ledger: OffloadLedger, unit: str) -> Iterator[None]:
     counted. Weights are never offloaded.
     """
 
-    moved: dict[tuple, _OnHost] = {}  # a tensor saved twice (same view) moves once
+    # A tensor saved twice (same view of the same storage) moves once. The storage is held by
+    # a weak reference: once freed, its address may come back for a new tensor, which must not
+    # be mistaken for the old one.
+    moved: dict[tuple, tuple[weakref.ref, _OnHost]] = {}
 
     def pack(t: Tensor) -> Any:
         if _is_weight(t):
             return t
-        key = (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), t.stride())
-        if key in moved:
-            return moved[key]
-        moved[key] = _move_to_host(t)
+        storage = t.untyped_storage()
+        key = (storage._cdata, t.storage_offset(), tuple(t.shape), t.stride())
+        if key in moved and moved[key][0]() is storage:
+            return moved[key][1]
+        moved[key] = (weakref.ref(storage), _move_to_host(t))
         ledger.add(unit, t.numel() * t.element_size())
-        return moved[key]
+        return moved[key][1]
 
     def _move_to_host(t: Tensor) -> _OnHost:
         if not t.is_cuda:
