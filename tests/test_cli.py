@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -151,69 +152,146 @@ def test_verify_offload_conflict_is_one_line():
 
 # ---- estimate / measure / plan ----------------------------------------------------------------
 
-ESTIMATE_FIELDS = {"recompute", "per_layer_activation_bytes", "activation_bytes",
-                   "peak_activation_bytes", "modules", "weights_bytes", "grads_bytes",
-                   "optimizer_bytes", "total_bytes", "recompute_flops_fraction"}
+ESTIMATE_FIELDS = {
+    "recompute",
+    "per_layer_activation_bytes",
+    "activation_bytes",
+    "peak_activation_bytes",
+    "modules",
+    "weights_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "total_bytes",
+    "recompute_flops_fraction",
+}
 
 
 def test_estimate_json():
-    doc = json.loads(run("estimate", "--model", "llama3-70b", "--seq-length", "4096", "--tp", "8",
-                         "--pp", "4", "--sp", "--recompute", "none", "selective:mlp",
-                         "full:uniform:1", "--json", check_rc=0).stdout)
+    doc = json.loads(
+        run(
+            "estimate",
+            "--model",
+            "llama3-70b",
+            "--seq-length",
+            "4096",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--sp",
+            "--recompute",
+            "none",
+            "selective:mlp",
+            "full:uniform:1",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
     rows = doc["estimates"]
     assert [r["recompute"] for r in rows] == ["none", "selective:mlp", "full:uniform:1"]
     for r in rows:
         assert set(r) >= ESTIMATE_FIELDS
         assert isinstance(r["activation_bytes"], int) and isinstance(r["total_bytes"], int)
         assert r["total_bytes"] == pytest.approx(
-            r["weights_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
-            + r["peak_activation_bytes"], abs=2)
+            r["weights_bytes"]
+            + r["grads_bytes"]
+            + r["optimizer_bytes"]
+            + r["peak_activation_bytes"],
+            abs=2,
+        )
     assert rows[0]["activation_bytes"] > rows[1]["activation_bytes"] > rows[2]["activation_bytes"]
     assert rows[0]["recompute_flops_fraction"] == 0 < rows[1]["recompute_flops_fraction"]
 
 
 def test_measure_json_real_and_fake():
-    doc = json.loads(run("measure", "--model", "tiny-moe", "--recompute", "none",
-                         "selective:moe", "--json", check_rc=0).stdout)
+    doc = json.loads(
+        run(
+            "measure",
+            "--model",
+            "tiny-moe",
+            "--recompute",
+            "none",
+            "selective:moe",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
     real = doc["measurements"]
     assert [m["device"] for m in real] == ["cpu", "cpu"]
     assert real[1]["peak_activation_bytes"] < real[0]["peak_activation_bytes"]
     assert "moe_act" in real[0]["modules"] and real[1]["modules"]["moe_act"] == 0
-    doc = json.loads(run("measure", "--model", "llama3-70b", "--fake", "--recompute",
-                         "full:uniform:1", "--json", check_rc=0).stdout)
+    doc = json.loads(
+        run(
+            "measure",
+            "--model",
+            "llama3-70b",
+            "--fake",
+            "--recompute",
+            "full:uniform:1",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
     [fake] = doc["measurements"]
     assert fake["device"] == "meta" and fake["per_layer_activation_bytes"] > 0
-    assert set(fake) >= {"recompute", "per_layer_activation_bytes", "modules",
-                         "peak_activation_bytes"}
+    assert set(fake) >= {
+        "recompute",
+        "per_layer_activation_bytes",
+        "modules",
+        "peak_activation_bytes",
+    }
 
 
 def test_plan_json_and_render():
-    doc = json.loads(run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "64",
-                         "--format", "megatron-lm", "--json", check_rc=0).stdout)
+    doc = json.loads(
+        run(
+            "plan",
+            "--model",
+            "llama3-70b",
+            "--gpu-memory-gb",
+            "64",
+            "--format",
+            "megatron-lm",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
     assert doc["best"]["fits"] is True
     assert doc["best"]["total_bytes"] <= doc["usable_bytes"]
     fitting = [c for c in doc["candidates"] if c["fits"]]
     assert doc["best"] == fitting[0]
     no_offload = [c for c in fitting if not c["offload"]]
     assert doc["best"]["recompute_flops_fraction"] == min(
-        c["recompute_flops_fraction"] for c in no_offload)
+        c["recompute_flops_fraction"] for c in no_offload
+    )
     assert doc["rendered"].splitlines()[1].startswith("--recompute-granularity")
     assert doc["best"]["recompute"] in doc["explanation"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["estimate", "--model", "llama3-70b", "--tp", "3"],
-     "num_attention_heads (64) is not divisible by tensor parallel size 3"),
-    (["estimate", "--model", "llama3-70b", "--pp", "3"],
-     "num_layers (80) is not divisible by pipeline parallel size 3"),
-    (["estimate", "--model", "mixtral-8x7b", "--ep", "3"],
-     "num_moe_experts (8) is not divisible by expert parallel size 3"),
-    (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "10"], "nothing fits in 10 GiB"),
-    (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "-1"], "must be positive"),
-    (["plan", "--model", "tiny-gpt", "--gpu-memory-gb", "8", "--format", "toml"],
-     "unknown format 'toml'"),
-    (["measure", "--model", "llama3-70b"], "measure it with --fake"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["estimate", "--model", "llama3-70b", "--tp", "3"],
+            "num_attention_heads (64) is not divisible by tensor parallel size 3",
+        ),
+        (
+            ["estimate", "--model", "llama3-70b", "--pp", "3"],
+            "num_layers (80) is not divisible by pipeline parallel size 3",
+        ),
+        (
+            ["estimate", "--model", "mixtral-8x7b", "--ep", "3"],
+            "num_moe_experts (8) is not divisible by expert parallel size 3",
+        ),
+        (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "10"], "nothing fits in 10 GiB"),
+        (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "-1"], "must be positive"),
+        (
+            ["plan", "--model", "tiny-gpt", "--gpu-memory-gb", "8", "--format", "toml"],
+            "unknown format 'toml'",
+        ),
+        (["measure", "--model", "llama3-70b"], "measure it with --fake"),
+    ],
+)
 def test_memory_commands_bad_input_one_line(args, message):
     proc = run(*args, check_rc=1)
     assert message in proc.stderr, proc.stderr
@@ -223,3 +301,101 @@ def test_memory_commands_bad_input_one_line(args, message):
 def test_plan_says_by_how_much_nothing_fits():
     proc = run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "10", check_rc=1)
     assert "GiB too much" in proc.stderr and "smallest candidate" in proc.stderr
+
+
+# ---- doctor / rules -----------------------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+DOCTOR_FINDING_FIELDS = {
+    "rule",
+    "category",
+    "title",
+    "symptom",
+    "cause",
+    "confirm",
+    "fix",
+    "config_patch",
+    "confidence",
+    "references",
+}
+
+
+def test_doctor_json_contract_on_a_real_oom_and_config(tmp_path):
+    # the OOM message of pytorch/pytorch#16417 (comment), verbatim in tests/data/rules/
+    log = DATA / "rules" / "oom-pt-16417-comment.txt"
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
+        "  num_query_groups: 8\n  ffn_hidden_size: 14336\n  seq_length: 8192\n"
+        "  swiglu: true\n  padded_vocab_size: 128256\n"
+        "  tensor_model_parallel_size: 4\n  sequence_parallel: true\n"
+        "  recompute_granularity: selective\n"
+    )
+    doc = json.loads(
+        run("doctor", "--log", str(log), "--config", str(config), "--json", check_rc=0).stdout
+    )
+    [oom] = doc["evidence"]["oom"]
+    assert oom["requested_bytes"] == round(22.00 * 2**20)
+    assert oom["allocated_bytes"] == round(22.90 * 2**30)
+    for key in (
+        "requested_bytes",
+        "total_bytes",
+        "free_bytes",
+        "allocated_bytes",
+        "reserved_unallocated_bytes",
+        "process_bytes",
+        "other_processes_bytes",
+    ):
+        assert key in oom
+    for key in ("iterations", "memory", "errors", "config", "experiments"):
+        assert key in doc["evidence"]
+    assert doc["evidence"]["config"]["num_layers"] == 32
+    assert doc["findings"] and all(set(f) >= DOCTOR_FINDING_FIELDS for f in doc["findings"])
+    confidences = [f["confidence"] for f in doc["findings"]]
+    assert confidences == sorted(confidences, reverse=True)
+
+
+def test_doctor_reads_stdin_and_says_when_nothing_is_known():
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", "doctor", "--log", "-", "--json"],
+        input="all good, step 10 done\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    doc = json.loads(proc.stdout)
+    assert doc["findings"] == [] and doc["summary"].startswith("No known pattern")
+
+
+def test_doctor_refuses_a_malicious_snapshot(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bad = tmp_path / "snap.pickle"
+    bad.write_bytes(pickle.dumps(Evil()))
+    proc = run("doctor", "--snapshot", str(bad), check_rc=1)
+    assert "refusing to load snapshot" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+def test_doctor_needs_input_and_reports_missing_files():
+    assert "give the doctor something to read" in run("doctor", check_rc=1).stderr
+    proc = run("doctor", "--log", "/nonexistent.log", check_rc=1)
+    assert "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rules_markdown_is_the_catalog():
+    from recompute_kit.doctor.rules import RULES
+
+    out = run("rules", "--markdown", check_rc=0).stdout
+    assert out.startswith("<!-- generated by `recompute-kit rules --markdown`")
+    for r in RULES:
+        assert f"| {r.id} | {r.category} |" in out
+    doc = json.loads(run("rules", "--json", check_rc=0).stdout)
+    assert len(doc["rules"]) == len(RULES) >= 30

@@ -504,6 +504,15 @@ _EXC_SEARCH_RE = re.compile(
     rf"(?:^|(?<=[\s:(]))({_DOTTED}(?:Error|Exception|Interrupt|Failure|Exit)):\s?(.*)$"
 )
 _EXC_LINE_RE = re.compile(rf"^({_DOTTED})(?::\s?(.*))?$")
+# Warnings libraries print without a "XWarning:" prefix (logger.warning_once in transformers,
+# print() in PEFT recipes), recognised by their wording.
+_BARE_WARNINGS = (
+    "is incompatible with gradient checkpointing",
+    "None of the inputs have requires_grad",
+    "pass in use_reentrant",
+    "use_reentrant parameter should be passed explicitly",
+    "does not support gradient checkpointing",
+)
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
 _MEGATRON_WARN_RE = re.compile(r"^WARNING:(?:[\w.]+:)?\s?(.*)$")
 _FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.*))?$')
@@ -968,7 +977,8 @@ class _LogParser:
     def _warning(self, text: str, rank: int | None, level: str) -> bool:
         """Record a Python warning, Megatron's `WARNING:` line or a NeMo `[NeMo W ...]` line;
         False when `text` is none of these."""
-        if "Warning" not in text and "WARNING" not in text and level != "W":
+        bare = any(phrase in text for phrase in _BARE_WARNINGS)
+        if "Warning" not in text and "WARNING" not in text and level != "W" and not bare:
             return False
         stripped = text.strip()
         m = _WARN_RE.match(stripped)
@@ -982,6 +992,8 @@ class _LogParser:
                 event = ErrorEvent("WARNING", m.group(1).strip(), kind="warning", rank=rank)
             elif level == "W":
                 event = ErrorEvent("WARNING", stripped, kind="warning", rank=rank)
+            elif bare:
+                event = ErrorEvent("Warning", stripped, kind="warning", rank=rank)
             else:
                 return False
         self._add_error(event)

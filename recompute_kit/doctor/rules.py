@@ -143,7 +143,7 @@ def on_message(*fragments: str, confidence: float = 0.95):
 
     def check(ctx: Context) -> Match | None:
         for e in ctx.evidence.errors:
-            text = f"{e.type}: {e.message}"
+            text = " ".join(f"{e.type}: {e.message}".split())  # hard wraps are spaces
             if any(f in text for f in fragments):
                 quoted = text if len(text) < 220 else text[:217] + "..."
                 return Match(confidence, f'The log says: "{quoted}"')
@@ -305,7 +305,15 @@ def _non_pytorch(ctx: Context) -> Match | None:
 )
 def _too_big(ctx: Context) -> Match | None:
     oom = ctx.oom
-    if not oom or not oom.requested_bytes or not oom.total_bytes:
+    if not oom or not oom.requested_bytes:
+        return None
+    if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
+        if oom.requested_bytes >= 256 * GIB:
+            return Match(
+                0.8,
+                f"One allocation of {gib(oom.requested_bytes)} was requested; no "
+                "GPU has that much memory.",
+            )
         return None
     if oom.requested_bytes < 0.5 * oom.total_bytes:
         return None
@@ -503,8 +511,10 @@ def _model_states(ctx: Context) -> Match | None:
     share = state / ctx.gpu_bytes
     if share < 0.6:
         return None
+    # When the whole estimate fits, model states explain the memory but not the OOM.
+    explains_oom = e.total_bytes > 0.95 * ctx.gpu_bytes
     return Match(
-        0.85 if ctx.oom else 0.6,
+        (0.85 if explains_oom else 0.5) if ctx.oom else 0.45,
         f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
         f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
         f"{gib(ctx.gpu_bytes)} GPU.",
@@ -1170,7 +1180,10 @@ CKPT_RULES = [
     (
         "RK071",
         "No checkpoint input requires grad",
-        ("None of the inputs have requires_grad=True",),
+        (
+            "None of the inputs have requires_grad=True",
+            "element 0 of tensors does not require grad and does not have a grad_fn",
+        ),
         "UserWarning 'None of the inputs have requires_grad=True. Gradients will be None', then "
         "'element 0 of tensors does not require grad'",
         "A reentrant checkpoint whose inputs (e.g. frozen embeddings under PEFT/LoRA) do not "
@@ -1182,7 +1195,10 @@ CKPT_RULES = [
     (
         "RK072",
         "use_reentrant not passed",
-        ("the use_reentrant parameter should be passed explicitly",),
+        (
+            "the use_reentrant parameter should be passed explicitly",
+            "please pass in use_reentrant=True or use_reentrant=False explicitly",
+        ),
         "UserWarning asking to pass use_reentrant explicitly",
         "torch.utils.checkpoint still defaults to the reentrant variant and will start to raise",
         "Pass use_reentrant=False explicitly (Hugging Face: gradient_checkpointing_kwargs="
@@ -1237,7 +1253,13 @@ rule(
     fix="Make the region deterministic (no state changes between "
     "forward and backward; for MoE routing replay, record and replay the routing)",
     refs=(PT_CKPT, "https://github.com/pytorch/pytorch/issues/166926"),
-)(on_message("have different metadata than during the forward pass"))
+)(
+    on_message(
+        "have different metadata than during the forward pass",
+        "CheckpointError: Recomputed values for the following tensors",
+        "A different number of tensors was saved during the original forward and recomputation",
+    )
+)
 
 rule(
     "RK076",
@@ -1360,6 +1382,276 @@ def _headroom(ctx: Context) -> Match | None:
         f"FLOPs instead of {ctx.estimate.recompute_flops_fraction:.1%}.",
         config_patch=patch_for(best.recompute),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Where in the code the OOM happened, and what the experiments already show
+# --------------------------------------------------------------------------------------------
+
+
+def _oom_errors(ctx: Context):
+    return [
+        e
+        for e in ctx.evidence.errors
+        if "out of memory" in e.message.lower() or "OutOfMemory" in e.type
+    ]
+
+
+def _where(e) -> str:
+    return " ".join([*e.frames, e.details or ""]).lower()
+
+
+LOGITS_WORDS = (
+    "cross_entropy",
+    "log_softmax",
+    "logits",
+    "logprob",
+    "lm_head",
+    "output_layer",
+    "post_language_model_processing",
+    "vocab_parallel",
+)
+BUILD_WORDS = (
+    "build_module",
+    "__init__",
+    "build_model",
+    "get_model",
+    "from_pretrained",
+    "load_state_dict",
+    "model_provider",
+    "provide(",
+)
+
+
+@rule(
+    "RK016",
+    "The OOM happens in the logits / loss",
+    "logits_memory",
+    symptom="The OOM traceback runs through the output layer, logits, log-softmax or cross-entropy",
+    cause="[tokens x vocab] tensors (logits, their fp32 copy, log-probabilities, gradients) "
+    "are the largest single allocations of an LLM step",
+    confirm="The failing frames name the loss / logits; the requested size is about tokens "
+    "x vocab x 4 bytes",
+    fix="Fused or chunked cross-entropy (no full fp32 logits), vocab-parallel loss, a "
+    "smaller micro-batch or sequence; recompute of transformer layers does not help",
+    patch={"cross_entropy_loss_fusion": True},
+    supersedes=("RK004", "RK002", "RK005", "RK001"),
+)
+def _oom_in_logits(ctx: Context) -> Match | None:
+    for e in _oom_errors(ctx):
+        where = _where(e)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
+            return Match(0.9, f"The OOM is raised under '{frame}'.")
+    return None
+
+
+@rule(
+    "RK017",
+    "The OOM happens while building the model",
+    "model_state_memory",
+    symptom="CUDA OOM raised from module constructors (build_module, __init__, "
+    "from_pretrained, load_state_dict) before training starts",
+    cause="The weights alone do not fit the GPU(s) at this parallel layout; activations and "
+    "recompute are not involved yet",
+    confirm="The traceback's frames are model construction; no iteration line was printed",
+    fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU",
+    supersedes=("RK005", "RK001", "RK010"),
+)
+def _oom_at_build(ctx: Context) -> Match | None:
+    if ctx.evidence.iterations:
+        return None
+    for e in _oom_errors(ctx):
+        tail = " ".join(e.frames[-6:]).lower()
+        if any(w in tail for w in BUILD_WORDS):
+            return Match(
+                0.85,
+                f"The OOM is raised while constructing the model "
+                f"('{e.frames[-1] if e.frames else ''}').",
+            )
+    return None
+
+
+OFF_KEYS = (
+    "gradient_checkpointing",
+    "activation_checkpointing",
+    "use_gradient_checkpointing",
+    "enable_gradient_checkpointing",
+    "recompute",
+)
+
+
+@rule(
+    "RK014",
+    "OOM with activation checkpointing switched off",
+    "activation_memory",
+    symptom="CUDA OOM in training while the config turns gradient/activation checkpointing "
+    "off (gradient_checkpointing: false, activation_checkpointing: false)",
+    cause="Every layer keeps all its activations; they grow with sequence length x batch",
+    confirm="Turn checkpointing on for one run (or halve the sequence) and compare the peak",
+    fix="Enable activation checkpointing (Hugging Face: gradient_checkpointing=True with "
+    "use_reentrant=False; Megatron: recompute_granularity selective, then full)",
+    patch={"gradient_checkpointing": True},
+    supersedes=("RK005",),
+)
+def _checkpointing_off(ctx: Context) -> Match | None:
+    if not (ctx.oom or _oom_errors(ctx)):
+        return None
+    for key, value in ctx.cfg.items():
+        name = key.rsplit(".", 1)[-1]
+        if value is False and any(name == k or name.startswith(k) for k in OFF_KEYS):
+            return Match(0.75, f"The config sets {key} = false and training ran out of memory.")
+    return None
+
+
+@rule(
+    "RK015",
+    "Experiments: selective recompute OOMs, full recompute fits",
+    "activation_memory",
+    symptom="In the experiments, the selective settings run out of memory and a full "
+    "recompute setting does not",
+    cause="Activations dominate; the selective modules tried do not cover the binding tensors",
+    confirm="The experiments table: OOM rows are selective, passing rows full",
+    fix="Keep full recompute with the fewest layers that fit (full:block:N, rising N), or the "
+    "selective module that holds the memory (mlp / moe / mla_up_proj)",
+    supersedes=("RK011",),
+)
+def _selective_oom_full_ok(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    bad = [
+        r for r in rows if r.get("oom") and str(r.get("recompute") or "").startswith("selective")
+    ]
+    good = [
+        r for r in rows if not r.get("oom") and str(r.get("recompute") or "").startswith("full")
+    ]
+    if not (bad and good):
+        return None
+    return Match(
+        0.85,
+        f"'{bad[0].get('name')}' ({bad[0]['recompute']}) runs out of memory; "
+        f"'{good[0].get('name')}' ({good[0]['recompute']}) fits.",
+        config_patch=patch_for(good[0]["recompute"]),
+    )
+
+
+@rule(
+    "RK008",
+    "OOM far below the GPU's size: the allocator, not the model",
+    "fragmentation",
+    symptom="A run OOMs although its measured peak is well below the GPU's capacity",
+    cause="The caching allocator could not find a large enough free block (fragmentation), "
+    "or memory outside PyTorch grew",
+    confirm="Compare max_memory_reserved with max_memory_allocated; rerun with "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before changing recompute",
+    patch=EXPANDABLE,
+    supersedes=("RK011", "RK005"),
+)
+def _oom_below_capacity(ctx: Context) -> Match | None:
+    if not ctx.gpu_bytes:
+        return None
+    rows = [r for r in ctx.evidence.experiments if r.get("oom") and r.get("peak_memory_bytes")]
+    for r in rows:
+        share = r["peak_memory_bytes"] / ctx.gpu_bytes
+        if share < 0.8:
+            return Match(
+                0.75,
+                f"'{r.get('name')}' ran out of memory at a measured peak of "
+                f"{gib(r['peak_memory_bytes'])}, {share:.0%} of the "
+                f"{gib(ctx.gpu_bytes)} GPU.",
+            )
+    return None
+
+
+LIBRARY_OOM = (
+    "NCCL WARN Cuda failure 2 'out of memory'",
+    "Triton Error [CUDA]: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "cudaErrorMemoryAllocation",
+)
+
+
+@rule(
+    "RK009",
+    "A library outside PyTorch could not allocate",
+    "fragmentation",
+    symptom="NCCL, Triton, cuBLAS or cuDNN reports 'out of memory' (not PyTorch's allocator)",
+    cause="PyTorch's caching allocator holds the free memory in its cache, so the library's "
+    "own cudaMalloc fails",
+    confirm="torch.cuda.memory_reserved() is close to the GPU size while allocated is lower",
+    fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, torch.cuda.empty_cache() before "
+    "the library call, or cap PyTorch (set_per_process_memory_fraction)",
+    patch=EXPANDABLE,
+)
+def _library_oom(ctx: Context) -> Match | None:
+    text = ctx.text
+    hit = next((w for w in LIBRARY_OOM if w.lower() in text.lower()), None)
+    if hit is None:
+        for o in ctx.evidence.oom:
+            library = next(
+                (
+                    n
+                    for n in ("nccl", "triton", "cublas", "cudnn")
+                    if n in (o.generation or "").lower()
+                ),
+                None,
+            )
+            if library or (o.backend and o.backend not in ("cuda", "hip")):
+                hit = f"{library or o.backend} out of memory"
+                break
+    if hit is None:
+        return None
+    return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
+
+
+@rule(
+    "RK083",
+    "ZeRO-3 released the parameters the recompute needs",
+    "framework_bug",
+    symptom="CheckpointError: recomputed metadata shows shape torch.Size([0]) where the "
+    "forward saw real shapes (DeepSpeed ZeRO-3)",
+    cause="ZeRO-3 partitions parameters after use; the recompute runs with released "
+    "(empty) parameters",
+    confirm="The recomputed metadata in the CheckpointError has torch.Size([0])",
+    fix="Use DeepSpeed's checkpointing (deepspeed.checkpointing) or use_reentrant=True with "
+    "ZeRO-3, or upgrade DeepSpeed",
+    supersedes=("RK075",),
+)
+def _zero3_released(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        text = " ".join(f"{e.message} {e.details or ''}".split())
+        if "recomputed metadata" in text and "torch.Size([0])" in text:
+            return Match(0.9, "The recomputed tensors have shape torch.Size([0]).")
+    return None
+
+
+@rule(
+    "RK084",
+    "Pipeline + CPU offloading error with offloading off",
+    "framework_bug",
+    symptom="'Currently there is no support for Pipeline parallelism with CPU offloading' "
+    "although cpu_offloading_num_layers is 0",
+    cause="A framework layer (Megatron-Bridge) set cpu_offloading from a default even though "
+    "no layer is offloaded",
+    confirm="The config has cpu_offloading_num_layers: 0",
+    fix="Set cpu_offloading: false explicitly (or upgrade Megatron-Bridge)",
+    patch={"cpu_offloading": False},
+    supersedes=("RK059",),
+)
+def _offload_zero_layers(ctx: Context) -> Match | None:
+    if not ctx.says("no support for Pipeline parallelism with CPU offloading"):
+        return None
+    layers = ctx.cfg.get("cpu_offloading_num_layers", ctx.cfg.get("activation_offload_layers"))
+    if layers == 0:
+        return Match(
+            0.9, "Megatron rejects CPU offloading with PP although cpu_offloading_num_layers is 0."
+        )
+    return None
+
+
+RULES.sort(key=lambda r: r.id)  # the catalog reads in id order, whatever the file's order
 
 
 # --------------------------------------------------------------------------------------------
