@@ -31,7 +31,8 @@ def test_rows_have_the_table_and_the_estimate(tmp_path):
         assert r["peak_memory_bytes"] > r["peak_activation_bytes"] > 0
         # the estimate sits beside the measurement, and agrees
         assert r["estimated_peak_activation_bytes"] == pytest.approx(
-            r["peak_activation_bytes"], rel=0.05)
+            r["peak_activation_bytes"], rel=0.05
+        )
     assert rows[0]["vs_golden"] == 0.0 and rows[0]["result"] in ("OK",)
     assert sum(r["recommended"] for r in rows) == 1
     assert rows[-1]["peak_activation_bytes"] < rows[0]["peak_activation_bytes"]
@@ -45,8 +46,9 @@ def test_budget_marks_configs_oom_on_cpu_and_the_sweep_goes_on(tmp_path):
     free = run_ablation(setup(specs=["none", "full:uniform:1"]), tmp_path / "a")
     peaks = {r["recompute"]: r["peak_memory_bytes"] for r in free}
     budget = (peaks["none"] + peaks["full:uniform:1"]) / 2 / 2**30  # between the two
-    rows = run_ablation(setup(specs=["none", "full:uniform:1"], memory_budget_gb=budget),
-                        tmp_path / "b")
+    rows = run_ablation(
+        setup(specs=["none", "full:uniform:1"], memory_budget_gb=budget), tmp_path / "b"
+    )
     by = {r["recompute"]: r for r in rows}
     assert by["none"]["status"] == "oom" and by["none"]["oom_simulated"] is True
     assert by["none"]["result"] == "OOM"
@@ -80,11 +82,34 @@ def test_bad_parameters_are_one_clear_error(tmp_path):
 
 def test_killed_sweep_resumes_with_every_config_once(tmp_path):
     out = tmp_path / "sweep"
-    specs = ["none", "selective", "selective:mlp", "selective:layernorm", "full:uniform:1",
-             "full:uniform:2", "full:block:1", "full:block:2"]
-    cmd = [sys.executable, "-m", "recompute_kit.cli", "ablate", "--model", "tiny-gpt",
-           "--device", "cpu", "--steps", "20", "--warmup", "1", "--out", str(out),
-           "--recompute", *specs]
+    specs = [
+        "none",
+        "selective",
+        "selective:mlp",
+        "selective:layernorm",
+        "full:uniform:1",
+        "full:uniform:2",
+        "full:block:1",
+        "full:block:2",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recompute_kit.cli",
+        "ablate",
+        "--model",
+        "tiny-gpt",
+        "--device",
+        "cpu",
+        "--steps",
+        "20",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+        "--recompute",
+        *specs,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = out / "results.jsonl"
     deadline = time.time() + 120
@@ -98,8 +123,7 @@ def test_killed_sweep_resumes_with_every_config_once(tmp_path):
     finished = before[: before.rfind(b"\n") + 1].splitlines()
     assert 2 <= len(finished) < len(specs)
 
-    done = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     after = results.read_bytes().splitlines()
     assert after[: len(finished)] == finished  # rows already written are byte-identical
@@ -119,14 +143,36 @@ def test_external_command_with_torchrun_two_processes(tmp_path):
     """--command-template runs real training per config (torchrun, 2 CPU ranks, gloo) and the
     doctor's parsers turn its Megatron-format log into rows."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    template = (f"{torchrun} --nproc-per-node 2 --master-port 29533 -m recompute_kit.train "
-                "--model tiny-gpt --train-iters 4 {megatron_lm}")
+    template = (
+        f"{torchrun} --nproc-per-node 2 --master-port 29533 -m recompute_kit.train "
+        "--model tiny-gpt --train-iters 4 {megatron_lm}"
+    )
     out = tmp_path / "ext"
     proc = subprocess.run(
-        [sys.executable, "-m", "recompute_kit.cli", "ablate", "--model", "tiny-gpt", "--out",
-         str(out), "--warmup", "1", "--command-template", template, "--timeout", "240",
-         "--recompute", "none", "full:uniform:1", "--json"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "recompute_kit.cli",
+            "ablate",
+            "--model",
+            "tiny-gpt",
+            "--out",
+            str(out),
+            "--warmup",
+            "1",
+            "--command-template",
+            template,
+            "--timeout",
+            "240",
+            "--recompute",
+            "none",
+            "full:uniform:1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
     assert [r["recompute"] for r in rows] == ["none", "full:uniform:1"]

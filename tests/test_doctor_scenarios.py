@@ -23,26 +23,10 @@ import yaml
 
 from recompute_kit.doctor.engine import diagnose
 from recompute_kit.doctor.evidence import collect
+from recompute_kit.doctor.rules import CATEGORIES
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 
-CATEGORIES = (
-    "fragmentation",
-    "other_processes",
-    "non_pytorch_memory",
-    "allocation_exceeds_device",
-    "genuine_pressure",
-    "activation_memory",
-    "model_state_memory",
-    "logits_memory",
-    "recompute_no_effect",
-    "recompute_overhead",
-    "invalid_config",
-    "checkpoint_api_misuse",
-    "nondeterministic_recompute",
-    "framework_bug",
-    "informational",
-)
 REQUIRED = ("id", "source", "why", "expected_category", "log")
 OPTIONAL = ("gpu_memory_gb", "config", "config_name", "experiments")
 

@@ -49,11 +49,21 @@ def test_estimate_matches_each_layer_of_a_mixed_model():
 
 
 FAKE_SPECS = {
-    "llama3-70b": ["none", "selective", "selective:mlp,layernorm", "full:uniform:1",
-                   "full:uniform:2", "full:block:4"],
+    "llama3-70b": [
+        "none",
+        "selective",
+        "selective:mlp,layernorm",
+        "full:uniform:1",
+        "full:uniform:2",
+        "full:block:4",
+    ],
     "mixtral-8x7b": ["none", "selective:moe_act,layernorm", "selective:moe", "full:uniform:1"],
-    "deepseek-v3": ["none", "selective:mla_up_proj,moe_act,layernorm", "selective:moe",
-                    "full:uniform:1"],
+    "deepseek-v3": [
+        "none",
+        "selective:mla_up_proj,moe_act,layernorm",
+        "selective:moe",
+        "full:uniform:1",
+    ],
 }
 FAKE_GRID = [(n, s) for n, specs in FAKE_SPECS.items() for s in specs]
 
@@ -61,10 +71,17 @@ FAKE_GRID = [(n, s) for n, specs in FAKE_SPECS.items() for s in specs]
 @pytest.mark.parametrize("name,spec", FAKE_GRID, ids=[f"{n}-{s}" for n, s in FAKE_GRID])
 def test_estimate_matches_shape_only_measurement_of_full_size_models(name, spec):
     # One rank holding the whole model: the fake run has no parallelism.
-    cfg = get_preset(name).config().replace(
-        tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-        expert_model_parallel_size=1, sequence_parallel=False,
-    ).with_recompute(spec)
+    cfg = (
+        get_preset(name)
+        .config()
+        .replace(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
+            sequence_parallel=False,
+        )
+        .with_recompute(spec)
+    )
     measured = measure_fake(cfg)
     est = estimate(cfg)
     assert measured.device == "meta" and measured.scaled_from_layers <= 2
@@ -88,7 +105,11 @@ def per_layer(t: int, sp: bool, spec: str) -> float:
 
 def test_paper_setup_is_the_paper():
     assert (M.hidden_size, M.num_attention_heads, M.num_layers, M.seq_length) == (
-        12288, 96, 96, 2048)
+        12288,
+        96,
+        96,
+        2048,
+    )
     assert M.attention_backend == "unfused" and M.bf16 and M.hidden_dropout > 0
     assert 5 * a * s / h == 80  # the paper: "for GPT-3 175B, 5as/h = 80"
 
@@ -110,9 +131,9 @@ def test_table2_tensor_and_sequence_parallel(t):
 @pytest.mark.parametrize("t", [1, 8])
 def test_table2_selective_recompute(t):
     assert per_layer(t, False, "selective") == pytest.approx(
-        sbh * (10 + 24 / t) + LN_STATS, rel=1e-12)
-    assert per_layer(t, True, "selective") == pytest.approx(
-        sbh * 34 / t + LN_STATS / t, rel=1e-12)
+        sbh * (10 + 24 / t) + LN_STATS, rel=1e-12
+    )
+    assert per_layer(t, True, "selective") == pytest.approx(sbh * 34 / t + LN_STATS / t, rel=1e-12)
 
 
 def test_table2_full_recompute():
@@ -134,9 +155,13 @@ def test_pipeline_first_stage_holds_all_layers_worth():
     layers = M.num_layers
     assert pp.per_layer_activation_bytes == pytest.approx(one.per_layer_activation_bytes)
     assert pp.activation_bytes == pytest.approx(
-        pp.per_layer_activation_bytes * layers + estimate_embedding(base) * 8, rel=1e-9)
-    vpp = estimate(base.replace(pipeline_model_parallel_size=8,
-                                virtual_pipeline_model_parallel_size=3).with_recompute("selective"))
+        pp.per_layer_activation_bytes * layers + estimate_embedding(base) * 8, rel=1e-9
+    )
+    vpp = estimate(
+        base.replace(
+            pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=3
+        ).with_recompute("selective")
+    )
     assert vpp.activation_bytes == pytest.approx(pp.activation_bytes * (1 + 7 / 24), rel=1e-9)
 
 
@@ -150,8 +175,11 @@ def estimate_embedding(cfg) -> float:
 
 
 def test_model_state_bytes_follow_megatron_mixed_precision():
-    cfg = get_preset("llama3-70b").config().replace(
-        tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    cfg = (
+        get_preset("llama3-70b")
+        .config()
+        .replace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    )
     est = estimate(cfg)
     params = est.weights_bytes / 2
     assert 70.0e9 < params < 71.5e9  # Llama-3 70B (+ our learned positions: 8192 x 8192)
@@ -172,4 +200,5 @@ def test_parameter_count_matches_the_built_model():
         with torch.device("meta"):
             model = GPTModel(cfg)
         assert sum(parameter_counts(cfg.model).values()) == sum(
-            p.numel() for p in model.parameters()), name
+            p.numel() for p in model.parameters()
+        ), name

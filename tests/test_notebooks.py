@@ -12,8 +12,14 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 def run(name: str, tmp_path: Path, **params):
     out = tmp_path / name
-    return papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=params,
-                                      progress_bar=False, log_output=False, cwd=str(tmp_path))
+    return papermill.execute_notebook(
+        str(NOTEBOOKS / name),
+        str(out),
+        parameters=params,
+        progress_bar=False,
+        log_output=False,
+        cwd=str(tmp_path),
+    )
 
 
 def test_oom_notebook_writes_a_report(tmp_path):
@@ -32,8 +38,15 @@ def test_oom_notebook_writes_a_report(tmp_path):
 
 def test_ablation_notebook_writes_a_report(tmp_path):
     out_dir = tmp_path / "abl"
-    run("recompute_ablation.ipynb", tmp_path, model="tiny-moe", out_dir=str(out_dir), steps=1,
-        recompute_specs="none,selective:moe,full:uniform:1", memory_budget_gb=None)
+    run(
+        "recompute_ablation.ipynb",
+        tmp_path,
+        model="tiny-moe",
+        out_dir=str(out_dir),
+        steps=1,
+        recompute_specs="none,selective:moe,full:uniform:1",
+        memory_budget_gb=None,
+    )
     report = json.loads((out_dir / "report.json").read_text())
     assert [r["recompute"] for r in report["rows"]] == ["none", "selective:moe", "full:uniform:1"]
     assert report["recommended"] in {"none", "selective:moe", "full:uniform:1"}
@@ -42,15 +55,24 @@ def test_ablation_notebook_writes_a_report(tmp_path):
         assert (out_dir / png).stat().st_size > 1000
 
 
-@pytest.mark.parametrize("name,params,message", [
-    ("oom_diagnosis.ipynb", {"model": "llama9"}, "unknown preset 'llama9'"),
-    ("oom_diagnosis.ipynb", {"recompute": "selective:attention"},
-     "unknown recompute module 'attention'"),
-    ("oom_diagnosis.ipynb", {"gpu_memory_gb": -4}, "gpu_memory_gb must be positive"),
-    ("recompute_ablation.ipynb", {"recompute_specs": "full:uniform"},
-     "malformed full recompute spec"),
-    ("recompute_ablation.ipynb", {"model": "nope"}, "unknown preset 'nope'"),
-])
+@pytest.mark.parametrize(
+    "name,params,message",
+    [
+        ("oom_diagnosis.ipynb", {"model": "llama9"}, "unknown preset 'llama9'"),
+        (
+            "oom_diagnosis.ipynb",
+            {"recompute": "selective:attention"},
+            "unknown recompute module 'attention'",
+        ),
+        ("oom_diagnosis.ipynb", {"gpu_memory_gb": -4}, "gpu_memory_gb must be positive"),
+        (
+            "recompute_ablation.ipynb",
+            {"recompute_specs": "full:uniform"},
+            "malformed full recompute spec",
+        ),
+        ("recompute_ablation.ipynb", {"model": "nope"}, "unknown preset 'nope'"),
+    ],
+)
 def test_bad_parameters_fail_in_the_first_cells(tmp_path, name, params, message):
     with pytest.raises(papermill.PapermillExecutionError) as exc:
         run(name, tmp_path, out_dir=str(tmp_path / "out"), **params)

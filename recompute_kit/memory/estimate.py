@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..checkpoint import RecomputePolicy
 from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig, format_spec
 from .flops import recompute_flops_fraction
 
@@ -251,34 +252,9 @@ def edge_bytes(m: ModelConfig, p: ParallelConfig, dtype_bytes: int, training: bo
     }
 
 
-def _stage_layers(m: ModelConfig, p: ParallelConfig) -> list[int]:
-    per_stage = m.num_layers // p.pipeline_model_parallel_size
-    return list(range(per_stage))
-
-
 def _chunks(rc: RecomputeConfig, n_layers: int) -> list[tuple[int, int, bool]]:
-    if rc.recompute_granularity != "full":
-        return [(0, n_layers, False)]
-    n = rc.recompute_num_layers or 1
-    if rc.recompute_method == "uniform":
-        return [(i, min(i + n, n_layers), True) for i in range(0, n_layers, n)]
-    chunks = [(i, i + 1, True) for i in range(min(n, n_layers))]
-    return chunks + ([(n, n_layers, False)] if n < n_layers else [])
-
-
-def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int) -> float:
-    if rc.cpu_offloading and layer < rc.cpu_offloading_num_layers:
-        return sum(roles.values())
-    if not rc.fine_grained_activation_offloading:
-        return 0.0
-    total = 0.0
-    for unit in rc.offload_modules:
-        if unit == "expert_fc1":  # the dispatched token copies, fc1's input
-            total += roles.get("experts_input", 0.0)
-        elif unit in OFFLOAD_ROLES:
-            role, share = OFFLOAD_ROLES[unit]
-            total += share * roles.get(role, 0.0)
-    return total
+    """Full recompute's chunks, exactly as the layers apply them."""
+    return RecomputePolicy(rc).full_recompute_chunks(n_layers, training=True)
 
 
 def check_divisible(config: Config) -> None:

@@ -437,6 +437,6 @@ def measure_fake(config: Config, dtype: str | None = None) -> Measurement:
 
 
 def _chunk_list(rc, n_layers: int) -> list[tuple[int, int, bool]]:
-    from ..checkpoint import RecomputePolicy
+    from .estimate import _chunks
 
-    return RecomputePolicy(rc).full_recompute_chunks(n_layers, training=True)
+    return _chunks(rc, n_layers)
