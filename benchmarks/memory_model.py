@@ -36,20 +36,29 @@ def main() -> None:
     for name, preset in PRESETS.items():
         cfg = preset.config()
         specs = all_specs(cfg)
-        per_candidate = timed(lambda cfg=cfg, specs=specs: [
-            estimate(cfg.with_recompute(s)) for s in specs]) / len(specs)
+        per_candidate = timed(
+            lambda cfg=cfg, specs=specs: [estimate(cfg.with_recompute(s)) for s in specs]
+        ) / len(specs)
         plan_time = timed(lambda cfg=cfg: plan(cfg, 1e6))  # a budget everything fits
-        fake_cfg = cfg.replace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                               expert_model_parallel_size=1, sequence_parallel=False)
+        fake_cfg = cfg.replace(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
+            sequence_parallel=False,
+        )
         fake_time = timed(lambda c=fake_cfg: measure_fake(c.with_recompute("none")))
         rows.append((name, len(candidates(cfg)), per_candidate * 1e3, plan_time, fake_time))
-    header = ("| preset | candidates | estimate per candidate (ms) | plan, all candidates (s) "
-              "| fake measure, one layer per kind (s) |\n|---|---|---|---|---|")
+    header = (
+        "| preset | candidates | estimate per candidate (ms) | plan, all candidates (s) "
+        "| fake measure, one layer per kind (s) |\n|---|---|---|---|---|"
+    )
     lines = [header] + [f"| {n} | {c} | {e:.2f} | {p:.3f} | {f:.2f} |" for n, c, e, p, f in rows]
     table = "\n".join(lines)
     print(table)
-    print(f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}")
+    print(
+        f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(table + "\n")
