@@ -598,10 +598,16 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> tuple[
     warnings: list[str] = []
     flat = dict(data)
     if isinstance(flat.get("model"), dict):
-        nested = flat.pop("model")
-        for key in flat:
-            warnings.append(f"ignored top-level key {key!r}: only the 'model' section is read")
-        flat = dict(nested)
+        # Megatron-Bridge keeps a few of our keys in other sections (train.micro_batch_size,
+        # ddp.use_distributed_optimizer, dataset.seq_length): take those, report the rest.
+        sections, flat = flat, dict(flat.pop("model"))
+        for name, section in sections.items():
+            if not isinstance(section, dict):
+                warnings.append(f"ignored top-level key {name!r}")
+                continue
+            for key, value in section.items():
+                if key in _SECTION_OF_KEY and key not in flat:
+                    flat[key] = value
     cfg = base or Config()
     known = {key: value for key, value in flat.items() if key in _SECTION_OF_KEY}
     for key in flat:

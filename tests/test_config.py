@@ -390,8 +390,12 @@ def test_unknown_keys_are_reported_by_name():
     _, warnings = config_from_dict({"num_layer": 3, "model_name": "x"})
     assert warnings[0] == "unknown config key 'num_layer' (did you mean 'num_layers'?) (ignored)"
     assert "unknown config key 'model_name'" in warnings[1]
-    _, warnings = config_from_dict({"model": {"num_layers": 2}, "optimizer": {"lr": 1}})
-    assert warnings == ["ignored top-level key 'optimizer': only the 'model' section is read"]
+    # Megatron-Bridge style: the model section, plus our keys found in other sections
+    cfg, warnings = config_from_dict({"model": {"num_layers": 2, "typo_key": 1},
+                                      "train": {"micro_batch_size": 4, "lr": 1},
+                                      "ddp": {"use_distributed_optimizer": True}, "seed": 3})
+    assert cfg.model.micro_batch_size == 4 and cfg.parallel.use_distributed_optimizer
+    assert warnings == ["ignored top-level key 'seed'", "unknown config key 'typo_key' (ignored)"]
 
 
 def test_bad_files_give_one_line(tmp_path):

@@ -65,7 +65,13 @@ class Context:
 
     @property
     def is_moe(self) -> bool:
-        return bool(self.cfg.get("num_moe_experts"))
+        """An MoE model: from the config, or (no config) from MoE modules in the experiments."""
+        if self.cfg.get("num_moe_experts"):
+            return True
+        moe_units = {"moe", "moe_act", "shared_experts"}
+        return any(
+            moe_units & set(r.get("recompute_modules") or []) for r in self.evidence.experiments
+        )
 
     @property
     def is_mla(self) -> bool:

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Diagnose an OOM or a recompute problem: `recompute-kit doctor --json`, condensed.
+
+Give it what you have: the training log / traceback / OOM message (--log, repeatable, '-' for
+stdin), the config (YAML/JSON, a Megatron-LM command line or Hydra overrides), an experiments
+table (the kit's results.jsonl, CSV or Markdown), torch.cuda.memory_stats() JSON, or a memory
+snapshot pickle. Prints one JSON document on stdout:
+
+  {"ok": true, "top": {...first finding...}, "findings": [{rule, category, title, confidence,
+   evidence, cause, confirm, fix, config_patch, references}], "summary": "...",
+   "assumptions": [...], "evidence": {"oom": [...], "counts": {...}, "sources": [...]}}
+
+Findings are ranked, best first; `category` says what kind of problem it is (fragmentation,
+activation_memory, model_state_memory, recompute_overhead, invalid_config, ...). --full adds the
+doctor's complete document under "doctor". Exit 0 when the doctor ran (with or without findings),
+1 when it could not (bad input, no interpreter: see "error").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from _kit import cli_error, emit, run_cli
+
+FINDING_KEYS = (
+    "rule",
+    "category",
+    "title",
+    "confidence",
+    "evidence",
+    "cause",
+    "confirm",
+    "fix",
+    "config_patch",
+    "references",
+)
+OOM_KEYS = (
+    "rank",
+    "device",
+    "requested_bytes",
+    "total_bytes",
+    "free_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "reserved_unallocated_bytes",
+    "process_bytes",
+    "other_processes_bytes",
+    "private_pool_bytes",
+    "generation",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="diagnose.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="Example: diagnose.py --log train.log --config config.yaml --gpu-memory-gb 80",
+    )
+    p.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="training log, traceback or OOM message ('-' for stdin); repeatable",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML/JSON config, Megatron-LM command line or Hydra overrides",
+    )
+    p.add_argument(
+        "--experiments",
+        metavar="FILE",
+        help="ablation results: results.jsonl, CSV or a Markdown table",
+    )
+    p.add_argument("--memory-stats", metavar="FILE", help="torch.cuda.memory_stats() as JSON")
+    p.add_argument("--snapshot", metavar="FILE", help="torch.cuda.memory._snapshot() pickle")
+    p.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        metavar="X",
+        help="GPU size in GiB when no OOM message says it",
+    )
+    p.add_argument("--full", action="store_true", help="also include the doctor's full JSON")
+    p.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
+    args = p.parse_args(argv)
+    if not (args.log or args.config or args.experiments or args.memory_stats or args.snapshot):
+        p.error("give at least one of --log, --config, --experiments, --memory-stats, --snapshot")
+    return args
+
+
+def doctor_args(args: argparse.Namespace) -> list[str]:
+    out = ["doctor", "--json"]
+    for log in args.log:
+        out += ["--log", log]
+    for flag in ("config", "experiments", "memory_stats", "snapshot"):
+        value = getattr(args, flag)
+        if value:
+            out += ["--" + flag.replace("_", "-"), value]
+    if args.gpu_memory_gb is not None:
+        out += ["--gpu-memory-gb", str(args.gpu_memory_gb)]
+    return out
+
+
+def condense(doc: dict) -> dict:
+    findings = [{k: f.get(k) for k in FINDING_KEYS if k in f} for f in doc.get("findings", [])]
+    ev = doc.get("evidence", {})
+    evidence = {
+        "oom": [{k: o.get(k) for k in OOM_KEYS} for o in ev.get("oom", [])][:8],
+        "counts": {
+            k: len(ev.get(k) or [])
+            for k in ("oom", "iterations", "memory", "errors", "experiments", "notes")
+        },
+        "config_keys": len(ev.get("config") or {}),
+        "sources": ev.get("sources", []),
+        "notes": (ev.get("notes") or [])[:10],
+    }
+    return {
+        "ok": True,
+        "top": findings[0] if findings else None,
+        "findings": findings,
+        "summary": doc.get("summary"),
+        "assumptions": doc.get("assumptions", []),
+        "evidence": evidence,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stdin = sys.stdin.read() if "-" in args.log else None
+    result = run_cli(doctor_args(args), timeout=args.timeout, input_text=stdin)
+    if result.get("rc") != 0:
+        return emit({"ok": False, "error": cli_error(result), "python": result.get("python")}, 1)
+    doc = json.loads(result["stdout"])
+    out = condense(doc)
+    out["python"] = result.get("python")
+    if args.full:
+        out["doctor"] = doc
+    return emit(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

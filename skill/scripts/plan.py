@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The cheapest recompute setting that fits a GPU: `recompute-kit plan --json`, condensed.
+
+Every option after the script's own is passed to `recompute-kit plan` unchanged: the model
+(--model PRESET or --config FILE), --gpu-memory-gb X (required), --seq-length, --micro-batch-size,
+--tp/--pp/--vpp/--cp/--ep/--dp, --sp, --distributed-optimizer, --attention unfused|sdpa,
+--dtype, --safety-margin F (default 0.1), --format megatron-bridge|megatron-lm|nemo|torchtitan.
+Prints one JSON document on stdout:
+
+  {"ok": true, "fits": true, "best": {recompute, total_gib, peak_activation_gib, weights_gib,
+   grads_gib, optimizer_gib, recompute_flops_pct, ...}, "explanation": "...",
+   "rendered": "<config to paste>", "usable_gib": ..., "fitting": [top --top rows that fit,
+   cheapest first], "not_fitting_closest": [...], "candidates": N}
+
+When nothing fits: {"ok": true, "fits": false, "error": "<by how much the smallest misses>"}
+and exit 1 (as the CLI). Bad input: {"ok": false, "error": ...}, exit 1.
+Estimates are analytic, per rank of the first pipeline stage; measure before you trust a margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from _kit import cli_error, emit, run_cli
+
+GIB = 2**30
+
+
+def gib(value: float | None) -> float | None:
+    return None if value is None else round(value / GIB, 2)
+
+
+def row(c: dict) -> dict:
+    return {
+        "recompute": c["recompute"],
+        "offload": c.get("offload"),
+        "fits": c.get("fits"),
+        "total_gib": gib(c["total_bytes"]),
+        "peak_activation_gib": gib(c["peak_activation_bytes"]),
+        "weights_gib": gib(c["weights_bytes"]),
+        "grads_gib": gib(c["grads_bytes"]),
+        "optimizer_gib": gib(c["optimizer_bytes"]),
+        "recompute_flops_pct": round(100 * c["recompute_flops_fraction"], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="plan.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="Example: plan.py --model llama3-70b --gpu-memory-gb 80 --tp 8 --pp 4 --sp "
+        "--seq-length 8192 --format megatron-lm. Other options: see `rk.py plan --help`.",
+    )
+    p.add_argument("--top", type=int, default=8, help="rows of 'fitting' to keep (default 8)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
+    args, rest = p.parse_known_args(argv)
+    if "--gpu-memory-gb" not in " ".join(rest):
+        p.error("--gpu-memory-gb X is required (GiB per GPU, 80 for an 80 GB H100)")
+    result = run_cli(["plan", *rest, "--json"], timeout=args.timeout)
+    if result.get("rc") == 1 and "nothing fits" in result.get("stderr", ""):
+        return emit({"ok": True, "fits": False, "error": cli_error(result)}, 1)
+    if result.get("rc") != 0:
+        return emit({"ok": False, "error": cli_error(result), "python": result.get("python")}, 1)
+    doc = json.loads(result["stdout"])
+    candidates = doc.get("candidates", [])
+    fitting = [row(c) for c in candidates if c.get("fits")]
+    missing = sorted(
+        (row(c) for c in candidates if not c.get("fits")), key=lambda r: r["total_gib"]
+    )
+    return emit(
+        {
+            "ok": True,
+            "fits": True,
+            "best": row(doc["best"]),
+            "explanation": doc.get("explanation"),
+            "rendered": doc.get("rendered"),
+            "budget_gib": gib(doc.get("budget_bytes")),
+            "usable_gib": gib(doc.get("usable_bytes")),
+            "fitting": fitting[: args.top],
+            "not_fitting_closest": missing[:3],
+            "candidates": len(candidates),
+        }
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
