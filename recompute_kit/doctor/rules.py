@@ -742,11 +742,20 @@ def _regressions(ctx: Context, threshold: float = -0.10):
 def _mlp_overhead(ctx: Context) -> Match | None:
     for r in _regressions(ctx, -0.15):
         if "mlp" in (r.get("recompute_modules") or []):
+            # With a model shape and a GPU size, the planner names the cheaper setting that
+            # fits; without, the smallest full block is where to start measuring.
+            spec = ctx.best.estimate.recompute if ctx.best is not None else "full:block:1"
+            why = (
+                f" The planner's cheapest fitting setting is '{spec}' "
+                f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)."
+                if ctx.best is not None
+                else ""
+            )
             return Match(
                 0.85,
                 f"Experiment '{r.get('name')}' with {r.get('recompute_modules')} "
-                f"runs {r['vs_golden']:+.1%} vs golden.",
-                config_patch=patch_for("full:block:1"),
+                f"runs {r['vs_golden']:+.1%} vs golden.{why}",
+                config_patch=patch_for(spec),
             )
     if "mlp" in ctx.modules and not ctx.is_moe and ctx.config and ctx.estimate:
         frac = ctx.estimate.recompute_flops_fraction

@@ -119,6 +119,10 @@ def cli_error(result: dict[str, Any]) -> str:
 
 def emit(document: dict[str, Any], rc: int = 0) -> int:
     """Print one JSON document on stdout; return the exit status to use."""
-    json.dump(document, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
+    try:
+        json.dump(document, sys.stdout, indent=2, sort_keys=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader (e.g. head) closed the pipe: stop quietly
+        sys.stderr.close()
     return rc
