@@ -179,11 +179,11 @@ def layer_activation_bytes(
             roles["mlp"] = norm_out + _act_internal(m.swiglu, x.tokens, m.ffn_size / t, B)
         return roles
 
-    roles.update(_moe_layer_bytes(m, rc, x, norm_out, sel, training))
+    roles.update(_moe_layer_bytes(m, x, norm_out, sel, training))
     return roles
 
 
-def _moe_layer_bytes(m: ModelConfig, rc, x: _Shape, norm_out: float, sel, training: bool) -> dict:
+def _moe_layer_bytes(m: ModelConfig, x: _Shape, norm_out: float, sel, training: bool) -> dict:
     # Tokens of this rank (sequence-sharded with SP); experts are not tensor-parallel (ETP = 1).
     B, T, k, E = x.B, x.tokens / x.sp, m.moe_router_topk, m.num_moe_experts or 1
     picks = T * k
