@@ -80,8 +80,33 @@ def test_bad_parameters_are_one_clear_error(tmp_path):
         run_ablation(setup(), blocker / "sub")
 
 
+# A stand-in for a training command: prints one Megatron iteration line and a memory report,
+# so a config's row takes milliseconds. The config named in HOLD waits until RELEASE exists: the
+# test kills the sweep while it waits, which makes the kill point an event, not a moment.
+FAKE_TRAINER = """
+import sys, time
+from pathlib import Path
+spec, work = sys.argv[1], Path(sys.argv[2])
+(work / ("started-" + spec.replace(":", "_"))).touch()
+if spec == (work / "HOLD").read_text():
+    while not (work / "RELEASE").exists():
+        time.sleep(0.02)
+print(" [2026-01-01 00:00:00] iteration        1/       1 | elapsed time per iteration (ms): 10.0"
+      " | throughput per GPU (TFLOP/s/GPU): 1.0 |", flush=True)
+print("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0"
+      " | reserved: 2.0 | max reserved: 2.0", flush=True)
+"""
+
+
+def _wait_for(condition, proc, what: str) -> None:
+    """Wait for an event the sweep causes; fail at once if the sweep exits first."""
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep exited ({proc.returncode}) before {what}")
+        time.sleep(0.02)
+
+
 def test_killed_sweep_resumes_with_every_config_once(tmp_path):
-    out = tmp_path / "sweep"
     specs = [
         "none",
         "selective",
@@ -92,43 +117,39 @@ def test_killed_sweep_resumes_with_every_config_once(tmp_path):
         "full:block:1",
         "full:block:2",
     ]
+    work, out = tmp_path / "work", tmp_path / "sweep"
+    work.mkdir()
+    trainer = work / "fake_trainer.py"
+    trainer.write_text(FAKE_TRAINER)
+    (work / "HOLD").write_text(specs[3])
     cmd = [
-        sys.executable,
-        "-m",
-        "recompute_kit.cli",
-        "ablate",
-        "--model",
-        "tiny-gpt",
-        "--device",
-        "cpu",
-        "--steps",
-        "20",
-        "--warmup",
-        "1",
-        "--out",
-        str(out),
-        "--recompute",
-        *specs,
+        *[sys.executable, "-m", "recompute_kit.cli", "ablate", "--model", "tiny-gpt"],
+        *["--out", str(out), "--warmup", "0", "--timeout", "600"],
+        *["--command-template", f"{sys.executable} {trainer} {{spec}} {work}"],
+        *["--recompute", *specs],
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its own process group, so the kill reaches the fake trainer it is waiting on too.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        _wait_for((work / "started-selective_layernorm").exists, proc, "the held config started")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     results = out / "results.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # kill it once some, not all, rows are written
-        if results.exists() and 2 <= len(results.read_text().splitlines()) < len(specs):
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
     before = results.read_bytes()
     finished = before[: before.rfind(b"\n") + 1].splitlines()
-    assert 2 <= len(finished) < len(specs)
+    assert [json.loads(r)["recompute"] for r in finished] == specs[:3]
 
-    done = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True, timeout=300)
+    (work / "RELEASE").touch()
+    done = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     after = results.read_bytes().splitlines()
     assert after[: len(finished)] == finished  # rows already written are byte-identical
     rows = [json.loads(line) for line in after]
-    assert sorted(r["recompute"] for r in rows) == sorted(specs)  # every config exactly once
+    assert [r["recompute"] for r in rows] == specs  # every config exactly once, in order
+    assert all(r["status"] == "ok" for r in rows), rows
     assert len(json.loads(done.stdout)["rows"]) == len(specs)
 
 
@@ -144,7 +165,9 @@ def test_external_command_with_torchrun_two_processes(tmp_path):
     doctor's parsers turn its Megatron-format log into rows."""
     torchrun = Path(sys.executable).with_name("torchrun")
     template = (
-        f"{torchrun} --nproc-per-node 2 --master-port 29533 -m recompute_kit.train "
+        # --standalone: torchrun picks a free rendezvous port itself (a fixed one collides
+        # under parallel runs).
+        f"{torchrun} --standalone --nproc-per-node 2 -m recompute_kit.train "
         "--model tiny-gpt --train-iters 4 {megatron_lm}"
     )
     out = tmp_path / "ext"

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -187,7 +188,22 @@ def installed(checkout, npx_ready, tmp_path_factory) -> dict[str, Path]:
         out[agent] = project / where / SKILL_NAME
         lock = json.loads((project / "skills-lock.json").read_text())
         assert SKILL_NAME in lock["skills"]
+        ARRIVED[agent] = snapshot(out[agent])
+    ARRIVED["checkout"] = snapshot(checkout)
     return out
+
+
+# What each install put on disk, taken before any test runs code from the installed copy
+# (running its scripts writes __pycache__ there unless PYTHONDONTWRITEBYTECODE is set).
+ARRIVED: dict[str, dict[str, Any]] = {}
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    return {
+        "forbidden": forbidden_in(root),
+        "size": tree_size(root),
+        "files": {p.relative_to(root) for p in root.rglob("*") if p.is_file()},
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,16 +361,15 @@ def test_installed_copy_runs_bootstrap_and_diagnose(installed):
         assert doc["evidence"]["oom"][0]["total_bytes"] > 30 * 2**30
 
 
-def test_installed_copy_is_small(installed, checkout):
-    for agent, skill in installed.items():
-        assert not forbidden_in(skill), (agent, forbidden_in(skill))
-        size = tree_size(skill)
-        assert size <= MAX_INSTALLED_BYTES, f"{agent}: {size} bytes installed"
+def test_installed_copy_is_small(installed):
+    for agent in installed:
+        arrived = ARRIVED[agent]
+        assert not arrived["forbidden"], (agent, arrived["forbidden"])
+        assert arrived["size"] <= MAX_INSTALLED_BYTES, f"{agent}: {arrived['size']} bytes installed"
         # Every file of the checkout arrives (the CLI drops only .git, __pycache__,
         # __pypackages__ and files named metadata.json).
-        ours = {p.relative_to(checkout) for p in checkout.rglob("*") if p.is_file()}
-        theirs = {p.relative_to(skill) for p in skill.rglob("*") if p.is_file()}
-        assert ours == theirs, sorted(ours ^ theirs)[:20]
+        ours = ARRIVED["checkout"]["files"]
+        assert ours == arrived["files"], sorted(ours ^ arrived["files"])[:20]
 
 
 def test_git_sources_leave_ignored_folders_behind(checkout, npx_ready, tmp_path):
