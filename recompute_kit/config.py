@@ -73,6 +73,7 @@ class ModelConfig:
     attention_dropout: float = 0.1
     normalization: str = "LayerNorm"
     swiglu: bool = False
+    add_bias_linear: bool = True  # Megatron's default: biases on every linear layer
     attention_backend: str = "unfused"
     bf16: bool = False
     fp16: bool = False

@@ -493,9 +493,10 @@ def parameter_counts(m: ModelConfig) -> dict[str, int]:
     h, a = m.hidden_size, m.num_attention_heads
     norm = 2 * h if m.normalization == "LayerNorm" else h
     width = 2 if m.swiglu else 1
+    bias = 1 if m.add_bias_linear else 0
 
     def mlp(ffn: int) -> int:
-        return h * ffn * width + ffn * width + ffn * h + h
+        return h * ffn * width + bias * ffn * width + ffn * h + bias * h
 
     if m.multi_latent_attention:
         dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
@@ -508,7 +509,7 @@ def parameter_counts(m: ModelConfig) -> dict[str, int]:
         attention += a * dv * h  # output projection
     else:
         d, g = m.head_dim, m.kv_groups
-        attention = h * (a + 2 * g) * d + (a + 2 * g) * d + a * d * h + h
+        attention = h * (a + 2 * g) * d + bias * (a + 2 * g) * d + a * d * h + bias * h
     dense_layer = 2 * norm + attention + mlp(m.ffn_size)
     experts = 0
     moe_layer = 2 * norm + attention

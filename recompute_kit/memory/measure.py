@@ -104,9 +104,10 @@ def module_role(path_in_layer: str) -> str:
 
 
 class _SavedTensorTracker:
-    def __init__(self, model: nn.Module):
-        # Parameters and buffers (e.g. rotary tables) are model state, not activations.
-        state = [*model.parameters(), *model.buffers()]
+    def __init__(self, model: nn.Module, inputs: tuple[Tensor, ...] = ()):
+        # Parameters and buffers (e.g. rotary tables) are model state, not activations; the
+        # batch's own tensors (an attention mask) are inputs.
+        state = [*model.parameters(), *model.buffers(), *inputs]
         self.state_storages = {t.untyped_storage()._cdata for t in state}
         self.module_names = [name for name, _ in model.named_modules()]
         self.stack: list[str] = []
@@ -135,7 +136,9 @@ class _SavedTensorTracker:
 
 
 @contextlib.contextmanager
-def track_saved_tensors(model: nn.Module) -> Iterator[SavedActivations]:
+def track_saved_tensors(
+    model: nn.Module, inputs: tuple[Tensor, ...] = ()
+) -> Iterator[SavedActivations]:
     """Record what the forward passes run inside the block save for backward.
 
     The yielded object is filled in when the block exits::
@@ -144,7 +147,7 @@ def track_saved_tensors(model: nn.Module) -> Iterator[SavedActivations]:
             loss = model(tokens, labels)
         print(saved.total_bytes, saved.top_level())
     """
-    tracker = _SavedTensorTracker(model)
+    tracker = _SavedTensorTracker(model, inputs)
     handles = []
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(lambda *_, n=name: tracker.push(n)))

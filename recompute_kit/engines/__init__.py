@@ -1,0 +1,1 @@
+"""Reference engines: the real training stacks the kit's numbers are checked against."""
