@@ -74,6 +74,18 @@ class ModelConfig:
     normalization: str = "LayerNorm"
     swiglu: bool = False
     add_bias_linear: bool = True  # Megatron's default: biases on every linear layer
+    # Megatron-Core's TransformerConfig defaults (Megatron-LM's command line turns both
+    # fusions on): they decide what the activation and the unfused softmax keep.
+    bias_activation_fusion: bool = False
+    masked_softmax_fusion: bool = False
+    attention_softmax_in_fp32: bool = True
+    # "transformer_engine" fuses the dense layers' norms into the next linear (TE's
+    # LayerNormLinear); "local" runs torch norms (RMSNorm keeps its normalized output too).
+    transformer_impl: str = "transformer_engine"
+    position_embedding_type: str = "learned_absolute"  # Megatron's default; "rope", "none"
+    share_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = False
+    make_vocab_size_divisible_by: int = 128  # Megatron-LM pads the vocabulary to this x TP
     attention_backend: str = "unfused"
     bf16: bool = False
     fp16: bool = False
@@ -141,7 +153,19 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: = tensor_model_parallel_size
     sequence_parallel: bool = False
+    # Uneven pipeline stages (Megatron-LM: --decoder-first/last-pipeline-num-layers), or the
+    # embedding / loss counted as a layer of the first / last stage.
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor parallelism (Megatron's default: the tensor-parallel size)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
 
 
 @dataclass
@@ -510,6 +534,28 @@ SPEC_HELP = (
     "none | selective | selective:MOD[,MOD...] | selective: | full:uniform:N | full:block:N "
     f"(MOD in {', '.join(RECOMPUTE_MODULES)})"
 )
+
+
+def full_recompute_chunks(
+    rc: RecomputeConfig, num_layers: int, training: bool = True
+) -> list[tuple[int, int, bool]]:
+    """Split the layers [0, num_layers) of one TransformerBlock into (start, end, checkpointed)
+    runs, as Megatron's full recompute does (each virtual-pipeline chunk is its own block).
+
+    uniform, N: chunks of N layers, each one checkpoint (the last chunk is clamped).
+    block, N:   the first N layers checkpointed one by one, the rest run normally.
+    """
+    if not (training and rc.recompute_granularity == "full"):
+        return [(0, num_layers, False)]
+    n = rc.recompute_num_layers or 1
+    if rc.recompute_method == "uniform":
+        return [(i, min(i + n, num_layers), True) for i in range(0, num_layers, n)]
+    if rc.recompute_method == "block":
+        chunks = [(i, i + 1, True) for i in range(min(n, num_layers))]
+        if n < num_layers:
+            chunks.append((n, num_layers, False))
+        return chunks
+    raise ConfigError("Invalid activation recompute method.")
 
 
 def parse_spec(spec: str) -> RecomputeConfig:

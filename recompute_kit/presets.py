@@ -69,6 +69,9 @@ _register(
             normalization="LayerNorm",
             attention_backend="unfused",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
         ),
         parallel=ParallelConfig(
             tensor_model_parallel_size=8, pipeline_model_parallel_size=8, sequence_parallel=True
@@ -97,6 +100,11 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
         ),
         runnable=False,
         source="meta-llama/Meta-Llama-3-8B config.json",
@@ -122,6 +130,11 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
         ),
         parallel=ParallelConfig(
             tensor_model_parallel_size=8, pipeline_model_parallel_size=4, sequence_parallel=True
@@ -220,6 +233,11 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
             num_moe_experts=8,
             moe_router_topk=2,
             moe_ffn_hidden_size=14336,
@@ -251,6 +269,12 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
+            qk_layernorm=True,
             num_moe_experts=128,
             moe_router_topk=8,
             moe_ffn_hidden_size=768,
@@ -258,7 +282,7 @@ _register(
         ),
         runnable=False,
         source="Qwen/Qwen3-30B-A3B config.json (num_experts 128, num_experts_per_tok 8, "
-        "moe_intermediate_size 768, head_dim 128); q/k layernorm not modelled",
+        "moe_intermediate_size 768, head_dim 128, q/k RMSNorm)",
     )
 )
 
@@ -281,6 +305,11 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
             multi_latent_attention=True,
             q_lora_rank=1536,
             kv_lora_rank=512,
@@ -324,6 +353,11 @@ _register(
             swiglu=True,
             attention_backend="flash",
             bf16=True,
+            # Megatron-LM's command-line defaults (TransformerConfig's are off)
+            bias_activation_fusion=True,
+            masked_softmax_fusion=True,
+            add_bias_linear=False,
+            position_embedding_type="rope",
             multi_latent_attention=True,
             q_lora_rank=None,
             kv_lora_rank=512,

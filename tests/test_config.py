@@ -391,9 +391,14 @@ def test_unknown_keys_are_reported_by_name():
     assert warnings[0] == "unknown config key 'num_layer' (did you mean 'num_layers'?) (ignored)"
     assert "unknown config key 'model_name'" in warnings[1]
     # Megatron-Bridge style: the model section, plus our keys found in other sections
-    cfg, warnings = config_from_dict({"model": {"num_layers": 2, "typo_key": 1},
-                                      "train": {"micro_batch_size": 4, "lr": 1},
-                                      "ddp": {"use_distributed_optimizer": True}, "seed": 3})
+    cfg, warnings = config_from_dict(
+        {
+            "model": {"num_layers": 2, "typo_key": 1},
+            "train": {"micro_batch_size": 4, "lr": 1},
+            "ddp": {"use_distributed_optimizer": True},
+            "seed": 3,
+        }
+    )
     assert cfg.model.micro_batch_size == 4 and cfg.parallel.use_distributed_optimizer
     assert warnings == ["ignored top-level key 'seed'", "unknown config key 'typo_key' (ignored)"]
 

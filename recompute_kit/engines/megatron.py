@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError
+from ..memory.estimate import padded_vocab_size
 
 
 def available() -> bool:
@@ -35,6 +36,10 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+class EngineError(RuntimeError):
+    """Megatron-Core refused or failed on a config (the message is one line)."""
 
 
 @dataclass
@@ -221,6 +226,7 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         attention_dropout=m.attention_dropout,
         normalization=m.normalization,
         gated_linear_unit=m.swiglu,
+        qk_layernorm=m.qk_layernorm,
         activation_func=F.silu if m.swiglu else F.gelu,
         add_bias_linear=m.add_bias_linear,
         bf16=dtype == "bf16",
@@ -231,15 +237,18 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
         context_parallel_size=p.context_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.etp,
         sequence_parallel=p.sequence_parallel,
         use_cpu_initialization=True,
         recompute_granularity=rc.recompute_granularity,
         recompute_method=rc.recompute_method,
         recompute_num_layers=rc.recompute_num_layers,
         distribute_saved_activations=rc.distribute_saved_activations,
-        # Fused kernels need CUDA; the unfused paths save what the local spec saves.
+        # The fused softmax is a CUDA kernel: off on a CPU (the estimator then counts the
+        # unfused softmax's fp32 copy, as Megatron keeps it). The bias-activation fusions
+        # are torch code and run here.
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
+        bias_activation_fusion=m.bias_activation_fusion,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
@@ -270,15 +279,23 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _layer_spec(config: Config):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def _layer_spec(config: Config, tc, vp_stage: int | None):
+    """The local (no Transformer Engine) spec; per layer when the model mixes dense and MoE
+    layers (moe_layer_freq), as Megatron-LM builds it."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
 
     m = config.model
+    if m.num_moe_experts:
+        return get_gpt_decoder_block_spec(
+            tc, use_transformer_engine=False, normalization=m.normalization, vp_stage=vp_stage
+        )
     return get_gpt_layer_local_spec(
-        num_experts=m.num_moe_experts,
-        moe_grouped_gemm=False,
         multi_latent_attention=m.multi_latent_attention,
         normalization=m.normalization,
+        qk_layernorm=m.qk_layernorm,
     )
 
 
@@ -291,12 +308,13 @@ def build_model(config: Config, dtype: str, vp_stage: int | None = None):
     tc = TransformerConfig(**transformer_config_kwargs(config, dtype))
     return GPTModel(
         config=tc,
-        transformer_layer_spec=_layer_spec(config),
-        vocab_size=config.model.vocab_size,
+        transformer_layer_spec=_layer_spec(config, tc, vp_stage),
+        vocab_size=padded_vocab_size(config.model, config.parallel.tensor_model_parallel_size),
         max_sequence_length=config.model.seq_length,
         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-        position_embedding_type="learned_absolute",
+        position_embedding_type=config.model.position_embedding_type,
+        share_embeddings_and_output_weights=config.model.share_embeddings_and_output_weights,
         vp_stage=vp_stage,
     )
 
@@ -317,6 +335,7 @@ def measure_rank(config: Config, dtype: str = "fp32", seed: int = 0) -> RankMeas
         virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
         context_parallel_size=p.context_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.etp,
     )
     try:
         _patch_megatron_for_cpu()
@@ -393,15 +412,23 @@ def measure(config: Config, dtype: str = "fp32", seed: int = 0) -> list[RankMeas
     if world == 1:
         return [_in_process_group(0, 1, _free_port(), config, dtype, seed)]
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
-        mp.start_processes(
-            _rank_main,
-            args=(world, port, config, dtype, seed, tmp),
-            nprocs=world,
-            start_method="spawn",
-        )
+        try:
+            mp.start_processes(
+                _rank_main,
+                args=(world, port, config, dtype, seed, tmp),
+                nprocs=world,
+                start_method="spawn",
+            )
+        except ProcessException:
+            errors = sorted(Path(tmp).glob("*.error"))
+            first = errors[0].read_text().strip().splitlines() if errors else ["(no message)"]
+            raise EngineError(
+                f"Megatron-Core rank {errors[0].stem if errors else '?'} failed: {first[0]}"
+            ) from None
         import json
 
         return [
@@ -441,5 +468,9 @@ def _in_process_group(rank, world, port, config, dtype, seed) -> RankMeasurement
 def _rank_main(rank, world, port, config, dtype, seed, out_dir) -> None:
     import json
 
-    result = _in_process_group(rank, world, port, config, dtype, seed)
+    try:
+        result = _in_process_group(rank, world, port, config, dtype, seed)
+    except Exception as exc:  # reported by the parent as one line
+        (Path(out_dir) / f"{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
+        raise
     (Path(out_dir) / f"{rank}.json").write_text(json.dumps(result.to_json()))

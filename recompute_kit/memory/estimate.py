@@ -22,9 +22,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..checkpoint import RecomputePolicy
-from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig, format_spec
+from ..config import (
+    Config,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    RecomputeConfig,
+    format_spec,
+    full_recompute_chunks,
+)
 from .flops import recompute_flops_fraction
+from .layout import micro_batches_in_flight, pipeline_layout
 
 MASK_BYTES = 1  # bool dropout masks
 STAT_BYTES = 4  # fp32 norm statistics
@@ -45,6 +53,10 @@ class Estimate:
     recompute_flops_fraction: float
     offloaded_bytes: int = 0  # activations sent to host per micro-batch
     layer_kinds: dict[str, dict] = field(default_factory=dict)
+    stage: int = 0  # the pipeline stage this estimate is for
+    layers: list[int] = field(default_factory=list)  # its transformer layers (0-based)
+    micro_batches_in_flight: float = 1.0  # activations held at the schedule's peak
+    stage_total_bytes: list[int] = field(default_factory=list)  # every stage, when searched
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -89,19 +101,47 @@ def _shape(m: ModelConfig, p: ParallelConfig, dtype_bytes: int) -> _Shape:
     )
 
 
+def _softmax_copy_in_fp32(m: ModelConfig, x: _Shape, B: int) -> bool:
+    """Whether Megatron's unfused softmax runs on an fp32 copy of 16-bit scores: with
+    attention_softmax_in_fp32 unless the fused CUDA kernel takes them (masked_softmax_fusion and
+    the shapes it accepts: 16 < keys <= 4096, both lengths and batch x heads multiples of 4)."""
+    if B >= 4 or not m.attention_softmax_in_fp32:
+        return False
+    fused = (
+        m.masked_softmax_fusion
+        and 16 < x.s_kv <= 4096
+        and x.s % 4 == 0
+        and x.s_kv % 4 == 0
+        and (x.b * m.num_attention_heads // x.t) % 4 == 0
+    )
+    return not fused
+
+
 def _norm_stats(m: ModelConfig, tokens: float) -> float:
     return (2 if m.normalization == "LayerNorm" else 1) * STAT_BYTES * tokens
 
 
 def _act_internal(swiglu: bool, rows: float, ffn: float, B: int) -> float:
-    """Bytes an MLP activation keeps between fc1 and fc2, fc2's input included:
+    """Bytes the reference layers' activation keeps between fc1 and fc2, fc2's input included:
     GeLU: its input and output; SwiGLU: fc1 out (gate|up), silu(gate), and the product."""
     return (4 if swiglu else 2) * B * rows * ffn
+
+
+def _megatron_act_internal(m: ModelConfig, rows: float, ffn: float, B: int) -> float:
+    """The same for Megatron-Core's MLP. GeLU (fused or not): its input and output. SwiGLU
+    fused (bias_activation_fusion): fc1's output only, plus the output fc2 keeps; unfused:
+    fc1's output, silu(gate), `up + glu_linear_offset` (a copy) and the product."""
+    if not m.swiglu:
+        return 2 * B * rows * ffn
+    return (3 if m.bias_activation_fusion else 5) * B * rows * ffn
 
 
 # --------------------------------------------------------------------------------------------
 # One layer
 # --------------------------------------------------------------------------------------------
+
+
+ENGINES = ("megatron", "reference")
 
 
 def layer_activation_bytes(
@@ -111,20 +151,40 @@ def layer_activation_bytes(
     dtype_bytes: int,
     moe_layer: bool,
     training: bool = True,
+    engine: str = "megatron",
 ) -> dict[str, float]:
     """Bytes one layer keeps for backward, per role, on one rank, for one micro-batch, with the
-    selective part of `rc` applied (full recompute is applied by the caller)."""
+    selective part of `rc` applied (full recompute is applied by the caller).
+
+    `engine` is the implementation whose saves are counted: "megatron" (Megatron-Core, with
+    `m.transformer_impl` and its fusion flags; checked against the real engine) or "reference"
+    (recompute-kit's own layers; checked against them)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    megatron = engine == "megatron"
     x = _shape(m, p, dtype_bytes)
     B, t, sp = x.B, x.t, x.sp
     sel = rc.selects if rc.recompute_granularity == "selective" else (lambda _m: False)
+    norm_recompute = sel("layernorm")
+    if megatron and m.transformer_impl == "transformer_engine" and not moe_layer:
+        # TE fuses a dense layer's norms into the next linear (LayerNormLinear): Megatron
+        # builds no separate norm to recompute, so `layernorm` changes nothing there.
+        norm_recompute = False
     hidden_dropout = training and m.hidden_dropout > 0
     attn_dropout = training and m.attention_dropout > 0
-    norm_out = 0.0 if sel("layernorm") else B * x.sbh / sp  # a norm output saved by its consumer
+    norm_out = 0.0 if norm_recompute else B * x.sbh / sp  # a norm output saved by its consumer
     roles: dict[str, float] = {}
 
-    # The two norms: their input (kept by the discarding checkpoint too) and fp32 statistics.
-    stats = 0.0 if sel("layernorm") else _norm_stats(m, x.tokens / sp)
-    roles["layernorm"] = 2 * (B * x.sbh / sp + stats)
+    # The two norms: their input (kept by the discarding checkpoint too) and fp32 statistics;
+    # torch's RMSNorm (Megatron's local spec) also keeps its normalized input for the weight.
+    stats = 0.0 if norm_recompute else _norm_stats(m, x.tokens / sp)
+    norm_in = B * x.sbh / sp
+    if megatron and m.transformer_impl == "local" and m.normalization == "RMSNorm":
+        # torch's RMSNorm computes on an fp32 copy of its input and keeps it with its fp32
+        # normalized output (the 16-bit input itself is kept only by a norm checkpoint).
+        if not norm_recompute:
+            norm_in = 2 * STAT_BYTES * x.sbh / sp
+    roles["layernorm"] = 2 * (norm_in + stats)
 
     # Attention.
     a = m.num_attention_heads
@@ -151,17 +211,37 @@ def layer_activation_bytes(
         k_bytes = v_bytes = B * x.tokens * g * d / t  # un-expanded
         k_stored = v_stored = B * x.tokens * a * d / t  # expanded for the unfused path
         roles["qkv"] = norm_out
+        qk_norm = megatron and m.qk_layernorm
+        if qk_norm:
+            # q/k norms over each head keep their inputs: q (a copy with GQA) and k, a view
+            # that keeps the whole fused QKV output alive; plus statistics, and for torch's
+            # RMSNorm (local spec) the normalized q and k too.
+            qk_heads = x.tokens * (a + g) / t
+            kept_inputs = (q_bytes if g < a else 0.0) + q_bytes + 2 * k_bytes
+            roles["qkv"] += kept_inputs + _norm_stats(m, qk_heads)
+            if m.transformer_impl == "local" and m.normalization == "RMSNorm":
+                roles["qkv"] += q_bytes + k_bytes
         expanded_gone = False
         heads_out = a * d
 
     scores = x.b * (a / t) * x.s * x.s_kv  # elements of one [b, a, s, s] tensor
-    if sel("core_attn"):
+    if sel("core_attn") and megatron and not m.multi_latent_attention and m.qk_layernorm:
+        core = q_bytes + k_bytes  # the normed q and k; v's storage is kept by the k norm
+    elif sel("core_attn"):
         core = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
+        if megatron and not m.multi_latent_attention and m.kv_groups < a:
+            # Megatron splits the fused QKV output per query group: with GQA, q is a copy and
+            # k, v are views that keep the whole QKV output alive in the checkpoint.
+            core += q_bytes
     elif m.attention_backend == "unfused":
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_stored + v_stored
         probs = B * scores * (2 if attn_dropout else 1) + (
             MASK_BYTES * scores if attn_dropout else 0
         )
+        if megatron and _softmax_copy_in_fp32(m, x, B):
+            # The softmax runs on an fp32 copy and keeps its fp32 output; the probabilities
+            # cast back to B bytes are what the next op keeps.
+            probs += (STAT_BYTES - B if attn_dropout else STAT_BYTES) * scores
         core = qkv_kept + probs
     else:  # flash: q, k, v, output and the fp32 log-sum-exp
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
@@ -175,11 +255,16 @@ def layer_activation_bytes(
     if not moe_layer:
         if sel("mlp"):
             roles["mlp"] = norm_out  # the checkpoint's input
+        elif megatron:
+            roles["mlp"] = norm_out + _megatron_act_internal(m, x.tokens, m.ffn_size / t, B)
         else:
             roles["mlp"] = norm_out + _act_internal(m.swiglu, x.tokens, m.ffn_size / t, B)
         return roles
 
-    roles.update(_moe_layer_bytes(m, x, norm_out, sel, training))
+    if megatron:
+        roles.update(_megatron_moe_layer_bytes(m, p, x, norm_out, sel, training))
+    else:
+        roles.update(_moe_layer_bytes(m, x, norm_out, sel, training))
     return roles
 
 
@@ -224,6 +309,53 @@ def _moe_layer_bytes(m: ModelConfig, x: _Shape, norm_out: float, sel, training: 
     return roles
 
 
+def _megatron_moe_layer_bytes(
+    m: ModelConfig, p: ParallelConfig, x: _Shape, norm_out: float, sel, training: bool
+) -> dict[str, float]:
+    """What Megatron-Core's MoE layer keeps (router, allgather dispatcher, SequentialMLP
+    experts with the routing probabilities applied inside the activation, shared experts),
+    measured per tensor on megatron-core 0.16.1.
+
+    The router sees this rank's tokens (T, sequence-sharded with SP). The dispatcher gathers
+    the tokens of the expert-tensor x expert-parallel group (T x ETP x EP) and keeps the
+    copies routed to this rank's experts: T x ETP x k of them with balanced routing, each
+    through 1/ETP of every expert's width. Router scores are fp32."""
+    B, T, k, E = x.B, x.tokens / x.sp, m.moe_router_topk, m.num_moe_experts or 1
+    etp, ep = p.etp, p.expert_model_parallel_size
+    if sel("moe"):  # one checkpoint of the whole MoE layer keeps its input
+        return {"mlp": norm_out, "router": 0.0, "experts": 0.0, "moe_act": 0.0}
+    sigmoid = m.moe_router_score_function == "sigmoid"
+    router = INDEX_BYTES * T * k + STAT_BYTES * T * k  # top-k ids, their probabilities
+    if sigmoid:
+        router += STAT_BYTES * (T * E + T)  # the sigmoid scores, their sum over the top-k
+    if training and m.moe_aux_loss_coeff > 0:
+        # The aux loss's scores over all experts, its top-k map and counts, the loss scalar.
+        router += STAT_BYTES * (T * E + (T if sigmoid else 0)) + INDEX_BYTES * (T * k + E) + 4
+    gathered = T * etp * ep
+    picks = T * etp * k
+    f_e = m.moe_ffn_size / etp
+    roles = {
+        "router": router,
+        # dispatch: the permutation of the gathered token copies, routing map, probabilities
+        "mlp": norm_out + INDEX_BYTES * gathered * k + (MASK_BYTES + B) * E * gathered,
+        "experts": B * picks * x.h + B * picks,  # the permuted token copies; their probs
+    }
+    if sel("moe_act"):
+        roles["moe_act"] = B * picks * f_e * (2 if m.swiglu else 1)
+    else:
+        # The activation x probability: fused SwiGLU keeps fc1's output, unfused keeps the
+        # SwiGLU intermediates and the unscaled output; fc2 keeps the scaled output.
+        roles["moe_act"] = _megatron_act_internal(m, picks, f_e, B) + (
+            0.0 if m.bias_activation_fusion and m.swiglu else B * picks * f_e
+        )
+    f_s = m.moe_shared_expert_intermediate_size
+    if f_s and not sel("shared_experts"):
+        roles["shared_experts"] = _megatron_act_internal(m, x.tokens, f_s / x.t, B)
+    else:
+        roles["shared_experts"] = 0.0
+    return roles
+
+
 # --------------------------------------------------------------------------------------------
 # The whole model on one rank
 # --------------------------------------------------------------------------------------------
@@ -250,11 +382,6 @@ def edge_bytes(m: ModelConfig, p: ParallelConfig, dtype_bytes: int, training: bo
         # fp32 log-softmax of the logits (vocab-parallel), labels, a scalar
         "loss": STAT_BYTES * tokens * m.vocab_size / x.t + INDEX_BYTES * tokens + 4,
     }
-
-
-def _chunks(rc: RecomputeConfig, n_layers: int) -> list[tuple[int, int, bool]]:
-    """Full recompute's chunks, exactly as the layers apply them."""
-    return RecomputePolicy(rc).full_recompute_chunks(n_layers, training=True)
 
 
 def check_divisible(config: Config) -> None:
@@ -284,16 +411,7 @@ def check_divisible(config: Config) -> None:
         raise ConfigError(
             f"num_query_groups ({m.kv_groups}) and tensor parallel size {t} must divide one another"
         )
-    if m.num_layers % pp:
-        raise ConfigError(
-            f"num_layers ({m.num_layers}) is not divisible by pipeline parallel size {pp}"
-        )
-    vpp = p.virtual_pipeline_model_parallel_size
-    if vpp and (m.num_layers // pp) % vpp:
-        raise ConfigError(
-            f"layers per pipeline stage ({m.num_layers // pp}) are not divisible by virtual "
-            f"pipeline size {vpp}"
-        )
+    pipeline_layout(m, p)  # stages and virtual chunks must split (one line if not)
     if m.num_moe_experts and m.num_moe_experts % ep:
         raise ConfigError(
             f"num_moe_experts ({m.num_moe_experts}) is not divisible by expert parallel size {ep}"
@@ -311,25 +429,55 @@ def check_divisible(config: Config) -> None:
         )
 
 
-def estimate(config: Config, dtype_bytes: int | None = None, training: bool = True) -> Estimate:
-    """Estimate per-rank memory of one training step under `config` (its recompute settings)."""
-    m, p, rc = config.model, config.parallel, config.recompute
+def estimate(
+    config: Config,
+    dtype_bytes: int | None = None,
+    training: bool = True,
+    engine: str = "megatron",
+    stage: int | None = None,
+) -> Estimate:
+    """Estimate per-rank memory of one training step under `config` (its recompute settings)
+    on one pipeline stage: `stage`, or (None) the stage with the highest total."""
+    m, p = config.model, config.parallel
     check_divisible(config)
     B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)
+    layout = pipeline_layout(m, p)
+    if stage is not None and not 0 <= stage < len(layout):
+        raise ConfigError(f"--stage must be in 0..{len(layout) - 1}, got {stage}")
+    stages = range(len(layout)) if stage is None else [stage]
+    results = [_stage_estimate(config, B, training, engine, s, layout) for s in stages]
+    best = max(results, key=lambda e: e.total_bytes)
+    if stage is None:
+        best.stage_total_bytes = [e.total_bytes for e in results]
+    return best
+
+
+def _stage_estimate(
+    config: Config, B: int, training: bool, engine: str, stage: int, layout: list
+) -> Estimate:
+    m, p, rc = config.model, config.parallel, config.recompute
     x = _shape(m, p, B)
-    pp = p.pipeline_model_parallel_size
-    n_layers = m.num_layers // pp  # the first stage's layers
-    kinds = [m.is_moe_layer(i) for i in range(n_layers)]
-    roles = [layer_activation_bytes(m, rc, p, B, moe, training) for moe in kinds]
-    plain = [layer_activation_bytes(m, RecomputeConfig(), p, B, moe, training) for moe in kinds]
+    pp = len(layout)
+    layers = [n for chunk in layout[stage] for n in chunk]
+    n_layers = max(len(layers), 1)
+    moe = [m.is_moe_layer(n) for n in layers]
+    roles = [layer_activation_bytes(m, rc, p, B, k, training, engine) for k in moe]
+    plain = [layer_activation_bytes(m, RecomputeConfig(), p, B, k, training, engine) for k in moe]
     edges = edge_bytes(m, p, B, training)
-    head = edges["final_norm"] + edges["output"] + edges["loss"] if pp == 1 else 0.0
+    head = edges["final_norm"] + edges["output"] + edges["loss"] if stage == pp - 1 else 0.0
+    embedding = edges["embedding"] if stage == 0 else 0.0
 
     layer_input = B * x.sbh / x.sp  # what a full-recompute chunk stores
     if rc.distribute_saved_activations and not p.sequence_parallel:
         layer_input /= x.t
-    chunks = _chunks(rc, n_layers)
-    kept = [0.0] * n_layers  # device-resident saved bytes per layer
+    # Full recompute runs per virtual-pipeline chunk: each chunk is its own TransformerBlock.
+    chunks, offset = [], 0
+    for chunk in layout[stage]:
+        chunks += [
+            (offset + a, offset + b, ck) for a, b, ck in full_recompute_chunks(rc, len(chunk))
+        ]
+        offset += len(chunk)
+    kept = [0.0] * len(layers)  # device-resident saved bytes per layer
     offloaded = 0.0
     for start, end, checkpointed in chunks:
         for i in range(start, end):
@@ -339,14 +487,11 @@ def estimate(config: Config, dtype_bytes: int | None = None, training: bool = Tr
                 offloaded += off
     stored = layer_input * sum(1 for c in chunks if c[2])
     layer_total = sum(kept) + stored
-    micro = layer_total + edges["embedding"] + head
+    micro = layer_total + embedding + head
 
-    # 1F1B: the first stage holds p micro-batches of its L/p layers (Eq. 5 of the paper);
-    # the interleaved schedule adds (p-1)/(p*vpp) of that.
-    vpp = p.virtual_pipeline_model_parallel_size or 1
-    in_flight = pp * (1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1.0)
+    in_flight = micro_batches_in_flight(p, stage)
     activation = micro * in_flight
-    transient = _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head)
+    transient = _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head, moe)
     peak = activation + transient
 
     modules: dict[str, float] = {}
@@ -357,7 +502,7 @@ def estimate(config: Config, dtype_bytes: int | None = None, training: bool = Tr
     if stored:
         modules["layer_inputs"] = stored / n_layers
 
-    weights, grads, optimizer = model_state_bytes(config)
+    weights, grads, optimizer = model_state_bytes(config, stage, engine)
     return Estimate(
         recompute=format_spec(rc),
         per_layer_activation_bytes=layer_total / n_layers,
@@ -370,6 +515,9 @@ def estimate(config: Config, dtype_bytes: int | None = None, training: bool = Tr
         total_bytes=round(weights + grads + optimizer + peak),
         recompute_flops_fraction=recompute_flops_fraction(config),
         offloaded_bytes=round(offloaded * in_flight),
+        stage=stage,
+        layers=layers,
+        micro_batches_in_flight=in_flight,
     )
 
 
@@ -394,7 +542,7 @@ def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int, x, m) -
 # --------------------------------------------------------------------------------------------
 
 
-def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head) -> float:
+def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head, moe) -> float:
     """The largest extra backward needs on top of everything saved at the end of the forward.
 
     Backward walks the layers last to first and frees each layer's saved tensors once it has
@@ -410,13 +558,13 @@ def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head)
     for start, end, checkpointed in reversed(chunks):
         if checkpointed:  # the whole chunk comes back at once, then its last layer's backward
             remat = sum(sum(plain[i].values()) for i in range(start, end))
-            attention, ffn = _workspace(m, x, m.is_moe_layer(end - 1))
+            attention, ffn = _workspace(m, x, moe[end - 1])
             work = max(ffn, attention - _ffn_part(plain[end - 1]))
             best = max(best, remat + work - freed)
             freed += layer_input
             continue
         for i in reversed(range(start, end)):
-            attention, ffn = _workspace(m, x, m.is_moe_layer(i))
+            attention, ffn = _workspace(m, x, moe[i])
             # The feed-forward's backward runs first; the attention's once its saves are gone.
             ffn_extra = _remat(roles[i], plain[i], rc, _FFN_UNITS) + ffn
             attention_extra = (
@@ -528,28 +676,101 @@ def parameter_counts(m: ModelConfig) -> dict[str, int]:
     }
 
 
-def model_state_bytes(config: Config) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer states) bytes on the most loaded rank.
+def padded_vocab_size(m: ModelConfig, t: int) -> int:
+    """Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
+    multiple = m.make_vocab_size_divisible_by * t
+    return -(-m.vocab_size // multiple) * multiple
+
+
+def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
+    """Parameters one rank of `stage` holds in Megatron-Core: `dense` (sharded over TP, some
+    replicated) and `expert` (sharded over EP and expert-TP).
+
+    TP shards the column-parallel layers (QKV, fc1) with their biases and the row-parallel ones
+    (proj, fc2) without theirs; norms, row-parallel biases, the learned position embedding and
+    the router are replicated on every TP rank. The vocabulary is padded (padded_vocab_size)."""
+    m, p = config.model, config.parallel
+    t, ep, etp = p.tensor_model_parallel_size, p.expert_model_parallel_size, p.etp
+    h, a = m.hidden_size, m.num_attention_heads
+    norm = 2 * h if m.normalization == "LayerNorm" else h
+    width = 2 if m.swiglu else 1
+    bias = 1 if m.add_bias_linear else 0
+
+    def mlp(ffn: int, shards: int) -> float:  # column fc1 (+ bias), row fc2; fc2's bias whole
+        return (h * ffn * width + bias * ffn * width + ffn * h) / shards + bias * h
+
+    if m.multi_latent_attention:
+        dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        attention = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h + m.kv_lora_rank  # kv down, norm
+        attention += m.kv_lora_rank * a * (m.qk_head_dim + dv) / t  # kv up (column)
+        if m.q_lora_rank:
+            attention += h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * dq / t
+        else:
+            attention += h * a * dq / t
+        attention += a * dv * h / t + bias * h
+    else:
+        d, g = m.head_dim, m.kv_groups
+        qkv = (a + 2 * g) * d
+        attention = (h * qkv + bias * qkv + a * d * h) / t + bias * h
+        if m.qk_layernorm:
+            attention += 2 * d * (2 if m.normalization == "LayerNorm" else 1)
+    layers = [n for chunk in pipeline_layout(m, p)[stage] for n in chunk]
+    dense = expert = 0.0
+    for n in layers:
+        dense += 2 * norm + attention
+        if not m.is_moe_layer(n):
+            dense += mlp(m.ffn_size, t)
+            continue
+        dense += m.num_moe_experts * h  # the router, replicated
+        if m.moe_shared_expert_intermediate_size:
+            dense += mlp(m.moe_shared_expert_intermediate_size, t)
+        f = m.moe_ffn_size
+        per_expert = (h * f * width + bias * f * width + f * h) / etp + bias * h
+        expert += per_expert * m.num_moe_experts / ep
+    vocab = padded_vocab_size(m, t)
+    if stage == 0:
+        dense += vocab * h / t
+        if m.position_embedding_type == "learned_absolute":
+            dense += m.seq_length * h  # replicated on every TP rank
+    if stage == len(pipeline_layout(m, p)) - 1:
+        dense += norm
+        if not (m.share_embeddings_and_output_weights and stage == 0):
+            dense += vocab * h / t
+    return {"dense": dense, "expert": expert}
+
+
+def model_state_bytes(
+    config: Config, stage: int = 0, engine: str = "megatron"
+) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes on one rank of `stage`.
 
     Mixed precision as in Megatron: 16-bit weights, fp32 main gradients, Adam with an fp32
-    master copy and two moments (12 B/param), sharded over data parallel by the distributed
-    optimizer. In fp32: 4 B weights, 4 B gradients, 8 B moments."""
+    master copy and two moments (12 B/param). In fp32: 4 B weights, 4 B gradients, 8 B moments.
+    The distributed optimizer shards the optimizer states of dense parameters over the
+    data-parallel ranks (context-parallel ones included: DP x CP) and those of expert
+    parameters over the expert-data-parallel ranks (TP x CP x DP / (ETP x EP)).
+    `engine="reference"` counts the kit's own layers: every parameter divided by TP, no vocab
+    padding (their parameter count is checked against the layers)."""
     m, p = config.model, config.parallel
-    counts = parameter_counts(m)
-    t, pp, ep = (
-        p.tensor_model_parallel_size,
-        p.pipeline_model_parallel_size,
-        p.expert_model_parallel_size,
-    )
-    # The first stage holds the embedding and 1/pp of the layers (the head sits on the last).
-    on_rank = counts["layers"] / (t * pp) + counts["experts"] / (ep * pp) + counts["embedding"] / t
-    if pp == 1:
-        on_rank += counts["head"] / t
+    if engine == "reference":
+        counts = parameter_counts(m)
+        t, pp, ep = (
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            p.expert_model_parallel_size,
+        )
+        dense = counts["layers"] / (t * pp) + counts["embedding"] / t
+        dense += counts["head"] / t if pp == 1 else 0.0
+        params = {"dense": dense, "expert": counts["experts"] / (ep * pp)}
+    else:
+        params = rank_parameters(config, stage)
     half = m.bf16 or m.fp16
     weight_b, grad_b, optim_b = (2, 4, 12) if half else (4, 4, 8)
-    shards = p.data_parallel_size if p.use_distributed_optimizer else 1
-    return (
-        round(on_rank * weight_b),
-        round(on_rank * grad_b),
-        round(on_rank * optim_b / shards),
-    )
+    on_rank = params["dense"] + params["expert"]
+    if p.use_distributed_optimizer:
+        dp_cp = p.data_parallel_size * p.context_parallel_size
+        edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
+        optimizer = optim_b * (params["dense"] / dp_cp + params["expert"] / edp)
+    else:
+        optimizer = optim_b * on_rank
+    return round(on_rank * weight_b), round(on_rank * grad_b), round(optimizer)

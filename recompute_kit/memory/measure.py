@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, full_recompute_chunks
 
 # --------------------------------------------------------------------------------------------
 # Saved-for-backward bytes, per module
@@ -408,7 +408,7 @@ def measure_fake(config: Config, dtype: str | None = None) -> Measurement:
         ).with_recompute(f"full:uniform:{chunk}")
         run_saved, run_peak = _run_on_meta(first, torch_dtype)
         layer_input = run_saved.by_module.get("decoder", 0)
-        chunks = _chunk_list(rc, m.num_layers)
+        chunks = full_recompute_chunks(rc, m.num_layers)
     else:
         run_saved, run_peak = saved, _run_on_meta(reduced, torch_dtype)[1]
         layer_input, chunks = 0, [(0, m.num_layers, False)]
@@ -437,9 +437,3 @@ def measure_fake(config: Config, dtype: str | None = None) -> Measurement:
         layers=layers,
         scaled_from_layers=reduced_layers,
     )
-
-
-def _chunk_list(rc, n_layers: int) -> list[tuple[int, int, bool]]:
-    from .estimate import _chunks
-
-    return _chunks(rc, n_layers)
