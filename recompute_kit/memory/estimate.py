@@ -179,11 +179,11 @@ def layer_activation_bytes(
     # torch's RMSNorm (Megatron's local spec) also keeps its normalized input for the weight.
     stats = 0.0 if norm_recompute else _norm_stats(m, x.tokens / sp)
     norm_in = B * x.sbh / sp
-    if megatron and m.transformer_impl == "local" and m.normalization == "RMSNorm":
+    local_rms = megatron and m.transformer_impl == "local" and m.normalization == "RMSNorm"
+    if local_rms and not norm_recompute:
         # torch's RMSNorm computes on an fp32 copy of its input and keeps it with its fp32
         # normalized output (the 16-bit input itself is kept only by a norm checkpoint).
-        if not norm_recompute:
-            norm_in = 2 * STAT_BYTES * x.sbh / sp
+        norm_in = 2 * STAT_BYTES * x.sbh / sp
     roles["layernorm"] = 2 * (norm_in + stats)
 
     # Attention.

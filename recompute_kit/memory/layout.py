@@ -4,7 +4,7 @@
 virtual-pipeline chunk of one stage. Megatron builds one TransformerBlock per chunk; layers are
 handed out chunk by chunk, stage by stage (with 8 layers, PP 2, VPP 2: stage 0 holds [0, 1] and
 [4, 5], stage 1 holds [2, 3] and [6, 7]). Uneven first/last stages and the embedding or loss
-counted as a layer follow `get_num_layers_to_build` in megatron/core/transformer/transformer_block.py.
+counted as a layer follow `get_num_layers_to_build` in Megatron-Core's transformer_block.py.
 """
 
 from __future__ import annotations
