@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import socket
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any
 
 from ..config import Config, ConfigError
 from ..memory.estimate import padded_vocab_size
+from ..memory.layout import pipeline_layout
 
 
 def available() -> bool:
@@ -153,6 +155,31 @@ def _patch_megatron_for_cpu() -> None:
 
         torch_norm.WrappedTorchNorm.__new__ = __new__
         torch_norm.WrappedTorchNorm._rk_patched = True
+    # 9. MLA's spec hands its core attention k_channels / v_channels, which only TE's
+    #    attention takes: the local DotProductAttention refuses them. Core attention holds no
+    #    parameters, so for counting an MLA model's parameters (meta device, no forward) the
+    #    local one is built without them; MLA is never run here (measure_rank says so).
+    from megatron.core.transformer import dot_product_attention as dpa
+
+    if not getattr(dpa.DotProductAttention, "_rk_patched", False):
+        dpa_init = dpa.DotProductAttention.__init__
+
+        def dpa_init_without_kv_channels(self, *args, k_channels=None, v_channels=None, **kw):
+            dpa_init(self, *args, **kw)
+
+        dpa.DotProductAttention.__init__ = dpa_init_without_kv_channels
+        dpa.DotProductAttention._rk_patched = True
+    # 10. Without TE, multi_latent_attention's TELinear is None or a mock, and it then asks
+    #     isinstance(..., TELinear), a TypeError. A class nothing is an instance of gives the
+    #     answer the check means: the projection is not TE's.
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if not isinstance(mla.TELinear, type):
+
+        class NoTELinear:  # no module is one
+            pass
+
+        mla.TELinear = NoTELinear
 
 
 @contextlib.contextmanager
@@ -178,13 +205,14 @@ def _gpu_dropout():
 
 
 @contextlib.contextmanager
-def _cpu_as_current_device():
+def _cpu_as_current_device(device: str = "cpu"):
     """4. Megatron allocates buffers and masks on `torch.cuda.current_device()`: while a model
-    is built and run here, that is the CPU (the same tensors, on another device)."""
+    is built and run here, that is the CPU, or the meta device for shape-only runs (the same
+    tensors, on another device)."""
     import torch
 
     saved = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_device = lambda: device
     try:
         yield
     finally:
@@ -235,6 +263,10 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
+        num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
         context_parallel_size=p.context_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.etp,
@@ -256,6 +288,16 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
     )
     if rc.recompute_granularity == "selective":
         kwargs["recompute_modules"] = rc.modules
+    if m.multi_latent_attention:
+        kwargs.update(
+            multi_latent_attention=True,
+            q_lora_rank=m.q_lora_rank,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_head_dim=m.qk_head_dim,
+            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+            v_head_dim=m.v_head_dim,
+            rope_type="rope",
+        )
     if m.num_moe_experts:
         kwargs.update(
             num_moe_experts=m.num_moe_experts,
@@ -304,8 +346,10 @@ def build_model(config: Config, dtype: str, vp_stage: int | None = None):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    tc = TransformerConfig(**transformer_config_kwargs(config, dtype))
+    kind = MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig
+    tc = kind(**transformer_config_kwargs(config, dtype))
     return GPTModel(
         config=tc,
         transformer_layer_spec=_layer_spec(config, tc, vp_stage),
@@ -319,15 +363,20 @@ def build_model(config: Config, dtype: str, vp_stage: int | None = None):
     )
 
 
-def measure_rank(config: Config, dtype: str = "fp32", seed: int = 0) -> RankMeasurement:
-    """Measure this rank of `config`'s layout (the process group must be initialised)."""
+def measure_rank(
+    config: Config, dtype: str = "fp32", seed: int = 0, device: str = "cpu"
+) -> RankMeasurement:
+    """Measure this rank of `config`'s layout (the process group must be initialised).
+
+    device="cpu" runs a real forward and backward; "meta" builds and runs shapes only (a
+    full-size rank without allocating). Only parameters are counted (no layer is measured) for
+    MLA models (the local spec's attention cannot run MLA; TE's can) and, on the meta device,
+    for MoE models (their token dispatch depends on the routing's values)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from ..memory.measure import track_saved_tensors
-
-    p = config.parallel
+    p, m = config.parallel, config.model
     stack = contextlib.ExitStack()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
@@ -336,50 +385,47 @@ def measure_rank(config: Config, dtype: str = "fp32", seed: int = 0) -> RankMeas
         context_parallel_size=p.context_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.etp,
+        create_gloo_process_groups=False,
     )
     try:
         _patch_megatron_for_cpu()
-        stack.enter_context(_cpu_as_current_device())
+        stack.enter_context(_cpu_as_current_device(device))
         stack.enter_context(_gpu_dropout())
         from megatron.core.tensor_parallel import random as mrandom
 
-        mrandom.get_cuda_rng_tracker().add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718)
-        mrandom.get_cuda_rng_tracker().add(
-            mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100
-        )
+        tracker = mrandom.get_cuda_rng_tracker()
+        tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718)
+        tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100)
         torch.manual_seed(seed)
-        model = build_model(config, dtype)
+        if device == "meta":
+            stack.enter_context(torch.device("meta"))
+        stage = ps.get_pipeline_model_parallel_rank()
+        chunks = pipeline_layout(m, p)[stage]
+        vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
+        models = [build_model(config, dtype, v if vpp else None) for v in range(len(chunks))]
         if dtype == "bf16":  # what Megatron's Float16Module does to the model it wraps
-            model = model.bfloat16()
-        model.train()
-        m = config.model
-        tokens = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length))
-        positions = torch.arange(m.seq_length).unsqueeze(0).expand_as(tokens)
-        # Megatron-LM's data pipeline passes this mask (True = masked); without one the
-        # local softmax builds a default causal mask on "cuda".
-        causal = torch.ones(m.seq_length, m.seq_length, dtype=torch.bool).triu(1)[None, None]
-        if not ps.is_pipeline_first_stage():  # a later stage starts from the previous one's output
-            p_ = config.parallel
-            s_local = m.seq_length // p_.context_parallel_size
-            if p_.sequence_parallel:
-                s_local //= p_.tensor_model_parallel_size
-            hidden = torch.randn(s_local, m.micro_batch_size, m.hidden_size, requires_grad=True)
-            model.set_input_tensor(hidden.to(next(model.parameters()).dtype))
-        with track_saved_tensors(model, inputs=(causal,)) as saved:
-            loss = model(tokens, positions, attention_mask=causal, labels=tokens)
-        loss.float().sum().backward()  # the recompute runs: it must not fail either
-        offset = _first_layer_number(config)
-        n = len(saved.per_layer())
+            models = [model.bfloat16() for model in models]
         params = {"dense": 0, "expert": 0}
-        for name, prm in model.named_parameters():
-            params["expert" if ".experts." in name else "dense"] += prm.numel()
+        for model in models:
+            for name, prm in model.named_parameters():
+                params["expert" if ".experts." in name else "dense"] += prm.numel()
+        # MLA runs only with TE's attention; MoE token dispatch needs real routing values.
+        runnable = not m.multi_latent_attention and (device != "meta" or not m.num_moe_experts)
+        saved_per_layer, roles, total = [], [], 0
+        for v, (model, layers) in enumerate(zip(models, chunks, strict=True)):
+            if not runnable or not layers:
+                continue
+            saved = _forward(model, config, first=stage == 0 and v == 0, device=device)
+            saved_per_layer += saved.per_layer()
+            roles += [saved.layer_roles(i) for i in range(len(layers))]
+            total += saved.total_bytes
         return RankMeasurement(
             rank=dist.get_rank(),
-            pp_rank=ps.get_pipeline_model_parallel_rank(),
-            layer_numbers=list(range(offset, offset + n)),
-            saved_per_layer=saved.per_layer(),
-            roles_per_layer=[saved.layer_roles(i) for i in range(n)],
-            saved_total_bytes=saved.total_bytes,
+            pp_rank=stage,
+            layer_numbers=[n for chunk in chunks for n in chunk] if runnable else [],
+            saved_per_layer=saved_per_layer,
+            roles_per_layer=roles,
+            saved_total_bytes=total,
             parameters=sum(params.values()),
             parameters_by_kind=params,
         )
@@ -388,11 +434,32 @@ def measure_rank(config: Config, dtype: str = "fp32", seed: int = 0) -> RankMeas
         ps.destroy_model_parallel()
 
 
-def _first_layer_number(config: Config) -> int:
-    from megatron.core import parallel_state as ps
+def _forward(model, config: Config, first: bool, device: str):
+    """One training forward of a model chunk, tracking what it saves; on a CPU, backward too
+    (the recompute must run without error)."""
+    import torch
 
-    per_stage = config.model.num_layers // config.parallel.pipeline_model_parallel_size
-    return ps.get_pipeline_model_parallel_rank() * per_stage
+    from ..memory.measure import track_saved_tensors
+
+    m, p = config.model, config.parallel
+    model.train()
+    tokens = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length))
+    positions = torch.arange(m.seq_length).unsqueeze(0).expand_as(tokens)
+    # Megatron-LM's data pipeline passes this mask (True = masked); without one the local
+    # softmax builds a default causal mask on "cuda".
+    causal = torch.ones(m.seq_length, m.seq_length, dtype=torch.bool).triu(1)[None, None]
+    if not first:  # a later chunk starts from the previous one's output
+        s_local = m.seq_length // p.context_parallel_size
+        if p.sequence_parallel:
+            s_local //= p.tensor_model_parallel_size
+        dtype = next(model.parameters()).dtype
+        hidden = torch.randn(s_local, m.micro_batch_size, m.hidden_size, dtype=dtype)
+        model.set_input_tensor(hidden.requires_grad_())
+    with track_saved_tensors(model, inputs=(causal,)) as saved:
+        out = model(tokens, positions, attention_mask=causal, labels=tokens)
+    if device != "meta":
+        out.float().sum().backward()
+    return saved
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,9 +475,19 @@ def _free_port() -> int:
 
 def measure(config: Config, dtype: str = "fp32", seed: int = 0) -> list[RankMeasurement]:
     """Every rank's measurement of `config`'s layout, with one gloo process per rank."""
-    world = _world_size(config)
+    return measure_many([config], dtype, seed)[0]
+
+
+def measure_many(
+    configs: list[Config], dtype: str = "fp32", seed: int = 0
+) -> list[list[RankMeasurement]]:
+    """`measure` for several configs of one layout in one process group (one start-up)."""
+    worlds = {_world_size(c) for c in configs}
+    if len(worlds) != 1:
+        raise ConfigError("measure_many needs configs of one parallel layout")
+    world = worlds.pop()
     if world == 1:
-        return [_in_process_group(0, 1, _free_port(), config, dtype, seed)]
+        return [[r] for r in _in_process_group(0, 1, _free_port(), configs, dtype, seed)]
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
@@ -419,7 +496,7 @@ def measure(config: Config, dtype: str = "fp32", seed: int = 0) -> list[RankMeas
         try:
             mp.start_processes(
                 _rank_main,
-                args=(world, port, config, dtype, seed, tmp),
+                args=(world, port, configs, dtype, seed, tmp),
                 nprocs=world,
                 start_method="spawn",
             )
@@ -429,12 +506,28 @@ def measure(config: Config, dtype: str = "fp32", seed: int = 0) -> list[RankMeas
             raise EngineError(
                 f"Megatron-Core rank {errors[0].stem if errors else '?'} failed: {first[0]}"
             ) from None
-        import json
+        per_rank = [json.loads((Path(tmp) / f"{r}.json").read_text()) for r in range(world)]
+    return [[RankMeasurement(**ranks[i]) for ranks in per_rank] for i in range(len(configs))]
 
-        return [
-            RankMeasurement(**json.loads((Path(tmp) / f"{r}.json").read_text()))
-            for r in range(world)
-        ]
+
+def measure_one_rank(config: Config, dtype: str = "bf16", stage: int = 0) -> RankMeasurement:
+    """One rank of `stage` of a full-size layout, shapes only: this process joins a fake
+    process group of the whole world size (collectives return at once) and builds and runs
+    its part of the model on the meta device, so nothing of the model's size is allocated."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    p = config.parallel
+    world = _world_size(config)
+    if not 0 <= stage < p.pipeline_model_parallel_size:
+        raise ConfigError(f"--stage must be in 0..{p.pipeline_model_parallel_size - 1}")
+    # Megatron's default rank order puts the pipeline rank outermost.
+    rank = stage * (world // p.pipeline_model_parallel_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        return measure_rank(config, dtype, device="meta")
+    finally:
+        dist.destroy_process_group()
 
 
 def _world_size(config: Config) -> int:
@@ -452,25 +545,24 @@ def _world_size(config: Config) -> int:
     return world
 
 
-def _in_process_group(rank, world, port, config, dtype, seed) -> RankMeasurement:
-    import torch
+def _in_process_group(rank, world, port, configs, dtype, seed) -> list[RankMeasurement]:
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        return measure_rank(config, dtype, seed)
+        return [measure_rank(config, dtype, seed) for config in configs]
     finally:
         dist.destroy_process_group()
 
 
-def _rank_main(rank, world, port, config, dtype, seed, out_dir) -> None:
-    import json
+def _rank_main(rank, world, port, configs, dtype, seed, out_dir) -> None:
+    import torch
 
+    torch.set_num_threads(1)  # several ranks share this machine's cores
     try:
-        result = _in_process_group(rank, world, port, config, dtype, seed)
+        results = _in_process_group(rank, world, port, configs, dtype, seed)
     except Exception as exc:  # reported by the parent as one line
         (Path(out_dir) / f"{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
         raise
-    (Path(out_dir) / f"{rank}.json").write_text(json.dumps(result.to_json()))
+    (Path(out_dir) / f"{rank}.json").write_text(json.dumps([r.to_json() for r in results]))

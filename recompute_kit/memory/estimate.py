@@ -700,11 +700,19 @@ def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
         return (h * ffn * width + bias * ffn * width + ffn * h) / shards + bias * h
 
     if m.multi_latent_attention:
+        # TE's spec replicates the down projections (TELinear, "duplicated") and fuses the
+        # latent norms into the up projections; the local spec shards the down projections
+        # like any column-parallel linear and has no latent norms.
+        local = m.transformer_impl == "local"
+        down = t if local else 1
+        latent_norm = 0 if local else 1
         dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
-        attention = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h + m.kv_lora_rank  # kv down, norm
+        attention = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h / down
+        attention += latent_norm * m.kv_lora_rank
         attention += m.kv_lora_rank * a * (m.qk_head_dim + dv) / t  # kv up (column)
         if m.q_lora_rank:
-            attention += h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * dq / t
+            attention += h * m.q_lora_rank / down + latent_norm * m.q_lora_rank
+            attention += m.q_lora_rank * a * dq / t
         else:
             attention += h * a * dq / t
         attention += a * dv * h / t + bias * h
