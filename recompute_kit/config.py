@@ -203,6 +203,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    # What was assumed because a source (a config file) left it out; said in every output.
+    assumptions: list[str] = field(default_factory=list, compare=False)
 
     def replace(self, **flat: Any) -> Config:
         """A copy with some flat Megatron keys changed (`replace(seq_length=4096)`)."""
@@ -210,6 +212,7 @@ class Config:
             dataclasses.replace(self.model),
             dataclasses.replace(self.parallel),
             dataclasses.replace(self.recompute),
+            list(self.assumptions),
         )
         for key, value in flat.items():
             section = _SECTION_OF_KEY.get(key)
@@ -230,7 +233,7 @@ class Config:
             fine_grained_activation_offloading=self.recompute.fine_grained_activation_offloading,
             offload_modules=list(self.recompute.offload_modules),
         )
-        return Config(self.model, self.parallel, rc)
+        return Config(self.model, self.parallel, rc, list(self.assumptions))
 
     def to_flat(self) -> dict[str, Any]:
         flat: dict[str, Any] = {}
@@ -635,9 +638,53 @@ def format_spec(rc: RecomputeConfig) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+# Names Megatron-Core's TransformerConfig, Megatron-Bridge and Megatron-LM's flags use for a
+# kit key, with the conversion of the value.
+ALIASES: dict[str, tuple[str, Any]] = {
+    "gated_linear_unit": ("swiglu", bool),
+    "padded_vocab_size": ("vocab_size", int),
+    "decoder_first_pipeline_num_layers": ("num_layers_in_first_pipeline_stage", int),
+    "decoder_last_pipeline_num_layers": ("num_layers_in_last_pipeline_stage", int),
+    "disable_bias_linear": ("add_bias_linear", lambda v: not v),
+    "untie_embeddings_and_output_weights": ("share_embeddings_and_output_weights", lambda v: not v),
+    "no_bias_swiglu_fusion": ("bias_activation_fusion", lambda v: not v),
+    "no_bias_gelu_fusion": ("bias_activation_fusion", lambda v: not v),
+    "no_masked_softmax_fusion": ("masked_softmax_fusion", lambda v: not v),
+    "tensor_parallel_size": ("tensor_model_parallel_size", int),
+    "pipeline_parallel_size": ("pipeline_model_parallel_size", int),
+    "expert_parallel_size": ("expert_model_parallel_size", int),
+}
+# Keys read but not kept: what they tell is folded into other keys.
+_INFORMATIVE = {"activation_func", "world_size", "nproc_per_node", "nnodes", "num_gpus"}
+_NORMALIZATIONS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+# Megatron-Core's TransformerConfig defaults where the kit's differ (its small runnable models),
+# used for a config read from a file; each memory-relevant key a file leaves out is listed.
+MEGATRON_DEFAULTS = {
+    "attention_backend": "auto",
+    "hidden_dropout": 0.1,
+    "attention_dropout": 0.1,
+    "normalization": "LayerNorm",
+    "micro_batch_size": 1,
+}
+# Keys without which a per-rank estimate is a guess: named in the assumptions when missing.
+_MEMORY_KEYS = {
+    "vocab_size": 32000,
+    "seq_length": 4096,
+    "micro_batch_size": 1,
+    "bf16": False,
+    "attention_backend": "auto",
+    "normalization": "LayerNorm",
+    "swiglu": False,
+    "add_bias_linear": True,
+}
+
+
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> tuple[Config, list[str]]:
-    """Build a Config from a flat or `model:`-nested mapping. Returns (config, warnings), where
-    warnings name every key that was not used."""
+    """Build a Config from a flat or section-nested mapping (Megatron-Bridge's `model:`,
+    `train:`, `ddp:`, ...; Megatron-Core and Megatron-LM names). Returns (config, warnings):
+    warnings name every key that was not used. Without `base`, missing keys take Megatron's
+    defaults and every memory-relevant one is listed in `config.assumptions`."""
     if not isinstance(data, dict):
         raise ConfigError(
             f"a config must be a mapping of keys to values, got {type(data).__name__}"
@@ -653,14 +700,63 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> tuple[
                 warnings.append(f"ignored top-level key {name!r}")
                 continue
             for key, value in section.items():
-                if key in _SECTION_OF_KEY and key not in flat:
+                if (key in _SECTION_OF_KEY or key in ALIASES) and key not in flat:
                     flat[key] = value
-    cfg = base or Config()
-    known = {key: value for key, value in flat.items() if key in _SECTION_OF_KEY}
-    for key in flat:
-        if key not in _SECTION_OF_KEY:
+    assumptions: list[str] = []
+    known: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key in _SECTION_OF_KEY:
+            known[key] = value
+        elif key in ALIASES:
+            target, convert = ALIASES[key]
+            if value is not None:
+                known.setdefault(target, convert(value))
+        elif key not in _INFORMATIVE:
             warnings.append(f"unknown config key {key!r}{_did_you_mean(key)} (ignored)")
-    return cfg.replace(**known), warnings
+    if isinstance(known.get("normalization"), str):
+        known["normalization"] = _NORMALIZATIONS.get(
+            known["normalization"].lower(), known["normalization"]
+        )
+    if isinstance(known.get("attention_backend"), str):  # "AttnBackend.flash" -> "flash"
+        known["attention_backend"] = known["attention_backend"].rsplit(".", 1)[-1]
+    act = str(flat.get("activation_func") or "")
+    if known.get("swiglu") and act and "silu" not in act:
+        assumptions.append(f"gated_linear_unit with {act}: counted as SwiGLU (same memory)")
+    _derive_data_parallel(flat, known, assumptions)
+    if base is None:
+        for key, default in _MEMORY_KEYS.items():
+            if key not in known:
+                known[key] = MEGATRON_DEFAULTS.get(key, default)
+                assumptions.append(f"{key} not given: assumed {known[key]!r}")
+        for key, default in MEGATRON_DEFAULTS.items():
+            known.setdefault(key, default)
+    cfg = (base or Config()).replace(**known)
+    cfg.assumptions = [*(base.assumptions if base else []), *assumptions]
+    return cfg, warnings
+
+
+def _derive_data_parallel(flat: dict[str, Any], known: dict[str, Any], notes: list[str]) -> None:
+    """DP from a launcher's world size (torchrun --nnodes x --nproc-per-node) when not given."""
+    if "data_parallel_size" in known:
+        return
+    world = flat.get("world_size")
+    if world is None and flat.get("nproc_per_node") is not None:
+        world = int(flat["nproc_per_node"]) * int(flat.get("nnodes") or 1)
+    if world is None:
+        return
+    model_parallel = (
+        int(known.get("tensor_model_parallel_size") or 1)
+        * int(known.get("pipeline_model_parallel_size") or 1)
+        * int(known.get("context_parallel_size") or 1)
+    )
+    if int(world) % model_parallel:
+        raise ConfigError(
+            f"world size {world} is not divisible by TP x PP x CP = {model_parallel}"
+        )
+    known["data_parallel_size"] = int(world) // model_parallel
+    notes.append(
+        f"data_parallel_size derived: world size {world} / (TP x PP x CP = {model_parallel})"
+    )
 
 
 def load_config(path: str | Path, base: Config | None = None) -> tuple[Config, list[str]]:

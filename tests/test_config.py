@@ -431,3 +431,78 @@ def test_presets_validate(name):
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="unknown preset 'gpt5'; choose from tiny-gpt"):
         get_preset("gpt5")
+
+
+# ---- configs read with Megatron's own names and defaults --------------------------------------
+
+BRIDGE_YAML = """
+model:
+  num_layers: 80
+  hidden_size: 8192
+  num_attention_heads: 64
+  num_query_groups: 8
+  ffn_hidden_size: 28672
+  gated_linear_unit: true
+  activation_func: torch.nn.functional.silu
+  add_bias_linear: false
+  normalization: rmsnorm
+  position_embedding_type: rope
+  seq_length: 8192
+  tensor_model_parallel_size: 8
+  pipeline_model_parallel_size: 4
+  sequence_parallel: true
+  bf16: true
+  padded_vocab_size: 128256
+train:
+  micro_batch_size: 1
+ddp:
+  use_distributed_optimizer: true
+"""
+
+
+def test_bridge_yaml_keeps_swiglu_vocab_and_megatron_defaults(tmp_path):
+    path = tmp_path / "llama.yaml"
+    path.write_text(BRIDGE_YAML)
+    cfg, warnings = load_config(path)
+    m = cfg.model
+    assert m.swiglu and not m.add_bias_linear and m.normalization == "RMSNorm"
+    assert m.vocab_size == 128256 and m.attention_backend == "auto"  # Megatron's default
+    assert cfg.parallel.use_distributed_optimizer and cfg.model.micro_batch_size == 1
+    assert warnings == []
+    assert not any("vocab_size" in a or "swiglu" in a for a in cfg.assumptions)
+    assert any(a.startswith("attention_backend not given") for a in cfg.assumptions)
+
+
+def test_missing_memory_keys_are_assumed_aloud():
+    cfg, _ = config_from_dict({"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4})
+    said = " ".join(cfg.assumptions)
+    for key in ("vocab_size", "seq_length", "micro_batch_size", "bf16", "attention_backend"):
+        assert f"{key} not given" in said
+
+
+def test_data_parallel_size_from_the_launcher_world():
+    cfg, _ = config_from_dict(
+        {
+            "nproc_per_node": 8,
+            "nnodes": 4,
+            "tensor_model_parallel_size": 2,
+            "use_distributed_optimizer": True,
+        }
+    )
+    assert cfg.parallel.data_parallel_size == 16
+    assert any("data_parallel_size derived" in a for a in cfg.assumptions)
+
+
+def test_megatron_lm_flag_names():
+    cfg, warnings = config_from_dict(
+        {
+            "disable_bias_linear": True,
+            "decoder_first_pipeline_num_layers": 1,
+            "decoder_last_pipeline_num_layers": 4,
+            "untie_embeddings_and_output_weights": True,
+        }
+    )
+    p, m = cfg.parallel, cfg.model
+    assert not m.add_bias_linear and not m.share_embeddings_and_output_weights
+    assert (p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage) == (1, 4)
+    assert warnings == []

@@ -364,7 +364,11 @@ def build_model(config: Config, dtype: str, vp_stage: int | None = None):
 
 
 def measure_rank(
-    config: Config, dtype: str = "fp32", seed: int = 0, device: str = "cpu"
+    config: Config,
+    dtype: str = "fp32",
+    seed: int = 0,
+    device: str = "cpu",
+    training: bool = True,
 ) -> RankMeasurement:
     """Measure this rank of `config`'s layout (the process group must be initialised).
 
@@ -415,7 +419,7 @@ def measure_rank(
         for v, (model, layers) in enumerate(zip(models, chunks, strict=True)):
             if not runnable or not layers:
                 continue
-            saved = _forward(model, config, first=stage == 0 and v == 0, device=device)
+            saved = _forward(model, config, stage == 0 and v == 0, device, training)
             saved_per_layer += saved.per_layer()
             roles += [saved.layer_roles(i) for i in range(len(layers))]
             total += saved.total_bytes
@@ -434,15 +438,15 @@ def measure_rank(
         ps.destroy_model_parallel()
 
 
-def _forward(model, config: Config, first: bool, device: str):
-    """One training forward of a model chunk, tracking what it saves; on a CPU, backward too
-    (the recompute must run without error)."""
+def _forward(model, config: Config, first: bool, device: str, training: bool = True):
+    """One forward of a model chunk with autograd on (in training or eval mode), tracking what
+    it saves; on a CPU, backward too (the recompute must run without error)."""
     import torch
 
     from ..memory.measure import track_saved_tensors
 
     m, p = config.model, config.parallel
-    model.train()
+    model.train(training)
     tokens = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length))
     positions = torch.arange(m.seq_length).unsqueeze(0).expand_as(tokens)
     # Megatron-LM's data pipeline passes this mask (True = masked); without one the local
@@ -479,15 +483,17 @@ def measure(config: Config, dtype: str = "fp32", seed: int = 0) -> list[RankMeas
 
 
 def measure_many(
-    configs: list[Config], dtype: str = "fp32", seed: int = 0
+    configs: list[Config], dtype: str = "fp32", seed: int = 0, training: bool = True
 ) -> list[list[RankMeasurement]]:
-    """`measure` for several configs of one layout in one process group (one start-up)."""
+    """`measure` for several configs of one layout in one process group (one start-up);
+    training=False runs the forward in eval mode with autograd still on."""
     worlds = {_world_size(c) for c in configs}
     if len(worlds) != 1:
         raise ConfigError("measure_many needs configs of one parallel layout")
     world = worlds.pop()
     if world == 1:
-        return [[r] for r in _in_process_group(0, 1, _free_port(), configs, dtype, seed)]
+        results = _in_process_group(0, 1, _free_port(), configs, dtype, seed, training)
+        return [[r] for r in results]
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
@@ -496,7 +502,7 @@ def measure_many(
         try:
             mp.start_processes(
                 _rank_main,
-                args=(world, port, configs, dtype, seed, tmp),
+                args=(world, port, configs, dtype, seed, training, tmp),
                 nprocs=world,
                 start_method="spawn",
             )
@@ -545,23 +551,25 @@ def _world_size(config: Config) -> int:
     return world
 
 
-def _in_process_group(rank, world, port, configs, dtype, seed) -> list[RankMeasurement]:
+def _in_process_group(
+    rank, world, port, configs, dtype, seed, training=True
+) -> list[RankMeasurement]:
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        return [measure_rank(config, dtype, seed) for config in configs]
+        return [measure_rank(config, dtype, seed, training=training) for config in configs]
     finally:
         dist.destroy_process_group()
 
 
-def _rank_main(rank, world, port, configs, dtype, seed, out_dir) -> None:
+def _rank_main(rank, world, port, configs, dtype, seed, training, out_dir) -> None:
     import torch
 
     torch.set_num_threads(1)  # several ranks share this machine's cores
     try:
-        results = _in_process_group(rank, world, port, configs, dtype, seed)
+        results = _in_process_group(rank, world, port, configs, dtype, seed, training)
     except Exception as exc:  # reported by the parent as one line
         (Path(out_dir) / f"{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
         raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..config import (
+    NORMAL_CHECKPOINT_MODULES,
     Config,
     ConfigError,
     ModelConfig,
@@ -101,6 +102,14 @@ def _shape(m: ModelConfig, p: ParallelConfig, dtype_bytes: int) -> _Shape:
     )
 
 
+def _q_is_copied(m: ModelConfig, t: int) -> bool:
+    """Megatron views the fused QKV output as [s, b, groups, (heads/groups + 2) x d] and
+    reshapes q to [s, b, heads, d]: a copy when a rank holds several query groups of several
+    heads each (GQA), a view otherwise (MHA, or one group per rank)."""
+    groups_per_rank = max(m.kv_groups // t, 1)
+    return groups_per_rank > 1 and m.num_attention_heads > m.kv_groups
+
+
 def _softmax_copy_in_fp32(m: ModelConfig, x: _Shape, B: int) -> bool:
     """Whether Megatron's unfused softmax runs on an fp32 copy of 16-bit scores: with
     attention_softmax_in_fp32 unless the fused CUDA kernel takes them (masked_softmax_fusion and
@@ -164,7 +173,14 @@ def layer_activation_bytes(
     megatron = engine == "megatron"
     x = _shape(m, p, dtype_bytes)
     B, t, sp = x.B, x.t, x.sp
-    sel = rc.selects if rc.recompute_granularity == "selective" else (lambda _m: False)
+    # Outside training megatron-core 0.16.1 skips only the core_attn checkpoint (attention.py
+    # checks `self.training`; moe_layer.py, mlp and the norms do not, measured); the reference
+    # layers skip every input-saving checkpoint.
+    training_only = ("core_attn",) if megatron else NORMAL_CHECKPOINT_MODULES
+
+    def sel(module: str) -> bool:
+        return rc.selects(module) and (training or module not in training_only)
+
     norm_recompute = sel("layernorm")
     if megatron and m.transformer_impl == "transformer_engine" and not moe_layer:
         # TE fuses a dense layer's norms into the next linear (LayerNormLinear): Megatron
@@ -217,7 +233,7 @@ def layer_activation_bytes(
             # that keeps the whole fused QKV output alive; plus statistics, and for torch's
             # RMSNorm (local spec) the normalized q and k too.
             qk_heads = x.tokens * (a + g) / t
-            kept_inputs = (q_bytes if g < a else 0.0) + q_bytes + 2 * k_bytes
+            kept_inputs = (q_bytes if _q_is_copied(m, t) else 0.0) + q_bytes + 2 * k_bytes
             roles["qkv"] += kept_inputs + _norm_stats(m, qk_heads)
             if m.transformer_impl == "local" and m.normalization == "RMSNorm":
                 roles["qkv"] += q_bytes + k_bytes
@@ -229,7 +245,7 @@ def layer_activation_bytes(
         core = q_bytes + k_bytes  # the normed q and k; v's storage is kept by the k norm
     elif sel("core_attn"):
         core = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
-        if megatron and not m.multi_latent_attention and m.kv_groups < a:
+        if megatron and not m.multi_latent_attention and _q_is_copied(m, t):
             # Megatron splits the fused QKV output per query group: with GQA, q is a copy and
             # k, v are views that keep the whole QKV output alive in the checkpoint.
             core += q_bytes
@@ -474,7 +490,8 @@ def _stage_estimate(
     chunks, offset = [], 0
     for chunk in layout[stage]:
         chunks += [
-            (offset + a, offset + b, ck) for a, b, ck in full_recompute_chunks(rc, len(chunk))
+            (offset + a, offset + b, ck)
+            for a, b, ck in full_recompute_chunks(rc, len(chunk), training)
         ]
         offset += len(chunk)
     kept = [0.0] * len(layers)  # device-resident saved bytes per layer
