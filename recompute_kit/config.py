@@ -391,7 +391,6 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 f"{offload_inside_moe} from --offload-modules."
             )
 
-    _check_moe_bias(m, p)
     _check_cuda_graphs(m, r)
 
     # Rules 26-28: only Megatron-LM's argument parser enforces these.
@@ -473,13 +472,6 @@ def _check_parallel_sizes(m: ModelConfig, p: ParallelConfig) -> None:
         )
     if p.expert_model_parallel_size > 1 and m.num_moe_experts is None:
         raise ConfigError("num_moe_experts must be non None to use expert-parallel.")
-
-
-def _check_moe_bias(m: ModelConfig, p: ParallelConfig) -> None:
-    # Expert TP defaults to TP in Megatron (expert_tensor_parallel_size=None).
-    etp = getattr(p, "expert_tensor_parallel_size", None) or p.tensor_model_parallel_size
-    if m.num_moe_experts is not None and m.add_bias_linear and etp != 1:
-        raise ConfigError("Bias in Moe is only supported when ETP==1")
 
 
 CUDA_GRAPH_SCOPES = (

@@ -147,6 +147,8 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
     if family == "granularity":
         return _granularity(rng, layers, pp)
     if family == "modules":
+        if rng.random() < 0.2:  # shared experts, with and without overlap on MoE models
+            return dict(recompute_granularity="selective", recompute_modules=["shared_experts"])
         return _selective(rng)
     if family == "distribute":
         tp = rng.choice((1, 2))
@@ -175,13 +177,16 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
                 dict(recompute_granularity="selective", recompute_modules=["moe"]),
             )
         )
-        return dict(
-            fine_grained_activation_offloading=True,
-            offload_modules=offload,
-            cpu_offloading=rng.random() < 0.15,
-            cpu_offloading_num_layers=1,
-            **recompute,
-        )
+        if rng.random() < 0.15:  # with layer offloading, on a layout that allows it
+            return dict(
+                fine_grained_activation_offloading=True,
+                offload_modules=offload,
+                cpu_offloading=True,
+                cpu_offloading_num_layers=1,
+                pipeline_model_parallel_size=1,
+                virtual_pipeline_model_parallel_size=None,
+            )
+        return dict(fine_grained_activation_offloading=True, offload_modules=offload, **recompute)
     if family == "fp8":
         modules = rng.sample(("layernorm", "moe_act", "core_attn", "mlp"), rng.randint(1, 2))
         return dict(
@@ -191,12 +196,11 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
             recompute_modules=modules,
         )
     if family == "cuda_graph":
-        impl = rng.choice(("local", "transformer_engine", "transformer_engine"))
+        impl = rng.choice(("local", "transformer_engine", "transformer_engine", "te"))
         scope = rng.sample(CUDA_GRAPH_SCOPE_CHOICES, rng.choice((0, 1, 1, 2)))
         if rng.random() < 0.1:
             impl, scope = rng.choice(
                 (
-                    ("te", scope),
                     (impl, ["full"]),
                     (impl, ["full", "attn"]),
                     (impl, ["mamba"]),
