@@ -242,6 +242,8 @@ def _did_you_mean(key: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Validation: Megatron-Core TransformerConfig rules, Megatron's messages verbatim.
 # Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
+# Checked against Megatron-Core 0.16.1 (tests/test_validation_parity.py); rules 14 (gdn_norm_out)
+# and 22 (offloading inside a recomputed MoE) follow the newer v0.19.
 # --------------------------------------------------------------------------------------------
 
 
