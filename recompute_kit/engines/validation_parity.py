@@ -339,7 +339,7 @@ def _moe_recomputed(flat: dict[str, Any]) -> bool:
     return granularity == "selective" and "moe" in modules
 
 
-def _category(flat: dict[str, Any], megatron: Verdict, kit: Verdict) -> tuple[str, str]:
+def _category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
     if megatron.depends_on:
         return "te_cuda", f"Megatron asks {megatron.depends_on}"
     offload_inside_moe = {"moe_act", "expert_fc1"} & set(flat.get("offload_modules", []))
@@ -371,7 +371,7 @@ def compare(configs: list[tuple[str, dict[str, Any]]]) -> ParityReport:
     for name, flat in configs:
         megatron = megatron_verdict(kit_config(flat))
         kit = kit_verdict(flat)
-        category, note = _category(flat, megatron, kit)
+        category, note = _category(flat, megatron)
         rejected_by_both = not (megatron.accepted or kit.accepted)
         if category == "counted" and rejected_by_both and _invalid_modules(megatron):
             modules = flat.get("recompute_modules") or []
