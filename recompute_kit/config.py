@@ -181,6 +181,8 @@ class RecomputeConfig:
     cpu_offloading_num_layers: int = 0
     fine_grained_activation_offloading: bool = False
     offload_modules: list[str] = field(default_factory=list)
+    # Deprecated Megatron flag: validation turns it into selective recompute of "moe".
+    moe_layer_recompute: bool = False
 
     @property
     def modules(self) -> list[str]:
@@ -267,6 +269,8 @@ def _did_you_mean(key: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Validation: Megatron-Core TransformerConfig rules, Megatron's messages verbatim.
 # Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
+# Checked against Megatron-Core 0.16.1 (tests/test_validation_parity.py); rules 14 (gdn_norm_out)
+# and 22 (offloading inside a recomputed MoE) follow the newer v0.19.
 # --------------------------------------------------------------------------------------------
 
 
@@ -274,6 +278,7 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
     m, p, r = cfg.model, cfg.parallel, cfg.recompute
     warnings: list[str] = []
     _check_types(cfg)
+    _check_parallel_sizes(m, p)
 
     # Rules 1-3: layer-level CPU offloading.
     if r.cpu_offloading and (
@@ -367,6 +372,19 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 "Delayed scaling does not support moe_act and layernorm recompute for fp8."
             )
 
+    # Rule 18: the deprecated MoE flag. It comes after the module checks, so a name it adds is
+    # never checked (Megatron's order).
+    if r.moe_layer_recompute:
+        warnings.append(
+            "--moe-layer-recompute is deprecated. "
+            "Use --recompute-granularity selective --recompute-modules moe_layer instead."
+        )
+        if g == "full":
+            raise ConfigError("Do not set --moe-layer-recompute with full recompute granularity. ")
+        r.recompute_granularity = g = "selective"
+        if "moe" not in r.recompute_modules:
+            r.recompute_modules.append("moe")
+
     # Rules 20-22: fine-grained activation offloading.
     if r.fine_grained_activation_offloading:
         if r.cpu_offloading:
@@ -401,6 +419,8 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 "remove 'moe' from --recompute-modules or remove "
                 f"{offload_inside_moe} from --offload-modules."
             )
+
+    _check_cuda_graphs(m, r)
 
     # Rules 26-28: only Megatron-LM's argument parser enforces these.
     if strict:
@@ -462,6 +482,104 @@ def _check_types(cfg: Config) -> None:
                 raise ConfigError(f"{f.name} must be a list, got {value!r}")
 
 
+def _check_parallel_sizes(m: ModelConfig, p: ParallelConfig) -> None:
+    """The rules Megatron checks before any recompute rule (ModelParallelConfig first)."""
+    if p.sequence_parallel and p.tensor_model_parallel_size <= 1:
+        raise ConfigError("Cannot use sequence parallelism without tensor parallelism")
+    if m.fp16 and m.bf16:
+        raise ConfigError(f"Only one of self.fp16: {m.fp16} and self.bf16 {m.bf16} should be True.")
+    tp = p.tensor_model_parallel_size
+    if tp >= 1 and m.num_attention_heads % tp:
+        raise ConfigError(
+            f"num_attention_heads ({m.num_attention_heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if tp >= 1 and m.kv_groups >= 1 and m.kv_groups % tp and tp % m.kv_groups:
+        raise ConfigError(
+            f"num_query_groups ({m.kv_groups}) must be a multiple or divisor of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if p.expert_model_parallel_size > 1 and m.num_moe_experts is None:
+        raise ConfigError("num_moe_experts must be non None to use expert-parallel.")
+
+
+CUDA_GRAPH_SCOPES = (
+    "full_iteration",
+    "attn",
+    "mlp",
+    "moe",
+    "moe_router",
+    "moe_preprocess",
+    "mamba",
+)
+
+
+def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
+    """Megatron-Core 0.16.1's cuda_graph_impl/cuda_graph_scope rules, recompute and offloading
+    included. The kit has no capacity factor or input jitter: Megatron's defaults (None) apply."""
+    scope = list(m.cuda_graph_scope)
+    if "full" in scope:  # the deprecated spelling of "the whole layer" (an empty list)
+        if scope != ["full"]:
+            raise ConfigError("full scope cannot be used with other scopes.")
+        scope = []
+    unknown = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
+    if unknown:
+        # Megatron: a bare KeyError from CudaGraphScope[name].
+        raise ConfigError(
+            f"unknown cuda_graph_scope {unknown[0]!r}; choose from {list(CUDA_GRAPH_SCOPES)}"
+        )
+    impl = m.cuda_graph_impl
+    if impl == "none":
+        return
+    if impl not in ("transformer_engine", "local"):
+        raise ConfigError(f"Invalid cuda graph implementation: {impl}")
+    if r.cpu_offloading:
+        raise ConfigError("CUDA graphs not supported with CPU offloading.")
+    if impl == "local" and ("moe_router" in scope or "moe_preprocess" in scope):
+        scope += [s for s in ("moe_router", "moe_preprocess") if s not in scope]
+    if impl == "transformer_engine" and "full_iteration" in scope:
+        raise ConfigError(
+            "To use full iteration cuda graph, please use "
+            "cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine."
+        )
+    if "moe" in scope and "moe_router" in scope:
+        raise ConfigError("cuda_graph_scope must not contain both moe and moe_router.")
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
+    if m.num_moe_experts is None or m.num_moe_experts <= 1:
+        if "moe" in scope or "moe_router" in scope:
+            raise ConfigError("moe cuda graph is only supported for MoE.")
+    else:
+        freq = m.moe_layer_freq
+        if (freq == 1 or (isinstance(freq, list) and 0 not in freq)) and "mlp" in scope:
+            raise ConfigError(
+                "mlp cuda graph is only supported for dense layers, but not found in the model."
+            )
+        if "moe" in scope:
+            raise ConfigError("moe cuda graph is only supported with drop-padding MoE.")
+    g, mods = r.recompute_granularity, r.recompute_modules or []
+    if not g:
+        return
+    if g != "selective":
+        if scope != ["full_iteration"]:
+            raise ConfigError("full recompute is only supported with full iteration CUDA graph.")
+        return
+    # A recompute region must lie wholly inside or outside a graph, and a graphed recompute
+    # cannot draw random numbers (dropout).
+    if impl == "transformer_engine" and "moe" in mods and "moe_router" in scope:
+        raise ConfigError("moe recompute is not supported with moe_router CUDA graph with: ")
+    whole = not scope or "full_iteration" in scope
+    if m.attention_dropout != 0.0 and "core_attn" in mods and (whole or "attn" in scope):
+        raise ConfigError(
+            "attention dropout is not supported with graphed attention recomputation."
+        )
+    if m.hidden_dropout != 0.0 and (
+        ("mlp" in mods and (whole or "mlp" in scope))
+        or ("moe" in mods and (whole or "moe" in scope))
+    ):
+        raise ConfigError("hidden dropout is not supported with graphed MLP/MoE recomputation.")
+
+
 def _check_shapes(m: ModelConfig) -> None:
     for key in (
         "num_layers",
@@ -495,8 +613,6 @@ def _check_shapes(m: ModelConfig) -> None:
     for key in ("hidden_dropout", "attention_dropout"):
         if not 0.0 <= getattr(m, key) < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {getattr(m, key)}")
-    if m.bf16 and m.fp16:
-        raise ConfigError("bf16 and fp16 cannot both be true")
     if m.num_moe_experts:
         if not 1 <= m.moe_router_topk <= m.num_moe_experts:
             raise ConfigError(

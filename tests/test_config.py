@@ -125,6 +125,17 @@ def test_rule9_distribute_saved_activations_with_sequence_parallel():
         recompute_method="uniform",
         recompute_num_layers=1,
         distribute_saved_activations=True,
+        # Megatron-Core 0.16.1 first refuses sequence parallelism without TP (see the next test).
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+    )
+
+
+def test_sequence_parallel_needs_tensor_parallel_before_any_recompute_rule():
+    rejects(
+        "Cannot use sequence parallelism without tensor parallelism",
+        recompute_granularity="full",
+        distribute_saved_activations=True,
         sequence_parallel=True,
     )
 

@@ -191,6 +191,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-offloading-num-layers", type=int, default=0)
     p.add_argument("--fine-grained-activation-offloading", action="store_true")
     p.add_argument("--offload-modules", nargs="*", type=str, default=[])
+    p.add_argument("--moe-layer-recompute", action="store_true")  # deprecated; never rendered
     return p
 
 
