@@ -234,6 +234,9 @@ def test_one_rank_of_a_full_size_layout(name):
     rank = engine.measure_one_rank(config, "bf16", stage)
     expected = rank_parameters(config, stage)
     assert rank.parameters_by_kind == {k: round(v) for k, v in expected.items()}
+    # Model states: Adam's 12 B per parameter, sharded over the engine's own groups.
+    optimizer = sum(12 * n / rank.optimizer_shards[k] for k, n in rank.parameters_by_kind.items())
+    assert estimate(config, stage=stage).optimizer_bytes == pytest.approx(optimizer, rel=1e-9)
     m = config.model
     for layer, saved in zip(rank.layer_numbers, rank.saved_per_layer, strict=True):
         roles = layer_activation_bytes(m, config.recompute, config.parallel, 2, False)

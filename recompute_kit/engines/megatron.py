@@ -56,6 +56,9 @@ class RankMeasurement:
     saved_total_bytes: int  # the whole forward (embedding, layers, head, loss)
     parameters: int  # parameters this rank holds
     parameters_by_kind: dict[str, int] = field(default_factory=dict)  # dense / expert
+    # The groups the distributed optimizer shards over: dense parameters over data parallel
+    # with context parallel, expert parameters over expert data parallel.
+    optimizer_shards: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -235,11 +238,6 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
             "Megatron-Core's mlp recompute with add_bias_linear=True recurses in backward; "
             "measure it with add_bias_linear=False (biases do not change saved bytes)"
         )
-    if m.attention_backend != "unfused":
-        raise ConfigError(
-            "the Megatron-Core reference runs the local layer spec (unfused attention): "
-            "set attention_backend=unfused"
-        )
     import torch
     import torch.nn.functional as F
 
@@ -415,6 +413,11 @@ def measure_rank(
                 params["expert" if ".experts." in name else "dense"] += prm.numel()
         # MLA runs only with TE's attention; MoE token dispatch needs real routing values.
         runnable = not m.multi_latent_attention and (device != "meta" or not m.num_moe_experts)
+        if runnable and m.attention_backend != "unfused":
+            raise ConfigError(
+                "the Megatron-Core reference runs the local layer spec (unfused attention) "
+                "without Transformer Engine: set attention_backend=unfused"
+            )
         saved_per_layer, roles, total = [], [], 0
         for v, (model, layers) in enumerate(zip(models, chunks, strict=True)):
             if not runnable or not layers:
@@ -432,6 +435,10 @@ def measure_rank(
             saved_total_bytes=total,
             parameters=sum(params.values()),
             parameters_by_kind=params,
+            optimizer_shards={
+                "dense": ps.get_data_parallel_world_size(with_context_parallel=True),
+                "expert": ps.get_expert_data_parallel_world_size(),
+            },
         )
     finally:
         stack.close()
