@@ -83,6 +83,7 @@ class ModelConfig:
     # LayerNormLinear); "local" runs torch norms (RMSNorm keeps its normalized output too).
     transformer_impl: str = "transformer_engine"
     position_embedding_type: str = "learned_absolute"  # Megatron's default; "rope", "none"
+    apply_rope_fusion: bool = False  # TransformerConfig's default (Megatron-LM's is on)
     share_embeddings_and_output_weights: bool = False
     qk_layernorm: bool = False
     make_vocab_size_divisible_by: int = 128  # Megatron-LM pads the vocabulary to this x TP
@@ -766,6 +767,7 @@ ALIASES: dict[str, tuple[str, Any]] = {
     "no_bias_swiglu_fusion": ("bias_activation_fusion", lambda v: not v),
     "no_bias_gelu_fusion": ("bias_activation_fusion", lambda v: not v),
     "no_masked_softmax_fusion": ("masked_softmax_fusion", lambda v: not v),
+    "no_rope_fusion": ("apply_rope_fusion", lambda v: not v),
     "tensor_parallel_size": ("tensor_model_parallel_size", int),
     "pipeline_parallel_size": ("pipeline_model_parallel_size", int),
     "expert_parallel_size": ("expert_model_parallel_size", int),

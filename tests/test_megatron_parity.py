@@ -194,6 +194,7 @@ FULL_SIZE = {
             seq_length=8192,
             attention_backend="unfused",
             masked_softmax_fusion=False,
+            apply_rope_fusion=False,  # the fused kernel is TE's
         ),
         1,
     ),

@@ -280,7 +280,7 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         masked_softmax_fusion=False,
         bias_activation_fusion=m.bias_activation_fusion,
         bias_dropout_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=False,  # the fused RoPE kernel is TE's
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
     )

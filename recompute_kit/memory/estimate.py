@@ -227,6 +227,11 @@ def layer_activation_bytes(
         k_bytes = v_bytes = B * x.tokens * g * d / t  # un-expanded
         k_stored = v_stored = B * x.tokens * a * d / t  # expanded for the unfused path
         roles["qkv"] = norm_out
+        if megatron and m.position_embedding_type == "rope" and not m.apply_rope_fusion:
+            # Unfused RoPE computes cos and sin of the rotary angles for q and for k and keeps
+            # them ([s, 1, 1, d] in the activation dtype); the fused kernel keeps only the
+            # angles, once per forward.
+            roles["qkv"] += 4 * B * x.s * d
         qk_norm = megatron and m.qk_layernorm
         if qk_norm:
             # q/k norms over each head keep their inputs: q (a copy with GQA) and k, a view

@@ -1,0 +1,72 @@
+"""Estimator vs real Megatron-Core, one rank of N of full-size layouts (meta device, fake
+process group), and the small multi-process layouts: the figures in benchmarks/RESULTS.md.
+
+    python benchmarks/megatron_parity.py            # full-size layouts (about a minute)
+    python benchmarks/megatron_parity.py --small    # also the gloo layouts of the test suite
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+warnings.filterwarnings("ignore")
+
+
+def full_size() -> None:
+    from test_megatron_parity import FULL_SIZE
+
+    from recompute_kit.engines import megatron as engine
+    from recompute_kit.memory.estimate import estimate, layer_activation_bytes, rank_parameters
+    from recompute_kit.presets import get_preset
+
+    print("| layout | stage | s | layers measured | max per-layer error | parameters | optimizer |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (preset, keys, stage) in sorted(FULL_SIZE.items()):
+        config = get_preset(preset).config().replace(transformer_impl="local", **keys)
+        config = config.with_recompute("selective:mlp")
+        start = time.perf_counter()
+        rank = engine.measure_one_rank(config, "bf16", stage)
+        seconds = time.perf_counter() - start
+        m = config.model
+        errors = [
+            abs(
+                sum(layer_activation_bytes(m, config.recompute, config.parallel, 2, False).values())
+                - saved
+            )
+            / saved
+            for saved in rank.saved_per_layer
+        ]
+        expected = {k: round(v) for k, v in rank_parameters(config, stage).items()}
+        optimizer = sum(
+            12 * n / rank.optimizer_shards[k] for k, n in rank.parameters_by_kind.items()
+        )
+        est_opt = estimate(config, stage=stage).optimizer_bytes
+        params = sum(rank.parameters_by_kind.values())
+        print(
+            f"| {name} | {stage} | {seconds:.1f} | {len(errors)} | "
+            + (f"{max(errors):.3%}" if errors else "n/a (MoE/MLA: parameters only)")
+            + f" | {'equal' if expected == rank.parameters_by_kind else 'DIFFER'}"
+            f" ({params:,}) | {abs(est_opt - optimizer) / optimizer:.2e} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="also the gloo layouts")
+    args = parser.parse_args()
+    full_size()
+    if args.small:
+        import pytest
+
+        sys.exit(pytest.main(["-q", "-W", "ignore", "tests/test_megatron_parity.py"]))
+
+
+if __name__ == "__main__":
+    main()
