@@ -687,7 +687,10 @@ def parse_spec(spec: str) -> RecomputeConfig:
     if head == "selective":
         if ":" not in text:
             return RecomputeConfig("selective", recompute_modules=["core_attn"])
-        modules = [mod.strip() for mod in rest.split(",") if mod.strip()]
+        items = [mod.strip() for mod in rest.split(",")]
+        if rest.strip() and not all(items):  # `selective:` alone is the empty control
+            raise ConfigError(f"empty module name in spec {spec!r} (a doubled or trailing comma)")
+        modules = [mod for mod in items if mod]
         unknown = [mod for mod in modules if mod not in RECOMPUTE_MODULES]
         if unknown:
             raise ConfigError(
