@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import Config, ConfigError, load_config, parse_spec
 from .presets import get_preset
+from .units import byte_unit, integer_bytes
 
 GIB = 2**30
 PROXIES = {"dense": "tiny-gpt", "moe": "tiny-moe", "mla": "tiny-mla"}
@@ -123,7 +124,7 @@ def config_keys(cfg: Config) -> dict[str, Any]:
     return cfg.to_flat()
 
 
-def memory_breakdown(cfg: Config) -> dict[str, float]:
+def memory_breakdown(cfg: Config) -> dict[str, int]:
     """Per-rank bytes by component: model states and activations by role (first stage)."""
     from .memory.estimate import estimate
 
@@ -137,22 +138,28 @@ def memory_breakdown(cfg: Config) -> dict[str, float]:
         0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
     )
     parts["backward transient"] = e.peak_activation_bytes - e.activation_bytes
-    return parts
+    return {name: round(value) for name, value in parts.items()}
 
 
 def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
-    from . import plots  # noqa: F401  (selects the Agg backend)
+    from .plots import new_figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure(7)
+    unit, scale = byte_unit([sum(parts.values()), gpu_memory_gb * GIB])
     bottom = 0.0
-    cmap = plt.get_cmap("tab20")
+    cmap = colormaps["tab20"]
     for i, (name, value) in enumerate(p for p in parts.items() if p[1] > 0):
-        ax.bar(["per rank"], [value / GIB], bottom=bottom, label=name, color=cmap(i % 20))
-        bottom += value / GIB
-    ax.axhline(gpu_memory_gb, color="tab:red", linestyle="--", label=f"GPU {gpu_memory_gb:g} GiB")
-    ax.set_ylabel("GiB")
+        ax.bar(["per rank"], [value / scale], bottom=bottom, label=name, color=cmap(i % 20))
+        bottom += value / scale
+    ax.axhline(
+        gpu_memory_gb * GIB / scale,
+        color="tab:red",
+        linestyle="--",
+        label=f"GPU {gpu_memory_gb:g} GiB",
+    )
+    ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
@@ -186,7 +193,8 @@ def verify_on_proxy(
 
 
 def write_report(out_dir: Path, report: dict[str, Any], markdown: str) -> None:
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    document = integer_bytes(report)
+    (out_dir / "report.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out_dir / "report.md").write_text(markdown)
 
 
