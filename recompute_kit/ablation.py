@@ -98,6 +98,10 @@ class AblationSetup:
     golden_tflops: float | None = None
     regression_threshold: float = 0.10
     seed: int = 0
+    # CPU: torch threads during the sweep. One thread by default: on a shared machine two
+    # OpenMP threads spin against other processes, and steps vary tenfold (measured: 0.2-1.7 s
+    # vs 42-80 ms for one thread, tiny-gpt, 2 busy cores).
+    cpu_threads: int | None = 1
 
     def key(self) -> str:
         """Identifies the setup, so a resumed sweep never mixes rows of different setups."""
@@ -111,6 +115,7 @@ class AblationSetup:
                 self.dtype,
                 self.memory_budget_gb,
                 self.seed,
+                self.cpu_threads,
             ],
             sort_keys=True,
             default=str,
@@ -128,6 +133,8 @@ def validate_setup(setup: AblationSetup) -> None:
         raise ConfigError(f"steps must be >= 1 and warmup >= 0, got {setup.steps}, {setup.warmup}")
     if setup.memory_budget_gb is not None and setup.memory_budget_gb <= 0:
         raise ConfigError(f"memory budget must be positive, got {setup.memory_budget_gb:g} GiB")
+    if setup.cpu_threads is not None and setup.cpu_threads < 1:
+        raise ConfigError(f"cpu threads must be >= 1, got {setup.cpu_threads}")
     if not 0 < setup.regression_threshold < 1:
         raise ConfigError(
             f"regression threshold must be in (0, 1), got {setup.regression_threshold:g}"
@@ -371,6 +378,20 @@ def _worker() -> None:
 
 
 @contextlib.contextmanager
+def cpu_threads(setup: AblationSetup):
+    """On CPU, run the sweep with `setup.cpu_threads` torch threads (restored afterwards)."""
+    if resolve_device(setup.device).type != "cpu" or setup.cpu_threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(setup.cpu_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def memory_cap(setup: AblationSetup):
     """On CUDA, cap this process at the budget (emulating a smaller GPU)."""
     device = resolve_device(setup.device)
@@ -556,6 +577,7 @@ def run_ablation(
         "memory_budget_gb": setup.memory_budget_gb,
         "key": key,
         "timing": "interleaved" if interleaved else "sequential",
+        "cpu_threads": setup.cpu_threads if device == "cpu" else None,
     }
 
     def record(row: AblationRow) -> None:
@@ -564,10 +586,10 @@ def run_ablation(
 
     if interleaved and todo:
         # All configs share the machine's drift; the rows are written once the rounds end.
-        info["matmul_tflops"] = matmul_ceiling_tflops(setup.device, setup.dtype)
         say(f"{len(todo)} configs, {setup.steps} interleaved rounds ...")
         start = time.perf_counter()
-        with memory_cap(setup):
+        with memory_cap(setup), cpu_threads(setup):
+            info["matmul_tflops"] = matmul_ceiling_tflops(setup.device, setup.dtype)
             for row in run_interleaved(setup, todo):
                 if row.tflops_per_gpu:
                     row.mfu = row.tflops_per_gpu / info["matmul_tflops"]
