@@ -100,7 +100,7 @@ def text_file(path: str, flag: str, hint: str, strict: bool = True) -> None:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}") from None
     if not data.strip():
         raise ConfigError(f"{flag} {path} is empty; {hint}")
     if data[:2] == b"\x1f\x8b":
@@ -211,6 +211,10 @@ def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
     present = set(applicable_modules(cfg))
     for spec in specs:
         rc = parse_spec(spec)
+        try:
+            cfg.with_recompute(rc).validate()
+        except ConfigError:
+            continue  # the command reports it as the error it is
         absent = [m for m in rc.recompute_modules or [] if m not in present]
         if rc.recompute_granularity == "selective" and absent:
             kind = "MoE" if cfg.model.num_moe_experts else "dense"
