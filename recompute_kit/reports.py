@@ -7,6 +7,8 @@ run with papermill, a notebook in JupyterLab and `recompute-kit doctor/plan/abla
 from __future__ import annotations
 
 import json
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,108 @@ from .units import byte_unit, integer_bytes
 
 GIB = 2**30
 PROXIES = {"dense": "tiny-gpt", "moe": "tiny-moe", "mla": "tiny-mla"}
+# A real PyTorch OOM message, verbatim from https://github.com/pytorch/pytorch/issues/16417 ;
+# the OOM notebook diagnoses it when `error_log` is "example".
+EXAMPLE_OOM_MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a tot"
+    "al capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this "
+    "process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by P"
+    "yTorch, and 194.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocat"
+    "ed memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
+    " fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stab"
+    "le/notes/cuda.html#environment-variables)"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook front end: parameter checks with one-line errors, tables as Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def one_line_errors() -> None:
+    """In an IPython kernel, show a ConfigError as its one line (`ConfigError: message`) instead
+    of a traceback through the library: papermill and JupyterLab print just that line."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        # IPython hands custom exceptions to this handler only: it must show the error itself
+        # (as an `error` output, which papermill and JupyterLab report).
+        line = f"{etype.__name__}: {value}"
+        shell._showtraceback(etype, value, [line])
+        return [line]
+
+    shell.set_custom_exc((ConfigError,), handler)
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    if annotation is Any or isinstance(annotation, str):  # a string annotation: not checked
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(value, origin)
+
+
+def _type_name(annotation: Any) -> str:
+    """Optional[int] -> 'int or None', list[str] -> 'list[str]'."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if typing.get_args(annotation):
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def check_types(annotations: dict[str, Any], namespace: dict[str, Any]) -> None:
+    """Each notebook parameter against the type its parameters cell declares (papermill passes
+    `-p steps abc` as a string): one ConfigError naming the first that does not match."""
+    for name, annotation in annotations.items():
+        if name in namespace and not _type_ok(namespace[name], annotation):
+            raise ConfigError(
+                f"parameter {name} must be {_type_name(annotation)}, got {namespace[name]!r}"
+            )
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def show_markdown(text: str) -> None:
+    """Render Markdown in a notebook (plain text elsewhere)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        print(text)
+        return
+    if get_ipython() is None:
+        print(text)
+    else:
+        display(Markdown(text))
+
+
+def breakdown_markdown(parts: dict[str, int], gpu_memory_gb: float) -> str:
+    unit, scale = byte_unit([sum(parts.values())])
+    rows = [[name, f"{value / scale:.2f}"] for name, value in parts.items()]
+    rows.append(["**total**", f"**{sum(parts.values()) / scale:.2f}**"])
+    rows.append(["GPU", f"{gpu_memory_gb * GIB / scale:.2f}"])
+    return markdown_table(["component", f"per rank ({unit})"], rows)
 
 
 @dataclass
@@ -107,11 +211,14 @@ def _is_path(text: str) -> bool:
 
 
 def read_error_log(error_log: str | None):
-    """`error_log` is a path or the pasted text itself; returns Evidence."""
+    """`error_log` is a path, the pasted text itself, or "example" (EXAMPLE_OOM_MESSAGE);
+    returns Evidence."""
     from .doctor.evidence import Evidence, parse_log
 
     if not error_log:
         return Evidence()
+    if error_log == "example":
+        return parse_log(EXAMPLE_OOM_MESSAGE)
     if _is_path(error_log):
         from .doctor.evidence import parse_log_file
 
