@@ -7,6 +7,8 @@ Skipped, with the reason, only where Chromium or Playwright is not installed (`.
 installs both).
 """
 
+import contextlib
+import json
 import os
 import shutil
 import socket
@@ -95,6 +97,17 @@ def lab(tmp_path_factory):
         "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
     }
+    # User settings: start the notebook's kernel without asking, and fetch no news (closed
+    # network).
+    settings = home / "settings"
+    for plugin, values in {
+        "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"},
+    }.items():
+        path = settings / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     log = (root / "jupyter.log").open("w")
     proc = subprocess.Popen(
         [
@@ -154,9 +167,8 @@ def test_notebook_shows_its_plots_in_jupyterlab(lab, name, tmp_path):
                 state="attached",
                 timeout=120_000,
             )
-            select = page.locator(".jp-Dialog button", has_text="Select")
-            if select.count():  # a notebook without kernelspec asks which kernel to start
-                select.first.click()
+            with contextlib.suppress(playwright.Error):  # should the kernel dialog come, answer it
+                page.locator(".jp-Dialog button", has_text="Select").first.click(timeout=10_000)
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
             page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
             pngs = "img[src^='data:image/png']"
