@@ -58,10 +58,13 @@ def emit_json(document: Any) -> None:
 
 
 def spec_arg(text: str) -> str:
-    """A recompute spec, checked when the command line is parsed."""
+    """A recompute spec, checked when the command line is parsed. `selective:` alone (no
+    modules, the control that equals none) is valid."""
     _, _, modules = text.strip().partition(":")
-    if text.strip().startswith("selective:") and any(
-        not m.strip() for m in modules.split(",")
+    if (
+        text.strip().startswith("selective:")
+        and modules.strip()
+        and any(not m.strip() for m in modules.split(","))
     ):  # parse_spec drops empty items; a doubled comma is a typo, not a module list
         raise argparse.ArgumentTypeError(f"empty module name in {text!r}")
     try:

@@ -151,6 +151,9 @@ def test_repeated_recompute_accumulates():
         ).stdout
     )
     assert [e["recompute"] for e in doc["estimates"]] == ["none", "selective", "full:uniform:1"]
+    # the empty selective control stays valid
+    doc = json.loads(run("estimate", "--recompute", "selective:", "--json", check_rc=0).stdout)
+    assert doc["estimates"][0]["recompute"] == "selective:"
 
 
 def test_selective_module_the_model_lacks_gets_a_note():
