@@ -15,11 +15,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .config import OFFLOAD_MODULES, SPEC_HELP, Config, ConfigError, all_specs, load_config
+from .config import (
+    OFFLOAD_MODULES,
+    SPEC_HELP,
+    Config,
+    ConfigError,
+    all_specs,
+    applicable_modules,
+    load_config,
+    parse_spec,
+)
 from .presets import PRESETS, get_preset
+from .units import byte_unit, in_unit, integer_bytes
 
-GIB = 2**30
-MIB = 2**20
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")  # export.FORMATS
 
 
 # --------------------------------------------------------------------------------------------
@@ -37,14 +46,69 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def byte_unit(values: Sequence[int]) -> tuple[str, int]:
-    """GiB for real sizes; MiB when every value is under 0.1 GiB (tiny models)."""
-    return ("GiB", GIB) if max(values, default=0) >= GIB // 10 else ("MiB", MIB)
-
-
 def emit_json(document: Any) -> None:
-    json.dump(document, sys.stdout, indent=2)
+    """One JSON document on stdout; byte fields as integers (estimates carry fractions)."""
+    json.dump(integer_bytes(document), sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Argument types: a bad value is a usage error (exit 2) before any work
+# --------------------------------------------------------------------------------------------
+
+
+def spec_arg(text: str) -> str:
+    """A recompute spec, checked when the command line is parsed. `selective:` alone (no
+    modules, the control that equals none) is valid."""
+    try:
+        parse_spec(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def text_file(path: str, flag: str, hint: str, strict: bool = True) -> None:
+    """One line for a file that cannot be what the flag wants: missing, empty or binary.
+    strict: the file must decode as UTF-8 (configs); otherwise only NUL bytes mark it binary
+    (logs may hold a stray non-UTF-8 byte and are still worth reading)."""
+    if path == "-":
+        return
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    if not data.strip():
+        raise ConfigError(f"{flag} {path} is empty; {hint}")
+    if data[:2] == b"\x1f\x8b":
+        return  # gzip: the doctor reads compressed logs itself
+    where = data.find(b"\x00")
+    if strict and where < 0:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = exc.start
+    if where >= 0:
+        raise ConfigError(f"{flag} {path} is not text (binary data at byte {where}); {hint}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,8 +124,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+CONFIG_HINT = "give a YAML or JSON config (flat Megatron keys, or under model:)"
+
+
 def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") -> Config:
     if args.config:
+        text_file(args.config, "--config", CONFIG_HINT)
         cfg, warnings = load_config(args.config)
         for warning in warnings:
             print(f"recompute-kit: warning: {warning}", file=sys.stderr)
@@ -128,8 +196,29 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
-    """--recompute SPEC ... or, by default, the config's own setting."""
-    return list(args.recompute) if args.recompute else [cfg.recompute.spec]
+    """--recompute SPEC ... (repeatable, accumulated) or, by default, the config's own setting.
+    A note for selective modules this model does not have: they recompute nothing."""
+    specs = list(dict.fromkeys(args.recompute)) if args.recompute else [cfg.recompute.spec]
+    note_inapplicable(cfg, specs)
+    return specs
+
+
+def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
+    present = set(applicable_modules(cfg))
+    for spec in specs:
+        rc = parse_spec(spec)
+        try:
+            cfg.with_recompute(rc).validate()
+        except ConfigError:
+            continue  # the command reports it as the error it is
+        absent = [m for m in rc.recompute_modules or [] if m not in present]
+        if rc.recompute_granularity == "selective" and absent:
+            kind = "MoE" if cfg.model.num_moe_experts else "dense"
+            print(
+                f"recompute-kit: note: {spec}: this {kind} model has no {', '.join(absent)} "
+                "modules, so they recompute nothing here",
+                file=sys.stderr,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +266,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    text_file(args.config_file, "config file", CONFIG_HINT)
     cfg, warnings = load_config(args.config_file)
     errors: list[str] = []
     try:
@@ -241,6 +331,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             fine_grained_activation_offloading=True, offload_modules=list(args.offload_modules)
         )
     cfg.validate()
+    if args.recompute:
+        note_inapplicable(cfg, args.recompute)
     results = verify(cfg, args.recompute, device=args.device, dtype=args.dtype, seed=args.seed)
     ok = all(r.loss_match and r.grads_match for r in results)
     if args.json:
@@ -264,10 +356,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.2f}"
-
-
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .memory.estimate import estimate
 
@@ -281,29 +369,30 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"estimates": [e.to_json() for e in results]})
         return 0
+    unit, scale = byte_unit([e.total_bytes for e in results])
     print(
         format_table(
             [
                 "recompute",
-                "act/layer (GiB)",
-                "activations (GiB)",
-                "peak act (GiB)",
-                "weights (GiB)",
-                "grads (GiB)",
-                "optimizer (GiB)",
-                "total (GiB)",
+                f"act/layer ({unit})",
+                f"activations ({unit})",
+                f"peak act ({unit})",
+                f"weights ({unit})",
+                f"grads ({unit})",
+                f"optimizer ({unit})",
+                f"total ({unit})",
                 "recompute FLOPs (%)",
             ],
             [
                 (
                     e.recompute,
-                    _gib(e.per_layer_activation_bytes),
-                    _gib(e.activation_bytes),
-                    _gib(e.peak_activation_bytes),
-                    _gib(e.weights_bytes),
-                    _gib(e.grads_bytes),
-                    _gib(e.optimizer_bytes),
-                    _gib(e.total_bytes),
+                    in_unit(e.per_layer_activation_bytes, scale),
+                    in_unit(e.activation_bytes, scale),
+                    in_unit(e.peak_activation_bytes, scale),
+                    in_unit(e.weights_bytes, scale),
+                    in_unit(e.grads_bytes, scale),
+                    in_unit(e.optimizer_bytes, scale),
+                    in_unit(e.total_bytes, scale),
                     f"{100 * e.recompute_flops_fraction:.2f}",
                 )
                 for e in results
@@ -366,10 +455,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
-    result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format)
+    try:
+        result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format)
+    except ConfigError as exc:
+        if args.json:  # a document even when nothing fits: scripts read stdout
+            emit_json({"fits": False, "error": str(exc), "best": None, "candidates": []})
+        raise
     if args.json:
         emit_json(
             {
+                "fits": True,
                 "budget_bytes": result.budget_bytes,
                 "usable_bytes": result.usable_bytes,
                 "candidates": [c.to_json() for c in result.candidates],
@@ -380,14 +475,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         return 0
     shown = result.candidates[: args.top]
+    unit, scale = byte_unit([c.estimate.total_bytes for c in shown])
     print(
         format_table(
             [
                 "recompute",
                 "offload",
                 "fits",
-                "total (GiB)",
-                "peak act (GiB)",
+                f"total ({unit})",
+                f"peak act ({unit})",
                 "recompute FLOPs (%)",
             ],
             [
@@ -395,8 +491,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     c.estimate.recompute,
                     c.offload or "-",
                     "yes" if c.fits else "no",
-                    _gib(c.estimate.total_bytes),
-                    _gib(c.estimate.peak_activation_bytes),
+                    in_unit(c.estimate.total_bytes, scale, 2),
+                    in_unit(c.estimate.peak_activation_bytes, scale, 2),
                     f"{100 * c.estimate.recompute_flops_fraction:.2f}",
                 )
                 for c in shown
@@ -430,7 +526,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     setup = AblationSetup(
         config=cfg,
         name=name,
-        specs=list(args.recompute or all_specs(cfg)),
+        specs=specs_for(cfg, args) if args.recompute else all_specs(cfg),
         steps=args.steps,
         warmup=args.warmup,
         device=args.device,
@@ -439,6 +535,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         golden=None if args.golden_tflops is not None else args.golden,
         golden_tflops=args.golden_tflops,
         regression_threshold=args.regression_threshold,
+        cpu_threads=args.cpu_threads,
     )
     rows = run_ablation(setup, args.out, resume=args.resume, runner=runner)
     if args.json:
@@ -459,6 +556,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise ConfigError(
             "give the doctor something to read: --log FILE (or -), --config FILE, "
             "--experiments FILE, --memory-stats FILE or --snapshot FILE"
+        )
+    log_hint = (
+        "pass the training log as text (stdout/stderr of the run, or the OOM message); "
+        "a memory snapshot pickle goes to --snapshot"
+    )
+    for path in logs:
+        text_file(path, "--log", log_hint, strict=False)
+    if stdin_text is not None and not stdin_text.strip():
+        raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
+    if args.config:
+        text_file(
+            args.config,
+            "--config",
+            "give a YAML/JSON config or a Megatron command line",
+            strict=False,
         )
     try:
         evidence = collect(
@@ -508,6 +620,17 @@ def cmd_rules(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def add_recompute_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--recompute",
+        metavar="SPEC",
+        nargs="+",
+        action="extend",
+        type=spec_arg,
+        help=f"{what}Repeatable: every --recompute adds its specs. {SPEC_HELP}",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recompute-kit",
@@ -532,12 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="prove each recompute spec gives the same loss and grads")
     add_model_args(p)
-    p.add_argument(
-        "--recompute",
-        metavar="SPEC",
-        nargs="+",
-        help=f"specs to check (default: every valid spec). {SPEC_HELP}",
-    )
+    add_recompute_arg(p, "specs to check (default: every valid spec). ")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--seed", type=int, default=1234)
@@ -559,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="analytic memory per rank for recompute specs")
     add_model_args(p)
     add_override_args(p)
-    p.add_argument("--recompute", metavar="SPEC", nargs="+", help=SPEC_HELP)
+    add_recompute_arg(p, "")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_estimate)
@@ -567,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("measure", help="measure saved activations and the peak of a real step")
     add_model_args(p)
     add_override_args(p)
-    p.add_argument("--recompute", metavar="SPEC", nargs="+", help=SPEC_HELP)
+    add_recompute_arg(p, "")
     p.add_argument(
         "--fake",
         action="store_true",
@@ -584,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_override_args(p)
     p.add_argument(
         "--gpu-memory-gb",
-        type=float,
+        type=positive_float,
         required=True,
         metavar="X",
         help="memory per GPU in GiB (80 for an 80 GB H100)",
@@ -599,29 +717,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         default="megatron-bridge",
-        help="megatron-bridge | megatron-lm | nemo | torchtitan",
+        choices=FORMATS,
+        help="the config snippet to print (default megatron-bridge)",
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
-    p.add_argument("--top", type=int, default=12, help="rows of the table (default 12)")
+    p.add_argument("--top", type=positive_int, default=12, help="rows of the table (default 12)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("ablate", help="run a grid of recompute settings: throughput, memory")
     add_model_args(p)
     add_override_args(p)
+    add_recompute_arg(p, "specs to run (default: every valid spec). ")
     p.add_argument(
-        "--recompute",
-        metavar="SPEC",
-        nargs="+",
-        help=f"specs to run (default: every valid spec). {SPEC_HELP}",
+        "--steps",
+        type=positive_int,
+        default=20,
+        help="timed rounds per config, interleaved over the configs (default 20; from 6 on the "
+        "interval of the median reaches 95%% confidence)",
     )
-    p.add_argument("--steps", type=int, default=5, help="timed steps per config (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument(
+        "--cpu-threads",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="torch threads on CPU (default 1: steadier timings on a shared machine)",
+    )
+    p.add_argument(
         "--memory-budget-gb",
-        type=float,
+        type=positive_float,
         metavar="X",
         help="GiB per GPU: CUDA caps the process; CPU marks configs above it OOM",
     )
@@ -629,11 +756,15 @@ def build_parser() -> argparse.ArgumentParser:
     golden.add_argument(
         "--golden",
         default="none",
+        type=spec_arg,
         metavar="SPEC",
         help="the reference config for 'vs golden' (default none)",
     )
     golden.add_argument(
-        "--golden-tflops", type=float, metavar="X", help="a reference TFLOP/s/GPU instead of a run"
+        "--golden-tflops",
+        type=positive_float,
+        metavar="X",
+        help="a reference TFLOP/s/GPU instead of a run",
     )
     p.add_argument(
         "--regression-threshold",
@@ -652,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=3600,
         metavar="S",
         help="seconds per config for --command-template (default 3600)",
@@ -685,7 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu-memory-gb",
-        type=float,
+        type=positive_float,
         metavar="X",
         help="GPU size in GiB when no OOM message says it",
     )

@@ -118,7 +118,8 @@ def external_runner(
             )[:300] + f" (log: {log})"
         iters = [i for i in evidence.iterations if i.elapsed_ms][setup.warmup :]
         if iters:
-            row.step_time_s = statistics.median(i.elapsed_ms for i in iters) / 1000.0
+            row.step_times_s = [i.elapsed_ms / 1000.0 for i in iters]
+            row.step_time_s = statistics.median(row.step_times_s)
             m = config.model
             row.tokens_per_s = m.micro_batch_size * m.seq_length / row.step_time_s
             printed = [i.tflops_per_gpu for i in iters if i.tflops_per_gpu]

@@ -1,14 +1,20 @@
-"""Matplotlib figures shared by the notebooks and the CLI (files written with the Agg backend)."""
+"""Matplotlib figures shared by the notebooks and the CLI.
+
+Figures are `matplotlib.figure.Figure` objects made without pyplot: no backend is chosen or
+switched here and no global figure list is kept, so the CLI writes files without a window and a
+notebook kernel keeps its inline backend. `show` saves a figure and displays it inline when an
+IPython kernel is running.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files, never a window: notebooks still show the returned figures
-import matplotlib.pyplot as plt
+from .units import byte_unit
 
 GIB = 2**30
 ROLE_ORDER = [
@@ -27,15 +33,16 @@ ROLE_ORDER = [
 ]
 
 
-def _unit(values: list[float]) -> tuple[str, float]:
-    return ("GiB", GIB) if max(values, default=0) >= GIB / 10 else ("MiB", 2**20)
+def new_figure(width: float, height: float = 4.5):
+    fig = Figure(figsize=(width, height))
+    return fig, fig.add_subplot()
 
 
 def pareto(rows: list[dict[str, Any]], budget_gb: float | None = None):
     """Peak memory vs throughput per config; OOM rows as crosses, the budget as a line."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure(7)
     ok = [r for r in rows if r.get("tflops_per_gpu") and r.get("peak_memory_bytes")]
-    unit, scale = _unit([r["peak_memory_bytes"] for r in ok] + [(budget_gb or 0) * GIB])
+    unit, scale = byte_unit([r["peak_memory_bytes"] for r in ok] + [(budget_gb or 0) * GIB])
     for r in ok:
         oom = r["status"] == "oom"
         ax.scatter(
@@ -67,12 +74,12 @@ def module_breakdown(
 ):
     """Stacked per-role activation bytes per layer for each config; estimate beside measurement."""
     names = list(measured)
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4.5))
+    fig, ax = new_figure(max(6, 1.1 * len(names)))
     roles = [r for r in ROLE_ORDER if any(measured[n].get(r) for n in names)]
     values = [v for n in names for v in measured[n].values()]
-    unit, scale = _unit([sum(measured[n].values()) for n in names] or values)
+    unit, scale = byte_unit([sum(measured[n].values()) for n in names] or values)
     width = 0.4 if estimated else 0.8
-    colors = plt.get_cmap("tab20")
+    colors = colormaps["tab20"]
     for offset, source, hatch in ((0.0, measured, ""), (width, estimated, "//")):
         if not source:
             continue
@@ -103,29 +110,45 @@ def module_breakdown(
 
 
 def overhead(rows: list[dict[str, Any]], golden: str = "none"):
-    """Measured step-time overhead vs the FLOP model's recompute fraction."""
+    """Per config: the measured step-time overhead against golden with its interval (from the
+    two medians' intervals, worst cases) beside the FLOP model's predicted recompute share."""
     base = next((r for r in rows if r["recompute"] == golden and r.get("step_time_s")), None)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    if base:
-        pts = [
-            (
-                r["recompute_flops_fraction"],
-                r["step_time_s"] / base["step_time_s"] - 1,
-                r["recompute"],
-            )
-            for r in rows
-            if r.get("step_time_s") and r.get("recompute_flops_fraction") is not None
-        ]
-        for x, y, name in pts:
-            ax.scatter(100 * x, 100 * y, color="tab:blue")
-            ax.annotate(
-                name, (100 * x, 100 * y), fontsize=7, xytext=(3, 3), textcoords="offset points"
-            )
-        top = max([100 * p[0] for p in pts] + [100 * p[1] for p in pts] + [1])
-        ax.plot([0, top], [0, top], color="gray", linestyle=":", label="measured = predicted")
-        ax.legend(loc="best")
-    ax.set_xlabel("predicted extra FLOPs (%)")
-    ax.set_ylabel(f"measured step time vs {golden} (%)")
+    pts = [
+        r for r in rows if r.get("step_time_s") and r.get("recompute_flops_fraction") is not None
+    ]
+    fig, ax = new_figure(max(6, 0.9 * len(pts)))
+    if base and pts:
+        b_low, b_high = base.get("step_time_interval_s") or [base["step_time_s"]] * 2
+        xs = range(len(pts))
+        measured, err_low, err_high = [], [], []
+        for r in pts:
+            low, high = r.get("step_time_interval_s") or [r["step_time_s"]] * 2
+            mid = 100 * (r["step_time_s"] / base["step_time_s"] - 1)
+            measured.append(mid)
+            err_low.append(max(0.0, mid - 100 * (low / b_high - 1)))
+            err_high.append(max(0.0, 100 * (high / b_low - 1) - mid))
+        predicted = [100 * r["recompute_flops_fraction"] for r in pts]
+        ax.bar(
+            [x - 0.2 for x in xs],
+            measured,
+            0.4,
+            yerr=[err_low, err_high],
+            capsize=3,
+            color="tab:blue",
+            label="measured (median, interval)",
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            predicted,
+            0.4,
+            color="tab:gray",
+            label="FLOP model: recompute share",
+        )
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([r["recompute"] for r in pts], rotation=30, ha="right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
+    ax.set_ylabel(f"extra step time vs {golden} (%)")
     ax.set_title("Recompute overhead: measured vs FLOP model")
     fig.tight_layout()
     return fig
@@ -133,7 +156,20 @@ def overhead(rows: list[dict[str, Any]], golden: str = "none"):
 
 def save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return path
+
+
+def show(fig, path: Path) -> Path:
+    """Save the figure, then display the saved PNG inline when running in an IPython kernel
+    (JupyterLab, papermill): the notebook shows exactly the file it wrote."""
+    save(fig, path)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+    except ImportError:
+        return path
+    if get_ipython() is not None:
+        display(Image(data=Path(path).read_bytes(), format="png"))
     return path
 
 

@@ -7,15 +7,120 @@ run with papermill, a notebook in JupyterLab and `recompute-kit doctor/plan/abla
 from __future__ import annotations
 
 import json
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError, load_config, parse_spec
 from .presets import get_preset
+from .units import byte_unit, integer_bytes
 
 GIB = 2**30
 PROXIES = {"dense": "tiny-gpt", "moe": "tiny-moe", "mla": "tiny-mla"}
+# A real PyTorch OOM message, verbatim from https://github.com/pytorch/pytorch/issues/16417 ;
+# the OOM notebook diagnoses it when `error_log` is "example".
+EXAMPLE_OOM_MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a tot"
+    "al capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this "
+    "process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by P"
+    "yTorch, and 194.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocat"
+    "ed memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
+    " fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stab"
+    "le/notes/cuda.html#environment-variables)"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook front end: parameter checks with one-line errors, tables as Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def one_line_errors() -> None:
+    """In an IPython kernel, show a ConfigError as its one line (`ConfigError: message`) instead
+    of a traceback through the library: papermill and JupyterLab print just that line."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        # IPython hands custom exceptions to this handler only: it must show the error itself
+        # (as an `error` output, which papermill and JupyterLab report).
+        line = f"{etype.__name__}: {value}"
+        shell._showtraceback(etype, value, [line])
+        return [line]
+
+    shell.set_custom_exc((ConfigError,), handler)
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    if annotation is Any or isinstance(annotation, str):  # a string annotation: not checked
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(value, origin)
+
+
+def _type_name(annotation: Any) -> str:
+    """Optional[int] -> 'int or None', list[str] -> 'list[str]'."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if typing.get_args(annotation):
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def check_types(annotations: dict[str, Any], namespace: dict[str, Any]) -> None:
+    """Each notebook parameter against the type its parameters cell declares (papermill passes
+    `-p steps abc` as a string): one ConfigError naming the first that does not match."""
+    for name, annotation in annotations.items():
+        if name in namespace and not _type_ok(namespace[name], annotation):
+            raise ConfigError(
+                f"parameter {name} must be {_type_name(annotation)}, got {namespace[name]!r}"
+            )
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def show_markdown(text: str) -> None:
+    """Render Markdown in a notebook (plain text elsewhere)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        print(text)
+        return
+    if get_ipython() is None:
+        print(text)
+    else:
+        display(Markdown(text))
+
+
+def breakdown_markdown(parts: dict[str, int], gpu_memory_gb: float) -> str:
+    unit, scale = byte_unit([sum(parts.values())])
+    rows = [[name, f"{value / scale:.2f}"] for name, value in parts.items()]
+    rows.append(["**total**", f"**{sum(parts.values()) / scale:.2f}**"])
+    rows.append(["GPU", f"{gpu_memory_gb * GIB / scale:.2f}"])
+    return markdown_table(["component", f"per rank ({unit})"], rows)
 
 
 @dataclass
@@ -106,11 +211,14 @@ def _is_path(text: str) -> bool:
 
 
 def read_error_log(error_log: str | None):
-    """`error_log` is a path or the pasted text itself; returns Evidence."""
+    """`error_log` is a path, the pasted text itself, or "example" (EXAMPLE_OOM_MESSAGE);
+    returns Evidence."""
     from .doctor.evidence import Evidence, parse_log
 
     if not error_log:
         return Evidence()
+    if error_log == "example":
+        return parse_log(EXAMPLE_OOM_MESSAGE)
     if _is_path(error_log):
         from .doctor.evidence import parse_log_file
 
@@ -123,7 +231,7 @@ def config_keys(cfg: Config) -> dict[str, Any]:
     return cfg.to_flat()
 
 
-def memory_breakdown(cfg: Config) -> dict[str, float]:
+def memory_breakdown(cfg: Config) -> dict[str, int]:
     """Per-rank bytes by component: model states and activations by role (first stage)."""
     from .memory.estimate import estimate
 
@@ -137,22 +245,28 @@ def memory_breakdown(cfg: Config) -> dict[str, float]:
         0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
     )
     parts["backward transient"] = e.peak_activation_bytes - e.activation_bytes
-    return parts
+    return {name: round(value) for name, value in parts.items()}
 
 
 def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
-    from . import plots  # noqa: F401  (selects the Agg backend)
+    from .plots import new_figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure(7)
+    unit, scale = byte_unit([sum(parts.values()), gpu_memory_gb * GIB])
     bottom = 0.0
-    cmap = plt.get_cmap("tab20")
+    cmap = colormaps["tab20"]
     for i, (name, value) in enumerate(p for p in parts.items() if p[1] > 0):
-        ax.bar(["per rank"], [value / GIB], bottom=bottom, label=name, color=cmap(i % 20))
-        bottom += value / GIB
-    ax.axhline(gpu_memory_gb, color="tab:red", linestyle="--", label=f"GPU {gpu_memory_gb:g} GiB")
-    ax.set_ylabel("GiB")
+        ax.bar(["per rank"], [value / scale], bottom=bottom, label=name, color=cmap(i % 20))
+        bottom += value / scale
+    ax.axhline(
+        gpu_memory_gb * GIB / scale,
+        color="tab:red",
+        linestyle="--",
+        label=f"GPU {gpu_memory_gb:g} GiB",
+    )
+    ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
@@ -186,7 +300,8 @@ def verify_on_proxy(
 
 
 def write_report(out_dir: Path, report: dict[str, Any], markdown: str) -> None:
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    document = integer_bytes(report)
+    (out_dir / "report.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out_dir / "report.md").write_text(markdown)
 
 

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from recompute_kit.ablation import AblationSetup, read_rows, run_ablation
+from recompute_kit.ablation import (
+    AblationRow,
+    AblationSetup,
+    label_rows,
+    median_interval,
+    read_rows,
+    run_ablation,
+    summary_markdown,
+)
 from recompute_kit.config import ConfigError
 from recompute_kit.presets import get_preset
 
@@ -33,11 +41,18 @@ def test_rows_have_the_table_and_the_estimate(tmp_path):
         assert r["estimated_peak_activation_bytes"] == pytest.approx(
             r["peak_activation_bytes"], rel=0.05
         )
-    assert rows[0]["vs_golden"] == 0.0 and rows[0]["result"] in ("OK",)
+    assert rows[0]["vs_golden"] == 0.0 and rows[0]["result"] == "golden"
+    for r in rows:  # interleaved rounds: every config has one time per round, and an interval
+        assert len(r["step_times_s"]) == 2 and r["setup"]["timing"] == "interleaved"
+        low, high = r["step_time_interval_s"]
+        assert low <= r["step_time_s"] <= high
+        assert r["result"] in ("golden", "within noise", "slower", "Perf regression", "faster")
+        assert isinstance(r["peak_memory_bytes"], int) and 0 < r["mfu"] < 1
     assert sum(r["recommended"] for r in rows) == 1
     assert rows[-1]["peak_activation_bytes"] < rows[0]["peak_activation_bytes"]
     summary = (tmp_path / "summary.md").read_text()
-    assert "| recompute | TFLOP/s/GPU | vs golden |" in summary and "Recommended:" in summary
+    assert "| recompute | TFLOP/s/GPU | MFU | vs golden [interval] |" in summary
+    assert "Recommended:" in summary
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     assert (tmp_path / "overhead.png").stat().st_size > 1000
 
@@ -207,3 +222,94 @@ def test_external_command_with_torchrun_two_processes(tmp_path):
     assert "iteration        4/       4" in log
     # recompute lowers the reported peak
     assert rows[1]["peak_memory_bytes"] < rows[0]["peak_memory_bytes"]
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics on injected timings: no training, the labels and the recommendation are exact.
+# --------------------------------------------------------------------------------------------
+
+
+def test_median_interval_uses_order_statistics():
+    xs = [float(v) for v in range(10, 0, -1)]  # 10 samples, shuffled order
+    low, high, cover = median_interval(xs)
+    # n=10: ranks 2 and 9 cover the median with 1 - 2 * P(Binom(10, .5) <= 1) = 97.85%
+    assert (low, high) == (2.0, 9.0) and cover == pytest.approx(1 - 2 * 11 / 1024)
+    low, high, cover = median_interval([3.0, 1.0, 2.0])  # too few for 95%: min..max, 75%
+    assert (low, high, cover) == (1.0, 3.0, 0.75)
+
+
+NOISE = [0.97, 1.03, 0.99, 1.01, 1.0, 0.98, 1.02, 1.0, 0.995, 1.005]  # +-3 %
+
+
+def injected(spec: str, scale: float, flops: float, status: str = "ok") -> dict:
+    times = [0.1 * scale * n for n in NOISE]
+    row = AblationRow(recompute=spec, status=status, step_times_s=times)
+    row.step_time_s = sorted(times)[4] / 2 + sorted(times)[5] / 2
+    row.tflops_per_gpu = 1e-3 / row.step_time_s
+    row.recompute_flops_fraction = flops
+    return row.to_json()
+
+
+def stat_setup(**kw):
+    return setup(**{"specs": ["none"], "steps": len(NOISE), **kw})
+
+
+def test_labels_follow_the_intervals_and_the_cheapest_fitting_setting_is_recommended():
+    rows = label_rows(
+        [
+            injected("none", 1.0, 0.0),
+            injected("selective", 1.02, 0.03),  # overlaps golden: within noise, not "slower"
+            injected("selective:mlp", 0.985, 0.10),  # faster by noise only: within noise
+            injected("full:block:1", 1.08, 0.12),  # interval above golden's, under 10 %: slower
+            injected("full:uniform:1", 1.40, 0.32),  # clearly slower, over 10 %: regression
+            injected("full:block:2", 0.80, 0.24),  # interval below golden's: faster
+        ],
+        stat_setup(),
+    )
+    by = {r["recompute"]: r for r in rows}
+    assert by["none"]["result"] == "golden"
+    assert by["selective"]["result"] == "within noise"
+    assert by["selective:mlp"]["result"] == "within noise"
+    assert by["full:block:1"]["result"] == "slower"
+    assert by["full:uniform:1"]["result"] == "Perf regression"
+    assert by["full:block:2"]["result"] == "faster"
+    assert [r["recompute"] for r in rows if r["recommended"]] == ["none"]
+    low, high = by["selective"]["vs_golden_interval"]
+    assert low < 0 < high  # the TFLOP/s interval against golden straddles zero
+    note = summary_markdown(rows, stat_setup())
+    assert "despite more FLOPs: full:block:2" in note
+
+
+def test_without_golden_in_memory_the_cheapest_not_slower_setting_wins():
+    rows = label_rows(
+        [
+            injected("none", 1.0, 0.0, status="oom"),  # simulated OOM still serves as golden
+            injected("full:uniform:1", 1.40, 0.32),
+            injected("selective:mlp", 1.01, 0.10),
+            injected("selective", 1.15, 0.03),  # cheaper by the FLOP model, measurably slower
+        ],
+        stat_setup(),
+    )
+    by = {r["recompute"]: r for r in rows}
+    assert by["none"]["result"] == "OOM" and by["selective"]["result"] == "Perf regression"
+    assert [r["recompute"] for r in rows if r["recommended"]] == ["selective:mlp"]
+    # when every fitting setting is measurably slower, the cheapest of them is still named
+    rows = label_rows(
+        [injected("none", 1.0, 0.0, status="oom"), injected("full:uniform:1", 1.4, 0.32)],
+        stat_setup(),
+    )
+    assert rows[1]["recommended"] and rows[1]["result"] == "Perf regression"
+
+
+def test_summary_says_when_timings_cannot_rank(tmp_path):
+    def runner(s, spec):
+        row = AblationRow(**{k: v for k, v in injected(spec, 1.0, 0.0).items() if k != "setup"})
+        row.recompute_flops_fraction = 0.0 if spec == "none" else 0.3
+        return row
+
+    rows = run_ablation(stat_setup(specs=["none", "full:uniform:1"]), tmp_path, runner=runner)
+    assert [r["result"] for r in rows] == ["golden", "within noise"]
+    assert rows[0]["recommended"] and rows[0]["setup"]["timing"] == "sequential"
+    summary = (tmp_path / "summary.md").read_text()
+    assert "The timings cannot rank these settings" in summary
+    assert "Perf regression" not in summary and "faster" not in summary.split("|---")[1]

@@ -22,9 +22,23 @@ def run(name: str, tmp_path: Path, **params):
     )
 
 
+def output_types(nb) -> list[str]:
+    """The MIME types of every display output of an executed notebook."""
+    return [
+        mime
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for out in cell["outputs"]
+        for mime in out.get("data", {})
+    ]
+
+
 def test_oom_notebook_writes_a_report(tmp_path):
     out_dir = tmp_path / "oom"
-    run("oom_diagnosis.ipynb", tmp_path, out_dir=str(out_dir), run_verification=True)
+    nb = run("oom_diagnosis.ipynb", tmp_path, out_dir=str(out_dir), run_verification=True)
+    shown = output_types(nb)
+    # figures displayed inline (as well as saved), tables rendered as Markdown
+    assert shown.count("image/png") == 2 and shown.count("text/markdown") >= 5
     report = json.loads((out_dir / "report.json").read_text())
     assert report["model"] == "llama3-8b"
     assert report["evidence"]["oom"][0]["total_bytes"] == pytest.approx(23.65 * 2**30, abs=1)
@@ -38,15 +52,26 @@ def test_oom_notebook_writes_a_report(tmp_path):
 
 def test_ablation_notebook_writes_a_report(tmp_path):
     out_dir = tmp_path / "abl"
-    run(
+    nb = run(
         "recompute_ablation.ipynb",
         tmp_path,
         model="tiny-moe",
         out_dir=str(out_dir),
-        steps=1,
+        steps=2,
+        seq_length=None,  # the preset's own small shape: fast
+        micro_batch_size=None,
         recompute_specs="none,selective:moe,full:uniform:1",
         memory_budget_gb=None,
     )
+    shown = output_types(nb)
+    assert shown.count("image/png") == 3 and shown.count("text/markdown") >= 3
+    summary = next(
+        "".join(out["data"]["text/markdown"])
+        for cell in nb["cells"]
+        for out in cell.get("outputs", [])
+        if "| recompute | TFLOP/s/GPU |" in "".join(out.get("data", {}).get("text/markdown", ""))
+    )
+    assert "Recommended:" in summary
     report = json.loads((out_dir / "report.json").read_text())
     assert [r["recompute"] for r in report["rows"]] == ["none", "selective:moe", "full:uniform:1"]
     assert report["recommended"] in {"none", "selective:moe", "full:uniform:1"}
@@ -71,6 +96,9 @@ def test_ablation_notebook_writes_a_report(tmp_path):
             "malformed full recompute spec",
         ),
         ("recompute_ablation.ipynb", {"model": "nope"}, "unknown preset 'nope'"),
+        ("recompute_ablation.ipynb", {"model": "llama3-405b"}, "unknown preset 'llama3-405b'"),
+        ("recompute_ablation.ipynb", {"steps": "abc"}, "parameter steps must be int, got 'abc'"),
+        ("oom_diagnosis.ipynb", {"tp": 2.5}, "parameter tp must be int or None, got 2.5"),
     ],
 )
 def test_bad_parameters_fail_in_the_first_cells(tmp_path, name, params, message):
@@ -80,6 +108,9 @@ def test_bad_parameters_fail_in_the_first_cells(tmp_path, name, params, message)
     # 1: parameters, 2: the parameters papermill injects, 3: the parameter check
     assert exc.value.exec_count <= 3
     assert exc.value.ename == "ConfigError"
+    # one line, not a traceback through the library
+    assert exc.value.traceback == [f"ConfigError: {exc.value.evalue}"]
+    assert "\n" not in exc.value.evalue
 
 
 def test_unwritable_out_dir_fails_first(tmp_path):
@@ -98,3 +129,22 @@ def test_notebooks_are_committed_without_outputs(path):
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
     params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_help_notebook_lists_every_parameter_with_its_type(path):
+    """`papermill --help-notebook` reads these: every parameter, none of "Unknown type"."""
+    params = papermill.inspect_notebook(str(path))
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    names = [
+        line.split(":")[0]
+        for line in "".join(cell["source"]).splitlines()
+        if line and line[0].isalpha() and not line.startswith(("from ", "import "))
+    ]
+    assert list(params) == names
+    for p in params.values():
+        assert p["inferred_type_name"] not in ("None", ""), p
+        assert p["help"], p
+    if path.name == "oom_diagnosis.ipynb":
+        assert "error_log" in params

@@ -1,0 +1,61 @@
+"""The analytic commands (`estimate`, `plan`, `validate`, `doctor` without a model run) never
+import torch and start fast: measured in a fresh interpreter, as a user runs them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+# CPU seconds of the whole command in a fresh process, interpreter start excluded. CPU time,
+# not wall time: a loaded machine stretches wall time, not the work done. torch alone costs
+# over 1 s here.
+BUDGET_S = 0.2
+PROBE = """
+import io, json, sys, time, contextlib
+start = time.process_time()
+from recompute_kit.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    rc = main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "numpy", "matplotlib") if m in sys.modules)
+print(json.dumps({"rc": rc, "cpu_s": time.process_time() - start, "heavy": heavy}))
+"""
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text("num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\n")
+    return path
+
+
+COMMANDS = {
+    "validate": ["validate", "{config}"],
+    "estimate": ["estimate", "--model", "llama3-8b", "--recompute", "none", "selective"],
+    "plan": ["plan", "--model", "llama3-8b", "--tp", "4", "--gpu-memory-gb", "80"],
+    "doctor": ["doctor", "--log", str(DATA / "rules" / "oom-pt-16417-comment.txt")],
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "estimate", "plan", "doctor"])
+def test_analytic_commands_never_import_torch_and_start_fast(command, tmp_path):
+    args = [a.format(config=config_file(tmp_path)) for a in COMMANDS[command]]
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["rc"] == 0
+    assert result["heavy"] == [], f"{command} imported {result['heavy']}"
+    assert result["cpu_s"] < BUDGET_S, f"{command} took {result['cpu_s']:.3f} s of CPU"
+
+
+def test_the_cli_module_itself_imports_no_torch():
+    """cli.py imports torch-dependent modules only inside the commands that run a model."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, recompute_kit.cli; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "False", proc.stderr
