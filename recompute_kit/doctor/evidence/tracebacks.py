@@ -1,0 +1,41 @@
+"""Python tracebacks, exception lines and warnings: what they look like. The log parser's state
+machine (logs.py) reads them line by line; frames are kept as evidence (file:line in function).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .schema import ErrorEvent
+from .text import _DOTTED
+
+_EXC_LINE_RE = re.compile(rf"^({_DOTTED})(?::\s?(.*))?$")
+# Warnings libraries print without a "XWarning:" prefix (logger.warning_once in transformers,
+# print() in PEFT recipes), recognised by their wording.
+_BARE_WARNINGS = (
+    "is incompatible with gradient checkpointing",
+    "None of the inputs have requires_grad",
+    "pass in use_reentrant",
+    "use_reentrant parameter should be passed explicitly",
+    "does not support gradient checkpointing",
+)
+_WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
+_MEGATRON_WARN_RE = re.compile(r"^WARNING:(?:[\w.]+:)?\s?(.*)$")
+_FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.*))?$')
+_CHAIN_CAUSE = "The above exception was the direct cause of the following exception"
+_CHAIN_CONTEXT = "During handling of the above exception, another exception occurred"
+_MAX_FRAMES = 200
+_MAX_DETAIL_LINES = 30
+
+
+class _Traceback:
+    """One rank's traceback or exception message being read."""
+
+    __slots__ = ("chained", "details", "event", "frames", "state")
+
+    def __init__(self, chained: str = "") -> None:
+        self.frames: list[str] = []
+        self.state = "frames"  # frames -> message (after the exception line)
+        self.event: ErrorEvent | None = None
+        self.details: list[str] = []
+        self.chained = chained

@@ -1,0 +1,311 @@
+"""What the OOM message alone says: fragmentation, other processes, memory outside PyTorch, requests
+larger than the device, genuine pressure, allocator limits.
+"""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import EXPANDABLE, GIB, gib, rule
+
+# --------------------------------------------------------------------------------------------
+# Reading the OOM message
+# --------------------------------------------------------------------------------------------
+
+PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
+
+
+def _reserved_unallocated(oom) -> int | None:
+    """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
+    is that amount itself, '(... A already allocated; ... R reserved in total by PyTorch)'
+    gives it as R - A."""
+    if oom.reserved_unallocated_bytes is not None:
+        return oom.reserved_unallocated_bytes
+    if oom.reserved_bytes is None:
+        return None
+    if oom.generation == "gen1_cached":
+        return oom.reserved_bytes
+    if oom.allocated_bytes is not None and oom.reserved_bytes >= oom.allocated_bytes:
+        return oom.reserved_bytes - oom.allocated_bytes
+    return None
+
+
+@rule(
+    "RK001",
+    "Fragmentation: memory is reserved but unallocated",
+    "fragmentation",
+    symptom="CUDA OOM where 'reserved by PyTorch but unallocated' is comparable to or larger "
+    "than the failed allocation",
+    cause="The caching allocator's segments are split into blocks too small for the request; "
+    "the memory is free inside PyTorch but not in one piece",
+    confirm="In the OOM message compare 'reserved but unallocated' (before PyTorch 2.1: "
+    "'reserved in total' minus 'already allocated', or 'cached') with 'Tried to allocate'; "
+    "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] is large",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of "
+    "splitting); recompute settings are not the problem",
+    patch=EXPANDABLE,
+    refs=(PT_MEMORY, "NVIDIA-NeMo/Megatron-Bridge PR #3880"),
+)
+def _fragmentation(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    slack = _reserved_unallocated(oom) if oom else None
+    if not oom or not slack or not oom.requested_bytes:
+        return None
+    req = oom.requested_bytes
+    total = oom.total_bytes or 0
+    if slack < req and slack < 0.05 * total:
+        return None
+    # PYTORCH_CUDA_ALLOC_CONF, or its newer name PYTORCH_ALLOC_CONF (2.9+), or ROCm's
+    if any(
+        "expandable_segments:True" in value
+        for key, value in ctx.evidence.env.items()
+        if key.endswith("ALLOC_CONF")
+    ):
+        return None
+    # The allocator's hint is printed on every OOM; it matters when the slack is a real share
+    # of the GPU, not just larger than one small request.
+    confidence = 0.9 if slack >= max(req, 0.05 * total) else 0.45
+    return Match(
+        confidence,
+        f"{gib(slack)} is reserved by PyTorch but unallocated, against a "
+        f"failed request of {gib(req)}: enough free memory exists, but in "
+        "pieces.",
+    )
+
+
+@rule(
+    "RK002",
+    "Other processes hold GPU memory",
+    "other_processes",
+    symptom="CUDA OOM listing 'Process <pid> has X memory in use' for other processes",
+    cause="Another process (a second job, a stale worker, a notebook kernel) shares the GPU",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv on the node (in a "
+    "container the message lists this process itself as 'Process <pid>' too, without an "
+    "'Including non-PyTorch memory, this process has' line)",
+    fix="Stop the other process or give this job its own GPU (CUDA_VISIBLE_DEVICES)",
+    refs=("https://github.com/pytorch/pytorch/pull/99699",),
+)
+def _other_processes(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.other_processes_bytes or not oom.total_bytes:
+        return None
+    others, total = oom.other_processes_bytes, oom.total_bytes
+    pytorch = (oom.allocated_bytes or 0) + (oom.reserved_unallocated_bytes or 0)
+    if oom.process_bytes is None:
+        # NVML listed the GPU's processes but none as "this process": our own PID did not
+        # match (a container's PID namespace), so this process is one of the "Process <pid>"
+        # entries. Only what exceeds PyTorch's own memory can belong to other processes (an
+        # upper bound: it still includes this process's CUDA context and workspaces).
+        others = others - pytorch
+        share = others / total
+        if others < max(2 * GIB, 0.1 * total):
+            return None
+        return Match(
+            min(0.95, 0.5 + share),
+            f"Processes other than this one hold up to {gib(others)} ({share:.0%}) of the "
+            f"{gib(total)} GPU: {gib(oom.other_processes_bytes)} listed, of which this "
+            f"process's own PyTorch memory ({gib(pytorch)}) is a part.",
+        )
+    share = others / total
+    if share < 0.02:
+        return None
+    return Match(
+        min(0.95, 0.5 + share),
+        f"Other processes hold {gib(others)} ({share:.0%}) of the {gib(total)} GPU.",
+    )
+
+
+@rule(
+    "RK003",
+    "Memory used outside PyTorch's allocator",
+    "non_pytorch_memory",
+    symptom="The process uses much more than PyTorch reserved ('Including non-PyTorch "
+    "memory, this process has X' well above allocated + reserved-unallocated)",
+    cause="CUDA context, NCCL buffers, cuBLAS/cuDNN workspaces or another allocator "
+    "(TransformerEngine userbuffers, a second framework) live outside PyTorch's pool",
+    confirm="Compare the process total with torch.cuda.memory_reserved(); check "
+    "NCCL_BUFFSIZE, TP communication overlap buffers and CUDA graphs",
+    fix="Shrink communication buffers (NCCL_BUFFSIZE, tp_comm_overlap), or budget a few GiB "
+    "per GPU for them; recompute cannot free this memory",
+    refs=("https://github.com/pytorch/pytorch/issues/16417",),
+)
+def _non_pytorch(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or oom.process_bytes is None or oom.allocated_bytes is None:
+        return None
+    pytorch = oom.allocated_bytes + (oom.reserved_unallocated_bytes or 0)
+    outside = oom.process_bytes - pytorch
+    total = oom.total_bytes or oom.process_bytes
+    if outside < max(2 * GIB, 0.1 * total):
+        return None
+    return Match(
+        0.7,
+        f"This process uses {gib(oom.process_bytes)} but PyTorch accounts for "
+        f"{gib(pytorch)}: {gib(outside)} is outside its allocator.",
+    )
+
+
+@rule(
+    "RK004",
+    "A single allocation larger than the GPU",
+    "allocation_exceeds_device",
+    symptom="'Tried to allocate' is larger than the GPU's total or its usable memory",
+    cause="One tensor is too big - typically logits [seq x batch x vocab] in fp32, an "
+    "unfused attention score matrix [b, a, s, s], or a mistaken shape",
+    confirm="Compute the tensor's size from the shapes; recompute-kit estimate --json shows "
+    "the logits and core attention terms",
+    fix="Shrink that tensor: fused/vocab-parallel cross-entropy, flash attention, a smaller "
+    "micro-batch or sequence, more tensor/context parallelism",
+    refs=("https://github.com/pytorch/pytorch/issues/16417",),
+    supersedes=("RK005",),
+)
+def _too_big(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.requested_bytes:
+        return None
+    if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
+        if oom.requested_bytes >= 256 * GIB:
+            return Match(
+                0.8,
+                f"One allocation of {gib(oom.requested_bytes)} was requested; no "
+                "GPU has that much memory.",
+            )
+        return None
+    if oom.requested_bytes < 0.5 * oom.total_bytes:
+        return None
+    return Match(
+        0.9,
+        f"One allocation of {gib(oom.requested_bytes)} was requested on a "
+        f"{gib(oom.total_bytes)} GPU.",
+    )
+
+
+@rule(
+    "RK005",
+    "PyTorch-allocated memory fills the GPU",
+    "genuine_pressure",
+    symptom="CUDA OOM with 'allocated by PyTorch' close to the total capacity",
+    cause="Tensors in use fill the GPU: activations, weights, gradients or optimizer states. "
+    "Which of them needs the model shape and parallel config",
+    confirm="Pass the config to recompute-kit doctor --config, or run recompute-kit estimate "
+    "to split the peak into activations and model states",
+    fix="Reduce the dominant term: more recompute if activations dominate, distributed "
+    "optimizer / more parallelism if model states do",
+)
+def _pressure(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.allocated_bytes or not oom.total_bytes:
+        return None
+    share = oom.allocated_bytes / oom.total_bytes
+    if share < 0.8:
+        return None
+    return Match(
+        0.5,
+        f"PyTorch had {gib(oom.allocated_bytes)} allocated of "
+        f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
+    )
+
+
+@rule(
+    "RK006",
+    "A per-process memory cap is set",
+    "informational",
+    symptom="The OOM message includes 'X allowed;'",
+    cause="torch.cuda.set_per_process_memory_fraction limits this process below the GPU size",
+    confirm="Search the code/launcher for set_per_process_memory_fraction",
+    fix="Raise or remove the fraction if the cap is not intended",
+)
+def _allowed(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.allowed_bytes:
+        return None
+    return Match(
+        0.6, f"The process may use only {gib(oom.allowed_bytes)} of {gib(oom.total_bytes)}."
+    )
+
+
+@rule(
+    "RK007",
+    "CUDA graphs' private pools hold memory",
+    "genuine_pressure",
+    symptom="The OOM message reports memory 'allocated in private pools (e.g., CUDA Graphs)'",
+    cause="Captured CUDA graphs keep their own memory pools alive between steps",
+    confirm="Compare the private-pool size with the failed request; disable graphs to test",
+    fix="Narrow cuda_graph_scope, or turn CUDA graphs off while searching for a recompute setting",
+    patch={"cuda_graph_impl": "none"},
+)
+def _private_pools(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.private_pool_bytes or oom.private_pool_bytes < GIB:
+        return None
+    return Match(0.6, f"{gib(oom.private_pool_bytes)} sit in private pools (CUDA graphs).")
+
+
+@rule(
+    "RK008",
+    "OOM far below the GPU's size: the allocator, not the model",
+    "fragmentation",
+    symptom="A run OOMs although its measured peak is well below the GPU's capacity",
+    cause="The caching allocator could not find a large enough free block (fragmentation), "
+    "or memory outside PyTorch grew",
+    confirm="Compare max_memory_reserved with max_memory_allocated; rerun with "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before changing recompute",
+    patch=EXPANDABLE,
+    supersedes=("RK011", "RK005"),
+)
+def _oom_below_capacity(ctx: Context) -> Match | None:
+    if not ctx.gpu_bytes:
+        return None
+    rows = [r for r in ctx.evidence.experiments if r.get("oom") and r.get("peak_memory_bytes")]
+    for r in rows:
+        share = r["peak_memory_bytes"] / ctx.gpu_bytes
+        if share < 0.8:
+            return Match(
+                0.75,
+                f"'{r.get('name')}' ran out of memory at a measured peak of "
+                f"{gib(r['peak_memory_bytes'])}, {share:.0%} of the "
+                f"{gib(ctx.gpu_bytes)} GPU.",
+            )
+    return None
+
+
+LIBRARY_OOM = (
+    "NCCL WARN Cuda failure 2 'out of memory'",
+    "Triton Error [CUDA]: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "cudaErrorMemoryAllocation",
+)
+
+
+@rule(
+    "RK009",
+    "A library outside PyTorch could not allocate",
+    "fragmentation",
+    symptom="NCCL, Triton, cuBLAS or cuDNN reports 'out of memory' (not PyTorch's allocator)",
+    cause="PyTorch's caching allocator holds the free memory in its cache, so the library's "
+    "own cudaMalloc fails",
+    confirm="torch.cuda.memory_reserved() is close to the GPU size while allocated is lower",
+    fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, torch.cuda.empty_cache() before "
+    "the library call, or cap PyTorch (set_per_process_memory_fraction)",
+    patch=EXPANDABLE,
+)
+def _library_oom(ctx: Context) -> Match | None:
+    text = ctx.text
+    hit = next((w for w in LIBRARY_OOM if w.lower() in text.lower()), None)
+    if hit is None:
+        for o in ctx.evidence.oom:
+            library = next(
+                (
+                    n
+                    for n in ("nccl", "triton", "cublas", "cudnn")
+                    if n in (o.generation or "").lower()
+                ),
+                None,
+            )
+            if library or (o.backend and o.backend not in ("cuda", "hip")):
+                hit = f"{library or o.backend} out of memory"
+                break
+    if hit is None:
+        return None
+    return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")

@@ -1,0 +1,277 @@
+"""With a model shape or a traceback: which memory dominates (activations, model states, logits),
+and the next recompute step.
+"""
+
+from __future__ import annotations
+
+from ...config import format_spec
+from ..types import Context, Match
+from .registry import (
+    candidate_spec,
+    gib,
+    next_step,
+    oom_errors,
+    parse_spec_safe,
+    patch_for,
+    rule,
+    where_raised,
+)
+
+
+@rule(
+    "RK010",
+    "Activations dominate: recompute more",
+    "activation_memory",
+    symptom="OOM in training; the estimate puts activations above weights + gradients + "
+    "optimizer states on the failing rank",
+    cause="The current recompute setting keeps too many activations for this sequence "
+    "length, micro-batch and parallel layout",
+    confirm="recompute-kit estimate --config CONFIG --recompute CURRENT NEXT shows the peak "
+    "per setting; recompute-kit plan --gpu-memory-gb X ranks what fits",
+    fix="Apply the next recompute step (config_patch); the planner's choice when the GPU "
+    "size is known",
+    refs=("arXiv:2205.05198",),
+    supersedes=("RK005",),
+)
+def _activations(ctx: Context) -> Match | None:
+    e = ctx.estimate
+    if e is None or not (ctx.oom or ctx.says("out of memory")):
+        return None
+    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    if e.peak_activation_bytes < state:
+        return None
+    spec, why = next_step(ctx)
+    if ctx.best is not None:
+        spec, why = (
+            candidate_spec(ctx.best),
+            (
+                "the planner's cheapest setting that fits "
+                f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
+            ),
+        )
+    current = format_spec(parse_spec_safe(ctx))
+    return Match(
+        0.85,
+        f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
+        f"{gib(state)} of weights, gradients and optimizer states under '{current}'. Next: "
+        f"'{spec}' - {why}.",
+        config_patch=patch_for(spec),
+    )
+
+
+@rule(
+    "RK011",
+    "Model states dominate: recompute cannot fix this",
+    "model_state_memory",
+    symptom="OOM; weights + gradients + optimizer states alone take most of the GPU",
+    cause="Too few ranks share the parameters and optimizer states",
+    confirm="recompute-kit estimate --config CONFIG shows weights_bytes, grads_bytes and "
+    "optimizer_bytes per rank",
+    fix="Use the distributed optimizer, more tensor/pipeline/expert parallelism, or FSDP; "
+    "recompute only reduces activations",
+    patch={"use_distributed_optimizer": True},
+    supersedes=("RK005",),
+)
+def _model_states(ctx: Context) -> Match | None:
+    e = ctx.estimate
+    if e is None or not ctx.gpu_bytes:
+        return None
+    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    share = state / ctx.gpu_bytes
+    if share < 0.6:
+        return None
+    # When the whole estimate fits, model states explain the memory but not the OOM.
+    explains_oom = e.total_bytes > 0.95 * ctx.gpu_bytes
+    return Match(
+        (0.85 if explains_oom else 0.5) if ctx.oom else 0.45,
+        f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
+        f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
+        f"{gib(ctx.gpu_bytes)} GPU.",
+    )
+
+
+@rule(
+    "RK012",
+    "The logits and loss need the memory",
+    "logits_memory",
+    symptom="OOM at the output layer or loss; a large vocabulary with a long sequence",
+    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full on the "
+    "last pipeline stage; recompute of transformer layers does not touch them",
+    confirm="4 x tokens x vocab / TP bytes (recompute-kit estimate shows it under the loss); "
+    "the OOM's request often equals one such tensor",
+    fix="Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
+    "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism",
+    patch={"cross_entropy_loss_fusion": True},
+    refs=("NVIDIA-NeMo/Megatron-Bridge PR #5508",),
+)
+def _logits(ctx: Context) -> Match | None:
+    cfg = ctx.config
+    if cfg is None or not ctx.gpu_bytes:
+        return None
+    m, p = cfg.model, cfg.parallel
+    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
+    oom = ctx.oom
+    hit = (
+        oom is not None
+        and oom.requested_bytes
+        and abs(oom.requested_bytes - logits) < 0.05 * logits
+    )
+    if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
+        return None
+    return Match(
+        0.8 if hit else 0.55,
+        f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
+        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}.",
+    )
+
+
+@rule(
+    "RK013",
+    "Even full recompute does not fit",
+    "model_state_memory",
+    symptom="OOM persists with full recompute (uniform, 1 layer)",
+    cause="Weights, gradients, optimizer states and one layer's activations exceed the GPU",
+    confirm="recompute-kit plan --gpu-memory-gb X exits 1 and says by how much the smallest "
+    "candidate misses",
+    fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the sequence",
+    supersedes=("RK010", "RK005"),
+)
+def _nothing_fits(ctx: Context) -> Match | None:
+    if not ctx.plan_error or not (ctx.oom or ctx.says("out of memory")):
+        return None
+    return Match(0.8, ctx.plan_error[0].upper() + ctx.plan_error[1:] + ".")
+
+
+LOGITS_WORDS = (
+    "cross_entropy",
+    "log_softmax",
+    "logits",
+    "logprob",
+    "lm_head",
+    "output_layer",
+    "post_language_model_processing",
+    "vocab_parallel",
+)
+BUILD_WORDS = (
+    "build_module",
+    "__init__",
+    "build_model",
+    "get_model",
+    "from_pretrained",
+    "load_state_dict",
+    "model_provider",
+    "provide(",
+)
+
+
+@rule(
+    "RK016",
+    "The OOM happens in the logits / loss",
+    "logits_memory",
+    symptom="The OOM traceback runs through the output layer, logits, log-softmax or cross-entropy",
+    cause="[tokens x vocab] tensors (logits, their fp32 copy, log-probabilities, gradients) "
+    "are the largest single allocations of an LLM step",
+    confirm="The failing frames name the loss / logits; the requested size is about tokens "
+    "x vocab x 4 bytes",
+    fix="Fused or chunked cross-entropy (no full fp32 logits), vocab-parallel loss, a "
+    "smaller micro-batch or sequence; recompute of transformer layers does not help",
+    patch={"cross_entropy_loss_fusion": True},
+    supersedes=("RK004", "RK002", "RK005", "RK001"),
+)
+def _oom_in_logits(ctx: Context) -> Match | None:
+    for e in oom_errors(ctx):
+        where = where_raised(e)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
+            return Match(0.9, f"The OOM is raised under '{frame}'.")
+    return None
+
+
+@rule(
+    "RK017",
+    "The OOM happens while building the model",
+    "model_state_memory",
+    symptom="CUDA OOM raised from module constructors (build_module, __init__, "
+    "from_pretrained, load_state_dict) before training starts",
+    cause="The weights alone do not fit the GPU(s) at this parallel layout; activations and "
+    "recompute are not involved yet",
+    confirm="The traceback's frames are model construction; no iteration line was printed",
+    fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU",
+    supersedes=("RK005", "RK001", "RK010"),
+)
+def _oom_at_build(ctx: Context) -> Match | None:
+    if ctx.evidence.iterations:
+        return None
+    for e in oom_errors(ctx):
+        tail = " ".join(e.frames[-6:]).lower()
+        if any(w in tail for w in BUILD_WORDS):
+            return Match(
+                0.85,
+                f"The OOM is raised while constructing the model "
+                f"('{e.frames[-1] if e.frames else ''}').",
+            )
+    return None
+
+
+OFF_KEYS = (
+    "gradient_checkpointing",
+    "activation_checkpointing",
+    "use_gradient_checkpointing",
+    "enable_gradient_checkpointing",
+    "recompute",
+)
+
+
+@rule(
+    "RK014",
+    "OOM with activation checkpointing switched off",
+    "activation_memory",
+    symptom="CUDA OOM in training while the config turns gradient/activation checkpointing "
+    "off (gradient_checkpointing: false, activation_checkpointing: false)",
+    cause="Every layer keeps all its activations; they grow with sequence length x batch",
+    confirm="Turn checkpointing on for one run (or halve the sequence) and compare the peak",
+    fix="Enable activation checkpointing (Hugging Face: gradient_checkpointing=True with "
+    "use_reentrant=False; Megatron: recompute_granularity selective, then full)",
+    patch={"gradient_checkpointing": True},
+    supersedes=("RK005",),
+)
+def _checkpointing_off(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    for key, value in ctx.cfg.items():
+        name = key.rsplit(".", 1)[-1]
+        if value is False and any(name == k or name.startswith(k) for k in OFF_KEYS):
+            return Match(0.75, f"The config sets {key} = false and training ran out of memory.")
+    return None
+
+
+@rule(
+    "RK015",
+    "Experiments: selective recompute OOMs, full recompute fits",
+    "activation_memory",
+    symptom="In the experiments, the selective settings run out of memory and a full "
+    "recompute setting does not",
+    cause="Activations dominate; the selective modules tried do not cover the binding tensors",
+    confirm="The experiments table: OOM rows are selective, passing rows full",
+    fix="Keep full recompute with the fewest layers that fit (full:block:N, rising N), or the "
+    "selective module that holds the memory (mlp / moe / mla_up_proj)",
+    supersedes=("RK011",),
+)
+def _selective_oom_full_ok(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    bad = [
+        r for r in rows if r.get("oom") and str(r.get("recompute") or "").startswith("selective")
+    ]
+    good = [
+        r for r in rows if not r.get("oom") and str(r.get("recompute") or "").startswith("full")
+    ]
+    if not (bad and good):
+        return None
+    return Match(
+        0.85,
+        f"'{bad[0].get('name')}' ({bad[0]['recompute']}) runs out of memory; "
+        f"'{good[0].get('name')}' ({good[0]['recompute']}) fits.",
+        config_patch=patch_for(good[0]["recompute"]),
+    )
