@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from .oom import (
-    _OOM_START_RE,
     _OOM_TAILS,
     _oom_data_complete,
     _oom_event,
     _oom_fully_complete,
+    looks_like_oom,
 )
 from .schema import (
     MAX_ERROR_EVENTS,
@@ -32,8 +32,9 @@ from .schema import (
     MemoryReport,
     OOMEvent,
 )
-from .text import _EXC_SEARCH_RE, _compact, _float, _int, _strip_prefixes
+from .text import _EXC_SEARCH_RE, _compact, _float, _int, _strip_prefixes, parse_size
 from .tracebacks import (
+    _BARE_ERRORS,
     _BARE_WARNINGS,
     _CHAIN_CAUSE,
     _CHAIN_CONTEXT,
@@ -74,6 +75,18 @@ _STEP_TIME_RE = re.compile(
 )
 _MB_PROGRESS_RE = re.compile(r"Iteration:\s*(\d+)\s+Job throughput:\s*([\d.]+)\s*MODEL_TFLOP")
 _TQDM_RE = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)\s*(s/it|it/s)(?:,\s*([^\]]*))?\]")
+# nvidia-smi's process rows: "|    0   N/A  N/A   2695172      C   ./train.par   26167MiB |"
+_SMI_PROCESS_RE = re.compile(
+    r"^\|\s+(\d+)\s+(?:N/A|\d+)\s+(?:N/A|\d+)\s+(\d+)\s+[CGM+]+\s+(.*?)\s+(\d+)MiB\s*\|$"
+)
+# Per-step peaks printed by training scripts: "step=1 TRAIN alloc=10.33 peak=73.94 GiB",
+# DeepSpeed-Chat's "MaxMemAllocated=44.23GB".
+_STEP_PEAK_RE = re.compile(
+    r"(?:\balloc(?:ated)?\s*[=:]\s*([\d.]+)\s*([GM]i?B)?\s*,?\s*)?"
+    r"\b(?:peak|MaxMemAllocated)\s*[=:]\s*([\d.]+)\s*([GM]i?B)",
+    re.I,
+)
+_STEP_RE = re.compile(r"\bstep[\s=:]*(\d+)", re.I)
 _MEM_REPORT_RE = re.compile(r"\[Rank\s*(\d+)\]\s*(.*?)\s*memory\s*\((MB|GB)\)")
 _MEM_COMPLETE_RE = re.compile(r"maxreserved:[\d.]+$|allocated-count:\d+")
 _AFTER_ITERS_RE = re.compile(r"after\s*(\d+)\s*iterations")
@@ -137,7 +150,7 @@ def _starts_record(text: str, stamped: bool) -> bool:
     """Whether a line begins a new log record (so it cannot continue a wrapped one)."""
     if stamped or _RECORD_RE.match(text):
         return True
-    if ("out of memory" in text or "OutOfMemory" in text) and _OOM_START_RE.search(text):
+    if looks_like_oom(text):
         return True
     if ("Error" in text or "Exception" in text) and _EXC_SEARCH_RE.search(text):
         return True
@@ -369,9 +382,7 @@ class _LogParser:
             elif _CHAIN_CONTEXT in text:
                 self._chain[rank] = "context"
             return
-        is_oom = ("out of memory" in text or "OutOfMemory" in text) and bool(
-            _OOM_START_RE.search(text)
-        )
+        is_oom = looks_like_oom(text)
         if not is_oom and self._warning(text, rank, level):
             return  # a warning, even one that names an exception type
         error = None
@@ -422,6 +433,23 @@ class _LogParser:
                 if key:
                     self.ev.config.setdefault(key, int(value))
             return
+        if text.startswith("|") and "MiB" in text:
+            if (m := _SMI_PROCESS_RE.match(text.strip())) is not None:
+                gpu, pid, name, mib = m.groups()
+                process = {
+                    "gpu": int(gpu),
+                    "pid": int(pid),
+                    "name": name,
+                    "used_bytes": int(mib) << 20,
+                }
+                self.ev.gpu_processes.append(process)
+            return
+        if ("peak" in text or "MaxMemAllocated" in text) and self._step_peak(text):
+            return
+        if any(phrase in text for phrase in _BARE_ERRORS):
+            message = text.strip()
+            self._add_error(ErrorEvent(type="", message=message[:2000], rank=rank))
+            return
         if "Theoretical memory" in text:
             m = _THEORY_RE.search(text)
             if m:
@@ -430,6 +458,23 @@ class _LogParser:
                 ):
                     if value is not None:
                         self.ev.theoretical_memory[f"{key}_bytes"] = int(float(value) * (1 << 20))
+
+    def _step_peak(self, text: str) -> bool:
+        m = _STEP_PEAK_RE.search(text)
+        if m is None:
+            return False
+        alloc, alloc_unit, peak, unit = m.groups()
+        step = _STEP_RE.search(text)
+        self._add_memory(
+            MemoryReport(
+                allocated_bytes=parse_size(alloc, alloc_unit or unit) if alloc else None,
+                max_allocated_bytes=parse_size(peak, unit),
+                label=text.strip()[:120],
+                iteration=int(step.group(1)) if step else None,
+                source="step-peak",
+            )
+        )
+        return True
 
     # -- tracebacks --------------------------------------------------------------------------
 
@@ -460,7 +505,7 @@ class _LogParser:
                 rank=rank,
                 chained=tb.chained,
             )
-            if ("out of memory" in text or "OutOfMemory" in text) and _OOM_START_RE.search(text):
+            if looks_like_oom(text):
                 del self._tracebacks[rank]
                 self._start_oom(text, rank, event)
                 return True

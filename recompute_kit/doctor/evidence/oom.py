@@ -29,7 +29,7 @@ OOM_GENERATIONS = {
     "unknown": "an out-of-memory message without the allocator's fields",
 }
 
-_SIZE_PAT = r"(\d+(?:\.\d+)?) ?(bytes|[KMGTP]iB|[KMGTP]B)"
+_SIZE_PAT = r"(\d+(?:\.\d+)?) ?(bytes|[KMGTPE]iB|[KMGTPE]B)"
 
 
 def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
@@ -38,17 +38,20 @@ def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
     return re.compile(pattern.replace("SIZE", _SIZE_PAT).replace(" ", r"\s?"), flags)
 
 
+# Partial pastes count: a message without its "RuntimeError: CUDA out of memory." head starts
+# at "Tried to allocate"; torch_npu says "NPU out of memory"; vLLM's cumem allocator "CUDA Error".
 _OOM_START_RE = re.compile(
-    r"(?:CUDA|HIP|XPU)\s?out\s?of\s?memory|CUDA error: out of memory|OutOfMemoryError"
+    r"(?:CUDA|HIP|XPU|NPU)\s?out\s?of\s?memory|(?i:CUDA error: out of memory)|OutOfMemoryError"
     r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
+    r"|(?:^|(?<=[\s:.]))Tried to allocate (?:more than )?\d"
 )
 _OOM_VALID_RE = re.compile(
-    r"(?:cuda|hip|xpu)outofmemory|cudaerror:outofmemory|outofmemoryerror:"
+    r"(?:cuda|hip|xpu|npu)outofmemory|cudaerror:outofmemory|outofmemoryerror:|triedtoallocate"
     r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
 )
 _OOM_FIELDS: dict[str, re.Pattern[str]] = {
-    "requested_bytes": _flex(r"Tried to allocate SIZE"),
-    "old_device": _flex(r"\(GPU (\d+) ;"),
+    "requested_bytes": _flex(r"Tried to allocate (?:more than )?SIZE"),
+    "old_device": _flex(r"\((?:GPU|NPU) (\d+) ;"),
     "old_total": _flex(r"SIZE total capacity"),
     "old_allocated": _flex(r"SIZE already allocated"),
     "old_free": _flex(r"SIZE free ?[;)]"),
@@ -101,6 +104,8 @@ def _oom_data_complete(compact: str) -> bool:
     if "butunallocated" in compact:
         return True
     gpu = compact.find("(GPU")
+    if gpu < 0:
+        gpu = compact.find("(NPU")  # torch_npu keeps the <= 2.0 layout
     return gpu >= 0 and compact.find(")", gpu) >= 0
 
 
@@ -173,7 +178,32 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
         event.other_processes_bytes = sum(x for x in others if x is not None)
     event.generation = _oom_generation(compact)
     lower = flat.lower()
-    event.backend = "hip" if "hip out of" in lower else "xpu" if "xpu out of" in lower else "cuda"
+    event.backend = next(
+        (b for b in ("hip", "xpu", "npu") if f"{b} out of" in lower or f"({b} " in lower), "cuda"
+    )
+    event.held_elsewhere_bytes = _held_elsewhere(event)
     outside_allocator = ("cuda_error", "nccl_cuda_failure", "triton_cuda")
     event.truncated = event.generation not in outside_allocator and not _oom_data_complete(compact)
     return event
+
+
+def _held_elsewhere(event: OOMEvent) -> int | None:
+    """Device memory that is neither free nor reserved by this process's PyTorch allocator:
+    other processes, the CUDA context, NCCL and library buffers. None when the message lacks
+    total, free or PyTorch's reserved size."""
+    if event.total_bytes is None or event.free_bytes is None:
+        return None
+    if event.reserved_bytes is not None:  # <= 2.0: "R reserved in total by PyTorch"
+        pytorch = event.reserved_bytes
+    elif event.allocated_bytes is not None and event.reserved_unallocated_bytes is not None:
+        pytorch = event.allocated_bytes + event.reserved_unallocated_bytes
+    else:
+        return None
+    return max(0, event.total_bytes - event.free_bytes - pytorch)
+
+
+def looks_like_oom(text: str) -> bool:
+    """Whether a line starts (or is part of the head of) an out-of-memory message."""
+    if "out of memory" in text or "OutOfMemory" in text or "Tried to allocate" in text:
+        return _OOM_START_RE.search(text) is not None
+    return "Out of memory" in text and _OOM_START_RE.search(text) is not None

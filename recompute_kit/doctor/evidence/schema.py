@@ -35,9 +35,11 @@ class OOMEvent:
     rank: int | None = None
     generation: str = ""  # which message format: gen1_cached ... gen6_pytorch_alloc_conf
     line: str = ""  # the message as found (first 300 characters)
-    backend: str = "cuda"  # cuda | hip (ROCm) | xpu
+    backend: str = "cuda"  # cuda | hip (ROCm) | xpu | npu (torch_npu)
     truncated: bool = False  # the message was cut before all its fields
     line_number: int | None = None  # 1-based line of the log where the message starts
+    # total - free - reserved by PyTorch: other processes, CUDA context, NCCL, libraries
+    held_elsewhere_bytes: int | None = None
 
 
 @dataclass
@@ -108,6 +110,8 @@ class Evidence:
     notes: list[str] = field(default_factory=list)  # what could not be read, and why
     # Megatron's "Theoretical memory footprints" line: weight_and_optimizer/activation/total
     theoretical_memory: dict[str, int] = field(default_factory=dict)
+    # nvidia-smi's process table: {"gpu": 0, "pid": 123, "name": "...", "used_bytes": ...}
+    gpu_processes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,6 +131,7 @@ class Evidence:
             sources=self.sources + other.sources,
             notes=self.notes + other.notes,
             theoretical_memory={**self.theoretical_memory, **other.theoretical_memory},
+            gpu_processes=self.gpu_processes + other.gpu_processes,
         )
 
 

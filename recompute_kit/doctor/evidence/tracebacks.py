@@ -19,6 +19,16 @@ _BARE_WARNINGS = (
     "use_reentrant parameter should be passed explicitly",
     "does not support gradient checkpointing",
 )
+# Error messages people paste without the exception line's "RuntimeError: " head; each is a
+# message PyTorch, DDP or DeepSpeed raises (the rules quote the sources).
+_BARE_ERRORS = (
+    "does not require grad and does not have a grad_fn",
+    "Trying to backward through the graph a second time",
+    "has already been reduced",
+    "Expected to mark a variable ready only once",
+    "have different metadata than during the forward pass",
+    "Unpack is being triggered for a tensor that was already unpacked once",
+)
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
 _MEGATRON_WARN_RE = re.compile(r"^WARNING:(?:[\w.]+:)?\s?(.*)$")
 _FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.*))?$')
