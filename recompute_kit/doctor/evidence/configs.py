@@ -34,6 +34,20 @@ _HYDRA_RE = re.compile(r"^(\+{0,2}|~)?([A-Za-z_][\w-]*(?:\.[\w-]+)*)=(.*)$", re.
 _SHELL_VAR_RE = re.compile(r"^\$\{?([A-Za-z_]\w*)\}?$")
 _PY_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED})\s*=(.*)$")
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "(", ")", "\\"})
+# Launch-script and prose shorthands for Megatron-Core keys.
+_SHORTHAND = {
+    "TP": "tensor_model_parallel_size",
+    "PP": "pipeline_model_parallel_size",
+    "VPP": "virtual_pipeline_model_parallel_size",
+    "CP": "context_parallel_size",
+    "EP": "expert_model_parallel_size",
+    "DP": "data_parallel_size",
+    "MBS": "micro_batch_size",
+    "GBS": "global_batch_size",
+    "seq_len": "seq_length",
+    "SEQ_LEN": "seq_length",
+    "SEQ_PARALLEL": "sequence_parallel",
+}
 _MAX_NODES = 20_000
 
 
@@ -123,6 +137,10 @@ def _parse_command_line(text: str, hydra_only: bool = False) -> dict[str, Any]:
         m = _HYDRA_RE.match(token)
         if m is not None:
             key, value = m.group(2), m.group(3)
+            if hydra_only:  # prose: "recompute_granularity=selective, TP=4, PP=2;"
+                value = value.rstrip(",;")
+            if key in _SHORTHAND:  # launch-script variables: TP=2 SEQ_PARALLEL=0 bash ...
+                _assign(out, _SHORTHAND[key], _convert_value(resolve(value)))
             known = _canonical_key(key.rsplit(".", 1)[-1]) in _CONFIG_KEY_SET
             if "." in key or known or (hydra_only and not key.isupper()):
                 _assign(out, key, _convert_value(resolve(value)))

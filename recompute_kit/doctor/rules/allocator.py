@@ -5,7 +5,7 @@ larger than the device, genuine pressure, allocator limits.
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import EXPANDABLE, GIB, gib, rule
+from .registry import EXPANDABLE, GIB, gib, oom_errors, rule
 
 # --------------------------------------------------------------------------------------------
 # Reading the OOM message
@@ -106,7 +106,10 @@ def _other_processes(ctx: Context) -> Match | None:
             f"process's own PyTorch memory ({gib(pytorch)}) is a part.",
         )
     share = others / total
-    if share < 0.02:
+    # A few hundred MiB listed for "Process <pid>" is usually a CUDA context (often this
+    # job's own, seen from a container): below the request and 10% of the GPU it explains
+    # nothing.
+    if share < 0.02 or (others < (oom.requested_bytes or 0) and share < 0.1):
         return None
     return Match(
         min(0.95, 0.5 + share),
@@ -309,3 +312,116 @@ def _library_oom(ctx: Context) -> Match | None:
     if hit is None:
         return None
     return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
+
+
+@rule(
+    "RK089",
+    "Most of the GPU is held outside this process's PyTorch",
+    "non_pytorch_memory",
+    symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
+    "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "
+    "nothing free)",
+    cause="Something other than this process's caching allocator holds the memory: another "
+    "process or rank on the same GPU, an inference engine, NCCL buffers, the CUDA context",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv while the job runs",
+    fix="Find and stop the holder; one GPU per process (torch.cuda.set_device(local_rank) "
+    "before any CUDA call, or CUDA_VISIBLE_DEVICES); smaller NCCL buffers (NCCL_BUFFSIZE)",
+    patch={"env": {"CUDA_VISIBLE_DEVICES": "<this rank's GPU only>"}},
+    supersedes=("RK005", "RK087"),
+)
+def _held_elsewhere(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.held_elsewhere_bytes or not oom.total_bytes:
+        return None
+    held, total = oom.held_elsewhere_bytes, oom.total_bytes
+    if held < 0.25 * total or held < max(oom.requested_bytes or 0, 256 << 20):
+        return None
+    if oom.process_bytes is not None or oom.other_processes_bytes:
+        return None  # the 2.1+ message itemises this; RK002 / RK003 read it
+    return Match(
+        min(0.9, 0.5 + held / total / 2),
+        f"Of the {gib(total)} GPU, {gib(oom.free_bytes)} is free and PyTorch reserved "
+        f"{gib(total - oom.free_bytes - held)}: {gib(held)} ({held / total:.0%}) is held "
+        f"outside this process's allocator, more than the {gib(oom.requested_bytes)} request.",
+    )
+
+
+INFERENCE_WORDS = (
+    "cumem_allocator",
+    "sleep mode freed",
+    "memory is still in use",
+    "vllm",
+    "sglang",
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+)
+
+
+@rule(
+    "RK090",
+    "A colocated inference engine (vLLM / SGLang) holds GPU memory",
+    "non_pytorch_memory",
+    symptom="OOM in an RL / generation job where vLLM or SGLang shares the GPUs with training "
+    "(cumem_allocator errors, 'memory is still in use' after sleep)",
+    cause="The engine sizes its KV cache from gpu_memory_utilization (or keeps memory after "
+    "sleep); what it holds is invisible to the trainer's allocator",
+    confirm="vLLM's log: KV cache size and 'Sleep mode freed X, Y memory is still in use'",
+    fix="Lower gpu_memory_utilization (or set kv_cache_memory_bytes) so the engine leaves the "
+    "trainer its peak; check that sleep mode releases what it reserved",
+    patch={"gpu_memory_utilization": 0.4},
+    supersedes=("RK005", "RK087", "RK002"),
+)
+def _inference_engine(ctx: Context) -> Match | None:
+    text = " ".join(
+        [ctx.text, ctx.oom.line if ctx.oom else "", " ".join(map(str, ctx.cfg))]
+    ).lower()
+    hit = next((w for w in INFERENCE_WORDS if w in text), None)
+    if hit is None or not (ctx.oom or oom_errors(ctx) or "still in use" in text):
+        return None
+    util = ctx.cfg.get("gpu_memory_utilization")
+    oom = ctx.oom
+    if isinstance(util, float) and oom and oom.requested_bytes and oom.total_bytes:
+        step = max(0.05, round(oom.requested_bytes / oom.total_bytes + 0.05, 2))
+        new = round(max(0.1, util - step), 2)
+        patch = {"gpu_memory_utilization": new}
+        numbers = f" Lowering gpu_memory_utilization from {util} to {new} frees about " + gib(
+            (util - new) * oom.total_bytes
+        )
+    else:
+        patch, numbers = {"gpu_memory_utilization": 0.4}, ""
+    return Match(
+        0.8,
+        f"The evidence names an inference engine sharing the GPU ('{hit}').{numbers}",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK091",
+    "Several processes hold CUDA contexts on one GPU",
+    "other_processes",
+    symptom="nvidia-smi lists several processes of the job on the same GPU, most of them with "
+    "a few hundred MiB (a CUDA context each)",
+    cause="Every rank touched CUDA on the default device (GPU 0) before selecting its own, so "
+    "GPU 0 carries one context per rank",
+    confirm="nvidia-smi's process table: one large process and N small ones on GPU 0",
+    fix="Call torch.cuda.set_device(local_rank) (LOCAL_RANK) before any CUDA work, or give "
+    "each process CUDA_VISIBLE_DEVICES=<its GPU>",
+    patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
+    supersedes=("RK087",),
+)
+def _smi_processes(ctx: Context) -> Match | None:
+    by_gpu: dict[int, list[dict]] = {}
+    for proc in ctx.evidence.gpu_processes:
+        by_gpu.setdefault(proc["gpu"], []).append(proc)
+    for gpu, procs in sorted(by_gpu.items()):
+        small = [p for p in procs if p["used_bytes"] < 2 * GIB]
+        if len(procs) >= 3 and len(small) >= 2:
+            extra = sum(p["used_bytes"] for p in small)
+            return Match(
+                0.85,
+                f"nvidia-smi shows {len(procs)} processes on GPU {gpu}; {len(small)} of them "
+                f"hold {gib(extra)} together ({gib(small[0]['used_bytes'])} each): CUDA "
+                "contexts of ranks that belong on other GPUs.",
+            )
+    return None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .registry import on_message, rule
+import re
+
+from ..types import Context, Match
+from .registry import all_frames, is_megatron, on_message, rule
 
 # --------------------------------------------------------------------------------------------
 # PyTorch / Hugging Face checkpoint API pitfalls
@@ -84,27 +87,79 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
     )(on_message(*_frags))
 
 
-rule(
+_METADATA_MISMATCH = on_message(
+    "have different metadata than during the forward pass",
+    "CheckpointError: Recomputed values for the following tensors",
+    "A different number of tensors was saved during the original forward and recomputation",
+)
+MOE_WORDS = ("router", "expert", "moe", "row_id_map", "topk", "dispatch", "permut")
+COMPILE_WORDS = ("torch.compile", "compile", "dynamo", "inductor")
+
+
+@rule(
     "RK075",
     "Recomputed tensors differ from the forward's",
     "nondeterministic_recompute",
     symptom="CheckpointError: 'Recomputed values for the following tensors have different "
     "metadata than during the forward pass'",
     cause="The checkpointed function is not deterministic in shape/dtype: data-dependent "
-    "control flow, a global flag changed between forward and backward, or torch.compile "
-    "picking another graph",
+    "control flow (MoE routing, token counts), a global flag changed between forward and "
+    "backward, or torch.compile picking another graph",
     confirm="Rerun with torch.utils.checkpoint.set_checkpoint_debug_enabled(True) to see the "
     "ops that differ",
     fix="Make the region deterministic (no state changes between "
     "forward and backward; for MoE routing replay, record and replay the routing)",
+    patch={"code": "torch.utils.checkpoint.set_checkpoint_debug_enabled(True)"},
     refs=(PT_CKPT, "https://github.com/pytorch/pytorch/issues/166926"),
-)(
-    on_message(
-        "have different metadata than during the forward pass",
-        "CheckpointError: Recomputed values for the following tensors",
-        "A different number of tensors was saved during the original forward and recomputation",
-    )
 )
+def _metadata_mismatch(ctx: Context) -> Match | None:
+    found = _METADATA_MISMATCH(ctx)
+    if found is None:
+        return None
+    text = " ".join(
+        f"{e.type} {e.message} {e.details} {' '.join(e.frames)}" for e in ctx.evidence.errors
+    ).lower()
+    moe = next((w for w in MOE_WORDS if w in text), None) or (
+        "num_moe_experts" if ctx.is_moe else None
+    )
+    if moe:
+        if is_megatron(ctx):
+            patch = {"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}
+        else:
+            patch = {"code": "keep the router outside the checkpoint (save its topk output)"}
+        return Match(
+            0.9,
+            f"{found.evidence} The region holds MoE routing ('{moe}'): the recompute routed "
+            "a different number of tokens per expert than the forward.",
+            config_patch=patch,
+            fix="Do not recompute the router: keep its topk / routing from the forward "
+            "(router replay, or the router's topk in the checkpoint's save list), and "
+            "recompute only the experts' activation (Megatron: recompute_modules [moe_act])",
+        )
+    hit = next((w for w in COMPILE_WORDS if w in text), None)
+    if hit:
+        return Match(
+            0.85,
+            f"{found.evidence} torch.compile is in play ('{hit}'): the compiled region "
+            "saves different tensors than its eager recompute.",
+            config_patch={"compile": False},
+            fix="Apply activation checkpointing before torch.compile and compile whole "
+            "checkpointed blocks (or turn compile off for them); do not checkpoint inside a "
+            "compiled region",
+        )
+    dtypes = re.findall(r"'dtype': torch\.(\w+)", text)
+    if len(set(dtypes)) > 1:
+        return Match(
+            0.85,
+            f"{found.evidence} The saved and recomputed dtypes differ "
+            f"({', '.join(sorted(set(dtypes)))}): autocast differs between forward and "
+            "recompute.",
+            config_patch={"use_reentrant": False},
+            fix="Enter autocast outside the checkpointed function (use_reentrant=False "
+            "restores the forward's autocast state in the recompute)",
+        )
+    return found
+
 
 rule(
     "RK076",
@@ -131,3 +186,87 @@ rule(
     "another model class",
     refs=("https://huggingface.co/docs/transformers/perf_train_gpu_one",),
 )(on_message("does not support gradient checkpointing"))
+
+
+@rule(
+    "RK093",
+    "Backward through the graph twice under checkpointing",
+    "checkpoint_api_misuse",
+    symptom="RuntimeError: 'Trying to backward through the graph a second time' with "
+    "checkpointed blocks",
+    cause="A tensor computed outside the checkpoint (often inside a tuple or dict argument, "
+    "which the reentrant checkpoint does not see) carries a graph that two checkpointed "
+    "blocks backpropagate through",
+    confirm="Pass the tensor as a direct argument, or detach what is shared; the error moves "
+    "or goes",
+    fix="Use the non-reentrant checkpoint (use_reentrant=False) and pass tensors that need "
+    "gradients as direct arguments, not inside tuples",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=(PT_CKPT,),
+)
+def _backward_twice(ctx: Context) -> Match | None:
+    found = on_message("Trying to backward through the graph a second time")(ctx)
+    if found is None:
+        return None
+    uses_checkpoint = "checkpoint" in all_frames(ctx) or any(
+        "checkpoint" in str(k) and v for k, v in ctx.cfg.items()
+    )
+    return Match(0.85 if uses_checkpoint else 0.6, found.evidence)
+
+
+rule(
+    "RK094",
+    "Gradient reduced twice: ZeRO / DDP hooks with reentrant checkpointing",
+    "checkpoint_api_misuse",
+    symptom="AssertionError 'The parameter N has already been reduced. Gradient computed "
+    "twice for this partition' (DeepSpeed ZeRO-2) with gradient checkpointing",
+    cause="The reentrant checkpoint runs a second backward per block, so a parameter used in "
+    "several blocks (shared weights) fires its gradient hook more than once",
+    confirm="Turn gradient checkpointing off for one step: the assertion goes",
+    fix="use_reentrant=False (one backward), or ZeRO stage 1 (no per-parameter reduce "
+    "hooks), or stop checkpointing the blocks that share the weight",
+    patch={
+        "zero_optimization": {"stage": 1},
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    },
+    refs=("https://github.com/deepspeedai/DeepSpeed/issues/988",),
+)(on_message("has already been reduced", "Gradient computed twice for this partition"))
+
+rule(
+    "RK095",
+    "ctx.saved_tensors unpacked twice in a checkpointed custom Function",
+    "checkpoint_api_misuse",
+    symptom="CheckpointError: 'Unpack is being triggered for a tensor that was already "
+    "unpacked once'",
+    cause="A custom autograd.Function's backward reads ctx.saved_tensors twice; the "
+    "non-reentrant checkpoint's unpack hooks allow one access",
+    confirm="grep the Function's backward for a second ctx.saved_tensors",
+    fix="Read ctx.saved_tensors once at the top of backward and reuse the tuple",
+    patch={"code": "saved = ctx.saved_tensors  # once, at the top of backward"},
+    refs=(PT_CKPT,),
+)(on_message("Unpack is being triggered for a tensor that was already unpacked once"))
+
+
+@rule(
+    "RK096",
+    "FP8 state differs between forward and recompute (Transformer Engine)",
+    "nondeterministic_recompute",
+    symptom="KeyError 'global_fp8_buffer_pos_fwd_recompute' (or other *_recompute FP8 keys) "
+    "in Transformer Engine's checkpoint",
+    cause="The checkpointed callable opens its own fp8_autocast: FP8 is off at checkpoint "
+    "entry and on inside, so the forward skips the FP8 stash the recompute restores",
+    confirm="The checkpointed function enters te.fp8_autocast itself",
+    fix="Enter fp8_autocast outside the checkpointed callable (te.checkpoint reads the FP8 "
+    "state at entry), or upgrade Transformer Engine",
+    patch={"code": "with te.fp8_autocast(enabled=True, fp8_recipe=recipe): te.checkpoint(fn, x)"},
+    refs=("https://github.com/NVIDIA/TransformerEngine/pull/3284",),
+)
+def _fp8_recompute_key(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if e.type.endswith("KeyError") and "fp8" in e.message and "recompute" in e.message:
+            return Match(
+                0.85,
+                f"KeyError {e.message}: Transformer Engine's FP8 recompute "
+                "stash was not written in the forward.",
+            )
+    return None

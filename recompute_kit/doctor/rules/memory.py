@@ -7,10 +7,14 @@ from __future__ import annotations
 from ...config import format_spec
 from ..types import Context, Match
 from .registry import (
+    all_frames,
     candidate_spec,
     gib,
+    is_megatron,
+    more_recompute_patch,
     next_step,
     oom_errors,
+    oom_where,
     parse_spec_safe,
     patch_for,
     rule,
@@ -148,6 +152,7 @@ LOGITS_WORDS = (
     "log_softmax",
     "logits",
     "logprob",
+    "log_prob",
     "lm_head",
     "output_layer",
     "post_language_model_processing",
@@ -186,6 +191,11 @@ def _oom_in_logits(ctx: Context) -> Match | None:
         if hit:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
             return Match(0.9, f"The OOM is raised under '{frame}'.")
+    if ctx.oom or oom_errors(ctx):  # a paste with the frames apart from the OOM line
+        where = all_frames(ctx)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            return Match(0.8, f"The pasted traceback runs through '{hit}' next to the OOM.")
     return None
 
 
@@ -274,4 +284,174 @@ def _selective_oom_full_ok(ctx: Context) -> Match | None:
         f"'{bad[0].get('name')}' ({bad[0]['recompute']}) runs out of memory; "
         f"'{good[0].get('name')}' ({good[0]['recompute']}) fits.",
         config_patch=patch_for(good[0]["recompute"]),
+    )
+
+
+OPTIMIZER_WORDS = (
+    "optimizer.step",
+    "exp_avg",
+    "adamw",
+    "adam.py",
+    "_multi_tensor_adam",
+    "fused_adam",
+    "optim/optimizer.py",
+    "distrib_optimizer",
+    "in step",
+)
+
+
+@rule(
+    "RK085",
+    "The OOM happens in the optimizer step",
+    "model_state_memory",
+    symptom="The OOM traceback runs through optimizer.step / AdamW (exp_avg, exp_avg_sq)",
+    cause="Adam creates its two fp32 states (8 bytes per parameter, 12 with an fp32 master "
+    "copy) on the first step; weights, gradients and states together exceed the GPU",
+    confirm="The failing frames are the optimizer's; the first iteration never finishes",
+    fix="Shard the optimizer states over the data-parallel ranks (Megatron "
+    "use_distributed_optimizer, DeepSpeed ZeRO stage 1-3, FSDP) or offload them to CPU; "
+    "activation recompute cannot help here",
+    patch={"use_distributed_optimizer": True},
+    supersedes=("RK005", "RK087"),
+)
+def _oom_in_optimizer(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    where = oom_where(ctx)
+    hit = next((w for w in OPTIMIZER_WORDS if w in where), None)
+    if hit is None or (hit == "in step" and "optim" not in where):
+        return None
+    dp = ctx.cfg.get("data_parallel_size")
+    shard = f" over its {dp} data-parallel ranks" if dp else " over the data-parallel ranks"
+    if is_megatron(ctx):
+        patch = {"use_distributed_optimizer": True}
+    else:
+        patch = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    return Match(
+        0.85,
+        f"The OOM is raised in the optimizer ('{hit}' in the traceback): its states, not "
+        f"activations, are what no longer fits. Sharding them{shard} divides their 8-12 "
+        "bytes per parameter by the number of ranks.",
+        config_patch=patch,
+    )
+
+
+EVAL_WORDS = (
+    " in validate",
+    " in evaluate",
+    " in evaluation_loop",
+    " in prediction_step",
+    " in eval",
+    " in generate",
+    " in predict",
+)
+
+
+@rule(
+    "RK086",
+    "The OOM happens in evaluation without torch.no_grad",
+    "activation_memory",
+    symptom="The OOM traceback runs through a validate / evaluate / generate function and no "
+    "backward",
+    cause="Without torch.no_grad() (or inference_mode) the forward keeps every activation for "
+    "a backward that never comes; outputs kept across batches pin their graphs too",
+    confirm="Wrap the loop in torch.no_grad(); the memory reports during evaluation fall",
+    fix="Run evaluation under torch.no_grad() / torch.inference_mode() and keep only detached "
+    "outputs (Hugging Face Trainer: eval_accumulation_steps, prediction_loss_only)",
+    patch={"code": "with torch.no_grad():  # around the evaluation loop"},
+    supersedes=("RK005", "RK087"),
+)
+def _oom_in_eval(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    where = " " + oom_where(ctx)
+    hit = next((w for w in EVAL_WORDS if w in where), None)
+    if hit is None or "backward" in where:
+        return None
+    return Match(
+        0.8,
+        f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
+        "evaluation forward keeps its autograd graph.",
+    )
+
+
+@rule(
+    "RK087",
+    "Training OOM without a model shape: activations are the first lever",
+    "activation_memory",
+    symptom="An out-of-memory error in training, with no config, memory breakdown or "
+    "traceback that points elsewhere",
+    cause="In LLM training the activations (growing with micro-batch x sequence length) are "
+    "the term that recompute, batch and sequence control; weights and optimizer states "
+    "are fixed by the model and the sharding",
+    confirm="Halve micro_batch_size or seq_length for one run: if the peak falls by about a "
+    "third or more, activations dominate",
+    fix="Turn on (more) activation recompute; if it is on, halve micro_batch_size (or "
+    "seq_length / max_length, packing size) and keep the global batch with gradient "
+    "accumulation",
+    patch={"gradient_checkpointing": True},
+)
+def _training_oom(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not (oom or oom_errors(ctx)):
+        return None
+    patch, words = more_recompute_patch(ctx)
+    mbs = ctx.cfg.get("micro_batch_size")
+    if isinstance(mbs, int) and mbs > 1:
+        patch = {**patch, "micro_batch_size": mbs // 2}
+    numbers = ""
+    if oom and oom.requested_bytes:
+        numbers = f"The failed request is {gib(oom.requested_bytes)}"
+        if oom.total_bytes and oom.free_bytes is not None:
+            numbers += f" with {gib(oom.free_bytes)} free of {gib(oom.total_bytes)}"
+        numbers += ". "
+    where = oom_where(ctx)
+    if "checkpoint" in where and "backward" in where:
+        numbers += "It is raised in the backward's recompute of a checkpointed unit. "
+    elif "backward" in where:
+        numbers += "It is raised in the backward pass. "
+    return Match(
+        0.3,
+        f"{numbers}Next step: {words}; or halve micro_batch_size / seq_length (activations "
+        "scale linearly with both).",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK088",
+    "Per-step peaks far above the memory at rest: activations",
+    "activation_memory",
+    symptom="Per-step memory lines (alloc=... peak=..., MaxMemAllocated) show peaks several "
+    "times the memory held between steps, near the GPU's size",
+    cause="What is allocated between steps is weights, gradients and optimizer states; the "
+    "rest of each step's peak is activations kept for the backward",
+    confirm="peak - alloc is the activation term; it scales with micro-batch x sequence",
+    fix="Turn on activation checkpointing (or more recompute); it keeps about one input per "
+    "layer instead of every intermediate",
+    patch={"gradient_checkpointing": True},
+    supersedes=("RK087", "RK005"),
+)
+def _step_peaks(ctx: Context) -> Match | None:
+    rows = [
+        m
+        for m in ctx.evidence.memory
+        if m.source == "step-peak" and m.allocated_bytes and m.max_allocated_bytes
+    ]
+    if not rows:
+        return None
+    top = max(rows, key=lambda m: m.max_allocated_bytes)
+    rest, peak = top.allocated_bytes, top.max_allocated_bytes
+    if peak < 3 * rest:
+        return None
+    patch, words = more_recompute_patch(ctx)
+    if ctx.cfg.get("activation_checkpointing") is False or any(
+        k.endswith("activation_checkpointing") for k in ctx.cfg
+    ):
+        patch = {"activation_checkpointing": True}
+    return Match(
+        0.8,
+        f"Steps peak at {gib(peak)} while {gib(rest)} is held between steps: about "
+        f"{gib(peak - rest)} per step is activations. Next step: {words}.",
+        config_patch=patch,
     )

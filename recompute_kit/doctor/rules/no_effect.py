@@ -142,3 +142,45 @@ def _never_reached(ctx: Context) -> Match | None:
             "the config the model received.",
         )
     return None
+
+
+DEEPSPEED_AC_KEYS = (
+    "partition_activations",
+    "cpu_checkpointing",
+    "contiguous_memory_optimization",
+    "number_checkpoints",
+)
+
+
+@rule(
+    "RK092",
+    "DeepSpeed's activation_checkpointing block alone checkpoints nothing",
+    "recompute_no_effect",
+    symptom="A DeepSpeed config with an activation_checkpointing section, and memory as if "
+    "nothing were checkpointed",
+    cause="That section only configures deepspeed.checkpointing.checkpoint; the model code "
+    "must call it (or Hugging Face's gradient_checkpointing_enable) for anything to be "
+    "recomputed",
+    confirm="grep the model for deepspeed.checkpointing.checkpoint / "
+    "gradient_checkpointing_enable: absent",
+    fix="Enable checkpointing in the model: Hugging Face gradient_checkpointing=True (or "
+    "model.gradient_checkpointing_enable()), or wrap the blocks with "
+    "deepspeed.checkpointing.checkpoint",
+    patch={"gradient_checkpointing": True},
+    refs=("https://www.deepspeed.ai/docs/config-json/#activation-checkpointing",),
+)
+def _deepspeed_section_only(ctx: Context) -> Match | None:
+    section = [
+        k
+        for k in ctx.cfg
+        if k.startswith("activation_checkpointing.") and k.split(".")[-1] in DEEPSPEED_AC_KEYS
+    ]
+    if not section:
+        return None
+    if any("gradient_checkpointing" in k and v for k, v in ctx.cfg.items()):
+        return None
+    return Match(
+        0.7,
+        f"The config has DeepSpeed's activation_checkpointing section ({', '.join(section[:3])}"
+        ") but nothing turns checkpointing on in the model (no gradient_checkpointing).",
+    )

@@ -163,3 +163,36 @@ def oom_errors(ctx: Context):
 
 def where_raised(e) -> str:
     return " ".join([*e.frames, e.details or ""]).lower()
+
+
+def oom_where(ctx: Context) -> str:
+    """The frames of the OOM's traceback (lower-case); with a cut or reordered paste, every
+    frame in the evidence."""
+    frames = " ".join(where_raised(e) for e in oom_errors(ctx))
+    return frames if frames.strip() else all_frames(ctx)
+
+
+def all_frames(ctx: Context) -> str:
+    """Every traceback frame and detail line in the evidence, lower-case: a paste may put the
+    frames before the OOM line, after it, or cut the exception line off."""
+    return " ".join(where_raised(e) for e in ctx.evidence.errors)
+
+
+def is_megatron(ctx: Context) -> bool:
+    """Megatron-LM / NeMo / Megatron-Bridge, from the config's keys or the frames."""
+    keys = ("recompute_", "tensor_model_parallel", "pipeline_model_parallel", "num_moe_experts")
+    if any(k.startswith(keys) for k in ctx.cfg):
+        return True
+    frames = all_frames(ctx)
+    return "megatron" in frames or "/nemo/" in frames
+
+
+def more_recompute_patch(ctx: Context) -> tuple[dict[str, Any], str]:
+    """The next activation-memory step in the user's framework's own keys: (patch, words)."""
+    if is_megatron(ctx):
+        spec, why = next_step(ctx)
+        return patch_for(spec), f"recompute {spec} ({why})"
+    return (
+        {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+        "activation (gradient) checkpointing: gradient_checkpointing=True, use_reentrant=False",
+    )

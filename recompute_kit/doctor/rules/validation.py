@@ -239,3 +239,79 @@ def _uniform_index(ctx: Context) -> Match | None:
         )
         return Match(0.75, f'The log says "{text}" and {where}.')
     return None
+
+
+# Words of Megatron's argument checks -> the setting they are about.
+ARGUMENT_WORDS = (
+    ("sequence parallel", "sequence_parallel"),
+    ("pipeline-model-parallel", "pipeline_model_parallel_size"),
+    ("pipeline model parallel", "pipeline_model_parallel_size"),
+    ("virtual pipeline", "virtual_pipeline_model_parallel_size"),
+    ("tensor-model-parallel", "tensor_model_parallel_size"),
+    ("tensor model parallel", "tensor_model_parallel_size"),
+    ("tensor parallel", "tensor_model_parallel_size"),
+    ("context parallel", "context_parallel_size"),
+    ("expert", "expert_model_parallel_size"),
+    ("recompute", "recompute_granularity"),
+    ("micro batch", "micro_batch_size"),
+    ("micro-batch", "micro_batch_size"),
+    ("global batch", "global_batch_size"),
+    ("attention heads", "num_attention_heads"),
+    ("distributed optimizer", "use_distributed_optimizer"),
+)
+VALIDATE_FRAMES = ("in validate_args", "arguments.py", "in __post_init__", "transformer_config.py")
+
+
+@rule(
+    "RK097",
+    "Megatron's argument checks rejected the launch",
+    "invalid_config",
+    symptom="AssertionError / ValueError raised from Megatron's validate_args "
+    "(megatron/training/arguments.py) or TransformerConfig.__post_init__ before training",
+    cause="Two settings Megatron requires to agree do not (parallel sizes, layer counts, "
+    "sequence parallelism with MoE + TP, recompute options)",
+    confirm="The assertion's message names the rule; the frames are validate_args / __post_init__",
+    fix="Change the setting the message names (see the patch); the check runs before any "
+    "memory is used",
+    patch={"code": "fix the argument validate_args names"},
+    refs=("https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",),
+)
+def _megatron_arguments(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if e.kind != "exception" or not e.type.endswith(("AssertionError", "ValueError")):
+            continue
+        frames = " ".join(e.frames).lower()
+        if not any(f in frames for f in VALIDATE_FRAMES):
+            continue
+        message = " ".join(e.message.split()) or "(no message)"
+        lower = message.lower()
+        keys = list(dict.fromkeys(k for w, k in ARGUMENT_WORDS if w in lower))
+        patch = _argument_patch(ctx, lower, keys)
+        return Match(
+            0.9,
+            f'Megatron rejected the arguments: "{message[:200]}"'
+            + (f" (settings: {', '.join(keys)})." if keys else "."),
+            config_patch=patch,
+        )
+    return None
+
+
+def _argument_patch(ctx: Context, message: str, keys: list[str]) -> dict:
+    if "sequence parallel" in message and "must be" in message:
+        return {"sequence_parallel": True}
+    layers, pp = ctx.cfg.get("num_layers"), ctx.cfg.get("pipeline_model_parallel_size")
+    if "layers" in message and "pipeline" in message:
+        if isinstance(layers, int) and isinstance(pp, int) and pp > 1:
+            inner = layers // pp
+            rest = layers - inner * (pp - 2)
+            return {
+                "num_layers_in_first_pipeline_stage": rest // 2,
+                "num_layers_in_last_pipeline_stage": rest - rest // 2,
+            }
+        return {
+            "num_layers_in_first_pipeline_stage": "<layers on stage 0>",
+            "num_layers_in_last_pipeline_stage": "<layers on the last stage>",
+        }
+    if keys:
+        return {keys[0]: f"<a value that satisfies: {message[:80]}>"}
+    return {"code": "fix the argument validate_args names"}
