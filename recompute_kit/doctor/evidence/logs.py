@@ -86,6 +86,23 @@ _STEP_PEAK_RE = re.compile(
     r"\b(?:peak|MaxMemAllocated)\s*[=:]\s*([\d.]+)\s*([GM]i?B)",
     re.I,
 )
+# torch.cuda.memory_summary() rows: "| Allocated memory      |  14356 MiB |  23806 MiB | ..."
+_SUMMARY_ROW_RE = re.compile(
+    r"^\|\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|"
+    r"\s*([\d.]+)\s*([KMG]i?B|B)\s*\|\s*([\d.]+)\s*([KMG]i?B|B)\s*\|"
+)
+_SUMMARY_FIELDS = {
+    "Allocated memory": ("allocated_bytes", "max_allocated_bytes"),
+    "GPU reserved memory": ("reserved_bytes", "max_reserved_bytes"),
+    "Non-releasable memory": ("inactive_bytes", "max_inactive_bytes"),
+}
+# Scripts' own lines: "Allocated (real tensor memory): 60.93 GB  Reserved (cached by PyTorch):
+# 126.97 GB", "memory_allocated: 3.2GB, memory_reserved: 9.1GB".
+_ALLOC_RESERVED_RE = re.compile(
+    r"allocated[^:=\d]{0,40}[:=]\s*([\d.]+)\s*([KMG]i?B)\b.{0,80}?"
+    r"reserved[^:=\d]{0,40}[:=]\s*([\d.]+)\s*([KMG]i?B)\b",
+    re.I,
+)
 _STEP_RE = re.compile(r"\bstep[\s=:]*(\d+)", re.I)
 _MEM_REPORT_RE = re.compile(r"\[Rank\s*(\d+)\]\s*(.*?)\s*memory\s*\((MB|GB)\)")
 _MEM_COMPLETE_RE = re.compile(r"maxreserved:[\d.]+$|allocated-count:\d+")
@@ -433,6 +450,12 @@ class _LogParser:
                 if key:
                     self.ev.config.setdefault(key, int(value))
             return
+        if text.startswith("|") and " memory " in text:
+            if (m := _SUMMARY_ROW_RE.match(text.strip())) is not None:
+                self._summary_row(*m.groups())
+            return
+        if "eserved" in text and "llocated" in text and self._alloc_reserved(text):
+            return
         if text.startswith("|") and "MiB" in text:
             if (m := _SMI_PROCESS_RE.match(text.strip())) is not None:
                 gpu, pid, name, mib = m.groups()
@@ -458,6 +481,31 @@ class _LogParser:
                 ):
                     if value is not None:
                         self.ev.theoretical_memory[f"{key}_bytes"] = int(float(value) * (1 << 20))
+
+    def _summary_row(self, name: str, cur: str, cur_unit: str, peak: str, peak_unit: str) -> None:
+        """One row of torch.cuda.memory_summary(); rows of one table fill one report."""
+        report = self.ev.memory[-1] if self.ev.memory else None
+        if report is None or report.source != "memory_summary" or name == "Allocated memory":
+            report = MemoryReport(source="memory_summary", label="torch.cuda.memory_summary()")
+            self._add_memory(report)
+        now, most = _SUMMARY_FIELDS[name]
+        setattr(report, now, parse_size(cur, cur_unit))
+        setattr(report, most, parse_size(peak, peak_unit))
+
+    def _alloc_reserved(self, text: str) -> bool:
+        m = _ALLOC_RESERVED_RE.search(text)
+        if m is None:
+            return False
+        a, au, r, ru = m.groups()
+        self._add_memory(
+            MemoryReport(
+                allocated_bytes=parse_size(a, au),
+                reserved_bytes=parse_size(r, ru),
+                label=text.strip()[:120],
+                source="allocated-reserved",
+            )
+        )
+        return True
 
     def _step_peak(self, text: str) -> bool:
         m = _STEP_PEAK_RE.search(text)

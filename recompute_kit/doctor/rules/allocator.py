@@ -425,3 +425,40 @@ def _smi_processes(ctx: Context) -> Match | None:
                 "contexts of ranks that belong on other GPUs.",
             )
     return None
+
+
+@rule(
+    "RK098",
+    "Reserved memory far above allocated: fragmentation",
+    "fragmentation",
+    symptom="Memory reports (torch.cuda.memory_summary(), 'Allocated ... Reserved ...' lines) "
+    "where PyTorch's reserved memory is well above even the peak allocated",
+    cause="The caching allocator keeps split segments it cannot reuse for new sizes; "
+    "reserved grows while allocated does not",
+    confirm="torch.cuda.memory_stats()['inactive_split_bytes.all.current'] (Non-releasable "
+    "memory in memory_summary) is large; expandable segments bring reserved down",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place "
+    "instead of splitting)",
+    patch=EXPANDABLE,
+    refs=(PT_MEMORY,),
+    supersedes=("RK087", "RK005"),
+)
+def _reserved_over_allocated(ctx: Context) -> Match | None:
+    if any("expandable_segments:True" in v for v in ctx.evidence.env.values()):
+        return None
+    for m in ctx.evidence.memory:
+        if m.source not in ("memory_summary", "allocated-reserved"):
+            continue
+        reserved = m.max_reserved_bytes or m.reserved_bytes
+        used = max(m.max_allocated_bytes or 0, m.allocated_bytes or 0)
+        if not reserved or not used:
+            continue
+        slack = reserved - used
+        if reserved >= 1.5 * used and slack >= 2 * GIB:
+            return Match(
+                0.8,
+                f"PyTorch reserved {gib(reserved)} while at most {gib(used)} was allocated: "
+                f"{gib(slack)} ({slack / reserved:.0%} of the reserve) sits in segments it "
+                "cannot reuse.",
+            )
+    return None

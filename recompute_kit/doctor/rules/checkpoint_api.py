@@ -28,10 +28,7 @@ CKPT_RULES = [
     (
         "RK071",
         "No checkpoint input requires grad",
-        (
-            "None of the inputs have requires_grad=True",
-            "element 0 of tensors does not require grad and does not have a grad_fn",
-        ),
+        ("element 0 of tensors does not require grad and does not have a grad_fn",),
         "UserWarning 'None of the inputs have requires_grad=True. Gradients will be None', then "
         "'element 0 of tensors does not require grad'",
         "A reentrant checkpoint whose inputs (e.g. frozen embeddings under PEFT/LoRA) do not "
@@ -270,3 +267,28 @@ def _fp8_recompute_key(ctx: Context) -> Match | None:
                 "stash was not written in the forward.",
             )
     return None
+
+
+@rule(
+    "RK099",
+    "'None of the inputs have requires_grad=True' alone: usually harmless",
+    "informational",
+    symptom="UserWarning 'None of the inputs have requires_grad=True. Gradients will be None' "
+    "from torch/utils/checkpoint.py, with training otherwise running",
+    cause="A checkpointed block ran on inputs that need no gradient: under torch.no_grad "
+    "(evaluation, generation), or a frozen first block. It only matters with the reentrant "
+    "checkpoint and trainable parameters inside the block (then they get no gradient)",
+    confirm="Training loss falls and the trainable parameters' .grad are set after backward",
+    fix="No fix needed for evaluation or frozen blocks; to silence it and be safe with "
+    "adapters inside checkpointed blocks use use_reentrant=False (or "
+    "disable_gradient_checkpointing around no_grad inference)",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=(PT_CKPT,),
+)
+def _no_input_grad_warning(ctx: Context) -> Match | None:
+    warned = on_message("None of the inputs have requires_grad=True", confidence=0.6)(ctx)
+    if warned is None:
+        return None
+    if any(e.kind == "exception" and e.type for e in ctx.evidence.errors) or ctx.oom:
+        return None  # a real failure is in the log: other rules speak to it
+    return warned
