@@ -91,11 +91,77 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
             continue
         found.append((rule.finding(match), rule.supersedes))
     fired = {f.rule for f, _ in found}
-    dropped = {old for f, sup in found for old in sup if old in fired}
-    findings = sorted(
-        (f for f, _ in found if f.rule not in dropped), key=lambda f: (-f.confidence, f.rule)
-    )
-    return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions)
+    superseded = {old for f, sup in found for old in sup if old in fired}
+    findings = [f for f, _ in found]
+    dropped: list[dict[str, str]] = []
+    slack = _fragmentation_slack(ctx)
+    if slack is not None and "RK001" in superseded and slack >= 2 * (ctx.oom.requested_bytes or 0):
+        superseded.discard("RK001")  # a specific site does not explain away free memory in pieces
+    for f in findings:
+        if f.rule in superseded:
+            by = next(g.rule for g, sup in found if f.rule in sup)
+            dropped.append({"rule": f.rule, "reason": f"superseded by {by}"})
+    findings = [f for f in findings if f.rule not in superseded]
+    findings, ruled_out = _reconcile(ctx, findings, slack)
+    dropped += ruled_out
+    findings.sort(key=lambda f: (-f.confidence, f.rule))
+    return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
+
+
+MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory")
+
+
+def _fragmentation_slack(ctx: Context) -> int | None:
+    """Reserved-but-unallocated bytes of the OOM (None without a message that says)."""
+    oom = ctx.oom
+    if oom is None or not oom.requested_bytes:
+        return None
+    if oom.reserved_unallocated_bytes is not None:
+        return oom.reserved_unallocated_bytes
+    if oom.reserved_bytes is not None and oom.allocated_bytes is not None:
+        return max(0, oom.reserved_bytes - oom.allocated_bytes)
+    return None
+
+
+def _reconcile(
+    ctx: Context, findings: list[Finding], slack: int | None
+) -> tuple[list[Finding], list[dict[str, str]]]:
+    """Findings that contradict the evidence or each other go, with a reason; findings never
+    ask for input that was given."""
+    dropped: list[dict[str, str]] = []
+    kept: list[Finding] = []
+    memory = [f for f in findings if f.category in MEMORY_CATEGORIES]
+    oom = ctx.oom
+    for f in findings:
+        if f.rule == "RK001" and memory and slack is not None and oom is not None:
+            req, total = oom.requested_bytes or 0, oom.total_bytes or 0
+            if slack < 2 * req and slack < 0.1 * total:
+                dropped.append(
+                    {
+                        "rule": f.rule,
+                        "reason": f"fragmentation ruled out: {slack / GIB:.2f} GiB reserved but "
+                        f"unallocated is under twice the {req / GIB:.2f} GiB request and under 10% "
+                        f"of the GPU, while {memory[0].rule} explains the OOM",
+                    }
+                )
+                continue
+            if slack >= 2 * req:  # free memory in pieces several times the request: first
+                f.confidence = max(f.confidence, max(m.confidence for m in memory) + 0.01)
+        kept.append(f)
+    est, gpu = ctx.estimate, ctx.gpu_bytes
+    if est is not None and gpu:
+        states = est.weights_bytes + est.grads_bytes + est.optimizer_bytes
+        if states >= gpu:  # nothing else can fit: the model-state finding leads
+            top = max((f.confidence for f in kept), default=0.0)
+            for f in kept:
+                if f.category == "model_state_memory":
+                    f.confidence = round(min(0.99, top + 0.01), 2)
+    if ctx.cfg:  # a config was given: confirm steps must not ask for one
+        for f in kept:
+            f.confirm = f.confirm.replace(
+                "Pass the config to recompute-kit doctor --config, or run", "Run"
+            )
+    return kept, dropped
 
 
 def _summary(ctx: Context, findings: list[Finding]) -> str:

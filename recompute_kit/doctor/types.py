@@ -105,6 +105,8 @@ class Diagnosis:
     findings: list[Finding]
     summary: str
     assumptions: list[str]
+    # findings the evidence rules out: {"rule": id, "reason": why}
+    dropped: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +114,7 @@ class Diagnosis:
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "assumptions": self.assumptions,
+            "dropped": self.dropped,
         }
 
 

@@ -34,7 +34,7 @@ from .schema import (
 )
 from .text import _EXC_SEARCH_RE, _compact, _float, _int, _strip_prefixes, parse_size
 from .tracebacks import (
-    _BARE_ERRORS,
+    _BARE_ERRORS_RE,
     _BARE_WARNINGS,
     _CHAIN_CAUSE,
     _CHAIN_CONTEXT,
@@ -167,7 +167,8 @@ def _starts_record(text: str, stamped: bool) -> bool:
     """Whether a line begins a new log record (so it cannot continue a wrapped one)."""
     if stamped or _RECORD_RE.match(text):
         return True
-    if looks_like_oom(text):
+    # (A wrapped line "memory. Tried to allocate ..." continues a message: only the heads count.)
+    if ("out of memory" in text or "OutOfMemory" in text) and looks_like_oom(text):
         return True
     if ("Error" in text or "Exception" in text) and _EXC_SEARCH_RE.search(text):
         return True
@@ -469,7 +470,7 @@ class _LogParser:
             return
         if ("peak" in text or "MaxMemAllocated" in text) and self._step_peak(text):
             return
-        if any(phrase in text for phrase in _BARE_ERRORS):
+        if _BARE_ERRORS_RE.search(text):
             message = text.strip()
             self._add_error(ErrorEvent(type="", message=message[:2000], rank=rank))
             return

@@ -30,6 +30,7 @@ _BARE_ERRORS = (
     "have different metadata than during the forward pass",
     "Unpack is being triggered for a tensor that was already unpacked once",
 )
+_BARE_ERRORS_RE = re.compile("|".join(re.escape(p) for p in _BARE_ERRORS))
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
 _MEGATRON_WARN_RE = re.compile(r"^WARNING:(?:[\w.]+:)?\s?(.*)$")
 _FRAME_RE = re.compile(r'^\s*File "(.+?)", line (\d+)(?:, in (.*))?$')

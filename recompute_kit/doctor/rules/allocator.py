@@ -5,7 +5,7 @@ larger than the device, genuine pressure, allocator limits.
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import EXPANDABLE, GIB, gib, oom_errors, rule
+from .registry import EXPANDABLE, GIB, gib, more_recompute_patch, oom_errors, rule
 
 # --------------------------------------------------------------------------------------------
 # Reading the OOM message
@@ -193,6 +193,7 @@ def _too_big(ctx: Context) -> Match | None:
     "to split the peak into activations and model states",
     fix="Reduce the dominant term: more recompute if activations dominate, distributed "
     "optimizer / more parallelism if model states do",
+    supersedes=("RK087",),
 )
 def _pressure(ctx: Context) -> Match | None:
     oom = ctx.oom
@@ -201,10 +202,19 @@ def _pressure(ctx: Context) -> Match | None:
     share = oom.allocated_bytes / oom.total_bytes
     if share < 0.8:
         return None
+    patch, words = more_recompute_patch(ctx)
+    mbs = ctx.cfg.get("micro_batch_size")
+    if isinstance(mbs, int) and mbs > 1:
+        patch = {**patch, "micro_batch_size": mbs // 2}
     return Match(
         0.5,
         f"PyTorch had {gib(oom.allocated_bytes)} allocated of "
         f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
+        config_patch=patch,
+        fix=f"Without a model shape the split is unknown; activations are the usual term: "
+        f"{words}, or halve micro_batch_size / seq_length (activations scale linearly). "
+        "If the OOM is in the first optimizer step, shard the optimizer states instead "
+        "(use_distributed_optimizer / ZeRO)",
     )
 
 
@@ -358,7 +368,7 @@ INFERENCE_WORDS = (
 
 
 @rule(
-    "RK090",
+    "RK100",
     "A colocated inference engine (vLLM / SGLang) holds GPU memory",
     "non_pytorch_memory",
     symptom="OOM in an RL / generation job where vLLM or SGLang shares the GPUs with training "

@@ -28,7 +28,10 @@ CKPT_RULES = [
     (
         "RK071",
         "No checkpoint input requires grad",
-        ("element 0 of tensors does not require grad and does not have a grad_fn",),
+        (
+            "None of the inputs have requires_grad=True",
+            "element 0 of tensors does not require grad and does not have a grad_fn",
+        ),
         "UserWarning 'None of the inputs have requires_grad=True. Gradients will be None', then "
         "'element 0 of tensors does not require grad'",
         "A reentrant checkpoint whose inputs (e.g. frozen embeddings under PEFT/LoRA) do not "
@@ -70,7 +73,20 @@ CKPT_RULES = [
     ),
 ]
 
+
+def _with_error(check, error: str):
+    """`check`, only when the log also has the error (a warning alone is RK099's)."""
+
+    def gated(ctx: Context) -> Match | None:
+        return check(ctx) if on_message(error)(ctx) else None
+
+    return gated
+
+
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
+    _check = on_message(*_frags)
+    if _id == "RK071":
+        _check = _with_error(_check, _frags[1])
     rule(
         _id,
         _title,
@@ -81,7 +97,7 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
         fix=_fix,
         patch=_patch,
         refs=(PT_CKPT,),
-    )(on_message(*_frags))
+    )(_check)
 
 
 _METADATA_MISMATCH = on_message(
@@ -104,8 +120,10 @@ COMPILE_WORDS = ("torch.compile", "compile", "dynamo", "inductor")
     "backward, or torch.compile picking another graph",
     confirm="Rerun with torch.utils.checkpoint.set_checkpoint_debug_enabled(True) to see the "
     "ops that differ",
-    fix="Make the region deterministic (no state changes between "
-    "forward and backward; for MoE routing replay, record and replay the routing)",
+    fix="Find the op that differs (set_checkpoint_debug_enabled(True)) and make the region "
+    "deterministic: apply activation checkpointing before torch.compile rather than inside a "
+    "compiled region, no global state changes between forward and backward, and for MoE "
+    "record and replay the routing",
     patch={"code": "torch.utils.checkpoint.set_checkpoint_debug_enabled(True)"},
     refs=(PT_CKPT, "https://github.com/pytorch/pytorch/issues/166926"),
 )
@@ -144,8 +162,13 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
             "checkpointed blocks (or turn compile off for them); do not checkpoint inside a "
             "compiled region",
         )
-    dtypes = re.findall(r"'dtype': torch\.(\w+)", text)
-    if len(set(dtypes)) > 1:
+    pairs = re.findall(
+        r"saved metadata: \{'shape': torch\.size\(\[([^\]]*)\]\), 'dtype': torch\.(\w+).*?"
+        r"recomputed metadata: \{'shape': torch\.size\(\[([^\]]*)\]\), 'dtype': torch\.(\w+)",
+        text,
+    )
+    dtypes = [d for shape, d, shape2, d2 in pairs if shape == shape2 and d != d2 for d in (d, d2)]
+    if dtypes:  # same shapes, other dtypes: autocast, not another graph
         return Match(
             0.85,
             f"{found.evidence} The saved and recomputed dtypes differ "

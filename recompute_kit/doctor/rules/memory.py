@@ -10,7 +10,6 @@ from .registry import (
     all_frames,
     candidate_spec,
     gib,
-    is_megatron,
     more_recompute_patch,
     next_step,
     oom_errors,
@@ -287,55 +286,6 @@ def _selective_oom_full_ok(ctx: Context) -> Match | None:
     )
 
 
-OPTIMIZER_WORDS = (
-    "optimizer.step",
-    "exp_avg",
-    "adamw",
-    "adam.py",
-    "_multi_tensor_adam",
-    "fused_adam",
-    "optim/optimizer.py",
-    "distrib_optimizer",
-    "in step",
-)
-
-
-@rule(
-    "RK085",
-    "The OOM happens in the optimizer step",
-    "model_state_memory",
-    symptom="The OOM traceback runs through optimizer.step / AdamW (exp_avg, exp_avg_sq)",
-    cause="Adam creates its two fp32 states (8 bytes per parameter, 12 with an fp32 master "
-    "copy) on the first step; weights, gradients and states together exceed the GPU",
-    confirm="The failing frames are the optimizer's; the first iteration never finishes",
-    fix="Shard the optimizer states over the data-parallel ranks (Megatron "
-    "use_distributed_optimizer, DeepSpeed ZeRO stage 1-3, FSDP) or offload them to CPU; "
-    "activation recompute cannot help here",
-    patch={"use_distributed_optimizer": True},
-    supersedes=("RK005", "RK087"),
-)
-def _oom_in_optimizer(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)):
-        return None
-    where = oom_where(ctx)
-    hit = next((w for w in OPTIMIZER_WORDS if w in where), None)
-    if hit is None or (hit == "in step" and "optim" not in where):
-        return None
-    dp = ctx.cfg.get("data_parallel_size")
-    shard = f" over its {dp} data-parallel ranks" if dp else " over the data-parallel ranks"
-    if is_megatron(ctx):
-        patch = {"use_distributed_optimizer": True}
-    else:
-        patch = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-    return Match(
-        0.85,
-        f"The OOM is raised in the optimizer ('{hit}' in the traceback): its states, not "
-        f"activations, are what no longer fits. Sharding them{shard} divides their 8-12 "
-        "bytes per parameter by the number of ranks.",
-        config_patch=patch,
-    )
-
-
 EVAL_WORDS = (
     " in validate",
     " in evaluate",
@@ -395,6 +345,8 @@ def _training_oom(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not (oom or oom_errors(ctx)):
         return None
+    if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None  # the device had room for the request: not a matter of what training keeps
     patch, words = more_recompute_patch(ctx)
     mbs = ctx.cfg.get("micro_batch_size")
     if isinstance(mbs, int) and mbs > 1:

@@ -196,7 +196,7 @@ def _moved_rank(ctx: Context) -> Match | None:
     fix="Distributed optimizer, gradient buffer bucketing, or more data/pipeline parallelism",
     patch={"use_distributed_optimizer": True},
     refs=("Megatron-Bridge perf-activation-recompute triage",),
-    supersedes=("RK005", "RK010"),
+    supersedes=("RK005", "RK010", "RK087"),
 )
 def _optimizer_peak(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:
