@@ -327,7 +327,7 @@ def _library_oom(ctx: Context) -> Match | None:
 @rule(
     "RK089",
     "Most of the GPU is held outside this process's PyTorch",
-    "non_pytorch_memory",
+    "other_processes",
     symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
     "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "
     "nothing free)",
@@ -344,7 +344,8 @@ def _held_elsewhere(ctx: Context) -> Match | None:
     if not oom or not oom.held_elsewhere_bytes or not oom.total_bytes:
         return None
     held, total = oom.held_elsewhere_bytes, oom.total_bytes
-    if held < 0.25 * total or held < max(oom.requested_bytes or 0, 256 << 20):
+    # A desktop GPU's display and CUDA context take a few hundred MiB: not what is meant.
+    if held < 0.25 * total or held < max(oom.requested_bytes or 0, int(1.5 * GIB)):
         return None
     if oom.process_bytes is not None or oom.other_processes_bytes:
         return None  # the 2.1+ message itemises this; RK002 / RK003 read it
@@ -472,3 +473,41 @@ def _reserved_over_allocated(ctx: Context) -> Match | None:
                 "cannot reuse.",
             )
     return None
+
+
+@rule(
+    "RK102",
+    "A small GPU: the workload does not fit",
+    "genuine_pressure",
+    symptom="OOM on a GPU of 12 GiB or less with no sign of another cause (no other "
+    "process, no fragmentation worth the name, no single oversized tensor)",
+    cause="The batch (or image / sequence size) needs more memory than a desktop-class GPU "
+    "has; nothing is misconfigured",
+    confirm="Halve the batch size: if the OOM goes, the GPU was simply too small for it",
+    fix="Halve the batch size and keep the effective batch with gradient accumulation; "
+    "smaller inputs (crop/resize images, shorter sequences), mixed precision, or a larger GPU",
+    patch={"batch_size": "half of the current one", "gradient_accumulation_steps": 2},
+    supersedes=("RK087",),
+)
+def _small_gpu(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.total_bytes or oom.total_bytes > 12 * GIB:
+        return None
+    if oom.free_bytes is not None and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None
+    batch = next(
+        (
+            ctx.cfg[k]
+            for k in ("per_device_train_batch_size", "batch_size", "micro_batch_size")
+            if isinstance(ctx.cfg.get(k), int)
+        ),
+        None,
+    )
+    patch = {"batch_size": max(1, batch // 2), "gradient_accumulation_steps": 2} if batch else None
+    return Match(
+        0.4,
+        f"The GPU has {gib(oom.total_bytes)} and the failed request was "
+        f"{gib(oom.requested_bytes)} with {gib(oom.free_bytes)} free: the workload is larger "
+        "than this GPU at this batch size.",
+        config_patch=patch,
+    )
