@@ -131,6 +131,8 @@ SOURCES = {
     "i12-pytorch-40863": "https://github.com/pytorch/pytorch/issues/40863",
     "i12-llamafactory-1158": "https://github.com/hiyouga/LlamaFactory/issues/1158",
     "i12-llamafactory-1158-config": "https://github.com/hiyouga/LlamaFactory/issues/1158",
+    "i12-nemorl-2871": "https://github.com/NVIDIA-NeMo/RL/issues/2871",
+    "i12-slime-1486": "https://github.com/THUDM/slime/pull/1486",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1673,3 +1675,18 @@ def test_ranking_small_slack_drops_fragmentation_with_a_reason():
     d = diagnose(_oom_in_loss(reserved_unallocated=3 * GIB, requested=2 * GIB))
     assert "RK001" not in ids(d) and top(d).rule == "RK016"
     assert any(x["rule"] == "RK001" for x in d.dropped)
+
+
+def test_call_chain_pasted_before_the_oom_is_evidence():
+    # NeMo-RL's issue pastes the call chain as "-> f (file:line)" lines, then the OOM line.
+    d = run(text("i12-nemorl-2871"))
+    assert any("get_next_token_logprobs_from_logits" in line for line in d.evidence.oom[0].context)
+    f = top(d)
+    assert f.rule == "RK016" and f.category == "logits_memory"
+
+
+def test_validate_args_frame_cut_from_its_file_line_is_evidence():
+    # slime's paste starts mid-frame ('Megatron-LM/megatron/training/arguments.py", line 561').
+    f = top(run(text("i12-slime-1486")))
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    assert "num_layers_in_first_pipeline_stage" in f.config_patch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import re
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -182,7 +183,7 @@ def _starts_record(text: str, stamped: bool) -> bool:
 class _Pending:
     """A record that may continue on the next lines (hard-wrapped pastes)."""
 
-    __slots__ = ("error", "kind", "line_number", "lines", "parts", "phase", "rank")
+    __slots__ = ("context", "error", "kind", "line_number", "lines", "parts", "phase", "rank")
 
     def __init__(self, kind: str, text: str, rank: int | None, line_number: int) -> None:
         self.kind = kind  # oom | iteration | memory
@@ -192,6 +193,7 @@ class _Pending:
         self.error: ErrorEvent | None = None  # the exception event that printed the OOM
         self.line_number = line_number
         self.lines = 1
+        self.context: list[str] = []
 
     def add(self, text: str) -> None:
         # Joined with nothing: a wrap at a space keeps the space on one side, a wrap inside a
@@ -237,6 +239,7 @@ class _LogParser:
         self._line_number = 0
         self._nemo_memory: tuple[Any, ...] | None = None
         self._dropped: dict[str, int] = {}
+        self._recent: deque[str] = deque(maxlen=8)  # lines no parser read, for context
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -354,6 +357,7 @@ class _LogParser:
         if p.kind == "oom":
             event = _oom_event(text, p.rank, p.line_number)
             if event is not None:
+                event.context = p.context
                 if len(self.ev.oom) < MAX_OOM_EVENTS:
                     self.ev.oom.append(event)
                 else:
@@ -408,6 +412,7 @@ class _LogParser:
             m = _EXC_SEARCH_RE.search(text)
             if m is not None:
                 error = ErrorEvent(type=m.group(1), message=(m.group(2) or "").strip(), rank=rank)
+                error.context = self._take_recent()
                 if not is_oom:
                     tb = _Traceback(self._chain.pop(rank, ""))
                     tb.state, tb.event = "message", error
@@ -472,7 +477,9 @@ class _LogParser:
             return
         if _BARE_ERRORS_RE.search(text):
             message = text.strip()
-            self._add_error(ErrorEvent(type="", message=message[:2000], rank=rank))
+            event = ErrorEvent(type="", message=message[:2000], rank=rank)
+            event.context = self._take_recent()
+            self._add_error(event)
             return
         if "Theoretical memory" in text:
             m = _THEORY_RE.search(text)
@@ -482,6 +489,8 @@ class _LogParser:
                 ):
                     if value is not None:
                         self.ev.theoretical_memory[f"{key}_bytes"] = int(float(value) * (1 << 20))
+            return
+        self._recent.append(text.strip()[:300])
 
     def _summary_row(self, name: str, cur: str, cur_unit: str, peak: str, peak_unit: str) -> None:
         """One row of torch.cuda.memory_summary(); rows of one table fill one report."""
@@ -607,8 +616,14 @@ class _LogParser:
 
     # -- records -----------------------------------------------------------------------------
 
+    def _take_recent(self) -> list[str]:
+        lines = list(self._recent)
+        self._recent.clear()
+        return lines
+
     def _start_oom(self, text: str, rank: int | None, error: ErrorEvent | None) -> None:
         p = _Pending("oom", text, rank, self._line_number)
+        p.context = error.context if error is not None and error.context else self._take_recent()
         p.error = error
         self._pending = p
         self._check_pending(p)

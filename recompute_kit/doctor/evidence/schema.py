@@ -40,6 +40,7 @@ class OOMEvent:
     line_number: int | None = None  # 1-based line of the log where the message starts
     # total - free - reserved by PyTorch: other processes, CUDA context, NCCL, libraries
     held_elsewhere_bytes: int | None = None
+    context: list[str] = field(default_factory=list)  # unread lines just before it (see ErrorEvent)
 
 
 @dataclass
@@ -91,6 +92,9 @@ class ErrorEvent:
     chained: str = ""  # "cause" / "context": raised from / while handling the previous one
     rank: int | None = None  # the first rank that printed it
     count: int = 1  # identical events (same type, message and frames) are counted, not repeated
+    # Lines no parser read just before an exception without frames: a call chain pasted in
+    # another format ("a -> b -> c", "File ... line N" cut from its head), kept as evidence.
+    context: list[str] = field(default_factory=list)
 
 
 @dataclass

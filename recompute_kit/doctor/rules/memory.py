@@ -193,7 +193,7 @@ def _oom_in_logits(ctx: Context) -> Match | None:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
             return Match(0.9, f"The OOM is raised under '{frame}'.")
     if ctx.oom or oom_errors(ctx):  # a paste with the frames apart from the OOM line
-        where = all_frames(ctx)
+        where = oom_where(ctx) + " " + all_frames(ctx)
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
             return Match(0.8, f"The pasted traceback runs through '{hit}' next to the OOM.")

@@ -162,13 +162,15 @@ def oom_errors(ctx: Context):
 
 
 def where_raised(e) -> str:
-    return " ".join([*e.frames, e.details or ""]).lower()
+    return " ".join([*e.frames, e.details or "", *e.context]).lower()
 
 
 def oom_where(ctx: Context) -> str:
     """The frames of the OOM's traceback (lower-case); with a cut or reordered paste, every
     frame in the evidence."""
     frames = " ".join(where_raised(e) for e in oom_errors(ctx))
+    if ctx.oom is not None and ctx.oom.context:
+        frames += " " + " ".join(ctx.oom.context).lower()
     return frames if frames.strip() else all_frames(ctx)
 
 

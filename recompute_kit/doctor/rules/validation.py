@@ -280,7 +280,7 @@ def _megatron_arguments(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:
         if e.kind != "exception" or not e.type.endswith(("AssertionError", "ValueError")):
             continue
-        frames = " ".join(e.frames).lower()
+        frames = " ".join([*e.frames, *e.context]).lower()
         if not any(f in frames for f in VALIDATE_FRAMES):
             continue
         message = " ".join(e.message.split()) or "(no message)"
