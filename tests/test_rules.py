@@ -133,6 +133,8 @@ SOURCES = {
     "i12-llamafactory-1158-config": "https://github.com/hiyouga/LlamaFactory/issues/1158",
     "i12-nemorl-2871": "https://github.com/NVIDIA-NeMo/RL/issues/2871",
     "i12-slime-1486": "https://github.com/THUDM/slime/pull/1486",
+    "i12-torchtitan-1117": "https://github.com/pytorch/torchtitan/issues/1117",
+    "i12-unslothzoo-1001": "https://github.com/unslothai/unsloth-zoo/pull/1001",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1690,3 +1692,16 @@ def test_validate_args_frame_cut_from_its_file_line_is_evidence():
     f = top(run(text("i12-slime-1486")))
     assert f.rule == "RK097" and f.category == "invalid_config"
     assert "num_layers_in_first_pipeline_stage" in f.config_patch
+
+
+def test_rk075_token_count_change_gets_the_routing_fix():
+    # torchtitan: only the leading dimension moved (965 -> 964 tokens): MoE routing.
+    f = top(run(text("i12-torchtitan-1117")))
+    assert f.rule == "RK075" and "router" in f.fix.lower()
+    assert "token count" in f.evidence
+
+
+def test_rk075_internal_assert_after_a_compile_recompile_limit():
+    # Unsloth: torch.compile fell back to eager (a context line), then checkpoint's assert.
+    f = top(run(text("i12-unslothzoo-1001")))
+    assert f.rule == "RK075" and f.config_patch == {"compile": False}

@@ -104,6 +104,7 @@ _METADATA_MISMATCH = on_message(
     "have different metadata than during the forward pass",
     "CheckpointError: Recomputed values for the following tensors",
     "A different number of tensors was saved during the original forward and recomputation",
+    "Something went unexpectedly wrong in activation checkpoint",
 )
 MOE_WORDS = ("router", "expert", "moe", "row_id_map", "topk", "dispatch", "permut")
 COMPILE_WORDS = ("torch.compile", "compile", "dynamo", "inductor")
@@ -123,7 +124,8 @@ COMPILE_WORDS = ("torch.compile", "compile", "dynamo", "inductor")
     fix="Find the op that differs (set_checkpoint_debug_enabled(True)) and make the region "
     "deterministic: apply activation checkpointing before torch.compile rather than inside a "
     "compiled region, no global state changes between forward and backward, and for MoE "
-    "record and replay the routing",
+    "record and replay the routing. The reentrant implementation (use_reentrant=True) does not "
+    "compare saved and recomputed tensors, a workaround when the difference is harmless",
     patch={"code": "torch.utils.checkpoint.set_checkpoint_debug_enabled(True)"},
     refs=(PT_CKPT, "https://github.com/pytorch/pytorch/issues/166926"),
 )
@@ -132,11 +134,22 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
     if found is None:
         return None
     text = " ".join(
-        f"{e.type} {e.message} {e.details} {' '.join(e.frames)}" for e in ctx.evidence.errors
+        f"{e.type} {e.message} {e.details} {' '.join(e.frames)} {' '.join(e.context)}"
+        for e in ctx.evidence.errors
     ).lower()
+    saved = re.findall(r"saved metadata: \{'shape': torch\.size\(\[([^\]]*)\]\)", text)
+    again = re.findall(r"recomputed metadata: \{'shape': torch\.size\(\[([^\]]*)\]\)", text)
+    token_count = any(  # only the leading (token) dimension moved: routing, capacity
+        len(a.split(",")) == len(b.split(",")) > 1
+        and a.split(",")[0] != b.split(",")[0]
+        and a.split(",")[1:] == b.split(",")[1:]
+        for a, b in zip(saved, again, strict=False)
+    )
     moe = next((w for w in MOE_WORDS if w in text), None) or (
         "num_moe_experts" if ctx.is_moe else None
     )
+    if moe is None and token_count:
+        moe = "a token count that changed between forward and recompute"
     if moe:
         if is_megatron(ctx):
             patch = {"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}
