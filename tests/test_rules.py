@@ -135,6 +135,7 @@ SOURCES = {
     "i12-slime-1486": "https://github.com/THUDM/slime/pull/1486",
     "i12-torchtitan-1117": "https://github.com/pytorch/torchtitan/issues/1117",
     "i12-unslothzoo-1001": "https://github.com/unslothai/unsloth-zoo/pull/1001",
+    "i12-megatron-2754": "https://github.com/NVIDIA/Megatron-LM/pull/2754",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1705,3 +1706,25 @@ def test_rk075_internal_assert_after_a_compile_recompile_limit():
     # Unsloth: torch.compile fell back to eager (a context line), then checkpoint's assert.
     f = top(run(text("i12-unslothzoo-1001")))
     assert f.rule == "RK075" and f.config_patch == {"compile": False}
+
+
+@covers("RK103")
+def test_rk103_type_error_in_megatrons_mlp_recompute():
+    f = top(run(text("i12-megatron-2754")))
+    assert f.rule == "RK103" and f.category == "framework_bug"
+    assert "padding_mask" in f.evidence and "Upgrade" in f.fix
+    assert f.config_patch["recompute_modules"] == ["core_attn"]
+
+
+# verbatim from https://github.com/NVIDIA/nccl/issues/1284 (the issue's title, quoted there)
+NCCL_1284 = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate more than 1EB memory"
+)
+
+
+def test_rk004_more_than_1eb_is_a_corrupted_size():
+    d = run(NCCL_1284)
+    assert d.evidence.oom[0].requested_bytes == 10**18
+    f = top(d)
+    assert f.rule == "RK004" and "NCCL" in f.evidence
+    assert f.config_patch["env"]["NCCL_DEBUG"] == "INFO"

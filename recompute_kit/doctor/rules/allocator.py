@@ -5,7 +5,17 @@ larger than the device, genuine pressure, allocator limits.
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import EXPANDABLE, GIB, gib, more_recompute_patch, oom_errors, rule
+from .registry import (
+    EXPANDABLE,
+    GIB,
+    all_frames,
+    gib,
+    is_megatron,
+    more_recompute_patch,
+    oom_errors,
+    oom_where,
+    rule,
+)
 
 # --------------------------------------------------------------------------------------------
 # Reading the OOM message
@@ -165,20 +175,54 @@ def _too_big(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not oom or not oom.requested_bytes:
         return None
+    req = oom.requested_bytes
+    if req >= 2**50:  # a PiB or "more than 1EB": no tensor is that large, the size is garbage
+        return Match(
+            0.85,
+            f"The request is {gib(req)}: a corrupted size (typically after an NCCL timeout "
+            "or error on another rank, or an overflowed shape), not a tensor to shrink.",
+            config_patch={"env": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}},
+            fix="Read the first error before the OOM (an NCCL timeout, a rank that died); "
+            "rerun with NCCL_DEBUG=INFO to find it",
+        )
     if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
-        if oom.requested_bytes >= 256 * GIB:
-            return Match(
-                0.8,
-                f"One allocation of {gib(oom.requested_bytes)} was requested; no "
-                "GPU has that much memory.",
-            )
+        if req < 256 * GIB:
+            return None
+    elif req < 0.5 * oom.total_bytes:
         return None
-    if oom.requested_bytes < 0.5 * oom.total_bytes:
-        return None
+    patch, what = _shrink_patch(ctx)
+    on = f" on a {gib(oom.total_bytes)} GPU" if oom.total_bytes else "; no GPU has that much"
     return Match(
-        0.9,
-        f"One allocation of {gib(oom.requested_bytes)} was requested on a "
-        f"{gib(oom.total_bytes)} GPU.",
+        0.9 if oom.total_bytes else 0.8,
+        f"One allocation of {gib(req)} was requested{on}; {what}.",
+        config_patch=patch,
+    )
+
+
+ATTENTION_WORDS = ("flex_attention", "attention", "sdpa", "softmax", "scores", "query @ key", "bmm")
+
+
+def _shrink_patch(ctx: Context) -> tuple[dict, str]:
+    """Which tensor is too big, from the frames around the OOM, and the setting that shrinks it."""
+    where = oom_where(ctx) + " " + all_frames(ctx)
+    if "flex_attention" in where:
+        return {"code": "flex_attention = torch.compile(flex_attention)"}, (
+            "flex_attention runs uncompiled, which materialises the full score matrix: "
+            "compile it (torch.compile)"
+        )
+    if any(w in where for w in ATTENTION_WORDS):
+        if is_megatron(ctx):
+            return {"attention_backend": "flash"}, "the frames are attention's: use flash attention"
+        return {"attn_implementation": "flash_attention_2"}, (
+            "the frames are attention's (an unfused [batch, heads, seq, seq] score matrix): use "
+            "flash / SDPA attention or a shorter sequence"
+        )
+    if any(w in where for w in ("cross_entropy", "logits", "log_softmax", "lm_head")):
+        return {"cross_entropy_loss_fusion": True}, "the frames are the loss's: fuse or chunk it"
+    mbs = ctx.cfg.get("micro_batch_size")
+    half = max(1, mbs // 2) if isinstance(mbs, int) else "half of the current one"
+    return {"micro_batch_size": half}, (
+        "shrink the tensor: a smaller micro-batch or sequence (its size scales with both)"
     )
 
 

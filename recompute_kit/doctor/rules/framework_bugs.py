@@ -114,3 +114,40 @@ def _offload_zero_layers(ctx: Context) -> Match | None:
             0.9, "Megatron rejects CPU offloading with PP although cpu_offloading_num_layers is 0."
         )
     return None
+
+
+RECOMPUTE_FRAMES = ("checkpoint", "recompute", "save_for_backward", "_checkpointed_forward")
+
+
+@rule(
+    "RK103",
+    "A framework's recompute path rejects its own arguments",
+    "framework_bug",
+    symptom="TypeError inside a framework's checkpoint / recompute call (an unexpected "
+    "keyword argument, save_for_backward given a non-tensor) with a recompute option on",
+    cause="A newer feature (padding masks, packed sequences, MTP) passes arguments that the "
+    "framework's checkpoint wrapper does not forward; the bug is in the framework",
+    confirm="The failing frame is the framework's checkpoint / recompute function; turning "
+    "that recompute module off makes it go",
+    fix="Upgrade the framework (the fix binds the arguments before checkpointing); meanwhile "
+    "turn off the recompute module in the traceback",
+    patch={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+)
+def _recompute_type_error(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if not e.type.endswith("TypeError"):
+            continue
+        where = " ".join([*e.frames, *e.context, e.message]).lower()
+        hit = next((w for w in RECOMPUTE_FRAMES if w in where), None)
+        if hit is None:
+            continue
+        mods = [m for m in ctx.modules if m not in where] if ctx.modules else []
+        patch = {"recompute_granularity": "selective", "recompute_modules": mods or ["core_attn"]}
+        if "mlp" in where and not mods:
+            patch["recompute_modules"] = ["core_attn"]  # without mlp: the failing wrapper
+        return Match(
+            0.85,
+            f'{e.type}: "{e.message[:160]}" is raised in the recompute path ("{hit}").',
+            config_patch=patch,
+        )
+    return None
