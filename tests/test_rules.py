@@ -1216,6 +1216,7 @@ def test_rk064_not_for_an_index_error_in_a_data_loader():
 # RK070-RK077: PyTorch / Hugging Face checkpoint API
 # =============================================================================================
 
+SELECTIVE_DEFAULT = {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
 CHECKPOINT_CASES = [
     ("RK070", "ckpt-local-grad-reentrant", "checkpoint_api_misuse", {"use_reentrant": False}),
     ("RK071", "ckpt-local-no-input-grad", "checkpoint_api_misuse", {"use_reentrant": False}),
@@ -1240,10 +1241,20 @@ CHECKPOINT_CASES = [
         "nondeterministic_recompute",
         {"code": "torch.utils.checkpoint.set_checkpoint_debug_enabled(True)"},
     ),
-    ("RK077", "chatglm-tuning-56", "checkpoint_api_misuse", {}),
-    ("RK077", "transformers-17464", "checkpoint_api_misuse", {}),
-    ("RK081", "roformer-39", "framework_bug", {}),
-    ("RK081", "nemo-speech-14241", "framework_bug", {}),
+    (
+        "RK077",
+        "chatglm-tuning-56",
+        "checkpoint_api_misuse",
+        {"command": "pip install -U transformers"},
+    ),
+    (
+        "RK077",
+        "transformers-17464",
+        "checkpoint_api_misuse",
+        {"command": "pip install -U transformers"},
+    ),
+    ("RK081", "roformer-39", "framework_bug", SELECTIVE_DEFAULT),
+    ("RK081", "nemo-speech-14241", "framework_bug", SELECTIVE_DEFAULT),
     (
         "RK082",
         "mbridge-2684",

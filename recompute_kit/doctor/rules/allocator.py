@@ -93,6 +93,7 @@ def _fragmentation(ctx: Context) -> Match | None:
     "'Including non-PyTorch memory, this process has' line)",
     fix="Stop the other process or give this job its own GPU (CUDA_VISIBLE_DEVICES)",
     refs=("https://github.com/pytorch/pytorch/pull/99699",),
+    patch={"env": {"CUDA_VISIBLE_DEVICES": "<a GPU no other process uses>"}},
 )
 def _other_processes(ctx: Context) -> Match | None:
     oom = ctx.oom
@@ -140,6 +141,7 @@ def _other_processes(ctx: Context) -> Match | None:
     fix="Shrink communication buffers (NCCL_BUFFSIZE, tp_comm_overlap), or budget a few GiB "
     "per GPU for them; recompute cannot free this memory",
     refs=("https://github.com/pytorch/pytorch/issues/16417",),
+    patch={"tp_comm_overlap": False, "env": {"NCCL_BUFFSIZE": "2097152"}},
 )
 def _non_pytorch(ctx: Context) -> Match | None:
     oom = ctx.oom
@@ -270,6 +272,7 @@ def _pressure(ctx: Context) -> Match | None:
     cause="torch.cuda.set_per_process_memory_fraction limits this process below the GPU size",
     confirm="Search the code/launcher for set_per_process_memory_fraction",
     fix="Raise or remove the fraction if the cap is not intended",
+    patch={"code": "torch.cuda.set_per_process_memory_fraction(1.0)"},
 )
 def _allowed(ctx: Context) -> Match | None:
     oom = ctx.oom

@@ -218,6 +218,7 @@ rule(
     fix="Wrap the blocks with torch.utils.checkpoint yourself (use_reentrant=False) or use "
     "another model class",
     refs=("https://huggingface.co/docs/transformers/perf_train_gpu_one",),
+    patch={"command": "pip install -U transformers"},
 )(on_message("does not support gradient checkpointing"))
 
 

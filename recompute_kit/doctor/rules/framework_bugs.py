@@ -51,6 +51,7 @@ rule(
     confirm="The traceback passes through tensor_parallel/random.py",
     fix="Upgrade Megatron-Core (PR #5324/#6519) or use selective recompute",
     refs=("https://github.com/NVIDIA/Megatron-LM/issues/5323",),
+    patch={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
 )(
     on_message(
         "save_for_backward can only save variables, but argument", "only Tensors should be given"
@@ -83,6 +84,7 @@ rule(
     fix="Use DeepSpeed's checkpointing (deepspeed.checkpointing) or use_reentrant=True with "
     "ZeRO-3, or upgrade DeepSpeed",
     supersedes=("RK075",),
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": True}},
 )
 def _zero3_released(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:

@@ -141,6 +141,7 @@ def _logits(ctx: Context) -> Match | None:
     "candidate misses",
     fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the sequence",
     supersedes=("RK010", "RK005"),
+    patch={"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x the current>"},
 )
 def _nothing_fits(ctx: Context) -> Match | None:
     if not ctx.plan_error or not (ctx.oom or ctx.says("out of memory")):
@@ -211,6 +212,7 @@ def _oom_in_logits(ctx: Context) -> Match | None:
     confirm="The traceback's frames are model construction; no iteration line was printed",
     fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU",
     supersedes=("RK005", "RK001", "RK010"),
+    patch={"tensor_model_parallel_size": "<2x the current>", "use_distributed_optimizer": True},
 )
 def _oom_at_build(ctx: Context) -> Match | None:
     if ctx.evidence.iterations:

@@ -117,6 +117,7 @@ def _layernorm_small(ctx: Context) -> Match | None:
     fix="Set the recompute fields before the model is built (before provider.finalize()); "
     "keep the module in train mode",
     refs=("radixark/miles PR #1482", "NVIDIA-NeMo/Megatron-Bridge PR #5320"),
+    patch={"code": "set recompute_* on the config before the model is built; model.train()"},
 )
 def _never_reached(ctx: Context) -> Match | None:
     rows = [r for r in ctx.evidence.experiments if r.get("peak_memory_bytes")]

@@ -134,11 +134,20 @@ def _regression(ctx: Context) -> Match | None:
     if not rows:
         return None
     worst = min(rows, key=lambda r: r["vs_golden"])
-    return Match(
-        0.6,
+    fitting = [
+        r
+        for r in ctx.evidence.experiments
+        if not r.get("oom") and r.get("recompute") and r.get("vs_golden") is not None
+    ]
+    best = max(fitting, key=lambda r: r["vs_golden"], default=None)
+    evidence = (
         f"Experiment '{worst.get('name')}' ({worst.get('recompute')}) runs "
-        f"{worst['vs_golden']:+.1%} vs golden.",
+        f"{worst['vs_golden']:+.1%} vs golden."
     )
+    if best is not None and best is not worst:
+        evidence += f" '{best.get('name')}' ({best['recompute']}) fits at {best['vs_golden']:+.1%}."
+        return Match(0.6, evidence, config_patch=patch_for(best["recompute"]))
+    return Match(0.6, evidence, config_patch={"command": "recompute-kit plan --config CONFIG"})
 
 
 @rule(
@@ -182,7 +191,16 @@ def _moved_rank(ctx: Context) -> Match | None:
     ranks = [o.rank for o in ctx.evidence.oom if o.rank is not None]
     if len(set(ranks)) < 2:
         return None
-    return Match(0.55, f"OOMs were reported on ranks {sorted(set(ranks))}.")
+    n = ctx.cfg.get("recompute_num_layers") or 1
+    return Match(
+        0.55,
+        f"OOMs were reported on ranks {sorted(set(ranks))}.",
+        config_patch={
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": n + 1,
+        },
+    )
 
 
 @rule(

@@ -63,7 +63,7 @@ VALIDATION_RULES = [
         "A typo in recompute_granularity or recompute_method",
         "Only selective/full and uniform/block exist (Megatron's message spells 'granuarlity')",
         "Fix the value",
-        {},
+        {"recompute_granularity": "selective", "recompute_method": None},
     ),
     (
         "RK054",
@@ -73,7 +73,7 @@ VALIDATION_RULES = [
         "Allowed: core_attn, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj (+ newer "
         "model-specific ones)",
         "Fix the module name",
-        {},
+        {"recompute_modules": ["core_attn"]},
     ),
     (
         "RK055",
@@ -91,7 +91,7 @@ VALIDATION_RULES = [
         "mla_up_proj in recompute_modules on a non-MLA model",
         "The module exists only in MLA attention",
         "Remove mla_up_proj",
-        {},
+        {"recompute_modules": ["core_attn"]},
     ),
     (
         "RK057",
@@ -206,6 +206,7 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
     confirm="num_layers per pipeline stage % recompute_num_layers != 0",
     fix="Upgrade Megatron-Core (>= 0.17, PR #3562) or use a divisor of the layer count",
     refs=("https://github.com/NVIDIA/Megatron-LM/issues/2294",),
+    patch={"command": "pip install -U megatron-core  # >= 0.17"},
 )
 def _uniform_index(ctx: Context) -> Match | None:
     # Only an IndexError raised with full recompute configured or from inside the recompute
