@@ -136,6 +136,7 @@ SOURCES = {
     "i12-torchtitan-1117": "https://github.com/pytorch/torchtitan/issues/1117",
     "i12-unslothzoo-1001": "https://github.com/unslothai/unsloth-zoo/pull/1001",
     "i12-megatron-2754": "https://github.com/NVIDIA/Megatron-LM/pull/2754",
+    "i12-llamafactory-1916": "https://github.com/hiyouga/LlamaFactory/issues/1916",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1739,3 +1740,11 @@ def test_rk004_more_than_1eb_is_a_corrupted_size():
     f = top(d)
     assert f.rule == "RK004" and "NCCL" in f.evidence
     assert f.config_patch["env"]["NCCL_DEBUG"] == "INFO"
+
+
+@covers("RK104")
+def test_rk104_old_checkpointing_format_warning_is_informational():
+    d = run(text("i12-llamafactory-1916"))
+    assert d.evidence.errors and d.evidence.errors[0].kind == "warning"
+    f = top(d)
+    assert f.rule == "RK104" and f.category == "informational" and f.config_patch

@@ -19,6 +19,7 @@ _BARE_WARNINGS = (
     "use_reentrant parameter should be passed explicitly",
     "does not support gradient checkpointing",
     "memory is still in use",  # vLLM's sleep mode: what it could not release
+    "old version of the checkpointing format",  # transformers, remote-code models
 )
 # Error messages people paste without the exception line's "RuntimeError: " head; each is a
 # message PyTorch, DDP or DeepSpeed raises (the rules quote the sources).
