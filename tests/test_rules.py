@@ -137,6 +137,7 @@ SOURCES = {
     "i12-unslothzoo-1001": "https://github.com/unslothai/unsloth-zoo/pull/1001",
     "i12-megatron-2754": "https://github.com/NVIDIA/Megatron-LM/pull/2754",
     "i12-llamafactory-1916": "https://github.com/hiyouga/LlamaFactory/issues/1916",
+    "i12-mbridge-skill-expandable": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/9e12bbd5c6a27a19e6d4d92479ddcb02f7020457/skills/nemo-mbridge-perf-memory-tuning/SKILL.md",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1418,8 +1419,8 @@ def scenario(name: str) -> Diagnosis:
 def test_rk008_oom_far_below_capacity_from_the_experiments():
     # NVIDIA skill perf-activation-recompute (Llama3-70B): OOM at a 58.8 GB peak on 80 GB.
     d = scenario("frag_llama3_70b_vpp_vs_expandable")
-    f = top(d)
-    assert f.rule == "RK008" and f.category == "fragmentation"
+    assert top(d).category == "fragmentation"  # RK105 (the expandable row passes) leads
+    f = get(d, "RK008")
     assert f.config_patch == {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
     assert "RK011" not in ids(d)
 
@@ -1748,3 +1749,14 @@ def test_rk104_old_checkpointing_format_warning_is_informational():
     assert d.evidence.errors and d.evidence.errors[0].kind == "warning"
     f = top(d)
     assert f.rule == "RK104" and f.category == "informational" and f.config_patch
+
+
+@covers("RK105")
+def test_rk105_table_pasted_in_the_log_shows_expandable_segments_fix_it():
+    # The table is pasted into the log (not given with --experiments): collect reads it.
+    d = run(text("i12-mbridge-skill-expandable"))
+    assert d.evidence.experiments[0]["name"] == "Baseline"
+    f = top(d)
+    assert f.rule == "RK105" and f.category == "fragmentation"
+    assert f.config_patch == EXPANDABLE
+    cites(f, "'Baseline' runs out of memory", "Baseline + expandable_segments", "704")

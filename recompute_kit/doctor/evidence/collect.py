@@ -31,6 +31,28 @@ def _read_text(path: str, what: str, stdin_text: str | None) -> str:
     return blob.decode("utf-8", errors="replace")
 
 
+MAX_TABLE_SCAN_BYTES = 2 << 20  # pasted tables live in short logs, not in 100 MB ones
+
+
+def _tables_in_log(log: str, stdin_text: str | None) -> list[dict]:
+    """Experiment rows from Markdown tables pasted into a (short) log: issue threads paste the
+    ablation table next to the error."""
+    if log == "-":
+        text = stdin_text or ""
+    else:
+        try:
+            with open(log, "rb") as fh:
+                blob = fh.read(MAX_TABLE_SCAN_BYTES + 1)
+        except OSError:
+            return []
+        if len(blob) > MAX_TABLE_SCAN_BYTES:
+            return []
+        text = blob.decode("utf-8", errors="replace")
+    if "|---" not in text and "| ---" not in text and "|:--" not in text:
+        return []
+    return parse_experiments(text, "log.md")
+
+
 def _scan_env(text: str) -> dict[str, str]:
     parser = _LogParser()
     for line in text.splitlines():
@@ -59,6 +81,7 @@ def collect(
             part.sources.append("log:<stdin>")
         else:
             part = parse_log_file(log)
+        part.experiments += _tables_in_log(log, stdin_text)
         evidence = evidence.merge(part)
     if config is not None:
         text = _read_text(config, "config", stdin_text)

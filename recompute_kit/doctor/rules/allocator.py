@@ -558,3 +558,39 @@ def _small_gpu(ctx: Context) -> Match | None:
         "than this GPU at this batch size.",
         config_patch=patch,
     )
+
+
+@rule(
+    "RK105",
+    "Experiments: the OOM goes with expandable segments alone",
+    "fragmentation",
+    symptom="In the experiments, a configuration OOMs and the same one with "
+    "expandable_segments (PYTORCH_CUDA_ALLOC_CONF) passes",
+    cause="The OOM was fragmentation, not capacity: the same tensors fit once segments can "
+    "grow in place",
+    confirm="The two rows differ only in the allocator setting",
+    fix="Keep PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and drop the parallelism or "
+    "recompute changes made to fix the OOM (they cost throughput for nothing)",
+    patch=EXPANDABLE,
+    supersedes=("RK033", "RK030", "RK087", "RK005"),
+)
+def _expandable_fixes_it(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    fixed = [
+        r
+        for r in rows
+        if not r.get("oom") and "expandable" in f"{r.get('name')} {r.get('result')}".lower()
+    ]
+    failed = [r for r in rows if r.get("oom")]
+    if not (fixed and failed):
+        return None
+    return Match(
+        0.9,
+        f"'{failed[0].get('name')}' runs out of memory; '{fixed[0].get('name')}' passes"
+        + (
+            f" at {fixed[0]['tflops_per_gpu']:g} TFLOP/s/GPU"
+            if fixed[0].get("tflops_per_gpu")
+            else ""
+        )
+        + ".",
+    )
