@@ -108,7 +108,7 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
     return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
 
 
-MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory")
+MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")
 
 
 def _fragmentation_slack(ctx: Context) -> int | None:
