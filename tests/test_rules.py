@@ -138,6 +138,7 @@ SOURCES = {
     "i12-megatron-2754": "https://github.com/NVIDIA/Megatron-LM/pull/2754",
     "i12-llamafactory-1916": "https://github.com/hiyouga/LlamaFactory/issues/1916",
     "i12-mbridge-skill-expandable": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/9e12bbd5c6a27a19e6d4d92479ddcb02f7020457/skills/nemo-mbridge-perf-memory-tuning/SKILL.md",
+    "i12-llamafactory-1221": "https://github.com/hiyouga/LlamaFactory/issues/1221",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
 }
@@ -1059,7 +1060,8 @@ def test_rk036_oom_in_the_optimizer_step():
     f = top(d)
     assert f.rule == "RK036" and f.category == "model_state_memory"
     cites(f, "adamw.py:606 in _multi_tensor_adamw")
-    assert f.config_patch == {"use_distributed_optimizer": True}
+    # TRL (Hugging Face / DeepSpeed, no Megatron keys): the next ZeRO stage, not Megatron's key
+    assert f.config_patch == {"zero_optimization": {"stage": 2}}
 
 
 @covers("RK036")
@@ -1760,3 +1762,10 @@ def test_rk105_table_pasted_in_the_log_shows_expandable_segments_fix_it():
     assert f.rule == "RK105" and f.category == "fragmentation"
     assert f.config_patch == EXPANDABLE
     cites(f, "'Baseline' runs out of memory", "Baseline + expandable_segments", "704")
+
+
+def test_rk036_source_line_of_adam_pasted_before_the_oom():
+    # Only Adam's source line ("denom = (exp_avg_sq.sqrt() ...") precedes the OOM: context.
+    f = top(run(text("i12-llamafactory-1221")))
+    assert f.rule == "RK036" and f.category == "model_state_memory"
+    assert "zero_optimization.stage" in f.fix and f.config_patch["zero_optimization"]

@@ -20,6 +20,7 @@ from .registry import (
     patch_for,
     rule,
     where_raised,
+    zero_stage,
 )
 
 
@@ -447,15 +448,6 @@ def _gpu_count(ctx: Context) -> int | None:
     return None
 
 
-def _zero_stage(ctx: Context) -> int | None:
-    stage = ctx.cfg.get("zero_optimization.stage", ctx.cfg.get("zero_stage"))
-    if isinstance(stage, int):
-        return stage
-    path = str(ctx.cfg.get("deepspeed", "")).lower()
-    m = re.search(r"(?:z|zero|stage)_?([0-3])", path)
-    return int(m.group(1)) if m else None
-
-
 @rule(
     "RK101",
     "Weights, gradients and Adam states of a model this size exceed the GPU",
@@ -478,7 +470,7 @@ def _states_by_model_size(ctx: Context) -> Match | None:
     if found is None:
         return None
     params, name = found
-    stage = _zero_stage(ctx)
+    stage = zero_stage(ctx)
     if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
         return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
     gpus = _gpu_count(ctx) or 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import gib, patch_for, rule
+from .registry import gib, is_megatron, patch_for, rule, zero_stage
 
 # --------------------------------------------------------------------------------------------
 # Recompute that costs too much
@@ -220,7 +220,7 @@ def _optimizer_peak(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:
         if "out of memory" not in e.message.lower():
             continue
-        frames = " ".join(e.frames).lower()
+        frames = " ".join([*e.frames, *e.context]).lower()
         if any(
             k in frames
             for k in (
@@ -232,11 +232,27 @@ def _optimizer_peak(ctx: Context) -> Match | None:
                 "start_grad_sync",
                 "allreduce_params",  # Megatron-LM's older DDP gradient all-reduce
                 "allreduce_gradients",
+                "exp_avg",  # Adam's moments, in a frame or a pasted source line
             )
         ):
+            fix = None
+            if is_megatron(ctx):
+                patch: dict = {"use_distributed_optimizer": True}
+            else:  # DeepSpeed / Hugging Face vocabulary: the next ZeRO stage shards more
+                stage = zero_stage(ctx)
+                nxt = min(3, (stage or 1) + 1)
+                patch = {"zero_optimization": {"stage": nxt}}
+                fix = (
+                    f"Shard more: ZeRO-{nxt} (zero_optimization.stage {nxt}) splits the optimizer "
+                    "states"
+                    + (" and weights" if nxt == 3 else " and gradients")
+                    + " over the GPUs; or offload the optimizer to CPU (offload_optimizer)"
+                )
             return Match(
                 0.75,
                 "The OOM happened in the optimizer step / gradient sync "
                 f"({e.frames[-1] if e.frames else ''}).",
+                config_patch=patch,
+                fix=fix,
             )
     return None

@@ -4,6 +4,7 @@ category module uses (sizes as PyTorch prints them, message matching, recompute 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -198,3 +199,13 @@ def more_recompute_patch(ctx: Context) -> tuple[dict[str, Any], str]:
         {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
         "activation (gradient) checkpointing: gradient_checkpointing=True, use_reentrant=False",
     )
+
+
+def zero_stage(ctx: Context) -> int | None:
+    """The DeepSpeed ZeRO stage in use, from the config or its file name (ds_z3_config.json)."""
+    stage = ctx.cfg.get("zero_optimization.stage", ctx.cfg.get("zero_stage"))
+    if isinstance(stage, int):
+        return stage
+    path = str(ctx.cfg.get("deepspeed", "")).lower()
+    m = re.search(r"(?:z|zero|stage)_?([0-3])", path)
+    return int(m.group(1)) if m else None
