@@ -9,112 +9,13 @@ confidence.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
-from ..memory.estimate import Estimate, estimate
-from .evidence import Evidence, OOMEvent
-
-GIB = 2**30
-# The keys without which no memory estimate is worth making.
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-
-
-@dataclass
-class Context:
-    """What the rules look at: the evidence and what the kit can derive from it."""
-
-    evidence: Evidence
-    config: Config | None = None  # a kit Config, when the evidence has a model shape
-    config_error: str | None = None  # Megatron's validation message for the given config
-    gpu_bytes: int | None = None  # from --gpu-memory-gb or the OOM's total capacity
-    estimate: Estimate | None = None  # the current setting, per rank
-    best: Any = None  # the planner's best candidate when a budget is known
-    plan_error: str | None = None  # why nothing fits, when nothing does
-    assumptions: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        """Every error and warning message, for message-based rules."""
-        return "\n".join(f"{e.type}: {e.message}" for e in self.evidence.errors)
-
-    def says(self, *fragments: str) -> bool:
-        text = self.text
-        return any(f in text for f in fragments)
-
-    @property
-    def oom(self) -> OOMEvent | None:
-        return self.evidence.oom[-1] if self.evidence.oom else None
-
-    @property
-    def cfg(self) -> dict[str, Any]:
-        return self.evidence.config
-
-    @property
-    def granularity(self) -> str | None:
-        return self.cfg.get("recompute_granularity")
-
-    @property
-    def modules(self) -> list[str]:
-        mods = self.cfg.get("recompute_modules")
-        if self.granularity != "selective":
-            return []
-        return ["core_attn"] if mods is None else list(mods)
-
-    @property
-    def is_moe(self) -> bool:
-        """An MoE model: from the config, or (no config) from MoE modules in the experiments."""
-        if self.cfg.get("num_moe_experts"):
-            return True
-        moe_units = {"moe", "moe_act", "shared_experts"}
-        return any(
-            moe_units & set(r.get("recompute_modules") or []) for r in self.evidence.experiments
-        )
-
-    @property
-    def is_mla(self) -> bool:
-        return bool(self.cfg.get("multi_latent_attention"))
-
-    @property
-    def flash(self) -> bool:
-        """Fused/flash attention (Megatron's default with TransformerEngine)."""
-        return self.cfg.get("attention_backend", "auto") != "unfused"
-
-
-@dataclass
-class Finding:
-    rule: str
-    category: str
-    title: str
-    symptom: str
-    cause: str
-    confirm: str
-    fix: str
-    config_patch: dict[str, Any]
-    confidence: float
-    references: list[str]
-    evidence: str  # two or three sentences citing the input's numbers
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class Diagnosis:
-    evidence: Evidence
-    findings: list[Finding]
-    summary: str
-    assumptions: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "evidence": self.evidence.to_json(),
-            "findings": [f.to_json() for f in self.findings],
-            "summary": self.summary,
-            "assumptions": self.assumptions,
-        }
+from ..memory.estimate import estimate
+from .evidence import Evidence
+from .rules import RULES
+from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
 
 
 def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Context:
@@ -182,8 +83,6 @@ def _estimate(ctx: Context) -> None:
 
 def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosis:
     """Evaluate every rule over the evidence; findings ranked by confidence, best first."""
-    from .rules import RULES
-
     ctx = build_context(evidence, gpu_memory_gb)
     found: list[tuple[Finding, tuple[str, ...]]] = []
     for rule in RULES:
@@ -192,11 +91,77 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
             continue
         found.append((rule.finding(match), rule.supersedes))
     fired = {f.rule for f, _ in found}
-    dropped = {old for f, sup in found for old in sup if old in fired}
-    findings = sorted(
-        (f for f, _ in found if f.rule not in dropped), key=lambda f: (-f.confidence, f.rule)
-    )
-    return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions)
+    superseded = {old for f, sup in found for old in sup if old in fired}
+    findings = [f for f, _ in found]
+    dropped: list[dict[str, str]] = []
+    slack = _fragmentation_slack(ctx)
+    if slack is not None and "RK001" in superseded and slack >= 2 * (ctx.oom.requested_bytes or 0):
+        superseded.discard("RK001")  # a specific site does not explain away free memory in pieces
+    for f in findings:
+        if f.rule in superseded:
+            by = next(g.rule for g, sup in found if f.rule in sup)
+            dropped.append({"rule": f.rule, "reason": f"superseded by {by}"})
+    findings = [f for f in findings if f.rule not in superseded]
+    findings, ruled_out = _reconcile(ctx, findings, slack)
+    dropped += ruled_out
+    findings.sort(key=lambda f: (-f.confidence, f.rule))
+    return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
+
+
+MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")
+
+
+def _fragmentation_slack(ctx: Context) -> int | None:
+    """Reserved-but-unallocated bytes of the OOM (None without a message that says)."""
+    oom = ctx.oom
+    if oom is None or not oom.requested_bytes:
+        return None
+    if oom.reserved_unallocated_bytes is not None:
+        return oom.reserved_unallocated_bytes
+    if oom.reserved_bytes is not None and oom.allocated_bytes is not None:
+        return max(0, oom.reserved_bytes - oom.allocated_bytes)
+    return None
+
+
+def _reconcile(
+    ctx: Context, findings: list[Finding], slack: int | None
+) -> tuple[list[Finding], list[dict[str, str]]]:
+    """Findings that contradict the evidence or each other go, with a reason; findings never
+    ask for input that was given."""
+    dropped: list[dict[str, str]] = []
+    kept: list[Finding] = []
+    memory = [f for f in findings if f.category in MEMORY_CATEGORIES]
+    oom = ctx.oom
+    for f in findings:
+        if f.rule == "RK001" and memory and slack is not None and oom is not None:
+            req, total = oom.requested_bytes or 0, oom.total_bytes or 0
+            if slack < 2 * req and slack < 0.1 * total:
+                dropped.append(
+                    {
+                        "rule": f.rule,
+                        "reason": f"fragmentation ruled out: {slack / GIB:.2f} GiB reserved but "
+                        f"unallocated is under twice the {req / GIB:.2f} GiB request and under 10% "
+                        f"of the GPU, while {memory[0].rule} explains the OOM",
+                    }
+                )
+                continue
+            if slack >= 2 * req:  # free memory in pieces several times the request: first
+                f.confidence = max(f.confidence, max(m.confidence for m in memory) + 0.01)
+        kept.append(f)
+    est, gpu = ctx.estimate, ctx.gpu_bytes
+    if est is not None and gpu:
+        states = est.weights_bytes + est.grads_bytes + est.optimizer_bytes
+        if states >= gpu:  # nothing else can fit: the model-state finding leads
+            top = max((f.confidence for f in kept), default=0.0)
+            for f in kept:
+                if f.category == "model_state_memory":
+                    f.confidence = round(min(0.99, top + 0.01), 2)
+    if ctx.cfg:  # a config was given: confirm steps must not ask for one
+        for f in kept:
+            f.confirm = f.confirm.replace(
+                "Pass the config to recompute-kit doctor --config, or run", "Run"
+            )
+    return kept, dropped
 
 
 def _summary(ctx: Context, findings: list[Finding]) -> str:

@@ -1,0 +1,139 @@
+"""Score the doctor on a corpus of real cases (tests/corpus/cases/*.yaml).
+
+A case is one public issue or forum thread: its URL (`source`), the text users pasted there
+(`artefacts`, run as the log; `config` as the config when present), the maintainers' diagnosis
+as a category (`expected_category`) and the settings or values a correct fix must name
+(`fix_names`). The corpus is split once, by a hash of the URL, into a development set (rules
+are written against it) and a held-out set (only ever scored).
+
+Two scores per split and category: top-1 category accuracy, and whether the top finding's fix
+(its text, config patch and commands) names any of the case's `fix_names`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .engine import diagnose
+from .evidence import collect
+
+REQUIRED_KEYS = ("id", "source", "artefacts", "expected_category", "fix_names")
+
+
+def split_of(source_url: str) -> str:
+    """'held_out' for 2 in 5 URLs by a hash fixed before any rule was written, else 'dev'."""
+    bucket = int(hashlib.sha256(source_url.encode()).hexdigest()[:8], 16) % 5
+    return "held_out" if bucket in (0, 1) else "dev"
+
+
+@dataclass
+class CaseResult:
+    id: str
+    source: str
+    split: str
+    expected: str
+    got: str | None  # the top finding's category; None when nothing fired
+    rule: str
+    category_ok: bool
+    fix_ok: bool
+    error: str = ""  # the crash, when the doctor raised
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def load_case(path: Path) -> dict[str, Any]:
+    """One case file; ValueError with one line when it cannot be used."""
+    try:
+        case = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path.name}: cannot be read: {str(exc).splitlines()[0]}") from None
+    if not isinstance(case, dict):
+        raise ValueError(f"{path.name}: not a mapping")
+    missing = [k for k in REQUIRED_KEYS if not case.get(k)]
+    if missing:
+        raise ValueError(f"{path.name}: missing {', '.join(missing)}")
+    return case
+
+
+def load_cases(directory: Path) -> list[dict[str, Any]]:
+    return [load_case(p) for p in sorted(Path(directory).glob("*.yaml"))]
+
+
+def _fix_text(finding) -> str:
+    """What the top finding tells the user to change: fix text, config patch (keys and
+    values, commands included)."""
+    return (finding.fix + " " + json.dumps(finding.config_patch, default=str)).lower()
+
+
+def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
+    expected = case["expected_category"]
+    split = split_of(case["source"])
+    result = CaseResult(case["id"], case["source"], split, expected, None, "-", False, False)
+    try:
+        log = workdir / f"{case['id']}.log"
+        log.write_text(str(case["artefacts"]), encoding="utf-8")
+        config = None
+        if case.get("config"):
+            config = workdir / f"{case['id']}.config"
+            config.write_text(str(case["config"]), encoding="utf-8")
+        diagnosis = diagnose(collect(logs=[str(log)], config=str(config) if config else None))
+    except Exception as exc:  # a crash is a result to report, not a reason to stop scoring
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    if diagnosis.findings:
+        top = diagnosis.findings[0]
+        result.got, result.rule = top.category, top.rule
+        result.category_ok = top.category == expected
+        text = _fix_text(top)
+        result.fix_ok = any(str(name).lower() in text for name in case["fix_names"])
+    return result
+
+
+def score(directory: Path) -> list[CaseResult]:
+    cases = load_cases(directory)
+    with tempfile.TemporaryDirectory() as tmp:
+        return [run_case(case, Path(tmp)) for case in cases]
+
+
+def table(results: list[CaseResult]) -> dict[str, Any]:
+    """{split: {category: {n, category_ok, fix_ok}, "all": {...}}}, counts as integers."""
+    out: dict[str, Any] = {}
+    for split in ("dev", "held_out"):
+        rows: dict[str, dict[str, int]] = defaultdict(
+            lambda: {"n": 0, "category_ok": 0, "fix_ok": 0}
+        )
+        for r in results:
+            if r.split != split:
+                continue
+            for key in (r.expected, "all"):
+                rows[key]["n"] += 1
+                rows[key]["category_ok"] += r.category_ok
+                rows[key]["fix_ok"] += r.fix_ok
+        out[split] = dict(sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])))
+    out["crashes"] = [f"{r.id}: {r.error}" for r in results if r.error]
+    return out
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = []
+    for split in ("dev", "held_out"):
+        lines.append(f"{split}:")
+        lines.append(f"  {'category':28} {'n':>4} {'top-1':>13} {'fix names it':>13}")
+        for category, row in summary[split].items():
+            n = row["n"]
+            lines.append(
+                f"  {category:28} {n:>4} {row['category_ok']:>4} ({row['category_ok'] / n:4.0%})"
+                f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%})"
+            )
+    lines.append(f"crashes: {len(summary['crashes'])}")
+    lines.extend(f"  {c}" for c in summary["crashes"])
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Collecting everything: all the parsers over the given paths, merged into one `Evidence`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .configs import parse_config_with_notes
+from .experiments import parse_experiments
+from .logs import _LogParser, parse_log, parse_log_file
+from .memory_stats import parse_memory_stats
+from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
+from .snapshots import _load_snapshot_bytes, load_snapshot
+
+# --------------------------------------------------------------------------------------------
+# Collecting everything
+# --------------------------------------------------------------------------------------------
+
+
+def _read_text(path: str, what: str, stdin_text: str | None) -> str:
+    if path == "-":
+        if stdin_text is None:
+            raise EvidenceError(f"cannot read {what} from stdin: nothing was given")
+        return stdin_text
+    try:
+        with open(path, "rb") as fh:
+            blob = fh.read(MAX_TEXT_BYTES + 1)
+    except OSError as exc:
+        raise EvidenceError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    if len(blob) > MAX_TEXT_BYTES:
+        raise EvidenceError(f"cannot read {what} '{path}': larger than {MAX_TEXT_BYTES} bytes")
+    return blob.decode("utf-8", errors="replace")
+
+
+MAX_TABLE_SCAN_BYTES = 2 << 20  # pasted tables live in short logs, not in 100 MB ones
+
+
+def _tables_in_log(log: str, stdin_text: str | None) -> list[dict]:
+    """Experiment rows from Markdown tables pasted into a (short) log: issue threads paste the
+    ablation table next to the error."""
+    if log == "-":
+        text = stdin_text or ""
+    else:
+        try:
+            with open(log, "rb") as fh:
+                blob = fh.read(MAX_TABLE_SCAN_BYTES + 1)
+        except OSError:
+            return []
+        if len(blob) > MAX_TABLE_SCAN_BYTES:
+            return []
+        text = blob.decode("utf-8", errors="replace")
+    if "|---" not in text and "| ---" not in text and "|:--" not in text:
+        return []
+    return parse_experiments(text, "log.md")
+
+
+def _scan_env(text: str) -> dict[str, str]:
+    parser = _LogParser()
+    for line in text.splitlines():
+        if "ALLOC_CONF" in line:
+            parser._env(line)
+    return parser.ev.env
+
+
+def collect(
+    logs: Iterable[str] = (),
+    config: str | None = None,
+    experiments: str | None = None,
+    memory_stats: str | None = None,
+    snapshot: str | None = None,
+    stdin_text: str | None = None,
+) -> Evidence:
+    """All the evidence from the given paths ("-" reads `stdin_text`), merged in this order:
+    logs, config (YAML/JSON or a plain-text command line), experiments, memory stats, snapshot.
+
+    Raises EvidenceError with one line (`cannot read log 'x': No such file or directory`) when
+    a file cannot be read, and for unsafe or corrupt snapshots. Unparsable content is noted."""
+    evidence = Evidence()
+    for log in logs:
+        if log == "-":
+            part = parse_log(_read_text(log, "log", stdin_text))
+            part.sources.append("log:<stdin>")
+        else:
+            part = parse_log_file(log)
+        part.experiments += _tables_in_log(log, stdin_text)
+        evidence = evidence.merge(part)
+    if config is not None:
+        text = _read_text(config, "config", stdin_text)
+        flat, notes = parse_config_with_notes(text, "" if config == "-" else config)
+        label = "<stdin>" if config == "-" else config
+        part = Evidence(config=flat, env=_scan_env(text), sources=[f"config:{label}"])
+        part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
+        evidence = evidence.merge(part)
+    if experiments is not None:
+        text = _read_text(experiments, "experiments", stdin_text)
+        label = "<stdin>" if experiments == "-" else experiments
+        rows = parse_experiments(text, "" if experiments == "-" else experiments)
+        part = Evidence(experiments=rows, sources=[f"experiments:{label}"])
+        if not rows:
+            part.notes.append(f"experiments {label}: no result rows found")
+        evidence = evidence.merge(part)
+    if memory_stats is not None:
+        text = _read_text(memory_stats, "memory stats", stdin_text)
+        label = "<stdin>" if memory_stats == "-" else memory_stats
+        stats = parse_memory_stats(text)
+        part = Evidence(memory_stats=stats, sources=[f"memory_stats:{label}"])
+        if stats is None:
+            part.notes.append(f"memory stats {label}: not a torch.cuda.memory_stats() dump")
+        evidence = evidence.merge(part)
+    if snapshot is not None:
+        if snapshot == "-":
+            text = _read_text(snapshot, "snapshot", stdin_text)
+            summary = _load_snapshot_bytes(text.encode("utf-8"), "<stdin>")
+        else:
+            summary = load_snapshot(snapshot)
+        label = "<stdin>" if snapshot == "-" else snapshot
+        evidence = evidence.merge(Evidence(snapshot=summary, sources=[f"snapshot:{label}"]))
+    return evidence

@@ -1,0 +1,890 @@
+"""Training logs: Megatron-LM, Megatron-Bridge, NeMo, tqdm; a line-by-line state machine that
+streams files of any size.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import re
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from .oom import (
+    _OOM_TAILS,
+    _oom_data_complete,
+    _oom_event,
+    _oom_fully_complete,
+    looks_like_oom,
+)
+from .schema import (
+    MAX_ERROR_EVENTS,
+    MAX_ITERATIONS,
+    MAX_LINE_CHARS,
+    MAX_MEMORY_REPORTS,
+    MAX_NOTES,
+    MAX_OOM_EVENTS,
+    ErrorEvent,
+    Evidence,
+    EvidenceError,
+    Iteration,
+    MemoryReport,
+    OOMEvent,
+)
+from .text import _EXC_SEARCH_RE, _compact, _float, _int, _strip_prefixes, parse_size
+from .tracebacks import (
+    _BARE_ERRORS_RE,
+    _BARE_WARNINGS,
+    _CHAIN_CAUSE,
+    _CHAIN_CONTEXT,
+    _EXC_LINE_RE,
+    _FRAME_RE,
+    _MAX_DETAIL_LINES,
+    _MAX_FRAMES,
+    _MEGATRON_WARN_RE,
+    _WARN_RE,
+    _Traceback,
+)
+from .values import _assign, _convert_value, _finalize_config
+
+# --------------------------------------------------------------------------------------------
+# Training-progress and memory lines
+# --------------------------------------------------------------------------------------------
+
+_MEGATRON_ITER_RE = re.compile(r"(?:^|\s)iteration\s*(\d+)\s*/\s*(\d+)\s*\|")
+# The fields read from a Megatron iteration line, in the order Megatron prints them.
+_MEGATRON_LABELS = (
+    "elapsed time per iteration (ms):",
+    "throughput per GPU (TFLOP/s/GPU):",
+    "| learning rate:",
+    "global batch size:",
+    "| lm loss:",
+    "| grad norm:",
+)
+_MEGATRON_FAST_RE = re.compile(
+    r"iteration\s+(\d+)\s*/\s*(\d+) \|"
+    + "".join(
+        rf"(?:.*?{re.escape(label.lstrip('| '))}([^|]*)(?:\||$))?" for label in _MEGATRON_LABELS
+    )
+)
+_NEMO_ITER_RE = re.compile(r"epoch\s*(\d+),\s*iteration\s*(\d+)\s*/\s*(\d+)")
+_NAN_ITERS_RE = re.compile(r"numberofnaniterations:\d")
+_STEP_TIME_RE = re.compile(
+    r"Step\s?Time\s?:\s?([\d.]+)\s?s\s?GPU\s?utilization:\s?([\d.]+)\s?(?:MODEL_)?TFLOP/s/GPU"
+)
+_MB_PROGRESS_RE = re.compile(r"Iteration:\s*(\d+)\s+Job throughput:\s*([\d.]+)\s*MODEL_TFLOP")
+_TQDM_RE = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)\s*(s/it|it/s)(?:,\s*([^\]]*))?\]")
+# nvidia-smi's process rows: "|    0   N/A  N/A   2695172      C   ./train.par   26167MiB |"
+_SMI_PROCESS_RE = re.compile(
+    r"^\|\s+(\d+)\s+(?:N/A|\d+)\s+(?:N/A|\d+)\s+(\d+)\s+[CGM+]+\s+(.*?)\s+(\d+)MiB\s*\|$"
+)
+# Per-step peaks printed by training scripts: "step=1 TRAIN alloc=10.33 peak=73.94 GiB",
+# DeepSpeed-Chat's "MaxMemAllocated=44.23GB".
+_STEP_PEAK_RE = re.compile(
+    r"(?:\balloc(?:ated)?\s*[=:]\s*([\d.]+)\s*([GM]i?B)?\s*,?\s*)?"
+    r"\b(?:peak|MaxMemAllocated)\s*[=:]\s*([\d.]+)\s*([GM]i?B)",
+    re.I,
+)
+# torch.cuda.memory_summary() rows: "| Allocated memory      |  14356 MiB |  23806 MiB | ..."
+_SUMMARY_ROW_RE = re.compile(
+    r"^\|\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|"
+    r"\s*([\d.]+)\s*([KMG]i?B|B)\s*\|\s*([\d.]+)\s*([KMG]i?B|B)\s*\|"
+)
+_SUMMARY_FIELDS = {
+    "Allocated memory": ("allocated_bytes", "max_allocated_bytes"),
+    "GPU reserved memory": ("reserved_bytes", "max_reserved_bytes"),
+    "Non-releasable memory": ("inactive_bytes", "max_inactive_bytes"),
+}
+# Scripts' own lines: "Allocated (real tensor memory): 60.93 GB  Reserved (cached by PyTorch):
+# 126.97 GB", "memory_allocated: 3.2GB, memory_reserved: 9.1GB".
+_ALLOC_RESERVED_RE = re.compile(
+    r"allocated[^:=\d]{0,40}[:=]\s*([\d.]+)\s*([KMG]i?B)\b.{0,80}?"
+    r"reserved[^:=\d]{0,40}[:=]\s*([\d.]+)\s*([KMG]i?B)\b",
+    re.I,
+)
+_STEP_RE = re.compile(r"\bstep[\s=:]*(\d+)", re.I)
+_MEM_REPORT_RE = re.compile(r"\[Rank\s*(\d+)\]\s*(.*?)\s*memory\s*\((MB|GB)\)")
+_MEM_COMPLETE_RE = re.compile(r"maxreserved:[\d.]+$|allocated-count:\d+")
+_AFTER_ITERS_RE = re.compile(r"after\s*(\d+)\s*iterations")
+_WORLD_RE = re.compile(r"(?<![\w-])([\w-]+) size: (\d+)")
+_THEORY_RE = re.compile(
+    r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
+    r"(?:, activation=([\d.]+) MB)?(?:, total=([\d.]+) MB)?"
+)
+_ENV_RE = re.compile(
+    r"(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)['\"]?\]?\s*(?:=|:\s)\s*['\"]?([A-Za-z_][\w:.,\[\]|=-]*)"
+)
+# (No lazy group before a trailing \s*$ in these patterns: that backtracks quadratically.)
+_ARG_RE = re.compile(r"^(\s*)([A-Za-z_][\w.-]*) (\.+)(?: (.*))?$")
+_ARG_LONG_RE = re.compile(r"^\s+([A-Za-z_][\w.-]*)\s\s+(\S.*)$")
+_ARGS_HEADER_RE = re.compile(r"^-{3,} (.+?) -{3,}\s*$")
+_RECORD_RE = re.compile(
+    r"^(?:Traceback \(most recent|\s*File \"|During handling of the above|The above exception"
+    r"|iteration\s+\d+\s*/|Training epoch|\[Rank\s*\d+\]|Step Time|-{3,} |WARNING:)"
+)
+
+# Lines with these are read by a parser of their own (never a continuation of another record).
+_OTHER_RECORD_KEYS = (
+    "ALLOC_CONF",
+    "Theoretical memory",
+    "using world size",
+    "Job throughput",
+    "s/it,",
+    "it/s,",
+)
+_WORLD_KEYS = {
+    "world": "world_size",
+    "data-parallel": "data_parallel_size",
+    "context-parallel": "context_parallel_size",
+    "tensor-model-parallel": "tensor_model_parallel_size",
+    "pipeline-model-parallel": "pipeline_model_parallel_size",
+    "expert-model-parallel": "expert_model_parallel_size",
+}
+
+
+def _field(text: str, label: str) -> str | None:
+    """The value after `label` up to the next `|` (None if the label is absent)."""
+    at = text.find(label)
+    if at < 0:
+        return None
+    start = at + len(label)
+    end = text.find("|", start)
+    return text[start:end] if end >= 0 else text[start:]
+
+
+def _pipe_fields(text: str) -> dict[str, str]:
+    """`a: 1 | b c: 2` -> {"a": "1", "bc": "2"}: keys without whitespace, lower-case."""
+    out: dict[str, str] = {}
+    for part in text.split("|")[1:]:
+        key, sep, value = part.partition(":")
+        if sep:
+            out["".join(key.split()).lower()] = value.strip()
+    return out
+
+
+def _starts_record(text: str, stamped: bool) -> bool:
+    """Whether a line begins a new log record (so it cannot continue a wrapped one)."""
+    if stamped or _RECORD_RE.match(text):
+        return True
+    # (A wrapped line "memory. Tried to allocate ..." continues a message: only the heads count.)
+    if ("out of memory" in text or "OutOfMemory" in text) and looks_like_oom(text):
+        return True
+    if ("Error" in text or "Exception" in text) and _EXC_SEARCH_RE.search(text):
+        return True
+    if " .." in text and (m := _ARG_RE.match(text)) is not None and len(m.group(3)) >= 3:
+        return True  # a line of an argument dump
+    if any(key in text for key in _OTHER_RECORD_KEYS):
+        return True
+    return "Warning: " in text and _WARN_RE.match(text) is not None
+
+
+class _Pending:
+    """A record that may continue on the next lines (hard-wrapped pastes)."""
+
+    __slots__ = ("context", "error", "kind", "line_number", "lines", "parts", "phase", "rank")
+
+    def __init__(self, kind: str, text: str, rank: int | None, line_number: int) -> None:
+        self.kind = kind  # oom | iteration | memory
+        self.parts = [text]
+        self.rank = rank
+        self.phase = "data"  # oom only: data -> tail (the advice after the fields)
+        self.error: ErrorEvent | None = None  # the exception event that printed the OOM
+        self.line_number = line_number
+        self.lines = 1
+        self.context: list[str] = []
+
+    def add(self, text: str) -> None:
+        # Joined with nothing: a wrap at a space keeps the space on one side, a wrap inside a
+        # word (or a stripped space) must not add one. The field patterns accept a missing
+        # space between words.
+        self.parts.append(text)
+        self.lines += 1
+
+    @property
+    def text(self) -> str:
+        return self.parts[0] if len(self.parts) == 1 else _join_wrapped(self.parts)
+
+
+def _join_wrapped(parts: list[str]) -> str:
+    """Rejoin the lines of a hard-wrapped paste. Where neither side has a space, one is put
+    back after punctuation and between a word and a number (`MiB.` + `GPU`, `memory` +
+    `14.12`); elsewhere the wrap is taken to be inside a word or number and nothing is added."""
+    out = parts[0]
+    for part in parts[1:]:
+        if out and part and not out[-1].isspace() and not part[0].isspace():
+            last, first = out[-1], part[0]
+            if (
+                last in ",;:!?)"
+                or (last == "." and not first.isdigit())
+                or (last.isalpha() and first.isdigit())
+            ):
+                out += " "
+        out += part
+    return out
+
+
+class _LogParser:
+    """A line-by-line state machine over a training log; `feed` each line, then `finish`."""
+
+    def __init__(self) -> None:
+        self.ev = Evidence()
+        self._pending: _Pending | None = None
+        self._tracebacks: dict[int | None, _Traceback] = {}
+        self._chain: dict[int | None, str] = {}
+        self._errors: dict[tuple[Any, ...], ErrorEvent] = {}
+        self._step: Iteration | None = None  # Megatron-Bridge "Step Time" awaiting its line
+        self._in_args = False
+        self._line_number = 0
+        self._nemo_memory: tuple[Any, ...] | None = None
+        self._dropped: dict[str, int] = {}
+        self._recent: deque[str] = deque(maxlen=8)  # lines no parser read, for context
+
+    # -- entry points ------------------------------------------------------------------------
+
+    def feed(self, raw: str) -> None:
+        self._line_number += 1
+        if len(raw) > MAX_LINE_CHARS:
+            raw = raw[:MAX_LINE_CHARS]
+        if (
+            "nan iterations:" in raw
+            and self._pending is None
+            and not self._tracebacks
+            and "\x1b" not in raw
+            and "elapsed time per iteration" in raw
+        ):
+            self._iteration(raw)  # fast path: a complete Megatron iteration line
+            return
+        text, rank, stamped, level = _strip_prefixes(raw)
+        pending = self._pending
+        if pending is not None:
+            if self._continues(pending, text, rank, stamped):
+                return
+            self._flush_pending()
+        self._dispatch(text, rank, stamped, level)
+
+    def finish(self) -> Evidence:
+        if self._pending is not None:
+            self._flush_pending()
+        for rank in list(self._tracebacks):
+            self._end_traceback(rank)
+        if self._step is not None:
+            self._add_iteration(self._step)
+            self._step = None
+        self.ev.errors = list(self._errors.values())
+        if self.ev.config:
+            self.ev.config = _finalize_config(self.ev.config)
+        for what, n in self._dropped.items():
+            self._note(f"{n} further {what} were not kept (limit reached)")
+        return self.ev
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _note(self, message: str) -> None:
+        if len(self.ev.notes) < MAX_NOTES:
+            self.ev.notes.append(message)
+
+    def _drop(self, what: str) -> None:
+        self._dropped[what] = self._dropped.get(what, 0) + 1
+
+    def _add_error(self, event: ErrorEvent) -> None:
+        key = (event.kind, event.type, event.message[:300], tuple(event.frames), event.chained)
+        seen = self._errors.get(key)
+        if seen is not None:
+            seen.count += 1
+        elif len(self._errors) < MAX_ERROR_EVENTS:
+            self._errors[key] = event
+        else:
+            self._drop("distinct errors/warnings")
+
+    def _add_iteration(self, it: Iteration) -> None:
+        if len(self.ev.iterations) < MAX_ITERATIONS:
+            self.ev.iterations.append(it)
+        else:
+            self._drop("iteration lines")
+
+    def _add_memory(self, report: MemoryReport) -> None:
+        if len(self.ev.memory) < MAX_MEMORY_REPORTS:
+            self.ev.memory.append(report)
+        else:
+            self._drop("memory reports")
+
+    # -- wrapped records ---------------------------------------------------------------------
+
+    def _continues(self, p: _Pending, text: str, rank: int | None, stamped: bool) -> bool:
+        """Append `text` to the pending record if it continues it; flush when complete."""
+        if rank is not None and rank != p.rank:
+            return False
+        if not text.strip() or p.lines >= 40 or len(p.parts[-1]) > MAX_LINE_CHARS // 2:
+            return False
+        if p.kind == "oom" and p.phase == "tail":
+            piece = _compact(text)
+            if not any(piece in tail for tail in _OOM_TAILS):
+                return False
+        elif _starts_record(text, stamped):
+            return False
+        elif (
+            p.kind == "memory"
+            and _MEM_COMPLETE_RE.search(_compact(p.text))
+            and not re.fullmatch(r"\s*[\d.]+\s*(?:\|.*)?", text)
+        ):
+            return False  # complete already; only a number cut at the wrap may follow
+        p.add(text)
+        self._check_pending(p)
+        return True
+
+    def _check_pending(self, p: _Pending) -> None:
+        """Flush the pending record when it is complete; move an OOM to its tail phase."""
+        compact = _compact(p.text)
+        if p.kind == "oom":
+            if _oom_fully_complete(compact):
+                self._flush_pending()
+            elif p.phase == "data" and _oom_data_complete(compact):
+                p.phase = "tail"
+        elif p.kind == "iteration":
+            if _NAN_ITERS_RE.search(compact):
+                self._flush_pending()
+        elif p.kind == "memory" and "allocated-count:" in compact:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        p = self._pending
+        if p is None:
+            return
+        self._pending = None
+        text = p.text
+        if p.kind == "oom":
+            event = _oom_event(text, p.rank, p.line_number)
+            if event is not None:
+                event.context = p.context
+                if len(self.ev.oom) < MAX_OOM_EVENTS:
+                    self.ev.oom.append(event)
+                else:
+                    self._drop("OOM messages")
+                if event.truncated:
+                    self._note(f"line {p.line_number}: the out-of-memory message is truncated")
+            if p.error is not None:
+                head = p.error.type + ":"
+                at = text.find(head)
+                p.error.message = (text[at + len(head) :] if at >= 0 else text).strip()[:2000]
+                self._add_error(p.error)
+        elif p.kind == "iteration":
+            self._iteration(text, wrapped=p.lines > 1)
+        elif p.kind == "memory":
+            self._memory_report(text, p.rank)
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def _dispatch(self, text: str, rank: int | None, stamped: bool, level: str) -> None:
+        if not text or text.isspace():
+            tb = self._tracebacks.get(rank)
+            if tb is not None and tb.state == "message":
+                self._end_traceback(rank)
+            return
+        tb = self._tracebacks.get(rank)
+        if tb is not None and self._traceback_line(tb, text, rank, stamped):
+            return
+        if "elapsed time per iteration" in text and "nan iterations:" in text:
+            self._iteration(text)  # the most common line of a Megatron log, complete
+            return
+        if "ALLOC_CONF" in text:
+            self._env(text)
+        if "Traceback (most recent call last)" in text:
+            self._tracebacks[rank] = _Traceback(self._chain.pop(rank, ""))
+            return
+        if 'File "' in text and _FRAME_RE.match(text):
+            # a pasted traceback without its header line
+            tb = self._tracebacks[rank] = _Traceback(self._chain.pop(rank, ""))
+            self._traceback_line(tb, text, rank, stamped)
+            return
+        if "above exception" in text:
+            if _CHAIN_CAUSE in text:
+                self._chain[rank] = "cause"
+            elif _CHAIN_CONTEXT in text:
+                self._chain[rank] = "context"
+            return
+        is_oom = looks_like_oom(text)
+        if not is_oom and self._warning(text, rank, level):
+            return  # a warning, even one that names an exception type
+        error = None
+        if "Error" in text or "Exception" in text or "Interrupt" in text:
+            m = _EXC_SEARCH_RE.search(text)
+            if m is not None:
+                error = ErrorEvent(type=m.group(1), message=(m.group(2) or "").strip(), rank=rank)
+                error.context = self._take_recent()
+                if not is_oom:
+                    tb = _Traceback(self._chain.pop(rank, ""))
+                    tb.state, tb.event = "message", error
+                    self._tracebacks[rank] = tb
+                    return
+        if is_oom:
+            self._start_oom(text, rank, error)
+            return
+        if "iteration" in text:
+            if "epoch" in text and _NEMO_ITER_RE.search(text):
+                self._iteration(text)
+                return
+            if "|" in text and _MEGATRON_ITER_RE.search(text):
+                self._start_record("iteration", text, rank)
+                return
+        if "memory (" in text and "[Rank" in text:
+            self._start_record("memory", text, rank)
+            return
+        if "Step Time" in text:
+            self._step_time(text)
+            return
+        if "Job throughput" in text:
+            m = _MB_PROGRESS_RE.search(text)
+            if m:
+                self._add_iteration(
+                    Iteration(int(m.group(1)), None, float(m.group(2)), source="megatron-bridge")
+                )
+            return
+        if (" ." in text or self._in_args) and self._arg_line(text):
+            return
+        if "---" in text and (header := _ARGS_HEADER_RE.match(text.strip())) is not None:
+            title = header.group(1)  # "arguments" ... "end of arguments"
+            self._in_args = "argument" in title and not title.startswith("end of")
+            return
+        if "/it" in text or "it/s" in text:
+            self._tqdm(text)
+            return
+        if "using world size" in text:
+            for name, value in _WORLD_RE.findall(text):
+                key = _WORLD_KEYS.get(name)
+                if key:
+                    self.ev.config.setdefault(key, int(value))
+            return
+        if text.startswith("|") and " memory " in text:
+            if (m := _SUMMARY_ROW_RE.match(text.strip())) is not None:
+                self._summary_row(*m.groups())
+            return
+        if "eserved" in text and "llocated" in text and self._alloc_reserved(text):
+            return
+        if text.startswith("|") and "MiB" in text:
+            if (m := _SMI_PROCESS_RE.match(text.strip())) is not None:
+                gpu, pid, name, mib = m.groups()
+                process = {
+                    "gpu": int(gpu),
+                    "pid": int(pid),
+                    "name": name,
+                    "used_bytes": int(mib) << 20,
+                }
+                self.ev.gpu_processes.append(process)
+            return
+        if ("peak" in text or "MaxMemAllocated" in text) and self._step_peak(text):
+            return
+        if _BARE_ERRORS_RE.search(text):
+            message = text.strip()
+            event = ErrorEvent(type="", message=message[:2000], rank=rank)
+            event.context = self._take_recent()
+            self._add_error(event)
+            return
+        if "Theoretical memory" in text:
+            m = _THEORY_RE.search(text)
+            if m:
+                for key, value in zip(
+                    ("weight_and_optimizer", "activation", "total"), m.groups(), strict=True
+                ):
+                    if value is not None:
+                        self.ev.theoretical_memory[f"{key}_bytes"] = int(float(value) * (1 << 20))
+            return
+        self._recent.append(text.strip()[:300])
+
+    def _summary_row(self, name: str, cur: str, cur_unit: str, peak: str, peak_unit: str) -> None:
+        """One row of torch.cuda.memory_summary(); rows of one table fill one report."""
+        report = self.ev.memory[-1] if self.ev.memory else None
+        if report is None or report.source != "memory_summary" or name == "Allocated memory":
+            report = MemoryReport(source="memory_summary", label="torch.cuda.memory_summary()")
+            self._add_memory(report)
+        now, most = _SUMMARY_FIELDS[name]
+        setattr(report, now, parse_size(cur, cur_unit))
+        setattr(report, most, parse_size(peak, peak_unit))
+
+    def _alloc_reserved(self, text: str) -> bool:
+        m = _ALLOC_RESERVED_RE.search(text)
+        if m is None:
+            return False
+        a, au, r, ru = m.groups()
+        self._add_memory(
+            MemoryReport(
+                allocated_bytes=parse_size(a, au),
+                reserved_bytes=parse_size(r, ru),
+                label=text.strip()[:120],
+                source="allocated-reserved",
+            )
+        )
+        return True
+
+    def _step_peak(self, text: str) -> bool:
+        m = _STEP_PEAK_RE.search(text)
+        if m is None:
+            return False
+        alloc, alloc_unit, peak, unit = m.groups()
+        step = _STEP_RE.search(text)
+        self._add_memory(
+            MemoryReport(
+                allocated_bytes=parse_size(alloc, alloc_unit or unit) if alloc else None,
+                max_allocated_bytes=parse_size(peak, unit),
+                label=text.strip()[:120],
+                iteration=int(step.group(1)) if step else None,
+                source="step-peak",
+            )
+        )
+        return True
+
+    # -- tracebacks --------------------------------------------------------------------------
+
+    def _traceback_line(self, tb: _Traceback, text: str, rank: int | None, stamped: bool) -> bool:
+        """Feed a line to a rank's open traceback; False when the line is not part of it."""
+        if tb.state == "frames":
+            m = _FRAME_RE.match(text)
+            if m is not None:
+                file, line, func = m.groups()
+                func = (func or "").strip()
+                frame = f"{file}:{line}" + (f" in {func}" if func else "")
+                tb.frames.append(frame)
+                if len(tb.frames) > _MAX_FRAMES:
+                    del tb.frames[0]
+                return True
+            if text[:1].isspace() or text.lstrip().startswith("[Previous line repeated"):
+                return True  # the source line under a frame, carets, repeats
+            m = _EXC_LINE_RE.match(text.strip())
+            if m is None or stamped:
+                # not an exception line: the traceback was cut; keep what it had
+                tb.event = ErrorEvent(type="", message="(traceback without exception line)")
+                self._end_traceback(rank)
+                return False
+            event = ErrorEvent(
+                type=m.group(1),
+                message=(m.group(2) or "").strip(),
+                frames=tb.frames,
+                rank=rank,
+                chained=tb.chained,
+            )
+            if looks_like_oom(text):
+                del self._tracebacks[rank]
+                self._start_oom(text, rank, event)
+                return True
+            tb.state, tb.event = "message", event
+            return True
+        # message state: further lines of a multi-line exception message
+        if _starts_record(text, stamped) or len(tb.details) >= _MAX_DETAIL_LINES:
+            self._end_traceback(rank)
+            return False
+        tb.details.append(text.rstrip())
+        return True
+
+    def _end_traceback(self, rank: int | None) -> None:
+        tb = self._tracebacks.pop(rank, None)
+        if tb is None or tb.event is None:
+            return
+        event = tb.event
+        event.chained = event.chained or tb.chained
+        if not event.frames and tb.frames:
+            event.frames = tb.frames
+        if tb.details:
+            event.details = "\n".join(tb.details)[:2000]
+        if event.type or event.frames:
+            self._add_error(event)
+
+    def _warning(self, text: str, rank: int | None, level: str) -> bool:
+        """Record a Python warning, Megatron's `WARNING:` line or a NeMo `[NeMo W ...]` line;
+        False when `text` is none of these."""
+        bare = any(phrase in text for phrase in _BARE_WARNINGS)
+        if "Warning" not in text and "WARNING" not in text and level != "W" and not bare:
+            return False
+        stripped = text.strip()
+        m = _WARN_RE.match(stripped)
+        if m is not None:
+            file, line, kind, message = m.groups()
+            frames = [f"{file}:{line}"] if file else []
+            event = ErrorEvent(kind, message.strip(), frames, kind="warning", rank=rank)
+        else:
+            m = _MEGATRON_WARN_RE.match(stripped)
+            if m is not None:
+                event = ErrorEvent("WARNING", m.group(1).strip(), kind="warning", rank=rank)
+            elif level == "W":
+                event = ErrorEvent("WARNING", stripped, kind="warning", rank=rank)
+            elif bare:
+                event = ErrorEvent("Warning", stripped, kind="warning", rank=rank)
+            else:
+                return False
+        self._add_error(event)
+        return True
+
+    # -- records -----------------------------------------------------------------------------
+
+    def _take_recent(self) -> list[str]:
+        lines = list(self._recent)
+        self._recent.clear()
+        return lines
+
+    def _start_oom(self, text: str, rank: int | None, error: ErrorEvent | None) -> None:
+        p = _Pending("oom", text, rank, self._line_number)
+        p.context = error.context if error is not None and error.context else self._take_recent()
+        p.error = error
+        self._pending = p
+        self._check_pending(p)
+
+    def _start_record(self, kind: str, text: str, rank: int | None) -> None:
+        if kind == "iteration" and "number of nan iterations:" in text:
+            self._iteration(text)  # complete on one line: no need to wait for more
+            return
+        p = _Pending(kind, text, rank, self._line_number)
+        self._pending = p
+        compact = _compact(text)
+        done = (
+            _NAN_ITERS_RE.search(compact) if kind == "iteration" else "allocated-count:" in compact
+        )
+        if done:
+            self._flush_pending()
+
+    def _iteration(self, text: str, wrapped: bool = False) -> None:
+        """A Megatron-LM/Bridge iteration line or a NeMo 2 progress line. Single lines are read
+        with plain substring searches (the fast path); wrapped ones without whitespace."""
+        src = _compact(text) if wrapped else text
+
+        def get(label: str) -> str | None:
+            return _field(src, _compact(label) if wrapped else label)
+
+        nemo = _NEMO_ITER_RE.search(text.split("|", 1)[0]) if "epoch" in text else None
+        if nemo is not None:
+            it = Iteration(int(nemo.group(2)), source="nemo", total_iterations=int(nemo.group(3)))
+            seconds = _float(get("| train_step_timing in s:"))
+            it.elapsed_ms = seconds * 1000.0 if seconds is not None else None
+            it.tflops_per_gpu = _float(get("| TFLOPS_per_GPU:"))
+            it.loss = _float(get("| reduced_train_loss:") or get("| train_loss:"))
+            it.learning_rate = _float(get("| lr:"))
+            it.global_batch_size = _int(get("| global_batch_size:"))
+            it.max_memory_allocated_bytes = _int(get("| max_memory_allocated:"))
+            it.max_memory_reserved_bytes = _int(get("| max_memory_reserved:"))
+            self._nemo_memory_report(it)
+            self._add_iteration(it)
+            return
+        m = None if wrapped else _MEGATRON_FAST_RE.search(text)
+        if m is not None:  # the fast path: one regex for the usual field order
+            values = list(m.groups())
+            if None in values:
+                for i, label in enumerate(_MEGATRON_LABELS, start=2):
+                    if values[i] is None and label in text:  # fields in another order
+                        values[i] = get(label)
+        else:
+            m = _MEGATRON_ITER_RE.search(text)
+            if m is None:
+                return
+            values = [m.group(1), m.group(2), *(get(label) for label in _MEGATRON_LABELS)]
+        it = Iteration(int(values[0]), source="megatron", total_iterations=int(values[1]))
+        it.elapsed_ms = _float(values[2])
+        it.tflops_per_gpu = _float(values[3])
+        it.learning_rate = _float(values[4])
+        it.global_batch_size = _int(values[5])
+        it.loss = _float(values[6] if values[6] is not None else get("| loss:"))
+        it.grad_norm = _float(values[7])
+        step = self._step
+        if step is not None:
+            self._step = None
+            # Megatron-Bridge prints "Step Time" just before the iteration line it belongs to.
+            close = (
+                it.elapsed_ms is not None
+                and step.elapsed_ms is not None
+                and abs(step.elapsed_ms - it.elapsed_ms) <= 0.01 * it.elapsed_ms + 10.0
+            )
+            if close and it.tflops_per_gpu is None:
+                it.tflops_per_gpu = step.tflops_per_gpu
+                it.source = "megatron-bridge"
+            else:
+                self._add_iteration(step)
+        self._add_iteration(it)
+
+    def _nemo_memory_report(self, it: Iteration) -> None:
+        """NeMo 2 prints peak memory on every progress line: report it when it changes."""
+        key = (it.max_memory_allocated_bytes, it.max_memory_reserved_bytes)
+        if key == (None, None) or key == self._nemo_memory:
+            return
+        self._nemo_memory = key
+        self._add_memory(
+            MemoryReport(
+                max_allocated_bytes=it.max_memory_allocated_bytes,
+                max_reserved_bytes=it.max_memory_reserved_bytes,
+                label=f"(iteration {it.iteration})",
+                iteration=it.iteration,
+                source="nemo",
+            )
+        )
+
+    def _step_time(self, text: str) -> None:
+        m = _STEP_TIME_RE.search(text)
+        if m is None:
+            return
+        if self._step is not None:
+            self._add_iteration(self._step)
+        self._step = Iteration(
+            elapsed_ms=float(m.group(1)) * 1000.0,
+            tflops_per_gpu=float(m.group(2)),
+            source="megatron-bridge",
+        )
+
+    def _tqdm(self, text: str) -> None:
+        """NeMo 1 / Lightning progress bars: `795/77225 [9:07:58<..., 41.36s/it, loss=3.1]`."""
+        m = _TQDM_RE.search(text)
+        if m is None:
+            return
+        n, total, rate, unit, rest = m.groups()
+        value = float(rate)
+        elapsed = value * 1000.0 if unit == "s/it" else (1000.0 / value if value else None)
+        it = Iteration(int(n), elapsed, source="nemo", total_iterations=int(total))
+        metrics = dict(
+            part.strip().split("=", 1) for part in (rest or "").split(",") if "=" in part
+        )
+        it.loss = _float(metrics.get("reduced_train_loss") or metrics.get("loss"))
+        self._add_iteration(it)
+
+    def _memory_report(self, text: str, rank: int | None) -> None:
+        m = _MEM_REPORT_RE.search(text)
+        if m is None:
+            return
+        unit = 1 << 20 if m.group(3) == "MB" else 10**9  # Megatron divides by 1024*1024
+        label = m.group(2).strip()
+        after = _AFTER_ITERS_RE.search(label)
+        report = MemoryReport(
+            rank=int(m.group(1)),
+            label=label,
+            iteration=int(after.group(1)) if after else None,
+            source="megatron" if unit == 1 << 20 else "megatron-bridge",
+        )
+        targets = {
+            "allocated": "allocated_bytes",
+            "maxallocated": "max_allocated_bytes",
+            "reserved": "reserved_bytes",
+            "maxreserved": "max_reserved_bytes",
+            "active": "active_bytes",
+            "maxactive": "max_active_bytes",
+            "inactive": "inactive_bytes",
+            "maxinactive": "max_inactive_bytes",
+            "totaldevicememoryused": "device_used_bytes",
+        }
+        for key, value in _pipe_fields(text[m.end() :]).items():
+            scale = unit
+            if key.startswith("mem-"):  # Megatron-Bridge: mem-max-allocated-gigabytes
+                key = key[4:]
+                if key.endswith("-bytes"):
+                    scale = 1
+                key = key.removesuffix("-gigabytes").removesuffix("-bytes")
+            key = key.replace("-", "")
+            number = _float(value)
+            if number is None:
+                continue
+            if key in targets:
+                setattr(report, targets[key], round(number * scale))
+            elif key in ("allocretires", "allocretries"):
+                report.alloc_retries = int(number)
+        self._add_memory(report)
+
+    def _arg_line(self, text: str) -> bool:
+        """A line of Megatron's argument dump: `  hidden_size ........ 5120`."""
+        m = _ARG_RE.match(text)
+        if m is not None:
+            indent, key, dots, value = m.groups()
+            if not (indent or len(dots) >= 3):
+                return False
+            value = (value or "").rstrip()
+        elif self._in_args:
+            m2 = _ARG_LONG_RE.match(text)
+            if m2 is None:
+                return False
+            key, value = m2.group(1), m2.group(2).rstrip()
+        else:
+            return False
+        _assign(self.ev.config, key, _convert_value(value or ""))
+        return True
+
+    def _env(self, text: str) -> None:
+        for m in _ENV_RE.finditer(text):
+            if "try setting" in text[max(0, m.start() - 14) : m.start()]:
+                continue  # the OOM message's advice, not a setting
+            self.ev.env[m.group(1)] = m.group(2).rstrip(".,;")
+
+
+def _split_lines(text: str) -> Iterator[str]:
+    if not isinstance(text, str):
+        return iter(())
+    return iter(text.splitlines())
+
+
+def parse_log(text: str) -> Evidence:
+    """Parse a whole training log given as a string (see `parse_log_file` for files)."""
+    parser = _LogParser()
+    for line in _split_lines(text):
+        parser.feed(line)
+    return parser.finish()
+
+
+def _iter_file_lines(raw: IO[bytes], chunk_size: int = 1 << 20) -> Iterator[str]:
+    """Decoded lines of a binary stream, read in chunks; \\r and \\r\\n end lines too. A line
+    longer than MAX_LINE_CHARS is cut and the rest of it skipped, so memory stays bounded."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail = ""
+    held_cr = False
+    skipping = False
+    while True:
+        block = raw.read(chunk_size)
+        text = decoder.decode(block, final=not block)
+        if held_cr:
+            text = "\r" + text
+            held_cr = False
+        if block and text.endswith("\r"):
+            text, held_cr = text[:-1], True
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if skipping:
+            cut = text.find("\n")
+            if cut < 0:
+                text = ""
+            else:
+                text, skipping = text[cut + 1 :], False
+        lines = (tail + text).split("\n")
+        tail = lines.pop()
+        for line in lines:
+            yield line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS]
+        if len(tail) > MAX_LINE_CHARS:
+            yield tail[:MAX_LINE_CHARS]
+            tail, skipping = "", True
+        if not block:
+            break
+    if tail:
+        yield tail
+
+
+def parse_log_file(path: str | Path) -> Evidence:
+    """Parse a training log file, streamed in 1 MiB chunks (gzip if it ends in .gz).
+
+    Raises EvidenceError (one line) if the file cannot be opened."""
+    path = Path(path)
+    parser = _LogParser()
+    try:
+        raw: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise EvidenceError(f"cannot read log '{path}': {exc.strerror or exc}") from None
+    try:
+        with raw:
+            for line in _iter_file_lines(raw):
+                parser.feed(line)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        parser.ev.notes.append(f"log '{path}' could not be read to the end: {exc}")
+    evidence = parser.finish()
+    evidence.sources.append(f"log:{path}")
+    return evidence
+
+
+def parse_oom(text: str) -> list[OOMEvent]:
+    """Every out-of-memory message in `text`, hard-wrapped or not, with rank prefixes or not.
+
+    Recognises all PyTorch generations (see `OOM_GENERATIONS`), ROCm's "HIP out of memory" and
+    the `torch.OutOfMemoryError` / `torch.cuda.OutOfMemoryError` / `RuntimeError` prefixes.
+    Truncated messages give events with the fields that were there (`truncated=True`)."""
+    parser = _LogParser()
+    for line in _split_lines(text):
+        parser.feed(line)
+    return parser.finish().oom

@@ -1,0 +1,211 @@
+"""Out-of-memory messages: every PyTorch generation, ROCm/HIP, XPU, NPU, partial pastes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .schema import OOMEvent
+from .text import _EXC_SEARCH_RE, _compact, _size
+
+# --------------------------------------------------------------------------------------------
+# Out-of-memory messages
+# --------------------------------------------------------------------------------------------
+
+# Which message format produced an OOMEvent; sources in shared/reference/real-formats.md.
+OOM_GENERATIONS = {
+    "gen1_cached": "'(GPU 0; T total capacity; A already allocated; F free; C cached)' (<=1.4)",
+    "gen2_reserved": "'... R reserved in total by PyTorch)' (1.5-1.9)",
+    "gen3_max_split": "gen2 plus 'try setting max_split_size_mb' (1.10-2.0)",
+    "gen4_capacty": "'GPU 0 has a total capacty of' (typo), per-process list (2.1)",
+    "gen5_expandable": "'... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True' (2.2+)",
+    "gen6_pytorch_alloc_conf": "'... PYTORCH_ALLOC_CONF=expandable_segments:True' (2.9+)",
+    "gen7_docs_url": "the docs.pytorch.org URL of newer main",
+    "modern_truncated": "the 2.1+ layout, cut before the advice that dates it",
+    "legacy_truncated": "the <=2.0 layout, cut before the fields that date it",
+    "cuda_error": "'CUDA error: out of memory' (a CUDA call, not the caching allocator)",
+    "nccl_cuda_failure": "NCCL's \"Cuda failure 2 'out of memory'\" (NCCL's own buffers)",
+    "triton_cuda": "'Triton Error [CUDA]: out of memory' (a Triton kernel launch)",
+    "unknown": "an out-of-memory message without the allocator's fields",
+}
+
+# Digit runs are bounded so that a long run of digits cannot make a field search quadratic.
+_SIZE_PAT = r"(\d{1,20}(?:\.\d{1,20})?) ?(bytes|[KMGTPE]iB|[KMGTPE]B)"
+
+
+def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
+    """Compile an OOM field pattern in which every space may be missing (hard-wrap joins);
+    case-insensitive unless told (pastes write "tried to allocate 32768.00 Gib")."""
+    return re.compile(pattern.replace("SIZE", _SIZE_PAT).replace(" ", r"\s?"), flags)
+
+
+# Partial pastes count: a message without its "RuntimeError: CUDA out of memory." head starts
+# at "Tried to allocate"; torch_npu says "NPU out of memory"; vLLM's cumem allocator "CUDA Error".
+_OOM_START_RE = re.compile(
+    r"(?:CUDA|HIP|XPU|NPU)\s?out\s?of\s?memory|(?i:CUDA error: out of memory)|OutOfMemoryError"
+    r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
+    r"|(?:^|(?<=[\s:.]))Tried to allocate (?:more than )?\d"
+)
+_OOM_VALID_RE = re.compile(
+    r"(?:cuda|hip|xpu|npu)outofmemory|cudaerror:outofmemory|outofmemoryerror:|triedtoallocate"
+    r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
+)
+_OOM_FIELDS: dict[str, re.Pattern[str]] = {
+    "requested_bytes": _flex(r"Tried to allocate (?:more than )?SIZE"),
+    "old_device": _flex(r"\((?:GPU|NPU) (\d+) ;"),
+    "old_total": _flex(r"SIZE total capacity"),
+    "old_allocated": _flex(r"SIZE already allocated"),
+    "old_free": _flex(r"SIZE free ?[;)]"),
+    "old_reserved": _flex(r"SIZE reserved in total by PyTorch"),
+    "old_cached": _flex(r"SIZE cached"),
+    "new_device": _flex(r"GPU (\d+) has a total capac(?:i)?ty"),
+    "new_total": _flex(r"total capac(?:i)?ty of SIZE"),
+    "new_free": _flex(r"of which SIZE is free"),
+    "process_bytes": _flex(r"this process has SIZE memory in use"),
+    "allowed_bytes": _flex(r"SIZE allowed ?;"),
+    "new_allocated": _flex(r"Of the allocated memory SIZE is allocated by PyTorch"),
+    "private_pool_bytes": _flex(r"with SIZE allocated in private pools"),
+    "reserved_unallocated_bytes": _flex(r"and SIZE is reserved by PyTorch but unallocated"),
+}
+# Case matters here: "Process 123 has" is another process, "this process has" is this one.
+_OOM_OTHER_PROCESS_RE = _flex(r"Process (\d+) has SIZE memory in use", flags=0)
+# The advice that ends each message generation, without whitespace: continuation lines of a
+# hard-wrapped message are pieces of one of these (ROCm builds say PYTORCH_HIP_ALLOC_CONF).
+_OOM_TAILS = tuple(
+    _compact(tail).replace("PYTORCH_CUDA_ALLOC_CONF", env)
+    for env in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+    for tail in (
+        "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
+        "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
+        "If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
+        "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+    )
+)
+
+
+def _oom_data_complete(compact: str) -> bool:
+    """Whether a (compacted) OOM message has all its fields: old layout up to its ')', new
+    layout up to 'but unallocated'."""
+    if "butunallocated" in compact:
+        return True
+    gpu = compact.find("(GPU")
+    if gpu < 0:
+        gpu = compact.find("(NPU")  # torch_npu keeps the <= 2.0 layout
+    return gpu >= 0 and compact.find(")", gpu) >= 0
+
+
+def _oom_fully_complete(compact: str) -> bool:
+    """Whether a (compacted) OOM message includes the final words of its advice."""
+    if compact.endswith(")") and "cuda.html#" in compact:
+        return True
+    return compact.endswith("ALLOC_CONF") and "max_split_size_mb" in compact
+
+
+def _oom_generation(compact: str) -> str:
+    if "(GPU" in compact and "cached" in compact and "reservedintotal" not in compact:
+        return "gen1_cached"
+    if "reservedintotalbyPyTorch" in compact:
+        return "gen3_max_split" if "max_split_size_mb" in compact else "gen2_reserved"
+    if "totalcapactyof" in compact:
+        return "gen4_capacty"
+    if "docs.pytorch.org" in compact or "optimizing-memory-usage" in compact:
+        return "gen7_docs_url"
+    if "PYTORCH_ALLOC_CONF=" in compact:
+        return "gen6_pytorch_alloc_conf"
+    if "ALLOC_CONF=expandable" in compact:
+        return "gen5_expandable"
+    if "totalcapacityof" in compact:
+        return "gen4_capacty" if "max_split_size_mb" in compact else "modern_truncated"
+    if "(GPU" in compact or "totalcapacity" in compact:
+        return "legacy_truncated"
+    lower = compact.lower()
+    if "cudaerror:outofmemory" in lower:
+        return "cuda_error"
+    if "cudafailure" in lower and "'outofmemory'" in lower:
+        return "nccl_cuda_failure"
+    if "tritonerror[cuda]:outofmemory" in lower:
+        return "triton_cuda"
+    return "unknown"
+
+
+def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> OOMEvent | None:
+    """Parse one OOM message (possibly joined from several lines); None if it is not one."""
+    compact = _compact(text)
+    if not _OOM_VALID_RE.search(compact.lower()):
+        return None
+    flat = " ".join(text.split())
+    start = _OOM_START_RE.search(flat)
+    # Keep the exception type in `line` (torch.OutOfMemoryError: CUDA out of memory. ...).
+    exc = _EXC_SEARCH_RE.search(flat)
+    if exc is not None and (start is None or exc.start() <= start.start()):
+        begin = exc.start(1)
+    else:
+        begin = start.start() if start is not None else 0
+    event = OOMEvent(rank=rank, line=flat[begin : begin + 300], line_number=line_number)
+    values: dict[str, Any] = {}
+    for name, pattern in _OOM_FIELDS.items():
+        m = pattern.search(flat)
+        if m is None:
+            continue
+        values[name] = int(m.group(1)) if name.endswith("device") else _size(*m.groups())
+    event.requested_bytes = values.get("requested_bytes")
+    event.device = values.get("old_device", values.get("new_device"))
+    event.total_bytes = values.get("old_total", values.get("new_total"))
+    event.free_bytes = values.get("old_free", values.get("new_free"))
+    event.allocated_bytes = values.get("old_allocated", values.get("new_allocated"))
+    event.reserved_bytes = values.get("old_reserved", values.get("old_cached"))
+    event.process_bytes = values.get("process_bytes")
+    event.allowed_bytes = values.get("allowed_bytes")
+    event.private_pool_bytes = values.get("private_pool_bytes")
+    event.reserved_unallocated_bytes = values.get("reserved_unallocated_bytes")
+    others = [_size(n, u) for _, n, u in _OOM_OTHER_PROCESS_RE.findall(flat)]
+    if others:
+        event.other_processes_bytes = sum(x for x in others if x is not None)
+    event.generation = _oom_generation(compact)
+    lower = flat.lower()
+    event.backend = next(
+        (b for b in ("hip", "xpu", "npu") if f"{b} out of" in lower or f"({b} " in lower), "cuda"
+    )
+    event.held_elsewhere_bytes = _held_elsewhere(event)
+    outside_allocator = ("cuda_error", "nccl_cuda_failure", "triton_cuda")
+    event.truncated = event.generation not in outside_allocator and not _oom_data_complete(compact)
+    return event
+
+
+def _held_elsewhere(event: OOMEvent) -> int | None:
+    """Device memory that is neither free nor reserved by this process's PyTorch allocator:
+    other processes, the CUDA context, NCCL and library buffers. None when the message lacks
+    total, free or PyTorch's reserved size."""
+    if event.total_bytes is None or event.free_bytes is None:
+        return None
+    if event.reserved_bytes is not None:  # <= 2.0: "R reserved in total by PyTorch"
+        pytorch = event.reserved_bytes
+    elif event.allocated_bytes is not None and event.reserved_unallocated_bytes is not None:
+        pytorch = event.allocated_bytes + event.reserved_unallocated_bytes
+    else:
+        return None
+    return max(0, event.total_bytes - event.free_bytes - pytorch)
+
+
+def looks_like_oom(text: str) -> bool:
+    """Whether a line starts (or is part of the head of) an out-of-memory message."""
+    # "emory" covers "out of memory", "OutOfMemory" and "Out of memory" in one scan.
+    if "emory" in text or "Tried to allocate" in text:
+        return _OOM_START_RE.search(text) is not None
+    return False

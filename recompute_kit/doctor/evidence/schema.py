@@ -1,0 +1,150 @@
+"""The evidence schema: what every parser produces (contract: fields may be added, never renamed
+or removed), and the limits that keep memory bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class EvidenceError(ValueError):
+    """An input that cannot be read (missing file, unsafe or corrupt snapshot). One line."""
+
+
+# --------------------------------------------------------------------------------------------
+# The evidence schema (contract: fields may be added, never renamed or removed)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OOMEvent:
+    """A CUDA out-of-memory message (any PyTorch generation). Absent values are None."""
+
+    requested_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    allocated_bytes: int | None = None  # allocated by PyTorch (incl. private pools)
+    reserved_unallocated_bytes: int | None = None  # reserved by PyTorch but unallocated
+    process_bytes: int | None = None  # this process, including non-PyTorch memory
+    other_processes_bytes: int | None = None  # sum over the other processes listed
+    reserved_bytes: int | None = None  # old messages: reserved (or cached) in total
+    allowed_bytes: int | None = None  # set_per_process_memory_fraction
+    private_pool_bytes: int | None = None  # CUDA graphs' private pools
+    device: int | None = None
+    rank: int | None = None
+    generation: str = ""  # which message format: gen1_cached ... gen6_pytorch_alloc_conf
+    line: str = ""  # the message as found (first 300 characters)
+    backend: str = "cuda"  # cuda | hip (ROCm) | xpu | npu (torch_npu)
+    truncated: bool = False  # the message was cut before all its fields
+    line_number: int | None = None  # 1-based line of the log where the message starts
+    # total - free - reserved by PyTorch: other processes, CUDA context, NCCL, libraries
+    held_elsewhere_bytes: int | None = None
+    context: list[str] = field(default_factory=list)  # unread lines just before it (see ErrorEvent)
+
+
+@dataclass
+class Iteration:
+    """One training-progress line (Megatron-LM, Megatron-Bridge or NeMo)."""
+
+    iteration: int | None = None
+    elapsed_ms: float | None = None
+    tflops_per_gpu: float | None = None
+    loss: float | None = None
+    source: str = ""  # megatron | megatron-bridge | nemo
+    total_iterations: int | None = None
+    learning_rate: float | None = None
+    global_batch_size: int | None = None
+    grad_norm: float | None = None
+    max_memory_allocated_bytes: int | None = None  # NeMo 2 progress lines print these
+    max_memory_reserved_bytes: int | None = None
+
+
+@dataclass
+class MemoryReport:
+    """A memory report line (Megatron's report_memory and friends); bytes."""
+
+    rank: int | None = None
+    allocated_bytes: int | None = None
+    max_allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    max_reserved_bytes: int | None = None
+    label: str = ""  # e.g. "(after 10 iterations)"
+    iteration: int | None = None
+    source: str = ""  # megatron | megatron-bridge | nemo
+    active_bytes: int | None = None  # Megatron-Bridge's memory keys
+    max_active_bytes: int | None = None
+    inactive_bytes: int | None = None  # inactive_split_bytes: fragmentation
+    max_inactive_bytes: int | None = None
+    alloc_retries: int | None = None
+    device_used_bytes: int | None = None  # "total device memory used" (Megatron main)
+
+
+@dataclass
+class ErrorEvent:
+    """An exception or warning from a traceback or log."""
+
+    type: str = ""  # e.g. ValueError, torch.OutOfMemoryError, UserWarning
+    message: str = ""
+    frames: list[str] = field(default_factory=list)  # "file:line in function", innermost last
+    kind: str = "exception"  # exception | warning
+    details: str = ""  # further lines of a multi-line message
+    chained: str = ""  # "cause" / "context": raised from / while handling the previous one
+    rank: int | None = None  # the first rank that printed it
+    count: int = 1  # identical events (same type, message and frames) are counted, not repeated
+    # Lines no parser read just before an exception without frames: a call chain pasted in
+    # another format ("a -> b -> c", "File ... line N" cut from its head), kept as evidence.
+    context: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Evidence:
+    """Everything the doctor could read. Lists may be empty; absent values are None."""
+
+    oom: list[OOMEvent] = field(default_factory=list)
+    iterations: list[Iteration] = field(default_factory=list)
+    memory: list[MemoryReport] = field(default_factory=list)
+    errors: list[ErrorEvent] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # flat Megatron keys -> values
+    experiments: list[dict[str, Any]] = field(default_factory=list)
+    memory_stats: dict[str, Any] | None = None  # torch.cuda.memory_stats() keys
+    snapshot: dict[str, Any] | None = None  # summary of a memory snapshot
+    env: dict[str, str] = field(default_factory=dict)  # e.g. PYTORCH_CUDA_ALLOC_CONF seen
+    sources: list[str] = field(default_factory=list)  # what was read
+    notes: list[str] = field(default_factory=list)  # what could not be read, and why
+    # Megatron's "Theoretical memory footprints" line: weight_and_optimizer/activation/total
+    theoretical_memory: dict[str, int] = field(default_factory=dict)
+    # nvidia-smi's process table: {"gpu": 0, "pid": 123, "name": "...", "used_bytes": ...}
+    gpu_processes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def merge(self, other: Evidence) -> Evidence:
+        """Combine evidence from several inputs (later config keys win)."""
+        return Evidence(
+            oom=self.oom + other.oom,
+            iterations=self.iterations + other.iterations,
+            memory=self.memory + other.memory,
+            errors=self.errors + other.errors,
+            config={**self.config, **other.config},
+            experiments=self.experiments + other.experiments,
+            memory_stats=other.memory_stats or self.memory_stats,
+            snapshot=other.snapshot or self.snapshot,
+            env={**self.env, **other.env},
+            sources=self.sources + other.sources,
+            notes=self.notes + other.notes,
+            theoretical_memory={**self.theoretical_memory, **other.theoretical_memory},
+            gpu_processes=self.gpu_processes + other.gpu_processes,
+        )
+
+
+# Limits that keep memory bounded on huge or hostile inputs.
+MAX_LINE_CHARS = 1 << 16  # longer lines are cut (a progress bar without newlines, binary junk)
+MAX_OOM_EVENTS = 10_000
+MAX_ERROR_EVENTS = 2_000  # distinct ones; repeats are counted
+MAX_ITERATIONS = 2_000_000
+MAX_MEMORY_REPORTS = 200_000
+MAX_NOTES = 50
+MAX_TEXT_BYTES = 256 << 20  # configs, experiment tables, memory stats read whole
+MAX_SNAPSHOT_BYTES = 8 << 30

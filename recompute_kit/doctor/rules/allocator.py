@@ -1,0 +1,596 @@
+"""What the OOM message alone says: fragmentation, other processes, memory outside PyTorch, requests
+larger than the device, genuine pressure, allocator limits.
+"""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import (
+    EXPANDABLE,
+    GIB,
+    all_frames,
+    gib,
+    is_megatron,
+    more_recompute_patch,
+    oom_errors,
+    oom_where,
+    rule,
+)
+
+# --------------------------------------------------------------------------------------------
+# Reading the OOM message
+# --------------------------------------------------------------------------------------------
+
+PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
+
+
+def _reserved_unallocated(oom) -> int | None:
+    """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
+    is that amount itself, '(... A already allocated; ... R reserved in total by PyTorch)'
+    gives it as R - A."""
+    if oom.reserved_unallocated_bytes is not None:
+        return oom.reserved_unallocated_bytes
+    if oom.reserved_bytes is None:
+        return None
+    if oom.generation == "gen1_cached":
+        return oom.reserved_bytes
+    if oom.allocated_bytes is not None and oom.reserved_bytes >= oom.allocated_bytes:
+        return oom.reserved_bytes - oom.allocated_bytes
+    return None
+
+
+@rule(
+    "RK001",
+    "Fragmentation: memory is reserved but unallocated",
+    "fragmentation",
+    symptom="CUDA OOM where 'reserved by PyTorch but unallocated' is comparable to or larger "
+    "than the failed allocation",
+    cause="The caching allocator's segments are split into blocks too small for the request; "
+    "the memory is free inside PyTorch but not in one piece",
+    confirm="In the OOM message compare 'reserved but unallocated' (before PyTorch 2.1: "
+    "'reserved in total' minus 'already allocated', or 'cached') with 'Tried to allocate'; "
+    "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] is large",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of "
+    "splitting); recompute settings are not the problem",
+    patch=EXPANDABLE,
+    refs=(PT_MEMORY, "NVIDIA-NeMo/Megatron-Bridge PR #3880"),
+)
+def _fragmentation(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    slack = _reserved_unallocated(oom) if oom else None
+    if not oom or not slack or not oom.requested_bytes:
+        return None
+    req = oom.requested_bytes
+    total = oom.total_bytes or 0
+    if slack < req and slack < 0.05 * total:
+        return None
+    # PYTORCH_CUDA_ALLOC_CONF, or its newer name PYTORCH_ALLOC_CONF (2.9+), or ROCm's
+    if any(
+        "expandable_segments:True" in value
+        for key, value in ctx.evidence.env.items()
+        if key.endswith("ALLOC_CONF")
+    ):
+        return None
+    # The allocator's hint is printed on every OOM; it matters when the slack is a real share
+    # of the GPU, not just larger than one small request.
+    confidence = 0.9 if slack >= max(req, 0.05 * total) else 0.45
+    return Match(
+        confidence,
+        f"{gib(slack)} is reserved by PyTorch but unallocated, against a "
+        f"failed request of {gib(req)}: enough free memory exists, but in "
+        "pieces.",
+    )
+
+
+@rule(
+    "RK002",
+    "Other processes hold GPU memory",
+    "other_processes",
+    symptom="CUDA OOM listing 'Process <pid> has X memory in use' for other processes",
+    cause="Another process (a second job, a stale worker, a notebook kernel) shares the GPU",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv on the node (in a "
+    "container the message lists this process itself as 'Process <pid>' too, without an "
+    "'Including non-PyTorch memory, this process has' line)",
+    fix="Stop the other process or give this job its own GPU (CUDA_VISIBLE_DEVICES)",
+    refs=("https://github.com/pytorch/pytorch/pull/99699",),
+    patch={"env": {"CUDA_VISIBLE_DEVICES": "<a GPU no other process uses>"}},
+)
+def _other_processes(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.other_processes_bytes or not oom.total_bytes:
+        return None
+    others, total = oom.other_processes_bytes, oom.total_bytes
+    pytorch = (oom.allocated_bytes or 0) + (oom.reserved_unallocated_bytes or 0)
+    if oom.process_bytes is None:
+        # NVML listed the GPU's processes but none as "this process": our own PID did not
+        # match (a container's PID namespace), so this process is one of the "Process <pid>"
+        # entries. Only what exceeds PyTorch's own memory can belong to other processes (an
+        # upper bound: it still includes this process's CUDA context and workspaces).
+        others = others - pytorch
+        share = others / total
+        if others < max(2 * GIB, 0.1 * total):
+            return None
+        return Match(
+            min(0.95, 0.5 + share),
+            f"Processes other than this one hold up to {gib(others)} ({share:.0%}) of the "
+            f"{gib(total)} GPU: {gib(oom.other_processes_bytes)} listed, of which this "
+            f"process's own PyTorch memory ({gib(pytorch)}) is a part.",
+        )
+    share = others / total
+    # A few hundred MiB listed for "Process <pid>" is usually a CUDA context (often this
+    # job's own, seen from a container): below the request and 10% of the GPU it explains
+    # nothing.
+    if share < 0.02 or (others < (oom.requested_bytes or 0) and share < 0.1):
+        return None
+    return Match(
+        min(0.95, 0.5 + share),
+        f"Other processes hold {gib(others)} ({share:.0%}) of the {gib(total)} GPU.",
+    )
+
+
+@rule(
+    "RK003",
+    "Memory used outside PyTorch's allocator",
+    "non_pytorch_memory",
+    symptom="The process uses much more than PyTorch reserved ('Including non-PyTorch "
+    "memory, this process has X' well above allocated + reserved-unallocated)",
+    cause="CUDA context, NCCL buffers, cuBLAS/cuDNN workspaces or another allocator "
+    "(TransformerEngine userbuffers, a second framework) live outside PyTorch's pool",
+    confirm="Compare the process total with torch.cuda.memory_reserved(); check "
+    "NCCL_BUFFSIZE, TP communication overlap buffers and CUDA graphs",
+    fix="Shrink communication buffers (NCCL_BUFFSIZE, tp_comm_overlap), or budget a few GiB "
+    "per GPU for them; recompute cannot free this memory",
+    refs=("https://github.com/pytorch/pytorch/issues/16417",),
+    patch={"tp_comm_overlap": False, "env": {"NCCL_BUFFSIZE": "2097152"}},
+)
+def _non_pytorch(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or oom.process_bytes is None or oom.allocated_bytes is None:
+        return None
+    pytorch = oom.allocated_bytes + (oom.reserved_unallocated_bytes or 0)
+    outside = oom.process_bytes - pytorch
+    total = oom.total_bytes or oom.process_bytes
+    if outside < max(2 * GIB, 0.1 * total):
+        return None
+    return Match(
+        0.7,
+        f"This process uses {gib(oom.process_bytes)} but PyTorch accounts for "
+        f"{gib(pytorch)}: {gib(outside)} is outside its allocator.",
+    )
+
+
+@rule(
+    "RK004",
+    "A single allocation larger than the GPU",
+    "allocation_exceeds_device",
+    symptom="'Tried to allocate' is larger than the GPU's total or its usable memory",
+    cause="One tensor is too big - typically logits [seq x batch x vocab] in fp32, an "
+    "unfused attention score matrix [b, a, s, s], or a mistaken shape",
+    confirm="Compute the tensor's size from the shapes; recompute-kit estimate --json shows "
+    "the logits and core attention terms",
+    fix="Shrink that tensor: fused/vocab-parallel cross-entropy, flash attention, a smaller "
+    "micro-batch or sequence, more tensor/context parallelism",
+    refs=("https://github.com/pytorch/pytorch/issues/16417",),
+    supersedes=("RK005",),
+)
+def _too_big(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.requested_bytes:
+        return None
+    req = oom.requested_bytes
+    if req >= 2**50:  # a PiB or "more than 1EB": no tensor is that large, the size is garbage
+        return Match(
+            0.85,
+            f"The request is {gib(req)}: a corrupted size (typically after an NCCL timeout "
+            "or error on another rank, or an overflowed shape), not a tensor to shrink.",
+            config_patch={"env": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}},
+            fix="Read the first error before the OOM (an NCCL timeout, a rank that died); "
+            "rerun with NCCL_DEBUG=INFO to find it",
+        )
+    if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
+        if req < 256 * GIB:
+            return None
+    elif req < 0.5 * oom.total_bytes:
+        return None
+    patch, what = _shrink_patch(ctx)
+    on = f" on a {gib(oom.total_bytes)} GPU" if oom.total_bytes else "; no GPU has that much"
+    return Match(
+        0.9 if oom.total_bytes else 0.8,
+        f"One allocation of {gib(req)} was requested{on}; {what}.",
+        config_patch=patch,
+    )
+
+
+ATTENTION_WORDS = ("flex_attention", "attention", "sdpa", "softmax", "scores", "query @ key", "bmm")
+
+
+def _shrink_patch(ctx: Context) -> tuple[dict, str]:
+    """Which tensor is too big, from the frames around the OOM, and the setting that shrinks it."""
+    where = oom_where(ctx) + " " + all_frames(ctx)
+    if "flex_attention" in where:
+        return {"code": "flex_attention = torch.compile(flex_attention)"}, (
+            "flex_attention runs uncompiled, which materialises the full score matrix: "
+            "compile it (torch.compile)"
+        )
+    if any(w in where for w in ATTENTION_WORDS):
+        if is_megatron(ctx):
+            return {"attention_backend": "flash"}, "the frames are attention's: use flash attention"
+        return {"attn_implementation": "flash_attention_2"}, (
+            "the frames are attention's (an unfused [batch, heads, seq, seq] score matrix): use "
+            "flash / SDPA attention or a shorter sequence"
+        )
+    if any(w in where for w in ("cross_entropy", "logits", "log_softmax", "lm_head")):
+        return {"cross_entropy_loss_fusion": True}, "the frames are the loss's: fuse or chunk it"
+    mbs = ctx.cfg.get("micro_batch_size")
+    half = max(1, mbs // 2) if isinstance(mbs, int) else "half of the current one"
+    return {"micro_batch_size": half}, (
+        "shrink the tensor: a smaller micro-batch or sequence (its size scales with both)"
+    )
+
+
+@rule(
+    "RK005",
+    "PyTorch-allocated memory fills the GPU",
+    "genuine_pressure",
+    symptom="CUDA OOM with 'allocated by PyTorch' close to the total capacity",
+    cause="Tensors in use fill the GPU: activations, weights, gradients or optimizer states. "
+    "Which of them needs the model shape and parallel config",
+    confirm="Pass the config to recompute-kit doctor --config, or run recompute-kit estimate "
+    "to split the peak into activations and model states",
+    fix="Reduce the dominant term: more recompute if activations dominate, distributed "
+    "optimizer / more parallelism if model states do",
+    supersedes=("RK087",),
+)
+def _pressure(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.allocated_bytes or not oom.total_bytes:
+        return None
+    share = oom.allocated_bytes / oom.total_bytes
+    if share < 0.8:
+        return None
+    patch, words = more_recompute_patch(ctx)
+    mbs = ctx.cfg.get("micro_batch_size")
+    if isinstance(mbs, int) and mbs > 1:
+        patch = {**patch, "micro_batch_size": mbs // 2}
+    return Match(
+        0.5,
+        f"PyTorch had {gib(oom.allocated_bytes)} allocated of "
+        f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
+        config_patch=patch,
+        fix=f"Without a model shape the split is unknown; activations are the usual term: "
+        f"{words}, or halve micro_batch_size / seq_length (activations scale linearly). "
+        "If the OOM is in the first optimizer step, shard the optimizer states instead "
+        "(use_distributed_optimizer / ZeRO)",
+    )
+
+
+@rule(
+    "RK006",
+    "A per-process memory cap is set",
+    "informational",
+    symptom="The OOM message includes 'X allowed;'",
+    cause="torch.cuda.set_per_process_memory_fraction limits this process below the GPU size",
+    confirm="Search the code/launcher for set_per_process_memory_fraction",
+    fix="Raise or remove the fraction if the cap is not intended",
+    patch={"code": "torch.cuda.set_per_process_memory_fraction(1.0)"},
+)
+def _allowed(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.allowed_bytes:
+        return None
+    return Match(
+        0.6, f"The process may use only {gib(oom.allowed_bytes)} of {gib(oom.total_bytes)}."
+    )
+
+
+@rule(
+    "RK007",
+    "CUDA graphs' private pools hold memory",
+    "genuine_pressure",
+    symptom="The OOM message reports memory 'allocated in private pools (e.g., CUDA Graphs)'",
+    cause="Captured CUDA graphs keep their own memory pools alive between steps",
+    confirm="Compare the private-pool size with the failed request; disable graphs to test",
+    fix="Narrow cuda_graph_scope, or turn CUDA graphs off while searching for a recompute setting",
+    patch={"cuda_graph_impl": "none"},
+)
+def _private_pools(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.private_pool_bytes or oom.private_pool_bytes < GIB:
+        return None
+    return Match(0.6, f"{gib(oom.private_pool_bytes)} sit in private pools (CUDA graphs).")
+
+
+@rule(
+    "RK008",
+    "OOM far below the GPU's size: the allocator, not the model",
+    "fragmentation",
+    symptom="A run OOMs although its measured peak is well below the GPU's capacity",
+    cause="The caching allocator could not find a large enough free block (fragmentation), "
+    "or memory outside PyTorch grew",
+    confirm="Compare max_memory_reserved with max_memory_allocated; rerun with "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before changing recompute",
+    patch=EXPANDABLE,
+    supersedes=("RK011", "RK005"),
+)
+def _oom_below_capacity(ctx: Context) -> Match | None:
+    if not ctx.gpu_bytes:
+        return None
+    rows = [r for r in ctx.evidence.experiments if r.get("oom") and r.get("peak_memory_bytes")]
+    for r in rows:
+        share = r["peak_memory_bytes"] / ctx.gpu_bytes
+        if share < 0.8:
+            return Match(
+                0.75,
+                f"'{r.get('name')}' ran out of memory at a measured peak of "
+                f"{gib(r['peak_memory_bytes'])}, {share:.0%} of the "
+                f"{gib(ctx.gpu_bytes)} GPU.",
+            )
+    return None
+
+
+LIBRARY_OOM = (
+    "NCCL WARN Cuda failure 2 'out of memory'",
+    "Triton Error [CUDA]: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "cudaErrorMemoryAllocation",
+)
+
+
+@rule(
+    "RK009",
+    "A library outside PyTorch could not allocate",
+    "fragmentation",
+    symptom="NCCL, Triton, cuBLAS or cuDNN reports 'out of memory' (not PyTorch's allocator)",
+    cause="PyTorch's caching allocator holds the free memory in its cache, so the library's "
+    "own cudaMalloc fails",
+    confirm="torch.cuda.memory_reserved() is close to the GPU size while allocated is lower",
+    fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, torch.cuda.empty_cache() before "
+    "the library call, or cap PyTorch (set_per_process_memory_fraction)",
+    patch=EXPANDABLE,
+)
+def _library_oom(ctx: Context) -> Match | None:
+    text = ctx.text
+    hit = next((w for w in LIBRARY_OOM if w.lower() in text.lower()), None)
+    if hit is None:
+        for o in ctx.evidence.oom:
+            library = next(
+                (
+                    n
+                    for n in ("nccl", "triton", "cublas", "cudnn")
+                    if n in (o.generation or "").lower()
+                ),
+                None,
+            )
+            if library or (o.backend and o.backend not in ("cuda", "hip")):
+                hit = f"{library or o.backend} out of memory"
+                break
+    if hit is None:
+        return None
+    return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
+
+
+@rule(
+    "RK089",
+    "Most of the GPU is held outside this process's PyTorch",
+    "other_processes",
+    symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
+    "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "
+    "nothing free)",
+    cause="Something other than this process's caching allocator holds the memory: another "
+    "process or rank on the same GPU, an inference engine, NCCL buffers, the CUDA context",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv while the job runs",
+    fix="Find and stop the holder; one GPU per process (torch.cuda.set_device(local_rank) "
+    "before any CUDA call, or CUDA_VISIBLE_DEVICES); smaller NCCL buffers (NCCL_BUFFSIZE)",
+    patch={"env": {"CUDA_VISIBLE_DEVICES": "<this rank's GPU only>"}},
+    supersedes=("RK005", "RK087"),
+)
+def _held_elsewhere(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.held_elsewhere_bytes or not oom.total_bytes:
+        return None
+    held, total = oom.held_elsewhere_bytes, oom.total_bytes
+    # A desktop GPU's display and CUDA context take a few hundred MiB: not what is meant.
+    if held < 0.25 * total or held < max(oom.requested_bytes or 0, int(1.5 * GIB)):
+        return None
+    if oom.process_bytes is not None or oom.other_processes_bytes:
+        return None  # the 2.1+ message itemises this; RK002 / RK003 read it
+    return Match(
+        min(0.9, 0.5 + held / total / 2),
+        f"Of the {gib(total)} GPU, {gib(oom.free_bytes)} is free and PyTorch reserved "
+        f"{gib(total - oom.free_bytes - held)}: {gib(held)} ({held / total:.0%}) is held "
+        f"outside this process's allocator, more than the {gib(oom.requested_bytes)} request.",
+    )
+
+
+INFERENCE_WORDS = (
+    "cumem_allocator",
+    "sleep mode freed",
+    "memory is still in use",
+    "vllm",
+    "sglang",
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+)
+
+
+@rule(
+    "RK100",
+    "A colocated inference engine (vLLM / SGLang) holds GPU memory",
+    "non_pytorch_memory",
+    symptom="OOM in an RL / generation job where vLLM or SGLang shares the GPUs with training "
+    "(cumem_allocator errors, 'memory is still in use' after sleep)",
+    cause="The engine sizes its KV cache from gpu_memory_utilization (or keeps memory after "
+    "sleep); what it holds is invisible to the trainer's allocator",
+    confirm="vLLM's log: KV cache size and 'Sleep mode freed X, Y memory is still in use'",
+    fix="Lower gpu_memory_utilization (or set kv_cache_memory_bytes) so the engine leaves the "
+    "trainer its peak; check that sleep mode releases what it reserved",
+    patch={"gpu_memory_utilization": 0.4},
+    supersedes=("RK005", "RK087", "RK002"),
+)
+def _inference_engine(ctx: Context) -> Match | None:
+    text = " ".join(
+        [ctx.text, ctx.oom.line if ctx.oom else "", " ".join(map(str, ctx.cfg))]
+    ).lower()
+    hit = next((w for w in INFERENCE_WORDS if w in text), None)
+    if hit is None or not (ctx.oom or oom_errors(ctx) or "still in use" in text):
+        return None
+    util = ctx.cfg.get("gpu_memory_utilization")
+    oom = ctx.oom
+    if isinstance(util, float) and oom and oom.requested_bytes and oom.total_bytes:
+        step = max(0.05, round(oom.requested_bytes / oom.total_bytes + 0.05, 2))
+        new = round(max(0.1, util - step), 2)
+        patch = {"gpu_memory_utilization": new}
+        numbers = f" Lowering gpu_memory_utilization from {util} to {new} frees about " + gib(
+            (util - new) * oom.total_bytes
+        )
+    else:
+        patch, numbers = {"gpu_memory_utilization": 0.4}, ""
+    return Match(
+        0.8,
+        f"The evidence names an inference engine sharing the GPU ('{hit}').{numbers}",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK091",
+    "Several processes hold CUDA contexts on one GPU",
+    "other_processes",
+    symptom="nvidia-smi lists several processes of the job on the same GPU, most of them with "
+    "a few hundred MiB (a CUDA context each)",
+    cause="Every rank touched CUDA on the default device (GPU 0) before selecting its own, so "
+    "GPU 0 carries one context per rank",
+    confirm="nvidia-smi's process table: one large process and N small ones on GPU 0",
+    fix="Call torch.cuda.set_device(local_rank) (LOCAL_RANK) before any CUDA work, or give "
+    "each process CUDA_VISIBLE_DEVICES=<its GPU>",
+    patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
+    supersedes=("RK087",),
+)
+def _smi_processes(ctx: Context) -> Match | None:
+    by_gpu: dict[int, list[dict]] = {}
+    for proc in ctx.evidence.gpu_processes:
+        by_gpu.setdefault(proc["gpu"], []).append(proc)
+    for gpu, procs in sorted(by_gpu.items()):
+        small = [p for p in procs if p["used_bytes"] < 2 * GIB]
+        if len(procs) >= 3 and len(small) >= 2:
+            extra = sum(p["used_bytes"] for p in small)
+            return Match(
+                0.85,
+                f"nvidia-smi shows {len(procs)} processes on GPU {gpu}; {len(small)} of them "
+                f"hold {gib(extra)} together ({gib(small[0]['used_bytes'])} each): CUDA "
+                "contexts of ranks that belong on other GPUs.",
+            )
+    return None
+
+
+@rule(
+    "RK098",
+    "Reserved memory far above allocated: fragmentation",
+    "fragmentation",
+    symptom="Memory reports (torch.cuda.memory_summary(), 'Allocated ... Reserved ...' lines) "
+    "where PyTorch's reserved memory is well above even the peak allocated",
+    cause="The caching allocator keeps split segments it cannot reuse for new sizes; "
+    "reserved grows while allocated does not",
+    confirm="torch.cuda.memory_stats()['inactive_split_bytes.all.current'] (Non-releasable "
+    "memory in memory_summary) is large; expandable segments bring reserved down",
+    fix="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place "
+    "instead of splitting)",
+    patch=EXPANDABLE,
+    refs=(PT_MEMORY,),
+    supersedes=("RK087", "RK005"),
+)
+def _reserved_over_allocated(ctx: Context) -> Match | None:
+    if any("expandable_segments:True" in v for v in ctx.evidence.env.values()):
+        return None
+    for m in ctx.evidence.memory:
+        if m.source not in ("memory_summary", "allocated-reserved"):
+            continue
+        reserved = m.max_reserved_bytes or m.reserved_bytes
+        used = max(m.max_allocated_bytes or 0, m.allocated_bytes or 0)
+        if not reserved or not used:
+            continue
+        slack = reserved - used
+        if reserved >= 1.5 * used and slack >= 2 * GIB:
+            return Match(
+                0.8,
+                f"PyTorch reserved {gib(reserved)} while at most {gib(used)} was allocated: "
+                f"{gib(slack)} ({slack / reserved:.0%} of the reserve) sits in segments it "
+                "cannot reuse.",
+            )
+    return None
+
+
+@rule(
+    "RK102",
+    "A small GPU: the workload does not fit",
+    "genuine_pressure",
+    symptom="OOM on a GPU of 12 GiB or less with no sign of another cause (no other "
+    "process, no fragmentation worth the name, no single oversized tensor)",
+    cause="The batch (or image / sequence size) needs more memory than a desktop-class GPU "
+    "has; nothing is misconfigured",
+    confirm="Halve the batch size: if the OOM goes, the GPU was simply too small for it",
+    fix="Halve the batch size and keep the effective batch with gradient accumulation; "
+    "smaller inputs (crop/resize images, shorter sequences), mixed precision, or a larger GPU",
+    patch={"batch_size": "half of the current one", "gradient_accumulation_steps": 2},
+    supersedes=("RK087",),
+)
+def _small_gpu(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.total_bytes or oom.total_bytes > 12 * GIB:
+        return None
+    if oom.free_bytes is not None and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None
+    batch = next(
+        (
+            ctx.cfg[k]
+            for k in ("per_device_train_batch_size", "batch_size", "micro_batch_size")
+            if isinstance(ctx.cfg.get(k), int)
+        ),
+        None,
+    )
+    patch = {"batch_size": max(1, batch // 2), "gradient_accumulation_steps": 2} if batch else None
+    return Match(
+        0.4,
+        f"The GPU has {gib(oom.total_bytes)} and the failed request was "
+        f"{gib(oom.requested_bytes)} with {gib(oom.free_bytes)} free: the workload is larger "
+        "than this GPU at this batch size.",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK105",
+    "Experiments: the OOM goes with expandable segments alone",
+    "fragmentation",
+    symptom="In the experiments, a configuration OOMs and the same one with "
+    "expandable_segments (PYTORCH_CUDA_ALLOC_CONF) passes",
+    cause="The OOM was fragmentation, not capacity: the same tensors fit once segments can "
+    "grow in place",
+    confirm="The two rows differ only in the allocator setting",
+    fix="Keep PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and drop the parallelism or "
+    "recompute changes made to fix the OOM (they cost throughput for nothing)",
+    patch=EXPANDABLE,
+    supersedes=("RK033", "RK030", "RK087", "RK005"),
+)
+def _expandable_fixes_it(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    fixed = [
+        r
+        for r in rows
+        if not r.get("oom") and "expandable" in f"{r.get('name')} {r.get('result')}".lower()
+    ]
+    failed = [r for r in rows if r.get("oom")]
+    if not (fixed and failed):
+        return None
+    return Match(
+        0.9,
+        f"'{failed[0].get('name')}' runs out of memory; '{fixed[0].get('name')}' passes"
+        + (
+            f" at {fixed[0]['tflops_per_gpu']:g} TFLOP/s/GPU"
+            if fixed[0].get("tflops_per_gpu")
+            else ""
+        )
+        + ".",
+    )

@@ -1,0 +1,155 @@
+"""Known framework bugs and their workarounds."""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import gib, on_message, patch_for, rule
+
+# --------------------------------------------------------------------------------------------
+# Known framework bugs and their workarounds
+# --------------------------------------------------------------------------------------------
+
+
+@rule(
+    "RK080",
+    "MoE + full recompute keeps memory until the next iteration",
+    "framework_bug",
+    symptom="MoE model with full recompute: memory grows across iterations or is freed late; "
+    "residual memory scales with recompute_num_layers",
+    cause="unpermute()/CheckpointFunction kept autograd references to intermediates "
+    "(Megatron-LM #3221, verl #5251)",
+    confirm="max_allocated grows from iteration 1 to 2 and then plateaus high",
+    fix="Upgrade Megatron-Core (PR #5197); meanwhile use selective 'moe_act' (+'mlp' on dense "
+    "layers)",
+    patch=patch_for("selective:layernorm,moe_act"),
+    refs=("https://github.com/NVIDIA/Megatron-LM/issues/3221", "verl-project/verl PR #5251"),
+)
+def _moe_full_leak(ctx: Context) -> Match | None:
+    if not (ctx.is_moe and ctx.granularity == "full"):
+        return None
+    reports = [r for r in ctx.evidence.memory if r.max_allocated_bytes]
+    if (
+        len(reports) >= 2
+        and reports[-1].max_allocated_bytes > 1.05 * reports[0].max_allocated_bytes
+    ):
+        return Match(
+            0.6,
+            f"max allocated grew from {gib(reports[0].max_allocated_bytes)} to "
+            f"{gib(reports[-1].max_allocated_bytes)} with MoE + full recompute.",
+        )
+    return None
+
+
+rule(
+    "RK081",
+    "Full recompute crashes on multi-RoPE models (Gemma 3/4, multimodal)",
+    "framework_bug",
+    symptom="TypeError/ValueError about tuples in save_for_backward with recompute "
+    "granularity full on Gemma-3/4 or multi-axis RoPE models",
+    cause="A tuple of RoPE tensors was passed through the checkpoint; save_for_backward "
+    "stores tensors only",
+    confirm="The traceback passes through tensor_parallel/random.py",
+    fix="Upgrade Megatron-Core (PR #5324/#6519) or use selective recompute",
+    refs=("https://github.com/NVIDIA/Megatron-LM/issues/5323",),
+    patch={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+)(
+    on_message(
+        "save_for_backward can only save variables, but argument", "only Tensors should be given"
+    )
+)
+
+rule(
+    "RK082",
+    "TransformerEngine CPU offloading without a target",
+    "invalid_config",
+    symptom="ValueError: 'CPU Offloading is enabled while it is not mentioned what to "
+    "offload (weights/activations)'",
+    cause="cpu_offloading is on but cpu_offloading_activations and _weights are both off",
+    confirm="Check cpu_offloading_activations / cpu_offloading_weights in the config",
+    fix="Set cpu_offloading_activations=True (and cpu_offloading_weights=False)",
+    patch={"cpu_offloading_activations": True, "cpu_offloading_weights": False},
+    refs=("https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/2684",),
+)(on_message("it is not mentioned what to offload"))
+
+
+@rule(
+    "RK083",
+    "ZeRO-3 released the parameters the recompute needs",
+    "framework_bug",
+    symptom="CheckpointError: recomputed metadata shows shape torch.Size([0]) where the "
+    "forward saw real shapes (DeepSpeed ZeRO-3)",
+    cause="ZeRO-3 partitions parameters after use; the recompute runs with released "
+    "(empty) parameters",
+    confirm="The recomputed metadata in the CheckpointError has torch.Size([0])",
+    fix="Use DeepSpeed's checkpointing (deepspeed.checkpointing) or use_reentrant=True with "
+    "ZeRO-3, or upgrade DeepSpeed",
+    supersedes=("RK075",),
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": True}},
+)
+def _zero3_released(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        text = " ".join(f"{e.message} {e.details or ''}".split())
+        if "recomputed metadata" in text and "torch.Size([0])" in text:
+            return Match(0.9, "The recomputed tensors have shape torch.Size([0]).")
+    return None
+
+
+@rule(
+    "RK084",
+    "Pipeline + CPU offloading error with offloading off",
+    "framework_bug",
+    symptom="'Currently there is no support for Pipeline parallelism with CPU offloading' "
+    "although cpu_offloading_num_layers is 0",
+    cause="A framework layer (Megatron-Bridge) set cpu_offloading from a default even though "
+    "no layer is offloaded",
+    confirm="The config has cpu_offloading_num_layers: 0",
+    fix="Set cpu_offloading: false explicitly (or upgrade Megatron-Bridge)",
+    patch={"cpu_offloading": False},
+    supersedes=("RK059",),
+)
+def _offload_zero_layers(ctx: Context) -> Match | None:
+    if not ctx.says("no support for Pipeline parallelism with CPU offloading"):
+        return None
+    layers = ctx.cfg.get("cpu_offloading_num_layers", ctx.cfg.get("activation_offload_layers"))
+    if layers == 0:
+        return Match(
+            0.9, "Megatron rejects CPU offloading with PP although cpu_offloading_num_layers is 0."
+        )
+    return None
+
+
+RECOMPUTE_FRAMES = ("checkpoint", "recompute", "save_for_backward", "_checkpointed_forward")
+
+
+@rule(
+    "RK103",
+    "A framework's recompute path rejects its own arguments",
+    "framework_bug",
+    symptom="TypeError inside a framework's checkpoint / recompute call (an unexpected "
+    "keyword argument, save_for_backward given a non-tensor) with a recompute option on",
+    cause="A newer feature (padding masks, packed sequences, MTP) passes arguments that the "
+    "framework's checkpoint wrapper does not forward; the bug is in the framework",
+    confirm="The failing frame is the framework's checkpoint / recompute function; turning "
+    "that recompute module off makes it go",
+    fix="Upgrade the framework (the fix binds the arguments before checkpointing); meanwhile "
+    "turn off the recompute module in the traceback",
+    patch={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+)
+def _recompute_type_error(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if not e.type.endswith("TypeError"):
+            continue
+        where = " ".join([*e.frames, *e.context, e.message]).lower()
+        hit = next((w for w in RECOMPUTE_FRAMES if w in where), None)
+        if hit is None:
+            continue
+        mods = [m for m in ctx.modules if m not in where] if ctx.modules else []
+        patch = {"recompute_granularity": "selective", "recompute_modules": mods or ["core_attn"]}
+        if "mlp" in where and not mods:
+            patch["recompute_modules"] = ["core_attn"]  # without mlp: the failing wrapper
+        return Match(
+            0.85,
+            f'{e.type}: "{e.message[:160]}" is raised in the recompute path ("{hit}").',
+            config_patch=patch,
+        )
+    return None

@@ -1,0 +1,498 @@
+"""With a model shape or a traceback: which memory dominates (activations, model states, logits),
+and the next recompute step.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ...config import format_spec
+from ..types import Context, Match
+from .registry import (
+    all_frames,
+    candidate_spec,
+    gib,
+    more_recompute_patch,
+    next_step,
+    oom_errors,
+    oom_where,
+    parse_spec_safe,
+    patch_for,
+    rule,
+    where_raised,
+    zero_stage,
+)
+
+
+@rule(
+    "RK010",
+    "Activations dominate: recompute more",
+    "activation_memory",
+    symptom="OOM in training; the estimate puts activations above weights + gradients + "
+    "optimizer states on the failing rank",
+    cause="The current recompute setting keeps too many activations for this sequence "
+    "length, micro-batch and parallel layout",
+    confirm="recompute-kit estimate --config CONFIG --recompute CURRENT NEXT shows the peak "
+    "per setting; recompute-kit plan --gpu-memory-gb X ranks what fits",
+    fix="Apply the next recompute step (config_patch); the planner's choice when the GPU "
+    "size is known",
+    refs=("arXiv:2205.05198",),
+    supersedes=("RK005",),
+)
+def _activations(ctx: Context) -> Match | None:
+    e = ctx.estimate
+    if e is None or not (ctx.oom or ctx.says("out of memory")):
+        return None
+    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    if e.peak_activation_bytes < state:
+        return None
+    spec, why = next_step(ctx)
+    if ctx.best is not None:
+        spec, why = (
+            candidate_spec(ctx.best),
+            (
+                "the planner's cheapest setting that fits "
+                f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
+            ),
+        )
+    current = format_spec(parse_spec_safe(ctx))
+    return Match(
+        0.85,
+        f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
+        f"{gib(state)} of weights, gradients and optimizer states under '{current}'. Next: "
+        f"'{spec}' - {why}.",
+        config_patch=patch_for(spec),
+    )
+
+
+@rule(
+    "RK011",
+    "Model states dominate: recompute cannot fix this",
+    "model_state_memory",
+    symptom="OOM; weights + gradients + optimizer states alone take most of the GPU",
+    cause="Too few ranks share the parameters and optimizer states",
+    confirm="recompute-kit estimate --config CONFIG shows weights_bytes, grads_bytes and "
+    "optimizer_bytes per rank",
+    fix="Use the distributed optimizer, more tensor/pipeline/expert parallelism, or FSDP; "
+    "recompute only reduces activations",
+    patch={"use_distributed_optimizer": True},
+    supersedes=("RK005",),
+)
+def _model_states(ctx: Context) -> Match | None:
+    e = ctx.estimate
+    if e is None or not ctx.gpu_bytes:
+        return None
+    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    share = state / ctx.gpu_bytes
+    if share < 0.6:
+        return None
+    # When the whole estimate fits, model states explain the memory but not the OOM.
+    explains_oom = e.total_bytes > 0.95 * ctx.gpu_bytes
+    return Match(
+        (0.85 if explains_oom else 0.5) if ctx.oom else 0.45,
+        f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
+        f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
+        f"{gib(ctx.gpu_bytes)} GPU.",
+    )
+
+
+@rule(
+    "RK012",
+    "The logits and loss need the memory",
+    "logits_memory",
+    symptom="OOM at the output layer or loss; a large vocabulary with a long sequence",
+    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full on the "
+    "last pipeline stage; recompute of transformer layers does not touch them",
+    confirm="4 x tokens x vocab / TP bytes (recompute-kit estimate shows it under the loss); "
+    "the OOM's request often equals one such tensor",
+    fix="Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
+    "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism",
+    patch={"cross_entropy_loss_fusion": True},
+    refs=("NVIDIA-NeMo/Megatron-Bridge PR #5508",),
+)
+def _logits(ctx: Context) -> Match | None:
+    cfg = ctx.config
+    if cfg is None or not ctx.gpu_bytes:
+        return None
+    m, p = cfg.model, cfg.parallel
+    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
+    oom = ctx.oom
+    hit = (
+        oom is not None
+        and oom.requested_bytes
+        and abs(oom.requested_bytes - logits) < 0.05 * logits
+    )
+    if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
+        return None
+    return Match(
+        0.8 if hit else 0.55,
+        f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
+        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}.",
+    )
+
+
+@rule(
+    "RK013",
+    "Even full recompute does not fit",
+    "model_state_memory",
+    symptom="OOM persists with full recompute (uniform, 1 layer)",
+    cause="Weights, gradients, optimizer states and one layer's activations exceed the GPU",
+    confirm="recompute-kit plan --gpu-memory-gb X exits 1 and says by how much the smallest "
+    "candidate misses",
+    fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the sequence",
+    supersedes=("RK010", "RK005"),
+    patch={"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x the current>"},
+)
+def _nothing_fits(ctx: Context) -> Match | None:
+    if not ctx.plan_error or not (ctx.oom or ctx.says("out of memory")):
+        return None
+    return Match(0.8, ctx.plan_error[0].upper() + ctx.plan_error[1:] + ".")
+
+
+LOGITS_WORDS = (
+    "cross_entropy",
+    "log_softmax",
+    "logits",
+    "logprob",
+    "log_prob",
+    "lm_head",
+    "output_layer",
+    "post_language_model_processing",
+    "vocab_parallel",
+)
+BUILD_WORDS = (
+    "build_module",
+    "__init__",
+    "build_model",
+    "get_model",
+    "from_pretrained",
+    "load_state_dict",
+    "model_provider",
+    "provide(",
+)
+
+
+@rule(
+    "RK016",
+    "The OOM happens in the logits / loss",
+    "logits_memory",
+    symptom="The OOM traceback runs through the output layer, logits, log-softmax or cross-entropy",
+    cause="[tokens x vocab] tensors (logits, their fp32 copy, log-probabilities, gradients) "
+    "are the largest single allocations of an LLM step",
+    confirm="The failing frames name the loss / logits; the requested size is about tokens "
+    "x vocab x 4 bytes",
+    fix="Fused or chunked cross-entropy (no full fp32 logits), vocab-parallel loss, a "
+    "smaller micro-batch or sequence; recompute of transformer layers does not help",
+    patch={"cross_entropy_loss_fusion": True},
+    supersedes=("RK004", "RK002", "RK005", "RK001"),
+)
+def _oom_in_logits(ctx: Context) -> Match | None:
+    for e in oom_errors(ctx):
+        where = where_raised(e)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
+            return Match(0.9, f"The OOM is raised under '{frame}'.")
+    if ctx.oom or oom_errors(ctx):  # a paste with the frames apart from the OOM line
+        where = oom_where(ctx) + " " + all_frames(ctx)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            return Match(0.8, f"The pasted traceback runs through '{hit}' next to the OOM.")
+    return None
+
+
+@rule(
+    "RK017",
+    "The OOM happens while building the model",
+    "model_state_memory",
+    symptom="CUDA OOM raised from module constructors (build_module, __init__, "
+    "from_pretrained, load_state_dict) before training starts",
+    cause="The weights alone do not fit the GPU(s) at this parallel layout; activations and "
+    "recompute are not involved yet",
+    confirm="The traceback's frames are model construction; no iteration line was printed",
+    fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU",
+    supersedes=("RK005", "RK001", "RK010"),
+    patch={"tensor_model_parallel_size": "<2x the current>", "use_distributed_optimizer": True},
+)
+def _oom_at_build(ctx: Context) -> Match | None:
+    if ctx.evidence.iterations:
+        return None
+    for e in oom_errors(ctx):
+        tail = " ".join(e.frames[-6:]).lower()
+        if any(w in tail for w in BUILD_WORDS):
+            return Match(
+                0.85,
+                f"The OOM is raised while constructing the model "
+                f"('{e.frames[-1] if e.frames else ''}').",
+            )
+    return None
+
+
+OFF_KEYS = (
+    "gradient_checkpointing",
+    "activation_checkpointing",
+    "use_gradient_checkpointing",
+    "enable_gradient_checkpointing",
+    "recompute",
+)
+
+
+@rule(
+    "RK014",
+    "OOM with activation checkpointing switched off",
+    "activation_memory",
+    symptom="CUDA OOM in training while the config turns gradient/activation checkpointing "
+    "off (gradient_checkpointing: false, activation_checkpointing: false)",
+    cause="Every layer keeps all its activations; they grow with sequence length x batch",
+    confirm="Turn checkpointing on for one run (or halve the sequence) and compare the peak",
+    fix="Enable activation checkpointing (Hugging Face: gradient_checkpointing=True with "
+    "use_reentrant=False; Megatron: recompute_granularity selective, then full)",
+    patch={"gradient_checkpointing": True},
+    supersedes=("RK005",),
+)
+def _checkpointing_off(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    for key, value in ctx.cfg.items():
+        name = key.rsplit(".", 1)[-1]
+        if value is False and any(name == k or name.startswith(k) for k in OFF_KEYS):
+            return Match(0.75, f"The config sets {key} = false and training ran out of memory.")
+    return None
+
+
+@rule(
+    "RK015",
+    "Experiments: selective recompute OOMs, full recompute fits",
+    "activation_memory",
+    symptom="In the experiments, the selective settings run out of memory and a full "
+    "recompute setting does not",
+    cause="Activations dominate; the selective modules tried do not cover the binding tensors",
+    confirm="The experiments table: OOM rows are selective, passing rows full",
+    fix="Keep full recompute with the fewest layers that fit (full:block:N, rising N), or the "
+    "selective module that holds the memory (mlp / moe / mla_up_proj)",
+    supersedes=("RK011",),
+)
+def _selective_oom_full_ok(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    bad = [
+        r for r in rows if r.get("oom") and str(r.get("recompute") or "").startswith("selective")
+    ]
+    good = [
+        r for r in rows if not r.get("oom") and str(r.get("recompute") or "").startswith("full")
+    ]
+    if not (bad and good):
+        return None
+    return Match(
+        0.85,
+        f"'{bad[0].get('name')}' ({bad[0]['recompute']}) runs out of memory; "
+        f"'{good[0].get('name')}' ({good[0]['recompute']}) fits.",
+        config_patch=patch_for(good[0]["recompute"]),
+    )
+
+
+EVAL_WORDS = (
+    " in validate",
+    " in evaluate",
+    " in evaluation_loop",
+    " in prediction_step",
+    " in eval",
+    " in generate",
+    " in predict",
+)
+
+
+@rule(
+    "RK086",
+    "The OOM happens in evaluation without torch.no_grad",
+    "activation_memory",
+    symptom="The OOM traceback runs through a validate / evaluate / generate function and no "
+    "backward",
+    cause="Without torch.no_grad() (or inference_mode) the forward keeps every activation for "
+    "a backward that never comes; outputs kept across batches pin their graphs too",
+    confirm="Wrap the loop in torch.no_grad(); the memory reports during evaluation fall",
+    fix="Run evaluation under torch.no_grad() / torch.inference_mode() and keep only detached "
+    "outputs (Hugging Face Trainer: eval_accumulation_steps, prediction_loss_only)",
+    patch={"code": "with torch.no_grad():  # around the evaluation loop"},
+    supersedes=("RK005", "RK087"),
+)
+def _oom_in_eval(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    where = " " + oom_where(ctx)
+    hit = next((w for w in EVAL_WORDS if w in where), None)
+    if hit is None or "backward" in where:
+        return None
+    return Match(
+        0.8,
+        f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
+        "evaluation forward keeps its autograd graph.",
+    )
+
+
+@rule(
+    "RK087",
+    "Training OOM without a model shape: activations are the first lever",
+    "activation_memory",
+    symptom="An out-of-memory error in training, with no config, memory breakdown or "
+    "traceback that points elsewhere",
+    cause="In LLM training the activations (growing with micro-batch x sequence length) are "
+    "the term that recompute, batch and sequence control; weights and optimizer states "
+    "are fixed by the model and the sharding",
+    confirm="Halve micro_batch_size or seq_length for one run: if the peak falls by about a "
+    "third or more, activations dominate",
+    fix="Turn on (more) activation recompute; if it is on, halve micro_batch_size (or "
+    "seq_length / max_length, packing size) and keep the global batch with gradient "
+    "accumulation",
+    patch={"gradient_checkpointing": True},
+)
+def _training_oom(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not (oom or oom_errors(ctx)):
+        return None
+    if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None  # the device had room for the request: not a matter of what training keeps
+    patch, words = more_recompute_patch(ctx)
+    mbs = ctx.cfg.get("micro_batch_size")
+    if isinstance(mbs, int) and mbs > 1:
+        patch = {**patch, "micro_batch_size": mbs // 2}
+    numbers = ""
+    if oom and oom.requested_bytes:
+        numbers = f"The failed request is {gib(oom.requested_bytes)}"
+        if oom.total_bytes and oom.free_bytes is not None:
+            numbers += f" with {gib(oom.free_bytes)} free of {gib(oom.total_bytes)}"
+        numbers += ". "
+    where = oom_where(ctx)
+    if "checkpoint" in where and "backward" in where:
+        numbers += "It is raised in the backward's recompute of a checkpointed unit. "
+    elif "backward" in where:
+        numbers += "It is raised in the backward pass. "
+    return Match(
+        0.3,
+        f"{numbers}Next step: {words}; or halve micro_batch_size / seq_length (activations "
+        "scale linearly with both).",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK088",
+    "Per-step peaks far above the memory at rest: activations",
+    "activation_memory",
+    symptom="Per-step memory lines (alloc=... peak=..., MaxMemAllocated) show peaks several "
+    "times the memory held between steps, near the GPU's size",
+    cause="What is allocated between steps is weights, gradients and optimizer states; the "
+    "rest of each step's peak is activations kept for the backward",
+    confirm="peak - alloc is the activation term; it scales with micro-batch x sequence",
+    fix="Turn on activation checkpointing (or more recompute); it keeps about one input per "
+    "layer instead of every intermediate",
+    patch={"gradient_checkpointing": True},
+    supersedes=("RK087", "RK005"),
+)
+def _step_peaks(ctx: Context) -> Match | None:
+    rows = [
+        m
+        for m in ctx.evidence.memory
+        if m.source == "step-peak" and m.allocated_bytes and m.max_allocated_bytes
+    ]
+    if not rows:
+        return None
+    top = max(rows, key=lambda m: m.max_allocated_bytes)
+    rest, peak = top.allocated_bytes, top.max_allocated_bytes
+    if peak < 3 * rest:
+        return None
+    patch, words = more_recompute_patch(ctx)
+    if ctx.cfg.get("activation_checkpointing") is False or any(
+        k.endswith("activation_checkpointing") for k in ctx.cfg
+    ):
+        patch = {"activation_checkpointing": True}
+    return Match(
+        0.8,
+        f"Steps peak at {gib(peak)} while {gib(rest)} is held between steps: about "
+        f"{gib(peak - rest)} per step is activations. Next step: {words}.",
+        config_patch=patch,
+    )
+
+
+# "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
+_PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
+MODEL_NAME_KEYS = ("model_name_or_path", "pretrained_model_name_or_path", "model_name", "model")
+GPU_COUNT_KEYS = ("num_processes", "nproc_per_node", "num_gpus", "world_size", "gpus")
+# Bytes per parameter on one GPU, mixed-precision Adam: 2 (weights) + 2 (grads) + 12 (fp32
+# master, exp_avg, exp_avg_sq); ZeRO stage s shards the last terms over n GPUs.
+ZERO_BYTES = {
+    0: lambda n: 16.0,
+    1: lambda n: 4 + 12 / n,
+    2: lambda n: 2 + 14 / n,
+    3: lambda n: 16 / n,
+}
+
+
+def _model_params(ctx: Context) -> tuple[float, str] | None:
+    for key in MODEL_NAME_KEYS:
+        name = ctx.cfg.get(key)
+        if isinstance(name, str) and (m := _PARAMS_RE.search(name.rsplit("/", 1)[-1])):
+            experts, size = m.groups()
+            return float(size) * 1e9 * (int(experts) if experts else 1), name
+    return None
+
+
+def _gpu_count(ctx: Context) -> int | None:
+    include = ctx.cfg.get("include")
+    if isinstance(include, str) and ":" in include:  # deepspeed --include localhost:4,5,6,7
+        return len(include.split(":", 1)[1].split(","))
+    for key in GPU_COUNT_KEYS:
+        value = ctx.cfg.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@rule(
+    "RK101",
+    "Weights, gradients and Adam states of a model this size exceed the GPU",
+    "model_state_memory",
+    symptom="OOM fine-tuning a model whose size (from its name: 8B, 13B, 8x7B) times the "
+    "bytes per parameter of its ZeRO stage is near or above the GPU's capacity",
+    cause="Mixed-precision Adam keeps 16 bytes per parameter (bf16 weights and gradients, fp32 "
+    "master and two moments); ZeRO-1/2 shard only the optimizer terms, ZeRO-3 all of them; "
+    "LoRA keeps about 2 bytes per frozen parameter",
+    confirm="params x bytes-per-param for the stage in use, against the GPU's total",
+    fix="The smallest ZeRO stage that fits (ZeRO-3 shards everything over the GPUs), then CPU "
+    "offload of optimizer states; activation recompute cannot free model states",
+    patch={"zero_optimization": {"stage": 3}},
+    supersedes=("RK005", "RK087", "RK010"),
+)
+def _states_by_model_size(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)) or not ctx.gpu_bytes:
+        return None
+    found = _model_params(ctx)
+    if found is None:
+        return None
+    params, name = found
+    stage = zero_stage(ctx)
+    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
+        return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
+    gpus = _gpu_count(ctx) or 1
+    lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
+    if stage is None:
+        stage = 2 if ctx.cfg.get("deepspeed") else 0
+    bytes_per_param = (2 / (gpus if stage == 3 else 1)) if lora else ZERO_BYTES[stage](gpus)
+    per_gpu = params * bytes_per_param
+    gpu = ctx.gpu_bytes
+    if per_gpu < 0.7 * gpu:
+        return None
+    z3 = params * (2 if lora else 16) / gpus
+    if z3 < 0.7 * gpu:
+        patch = {"zero_optimization": {"stage": 3}}
+        plan = f"ZeRO-3 over {gpus} GPU(s) brings them to {gib(z3)} per GPU"
+    else:
+        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+        plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
+    kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
+    return Match(
+        0.85,
+        f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
+        f"about {gib(per_gpu)} of model states per GPU against {gib(gpu)}; {plan}.",
+        config_patch=patch,
+    )

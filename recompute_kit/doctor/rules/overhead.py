@@ -1,0 +1,258 @@
+"""Recompute that costs more than it saves."""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import gib, is_megatron, patch_for, rule, zero_stage
+
+# --------------------------------------------------------------------------------------------
+# Recompute that costs too much
+# --------------------------------------------------------------------------------------------
+
+
+def _regressions(ctx: Context, threshold: float = -0.10):
+    return [
+        r
+        for r in ctx.evidence.experiments
+        if r.get("vs_golden") is not None and r["vs_golden"] <= threshold and not r.get("oom")
+    ]
+
+
+@rule(
+    "RK030",
+    "mlp recompute on a large FFN costs too much throughput",
+    "recompute_overhead",
+    symptom=">15% throughput (TFLOP/s/GPU) drop after adding mlp to recompute_modules",
+    cause="The FFN is the largest GEMM block (ffn_hidden_size 28672 on Llama-3-70B): "
+    "recomputing it re-runs a big share of the forward",
+    confirm="Compare TFLOP/s/GPU with and without mlp (the experiments table); "
+    "recompute-kit estimate reports recompute_flops_fraction",
+    fix="Recompute a few layers fully instead (full:block:N with the smallest N that fits) "
+    "or offload; keep mlp only if nothing else fits",
+    refs=("NVIDIA skill perf-activation-recompute (Llama3-70B: mlp -16.4%)",),
+)
+def _mlp_overhead(ctx: Context) -> Match | None:
+    for r in _regressions(ctx, -0.15):
+        if "mlp" in (r.get("recompute_modules") or []):
+            # With a model shape and a GPU size, the planner names the cheaper setting that
+            # fits; without, the smallest full block is where to start measuring.
+            spec = ctx.best.estimate.recompute if ctx.best is not None else "full:block:1"
+            why = (
+                f" The planner's cheapest fitting setting is '{spec}' "
+                f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)."
+                if ctx.best is not None
+                else ""
+            )
+            return Match(
+                0.85,
+                f"Experiment '{r.get('name')}' with {r.get('recompute_modules')} "
+                f"runs {r['vs_golden']:+.1%} vs golden.{why}",
+                config_patch=patch_for(spec),
+            )
+    if "mlp" in ctx.modules and not ctx.is_moe and ctx.config and ctx.estimate:
+        frac = ctx.estimate.recompute_flops_fraction
+        if frac > 0.12:
+            return Match(0.5, f"mlp recompute adds {frac:.1%} to the step's FLOPs here.")
+    return None
+
+
+@rule(
+    "RK031",
+    "mlp + core_attn is slower than mlp alone",
+    "recompute_overhead",
+    symptom="Adding core_attn to mlp recompute lowers throughput further for no memory gain",
+    cause="Double recompute overhead: with flash attention core_attn saves almost nothing "
+    "but still re-runs attention",
+    confirm="Compare the [mlp] and [mlp, core_attn] rows: same peak memory, lower TFLOP/s",
+    fix="Use mlp alone",
+    patch=patch_for("selective:mlp"),
+    refs=("NVIDIA skill perf-activation-recompute (Exp 1 vs Exp 2)",),
+)
+def _double(ctx: Context) -> Match | None:
+    rows = ctx.evidence.experiments
+    alone = [r for r in rows if (r.get("recompute_modules") or []) == ["mlp"]]
+    both = [r for r in rows if set(r.get("recompute_modules") or []) == {"mlp", "core_attn"}]
+    for a in alone:
+        for b in both:
+            if (
+                a.get("tflops_per_gpu")
+                and b.get("tflops_per_gpu")
+                and b["tflops_per_gpu"] < a["tflops_per_gpu"]
+                and (b.get("peak_memory_bytes") or 0) >= (a.get("peak_memory_bytes") or 0)
+            ):
+                return Match(
+                    0.85,
+                    f"[mlp, core_attn] runs {b['tflops_per_gpu']} TFLOP/s/GPU vs "
+                    f"{a['tflops_per_gpu']} for [mlp] at no lower peak memory.",
+                )
+    return None
+
+
+@rule(
+    "RK032",
+    "Full recompute where selective would fit",
+    "recompute_overhead",
+    symptom="Step time ~30-40% above a no-recompute run; full recompute configured",
+    cause="Full recompute re-runs every layer's forward; selective recompute of the right "
+    "modules often fits for a few percent",
+    confirm="recompute-kit plan --gpu-memory-gb X ranks the settings that fit by added FLOPs",
+    fix="Switch to the planner's choice",
+    refs=("arXiv:2205.05198 Table 4",),
+    supersedes=("RK090",),  # the same advice, said more specifically
+)
+def _full_overkill(ctx: Context) -> Match | None:
+    if ctx.granularity != "full" or ctx.best is None:
+        return None
+    if ctx.oom or ctx.says("out of memory"):
+        return None  # the run does not fit even with full recompute: never advise less
+    best = ctx.best.estimate
+    if best.recompute.startswith("full") or ctx.estimate is None:
+        return None
+    if ctx.estimate.recompute_flops_fraction - best.recompute_flops_fraction < 0.05:
+        return None
+    return Match(
+        0.75,
+        f"'{best.recompute}' fits ({gib(best.total_bytes)} per rank) for "
+        f"{best.recompute_flops_fraction:.1%} extra FLOPs instead of "
+        f"{ctx.estimate.recompute_flops_fraction:.1%}.",
+        config_patch=patch_for(best.recompute),
+    )
+
+
+@rule(
+    "RK033",
+    "A recompute setting regresses throughput",
+    "recompute_overhead",
+    symptom="An experiment runs more than 10% below the golden (no-recompute or baseline) "
+    "throughput",
+    cause="The recomputed modules re-run a large share of the forward pass",
+    confirm="recompute-kit ablate (or the experiments table): TFLOP/s/GPU vs golden",
+    fix="Pick the fitting setting with the smallest overhead (recompute-kit plan)",
+)
+def _regression(ctx: Context) -> Match | None:
+    rows = _regressions(ctx)
+    if not rows:
+        return None
+    worst = min(rows, key=lambda r: r["vs_golden"])
+    fitting = [
+        r
+        for r in ctx.evidence.experiments
+        if not r.get("oom") and r.get("recompute") and r.get("vs_golden") is not None
+    ]
+    best = max(fitting, key=lambda r: r["vs_golden"], default=None)
+    evidence = (
+        f"Experiment '{worst.get('name')}' ({worst.get('recompute')}) runs "
+        f"{worst['vs_golden']:+.1%} vs golden."
+    )
+    if best is not None and best is not worst:
+        evidence += f" '{best.get('name')}' ({best['recompute']}) fits at {best['vs_golden']:+.1%}."
+        return Match(0.6, evidence, config_patch=patch_for(best["recompute"]))
+    return Match(0.6, evidence, config_patch={"command": "recompute-kit plan --config CONFIG"})
+
+
+@rule(
+    "RK034",
+    "Uniform recompute with large groups: the backward peak",
+    "activation_memory",
+    symptom="Full uniform recompute with recompute_num_layers > 1 still OOMs, in backward",
+    cause="Each group of N layers is recomputed at once in backward: its activations come "
+    "back together (the recompute buffer)",
+    confirm="recompute-kit estimate --recompute full:uniform:N full:uniform:1: compare "
+    "peak_activation_bytes",
+    fix="Use recompute_num_layers 1 with uniform",
+    patch=patch_for("full:uniform:1"),
+    refs=("https://github.com/NVIDIA/Megatron-LM/issues/1226",),
+)
+def _uniform_groups(ctx: Context) -> Match | None:
+    if ctx.granularity != "full" or ctx.cfg.get("recompute_method") != "uniform":
+        return None
+    n = ctx.cfg.get("recompute_num_layers") or 1
+    if n <= 1 or not (ctx.oom or ctx.says("out of memory")):
+        return None
+    return Match(0.7, f"Groups of {n} layers are rematerialised together in backward.")
+
+
+@rule(
+    "RK035",
+    "The OOM moved to another rank after enabling recompute",
+    "activation_memory",
+    symptom="After a recompute change the OOM appears on a different (pipeline) rank",
+    cause="Pipeline stages hold different activation loads (the first stage keeps p "
+    "micro-batches in flight); recompute per stage shifted the binding stage",
+    confirm="Compare the ranks in the OOM messages before/after; recompute-kit estimate "
+    "reports the first stage",
+    fix="Use block recompute with more layers on the early stages, or rebalance layers "
+    "(num_layers_in_first_pipeline_stage)",
+    refs=("Megatron-Bridge perf-activation-recompute triage",),
+)
+def _moved_rank(ctx: Context) -> Match | None:
+    if ctx.cfg.get("pipeline_model_parallel_size") == 1:
+        return None  # no pipeline stages: data-parallel replicas simply all OOM at once
+    ranks = [o.rank for o in ctx.evidence.oom if o.rank is not None]
+    if len(set(ranks)) < 2:
+        return None
+    n = ctx.cfg.get("recompute_num_layers") or 1
+    return Match(
+        0.55,
+        f"OOMs were reported on ranks {sorted(set(ranks))}.",
+        config_patch={
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": n + 1,
+        },
+    )
+
+
+@rule(
+    "RK036",
+    "The run gets farther but still OOMs: the peak moved past backward",
+    "model_state_memory",
+    symptom="A candidate survives more iterations/phases but still OOMs, in the optimizer "
+    "step or gradient reduction",
+    cause="Recompute lowered the activation peak; now gradient buffers and optimizer states bind",
+    confirm="The traceback ends in optimizer.step / the distributed optimizer / grad sync",
+    fix="Distributed optimizer, gradient buffer bucketing, or more data/pipeline parallelism",
+    patch={"use_distributed_optimizer": True},
+    refs=("Megatron-Bridge perf-activation-recompute triage",),
+    supersedes=("RK005", "RK010", "RK087"),
+)
+def _optimizer_peak(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if "out of memory" not in e.message.lower():
+            continue
+        frames = " ".join([*e.frames, *e.context]).lower()
+        if any(
+            k in frames
+            for k in (
+                "optimizer",
+                "step(",
+                "in step",
+                "reduce_scatter",
+                "finish_grad_sync",
+                "start_grad_sync",
+                "allreduce_params",  # Megatron-LM's older DDP gradient all-reduce
+                "allreduce_gradients",
+                "exp_avg",  # Adam's moments, in a frame or a pasted source line
+            )
+        ):
+            fix = None
+            if is_megatron(ctx):
+                patch: dict = {"use_distributed_optimizer": True}
+            else:  # DeepSpeed / Hugging Face vocabulary: the next ZeRO stage shards more
+                stage = zero_stage(ctx)
+                nxt = min(3, (stage or 1) + 1)
+                patch = {"zero_optimization": {"stage": nxt}}
+                fix = (
+                    f"Shard more: ZeRO-{nxt} (zero_optimization.stage {nxt}) splits the optimizer "
+                    "states"
+                    + (" and weights" if nxt == 3 else " and gradients")
+                    + " over the GPUs; or offload the optimizer to CPU (offload_optimizer)"
+                )
+            return Match(
+                0.75,
+                "The OOM happened in the optimizer step / gradient sync "
+                f"({e.frames[-1] if e.frames else ''}).",
+                config_patch=patch,
+                fix=fix,
+            )
+    return None

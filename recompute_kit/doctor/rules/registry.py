@@ -1,0 +1,211 @@
+"""The registry: categories, the `rule` decorator that adds a check to `RULES`, and helpers every
+category module uses (sizes as PyTorch prints them, message matching, recompute patches).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ...config import format_spec, parse_spec
+from ..types import Context, Match, Rule
+
+GIB = 2**30
+CATEGORIES = (
+    "fragmentation",
+    "other_processes",
+    "non_pytorch_memory",
+    "allocation_exceeds_device",
+    "genuine_pressure",
+    "activation_memory",
+    "model_state_memory",
+    "logits_memory",
+    "recompute_no_effect",
+    "recompute_overhead",
+    "invalid_config",
+    "checkpoint_api_misuse",
+    "nondeterministic_recompute",
+    "framework_bug",
+    "informational",
+)
+EXPANDABLE = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+
+RULES: list[Rule] = []
+
+
+def rule(
+    id: str,
+    title: str,
+    category: str,
+    *,
+    symptom: str,
+    cause: str,
+    confirm: str,
+    fix: str,
+    patch: dict | None = None,
+    refs: tuple[str, ...] = (),
+    supersedes: tuple[str, ...] = (),
+):
+    """Register a check function as a rule."""
+    assert category in CATEGORIES, category
+
+    def register(check: Callable[[Context], Match | None]):
+        RULES.append(
+            Rule(
+                id,
+                title,
+                category,
+                symptom,
+                cause,
+                confirm,
+                fix,
+                check,
+                patch or {},
+                refs,
+                supersedes,
+            )
+        )
+        return check
+
+    return register
+
+
+def gib(n: float | None) -> str:
+    """A size as PyTorch's OOM message prints it: GiB from 1 GiB up, MiB below (so that a
+    138.00 MiB request reads as in the message, not as 0.13 GiB)."""
+    if n is None:
+        return "?"
+    if abs(n) < GIB:
+        return f"{n / 2**20:.2f} MiB"
+    return f"{n / GIB:.2f} GiB"
+
+
+def on_message(*fragments: str, confidence: float = 0.95):
+    """A check that fires when any error or warning contains one of the fragments."""
+
+    def check(ctx: Context) -> Match | None:
+        for e in ctx.evidence.errors:
+            text = " ".join(f"{e.type}: {e.message}".split())  # hard wraps are spaces
+            if any(f in text for f in fragments):
+                quoted = text if len(text) < 220 else text[:217] + "..."
+                return Match(confidence, f'The log says: "{quoted}"')
+        return None
+
+    return check
+
+
+def next_step(ctx: Context) -> tuple[str, str]:
+    """The next recompute setting by architecture: (spec, why)."""
+    # With flash/fused attention core_attn holds nothing worth recomputing: drop it.
+    mods = set(ctx.modules) - ({"core_attn"} if ctx.flash else set())
+    gran = ctx.granularity
+    if gran == "full":
+        n = ctx.cfg.get("recompute_num_layers") or 1
+        if ctx.cfg.get("recompute_method") == "block":
+            return f"full:block:{n + 1}", "full recompute with one more block layer per stage"
+        return "full:uniform:1", "full recompute of every layer on its own (the most saving)"
+    if not ctx.flash and "core_attn" not in mods:
+        return _spec(mods | {"core_attn"}), (
+            "the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"
+        )
+    if ctx.is_mla and "mla_up_proj" not in mods:
+        return _spec(mods | {"mla_up_proj"}), "MLA's expanded Q/K/V are its largest tensors"
+    if ctx.is_moe and ctx.cfg.get("moe_grouped_gemm") and "moe_act" not in mods:
+        return _spec(mods | {"moe_act", "layernorm"}), (
+            "the expert activations (top-k copies of every token) are cheap to recompute"
+        )
+    if ctx.is_moe and "moe" not in mods:
+        return _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
+    if not ctx.is_moe and "mlp" not in mods:
+        return _spec(
+            mods | {"mlp"}
+        ), "the dense FFN is the largest block left (costly: ~16% on 70B)"
+    return "full:uniform:1", "selective recompute is exhausted; recompute whole layers"
+
+
+def _spec(mods: set[str]) -> str:
+    from ...config import RECOMPUTE_MODULES
+
+    return format_spec(
+        parse_spec("selective:" + ",".join(m for m in RECOMPUTE_MODULES if m in mods))
+    )
+
+
+def patch_for(spec: str) -> dict[str, Any]:
+    rc = parse_spec(spec)
+    return {
+        "recompute_granularity": rc.recompute_granularity,
+        "recompute_method": rc.recompute_method,
+        "recompute_num_layers": rc.recompute_num_layers,
+        "recompute_modules": rc.recompute_modules
+        if rc.recompute_granularity == "selective"
+        else None,
+    }
+
+
+def candidate_spec(c) -> str:
+    return c.estimate.recompute
+
+
+def parse_spec_safe(ctx: Context):
+    from ...config import RecomputeConfig
+
+    return ctx.config.recompute if ctx.config else RecomputeConfig()
+
+
+def oom_errors(ctx: Context):
+    return [
+        e
+        for e in ctx.evidence.errors
+        if "out of memory" in e.message.lower() or "OutOfMemory" in e.type
+    ]
+
+
+def where_raised(e) -> str:
+    return " ".join([*e.frames, e.details or "", *e.context]).lower()
+
+
+def oom_where(ctx: Context) -> str:
+    """The frames of the OOM's traceback (lower-case); with a cut or reordered paste, every
+    frame in the evidence."""
+    frames = " ".join(where_raised(e) for e in oom_errors(ctx))
+    if ctx.oom is not None and ctx.oom.context:
+        frames += " " + " ".join(ctx.oom.context).lower()
+    return frames if frames.strip() else all_frames(ctx)
+
+
+def all_frames(ctx: Context) -> str:
+    """Every traceback frame and detail line in the evidence, lower-case: a paste may put the
+    frames before the OOM line, after it, or cut the exception line off."""
+    return " ".join(where_raised(e) for e in ctx.evidence.errors)
+
+
+def is_megatron(ctx: Context) -> bool:
+    """Megatron-LM / NeMo / Megatron-Bridge, from the config's keys or the frames."""
+    keys = ("recompute_", "tensor_model_parallel", "pipeline_model_parallel", "num_moe_experts")
+    if any(k.startswith(keys) for k in ctx.cfg):
+        return True
+    frames = all_frames(ctx)
+    return "megatron" in frames or "/nemo/" in frames
+
+
+def more_recompute_patch(ctx: Context) -> tuple[dict[str, Any], str]:
+    """The next activation-memory step in the user's framework's own keys: (patch, words)."""
+    if is_megatron(ctx):
+        spec, why = next_step(ctx)
+        return patch_for(spec), f"recompute {spec} ({why})"
+    return (
+        {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+        "activation (gradient) checkpointing: gradient_checkpointing=True, use_reentrant=False",
+    )
+
+
+def zero_stage(ctx: Context) -> int | None:
+    """The DeepSpeed ZeRO stage in use, from the config or its file name (ds_z3_config.json)."""
+    stage = ctx.cfg.get("zero_optimization.stage", ctx.cfg.get("zero_stage"))
+    if isinstance(stage, int):
+        return stage
+    path = str(ctx.cfg.get("deepspeed", "")).lower()
+    m = re.search(r"(?:z|zero|stage)_?([0-3])", path)
+    return int(m.group(1)) if m else None

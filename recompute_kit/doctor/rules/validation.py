@@ -1,0 +1,318 @@
+"""Megatron's validation messages (one rule per family, messages verbatim in the tests)."""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import on_message, patch_for, rule
+
+# --------------------------------------------------------------------------------------------
+# Megatron's validation messages (one rule per family, messages verbatim in the tests)
+# --------------------------------------------------------------------------------------------
+
+MEGATRON_CONFIG = "megatron/core/transformer/transformer_config.py"
+
+
+def _validation(*fragments: str):
+    """Fires on Megatron's message in a log, or when the kit's own validation of the given
+    config raises it."""
+    logged = on_message(*fragments, confidence=0.95)
+
+    def check(ctx: Context) -> Match | None:
+        found = logged(ctx)
+        if found:
+            return found
+        if ctx.config_error and any(f in ctx.config_error for f in fragments):
+            return Match(0.9, f'Megatron would reject this config: "{ctx.config_error}"')
+        return None
+
+    return check
+
+
+VALIDATION_RULES = [
+    (
+        "RK050",
+        "Full recompute needs a method",
+        ('recompute_method must be "block" or "uniform"',),
+        "recompute_granularity=full without recompute_method",
+        "Full recompute must say how layers are grouped",
+        "Set recompute_method to uniform (every layer, most saving) or block (first N)",
+        patch_for("full:uniform:1"),
+    ),
+    (
+        "RK051",
+        "Full recompute needs recompute_num_layers",
+        ("recompute_num_layers must be between",),
+        "recompute_granularity=full without recompute_num_layers",
+        "Megatron only checks that the value is set; out-of-range values act like the layer count",
+        "Set recompute_num_layers (1 with uniform for the most saving)",
+        patch_for("full:uniform:1"),
+    ),
+    (
+        "RK052",
+        "Selective recompute takes no recompute_num_layers",
+        ("recompute_num_layers must be None",),
+        "recompute_granularity=selective with recompute_num_layers set",
+        "Selective recompute always applies to every layer",
+        "Remove recompute_num_layers (and recompute_method)",
+        {"recompute_num_layers": None, "recompute_method": None},
+    ),
+    (
+        "RK053",
+        "Unknown granularity or method",
+        ('must be "full"or "selective"', 'must be "block" or "uniform".'),
+        "A typo in recompute_granularity or recompute_method",
+        "Only selective/full and uniform/block exist (Megatron's message spells 'granuarlity')",
+        "Fix the value",
+        {"recompute_granularity": "selective", "recompute_method": None},
+    ),
+    (
+        "RK054",
+        "Unknown recompute module",
+        ("Invalid choices for recompute_modules",),
+        "recompute_modules lists a name Megatron does not know",
+        "Allowed: core_attn, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj (+ newer "
+        "model-specific ones)",
+        "Fix the module name",
+        {"recompute_modules": ["core_attn"]},
+    ),
+    (
+        "RK055",
+        "moe_act recompute needs grouped GEMM",
+        ("moe_act in recompute_modules is only supported with moe_grouped_gemm",),
+        "moe_act in recompute_modules without moe_grouped_gemm",
+        "Only TEGroupedMLP implements the output-discarding activation checkpoint",
+        "Enable moe_grouped_gemm, or recompute 'moe' instead",
+        {"moe_grouped_gemm": True},
+    ),
+    (
+        "RK056",
+        "mla_up_proj needs multi-latent attention",
+        ("mla_up_proj in recompute_modules is only supported with",),
+        "mla_up_proj in recompute_modules on a non-MLA model",
+        "The module exists only in MLA attention",
+        "Remove mla_up_proj",
+        {"recompute_modules": ["core_attn"]},
+    ),
+    (
+        "RK057",
+        "shared_experts recompute conflicts with overlap",
+        ("shared_experts recompute cannot work with --moe-shared-expert-overlap",),
+        "shared_experts recompute together with moe_shared_expert_overlap",
+        "Overlapped shared experts run on another stream outside the checkpoint",
+        "Drop the overlap or the shared_experts recompute",
+        {"moe_shared_expert_overlap": False},
+    ),
+    (
+        "RK058",
+        "fp8 delayed scaling cannot recompute moe_act/layernorm",
+        (
+            "Delayed scaling does not support moe_act and layernorm recompute",
+            "moe_act and layernorm recompute for fp8 needs",
+        ),
+        "fp8 with the delayed recipe (or an old TransformerEngine) and moe_act/layernorm recompute",
+        "Output-discarding recompute must re-quantize identically; delayed scaling cannot",
+        "Use fp8_recipe tensorwise/blockwise/mxfp8 (TE >= 2.6), or drop moe_act/layernorm",
+        {"fp8_recipe": "tensorwise"},
+    ),
+    (
+        "RK059",
+        "CPU offloading conflicts",
+        (
+            "CPU offloading does not work when activation recomputation is enabled",
+            "Currently there is no support for Pipeline parallelism with CPU offloading",
+            "CPU offloading can be done only for layers less than",
+        ),
+        "cpu_offloading together with recompute, with PP > 1, or for too many layers",
+        "Layer offloading replaces recompute; it needs PP = 1 and fewer layers than the model",
+        "Choose one: recompute, or cpu_offloading with PP = 1 and cpu_offloading_num_layers < L",
+        {"cpu_offloading": False},
+    ),
+    (
+        "RK060",
+        "distribute_saved_activations conflicts",
+        (
+            "must be false when sequence parallel is enabled",
+            "can distribute recomputed activations only across tensor model parallel groups",
+            "distributed recompute activations is only application to full recompute",
+        ),
+        "distribute_saved_activations with sequence parallelism, TP = 1 or selective recompute",
+        "It shards full recompute's stored layer inputs over TP; SP already shards them",
+        "Turn distribute_saved_activations off (SP already does its job)",
+        {"distribute_saved_activations": False},
+    ),
+    (
+        "RK061",
+        "Fine-grained offloading conflicts",
+        (
+            "fine_grained_activation_offloading cannot be enabled with cpu_offloading",
+            "attn_proj cannot be set to offload_modules alone without core_attn",
+            "while recomputing the entire MoE layer",
+            "Invalid choices for offload_modules",
+        ),
+        "offload_modules combined with cpu_offloading, attn_proj without core_attn, or offloading "
+        "inside a recomputed 'moe'",
+        "Megatron's offload manager cannot own tensors a checkpoint or another offloader owns",
+        "Follow the message: pick one mechanism per tensor",
+        {},
+    ),
+    (
+        "RK062",
+        "CUDA graphs and recompute",
+        (
+            "CUDA graphs not supported with activation recomputation",
+            "full recompute is only supported with full iteration CUDA graph",
+            "not supported with graphed",
+            "not supported with moe_router CUDA graph",
+        ),
+        "CUDA graphs enabled together with (full) recompute",
+        "A recompute region cannot straddle a graph; graphed recompute cannot replay RNG",
+        "Full recompute: cuda_graph_impl='full_iteration' or no graphs; selective: keep graphed "
+        "scopes outside the recomputed modules and dropout off there",
+        {"cuda_graph_impl": "none"},
+    ),
+    (
+        "RK063",
+        "Deprecated --moe-layer-recompute",
+        ("--moe-layer-recompute is deprecated", "Do not set --moe-layer-recompute"),
+        "--moe-layer-recompute set (with full granularity it is an error)",
+        "The flag became selective recompute of 'moe' (its message says 'moe_layer', the real "
+        "module is 'moe')",
+        "Use recompute_granularity=selective, recompute_modules=[moe]",
+        patch_for("selective:moe"),
+    ),
+]
+
+for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
+    rule(
+        _id,
+        _title,
+        "invalid_config",
+        symptom=_symptom + f" ('{_frags[0]}')",
+        cause=_cause,
+        confirm="recompute-kit validate CONFIG prints Megatron's message for the config",
+        fix=_fix,
+        patch=_patch,
+        refs=(MEGATRON_CONFIG,),
+    )(_validation(*_frags))
+
+
+@rule(
+    "RK064",
+    "Uniform recompute crashes when the layer count is not a multiple",
+    "framework_bug",
+    symptom="IndexError (e.g. 'index 24 is out of range') with full/uniform recompute",
+    cause="Megatron before core_v0.17 did not clamp the last chunk when num_layers per stage "
+    "is not divisible by recompute_num_layers",
+    confirm="num_layers per pipeline stage % recompute_num_layers != 0",
+    fix="Upgrade Megatron-Core (>= 0.17, PR #3562) or use a divisor of the layer count",
+    refs=("https://github.com/NVIDIA/Megatron-LM/issues/2294",),
+    patch={"command": "pip install -U megatron-core  # >= 0.17"},
+)
+def _uniform_index(ctx: Context) -> Match | None:
+    # Only an IndexError raised with full recompute configured or from inside the recompute
+    # loop (checkpoint / transformer_block frames): "list index out of range" in a data
+    # loader says nothing about recompute.
+    for e in ctx.evidence.errors:
+        if e.type.rsplit(".", 1)[-1] != "IndexError":
+            continue
+        frames = " ".join(e.frames)
+        in_recompute = any(
+            k in frames for k in ("checkpoint", "transformer_block.py", "_get_layer")
+        )
+        if ctx.granularity != "full" and not in_recompute:
+            continue
+        text = f"IndexError: {e.message}"
+        layers, pp = ctx.cfg.get("num_layers"), ctx.cfg.get("pipeline_model_parallel_size") or 1
+        n = ctx.cfg.get("recompute_num_layers")
+        per_stage = layers // pp if isinstance(layers, int) and isinstance(pp, int) else None
+        uniform = ctx.cfg.get("recompute_method") == "uniform" and isinstance(n, int) and n > 0
+        if uniform and per_stage and per_stage % n:
+            return Match(
+                0.85,
+                f'The log says "{text}"; {per_stage} layers per pipeline stage are not a '
+                f"multiple of recompute_num_layers {n}, so the last uniform chunk runs past "
+                "the last layer.",
+            )
+        where = (
+            "full recompute is configured"
+            if ctx.granularity == "full"
+            else "the traceback passes through the recompute loop"
+        )
+        return Match(0.75, f'The log says "{text}" and {where}.')
+    return None
+
+
+# Words of Megatron's argument checks -> the setting they are about.
+ARGUMENT_WORDS = (
+    ("sequence parallel", "sequence_parallel"),
+    ("pipeline-model-parallel", "pipeline_model_parallel_size"),
+    ("pipeline model parallel", "pipeline_model_parallel_size"),
+    ("virtual pipeline", "virtual_pipeline_model_parallel_size"),
+    ("tensor-model-parallel", "tensor_model_parallel_size"),
+    ("tensor model parallel", "tensor_model_parallel_size"),
+    ("tensor parallel", "tensor_model_parallel_size"),
+    ("context parallel", "context_parallel_size"),
+    ("expert", "expert_model_parallel_size"),
+    ("recompute", "recompute_granularity"),
+    ("micro batch", "micro_batch_size"),
+    ("micro-batch", "micro_batch_size"),
+    ("global batch", "global_batch_size"),
+    ("attention heads", "num_attention_heads"),
+    ("distributed optimizer", "use_distributed_optimizer"),
+)
+VALIDATE_FRAMES = ("in validate_args", "arguments.py", "in __post_init__", "transformer_config.py")
+
+
+@rule(
+    "RK097",
+    "Megatron's argument checks rejected the launch",
+    "invalid_config",
+    symptom="AssertionError / ValueError raised from Megatron's validate_args "
+    "(megatron/training/arguments.py) or TransformerConfig.__post_init__ before training",
+    cause="Two settings Megatron requires to agree do not (parallel sizes, layer counts, "
+    "sequence parallelism with MoE + TP, recompute options)",
+    confirm="The assertion's message names the rule; the frames are validate_args / __post_init__",
+    fix="Change the setting the message names (see the patch); the check runs before any "
+    "memory is used",
+    patch={"code": "fix the argument validate_args names"},
+    refs=("https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",),
+)
+def _megatron_arguments(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if e.kind != "exception" or not e.type.endswith(("AssertionError", "ValueError")):
+            continue
+        frames = " ".join([*e.frames, *e.context]).lower()
+        if not any(f in frames for f in VALIDATE_FRAMES):
+            continue
+        message = " ".join(e.message.split()) or "(no message)"
+        lower = message.lower()
+        keys = list(dict.fromkeys(k for w, k in ARGUMENT_WORDS if w in lower))
+        patch = _argument_patch(ctx, lower, keys)
+        return Match(
+            0.9,
+            f'Megatron rejected the arguments: "{message[:200]}"'
+            + (f" (settings: {', '.join(keys)})." if keys else "."),
+            config_patch=patch,
+        )
+    return None
+
+
+def _argument_patch(ctx: Context, message: str, keys: list[str]) -> dict:
+    if "sequence parallel" in message and "must be" in message:
+        return {"sequence_parallel": True}
+    layers, pp = ctx.cfg.get("num_layers"), ctx.cfg.get("pipeline_model_parallel_size")
+    if "layers" in message and "pipeline" in message:
+        if isinstance(layers, int) and isinstance(pp, int) and pp > 1:
+            inner = layers // pp
+            rest = layers - inner * (pp - 2)
+            return {
+                "num_layers_in_first_pipeline_stage": rest // 2,
+                "num_layers_in_last_pipeline_stage": rest - rest // 2,
+            }
+        return {
+            "num_layers_in_first_pipeline_stage": "<layers on stage 0>",
+            "num_layers_in_last_pipeline_stage": "<layers on the last stage>",
+        }
+    if keys:
+        return {keys[0]: f"<a value that satisfies: {message[:80]}>"}
+    return {"code": "fix the argument validate_args names"}

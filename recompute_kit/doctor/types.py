@@ -1,0 +1,171 @@
+"""The doctor's shared types: what rules look at (`Context`), what they return (`Match`), what a
+rule is (`Rule`) and what the engine hands back (`Finding`, `Diagnosis`).
+
+Both `engine.py` and the rule modules import these; neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config
+from ..memory.estimate import Estimate
+from .evidence import Evidence, OOMEvent
+
+GIB = 2**30
+# The keys without which no memory estimate is worth making.
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+
+
+@dataclass
+class Context:
+    """What the rules look at: the evidence and what the kit can derive from it."""
+
+    evidence: Evidence
+    config: Config | None = None  # a kit Config, when the evidence has a model shape
+    config_error: str | None = None  # Megatron's validation message for the given config
+    gpu_bytes: int | None = None  # from --gpu-memory-gb or the OOM's total capacity
+    estimate: Estimate | None = None  # the current setting, per rank
+    best: Any = None  # the planner's best candidate when a budget is known
+    plan_error: str | None = None  # why nothing fits, when nothing does
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """Every error and warning message, for message-based rules."""
+        return "\n".join(f"{e.type}: {e.message}" for e in self.evidence.errors)
+
+    def says(self, *fragments: str) -> bool:
+        text = self.text
+        return any(f in text for f in fragments)
+
+    @property
+    def oom(self) -> OOMEvent | None:
+        return self.evidence.oom[-1] if self.evidence.oom else None
+
+    @property
+    def cfg(self) -> dict[str, Any]:
+        return self.evidence.config
+
+    @property
+    def granularity(self) -> str | None:
+        return self.cfg.get("recompute_granularity")
+
+    @property
+    def modules(self) -> list[str]:
+        mods = self.cfg.get("recompute_modules")
+        if self.granularity != "selective":
+            return []
+        return ["core_attn"] if mods is None else list(mods)
+
+    @property
+    def is_moe(self) -> bool:
+        """An MoE model: from the config, or (no config) from MoE modules in the experiments."""
+        if self.cfg.get("num_moe_experts"):
+            return True
+        moe_units = {"moe", "moe_act", "shared_experts"}
+        return any(
+            moe_units & set(r.get("recompute_modules") or []) for r in self.evidence.experiments
+        )
+
+    @property
+    def is_mla(self) -> bool:
+        return bool(self.cfg.get("multi_latent_attention"))
+
+    @property
+    def flash(self) -> bool:
+        """Fused/flash attention (Megatron's default with TransformerEngine)."""
+        return self.cfg.get("attention_backend", "auto") != "unfused"
+
+
+@dataclass
+class Finding:
+    rule: str
+    category: str
+    title: str
+    symptom: str
+    cause: str
+    confirm: str
+    fix: str
+    config_patch: dict[str, Any]
+    confidence: float
+    references: list[str]
+    evidence: str  # two or three sentences citing the input's numbers
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Diagnosis:
+    evidence: Evidence
+    findings: list[Finding]
+    summary: str
+    assumptions: list[str]
+    # findings the evidence rules out: {"rule": id, "reason": why}
+    dropped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "evidence": self.evidence.to_json(),
+            "findings": [f.to_json() for f in self.findings],
+            "summary": self.summary,
+            "assumptions": self.assumptions,
+            "dropped": self.dropped,
+        }
+
+
+@dataclass(frozen=True)
+class Match:
+    confidence: float
+    evidence: str
+    config_patch: dict[str, Any] | None = None  # replaces the rule's default patch
+    fix: str | None = None  # replaces the rule's default fix text
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    category: str
+    symptom: str
+    cause: str
+    confirm: str
+    fix: str
+    check: Callable[[Context], Match | None]
+    config_patch: dict[str, Any] = field(default_factory=dict)
+    references: tuple[str, ...] = ()
+    supersedes: tuple[str, ...] = ()  # generic rules this one makes redundant when both fire
+
+    def finding(self, match: Match) -> Finding:
+        return Finding(
+            rule=self.id,
+            category=self.category,
+            title=self.title,
+            symptom=self.symptom,
+            cause=self.cause,
+            confirm=self.confirm,
+            fix=match.fix or self.fix,
+            config_patch=match.config_patch
+            if match.config_patch is not None
+            else self.config_patch,
+            confidence=round(match.confidence, 2),
+            references=list(self.references),
+            evidence=match.evidence,
+        )
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "rule": self.id,
+            "title": self.title,
+            "category": self.category,
+            "symptom": self.symptom,
+            "cause": self.cause,
+            "confirm": self.confirm,
+            "fix": self.fix,
+            "config_patch": self.config_patch,
+            "references": list(self.references),
+        }
