@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import (
+    ATTENTION_BACKENDS,
     OFFLOAD_MODULES,
     SPEC_HELP,
     Config,
@@ -148,6 +149,14 @@ OVERRIDES = {
     "cp": "context_parallel_size",
     "ep": "expert_model_parallel_size",
     "dp": "data_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "first_stage_layers": "num_layers_in_first_pipeline_stage",
+    "last_stage_layers": "num_layers_in_last_pipeline_stage",
+    "sp": "sequence_parallel",
+    "distributed_optimizer": "use_distributed_optimizer",
+    "account_for_embedding": "account_for_embedding_in_pipeline_split",
+    "account_for_loss": "account_for_loss_in_pipeline_split",
+    "attention": "attention_backend",
 }
 
 
@@ -164,17 +173,41 @@ def add_override_args(parser: argparse.ArgumentParser) -> None:
         ("dp", "data"),
     ):
         group.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} parallel size")
-    group.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
     group.add_argument(
-        "--distributed-optimizer",
-        action="store_true",
-        default=None,
-        help="shard optimizer states over data parallel",
+        "--etp", type=int, metavar="N", help="expert tensor parallel size (Megatron: = --tp)"
+    )
+    group.add_argument(
+        "--first-stage-layers",
+        type=int,
+        metavar="N",
+        help="layers on the first pipeline stage (num_layers_in_first_pipeline_stage)",
+    )
+    group.add_argument(
+        "--last-stage-layers",
+        type=int,
+        metavar="N",
+        help="layers on the last pipeline stage (num_layers_in_last_pipeline_stage)",
+    )
+    for flag, what in (
+        ("sp", "sequence parallelism"),
+        ("distributed-optimizer", "shard optimizer states over data parallel"),
+        ("account-for-embedding", "count the embedding as a layer of the first stage"),
+        ("account-for-loss", "count the loss as a layer of the last stage"),
+    ):
+        group.add_argument(
+            f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what
+        )
+    group.add_argument(
+        "--stage",
+        type=int,
+        metavar="N",
+        help="pipeline stage to report (default: the stage with the highest total)",
     )
     group.add_argument(
         "--attention",
-        choices=["unfused", "sdpa"],
-        help="core attention: unfused (s^2 tensors) or sdpa/flash",
+        choices=ATTENTION_BACKENDS,
+        help="Megatron's attention_backend: unfused keeps the s^2 scores; flash, fused and "
+        "auto (TE picks flash or fused) keep q, k, v, the output and the softmax statistics",
     )
 
 
@@ -184,15 +217,55 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
         for flag, key in OVERRIDES.items()
         if getattr(args, flag, None) is not None
     }
-    if getattr(args, "sp", None):
-        flat["sequence_parallel"] = True
-    if getattr(args, "distributed_optimizer", None):
-        flat["use_distributed_optimizer"] = True
-    if getattr(args, "attention", None):
-        flat["attention_backend"] = "unfused" if args.attention == "unfused" else "flash"
     if getattr(args, "dtype", None) in ("bf16", "fp16", "fp32"):
         flat["bf16"], flat["fp16"] = args.dtype == "bf16", args.dtype == "fp16"
     return cfg.replace(**flat) if flat else cfg
+
+
+def layout_of(cfg: Config, est: Any = None) -> dict[str, Any]:
+    """The parallel layout a per-rank number is for (JSON `layout`)."""
+    p = cfg.parallel
+    out: dict[str, Any] = {
+        "tensor_model_parallel_size": p.tensor_model_parallel_size,
+        "sequence_parallel": p.sequence_parallel,
+        "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": p.context_parallel_size,
+        "expert_model_parallel_size": p.expert_model_parallel_size,
+        "expert_tensor_parallel_size": p.etp,
+        "data_parallel_size": p.data_parallel_size,
+        "use_distributed_optimizer": p.use_distributed_optimizer,
+    }
+    if est is not None:
+        out.update(
+            stage=est.stage,
+            stage_layers=[est.layers[0], est.layers[-1]] if est.layers else [],
+            micro_batches_in_flight=est.micro_batches_in_flight,
+        )
+    return out
+
+
+def print_layout(cfg: Config, est: Any = None) -> None:
+    """One line saying which layout (and stage) the numbers are for, then the assumptions."""
+    p = cfg.parallel
+    parts = [f"TP{p.tensor_model_parallel_size}" + (" SP" if p.sequence_parallel else "")]
+    parts.append(f"PP{p.pipeline_model_parallel_size}")
+    if p.virtual_pipeline_model_parallel_size:
+        parts.append(f"VPP{p.virtual_pipeline_model_parallel_size}")
+    parts += [f"CP{p.context_parallel_size}", f"DP{p.data_parallel_size}"]
+    if cfg.model.num_moe_experts:
+        parts += [f"EP{p.expert_model_parallel_size}", f"ETP{p.etp}"]
+    opt = "on" if p.use_distributed_optimizer else "off"
+    line = f"layout: {' '.join(parts)}, distributed optimizer {opt}"
+    if est is not None and est.layers:
+        which = " (the stage with the highest total)" if est.stage_total_bytes else ""
+        line += (
+            f"; per rank of pipeline stage {est.stage}{which}: layers {est.layers[0]}-"
+            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batches in flight"
+        )
+    print(line)
+    for note in cfg.assumptions:
+        print(f"assumed: {note}")
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
@@ -365,9 +438,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     for spec in specs_for(cfg, args):
         candidate = cfg.with_recompute(spec)
         candidate.validate()
-        results.append(estimate(candidate))
+        results.append(estimate(candidate, stage=args.stage))
     if args.json:
-        emit_json({"estimates": [e.to_json() for e in results]})
+        emit_json(
+            {
+                "layout": layout_of(cfg, results[0]),
+                "assumptions": cfg.assumptions,
+                "estimates": [e.to_json() for e in results],
+            }
+        )
         return 0
     unit, scale = byte_unit([e.total_bytes for e in results])
     print(
@@ -399,7 +478,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             ],
         )
     )
-    print("\nper rank (first pipeline stage); bytes per module and layer: --json")
+    print()
+    print_layout(cfg, results[0])
+    print("bytes per module and layer, every stage's total: --json")
     return 0
 
 
@@ -408,6 +489,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
+    if args.engine == "megatron":
+        return measure_with_megatron(cfg, args)
     if not args.fake and args.model and not get_preset(args.model).runnable:
         raise ConfigError(
             f"preset {args.model!r} is shape-only; measure it with --fake (meta device, nothing "
@@ -422,8 +505,19 @@ def cmd_measure(args: argparse.Namespace) -> int:
             results.append(measure_fake(candidate, args.dtype))
         else:
             results.append(measure(candidate, args.device, args.dtype or "fp32", args.seed))
+    p = cfg.parallel
+    whole = (
+        "the kit's reference layers on one device: the whole model, no TP/PP/CP/EP split "
+        "(per rank: --engine megatron, or estimate)"
+    )
+    parallel = max(
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        p.expert_model_parallel_size,
+    )
     if args.json:
-        emit_json({"measurements": [r.to_json() for r in results]})
+        emit_json({"engine": "kit", "note": whole, "measurements": [r.to_json() for r in results]})
         return 0
     unit, scale = byte_unit([r.peak_activation_bytes for r in results])
     print(
@@ -447,6 +541,66 @@ def cmd_measure(args: argparse.Namespace) -> int:
             ],
         )
     )
+    if parallel > 1:
+        print(f"\nnote: {whole}")
+    return 0
+
+
+def measure_with_megatron(cfg: Config, args: argparse.Namespace) -> int:
+    """`measure --engine megatron`: real Megatron-Core, per rank."""
+    from .engines import megatron
+
+    if not megatron.available():
+        raise ConfigError(
+            "megatron-core is not installed: pip install megatron-core==0.16.1 (make setup)"
+        )
+    dtype = args.dtype or ("bf16" if cfg.model.bf16 else "fp32")
+    rows = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        print(f"measuring {spec} with Megatron-Core ...", file=sys.stderr)
+        if args.fake:
+            ranks = [megatron.measure_one_rank(candidate, dtype, args.stage or 0)]
+        else:
+            ranks = megatron.measure(candidate, dtype, args.seed)
+        rows += [(spec, r) for r in ranks]
+    if args.json:
+        emit_json(
+            {
+                "engine": "megatron-core",
+                "layout": layout_of(cfg),
+                "assumptions": cfg.assumptions,
+                "measurements": [{"recompute": spec, **r.to_json()} for spec, r in rows],
+            }
+        )
+        return 0
+    unit, scale = byte_unit([max(r.saved_per_layer, default=0) for _, r in rows])
+    print(
+        format_table(
+            ["recompute", "rank", "stage", "layers", f"act/layer ({unit})", "parameters"],
+            [
+                (
+                    spec,
+                    r.rank,
+                    r.pp_rank,
+                    f"{r.layer_numbers[0]}-{r.layer_numbers[-1]}" if r.layer_numbers else "-",
+                    in_unit(sum(r.saved_per_layer) / len(r.saved_per_layer), scale)
+                    if r.saved_per_layer
+                    else "not run",
+                    f"{r.parameters:,}",
+                )
+                for spec, r in rows
+            ],
+        )
+    )
+    print()
+    print_layout(cfg)
+    if any(not r.saved_per_layer for _, r in rows):
+        print(
+            "not run: MoE layers on the meta device (dispatch needs routing values) and MLA "
+            "(the local spec's attention cannot run it): parameters only"
+        )
     return 0
 
 
@@ -456,15 +610,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     try:
-        result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format)
+        result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format, args.stage)
     except ConfigError as exc:
         if args.json:  # a document even when nothing fits: scripts read stdout
-            emit_json({"fits": False, "error": str(exc), "best": None, "candidates": []})
+            emit_json(
+                {
+                    "fits": False,
+                    "error": str(exc),
+                    "best": None,
+                    "candidates": [],
+                    "layout": layout_of(cfg),
+                    "assumptions": cfg.assumptions,
+                }
+            )
         raise
     if args.json:
         emit_json(
             {
                 "fits": True,
+                "layout": layout_of(cfg, result.best.estimate),
+                "assumptions": cfg.assumptions,
                 "budget_bytes": result.budget_bytes,
                 "usable_bytes": result.usable_bytes,
                 "candidates": [c.to_json() for c in result.candidates],
@@ -502,6 +667,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     hidden = len(result.candidates) - len(shown)
     if hidden:
         print(f"({hidden} more candidates: --top N or --json)")
+    print()
+    print_layout(cfg, result.best.estimate)
     print(f"\n{result.explanation}\n\n{result.rendered}", end="")
     return 0
 
@@ -690,6 +857,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--fake",
         action="store_true",
         help="shape-only run on the meta device: any model size, nothing allocated",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["kit", "megatron"],
+        default="kit",
+        help="kit: the reference layers on one device (the whole model); megatron: real "
+        "Megatron-Core per rank (gloo processes on a CPU; with --fake one rank of N on the "
+        "meta device)",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"])

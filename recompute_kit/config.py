@@ -445,6 +445,9 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 "recompute method is not yet supported for selective recomputing granularity"
             )
 
+    if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
+        raise ConfigError("Bias in Moe is only supported when ETP==1")
+
     # Not a Megatron rule, but the layers must be able to run the config.
     _check_shapes(m)
     if g == "full" and r.recompute_num_layers is not None and r.recompute_num_layers < 1:

@@ -73,6 +73,7 @@ def plan(
     gpu_memory_gb: float,
     safety_margin: float = 0.1,
     fmt: str = "megatron-bridge",
+    stage: int | None = None,
 ) -> Plan:
     """Estimate every candidate, mark what fits, pick the cheapest. Raises ConfigError (one
     line) when the budget is impossible or nothing fits, saying by how much."""
@@ -95,7 +96,7 @@ def plan(
             candidate.validate()
         except ConfigError:
             continue  # e.g. modules the model does not have
-        est = estimate(candidate)
+        est = estimate(candidate, stage=stage)
         found.append(Candidate(est, candidate.recompute, est.total_bytes <= usable, offload))
     fitting = sorted(
         (c for c in found if c.fits),

@@ -40,7 +40,7 @@ def available() -> bool:
     return True
 
 
-class EngineError(RuntimeError):
+class EngineError(ConfigError):
     """Megatron-Core refused or failed on a config (the message is one line)."""
 
 
