@@ -125,6 +125,12 @@ def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
     return True
 
 
+def _rows_aligned(tokens: Tensor, weight: Tensor) -> bool:
+    """torch._grouped_mm needs every row stride to be a multiple of 16 bytes."""
+    size = tokens.element_size()
+    return all(dim * size % 16 == 0 for dim in (tokens.shape[-1], weight.shape[-1]))
+
+
 _warned_loop: set[tuple[str, torch.dtype]] = set()
 
 
@@ -132,7 +138,8 @@ def _say_loop_fallback(device_type: str, dtype: torch.dtype) -> None:
     if (device_type, dtype) not in _warned_loop:
         _warned_loop.add((device_type, dtype))
         warnings.warn(
-            f"torch._grouped_mm is not available for {dtype} on {device_type}: MoE experts run "
+            f"torch._grouped_mm is not available for {dtype} on {device_type} (or rows not "
+            "16-byte aligned): MoE experts run "
             "as a per-expert loop, which syncs with the host once per grouped matmul",
             stacklevel=3,
         )
@@ -227,7 +234,9 @@ def grouped_matmul(tokens: Tensor, weight: Tensor, offsets: Tensor, grouped: boo
     if (
         grouped
         and not torch.compiler.is_compiling()
-        and not grouped_mm_supported(tokens.device.type, tokens.dtype)
+        and not (
+            grouped_mm_supported(tokens.device.type, tokens.dtype) and _rows_aligned(tokens, weight)
+        )
     ):
         _say_loop_fallback(tokens.device.type, tokens.dtype)
         grouped = False
