@@ -3,16 +3,21 @@
 * the grouped kernel and the per-expert loop give bitwise equal outputs and gradients (fp32,
   empty experts included), and the weight gradient accumulated into an existing .grad buffer
   equals the one autograd returns;
-* torch.compile(fullgraph=True) of an MoE layer's forward and backward in bf16 succeeds (a graph
-  break, e.g. from .tolist() or a data-dependent shape, is an error under fullgraph: the CPU proof
-  that nothing waits for the host) and matches eager bitwise.
+* nothing in an MoE layer's forward or backward (with every MoE recompute unit) calls an op that
+  makes a CUDA device wait for the host: .item()/.tolist() (aten._local_scalar_dense), nonzero,
+  boolean indexing, bincount and the other data-dependent output sizes (a dispatch-mode spy);
+* torch.compile(fullgraph=True) of an MoE layer's forward and backward in bf16 succeeds and
+  matches eager bitwise. (On torch 2.13 fullgraph alone is no sync proof: dynamo traces .tolist()
+  and bincount into unbacked sizes without a graph break, hence the spy.)
 """
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recompute_kit.checkpoint import RecomputePolicy
 from recompute_kit.config import parse_spec
+from recompute_kit.layers import GPTModel
 from recompute_kit.layers.moe import MoELayer, expert_offsets, grouped_matmul
 from recompute_kit.presets import get_preset
 
@@ -86,3 +91,57 @@ def test_fullgraph_compile_of_moe_forward_and_backward_matches_eager_in_bf16():
     assert len(grads) == len(eager_grads)
     for got, expected in zip(grads, eager_grads, strict=True):
         assert torch.equal(got, expected)
+
+
+# Ops whose output size or value the host must read back from the device.
+HOST_SYNC_OPS = {
+    "aten._local_scalar_dense",  # .item(), .tolist(), int(t)
+    "aten.nonzero",
+    "aten.masked_select",
+    "aten.bincount",
+    "aten._unique2",
+    "aten.unique_consecutive",
+    "aten.unique_dim",
+    "aten.repeat_interleave.Tensor",
+}
+
+
+class _HostSyncSpy(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket) if func.overloadpacket else str(func)
+        if name in HOST_SYNC_OPS or str(func) in HOST_SYNC_OPS:
+            self.calls.append(str(func))
+        if func.overloadpacket.__name__ == "index" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
+        ):
+            self.calls.append("boolean indexing")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("spec", ["none", "selective:moe", "selective:moe_act,shared_experts"])
+def test_moe_forward_and_backward_never_sync_with_the_host(spec, monkeypatch):
+    cfg = get_preset("tiny-moe").config().replace(moe_layer_freq=1, num_layers=1)
+    torch.manual_seed(0)
+    model = GPTModel(cfg.with_recompute(spec))
+    moe = model.decoder.layers[0].mlp
+    x = torch.randn(2, cfg.model.seq_length, cfg.model.hidden_size, requires_grad=True)
+    # On CPU .tolist()/.item() read memory without dispatching an op: count the calls too.
+    reads = []
+    for method in ("tolist", "item"):
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(
+            torch.Tensor, method, lambda t, *a, _o=original, _m=method: reads.append(_m) or _o(t)
+        )
+    with _HostSyncSpy() as spy:
+        moe(x).sum().backward()
+    monkeypatch.undo()
+    assert spy.calls == [] and reads == []
+    # the spy sees what it must: the old dispatch's bincount and an .item()
+    with _HostSyncSpy() as spy:
+        torch.bincount(torch.tensor([0, 2]), minlength=3)
+        torch.tensor([1]).sum().item()
+    assert spy.calls == ["aten.bincount.default", "aten._local_scalar_dense.default"]
