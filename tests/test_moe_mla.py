@@ -163,7 +163,6 @@ def test_top_k_expansion_scales_the_moe_act_saving():
 # ---- exactness at the scaled sizes where a difference was once reported -----------------------
 
 
-@pytest.mark.slow
 def test_scaled_mla_is_bitwise_exact():
     # Issue 13 saw `selective` off by 9.3e-10 at these sizes (not reproduced on the pinned CPU
     # build: see benchmarks/RESULTS.md); the tiny presets would hide a size-dependent kernel path.
