@@ -21,6 +21,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import register_flop_formula
 
 from ..checkpoint import RecomputePolicy
 from ..config import ModelConfig
@@ -109,20 +111,34 @@ def expert_offsets(expert_of_pick: Tensor, num_experts: int) -> Tensor:
 @functools.cache
 def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
     """Whether this build runs torch._grouped_mm for `dtype` on `device_type` (probed once on
-    a tiny problem). Meta tensors never need it: their results are shapes only."""
+    a tiny problem, unseen by FLOP counters and memory trackers). Meta tensors never need it:
+    their results are shapes only."""
     if device_type == "meta":
         return True
     if not hasattr(torch, "_grouped_mm"):
         return False
     try:
-        a = torch.ones(8, 8, dtype=dtype, device=device_type)
-        b = torch.ones(2, 8, 8, dtype=dtype, device=device_type)
-        offs = torch.tensor([3, 8], dtype=torch.int32, device=device_type)
-        torch._grouped_mm(a, b, offs=offs)
-        torch._grouped_mm(a.t(), a, offs=offs)  # the weight-gradient form
+        with _disable_current_modes():
+            a = torch.ones(8, 8, dtype=dtype, device=device_type)
+            b = torch.ones(2, 8, 8, dtype=dtype, device=device_type)
+            offs = torch.tensor([3, 8], dtype=torch.int32, device=device_type)
+            torch._grouped_mm(a, b, offs=offs)
+            torch._grouped_mm(a.t(), a, offs=offs)  # the weight-gradient form
     except (RuntimeError, NotImplementedError):
         return False
     return True
+
+
+@register_flop_formula(torch.ops.aten._grouped_mm)
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of torch._grouped_mm for torch.utils.flop_counter (it has no formula of its own):
+    [M, K] x [E, K, N] is 2·M·K·N (each row meets one expert); [K, M] x [M, N] -> [E, K, N]
+    (the weight gradient) is 2·K·M·N."""
+    if len(b_shape) == 3:
+        (m, k), n = a_shape, b_shape[-1]
+        return 2 * m * k * n
+    (k, m), n = a_shape, b_shape[-1]
+    return 2 * k * m * n
 
 
 def _rows_aligned(tokens: Tensor, weight: Tensor) -> bool:
@@ -191,7 +207,8 @@ def _accumulate_weight_grad(
         return
     for e, (start, end) in enumerate(_expert_slices(offsets)):
         if end > start:
-            main_grad[e].addmm_(tokens[start:end].t(), grad[start:end])
+            # (addmm with out=, not addmm_: FLOP counters know the out-of-place op)
+            torch.addmm(main_grad[e], tokens[start:end].t(), grad[start:end], out=main_grad[e])
 
 
 class _GroupedMatmul(torch.autograd.Function):
