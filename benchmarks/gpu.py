@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -21,6 +22,7 @@ from recompute_kit.ablation import AblationSetup, run_ablation
 from recompute_kit.memory.estimate import estimate
 from recompute_kit.memory.measure import measure
 from recompute_kit.presets import get_preset
+from recompute_kit.throughput import matmul_ceiling, throughput
 
 GIB = 2**30
 
@@ -124,6 +126,38 @@ SPECS = {
 }
 
 
+# Models that fill an H100 for the MFU section: dense hidden 4096 / seq 4096 (the issue's bar),
+# and the MoE model whose single layer is timed alone. bf16, flash attention.
+MFU_MODELS = {
+    "gpt-4096": (
+        "tiny-gpt",
+        dict(
+            num_layers=4,
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_query_groups=8,
+            ffn_hidden_size=14336,
+            seq_length=4096,
+            micro_batch_size=1,
+            vocab_size=32000,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            swiglu=True,
+            normalization="RMSNorm",
+            attention_backend="flash",
+            bf16=True,
+        ),
+    ),
+    "moe-scaled": SCALED["moe-scaled"],
+    "mla-scaled": SCALED["mla-scaled"],
+}
+MFU_SPECS = {
+    "gpt-4096": ["none", "selective", "selective:mlp", "full:uniform:1"],
+    "moe-scaled": SPECS["moe-scaled"],
+    "mla-scaled": SPECS["mla-scaled"],
+}
+
+
 def config(name: str):
     preset, flat = SCALED[name]
     return get_preset(preset).config().replace(**flat)
@@ -197,6 +231,122 @@ def timing_section(out: Path) -> list[dict]:
                 }
             )
     return rows
+
+
+def interleaved_step_times(cfg, specs, rounds: int, device: str, dtype: torch.dtype):
+    """Step time per recompute spec on ONE model (same weights), in round-robin rounds: each
+    round runs every spec once (order alternating), after a warm-up step per spec."""
+    from recompute_kit.config import parse_spec
+    from recompute_kit.layers import GPTModel
+    from recompute_kit.memory.measure import make_batch
+
+    torch.manual_seed(0)
+    model = GPTModel(cfg.with_recompute("none")).to(device, dtype).train()
+    tokens, labels = make_batch(cfg, torch.device(device), 0)
+
+    def step(spec: str) -> float:
+        model.set_recompute(parse_spec(spec))
+        model.zero_grad(set_to_none=False)
+        _sync(device)
+        start = time.perf_counter()
+        model(tokens, labels).backward()
+        _sync(device)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {spec: [] for spec in specs}
+    for spec in specs:
+        step(spec)
+    for r in range(rounds):
+        for spec in specs if r % 2 == 0 else specs[::-1]:
+            times[spec].append(step(spec))
+    return times
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def moe_layer_time(cfg, rounds: int, device: str, dtype: torch.dtype) -> list[float]:
+    """fwd+bwd of one MoE layer (router, grouped experts, shared expert) alone."""
+    from recompute_kit.checkpoint import RecomputePolicy
+    from recompute_kit.config import parse_spec
+    from recompute_kit.layers.moe import MoELayer
+
+    m = cfg.model
+    torch.manual_seed(0)
+    layer = MoELayer(m, RecomputePolicy(parse_spec("none"))).to(device, dtype).train()
+    x = torch.randn(m.micro_batch_size, m.seq_length, m.hidden_size, device=device, dtype=dtype)
+    x.requires_grad_()
+    times = []
+    for r in range(rounds + 2):
+        _sync(device)
+        start = time.perf_counter()
+        layer(x).backward(torch.ones_like(x))
+        _sync(device)
+        if r >= 2:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def mfu_section(
+    rounds: int = 7, device: str = "cuda", models=None, ceiling_size: int = 8192
+) -> dict:
+    """MFU per model and recompute spec against a measured bf16 matmul ceiling, and each
+    spec's step-time overhead against the FLOP model's prediction, with the spread over rounds
+    (per-round ratio to that round's `none`)."""
+    from recompute_kit.memory.flops import layer_forward_flops
+
+    dtype = torch.bfloat16
+    ceiling = matmul_ceiling(device, dtype, ceiling_size)
+    print(f"matmul ceiling {ceiling:.1f} TFLOP/s", flush=True)
+    rows = []
+    for name, (preset, flat) in (models or MFU_MODELS).items():
+        cfg = get_preset(preset).config().replace(**flat)
+        specs = MFU_SPECS.get(name, ["none", "full:uniform:1"])
+        times = interleaved_step_times(cfg, specs, rounds, device, dtype)
+        for spec in specs:
+            median = statistics.median(times[spec])
+            ratios = [t / n - 1 for t, n in zip(times[spec], times["none"], strict=True)]
+            tp = throughput(cfg.with_recompute(spec), median, ceiling)
+            rows.append(
+                {
+                    "model": name,
+                    "recompute": spec,
+                    "step_time_s": median,
+                    "model_tflops": tp.model_tflops,
+                    "hardware_tflops": tp.hardware_tflops,
+                    "mfu": tp.mfu,
+                    "overhead_median": statistics.median(ratios),
+                    "overhead_min": min(ratios),
+                    "overhead_max": max(ratios),
+                    "overhead_predicted": tp.predicted_overhead,
+                }
+            )
+            r = rows[-1]
+            print(
+                f"{name:12s} {spec:36s} {1e3 * median:8.1f} ms MFU {tp.mfu:6.1%} overhead "
+                f"{r['overhead_median']:+.1%} [{r['overhead_min']:+.1%}, "
+                f"{r['overhead_max']:+.1%}] predicted {tp.predicted_overhead:+.1%}",
+                flush=True,
+            )
+        if cfg.model.num_moe_experts:
+            layer_times = moe_layer_time(cfg, rounds, device, dtype)
+            ffn = layer_forward_flops(cfg.model, moe_layer=True)
+            flops = 3 * sum(ffn.get(k, 0.0) for k in ("router", "experts", "shared_experts"))
+            median = statistics.median(layer_times)
+            rows.append(
+                {
+                    "model": name,
+                    "recompute": "moe layer fwd+bwd",
+                    "step_time_s": median,
+                    "model_tflops": flops / median / 1e12,
+                    "mfu": flops / median / 1e12 / ceiling,
+                    "spread_s": [min(layer_times), max(layer_times)],
+                }
+            )
+            print(f"{name:12s} MoE layer fwd+bwd MFU {rows[-1]['mfu']:.1%}", flush=True)
+    return {"ceiling_tflops": ceiling, "rounds": rounds, "rows": rows}
 
 
 def oom_section(out: Path) -> list[dict]:
@@ -302,6 +452,28 @@ def markdown(results: dict) -> str:
             peak = f"{r['peak_memory_bytes'] / GIB:.2f}" if r["peak_memory_bytes"] else "-"
             vs = f"{r['vs_golden']:+.1%}" if r.get("vs_golden") is not None else "-"
             lines.append(f"| {r['recompute']} | {r['result']} | {peak} | {vs} |")
+    if results.get("mfu"):
+        mfu = results["mfu"]
+        lines += [
+            "",
+            f"### MFU and overhead vs the FLOP model (bf16; matmul ceiling "
+            f"{mfu['ceiling_tflops']:.1f} TFLOP/s measured; {mfu['rounds']} interleaved rounds)",
+            "",
+            "| model | recompute | step (ms) | model TFLOP/s | MFU | overhead median [min, max] "
+            "| predicted (FLOPs) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in mfu["rows"]:
+            over = (
+                f"{r['overhead_median']:+.1%} [{r['overhead_min']:+.1%}, {r['overhead_max']:+.1%}]"
+                if "overhead_median" in r
+                else "-"
+            )
+            pred = f"{r['overhead_predicted']:+.1%}" if "overhead_predicted" in r else "-"
+            lines.append(
+                f"| {r['model']} | {r['recompute']} | {1e3 * r['step_time_s']:.1f} "
+                f"| {r['model_tflops']:.1f} | {r['mfu']:.1%} | {over} | {pred} |"
+            )
     for key in ("errors",):
         for err in results.get(key, []):
             lines += ["", f"error in {err['section']}: `{err['error']}`"]
@@ -312,7 +484,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, help="gpu_results.json and gpu_results.md")
     parser.add_argument("--work", default="/tmp/recompute-kit-gpu", help="ablation folders")
-    parser.add_argument("--sections", default="memory,timing,oom", help="which to run")
+    parser.add_argument("--sections", default="memory,timing,oom,mfu", help="which to run")
     args = parser.parse_args()
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +500,7 @@ def main() -> None:
         ("memory", memory_section),
         ("timing", lambda: timing_section(work)),
         ("oom", lambda: oom_section(work)),
+        ("mfu", mfu_section),
     ):
         if section not in args.sections.split(","):
             continue

