@@ -45,6 +45,7 @@ from .memory.measure import (
     resolve_dtype,
     track_saved_tensors,
 )
+from .throughput import matmul_ceiling
 from .units import byte_unit, in_unit, integer_bytes
 
 GIB = 2**30
@@ -320,24 +321,6 @@ def run_interleaved(setup: AblationSetup, specs: list[str]) -> list[AblationRow]
     return [run.finish() for run in runs]
 
 
-def matmul_ceiling_tflops(device_name: str, dtype_name: str, size: int = 2048) -> float:
-    """The device's achievable dense matmul rate: the best of a few large GEMMs (once per
-    sweep), the denominator of MFU."""
-    device, dtype = resolve_device(device_name), resolve_dtype(dtype_name)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    best = math.inf
-    for _ in range(4):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size**3 / best / 1e12
-
-
 def run_config_isolated(setup: AblationSetup, spec: str) -> AblationRow:
     """`run_config` in a fresh Python process. On CUDA a caught OOM can leave memory held in
     the process (the failed step's tensors), which would fail every later config; a process
@@ -592,7 +575,11 @@ def run_ablation(
         say(f"{len(todo)} configs, {setup.steps} interleaved rounds ...")
         start = time.perf_counter()
         with memory_cap(setup), cpu_threads(setup):
-            info["matmul_tflops"] = matmul_ceiling_tflops(setup.device, setup.dtype)
+            # The denominator of MFU, measured once per sweep (a 2048^2 GEMM keeps it short
+            # on a CPU).
+            info["matmul_tflops"] = matmul_ceiling(
+                resolve_device(setup.device), resolve_dtype(setup.dtype), size=2048, repeats=4
+            )
             for row in run_interleaved(setup, todo):
                 if row.tflops_per_gpu:
                     row.mfu = row.tflops_per_gpu / info["matmul_tflops"]

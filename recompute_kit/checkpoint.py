@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .config import RecomputeConfig
+from .config import RecomputeConfig, full_recompute_chunks
 
 # --------------------------------------------------------------------------------------------
 # RNG capture and replay
@@ -413,20 +413,6 @@ class RecomputePolicy:
     def full_recompute_chunks(
         self, num_layers: int, training: bool = True
     ) -> list[tuple[int, int, bool]]:
-        """Split layers [0, num_layers) into (start, end, checkpointed) runs.
-
-        uniform, N: chunks of N layers, each one checkpoint (the last chunk is clamped).
-        block, N:   the first N layers checkpointed one by one, the rest run normally.
-        """
-        rc = self.config
-        if not (training and torch.is_grad_enabled() and rc.recompute_granularity == "full"):
-            return [(0, num_layers, False)]
-        n = rc.recompute_num_layers or 1
-        if rc.recompute_method == "uniform":
-            return [(i, min(i + n, num_layers), True) for i in range(0, num_layers, n)]
-        if rc.recompute_method == "block":
-            chunks = [(i, i + 1, True) for i in range(min(n, num_layers))]
-            if n < num_layers:
-                chunks.append((n, num_layers, False))
-            return chunks
-        raise ValueError("Invalid activation recompute method.")
+        """Split layers [0, num_layers) into (start, end, checkpointed) runs (see
+        `config.full_recompute_chunks`); nothing is checkpointed without autograd."""
+        return full_recompute_chunks(self.config, num_layers, training and torch.is_grad_enabled())

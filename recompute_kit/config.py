@@ -874,9 +874,7 @@ def _derive_data_parallel(flat: dict[str, Any], known: dict[str, Any], notes: li
         * int(known.get("context_parallel_size") or 1)
     )
     if int(world) % model_parallel:
-        raise ConfigError(
-            f"world size {world} is not divisible by TP x PP x CP = {model_parallel}"
-        )
+        raise ConfigError(f"world size {world} is not divisible by TP x PP x CP = {model_parallel}")
     known["data_parallel_size"] = int(world) // model_parallel
     notes.append(
         f"data_parallel_size derived: world size {world} / (TP x PP x CP = {model_parallel})"
