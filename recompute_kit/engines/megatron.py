@@ -227,6 +227,18 @@ def _cpu_as_current_device(device: str = "cpu"):
 # --------------------------------------------------------------------------------------------
 
 
+def mla_kwargs(m) -> dict[str, Any]:
+    """MLATransformerConfig's latent and head sizes for a kit ModelConfig."""
+    return dict(
+        multi_latent_attention=True,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+    )
+
+
 def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
     """TransformerConfig keyword arguments for a kit config (Megatron's names and defaults)."""
     m, p, rc = config.model, config.parallel, config.recompute
@@ -287,15 +299,7 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
     if rc.recompute_granularity == "selective":
         kwargs["recompute_modules"] = rc.modules
     if m.multi_latent_attention:
-        kwargs.update(
-            multi_latent_attention=True,
-            q_lora_rank=m.q_lora_rank,
-            kv_lora_rank=m.kv_lora_rank,
-            qk_head_dim=m.qk_head_dim,
-            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-            v_head_dim=m.v_head_dim,
-            rope_type="rope",
-        )
+        kwargs.update(mla_kwargs(m), rope_type="rope")
     if m.num_moe_experts:
         kwargs.update(
             num_moe_experts=m.num_moe_experts,

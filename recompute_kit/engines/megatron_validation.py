@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
+from .megatron import mla_kwargs
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,7 @@ def transformer_config_kwargs(config: Config) -> dict[str, Any]:
         if m.moe_shared_expert_overlap:
             kwargs["moe_token_dispatcher_type"] = "alltoall"
     if m.multi_latent_attention:
-        kwargs.update(
-            multi_latent_attention=True,
-            q_lora_rank=m.q_lora_rank,
-            kv_lora_rank=m.kv_lora_rank,
-            qk_head_dim=m.qk_head_dim,
-            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-            v_head_dim=m.v_head_dim,
-        )
+        kwargs.update(mla_kwargs(m))
     return kwargs
 
 
