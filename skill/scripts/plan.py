@@ -3,7 +3,8 @@
 
 Every option after the script's own is passed to `recompute-kit plan` unchanged: the model
 (--model PRESET or --config FILE), --gpu-memory-gb X (required), --seq-length, --micro-batch-size,
---tp/--pp/--vpp/--cp/--ep/--dp, --sp, --distributed-optimizer, --attention unfused|flash|fused|auto, --stage N, --etp N, --no-sp,
+--tp/--pp/--vpp/--cp/--ep/--etp/--dp, --sp/--no-sp, --distributed-optimizer, --stage N,
+--attention unfused|flash|fused|auto,
 --dtype, --safety-margin F (default 0.1), --format megatron-bridge|megatron-lm|nemo|torchtitan.
 Prints one JSON document on stdout:
 
