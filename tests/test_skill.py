@@ -307,7 +307,7 @@ def test_quick_reference_commands_work(tmp_path):
             for c in json.loads(nb.read_text())["cells"]
             if "parameters" in c.get("metadata", {}).get("tags", [])
         )
-        known = set(re.findall(r"^(\w+) =", cell, re.MULTILINE))
+        known = set(re.findall(r"^(\w+)\s*(?::[^=\n]+)?=", cell, re.MULTILINE))  # typed too
         params = set(re.findall(r" -p (\w+)", command.split(" -m papermill ", 1)[1]))
         assert params and params <= known, (nb.name, params - known)
 
