@@ -29,6 +29,7 @@ from typing import Any
 from ..config import Config, ConfigError
 from ..memory.estimate import padded_vocab_size
 from ..memory.layout import pipeline_layout
+from .megatron_validation import transformer_config_kwargs as megatron_kwargs
 
 
 def available() -> bool:
@@ -227,21 +228,12 @@ def _cpu_as_current_device(device: str = "cpu"):
 # --------------------------------------------------------------------------------------------
 
 
-def mla_kwargs(m) -> dict[str, Any]:
-    """MLATransformerConfig's latent and head sizes for a kit ModelConfig."""
-    return dict(
-        multi_latent_attention=True,
-        q_lora_rank=m.q_lora_rank,
-        kv_lora_rank=m.kv_lora_rank,
-        qk_head_dim=m.qk_head_dim,
-        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-        v_head_dim=m.v_head_dim,
-    )
-
-
 def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
-    """TransformerConfig keyword arguments for a kit config (Megatron's names and defaults)."""
-    m, p, rc = config.model, config.parallel, config.recompute
+    """TransformerConfig keyword arguments to measure a kit config on a CPU: the same mapping
+    the validation parity uses, plus what a measurement here must set."""
+    import torch
+
+    m, rc = config.model, config.recompute
     if m.add_bias_linear and rc.selects("mlp"):
         # megatron-core 0.16.1: the mlp checkpoint returns fc2's bias through the checkpoint
         # function and backward recurses until memory runs out. Biases save nothing for
@@ -250,66 +242,25 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
             "Megatron-Core's mlp recompute with add_bias_linear=True recurses in backward; "
             "measure it with add_bias_linear=False (biases do not change saved bytes)"
         )
-    import torch
-    import torch.nn.functional as F
-
-    kwargs: dict[str, Any] = dict(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.num_query_groups,
-        kv_channels=m.kv_channels,
-        ffn_hidden_size=m.ffn_size,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        normalization=m.normalization,
-        gated_linear_unit=m.swiglu,
-        qk_layernorm=m.qk_layernorm,
-        activation_func=F.silu if m.swiglu else F.gelu,
-        add_bias_linear=m.add_bias_linear,
+    kwargs = megatron_kwargs(config)
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    kwargs.update(
         bf16=dtype == "bf16",
-        params_dtype=torch.bfloat16 if dtype == "bf16" else torch.float32,
-        pipeline_dtype=torch.bfloat16 if dtype == "bf16" else torch.float32,
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
-        num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
-        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        context_parallel_size=p.context_parallel_size,
-        expert_model_parallel_size=p.expert_model_parallel_size,
-        expert_tensor_parallel_size=p.etp,
-        sequence_parallel=p.sequence_parallel,
+        fp16=False,
+        params_dtype=torch_dtype,
+        pipeline_dtype=torch_dtype,
         use_cpu_initialization=True,
-        recompute_granularity=rc.recompute_granularity,
-        recompute_method=rc.recompute_method,
-        recompute_num_layers=rc.recompute_num_layers,
-        distribute_saved_activations=rc.distribute_saved_activations,
-        # The fused softmax is a CUDA kernel: off on a CPU (the estimator then counts the
-        # unfused softmax's fp32 copy, as Megatron keeps it). The bias-activation fusions
-        # are torch code and run here.
-        masked_softmax_fusion=False,
+        # The fused softmax is a CUDA kernel: off here (the estimator then counts the unfused
+        # softmax's fp32 copy, as Megatron keeps it). The bias-activation fusions are torch
+        # code and run here.
         bias_activation_fusion=m.bias_activation_fusion,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,  # the fused RoPE kernel is TE's
-        gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
     )
-    if rc.recompute_granularity == "selective":
-        kwargs["recompute_modules"] = rc.modules
     if m.multi_latent_attention:
-        kwargs.update(mla_kwargs(m), rope_type="rope")
+        kwargs["rope_type"] = "rope"
     if m.num_moe_experts:
         kwargs.update(
-            num_moe_experts=m.num_moe_experts,
-            moe_router_topk=m.moe_router_topk,
-            moe_ffn_hidden_size=m.moe_ffn_size,
-            moe_layer_freq=m.moe_layer_freq,
-            moe_router_score_function=m.moe_router_score_function,
-            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
-            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-            moe_grouped_gemm=False,
+            moe_grouped_gemm=False,  # grouped GEMM needs TE or the grouped_gemm package
             # allgather: the token dispatcher that runs on gloo (alltoall needs NCCL's
             # all_to_all_single with uneven splits).
             moe_token_dispatcher_type="allgather",

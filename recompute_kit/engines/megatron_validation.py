@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
-from .megatron import mla_kwargs
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,11 @@ def transformer_config_kwargs(config: Config) -> dict[str, Any]:
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        qk_layernorm=m.qk_layernorm,
+        num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
     )
     if m.num_moe_experts is not None:
         kwargs.update(
@@ -113,6 +117,18 @@ def transformer_config_kwargs(config: Config) -> dict[str, Any]:
     if m.multi_latent_attention:
         kwargs.update(mla_kwargs(m))
     return kwargs
+
+
+def mla_kwargs(m) -> dict[str, Any]:
+    """MLATransformerConfig's latent and head sizes for a kit ModelConfig."""
+    return dict(
+        multi_latent_attention=True,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+    )
 
 
 class _NeedsTransformerEngine(Exception):
