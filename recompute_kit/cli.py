@@ -261,7 +261,8 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         which = " (the stage with the highest total)" if est.stage_total_bytes else ""
         line += (
             f"; per rank of pipeline stage {est.stage}{which}: layers {est.layers[0]}-"
-            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batches in flight"
+            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batch"
+            f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
         )
     print(line)
     for note in cfg.assumptions:
