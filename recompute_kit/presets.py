@@ -198,6 +198,7 @@ _register(
             swiglu=True,
             attention_backend="unfused",
             multi_latent_attention=True,
+            qk_layernorm=True,  # the q and kv latent norms
             q_lora_rank=32,
             kv_lora_rank=24,
             qk_head_dim=16,
@@ -316,6 +317,7 @@ _register(
             position_embedding_type="rope",
             apply_rope_fusion=True,
             multi_latent_attention=True,
+            qk_layernorm=True,  # the q and kv latent norms
             q_lora_rank=1536,
             kv_lora_rank=512,
             qk_head_dim=128,
@@ -365,6 +367,7 @@ _register(
             position_embedding_type="rope",
             apply_rope_fusion=True,
             multi_latent_attention=True,
+            qk_layernorm=True,  # the q and kv latent norms
             q_lora_rank=None,
             kv_lora_rank=512,
             qk_head_dim=128,

@@ -159,19 +159,22 @@ def _patch_megatron_for_cpu() -> None:
 
         torch_norm.WrappedTorchNorm.__new__ = __new__
         torch_norm.WrappedTorchNorm._rk_patched = True
-    # 9. MLA's spec hands its core attention k_channels / v_channels, which only TE's
-    #    attention takes: the local DotProductAttention refuses them. Core attention holds no
-    #    parameters, so for counting an MLA model's parameters (meta device, no forward) the
-    #    local one is built without them; MLA is never run here (measure_rank says so).
+    # 9. MLA's spec hands its core attention k_channels / v_channels (q/k and v head sizes
+    #    differ), which only TE's attention takes. The local DotProductAttention's forward is
+    #    head-size agnostic (batched matmuls) except for its output's width, heads x
+    #    kv_channels: taking v_channels as the output head size, as TE's does, runs MLA with
+    #    the same unfused ops. The softmax scale MLA passes in is kept.
     from megatron.core.transformer import dot_product_attention as dpa
 
     if not getattr(dpa.DotProductAttention, "_rk_patched", False):
         dpa_init = dpa.DotProductAttention.__init__
 
-        def dpa_init_without_kv_channels(self, *args, k_channels=None, v_channels=None, **kw):
+        def dpa_init_with_v_channels(self, *args, k_channels=None, v_channels=None, **kw):
             dpa_init(self, *args, **kw)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
 
-        dpa.DotProductAttention.__init__ = dpa_init_without_kv_channels
+        dpa.DotProductAttention.__init__ = dpa_init_with_v_channels
         dpa.DotProductAttention._rk_patched = True
     # 10. Without TE, multi_latent_attention's TELinear is None or a mock, and it then asks
     #     isinstance(..., TELinear), a TypeError. A class nothing is an instance of gives the
@@ -206,6 +209,54 @@ def _gpu_dropout():
         yield
     finally:
         F.dropout = saved
+
+
+@contextlib.contextmanager
+def _balanced_dispatch_on_meta():
+    """11. On the meta device tensors have shapes but no values, and the allgather token
+    dispatcher's permutation depends on the routing's values: how many tokens each local
+    expert gets (`local_map.sum(0).cpu()`) and which (`masked_select`). With balanced routing,
+    the routing the estimator assumes and the gloo runs force, each expert gets
+    tokens x top-k / experts of the gathered tokens. This runs the dispatcher's
+    `dispatch_postprocess` (megatron-core 0.16.1, unfused permute) line by line with those
+    counts: the same ops on the same shapes, so autograd keeps the same tensors (the
+    masked_select stand-in keeps what the real op keeps: the mask, then its input)."""
+    import torch
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+    class MaskedSelect(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, mask, count):
+            ctx.save_for_backward(mask, input)
+            return input.new_empty(count)
+
+        @staticmethod
+        def backward(ctx, grad):  # never called: meta runs stop after the forward
+            raise NotImplementedError
+
+    def dispatch_postprocess(self, hidden_states, probs):
+        self.hidden_shape_before_permute = hidden_states.shape
+        first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
+        self.local_map = self.routing_map[:, first:last].contiguous()
+        self.local_probs = probs[:, first:last].contiguous()
+        per_expert = hidden_states.shape[0] * self.router_topk // self.config.num_moe_experts
+        tokens_per_expert = torch.full((last - first,), per_expert, device="cpu")
+        picked = per_expert * (last - first)
+        # permute(): the token ids the transposed map selects, then the gather of those rows
+        sorted_indices = torch.empty(picked, dtype=torch.long, device=hidden_states.device)
+        permuted = hidden_states.index_select(0, sorted_indices)
+        self.reversed_local_input_permutation_mapping = sorted_indices
+        mask = self.local_map.T.contiguous()
+        self.local_probs = MaskedSelect.apply(self.local_probs.T.contiguous(), mask, picked)
+        self.routing_map = None
+        return permuted, tokens_per_expert.long(), self.local_probs
+
+    saved = MoEAllGatherTokenDispatcher.dispatch_postprocess
+    MoEAllGatherTokenDispatcher.dispatch_postprocess = dispatch_postprocess
+    try:
+        yield
+    finally:
+        MoEAllGatherTokenDispatcher.dispatch_postprocess = saved
 
 
 @contextlib.contextmanager
@@ -326,9 +377,9 @@ def measure_rank(
     """Measure this rank of `config`'s layout (the process group must be initialised).
 
     device="cpu" runs a real forward and backward; "meta" builds and runs shapes only (a
-    full-size rank without allocating). Only parameters are counted (no layer is measured) for
-    MLA models (the local spec's attention cannot run MLA; TE's can) and, on the meta device,
-    for MoE models (their token dispatch depends on the routing's values)."""
+    full-size rank without allocating; MoE layers there route every expert the same number of
+    tokens). Only parameters are counted (no layer is measured) for MLA models: the local
+    spec's attention cannot run MLA (TE's can)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -356,6 +407,7 @@ def measure_rank(
         torch.manual_seed(seed)
         if device == "meta":
             stack.enter_context(torch.device("meta"))
+            stack.enter_context(_balanced_dispatch_on_meta())
         stage = ps.get_pipeline_model_parallel_rank()
         chunks = pipeline_layout(m, p)[stage]
         vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
@@ -366,8 +418,7 @@ def measure_rank(
         for model in models:
             for name, prm in model.named_parameters():
                 params["expert" if ".experts." in name else "dense"] += prm.numel()
-        # MLA runs only with TE's attention; MoE token dispatch needs real routing values.
-        runnable = not m.multi_latent_attention and (device != "meta" or not m.num_moe_experts)
+        runnable = True
         if runnable and m.attention_backend != "unfused":
             raise ConfigError(
                 "the Megatron-Core reference runs the local layer spec (unfused attention) "

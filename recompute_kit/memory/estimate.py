@@ -210,15 +210,19 @@ def layer_activation_bytes(
         v_bytes = B * x.tokens * a * dv / t
         k_stored, v_stored = k_bytes, v_bytes
         roles["qkv"] = norm_out  # the down projections' input
-        kv_down = B * x.tokens * (m.kv_lora_rank + m.qk_pos_emb_head_dim)
-        q_down = B * x.tokens * m.q_lora_rank if m.q_lora_rank else 0.0
-        # The latents stay either way; the latent norms' outputs and statistics only without
-        # mla_up_proj recompute.
-        up = q_down + kv_down
-        if not sel("mla_up_proj"):
-            up += B * x.tokens * ((m.q_lora_rank or 0) + m.kv_lora_rank)
-            up += (2 if m.q_lora_rank else 1) * _norm_stats(m, x.tokens)
-        roles["mla_up_proj"] = up
+        if megatron and m.transformer_impl == "local":
+            roles["mla_up_proj"] = _megatron_local_mla_latents(m, x, sel("mla_up_proj"))
+        else:
+            kv_down = B * x.tokens * (m.kv_lora_rank + m.qk_pos_emb_head_dim)
+            q_down = B * x.tokens * m.q_lora_rank if m.q_lora_rank else 0.0
+            # The latents stay either way; the latent norms' outputs and statistics only
+            # without mla_up_proj recompute (Megatron has the norms with qk_layernorm, fused
+            # into the up projections by TE; the reference layers always).
+            up = q_down + kv_down
+            if (m.qk_layernorm or not megatron) and not sel("mla_up_proj"):
+                up += B * x.tokens * ((m.q_lora_rank or 0) + m.kv_lora_rank)
+                up += (2 if m.q_lora_rank else 1) * _norm_stats(m, x.tokens)
+            roles["mla_up_proj"] = up
         expanded_gone = sel("mla_up_proj")  # q, k, v storage discarded after core attention
         heads_out = a * dv
     else:
@@ -268,6 +272,8 @@ def layer_activation_bytes(
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
         lse = STAT_BYTES * x.b * (a / t) * x.s
         core = qkv_kept + B * x.tokens * heads_out / t + lse + (16 if attn_dropout else 0)
+    if sel("core_attn") and megatron:
+        core += 4  # the checkpoint's inputs include the mask type, as an int32 tensor
     roles["core_attn"] = core
     roles["proj"] = B * x.tokens * heads_out / t
     roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0
@@ -287,6 +293,45 @@ def layer_activation_bytes(
     else:
         roles.update(_moe_layer_bytes(m, x, norm_out, sel, training))
     return roles
+
+
+def _megatron_local_mla_latents(m: ModelConfig, x: _Shape, up_recompute: bool) -> float:
+    """What Megatron-Core's MLA (local spec, megatron-core 0.16.1, measured per tensor) keeps
+    between the down projections and core attention: the latents the up projections read,
+    the latent norms (with qk_layernorm) and RoPE's tables.
+
+    Storages: the q latent [T, q_lora] and the kv down projection's [T, kv_lora + rope], over
+    the full sequence (with TP the down projections' outputs are gathered whole; SP then
+    takes this rank's rows as views, and copies the kv latent out). A view keeps its whole
+    storage: the q latent the up projection reads, the kv latent without SP's copy, the
+    input of an fp32 norm (its "fp32 copy" is the input itself), the rope part of k under
+    mla_up_proj. torch's norm keeps its fp32 input copy, its fp32 normalized output and
+    statistics; the up projection keeps the norm's output. Under mla_up_proj the norms still
+    run outside the checkpoint, which keeps its inputs and the fp32 rotary angles; without it
+    the unfused rope multiplications keep cos and sin for q and for k (what the fused kernel
+    keeps is not measured here: the angles are assumed)."""
+    B, T, T_local = x.B, x.tokens, x.tokens / x.sp
+    q_w, kv_w, rope = m.q_lora_rank or 0, m.kv_lora_rank, m.qk_pos_emb_head_dim
+    fp32 = B == STAT_BYTES
+    kv_copied = x.t > 1 and x.sp > 1  # SP's scatter copies the kv latent out of its storage
+    latent_saved = not m.qk_layernorm or fp32  # by the up projection, or as an fp32 norm's input
+    out = 0.0
+    if up_recompute or (latent_saved and not kv_copied):
+        out += B * T * (kv_w + rope)  # the kv down projection's whole output
+    if latent_saved and kv_copied:
+        out += B * T_local * kv_w
+    if not m.qk_layernorm:
+        out += B * T * q_w
+    else:
+        # each norm: its fp32 input copy (fp32: the input, already counted for kv), its fp32
+        # normalized output, statistics, and its output in the activation dtype
+        if q_w:
+            out += B * T * q_w if fp32 else STAT_BYTES * T_local * q_w
+            out += STAT_BYTES * T_local * q_w + _norm_stats(m, T_local) + B * T_local * q_w
+        out += 0.0 if fp32 else STAT_BYTES * T_local * kv_w
+        out += STAT_BYTES * T_local * kv_w + _norm_stats(m, T_local) + B * T_local * kv_w
+    angles_only = up_recompute or m.apply_rope_fusion
+    return out + (STAT_BYTES * x.s * rope if angles_only else 4 * B * x.s * rope)
 
 
 def _moe_layer_bytes(m: ModelConfig, x: _Shape, norm_out: float, sel, training: bool) -> dict:
@@ -346,19 +391,25 @@ def _megatron_moe_layer_bytes(
     if sel("moe"):  # one checkpoint of the whole MoE layer keeps its input
         return {"mlp": norm_out, "router": 0.0, "experts": 0.0, "moe_act": 0.0}
     sigmoid = m.moe_router_score_function == "sigmoid"
-    router = INDEX_BYTES * T * k + STAT_BYTES * T * k  # top-k ids, their probabilities
-    if sigmoid:
-        router += STAT_BYTES * (T * E + T)  # the sigmoid scores, their sum over the top-k
+    router = INDEX_BYTES * T * k  # the top-k ids
+    if sigmoid:  # fp32 sigmoid scores; the top-k scores and their sum in the activation dtype
+        router += STAT_BYTES * T * E + B * (T * k + T)
+    else:  # the fp32 top-k probabilities
+        router += STAT_BYTES * T * k
     if training and m.moe_aux_loss_coeff > 0:
-        # The aux loss's scores over all experts, its top-k map and counts, the loss scalar.
-        router += STAT_BYTES * (T * E + (T if sigmoid else 0)) + INDEX_BYTES * (T * k + E) + 4
+        # The aux loss's scores over all experts (fp32 softmax; sigmoid scores and their sum
+        # in the activation dtype), its top-k map and counts, the loss scalar.
+        scores = B * (T * E + T) + B if sigmoid else STAT_BYTES * T * E + 4
+        router += scores + INDEX_BYTES * (T * k + E)
     gathered = T * etp * ep
     picks = T * etp * k
+    local_experts = E / ep
     f_e = m.moe_ffn_size / etp
     roles = {
         "router": router,
-        # dispatch: the permutation of the gathered token copies, routing map, probabilities
-        "mlp": norm_out + INDEX_BYTES * gathered * k + (MASK_BYTES + B) * E * gathered,
+        # dispatch: the ids of the picked token copies; the local experts' columns of the
+        # gathered routing map and probabilities
+        "mlp": norm_out + INDEX_BYTES * picks + (MASK_BYTES + B) * local_experts * gathered,
         "experts": B * picks * x.h + B * picks,  # the permuted token copies; their probs
     }
     if sel("moe_act"):
@@ -723,11 +774,10 @@ def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
 
     if m.multi_latent_attention:
         # TE's spec replicates the down projections (TELinear, "duplicated") and fuses the
-        # latent norms into the up projections; the local spec shards the down projections
-        # like any column-parallel linear and has no latent norms.
-        local = m.transformer_impl == "local"
-        down = t if local else 1
-        latent_norm = 0 if local else 1
+        # latent norms (qk_layernorm) into the up projections; the local spec shards the down
+        # projections like any column-parallel linear and builds the norms on their own.
+        down = t if m.transformer_impl == "local" else 1
+        latent_norm = (2 if m.normalization == "LayerNorm" else 1) if m.qk_layernorm else 0
         dq, dv = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
         attention = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h / down
         attention += latent_norm * m.kv_lora_rank
