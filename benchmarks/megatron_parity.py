@@ -20,41 +20,42 @@ warnings.filterwarnings("ignore")
 
 
 def full_size() -> None:
-    from test_megatron_parity import FULL_SIZE
+    from test_megatron_parity import FULL_SIZE, full_size_specs
 
     from recompute_kit.engines import megatron as engine
     from recompute_kit.memory.estimate import estimate, layer_activation_bytes, rank_parameters
     from recompute_kit.presets import get_preset
 
-    print("| layout | stage | s | layers measured | max per-layer error | parameters | optimizer |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| layout | stage | recompute | s | layers measured | max per-layer error "
+        "| parameters | optimizer error |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, (preset, keys, stage) in sorted(FULL_SIZE.items()):
-        config = get_preset(preset).config().replace(transformer_impl="local", **keys)
-        config = config.with_recompute("selective:mlp")
-        start = time.perf_counter()
-        rank = engine.measure_one_rank(config, "bf16", stage)
-        seconds = time.perf_counter() - start
-        m = config.model
-        errors = [
-            abs(
-                sum(layer_activation_bytes(m, config.recompute, config.parallel, 2, False).values())
-                - saved
+        base = get_preset(preset).config().replace(transformer_impl="local", **keys)
+        for spec in full_size_specs(base):
+            config = base.with_recompute(spec)
+            start = time.perf_counter()
+            rank = engine.measure_one_rank(config, "bf16", stage)
+            seconds = time.perf_counter() - start
+            m, p, rc = config.model, config.parallel, config.recompute
+            errors = [
+                abs(sum(layer_activation_bytes(m, rc, p, 2, m.is_moe_layer(n)).values()) - saved)
+                / saved
+                for n, saved in zip(rank.layer_numbers, rank.saved_per_layer, strict=True)
+            ]
+            expected = {k: round(v) for k, v in rank_parameters(config, stage).items()}
+            optimizer = sum(
+                12 * n / rank.optimizer_shards[k] for k, n in rank.parameters_by_kind.items()
             )
-            / saved
-            for saved in rank.saved_per_layer
-        ]
-        expected = {k: round(v) for k, v in rank_parameters(config, stage).items()}
-        optimizer = sum(
-            12 * n / rank.optimizer_shards[k] for k, n in rank.parameters_by_kind.items()
-        )
-        est_opt = estimate(config, stage=stage).optimizer_bytes
-        params = sum(rank.parameters_by_kind.values())
-        print(
-            f"| {name} | {stage} | {seconds:.1f} | {len(errors)} | "
-            + (f"{max(errors):.3%}" if errors else "n/a (MoE/MLA: parameters only)")
-            + f" | {'equal' if expected == rank.parameters_by_kind else 'DIFFER'}"
-            f" ({params:,}) | {abs(est_opt - optimizer) / optimizer:.2e} |"
-        )
+            est_opt = estimate(config, stage=stage).optimizer_bytes
+            params = sum(rank.parameters_by_kind.values())
+            same = "equal" if expected == rank.parameters_by_kind else "DIFFER"
+            print(
+                f"| {name} | {stage} | {spec} | {seconds:.1f} | {len(errors)} | "
+                f"{max(errors):.1e} | {same}"
+                f" ({params:,}) | {abs(est_opt - optimizer) / optimizer:.1e} |"
+            )
 
 
 def main() -> None:

@@ -266,10 +266,13 @@ FULL_SIZE = {
 def test_one_rank_of_a_full_size_layout(name):
     preset, keys, stage = FULL_SIZE[name]
     base = get_preset(preset).config().replace(transformer_impl="local", **keys)
-    specs = ["selective:mlp", "none"]
-    specs += ["selective:mla_up_proj,layernorm"] if base.model.multi_latent_attention else []
-    for spec in specs:
+    for spec in full_size_specs(base):
         check_one_rank(base.with_recompute(spec), stage)
+
+
+def full_size_specs(config) -> list[str]:
+    mla = ["selective:mla_up_proj,layernorm"] if config.model.multi_latent_attention else []
+    return ["selective:mlp", "none", *mla]
 
 
 def check_one_rank(config, stage: int) -> None:
@@ -295,7 +298,7 @@ def test_meta_dispatch_matches_real_routing():
         expert_model_parallel_size=2, data_parallel_size=2, bias_activation_fusion=True
     ).with_recompute("selective:layernorm")
     ranks = engine.measure(config, "bf16")
-    average = [sum(r.saved_per_layer[i] for r in ranks) / 2 for i in range(len(ranks[0].saved_per_layer))]
+    average = [sum(layer) / 2 for layer in zip(*(r.saved_per_layer for r in ranks), strict=True)]
     meta = engine.measure_one_rank(config, "bf16", stage=0)
     assert meta.saved_per_layer == average
     assert meta.roles_per_layer[1]["experts"] > 0  # the experts ran on the meta device
