@@ -76,6 +76,11 @@ _RECOMPUTE_FLAG_RE = re.compile(
     r"--(recompute-granularity|recompute-method|recompute-num-layers|recompute-modules|"
     r"recompute-activations)(?:[ =]+([A-Za-z_0-9]+(?:[ ,]+(?!-)[A-Za-z_]+)*))?"
 )
+# YAML lines of recompute keys pasted into a log (NeMo 1.x / Megatron-Bridge model configs).
+_YAML_RECOMPUTE_RE = re.compile(
+    r"^\s*(activations_checkpoint_(?:granularity|method|num_layers)|recompute_(?:granularity|"
+    r"method|num_layers|modules))\s*:\s*([^#]*?)\s*(?:#.*)?$"
+)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
 
@@ -198,6 +203,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     if last_eval >= 0:
         facts["eval_after_train"] = last_eval > last_train
     config = _json_sections(lines)
+    config.update(_yaml_recompute_keys(lines))
     if config:
         facts["json_config"] = config
     ac = _ac_loss_table(lines)
@@ -235,6 +241,22 @@ def _json_sections(lines: list[str]) -> dict[str, Any]:
             out.update(_from_mapping(data))
         i = j
     return out
+
+
+def _yaml_recompute_keys(lines: list[str]) -> dict[str, Any]:
+    """Recompute keys from YAML lines pasted into a log, NeMo 1.x's activations_checkpoint_*
+    keys winning as NeMo reads them (configs._from_mapping)."""
+    from .configs import _from_mapping
+    from .values import _convert_value
+
+    found: dict[str, Any] = {}
+    for line in lines:
+        if "checkpoint" not in line and "recompute" not in line:
+            continue
+        m = _YAML_RECOMPUTE_RE.match(line)
+        if m is not None and m.group(1) not in found:
+            found[m.group(1)] = _convert_value(m.group(2)) if m.group(2) else None
+    return _from_mapping(found) if found else {}
 
 
 def _debug_ops(lines: list[str]) -> dict[str, list[str]] | None:

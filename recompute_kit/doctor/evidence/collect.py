@@ -66,8 +66,9 @@ def _snippets(text: str, source: str) -> Evidence:
     part = Evidence()
     if facts:
         part.facts = {source: facts}
-        if source == "log" and facts.get("json_config"):
-            part.config = dict(facts["json_config"])
+        if source == "log":
+            # recompute flags of a command line pasted into the log, then config sections
+            part.config = {**facts.get("recompute_flags", {}), **facts.get("json_config", {})}
     return part
 
 

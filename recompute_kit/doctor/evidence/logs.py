@@ -272,6 +272,11 @@ class _LogParser:
         if self._pending is not None:
             self._flush_pending()
         for rank in list(self._tracebacks):
+            tb = self._tracebacks[rank]
+            if tb.event is None and tb.state == "frames" and tb.frames:
+                # the paste ends inside the frames: keep them (the exception line is cut)
+                tb.event = ErrorEvent(type="", message="(traceback without exception line)")
+                tb.event.rank = rank
             self._end_traceback(rank)
         if self._step is not None:
             self._add_iteration(self._step)

@@ -388,3 +388,41 @@ def _is_checkpoint_key(key: str) -> bool:
         "grad_checkpointing",
         "use_gradient_checkpointing",
     )
+
+
+@rule(
+    "RK160",
+    "Checkpointing requested, but the run's printed arguments have it off",
+    "recompute_no_effect",
+    symptom="The command line or config turns gradient / activation checkpointing on, while "
+    "the arguments the run printed (TrainingArguments, the script's args) say "
+    "gradient_checkpointing=False; per-step peaks as without checkpointing",
+    cause="The flag never reached the model: a script that parses its own flags and ignores "
+    "this one, a misspelt key, a later default that overwrites it, or a launcher that drops "
+    "arguments after a broken line continuation",
+    confirm="Print model.is_gradient_checkpointing (Hugging Face) or the script's parsed args "
+    "in the run itself",
+    fix="Pass the flag the script actually reads (or call model.gradient_checkpointing_enable() "
+    "after loading the model), then check the printed arguments again",
+    patch={"gradient_checkpointing": True},
+)
+def _flag_printed_off(ctx: Context) -> Match | None:
+    asked = fact(ctx, "checkpointing_on", "config") or [
+        line for line in (fact(ctx, "checkpointing_on", "log") or []) if "--" in line
+    ]
+    printed = [
+        line
+        for line in (fact(ctx, "checkpointing_off", "log") or [])
+        if "--" not in line and "disable" not in line
+    ]
+    if not asked or not printed:
+        return None
+    return Match(
+        0.8,
+        f"Checkpointing is asked for ('{asked[0]}') but the run printed '{printed[0]}': the "
+        "model trained without it.",
+        config_patch={
+            "gradient_checkpointing": True,
+            "code": "model.gradient_checkpointing_enable()",
+        },
+    )

@@ -188,7 +188,35 @@ VALIDATION_RULES = [
     ),
 ]
 
+
+def _invalid_method(check):
+    """RK053: Megatron's runtime "Invalid activation recompute method." comes with full
+    recompute and no method: the patch sets one."""
+
+    def checked(ctx: Context) -> Match | None:
+        found = check(ctx)
+        if found is not None and "Invalid activation recompute method" in found.evidence:
+            n = ctx.cfg.get("recompute_num_layers")
+            return Match(
+                found.confidence,
+                found.evidence,
+                config_patch={
+                    "recompute_granularity": "full",
+                    "recompute_method": "uniform",
+                    "recompute_num_layers": n if isinstance(n, int) and n > 0 else 1,
+                },
+                fix="Set recompute_method to uniform or block (full recompute reached the "
+                "layer loop without one; in NeMo 1.x YAML set activations_checkpoint_method)",
+            )
+        return found
+
+    return checked
+
+
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
+    _check = _validation(*_frags)
+    if _id == "RK053":
+        _check = _invalid_method(_check)
     rule(
         _id,
         _title,
@@ -199,7 +227,7 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
         fix=_fix,
         patch=_patch,
         refs=(MEGATRON_CONFIG,),
-    )(_validation(*_frags))
+    )(_check)
 
 
 @rule(
