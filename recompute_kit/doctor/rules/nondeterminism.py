@@ -70,6 +70,7 @@ def _kind(op: str) -> str | None:
     "preserve_rng_state=True for random ops, and enter autocast outside the checkpoint",
     patch={"code": "save the op's output in the checkpoint (selective checkpointing policy)"},
     refs=(PT_CKPT,),
+    supersedes=("RK075",),  # the op lists say more than the metadata message
 )
 def _debug_ops(ctx: Context) -> Match | None:
     ops = fact(ctx, "debug_ops", "log")
