@@ -141,6 +141,36 @@ SOURCES = {
     "i12-llamafactory-1221": "https://github.com/hiyouga/LlamaFactory/issues/1221",
     "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
     "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
+    # issue 13 (checkpoint / recompute / config): development corpus cases' pasted text
+    "i13-diffusers-9850": "https://github.com/huggingface/diffusers/issues/9850",
+    "i13-thunder-2116": "https://github.com/Lightning-AI/lightning-thunder/issues/2116",
+    "i13-thunder-2116-config": "https://github.com/Lightning-AI/lightning-thunder/issues/2116",
+    "i13-pt-71124": "https://github.com/pytorch/pytorch/issues/71124",
+    "i13-olmocore-828": "https://github.com/allenai/OLMo-core/pull/828",
+    "i13-olmocore-828-config": "https://github.com/allenai/OLMo-core/pull/828",
+    "i13-ds-988": "https://github.com/deepspeedai/DeepSpeed/issues/988",
+    "i13-openclip-573": "https://github.com/mlfoundations/open_clip/issues/573",
+    "i13-openclip-573-config": "https://github.com/mlfoundations/open_clip/issues/573",
+    "i13-dmd2-52": "https://github.com/tianweiy/DMD2/issues/52",
+    "i13-nemo-speech-12517": "https://github.com/NVIDIA-NeMo/Speech/pull/12517",
+    "i13-lightning-20329": "https://github.com/Lightning-AI/pytorch-lightning/issues/20329",
+    "i13-pt-123548": "https://github.com/pytorch/pytorch/issues/123548",
+    "i13-pt-128478": "https://github.com/pytorch/pytorch/issues/128478",
+    "i13-llavallama3-4": "https://github.com/Victorwz/LLaVA-Llama-3/issues/4",
+    "i13-unsloth-91": "https://github.com/unslothai/unsloth/issues/91",
+    "i13-open-instruct-838": "https://github.com/allenai/open-instruct/pull/838",
+    "i13-dsexamples-332": "https://github.com/deepspeedai/DeepSpeedExamples/issues/332",
+    "i13-dsexamples-332-config": "https://github.com/deepspeedai/DeepSpeedExamples/issues/332",
+    "i13-hf-47254": "https://github.com/huggingface/transformers/issues/47254",
+    "i13-pt-171355": "https://github.com/pytorch/pytorch/issues/171355",
+    "i13-hf-15959": "https://github.com/huggingface/transformers/issues/15959",
+    "i13-megatron-pr6311": "https://github.com/NVIDIA/Megatron-LM/pull/6311",
+    "ckpt-local-debug-topk": "torch.utils.checkpoint debug=True, reproduced on CPU (torch 2.13.0): "
+    "a function that runs topk only in the recompute",
+    "nemo-megatron-gpt-config-ac": "https://github.com/NVIDIA/NeMo/blob/main/examples/nlp/"
+    "language_modeling/conf/megatron_gpt_config.yaml (Activation Checkpointing block)",
+    "mlm-args-dump-recompute-none": "https://github.com/hwang2006/large-scale-lm-tutorials/blob/"
+    "main/docs/06_tensor_parallelism.md (Megatron-LM argument dump of a gpt2_345m run)",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -1248,13 +1278,13 @@ CHECKPOINT_CASES = [
     (
         "RK077",
         "chatglm-tuning-56",
-        "checkpoint_api_misuse",
+        "invalid_config",
         {"command": "pip install -U transformers"},
     ),
     (
         "RK077",
         "transformers-17464",
-        "checkpoint_api_misuse",
+        "invalid_config",
         {"command": "pip install -U transformers"},
     ),
     ("RK081", "roformer-39", "framework_bug", SELECTIVE_DEFAULT),
@@ -1769,3 +1799,294 @@ def test_rk036_source_line_of_adam_pasted_before_the_oom():
     f = top(run(text("i12-llamafactory-1221")))
     assert f.rule == "RK036" and f.category == "model_state_memory"
     assert "zero_optimization.stage" in f.fix and f.config_patch["zero_optimization"]
+
+
+# =============================================================================================
+# RK140-RK160 (issue 13): checkpointing that does not act, recompute that differs, configs
+# =============================================================================================
+
+
+@covers("RK140")
+def test_rk140_gradient_checkpointing_then_eval():
+    # diffusers#9850: `block.gradient_checkpointing = True` then `block.eval()`.
+    f = top(run(text("i13-diffusers-9850")))
+    assert f.rule == "RK140" and f.category == "recompute_no_effect"
+    cites(f, "block.gradient_checkpointing = True", "block.eval()")
+    assert "block.train()" in f.config_patch["code"]
+
+
+def test_rk140_not_for_inference_under_no_grad():
+    # trl PR #4636's snippet: train(), gradient_checkpointing_enable(), then no_grad inference.
+    snippet = (
+        "model.train()\nmodel.gradient_checkpointing_enable()\n"
+        "with torch.no_grad():\n    output = model(input_ids=input_ids)\nmodel.eval()\n"
+    )
+    assert "RK140" not in ids(run(snippet))
+
+
+@covers("RK141")
+def test_rk141_flags_given_but_the_argument_dump_says_none():
+    # Megatron-LM's printed arguments of a run without recompute (large-scale-lm-tutorials)
+    # next to the flags of Megatron-LM#1031 (full, uniform, 5).
+    d = run(text("mlm-args-dump-recompute-none"), config=LLAMA3_70B_MLM_1031, config_name="run.sh")
+    f = top(d)
+    assert f.rule == "RK141" and f.category == "recompute_no_effect"
+    assert f.config_patch == spec_patch("full", "uniform", 5)
+    cites(f, "recompute_granularity full", "recompute_num_layers 5")
+
+
+def test_rk141_not_when_the_dump_agrees():
+    # real-formats.md ex-args-local-v014-full: the dump itself says full.
+    assert "RK141" not in ids(run(text("ex-args-local-v014-full")))
+
+
+@covers("RK142")
+def test_rk142_nemo_null_granularity_overrides_recompute_granularity():
+    # NeMo's megatron_gpt_config.yaml block, with the Megatron-Core keys a user adds under it.
+    yaml_text = (
+        "model:\n"
+        + text("nemo-megatron-gpt-config-ac")
+        + "  recompute_granularity: full\n  recompute_method: uniform\n  recompute_num_layers: 1\n"
+    )
+    d = run(config=yaml_text)
+    assert d.evidence.config["recompute_granularity"] is None
+    f = get(d, "RK142")
+    assert f.category == "recompute_no_effect"
+    assert f.config_patch["activations_checkpoint_granularity"] == "full"
+    assert f.config_patch["activations_checkpoint_method"] == "uniform"
+    # pasted into a log instead of given as the config: the same
+    assert "RK142" in ids(run(yaml_text))
+
+
+@covers("RK150")
+def test_rk150_nemo_null_method_with_full_granularity():
+    yaml_text = (
+        "model:\n"
+        + text("nemo-megatron-gpt-config-ac").replace(
+            "activations_checkpoint_granularity: null", "activations_checkpoint_granularity: full"
+        )
+        + "  recompute_method: block\n  recompute_num_layers: 4\n"
+    )
+    f = top(run(config=yaml_text))
+    assert f.rule == "RK150" and f.category == "invalid_config"
+    assert f.config_patch == {
+        "activations_checkpoint_method": "block",
+        "activations_checkpoint_num_layers": 4,
+    }
+
+
+@covers("RK143")
+def test_rk143_layernorm_recompute_on_a_dense_te_model():
+    # The skill's Llama3-70B Exp 3 (seed 001): [core_attn, layernorm] is as large as the
+    # baseline; dense Llama with Transformer Engine fuses both norms.
+    config = LLAMA3_70B_32K + "    --recompute-granularity selective \\\n"
+    config += "    --recompute-modules core_attn layernorm\n"
+    d = run(config=config, config_name="run.sh")
+    f = get(d, "RK143")
+    assert f.category == "recompute_no_effect"
+    assert f.config_patch["recompute_modules"] == ["core_attn", "mlp"]
+    assert "RK143" not in ids(run(config=MIXTRAL_8X7B_MLP.replace(" mlp ", " layernorm ")))
+
+
+@covers("RK144")
+def test_rk144_oom_with_checkpointing_under_a_compiler():
+    # lightning-thunder#2116: OOM with --checkpoint_activations=True and --compile dynamo_thunder.
+    d = run(text("i13-thunder-2116"), config=text("i13-thunder-2116-config"), config_name="run.sh")
+    f = top(d)
+    assert f.rule == "RK144" and f.category == "recompute_no_effect"
+    assert f.config_patch == {"compile": False, "checkpoint_activations": True}
+
+
+@covers("RK145")
+def test_rk145_debug_mode_names_the_first_different_op():
+    # torch.utils.checkpoint(debug=True) output, reproduced on CPU: topk only in the recompute.
+    d = run(text("ckpt-local-debug-topk"))
+    f = top(d)
+    assert f.rule == "RK145" and f.category == "nondeterministic_recompute"
+    cites(f, "aten.cos in the forward, aten.topk in the recompute", "A routing / token-count op")
+    assert "router" in f.fix and "RK075" not in ids(d)
+    assert "aten.topk" in f.config_patch["code"]
+
+
+@covers("RK146")
+def test_rk146_checkpoint_under_bf16_autocast():
+    # pytorch#71124: checkpoint(b, x) inside torch.cuda.amp.autocast(dtype=torch.bfloat16).
+    f = top(run(text("i13-pt-71124")))
+    assert f.rule == "RK146" and f.category == "nondeterministic_recompute"
+    assert "upgrade torch" in f.fix.lower() and f.config_patch["use_reentrant"] is False
+    cites(f, "x = checkpoint(b, x)", "autocast(dtype=torch.bfloat16)")
+
+
+@covers("RK147")
+def test_rk147_dropout_without_rng_state_shifts_the_loss():
+    # OLMo-core PR #828: CE 2.49 with AC on vs 2.19 off, residual dropout 0.1.
+    d = run(text("i13-olmocore-828"), config=text("i13-olmocore-828-config"))
+    f = top(d)
+    assert f.rule == "RK147" and f.category == "nondeterministic_recompute"
+    assert f.config_patch == {"preserve_rng_state": True}
+    cites(f, "response_residual_dropout = 0.1", "2.491", "2.194")
+
+
+@covers("RK148")
+def test_rk148_traceback_cut_in_the_reentrant_backward_under_deepspeed():
+    # DeepSpeed#988: the loss scaler's backward into torch/utils/checkpoint.py backward.
+    f = top(run(text("i13-ds-988")))
+    assert f.rule == "RK148" and f.category == "checkpoint_api_misuse"
+    assert f.config_patch["zero_optimization"] == {"stage": 1}
+    assert f.config_patch["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+
+
+@covers("RK149")
+def test_rk149_requires_grad_warning_in_full_training():
+    # open_clip#573: the warning with a plain training command (--grad-checkpointing).
+    d = run(text("i13-openclip-573"), config=text("i13-openclip-573-config"), config_name="run.sh")
+    f = top(d)
+    assert f.rule == "RK149" and f.category == "checkpoint_api_misuse"
+    assert f.config_patch == {"use_reentrant": False} and "RK099" not in ids(d)
+    # the same warning alone (InternLM-XComposer#326) stays informational
+    assert top(run(text("i12-internlm-326"))).rule == "RK099"
+
+
+@covers("RK151")
+def test_rk151_script_assert_forbids_fsdp_with_checkpointing():
+    # DMD2#52: `assert not (train_args.fsdp and train_args.gradient_checkpointing), ...`
+    f = top(run(text("i13-dmd2-52")))
+    assert f.rule == "RK151" and f.category == "invalid_config"
+    assert f.config_patch == {"fsdp": False}
+
+
+@covers("RK152")
+def test_rk152_traceback_cut_in_the_uniform_chunk_loop():
+    # NeMo Speech PR #12517: Hyena's _checkpointed_forward -> te_checkpoint, cut.
+    f = top(run(text("i13-nemo-speech-12517")))
+    assert f.rule == "RK152" and f.category == "invalid_config"
+    assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def test_rk152_config_with_a_non_dividing_recompute_num_layers():
+    # Megatron-LM#2294's config: 24 layers, uniform 7 -> 6 is the largest divisor below 7.
+    # Its IndexError in Megatron's own loop stays RK064's (fixed upstream) first.
+    d = run(text("mlm-2294-error"), config=text("mlm-2294-config"))
+    f = get(d, "RK152")
+    assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 6}
+    assert "not a multiple of recompute_num_layers 7" in f.evidence
+    assert top(d).rule == "RK064"
+
+
+@covers("RK153")
+def test_rk153_deepspeed_contiguous_checkpointing_index_error():
+    # pytorch-lightning#20329: IndexError in partition_activations (the line cut at "IndexErro").
+    f = top(run(text("i13-lightning-20329")))
+    assert f.rule == "RK153" and f.category == "invalid_config"
+    assert "number_checkpoints" in f.config_patch["activation_checkpointing"]
+
+
+@covers("RK154")
+def test_rk154_max_split_with_expandable_segments():
+    # pytorch#123548: PYTORCH_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True.
+    f = top(run(text("i13-pt-123548")))
+    assert f.rule == "RK154" and f.category == "framework_bug"
+    assert f.config_patch == {"env": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}}
+
+
+@covers("RK155")
+def test_rk155_checkpoint_on_xpu_hits_the_cuda_path():
+    # pytorch#128478: test_gradient_checkpointing - RuntimeError: PyTorch was compiled without
+    # CUDA support.
+    f = top(run(text("i13-pt-128478")))
+    assert f.rule == "RK155" and f.category == "framework_bug"
+    assert "DefaultDeviceType" in f.fix and "upgrade torch" in f.fix.lower()
+
+
+@covers("RK156")
+def test_rk156_old_use_reentrant_notice_alone():
+    # ChatGLM / LLaVA-Llama-3#4's first warning alone (the older wording).
+    line = text("i13-llavallama3-4").splitlines()[0]
+    f = top(run(line))
+    assert f.rule == "RK156" and f.category == "informational"
+    # the newer wording (PyTorch >= 2.4: "will raise an exception") stays RK072's
+    assert top(run(text("ckpt-local-use-reentrant-missing"))).rule == "RK072"
+    # both warnings of LLaVA-Llama-3#4 together: informational, not misuse
+    assert top(run(text("i13-llavallama3-4"))).category == "informational"
+
+
+@covers("RK157")
+def test_rk157_library_fallback_notice():
+    # unsloth#91: "Unsloth: Vocab size of 102400 exceeds the max CUDA blocksize of 65536 ..."
+    f = top(run(text("i13-unsloth-91")))
+    assert f.rule == "RK157" and f.category == "informational"
+    assert f.config_patch == {"command": "pip install -U unsloth"}
+    assert "no fix needed" in f.fix.lower()
+
+
+@covers("RK158")
+def test_rk158_nccl_cumem_warning_from_vllm():
+    # open-instruct PR #838: vLLM's "WARNING 07-29 15:39:27 [env_override.py:17] ..." line.
+    d = run(text("i13-open-instruct-838"))
+    assert d.evidence.errors[0].frames == ["env_override.py:17"]
+    f = top(d)
+    assert f.rule == "RK158" and f.category == "informational"
+
+
+@covers("RK159")
+def test_rk159_checkpointing_works_the_reading_was_wrong():
+    # DeepSpeedExamples#332: 6.4G both ways by one measure, MaxMemAllocated 11.76 vs 44.23 GB.
+    config = text("i13-dsexamples-332-config")
+    d = run(text("i13-dsexamples-332"), config=config, config_name="x.sh")
+    f = top(d)
+    assert f.rule == "RK159" and f.category == "informational"
+    cites(f, "max_seq_len 64")
+    assert "MaxMemAllocated" in f.fix
+
+
+@covers("RK160")
+def test_rk160_flag_given_but_printed_false():
+    # DeepSpeedExamples#332's command (--gradient_checkpointing) with the script's own printed
+    # arguments saying the opposite (as transformers prints TrainingArguments).
+    log = "TrainingArguments(\n_n_gpu=1,\ngradient_checkpointing=False,\nlearning_rate=9.65e-06,\n"
+    d = run(log, config=text("i13-dsexamples-332-config"), config_name="x.sh")
+    f = top(d)
+    assert f.rule == "RK160" and f.category == "recompute_no_effect"
+    cites(f, "gradient_checkpointing=False")
+
+
+# ---- widened existing rules (issue 13) ------------------------------------------------------
+
+
+def test_rk083_zero3_shape_zero_in_a_shortened_paste():
+    # transformers#47254: "saved {'shape': [1024]} vs recomputed {'shape': [0]}".
+    d = run(text("i13-hf-47254"))
+    f = top(d)
+    assert f.rule == "RK083" and f.category == "framework_bug" and "RK075" not in ids(d)
+    cites(f, "[1024]")
+
+
+def test_rk075_tensor_count_mismatch_names_the_gate():
+    # pytorch#171355: 2634 tensors saved in the forward, 884 in the recompute.
+    f = top(run(text("i13-pt-171355")))
+    assert f.rule == "RK075" and "gate" in f.fix and "target_modules" in f.fix
+    cites(f, "2634", "884")
+
+
+def test_rk077_old_transformers_is_a_config_matter():
+    # transformers#15959: "DebertaV2Model does not support gradient checkpointing!"
+    f = top(run(text("i13-hf-15959")))
+    assert f.rule == "RK077" and f.category == "invalid_config"
+    assert "upgrade transformers" in f.fix.lower()
+
+
+def test_rk033_table_arms_named_by_their_recompute():
+    # Megatron-LM PR #6311: "no overlap, no recompute" 225.1 vs full recompute 184.2 TFLOP/s.
+    d = run(text("i13-megatron-pr6311"))
+    rows = d.evidence.experiments
+    assert rows[0]["recompute"] == "none" and rows[1]["recompute"] == "full:uniform:1"
+    assert rows[1]["vs_golden"] == pytest.approx(184.2 / 225.1 - 1, abs=1e-3)
+    f = top(d)
+    assert f.rule == "RK033" and f.category == "recompute_overhead"
+    cites(f, "-18.2%")
+
+
+def test_rk053_invalid_activation_recompute_method_sets_a_method():
+    # Megatron-Core's layer loop: ValueError("Invalid activation recompute method.")
+    f = top(run("ValueError: Invalid activation recompute method."))
+    assert f.rule == "RK053" and f.config_patch["recompute_method"] == "uniform"

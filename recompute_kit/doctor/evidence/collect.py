@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .code import MAX_SNIPPET_BYTES, scan_snippets
 from .configs import parse_config_with_notes
 from .experiments import parse_experiments
 from .logs import _LogParser, parse_log, parse_log_file
@@ -34,23 +35,41 @@ def _read_text(path: str, what: str, stdin_text: str | None) -> str:
 MAX_TABLE_SCAN_BYTES = 2 << 20  # pasted tables live in short logs, not in 100 MB ones
 
 
-def _tables_in_log(log: str, stdin_text: str | None) -> list[dict]:
-    """Experiment rows from Markdown tables pasted into a (short) log: issue threads paste the
-    ablation table next to the error."""
+def _short_log_text(log: str, stdin_text: str | None) -> str:
+    """The whole text of a short log ("" for one over MAX_TABLE_SCAN_BYTES): pasted tables and
+    snippets live in short logs, not in 100 MB ones."""
     if log == "-":
         text = stdin_text or ""
-    else:
-        try:
-            with open(log, "rb") as fh:
-                blob = fh.read(MAX_TABLE_SCAN_BYTES + 1)
-        except OSError:
-            return []
-        if len(blob) > MAX_TABLE_SCAN_BYTES:
-            return []
-        text = blob.decode("utf-8", errors="replace")
+        return text if len(text) <= MAX_TABLE_SCAN_BYTES else ""
+    try:
+        with open(log, "rb") as fh:
+            blob = fh.read(MAX_TABLE_SCAN_BYTES + 1)
+    except OSError:
+        return ""
+    if len(blob) > MAX_TABLE_SCAN_BYTES:
+        return ""
+    return blob.decode("utf-8", errors="replace")
+
+
+def _tables_in_log(text: str) -> list[dict]:
+    """Experiment rows from Markdown tables pasted into a (short) log: issue threads paste the
+    ablation table next to the error."""
     if "|---" not in text and "| ---" not in text and "|:--" not in text:
         return []
     return parse_experiments(text, "log.md")
+
+
+def _snippets(text: str, source: str) -> Evidence:
+    """Facts from pasted code, prose and tables (evidence/code.py); JSON config sections
+    pasted into a log become config keys (a given config file overrides them)."""
+    facts = scan_snippets(text) if len(text) <= MAX_SNIPPET_BYTES else {}
+    part = Evidence()
+    if facts:
+        part.facts = {source: facts}
+        if source == "log":
+            # recompute flags of a command line pasted into the log, then config sections
+            part.config = {**facts.get("recompute_flags", {}), **facts.get("json_config", {})}
+    return part
 
 
 def _scan_env(text: str) -> dict[str, str]:
@@ -81,7 +100,9 @@ def collect(
             part.sources.append("log:<stdin>")
         else:
             part = parse_log_file(log)
-        part.experiments += _tables_in_log(log, stdin_text)
+        text = _short_log_text(log, stdin_text)
+        part.experiments += _tables_in_log(text)
+        part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
     if config is not None:
         text = _read_text(config, "config", stdin_text)
@@ -89,6 +110,7 @@ def collect(
         label = "<stdin>" if config == "-" else config
         part = Evidence(config=flat, env=_scan_env(text), sources=[f"config:{label}"])
         part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
+        part.facts = _snippets(text, "config").facts
         evidence = evidence.merge(part)
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)

@@ -72,18 +72,43 @@ def _from_mapping(data: dict[str, Any]) -> dict[str, Any]:
     _flatten(data, "", pairs)
     flat: dict[str, Any] = {}
     rank: dict[str, tuple[int, int]] = {}
+    nemo: dict[str, Any] = {}  # NeMo 1.x activations_checkpoint_* -> recompute_* values
+    mcore: dict[str, Any] = {}  # the recompute_* keys as written
     for path, value in pairs:
         if isinstance(value, str):
             value = _convert_scalar(value)
         value = _plain(value)
         parts = path.split(".")
+        leaf = parts[-1].replace("-", "_")
+        if leaf in _NEMO_RECOMPUTE:
+            nemo.setdefault(_NEMO_RECOMPUTE[leaf], value)
+        elif leaf in _NEMO_RECOMPUTE.values():
+            mcore.setdefault(leaf, value)
         probe: dict[str, Any] = {}
         _assign(probe, path, value)
         for key, v in probe.items():
             priority = (int(parts[0] == "model"), -len(parts))
             if key not in rank or priority > rank[key]:
                 flat[key], rank[key] = v, priority
+    # NeMo 1.x builds the transformer config from activations_checkpoint_*: where a YAML has
+    # both spellings, those win, a null included (the recompute_* keys are then ignored).
+    overrides = {
+        key: {"written": mcore[key], "used": nemo[key]}
+        for key in nemo
+        if key in mcore and mcore[key] != nemo[key]
+    }
+    if overrides:
+        for key, both in overrides.items():
+            flat[key] = both["used"]
+        flat["activations_checkpoint_overrides"] = overrides
     return flat
+
+
+_NEMO_RECOMPUTE = {
+    "activations_checkpoint_granularity": "recompute_granularity",
+    "activations_checkpoint_method": "recompute_method",
+    "activations_checkpoint_num_layers": "recompute_num_layers",
+}
 
 
 def _shell_tokens(text: str) -> list[str]:

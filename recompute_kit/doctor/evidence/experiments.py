@@ -35,7 +35,18 @@ _MEM_UNIT_RE = re.compile(r"(?<![a-z])(gib|gb|mib|mb|kib|kb|bytes|b)(?![a-z])")
 def _experiment_column(header: str) -> tuple[str, str | None]:
     """The normalised key for a column header, and the unit of a memory column."""
     h = " ".join(header.replace("_", " ").strip().lower().split())
-    if h in ("experiment", "exp", "name", "run", "config", "configuration", "setting", "id"):
+    if h in (
+        "experiment",
+        "exp",
+        "name",
+        "run",
+        "config",
+        "configuration",
+        "setting",
+        "id",
+        "arm",
+        "variant",
+    ):
         return "name", None
     if h in ("recompute modules", "modules"):
         return "recompute_modules", None
@@ -191,7 +202,33 @@ def _experiments_from_rows(header: list[str], rows: Iterable[list[str]]) -> list
                 row[key] = value
         if any(k in row for k in keys & metrics):
             out.append(_normalise_experiment(row, units))
+    if not keys & {"recompute", "recompute_modules", "recompute_granularity"}:
+        _specs_from_names(out)
     return out
+
+
+_NO_RECOMPUTE_RE = re.compile(r"\b(?:no|without|w/o)\s+(?:activation\s+)?recompute\b", re.I)
+_FULL_RE = re.compile(
+    r"\bfull(?:\s+recompute)?\s*[(:]\s*(uniform|block)\s*[,:]\s*(\d+)\s*\)?", re.I
+)
+
+
+def _specs_from_names(rows: list[dict[str, Any]]) -> None:
+    """Recompute specs read from the names of a table without a recompute column ("no
+    recompute", "full recompute (uniform, 1)"), and, without a vs-golden column, throughput
+    relative to the run without recompute."""
+    for row in rows:
+        name = str(row.get("name") or "")
+        if _NO_RECOMPUTE_RE.search(name):
+            row["recompute"] = "none"
+        elif (m := _FULL_RE.search(name)) is not None:
+            row["recompute"] = f"full:{m.group(1).lower()}:{m.group(2)}"
+    base = next((r for r in rows if r.get("recompute") == "none" and r.get("tflops_per_gpu")), None)
+    if base is None or any(r.get("vs_golden") is not None for r in rows):
+        return
+    for row in rows:
+        if isinstance(row.get("tflops_per_gpu"), (int, float)):
+            row["vs_golden"] = round(row["tflops_per_gpu"] / base["tflops_per_gpu"] - 1, 4)
 
 
 def _markdown_tables(text: str) -> list[dict[str, Any]]:

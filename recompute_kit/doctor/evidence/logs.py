@@ -117,6 +117,10 @@ _ENV_RE = re.compile(
     r"(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)['\"]?\]?\s*(?:=|:\s)\s*['\"]?([A-Za-z_][\w:.,\[\]|=-]*)"
 )
 # (No lazy group before a trailing \s*$ in these patterns: that backtracks quadratically.)
+# vLLM / SGLang logger lines: "WARNING 07-29 15:39:27 [env_override.py:17] message".
+_LOGGER_WARN_RE = re.compile(
+    r"^(WARNING|WARN)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[([\w./-]+):(\d+)\]\s+(.*)$"
+)
 _ARG_RE = re.compile(r"^(\s*)([A-Za-z_][\w.-]*) (\.+)(?: (.*))?$")
 _ARG_LONG_RE = re.compile(r"^\s+([A-Za-z_][\w.-]*)\s\s+(\S.*)$")
 _ARGS_HEADER_RE = re.compile(r"^-{3,} (.+?) -{3,}\s*$")
@@ -268,6 +272,11 @@ class _LogParser:
         if self._pending is not None:
             self._flush_pending()
         for rank in list(self._tracebacks):
+            tb = self._tracebacks[rank]
+            if tb.event is None and tb.state == "frames" and tb.frames:
+                # the paste ends inside the frames: keep them (the exception line is cut)
+                tb.event = ErrorEvent(type="", message="(traceback without exception line)")
+                tb.event.rank = rank
             self._end_traceback(rank)
         if self._step is not None:
             self._add_iteration(self._step)
@@ -603,8 +612,14 @@ class _LogParser:
             event = ErrorEvent(kind, message.strip(), frames, kind="warning", rank=rank)
         else:
             m = _MEGATRON_WARN_RE.match(stripped)
+            logger = _LOGGER_WARN_RE.match(stripped) if m is None else None
             if m is not None:
                 event = ErrorEvent("WARNING", m.group(1).strip(), kind="warning", rank=rank)
+            elif logger is not None:
+                _, file, line, message = logger.groups()
+                event = ErrorEvent(
+                    "WARNING", message.strip(), [f"{file}:{line}"], kind="warning", rank=rank
+                )
             elif level == "W":
                 event = ErrorEvent("WARNING", stripped, kind="warning", rank=rank)
             elif bare:
@@ -797,7 +812,11 @@ class _LogParser:
             key, value = m2.group(1), m2.group(2).rstrip()
         else:
             return False
-        _assign(self.ev.config, key, _convert_value(value or ""))
+        converted = _convert_value(value or "")
+        _assign(self.ev.config, key, converted)
+        # kept apart too: a config given next to the log overrides ev.config, and a rule
+        # compares what was asked for with what Megatron printed
+        _assign(self.ev.facts.setdefault("args_dump", {}), key, converted)
         return True
 
     def _env(self, text: str) -> None:

@@ -116,6 +116,9 @@ class Evidence:
     theoretical_memory: dict[str, int] = field(default_factory=dict)
     # nvidia-smi's process table: {"gpu": 0, "pid": 123, "name": "...", "used_bytes": ...}
     gpu_processes: list[dict[str, Any]] = field(default_factory=list)
+    # What pasted code, prose and tables state about checkpointing (evidence/code.py), by
+    # source: {"log": {...}, "config": {...}}; "args_dump": Megatron's printed arguments.
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +139,22 @@ class Evidence:
             notes=self.notes + other.notes,
             theoretical_memory={**self.theoretical_memory, **other.theoretical_memory},
             gpu_processes=self.gpu_processes + other.gpu_processes,
+            facts=_merge_facts(self.facts, other.facts),
         )
+
+
+def _merge_facts(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict:
+    out = {k: dict(v) for k, v in a.items()}
+    for source, facts in b.items():
+        mine = out.setdefault(source, {})
+        for key, value in facts.items():
+            if isinstance(value, list) and isinstance(mine.get(key), list):
+                mine[key] = mine[key] + value
+            elif isinstance(value, dict) and isinstance(mine.get(key), dict):
+                mine[key] = {**mine[key], **value}
+            else:
+                mine[key] = value
+    return out
 
 
 # Limits that keep memory bounded on huge or hostile inputs.

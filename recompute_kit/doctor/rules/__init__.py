@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     informational,
     memory,
     no_effect,
+    nondeterminism,
     overhead,
     validation,
 )

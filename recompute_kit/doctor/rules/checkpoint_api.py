@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
-from .registry import all_frames, is_megatron, on_message, rule
+from .registry import all_frames, fact, is_megatron, on_message, rule
 
 # --------------------------------------------------------------------------------------------
 # PyTorch / Hugging Face checkpoint API pitfalls
@@ -83,10 +83,29 @@ def _with_error(check, error: str):
     return gated
 
 
+def _failing(ctx: Context) -> bool:
+    return bool(ctx.oom) or any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
+
+
+def _reentrant_warning(ctx: Context) -> Match | None:
+    """PyTorch >= 2.4 words it as a coming error ("should be passed explicitly ... will raise
+    an exception"): misuse. The older wording ("please pass in use_reentrant=True or ...") is
+    a notice that changes nothing today: only with a failure in the log (else RK151)."""
+    new = on_message(RK072_NEW)(ctx)
+    if new is not None:
+        return new
+    return on_message(RK072_OLD)(ctx) if _failing(ctx) else None
+
+
+RK072_NEW = "the use_reentrant parameter should be passed explicitly"
+RK072_OLD = "please pass in use_reentrant=True or use_reentrant=False explicitly"
+
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
     _check = on_message(*_frags)
     if _id == "RK071":
         _check = _with_error(_check, _frags[1])
+    if _id == "RK072":
+        _check = _reentrant_warning
     rule(
         _id,
         _title,
@@ -145,9 +164,31 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
         and a.split(",")[1:] == b.split(",")[1:]
         for a, b in zip(saved, again, strict=False)
     )
+    count = re.search(
+        r"number of tensors saved during forward: (\d+)\s*number of tensors saved during "
+        r"recomputation: (\d+)",
+        text,
+    )
     moe = next((w for w in MOE_WORDS if w in text), None) or (
         "num_moe_experts" if ctx.is_moe else None
     )
+    if count is not None and not moe:
+        return Match(
+            0.9,
+            f"{found.evidence} The forward saved {count.group(1)} tensors, the recompute "
+            f"{count.group(2)}: another code path ran (data-dependent branches).",
+            config_patch={
+                "code": "save the router/gate outputs in the checkpoint (selective "
+                "checkpointing: policy MUST_SAVE for aten.topk / the gate's mm), or keep the "
+                "gate out of LoRA target_modules"
+            },
+            fix="Make the checkpointed region run the same ops twice: a count that differs "
+            "is a data-dependent branch, most often an MoE router/gate choosing other experts "
+            "in the recompute (experts that get no tokens are skipped). Save the router/gate "
+            "outputs (selective checkpointing with the topk in the save list, router replay), "
+            "keep the gate out of LoRA target_modules, or find the branch with "
+            "set_checkpoint_debug_enabled(True)",
+        )
     if moe is None and token_count:
         moe = "a token count that changed between forward and recompute"
     if moe:
@@ -211,12 +252,14 @@ rule(
 rule(
     "RK077",
     "Gradient checkpointing on a model that does not support it (Hugging Face)",
-    "checkpoint_api_misuse",
+    "invalid_config",
     symptom="ValueError: '... does not support gradient checkpointing.'",
-    cause="The model class has supports_gradient_checkpointing = False",
-    confirm="type(model).supports_gradient_checkpointing",
-    fix="Wrap the blocks with torch.utils.checkpoint yourself (use_reentrant=False) or use "
-    "another model class",
+    cause="The model class (in the installed transformers version) has "
+    "supports_gradient_checkpointing = False; many classes gained support in later releases",
+    confirm="type(model).supports_gradient_checkpointing; the model's changelog",
+    fix="Upgrade transformers (pip install -U transformers) and turn checkpointing on with "
+    "model.gradient_checkpointing_enable() rather than the old config key; if no release "
+    "supports it, wrap the blocks with torch.utils.checkpoint yourself (use_reentrant=False)",
     refs=("https://huggingface.co/docs/transformers/perf_train_gpu_one",),
     patch={"command": "pip install -U transformers"},
 )(on_message("does not support gradient checkpointing"))
@@ -329,3 +372,89 @@ def _no_input_grad_warning(ctx: Context) -> Match | None:
     if any(e.kind == "exception" and e.type for e in ctx.evidence.errors) or ctx.oom:
         return None  # a real failure is in the log: other rules speak to it
     return warned
+
+
+@rule(
+    "RK148",
+    "A traceback cut inside the reentrant checkpoint's backward",
+    "checkpoint_api_misuse",
+    symptom="A traceback (its exception line cut off) that ends in torch/utils/checkpoint.py "
+    "`backward` -> torch.autograd.backward: the reentrant checkpoint's own backward",
+    cause="The reentrant checkpoint runs a second, nested backward per block; hooks that "
+    "expect one gradient per parameter per step (DeepSpeed ZeRO's reduction hooks, DDP's "
+    "ready marks) fire again there, e.g. for weights shared between blocks",
+    confirm="The full error names a parameter reduced twice / marked ready twice; it goes "
+    "with use_reentrant=False or with checkpointing off for one step",
+    fix="Use the non-reentrant checkpoint (use_reentrant=False), or stop checkpointing the "
+    "blocks that share weights; with DeepSpeed ZeRO-2/3 and shared weights use ZeRO stage 1 "
+    "(zero_stage 1)",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=("https://github.com/deepspeedai/DeepSpeed/issues/988", PT_CKPT),
+)
+def _cut_in_reentrant_backward(ctx: Context) -> Match | None:
+    if _failing(ctx):
+        return None  # the error line is there: the rules that read it speak
+    for e in ctx.evidence.errors:
+        if e.kind != "exception" or e.type:
+            continue
+        frames = [f for f in e.frames if "utils/checkpoint.py" in f and f.endswith(" backward")]
+        if not frames:
+            continue
+        deepspeed = any("deepspeed" in f for f in e.frames)
+        evidence = (
+            f"The traceback stops in the reentrant checkpoint's backward ('{frames[-1]}')"
+            + (", under DeepSpeed's loss scaler" if deepspeed else "")
+            + "; its exception line is cut off."
+        )
+        patch: dict = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        if deepspeed:
+            patch["zero_optimization"] = {"stage": 1}
+            evidence += (
+                " DeepSpeed ZeRO reduces each gradient from a hook, which a nested backward "
+                "fires twice for shared weights."
+            )
+        return Match(0.5, evidence, config_patch=patch)
+    return None
+
+
+# Signs that the blocks' inputs need no gradient for a harmless reason (frozen base, no_grad).
+HARMLESS_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "finetuning_type", "no_grad")
+
+
+@rule(
+    "RK149",
+    "'None of the inputs have requires_grad=True' in full training: gradients are lost",
+    "checkpoint_api_misuse",
+    symptom="UserWarning 'None of the inputs have requires_grad=True. Gradients will be None' "
+    "while training every parameter with gradient checkpointing on (no adapters, no frozen "
+    "base, no torch.no_grad)",
+    cause="With the reentrant checkpoint a block whose inputs do not require grad produces "
+    "outputs without grad_fn: the parameters inside it get no gradient, silently (the first "
+    "block after an embedding without grad, or inputs built outside autograd)",
+    confirm="After one backward, print the parameters of the first checkpointed block whose "
+    ".grad is None",
+    fix="Use the non-reentrant checkpoint (use_reentrant=False) in the checkpoint calls, or "
+    "make the first block's input require grad (Hugging Face: "
+    "model.enable_input_require_grads())",
+    patch={"use_reentrant": False},
+    refs=("https://github.com/mlfoundations/open_clip/issues/573", PT_CKPT),
+    supersedes=("RK099",),
+)
+def _lost_gradients(ctx: Context) -> Match | None:
+    warned = on_message("None of the inputs have requires_grad=True")(ctx)
+    if warned is None or _failing(ctx):
+        return None
+    on = fact(ctx, "checkpointing_on", "config")
+    if not on or fact(ctx, "no_grad") or fact(ctx, "eval"):
+        return None
+    settings = " ".join(f"{k}={v}" for k, v in ctx.cfg.items()).lower()
+    if any(w in settings for w in HARMLESS_WORDS):
+        return None
+    if fact(ctx, "use_reentrant") is False:
+        return None  # non-reentrant already: the warning cannot lose gradients
+    return Match(
+        0.65,
+        f"{warned.evidence} The config trains with checkpointing on ('{on[0]}') and nothing "
+        "is frozen or run under no_grad: with the reentrant checkpoint the parameters in that "
+        "block get no gradient.",
+    )

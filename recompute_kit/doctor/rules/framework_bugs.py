@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from ..types import Context, Match
-from .registry import gib, on_message, patch_for, rule
+from .registry import fact, gib, on_message, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # Known framework bugs and their workarounds
@@ -89,9 +91,23 @@ rule(
 def _zero3_released(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:
         text = " ".join(f"{e.message} {e.details or ''}".split())
-        if "recomputed metadata" in text and "torch.Size([0])" in text:
-            return Match(0.9, "The recomputed tensors have shape torch.Size([0]).")
+        # "recomputed metadata: {'shape': torch.Size([0]), ...", or pasted shorter as
+        # "saved {'shape': [1024]} vs recomputed {'shape': [0]}"
+        if _EMPTY_RECOMPUTE_RE.search(text):
+            saved = _SAVED_SHAPE_RE.search(text)
+            return Match(
+                0.9,
+                "The recomputed tensors have shape [0]"
+                + (f" where the forward saved [{saved.group(1)}]" if saved else "")
+                + ": a parameter the recompute used was already released to its shard.",
+            )
     return None
+
+
+_EMPTY_RECOMPUTE_RE = re.compile(
+    r"recomputed(?: metadata)?:?\s*\{'shape':\s*(?:torch\.Size\(\[0\]\)|\[0\])"
+)
+_SAVED_SHAPE_RE = re.compile(r"saved(?: metadata)?:?\s*\{'shape':\s*(?:torch\.Size\()?\[([^\]]+)\]")
 
 
 @rule(
@@ -151,5 +167,69 @@ def _recompute_type_error(ctx: Context) -> Match | None:
             0.85,
             f'{e.type}: "{e.message[:160]}" is raised in the recompute path ("{hit}").',
             config_patch=patch,
+        )
+    return None
+
+
+@rule(
+    "RK154",
+    "max_split_size_mb together with expandable_segments: reserved memory keeps growing",
+    "framework_bug",
+    symptom="PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) sets both max_split_size_mb and "
+    "expandable_segments:True; reserved memory grows step after step while allocated stays "
+    "flat, until the device is full",
+    cause="A known interaction in PyTorch's caching allocator: the max_split_size_mb filter "
+    "in get_free_block keeps expandable segments from being reused, so new ones are mapped",
+    confirm="Run with either option alone: reserved memory stays flat",
+    fix="Use expandable_segments:True alone (drop max_split_size_mb); it solves the "
+    "fragmentation max_split_size_mb was set for",
+    patch={"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    refs=("https://github.com/pytorch/pytorch/issues/123548",),
+)
+def _split_and_expandable(ctx: Context) -> Match | None:
+    for name, value in ctx.evidence.env.items():
+        v = value.replace(" ", "")
+        if "max_split_size_mb" in v and "expandable_segments:True" in v:
+            rest = ",".join(p for p in v.split(",") if p and not p.startswith("max_split_size_mb"))
+            return Match(
+                0.75,
+                f"{name}={value} sets both options; PyTorch's allocator then maps new "
+                "expandable segments instead of reusing them (reserved grows).",
+                config_patch={"env": {name: rest or "expandable_segments:True"}},
+            )
+    return None
+
+
+NO_CUDA = ("compiled without CUDA support", "not compiled with CUDA enabled")
+
+
+@rule(
+    "RK155",
+    "Checkpointing on a non-CUDA device takes the CUDA path",
+    "framework_bug",
+    symptom="RuntimeError 'PyTorch was compiled without CUDA support' / 'Torch not compiled "
+    "with CUDA enabled' from gradient checkpointing on XPU, NPU, MPS or CPU builds",
+    cause="torch.utils.checkpoint inferred the device of the saved RNG state (CPU tensors, "
+    "no device) as CUDA and called into torch.cuda in backward (fixed in PyTorch 2.4, "
+    "_infer_device_type)",
+    confirm="The failure is in the backward of a checkpointed block, on a build without CUDA",
+    fix="Upgrade torch (>= 2.4); meanwhile set the device type explicitly: "
+    "torch.utils.checkpoint.DefaultDeviceType.set_device_type('xpu')",
+    patch={"command": "pip install -U torch  # >= 2.4"},
+    refs=("https://github.com/pytorch/pytorch/pull/128671",),
+)
+def _cuda_path_off_cuda(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if not any(w in e.message for w in NO_CUDA):
+            continue
+        where = " ".join([*e.frames, *e.context, e.message]).lower()
+        mentioned = fact(ctx, "mentions") or []
+        if "checkpoint" not in where and not mentioned:
+            continue
+        return Match(
+            0.8,
+            f'"{e.type}: {e.message[:120]}" with gradient checkpointing in play'
+            + (f" ('{mentioned[0][:100]}')" if mentioned else "")
+            + ": the checkpoint's RNG handling assumed a CUDA device.",
         )
     return None

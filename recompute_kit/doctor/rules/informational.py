@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import on_message, patch_for, rule
+from .registry import fact, gib, on_message, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # When nothing is wrong
@@ -60,3 +60,115 @@ def _old_checkpointing_format(ctx: Context) -> Match | None:
     if found is None or ctx.oom or any(e.kind == "exception" for e in ctx.evidence.errors):
         return None
     return found
+
+
+def _quiet(ctx: Context) -> bool:
+    """No failure in the evidence: no OOM and no exception line."""
+    return not ctx.oom and not any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
+
+
+@rule(
+    "RK156",
+    "use_reentrant notice alone (PyTorch < 2.4 wording): nothing to fix",
+    "informational",
+    symptom="UserWarning 'torch.utils.checkpoint: please pass in use_reentrant=True or "
+    "use_reentrant=False explicitly. The default value of use_reentrant will be updated to "
+    "be False in the future', with training running",
+    cause="Older PyTorch announces the coming change of default; the run uses the reentrant "
+    "checkpoint as before (often printed once, at the first step)",
+    confirm="The loss falls and no error follows the warning",
+    fix="No fix needed; to silence it (and be ready for PyTorch >= 2.9, which raises) pass "
+    "use_reentrant explicitly: gradient_checkpointing_kwargs={'use_reentrant': False}",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=("https://docs.pytorch.org/docs/stable/checkpoint.html",),
+)
+def _old_reentrant_notice(ctx: Context) -> Match | None:
+    found = on_message(
+        "please pass in use_reentrant=True or use_reentrant=False explicitly", confidence=0.55
+    )(ctx)
+    return found if found is not None and _quiet(ctx) else None
+
+
+@rule(
+    "RK157",
+    "A library's notice: it falls back to a slower or larger path",
+    "informational",
+    symptom="A line such as 'Unsloth: Vocab size of N exceeds the max CUDA blocksize ... will "
+    "use Pytorch's CrossEntropyLoss, which will entail a 25% increase in memory usage and be "
+    "slower', with no error",
+    cause="The library's fast kernel does not cover this case; it says so and uses the "
+    "generic implementation, which costs some memory and speed but works",
+    confirm="Training runs; the notice repeats at start-up",
+    fix="No fix needed; upgrade the library when a release covers the case (the notice names "
+    "the component, e.g. CrossEntropyLoss), or leave headroom for the extra memory",
+    patch={"command": "pip install -U <the library named in the notice>"},
+)
+def _fallback_notice(ctx: Context) -> Match | None:
+    notices = fact(ctx, "notices", "log")
+    if not notices or not _quiet(ctx):
+        return None
+    line = notices[0]
+    lib = line.split(":", 1)[0].strip() if ":" in line[:40] else ""
+    lib = lib if lib.replace("-", "").replace("_", "").isalnum() else ""
+    return Match(
+        0.6,
+        f'The log says: "{line}": a fallback it announces, not an error.',
+        config_patch={"command": f"pip install -U {lib.lower() or '<library>'}"},
+        fix="No fix needed: the run works on the slower path"
+        + (f"; upgrade {lib.lower()} when a release covers this case" if lib else ""),
+    )
+
+
+rule(
+    "RK158",
+    "NCCL_CUMEM_ENABLE=0 warning from vLLM: expected",
+    "informational",
+    symptom="WARNING '[env_override.py] NCCL_CUMEM_ENABLE is set to 0, skipping override. "
+    "This may increase memory overhead with cudagraph+allreduce'",
+    cause="The launcher sets NCCL_CUMEM_ENABLE=0 on purpose (NCCL's cuMem allocations break "
+    "weight sync / sleep mode between trainer and vLLM); vLLM notes it keeps the setting",
+    confirm="The environment sets NCCL_CUMEM_ENABLE=0 deliberately (RL trainers do)",
+    fix="Ignore it (an expected warning); only if memory is short with CUDA graphs + "
+    "all-reduce, try NCCL_CUMEM_ENABLE=1 where the colocated engine allows it",
+    patch={"code": "no change: NCCL_CUMEM_ENABLE=0 is intended (expected warning)"},
+    refs=("https://github.com/NVIDIA/nccl/issues/1234",),
+)(on_message("NCCL_CUMEM_ENABLE is set to 0", confidence=0.7))
+
+
+@rule(
+    "RK159",
+    "'Checkpointing has no effect' read from the wrong number",
+    "informational",
+    symptom="The same memory with and without gradient checkpointing by one measure (nvidia-smi, "
+    "reserved memory), while the allocator's peaks (MaxMemAllocated, max_memory_allocated) "
+    "differ",
+    cause="nvidia-smi and reserved memory include the allocator's cache, which keeps the "
+    "largest footprint ever reached; at a short sequence length activations are a small "
+    "share of the total anyway",
+    confirm="Compare torch.cuda.max_memory_allocated() (DeepSpeed's MaxMemAllocated) of the "
+    "two runs",
+    fix="No fix needed: checkpointing works; compare MaxMemAllocated / max_memory_allocated, "
+    "and expect a large saving only at long sequences (max_seq_len) or large batches",
+    patch={"code": "print(torch.cuda.max_memory_allocated()) with and without checkpointing"},
+)
+def _misread(ctx: Context) -> Match | None:
+    if not _quiet(ctx):
+        return None
+    labelled = fact(ctx, "labelled_sizes") or []
+    same = [s for _, s in labelled]
+    equal = len(same) >= 2 and max(same) <= 1.05 * min(same)
+    peaks = [m.max_allocated_bytes for m in ctx.evidence.memory if m.max_allocated_bytes]
+    differ = len(peaks) >= 2 and max(peaks) >= 1.5 * min(peaks)
+    if not (equal and differ):
+        return None
+    seq = next(
+        (ctx.cfg[k] for k in ("max_seq_len", "max_seq_length", "seq_length") if k in ctx.cfg),
+        None,
+    )
+    evidence = (
+        f"{labelled[0][0]} and {labelled[1][0]} both read {gib(same[0])}, but the allocator's "
+        f"peaks differ: {gib(min(peaks))} vs {gib(max(peaks))}."
+    )
+    if isinstance(seq, int) and seq <= 512:
+        evidence += f" At max_seq_len {seq} activations are a small share of the memory."
+    return Match(0.75, evidence)

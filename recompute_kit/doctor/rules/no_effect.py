@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..types import Context, Match
-from .registry import gib, next_step, patch_for, rule
+from .registry import fact, gib, next_step, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # Settings that do not do what they seem to
@@ -184,4 +184,245 @@ def _deepspeed_section_only(ctx: Context) -> Match | None:
         0.7,
         f"The config has DeepSpeed's activation_checkpointing section ({', '.join(section[:3])}"
         ") but nothing turns checkpointing on in the model (no gradient_checkpointing).",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpointing switched on where it cannot act
+# --------------------------------------------------------------------------------------------
+
+FROZEN_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "requires_grad_(false)")
+
+
+@rule(
+    "RK140",
+    "Gradient checkpointing set on a module in eval mode",
+    "recompute_no_effect",
+    symptom="gradient_checkpointing = True (or gradient_checkpointing_enable()) and then "
+    ".eval() on the same model; memory as if nothing were checkpointed",
+    cause="Hugging Face transformers and diffusers blocks gate checkpointing on "
+    "`self.training and self.gradient_checkpointing`: in eval mode (e.g. a frozen base model "
+    "trained through adapters) the blocks run without checkpoints and keep every activation",
+    confirm="Print module.training inside the step: False; or time the backward: no forward "
+    "is re-run",
+    fix="Keep the checkpointed modules in train() mode for the step (freeze weights with "
+    "requires_grad_(False), not eval(); dropout can be set to 0 instead), or upgrade the "
+    "library to a version that gates on torch.is_grad_enabled() (diffusers >= 0.32)",
+    patch={"code": "model.train()  # checkpointing is gated on self.training"},
+    refs=("https://github.com/huggingface/diffusers/pull/9878",),
+)
+def _eval_mode(ctx: Context) -> Match | None:
+    on, evals = fact(ctx, "checkpointing_on"), fact(ctx, "eval")
+    if not on or not evals or not fact(ctx, "eval_after_train"):
+        return None
+    if fact(ctx, "no_grad") and not fact(ctx, "checkpoint_call"):
+        return None  # inference under no_grad: nothing to checkpoint anyway (RK099's case)
+    return Match(
+        0.8,
+        f"The snippet turns checkpointing on ('{on[0]}') and then switches the module to "
+        f"eval mode ('{evals[-1]}'): blocks that check self.training skip the checkpoint.",
+        config_patch={
+            "code": f"{evals[-1].split('.eval')[0].strip() or 'model'}.train()  # not eval(): "
+            "checkpointing is gated on self.training (or upgrade: is_grad_enabled gate)"
+        },
+    )
+
+
+@rule(
+    "RK141",
+    "Recompute flags given, but Megatron's printed arguments say None",
+    "recompute_no_effect",
+    symptom="The launch command or config sets --recompute-granularity (method, num layers), "
+    "but the arguments Megatron prints at start-up show recompute_granularity None",
+    cause="The flags never reached Megatron's parser: a line after a broken `\\` continuation "
+    "or a comment, an empty shell variable, a wrapper that rebuilds argv, or a later "
+    "override; what Megatron prints is what runs",
+    confirm="grep the printed arguments (`recompute_granularity ....`) in the log of the run "
+    "itself; echo the final command line in the launcher",
+    fix="Fix the launch script so the flags reach pretrain_gpt.py (no comment or blank line "
+    "inside the continued command; quote the variables that hold flags) and check the "
+    "printed arguments again",
+    patch=patch_for("full:uniform:1"),
+)
+def _flags_lost(ctx: Context) -> Match | None:
+    dump = ctx.evidence.facts.get("args_dump") or {}
+    if "recompute_granularity" not in dump or dump["recompute_granularity"] is not None:
+        return None
+    asked = {
+        k: v
+        for k, v in {**(fact(ctx, "recompute_flags", "log") or {}), **ctx.cfg}.items()
+        if k in ("recompute_granularity", "recompute_method", "recompute_num_layers")
+        and v is not None
+        and dump.get(k) != v
+    }
+    if not asked.get("recompute_granularity"):
+        return None
+    spec = asked["recompute_granularity"]
+    if spec == "full":
+        spec = f"full:{asked.get('recompute_method') or 'uniform'}:"
+        spec += str(asked.get("recompute_num_layers") or 1)
+    try:
+        patch = patch_for(spec)
+    except Exception:  # an odd value: name it as given
+        patch = dict(asked)
+    words = ", ".join(f"{k} {v}" for k, v in asked.items())
+    return Match(
+        0.85,
+        f"The run asks for {words}, but Megatron's printed arguments have "
+        "recompute_granularity None: the run recomputed nothing.",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK142",
+    "NeMo 1.x: activations_checkpoint_granularity: null turns recompute_* off",
+    "recompute_no_effect",
+    symptom="A NeMo 1.x model YAML with recompute_granularity set and the template's "
+    "activations_checkpoint_granularity: null left in; memory as without recompute",
+    cause="NeMo 1.x builds the transformer config from activations_checkpoint_granularity / "
+    "_method / _num_layers, so their null values win over the recompute_* keys",
+    confirm="Megatron's printed arguments (or model.cfg) show recompute_granularity None",
+    fix="Set the activations_checkpoint_* keys (not recompute_*) in a NeMo 1.x YAML, or "
+    "delete the null activations_checkpoint_* lines",
+    patch={"activations_checkpoint_granularity": "full"},
+)
+def _nemo_null_granularity(ctx: Context) -> Match | None:
+    over = (ctx.cfg.get("activations_checkpoint_overrides") or {}).get("recompute_granularity")
+    if not over or over.get("used") is not None or not over.get("written"):
+        return None
+    written = over["written"]
+    patch = {"activations_checkpoint_granularity": written}
+    for key in ("recompute_method", "recompute_num_layers"):
+        value = (
+            (ctx.cfg.get("activations_checkpoint_overrides") or {})
+            .get(key, {})
+            .get("written", ctx.cfg.get(key))
+        )
+        if value is not None:
+            patch[key.replace("recompute_", "activations_checkpoint_")] = value
+    return Match(
+        0.85,
+        f"The YAML sets recompute_granularity: {written} but also "
+        "activations_checkpoint_granularity: null, which NeMo 1.x reads: recompute is off.",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK143",
+    "layernorm recompute on a Transformer Engine dense model is a no-op",
+    "recompute_no_effect",
+    symptom="recompute_modules contains layernorm on a dense (non-MoE) model built with "
+    "Transformer Engine; memory does not move",
+    cause="Transformer Engine fuses both layer norms of a dense layer into the following "
+    "linear (LayerNormLinear / LayerNormMLP): the norm modules are IdentityOp and there is "
+    "no norm output to discard",
+    confirm="Print the model: input_layernorm and pre_mlp_layernorm are IdentityOp",
+    fix="Drop layernorm from recompute_modules; recompute what holds memory (mlp, or full "
+    "recompute of a few layers)",
+    patch=patch_for("selective:mlp"),
+    supersedes=("RK022",),
+)
+def _layernorm_fused(ctx: Context) -> Match | None:
+    if "layernorm" not in ctx.modules or ctx.is_moe or ctx.is_mla:
+        return None
+    impl = str(ctx.cfg.get("transformer_impl") or "transformer_engine")
+    if impl != "transformer_engine":
+        return None
+    rest = [m for m in ctx.modules if m != "layernorm"]
+    nxt = "mlp" if "mlp" not in rest else None
+    mods = rest + ([nxt] if nxt else [])
+    patch = {**patch_for("selective:" + ",".join(mods))} if nxt else patch_for("full:uniform:1")
+    oom = bool(ctx.oom or ctx.says("out of memory"))
+    return Match(
+        0.7 if oom else 0.55,
+        f"recompute_modules {ctx.modules} on a dense Transformer Engine model: its layer "
+        "norms are fused into the linears, so 'layernorm' discards nothing.",
+        config_patch=patch,
+    )
+
+
+COMPILE_KEYS = ("compile", "torch_compile", "use_torch_compile", "compile_model", "compiler")
+
+
+@rule(
+    "RK144",
+    "OOM with checkpointing on under a compiler: the checkpoints may be dropped",
+    "recompute_no_effect",
+    symptom="Out of memory with activation checkpointing enabled and the model compiled "
+    "(torch.compile, Thunder, dynamo); the same run without the compiler fits",
+    cause="The compiler traces the checkpointed blocks; a version that does not keep the "
+    "checkpoint regions (or recomputes nothing after partitioning) saves every activation",
+    confirm="Run one step with the compiler off and with checkpointing off: if the compiled "
+    "run peaks like the run without checkpointing, the compiler dropped the checkpoints",
+    fix="Apply activation checkpointing before compiling (per block), or run without the "
+    "compiler / on the compiler's previous version until it keeps checkpoint regions",
+    patch={"compile": False},
+)
+def _compiled_checkpoints(ctx: Context) -> Match | None:
+    if not (ctx.oom or ctx.says("out of memory")):
+        return None
+    on = [k for k, v in ctx.cfg.items() if v is True and _is_checkpoint_key(k)]
+    if not on:
+        return None
+    compiled = next(
+        (k for k in ctx.cfg if k.rsplit(".", 1)[-1] in COMPILE_KEYS and ctx.cfg[k]), None
+    )
+    if compiled is None or ctx.cfg[compiled] in ("none", "None", "eager"):
+        return None
+    return Match(
+        0.5,
+        f"The OOM happened with {on[0]} = True and {compiled} = {ctx.cfg[compiled]}: the "
+        "compiled graph may not keep the checkpoint regions.",
+        config_patch={compiled: False, on[0]: True},
+    )
+
+
+def _is_checkpoint_key(key: str) -> bool:
+    name = key.rsplit(".", 1)[-1]
+    return name in (
+        "gradient_checkpointing",
+        "activation_checkpointing",
+        "checkpoint_activations",
+        "grad_checkpointing",
+        "use_gradient_checkpointing",
+    )
+
+
+@rule(
+    "RK160",
+    "Checkpointing requested, but the run's printed arguments have it off",
+    "recompute_no_effect",
+    symptom="The command line or config turns gradient / activation checkpointing on, while "
+    "the arguments the run printed (TrainingArguments, the script's args) say "
+    "gradient_checkpointing=False; per-step peaks as without checkpointing",
+    cause="The flag never reached the model: a script that parses its own flags and ignores "
+    "this one, a misspelt key, a later default that overwrites it, or a launcher that drops "
+    "arguments after a broken line continuation",
+    confirm="Print model.is_gradient_checkpointing (Hugging Face) or the script's parsed args "
+    "in the run itself",
+    fix="Pass the flag the script actually reads (or call model.gradient_checkpointing_enable() "
+    "after loading the model), then check the printed arguments again",
+    patch={"gradient_checkpointing": True},
+)
+def _flag_printed_off(ctx: Context) -> Match | None:
+    asked = fact(ctx, "checkpointing_on", "config") or [
+        line for line in (fact(ctx, "checkpointing_on", "log") or []) if "--" in line
+    ]
+    printed = [
+        line
+        for line in (fact(ctx, "checkpointing_off", "log") or [])
+        if "--" not in line and "disable" not in line
+    ]
+    if not asked or not printed:
+        return None
+    return Match(
+        0.8,
+        f"Checkpointing is asked for ('{asked[0]}') but the run printed '{printed[0]}': the "
+        "model trained without it.",
+        config_patch={
+            "gradient_checkpointing": True,
+            "code": "model.gradient_checkpointing_enable()",
+        },
     )

@@ -154,6 +154,22 @@ def parse_spec_safe(ctx: Context):
     return ctx.config.recompute if ctx.config else RecomputeConfig()
 
 
+def fact(ctx: Context, key: str, source: str | None = None) -> Any:
+    """A fact from pasted code / prose / tables (evidence/code.py): from one source ("log",
+    "config") or, without one, the log's and the config's together (lists joined)."""
+    sources = (source,) if source else ("log", "config")
+    found: Any = None
+    for s in sources:
+        value = ctx.evidence.facts.get(s, {}).get(key)
+        if value is None:
+            continue
+        if isinstance(value, list) and isinstance(found, list):
+            found = found + value
+        elif found is None:
+            found = value
+    return found
+
+
 def oom_errors(ctx: Context):
     return [
         e

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from ..types import Context, Match
-from .registry import on_message, patch_for, rule
+from .registry import fact, on_message, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # Megatron's validation messages (one rule per family, messages verbatim in the tests)
@@ -59,7 +61,11 @@ VALIDATION_RULES = [
     (
         "RK053",
         "Unknown granularity or method",
-        ('must be "full"or "selective"', 'must be "block" or "uniform".'),
+        (
+            'must be "full"or "selective"',
+            'must be "block" or "uniform".',
+            "Invalid activation recompute method",
+        ),
         "A typo in recompute_granularity or recompute_method",
         "Only selective/full and uniform/block exist (Megatron's message spells 'granuarlity')",
         "Fix the value",
@@ -182,7 +188,35 @@ VALIDATION_RULES = [
     ),
 ]
 
+
+def _invalid_method(check):
+    """RK053: Megatron's runtime "Invalid activation recompute method." comes with full
+    recompute and no method: the patch sets one."""
+
+    def checked(ctx: Context) -> Match | None:
+        found = check(ctx)
+        if found is not None and "Invalid activation recompute method" in found.evidence:
+            n = ctx.cfg.get("recompute_num_layers")
+            return Match(
+                found.confidence,
+                found.evidence,
+                config_patch={
+                    "recompute_granularity": "full",
+                    "recompute_method": "uniform",
+                    "recompute_num_layers": n if isinstance(n, int) and n > 0 else 1,
+                },
+                fix="Set recompute_method to uniform or block (full recompute reached the "
+                "layer loop without one; in NeMo 1.x YAML set activations_checkpoint_method)",
+            )
+        return found
+
+    return checked
+
+
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
+    _check = _validation(*_frags)
+    if _id == "RK053":
+        _check = _invalid_method(_check)
     rule(
         _id,
         _title,
@@ -193,7 +227,7 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in VALIDATION_RULES:
         fix=_fix,
         patch=_patch,
         refs=(MEGATRON_CONFIG,),
-    )(_validation(*_frags))
+    )(_check)
 
 
 @rule(
@@ -316,3 +350,195 @@ def _argument_patch(ctx: Context, message: str, keys: list[str]) -> dict:
     if keys:
         return {keys[0]: f"<a value that satisfies: {message[:80]}>"}
     return {"code": "fix the argument validate_args names"}
+
+
+@rule(
+    "RK150",
+    "NeMo 1.x: activations_checkpoint_method / _num_layers: null override recompute_*",
+    "invalid_config",
+    symptom="A NeMo 1.x YAML sets recompute_method / recompute_num_layers while the "
+    "template's activations_checkpoint_method / _num_layers are null; full recompute fails "
+    "('Invalid activation recompute method', recompute_method must be \"block\" or "
+    '"uniform")',
+    cause="NeMo 1.x builds the transformer config from the activations_checkpoint_* keys; "
+    "their null values replace the recompute_* ones",
+    confirm="Megatron's printed arguments show recompute_method None",
+    fix="Set activations_checkpoint_method / activations_checkpoint_num_layers (the keys NeMo "
+    "1.x reads), or delete the null lines",
+    patch={"activations_checkpoint_method": "uniform", "activations_checkpoint_num_layers": 1},
+    supersedes=("RK050", "RK051", "RK053"),
+)
+def _nemo_null_method(ctx: Context) -> Match | None:
+    over = ctx.cfg.get("activations_checkpoint_overrides") or {}
+    nulled = {
+        k: v["written"]
+        for k, v in over.items()
+        if k in ("recompute_method", "recompute_num_layers") and v.get("used") is None
+    }
+    if not nulled or ctx.granularity is None:
+        return None
+    patch = {k.replace("recompute_", "activations_checkpoint_"): v for k, v in nulled.items()}
+    words = ", ".join(f"{k}: {v}" for k, v in nulled.items())
+    return Match(
+        0.9,
+        f"The YAML sets {words}, but the activations_checkpoint_* keys NeMo 1.x reads are "
+        f"null: full recompute ({ctx.granularity}) runs without a method.",
+        config_patch=patch,
+    )
+
+
+@rule(
+    "RK151",
+    "A script's assertion forbids checkpointing together with another option",
+    "invalid_config",
+    symptom="AssertionError from the training script, or an `assert not (args.X and "
+    "args.gradient_checkpointing)` line: the two options cannot be combined there",
+    cause="The script (not PyTorch) refuses the combination, usually because its wrapper "
+    "(Accelerate FSDP, an old PyTorch) cannot checkpoint inside the sharded module",
+    confirm="The assert line names both options",
+    fix="Choose one of the two in this script; for memory, native PyTorch FSDP with its "
+    "activation checkpointing wrapper (apply_activation_checkpointing) combines both",
+    patch={"gradient_checkpointing": False},
+)
+def _script_assert(ctx: Context) -> Match | None:
+    lines = list(fact(ctx, "asserts") or [])
+    for e in ctx.evidence.errors:
+        if e.type.endswith("AssertionError") and "checkpoint" in e.message.lower():
+            lines.append(e.message)
+    for line in lines:
+        lower = line.lower()
+        if not re.search(r"(?:gradient|activation|grad)[_ ]?checkpoint", lower):
+            continue
+        names = [
+            n
+            for n in re.findall(r"(?:args|config|cfg|opt|self)\.(\w+)", line)
+            if "checkpoint" not in n
+        ]
+        other = names[0] if names else None
+        patch = {other: False} if other else {"gradient_checkpointing": False}
+        return Match(
+            0.8,
+            f'The script asserts "{line[:160]}": gradient checkpointing and '
+            f"{other or 'another option'} cannot be combined there.",
+            config_patch=patch,
+            fix=f"Choose one: turn {other or 'the other option'} off and keep "
+            "gradient_checkpointing, or the reverse; native PyTorch FSDP with "
+            "apply_activation_checkpointing combines both",
+        )
+    return None
+
+
+def _divisor_at_most(n: int, k: int) -> int:
+    return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
+
+
+@rule(
+    "RK152",
+    "recompute_num_layers does not divide the layers per stage (uniform)",
+    "invalid_config",
+    symptom="Full uniform recompute with a layer count per pipeline stage that is not a "
+    "multiple of recompute_num_layers; the chunk loop (_checkpointed_forward) fails",
+    cause="Uniform recompute checkpoints chunks of recompute_num_layers layers; the last chunk "
+    "runs past the last layer (Megatron-Core < 0.17, NeMo's Hyena block and other copies of "
+    "the loop do not clamp it)",
+    confirm="num_layers / pipeline_model_parallel_size % recompute_num_layers != 0",
+    fix="Set recompute_num_layers to a divisor of the layers per stage (1 always works), or "
+    "use recompute_method block",
+    patch={"recompute_method": "uniform", "recompute_num_layers": 1},
+)
+def _uniform_divisor(ctx: Context) -> Match | None:
+    layers = ctx.cfg.get("num_layers")
+    pp = ctx.cfg.get("pipeline_model_parallel_size") or 1
+    vpp = ctx.cfg.get("virtual_pipeline_model_parallel_size") or 1
+    n = ctx.cfg.get("recompute_num_layers")
+    per_stage = None
+    if isinstance(layers, int) and isinstance(pp, int) and isinstance(vpp, int) and pp * vpp:
+        per_stage = layers // (pp * vpp)
+    uniform = ctx.granularity == "full" and ctx.cfg.get("recompute_method") == "uniform"
+    bad = uniform and isinstance(n, int) and n > 1 and per_stage and per_stage % n
+    cut = next(
+        (
+            e
+            for e in ctx.evidence.errors
+            if not e.type and any("_checkpointed_forward" in f for f in e.frames)
+        ),
+        None,
+    )
+    if bad:
+        k = _divisor_at_most(per_stage, n)
+        index_error = any(e.type.endswith("IndexError") for e in ctx.evidence.errors)
+        return Match(
+            # an IndexError in Megatron's own loop is RK064's (fixed upstream); a cut or other
+            # traceback, or none, is this config's
+            0.8 if index_error else 0.85 if ctx.evidence.errors else 0.6,
+            f"{per_stage} layers per stage are not a multiple of recompute_num_layers {n} "
+            f"(uniform): the last chunk runs past the last layer. {k} divides {per_stage}.",
+            config_patch={"recompute_method": "uniform", "recompute_num_layers": k},
+        )
+    if cut is not None and not _any_error_line(ctx):
+        frame = next(f for f in cut.frames if "_checkpointed_forward" in f)
+        return Match(
+            0.55,
+            f"The traceback is cut inside the uniform recompute loop ('{frame}'), where chunks "
+            "of recompute_num_layers layers are checkpointed: a recompute_num_layers that does "
+            "not divide the layers per stage runs past the last layer.",
+        )
+    return None
+
+
+def _any_error_line(ctx: Context) -> bool:
+    return bool(ctx.oom) or any(e.type for e in ctx.evidence.errors)
+
+
+DS_CKPT = "deepspeed/runtime/activation_checkpointing/checkpointing.py"
+
+
+@rule(
+    "RK153",
+    "DeepSpeed contiguous activation checkpointing without number_checkpoints",
+    "invalid_config",
+    symptom="IndexError in DeepSpeed's partition_activations (contiguous_data_buffers) with "
+    "partition_activations and contiguous_memory_optimization on",
+    cause="Contiguous checkpointing sizes its buffers by number_checkpoints; when the "
+    "integration (e.g. Lightning's DeepSpeedStrategy) does not pass it, the buffer list is "
+    "empty",
+    confirm="activation_checkpointing.number_checkpoints is unset in the DeepSpeed config "
+    "the run used",
+    fix="Set activation_checkpointing.number_checkpoints to the number of checkpointed "
+    "layers, or contiguous_memory_optimization false",
+    patch={"activation_checkpointing": {"number_checkpoints": "<checkpointed layers>"}},
+    refs=("https://github.com/Lightning-AI/pytorch-lightning/issues/20329",),
+)
+def _contiguous_without_count(ctx: Context) -> Match | None:
+    hit = None
+    for e in ctx.evidence.errors:
+        frames = " ".join(e.frames)
+        if (
+            DS_CKPT in frames
+            and "partition_activations" in frames
+            and (e.type.startswith("IndexErr") or not e.type)
+        ):
+            hit = e
+            break
+    contiguous = ctx.cfg.get("activation_checkpointing.contiguous_memory_optimization")
+    count = ctx.cfg.get("activation_checkpointing.number_checkpoints")
+    if hit is None and not (contiguous is True and count in (None, False, 0)):
+        return None
+    layers = ctx.cfg.get("num_layers") or ctx.cfg.get("num_hidden_layers")
+    n = layers if isinstance(layers, int) else "<checkpointed layers>"
+    where = (
+        f"{hit.type or 'the error'} is raised in DeepSpeed's partition_activations"
+        if hit
+        else "contiguous_memory_optimization is on"
+    )
+    return Match(
+        0.85 if hit else 0.6,
+        f"{where}: contiguous checkpointing sizes its buffers by number_checkpoints, which "
+        "was not set.",
+        config_patch={
+            "activation_checkpointing": {
+                "number_checkpoints": n,
+                "contiguous_memory_optimization": True,
+            }
+        },
+    )

@@ -1,0 +1,324 @@
+"""Pasted code, prose and small tables: the facts about activation checkpointing they state.
+
+Issue threads paste a few lines of Python (`block.gradient_checkpointing = True`,
+`block.eval()`, `checkpoint(b, x)` under `autocast(dtype=torch.bfloat16)`), a JSON fragment of
+a DeepSpeed config, an `assert` that forbids two options together, what a script printed
+(`Output dtype: torch.float16`, `gradient_checkpointing: 6.4G`), a library's notice that it
+falls back to a slower path, or a table of runs with checkpointing on and off. `scan_snippets`
+reads these from short texts (a log of a few MiB at most, or a config) into a dict of facts,
+each fact with the line that states it (for the findings to quote). Only plain text matching:
+nothing is executed or imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .text import clean_line, parse_size
+
+MAX_SNIPPET_BYTES = 2 << 20  # pasted snippets live in short texts, not in 100 MB logs
+
+# Checkpointing switched on / off, as code, YAML, JSON or a command-line flag writes it.
+_ON_RE = re.compile(
+    r"(?:\b(?:gradient_checkpointing|activation_checkpointing|checkpoint_activations|"
+    r"grad_checkpointing|use_gradient_checkpointing|enable_gradient_checkpointing|"
+    r"gradient_checkpoint)['\"]?\s*[:=]\s*(?:True|true|1)\b"
+    r"|\.gradient_checkpointing_enable\s*\("
+    r"|\.set_grad_checkpointing\s*\(\s*(?:True|enable\s*=\s*True)?\s*\)"
+    r"|--(?:gradient|grad|activation)[-_]checkpointing(?:\s*=\s*(?:True|true|1))?(?=\s|$|\\)"
+    r"|--checkpoint[-_]activations(?:\s*=\s*(?:True|true|1))?(?=\s|$|\\))"
+)
+_OFF_RE = re.compile(
+    r"\b(?:gradient_checkpointing|activation_checkpointing|checkpoint_activations|"
+    r"grad_checkpointing)['\"]?\s*[:=]\s*(?:False|false|0|None|null)\b"
+    r"|\.gradient_checkpointing_disable\s*\("
+)
+_EVAL_RE = re.compile(r"\.eval\(\s*\)|\.train\(\s*(?:False|mode\s*=\s*False)\s*\)")
+_TRAIN_RE = re.compile(r"\.train\(\s*(?:True|mode\s*=\s*True)?\s*\)")
+_NO_GRAD_RE = re.compile(r"torch\.no_grad\(\)|torch\.inference_mode\(|@torch\.no_grad|no_grad\(\)")
+_CALL_RE = re.compile(
+    r"(?<![\w])(?:torch\.utils\.checkpoint\.|checkpoint\.|te\.|tensor_parallel\.|deepspeed\."
+    r"checkpointing\.)?checkpoint(?:_sequential)?\s*\("
+)
+_REENTRANT_RE = re.compile(r"use_reentrant['\"]?\s*[:=]\s*(True|False|true|false)")
+_RNG_RE = re.compile(r"preserve_rng_state\s*[:=]\s*(True|False|true|false)")
+_AUTOCAST_RE = re.compile(r"autocast\s*\(([^)\n]*)")
+_DTYPE_RE = re.compile(r"torch\.(bfloat16|float16|half|float32|float)\b")
+_PRINTED_DTYPE_RE = re.compile(r"dtype\s*[:=]?\s*torch\.(bfloat16|float16|float32)\b", re.I)
+_DROPOUT_RE = re.compile(
+    r"\b([\w.]*dropout[\w.]*)['\"]?\s*[:=]\s*['\"]?(0?\.\d+|[01](?:\.\d+)?)\b", re.I
+)
+_ASSERT_RE = re.compile(r"^\s*#?\s*assert\b(.*)$")
+_FIND_UNUSED_RE = re.compile(r"find_unused_parameters\s*[:=]\s*(True|true)")
+# "no_gradient_checkpointing: 6.4G", "with gradient checkpointing = 11.2 GB"
+_LABELLED_SIZE_RE = re.compile(
+    r"^\s*([A-Za-z_ -]*checkpoint[A-Za-z_ -]*?)\s*[:=]\s*([\d.]+)\s*([KMGT]i?B?)\b", re.I
+)
+# A library says it falls back to another path (a verb) that costs memory or speed (a cost).
+_FALLBACK_VERBS = ("will use ", "falling back to", "fall back to", "fallback to", "instead of")
+_FALLBACK_COSTS = ("increase in memory", "more memory", "slower", "memory usage")
+_JSON_SECTION_RE = re.compile(r'^\s*"([A-Za-z_][\w]*)"\s*:\s*\{\s*$')
+_TABLE_SEP_RE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)+\|?\s*$")
+_AC_HEADER_RE = re.compile(
+    r"^(?:ac|gc|activation[ _-]?checkpointing|gradient[ _-]?checkpointing|checkpointing|"
+    r"grad[ _-]?ckpt|recompute)$",
+    re.I,
+)
+_LOSS_HEADER_RE = re.compile(r"\b(?:loss|ce|ppl|perplexity)\b", re.I)
+_OP_RE = re.compile(r"torch\._ops\.(\w+)\.(\w+)")
+_DEBUG_FORWARD = "Operations executed during the original forward"
+_DEBUG_RECOMPUTE = "Operations executed during recomputation"
+_NONDETERMINISM = "Detected non-determinism while running activation checkpointing"
+# Megatron-LM's recompute flags on a command line pasted into a log.
+_RECOMPUTE_FLAG_RE = re.compile(
+    r"--(recompute-granularity|recompute-method|recompute-num-layers|recompute-modules|"
+    r"recompute-activations)(?:[ =]+([A-Za-z_0-9]+(?:[ ,]+(?!-)[A-Za-z_]+)*))?"
+)
+# YAML lines of recompute keys pasted into a log (NeMo 1.x / Megatron-Bridge model configs).
+_YAML_RECOMPUTE_RE = re.compile(
+    r"^\s*(activations_checkpoint_(?:granularity|method|num_layers)|recompute_(?:granularity|"
+    r"method|num_layers|modules))\s*:\s*([^#]*?)\s*(?:#.*)?$"
+)
+_ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
+_OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
+
+
+def _quote(line: str) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _is_code(line: str) -> bool:
+    """A line of Python (or YAML/JSON) rather than program output."""
+    s = line.strip()
+    return bool(
+        re.match(r"(?:#|import |from |def |class |with |for |if |return |assert |@)", s)
+        or re.match(r"[\w.\[\]'\"]+\s*(?:=|\+=)\s*\S", s)
+        or re.match(r"[\w.]+\(.*\)\s*$", s)
+    )
+
+
+def scan_snippets(text: str) -> dict[str, Any]:
+    """Facts about checkpointing in pasted code, prose and tables (see the module doc).
+
+    Keys, each present only when found: `checkpointing_on` / `checkpointing_off` / `eval` /
+    `train` / `no_grad` / `checkpoint_call` / `asserts` / `notices` (lists of quoted lines),
+    `eval_after_train` (bool), `use_reentrant`, `preserve_rng_state` (bools), `autocast_dtypes`,
+    `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
+    `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
+    `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
+    / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
+    lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
+    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys)."""
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
+        return {}
+    facts: dict[str, Any] = {}
+    lines = [clean_line(raw) for raw in text.splitlines()]
+    last_eval = last_train = -1
+
+    def add(key: str, line: str) -> None:
+        bucket = facts.setdefault(key, [])
+        if len(bucket) < 8:
+            bucket.append(_quote(line))
+
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        lower = line.lower()
+        if "checkpoint" in lower:
+            if re.search(r"(?:gradient|activation|grad)[ _-]?checkpoint", lower):
+                add("mentions", line)
+            if _ON_RE.search(line):
+                add("checkpointing_on", line)
+            if _OFF_RE.search(line):
+                add("checkpointing_off", line)
+            if _CALL_RE.search(line) and _is_code(line) and "File " not in line:
+                add("checkpoint_call", line)
+        if ".eval(" in line or ".train(" in line:
+            if _EVAL_RE.search(line):
+                add("eval", line)
+                last_eval = i
+            elif _TRAIN_RE.search(line):
+                add("train", line)
+                last_train = i
+        if ("no_grad" in line or "inference_mode" in line) and _NO_GRAD_RE.search(line):
+            add("no_grad", line)
+        if (
+            "use_reentrant" in line
+            and (m := _REENTRANT_RE.search(line))
+            and len(set(_REENTRANT_RE.findall(line))) == 1  # not a warning naming both
+        ):
+            facts["use_reentrant"] = m.group(1).lower() == "true"
+        if "preserve_rng_state" in line and (m := _RNG_RE.search(line)):
+            facts["preserve_rng_state"] = m.group(1).lower() == "true"
+        if "autocast" in line and (m := _AUTOCAST_RE.search(line)):
+            dtypes = _DTYPE_RE.findall(m.group(1))
+            facts.setdefault("autocast_dtypes", [])
+            facts["autocast_dtypes"] += [d for d in dtypes if d not in facts["autocast_dtypes"]]
+            add("autocast", line)
+        if "dtype" in lower and not _is_code(line):
+            for d in _PRINTED_DTYPE_RE.findall(line):
+                printed = facts.setdefault("printed_dtypes", [])
+                if d not in printed:
+                    printed.append(d)
+        if "dropout" in lower:
+            for key, value in _DROPOUT_RE.findall(line):
+                number = float(value)
+                if 0 < number < 1:
+                    facts.setdefault("dropout", {})[key] = number
+        if "assert" in line and (m := _ASSERT_RE.match(line)) and "checkpoint" in lower:
+            add("asserts", m.group(1).strip())
+        if "find_unused_parameters" in line and _FIND_UNUSED_RE.search(line):
+            facts["find_unused_parameters"] = True
+        if "checkpoint" in lower and (m := _LABELLED_SIZE_RE.match(line)):
+            unit = m.group(3) if m.group(3)[-1:] in "bB" else m.group(3) + "B"
+            size = parse_size(m.group(2), unit)
+            if size:
+                facts.setdefault("labelled_sizes", []).append((m.group(1).strip(), size))
+        if (
+            any(w in lower for w in _FALLBACK_VERBS)
+            and any(w in lower for w in _FALLBACK_COSTS)
+            and not _is_code(line)
+        ):
+            add("notices", line)
+        if "--recompute-" in line:
+            from .values import _canonical_key
+
+            for flag, value in _RECOMPUTE_FLAG_RE.findall(line):
+                key = _canonical_key(flag)
+                flags = facts.setdefault("recompute_flags", {})
+                if key == "recompute_activations":
+                    flags.setdefault("recompute_granularity", "selective")
+                elif key == "recompute_modules":
+                    flags[key] = [v for v in re.split(r"[\s,]+", value) if v]
+                elif value:
+                    flags[key] = int(value) if value.isdigit() else value
+        if _NONDETERMINISM in line:
+            facts["nondeterminism"] = True
+    ops = _debug_ops(lines)
+    if ops:
+        facts["debug_ops"] = ops
+    if last_eval >= 0:
+        facts["eval_after_train"] = last_eval > last_train
+    config = _json_sections(lines)
+    config.update(_yaml_recompute_keys(lines))
+    if config:
+        facts["json_config"] = config
+    ac = _ac_loss_table(lines)
+    if ac:
+        facts["ac_loss"] = ac
+    return facts
+
+
+def _json_sections(lines: list[str]) -> dict[str, Any]:
+    """Flat keys of `"name": { ... }` JSON fragments pasted without their enclosing object
+    (a DeepSpeed config's activation_checkpointing or zero_optimization section)."""
+    from .configs import _from_mapping
+
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(lines):
+        m = _JSON_SECTION_RE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        depth, body = 0, []
+        j = i
+        while j < len(lines) and j - i < 400:
+            body.append(lines[j])
+            depth += lines[j].count("{") - lines[j].count("}")
+            j += 1
+            if depth <= 0:
+                break
+        blob = "{" + "\n".join(body).rstrip().rstrip(",") + "}"
+        try:
+            data = json.loads(blob)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            out.update(_from_mapping(data))
+        i = j
+    return out
+
+
+def _yaml_recompute_keys(lines: list[str]) -> dict[str, Any]:
+    """Recompute keys from YAML lines pasted into a log, NeMo 1.x's activations_checkpoint_*
+    keys winning as NeMo reads them (configs._from_mapping)."""
+    from .configs import _from_mapping
+    from .values import _convert_value
+
+    found: dict[str, Any] = {}
+    for line in lines:
+        if "checkpoint" not in line and "recompute" not in line:
+            continue
+        m = _YAML_RECOMPUTE_RE.match(line)
+        if m is not None and m.group(1) not in found:
+            found[m.group(1)] = _convert_value(m.group(2)) if m.group(2) else None
+    return _from_mapping(found) if found else {}
+
+
+def _debug_ops(lines: list[str]) -> dict[str, list[str]] | None:
+    """The op lists torch.utils.checkpoint's debug mode prints for the forward and the
+    recompute ("aten.topk"), detach calls left out (the checkpoint adds those itself)."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if _DEBUG_FORWARD in line:
+            current = out.setdefault("forward", [])
+            continue
+        if _DEBUG_RECOMPUTE in line:
+            current = out.setdefault("recompute", [])
+            continue
+        if current is None:
+            continue
+        if line.startswith(("+---", "+~~~")) or _NONDETERMINISM in line:
+            current = None
+            continue
+        m = _OP_RE.search(line)
+        if m is not None and m.group(2) != "detach" and len(current) < 20_000:
+            current.append(f"{m.group(1)}.{m.group(2)}")
+    return out if out.get("forward") and "recompute" in out else None
+
+
+def _cells(line: str) -> list[str]:
+    cells = [c.strip().strip("*`").strip() for c in line.strip().strip("|").split("|")]
+    return cells
+
+
+def _number(cell: str) -> float | None:
+    m = re.search(r"[-+]?\d+(?:\.\d+)?", cell.replace(",", ""))
+    return float(m.group(0)) if m else None
+
+
+def _ac_loss_table(lines: list[str]) -> dict[str, Any] | None:
+    """A Markdown table with a checkpointing on/off column and a loss column: the mean loss
+    of the runs with checkpointing on and off."""
+    for i in range(len(lines) - 1):
+        if "|" not in lines[i] or not _TABLE_SEP_RE.match(lines[i + 1]):
+            continue
+        header = _cells(lines[i])
+        ac = next((k for k, h in enumerate(header) if _AC_HEADER_RE.match(h)), None)
+        loss = next((k for k, h in enumerate(header) if _LOSS_HEADER_RE.search(h)), None)
+        if ac is None or loss is None:
+            continue
+        groups: dict[str, list[float]] = {"on": [], "off": []}
+        for row in lines[i + 2 :]:
+            if not row.strip().startswith("|"):
+                break
+            cells = _cells(row)
+            if max(ac, loss) >= len(cells):
+                continue
+            state = cells[ac].lower()
+            value = _number(cells[loss])
+            side = "on" if state in _ON_WORDS else "off" if state in _OFF_WORDS else None
+            if side and value is not None:
+                groups[side].append(value)
+        if groups["on"] and groups["off"]:
+            return {
+                "on": sum(groups["on"]) / len(groups["on"]),
+                "off": sum(groups["off"]) / len(groups["off"]),
+                "column": header[loss],
+            }
+    return None

@@ -1,0 +1,205 @@
+"""Recompute that does not redo what the forward did: other ops, another dtype, other random
+numbers (what pasted debug output, code and tables show)."""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import fact, is_megatron, rule
+
+PT_CKPT = "https://docs.pytorch.org/docs/stable/checkpoint.html"
+
+# Ops whose output depends on the data: routing and token counts (MoE), and random ops.
+ROUTING_OPS = (
+    "topk",
+    "sort",
+    "argsort",
+    "nonzero",
+    "bincount",
+    "histc",
+    "unique",
+    "_unique2",
+    "masked_select",
+    "cumsum",
+    "argmax",
+    "max",
+    "scatter_add",
+    "index_add",
+)
+RANDOM_OPS = ("native_dropout", "bernoulli", "rand", "randn", "randint", "multinomial", "uniform")
+CAST_OPS = ("_to_copy", "to", "_autocast_to_reduced_precision", "_autocast_to_full_precision")
+
+
+def _first_difference(forward: list[str], again: list[str]) -> tuple[int, str, str] | None:
+    for i, (a, b) in enumerate(zip(forward, again, strict=False)):
+        if a != b:
+            return i, a, b
+    if len(forward) != len(again):
+        i = min(len(forward), len(again))
+        a = forward[i] if i < len(forward) else "(end)"
+        b = again[i] if i < len(again) else "(end)"
+        return i, a, b
+    return None
+
+
+def _kind(op: str) -> str | None:
+    name = op.split(".", 1)[-1]
+    if name in ROUTING_OPS:
+        return "routing"
+    if name in RANDOM_OPS:
+        return "random"
+    if name in CAST_OPS:
+        return "cast"
+    return None
+
+
+@rule(
+    "RK145",
+    "Checkpoint debug mode: the recompute ran different operators",
+    "nondeterministic_recompute",
+    symptom="torch.utils.checkpoint debug output (debug=True / set_checkpoint_debug_enabled): "
+    "'Detected non-determinism while running activation checkpointing ... different "
+    "operators were ran in the original forward and in the recomputation'",
+    cause="The checkpointed region takes another path in the recompute: data-dependent ops "
+    "(an MoE router's topk with ties, capacity and token-count ops such as nonzero / bincount "
+    "/ sort), random ops without the RNG state restored, or casts under another autocast "
+    "state",
+    confirm="The op lists in the debug output: the first op that differs, and its stack trace "
+    "in section 2",
+    fix="Keep the data-dependent result from the forward instead of recomputing it (save the "
+    "router's topk / routing map, router replay, Megatron: recompute only moe_act), keep "
+    "preserve_rng_state=True for random ops, and enter autocast outside the checkpoint",
+    patch={"code": "save the op's output in the checkpoint (selective checkpointing policy)"},
+    refs=(PT_CKPT,),
+    supersedes=("RK075",),  # the op lists say more than the metadata message
+)
+def _debug_ops(ctx: Context) -> Match | None:
+    ops = fact(ctx, "debug_ops", "log")
+    if not ops:
+        return None
+    diff = _first_difference(ops["forward"], ops["recompute"])
+    if diff is None:
+        return None
+    i, a, b = diff
+    kind = _kind(a) or _kind(b)
+    evidence = (
+        f"The debug output lists {len(ops['forward'])} ops in the forward and "
+        f"{len(ops['recompute'])} in the recompute; they first differ at op {i + 1}: "
+        f"{a} in the forward, {b} in the recompute."
+    )
+    if kind == "routing":
+        patch = (
+            {"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}
+            if is_megatron(ctx)
+            else {
+                "code": "save the router output: selective checkpointing with aten.topk (and "
+                "the gate's mm) as MUST_SAVE, or keep the router outside the checkpoint"
+            }
+        )
+        return Match(
+            0.9,
+            evidence + " A routing / token-count op: the recompute routed tokens differently "
+            "(router ties, capacity).",
+            config_patch=patch,
+            fix="Do not recompute the routing: save the router's topk (selective "
+            "checkpointing save list, router replay) or keep the router outside the "
+            "checkpoint; Megatron: recompute moe_act, not the whole moe layer",
+        )
+    if kind == "random":
+        return Match(
+            0.9,
+            evidence + " A random op: the recompute drew other random numbers.",
+            config_patch={"preserve_rng_state": True},
+            fix="Keep preserve_rng_state=True (the default) in the checkpoint calls, and the "
+            "RNG tracker forked the same way in forward and recompute",
+        )
+    if kind == "cast":
+        return Match(
+            0.85,
+            evidence + " A cast: autocast differs between the forward and the recompute.",
+            config_patch={"use_reentrant": False},
+            fix="Enter autocast outside the checkpointed function (use_reentrant=False "
+            "restores the forward's autocast state, dtype included)",
+        )
+    return Match(0.85, evidence + " Find that op's call site in the stack traces above.")
+
+
+@rule(
+    "RK146",
+    "Autocast dtype lost in the recompute (bfloat16 recomputed as float16)",
+    "nondeterministic_recompute",
+    symptom="torch.utils.checkpoint under autocast(dtype=torch.bfloat16): the recompute in "
+    "backward runs in float16 (printed dtypes differ), or the saved and recomputed dtypes "
+    "differ",
+    cause="Before PyTorch 1.11 the reentrant checkpoint re-entered autocast with its default "
+    "dtype (float16), not the forward's dtype; a checkpointed function that enters its own "
+    "autocast has the same effect in any version",
+    confirm="Print the dtype inside the checkpointed module in forward and in backward",
+    fix="Upgrade torch (>= 1.11 propagates the full autocast state), use the non-reentrant "
+    "checkpoint (use_reentrant=False), and enter autocast outside the checkpointed function",
+    patch={"use_reentrant": False, "command": "pip install -U torch"},
+    refs=("https://github.com/pytorch/pytorch/pull/71169",),
+)
+def _autocast_dtype(ctx: Context) -> Match | None:
+    calls, dtypes = fact(ctx, "checkpoint_call"), fact(ctx, "autocast_dtypes") or []
+    if not calls or "bfloat16" not in dtypes:
+        return None
+    printed = fact(ctx, "printed_dtypes") or []
+    if fact(ctx, "use_reentrant") is False and len(set(printed)) < 2:
+        return None  # the non-reentrant checkpoint restores the autocast state
+    both = {"bfloat16", "float16"} <= set(printed)
+    return Match(
+        0.85 if both else 0.6,
+        f"The code checkpoints ('{calls[0]}') under autocast with bfloat16 "
+        f"('{(fact(ctx, 'autocast') or [''])[0]}')"
+        + (
+            "; the printed dtypes show both bfloat16 and float16: the recompute ran in float16."
+            if both
+            else ": the reentrant checkpoint of older PyTorch recomputes in float16."
+        ),
+    )
+
+
+@rule(
+    "RK147",
+    "Dropout in checkpointed blocks without the RNG state preserved",
+    "nondeterministic_recompute",
+    symptom="Loss differs with activation checkpointing on vs off (same seed and data) while "
+    "the model uses dropout; or preserve_rng_state=False with dropout",
+    cause="The recompute re-runs dropout; without the RNG state of the forward restored it "
+    "draws fresh masks, so the gradients belong to another sample than the loss",
+    confirm="Set dropout to 0 for one run: the on/off difference goes",
+    fix="Keep preserve_rng_state=True in the checkpoint calls (the default; a framework may "
+    "hard-code False), or disable dropout in the checkpointed blocks",
+    patch={"preserve_rng_state": True},
+    refs=("https://github.com/allenai/OLMo-core/pull/828", PT_CKPT),
+)
+def _dropout_rng(ctx: Context) -> Match | None:
+    dropout = dict(fact(ctx, "dropout") or {})
+    dropout.update(
+        {k: v for k, v in ctx.cfg.items() if "dropout" in k and isinstance(v, float) and 0 < v < 1}
+    )
+    preserve = fact(ctx, "preserve_rng_state")
+    ac = fact(ctx, "ac_loss")
+    shift = None
+    if ac and ac["off"]:
+        shift = (ac["on"] - ac["off"]) / abs(ac["off"])
+    if preserve is not False and not (shift is not None and abs(shift) > 0.02):
+        return None
+    if not dropout and preserve is not False:
+        return None
+    words = []
+    if dropout:
+        key, value = next(iter(dropout.items()))
+        words.append(f"{key} = {value}")
+    if preserve is False:
+        words.append("preserve_rng_state = False")
+    if shift is not None and abs(shift) > 0.02:
+        words.append(
+            f"mean {ac['column']} {ac['on']:.3f} with checkpointing on vs {ac['off']:.3f} off "
+            f"({shift:+.1%})"
+        )
+    confidence = 0.85 if dropout and (preserve is False or shift) else 0.6
+    return Match(
+        confidence,
+        "Dropout is recomputed without the forward's RNG state: " + "; ".join(words) + ".",
+    )
