@@ -26,14 +26,12 @@ PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-mem
 
 def _reserved_unallocated(oom) -> int | None:
     """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
-    is that amount itself, '(... A already allocated; ... R reserved in total by PyTorch)'
-    gives it as R - A."""
+    is that amount itself (the parser stores it as such), '(... A already allocated; ... R
+    reserved in total by PyTorch)' gives it as R - A."""
     if oom.reserved_unallocated_bytes is not None:
         return oom.reserved_unallocated_bytes
     if oom.reserved_bytes is None:
         return None
-    if oom.generation == "gen1_cached":
-        return oom.reserved_bytes
     if oom.allocated_bytes is not None and oom.reserved_bytes >= oom.allocated_bytes:
         return oom.reserved_bytes - oom.allocated_bytes
     return None
