@@ -37,6 +37,15 @@ def _reserved_unallocated(oom) -> int | None:
     return None
 
 
+def fragmentation_worth_the_name(slack: int, requested: int, total: int) -> bool:
+    """Reserved-but-unallocated memory that explains an OOM by itself: more than the failed
+    request and a real share of the GPU - twice the request and 5% of the GPU, or a fifth of
+    the GPU."""
+    if slack < requested:
+        return False
+    return (slack >= 2 * requested and slack >= 0.05 * total) or slack >= 0.2 * total
+
+
 @rule(
     "RK001",
     "Fragmentation: memory is reserved but unallocated",
@@ -69,9 +78,10 @@ def _fragmentation(ctx: Context) -> Match | None:
         if key.endswith("ALLOC_CONF")
     ):
         return None
-    # The allocator's hint is printed on every OOM; it matters when the slack is a real share
-    # of the GPU, not just larger than one small request.
-    confidence = 0.9 if slack >= max(req, 0.05 * total) else 0.45
+    # The allocator's hint is printed on every OOM; it matters when the slack is several times
+    # the request and a real share of the GPU, not 50 MiB against a 20 MiB request on a full
+    # GPU (expandable segments would only move that OOM to the next allocation).
+    confidence = 0.9 if fragmentation_worth_the_name(slack, req, total) else 0.45
     return Match(
         confidence,
         f"{gib(slack)} is reserved by PyTorch but unallocated, against a "
@@ -256,9 +266,11 @@ def _pressure(ctx: Context) -> Match | None:
         f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
         config_patch=patch,
         fix=f"Without a model shape the split is unknown; activations are the usual term: "
-        f"{words}, or halve micro_batch_size / seq_length (activations scale linearly). "
-        "If the OOM is in the first optimizer step, shard the optimizer states instead "
-        "(use_distributed_optimizer / ZeRO)",
+        f"{words}, or halve the batch size (micro_batch_size) / sequence length or input size "
+        "(activations scale linearly with them) and keep the effective batch with gradient "
+        "accumulation. If the OOM is in the first optimizer step, shard the optimizer states "
+        "instead (use_distributed_optimizer / ZeRO); if the weights alone nearly fill the GPU, "
+        "a smaller model, half precision or quantization",
     )
 
 
@@ -532,7 +544,7 @@ def _reserved_over_allocated(ctx: Context) -> Match | None:
     fix="Halve the batch size and keep the effective batch with gradient accumulation; "
     "smaller inputs (crop/resize images, shorter sequences), mixed precision, or a larger GPU",
     patch={"batch_size": "half of the current one", "gradient_accumulation_steps": 2},
-    supersedes=("RK087",),
+    supersedes=("RK087", "RK005"),  # same category; the advice fits desktop-class workloads
 )
 def _small_gpu(ctx: Context) -> Match | None:
     oom = ctx.oom

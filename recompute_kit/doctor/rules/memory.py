@@ -12,6 +12,7 @@ from .registry import (
     all_frames,
     candidate_spec,
     gib,
+    is_megatron,
     more_recompute_patch,
     next_step,
     oom_errors,
@@ -495,4 +496,91 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
         f"about {gib(per_gpu)} of model states per GPU against {gib(gpu)}; {plan}.",
         config_patch=patch,
+    )
+
+
+# Adam's states as they appear in the frames or pasted source lines of an optimizer step:
+# torch.optim's _init_group / _single_tensor_adam / _multi_tensor_adam, the state tensors
+# themselves, DeepSpeed's and Apex's fused Adam, Megatron's optimizer step.
+OPTIMIZER_STATE_WORDS = (
+    "exp_avg_sq",
+    "exp_avg",
+    "_init_group",
+    "_multi_tensor_adam",
+    "_single_tensor_adam",
+    "_fused_adam",
+    "fused_adam",
+    "initialize_optimizer_states",
+    "torch/optim/",
+    "optimizer/optimizer.py",
+)
+
+
+def _optimizer_state_hit(ctx: Context) -> str | None:
+    """The optimizer word in the innermost frames of the OOM (a trainer that runs forward and
+    backward inside optimizer.step(closure), as Lightning does, has optimizer frames further
+    out), or in a pasted source line or call chain next to it."""
+    for e in oom_errors(ctx):
+        inner = " ".join([*e.frames[-3:], e.details or "", *e.context]).lower()
+        if hit := next((w for w in OPTIMIZER_STATE_WORDS if w in inner), None):
+            return hit
+    if ctx.oom is not None and ctx.oom.context:
+        inner = " ".join(ctx.oom.context).lower()
+        return next((w for w in OPTIMIZER_STATE_WORDS if w in inner), None)
+    return None
+
+
+@rule(
+    "RK110",
+    "The OOM happens in the optimizer step: optimizer states",
+    "model_state_memory",
+    symptom="The OOM traceback (or the pasted source line) is in optimizer.step: Adam's "
+    "exp_avg / exp_avg_sq, torch.optim's _init_group, a fused Adam",
+    cause="The first optimizer step allocates two fp32 moments per trainable parameter (plus "
+    "fp32 master weights under mixed precision): 8-12 bytes per parameter on top of weights and "
+    "gradients. Activations are already freed at this point, so recompute cannot help",
+    confirm="The failing frame is the optimizer's; the OOM comes after the first backward, "
+    "at the first step (or when resuming)",
+    fix="Shard the optimizer states (ZeRO-1/2/3, Megatron's distributed optimizer, FSDP), "
+    "offload them to CPU, use an 8-bit / paged AdamW, or train fewer parameters (LoRA)",
+    patch={"zero_optimization": {"stage": 3}},
+    supersedes=("RK036", "RK005", "RK087", "RK010"),
+)
+def _oom_in_optimizer_step(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    hit = _optimizer_state_hit(ctx)
+    if hit is None:
+        return None
+    oom = ctx.oom
+    numbers = ""
+    if oom is not None and oom.requested_bytes:
+        numbers = f" The failed request is {gib(oom.requested_bytes)}"
+        if oom.total_bytes and oom.allocated_bytes:
+            numbers += (
+                f" with {gib(oom.allocated_bytes)} of {gib(oom.total_bytes)} already allocated"
+            )
+        numbers += " - one more state tensor."
+    stage = zero_stage(ctx)
+    if is_megatron(ctx):
+        patch: dict = {"use_distributed_optimizer": True}
+        words = "Megatron's distributed optimizer (use_distributed_optimizer) shards them"
+    elif stage == 3:
+        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+        words = "ZeRO-3 already shards them: offload the optimizer states to CPU"
+    elif stage is not None or ctx.cfg.get("deepspeed"):
+        nxt = min(3, (stage or 1) + 1)
+        patch = {"zero_optimization": {"stage": nxt}}
+        words = f"ZeRO-{nxt} (zero_optimization.stage {nxt}) shards more of them"
+    else:
+        patch = {"zero_optimization": {"stage": 3}}
+        words = "shard them: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP"
+    return Match(
+        0.85,
+        f"The OOM is raised in the optimizer step ('{hit}'): Adam's states are being "
+        f"allocated.{numbers} Next: {words}.",
+        config_patch=patch,
+        fix=f"Optimizer states, not activations: {words}; else CPU offload of the optimizer "
+        "states, an 8-bit / paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot "
+        "free them",
     )
