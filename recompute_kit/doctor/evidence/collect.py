@@ -8,6 +8,7 @@ from .configs import parse_config_with_notes
 from .experiments import parse_experiments
 from .logs import _LogParser, parse_log, parse_log_file
 from .memory_stats import parse_memory_stats
+from .pasted import MAX_PASTED_SCAN_BYTES, parse_pasted_settings
 from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
 
@@ -53,6 +54,22 @@ def _tables_in_log(log: str, stdin_text: str | None) -> list[dict]:
     return parse_experiments(text, "log.md")
 
 
+def _pasted_settings(log: str, stdin_text: str | None) -> dict:
+    """Settings from a command line or YAML block pasted into a (short) log."""
+    if log == "-":
+        text = stdin_text or ""
+    else:
+        try:
+            with open(log, "rb") as fh:
+                blob = fh.read(MAX_PASTED_SCAN_BYTES + 1)
+        except OSError:
+            return {}
+        if len(blob) > MAX_PASTED_SCAN_BYTES:
+            return {}
+        text = blob.decode("utf-8", errors="replace")
+    return parse_pasted_settings(text)
+
+
 def _scan_env(text: str) -> dict[str, str]:
     parser = _LogParser()
     for line in text.splitlines():
@@ -82,6 +99,9 @@ def collect(
         else:
             part = parse_log_file(log)
         part.experiments += _tables_in_log(log, stdin_text)
+        pasted = _pasted_settings(log, stdin_text)
+        if pasted:  # what the log parser (and later an explicit --config) read wins
+            part.config = {**pasted, **part.config}
         evidence = evidence.merge(part)
     if config is not None:
         text = _read_text(config, "config", stdin_text)

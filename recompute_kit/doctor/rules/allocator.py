@@ -176,8 +176,11 @@ def _non_pytorch(ctx: Context) -> Match | None:
     "unfused attention score matrix [b, a, s, s], or a mistaken shape",
     confirm="Compute the tensor's size from the shapes; recompute-kit estimate --json shows "
     "the logits and core attention terms",
-    fix="Shrink that tensor: fused/vocab-parallel cross-entropy, flash attention, a smaller "
-    "micro-batch or sequence, more tensor/context parallelism",
+    fix="Shrink the tensor that asks for it: a smaller batch size or input (sequence length "
+    "/ max_length, image size or resolution, video frames); flash / memory-efficient attention "
+    "(a compiled flex_attention) instead of a materialised [batch, heads, seq, seq] score "
+    "matrix; a chunked or fused cross-entropy instead of full fp32 logits; more tensor/context "
+    "parallelism. A size no shape explains is a bug (an overflowed or wrong shape)",
     refs=("https://github.com/pytorch/pytorch/issues/16417",),
     supersedes=("RK005",),
 )
@@ -194,6 +197,16 @@ def _too_big(ctx: Context) -> Match | None:
             config_patch={"env": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}},
             fix="Read the first error before the OOM (an NCCL timeout, a rank that died); "
             "rerun with NCCL_DEBUG=INFO to find it",
+        )
+    limit = oom.allocation_limit_bytes
+    if limit and req > limit:  # IPEX: one block may not exceed the platform's limit
+        return Match(
+            0.85,
+            f"One allocation of {gib(req)} was requested; this platform allocates at most "
+            f"{gib(limit)} in one block, whatever the device's {gib(oom.total_bytes)}.",
+            config_patch={"batch_size": "half of the current one"},
+            fix=f"Keep every tensor under {gib(limit)}: a smaller batch size or input, or "
+            "process the tensor in chunks",
         )
     if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
         if req < 256 * GIB:

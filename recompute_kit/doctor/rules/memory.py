@@ -417,8 +417,25 @@ def _step_peaks(ctx: Context) -> Match | None:
 
 # "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
 _PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
-MODEL_NAME_KEYS = ("model_name_or_path", "pretrained_model_name_or_path", "model_name", "model")
-GPU_COUNT_KEYS = ("num_processes", "nproc_per_node", "num_gpus", "world_size", "gpus")
+MODEL_NAME_KEYS = (
+    "model_name_or_path",
+    "pretrained_model_name_or_path",
+    "model_name",
+    "model",
+    "base_model",
+    "model_id",
+    "pretrain",
+)
+GPU_COUNT_KEYS = (
+    "num_processes",
+    "nproc_per_node",
+    "num_gpus",
+    "world_size",
+    "gpus",
+    "visible_devices",
+)
+# The largest memory of the data-centre GPUs most runs use (A100 / H100 / A800 / H800).
+COMMON_GPU_BYTES = 80 * 2**30
 # Bytes per parameter on one GPU, mixed-precision Adam: 2 (weights) + 2 (grads) + 12 (fp32
 # master, exp_avg, exp_avg_sq); ZeRO stage s shards the last terms over n GPUs.
 ZERO_BYTES = {
@@ -465,8 +482,7 @@ def _gpu_count(ctx: Context) -> int | None:
     supersedes=("RK005", "RK087", "RK010"),
 )
 def _states_by_model_size(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)) or not ctx.gpu_bytes:
-        return None
+    oom = bool(ctx.oom or oom_errors(ctx))
     found = _model_params(ctx)
     if found is None:
         return None
@@ -474,16 +490,33 @@ def _states_by_model_size(ctx: Context) -> Match | None:
     stage = zero_stage(ctx)
     if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
         return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
-    gpus = _gpu_count(ctx) or 1
+    counted = _gpu_count(ctx)
+    # GPU count unknown: the per-GPU bytes as if the shards were spread over many GPUs, a
+    # lower bound (exact for what ZeRO leaves replicated)
+    gpus = counted or 1
+    spread = counted or float("inf")
     lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
     if stage is None:
         stage = 2 if ctx.cfg.get("deepspeed") else 0
-    bytes_per_param = (2 / (gpus if stage == 3 else 1)) if lora else ZERO_BYTES[stage](gpus)
+    frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
+    bits = ctx.cfg.get("quantization_bit")
+    if isinstance(bits, int) and bits in (4, 8):
+        frozen = bits / 8
+    elif ctx.cfg.get("load_in_4bit") is True:
+        frozen = 0.5
+    sharded = spread if stage == 3 else 1
+    bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
     per_gpu = params * bytes_per_param
     gpu = ctx.gpu_bytes
-    if per_gpu < 0.7 * gpu:
-        return None
-    z3 = params * (2 if lora else 16) / gpus
+    if gpu:
+        if not oom or per_gpu < 0.7 * gpu:
+            return None
+    elif per_gpu < COMMON_GPU_BYTES:
+        return None  # no GPU size given: only a count above any common GPU is conclusive
+    if not counted and per_gpu < (gpu or COMMON_GPU_BYTES):
+        return None  # the real per-GPU share is unknown and the lower bound fits
+    z3 = params * (frozen if lora else 16) / gpus
+    gpu = gpu or COMMON_GPU_BYTES
     if z3 < 0.7 * gpu:
         patch = {"zero_optimization": {"stage": 3}}
         plan = f"ZeRO-3 over {gpus} GPU(s) brings them to {gib(z3)} per GPU"
@@ -491,11 +524,20 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
         plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
     kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
+    if not lora and stage == 0:
+        kind = "full fine-tuning without ZeRO (DDP replicates everything)"
+    elif lora and stage != 3:
+        kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
+    against = f"the {gib(gpu)} GPU" if ctx.gpu_bytes else f"the {gib(gpu)} of an A100/H100"
     return Match(
-        0.85,
+        0.9 if per_gpu >= gpu else 0.85,  # states alone above capacity: this leads
         f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
-        f"about {gib(per_gpu)} of model states per GPU against {gib(gpu)}; {plan}.",
+        f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}.",
         config_patch=patch,
+        fix="Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+        "stage 3) or FSDP, then CPU offload (offload_optimizer / offload_param), a distributed "
+        "optimizer, or fewer trainable parameters (LoRA); activation recompute cannot free "
+        "model states",
     )
 
 
