@@ -38,18 +38,29 @@ def _parse(text: str) -> dict[str, Any]:
         data = _safe_yaml("\n".join(block))
         if isinstance(data, dict):
             flat.update(_from_mapping(data))
-    command = [
-        line.rstrip().rstrip("\\")
-        for line in lines
-        if _FLAG_RE.search(line) and not line.lstrip().startswith(("File ", "#", ">>>"))
-    ]
-    if command:
-        flat.update(_parse_command_line(" ".join(command)))
+    for command in _commands(lines):
+        flat.update(_parse_command_line(command))
     for line in lines:  # CUDA_VISIBLE_DEVICES=0,1 python train.py ...: the GPUs it uses
         if (m := _ENV_PREFIX_RE.search(line)) is not None:
             flat.setdefault("visible_devices", len([d for d in m.group(2).split(",") if d]))
             break
     return flat
+
+
+def _commands(lines: list[str]):
+    """Command lines with flags, a backslash-continued command joined into one."""
+    parts: list[str] = []
+    for line in [*lines, ""]:
+        if line.lstrip().startswith(("File ", "#", ">>>")):
+            line = ""
+        stripped = line.rstrip()
+        if parts or _FLAG_RE.search(stripped):
+            parts.append(stripped.rstrip("\\"))
+            if stripped.endswith("\\"):
+                continue
+        if parts:
+            yield " ".join(parts)
+            parts = []
 
 
 _SHELL_ASSIGN_RE = re.compile(r"""^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=(["'])(.*)\1\s*$""")
