@@ -422,7 +422,10 @@ OOM_CASES = {
             total_bytes=nbytes(10.92, GiB),
             allocated_bytes=nbytes(8.57, MiB),
             free_bytes=nbytes(9.28, GiB),
-            reserved_bytes=nbytes(4.68, MiB),
+            # "cached" is what the allocator holds unallocated (amount_cached -
+            # amount_allocated in the 1.x allocator), so the reserve is allocated + cached
+            reserved_unallocated_bytes=nbytes(4.68, MiB),
+            reserved_bytes=nbytes(8.57, MiB) + nbytes(4.68, MiB),
         ),
     ),
     "gen2": (
@@ -2150,3 +2153,103 @@ def test_log_file_gzip_crlf_and_long_lines(tmp_path):
     assert [i.iteration for i in evidence.iterations] == [71, 72, 73]
     check_oom(evidence.oom[0], *OOM_CASES["gen5"][1:])
     assert evidence.sources == [f"log:{path}"]
+
+
+# =============================================================================================
+# Other devices' and old PyTorch's out-of-memory wordings (issue 13), verbatim from the threads
+# =============================================================================================
+
+
+def test_oom_xpu_and_npu_wordings():
+    # https://github.com/intel/intel-extension-for-pytorch/issues/629 (IPEX, old layout, no
+    # "free" field)
+    (ipex,) = parse_oom(
+        "RuntimeError: XPU out of memory. Tried to allocate 1.71 GiB (GPU 0; 15.56 GiB total "
+        "capacity; 176.00 MiB already allocated; 176.00 MiB reserved in total by PyTorch)"
+    )
+    assert (ipex.backend, ipex.device, ipex.free_bytes) == ("xpu", 0, None)
+    assert ipex.total_bytes == nbytes(15.56, GiB) and ipex.reserved_bytes == nbytes(176.0, MiB)
+    # the same thread: IPEX's per-allocation cap, printed with "(GPU  0;" (two spaces)
+    (cap,) = parse_oom(
+        "RuntimeError: Current platform can NOT allocate memory block with size larger than "
+        "4GB! Tried to allocate 6.85 GiB (GPU  0; 15.56 GiB total capacity; 0 bytes already "
+        "allocated; 0 bytes reserved in total by PyTorch)"
+    )
+    assert (cap.backend, cap.device, cap.allocation_limit_bytes) == ("xpu", 0, 4 * GiB)
+    # https://github.com/intel/torch-xpu-ops/issues/3011 (torch.xpu 2.12: the 2.1+ layout with
+    # its own advice), rank-prefixed and hard-wrapped here the way torchrun prints it
+    message = (
+        "torch.OutOfMemoryError: XPU out of memory. Tried to allocate 4.66 GiB. GPU 0 has a "
+        "total capacity of 5.65 GiB of which 5.65 GiB is free. Of the allocated memory 195.50 "
+        "KiB is allocated by PyTorch, and 1.81 MiB is reserved by PyTorch but unallocated. "
+        "Please use `empty_cache` to release all unoccupied cached memory."
+    )
+    (xpu,) = parse_oom(message)
+    assert (xpu.generation, xpu.backend, xpu.truncated) == ("xpu_empty_cache", "xpu", False)
+    assert xpu.reserved_unallocated_bytes == nbytes(1.81, MiB)
+    wrapped = "\n".join("[rank1]: " + message[i : i + 70] for i in range(0, len(message), 70))
+    (again,) = parse_log(wrapped + "\n[rank1]: next line").oom
+    assert (again.rank, again.requested_bytes) == (1, xpu.requested_bytes)
+    # https://github.com/vllm-project/vllm-ascend/issues/19 (torch_npu, "current active")
+    (npu,) = parse_oom(
+        "RuntimeError: NPU out of memory. Tried to allocate 22.00 MiB (NPU 0; 60.97 GiB total "
+        "capacity; 10.24 GiB already allocated; 10.24 GiB current active; 19.52 MiB free; 10.65 "
+        "GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting "
+        "max_split_size_mb to avoid fragmentation."
+    )
+    assert (npu.backend, npu.generation) == ("npu", "gen3_max_split")
+    assert npu.free_bytes == nbytes(19.52, MiB)
+    # 60.97 - 0.02 free - 10.65 reserved: 50.3 GiB held outside this process's allocator
+    assert 50.2 * GiB < npu.held_elsewhere_bytes < 50.4 * GiB
+
+
+def test_oom_pytorch_0_3_and_0_4_thc_message():
+    # https://github.com/jiesutd/NCRFpp/issues/121 and https://github.com/chenyuntc/
+    # pytorch-best-practice/issues/3 (no spaces): THC's error, no sizes at all
+    for line in (
+        "RuntimeError: cuda runtime error (2) : out of memory at "
+        "/pytorch/torch/lib/THC/generic/THCStorage.cu:58",
+        "RuntimeError:cuda runtime error(2):out of memory",
+    ):
+        evidence = parse_log(line)
+        (oom,) = evidence.oom
+        assert (oom.generation, oom.truncated, oom.requested_bytes) == (
+            "thc_runtime_error",
+            False,
+            None,
+        )
+        assert evidence.errors[0].type == "RuntimeError"
+
+
+def test_oom_gen1_cached_is_reserved_but_unallocated():
+    # https://github.com/BaberMuyu/2020CCF-NER/issues/6 (PyTorch <= 1.4): "cached" is what the
+    # allocator holds unallocated, so only 0.86 GiB of the 7.79 GiB GPU is outside PyTorch.
+    (oom,) = parse_oom(
+        "RuntimeError: CUDA out of memory. Tried to allocate 294.00 MiB (GPU 0; 7.79 GiB total "
+        "capacity; 6.27 GiB already allocated; 61.62 MiB free; 617.88 MiB cached)"
+    )
+    assert oom.reserved_unallocated_bytes == nbytes(617.88, MiB)
+    assert oom.reserved_bytes == nbytes(6.27, GiB) + nbytes(617.88, MiB)
+    assert 0.8 * GiB < oom.held_elsewhere_bytes < 0.9 * GiB
+
+
+def test_pasted_settings_command_line_and_yaml():
+    from recompute_kit.doctor.evidence.pasted import parse_pasted_settings
+
+    # https://github.com/openai/improved-diffusion/issues/3: flags inside shell variables
+    flat = parse_pasted_settings(
+        'MODEL_FLAGS="--image_size 256 --num_channels 128 --num_res_blocks 2"\n'
+        'TRAIN_FLAGS="--lr 1e-4 --batch_size 4"\n'
+        "mpiexec -n 4 python scripts/image_train.py --data_dir /home/ubuntu/custom-data "
+        "$MODEL_FLAGS $TRAIN_FLAGS\n"
+    )
+    assert flat["image_size"] == 256 and flat["batch_size"] == 4
+    # https://github.com/hiyouga/LlamaFactory/issues/5977: a YAML block with comment lines
+    flat = parse_pasted_settings(
+        "### model\nmodel_name_or_path: /data/llm/Meta-Llama-3-8B-Instruct\n\n### method\n"
+        "stage: sft\ndo_train: true\nfinetuning_type: full\n"
+        "deepspeed: examples/deepspeed/ds_z3_config.json\n"
+    )
+    assert flat["finetuning_type"] == "full" and flat["do_train"] is True
+    # exception lines are not YAML, frames are not flags
+    assert parse_pasted_settings(OOM_GEN1) == {}

@@ -171,6 +171,15 @@ SOURCES = {
     "language_modeling/conf/megatron_gpt_config.yaml (Activation Checkpointing block)",
     "mlm-args-dump-recompute-none": "https://github.com/hwang2006/large-scale-lm-tutorials/blob/"
     "main/docs/06_tensor_parallelism.md (Megatron-LM argument dump of a gpt2_345m run)",
+    # issue 13 (memory categories): dev corpus cases' text, and one IPEX message
+    "i13-llamafactory-2379": "https://github.com/hiyouga/LlamaFactory/issues/2379",
+    "i13-llamafactory-2379-config": "https://github.com/hiyouga/LlamaFactory/issues/2379",
+    "i13-llamafactory-5977": "https://github.com/hiyouga/LlamaFactory/issues/5977",
+    "i13-automodel-3907": "https://github.com/NVIDIA-NeMo/Automodel/issues/3907",
+    "i13-talking-head-36": "https://github.com/pkhungurn/talking-head-anime-demo/issues/36",
+    "i13-cbdnet-7": "https://github.com/IDKiro/CBDNet-pytorch/issues/7",
+    "i13-llamafactory-922": "https://github.com/hiyouga/LlamaFactory/issues/922",
+    "ipex-629": "https://github.com/intel/intel-extension-for-pytorch/issues/629",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -1083,15 +1092,17 @@ def test_rk035_not_for_a_single_rank():
     assert "RK035" not in ids(d)
 
 
-@covers("RK036")
+@covers("RK036", "RK110")
 def test_rk036_oom_in_the_optimizer_step():
-    # https://github.com/huggingface/trl/pull/2776: the OOM is raised in AdamW's step.
+    # https://github.com/huggingface/trl/pull/2776: the OOM is raised in AdamW's step. RK110
+    # (optimizer states, issue 13) reads the same frames and supersedes RK036.
     d = run(text("trl-pr2776"))
     f = top(d)
-    assert f.rule == "RK036" and f.category == "model_state_memory"
+    assert f.rule == "RK110" and f.category == "model_state_memory"
     cites(f, "adamw.py:606 in _multi_tensor_adamw")
-    # TRL (Hugging Face / DeepSpeed, no Megatron keys): the next ZeRO stage, not Megatron's key
-    assert f.config_patch == {"zero_optimization": {"stage": 2}}
+    # TRL (Hugging Face / DeepSpeed, no Megatron keys, no stage): ZeRO-3, not Megatron's key
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+    assert {"rule": "RK036", "reason": "superseded by RK110"} in d.dropped
 
 
 @covers("RK036")
@@ -1794,13 +1805,6 @@ def test_rk105_table_pasted_in_the_log_shows_expandable_segments_fix_it():
     cites(f, "'Baseline' runs out of memory", "Baseline + expandable_segments", "704")
 
 
-def test_rk036_source_line_of_adam_pasted_before_the_oom():
-    # Only Adam's source line ("denom = (exp_avg_sq.sqrt() ...") precedes the OOM: context.
-    f = top(run(text("i12-llamafactory-1221")))
-    assert f.rule == "RK036" and f.category == "model_state_memory"
-    assert "zero_optimization.stage" in f.fix and f.config_patch["zero_optimization"]
-
-
 # =============================================================================================
 # RK140-RK160 (issue 13): checkpointing that does not act, recompute that differs, configs
 # =============================================================================================
@@ -2090,3 +2094,105 @@ def test_rk053_invalid_activation_recompute_method_sets_a_method():
     # Megatron-Core's layer loop: ValueError("Invalid activation recompute method.")
     f = top(run("ValueError: Invalid activation recompute method."))
     assert f.rule == "RK053" and f.config_patch["recompute_method"] == "uniform"
+@covers("RK110")
+def test_rk110_source_line_of_adam_pasted_before_the_oom():
+    # https://github.com/hiyouga/LlamaFactory/issues/1221: only Adam's source line ("denom =
+    # (exp_avg_sq.sqrt() ...") precedes the OOM (kept as its context). The maintainer: ZeRO-2
+    # needs 80G; the reporter ran with ZeRO-3.
+    d = run(text("i12-llamafactory-1221"))
+    f = top(d)
+    assert f.rule == "RK110" and f.category == "model_state_memory"
+    assert "exp_avg_sq" in f.evidence
+    cites(f, "3.14 GiB", "28.28 GiB", "31.75 GiB")
+    assert "ZeRO-3" in f.fix and f.config_patch == {"zero_optimization": {"stage": 3}}
+    assert {"rule": "RK036", "reason": "superseded by RK110"} in d.dropped
+
+
+@covers("RK110")
+def test_rk110_not_for_an_oom_outside_the_optimizer():
+    # pytorch#35901's OOM (no optimizer frame) and a real traceback through the loss
+    # (Megatron-LM#92): not the optimizer step.
+    assert "RK110" not in ids(run(text("i12-pt-35901")))
+    assert "RK110" not in ids(run(text("mlm-92")))
+
+
+@covers("RK101")
+def test_rk101_lora_under_ddp_replicates_weights_above_any_80gb_gpu():
+    # https://github.com/hiyouga/LlamaFactory/issues/2379: Mixtral-8x7B LoRA on 8 GPUs with
+    # accelerate's MULTI_GPU (DDP, no ZeRO); no OOM message and no GPU size pasted. The
+    # maintainer: launch with DeepSpeed ZeRO-3.
+    d = run(text("i13-llamafactory-2379"), config=text("i13-llamafactory-2379-config"))
+    assert d.evidence.config["finetuning_type"] == "lora"  # read from the pasted command
+    f = top(d)
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    cites(f, "56.0B", "8 GPU(s)", "104.31 GiB", "80.00 GiB")
+    assert f.config_patch == {"zero_optimization": {"stage": 3}} and "ZeRO-3" in f.fix
+
+
+@covers("RK101")
+def test_rk101_not_when_zero3_and_the_gpu_count_are_unknown():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977: full fine-tuning of Llama-3-8B with
+    # ds_z3_config.json, pasted YAML only: ZeRO-3 shards over GPUs the paste does not count, so
+    # no per-GPU figure can be claimed.
+    d = run(text("i13-llamafactory-5977"))
+    assert d.evidence.config["deepspeed"].endswith("ds_z3_config.json")
+    assert "RK101" not in ids(d)
+
+
+def test_pasted_command_line_joins_the_config():
+    # https://github.com/hiyouga/LlamaFactory/issues/922: the launch command is all the paste.
+    d = run(text("i13-llamafactory-922"))
+    cfg = d.evidence.config
+    assert cfg["per_device_train_batch_size"] == 4 and cfg["finetuning_type"] == "lora"
+    assert cfg["visible_devices"] == 1  # CUDA_VISIBLE_DEVICES=0
+    # an explicit config wins over what the log pastes
+    d = run(text("i13-llamafactory-922"), config="per_device_train_batch_size: 1\n")
+    assert d.evidence.config["per_device_train_batch_size"] == 1
+
+
+@covers("RK001", "RK005")
+def test_fragmentation_follows_when_the_slack_is_a_sliver_of_a_full_gpu():
+    # https://github.com/NVIDIA-NeMo/Automodel/issues/3907: 2.00 GiB reserved-unallocated
+    # against a 720 MiB request, but 171.63 GiB of 184.31 GiB allocated: the slack is 1% of
+    # the GPU. RK001 stays listed, after the memory finding.
+    d = run(text("i13-automodel-3907"))
+    assert ids(d)[0] == "RK005" and "RK001" in ids(d)
+    assert get(d, "RK001").confidence < top(d).confidence
+
+
+@covers("RK102")
+def test_rk102_leads_on_a_2gb_gpu_with_51mib_slack():
+    # https://github.com/pkhungurn/talking-head-anime-demo/issues/36: 2.00 GiB GPU, 20 MiB
+    # request, 51.20 MiB reserved-unallocated; the maintainer: batch is already 1, the GPU is
+    # too small.
+    d = run(text("i13-talking-head-36"))
+    f = top(d)
+    assert f.rule == "RK102" and "larger GPU" in f.fix
+    assert ids(d).index("RK001") > 0
+
+
+@covers("RK089", "RK102")
+def test_rk089_not_for_a_1x_message_whose_cached_memory_is_pytorchs():
+    # https://github.com/IDKiro/CBDNet-pytorch/issues/7 (PyTorch <= 1.4 "cached" format):
+    # 10.85 GiB allocated + 128.66 MiB cached + 56.62 MiB free of 11.92 GiB leaves 0.89 GiB
+    # outside PyTorch (the CUDA context and display), not 11.74 GiB. Maintainer: the input
+    # image is too big for an 11 GiB GPU.
+    d = run(text("i13-cbdnet-7"))
+    oom = d.evidence.oom[0]
+    assert oom.reserved_unallocated_bytes == round(128.66 * 2**20)
+    assert 0.85 * GIB < oom.held_elsewhere_bytes < 0.95 * GIB
+    assert "RK089" not in ids(d)
+    f = top(d)
+    assert f.rule == "RK102" and "smaller inputs" in f.fix
+
+
+@covers("RK004")
+def test_rk004_ipex_per_allocation_limit():
+    # https://github.com/intel/intel-extension-for-pytorch/issues/629: a 6.85 GiB tensor on a
+    # 15.56 GiB Intel GPU fails because one block may not exceed 4 GB.
+    d = run(text("ipex-629"))
+    oom = d.evidence.oom[0]
+    assert oom.backend == "xpu" and oom.allocation_limit_bytes == 4 * GIB
+    f = top(d)
+    assert f.rule == "RK004"
+    cites(f, "6.85 GiB", "4.00 GiB")

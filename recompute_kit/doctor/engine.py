@@ -15,6 +15,7 @@ from ..config import Config, ConfigError, config_from_dict
 from ..memory.estimate import estimate
 from .evidence import Evidence
 from .rules import RULES
+from .rules.allocator import fragmentation_worth_the_name
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
 
 
@@ -145,8 +146,12 @@ def _reconcile(
                     }
                 )
                 continue
-            if slack >= 2 * req:  # free memory in pieces several times the request: first
-                f.confidence = max(f.confidence, max(m.confidence for m in memory) + 0.01)
+            top = max(m.confidence for m in memory)
+            if fragmentation_worth_the_name(slack, req, total):
+                # free memory in pieces, several times the request and a real share of the GPU
+                f.confidence = max(f.confidence, top + 0.01)
+            else:  # a sliver of a full GPU: the memory finding explains the OOM, RK001 follows
+                f.confidence = round(min(f.confidence, top - 0.05), 2)
         kept.append(f)
     est, gpu = ctx.estimate, ctx.gpu_bytes
     if est is not None and gpu:

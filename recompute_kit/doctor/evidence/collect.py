@@ -9,6 +9,7 @@ from .configs import parse_config_with_notes
 from .experiments import parse_experiments
 from .logs import _LogParser, parse_log, parse_log_file
 from .memory_stats import parse_memory_stats
+from .pasted import parse_pasted_settings
 from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
 
@@ -102,6 +103,9 @@ def collect(
             part = parse_log_file(log)
         text = _short_log_text(log, stdin_text)
         part.experiments += _tables_in_log(text)
+        pasted = parse_pasted_settings(text) if text else {}
+        if pasted:  # what the log parser (and later an explicit --config) read wins
+            part.config = {**pasted, **part.config}
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
     if config is not None:

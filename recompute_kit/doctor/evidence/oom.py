@@ -14,13 +14,18 @@ from .text import _EXC_SEARCH_RE, _compact, _size
 
 # Which message format produced an OOMEvent; sources in shared/reference/real-formats.md.
 OOM_GENERATIONS = {
-    "gen1_cached": "'(GPU 0; T total capacity; A already allocated; F free; C cached)' (<=1.4)",
+    "gen1_cached": "'(GPU 0; T total capacity; A already allocated; F free; C cached)' (0.4.1-1.4; "
+    "C is cached but unallocated: reserved = A + C)",
     "gen2_reserved": "'... R reserved in total by PyTorch)' (1.5-1.9)",
     "gen3_max_split": "gen2 plus 'try setting max_split_size_mb' (1.10-2.0)",
     "gen4_capacty": "'GPU 0 has a total capacty of' (typo), per-process list (2.1)",
     "gen5_expandable": "'... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True' (2.2+)",
     "gen6_pytorch_alloc_conf": "'... PYTORCH_ALLOC_CONF=expandable_segments:True' (2.9+)",
     "gen7_docs_url": "the docs.pytorch.org URL of newer main",
+    "xpu_empty_cache": "torch.xpu's 2.1+ layout ending 'Please use `empty_cache` to release all "
+    "unoccupied cached memory.'",
+    "thc_runtime_error": "'cuda runtime error (2) : out of memory at .../THC...' (0.3-0.4, "
+    "no sizes)",
     "modern_truncated": "the 2.1+ layout, cut before the advice that dates it",
     "legacy_truncated": "the <=2.0 layout, cut before the fields that date it",
     "cuda_error": "'CUDA error: out of memory' (a CUDA call, not the caching allocator)",
@@ -44,15 +49,17 @@ def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
 _OOM_START_RE = re.compile(
     r"(?:CUDA|HIP|XPU|NPU)\s?out\s?of\s?memory|(?i:CUDA error: out of memory)|OutOfMemoryError"
     r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
-    r"|(?:^|(?<=[\s:.]))Tried to allocate (?:more than )?\d"
+    r"|(?i:cuda\s?runtime\s?error\s?\(2\)\s?:\s?out\s?of\s?memory)"
+    r"|(?:^|(?<=[\s:.!]))Tried to allocate (?:more than )?\d"
 )
 _OOM_VALID_RE = re.compile(
     r"(?:cuda|hip|xpu|npu)outofmemory|cudaerror:outofmemory|outofmemoryerror:|triedtoallocate"
     r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
+    r"|cudaruntimeerror\(2\):outofmemory"
 )
 _OOM_FIELDS: dict[str, re.Pattern[str]] = {
     "requested_bytes": _flex(r"Tried to allocate (?:more than )?SIZE"),
-    "old_device": _flex(r"\((?:GPU|NPU) (\d+) ;"),
+    "old_device": _flex(r"\((?:GPU|NPU)\s*(\d+) ;"),  # IPEX prints "(GPU  0;"
     "old_total": _flex(r"SIZE total capacity"),
     "old_allocated": _flex(r"SIZE already allocated"),
     "old_free": _flex(r"SIZE free ?[;)]"),
@@ -67,35 +74,40 @@ _OOM_FIELDS: dict[str, re.Pattern[str]] = {
     "private_pool_bytes": _flex(r"with SIZE allocated in private pools"),
     "reserved_unallocated_bytes": _flex(r"and SIZE is reserved by PyTorch but unallocated"),
 }
+# "Current platform can NOT allocate memory block with size larger than 4GB!" (IPEX)
+_ALLOC_LIMIT_RE = re.compile(r"allocate memory block with size larger than (\d{1,4}) ?GB", re.I)
 # Case matters here: "Process 123 has" is another process, "this process has" is this one.
 _OOM_OTHER_PROCESS_RE = _flex(r"Process (\d+) has SIZE memory in use", flags=0)
 # The advice that ends each message generation, without whitespace: continuation lines of a
 # hard-wrapped message are pieces of one of these (ROCm builds say PYTORCH_HIP_ALLOC_CONF).
-_OOM_TAILS = tuple(
-    _compact(tail).replace("PYTORCH_CUDA_ALLOC_CONF", env)
-    for env in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-    for tail in (
-        "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
-        "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
-        "If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
-        "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
-        "If reserved but unallocated memory is large try setting "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-        "documentation for Memory Management  "
-        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
-        "If reserved but unallocated memory is large try setting "
-        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-        "documentation for Memory Management  "
-        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
-        "If reserved but unallocated memory is large try setting "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
-        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-        "If reserved but unallocated memory is large try setting "
-        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
-        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-    )
+_OOM_TAILS = (
+    *(
+        _compact(tail).replace("PYTORCH_CUDA_ALLOC_CONF", env)
+        for env in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+        for tail in (
+            "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
+            "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
+            "If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
+            "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+            "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+            "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        )
+    ),
+    _compact("Please use `empty_cache` to release all unoccupied cached memory."),  # torch.xpu
 )
 
 
@@ -114,6 +126,8 @@ def _oom_fully_complete(compact: str) -> bool:
     """Whether a (compacted) OOM message includes the final words of its advice."""
     if compact.endswith(")") and "cuda.html#" in compact:
         return True
+    if compact.endswith("unoccupiedcachedmemory."):  # torch.xpu
+        return True
     return compact.endswith("ALLOC_CONF") and "max_split_size_mb" in compact
 
 
@@ -124,6 +138,8 @@ def _oom_generation(compact: str) -> str:
         return "gen3_max_split" if "max_split_size_mb" in compact else "gen2_reserved"
     if "totalcapactyof" in compact:
         return "gen4_capacty"
+    if "unoccupiedcachedmemory" in compact:
+        return "xpu_empty_cache"
     if "docs.pytorch.org" in compact or "optimizing-memory-usage" in compact:
         return "gen7_docs_url"
     if "PYTORCH_ALLOC_CONF=" in compact:
@@ -141,6 +157,8 @@ def _oom_generation(compact: str) -> str:
         return "nccl_cuda_failure"
     if "tritonerror[cuda]:outofmemory" in lower:
         return "triton_cuda"
+    if "cudaruntimeerror(2):outofmemory" in lower:
+        return "thc_runtime_error"
     return "unknown"
 
 
@@ -169,11 +187,19 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     event.total_bytes = values.get("old_total", values.get("new_total"))
     event.free_bytes = values.get("old_free", values.get("new_free"))
     event.allocated_bytes = values.get("old_allocated", values.get("new_allocated"))
-    event.reserved_bytes = values.get("old_reserved", values.get("old_cached"))
+    event.reserved_bytes = values.get("old_reserved")
+    cached = values.get("old_cached")
+    if event.reserved_bytes is None and cached is not None:
+        # 0.4.1-1.4 print "C cached": memory the allocator holds but has not handed out
+        # (amount_cached - amount_allocated), so PyTorch's reserve is allocated + C.
+        event.reserved_unallocated_bytes = cached
+        if event.allocated_bytes is not None:
+            event.reserved_bytes = event.allocated_bytes + cached
     event.process_bytes = values.get("process_bytes")
     event.allowed_bytes = values.get("allowed_bytes")
     event.private_pool_bytes = values.get("private_pool_bytes")
-    event.reserved_unallocated_bytes = values.get("reserved_unallocated_bytes")
+    if event.reserved_unallocated_bytes is None:
+        event.reserved_unallocated_bytes = values.get("reserved_unallocated_bytes")
     others = [_size(n, u) for _, n, u in _OOM_OTHER_PROCESS_RE.findall(flat)]
     if others:
         event.other_processes_bytes = sum(x for x in others if x is not None)
@@ -182,8 +208,12 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     event.backend = next(
         (b for b in ("hip", "xpu", "npu") if f"{b} out of" in lower or f"({b} " in lower), "cuda"
     )
+    limit = _ALLOC_LIMIT_RE.search(flat)
+    if limit is not None:  # IPEX on Intel GPUs: a cap on one allocation, not on the device
+        event.backend = "xpu"
+        event.allocation_limit_bytes = int(limit.group(1)) << 30
     event.held_elsewhere_bytes = _held_elsewhere(event)
-    outside_allocator = ("cuda_error", "nccl_cuda_failure", "triton_cuda")
+    outside_allocator = ("cuda_error", "nccl_cuda_failure", "triton_cuda", "thc_runtime_error")
     event.truncated = event.generation not in outside_allocator and not _oom_data_complete(compact)
     return event
 

@@ -40,6 +40,8 @@ class OOMEvent:
     line_number: int | None = None  # 1-based line of the log where the message starts
     # total - free - reserved by PyTorch: other processes, CUDA context, NCCL, libraries
     held_elsewhere_bytes: int | None = None
+    # the most one allocation may take on this platform (IPEX's 4 GB), when the message says
+    allocation_limit_bytes: int | None = None
     context: list[str] = field(default_factory=list)  # unread lines just before it (see ErrorEvent)
 
 

@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     framework_bugs,
     informational,
     memory,
+    model_states,
     no_effect,
     nondeterminism,
     overhead,

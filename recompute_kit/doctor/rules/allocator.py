@@ -26,17 +26,24 @@ PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-mem
 
 def _reserved_unallocated(oom) -> int | None:
     """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
-    is that amount itself, '(... A already allocated; ... R reserved in total by PyTorch)'
-    gives it as R - A."""
+    is that amount itself (the parser stores it as such), '(... A already allocated; ... R
+    reserved in total by PyTorch)' gives it as R - A."""
     if oom.reserved_unallocated_bytes is not None:
         return oom.reserved_unallocated_bytes
     if oom.reserved_bytes is None:
         return None
-    if oom.generation == "gen1_cached":
-        return oom.reserved_bytes
     if oom.allocated_bytes is not None and oom.reserved_bytes >= oom.allocated_bytes:
         return oom.reserved_bytes - oom.allocated_bytes
     return None
+
+
+def fragmentation_worth_the_name(slack: int, requested: int, total: int) -> bool:
+    """Reserved-but-unallocated memory that explains an OOM by itself: more than the failed
+    request and a real share of the GPU - twice the request and 5% of the GPU, or a fifth of
+    the GPU."""
+    if slack < requested:
+        return False
+    return (slack >= 2 * requested and slack >= 0.05 * total) or slack >= 0.2 * total
 
 
 @rule(
@@ -71,9 +78,10 @@ def _fragmentation(ctx: Context) -> Match | None:
         if key.endswith("ALLOC_CONF")
     ):
         return None
-    # The allocator's hint is printed on every OOM; it matters when the slack is a real share
-    # of the GPU, not just larger than one small request.
-    confidence = 0.9 if slack >= max(req, 0.05 * total) else 0.45
+    # The allocator's hint is printed on every OOM; it matters when the slack is several times
+    # the request and a real share of the GPU, not 50 MiB against a 20 MiB request on a full
+    # GPU (expandable segments would only move that OOM to the next allocation).
+    confidence = 0.9 if fragmentation_worth_the_name(slack, req, total) else 0.45
     return Match(
         confidence,
         f"{gib(slack)} is reserved by PyTorch but unallocated, against a "
@@ -168,8 +176,11 @@ def _non_pytorch(ctx: Context) -> Match | None:
     "unfused attention score matrix [b, a, s, s], or a mistaken shape",
     confirm="Compute the tensor's size from the shapes; recompute-kit estimate --json shows "
     "the logits and core attention terms",
-    fix="Shrink that tensor: fused/vocab-parallel cross-entropy, flash attention, a smaller "
-    "micro-batch or sequence, more tensor/context parallelism",
+    fix="Shrink the tensor that asks for it: a smaller batch size or input (sequence length "
+    "/ max_length, image size or resolution, video frames); flash / memory-efficient attention "
+    "(a compiled flex_attention) instead of a materialised [batch, heads, seq, seq] score "
+    "matrix; a chunked or fused cross-entropy instead of full fp32 logits; more tensor/context "
+    "parallelism. A size no shape explains is a bug (an overflowed or wrong shape)",
     refs=("https://github.com/pytorch/pytorch/issues/16417",),
     supersedes=("RK005",),
 )
@@ -186,6 +197,16 @@ def _too_big(ctx: Context) -> Match | None:
             config_patch={"env": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}},
             fix="Read the first error before the OOM (an NCCL timeout, a rank that died); "
             "rerun with NCCL_DEBUG=INFO to find it",
+        )
+    limit = oom.allocation_limit_bytes
+    if limit and req > limit:  # IPEX: one block may not exceed the platform's limit
+        return Match(
+            0.85,
+            f"One allocation of {gib(req)} was requested; this platform allocates at most "
+            f"{gib(limit)} in one block, whatever the device's {gib(oom.total_bytes)}.",
+            config_patch={"batch_size": "half of the current one"},
+            fix=f"Keep every tensor under {gib(limit)}: a smaller batch size or input, or "
+            "process the tensor in chunks",
         )
     if not oom.total_bytes:  # no capacity in the message: only an absurd request is clear
         if req < 256 * GIB:
@@ -258,9 +279,11 @@ def _pressure(ctx: Context) -> Match | None:
         f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
         config_patch=patch,
         fix=f"Without a model shape the split is unknown; activations are the usual term: "
-        f"{words}, or halve micro_batch_size / seq_length (activations scale linearly). "
-        "If the OOM is in the first optimizer step, shard the optimizer states instead "
-        "(use_distributed_optimizer / ZeRO)",
+        f"{words}, or halve the batch size (micro_batch_size) / sequence length or input size "
+        "(activations scale linearly with them) and keep the effective batch with gradient "
+        "accumulation. If the OOM is in the first optimizer step, shard the optimizer states "
+        "instead (use_distributed_optimizer / ZeRO); if the weights alone nearly fill the GPU, "
+        "a smaller model, half precision or quantization",
     )
 
 
@@ -534,7 +557,7 @@ def _reserved_over_allocated(ctx: Context) -> Match | None:
     fix="Halve the batch size and keep the effective batch with gradient accumulation; "
     "smaller inputs (crop/resize images, shorter sequences), mixed precision, or a larger GPU",
     patch={"batch_size": "half of the current one", "gradient_accumulation_steps": 2},
-    supersedes=("RK087",),
+    supersedes=("RK087", "RK005"),  # same category; the advice fits desktop-class workloads
 )
 def _small_gpu(ctx: Context) -> Match | None:
     oom = ctx.oom

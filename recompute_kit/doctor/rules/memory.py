@@ -4,8 +4,6 @@ and the next recompute step.
 
 from __future__ import annotations
 
-import re
-
 from ...config import format_spec
 from ..types import Context, Match
 from .registry import (
@@ -20,7 +18,6 @@ from .registry import (
     patch_for,
     rule,
     where_raised,
-    zero_stage,
 )
 
 
@@ -410,89 +407,5 @@ def _step_peaks(ctx: Context) -> Match | None:
         0.8,
         f"Steps peak at {gib(peak)} while {gib(rest)} is held between steps: about "
         f"{gib(peak - rest)} per step is activations. Next step: {words}.",
-        config_patch=patch,
-    )
-
-
-# "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
-_PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
-MODEL_NAME_KEYS = ("model_name_or_path", "pretrained_model_name_or_path", "model_name", "model")
-GPU_COUNT_KEYS = ("num_processes", "nproc_per_node", "num_gpus", "world_size", "gpus")
-# Bytes per parameter on one GPU, mixed-precision Adam: 2 (weights) + 2 (grads) + 12 (fp32
-# master, exp_avg, exp_avg_sq); ZeRO stage s shards the last terms over n GPUs.
-ZERO_BYTES = {
-    0: lambda n: 16.0,
-    1: lambda n: 4 + 12 / n,
-    2: lambda n: 2 + 14 / n,
-    3: lambda n: 16 / n,
-}
-
-
-def _model_params(ctx: Context) -> tuple[float, str] | None:
-    for key in MODEL_NAME_KEYS:
-        name = ctx.cfg.get(key)
-        if isinstance(name, str) and (m := _PARAMS_RE.search(name.rsplit("/", 1)[-1])):
-            experts, size = m.groups()
-            return float(size) * 1e9 * (int(experts) if experts else 1), name
-    return None
-
-
-def _gpu_count(ctx: Context) -> int | None:
-    include = ctx.cfg.get("include")
-    if isinstance(include, str) and ":" in include:  # deepspeed --include localhost:4,5,6,7
-        return len(include.split(":", 1)[1].split(","))
-    for key in GPU_COUNT_KEYS:
-        value = ctx.cfg.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-@rule(
-    "RK101",
-    "Weights, gradients and Adam states of a model this size exceed the GPU",
-    "model_state_memory",
-    symptom="OOM fine-tuning a model whose size (from its name: 8B, 13B, 8x7B) times the "
-    "bytes per parameter of its ZeRO stage is near or above the GPU's capacity",
-    cause="Mixed-precision Adam keeps 16 bytes per parameter (bf16 weights and gradients, fp32 "
-    "master and two moments); ZeRO-1/2 shard only the optimizer terms, ZeRO-3 all of them; "
-    "LoRA keeps about 2 bytes per frozen parameter",
-    confirm="params x bytes-per-param for the stage in use, against the GPU's total",
-    fix="The smallest ZeRO stage that fits (ZeRO-3 shards everything over the GPUs), then CPU "
-    "offload of optimizer states; activation recompute cannot free model states",
-    patch={"zero_optimization": {"stage": 3}},
-    supersedes=("RK005", "RK087", "RK010"),
-)
-def _states_by_model_size(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)) or not ctx.gpu_bytes:
-        return None
-    found = _model_params(ctx)
-    if found is None:
-        return None
-    params, name = found
-    stage = zero_stage(ctx)
-    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
-        return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
-    gpus = _gpu_count(ctx) or 1
-    lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
-    if stage is None:
-        stage = 2 if ctx.cfg.get("deepspeed") else 0
-    bytes_per_param = (2 / (gpus if stage == 3 else 1)) if lora else ZERO_BYTES[stage](gpus)
-    per_gpu = params * bytes_per_param
-    gpu = ctx.gpu_bytes
-    if per_gpu < 0.7 * gpu:
-        return None
-    z3 = params * (2 if lora else 16) / gpus
-    if z3 < 0.7 * gpu:
-        patch = {"zero_optimization": {"stage": 3}}
-        plan = f"ZeRO-3 over {gpus} GPU(s) brings them to {gib(z3)} per GPU"
-    else:
-        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
-        plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
-    kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
-    return Match(
-        0.85,
-        f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
-        f"about {gib(per_gpu)} of model states per GPU against {gib(gpu)}; {plan}.",
         config_patch=patch,
     )

@@ -1,0 +1,98 @@
+"""Settings pasted next to an error: the launch command line (`python train.py --model_name_or_path
+... --finetuning_type full`, `torchrun --nproc_per_node 8 ...`) or a trainer's YAML block that issue
+threads put above the traceback. Read from short logs only; what they set goes into the config
+under the keys the log parser and an explicit --config already gave (those win).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .configs import _from_mapping, _parse_command_line, _safe_yaml
+from .text import clean_line
+
+MAX_PASTED_SCAN_BYTES = 2 << 20  # pastes live in short logs, not in 100 MB ones
+_FLAG_RE = re.compile(r"(?:^|\s)--[A-Za-z][\w.-]*")
+# `key: value` / `key:` with a lower-case snake_case key (exception lines start upper-case)
+_YAML_LINE_RE = re.compile(r"^\s*[a-z_][a-z0-9_.-]{0,80}:(?:[ \t]+\S.*)?$")
+_ENV_PREFIX_RE = re.compile(r"(?:^|\s)(CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES)=([\d,]+)")
+_MIN_YAML_LINES = 3
+
+
+def parse_pasted_settings(text: str) -> dict[str, Any]:
+    """Flat config keys from the command lines and YAML blocks in a pasted log ({} when none).
+    Never raises."""
+    try:
+        return _parse(text)
+    except Exception:  # a paste is never a reason to fail the diagnosis
+        return {}
+
+
+def _parse(text: str) -> dict[str, Any]:
+    if not isinstance(text, str) or len(text) > MAX_PASTED_SCAN_BYTES:
+        return {}
+    lines = [_unquote(clean_line(line)) for line in text.splitlines()]
+    flat: dict[str, Any] = {}
+    for block in _yaml_blocks(lines):
+        data = _safe_yaml("\n".join(block))
+        if isinstance(data, dict):
+            flat.update(_from_mapping(data))
+    for command in _commands(lines):
+        flat.update(_parse_command_line(command))
+    for line in lines:  # CUDA_VISIBLE_DEVICES=0,1 python train.py ...: the GPUs it uses
+        if (m := _ENV_PREFIX_RE.search(line)) is not None:
+            flat.setdefault("visible_devices", len([d for d in m.group(2).split(",") if d]))
+            break
+    return flat
+
+
+def _commands(lines: list[str]):
+    """Command lines with flags, a backslash-continued command joined into one."""
+    parts: list[str] = []
+    for line in [*lines, ""]:
+        if line.lstrip().startswith(("File ", "#", ">>>")):
+            line = ""
+        stripped = line.rstrip()
+        if parts or _FLAG_RE.search(stripped):
+            parts.append(stripped.rstrip("\\"))
+            if stripped.endswith("\\"):
+                continue
+        if parts:
+            yield " ".join(parts)
+            parts = []
+
+
+_SHELL_ASSIGN_RE = re.compile(r"""^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=(["'])(.*)\1\s*$""")
+
+
+def _unquote(line: str) -> str:
+    """Flags inside a shell variable (`TRAIN_FLAGS="--lr 1e-4 --batch_size 4"`) or Markdown code
+    spans (`--gradient_checkpointing`) read as flags."""
+    if (m := _SHELL_ASSIGN_RE.match(line)) is not None:
+        return m.group(2)
+    return line.replace("`", " ") if "`" in line else line
+
+
+def _yaml_blocks(lines: list[str]) -> list[list[str]]:
+    """Runs of YAML mapping lines (comments and blank lines may sit between them), at least
+    three `key: value` lines each."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    keys = 0
+    for line in [*lines, "<end>"]:
+        stripped = line.strip()
+        if _YAML_LINE_RE.match(line) and "://" not in line.split(":", 1)[0]:
+            current.append(line)
+            keys += 1
+            continue
+        if current and (not stripped or stripped.startswith("#")):
+            current.append(line)
+            continue
+        if current and line[:1].isspace() and stripped.startswith("- "):
+            current.append(line)  # a YAML list under the previous key
+            continue
+        if keys >= _MIN_YAML_LINES:
+            blocks.append(current)
+        current, keys = [], 0
+    return blocks

@@ -1,0 +1,227 @@
+"""Model states by model size and by where the OOM struck: weights, gradients and optimizer
+states of a named model against the GPU (RK101), and an OOM inside the optimizer step (RK110).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..types import Context, Match
+from .registry import gib, is_megatron, oom_errors, rule, zero_stage
+
+# "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
+_PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
+MODEL_NAME_KEYS = (
+    "model_name_or_path",
+    "pretrained_model_name_or_path",
+    "model_name",
+    "model",
+    "base_model",
+    "model_id",
+    "pretrain",
+)
+GPU_COUNT_KEYS = (
+    "num_processes",
+    "nproc_per_node",
+    "num_gpus",
+    "world_size",
+    "gpus",
+    "visible_devices",
+)
+# The largest memory of the data-centre GPUs most runs use (A100 / H100 / A800 / H800).
+COMMON_GPU_BYTES = 80 * 2**30
+# Bytes per parameter on one GPU, mixed-precision Adam: 2 (weights) + 2 (grads) + 12 (fp32
+# master, exp_avg, exp_avg_sq); ZeRO stage s shards the last terms over n GPUs.
+ZERO_BYTES = {
+    0: lambda n: 16.0,
+    1: lambda n: 4 + 12 / n,
+    2: lambda n: 2 + 14 / n,
+    3: lambda n: 16 / n,
+}
+
+
+def _model_params(ctx: Context) -> tuple[float, str] | None:
+    for key in MODEL_NAME_KEYS:
+        name = ctx.cfg.get(key)
+        if isinstance(name, str) and (m := _PARAMS_RE.search(name.rsplit("/", 1)[-1])):
+            experts, size = m.groups()
+            return float(size) * 1e9 * (int(experts) if experts else 1), name
+    return None
+
+
+def _gpu_count(ctx: Context) -> int | None:
+    include = ctx.cfg.get("include")
+    if isinstance(include, str) and ":" in include:  # deepspeed --include localhost:4,5,6,7
+        return len(include.split(":", 1)[1].split(","))
+    for key in GPU_COUNT_KEYS:
+        value = ctx.cfg.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@rule(
+    "RK101",
+    "Weights, gradients and Adam states of a model this size exceed the GPU",
+    "model_state_memory",
+    symptom="OOM fine-tuning a model whose size (from its name: 8B, 13B, 8x7B) times the "
+    "bytes per parameter of its ZeRO stage is near or above the GPU's capacity",
+    cause="Mixed-precision Adam keeps 16 bytes per parameter (bf16 weights and gradients, fp32 "
+    "master and two moments); ZeRO-1/2 shard only the optimizer terms, ZeRO-3 all of them; "
+    "LoRA keeps about 2 bytes per frozen parameter",
+    confirm="params x bytes-per-param for the stage in use, against the GPU's total",
+    fix="The smallest ZeRO stage that fits (ZeRO-3 shards everything over the GPUs), then CPU "
+    "offload of optimizer states; activation recompute cannot free model states",
+    patch={"zero_optimization": {"stage": 3}},
+    supersedes=("RK005", "RK087", "RK010"),
+)
+def _states_by_model_size(ctx: Context) -> Match | None:
+    oom = bool(ctx.oom or oom_errors(ctx))
+    found = _model_params(ctx)
+    if found is None:
+        return None
+    params, name = found
+    stage = zero_stage(ctx)
+    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
+        return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
+    counted = _gpu_count(ctx)
+    # GPU count unknown: the per-GPU bytes as if the shards were spread over many GPUs, a
+    # lower bound (exact for what ZeRO leaves replicated)
+    gpus = counted or 1
+    spread = counted or float("inf")
+    lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
+    if stage is None:
+        stage = 2 if ctx.cfg.get("deepspeed") else 0
+    frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
+    bits = ctx.cfg.get("quantization_bit")
+    if isinstance(bits, int) and bits in (4, 8):
+        frozen = bits / 8
+    elif ctx.cfg.get("load_in_4bit") is True:
+        frozen = 0.5
+    sharded = spread if stage == 3 else 1
+    bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
+    per_gpu = params * bytes_per_param
+    gpu = ctx.gpu_bytes
+    if gpu:
+        if not oom or per_gpu < 0.7 * gpu:
+            return None
+    elif per_gpu < COMMON_GPU_BYTES:
+        return None  # no GPU size given: only a count above any common GPU is conclusive
+    if not counted and per_gpu < (gpu or COMMON_GPU_BYTES):
+        return None  # the real per-GPU share is unknown and the lower bound fits
+    z3 = params * (frozen if lora else 16) / gpus
+    gpu = gpu or COMMON_GPU_BYTES
+    if z3 < 0.7 * gpu:
+        patch = {"zero_optimization": {"stage": 3}}
+        plan = f"ZeRO-3 over {gpus} GPU(s) brings them to {gib(z3)} per GPU"
+    else:
+        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+        plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
+    kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
+    if not lora and stage == 0:
+        kind = "full fine-tuning without ZeRO (DDP replicates everything)"
+    elif lora and stage != 3:
+        kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
+    against = f"the {gib(gpu)} GPU" if ctx.gpu_bytes else f"the {gib(gpu)} of an A100/H100"
+    return Match(
+        0.9 if per_gpu >= gpu else 0.85,  # states alone above capacity: this leads
+        f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
+        f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}.",
+        config_patch=patch,
+        fix="Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+        "stage 3) or FSDP, then CPU offload (offload_optimizer / offload_param), a distributed "
+        "optimizer, or fewer trainable parameters (LoRA); activation recompute cannot free "
+        "model states",
+    )
+
+
+# Adam's states as they appear in the frames or pasted source lines of an optimizer step:
+# torch.optim's _init_group / _single_tensor_adam / _multi_tensor_adam, the state tensors
+# themselves, DeepSpeed's and Apex's fused Adam, Megatron's optimizer step.
+OPTIMIZER_STATE_WORDS = (
+    "exp_avg_sq",
+    "exp_avg",
+    "_init_group",
+    "_multi_tensor_adam",
+    "_single_tensor_adam",
+    "_fused_adam",
+    "fused_adam",
+    "initialize_optimizer_states",
+    "torch/optim/",
+    "optimizer/optimizer.py",
+)
+
+
+def _optimizer_state_hit(ctx: Context) -> str | None:
+    """The optimizer word in the innermost frames of the OOM (a trainer that runs forward and
+    backward inside optimizer.step(closure), as Lightning does, has optimizer frames further
+    out), or in a pasted source line or call chain next to it."""
+    pieces: list[str] = []
+    for e in oom_errors(ctx):
+        pieces += [*reversed(e.frames[-3:]), e.details or "", *e.context]
+    if ctx.oom is not None:
+        pieces += ctx.oom.context
+    for piece in pieces:
+        low = piece.lower()
+        if any(w in low for w in OPTIMIZER_STATE_WORDS):
+            piece = piece.strip().strip("`")
+            if re.match(r"\S+\.py:\d+", piece):  # a frame: the file's name, not its folders
+                piece = piece.rsplit("/", 1)[-1]
+            return piece if len(piece) <= 120 else piece[:117] + "..."
+    return None
+
+
+@rule(
+    "RK110",
+    "The OOM happens in the optimizer step: optimizer states",
+    "model_state_memory",
+    symptom="The OOM traceback (or the pasted source line) is in optimizer.step: Adam's "
+    "exp_avg / exp_avg_sq, torch.optim's _init_group, a fused Adam",
+    cause="The first optimizer step allocates two fp32 moments per trainable parameter (plus "
+    "fp32 master weights under mixed precision): 8-12 bytes per parameter on top of weights and "
+    "gradients. Activations are already freed at this point, so recompute cannot help",
+    confirm="The failing frame is the optimizer's; the OOM comes after the first backward, "
+    "at the first step (or when resuming)",
+    fix="Shard the optimizer states (ZeRO-1/2/3, Megatron's distributed optimizer, FSDP), "
+    "offload them to CPU, use an 8-bit / paged AdamW, or train fewer parameters (LoRA)",
+    patch={"zero_optimization": {"stage": 3}},
+    supersedes=("RK036", "RK005", "RK087", "RK010"),
+)
+def _oom_in_optimizer_step(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    hit = _optimizer_state_hit(ctx)
+    if hit is None:
+        return None
+    oom = ctx.oom
+    numbers = ""
+    if oom is not None and oom.requested_bytes:
+        numbers = f" The failed request is {gib(oom.requested_bytes)}"
+        if oom.total_bytes and oom.allocated_bytes:
+            numbers += (
+                f" with {gib(oom.allocated_bytes)} of {gib(oom.total_bytes)} already allocated"
+            )
+        numbers += " - one more state tensor."
+    stage = zero_stage(ctx)
+    if is_megatron(ctx):
+        patch: dict = {"use_distributed_optimizer": True}
+        words = "Megatron's distributed optimizer (use_distributed_optimizer) shards them"
+    elif stage == 3:
+        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+        words = "ZeRO-3 already shards them: offload the optimizer states to CPU"
+    elif stage is not None or ctx.cfg.get("deepspeed"):
+        nxt = min(3, (stage or 1) + 1)
+        patch = {"zero_optimization": {"stage": nxt}}
+        words = f"ZeRO-{nxt} (zero_optimization.stage {nxt}) shards more of them"
+    else:
+        patch = {"zero_optimization": {"stage": 3}}
+        words = "shard them: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP"
+    return Match(
+        0.85,
+        f"The OOM is raised in the optimizer step ('{hit}'): Adam's states are being "
+        f"allocated.{numbers} Next: {words}.",
+        config_patch=patch,
+        fix=f"Optimizer states, not activations: {words}; else CPU offload of the optimizer "
+        "states, an 8-bit / paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot "
+        "free them",
+    )
