@@ -12,11 +12,12 @@ the meta device. Cells Megatron cannot run on a CPU are skipped, each saying why
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import pytest
 
-from recompute_kit.config import all_specs, full_recompute_chunks, parse_spec
+from recompute_kit.config import ConfigError, all_specs, full_recompute_chunks, parse_spec
 from recompute_kit.engines import megatron as engine
 from recompute_kit.memory.estimate import estimate, layer_activation_bytes, rank_parameters
 from recompute_kit.memory.layout import pipeline_layout
@@ -31,15 +32,19 @@ TOLERANCE = 1e-9
 # backward). transformer_impl=local: the spec that runs without Transformer Engine.
 LOCAL = dict(add_bias_linear=False, transformer_impl="local")
 GPT = get_preset("tiny-gpt").config().replace(**LOCAL)  # GQA, LayerNorm, GeLU, dropout 0.1
-MOE = get_preset("tiny-moe").config().replace(**LOCAL)  # 1 dense + 3 MoE, RMSNorm, SwiGLU, aux
-NO_MOE_ACT = "Megatron allows moe_act recompute only with grouped GEMM (needs TE or grouped_gemm)"
+# Experts: SequentialMLP (grouped GEMM, the legacy GroupedMLP here, runs in bf16 only and is
+# tested on its own, with moe_act).
+SEQUENTIAL = dict(moe_grouped_gemm=False)
+MOE = get_preset("tiny-moe").config().replace(**LOCAL, **SEQUENTIAL)  # 1 dense + 3 MoE, aux
 
 
 def selective_specs(config) -> list[str]:
+    """Every selective spec of the model; moe_act only with grouped GEMM (Megatron's rule)."""
+    grouped = config.model.moe_grouped_gemm
     return [
         s
         for s in all_specs(config)
-        if not s.startswith("full") and not parse_spec(s).selects("moe_act")
+        if not s.startswith("full") and (grouped or not parse_spec(s).selects("moe_act"))
     ]
 
 
@@ -60,7 +65,7 @@ def mismatches(configs, dtype: str, training: bool = True) -> list[str]:
                 m, config.recompute, config.parallel, B, m.is_moe_layer(layer), training
             )
             estimated = 0 if layer in inside_checkpoint else sum(roles.values())
-            estimated -= cpu_layernorm_stats_shortfall(config, dtype, layer in inside_checkpoint)
+            estimated += cpu_artefacts(config, dtype, training, layer in inside_checkpoint)
             if abs(estimated - measured) > TOLERANCE * measured:
                 bad.append(
                     f"{config.recompute.spec} {dtype} layer {layer}: Megatron-Core saved "
@@ -74,18 +79,22 @@ def mismatches(configs, dtype: str, training: bool = True) -> list[str]:
     return bad
 
 
-def cpu_layernorm_stats_shortfall(config, dtype: str, inside_checkpoint: bool) -> int:
-    """torch's LayerNorm keeps its mean and rstd in bf16 on a CPU, in fp32 on CUDA (what the
-    estimate counts): 2 bytes short per statistic per token, for each of a layer's two norms
-    that keeps them."""
-    m, p = config.model, config.parallel
-    if dtype != "bf16" or m.normalization != "LayerNorm" or inside_checkpoint:
+def cpu_artefacts(config, dtype: str, training: bool, inside_checkpoint: bool) -> int:
+    """Bytes a CPU run keeps that a GPU run does not, or the other way round:
+    * torch's LayerNorm keeps its mean and rstd in bf16 on a CPU, in fp32 on CUDA (what the
+      estimate counts): 2 bytes short per statistic per token, for each of the layer's two
+      norms that keeps them (with layernorm recompute they run inside their checkpoint);
+    * core_attn's checkpoint keeps the mask type as an int32 tensor made without a device:
+      host memory on a GPU (not counted by the estimate), but the device here: 4 bytes."""
+    if inside_checkpoint:
         return 0
-    if config.recompute.selects("layernorm"):
-        return 0  # the norms run inside their checkpoint: no statistics are kept
-    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
-    tokens //= p.tensor_model_parallel_size if p.sequence_parallel else 1
-    return 2 * 2 * 2 * tokens
+    m, p, rc = config.model, config.parallel, config.recompute
+    extra = 4 if training and rc.selects("core_attn") else 0
+    if dtype == "bf16" and m.normalization == "LayerNorm" and not rc.selects("layernorm"):
+        tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+        tokens //= p.tensor_model_parallel_size if p.sequence_parallel else 1
+        extra -= 2 * 2 * 2 * tokens
+    return extra
 
 
 def checkpointed_layers(config, training: bool) -> set[int]:
@@ -135,18 +144,22 @@ def test_eval_mode_with_grad_recomputes_all_but_core_attn():
     assert mismatches(configs, "fp32", training=False) == []
 
 
-@pytest.mark.skip(reason=NO_MOE_ACT)
-def test_moe_act():
-    pass
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-swiglu", "unfused-swiglu"])
+def test_moe_grouped_gemm_every_selective_spec_with_moe_act(fused):
+    """bf16 with grouped GEMM (the local spec's legacy GroupedMLP): moe_act is allowed."""
+    base = MOE.replace(bias_activation_fusion=fused, moe_grouped_gemm=True)
+    configs = [base.with_recompute(s) for s in selective_specs(base)]
+    assert sum(c.recompute.selects("moe_act") for c in configs) >= 7
+    assert mismatches(configs, "bf16") == []
 
 
-MLA = get_preset("tiny-mla").config().replace(**LOCAL)  # q/kv latents + rope, sigmoid MoE
+MLA = get_preset("tiny-mla").config().replace(**LOCAL, **SEQUENTIAL)  # latents, sigmoid MoE
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("latent_norms", [True, False], ids=["qk-norms", "no-qk-norms"])
 def test_mla_every_selective_spec(dtype, latent_norms):
-    config = MLA.replace(qk_layernorm=latent_norms)
+    config = MLA.replace(qk_layernorm=latent_norms, moe_grouped_gemm=dtype == "bf16")
     configs = [config.with_recompute(s) for s in selective_specs(config)]
     assert any(c.recompute.selects("mla_up_proj") for c in configs)
     assert mismatches(configs, dtype) == []
@@ -240,6 +253,7 @@ FULL_SIZE = {
             data_parallel_size=8,
             use_distributed_optimizer=True,
             **UNFUSED,
+            **SEQUENTIAL,  # grouped GEMM experts are compiled: not measurable shapes-only
         ),
         0,
     ),
@@ -255,6 +269,7 @@ FULL_SIZE = {
             num_layers_in_last_pipeline_stage=4,
             use_distributed_optimizer=True,
             **UNFUSED,
+            **SEQUENTIAL,  # grouped GEMM experts are compiled: not measurable shapes-only
         ),
         15,
     ),
@@ -302,3 +317,22 @@ def test_meta_dispatch_matches_real_routing():
     meta = engine.measure_one_rank(config, "bf16", stage=0)
     assert meta.saved_per_layer == average
     assert meta.roles_per_layer[1]["experts"] > 0  # the experts ran on the meta device
+
+
+def test_grouped_experts_refused_shapes_only():
+    config = MOE.replace(moe_grouped_gemm=True, expert_model_parallel_size=2, data_parallel_size=2)
+    with pytest.raises(ConfigError, match="shapes-only"):
+        engine.measure_one_rank(config, "bf16", stage=0)
+
+
+def test_cli_measures_a_full_size_rank_shapes_only(capsys):
+    """`measure --engine megatron --fake`: one rank of llama3-70b TP8 PP4 SP, every layer run."""
+    from recompute_kit.cli import main
+
+    argv = ["measure", "--engine", "megatron", "--fake", "--model", "llama3-70b", "--tp", "8"]
+    argv += ["--pp", "4", "--stage", "1", "--attention", "unfused", "--recompute", "selective"]
+    argv += ["--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["measurements"]
+    assert row["pp_rank"] == 1 and len(row["saved_per_layer"]) == 20

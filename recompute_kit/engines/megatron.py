@@ -159,6 +159,12 @@ def _patch_megatron_for_cpu() -> None:
 
         torch_norm.WrappedTorchNorm.__new__ = __new__
         torch_norm.WrappedTorchNorm._rk_patched = True
+    # 12. The grouped_gemm package (a CUDA kernel) for the legacy GroupedMLP: a torch stand-in.
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    if not grouped_gemm_util.grouped_gemm_is_available():
+        grouped_gemm_util.grouped_gemm = _grouped_gemm_stand_in()
+        grouped_gemm_util.ops = grouped_gemm_util.grouped_gemm.ops
     # 9. MLA's spec hands its core attention k_channels / v_channels (q/k and v head sizes
     #    differ), which only TE's attention takes. The local DotProductAttention's forward is
     #    head-size agnostic (batched matmuls) except for its output's width, heads x
@@ -187,6 +193,43 @@ def _patch_megatron_for_cpu() -> None:
             pass
 
         mla.TELinear = NoTELinear
+
+
+def _grouped_gemm_stand_in():
+    """12. The legacy GroupedMLP (the local spec's grouped GEMM experts, the only experts that
+    allow moe_act recompute without TE) calls the `grouped_gemm` package's CUDA kernel
+    `ops.gmm(a, b, batch_sizes, trans_b)`. This stand-in computes the same product one expert
+    at a time and keeps what the package's autograd function keeps: `a` and `b` (the weights
+    are model state); the counts are a host tensor, no device memory, so they ride on ctx."""
+    import types
+
+    import torch
+
+    class GroupedGemm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, batch_sizes, trans_b):
+            ctx.save_for_backward(a, b)
+            ctx.sizes, ctx.trans_b = batch_sizes.tolist(), trans_b
+            return _gmm(a, b, ctx.sizes, trans_b)
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            grad_a = _gmm(grad, b, ctx.sizes, not ctx.trans_b)
+            parts = zip(grad.split(ctx.sizes), a.split(ctx.sizes), strict=True)
+            grad_b = torch.stack([(g.T @ x if ctx.trans_b else x.T @ g) for g, x in parts])
+            return grad_a, grad_b, None, None
+
+    def _gmm(a, b, sizes, trans_b):
+        if a.device.type == "meta":  # shapes only: one product of the right size
+            return a.new_empty(a.shape[0], b.shape[1] if trans_b else b.shape[2])
+        outs = [x @ (w.T if trans_b else w) for x, w in zip(a.split(sizes), b, strict=True)]
+        return torch.cat(outs)
+
+    def gmm(a, b, batch_sizes, trans_b=False):
+        return GroupedGemm.apply(a, b, batch_sizes, trans_b)
+
+    return types.SimpleNamespace(ops=types.SimpleNamespace(gmm=gmm))
 
 
 @contextlib.contextmanager
@@ -311,7 +354,8 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         kwargs["rope_type"] = "rope"
     if m.num_moe_experts:
         kwargs.update(
-            moe_grouped_gemm=False,  # grouped GEMM needs TE or the grouped_gemm package
+            # With the local spec: the legacy GroupedMLP, which Megatron runs in bf16 only.
+            moe_grouped_gemm=m.moe_grouped_gemm,
             # allgather: the token dispatcher that runs on gloo (alltoall needs NCCL's
             # all_to_all_single with uneven splits).
             moe_token_dispatcher_type="allgather",
@@ -406,12 +450,14 @@ def measure_rank(
         tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100)
         torch.manual_seed(seed)
         if device == "meta":
-            stack.enter_context(torch.device("meta"))
             stack.enter_context(_balanced_dispatch_on_meta())
         stage = ps.get_pipeline_model_parallel_rank()
         chunks = pipeline_layout(m, p)[stage]
         vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
-        models = [build_model(config, dtype, v if vpp else None) for v in range(len(chunks))]
+        # Built on `device`; the forward then runs as on a GPU: a tensor made without a
+        # device (e.g. core attention's mask type) is a host tensor, not counted.
+        with torch.device(device):
+            models = [build_model(config, dtype, v if vpp else None) for v in range(len(chunks))]
         if dtype == "bf16":  # what Megatron's Float16Module does to the model it wraps
             models = [model.bfloat16() for model in models]
         params = {"dense": 0, "expert": 0}
@@ -460,19 +506,23 @@ def _forward(model, config: Config, first: bool, device: str, training: bool = T
 
     m, p = config.model, config.parallel
     model.train(training)
-    tokens = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length))
-    positions = torch.arange(m.seq_length).unsqueeze(0).expand_as(tokens)
+    tokens = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length), device=device)
+    positions = torch.arange(m.seq_length, device=device).unsqueeze(0).expand_as(tokens)
     # Megatron-LM's data pipeline passes this mask (True = masked); without one the local
     # softmax builds a default causal mask on "cuda".
-    causal = torch.ones(m.seq_length, m.seq_length, dtype=torch.bool).triu(1)[None, None]
+    causal = torch.ones(m.seq_length, m.seq_length, dtype=torch.bool, device=device)
+    causal = causal.triu(1)[None, None]
     if not first:  # a later chunk starts from the previous one's output
         s_local = m.seq_length // p.context_parallel_size
         if p.sequence_parallel:
             s_local //= p.tensor_model_parallel_size
         dtype = next(model.parameters()).dtype
-        hidden = torch.randn(s_local, m.micro_batch_size, m.hidden_size, dtype=dtype)
+        shape = (s_local, m.micro_batch_size, m.hidden_size)
+        hidden = torch.randn(shape, dtype=dtype, device=device)
         model.set_input_tensor(hidden.requires_grad_())
-    with track_saved_tensors(model, inputs=(causal,)) as saved:
+    # On a CPU host and device are one: there every saved tensor counts.
+    counted = None if device == "cpu" else device
+    with track_saved_tensors(model, inputs=(causal,), device=counted) as saved:
         out = model(tokens, positions, attention_mask=causal, labels=tokens)
     if device != "meta":
         out.float().sum().backward()
@@ -538,6 +588,14 @@ def measure_one_rank(config: Config, dtype: str = "bf16", stage: int = 0) -> Ran
 
     p = config.parallel
     world = _world_size(config)
+    if config.model.num_moe_experts and config.model.moe_grouped_gemm:
+        # Measured: on the meta device the compiled activation of the local spec's grouped
+        # experts keeps 28,672 B where a real CPU run keeps 53,504 B (tiny-moe, bf16).
+        raise ConfigError(
+            "grouped-GEMM experts cannot be measured shapes-only: their activation is "
+            "torch.compile'd (Megatron's jit_fuser), which keeps other tensors on the meta "
+            "device than on a real one; measure without --fake, or set moe_grouped_gemm: false"
+        )
     if not 0 <= stage < p.pipeline_model_parallel_size:
         raise ConfigError(f"--stage must be in 0..{p.pipeline_model_parallel_size - 1}")
     # Megatron's default rank order puts the pipeline rank outermost.

@@ -136,13 +136,16 @@ def _act_internal(swiglu: bool, rows: float, ffn: float, B: int) -> float:
     return (4 if swiglu else 2) * B * rows * ffn
 
 
-def _megatron_act_internal(m: ModelConfig, rows: float, ffn: float, B: int) -> float:
+def _megatron_act_internal(
+    m: ModelConfig, rows: float, ffn: float, B: int, fused: bool | None = None
+) -> float:
     """The same for Megatron-Core's MLP. GeLU (fused or not): its input and output. SwiGLU
-    fused (bias_activation_fusion): fc1's output only, plus the output fc2 keeps; unfused:
-    fc1's output, silu(gate), `up + glu_linear_offset` (a copy) and the product."""
+    fused (`fused`, by default bias_activation_fusion): fc1's output only, plus the output fc2
+    keeps; unfused: fc1's output, silu(gate), `up + glu_linear_offset` (a copy), the product."""
     if not m.swiglu:
         return 2 * B * rows * ffn
-    return (3 if m.bias_activation_fusion else 5) * B * rows * ffn
+    fused = m.bias_activation_fusion if fused is None else fused
+    return (3 if fused else 5) * B * rows * ffn
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,8 +275,6 @@ def layer_activation_bytes(
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
         lse = STAT_BYTES * x.b * (a / t) * x.s
         core = qkv_kept + B * x.tokens * heads_out / t + lse + (16 if attn_dropout else 0)
-    if sel("core_attn") and megatron:
-        core += 4  # the checkpoint's inputs include the mask type, as an int32 tensor
     roles["core_attn"] = core
     roles["proj"] = B * x.tokens * heads_out / t
     roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0
@@ -416,9 +417,11 @@ def _megatron_moe_layer_bytes(
         roles["moe_act"] = B * picks * f_e * (2 if m.swiglu else 1)
     else:
         # The activation x probability: fused SwiGLU keeps fc1's output, unfused keeps the
-        # SwiGLU intermediates and the unscaled output; fc2 keeps the scaled output.
-        roles["moe_act"] = _megatron_act_internal(m, picks, f_e, B) + (
-            0.0 if m.bias_activation_fusion and m.swiglu else B * picks * f_e
+        # SwiGLU intermediates and the unscaled output; fc2 keeps the scaled output. The
+        # local spec's grouped GEMM experts (legacy GroupedMLP) always run the fused function.
+        fused = m.bias_activation_fusion or (m.moe_grouped_gemm and m.transformer_impl == "local")
+        roles["moe_act"] = _megatron_act_internal(m, picks, f_e, B, fused) + (
+            0.0 if fused and m.swiglu else B * picks * f_e
         )
     f_s = m.moe_shared_expert_intermediate_size
     if f_s and not sel("shared_experts"):

@@ -104,7 +104,9 @@ def module_role(path_in_layer: str) -> str:
 
 
 class _SavedTensorTracker:
-    def __init__(self, model: nn.Module, inputs: tuple[Tensor, ...] = ()):
+    def __init__(
+        self, model: nn.Module, inputs: tuple[Tensor, ...] = (), device: str | None = None
+    ):
         # Parameters and buffers (e.g. rotary tables) are model state, not activations; the
         # batch's own tensors (an attention mask) are inputs.
         state = [*model.parameters(), *model.buffers(), *inputs]
@@ -112,8 +114,11 @@ class _SavedTensorTracker:
         self.module_names = [name for name, _ in model.named_modules()]
         self.stack: list[str] = []
         self.seen: dict[int, tuple[Tensor, str]] = {}
+        self.device = device
 
     def pack(self, tensor: Tensor) -> Tensor:
+        if self.device and tensor.device.type != self.device:
+            return tensor  # a host tensor of a device run: not device memory
         key = tensor.untyped_storage()._cdata
         if key not in self.state_storages and key not in self.seen:
             self.seen[key] = (tensor, self.stack[-1] if self.stack else "")
@@ -137,9 +142,10 @@ class _SavedTensorTracker:
 
 @contextlib.contextmanager
 def track_saved_tensors(
-    model: nn.Module, inputs: tuple[Tensor, ...] = ()
+    model: nn.Module, inputs: tuple[Tensor, ...] = (), device: str | None = None
 ) -> Iterator[SavedActivations]:
-    """Record what the forward passes run inside the block save for backward.
+    """Record what the forward passes run inside the block save for backward (with `device`,
+    only tensors on that device type: a GPU or meta run's host tensors are not counted).
 
     The yielded object is filled in when the block exits::
 
@@ -147,7 +153,7 @@ def track_saved_tensors(
             loss = model(tokens, labels)
         print(saved.total_bytes, saved.top_level())
     """
-    tracker = _SavedTensorTracker(model, inputs)
+    tracker = _SavedTensorTracker(model, inputs, device)
     handles = []
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(lambda *_, n=name: tracker.push(n)))
