@@ -58,11 +58,41 @@ def full_size() -> None:
             )
 
 
+def plans() -> None:
+    """The planner's choice for two full-size layouts, and its model-state bytes against the
+    engine's parameters on the planned stage (one rank of N, meta device)."""
+    from test_megatron_parity import FULL_SIZE
+
+    from recompute_kit.engines import megatron as engine
+    from recompute_kit.plan import plan
+    from recompute_kit.presets import get_preset
+
+    print("\n| layout | budget | plan | stage | model states (plan) | from the engine's parameters |")
+    print("|---|---|---|---|---|---|")
+    for name in ("deepseek-v3-tp2-ep64-pp16-uneven", "mixtral-8x7b-pp4-ep8-dp8"):
+        preset, keys, _ = FULL_SIZE[name]
+        config = get_preset(preset).config().replace(transformer_impl="local", **keys)
+        best = plan(config, 80.0).best
+        est = best.estimate
+        rank = engine.measure_one_rank(config, "bf16", est.stage)
+        n = rank.parameters_by_kind
+        shards = rank.optimizer_shards
+        engine_states = 2 * sum(n.values()) + 4 * sum(n.values())  # bf16 weights, fp32 grads
+        engine_states += sum(12 * n[k] / shards[k] for k in n)  # Adam, distributed optimizer
+        planned = est.weights_bytes + est.grads_bytes + est.optimizer_bytes
+        same = "equal" if planned == round(engine_states) else "DIFFER"
+        print(
+            f"| {name} | 80 GB | {best.recompute.spec} | {est.stage} | {planned:,} B "
+            f"| {round(engine_states):,} B ({same}) |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="also the gloo layouts")
     args = parser.parse_args()
     full_size()
+    plans()
     if args.small:
         import pytest
 
