@@ -67,7 +67,7 @@ def plans() -> None:
     from recompute_kit.plan import plan
     from recompute_kit.presets import get_preset
 
-    print("\n| layout | budget | plan | stage | model states (plan) | from the engine's parameters |")
+    print("\n| layout | budget | plan | stage | model states (plan) | from the engine's params |")
     print("|---|---|---|---|---|---|")
     for name in ("deepseek-v3-tp2-ep64-pp16-uneven", "mixtral-8x7b-pp4-ep8-dp8"):
         preset, keys, _ = FULL_SIZE[name]
