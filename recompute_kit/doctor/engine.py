@@ -86,11 +86,16 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
     """Evaluate every rule over the evidence; findings ranked by confidence, best first."""
     ctx = build_context(evidence, gpu_memory_gb)
     found: list[tuple[Finding, tuple[str, ...]]] = []
-    for rule in RULES:
-        match = rule.check(ctx)
-        if match is None:
-            continue
-        found.append((rule.finding(match), rule.supersedes))
+    for fallback in (False, True):  # default readings only when nothing specific fired
+        if fallback and found:
+            break
+        for rule in RULES:
+            if rule.fallback != fallback:
+                continue
+            match = rule.check(ctx)
+            if match is None:
+                continue
+            found.append((rule.finding(match), rule.supersedes))
     fired = {f.rule for f, _ in found}
     superseded = {old for f, sup in found for old in sup if old in fired}
     findings = [f for f, _ in found]
