@@ -4,7 +4,8 @@ An OOM message alone says how full the GPU was; a config alone says what was ask
 two with a model shape let the estimator say whether activations or model states dominate and
 which recompute setting would fit. The engine builds that context once, asks every rule, keeps
 each rule's finding once, drops generic findings that a specific one supersedes, and ranks by
-confidence.
+confidence. Fallback rules (default readings, rules/fallback.py) are asked only when no other
+rule fired, so they never outrank a specific finding.
 """
 
 from __future__ import annotations
