@@ -180,6 +180,13 @@ SOURCES = {
     "i13-cbdnet-7": "https://github.com/IDKiro/CBDNet-pytorch/issues/7",
     "i13-llamafactory-922": "https://github.com/hiyouga/LlamaFactory/issues/922",
     "ipex-629": "https://github.com/intel/intel-extension-for-pytorch/issues/629",
+    # default readings (RK170/RK171): dev corpus cases' pasted text
+    "i17-automodel-2585": "https://github.com/NVIDIA-NeMo/Automodel/pull/2585",
+    "i17-automodel-2585-config": "https://github.com/NVIDIA-NeMo/Automodel/pull/2585",
+    "i17-improved-diffusion-3": "https://github.com/openai/improved-diffusion/issues/3",
+    "i17-llama2-accessory-26": "https://github.com/Alpha-VLLM/LLaMA2-Accessory/issues/26",
+    "i17-slime-1450-config": "https://github.com/THUDM/slime/issues/1450",
+    "i17-mistral-116928-summary": "https://github.com/pytorch/pytorch/issues/116928",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -2196,3 +2203,113 @@ def test_rk004_ipex_per_allocation_limit():
     f = top(d)
     assert f.rule == "RK004"
     cites(f, "6.85 GiB", "4.00 GiB")
+
+
+# =============================================================================================
+# RK170-RK171: default readings when no specific rule fires. Texts are tests/data/rules/i17-*
+# (and two i13 ones), verbatim from dev corpus cases (URLs in SOURCES); "[... cut by corpus ...]"
+# marks where the case's author cut the thread's text.
+# =============================================================================================
+
+
+@covers("RK170")
+def test_rk170_llamafactory_command_halves_the_batch_and_keeps_the_global_one():
+    # https://github.com/hiyouga/LlamaFactory/issues/922: only the launch command is pasted;
+    # maintainer: one over-long sample blew up the GPU, reduce the batch size.
+    d = run(text("i13-llamafactory-922"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory" and len(d.findings) == 1
+    assert f.config_patch == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
+    assert f.evidence.startswith("Default reading")
+    cites(f, "per_device_train_batch_size = 4", "gradient_accumulation_steps = 4", "LoRA")
+    cites(f, "LlamaFactory's default: on")  # checkpointing absent: on in LlamaFactory
+    assert f.fix.startswith("Activation memory, cheapest change first: 1. ")
+    assert "2. cap the tokens per sample (cutoff_len" in f.fix
+
+
+@covers("RK170")
+def test_rk170_checkpointing_switched_off_in_the_config_under_its_own_key():
+    # https://github.com/NVIDIA-NeMo/Automodel/pull/2585: "CUDA OOM" in a results table, and a
+    # config with distributed.activation_checkpointing false; the merged fix turns it on.
+    d = run(text("i17-automodel-2585"), config=text("i17-automodel-2585-config"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert f.config_patch == {"distributed.activation_checkpointing": True}
+    cites(f, "CUDA OOM", "(off)")
+    # the table's header names the switch (comparing on with off): not a state of the run
+    d = run(text("i17-automodel-2585"))
+    assert top(d).config_patch == {"activation_checkpointing": True}
+    assert "CUDA OOM" in top(d).evidence
+
+
+@covers("RK170")
+def test_rk170_plain_argparse_flags_batch_first_and_checkpointing_absent_is_off():
+    # https://github.com/openai/improved-diffusion/issues/3: TRAIN_FLAGS="--lr 1e-4
+    # --batch_size 4"; maintainer: try --microbatch or --use-checkpoint.
+    d = run(text("i17-improved-diffusion-3"))
+    f = top(d)
+    assert f.rule == "RK170" and f.config_patch == {"batch_size": 2}
+    cites(f, "batch_size = 4", "gradient checkpointing: not in the paste (off")
+    assert "global batch halves unless the script accumulates" in f.fix
+    assert "2. activation (gradient) checkpointing" in f.fix
+
+
+@covers("RK170")
+def test_rk170_names_the_sequence_caps_the_paste_sets():
+    # https://github.com/THUDM/slime/issues/1450: the rollout length caps; the OOM came from a
+    # sample longer than rollout_max_context_len that SFT rollout did not truncate.
+    d = run(config=text("i17-slime-1450-config"), config_name="run.sh")
+    f = top(d)
+    assert f.rule == "RK170"
+    cites(f, "rollout_max_context_len = 8192", "no OOM message pasted")
+    assert "rollout_max_context_len 8192 -> 4096" in f.fix and f.config_patch
+
+
+@covers("RK171")
+def test_rk171_full_fine_tune_at_batch_1_with_zero3_offloads_the_optimizer():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977: full fine-tuning of Llama-3-8B with
+    # ds_z3_config.json OOMs on 3090s, ds_z3_offload_config.json runs (maintainer: normal).
+    d = run(text("i13-llamafactory-5977"))
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory" and len(d.findings) == 1
+    assert f.config_patch == {"deepspeed": "examples/deepspeed/ds_z3_offload_config.json"}
+    cites(f, "~8.0B parameters", "per_device_train_batch_size = 1", "ZeRO stage 3")
+    cites(f, "119.21 GiB", "does not count the GPUs")
+    assert "finetuning_type: lora" in f.fix and "recompute cannot free" in f.fix
+
+
+@covers("RK171")
+def test_rk171_model_size_unnamed_but_batch_1_and_checkpointing_on():
+    # https://github.com/Alpha-VLLM/LLaMA2-Accessory/issues/26: --batch_size 1 --checkpointing
+    # --model_parallel_size 2 on 2 GPUs; maintainer: optimizer states of a full fine-tune need
+    # more GPUs, or parameter-efficient tuning.
+    d = run(text("i17-llama2-accessory-26"))
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory"
+    assert f.config_patch == {"model_parallel_size": 4, "nproc_per_node": 4}
+    cites(f, "batch_size = 1", "checkpointing = True (on)", "full training assumed")
+    assert "LoRA" in f.fix
+
+
+def test_default_readings_only_when_nothing_else_fires():
+    # https://github.com/NVIDIA-NeMo/Automodel/pull/1975: a real OOM message makes RK087 fire;
+    # with LlamaFactory#922's command added the default readings stay silent.
+    d = run(text("i12-automodel-1975") + "\n" + text("i13-llamafactory-922"))
+    assert d.findings and not {"RK170", "RK171"} & set(ids(d))
+    # https://github.com/pytorch/pytorch/issues/116928: a memory summary saying
+    # "CUDA OOMs: 0" is no OOM, and it has no training knobs: nothing fires
+    assert run(text("i17-mistral-116928-summary")).findings == []
+    # real-formats.md oom-pt-16417-title: 9.28 GiB free yet OOM: no default reading either
+    assert run(text("oom-pt-16417-title")).findings == []
+
+
+@covers("RK170", "RK171")
+def test_batch_1_with_checkpointing_disabled_is_still_an_activation_reading():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977's YAML with LlamaFactory's switch
+    # disable_gradient_checkpointing set: activations still have room, so RK170 (not RK171)
+    # and the first step is the framework's own key.
+    d = run(text("i13-llamafactory-5977"), config="disable_gradient_checkpointing: true\n")
+    f = top(d)
+    assert f.rule == "RK170" and "RK171" not in ids(d)
+    assert f.config_patch == {"disable_gradient_checkpointing": False}
+    cites(f, "disable_gradient_checkpointing = True (off)")

@@ -4,7 +4,8 @@ An OOM message alone says how full the GPU was; a config alone says what was ask
 two with a model shape let the estimator say whether activations or model states dominate and
 which recompute setting would fit. The engine builds that context once, asks every rule, keeps
 each rule's finding once, drops generic findings that a specific one supersedes, and ranks by
-confidence.
+confidence. Fallback rules (default readings, rules/fallback.py) are asked only when no other
+rule fired, so they never outrank a specific finding.
 """
 
 from __future__ import annotations
@@ -86,11 +87,16 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
     """Evaluate every rule over the evidence; findings ranked by confidence, best first."""
     ctx = build_context(evidence, gpu_memory_gb)
     found: list[tuple[Finding, tuple[str, ...]]] = []
-    for rule in RULES:
-        match = rule.check(ctx)
-        if match is None:
-            continue
-        found.append((rule.finding(match), rule.supersedes))
+    for fallback in (False, True):  # default readings only when nothing specific fired
+        if fallback and found:
+            break
+        for rule in RULES:
+            if rule.fallback != fallback:
+                continue
+            match = rule.check(ctx)
+            if match is None:
+                continue
+            found.append((rule.finding(match), rule.supersedes))
     fired = {f.rule for f, _ in found}
     superseded = {old for f, sup in found for old in sup if old in fired}
     findings = [f for f, _ in found]

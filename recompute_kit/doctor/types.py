@@ -139,6 +139,7 @@ class Rule:
     config_patch: dict[str, Any] = field(default_factory=dict)
     references: tuple[str, ...] = ()
     supersedes: tuple[str, ...] = ()  # generic rules this one makes redundant when both fire
+    fallback: bool = False  # a default reading: asked only when no other rule fired
 
     def finding(self, match: Match) -> Finding:
         return Finding(

@@ -81,6 +81,14 @@ _YAML_RECOMPUTE_RE = re.compile(
     r"^\s*(activations_checkpoint_(?:granularity|method|num_layers)|recompute_(?:granularity|"
     r"method|num_layers|modules))\s*:\s*([^#]*?)\s*(?:#.*)?$"
 )
+# An OOM in any wording a person or a tool writes it: "CUDA OOM", "OOM'd", "out of memory",
+# "OutOfMemoryError", "RESOURCE_EXHAUSTED", "显存不足" / "爆显存" (Chinese threads).
+_OOM_WORDS_RE = re.compile(
+    r"\bOOM(?:s|ed|'d)?\b|out[ _-]?of[ _-]?memory|OutOfMemory|RESOURCE_EXHAUSTED|"
+    r"显存不足|爆显存|内存不足|显存溢出",
+    re.I,
+)
+_NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
 
@@ -111,7 +119,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
-    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys)."""
+    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys), `oom_mentions`
+    (lines that say out of memory in any wording: "CUDA OOM", "OutOfMemoryError", "显存不足")."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -197,6 +206,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     flags[key] = int(value) if value.isdigit() else value
         if _NONDETERMINISM in line:
             facts["nondeterminism"] = True
+        if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
+            add("oom_mentions", line)
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops

@@ -5,6 +5,7 @@ states of a named model against the GPU (RK101), and an OOM inside the optimizer
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ..types import Context, Match
 from .registry import gib, is_megatron, oom_errors, rule, zero_stage
@@ -60,6 +61,53 @@ def _gpu_count(ctx: Context) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class StateCount:
+    """Model states per GPU of a named model: weights, gradients and Adam states (full
+    fine-tuning) or frozen weights (LoRA), by ZeRO stage."""
+
+    params: float  # parameters, from the model's name
+    name: str  # the model name as given
+    stage: int  # the ZeRO stage in use (0 without ZeRO)
+    lora: bool  # adapters on frozen weights
+    gpus: int | None  # GPUs counted in the paste (None: unknown)
+    frozen: float  # bytes per frozen parameter (2; 0.5 / 1 when quantized)
+    per_gpu: float  # bytes of model states per GPU (a lower bound when gpus is None)
+
+    @property
+    def zero3_per_gpu(self) -> float:
+        """Per GPU under ZeRO-3 over the GPUs counted (one when none is)."""
+        return self.params * (self.frozen if self.lora else 16) / (self.gpus or 1)
+
+
+def model_state_count(ctx: Context) -> StateCount | None:
+    """The model states per GPU when the paste names the model's size and says full
+    fine-tuning or adapters (finetuning_type) or a ZeRO stage; else None (a guess)."""
+    found = _model_params(ctx)
+    if found is None:
+        return None
+    params, name = found
+    stage = zero_stage(ctx)
+    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
+        return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
+    counted = _gpu_count(ctx)
+    # GPU count unknown: the per-GPU bytes as if the shards were spread over many GPUs, a
+    # lower bound (exact for what ZeRO leaves replicated)
+    spread = counted or float("inf")
+    lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
+    if stage is None:
+        stage = 2 if ctx.cfg.get("deepspeed") else 0
+    frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
+    bits = ctx.cfg.get("quantization_bit")
+    if isinstance(bits, int) and bits in (4, 8):
+        frozen = bits / 8
+    elif ctx.cfg.get("load_in_4bit") is True:
+        frozen = 0.5
+    sharded = spread if stage == 3 else 1
+    bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
+    return StateCount(params, name, stage, lora, counted, frozen, params * bytes_per_param)
+
+
 @rule(
     "RK101",
     "Weights, gradients and Adam states of a model this size exceed the GPU",
@@ -77,30 +125,11 @@ def _gpu_count(ctx: Context) -> int | None:
 )
 def _states_by_model_size(ctx: Context) -> Match | None:
     oom = bool(ctx.oom or oom_errors(ctx))
-    found = _model_params(ctx)
-    if found is None:
+    count = model_state_count(ctx)
+    if count is None:
         return None
-    params, name = found
-    stage = zero_stage(ctx)
-    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
-        return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
-    counted = _gpu_count(ctx)
-    # GPU count unknown: the per-GPU bytes as if the shards were spread over many GPUs, a
-    # lower bound (exact for what ZeRO leaves replicated)
-    gpus = counted or 1
-    spread = counted or float("inf")
-    lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
-    if stage is None:
-        stage = 2 if ctx.cfg.get("deepspeed") else 0
-    frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
-    bits = ctx.cfg.get("quantization_bit")
-    if isinstance(bits, int) and bits in (4, 8):
-        frozen = bits / 8
-    elif ctx.cfg.get("load_in_4bit") is True:
-        frozen = 0.5
-    sharded = spread if stage == 3 else 1
-    bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
-    per_gpu = params * bytes_per_param
+    params, name, stage, lora = count.params, count.name, count.stage, count.lora
+    counted, gpus, per_gpu = count.gpus, count.gpus or 1, count.per_gpu
     gpu = ctx.gpu_bytes
     if gpu:
         if not oom or per_gpu < 0.7 * gpu:
@@ -109,7 +138,7 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         return None  # no GPU size given: only a count above any common GPU is conclusive
     if not counted and per_gpu < (gpu or COMMON_GPU_BYTES):
         return None  # the real per-GPU share is unknown and the lower bound fits
-    z3 = params * (frozen if lora else 16) / gpus
+    z3 = count.zero3_per_gpu
     gpu = gpu or COMMON_GPU_BYTES
     if z3 < 0.7 * gpu:
         patch = {"zero_optimization": {"stage": 3}}

@@ -46,8 +46,10 @@ def rule(
     patch: dict | None = None,
     refs: tuple[str, ...] = (),
     supersedes: tuple[str, ...] = (),
+    fallback: bool = False,
 ):
-    """Register a check function as a rule."""
+    """Register a check function as a rule. A `fallback` rule is a default reading: the engine
+    asks it only when no other rule fired."""
     assert category in CATEGORIES, category
 
     def register(check: Callable[[Context], Match | None]):
@@ -64,6 +66,7 @@ def rule(
                 patch or {},
                 refs,
                 supersedes,
+                fallback,
             )
         )
         return check

@@ -1,0 +1,353 @@
+"""Default readings: what to change when no specific rule fired but the paste shows an OOM (in
+any wording) or a training command / config with memory knobs.
+
+A user who pastes `python train.py --per_device_train_batch_size 4 ...` or a LlamaFactory YAML
+and asks why it runs out of memory gets a numbered answer naming the knobs the paste sets (and
+what an absent one means in that framework), the cheapest change first in the framework's own
+key. Two readings, one of which fires: activations (batch, sequence and checkpointing knobs
+still have room) or model states (a full fine-tune whose batch is 1 with checkpointing on, or
+whose counted states take half the GPU). The engine asks these rules only when nothing else
+fired, so they never outrank a specific finding.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..types import Context, Match
+from .knobs import Knobs, read_knobs
+from .model_states import StateCount, _gpu_count, model_state_count
+from .registry import fact, gib, more_recompute_patch, oom_errors, rule
+
+# Beyond this many tokens per sample, activations can dominate even at batch 1 with
+# checkpointing on (the layer inputs kept alone grow with it).
+LONG_SEQUENCE = 4096
+_DS_STOCK = re.compile(r"ds_z([0-3])(_offload)?_config\.json$")  # LlamaFactory's stock files
+_MP_KEYS = ("model_parallel_size", "tensor_model_parallel_size", "tensor_parallel_size", "tp")
+
+
+def _oom_said(ctx: Context) -> str | None:
+    """The OOM as the paste words it, or None; "" for a parsed message (quoted elsewhere)."""
+    if ctx.oom or oom_errors(ctx):
+        return ""
+    lines = fact(ctx, "oom_mentions") or []
+    return lines[0] if lines else None
+
+
+def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] | None:
+    """("activations" | "states", knobs, state count, OOM line) or None when no default
+    reading applies."""
+    oom = ctx.oom
+    if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None  # the device had room: not a matter of what training keeps
+    said = _oom_said(ctx)
+    knobs = read_knobs(ctx)
+    if said is None and not knobs.any:
+        return None
+    count = model_state_count(ctx)
+    full = knobs.lora is not True and not (count is not None and count.lora)
+    gpu = ctx.gpu_bytes
+    longest = knobs.seq[0][1] if knobs.seq else 0
+    exhausted = (
+        knobs.batch is not None
+        and knobs.batch[1] == 1
+        and knobs.ckpt_on
+        and longest <= LONG_SEQUENCE
+    )
+    counted_heavy = count is not None and gpu and count.per_gpu >= 0.5 * gpu
+    kind = "states" if full and (exhausted or counted_heavy) else "activations"
+    return kind, knobs, count, said
+
+
+def _ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
+    """Turning activation checkpointing on (or up), in the framework's key; None when on."""
+    if k.framework == "megatron":
+        if k.ckpt_on and ctx.granularity == "full" and ctx.cfg.get("recompute_method") is None:
+            return None
+        patch, words = more_recompute_patch(ctx)
+        if ctx.granularity is None:
+            patch, words = (
+                {"recompute_granularity": "selective"},
+                "--recompute-granularity selective (recompute the attention core; then full)",
+            )
+        return patch, words
+    if k.ckpt_on:
+        return None
+    if k.ckpt_key == "disable_gradient_checkpointing":
+        return {"disable_gradient_checkpointing": False}, "disable_gradient_checkpointing: false"
+    if k.ckpt_key:
+        return {k.ckpt_key: True}, f"{k.ckpt_key}: true (activation checkpointing)"
+    if k.framework in ("hf", "llamafactory"):
+        return (
+            {
+                "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            },
+            "gradient_checkpointing: true (use_reentrant: false)",
+        )
+    return (
+        {"gradient_checkpointing": True},
+        "activation (gradient) checkpointing: the script's checkpoint flag, or "
+        "torch.utils.checkpoint around each block (use_reentrant=False)",
+    )
+
+
+def _batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+    if k.batch is None or k.batch[1] <= 1:
+        return None
+    key, n = k.batch
+    half = n // 2
+    patch: dict[str, Any] = {key: half}
+    if k.accum is not None:
+        akey, a = k.accum
+        patch[akey] = a * 2 if n % 2 == 0 else a
+        keep = f" and {akey} {a} -> {patch[akey]}" + (
+            " (the global batch is kept)" if n % 2 == 0 else ""
+        )
+    elif k.framework == "megatron":
+        keep = " (global_batch_size stays: Megatron runs twice the micro-batches)"
+    elif k.framework in ("hf", "llamafactory"):
+        patch["gradient_accumulation_steps"] = 2
+        keep = " and gradient_accumulation_steps 2 (the global batch is kept)"
+    elif k.framework == "lightning":
+        patch["accumulate_grad_batches"] = 2
+        keep = " and accumulate_grad_batches 2 (the global batch is kept)"
+    else:
+        keep = " (the global batch halves unless the script accumulates gradients)"
+    return patch, f"{key} {n} -> {half}{keep}"
+
+
+# The sequence cap under each framework's own name, for a paste that does not set one.
+SEQ_KEY = {
+    "llamafactory": "cutoff_len",
+    "hf": "max_seq_length / max_length",
+    "megatron": "seq_length",
+    "lightning": "the datamodule's max length",
+    "script": "the script's max length / truncation",
+}
+
+
+def _seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+    if not k.seq:
+        return None
+    key, n = k.seq[0]
+    return (
+        {key: n // 2},
+        f"{key} {n} -> {n // 2} (activations grow with the tokens per sample; truncate or "
+        "drop the longest samples, as one over-long sample can OOM a run that ran for hours)",
+    )
+
+
+def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
+    """The next sharding / offload step for weights, gradients and optimizer states."""
+    ds = str(ctx.cfg.get("deepspeed") or "")
+    stock = _DS_STOCK.search(ds)
+    if k.zero == 3 and not k.offload:
+        if stock:
+            path = ds[: stock.start()] + "ds_z3_offload_config.json"
+            return {"deepspeed": path}, f"deepspeed: {path} (ZeRO-3 with optimizer offload)"
+        return (
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+            "ZeRO-3 with offload_optimizer (device: cpu), then offload_param",
+        )
+    if k.zero == 3:
+        return (
+            {"zero_optimization": {"offload_param": {"device": "cpu"}}},
+            "offload_param (device: cpu) on top of the optimizer offload, or more GPUs",
+        )
+    if k.zero is not None or ds:
+        if stock:
+            path = ds[: stock.start()] + "ds_z3_config.json"
+            return {"deepspeed": path}, f"deepspeed: {path} (ZeRO-3 shards all model states)"
+        return {"zero_optimization": {"stage": 3}}, "ZeRO-3 (zero_optimization.stage 3)"
+    if k.framework == "megatron" and not k.dist_opt:
+        return (
+            {"use_distributed_optimizer": True},
+            "--use-distributed-optimizer (shards the optimizer states over data parallel)",
+        )
+    for key in _MP_KEYS:
+        value = ctx.cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            gpus = _gpu_count(ctx)
+            patch: dict[str, Any] = {key: value * 2}
+            words = f"{key} {value} -> {value * 2} (more GPUs share the optimizer states"
+            if gpus:
+                patch["nproc_per_node"] = max(gpus, value * 2)
+                words += f"; nproc_per_node {gpus} -> {patch['nproc_per_node']}"
+            return patch, words + ")"
+    if k.fsdp:
+        return (
+            {"fsdp": "full_shard auto_wrap offload"},
+            "FSDP with CPU offload (fsdp: full_shard auto_wrap offload)",
+        )
+    return (
+        {"zero_optimization": {"stage": 3}},
+        "shard the model states: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP",
+    )
+
+
+def _lora_step(k: Knobs) -> str | None:
+    if k.lora is True:
+        return None
+    if k.framework == "llamafactory":
+        return "finetuning_type: lora (parameter-efficient: no Adam states for frozen weights)"
+    return "LoRA / parameter-efficient fine-tuning (no optimizer states for frozen weights)"
+
+
+def _knob_list(ctx: Context, k: Knobs, count: StateCount | None) -> str:
+    """The knobs the paste sets, with values, and what the absent ones mean."""
+    parts = []
+    if count is not None:
+        parts.append(f"model {count.name} (~{count.params / 1e9:.1f}B parameters)")
+    if k.batch:
+        parts.append(f"{k.batch[0]} = {k.batch[1]}")
+    else:
+        parts.append("per-device batch: not in the paste")
+    if k.accum:
+        parts.append(f"{k.accum[0]} = {k.accum[1]}")
+    parts += [f"{key} = {n}" for key, n in k.seq[:3]]
+    if not k.seq:
+        parts.append("sequence length: not in the paste")
+    if k.ckpt is not None:
+        state = "on" if k.ckpt else "off"
+        name = k.ckpt_key or "activation checkpointing"
+        if k.ckpt_key and k.ckpt_key in ctx.cfg:
+            name = f"{k.ckpt_key} = {ctx.cfg[k.ckpt_key]}"
+        parts.append(f"{name} ({state})")
+    elif k.ckpt_key:
+        parts.append(f"{k.ckpt_key}: named in the paste, not set (off unless set elsewhere)")
+    elif k.ckpt_default_on:
+        parts.append("gradient checkpointing: not in the paste (LlamaFactory's default: on)")
+    elif k.framework == "megatron":
+        parts.append("recompute_granularity: not in the paste (Megatron's default: off)")
+    else:
+        parts.append("gradient checkpointing: not in the paste (off unless set elsewhere)")
+    if k.zero is not None:
+        parts.append(f"ZeRO stage {k.zero}" + (" with offload" if k.offload else ""))
+    elif k.offload:
+        parts.append("offload on")
+    if k.fsdp:
+        parts.append("FSDP")
+    if k.dist_opt:
+        parts.append("distributed optimizer")
+    parts.append(f"dtype {k.dtype}" if k.dtype else "dtype: not in the paste (fp32 unless set)")
+    if k.lora is True:
+        parts.append("LoRA (adapters on frozen weights)")
+    elif k.lora is False:
+        parts.append("full fine-tuning")
+    else:
+        parts.append("no adapter (LoRA) keys: full training assumed")
+    return "; ".join(parts)
+
+
+def _numbered(steps: list[str]) -> str:
+    return " ".join(f"{i}. {s}." for i, s in enumerate(steps, 1))
+
+
+def _head(said: str | None) -> str:
+    if said:
+        return f'Default reading (no specific pattern matched) of the OOM ("{said}")'
+    if said == "":
+        return "Default reading (no specific pattern matched) of the OOM"
+    return "Default reading (no specific pattern matched, no OOM message pasted)"
+
+
+@rule(
+    "RK170",
+    "Default reading: activations (batch, sequence, checkpointing) set the peak",
+    "activation_memory",
+    symptom="An OOM (any wording) and/or a pasted training command or config with memory "
+    "knobs (per-device batch, sequence/cutoff length, checkpointing), and no specific pattern",
+    cause="Activations grow with per-device batch x tokens per sample and, without "
+    "checkpointing, with every layer: the knobs that still have room are the likely cause",
+    confirm="Apply step 1 for one run and compare torch.cuda.max_memory_allocated(): a fall "
+    "of a third or more means activations dominate",
+    fix="Cheapest first: halve the per-device batch and double gradient accumulation (same "
+    "global batch); turn on activation checkpointing; shorten the sequence cap; then shard "
+    "model states",
+    patch={"gradient_checkpointing": True},
+    fallback=True,
+)
+def _default_activations(ctx: Context) -> Match | None:
+    reading = _reading(ctx)
+    if reading is None or reading[0] != "activations":
+        return None
+    _, k, count, said = reading
+    steps: list[tuple[dict[str, Any], str]] = []
+    for step in (_batch_step(k), _ckpt_step(ctx, k), _seq_step(k)):
+        if step is not None:
+            steps.append(step)
+    if not k.seq:  # no cap in the paste: name the framework's, with no number to patch
+        steps.append(
+            (
+                {},
+                f"cap the tokens per sample ({SEQ_KEY[k.framework]}; not set in the paste): "
+                "one over-long sample sets the peak",
+            )
+        )
+    if not k.dtype:
+        steps.append(({"bf16": True}, "bf16: true (fp16 before Ampere): half-size activations"))
+    steps.append(_states_step(ctx, k))
+    patch, first = next((p, w) for p, w in steps if p)
+    words = [w for _, w in steps]
+    evidence = f"{_head(said)}: the paste sets {_knob_list(ctx, k, count)}."
+    if count is not None and count.gpus:
+        evidence += f" Model states: about {gib(count.per_gpu)} per GPU by the count."
+    evidence += f" Cheapest change first: {words[0]}."
+    if first != words[0]:  # step 1 has no number in the paste to set
+        evidence += f" The config_patch carries the first step with a value: {first}."
+    return Match(
+        0.35,
+        evidence,
+        config_patch=patch,
+        fix="Activation memory, cheapest change first: " + _numbered(words),
+    )
+
+
+@rule(
+    "RK171",
+    "Default reading: model states of a full fine-tune set the peak",
+    "model_state_memory",
+    symptom="An OOM and/or a pasted training config of a full fine-tune whose activation knobs "
+    "are already at their floor (per-device batch 1, checkpointing on, short sequences) or "
+    "whose counted model states take half the GPU, and no specific pattern",
+    cause="Weights, gradients and Adam states (16 bytes per parameter in mixed precision) do "
+    "not shrink with batch, sequence or recompute",
+    confirm="params x 16 bytes / the GPUs that shard them, against the GPU; or the memory "
+    "after model setup, before the first step",
+    fix="Shard or offload model states (ZeRO-3, optimizer offload, distributed optimizer, more "
+    "GPUs), or train fewer parameters (LoRA); recompute cannot free them",
+    patch={"zero_optimization": {"stage": 3}},
+    fallback=True,
+)
+def _default_states(ctx: Context) -> Match | None:
+    reading = _reading(ctx)
+    if reading is None or reading[0] != "states":
+        return None
+    _, k, count, said = reading
+    first = _states_step(ctx, k)
+    words = [first[1]]
+    if (lora := _lora_step(k)) is not None:
+        words.append(lora)
+    words.append("an 8-bit / paged AdamW (optim: paged_adamw_8bit) halves the Adam states")
+    why = "batch 1 with checkpointing on leaves activations little room to shrink"
+    if count is not None and ctx.gpu_bytes and count.per_gpu >= 0.5 * ctx.gpu_bytes:
+        why = f"the states take {gib(count.per_gpu)} of the {gib(ctx.gpu_bytes)} GPU"
+    evidence = f"{_head(said)}: the paste sets {_knob_list(ctx, k, count)}; {why}."
+    if count is not None:
+        total = count.params * (count.frozen if count.lora else 16)
+        evidence += f" Model states in all: about {gib(total)} (16 bytes per parameter)"
+        evidence += (
+            f", {gib(count.per_gpu)} per GPU over {count.gpus} GPU(s)."
+            if count.gpus
+            else "; the paste does not count the GPUs that shard them."
+        )
+    return Match(
+        0.4 if count is not None else 0.35,
+        evidence + f" Cheapest change first: {first[1]}.",
+        config_patch=first[0],
+        fix="Model-state memory (optimizer states, gradients, weights), cheapest change first: "
+        + _numbered(words)
+        + " Activation recompute cannot free model states",
+    )

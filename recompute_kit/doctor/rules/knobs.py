@@ -1,0 +1,252 @@
+"""The memory knobs of a pasted training command or config, under the framework's own names.
+
+Hugging Face Trainer / TRL, LlamaFactory, DeepSpeed, Megatron-LM / NeMo, Lightning and plain
+argparse scripts spell the same few settings differently: the per-device (micro) batch, the
+accumulation that keeps the global batch, the sequence / cutoff length, activation (gradient)
+checkpointing, ZeRO stage / distributed optimizer / offload, the dtype, LoRA vs full
+fine-tuning. `read_knobs` finds them in the flat config (keys as written, nested ones dotted)
+and says which of them is set, to what, and what an absent one means in that framework.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import Context
+from .registry import fact, is_megatron, zero_stage
+
+# Per-device (micro) batch, most specific first; the global ones are never halved.
+BATCH_KEYS = (
+    "per_device_train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "micro_batch_size",
+    "per_gpu_train_batch_size",
+    "ppo_micro_batch_size_per_gpu",
+    "train_batch_size_per_device",
+    "micro_train_batch_size",
+    "batch_size_per_gpu",
+    "train_batch_size",
+    "batch_size",
+    "bs",
+)
+# Keys that are a batch but not the per-device training one.
+_NOT_BATCH = re.compile(r"eval|valid|val_|test|infer|predict|global|rollout|generation|gen_")
+ACCUM_KEYS = (
+    "gradient_accumulation_steps",
+    "accumulate_grad_batches",
+    "accum_iter",
+    "accumulation_steps",
+    "grad_accum_steps",
+    "gradient_accumulation",
+    "accum_steps",
+)
+# Sequence / cutoff length as the frameworks name it (rollout caps and packing sizes included).
+_SEQ_RE = re.compile(
+    r"^(?:\w+_)?(?:max_)?(?:seq|sequence|cutoff|context|source|target|prompt|completion|"
+    r"response|input|total|packing)_?(?:len|length|size)$"
+    r"|^(?:model_)?max_(?:len|length|words|tokens|seq_len|seqlen)$"
+    r"|^(?:block_size|max_tokens_per_gpu|seq_length|max_position_embeddings_train)$"
+)
+_NOT_SEQ = re.compile(r"eval|new_tokens|vocab|position_embeddings$|batch|num_|hidden|_ratio")
+# Activation (gradient) checkpointing switches, with what True means.
+CKPT_KEYS = (
+    "gradient_checkpointing",
+    "activation_checkpointing",
+    "use_gradient_checkpointing",
+    "enable_gradient_checkpointing",
+    "grad_checkpointing",
+    "gradient_checkpoint",
+    "checkpoint_activations",
+    "activation_checkpoint",
+    "use_checkpoint",
+    "with_cp",
+    "checkpointing",
+    "recompute_activations",
+    "use_activation_checkpointing",
+    "fsdp_activation_checkpointing",
+)
+_DISABLE_CKPT = ("disable_gradient_checkpointing",)  # LlamaFactory: on unless this is true
+# A checkpointing switch named anywhere in the paste (a table header, prose, a flag).
+_CKPT_NAME_RE = re.compile(
+    r"\b(gradient_checkpointing|activation_checkpointing|use_gradient_checkpointing|"
+    r"grad_checkpointing|checkpoint_activations|use_checkpoint|with_cp)\b"
+)
+DTYPE_KEYS = ("bf16", "fp16", "precision", "torch_dtype", "mixed_precision", "dtype", "half")
+LORA_HINTS = ("lora_r", "lora_rank", "lora_alpha", "lora_target", "use_peft", "peft_type")
+_ON = {"true", "on", "yes", "enabled", "1", "full", "selective", "unsloth"}
+_OFF = {"false", "off", "no", "disabled", "0", "none", "null"}
+
+
+@dataclass
+class Knobs:
+    """What the paste sets (key as written, value) and what its absence means."""
+
+    framework: str  # "megatron", "llamafactory", "hf", "lightning", "script"
+    batch: tuple[str, int] | None = None
+    accum: tuple[str, int] | None = None
+    seq: list[tuple[str, int]] = field(default_factory=list)
+    ckpt_key: str | None = None  # the switch as the paste names it (set or only mentioned)
+    ckpt: bool | None = None  # None: not in the paste
+    ckpt_default_on: bool = False  # the framework turns it on when absent (LlamaFactory)
+    zero: int | None = None
+    offload: bool = False
+    fsdp: bool = False
+    dist_opt: bool = False
+    dtype: str | None = None
+    lora: bool | None = None  # None: the paste does not say
+    mentioned: list[str] = field(default_factory=list)  # "key = value" as found, in order
+
+    @property
+    def any(self) -> bool:
+        """Something that moves memory is set: batch, sequence, checkpointing, sharding."""
+        return bool(
+            self.batch
+            or self.seq
+            or self.ckpt is not None
+            or self.ckpt_key is not None
+            or self.zero is not None
+            or self.offload
+            or self.fsdp
+            or self.dist_opt
+            or self.lora is not None
+        )
+
+    @property
+    def ckpt_on(self) -> bool:
+        return self.ckpt is True or (self.ckpt is None and self.ckpt_default_on)
+
+
+def _as_bool(value: Any) -> bool | None:
+    """True / False from a bool, 0/1 or a word ("false  # default", "selective")."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value != 0
+    if isinstance(value, str) and value.strip():
+        word = re.split(r"[\s(#,;]+", value.strip().lower(), maxsplit=1)[0]
+        if word in _ON:
+            return True
+        if word in _OFF:
+            return False
+    if isinstance(value, list):
+        return bool(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if value > 0 and float(value).is_integer() else None
+
+
+def _leaf(key: str) -> str:
+    return key.rsplit(".", 1)[-1].lower()
+
+
+def _framework(ctx: Context) -> str:
+    cfg = ctx.cfg
+    if is_megatron(ctx) or any(k in cfg for k in ("micro_batch_size", "global_batch_size")):
+        return "megatron"
+    if any(k in cfg for k in ("finetuning_type", "cutoff_len")):
+        return "llamafactory"
+    if "per_device_train_batch_size" in cfg or "gradient_accumulation_steps" in cfg:
+        return "hf"
+    if any(_leaf(k).startswith("trainer") or k.startswith("trainer.") for k in cfg) or (
+        "accumulate_grad_batches" in cfg
+    ):
+        return "lightning"
+    return "script"
+
+
+def read_knobs(ctx: Context) -> Knobs:
+    """The memory knobs of ctx.cfg (and the checkpointing lines of the pasted text)."""
+    cfg = ctx.cfg
+    k = Knobs(_framework(ctx))
+    by_leaf: dict[str, tuple[str, Any]] = {}
+    for key, value in cfg.items():
+        by_leaf.setdefault(_leaf(key), (key, value))
+    for name in BATCH_KEYS:
+        hit = by_leaf.get(name)
+        if hit and (n := _int(hit[1])) and not _NOT_BATCH.search(hit[0].lower()):
+            if name == "train_batch_size" and "deepspeed" in " ".join(cfg).lower():
+                continue  # DeepSpeed's train_batch_size is the global batch
+            k.batch = (hit[0], n)
+            break
+    if k.batch is None:
+        for key, value in cfg.items():
+            leaf = _leaf(key)
+            n = _int(value)
+            if leaf.endswith("batch_size") and not _NOT_BATCH.search(key.lower()) and n:
+                k.batch = (key, n)
+                break
+    for name in ACCUM_KEYS:
+        hit = by_leaf.get(name)
+        if hit and (n := _int(hit[1])):
+            k.accum = (hit[0], n)
+            break
+    for key, value in cfg.items():
+        leaf = _leaf(key)
+        if _SEQ_RE.match(leaf) and not _NOT_SEQ.search(leaf) and (n := _int(value)):
+            k.seq.append((key, n))
+    k.seq.sort(key=lambda kv: -kv[1])
+    _read_checkpointing(ctx, k, by_leaf)
+    k.zero = zero_stage(ctx)
+    flat = " ".join(f"{key}={value}" for key, value in cfg.items()).lower()
+    # optimizer / parameter offload (ZeRO-Offload, FSDP cpu_offload, --adam_offload), not
+    # Megatron's activation cpu_offloading
+    k.offload = bool(re.search(r"offload(?!ing)", flat)) and "device=none" not in flat
+    k.fsdp = any(
+        _leaf(key).startswith("fsdp") and cfg[key] not in (None, False, "", []) for key in cfg
+    )
+    k.dist_opt = cfg.get("use_distributed_optimizer") is True
+    for name in DTYPE_KEYS:
+        hit = by_leaf.get(name)
+        if hit and hit[1] not in (None, False, ""):
+            k.dtype = name if hit[1] is True else f"{hit[0]}={hit[1]}"
+            break
+    ft = str(cfg.get("finetuning_type", "")).lower()
+    if ft:
+        k.lora = ft in ("lora", "qlora", "oft", "freeze") if ft != "full" else False
+    elif any(h in by_leaf for h in LORA_HINTS) or _as_bool(cfg.get("use_lora")):
+        k.lora = True
+    return k
+
+
+def _read_checkpointing(ctx: Context, k: Knobs, by_leaf: dict[str, tuple[str, Any]]) -> None:
+    cfg = ctx.cfg
+    for name in _DISABLE_CKPT:
+        if name in by_leaf:
+            k.ckpt_key, k.ckpt = by_leaf[name][0], not _as_bool(by_leaf[name][1])
+            return
+    granularity = cfg.get("recompute_granularity")
+    if granularity is not None or "recompute_granularity" in cfg:
+        k.ckpt_key, k.ckpt = "recompute_granularity", granularity is not None
+        return
+    for name in CKPT_KEYS:
+        if name in by_leaf:
+            key, value = by_leaf[name]
+            state = _as_bool(value)
+            if state is not None:
+                k.ckpt_key, k.ckpt = key, state
+                return
+
+    # Only in the pasted text: a switch set in code or prose, or named (a table header, which
+    # compares on with off and so names the switch without saying which the run used).
+    def said(key: str, source: str | None = None) -> list[str]:
+        return [line for line in fact(ctx, key, source) or [] if "|" not in line]
+
+    if said("checkpointing_off", "config") or (
+        said("checkpointing_off") and not said("checkpointing_on")
+    ):
+        k.ckpt = False
+    elif said("checkpointing_on") and not said("checkpointing_off"):
+        k.ckpt = True
+    lines = (fact(ctx, "mentions") or []) + (fact(ctx, "checkpointing_on") or [])
+    for line in lines + (fact(ctx, "checkpointing_off") or []):
+        if (m := _CKPT_NAME_RE.search(line)) is not None:
+            k.ckpt_key = m.group(1)
+            break
+    if k.framework == "llamafactory":
+        k.ckpt_default_on = True  # LlamaFactory enables it unless disable_gradient_checkpointing
