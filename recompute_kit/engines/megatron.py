@@ -159,12 +159,6 @@ def _patch_megatron_for_cpu() -> None:
 
         torch_norm.WrappedTorchNorm.__new__ = __new__
         torch_norm.WrappedTorchNorm._rk_patched = True
-    # 12. The grouped_gemm package (a CUDA kernel) for the legacy GroupedMLP: a torch stand-in.
-    from megatron.core.transformer.moe import grouped_gemm_util
-
-    if not grouped_gemm_util.grouped_gemm_is_available():
-        grouped_gemm_util.grouped_gemm = _grouped_gemm_stand_in()
-        grouped_gemm_util.ops = grouped_gemm_util.grouped_gemm.ops
     # 9. MLA's spec hands its core attention k_channels / v_channels (q/k and v head sizes
     #    differ), which only TE's attention takes. The local DotProductAttention's forward is
     #    head-size agnostic (batched matmuls) except for its output's width, heads x
@@ -193,6 +187,13 @@ def _patch_megatron_for_cpu() -> None:
             pass
 
         mla.TELinear = NoTELinear
+    # 11 (meta runs only): `_balanced_dispatch_on_meta`.
+    # 12. The grouped_gemm package (a CUDA kernel) for the legacy GroupedMLP: a torch stand-in.
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    if not grouped_gemm_util.grouped_gemm_is_available():
+        grouped_gemm_util.grouped_gemm = _grouped_gemm_stand_in()
+        grouped_gemm_util.ops = grouped_gemm_util.grouped_gemm.ops
 
 
 def _grouped_gemm_stand_in():
@@ -422,8 +423,7 @@ def measure_rank(
 
     device="cpu" runs a real forward and backward; "meta" builds and runs shapes only (a
     full-size rank without allocating; MoE layers there route every expert the same number of
-    tokens). Only parameters are counted (no layer is measured) for MLA models: the local
-    spec's attention cannot run MLA (TE's can)."""
+    tokens)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -464,15 +464,14 @@ def measure_rank(
         for model in models:
             for name, prm in model.named_parameters():
                 params["expert" if ".experts." in name else "dense"] += prm.numel()
-        runnable = True
-        if runnable and m.attention_backend != "unfused":
+        if m.attention_backend != "unfused":
             raise ConfigError(
                 "the Megatron-Core reference runs the local layer spec (unfused attention) "
                 "without Transformer Engine: set attention_backend=unfused"
             )
         saved_per_layer, roles, total = [], [], 0
         for v, (model, layers) in enumerate(zip(models, chunks, strict=True)):
-            if not runnable or not layers:
+            if not layers:
                 continue
             saved = _forward(model, config, stage == 0 and v == 0, device, training)
             saved_per_layer += saved.per_layer()
@@ -481,7 +480,7 @@ def measure_rank(
         return RankMeasurement(
             rank=dist.get_rank(),
             pp_rank=stage,
-            layer_numbers=[n for chunk in chunks for n in chunk] if runnable else [],
+            layer_numbers=[n for chunk in chunks for n in chunk],
             saved_per_layer=saved_per_layer,
             roles_per_layer=roles,
             saved_total_bytes=total,
@@ -495,6 +494,12 @@ def measure_rank(
     finally:
         stack.close()
         ps.destroy_model_parallel()
+        # The MoE aux-loss logging tracker is process-global, sized by the first model's
+        # layer count (and on its device): one Megatron-LM process trains one model, this
+        # one measures many.
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        get_moe_layer_wise_logging_tracker().clear()
 
 
 def _forward(model, config: Config, first: bool, device: str, training: bool = True):
