@@ -187,6 +187,9 @@ SOURCES = {
     "i17-llama2-accessory-26": "https://github.com/Alpha-VLLM/LLaMA2-Accessory/issues/26",
     "i17-slime-1450-config": "https://github.com/THUDM/slime/issues/1450",
     "i17-mistral-116928-summary": "https://github.com/pytorch/pytorch/issues/116928",
+    # prose reports next to an OOM (RK190/RK191): dev corpus cases' pasted text
+    "i19-verl-5364": "https://github.com/verl-project/verl/pull/5364",
+    "i19-skyrl-1768": "https://github.com/NovaSky-AI/SkyRL/pull/1768",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -2313,3 +2316,39 @@ def test_batch_1_with_checkpointing_disabled_is_still_an_activation_reading():
     assert f.rule == "RK170" and "RK171" not in ids(d)
     assert f.config_patch == {"disable_gradient_checkpointing": False}
     cites(f, "disable_gradient_checkpointing = True (off)")
+
+
+# =============================================================================================
+# RK190-RK191: what a report states in prose next to an OOM. Texts are tests/data/rules/i19-*,
+# verbatim from dev corpus cases (URLs in SOURCES).
+# =============================================================================================
+
+
+@covers("RK190")
+def test_rk190_pr_places_the_oom_at_the_first_optimizer_step():
+    # https://github.com/verl-project/verl/pull/5364: "Baseline can OOM at the first optimizer
+    # step due to Adam lazy state init"; the PR streams optimizer states per layer.
+    d = run(text("i19-verl-5364"))
+    f = top(d)
+    assert f.rule == "RK190" and f.category == "model_state_memory"
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+    cites(f, "first optimizer step")
+    assert "optimizer_offload" in f.fix and "Recompute cannot free them" in f.fix
+    # a Megatron command names its own key
+    d = run(text("i19-verl-5364"), config="tensor_model_parallel_size: 2\n")
+    assert top(d).config_patch == {"use_distributed_optimizer": True}
+    # an OOM line that names no optimizer is not this rule's
+    assert "RK190" not in ids(run("Baseline can OOM at step 2 of the rollout\n"))
+
+
+@covers("RK191")
+def test_rk191_pr_quantifies_reserved_but_unallocated_memory():
+    # https://github.com/NovaSky-AI/SkyRL/pull/1768: "the baseline OOMs at step 2 (~20 GiB
+    # reserved-but-unallocated); the trainer flag makes all 5 steps pass" (expandable_segments).
+    d = run(text("i19-skyrl-1768"))
+    f = top(d)
+    assert f.rule == "RK191" and f.category == "fragmentation"
+    assert f.config_patch == EXPANDABLE
+    cites(f, "20 GiB reserved but unallocated")
+    # under a GiB stranded is no diagnosis; PyTorch's own wording is RK001's, not this rule's
+    assert "RK191" not in ids(run("the run OOMs (~300 MiB reserved-but-unallocated)\n"))

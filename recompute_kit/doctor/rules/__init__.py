@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     no_effect,
     nondeterminism,
     overhead,
+    reported,
     validation,
 )
 from .registry import CATEGORIES, EXPANDABLE, RULES, gib, patch_for

@@ -231,20 +231,7 @@ def _oom_in_optimizer_step(ctx: Context) -> Match | None:
                 f" with {gib(oom.allocated_bytes)} of {gib(oom.total_bytes)} already allocated"
             )
         numbers += " - one more state tensor."
-    stage = zero_stage(ctx)
-    if is_megatron(ctx):
-        patch: dict = {"use_distributed_optimizer": True}
-        words = "Megatron's distributed optimizer (use_distributed_optimizer) shards them"
-    elif stage == 3:
-        patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
-        words = "ZeRO-3 already shards them: offload the optimizer states to CPU"
-    elif stage is not None or ctx.cfg.get("deepspeed"):
-        nxt = min(3, (stage or 1) + 1)
-        patch = {"zero_optimization": {"stage": nxt}}
-        words = f"ZeRO-{nxt} (zero_optimization.stage {nxt}) shards more of them"
-    else:
-        patch = {"zero_optimization": {"stage": 3}}
-        words = "shard them: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP"
+    patch, words = optimizer_shard_step(ctx)
     return Match(
         0.85,
         f"The OOM is raised in the optimizer step ('{hit}'): Adam's states are being "
@@ -253,4 +240,30 @@ def _oom_in_optimizer_step(ctx: Context) -> Match | None:
         fix=f"Optimizer states, not activations: {words}; else CPU offload of the optimizer "
         "states, an 8-bit / paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot "
         "free them",
+    )
+
+
+def optimizer_shard_step(ctx: Context) -> tuple[dict, str]:
+    """The next step that shards (or offloads) optimizer states, under the framework's keys:
+    (patch, words)."""
+    stage = zero_stage(ctx)
+    if is_megatron(ctx):
+        return (
+            {"use_distributed_optimizer": True},
+            "Megatron's distributed optimizer (use_distributed_optimizer) shards them",
+        )
+    if stage == 3:
+        return (
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+            "ZeRO-3 already shards them: offload the optimizer states to CPU",
+        )
+    if stage is not None or ctx.cfg.get("deepspeed"):
+        nxt = min(3, (stage or 1) + 1)
+        return (
+            {"zero_optimization": {"stage": nxt}},
+            f"ZeRO-{nxt} (zero_optimization.stage {nxt}) shards more of them",
+        )
+    return (
+        {"zero_optimization": {"stage": 3}},
+        "shard them: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP",
     )
