@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...config import format_spec
 from ..types import Context, Match
+from .knob_advice import knob_advice
 from .registry import (
     all_frames,
     candidate_spec,
@@ -327,6 +328,12 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     )
 
 
+_TRAINING_OOM_FIX = (
+    "Turn on (more) activation recompute; if it is on, halve micro_batch_size (or seq_length / "
+    "max_length, packing size) and keep the global batch with gradient accumulation"
+)
+
+
 @rule(
     "RK087",
     "Training OOM without a model shape: activations are the first lever",
@@ -338,9 +345,7 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     "are fixed by the model and the sharding",
     confirm="Halve micro_batch_size or seq_length for one run: if the peak falls by about a "
     "third or more, activations dominate",
-    fix="Turn on (more) activation recompute; if it is on, halve micro_batch_size (or "
-    "seq_length / max_length, packing size) and keep the global batch with gradient "
-    "accumulation",
+    fix=_TRAINING_OOM_FIX,
     patch={"gradient_checkpointing": True},
 )
 def _training_oom(ctx: Context) -> Match | None:
@@ -353,6 +358,7 @@ def _training_oom(ctx: Context) -> Match | None:
     mbs = ctx.cfg.get("micro_batch_size")
     if isinstance(mbs, int) and mbs > 1:
         patch = {**patch, "micro_batch_size": mbs // 2}
+    advice = knob_advice(ctx)
     numbers = ""
     if oom and oom.requested_bytes:
         numbers = f"The failed request is {gib(oom.requested_bytes)}"
@@ -364,6 +370,14 @@ def _training_oom(ctx: Context) -> Match | None:
         numbers += "It is raised in the backward's recompute of a checkpointed unit. "
     elif "backward" in where:
         numbers += "It is raised in the backward pass. "
+    if advice is not None:  # the paste sets memory knobs: name them, patch them
+        return Match(
+            0.3,
+            f"{numbers}The paste sets {advice.set_knobs}. Next step: {advice.steps[0]}. "
+            f"{advice.frees}".strip(),
+            config_patch=advice.patch,
+            fix=advice.fix(_TRAINING_OOM_FIX),
+        )
     return Match(
         0.3,
         f"{numbers}Next step: {words}; or halve micro_batch_size / seq_length (activations "
