@@ -34,6 +34,7 @@ _HYDRA_RE = re.compile(r"^(\+{0,2}|~)?([A-Za-z_][\w-]*(?:\.[\w-]+)*)=(.*)$", re.
 _SHELL_VAR_RE = re.compile(r"^\$\{?([A-Za-z_]\w*)\}?$")
 # A shell variable expanded where it stands: `$MOE_ARGS`, `${MOE_ARGS}`, `"${MOE_ARGS[@]}"`.
 _VAR_USE_RE = re.compile(r"\$\{?([A-Za-z_]\w*)(?:\[[@*]\])?\}?")
+_ARG_LIST_NAME_RE = re.compile(r"(?:ARGS|FLAGS|OPTS|OPTIONS|PARAMS)$", re.I)
 _MAX_SPLICED = 20_000  # tokens a script's variables may add (a guard, not a limit in practice)
 _PY_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED})\s*=(.*)$")
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "(", ")", "\\"})
@@ -163,6 +164,19 @@ def _parse_command_line(
         m = _VAR_USE_RE.fullmatch(token)
         return m.group(1) if m and m.group(1) in flag_vars else None
 
+    def holds_flags(token: str) -> bool:
+        """`$GPT_ARGS` after a flag is more flags, not that flag's value: a variable known to
+        hold flags, or an unknown one named like an argument list."""
+        m = _VAR_USE_RE.fullmatch(token)
+        if m is None:
+            return False
+        name = m.group(1)
+        if name in flag_vars:
+            return True
+        if name in shell_vars:
+            return not shell_vars[name] or bool(_CLI_FLAG_RE.search(" " + shell_vars[name]))
+        return bool(_ARG_LIST_NAME_RE.search(name))
+
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -178,9 +192,7 @@ def _parse_command_line(
             if eq:
                 values.append(inline)
             else:
-                while (
-                    i < len(tokens) and _is_value_token(tokens[i]) and flag_var(tokens[i]) is None
-                ):
+                while i < len(tokens) and _is_value_token(tokens[i]) and not holds_flags(tokens[i]):
                     values.append(resolve(tokens[i]))
                     i += 1
                 while i < len(tokens) and tokens[i] in ("...", "…"):

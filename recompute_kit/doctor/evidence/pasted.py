@@ -51,7 +51,8 @@ def _parse(text: str) -> dict[str, Any]:
 
 
 def _commands(lines: list[str]):
-    """Command lines with flags, a backslash-continued command joined into one."""
+    """Command lines with flags, a backslash-continued command joined into one (and a quoted
+    shell value read on to its closing quote: `GPT_ARGS="--num-layers 24 \\` ... `"`)."""
     parts: list[str] = []
     for line in [*lines, ""]:
         if line.lstrip().startswith(("File ", "#", ">>>")):
@@ -60,6 +61,8 @@ def _commands(lines: list[str]):
         if parts or _FLAG_RE.search(stripped):
             parts.append(stripped.rstrip("\\"))
             if stripped.endswith("\\"):
+                continue
+            if _open_quote(parts) and len(parts) < _MAX_QUOTED_LINES and line:
                 continue
         if parts:
             yield " ".join(parts)
@@ -78,6 +81,15 @@ def _simple_vars(lines: list[str]) -> dict[str, str]:
         if (m := _SIMPLE_VAR_RE.match(line)) is not None:
             found[m.group(1)] = m.group(3)
     return found
+
+
+_MAX_QUOTED_LINES = 200
+_QUOTED_VALUE_RE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_]\w*=\"")
+
+
+def _open_quote(parts: list[str]) -> bool:
+    """A `NAME="...` value whose closing quote is on a later line."""
+    return bool(_QUOTED_VALUE_RE.match(parts[0])) and sum(p.count('"') for p in parts) % 2 == 1
 
 
 _SHELL_ASSIGN_RE = re.compile(r"""^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=(["'])(.*)\1\s*$""")

@@ -12,13 +12,16 @@ OOM message gives numbers, says how much the change frees against what the reque
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import Context
 from .fallback import _batch_step, _ckpt_step, _seq_step
 from .knobs import Knobs, read_knobs
-from .registry import gib
+from .registry import RULES, gib
+
+RULE_IDS = ("RK004", "RK005", "RK087", "RK102")
 
 # What activation checkpointing typically frees of the activations: every layer keeps only its
 # input (Korthikanti et al. 2022: full recompute keeps 2sbh of ~34sbh + 5as^2b per layer);
@@ -37,9 +40,15 @@ class KnobAdvice:
     frees: str = ""  # what the change frees against the failed request ("" without numbers)
 
     def fix(self, lead: str) -> str:
-        """`lead`, then the steps numbered in the paste's keys."""
+        """`lead` (a rule's fix text, or its id), then the steps numbered in the paste's keys."""
+        if lead in RULE_IDS:
+            lead = next(r.fix for r in RULES if r.id == lead)
         numbered = " ".join(f"{i}. {s}." for i, s in enumerate(self.steps, 1))
-        return f"{lead} In the paste's own keys: {numbered}"
+        return f"{lead}. In the paste's own keys: {numbered}"
+
+    def says(self) -> str:
+        """The sentences a finding's evidence adds: the knobs set, what the change frees."""
+        return f" The paste sets {self.set_knobs}. {self.frees}".rstrip()
 
 
 def set_knob_list(ctx: Context, k: Knobs) -> str:
@@ -74,14 +83,19 @@ def knob_advice(ctx: Context) -> KnobAdvice | None:
     # The patch: the batch halved (the global batch kept) and checkpointing turned on where it
     # is off - the two changes that need no new data or hardware; the sequence cap alone
     # when neither applies (halving it changes what the model sees).
+    # A script's own checkpoint flag is unknown: its checkpointing step stays in the words.
+    if ckpt is not None and not (k.ckpt_key or k.framework in ("hf", "llamafactory", "megatron")):
+        ckpt_patch = None
+    else:
+        ckpt_patch = ckpt
     patch: dict[str, Any] = {}
-    for step in (batch, ckpt):
+    for step in (batch, ckpt_patch):
         if step is not None:
             patch.update(step[0])
     if not patch and seq is not None:
         patch = dict(seq[0])
     advice = KnobAdvice(k, set_knob_list(ctx, k), [w for _, w in steps], patch)
-    advice.frees = _frees(ctx, k, batch, ckpt, seq)
+    advice.frees = _frees(ctx, k, batch, ckpt_patch, seq)
     return advice
 
 
@@ -106,7 +120,8 @@ def _frees(ctx: Context, k: Knobs, batch, ckpt, seq) -> str:
         # it is one: it frees half of the activations held and asks for half as much.
         enough = max(0, 2 * lacking - req)
         said = (
-            f". Halving {key} ({n} -> {n // 2}) halves every activation: the request becomes "
+            f". Halving {key} ({n} -> {n // 2}) halves the activations that scale with it: the "
+            "request becomes "
             f"about {gib(req / 2)} and half of the activations held are freed"
         )
         if enough == 0:
@@ -131,3 +146,31 @@ def _frees(ctx: Context, k: Knobs, batch, ckpt, seq) -> str:
             )
         return need + said + "."
     return need + "."
+
+
+def shrink_step(ctx: Context) -> tuple[dict[str, Any], str] | None:
+    """RK004's generic branch in the paste's keys: the batch (or the sequence cap) that one
+    oversized tensor scales with, halved as often as the request needs to fit."""
+    oom, k = ctx.oom, read_knobs(ctx)
+    if oom is None or not oom.requested_bytes:
+        return None
+    knob = k.batch if k.batch and k.batch[1] > 1 else (k.seq[0] if k.seq else None)
+    if knob is None:
+        return None
+    key, n = knob
+    req = oom.requested_bytes
+    room = oom.free_bytes or oom.total_bytes
+    halvings = max(1, math.ceil(math.log2(req / room))) if room and req > room else 1
+    new = max(1, n >> halvings)
+    patch: dict[str, Any] = {key: new}
+    if knob == k.batch and k.accum is not None:
+        patch[k.accum[0]] = k.accum[1] * (n // new)  # the global batch is kept
+    words = (
+        f"the tensor scales with {key} = {n}: {key} {n} -> {new} brings the {gib(req)} request "
+        f"to about {gib(req * new / n)}"
+    )
+    if room:
+        words += f" against {gib(room)} {'free' if oom.free_bytes else 'on the device'}"
+    if n >> halvings == 0:
+        words += f" (still too large at {key} 1: shrink the input or chunk the tensor too)"
+    return patch, words

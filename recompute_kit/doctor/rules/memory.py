@@ -328,12 +328,6 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     )
 
 
-_TRAINING_OOM_FIX = (
-    "Turn on (more) activation recompute; if it is on, halve micro_batch_size (or seq_length / "
-    "max_length, packing size) and keep the global batch with gradient accumulation"
-)
-
-
 @rule(
     "RK087",
     "Training OOM without a model shape: activations are the first lever",
@@ -345,7 +339,9 @@ _TRAINING_OOM_FIX = (
     "are fixed by the model and the sharding",
     confirm="Halve micro_batch_size or seq_length for one run: if the peak falls by about a "
     "third or more, activations dominate",
-    fix=_TRAINING_OOM_FIX,
+    fix="Turn on (more) activation recompute; if it is on, halve micro_batch_size (or "
+    "seq_length / max_length, packing size) and keep the global batch with gradient "
+    "accumulation",
     patch={"gradient_checkpointing": True},
 )
 def _training_oom(ctx: Context) -> Match | None:
@@ -373,10 +369,9 @@ def _training_oom(ctx: Context) -> Match | None:
     if advice is not None:  # the paste sets memory knobs: name them, patch them
         return Match(
             0.3,
-            f"{numbers}The paste sets {advice.set_knobs}. Next step: {advice.steps[0]}. "
-            f"{advice.frees}".strip(),
+            f"{numbers}Next step: {advice.steps[0]}.{advice.says()}",
             config_patch=advice.patch,
-            fix=advice.fix(_TRAINING_OOM_FIX),
+            fix=advice.fix("RK087"),
         )
     return Match(
         0.3,
