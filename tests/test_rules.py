@@ -192,6 +192,9 @@ SOURCES = {
     "9e72d571f49296d7002889cc19692d97a5b0f92e/examples/pretrain_gpt_distributed.sh",
     "i22-ccf-ner-6": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
     "i22-ccf-ner-6-config": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
+    "i22-pt-107667": "https://github.com/pytorch/pytorch/issues/107667",
+    "i22-pt-28113": "https://github.com/pytorch/pytorch/issues/28113",
+    "i22-pt-37250": "https://github.com/pytorch/pytorch/issues/37250 (beyondguo's comment)",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -2383,3 +2386,45 @@ def test_rk102_halves_the_pasted_batch_and_says_what_it_frees():
     assert f.config_patch == {"batch_size": 8}  # a plain script: no checkpoint key to set
     cites(f, "batch_size = 16", "232.38 MiB", "147.00 MiB", "6.27 GiB")
     assert "batch_size 16 -> 8" in f.fix and "larger GPU" in f.fix
+
+
+# =============================================================================================
+# RK220: nvidia-smi shows more than PyTorch holds (rules/outside_allocator.py)
+# =============================================================================================
+
+
+@covers("RK220")
+def test_rk220_smi_above_torch_counters_is_the_cuda_context():
+    # https://github.com/pytorch/pytorch/issues/28113 (dev corpus case): torch says 0, nvidia-smi
+    # 200+ to 700+ MB; maintainer: "That is the size of the CUDA context."
+    d = run(text("i22-pt-28113"))
+    f = top(d)
+    assert f.rule == "RK220" and f.category == "non_pytorch_memory"
+    cites(f, "667.57 MiB", "0.00 MiB", "700+mb")
+    assert "CUDA context" in f.fix and "mem_get_info" in f.confirm
+    assert f.config_patch == {"env": {"CUDA_MODULE_LOADING": "LAZY"}}
+
+
+@covers("RK220")
+def test_rk220_memory_fraction_does_not_cap_the_context():
+    # https://github.com/pytorch/pytorch/issues/107667 (dev corpus case): a 100MB cap with
+    # set_per_process_memory_fraction, 430MB in nvidia-smi; ptrblck: the CUDA context.
+    d = run(text("i22-pt-107667"))
+    f = top(d)
+    assert f.rule == "RK220"
+    cites(f, "410.08 MiB", "95.37 MiB", "314.71 MiB", "set_per_process_memory_fraction")
+    assert "never the context" in f.fix
+
+
+def test_rk220_not_for_gigabytes_over_memory_allocated_alone():
+    # https://github.com/pytorch/pytorch/issues/37250: memory_allocated() 0 after `del model`,
+    # nvidia-smi 12433MiB; the answer there is the allocator's cache (max_memory_reserved is
+    # close to nvidia-smi), not memory outside it.
+    d = run(text("i22-pt-37250"))
+    facts = d.evidence.facts["log"]
+    assert facts["smi_bytes"] == 12433 * 2**20  # the device row, not the 81920MiB total
+    assert "torch_bytes" not in facts  # "it shows `0`" names no PyTorch counter on its line
+    assert "RK220" not in ids(d)
+    # Said on one line, the gap is still gigabytes over memory_allocated alone: not RK220.
+    d = run(text("i22-pt-37250").replace("it shows `0`.", "torch.cuda.memory_allocated() shows 0."))
+    assert d.evidence.facts["log"]["torch_bytes"] == 0 and "RK220" not in ids(d)
