@@ -32,10 +32,11 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # against the new dev ones: on 181 cases dev 79/105 = 75.2% top-1, 82/105 = 78.1% fix; held-out
 # 26/76 = 34.2%, 26/76 = 34.2% (old cases unchanged: dev 75/94, 77/94; held-out 25/69, 25/69).
 # The dev fix floor and both held-out floors are lowered to those values rounded down to 5
-# points: the corpus changed, not the rules.
+# points: the corpus changed, not the rules. With RK220 and the knob-based advice merged: dev
+# 81/105 = 77.1% top-1, 84/105 = 80.0% fix; held-out 26/76 = 34.2%, 26/76 = 34.2%.
 FLOORS = {
     ("dev", "category_ok"): 0.75,
-    ("dev", "fix_ok"): 0.75,
+    ("dev", "fix_ok"): 0.80,
     ("held_out", "category_ok"): 0.30,
     ("held_out", "fix_ok"): 0.30,
 }

@@ -190,6 +190,14 @@ SOURCES = {
     # prose reports next to an OOM (RK190/RK191): dev corpus cases' pasted text
     "i19-verl-5364": "https://github.com/verl-project/verl/pull/5364",
     "i19-skyrl-1768": "https://github.com/NovaSky-AI/SkyRL/pull/1768",
+    # generic memory findings in the paste's knobs; shell variables that hold flags
+    "i22-mlm-pretrain-gpt-distributed": "https://github.com/NVIDIA/Megatron-LM/blob/"
+    "9e72d571f49296d7002889cc19692d97a5b0f92e/examples/pretrain_gpt_distributed.sh",
+    "i22-ccf-ner-6": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
+    "i22-ccf-ner-6-config": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
+    "i22-pt-107667": "https://github.com/pytorch/pytorch/issues/107667",
+    "i22-pt-28113": "https://github.com/pytorch/pytorch/issues/28113",
+    "i22-pt-37250": "https://github.com/pytorch/pytorch/issues/37250 (beyondguo's comment)",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -2104,6 +2112,8 @@ def test_rk053_invalid_activation_recompute_method_sets_a_method():
     # Megatron-Core's layer loop: ValueError("Invalid activation recompute method.")
     f = top(run("ValueError: Invalid activation recompute method."))
     assert f.rule == "RK053" and f.config_patch["recompute_method"] == "uniform"
+
+
 @covers("RK110")
 def test_rk110_source_line_of_adam_pasted_before_the_oom():
     # https://github.com/hiyouga/LlamaFactory/issues/1221: only Adam's source line ("denom =
@@ -2352,3 +2362,105 @@ def test_rk191_pr_quantifies_reserved_but_unallocated_memory():
     cites(f, "20 GiB reserved but unallocated")
     # under a GiB stranded is no diagnosis; PyTorch's own wording is RK001's, not this rule's
     assert "RK191" not in ids(run("the run OOMs (~300 MiB reserved-but-unallocated)\n"))
+# Generic memory findings (RK087, RK005, RK004, RK102) in the paste's own knobs
+# (rules/knob_advice.py); launch scripts whose flags sit in shell variables.
+# =============================================================================================
+
+
+def test_megatron_example_script_flags_in_quoted_shell_variables():
+    # NVIDIA/Megatron-LM examples/pretrain_gpt_distributed.sh, verbatim (SOURCES): every flag
+    # sits in a quoted, backslash-continued variable (GPT_ARGS="..."), expanded on the torchrun
+    # line as $GPT_ARGS; GPUS_PER_NODE=8 is expanded inside DISTRIBUTED_ARGS.
+    script = text("i22-mlm-pretrain-gpt-distributed")
+    for flat in (parse_config(script, "pretrain_gpt_distributed.sh"), run(script).evidence.config):
+        assert flat["micro_batch_size"] == 8 and flat["global_batch_size"] == 64
+        assert flat["num_layers"] == 24 and flat["seq_length"] == 1024 and flat["fp16"] is True
+        assert flat["nproc_per_node"] == 8 and flat["split"] == "949,50,1"
+    # The default reading then names the script's own knob with its value.
+    f = top(run(config=script, config_name="pretrain_gpt_distributed.sh"))
+    assert f.rule == "RK170" and "micro_batch_size = 8" in f.evidence
+    assert f.config_patch == {"micro_batch_size": 4}
+
+
+def test_shell_variable_with_flags_on_its_first_line_is_read_where_expanded():
+    # The same script's GPT_ARGS block as users paste it with the first flag on the opening
+    # line (the quote, then --num-layers): read where the launch line expands $GPT_ARGS, a
+    # flag before it not taking "$GPT_ARGS" as its value.
+    script = text("i22-mlm-pretrain-gpt-distributed")
+    block = script[script.index("GPT_ARGS=") : script.index("DATA_ARGS=")]
+    block = block.replace('GPT_ARGS="\n    --num-layers', 'GPT_ARGS="--num-layers')
+    pasted = block + "torchrun pretrain_gpt.py --use-distributed-optimizer $GPT_ARGS\n"
+    for flat in (parse_config(pasted, "run.sh"), run(pasted).evidence.config):
+        assert flat["num_layers"] == 24 and flat["micro_batch_size"] == 8
+        assert flat["use_distributed_optimizer"] is True
+
+
+@covers("RK087")
+def test_rk087_names_the_scripts_knobs_and_patches_them():
+    # A real training OOM (https://github.com/NVIDIA-NeMo/Automodel/pull/1975: 4.34 GiB
+    # request, 2.59 GiB free) with the Megatron-LM example script as the config: the finding
+    # names micro_batch_size = 8, patches it and Megatron's own recompute key, and relates
+    # the change to the request.
+    d = run(
+        text("i12-automodel-1975"),
+        config=text("i22-mlm-pretrain-gpt-distributed"),
+        config_name="pretrain_gpt_distributed.sh",
+    )
+    f = get(d, "RK087")
+    assert f.config_patch == {"micro_batch_size": 4, "recompute_granularity": "selective"}
+    cites(f, "micro_batch_size = 8", "seq_length = 1024", "1.75 GiB", "2.17 GiB")
+    assert "micro_batch_size 8 -> 4" in f.fix and "selective" in f.fix
+    assert "halve micro_batch_size" in f.fix  # the rule's own fix text is kept
+
+
+@covers("RK102")
+def test_rk102_halves_the_pasted_batch_and_says_what_it_frees():
+    # https://github.com/BaberMuyu/2020CCF-NER/issues/6 (dev corpus case): a 294 MiB request
+    # with 61.62 MiB free on a 7.79 GiB GPU, batch_size 16; the author: lower batch_size.
+    d = run(text("i22-ccf-ner-6"), config=text("i22-ccf-ner-6-config"))
+    f = get(d, "RK102")
+    assert f.config_patch == {"batch_size": 8}  # a plain script: no checkpoint key to set
+    cites(f, "batch_size = 16", "232.38 MiB", "147.00 MiB", "6.27 GiB")
+    assert "batch_size 16 -> 8" in f.fix and "larger GPU" in f.fix
+
+
+# =============================================================================================
+# RK220: nvidia-smi shows more than PyTorch holds (rules/outside_allocator.py)
+# =============================================================================================
+
+
+@covers("RK220")
+def test_rk220_smi_above_torch_counters_is_the_cuda_context():
+    # https://github.com/pytorch/pytorch/issues/28113 (dev corpus case): torch says 0, nvidia-smi
+    # 200+ to 700+ MB; maintainer: "That is the size of the CUDA context."
+    d = run(text("i22-pt-28113"))
+    f = top(d)
+    assert f.rule == "RK220" and f.category == "non_pytorch_memory"
+    cites(f, "667.57 MiB", "0.00 MiB", "700+mb")
+    assert "CUDA context" in f.fix and "mem_get_info" in f.confirm
+    assert f.config_patch == {"env": {"CUDA_MODULE_LOADING": "LAZY"}}
+
+
+@covers("RK220")
+def test_rk220_memory_fraction_does_not_cap_the_context():
+    # https://github.com/pytorch/pytorch/issues/107667 (dev corpus case): a 100MB cap with
+    # set_per_process_memory_fraction, 430MB in nvidia-smi; ptrblck: the CUDA context.
+    d = run(text("i22-pt-107667"))
+    f = top(d)
+    assert f.rule == "RK220"
+    cites(f, "410.08 MiB", "95.37 MiB", "314.71 MiB", "set_per_process_memory_fraction")
+    assert "never the context" in f.fix
+
+
+def test_rk220_not_for_gigabytes_over_memory_allocated_alone():
+    # https://github.com/pytorch/pytorch/issues/37250: memory_allocated() 0 after `del model`,
+    # nvidia-smi 12433MiB; the answer there is the allocator's cache (max_memory_reserved is
+    # close to nvidia-smi), not memory outside it.
+    d = run(text("i22-pt-37250"))
+    facts = d.evidence.facts["log"]
+    assert facts["smi_bytes"] == 12433 * 2**20  # the device row, not the 81920MiB total
+    assert "torch_bytes" not in facts  # "it shows `0`" names no PyTorch counter on its line
+    assert "RK220" not in ids(d)
+    # Said on one line, the gap is still gigabytes over memory_allocated alone: not RK220.
+    d = run(text("i22-pt-37250").replace("it shows `0`.", "torch.cuda.memory_allocated() shows 0."))
+    assert d.evidence.facts["log"]["torch_bytes"] == 0 and "RK220" not in ids(d)

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from .text import clean_line, parse_size
+from .usage import scan_usage
 
 MAX_SNIPPET_BYTES = 2 << 20  # pasted snippets live in short texts, not in 100 MB logs
 
@@ -208,6 +209,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
             facts["nondeterminism"] = True
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
+    facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops

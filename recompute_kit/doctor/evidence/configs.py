@@ -32,6 +32,10 @@ from .values import (
 _CLI_FLAG_RE = re.compile(r"(?:^|\s)--[A-Za-z]")
 _HYDRA_RE = re.compile(r"^(\+{0,2}|~)?([A-Za-z_][\w-]*(?:\.[\w-]+)*)=(.*)$", re.S)
 _SHELL_VAR_RE = re.compile(r"^\$\{?([A-Za-z_]\w*)\}?$")
+# A shell variable expanded where it stands: `$MOE_ARGS`, `${MOE_ARGS}`, `"${MOE_ARGS[@]}"`.
+_VAR_USE_RE = re.compile(r"\$\{?([A-Za-z_]\w*)(?:\[[@*]\])?\}?")
+_ARG_LIST_NAME_RE = re.compile(r"(?:ARGS|FLAGS|OPTS|OPTIONS|PARAMS)$", re.I)
+_MAX_SPLICED = 20_000  # tokens a script's variables may add (a guard, not a limit in practice)
 _PY_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED})\s*=(.*)$")
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "(", ")", "\\"})
 # Launch-script and prose shorthands for Megatron-Core keys.
@@ -129,22 +133,58 @@ def _is_value_token(token: str) -> bool:
     return not (token.endswith((".py", ".sh")) or ("=" in token and _HYDRA_RE.match(token)))
 
 
-def _parse_command_line(text: str, hydra_only: bool = False) -> dict[str, Any]:
+def _parse_command_line(
+    text: str,
+    hydra_only: bool = False,
+    shell_vars: dict[str, str] | None = None,
+    flag_vars: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     """Flags (`--recompute-modules core_attn mlp`, `--bf16`, `--x=1`) and Hydra overrides
     (`model.recompute_granularity=selective`) of one or more commands (shell scripts with
-    backslash continuations, bash arrays and simple `NAME=value` variables included)."""
+    backslash continuations, bash arrays and simple `NAME=value` variables included).
+
+    A variable that holds flags (`MOE_ARGS="--num-experts 8 \\ ... "`, as Megatron-LM's
+    example scripts write them) is read where the script expands it (`$MOE_ARGS`), or where
+    it is defined when the text never expands it (a paste cut before the launch line).
+    `shell_vars` (plain `NAME=value` variables) and `flag_vars` (variables holding flags) carry
+    what earlier commands of the same paste defined; both are updated."""
     text = re.sub(r"\\\r?\n", " ", text)
     tokens = _shell_tokens(text)
-    shell_vars: dict[str, str] = {}
+    shell_vars = {} if shell_vars is None else shell_vars
+    used = set(_VAR_USE_RE.findall(text))
+    flag_vars = {} if flag_vars is None else flag_vars  # values that are flags, expanded
+    spliced = 0
     out: dict[str, Any] = {}
 
     def resolve(token: str) -> str:
         m = _SHELL_VAR_RE.match(token)
         return shell_vars.get(m.group(1), token) if m else token
 
+    def flag_var(token: str) -> str | None:
+        m = _VAR_USE_RE.fullmatch(token)
+        return m.group(1) if m and m.group(1) in flag_vars else None
+
+    def holds_flags(token: str) -> bool:
+        """`$GPT_ARGS` after a flag is more flags, not that flag's value: a variable known to
+        hold flags, or an unknown one named like an argument list."""
+        m = _VAR_USE_RE.fullmatch(token)
+        if m is None:
+            return False
+        name = m.group(1)
+        if name in flag_vars:
+            return True
+        if name in shell_vars:
+            return not shell_vars[name] or bool(_CLI_FLAG_RE.search(" " + shell_vars[name]))
+        return bool(_ARG_LIST_NAME_RE.search(name))
+
     i = 0
     while i < len(tokens):
         token = tokens[i]
+        if (name := flag_var(token)) is not None and spliced < _MAX_SPLICED:
+            tokens[i + 1 : i + 1] = flag_vars[name]
+            spliced += len(flag_vars[name])
+            i += 1
+            continue
         if token.startswith("--") and len(token) > 2 and token[2].isalpha():
             name, eq, inline = token[2:].partition("=")
             values: list[str] = []
@@ -152,7 +192,7 @@ def _parse_command_line(text: str, hydra_only: bool = False) -> dict[str, Any]:
             if eq:
                 values.append(inline)
             else:
-                while i < len(tokens) and _is_value_token(tokens[i]):
+                while i < len(tokens) and _is_value_token(tokens[i]) and not holds_flags(tokens[i]):
                     values.append(resolve(tokens[i]))
                     i += 1
                 while i < len(tokens) and tokens[i] in ("...", "…"):
@@ -171,6 +211,15 @@ def _parse_command_line(text: str, hydra_only: bool = False) -> dict[str, Any]:
                 _assign(out, key, _convert_value(resolve(value)))
             else:
                 shell_vars[key] = value.strip("()")
+                if _CLI_FLAG_RE.search(value) and spliced < _MAX_SPLICED:
+                    inner: list[str] = []
+                    for part in _shell_tokens(value):  # `ARGS="$ARGS --x"`: expand now
+                        ref = flag_var(part)
+                        inner += flag_vars[ref] if ref is not None else [part]
+                    spliced += len(inner)
+                    flag_vars[key] = inner
+                    if key not in used:  # never expanded in this text: read it here
+                        tokens[i + 1 : i + 1] = inner
         i += 1
     return out
 

@@ -13,7 +13,7 @@ from .configs import _from_mapping, _parse_command_line, _safe_yaml
 from .text import clean_line
 
 MAX_PASTED_SCAN_BYTES = 2 << 20  # pastes live in short logs, not in 100 MB ones
-_FLAG_RE = re.compile(r"(?:^|\s)--[A-Za-z][\w.-]*")
+_FLAG_RE = re.compile(r"(?:^|[\s\"'=(])--[A-Za-z][\w.-]*")  # `ARGS="--x 1 \\` too
 # `key: value` / `key:` with a lower-case snake_case key (exception lines start upper-case)
 _YAML_LINE_RE = re.compile(r"^\s*[a-z_][a-z0-9_.-]{0,80}:(?:[ \t]+\S.*)?$")
 _ENV_PREFIX_RE = re.compile(r"(?:^|\s)(CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES)=([\d,]+)")
@@ -38,8 +38,11 @@ def _parse(text: str) -> dict[str, Any]:
         data = _safe_yaml("\n".join(block))
         if isinstance(data, dict):
             flat.update(_from_mapping(data))
+    # GPUS_PER_NODE=8 ... --nproc_per_node $GPUS_PER_NODE; MOE_ARGS="--num-experts 8 ..." on
+    # one command, $MOE_ARGS on the launch line
+    shell_vars, flag_vars = _simple_vars(lines), {}
     for command in _commands(lines):
-        flat.update(_parse_command_line(command))
+        flat.update(_parse_command_line(command, shell_vars=shell_vars, flag_vars=flag_vars))
     for line in lines:  # CUDA_VISIBLE_DEVICES=0,1 python train.py ...: the GPUs it uses
         if (m := _ENV_PREFIX_RE.search(line)) is not None:
             flat.setdefault("visible_devices", len([d for d in m.group(2).split(",") if d]))
@@ -48,7 +51,8 @@ def _parse(text: str) -> dict[str, Any]:
 
 
 def _commands(lines: list[str]):
-    """Command lines with flags, a backslash-continued command joined into one."""
+    """Command lines with flags, a backslash-continued command joined into one (and a quoted
+    shell value read on to its closing quote: `GPT_ARGS="--num-layers 24 \\` ... `"`)."""
     parts: list[str] = []
     for line in [*lines, ""]:
         if line.lstrip().startswith(("File ", "#", ">>>")):
@@ -58,9 +62,34 @@ def _commands(lines: list[str]):
             parts.append(stripped.rstrip("\\"))
             if stripped.endswith("\\"):
                 continue
+            if _open_quote(parts) and len(parts) < _MAX_QUOTED_LINES and line:
+                continue
         if parts:
             yield " ".join(parts)
             parts = []
+
+
+# `MBS=2`, `export SEQ_LEN=4096`, `TP="4"`: a launch script's plain variables (one word each)
+_SIMPLE_VAR_RE = re.compile(
+    r"""^\s*(?:export\s+)?([A-Za-z_]\w*)=(["']?)([\w.,:/-]+)\2\s*(?:#.*)?$"""
+)
+
+
+def _simple_vars(lines: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in lines:
+        if (m := _SIMPLE_VAR_RE.match(line)) is not None:
+            found[m.group(1)] = m.group(3)
+    return found
+
+
+_MAX_QUOTED_LINES = 200
+_QUOTED_VALUE_RE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_]\w*=\"")
+
+
+def _open_quote(parts: list[str]) -> bool:
+    """A `NAME="...` value whose closing quote is on a later line."""
+    return bool(_QUOTED_VALUE_RE.match(parts[0])) and sum(p.count('"') for p in parts) % 2 == 1
 
 
 _SHELL_ASSIGN_RE = re.compile(r"""^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=(["'])(.*)\1\s*$""")

@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     model_states,
     no_effect,
     nondeterminism,
+    outside_allocator,
     overhead,
     reported,
     validation,

@@ -5,6 +5,7 @@ larger than the device, genuine pressure, allocator limits.
 from __future__ import annotations
 
 from ..types import Context, Match
+from .knob_advice import knob_advice, shrink_step
 from .registry import (
     EXPANDABLE,
     GIB,
@@ -242,6 +243,8 @@ def _shrink_patch(ctx: Context) -> tuple[dict, str]:
         )
     if any(w in where for w in ("cross_entropy", "logits", "log_softmax", "lm_head")):
         return {"cross_entropy_loss_fusion": True}, "the frames are the loss's: fuse or chunk it"
+    if (step := shrink_step(ctx)) is not None:  # the paste's own batch / sequence knob
+        return step
     mbs = ctx.cfg.get("micro_batch_size")
     half = max(1, mbs // 2) if isinstance(mbs, int) else "half of the current one"
     return {"micro_batch_size": half}, (
@@ -273,18 +276,21 @@ def _pressure(ctx: Context) -> Match | None:
     mbs = ctx.cfg.get("micro_batch_size")
     if isinstance(mbs, int) and mbs > 1:
         patch = {**patch, "micro_batch_size": mbs // 2}
-    return Match(
-        0.5,
-        f"PyTorch had {gib(oom.allocated_bytes)} allocated of "
-        f"{gib(oom.total_bytes)} ({share:.0%}) when the OOM hit.",
-        config_patch=patch,
-        fix=f"Without a model shape the split is unknown; activations are the usual term: "
+    said = (
+        f"PyTorch had {gib(oom.allocated_bytes)} allocated of {gib(oom.total_bytes)} "
+        f"({share:.0%}) when the OOM hit."
+    )
+    fix = (
+        f"Without a model shape the split is unknown; activations are the usual term: "
         f"{words}, or halve the batch size (micro_batch_size) / sequence length or input size "
         "(activations scale linearly with them) and keep the effective batch with gradient "
         "accumulation. If the OOM is in the first optimizer step, shard the optimizer states "
         "instead (use_distributed_optimizer / ZeRO); if the weights alone nearly fill the GPU, "
-        "a smaller model, half precision or quantization",
+        "a smaller model, half precision or quantization"
     )
+    if (advice := knob_advice(ctx)) is not None:  # the paste's own knobs, patched
+        patch, said, fix = advice.patch, said + advice.says(), advice.fix(fix)
+    return Match(0.5, said, config_patch=patch, fix=fix)
 
 
 @rule(
@@ -565,22 +571,14 @@ def _small_gpu(ctx: Context) -> Match | None:
         return None
     if oom.free_bytes is not None and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
         return None
-    batch = next(
-        (
-            ctx.cfg[k]
-            for k in ("per_device_train_batch_size", "batch_size", "micro_batch_size")
-            if isinstance(ctx.cfg.get(k), int)
-        ),
-        None,
-    )
-    patch = {"batch_size": max(1, batch // 2), "gradient_accumulation_steps": 2} if batch else None
-    return Match(
-        0.4,
+    said = (
         f"The GPU has {gib(oom.total_bytes)} and the failed request was "
         f"{gib(oom.requested_bytes)} with {gib(oom.free_bytes)} free: the workload is larger "
-        "than this GPU at this batch size.",
-        config_patch=patch,
+        "than this GPU at this batch size."
     )
+    if (advice := knob_advice(ctx)) is not None:  # the paste's own batch / sequence knobs
+        return Match(0.4, said + advice.says(), advice.patch, advice.fix("RK102"))
+    return Match(0.4, said)
 
 
 @rule(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...config import format_spec
 from ..types import Context, Match
+from .knob_advice import knob_advice
 from .registry import (
     all_frames,
     candidate_spec,
@@ -353,6 +354,7 @@ def _training_oom(ctx: Context) -> Match | None:
     mbs = ctx.cfg.get("micro_batch_size")
     if isinstance(mbs, int) and mbs > 1:
         patch = {**patch, "micro_batch_size": mbs // 2}
+    advice = knob_advice(ctx)
     numbers = ""
     if oom and oom.requested_bytes:
         numbers = f"The failed request is {gib(oom.requested_bytes)}"
@@ -364,6 +366,13 @@ def _training_oom(ctx: Context) -> Match | None:
         numbers += "It is raised in the backward's recompute of a checkpointed unit. "
     elif "backward" in where:
         numbers += "It is raised in the backward pass. "
+    if advice is not None:  # the paste sets memory knobs: name them, patch them
+        return Match(
+            0.3,
+            f"{numbers}Next step: {advice.steps[0]}.{advice.says()}",
+            config_patch=advice.patch,
+            fix=advice.fix("RK087"),
+        )
     return Match(
         0.3,
         f"{numbers}Next step: {words}; or halve micro_batch_size / seq_length (activations "

@@ -1,0 +1,75 @@
+"""Memory nvidia-smi shows for a process beyond what PyTorch's caching allocator holds: the CUDA
+context, library workspaces, communication buffers (non_pytorch_memory).
+"""
+
+from __future__ import annotations
+
+from ..types import GIB, Context, Match
+from .registry import fact, gib, rule
+
+MIB = 2**20
+# A CUDA context is ~300-500 MiB per process and device on CUDA >= 11.7 (lazy loading), over
+# 1 GiB before; with cuDNN / cuBLAS workspaces a gap up to ~2 GiB is the context's.
+CONTEXT_SIZED = 2 * GIB
+
+
+@rule(
+    "RK220",
+    "nvidia-smi shows more than PyTorch holds: the CUDA context and libraries",
+    "non_pytorch_memory",
+    symptom="nvidia-smi's per-process or total 'memory used' is well above what the paste's "
+    "torch.cuda.memory_allocated() / memory_reserved() print (often 0 or a few MiB), or above "
+    "the cap set with torch.cuda.set_per_process_memory_fraction",
+    cause="Memory outside the caching allocator: the CUDA context (~300-500 MiB per process "
+    "and per device it touches; over 1 GiB before CUDA 11.7's lazy module loading), cuDNN / "
+    "cuBLAS workspaces, NCCL buffers, other libraries' allocations. PyTorch's counters never "
+    "include it and set_per_process_memory_fraction does not cap it",
+    confirm="torch.cuda.mem_get_info() (free / total as the driver sees them) against "
+    "torch.cuda.memory_reserved(); nvidia-smi --query-compute-apps=pid,used_memory "
+    "--format=csv lists each process's share, one line per device it touched",
+    fix="Budget the CUDA context per process and device rather than hunting a leak: "
+    "CUDA_MODULE_LOADING=LAZY (lazy loading, the default from CUDA 11.7) loads only the "
+    "kernels used; CUDA_VISIBLE_DEVICES=<its GPU> (or torch.cuda.set_device(local_rank) before "
+    "any CUDA call) so each process creates one context; smaller NCCL buffers (NCCL_BUFFSIZE) "
+    "in multi-GPU runs. torch.cuda.set_per_process_memory_fraction caps only the caching "
+    "allocator, never the context",
+    patch={"env": {"CUDA_MODULE_LOADING": "LAZY"}},
+    refs=(
+        "https://github.com/pytorch/pytorch/issues/107667",
+        "https://github.com/pytorch/pytorch/issues/28113",
+    ),
+)
+def _smi_above_pytorch(ctx: Context) -> Match | None:
+    smi = fact(ctx, "smi_bytes", "log")
+    torch = fact(ctx, "torch_bytes", "log")
+    cap = fact(ctx, "memory_cap_bytes", "log")
+    if smi is None or (torch is None and cap is None):
+        return None
+    reserved = bool(fact(ctx, "torch_reserved", "log"))
+    held, said = (torch, fact(ctx, "torch_line", "log")) if torch is not None else (cap, None)
+    outside = smi - held
+    if outside < 100 * MIB or smi < 1.5 * held:
+        return None
+    # Gigabytes over memory_allocated alone are more likely the allocator's cache (reserved):
+    # only a gap of context size, or one over the reserved figure, is memory outside it.
+    if outside > CONTEXT_SIZED and not reserved and torch is not None:
+        return None
+    which = (
+        "memory_reserved"
+        if reserved
+        else "the cap set with set_per_process_memory_fraction"
+        if torch is None
+        else "its counters"
+    )
+    evidence = (
+        f"nvidia-smi shows {gib(smi)} ('{fact(ctx, 'smi_line', 'log')}') while PyTorch "
+        f"reports {gib(held)} ({which}"
+        + (f": '{said}'" if said else f": '{fact(ctx, 'cap_line', 'log')}'")
+        + f"): {gib(outside)} is held outside the caching allocator."
+    )
+    if outside <= CONTEXT_SIZED:
+        evidence += " That is the size of a CUDA context (~300-500 MiB per process and device)."
+    env = {"CUDA_MODULE_LOADING": "LAZY"}
+    if "nccl" in ctx.text.lower() or fact(ctx, "smi_line", "log").lower().count("nccl"):
+        env["NCCL_BUFFSIZE"] = "2097152"
+    return Match(0.8, evidence, config_patch={"env": env})
