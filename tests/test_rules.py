@@ -822,6 +822,50 @@ def test_rk010_activations_dominate_llama3_70b_at_32k():
     assert e.peak_activation_bytes > e.weights_bytes + e.grads_bytes + e.optimizer_bytes
 
 
+LLAMA3_8B_TP4_8K = """\
+num_layers: 32
+hidden_size: 4096
+num_attention_heads: 32
+num_query_groups: 8
+ffn_hidden_size: 14336
+gated_linear_unit: true
+normalization: RMSNorm
+seq_length: 8192
+micro_batch_size: 1
+padded_vocab_size: 128256
+share_embeddings_and_output_weights: false
+position_embedding_type: rope
+add_bias_linear: false
+bias_activation_fusion: true
+apply_rope_fusion: true
+hidden_dropout: 0.0
+attention_dropout: 0.0
+tensor_model_parallel_size: 4
+sequence_parallel: true
+data_parallel_size: 8
+use_distributed_optimizer: true
+bf16: true
+"""
+
+
+@covers("RK010")
+def test_rk010_recompute_makes_it_fit_though_states_are_larger():
+    # The real 23.65 GiB OOM of pytorch/pytorch#16417 with Llama-3-8B on TP4 at 8k: model
+    # states outweigh activations, yet the rank does not fit without recompute and does with
+    # it. The shape was given: the finding must not fall back to RK005's "without a model
+    # shape" advice.
+    d = run(text("oom-pt-16417-comment"), config=LLAMA3_8B_TP4_8K, config_name="l8b.yaml")
+    f = top(d)
+    assert f.rule == "RK010" and f.category == "activation_memory"
+    ctx = build_context(d.evidence)
+    e = ctx.estimate
+    assert e.peak_activation_bytes < e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    assert e.total_bytes > ctx.gpu_bytes
+    cites(f, gib(e.total_bytes), "23.65 GiB", f"'{ctx.best.estimate.recompute}'")
+    assert f.config_patch["recompute_granularity"] in ("selective", "full")
+    assert "RK005" not in ids(d)
+
+
 @covers("RK010")
 def test_rk010_needs_an_oom():
     # The same config without an OOM is a plan, not a diagnosis.

@@ -41,9 +41,11 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
 
 
 def _known_keys(flat: dict[str, Any]) -> dict[str, Any]:
-    from ..config import CONFIG_KEYS
+    """The keys `config_from_dict` reads: the kit's, and Megatron's other names for them
+    (gated_linear_unit, padded_vocab_size, ...)."""
+    from ..config import ALIASES, CONFIG_KEYS
 
-    return {k: v for k, v in flat.items() if k in CONFIG_KEYS}
+    return {k: v for k, v in flat.items() if k in CONFIG_KEYS or k in ALIASES}
 
 
 def _config_for_estimate(flat: dict[str, Any]) -> tuple[Config | None, list[str]]:
@@ -57,19 +59,18 @@ def _config_for_estimate(flat: dict[str, Any]) -> tuple[Config | None, list[str]
     if "micro_batch_size" not in known:
         known["micro_batch_size"] = 1
         assumptions.append("micro_batch_size not given: assumed 1")
-    for key in ("hidden_dropout", "attention_dropout"):
-        known.setdefault(key, 0.0)
-    known.setdefault("attention_backend", "flash")
-    known.setdefault("bf16", not known.get("fp16", False))
-    known.setdefault("normalization", "RMSNorm" if known.get("swiglu") else "LayerNorm")
+    if "bf16" not in known and "fp16" not in known:
+        known["bf16"] = True  # an OOM'd training run: mixed precision, not Megatron's fp32
+        assumptions.append("bf16/fp16 not given: assumed bf16")
     known["recompute_num_layers"] = known.get("recompute_num_layers")
     try:
+        # Every other missing key takes Megatron's default, listed in cfg.assumptions.
         cfg, _ = config_from_dict(known)
         cfg.validate()
         estimate(cfg)  # shapes must divide
     except (ConfigError, ValueError, ZeroDivisionError, TypeError) as exc:
         return None, [*assumptions, f"no estimate: {exc}"]
-    return cfg, assumptions
+    return cfg, [*assumptions, *cfg.assumptions]
 
 
 def _estimate(ctx: Context) -> None:

@@ -24,10 +24,11 @@ from .registry import (
 
 @rule(
     "RK010",
-    "Activations dominate: recompute more",
+    "Recompute more: activations dominate, or recompute makes the rank fit",
     "activation_memory",
     symptom="OOM in training; the estimate puts activations above weights + gradients + "
-    "optimizer states on the failing rank",
+    "optimizer states on the failing rank, or the current setting does not fit the GPU and a "
+    "recompute setting does",
     cause="The current recompute setting keeps too many activations for this sequence "
     "length, micro-batch and parallel layout",
     confirm="recompute-kit estimate --config CONFIG --recompute CURRENT NEXT shows the peak "
@@ -42,7 +43,16 @@ def _activations(ctx: Context) -> Match | None:
     if e is None or not (ctx.oom or ctx.says("out of memory")):
         return None
     state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
-    if e.peak_activation_bytes < state:
+    dominate = e.peak_activation_bytes >= state
+    # Activations need not dominate for recompute to be the fix: the planner says a
+    # recompute setting fits where the current one does not.
+    rescued = (
+        ctx.best is not None
+        and ctx.gpu_bytes is not None
+        and e.total_bytes > ctx.gpu_bytes
+        and ctx.best.estimate.recompute != e.recompute
+    )
+    if not (dominate or rescued):
         return None
     spec, why = next_step(ctx)
     if ctx.best is not None:
@@ -54,12 +64,20 @@ def _activations(ctx: Context) -> Match | None:
             ),
         )
     current = format_spec(parse_spec_safe(ctx))
+    if dominate:
+        said = (
+            f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
+            f"{gib(state)} of weights, gradients and optimizer states under '{current}'."
+        )
+    else:
+        said = (
+            f"Estimated per rank under '{current}': {gib(e.total_bytes)} ({gib(state)} of "
+            f"weights, gradients and optimizer states, activations peaking at "
+            f"{gib(e.peak_activation_bytes)}) against the {gib(ctx.gpu_bytes)} GPU; "
+            f"recompute closes the gap."
+        )
     return Match(
-        0.85,
-        f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
-        f"{gib(state)} of weights, gradients and optimizer states under '{current}'. Next: "
-        f"'{spec}' - {why}.",
-        config_patch=patch_for(spec),
+        0.85 if dominate else 0.75, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec)
     )
 
 
