@@ -1958,6 +1958,16 @@ def test_rk148_traceback_cut_in_the_reentrant_backward_under_deepspeed():
     assert f.config_patch["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
 
 
+def test_rk148_not_without_a_hook_reducing_wrapper():
+    # The tail of DeepSpeed#988's traceback, from torch/_tensor.py on (a paste that starts
+    # below the DeepSpeed frames): the same cut backward through the reentrant checkpoint, but
+    # nothing that reduces gradients from hooks; any error (an OOM in the recompute, a shape
+    # error) could end it, so RK148 stays silent.
+    tail = "\n".join(text("i13-ds-988").splitlines()[3:])
+    assert "deepspeed" not in tail and "utils/checkpoint.py" in tail
+    assert "RK148" not in ids(run(tail))
+
+
 @covers("RK149")
 def test_rk149_requires_grad_warning_in_full_training():
     # open_clip#573: the warning with a plain training command (--grad-checkpointing).
@@ -1975,6 +1985,15 @@ def test_rk151_script_assert_forbids_fsdp_with_checkpointing():
     f = top(run(text("i13-dmd2-52")))
     assert f.rule == "RK151" and f.category == "invalid_config"
     assert f.config_patch == {"fsdp": False}
+
+
+def test_rk151_not_on_pytorchs_internal_checkpoint_assert():
+    # unsloth-zoo PR #1001 (https://github.com/unslothai/unsloth-zoo/pull/1001), a dev case of
+    # nondeterministic_recompute: "AssertionError: Something went unexpectedly wrong in
+    # activation checkpoint." is torch.utils.checkpoint's own assert, not a script forbidding
+    # two options together.
+    d = run(text("i12-unslothzoo-1001"))
+    assert "RK151" not in ids(d)
 
 
 @covers("RK152")
@@ -2039,6 +2058,18 @@ def test_rk157_library_fallback_notice():
     assert f.rule == "RK157" and f.category == "informational"
     assert f.config_patch == {"command": "pip install -U unsloth"}
     assert "no fix needed" in f.fix.lower()
+
+
+def test_rk157_prose_about_memory_is_not_a_library_notice():
+    # pytorch#28113 (a non_pytorch_memory dev case): the reporter's own sentence says memory
+    # usage and "using"; only a library's voice (a logger prefix, "falling back to") is a notice.
+    from recompute_kit.doctor.evidence.code import scan_snippets
+
+    line = (
+        "The nvidia-smi will show an increase in memory usage, while the torch.cuda says it's "
+        "using 0 memory."
+    )
+    assert "notices" not in scan_snippets(line)
 
 
 @covers("RK158")

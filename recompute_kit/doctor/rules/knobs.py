@@ -145,6 +145,20 @@ def _leaf(key: str) -> str:
     return key.rsplit(".", 1)[-1].lower()
 
 
+_LIGHTNING_TRAINER_KEYS = frozenset(
+    {
+        "accumulate_grad_batches",
+        "accelerator",
+        "devices",
+        "gradient_clip_val",
+        "check_val_every_n_epoch",
+        "log_every_n_steps",
+        "num_sanity_val_steps",
+        "limit_train_batches",
+    }
+)
+
+
 def _framework(ctx: Context) -> str:
     cfg = ctx.cfg
     if is_megatron(ctx) or any(k in cfg for k in ("micro_batch_size", "global_batch_size")):
@@ -153,9 +167,9 @@ def _framework(ctx: Context) -> str:
         return "llamafactory"
     if "per_device_train_batch_size" in cfg or "gradient_accumulation_steps" in cfg:
         return "hf"
-    if any(_leaf(k).startswith("trainer") or k.startswith("trainer.") for k in cfg) or (
-        "accumulate_grad_batches" in cfg
-    ):
+    # Lightning's Trainer arguments (a LightningCLI `trainer:` section or flat), not any
+    # `trainer.*` key: verl and other RL trainers have a `trainer:` section of their own.
+    if any(_leaf(k) in _LIGHTNING_TRAINER_KEYS for k in cfg):
         return "lightning"
     return "script"
 

@@ -415,6 +415,8 @@ def _script_assert(ctx: Context) -> Match | None:
             if "checkpoint" not in n
         ]
         other = names[0] if names else None
+        if other is None and not _COMBINATION_RE.search(lower):
+            continue  # an assert about checkpointing alone (PyTorch's own internal asserts)
         patch = {other: False} if other else {"gradient_checkpointing": False}
         return Match(
             0.8,
@@ -426,6 +428,13 @@ def _script_assert(ctx: Context) -> Match | None:
             "apply_activation_checkpointing combines both",
         )
     return None
+
+
+# The words of an assertion that forbids two options together ("don't support both options",
+# "is not supported with FSDP", "cannot be used together").
+_COMBINATION_RE = re.compile(
+    r"\b(?:and|with|together|both|along|combin\w*|compatible|incompatible)\b"
+)
 
 
 def _divisor_at_most(n: int, k: int) -> int:
