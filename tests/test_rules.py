@@ -2004,6 +2004,16 @@ def test_rk152_traceback_cut_in_the_uniform_chunk_loop():
     assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 1}
 
 
+def test_rk152_cut_traceback_needs_the_chunk_loop():
+    # The same NeMo traceback cut one line earlier, before the loop's source line
+    # (`custom(layer_idx, layer_idx + self.config.recompute_num_layers)`): a traceback cut in
+    # _checkpointed_forward alone (an OOM or a shape error in the recompute could end it) does
+    # not name chunks of recompute_num_layers.
+    head = "\n".join(text("i13-nemo-speech-12517").splitlines()[:4])
+    assert "_checkpointed_forward" in head and "recompute_num_layers" not in head
+    assert "RK152" not in ids(run(head))
+
+
 def test_rk152_config_with_a_non_dividing_recompute_num_layers():
     # Megatron-LM#2294's config: 24 layers, uniform 7 -> 6 is the largest divisor below 7.
     # Its IndexError in Megatron's own loop stays RK064's (fixed upstream) first.

@@ -140,8 +140,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
-    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys), `oom_mentions`
-    (lines that say out of memory in any wording: "CUDA OOM", "OutOfMemoryError", "显存不足")."""
+    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
+    `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
+    `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
+    "OutOfMemoryError", "显存不足")."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -221,6 +223,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     flags[key] = [v for v in re.split(r"[\s,]+", value) if v]
                 elif value:
                     flags[key] = int(value) if value.isdigit() else value
+        if "recompute_num_layers" in line and "--" not in line:
+            add("num_layers_lines", line)  # a source line of the uniform chunk loop, a key
         if _NONDETERMINISM in line:
             facts["nondeterminism"] = True
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):

@@ -484,7 +484,14 @@ def _uniform_divisor(ctx: Context) -> Match | None:
             f"(uniform): the last chunk runs past the last layer. {k} divides {per_stage}.",
             config_patch={"recompute_method": "uniform", "recompute_num_layers": k},
         )
-    if cut is not None and not _any_error_line(ctx):
+    # A cut traceback says nothing by itself: only the uniform loop's own source line
+    # (`custom(layer_idx, layer_idx + self.config.recompute_num_layers)`), or the key in the
+    # paste, ties it to chunks of recompute_num_layers (the block method steps one layer).
+    chunked = fact(ctx, "num_layers_lines") or (
+        ctx.cfg.get("recompute_num_layers") is not None
+        and ctx.cfg.get("recompute_method") != "block"
+    )
+    if cut is not None and not _any_error_line(ctx) and chunked:
         frame = next(f for f in cut.frames if "_checkpointed_forward" in f)
         return Match(
             0.55,
