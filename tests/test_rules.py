@@ -1939,6 +1939,14 @@ def test_rk146_checkpoint_under_bf16_autocast():
     cites(f, "x = checkpoint(b, x)", "autocast(dtype=torch.bfloat16)")
 
 
+def test_rk146_not_on_code_alone():
+    # pytorch#71124's script without its printed output: checkpoint + bf16 autocast is how many
+    # training scripts read; without dtypes printed the paste is not about the recompute's dtype.
+    code = text("i13-pt-71124").split("Output dtype: torch.bfloat16")[0]
+    assert "autocast(dtype=torch.bfloat16)" in code and "checkpoint(b, x)" in code
+    assert "RK146" not in ids(run(code))
+
+
 @covers("RK147")
 def test_rk147_dropout_without_rng_state_shifts_the_loss():
     # OLMo-core PR #828: CE 2.49 with AC on vs 2.19 off, residual dropout 0.1.
