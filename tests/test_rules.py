@@ -2513,3 +2513,19 @@ def test_rk220_not_for_gigabytes_over_memory_allocated_alone():
     # Said on one line, the gap is still gigabytes over memory_allocated alone: not RK220.
     d = run(text("i22-pt-37250").replace("it shows `0`.", "torch.cuda.memory_allocated() shows 0."))
     assert d.evidence.facts["log"]["torch_bytes"] == 0 and "RK220" not in ids(d)
+
+
+def test_knobs_read_framework_names_not_lookalikes():
+    # Key names as the frameworks document them (verl's ppo_trainer.yaml `trainer:` section,
+    # Lightning's Trainer arguments, an LSTM's input_size): a `trainer.*` key alone is not
+    # Lightning, and a feature size is not a sequence cap.
+    from recompute_kit.doctor.rules.knobs import read_knobs
+
+    def knobs(config: dict):
+        return read_knobs(build_context(Evidence(config=config)))
+
+    verl = knobs({"trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "max_prompt_length": 512})
+    assert verl.framework == "script" and verl.seq == [("max_prompt_length", 512)]
+    assert knobs({"trainer.accumulate_grad_batches": 4}).framework == "lightning"
+    assert knobs({"trainer.devices": 2, "batch_size": 8}).framework == "lightning"
+    assert knobs({"input_size": 128, "hidden_size": 256, "batch_size": 4}).seq == []

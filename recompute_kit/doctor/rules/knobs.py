@@ -43,9 +43,12 @@ ACCUM_KEYS = (
     "accum_steps",
 )
 # Sequence / cutoff length as the frameworks name it (rollout caps and packing sizes included).
+# ("input_size" / "target_size" / "total_size" are feature dims or image sizes elsewhere: a
+# `_size` counts only after a word that means tokens.)
 _SEQ_RE = re.compile(
     r"^(?:\w+_)?(?:max_)?(?:seq|sequence|cutoff|context|source|target|prompt|completion|"
-    r"response|input|total|packing)_?(?:len|length|size)$"
+    r"response|input|total|packing)_?(?:len|length)$"
+    r"|^(?:\w+_)?(?:max_)?(?:seq|sequence|context|packing)_?size$"
     r"|^(?:model_)?max_(?:len|length|words|tokens|seq_len|seqlen)$"
     r"|^(?:block_size|max_tokens_per_gpu|seq_length|max_position_embeddings_train)$"
 )
