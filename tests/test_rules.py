@@ -2529,3 +2529,13 @@ def test_knobs_read_framework_names_not_lookalikes():
     assert knobs({"trainer.accumulate_grad_batches": 4}).framework == "lightning"
     assert knobs({"trainer.devices": 2, "batch_size": 8}).framework == "lightning"
     assert knobs({"input_size": 128, "hidden_size": 256, "batch_size": 4}).seq == []
+
+
+def test_pasted_document_with_glued_lines_does_not_crash():
+    # The NVIDIA perf-activation-recompute skill (seed-001) pasted as a log: its scraped lines
+    # run `--recompute_modules core_attn layernorm \` on into glued prose and a table header.
+    # Only module names are read (no crash in RK143's patch, no "Megatron would reject" from
+    # garbage), and the table's findings lead as they do when it is given as experiments.
+    d = run(text("seed-001-perf-activation-recompute"))
+    assert d.evidence.config["recompute_modules"] == ["core_attn", "layernorm"]
+    assert top(d).category == "recompute_overhead" and "RK054" not in ids(d)
