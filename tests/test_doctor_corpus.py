@@ -84,3 +84,38 @@ def test_corpus_scores(results, tmp_path):
         row = summary[split]["all"]
         measured = row[metric] / row["n"]
         assert measured >= floor, f"{split} {metric}: {measured:.1%} < floor {floor:.0%}"
+
+
+# Rules written from one development thread each (an audit against overfitting): on every
+# other development case they may fire only where that case's category is their own. A rule
+# that fires on an unrelated paste (PyTorch's internal checkpoint assert read as a script's
+# option clash, say) is matching words, not its phenomenon. Held-out cases are not looked at.
+ONE_THREAD_RULES = frozenset(
+    [f"RK{n}" for n in range(140, 161)] + ["RK190", "RK191", "RK220"]
+)
+
+
+def test_one_thread_rules_stay_silent_on_other_categories():
+    import tempfile
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    wrong = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in load_cases(CASES):
+            if split_of(case["source"]) != "dev":
+                continue
+            log = Path(tmp) / "case.log"
+            log.write_text(str(case["artefacts"]), encoding="utf-8")
+            config = None
+            if case.get("config"):
+                config = Path(tmp) / "case.config"
+                config.write_text(str(case["config"]), encoding="utf-8")
+            d = diagnose(collect(logs=[str(log)], config=str(config) if config else None))
+            wrong += [
+                f"{case['id']}: {f.rule} ({f.category})"
+                for f in d.findings
+                if f.rule in ONE_THREAD_RULES and f.category != case["expected_category"]
+            ]
+    assert not wrong, wrong

@@ -1983,6 +1983,14 @@ def test_rk146_checkpoint_under_bf16_autocast():
     cites(f, "x = checkpoint(b, x)", "autocast(dtype=torch.bfloat16)")
 
 
+def test_rk146_not_on_code_alone():
+    # pytorch#71124's script without its printed output: checkpoint + bf16 autocast is how many
+    # training scripts read; without dtypes printed the paste is not about the recompute's dtype.
+    code = text("i13-pt-71124").split("Output dtype: torch.bfloat16")[0]
+    assert "autocast(dtype=torch.bfloat16)" in code and "checkpoint(b, x)" in code
+    assert "RK146" not in ids(run(code))
+
+
 @covers("RK147")
 def test_rk147_dropout_without_rng_state_shifts_the_loss():
     # OLMo-core PR #828: CE 2.49 with AC on vs 2.19 off, residual dropout 0.1.
@@ -2000,6 +2008,16 @@ def test_rk148_traceback_cut_in_the_reentrant_backward_under_deepspeed():
     assert f.rule == "RK148" and f.category == "checkpoint_api_misuse"
     assert f.config_patch["zero_optimization"] == {"stage": 1}
     assert f.config_patch["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+
+
+def test_rk148_not_without_a_hook_reducing_wrapper():
+    # The tail of DeepSpeed#988's traceback, from torch/_tensor.py on (a paste that starts
+    # below the DeepSpeed frames): the same cut backward through the reentrant checkpoint, but
+    # nothing that reduces gradients from hooks; any error (an OOM in the recompute, a shape
+    # error) could end it, so RK148 stays silent.
+    tail = "\n".join(text("i13-ds-988").splitlines()[3:])
+    assert "deepspeed" not in tail and "utils/checkpoint.py" in tail
+    assert "RK148" not in ids(run(tail))
 
 
 @covers("RK149")
@@ -2021,12 +2039,31 @@ def test_rk151_script_assert_forbids_fsdp_with_checkpointing():
     assert f.config_patch == {"fsdp": False}
 
 
+def test_rk151_not_on_pytorchs_internal_checkpoint_assert():
+    # unsloth-zoo PR #1001 (https://github.com/unslothai/unsloth-zoo/pull/1001), a dev case of
+    # nondeterministic_recompute: "AssertionError: Something went unexpectedly wrong in
+    # activation checkpoint." is torch.utils.checkpoint's own assert, not a script forbidding
+    # two options together.
+    d = run(text("i12-unslothzoo-1001"))
+    assert "RK151" not in ids(d)
+
+
 @covers("RK152")
 def test_rk152_traceback_cut_in_the_uniform_chunk_loop():
     # NeMo Speech PR #12517: Hyena's _checkpointed_forward -> te_checkpoint, cut.
     f = top(run(text("i13-nemo-speech-12517")))
     assert f.rule == "RK152" and f.category == "invalid_config"
     assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def test_rk152_cut_traceback_needs_the_chunk_loop():
+    # The same NeMo traceback cut one line earlier, before the loop's source line
+    # (`custom(layer_idx, layer_idx + self.config.recompute_num_layers)`): a traceback cut in
+    # _checkpointed_forward alone (an OOM or a shape error in the recompute could end it) does
+    # not name chunks of recompute_num_layers.
+    head = "\n".join(text("i13-nemo-speech-12517").splitlines()[:4])
+    assert "_checkpointed_forward" in head and "recompute_num_layers" not in head
+    assert "RK152" not in ids(run(head))
 
 
 def test_rk152_config_with_a_non_dividing_recompute_num_layers():
@@ -2083,6 +2120,18 @@ def test_rk157_library_fallback_notice():
     assert f.rule == "RK157" and f.category == "informational"
     assert f.config_patch == {"command": "pip install -U unsloth"}
     assert "no fix needed" in f.fix.lower()
+
+
+def test_rk157_prose_about_memory_is_not_a_library_notice():
+    # pytorch#28113 (a non_pytorch_memory dev case): the reporter's own sentence says memory
+    # usage and "using"; only a library's voice (a logger prefix, "falling back to") is a notice.
+    from recompute_kit.doctor.evidence.code import scan_snippets
+
+    line = (
+        "The nvidia-smi will show an increase in memory usage, while the torch.cuda says it's "
+        "using 0 memory."
+    )
+    assert "notices" not in scan_snippets(line)
 
 
 @covers("RK158")
@@ -2508,3 +2557,29 @@ def test_rk220_not_for_gigabytes_over_memory_allocated_alone():
     # Said on one line, the gap is still gigabytes over memory_allocated alone: not RK220.
     d = run(text("i22-pt-37250").replace("it shows `0`.", "torch.cuda.memory_allocated() shows 0."))
     assert d.evidence.facts["log"]["torch_bytes"] == 0 and "RK220" not in ids(d)
+
+
+def test_knobs_read_framework_names_not_lookalikes():
+    # Key names as the frameworks document them (verl's ppo_trainer.yaml `trainer:` section,
+    # Lightning's Trainer arguments, an LSTM's input_size): a `trainer.*` key alone is not
+    # Lightning, and a feature size is not a sequence cap.
+    from recompute_kit.doctor.rules.knobs import read_knobs
+
+    def knobs(config: dict):
+        return read_knobs(build_context(Evidence(config=config)))
+
+    verl = knobs({"trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "max_prompt_length": 512})
+    assert verl.framework == "script" and verl.seq == [("max_prompt_length", 512)]
+    assert knobs({"trainer.accumulate_grad_batches": 4}).framework == "lightning"
+    assert knobs({"trainer.devices": 2, "batch_size": 8}).framework == "lightning"
+    assert knobs({"input_size": 128, "hidden_size": 256, "batch_size": 4}).seq == []
+
+
+def test_pasted_document_with_glued_lines_does_not_crash():
+    # The NVIDIA perf-activation-recompute skill (seed-001) pasted as a log: its scraped lines
+    # run `--recompute_modules core_attn layernorm \` on into glued prose and a table header.
+    # Only module names are read (no crash in RK143's patch, no "Megatron would reject" from
+    # garbage), and the table's findings lead as they do when it is given as experiments.
+    d = run(text("seed-001-perf-activation-recompute"))
+    assert d.evidence.config["recompute_modules"] == ["core_attn", "layernorm"]
+    assert top(d).category == "recompute_overhead" and "RK054" not in ids(d)

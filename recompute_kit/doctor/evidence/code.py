@@ -57,9 +57,17 @@ _FIND_UNUSED_RE = re.compile(r"find_unused_parameters\s*[:=]\s*(True|true)")
 _LABELLED_SIZE_RE = re.compile(
     r"^\s*([A-Za-z_ -]*checkpoint[A-Za-z_ -]*?)\s*[:=]\s*([\d.]+)\s*([KMGT]i?B?)\b", re.I
 )
-# A library says it falls back to another path (a verb) that costs memory or speed (a cost).
-_FALLBACK_VERBS = ("will use ", "falling back to", "fall back to", "fallback to", "instead of")
+# A library says it falls back to another path (a verb) that costs memory or speed (a cost),
+# in its own voice: no first person (a user's "I use X instead of Y, memory usage grows" is
+# prose), and the looser verbs ("will use", "instead of") only on a line with a logger prefix
+# ("Unsloth: ...", "WARNING ...", "UserWarning: ...").
+_FALLBACK_VERBS = ("falling back to", "fall back to", "fallback to", "falls back to")
+_PREFIXED_VERBS = ("will use ", "instead of", "using ")
 _FALLBACK_COSTS = ("increase in memory", "more memory", "slower", "memory usage")
+_FIRST_PERSON_RE = re.compile(r"\b(?:I|I'm|I've|my|we|we're|our|me)\b")
+_NOTICE_PREFIX_RE = re.compile(
+    r"^\s*(?:\[?[A-Z][\w.-]{1,30}\]?:\s|\[?(?:WARNING|WARN|INFO|NOTICE)\b|\w*Warning:)"
+)
 _JSON_SECTION_RE = re.compile(r'^\s*"([A-Za-z_][\w]*)"\s*:\s*\{\s*$')
 _TABLE_SEP_RE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)+\|?\s*$")
 _AC_HEADER_RE = re.compile(
@@ -109,6 +117,18 @@ def _is_code(line: str) -> bool:
     )
 
 
+def _is_notice(line: str, lower: str) -> bool:
+    """A library's own notice that it falls back to a costlier path (see _FALLBACK_VERBS)."""
+    if not any(w in lower for w in _FALLBACK_COSTS) or _is_code(line):
+        return False
+    if _FIRST_PERSON_RE.search(line):
+        return False
+    prefixed = bool(_NOTICE_PREFIX_RE.match(line))
+    return any(w in lower for w in _FALLBACK_VERBS) or (
+        prefixed and any(w in lower for w in _PREFIXED_VERBS)
+    )
+
+
 def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
 
@@ -120,8 +140,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
-    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys), `oom_mentions`
-    (lines that say out of memory in any wording: "CUDA OOM", "OutOfMemoryError", "显存不足")."""
+    `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
+    `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
+    `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
+    "OutOfMemoryError", "显存不足")."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -187,11 +209,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
             size = parse_size(m.group(2), unit)
             if size:
                 facts.setdefault("labelled_sizes", []).append((m.group(1).strip(), size))
-        if (
-            any(w in lower for w in _FALLBACK_VERBS)
-            and any(w in lower for w in _FALLBACK_COSTS)
-            and not _is_code(line)
-        ):
+        if _is_notice(line, lower):
             add("notices", line)
         if "--recompute-" in line:
             from .values import _canonical_key
@@ -205,6 +223,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     flags[key] = [v for v in re.split(r"[\s,]+", value) if v]
                 elif value:
                     flags[key] = int(value) if value.isdigit() else value
+        if "recompute_num_layers" in line and "--" not in line:
+            add("num_layers_lines", line)  # a source line of the uniform chunk loop, a key
         if _NONDETERMINISM in line:
             facts["nondeterminism"] = True
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):

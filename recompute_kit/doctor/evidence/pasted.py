@@ -18,6 +18,7 @@ _FLAG_RE = re.compile(r"(?:^|[\s\"'=(])--[A-Za-z][\w.-]*")  # `ARGS="--x 1 \\` t
 _YAML_LINE_RE = re.compile(r"^\s*[a-z_][a-z0-9_.-]{0,80}:(?:[ \t]+\S.*)?$")
 _ENV_PREFIX_RE = re.compile(r"(?:^|\s)(CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES)=([\d,]+)")
 _MIN_YAML_LINES = 3
+_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]*$")  # Megatron module names: lower snake_case
 
 
 def parse_pasted_settings(text: str) -> dict[str, Any]:
@@ -43,6 +44,14 @@ def _parse(text: str) -> dict[str, Any]:
     shell_vars, flag_vars = _simple_vars(lines), {}
     for command in _commands(lines):
         flat.update(_parse_command_line(command, shell_vars=shell_vars, flag_vars=flag_vars))
+    modules = flat.get("recompute_modules")
+    if isinstance(modules, list):
+        # module names are identifiers: a flag's values that run on into glued prose
+        # ("...recompute_granularity=selective...") are not the user's settings
+        kept = [m for m in modules if isinstance(m, str) and _IDENT_RE.match(m)]
+        flat["recompute_modules"] = kept
+        if not kept:
+            del flat["recompute_modules"]
     for line in lines:  # CUDA_VISIBLE_DEVICES=0,1 python train.py ...: the GPUs it uses
         if (m := _ENV_PREFIX_RE.search(line)) is not None:
             flat.setdefault("visible_devices", len([d for d in m.group(2).split(",") if d]))

@@ -17,6 +17,9 @@ from .text import parse_size
 # "430MB", "700+mb", "12433MiB", "1.2 GB", "499 M" (a size after "/" is a total, not usage)
 _SIZE_RE = re.compile(r"(?<![/\w.])(\d+(?:\.\d+)?)\s*\+?\s*([KMGT]i?B|[KMGT])\b", re.I)
 _SMI_RE = re.compile(r"nvidia[- ]smi|memory[- ]usage|memory\.used|used_memory", re.I)
+# "CPU memory usage: 60 GB", "RAM usage", "host memory": the machine's memory, not a GPU's
+_HOST_RE = re.compile(r"\b(?:cpu|ram|host|system|rss|virtual|swap)\b", re.I)
+_GPU_RE = re.compile(r"nvidia|\bgpu|cuda|vram", re.I)
 # nvidia-smi's device row: "|  12433MiB / 81920MiB |" (used / total)
 _SMI_ROW_RE = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
 _TORCH_RE = re.compile(
@@ -52,6 +55,8 @@ def scan_usage(lines: list[str]) -> dict[str, Any]:
     capped = any(_CAP_RE.search(line) for line in lines)
     for line in lines:
         smi = _SMI_RE.search(line)
+        if smi and _HOST_RE.search(line) and not _GPU_RE.search(line):
+            smi = None
         if (row := _SMI_ROW_RE.search(line)) is not None:
             used = int(row.group(1)) * 2**20
             if used > facts.get("smi_bytes", -1):

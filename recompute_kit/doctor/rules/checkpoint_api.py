@@ -376,10 +376,11 @@ def _no_input_grad_warning(ctx: Context) -> Match | None:
 
 @rule(
     "RK148",
-    "A traceback cut inside the reentrant checkpoint's backward",
+    "A traceback cut inside the reentrant checkpoint's backward under DeepSpeed / DDP",
     "checkpoint_api_misuse",
-    symptom="A traceback (its exception line cut off) that ends in torch/utils/checkpoint.py "
-    "`backward` -> torch.autograd.backward: the reentrant checkpoint's own backward",
+    symptom="A traceback (its exception line cut off) through DeepSpeed or DDP that ends in "
+    "torch/utils/checkpoint.py `backward` -> torch.autograd.backward: the reentrant "
+    "checkpoint's own backward",
     cause="The reentrant checkpoint runs a second, nested backward per block; hooks that "
     "expect one gradient per parameter per step (DeepSpeed ZeRO's reduction hooks, DDP's "
     "ready marks) fire again there, e.g. for weights shared between blocks",
@@ -401,9 +402,15 @@ def _cut_in_reentrant_backward(ctx: Context) -> Match | None:
         if not frames:
             continue
         deepspeed = any("deepspeed" in f for f in e.frames)
+        ddp = any("nn/parallel/distributed.py" in f for f in e.frames)
+        if not (deepspeed or ddp):
+            # Only a wrapper that reduces gradients from per-parameter hooks makes the nested
+            # backward itself the failure; any other cut traceback through a checkpoint (an
+            # OOM in the recompute, a shape error) says nothing about which.
+            continue
         evidence = (
             f"The traceback stops in the reentrant checkpoint's backward ('{frames[-1]}')"
-            + (", under DeepSpeed's loss scaler" if deepspeed else "")
+            + (", under DeepSpeed's loss scaler" if deepspeed else ", under DDP")
             + "; its exception line is cut off."
         )
         patch: dict = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}

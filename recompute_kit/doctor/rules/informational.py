@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..types import Context, Match
+from .knobs import read_knobs
 from .registry import fact, gib, on_message, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
@@ -161,14 +162,13 @@ def _misread(ctx: Context) -> Match | None:
     differ = len(peaks) >= 2 and max(peaks) >= 1.5 * min(peaks)
     if not (equal and differ):
         return None
-    seq = next(
-        (ctx.cfg[k] for k in ("max_seq_len", "max_seq_length", "seq_length") if k in ctx.cfg),
-        None,
-    )
+    # the sequence cap under any framework's name (rules/knobs.py), not a fixed key list
+    seq_knobs = read_knobs(ctx).seq
+    key, seq = seq_knobs[0] if seq_knobs else (None, None)
     evidence = (
         f"{labelled[0][0]} and {labelled[1][0]} both read {gib(same[0])}, but the allocator's "
         f"peaks differ: {gib(min(peaks))} vs {gib(max(peaks))}."
     )
     if isinstance(seq, int) and seq <= 512:
-        evidence += f" At max_seq_len {seq} activations are a small share of the memory."
+        evidence += f" At {key} {seq} activations are a small share of the memory."
     return Match(0.75, evidence)

@@ -43,9 +43,12 @@ ACCUM_KEYS = (
     "accum_steps",
 )
 # Sequence / cutoff length as the frameworks name it (rollout caps and packing sizes included).
+# ("input_size" / "target_size" / "total_size" are feature dims or image sizes elsewhere: a
+# `_size` counts only after a word that means tokens.)
 _SEQ_RE = re.compile(
     r"^(?:\w+_)?(?:max_)?(?:seq|sequence|cutoff|context|source|target|prompt|completion|"
-    r"response|input|total|packing)_?(?:len|length|size)$"
+    r"response|input|total|packing)_?(?:len|length)$"
+    r"|^(?:\w+_)?(?:max_)?(?:seq|sequence|context|packing)_?size$"
     r"|^(?:model_)?max_(?:len|length|words|tokens|seq_len|seqlen)$"
     r"|^(?:block_size|max_tokens_per_gpu|seq_length|max_position_embeddings_train)$"
 )
@@ -145,6 +148,20 @@ def _leaf(key: str) -> str:
     return key.rsplit(".", 1)[-1].lower()
 
 
+_LIGHTNING_TRAINER_KEYS = frozenset(
+    {
+        "accumulate_grad_batches",
+        "accelerator",
+        "devices",
+        "gradient_clip_val",
+        "check_val_every_n_epoch",
+        "log_every_n_steps",
+        "num_sanity_val_steps",
+        "limit_train_batches",
+    }
+)
+
+
 def _framework(ctx: Context) -> str:
     cfg = ctx.cfg
     if is_megatron(ctx) or any(k in cfg for k in ("micro_batch_size", "global_batch_size")):
@@ -153,9 +170,9 @@ def _framework(ctx: Context) -> str:
         return "llamafactory"
     if "per_device_train_batch_size" in cfg or "gradient_accumulation_steps" in cfg:
         return "hf"
-    if any(_leaf(k).startswith("trainer") or k.startswith("trainer.") for k in cfg) or (
-        "accumulate_grad_batches" in cfg
-    ):
+    # Lightning's Trainer arguments (a LightningCLI `trainer:` section or flat), not any
+    # `trainer.*` key: verl and other RL trainers have a `trainer:` section of their own.
+    if any(_leaf(k) in _LIGHTNING_TRAINER_KEYS for k in cfg):
         return "lightning"
     return "script"
 

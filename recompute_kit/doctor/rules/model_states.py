@@ -237,10 +237,18 @@ def _oom_in_optimizer_step(ctx: Context) -> Match | None:
         f"The OOM is raised in the optimizer step ('{hit}'): Adam's states are being "
         f"allocated.{numbers} Next: {words}.",
         config_patch=patch,
-        fix=f"Optimizer states, not activations: {words}; else CPU offload of the optimizer "
-        "states, an 8-bit / paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot "
-        "free them",
+        fix=f"Optimizer states, not activations: {words}; else {OPTIMIZER_OFFLOAD}, an 8-bit "
+        "/ paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot free them",
     )
+
+
+# CPU offload of optimizer states under each framework's own key (one list for every rule
+# that gives this advice, whichever framework the paste shows).
+OPTIMIZER_OFFLOAD = (
+    "CPU offload of the optimizer states (DeepSpeed: zero_optimization.offload_optimizer; "
+    "FSDP: CPUOffload / offload_policy; Megatron: --optimizer-cpu-offload; verl: "
+    "fsdp_config.optimizer_offload) or a per-layer optimizer step"
+)
 
 
 def optimizer_shard_step(ctx: Context) -> tuple[dict, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...config import RECOMPUTE_MODULES
 from ..types import Context, Match
 from .registry import fact, gib, next_step, patch_for, rule
 
@@ -330,7 +331,8 @@ def _layernorm_fused(ctx: Context) -> Match | None:
     impl = str(ctx.cfg.get("transformer_impl") or "transformer_engine")
     if impl != "transformer_engine":
         return None
-    rest = [m for m in ctx.modules if m != "layernorm"]
+    # only the modules Megatron knows: a pasted prose line can run on after the flag
+    rest = [m for m in ctx.modules if m != "layernorm" and m in RECOMPUTE_MODULES]
     nxt = "mlp" if "mlp" not in rest else None
     mods = rest + ([nxt] if nxt else [])
     patch = {**patch_for("selective:" + ",".join(mods))} if nxt else patch_for("full:uniform:1")

@@ -127,9 +127,9 @@ def _debug_ops(ctx: Context) -> Match | None:
     "RK146",
     "Autocast dtype lost in the recompute (bfloat16 recomputed as float16)",
     "nondeterministic_recompute",
-    symptom="torch.utils.checkpoint under autocast(dtype=torch.bfloat16): the recompute in "
-    "backward runs in float16 (printed dtypes differ), or the saved and recomputed dtypes "
-    "differ",
+    symptom="torch.utils.checkpoint under autocast(dtype=torch.bfloat16) with the dtypes "
+    "printed: the recompute in backward runs in float16 (printed dtypes differ), or the saved "
+    "and recomputed dtypes differ",
     cause="Before PyTorch 1.11 the reentrant checkpoint re-entered autocast with its default "
     "dtype (float16), not the forward's dtype; a checkpointed function that enters its own "
     "autocast has the same effect in any version",
@@ -144,6 +144,10 @@ def _autocast_dtype(ctx: Context) -> Match | None:
     if not calls or "bfloat16" not in dtypes:
         return None
     printed = fact(ctx, "printed_dtypes") or []
+    if not printed:
+        # checkpoint + bf16 autocast is every other training script: only a paste that prints
+        # the dtypes (the reporter looking at them) is about the recompute's dtype
+        return None
     if fact(ctx, "use_reentrant") is False and len(set(printed)) < 2:
         return None  # the non-reentrant checkpoint restores the autocast state
     both = {"bfloat16", "float16"} <= set(printed)

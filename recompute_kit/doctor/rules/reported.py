@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
-from .model_states import optimizer_shard_step
+from .model_states import OPTIMIZER_OFFLOAD, optimizer_shard_step
 from .registry import EXPANDABLE, fact, rule
 
 # "OOM at the first optimizer step", "OOMs in optimizer.step()", "OOM ... allocate optimizer
@@ -54,9 +54,8 @@ def _reported_optimizer_step_oom(ctx: Context) -> Match | None:
         f"The paste puts the OOM at the optimizer step ('{hit}'): Adam's states, allocated at "
         f"the first step, not activations. Next: {words}.",
         config_patch=patch,
-        fix=f"Optimizer states, not activations: {words}; else CPU offload of the optimizer "
-        "states (verl: fsdp_config.optimizer_offload; DeepSpeed: offload_optimizer) or a "
-        "per-layer optimizer step, an 8-bit / paged AdamW or LoRA. Recompute cannot free them",
+        fix=f"Optimizer states, not activations: {words}; else {OPTIMIZER_OFFLOAD}, an 8-bit "
+        "/ paged AdamW or LoRA. Recompute cannot free them",
     )
 
 

@@ -415,6 +415,8 @@ def _script_assert(ctx: Context) -> Match | None:
             if "checkpoint" not in n
         ]
         other = names[0] if names else None
+        if other is None and not _COMBINATION_RE.search(lower):
+            continue  # an assert about checkpointing alone (PyTorch's own internal asserts)
         patch = {other: False} if other else {"gradient_checkpointing": False}
         return Match(
             0.8,
@@ -426,6 +428,13 @@ def _script_assert(ctx: Context) -> Match | None:
             "apply_activation_checkpointing combines both",
         )
     return None
+
+
+# The words of an assertion that forbids two options together ("don't support both options",
+# "is not supported with FSDP", "cannot be used together").
+_COMBINATION_RE = re.compile(
+    r"\b(?:and|with|together|both|along|combin\w*|compatible|incompatible)\b"
+)
 
 
 def _divisor_at_most(n: int, k: int) -> int:
@@ -475,7 +484,14 @@ def _uniform_divisor(ctx: Context) -> Match | None:
             f"(uniform): the last chunk runs past the last layer. {k} divides {per_stage}.",
             config_patch={"recompute_method": "uniform", "recompute_num_layers": k},
         )
-    if cut is not None and not _any_error_line(ctx):
+    # A cut traceback says nothing by itself: only the uniform loop's own source line
+    # (`custom(layer_idx, layer_idx + self.config.recompute_num_layers)`), or the key in the
+    # paste, ties it to chunks of recompute_num_layers (the block method steps one layer).
+    chunked = fact(ctx, "num_layers_lines") or (
+        ctx.cfg.get("recompute_num_layers") is not None
+        and ctx.cfg.get("recompute_method") != "block"
+    )
+    if cut is not None and not _any_error_line(ctx) and chunked:
         frame = next(f for f in cut.frames if "_checkpointed_forward" in f)
         return Match(
             0.55,
