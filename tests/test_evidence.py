@@ -2130,7 +2130,7 @@ def test_100mb_log_streams_fast(tmp_path):
 def test_streamed_lines_across_tiny_chunks():
     import io
 
-    from recompute_kit.doctor.evidence.logs import _iter_file_lines
+    from recompute_kit.doctor.evidence.text import _iter_file_lines
 
     # real lines (ex-nemo-14850 has trailing spaces, gen4 is hard-wrapped) with CRLF, CR,
     # multi-byte characters and a line longer than the limit, read 7 bytes at a time

@@ -11,7 +11,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .logs import _ARG_RE, parse_log
+from .logs import parse_log
+from .progress import _ARG_RE
 from .text import _DOTTED, clean_line
 from .values import (
     _CONFIG_KEY_SET,

@@ -4,8 +4,13 @@ and the shape of an exception line.
 
 from __future__ import annotations
 
+import codecs
 import re
+from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
+from typing import IO
+
+from .schema import MAX_LINE_CHARS
 
 # --------------------------------------------------------------------------------------------
 # Line cleaning
@@ -155,3 +160,39 @@ _DOTTED = r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
 _EXC_SEARCH_RE = re.compile(
     rf"(?:^|(?<=[\s:(]))({_DOTTED}(?:Error|Exception|Interrupt|Failure|Exit)):\s?(.*)$"
 )
+
+
+def _iter_file_lines(raw: IO[bytes], chunk_size: int = 1 << 20) -> Iterator[str]:
+    """Decoded lines of a binary stream, read in chunks; \\r and \\r\\n end lines too. A line
+    longer than MAX_LINE_CHARS is cut and the rest of it skipped, so memory stays bounded."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail = ""
+    held_cr = False
+    skipping = False
+    while True:
+        block = raw.read(chunk_size)
+        text = decoder.decode(block, final=not block)
+        if held_cr:
+            text = "\r" + text
+            held_cr = False
+        if block and text.endswith("\r"):
+            text, held_cr = text[:-1], True
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if skipping:
+            cut = text.find("\n")
+            if cut < 0:
+                text = ""
+            else:
+                text, skipping = text[cut + 1 :], False
+        lines = (tail + text).split("\n")
+        tail = lines.pop()
+        for line in lines:
+            yield line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS]
+        if len(tail) > MAX_LINE_CHARS:
+            yield tail[:MAX_LINE_CHARS]
+            tail, skipping = "", True
+        if not block:
+            break
+    if tail:
+        yield tail
