@@ -51,7 +51,7 @@ def test_analytic_commands_never_import_torch_and_start_fast(command, tmp_path):
 
 
 def test_the_cli_module_itself_imports_no_torch():
-    """cli.py imports torch-dependent modules only inside the commands that run a model."""
+    """The CLI imports torch-dependent modules only inside the commands that run a model."""
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, recompute_kit.cli; print('torch' in sys.modules)"],
         capture_output=True,

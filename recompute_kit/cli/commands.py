@@ -1,0 +1,508 @@
+"""The `recompute-kit` subcommands, one `cmd_*` function each. Thin: every decision lives in
+the package; torch-dependent modules are imported inside the commands that run a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import (
+    Config,
+    ConfigError,
+    all_specs,
+    load_config,
+)
+from ..presets import PRESETS, get_preset
+from ..units import byte_unit, in_unit
+from .common import (
+    CONFIG_HINT,
+    config_from_args,
+    emit_json,
+    format_table,
+    layout_of,
+    note_inapplicable,
+    print_layout,
+    specs_for,
+    text_file,
+)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    if args.json:
+        emit_json(
+            {
+                "presets": [
+                    {
+                        "name": p.name,
+                        "description": p.description,
+                        "runnable": p.runnable,
+                        "source": p.source,
+                        "config": p.config().to_flat(),
+                    }
+                    for p in PRESETS.values()
+                ]
+            }
+        )
+        return 0
+    rows = [
+        (
+            p.name,
+            "yes" if p.runnable else "shape only",
+            p.model.num_layers,
+            p.model.hidden_size,
+            p.model.num_attention_heads,
+            p.model.kv_groups,
+            p.model.seq_length,
+            p.description,
+        )
+        for p in PRESETS.values()
+    ]
+    print(
+        format_table(
+            ["preset", "runs here", "layers", "hidden", "heads", "kv groups", "seq", "description"],
+            rows,
+        )
+    )
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    text_file(args.config_file, "config file", CONFIG_HINT)
+    cfg, warnings = load_config(args.config_file)
+    errors: list[str] = []
+    try:
+        warnings += cfg.validate(strict=args.strict)
+    except ConfigError as exc:
+        errors.append(str(exc))
+    if args.json:
+        emit_json(
+            {
+                "valid": not errors,
+                "errors": errors,
+                "warnings": warnings,
+                "normalized": cfg.to_flat(),
+            }
+        )
+    else:
+        for warning in warnings:
+            print(f"warning: {warning}")
+        for error in errors:
+            print(f"error: {error}")
+        if not errors:
+            print(f"valid: {args.config_file} (recompute: {cfg.recompute.spec})")
+    return 1 if errors else 0
+
+
+def verify_table(results: list) -> str:
+    unit, scale = byte_unit([r.baseline_saved_activation_bytes for r in results])
+    columns = [
+        ("recompute", lambda r: r.recompute),
+        ("loss equal", lambda r: "yes" if r.loss_match else "NO"),
+        ("grads equal", lambda r: "yes" if r.grads_match else "NO"),
+        ("max |dgrad|", lambda r: f"{r.max_grad_abs_diff:.3g}"),
+        (f"saved act ({unit})", lambda r: f"{r.saved_activation_bytes / scale:.3f}"),
+        (
+            "saved vs none (%)",
+            lambda r: (
+                f"{100 * (1 - r.saved_activation_bytes / r.baseline_saved_activation_bytes):.1f}"
+            ),
+        ),
+    ]
+    if any(r.offloaded_bytes for r in results):
+        columns.append((f"offloaded ({unit})", lambda r: f"{r.offloaded_bytes / scale:.3f}"))
+    columns.append(("notes", lambda r: "; ".join(r.notes)))
+    return format_table([c[0] for c in columns], [[c[1](r) for c in columns] for r in results])
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..verify import verify  # imports torch: keep `presets`/`validate` fast
+
+    cfg = config_from_args(args)
+    if args.model and not get_preset(args.model).runnable:
+        raise ConfigError(
+            f"preset {args.model!r} is shape-only (too large to run here); verify a runnable "
+            f"preset: {', '.join(p.name for p in PRESETS.values() if p.runnable)}"
+        )
+    if args.cpu_offloading_num_layers:
+        cfg = cfg.replace(
+            cpu_offloading=True, cpu_offloading_num_layers=args.cpu_offloading_num_layers
+        )
+    if args.offload_modules:
+        cfg = cfg.replace(
+            fine_grained_activation_offloading=True, offload_modules=list(args.offload_modules)
+        )
+    cfg.validate()
+    if args.recompute:
+        note_inapplicable(cfg, args.recompute)
+    results = verify(cfg, args.recompute, device=args.device, dtype=args.dtype, seed=args.seed)
+    ok = all(r.loss_match and r.grads_match for r in results)
+    if args.json:
+        emit_json(
+            {
+                "model": args.model or args.config,
+                "device": args.device,
+                "dtype": args.dtype,
+                "seed": args.seed,
+                "all_match": ok,
+                "results": [asdict(r) for r in results],
+            }
+        )
+    else:
+        print(verify_table(results))
+        where = "on the device " if any(r.offloaded_bytes for r in results) else ""
+        print(
+            f"\nthe no-recompute step keeps {results[0].baseline_saved_activation_bytes:,} bytes "
+            f"{where}for backward; {'every spec matches it bitwise' if ok else 'SOME SPECS DIFFER'}"
+        )
+    return 0 if ok else 1
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from ..memory.estimate import estimate
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    results = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        results.append(estimate(candidate, stage=args.stage))
+    if args.json:
+        emit_json(
+            {
+                "layout": layout_of(cfg, results[0]),
+                "assumptions": cfg.assumptions,
+                "estimates": [e.to_json() for e in results],
+            }
+        )
+        return 0
+    unit, scale = byte_unit([e.total_bytes for e in results])
+    print(
+        format_table(
+            [
+                "recompute",
+                f"act/layer ({unit})",
+                f"activations ({unit})",
+                f"peak act ({unit})",
+                f"weights ({unit})",
+                f"grads ({unit})",
+                f"optimizer ({unit})",
+                f"total ({unit})",
+                "recompute FLOPs (%)",
+            ],
+            [
+                (
+                    e.recompute,
+                    in_unit(e.per_layer_activation_bytes, scale),
+                    in_unit(e.activation_bytes, scale),
+                    in_unit(e.peak_activation_bytes, scale),
+                    in_unit(e.weights_bytes, scale),
+                    in_unit(e.grads_bytes, scale),
+                    in_unit(e.optimizer_bytes, scale),
+                    in_unit(e.total_bytes, scale),
+                    f"{100 * e.recompute_flops_fraction:.2f}",
+                )
+                for e in results
+            ],
+        )
+    )
+    print()
+    print_layout(cfg, results[0])
+    print("bytes per module and layer, every stage's total: --json")
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from ..memory.measure import measure, measure_fake
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    if args.engine == "megatron":
+        return measure_with_megatron(cfg, args)
+    if not args.fake and args.model and not get_preset(args.model).runnable:
+        raise ConfigError(
+            f"preset {args.model!r} is shape-only; measure it with --fake (meta device, nothing "
+            "allocated) or pick a runnable preset"
+        )
+    results = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        print(f"measuring {spec} ...", file=sys.stderr)
+        if args.fake:
+            results.append(measure_fake(candidate, args.dtype))
+        else:
+            results.append(measure(candidate, args.device, args.dtype or "fp32", args.seed))
+    p = cfg.parallel
+    whole = (
+        "the kit's reference layers on one device: the whole model, no TP/PP/CP/EP split "
+        "(per rank: --engine megatron, or estimate)"
+    )
+    parallel = max(
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        p.expert_model_parallel_size,
+    )
+    if args.json:
+        emit_json({"engine": "kit", "note": whole, "measurements": [r.to_json() for r in results]})
+        return 0
+    unit, scale = byte_unit([r.peak_activation_bytes for r in results])
+    print(
+        format_table(
+            [
+                "recompute",
+                "device",
+                f"act/layer ({unit})",
+                f"activations ({unit})",
+                f"peak act ({unit})",
+            ],
+            [
+                (
+                    r.recompute,
+                    r.device,
+                    f"{r.per_layer_activation_bytes / scale:.3f}",
+                    f"{r.activation_bytes / scale:.3f}",
+                    f"{r.peak_activation_bytes / scale:.3f}",
+                )
+                for r in results
+            ],
+        )
+    )
+    if parallel > 1:
+        print(f"\nnote: {whole}")
+    return 0
+
+
+def measure_with_megatron(cfg: Config, args: argparse.Namespace) -> int:
+    """`measure --engine megatron`: real Megatron-Core, per rank."""
+    from ..engines import megatron
+
+    if not megatron.available():
+        raise ConfigError(
+            "megatron-core is not installed: pip install megatron-core==0.16.1 (make setup)"
+        )
+    dtype = args.dtype or ("bf16" if cfg.model.bf16 else "fp32")
+    rows = []
+    for spec in specs_for(cfg, args):
+        candidate = cfg.with_recompute(spec)
+        candidate.validate()
+        print(f"measuring {spec} with Megatron-Core ...", file=sys.stderr)
+        if args.fake:
+            ranks = [megatron.measure_one_rank(candidate, dtype, args.stage or 0)]
+        else:
+            ranks = megatron.measure(candidate, dtype, args.seed)
+        rows += [(spec, r) for r in ranks]
+    if args.json:
+        emit_json(
+            {
+                "engine": "megatron-core",
+                "layout": layout_of(cfg),
+                "assumptions": cfg.assumptions,
+                "measurements": [{"recompute": spec, **r.to_json()} for spec, r in rows],
+            }
+        )
+        return 0
+    unit, scale = byte_unit([max(r.saved_per_layer, default=0) for _, r in rows])
+    print(
+        format_table(
+            ["recompute", "rank", "stage", "layers", f"act/layer ({unit})", "parameters"],
+            [
+                (
+                    spec,
+                    r.rank,
+                    r.pp_rank,
+                    f"{r.layer_numbers[0]}-{r.layer_numbers[-1]}" if r.layer_numbers else "-",
+                    in_unit(sum(r.saved_per_layer) / len(r.saved_per_layer), scale)
+                    if r.saved_per_layer
+                    else "not run",
+                    f"{r.parameters:,}",
+                )
+                for spec, r in rows
+            ],
+        )
+    )
+    print()
+    print_layout(cfg)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..plan import plan
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    try:
+        result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format, args.stage)
+    except ConfigError as exc:
+        if args.json:  # a document even when nothing fits: scripts read stdout
+            emit_json(
+                {
+                    "fits": False,
+                    "error": str(exc),
+                    "best": None,
+                    "candidates": [],
+                    "layout": layout_of(cfg),
+                    "assumptions": cfg.assumptions,
+                }
+            )
+        raise
+    if args.json:
+        emit_json(
+            {
+                "fits": True,
+                "layout": layout_of(cfg, result.best.estimate),
+                "assumptions": cfg.assumptions,
+                "budget_bytes": result.budget_bytes,
+                "usable_bytes": result.usable_bytes,
+                "candidates": [c.to_json() for c in result.candidates],
+                "best": result.best.to_json(),
+                "explanation": result.explanation,
+                "rendered": result.rendered,
+            }
+        )
+        return 0
+    shown = result.candidates[: args.top]
+    unit, scale = byte_unit([c.estimate.total_bytes for c in shown])
+    print(
+        format_table(
+            [
+                "recompute",
+                "offload",
+                "fits",
+                f"total ({unit})",
+                f"peak act ({unit})",
+                "recompute FLOPs (%)",
+            ],
+            [
+                (
+                    c.estimate.recompute,
+                    c.offload or "-",
+                    "yes" if c.fits else "no",
+                    in_unit(c.estimate.total_bytes, scale, 2),
+                    in_unit(c.estimate.peak_activation_bytes, scale, 2),
+                    f"{100 * c.estimate.recompute_flops_fraction:.2f}",
+                )
+                for c in shown
+            ],
+        )
+    )
+    hidden = len(result.candidates) - len(shown)
+    if hidden:
+        print(f"({hidden} more candidates: --top N or --json)")
+    print()
+    print_layout(cfg, result.best.estimate)
+    print(f"\n{result.explanation}\n\n{result.rendered}", end="")
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from ..ablation import AblationSetup, run_ablation
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    name = args.model or args.config or "tiny-gpt"
+    if args.command_template:
+        from ..external import external_runner
+
+        runner = external_runner(args.command_template, args.timeout, args.out)
+    else:
+        if args.model and not get_preset(args.model).runnable:
+            raise ConfigError(
+                f"preset {args.model!r} is shape-only; ablate a runnable preset here, or your own "
+                "training with --command-template"
+            )
+        from ..ablation import run_config as runner
+    setup = AblationSetup(
+        config=cfg,
+        name=name,
+        specs=specs_for(cfg, args) if args.recompute else all_specs(cfg),
+        steps=args.steps,
+        warmup=args.warmup,
+        device=args.device,
+        dtype=args.dtype,
+        memory_budget_gb=args.memory_budget_gb,
+        golden=None if args.golden_tflops is not None else args.golden,
+        golden_tflops=args.golden_tflops,
+        regression_threshold=args.regression_threshold,
+        cpu_threads=args.cpu_threads,
+    )
+    rows = run_ablation(setup, args.out, resume=args.resume, runner=runner)
+    if args.json:
+        emit_json({"out": args.out, "rows": rows})
+    else:
+        print((Path(args.out) / "summary.md").read_text(), end="")
+        print(f"\nresults: {Path(args.out) / 'results.jsonl'}; plots: {args.out}/*.png")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..doctor.engine import diagnose
+    from ..doctor.evidence import EvidenceError, collect
+
+    logs = list(args.log or [])
+    stdin_text = sys.stdin.read() if "-" in logs else None
+    if not (logs or args.config or args.experiments or args.memory_stats or args.snapshot):
+        raise ConfigError(
+            "give the doctor something to read: --log FILE (or -), --config FILE, "
+            "--experiments FILE, --memory-stats FILE or --snapshot FILE"
+        )
+    log_hint = (
+        "pass the training log as text (stdout/stderr of the run, or the OOM message); "
+        "a memory snapshot pickle goes to --snapshot"
+    )
+    for path in logs:
+        text_file(path, "--log", log_hint, strict=False)
+    if stdin_text is not None and not stdin_text.strip():
+        raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
+    if args.config:
+        text_file(
+            args.config,
+            "--config",
+            "give a YAML/JSON config or a Megatron command line",
+            strict=False,
+        )
+    try:
+        evidence = collect(
+            logs,
+            args.config,
+            args.experiments,
+            args.memory_stats,
+            args.snapshot,
+            stdin_text=stdin_text,
+        )
+    except EvidenceError as exc:
+        raise ConfigError(str(exc)) from None
+    diagnosis = diagnose(evidence, args.gpu_memory_gb)
+    if args.json:
+        emit_json(diagnosis.to_json())
+        return 0
+    print(diagnosis.summary)
+    for f in diagnosis.findings:
+        print(f"\n[{f.rule}] {f.title}  ({f.category}, confidence {f.confidence:.0%})")
+        print(f"  evidence: {f.evidence}")
+        print(f"  cause:    {f.cause}")
+        print(f"  confirm:  {f.confirm}")
+        print(f"  fix:      {f.fix}")
+        if f.config_patch:
+            print(f"  patch:    {json.dumps(f.config_patch)}")
+    for note in diagnosis.assumptions + evidence.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from ..doctor.rules import RULES, catalog_markdown
+
+    if args.markdown:
+        sys.stdout.write(catalog_markdown())
+    elif args.json:
+        emit_json({"rules": [r.doc() for r in RULES]})
+    else:
+        print(
+            format_table(["id", "category", "title"], [(r.id, r.category, r.title) for r in RULES])
+        )
+    return 0

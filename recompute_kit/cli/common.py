@@ -1,0 +1,287 @@
+"""Shared pieces of the `recompute-kit` command: output (tables, JSON), argument types,
+model / parallelism / override arguments and the layout printout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import (
+    ATTENTION_BACKENDS,
+    Config,
+    ConfigError,
+    applicable_modules,
+    load_config,
+    parse_spec,
+)
+from ..presets import PRESETS, get_preset
+from ..units import integer_bytes
+
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")  # export.FORMATS
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers
+# --------------------------------------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def emit_json(document: Any) -> None:
+    """One JSON document on stdout; byte fields as integers (estimates carry fractions)."""
+    json.dump(integer_bytes(document), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Argument types: a bad value is a usage error (exit 2) before any work
+# --------------------------------------------------------------------------------------------
+
+
+def spec_arg(text: str) -> str:
+    """A recompute spec, checked when the command line is parsed. `selective:` alone (no
+    modules, the control that equals none) is valid."""
+    try:
+        parse_spec(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def text_file(path: str, flag: str, hint: str, strict: bool = True) -> None:
+    """One line for a file that cannot be what the flag wants: missing, empty or binary.
+    strict: the file must decode as UTF-8 (configs); otherwise only NUL bytes mark it binary
+    (logs may hold a stray non-UTF-8 byte and are still worth reading)."""
+    if path == "-":
+        return
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    if not data.strip():
+        raise ConfigError(f"{flag} {path} is empty; {hint}")
+    if data[:2] == b"\x1f\x8b":
+        return  # gzip: the doctor reads compressed logs itself
+    where = data.find(b"\x00")
+    if strict and where < 0:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = exc.start
+    if where >= 0:
+        raise ConfigError(f"{flag} {path} is not text (binary data at byte {where}); {hint}")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared argument handling
+# --------------------------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(PRESETS)}")
+    source.add_argument(
+        "--config", metavar="FILE", help="a YAML/JSON config (flat or under model:)"
+    )
+
+
+CONFIG_HINT = "give a YAML or JSON config (flat Megatron keys, or under model:)"
+
+
+def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") -> Config:
+    if args.config:
+        text_file(args.config, "--config", CONFIG_HINT)
+        cfg, warnings = load_config(args.config)
+        for warning in warnings:
+            print(f"recompute-kit: warning: {warning}", file=sys.stderr)
+    else:
+        cfg = get_preset(args.model or default_model).config()
+    return apply_overrides(cfg, args)
+
+
+# CLI flag -> Megatron key, for the shape and parallelism overrides.
+OVERRIDES = {
+    "seq_length": "seq_length",
+    "micro_batch_size": "micro_batch_size",
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "dp": "data_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "first_stage_layers": "num_layers_in_first_pipeline_stage",
+    "last_stage_layers": "num_layers_in_last_pipeline_stage",
+    "sp": "sequence_parallel",
+    "distributed_optimizer": "use_distributed_optimizer",
+    "account_for_embedding": "account_for_embedding_in_pipeline_split",
+    "account_for_loss": "account_for_loss_in_pipeline_split",
+    "attention": "attention_backend",
+}
+
+
+def add_override_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("overrides (Megatron keys of the model/config)")
+    group.add_argument("--seq-length", type=int, metavar="S")
+    group.add_argument("--micro-batch-size", type=int, metavar="B")
+    for flag, what in (
+        ("tp", "tensor"),
+        ("pp", "pipeline"),
+        ("vpp", "virtual pipeline"),
+        ("cp", "context"),
+        ("ep", "expert"),
+        ("dp", "data"),
+    ):
+        group.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} parallel size")
+    group.add_argument(
+        "--etp", type=int, metavar="N", help="expert tensor parallel size (Megatron: = --tp)"
+    )
+    group.add_argument(
+        "--first-stage-layers",
+        type=int,
+        metavar="N",
+        help="layers on the first pipeline stage (num_layers_in_first_pipeline_stage)",
+    )
+    group.add_argument(
+        "--last-stage-layers",
+        type=int,
+        metavar="N",
+        help="layers on the last pipeline stage (num_layers_in_last_pipeline_stage)",
+    )
+    for flag, what in (
+        ("sp", "sequence parallelism"),
+        ("distributed-optimizer", "shard optimizer states over data parallel"),
+        ("account-for-embedding", "count the embedding as a layer of the first stage"),
+        ("account-for-loss", "count the loss as a layer of the last stage"),
+    ):
+        group.add_argument(
+            f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what
+        )
+    group.add_argument(
+        "--stage",
+        type=int,
+        metavar="N",
+        help="pipeline stage to report (default: the stage with the highest total)",
+    )
+    group.add_argument(
+        "--attention",
+        choices=ATTENTION_BACKENDS,
+        help="Megatron's attention_backend: unfused keeps the s^2 scores; flash, fused and "
+        "auto (TE picks flash or fused) keep q, k, v, the output and the softmax statistics",
+    )
+
+
+def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
+    flat = {
+        key: getattr(args, flag)
+        for flag, key in OVERRIDES.items()
+        if getattr(args, flag, None) is not None
+    }
+    if getattr(args, "dtype", None) in ("bf16", "fp16", "fp32"):
+        flat["bf16"], flat["fp16"] = args.dtype == "bf16", args.dtype == "fp16"
+    return cfg.replace(**flat) if flat else cfg
+
+
+def layout_of(cfg: Config, est: Any = None) -> dict[str, Any]:
+    """The parallel layout a per-rank number is for (JSON `layout`)."""
+    p = cfg.parallel
+    out: dict[str, Any] = {
+        "tensor_model_parallel_size": p.tensor_model_parallel_size,
+        "sequence_parallel": p.sequence_parallel,
+        "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": p.context_parallel_size,
+        "expert_model_parallel_size": p.expert_model_parallel_size,
+        "expert_tensor_parallel_size": p.etp,
+        "data_parallel_size": p.data_parallel_size,
+        "use_distributed_optimizer": p.use_distributed_optimizer,
+    }
+    if est is not None:
+        out.update(
+            stage=est.stage,
+            stage_layers=[est.layers[0], est.layers[-1]] if est.layers else [],
+            micro_batches_in_flight=est.micro_batches_in_flight,
+        )
+    return out
+
+
+def print_layout(cfg: Config, est: Any = None) -> None:
+    """One line saying which layout (and stage) the numbers are for, then the assumptions."""
+    p = cfg.parallel
+    parts = [f"TP{p.tensor_model_parallel_size}" + (" SP" if p.sequence_parallel else "")]
+    parts.append(f"PP{p.pipeline_model_parallel_size}")
+    if p.virtual_pipeline_model_parallel_size:
+        parts.append(f"VPP{p.virtual_pipeline_model_parallel_size}")
+    parts += [f"CP{p.context_parallel_size}", f"DP{p.data_parallel_size}"]
+    if cfg.model.num_moe_experts:
+        parts += [f"EP{p.expert_model_parallel_size}", f"ETP{p.etp}"]
+    opt = "on" if p.use_distributed_optimizer else "off"
+    line = f"layout: {' '.join(parts)}, distributed optimizer {opt}"
+    if est is not None and est.layers:
+        which = " (the stage with the highest total)" if est.stage_total_bytes else ""
+        line += (
+            f"; per rank of pipeline stage {est.stage}{which}: layers {est.layers[0]}-"
+            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batch"
+            f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
+        )
+    print(line)
+    for note in cfg.assumptions:
+        print(f"assumed: {note}")
+
+
+def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
+    """--recompute SPEC ... (repeatable, accumulated) or, by default, the config's own setting.
+    A note for selective modules this model does not have: they recompute nothing."""
+    specs = list(dict.fromkeys(args.recompute)) if args.recompute else [cfg.recompute.spec]
+    note_inapplicable(cfg, specs)
+    return specs
+
+
+def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
+    present = set(applicable_modules(cfg))
+    for spec in specs:
+        rc = parse_spec(spec)
+        try:
+            cfg.with_recompute(rc).validate()
+        except ConfigError:
+            continue  # the command reports it as the error it is
+        absent = [m for m in rc.recompute_modules or [] if m not in present]
+        if rc.recompute_granularity == "selective" and absent:
+            kind = "MoE" if cfg.model.num_moe_experts else "dense"
+            print(
+                f"recompute-kit: note: {spec}: this {kind} model has no {', '.join(absent)} "
+                "modules, so they recompute nothing here",
+                file=sys.stderr,
+            )
