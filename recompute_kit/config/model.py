@@ -1,0 +1,257 @@
+"""The config dataclasses (`ModelConfig`, `ParallelConfig`, `RecomputeConfig`, `Config`) and
+the module lists Megatron-Core accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# The modules Megatron-Core accepts in recompute_modules (v0.14 to v0.19); the first seven are
+# the ones recompute-kit's layers implement.
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "mlp",
+    "layernorm",
+    "moe",
+    "moe_act",
+    "shared_experts",
+    "mla_up_proj",
+)
+# Normal checkpoint (saves the inputs) vs output-discarding checkpoint (frees the output too).
+NORMAL_CHECKPOINT_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+OUTPUT_DISCARDING_MODULES = ("layernorm", "moe_act", "mla_up_proj")
+
+OFFLOAD_MODULES = (
+    "attn_norm",
+    "qkv_linear",
+    "core_attn",
+    "attn_proj",
+    "mlp_norm",
+    "expert_fc1",
+    "moe_act",
+)
+ATTENTION_BACKENDS = ("unfused", "flash", "fused", "auto")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+
+class ConfigError(ValueError):
+    """A configuration or spec that recompute-kit (or Megatron) rejects. The message is one line."""
+
+
+@dataclass
+class ModelConfig:
+    """Architecture and training shape (Megatron-Core field names)."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None  # None: MHA (= num_attention_heads)
+    kv_channels: int | None = None  # per-head dim; None: hidden_size // num_attention_heads
+    ffn_hidden_size: int | None = None  # None: 4 * hidden_size
+    seq_length: int = 32
+    micro_batch_size: int = 2
+    vocab_size: int = 128
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    add_bias_linear: bool = True  # Megatron's default: biases on every linear layer
+    # Megatron-Core's TransformerConfig defaults (Megatron-LM's command line turns both
+    # fusions on): they decide what the activation and the unfused softmax keep.
+    bias_activation_fusion: bool = False
+    masked_softmax_fusion: bool = False
+    attention_softmax_in_fp32: bool = True
+    # "transformer_engine" fuses the dense layers' norms into the next linear (TE's
+    # LayerNormLinear); "local" runs torch norms (RMSNorm keeps its normalized output too).
+    transformer_impl: str = "transformer_engine"
+    position_embedding_type: str = "learned_absolute"  # Megatron's default; "rope", "none"
+    apply_rope_fusion: bool = False  # TransformerConfig's default (Megatron-LM's is on)
+    share_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = False
+    make_vocab_size_divisible_by: int = 128  # Megatron-LM pads the vocabulary to this x TP
+    attention_backend: str = "unfused"
+    bf16: bool = False
+    fp16: bool = False
+    # Mixture of experts
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_layer_freq: int | list[int] = 1  # N: every N-th layer is MoE; list: 1 = MoE, 0 = dense
+    moe_router_score_function: str = "softmax"  # "softmax" | "sigmoid"
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_grouped_gemm: bool = False
+    moe_shared_expert_overlap: bool = False
+    # Multi-latent attention
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    # Low precision and CUDA graphs (validated against recompute; not executed by the layers)
+    fp8: str | None = None
+    fp8_recipe: str = "tensorwise"
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: list[str] = field(default_factory=list)
+
+    @property
+    def kv_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def moe_ffn_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Megatron's moe_layer_freq: an int N puts MoE on layers 0, N, 2N, ...; a list gives
+        one 0/1 flag per layer."""
+        if not self.num_moe_experts:
+            return False
+        if isinstance(self.moe_layer_freq, list):
+            return bool(self.moe_layer_freq[index])
+        return index % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel sizes. The reference layers run on one device; these feed the per-rank model."""
+
+    data_parallel_size: int = 1
+    use_distributed_optimizer: bool = False
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: = tensor_model_parallel_size
+    sequence_parallel: bool = False
+    # Uneven pipeline stages (Megatron-LM: --decoder-first/last-pipeline-num-layers), or the
+    # embedding / loss counted as a layer of the first / last stage.
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor parallelism (Megatron's default: the tensor-parallel size)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+
+@dataclass
+class RecomputeConfig:
+    """Activation recomputation and offloading settings (Megatron-Core semantics)."""
+
+    recompute_granularity: str | None = None  # None | "selective" | "full"
+    recompute_method: str | None = None  # None | "uniform" | "block"
+    recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = None  # None -> ["core_attn"]; [] is the no-op control
+    distribute_saved_activations: bool = False
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
+    fine_grained_activation_offloading: bool = False
+    offload_modules: list[str] = field(default_factory=list)
+    # Deprecated Megatron flag: validation turns it into selective recompute of "moe".
+    moe_layer_recompute: bool = False
+
+    @property
+    def modules(self) -> list[str]:
+        """The modules recomputed by selective granularity (Megatron's default when None)."""
+        return ["core_attn"] if self.recompute_modules is None else list(self.recompute_modules)
+
+    def selects(self, module: str) -> bool:
+        """Whether selective recompute applies to `module` (only with granularity 'selective')."""
+        return self.recompute_granularity == "selective" and module in self.modules
+
+    @property
+    def spec(self) -> str:
+        from .specs import format_spec  # (imports this module)
+
+        return format_spec(self)
+
+
+@dataclass
+class Config:
+    """Everything recompute-kit needs to know about one training setup."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    # What was assumed because a source (a config file) left it out; said in every output.
+    assumptions: list[str] = field(default_factory=list, compare=False)
+
+    def replace(self, **flat: Any) -> Config:
+        """A copy with some flat Megatron keys changed (`replace(seq_length=4096)`)."""
+        new = Config(
+            dataclasses.replace(self.model),
+            dataclasses.replace(self.parallel),
+            dataclasses.replace(self.recompute),
+            list(self.assumptions),
+        )
+        for key, value in flat.items():
+            section = _SECTION_OF_KEY.get(key)
+            if section is None:
+                raise ConfigError(f"unknown config key {key!r}{_did_you_mean(key)}")
+            setattr(getattr(new, section), key, value)
+        return new
+
+    def with_recompute(self, recompute: RecomputeConfig | str) -> Config:
+        """A copy whose recompute settings are replaced (a spec string or a RecomputeConfig)."""
+        from .specs import parse_spec  # (imports this module)
+
+        rc = parse_spec(recompute) if isinstance(recompute, str) else recompute
+        # Offloading settings belong to the setup, not to the spec: keep them.
+        rc = dataclasses.replace(
+            rc,
+            distribute_saved_activations=self.recompute.distribute_saved_activations,
+            cpu_offloading=self.recompute.cpu_offloading,
+            cpu_offloading_num_layers=self.recompute.cpu_offloading_num_layers,
+            fine_grained_activation_offloading=self.recompute.fine_grained_activation_offloading,
+            offload_modules=list(self.recompute.offload_modules),
+        )
+        return Config(self.model, self.parallel, rc, list(self.assumptions))
+
+    def to_flat(self) -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        for section in (self.model, self.parallel, self.recompute):
+            flat.update(dataclasses.asdict(section))
+        return flat
+
+    def validate(self, strict: bool = False) -> list[str]:
+        """Raise `ConfigError` on the first rule broken; return warnings. Normalises in place
+        (`recompute_modules=None` becomes `["core_attn"]`, as in Megatron)."""
+        from .validation import validate  # (imports this module)
+
+        return validate(self, strict=strict)
+
+
+_SECTION_OF_KEY: dict[str, str] = {
+    f.name: section
+    for section, cls in (
+        ("model", ModelConfig),
+        ("parallel", ParallelConfig),
+        ("recompute", RecomputeConfig),
+    )
+    for f in fields(cls)
+}
+CONFIG_KEYS = tuple(_SECTION_OF_KEY)
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,397 @@
+"""Megatron-Core's `TransformerConfig.__post_init__` rules for the kit's fields, in Megatron's
+order and with its own messages."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .model import (
+    ATTENTION_BACKENDS,
+    NORMALIZATIONS,
+    OFFLOAD_MODULES,
+    RECOMPUTE_MODULES,
+    Config,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    RecomputeConfig,
+)
+
+# Megatron's messages verbatim.
+# Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
+# Checked against Megatron-Core 0.16.1 (tests/test_validation_parity.py); rules 14 (gdn_norm_out)
+# and 22 (offloading inside a recomputed MoE) follow the newer v0.19.
+
+
+def validate(cfg: Config, strict: bool = False) -> list[str]:
+    m, p, r = cfg.model, cfg.parallel, cfg.recompute
+    warnings: list[str] = []
+    _check_types(cfg)
+    _check_parallel_sizes(m, p)
+
+    # Rules 1-3: layer-level CPU offloading.
+    if r.cpu_offloading and (
+        r.cpu_offloading_num_layers < 0 or r.cpu_offloading_num_layers >= m.num_layers
+    ):
+        raise ConfigError(f"CPU offloading can be done only for layers less than {m.num_layers}")
+    if r.cpu_offloading and p.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            "Currently there is no support for Pipeline parallelism with CPU offloading"
+        )
+    if r.cpu_offloading and r.recompute_granularity is not None:
+        raise ConfigError("CPU offloading does not work when activation recomputation is enabled")
+
+    # Rules 4-9: granularity, method, num_layers.
+    g = r.recompute_granularity
+    if g is not None:
+        if g not in ("full", "selective"):
+            raise ConfigError(
+                f'When using recompute_granuarlity: {g} must be "full"or "selective".'
+            )
+        if r.recompute_method is not None:
+            if r.recompute_method not in ("block", "uniform"):
+                raise ConfigError(
+                    f'recompute_method: {r.recompute_method} must be "block" or "uniform".'
+                )
+        elif g != "selective":
+            raise ConfigError(
+                f'Using recompute_granularity: {g} so recompute_method must be "block" or "uniform"'
+            )
+        if g != "selective" and r.recompute_num_layers is None:
+            raise ConfigError(
+                f"When using recompute_granularity: {g} "
+                "recompute_num_layers must be between "
+                "1 and num_layers_per_pipeline_rank: "
+                f"{m.num_layers // p.pipeline_model_parallel_size}"
+            )
+        if g == "selective" and r.recompute_num_layers is not None:
+            raise ConfigError(
+                f"When using recompute_granularity: {g} recompute_num_layers must be None."
+            )
+        if r.distribute_saved_activations and p.sequence_parallel:
+            raise ConfigError(
+                f"distribute_saved_activations: {r.distribute_saved_activations} must be "
+                f"false when sequence parallel is enabled: {p.sequence_parallel}"
+            )
+
+    # Rule 10: the default module list.
+    if r.recompute_modules is None:
+        r.recompute_modules = ["core_attn"]
+
+    # Rules 11-17: selective modules.
+    if g == "selective":
+        allowed = {*RECOMPUTE_MODULES, "gdn_norm_out"}
+        invalid = set(r.recompute_modules) - allowed
+        if r.recompute_modules and invalid:
+            raise ConfigError(
+                f"Invalid choices for recompute_modules: {invalid}. Allowed modules are: {allowed}"
+            )
+        mods = r.recompute_modules
+        if "moe_act" in mods and not m.moe_grouped_gemm:
+            raise ConfigError(
+                "moe_act in recompute_modules is only supported with moe_grouped_gemm."
+            )
+        if "mla_up_proj" in mods and not m.multi_latent_attention:
+            raise ConfigError(
+                "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
+            )
+        if "gdn_norm_out" in mods:  # recompute-kit has no gated-delta-net attention
+            raise ConfigError(
+                "gdn_norm_out in recompute_modules is only supported with "
+                "experimental_attention_variant='gdn' or 'gdn2'."
+            )
+        if "core_attn" in mods:
+            warnings.append(
+                "If you are using transformer_engine as the transformer implementation, "
+                "the core_attn is from transformer_engine and may be the fused version. "
+                "For fused attention, you have no need to set 'core_attn' to recompute. "
+                "Please check that the core_attn recompute is really needed."
+            )
+        if (
+            "shared_experts" in mods
+            and m.moe_shared_expert_intermediate_size is not None
+            and m.moe_shared_expert_overlap
+        ):
+            raise ConfigError(
+                "shared_experts recompute cannot work with --moe-shared-expert-overlap."
+            )
+        if m.fp8 and ("moe_act" in mods or "layernorm" in mods) and m.fp8_recipe == "delayed":
+            # Megatron also requires transformer-engine>=2.6.0dev0 here; the kit has no TE.
+            raise ConfigError(
+                "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+            )
+
+    # Rule 18: the deprecated MoE flag. It comes after the module checks, so a name it adds is
+    # never checked (Megatron's order).
+    if r.moe_layer_recompute:
+        warnings.append(
+            "--moe-layer-recompute is deprecated. "
+            "Use --recompute-granularity selective --recompute-modules moe_layer instead."
+        )
+        if g == "full":
+            raise ConfigError("Do not set --moe-layer-recompute with full recompute granularity. ")
+        r.recompute_granularity = g = "selective"
+        if "moe" not in r.recompute_modules:
+            r.recompute_modules.append("moe")
+
+    # Rules 20-22: fine-grained activation offloading.
+    if r.fine_grained_activation_offloading:
+        if r.cpu_offloading:
+            raise ConfigError(
+                "fine_grained_activation_offloading cannot be enabled with cpu_offloading."
+            )
+        if not r.offload_modules:
+            # Megatron: a bare `assert len(self.offload_modules) > 0`.
+            raise ConfigError(
+                "fine_grained_activation_offloading needs a non-empty offload_modules, "
+                f"choose from {list(OFFLOAD_MODULES)}"
+            )
+        allowed_offload = set(OFFLOAD_MODULES)
+        invalid = set(r.offload_modules) - allowed_offload
+        if invalid:
+            raise ConfigError(
+                f"Invalid choices for offload_modules: {invalid}. "
+                f"Allowed modules are: {allowed_offload}"
+            )
+        if "attn_proj" in r.offload_modules and "core_attn" not in r.offload_modules:
+            raise ConfigError(
+                "attn_proj cannot be set to offload_modules alone without core_attn because "
+                "the input of attn_proj is the output of core_attn, which is needed in "
+                "core_attn.backward()."
+            )
+        offload_inside_moe = [x for x in r.offload_modules if x in ("moe_act", "expert_fc1")]
+        if g == "selective" and "moe" in r.recompute_modules and offload_inside_moe:
+            raise ConfigError(
+                f"Cannot offload {offload_inside_moe} while recomputing the entire MoE layer. "
+                "'moe' in recompute_modules wraps the full MoE forward in a checkpoint, so "
+                "offloading activations inside it is redundant and will cause errors. Either "
+                "remove 'moe' from --recompute-modules or remove "
+                f"{offload_inside_moe} from --offload-modules."
+            )
+
+    _check_cuda_graphs(m, r)
+
+    # Rules 26-28: only Megatron-LM's argument parser enforces these.
+    if strict:
+        if r.distribute_saved_activations:
+            if p.tensor_model_parallel_size <= 1:
+                raise ConfigError(
+                    "can distribute recomputed activations only across tensor model parallel groups"
+                )
+            if g != "full":
+                raise ConfigError(
+                    "distributed recompute activations is only application to full recompute "
+                    "granularity"
+                )
+            if r.recompute_method is None:
+                raise ConfigError(
+                    "for distributed recompute activations to work you need to use a recompute "
+                    "method "
+                )
+        if g == "selective" and r.recompute_method is not None:
+            raise ConfigError(
+                "recompute method is not yet supported for selective recomputing granularity"
+            )
+
+    if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
+        raise ConfigError("Bias in Moe is only supported when ETP==1")
+
+    # Not a Megatron rule, but the layers must be able to run the config.
+    _check_shapes(m)
+    if g == "full" and r.recompute_num_layers is not None and r.recompute_num_layers < 1:
+        raise ConfigError(
+            f"recompute_num_layers must be at least 1 for full recompute, got "
+            f"{r.recompute_num_layers}"
+        )
+    return warnings
+
+
+def _check_types(cfg: Config) -> None:
+    """Reject values of the wrong type with a one-line message naming the key."""
+    for section in (cfg.model, cfg.parallel, cfg.recompute):
+        for f in fields(section):
+            value = getattr(section, f.name)
+            expected = f.type if isinstance(f.type, str) else str(f.type)
+            if expected == "int | list[int]":  # moe_layer_freq: checked with the MoE shapes
+                continue
+            if value is None:
+                if "None" not in expected:
+                    raise ConfigError(f"{f.name} must not be null")
+                continue
+            if expected.startswith("int") and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
+                raise ConfigError(f"{f.name} must be an integer, got {value!r}")
+            if expected.startswith("float") and (
+                isinstance(value, bool) or not isinstance(value, (int, float))
+            ):
+                raise ConfigError(f"{f.name} must be a number, got {value!r}")
+            if expected == "bool" and not isinstance(value, bool):
+                raise ConfigError(f"{f.name} must be true or false, got {value!r}")
+            if expected.startswith("str") and not isinstance(value, str):
+                raise ConfigError(f"{f.name} must be a string, got {value!r}")
+            if expected.startswith("list") and not isinstance(value, list):
+                raise ConfigError(f"{f.name} must be a list, got {value!r}")
+
+
+def _check_parallel_sizes(m: ModelConfig, p: ParallelConfig) -> None:
+    """The rules Megatron checks before any recompute rule (ModelParallelConfig first)."""
+    if p.sequence_parallel and p.tensor_model_parallel_size <= 1:
+        raise ConfigError("Cannot use sequence parallelism without tensor parallelism")
+    if m.fp16 and m.bf16:
+        raise ConfigError(f"Only one of self.fp16: {m.fp16} and self.bf16 {m.bf16} should be True.")
+    tp = p.tensor_model_parallel_size
+    if tp >= 1 and m.num_attention_heads % tp:
+        raise ConfigError(
+            f"num_attention_heads ({m.num_attention_heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if tp >= 1 and m.kv_groups >= 1 and m.kv_groups % tp and tp % m.kv_groups:
+        raise ConfigError(
+            f"num_query_groups ({m.kv_groups}) must be a multiple or divisor of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if p.expert_model_parallel_size > 1 and m.num_moe_experts is None:
+        raise ConfigError("num_moe_experts must be non None to use expert-parallel.")
+
+
+CUDA_GRAPH_SCOPES = (
+    "full_iteration",
+    "attn",
+    "mlp",
+    "moe",
+    "moe_router",
+    "moe_preprocess",
+    "mamba",
+)
+
+
+def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
+    """Megatron-Core 0.16.1's cuda_graph_impl/cuda_graph_scope rules, recompute and offloading
+    included. The kit has no capacity factor or input jitter: Megatron's defaults (None) apply."""
+    scope = list(m.cuda_graph_scope)
+    if "full" in scope:  # the deprecated spelling of "the whole layer" (an empty list)
+        if scope != ["full"]:
+            raise ConfigError("full scope cannot be used with other scopes.")
+        scope = []
+    unknown = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
+    if unknown:
+        # Megatron: a bare KeyError from CudaGraphScope[name].
+        raise ConfigError(
+            f"unknown cuda_graph_scope {unknown[0]!r}; choose from {list(CUDA_GRAPH_SCOPES)}"
+        )
+    impl = m.cuda_graph_impl
+    if impl == "none":
+        return
+    if impl not in ("transformer_engine", "local"):
+        raise ConfigError(f"Invalid cuda graph implementation: {impl}")
+    if r.cpu_offloading:
+        raise ConfigError("CUDA graphs not supported with CPU offloading.")
+    if impl == "local" and ("moe_router" in scope or "moe_preprocess" in scope):
+        scope += [s for s in ("moe_router", "moe_preprocess") if s not in scope]
+    if impl == "transformer_engine" and "full_iteration" in scope:
+        raise ConfigError(
+            "To use full iteration cuda graph, please use "
+            "cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine."
+        )
+    if "moe" in scope and "moe_router" in scope:
+        raise ConfigError("cuda_graph_scope must not contain both moe and moe_router.")
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
+    if m.num_moe_experts is None or m.num_moe_experts <= 1:
+        if "moe" in scope or "moe_router" in scope:
+            raise ConfigError("moe cuda graph is only supported for MoE.")
+    else:
+        freq = m.moe_layer_freq
+        if (freq == 1 or (isinstance(freq, list) and 0 not in freq)) and "mlp" in scope:
+            raise ConfigError(
+                "mlp cuda graph is only supported for dense layers, but not found in the model."
+            )
+        if "moe" in scope:
+            raise ConfigError("moe cuda graph is only supported with drop-padding MoE.")
+    g, mods = r.recompute_granularity, r.recompute_modules or []
+    if not g:
+        return
+    if g != "selective":
+        if scope != ["full_iteration"]:
+            raise ConfigError("full recompute is only supported with full iteration CUDA graph.")
+        return
+    # A recompute region must lie wholly inside or outside a graph, and a graphed recompute
+    # cannot draw random numbers (dropout).
+    if impl == "transformer_engine" and "moe" in mods and "moe_router" in scope:
+        raise ConfigError("moe recompute is not supported with moe_router CUDA graph with: ")
+    whole = not scope or "full_iteration" in scope
+    if m.attention_dropout != 0.0 and "core_attn" in mods and (whole or "attn" in scope):
+        raise ConfigError(
+            "attention dropout is not supported with graphed attention recomputation."
+        )
+    if m.hidden_dropout != 0.0 and (
+        ("mlp" in mods and (whole or "mlp" in scope))
+        or ("moe" in mods and (whole or "moe" in scope))
+    ):
+        raise ConfigError("hidden dropout is not supported with graphed MLP/MoE recomputation.")
+
+
+def _check_shapes(m: ModelConfig) -> None:
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "vocab_size",
+    ):
+        if getattr(m, key) < 1:
+            raise ConfigError(f"{key} must be positive, got {getattr(m, key)}")
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(
+            f"hidden_size ({m.hidden_size}) must be divisible by num_attention_heads "
+            f"({m.num_attention_heads})"
+        )
+    if m.num_attention_heads % m.kv_groups:
+        raise ConfigError(
+            f"num_attention_heads ({m.num_attention_heads}) must be divisible by "
+            f"num_query_groups ({m.kv_groups})"
+        )
+    if m.normalization not in NORMALIZATIONS:
+        raise ConfigError(
+            f"normalization must be one of {list(NORMALIZATIONS)}, got {m.normalization!r}"
+        )
+    if m.attention_backend not in ATTENTION_BACKENDS:
+        raise ConfigError(
+            f"attention_backend must be one of {list(ATTENTION_BACKENDS)}, got "
+            f"{m.attention_backend!r}"
+        )
+    for key in ("hidden_dropout", "attention_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {getattr(m, key)}")
+    if m.num_moe_experts:
+        if not 1 <= m.moe_router_topk <= m.num_moe_experts:
+            raise ConfigError(
+                f"moe_router_topk ({m.moe_router_topk}) must be between 1 and num_moe_experts "
+                f"({m.num_moe_experts})"
+            )
+        if m.moe_router_score_function not in ("softmax", "sigmoid"):
+            raise ConfigError(
+                "moe_router_score_function must be 'softmax' or 'sigmoid', got "
+                f"{m.moe_router_score_function!r}"
+            )
+        freq = m.moe_layer_freq
+        if isinstance(freq, list):
+            if len(freq) != m.num_layers or any(x not in (0, 1) for x in freq):
+                raise ConfigError(
+                    f"moe_layer_freq as a list needs one 0/1 entry per layer ({m.num_layers}), "
+                    f"got {freq}"
+                )
+        elif isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+            raise ConfigError(
+                f"moe_layer_freq must be a positive integer or a 0/1 list, got {freq!r}"
+            )
+    if m.multi_latent_attention:
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            if getattr(m, key) < 1:
+                raise ConfigError(f"{key} must be positive for multi_latent_attention")
+        if m.qk_pos_emb_head_dim % 2:
+            raise ConfigError(
+                f"qk_pos_emb_head_dim ({m.qk_pos_emb_head_dim}) must be even (rotary pairs)"
+            )
