@@ -23,7 +23,8 @@ def full_size() -> None:
     from test_megatron_parity import FULL_SIZE, full_size_specs
 
     from recompute_kit.engines import megatron as engine
-    from recompute_kit.memory.estimate import estimate, layer_activation_bytes, rank_parameters
+    from recompute_kit.memory.estimate import estimate, layer_activation_bytes
+    from recompute_kit.memory.model_states import rank_parameters
     from recompute_kit.presets import get_preset
 
     print(

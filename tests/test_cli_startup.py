@@ -24,6 +24,8 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
 heavy = sorted(m for m in ("torch", "numpy", "matplotlib") if m in sys.modules)
 print(json.dumps({"rc": rc, "cpu_s": time.process_time() - start, "heavy": heavy}))
 """
+
+
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "c.yaml"
     path.write_text("num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\n")

@@ -19,8 +19,9 @@ import pytest
 
 from recompute_kit.config import ConfigError, all_specs, full_recompute_chunks, parse_spec
 from recompute_kit.engines import megatron as engine
-from recompute_kit.memory.estimate import estimate, layer_activation_bytes, rank_parameters
+from recompute_kit.memory.estimate import estimate, layer_activation_bytes
 from recompute_kit.memory.layout import pipeline_layout
+from recompute_kit.memory.model_states import rank_parameters
 from recompute_kit.presets import get_preset
 
 pytestmark = pytest.mark.skipif(

@@ -197,7 +197,7 @@ def test_parameter_count_matches_the_built_model():
     import torch
 
     from recompute_kit.layers import GPTModel
-    from recompute_kit.memory.estimate import parameter_counts
+    from recompute_kit.memory.model_states import parameter_counts
 
     for name in RUNNABLE:
         cfg = get_preset(name).config()

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError
-from ..memory.estimate import padded_vocab_size
 from ..memory.layout import pipeline_layout
+from ..memory.model_states import padded_vocab_size
 from .megatron_validation import transformer_config_kwargs as megatron_kwargs
 
 
