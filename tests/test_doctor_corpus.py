@@ -34,13 +34,19 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # The dev fix floor and both held-out floors are lowered to those values rounded down to 5
 # points: the corpus changed, not the rules. With RK220 and the knob-based advice merged: dev
 # 81/105 = 77.1% top-1, 84/105 = 80.0% fix; held-out 26/76 = 34.2%, 26/76 = 34.2%.
+# The corpus then grew by 22 cases (e_*: 14 dev, 8 held-out) weighted to framework bugs,
+# logits, model states and recompute overhead; before any rule for them: dev 82/119 = 68.9%,
+# 86/119 = 72.3%; held-out 26/84 = 31.0%, 27/84 = 32.1%. Rules RK230-RK236 (rules/measured.py)
+# were written against the new dev cases: dev 92/119 = 77.3% top-1, 96/119 = 80.7% fix;
+# held-out 26/84 = 31.0%, 28/84 = 33.3%. The floors stand (the corpus changed, the measured
+# values stay above them).
 FLOORS = {
     ("dev", "category_ok"): 0.75,
     ("dev", "fix_ok"): 0.80,
     ("held_out", "category_ok"): 0.30,
     ("held_out", "fix_ok"): 0.30,
 }
-MIN_CASES = 175
+MIN_CASES = 200
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +97,7 @@ def test_corpus_scores(results, tmp_path):
 # that fires on an unrelated paste (PyTorch's internal checkpoint assert read as a script's
 # option clash, say) is matching words, not its phenomenon. Held-out cases are not looked at.
 ONE_THREAD_RULES = frozenset(
-    [f"RK{n}" for n in range(140, 161)] + ["RK190", "RK191", "RK220"]
+    [f"RK{n}" for n in range(140, 161)] + ["RK190", "RK191", "RK220", "RK233", "RK235", "RK236"]
 )
 
 

@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     fallback,
     framework_bugs,
     informational,
+    measured,
     memory,
     model_states,
     no_effect,
