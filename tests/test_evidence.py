@@ -2114,10 +2114,12 @@ def test_100mb_log_streams_fast(tmp_path):
     path = tmp_path / "big.log"
     _write_big_log(path, 100 * 2**20)
     assert path.stat().st_size >= 100 * 2**20
-    start = time.perf_counter()
+    # CPU time of this process: the parse is single-threaded, and a loaded machine stretches
+    # wall time without changing the work done.
+    start = time.process_time()
     evidence = parse_log_file(path)
-    elapsed = time.perf_counter() - start
-    print(f"parse_log_file: {path.stat().st_size / 2**20:.0f} MiB in {elapsed:.2f} s")
+    elapsed = time.process_time() - start
+    print(f"parse_log_file: {path.stat().st_size / 2**20:.0f} MiB in {elapsed:.2f} s of CPU")
     assert elapsed < 10.0
     (oom,) = evidence.oom
     assert oom.rank == 97 and oom.requested_bytes == nbytes(48.00, MiB)
