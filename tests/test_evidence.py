@@ -2077,10 +2077,10 @@ def test_long_hostile_lines_stay_linear():
         "Tried to allocate " + "9" * n + " MiB",
         "a.b=" + "[" * n,
     ]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU: immune to load
     for text in hostile:
         _all_parsers(text)
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
 
 
 # =============================================================================================
