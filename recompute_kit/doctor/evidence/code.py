@@ -16,6 +16,7 @@ import json
 import re
 from typing import Any
 
+from .signals import scan_signals
 from .text import clean_line, parse_size
 from .usage import scan_usage
 
@@ -230,6 +231,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
+    facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops
