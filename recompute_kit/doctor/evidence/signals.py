@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .text import parse_size
+
 GIB = 2**30
 
 # `File "/x/site-packages/deepspeed/runtime/zero/stage3.py", line 12, in step`
@@ -46,6 +48,7 @@ _MODEL_RE = re.compile(
 )
 
 
+_SIZE_RE = re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B\b", re.I)
 _SHAPE4_RE = re.compile(r"\[\d+,\s*\d+,\s*\d+,\s*\d+\]")
 # Communication queued on side streams ("overlapping NCCL communications ... on separate
 # streams", record_stream): the allocator holds such blocks until those streams' events complete
@@ -78,7 +81,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     (lines naming logits with a vocabulary-sized number or the word vocab), `gpu_prose`
     ({"bytes", "count", "line"}), `model_prose` ({"params", "name"}), `side_stream_lines`
     (communication on side streams), `residual_lines` (a memory counter still non-zero after
-    del / gc), `cublas_workspace_lines`, `shape_lines` (lines printing 4-d shapes)."""
+    del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
+    `shape_lines` (lines printing 4-d shapes)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -107,6 +111,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("side_stream_lines", []).append(_q(line))
         if _COUNTER_RE.search(line) and _FREED_RE.search(line) and _STILL_RE.search(line):
             facts.setdefault("residual_lines", []).append(_q(line))
+            sizes = [parse_size(m.group(0)) or 0 for m in _SIZE_RE.finditer(line)]
+            facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
         if "logit" in low and (_vocab_dim(line) or "vocab" in low):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..evidence.text import parse_size
 from ..types import Context, Match
 from .registry import GIB, fact, gib, is_megatron, oom_errors, patch_for, rule
 
@@ -358,9 +357,6 @@ def _side_streams(ctx: Context) -> Match | None:
 # --------------------------------------------------------------------------------------------
 
 
-_SIZE_RE = re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B\b", re.I)
-
-
 @rule(
     "RK264",
     "memory_allocated() stays above zero after everything is freed: cuBLAS workspaces",
@@ -384,8 +380,7 @@ def _cublas_workspace(ctx: Context) -> Match | None:
     lines = (fact(ctx, "residual_lines") or []) + (fact(ctx, "cublas_workspace_lines") or [])
     if not lines or ctx.oom or oom_errors(ctx):
         return None
-    sizes = [parse_size(m.group(0)) for m in _SIZE_RE.finditer(" ".join(lines))]
-    if any(s and s > 512 * 2**20 for s in sizes):
+    if (fact(ctx, "residual_bytes") or 0) > 512 * 2**20:
         return None  # gigabytes left over are references the program still holds, not cuBLAS
     return Match(
         0.6,
