@@ -2745,3 +2745,33 @@ def test_rk171_states_of_a_model_named_in_prose_not_a_separate_inference_engine(
     assert "offload_optimizer" in f.fix
     # ref_reward_offload offloads the frozen models, not the actor's optimizer
     assert "offload on" not in f.evidence
+
+
+@covers("RK266")
+def test_rk266_allocated_memory_rising_every_step_is_a_leak():
+    # https://github.com/pytorch/pytorch/issues/115255 (labels: module: checkpoint, module:
+    # memory usage): a saved-tensor-hook loop prints "memory (MB) | allocated: ..." once per
+    # step, 20.4, 20.5, 20.5, 20.6, ... 21.0 MB, never settling. No public paste of this
+    # shape is in the corpus, so the reports are built from the thread's numbers.
+    mb = [20.4, 20.5, 20.5, 20.6, 20.6, 20.6, 20.7, 20.7, 20.8, 20.8, 20.9, 20.9, 21.0, 21.0, 21.1]
+    reports = [MemoryReport(allocated_bytes=int(v * 2**20)) for v in mb]
+    d = diagnose(Evidence(memory=reports))
+    f = top(d)
+    assert f.rule == "RK266" and f.category == "framework_bug"
+    cites(f, "20.40 MiB -> 21.10 MiB", "14 steps")
+    assert "gc.collect()" in f.config_patch["code"] and "upgrade" in f.fix
+    # the same figures settling after warm-up: a peak, not a leak
+    settled = [MemoryReport(allocated_bytes=int(v * 2**20)) for v in mb[:5] + [20.6] * 6]
+    assert "RK266" not in ids(diagnose(Evidence(memory=settled)))
+
+
+@covers("RK266")
+def test_rk266_reads_step_numbered_lines_and_yields_to_specific_growth_rules():
+    # pytorch#123548 (dev corpus text): reserved grows per cycle under max_split_size_mb with
+    # expandable_segments; the specific RK154 leads, whatever else reads the growth.
+    assert top(run(text("i13-pt-123548"))).rule == "RK154"
+    from recompute_kit.doctor.evidence.signals import scan_signals
+
+    # a Megatron report line without a step on it counts in print order
+    facts = scan_signals(["[Rank 0] memory (MB) | allocated: 20.4 | max allocated: 21.8"])
+    assert facts["memory_series"][0][:3] == (0, 20_400_000, "allocated")

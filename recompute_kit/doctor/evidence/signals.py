@@ -74,6 +74,14 @@ _STILL_RE = re.compile(r"non-?zero|not (?:zero|0)\b|still|remains?|stays?|leaks?
 _COUNTER_RE = re.compile(r"memory_allocated|memory_reserved|allocated memory", re.I)
 
 
+# A memory figure per step: "step 3: allocated 12.4 GB", "Epoch 2 ... memory used: 10.1GiB"
+_STEP_RE = re.compile(r"\b(?:step|iter(?:ation)?|epoch|batch|cycle|round)\s*[:#=]?\s*(\d+)", re.I)
+_MEM_WORD_RE = re.compile(r"alloc|reserved|memory|\bmem\b|cached|usage|\bused\b", re.I)
+# Megatron-style report lines with no step on them: "memory (MB) | allocated: 20.4 | ..."
+_REPORT_RE = re.compile(r"memory \((MB|GB|MiB|GiB)\)\s*\|\s*allocated:\s*(\d+(?:\.\d+)?)", re.I)
+_SERIES_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB)\b", re.I)
+
+
 def scan_signals(lines: list[str]) -> dict[str, Any]:
     """Facts, each present only when found: `frame_code` (["file:line in func", "source
     line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
@@ -82,7 +90,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     ({"bytes", "count", "line"}), `model_prose` ({"params", "name"}), `side_stream_lines`
     (communication on side streams), `residual_lines` (a memory counter still non-zero after
     del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
-    `shape_lines` (lines printing 4-d shapes)."""
+    `shape_lines` (lines printing 4-d shapes), `memory_series` ([(step, bytes, "allocated" |
+    "reserved", line)]: a memory figure on a line that numbers its step)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -107,6 +116,22 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("score_matmul", []).append(_q(line))
         if len(facts.get("shape_lines", [])) < 8 and _SHAPE4_RE.search(line):
             facts.setdefault("shape_lines", []).append(_q(line))
+        if (report := _REPORT_RE.search(line)) and not _STEP_RE.search(line):
+            value = parse_size(f"{report.group(2)} {report.group(1)}")
+            if value and len(facts.get("memory_series", [])) < 200:
+                order = len(facts.get("memory_series", []))  # printed once per step, in order
+                facts.setdefault("memory_series", []).append((order, value, "allocated", _q(line)))
+        elif (step := _STEP_RE.search(line)) and _MEM_WORD_RE.search(line):
+            size = _SERIES_SIZE_RE.search(line, step.end()) or _SERIES_SIZE_RE.search(line)
+            if size is not None and len(facts.get("memory_series", [])) < 200:
+                kind = "reserved" if re.search(r"reserved|cached", line, re.I) else "allocated"
+                if re.search(r"alloc", line, re.I):
+                    kind = "allocated"
+                value = parse_size(size.group(0))
+                if value:
+                    facts.setdefault("memory_series", []).append(
+                        (int(step.group(1)), value, kind, _q(line))
+                    )
         if "stream" in low and any(w in low for w in _COMM_WORDS):
             facts.setdefault("side_stream_lines", []).append(_q(line))
         if _COUNTER_RE.search(line) and _FREED_RE.search(line) and _STILL_RE.search(line):

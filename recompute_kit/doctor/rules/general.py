@@ -10,6 +10,7 @@ tool prints) through the facts of evidence/signals.py; none matches a case's own
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Any
 
 from ..types import Context, Match
@@ -428,3 +429,77 @@ def _summary_peak(ctx: Context) -> Match | None:
         "set_per_process_memory_fraction cap below that peak OOMs at this batch size.",
         config_patch={"batch_size": "half of the current one"},
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RK266: memory that grows step after step at a fixed shape (a leak), not a peak too high
+# --------------------------------------------------------------------------------------------
+
+
+def _growing(points: list[tuple[int, int]]) -> tuple[int, int, int] | None:
+    """(first, last, steps) when a per-step series keeps growing: in step order, never
+    falling and still rising at the end. Three or four points must grow by 10% and 256 MiB;
+    five or more (a steady loop prints the same figure every step) by any amount at three
+    steps or more, the last one among the final three."""
+    if len(points) < 3:
+        return None
+    points = sorted(points)
+    values = [v for _, v in points]
+    if any(b < a for a, b in pairwise(values)):
+        return None
+    rises = sum(b > a for a, b in pairwise(values))
+    if len(values) >= 5:
+        if rises < 3 or values[-1] <= values[-3]:
+            return None  # a plateau at the end: warm-up, not a leak
+    elif not (values[-1] > values[-2] > values[-3]) or (
+        values[-1] < 1.1 * values[0] or values[-1] - values[0] < 256 * 2**20
+    ):
+        return None
+    return values[0], values[-1], points[-1][0] - points[0][0]
+
+
+@rule(
+    "RK266",
+    "Memory grows step after step at a fixed shape: something keeps references (a leak)",
+    "framework_bug",
+    symptom="Allocated memory (or max allocated) printed per step / iteration / epoch rises "
+    "at every step instead of settling after the first ones, until an OOM hours in",
+    cause="Something keeps tensors of each step alive: a reference cycle (a checkpoint or "
+    "compile wrapper, hooks), a framework path that holds autograd references until a later "
+    "step (MoE full recompute, selective checkpointing contexts), adapters or caches loaded "
+    "and never released, or the loop keeping losses / outputs with their graphs",
+    confirm="Call gc.collect() after each step: memory flat means a reference cycle; diff two "
+    "torch.cuda.memory._snapshot()s a few steps apart to see which allocations survive",
+    fix="Find the holder rather than lowering the peak: gc.collect() per step as a stopgap, "
+    "turn the recompute / offload feature in use off for one run to bisect, upgrade the "
+    "framework (such leaks are fixed upstream), keep loss.item() not the tensor",
+    patch={"code": "gc.collect()  # after each optimizer step, to test for a reference cycle"},
+    supersedes=("RK005", "RK087"),
+)
+def _leak(ctx: Context) -> Match | None:
+    series: dict[str, list[tuple[int, int]]] = {}
+    lines: dict[str, str] = {}
+    for step, value, kind, line in fact(ctx, "memory_series") or []:
+        series.setdefault(kind, []).append((step, value))
+        lines.setdefault(kind, line)
+    reports = ctx.evidence.memory  # in the order printed: by iteration where it is given
+    for label, attr in (("max allocated", "max_allocated_bytes"), ("allocated", "allocated_bytes")):
+        points = [
+            (r.iteration if r.iteration is not None else i, getattr(r, attr))
+            for i, r in enumerate(reports)
+            if getattr(r, attr)
+        ]
+        if len(points) >= 3 and (label == "allocated" or "allocated" not in series):
+            series[label] = points
+    for kind in ("allocated", "max allocated"):
+        grown = _growing(series.get(kind, []))
+        if grown is None:
+            continue
+        first, last, steps = grown
+        where = f" ('{lines[kind][:120]}')" if kind in lines else ""
+        return Match(
+            0.55,
+            f"{kind.capitalize()} memory rises at every step: {gib(first)} -> {gib(last)} "
+            f"over {steps} steps{where}. A peak too high is flat from step to step; this grows.",
+        )
+    return None
