@@ -1548,6 +1548,23 @@ def test_rk009_nccl_could_not_allocate():
     assert f.rule == "RK009" and f.category == "fragmentation"
 
 
+@covers("RK009")
+def test_rk009_blas_handle_allocation_on_cuda_and_rocm():
+    # PyTorch's message when cuBLAS cannot allocate its handle's workspace
+    # (https://github.com/QwenLM/Qwen3/issues/873: "解决了，用单卡去跑，显存充足就可以" - fixed
+    # with a GPU that had enough free memory), and the same call hipified on ROCm
+    # (https://github.com/ROCm/TheRock/issues/1708): one rule for both spellings.
+    cuda = (
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    )
+    rocm = (
+        "RuntimeError: CUDA error: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`"
+    )
+    for line in (cuda, rocm):
+        f = top(run(line + "\n"))
+        assert f.rule == "RK009" and f.config_patch == EXPANDABLE
+
+
 @covers("RK014")
 def test_rk014_oom_with_gradient_checkpointing_off():
     # TRL: gradient_checkpointing defaults to off; OOM on Mistral-7B.

@@ -361,10 +361,16 @@ def _oom_below_capacity(ctx: Context) -> Match | None:
 
 LIBRARY_OOM = (
     "NCCL WARN Cuda failure 2 'out of memory'",
+    "Cuda failure 'out of memory'",  # NCCL before 2.12 printed no error number
     "Triton Error [CUDA]: out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
     "CUDNN_STATUS_ALLOC_FAILED",
     "cudaErrorMemoryAllocation",
+    "CUDA_ERROR_OUT_OF_MEMORY",  # the driver API's name (Triton, CuPy, JAX)
+    # ROCm: the same libraries hipified
+    "HIPBLAS_STATUS_ALLOC_FAILED",
+    "hipErrorOutOfMemory",
+    "Triton Error [HIP]: out of memory",
 )
 
 
