@@ -34,11 +34,14 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # The dev fix floor and both held-out floors are lowered to those values rounded down to 5
 # points: the corpus changed, not the rules. With RK220 and the knob-based advice merged: dev
 # 81/105 = 77.1% top-1, 84/105 = 80.0% fix; held-out 26/76 = 34.2%, 26/76 = 34.2%.
+# With the general readings RK260-RK266, sizes stated in prose and the ranking fixes (branch
+# docgen): dev 91/105 = 86.7% top-1, 94/105 = 89.5% fix; held-out 27/76 = 35.5%, 28/76 =
+# 36.8% (held-out scored once, at the end).
 FLOORS = {
-    ("dev", "category_ok"): 0.75,
-    ("dev", "fix_ok"): 0.80,
-    ("held_out", "category_ok"): 0.30,
-    ("held_out", "fix_ok"): 0.30,
+    ("dev", "category_ok"): 0.85,
+    ("dev", "fix_ok"): 0.85,
+    ("held_out", "category_ok"): 0.35,
+    ("held_out", "fix_ok"): 0.35,
 }
 MIN_CASES = 175
 
