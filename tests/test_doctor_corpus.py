@@ -40,11 +40,16 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # were written against the new dev cases: dev 92/119 = 77.3% top-1, 96/119 = 80.7% fix;
 # held-out 26/84 = 31.0%, 28/84 = 33.3%. The floors stand (the corpus changed, the measured
 # values stay above them).
+# With the general readings RK260-RK266, sizes stated in prose and the ranking fixes (branch
+# docgen): dev 91/105 = 86.7% top-1, 94/105 = 89.5% fix; held-out 27/76 = 35.5%, 28/76 =
+# 36.8% (held-out scored once, at the end).
+# Both merged (203 cases): dev 101/119 = 84.9% top-1, 105/119 = 88.2% fix; held-out 27/84 =
+# 32.1%, 30/84 = 35.7%.
 FLOORS = {
-    ("dev", "category_ok"): 0.75,
-    ("dev", "fix_ok"): 0.80,
+    ("dev", "category_ok"): 0.80,
+    ("dev", "fix_ok"): 0.85,
     ("held_out", "category_ok"): 0.30,
-    ("held_out", "fix_ok"): 0.30,
+    ("held_out", "fix_ok"): 0.35,
 }
 MIN_CASES = 200
 

@@ -198,6 +198,17 @@ SOURCES = {
     "i22-pt-107667": "https://github.com/pytorch/pytorch/issues/107667",
     "i22-pt-28113": "https://github.com/pytorch/pytorch/issues/28113",
     "i22-pt-37250": "https://github.com/pytorch/pytorch/issues/37250 (beyondguo's comment)",
+    # general readings (RK260-RK265) and default readings from prose: dev corpus cases' text
+    "i26-hf-46822": "https://github.com/huggingface/transformers/issues/46822",
+    "i26-hf-28499": "https://github.com/huggingface/transformers/issues/28499",
+    "i26-attngym-32": "https://github.com/meta-pytorch/attention-gym/issues/32",
+    "i26-pt-133206": "https://github.com/pytorch/pytorch/issues/133206",
+    "i26-trl-3678": "https://github.com/huggingface/trl/issues/3678",
+    "i26-pt-71616-report": "https://github.com/pytorch/pytorch/issues/71616",
+    "i26-pt-85447": "https://github.com/pytorch/pytorch/pull/85447",
+    "i26-openrlhf-384": "https://github.com/OpenRLHF/OpenRLHF/issues/384",
+    "i26-openrlhf-392": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
+    "i26-openrlhf-392-config": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
@@ -1537,6 +1548,23 @@ def test_rk009_nccl_could_not_allocate():
     assert f.rule == "RK009" and f.category == "fragmentation"
 
 
+@covers("RK009")
+def test_rk009_blas_handle_allocation_on_cuda_and_rocm():
+    # PyTorch's message when cuBLAS cannot allocate its handle's workspace
+    # (https://github.com/QwenLM/Qwen3/issues/873: "解决了，用单卡去跑，显存充足就可以" - fixed
+    # with a GPU that had enough free memory), and the same call hipified on ROCm
+    # (https://github.com/ROCm/TheRock/issues/1708): one rule for both spellings.
+    cuda = (
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    )
+    rocm = (
+        "RuntimeError: CUDA error: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`"
+    )
+    for line in (cuda, rocm):
+        f = top(run(line + "\n"))
+        assert f.rule == "RK009" and f.config_patch == EXPANDABLE
+
+
 @covers("RK014")
 def test_rk014_oom_with_gradient_checkpointing_off():
     # TRL: gradient_checkpointing defaults to off; OOM on Mistral-7B.
@@ -2403,8 +2431,9 @@ def test_default_readings_only_when_nothing_else_fires():
     d = run(text("i12-automodel-1975") + "\n" + text("i13-llamafactory-922"))
     assert d.findings and not {"RK170", "RK171"} & set(ids(d))
     # https://github.com/pytorch/pytorch/issues/116928: a memory summary saying
-    # "CUDA OOMs: 0" is no OOM, and it has no training knobs: nothing fires
-    assert run(text("i17-mistral-116928-summary")).findings == []
+    # "CUDA OOMs: 0" is no OOM, and it has no training knobs: no RK170/RK171; its peak is read
+    # by the memory-figures default reading RK265 alone
+    assert ids(run(text("i17-mistral-116928-summary"))) == ["RK265"]
     # real-formats.md oom-pt-16417-title: 9.28 GiB free yet OOM: no default reading either
     assert run(text("oom-pt-16417-title")).findings == []
 
@@ -2514,6 +2543,9 @@ def test_rk102_halves_the_pasted_batch_and_says_what_it_frees():
     # with 61.62 MiB free on a 7.79 GiB GPU, batch_size 16; the author: lower batch_size.
     d = run(text("i22-ccf-ner-6"), config=text("i22-ccf-ner-6-config"))
     f = get(d, "RK102")
+    # 617.88 MiB "cached" (split blocks) is twice the request but under 10% of the GPU: not
+    # fragmentation worth the name, so the small-GPU reading leads and RK001 follows
+    assert top(d).rule == "RK102" and ids(d).index("RK001") > 0
     assert f.config_patch == {"batch_size": 8}  # a plain script: no checkpoint key to set
     cites(f, "batch_size = 16", "232.38 MiB", "147.00 MiB", "6.27 GiB")
     assert "batch_size 16 -> 8" in f.fix and "larger GPU" in f.fix
@@ -2725,3 +2757,179 @@ def test_rk236_optimizer_states_loaded_onto_the_gpu_at_resume():
     # without the optimizer's load_state_dict frames it is not this rule's
     cut = "\n".join(line for line in case.splitlines() if "load_state_dict" not in line)
     assert "RK236" not in ids(run(cut))
+# RK260-RK265: general readings of a phenomenon (rules/general.py, facts from
+# evidence/signals.py), and default readings from sizes stated in prose. Texts are
+# tests/data/rules/i26-*, verbatim from dev corpus cases (URLs in SOURCES).
+# =============================================================================================
+
+
+@covers("RK260")
+def test_rk260_traceback_cut_inside_a_library_on_a_sharding_path():
+    # https://github.com/huggingface/transformers/issues/46822: from_pretrained's frames end in
+    # transformers' _initialize_missing_keys under deepspeed.zero.GatheredParameters; the
+    # exception line is cut. Root cause: transformers gathers every missing key at once.
+    d = run(text("i26-hf-46822"))
+    f = top(d)
+    assert f.rule == "RK260" and f.category == "framework_bug"
+    assert f.config_patch["command"] == "pip install -U transformers"
+    assert f.config_patch["zero_optimization"] == {"stage": 2}
+    cites(f, "transformers's own code", "_initialize_missing_keys", "GatheredParameters")
+    assert "upgrade transformers" in f.fix and "paste it to confirm" in f.evidence
+    # the same frames in the user's own script: not a library's bug
+    mine = text("i26-hf-46822").replace(".../transformers/modeling_utils.py", "/home/me/train.py")
+    assert "RK260" not in ids(run(mine))
+
+
+@covers("RK260")
+def test_rk260_needs_a_recompute_offload_or_sharding_path():
+    # https://github.com/huggingface/transformers/issues/28499: Trainer -> accelerate ->
+    # torch.autograd backward frames, cut before the exception: no feature in the frames, so
+    # no framework-bug reading (the paste does not say which feature failed).
+    assert "RK260" not in ids(run(text("i26-hf-28499")))
+
+
+@covers("RK260", "RK103")
+def test_rk260_ranks_below_the_specific_recompute_type_error():
+    # https://github.com/NVIDIA/Megatron-LM/pull/2754: TypeError from Megatron's own
+    # tensor_parallel.checkpoint; the specific RK103 leads, the general RK260 follows.
+    d = run(text("i12-megatron-2754"))
+    assert ids(d)[0] == "RK103"
+    f = get(d, "RK260")
+    assert f.confidence < top(d).confidence and f.config_patch["command"].endswith("megatron")
+
+
+@covers("RK261")
+def test_rk261_square_mask_of_a_long_sequence():
+    # https://github.com/meta-pytorch/attention-gym/issues/32: q/k/v [2, 12, 93600, 128] and
+    # "materialize [93600, 93600] mask causes OOM"; maintainer: pass _compile to
+    # create_block_mask.
+    d = run(text("i26-attngym-32"))
+    f = top(d)
+    assert f.rule == "RK261" and f.category == "allocation_exceeds_device"
+    cites(f, "[93600, 93600]", "8.16 GiB", "[2, 12, 93600, 93600]", "783.29 GiB")
+    assert "_compile=True" in f.config_patch["code"] and "create_block_mask" in f.fix
+
+
+@covers("RK261")
+def test_rk261_the_failing_line_computes_the_full_scores():
+    # https://github.com/pytorch/pytorch/issues/133206: the OOM line of flex_attention run
+    # uncompiled; the reporter: "the problem was I had to compile the function".
+    f = top(run(text("i26-pt-133206")))
+    assert f.rule == "RK261" and "torch.compile(flex_attention)" in f.config_patch["code"]
+    assert f.confidence < 0.85  # no size in the paste: less sure than with [N, N]
+
+
+@covers("RK262")
+def test_rk262_logits_with_a_vocabulary_sized_dimension():
+    # https://github.com/huggingface/trl/issues/3678: the full logits [B, logits_to_keep,
+    # vocab] (2 x 256 x 151665) dominate the logprob forward; the answer: use_liger_kernel.
+    # Here the pasted size is 2 x 256 x 151665 x 4 bytes: RK232 says so and RK262, the same
+    # logits only named, steps aside; with a size that is not the product, RK262 reads them.
+    assert top(run(text("i26-trl-3678"))).rule == "RK232"
+    assert "RK262" not in ids(run(text("i26-trl-3678")))
+    d = run(text("i26-trl-3678").replace("**310 MB**", "**500 MB**"))
+    f = top(d)
+    assert f.rule == "RK262" and f.category == "logits_memory"
+    assert f.config_patch == {"use_liger_kernel": True}
+    cites(f, "151665")
+    assert "logits_to_keep" in f.fix and "chunked" in f.fix
+    # the logits named with no size and no OOM next to them: no reading
+    assert "RK262" not in ids(run("full logits tensor `[B, logits_to_keep, vocab]`\n"))
+
+
+@covers("RK263", "RK001")
+def test_rk263_side_stream_communication_outranks_fragmentation():
+    # https://github.com/pytorch/pytorch/issues/71616: the OOM (36.19 GiB reserved, 22.96 GiB
+    # allocated) in a job that overlaps NCCL communication on separate streams; the fix was
+    # per-stream event queues (PR #71745) and fewer queued comms in flight.
+    d = run(text("i26-pt-71616-report"))
+    f = top(d)
+    assert f.rule == "RK263" and f.category == "framework_bug"
+    cites(f, "36.19 GiB", "22.96 GiB", "13.23 GiB", "NCCL")
+    assert f.config_patch["env"] == {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+    assert "record_stream" in f.fix and "in flight" in f.fix
+    assert ids(d)[1] == "RK001"  # the reserved-but-unallocated reading stays, second
+    # the OOM line alone (no side streams in the paste): fragmentation leads, as before
+    assert top(run(text("pt-71616"))).rule == "RK001"
+
+
+@covers("RK264")
+def test_rk264_memory_allocated_nonzero_after_freeing_is_cublas_workspace():
+    # https://github.com/pytorch/pytorch/pull/85447: after deleting the model and garbage
+    # collection memory_allocated() stays non-zero; the PR moved cuBLAS workspaces into the
+    # caching allocator ("This is expected").
+    f = top(run(text("i26-pt-85447")))
+    assert f.rule == "RK264" and f.category == "informational"
+    assert f.config_patch["code"] == "torch._C._cuda_clearCublasWorkspaces()"
+    assert "CUBLAS_WORKSPACE_CONFIG" in f.config_patch["env"]
+    # gigabytes left over are references the program holds, not a workspace
+    big = text("i26-pt-85447").replace("returns non-zero", "returns non-zero (12 GB)")
+    assert "RK264" not in ids(run(big))
+
+
+@covers("RK265")
+def test_rk265_memory_summary_peak_without_an_oom():
+    # https://github.com/pytorch/pytorch/issues/116928: torch.cuda.memory_summary() with a
+    # 23806 MiB peak and no OOM; ptrblck: the script needs ~24GB, so an 8GB cap OOMs.
+    f = top(run(text("i17-mistral-116928-summary")))
+    assert f.rule == "RK265" and f.category == "genuine_pressure"
+    cites(f, "23.25 GiB", "14.02 GiB", "set_per_process_memory_fraction")
+    assert f.config_patch == {"batch_size": "half of the current one"}
+
+
+@covers("RK170")
+def test_rk170_sharded_states_small_on_the_stated_gpu_and_eager_attention():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/384: DPO of glm-4-9b with ZeRO-3,
+    # micro_train_batch_size 1 and gradient checkpointing on "A100-80Gx8"; the fix was
+    # --flash_attn. ZeRO-3 over 8 GPUs leaves ~17 GiB of states per 80 GiB GPU: activations.
+    d = run(text("i26-openrlhf-384"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert d.evidence.facts["log"]["gpu_prose"]["count"] == 8
+    cites(f, "~9.0B parameters", "16.76 GiB per GPU")
+    assert "flash_attn" in f.fix and "max_len 2048 -> 1024" in f.fix
+
+
+@covers("RK171", "RK100")
+def test_rk171_states_of_a_model_named_in_prose_not_a_separate_inference_engine():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/392: "16B模型", zero_stage 3 over
+    # actor_num_gpus_per_node 4; maintainer: without Adam offload a large model OOMs. vLLM
+    # runs on engines of its own (vllm_num_engines): no colocated-engine reading.
+    d = run(text("i26-openrlhf-392"), config=text("i26-openrlhf-392-config"), config_name="run.sh")
+    assert "RK100" not in ids(d)
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory"
+    cites(f, "~16.0B parameters", "59.60 GiB per GPU over 4 GPU(s)")
+    assert "offload_optimizer" in f.fix
+    # ref_reward_offload offloads the frozen models, not the actor's optimizer
+    assert "offload on" not in f.evidence
+
+
+@covers("RK266")
+def test_rk266_allocated_memory_rising_every_step_is_a_leak():
+    # https://github.com/pytorch/pytorch/issues/115255 (labels: module: checkpoint, module:
+    # memory usage): a saved-tensor-hook loop prints "memory (MB) | allocated: ..." once per
+    # step, 20.4, 20.5, 20.5, 20.6, ... 21.0 MB, never settling. No public paste of this
+    # shape is in the corpus, so the reports are built from the thread's numbers.
+    mb = [20.4, 20.5, 20.5, 20.6, 20.6, 20.6, 20.7, 20.7, 20.8, 20.8, 20.9, 20.9, 21.0, 21.0, 21.1]
+    reports = [MemoryReport(allocated_bytes=int(v * 2**20)) for v in mb]
+    d = diagnose(Evidence(memory=reports))
+    f = top(d)
+    assert f.rule == "RK266" and f.category == "framework_bug"
+    cites(f, "20.40 MiB -> 21.10 MiB", "14 steps")
+    assert "gc.collect()" in f.config_patch["code"] and "upgrade" in f.fix
+    # the same figures settling after warm-up: a peak, not a leak
+    settled = [MemoryReport(allocated_bytes=int(v * 2**20)) for v in mb[:5] + [20.6] * 6]
+    assert "RK266" not in ids(diagnose(Evidence(memory=settled)))
+
+
+@covers("RK266")
+def test_rk266_reads_step_numbered_lines_and_yields_to_specific_growth_rules():
+    # pytorch#123548 (dev corpus text): reserved grows per cycle under max_split_size_mb with
+    # expandable_segments; the specific RK154 leads, whatever else reads the growth.
+    assert top(run(text("i13-pt-123548"))).rule == "RK154"
+    from recompute_kit.doctor.evidence.signals import scan_signals
+
+    # a Megatron report line without a step on it counts in print order
+    facts = scan_signals(["[Rank 0] memory (MB) | allocated: 20.4 | max allocated: 21.8"])
+    assert facts["memory_series"][0][:3] == (0, 20_400_000, "allocated")

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from .measured import scan_measured
+from .signals import scan_signals
 from .text import clean_line, parse_size
 from .usage import scan_usage
 
@@ -232,6 +233,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("oom_mentions", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
+    facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops

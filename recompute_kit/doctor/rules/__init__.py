@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     checkpoint_api,
     fallback,
     framework_bugs,
+    general,
     informational,
     measured,
     memory,

@@ -17,7 +17,13 @@ from typing import Any
 
 from ..types import Context, Match
 from .knobs import Knobs, read_knobs
-from .model_states import StateCount, _gpu_count, model_state_count
+from .model_states import (
+    COMMON_GPU_BYTES,
+    StateCount,
+    _gpu_count,
+    model_state_count,
+    stated_gpu_bytes,
+)
 from .registry import fact, gib, more_recompute_patch, oom_errors, rule
 
 # Beyond this many tokens per sample, activations can dominate even at batch 1 with
@@ -47,7 +53,7 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
         return None
     count = model_state_count(ctx)
     full = knobs.lora is not True and not (count is not None and count.lora)
-    gpu = ctx.gpu_bytes
+    gpu = stated_gpu_bytes(ctx)
     longest = knobs.seq[0][1] if knobs.seq else 0
     exhausted = (
         knobs.batch is not None
@@ -55,8 +61,13 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
         and knobs.ckpt_on
         and longest <= LONG_SEQUENCE
     )
-    counted_heavy = count is not None and gpu and count.per_gpu >= 0.5 * gpu
-    kind = "states" if full and (exhausted or counted_heavy) else "activations"
+    # Half of the GPU in states: of the stated GPU, or (none stated) of even an 80 GB one.
+    counted_heavy = count is not None and count.per_gpu >= 0.5 * (gpu or COMMON_GPU_BYTES)
+    # Counted over known GPUs, a small share of a known GPU: states cannot set the peak,
+    # whatever the activation knobs say.
+    counted_light = count is not None and count.gpus and gpu and count.per_gpu < 0.25 * gpu
+    heavy = counted_heavy or (exhausted and not counted_light)
+    kind = "states" if full and heavy else "activations"
     return kind, knobs, count, said
 
 
@@ -116,6 +127,33 @@ def _batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     else:
         keep = " (the global batch halves unless the script accumulates gradients)"
     return patch, f"{key} {n} -> {half}{keep}"
+
+
+_FLASH_WORDS = ("flash", "fa2", "fa3", "sdpa", "auto", "true", "1", "fused", "xformers")
+
+
+def _attn_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+    """Flash attention in the framework's key when the paste sets eager attention, or sets
+    none in a trainer whose default is eager (OpenRLHF's --flash_attn, plain scripts):
+    eager attention keeps [batch, heads, seq, seq] scores per layer."""
+    if k.attn is not None and any(w in k.attn.lower().split("=", 1)[-1] for w in _FLASH_WORDS):
+        return None
+    if k.attn is None and k.framework in ("megatron", "llamafactory", "hf"):
+        return None  # absent means fused there: Megatron's auto backend, LlamaFactory's auto,
+        # transformers' sdpa default
+    why = " (no [batch, heads, seq, seq] attention scores kept)"
+    if k.framework == "megatron":
+        return {"attention_backend": "flash"}, "attention_backend flash" + why
+    if k.framework == "llamafactory":
+        return {"flash_attn": "fa2"}, "flash_attn: fa2" + why
+    if k.framework == "hf":
+        return {"attn_implementation": "flash_attention_2"}, (
+            "attn_implementation: flash_attention_2 (or sdpa)" + why
+        )
+    return {"flash_attn": True}, (
+        "flash attention: the trainer's flash_attn flag (--flash_attn), or "
+        "attn_implementation=flash_attention_2 / sdpa when loading the model" + why
+    )
 
 
 # The sequence cap under each framework's own name, for a paste that does not set one.
@@ -275,7 +313,7 @@ def _default_activations(ctx: Context) -> Match | None:
         return None
     _, k, count, said = reading
     steps: list[tuple[dict[str, Any], str]] = []
-    for step in (_batch_step(k), _ckpt_step(ctx, k), _seq_step(k)):
+    for step in (_batch_step(k), _ckpt_step(ctx, k), _attn_step(k), _seq_step(k)):
         if step is not None:
             steps.append(step)
     if not k.seq:  # no cap in the paste: name the framework's, with no number to patch

@@ -78,6 +78,12 @@ _CKPT_NAME_RE = re.compile(
 )
 DTYPE_KEYS = ("bf16", "fp16", "precision", "torch_dtype", "mixed_precision", "dtype", "half")
 LORA_HINTS = ("lora_r", "lora_rank", "lora_alpha", "lora_target", "use_peft", "peft_type")
+# The attention implementation under the frameworks' names (flash_attn: fa2 / --flash_attn,
+# attn_implementation, use_flash_attn(ention), attention_backend, sdpa / xformers switches).
+_ATTN_KEY_RE = re.compile(
+    r"^(?:use_)?flash_attn(?:ention)?(?:_2)?$|^attn_implementation$|^attention_backend$"
+    r"|^(?:use_)?(?:sdpa|xformers|memory_efficient_attention)$|^attention_impl(?:ementation)?$"
+)
 _ON = {"true", "on", "yes", "enabled", "1", "full", "selective", "unsloth"}
 _OFF = {"false", "off", "no", "disabled", "0", "none", "null"}
 
@@ -99,6 +105,7 @@ class Knobs:
     dist_opt: bool = False
     dtype: str | None = None
     lora: bool | None = None  # None: the paste does not say
+    attn: str | None = None  # the attention implementation as set ("key=value"), if set
     mentioned: list[str] = field(default_factory=list)  # "key = value" as found, in order
 
     @property
@@ -213,7 +220,10 @@ def read_knobs(ctx: Context) -> Knobs:
     flat = " ".join(f"{key}={value}" for key, value in cfg.items()).lower()
     # optimizer / parameter offload (ZeRO-Offload, FSDP cpu_offload, --adam_offload), not
     # Megatron's activation cpu_offloading
-    k.offload = bool(re.search(r"offload(?!ing)", flat)) and "device=none" not in flat
+    # (OpenRLHF's ref_reward_offload moves the frozen reference / reward models, not the
+    # trained model's optimizer states)
+    own = " ".join(f for f in flat.split() if not re.match(r"(?:ref|reward|critic)_", f))
+    k.offload = bool(re.search(r"offload(?!ing)", own)) and "device=none" not in own
     k.fsdp = any(
         _leaf(key).startswith("fsdp") and cfg[key] not in (None, False, "", []) for key in cfg
     )
@@ -222,6 +232,10 @@ def read_knobs(ctx: Context) -> Knobs:
         hit = by_leaf.get(name)
         if hit and hit[1] not in (None, False, ""):
             k.dtype = name if hit[1] is True else f"{hit[0]}={hit[1]}"
+            break
+    for key, value in cfg.items():
+        if _ATTN_KEY_RE.search(_leaf(key)) and value not in (None, ""):
+            k.attn = f"{key}={value}"
             break
     ft = str(cfg.get("finetuning_type", "")).lower()
     if ft:

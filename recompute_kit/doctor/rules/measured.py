@@ -136,6 +136,7 @@ def _measured_free(ctx: Context) -> Match | None:
     "with the fp32 cast inside the chunk, or a fused linear-cross-entropy kernel that never "
     "materialises the logits (Liger, cut-cross-entropy); keep only the logits needed",
     patch={"logprob_chunk_size": 1024},
+    supersedes=("RK262",),  # the same logits, named (RK262) and here also sized
 )
 def _logits_size(ctx: Context) -> Match | None:
     sizes = list(fact(ctx, "logits_sizes") or [])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...config import format_spec
 from ..types import Context, Match
 from .knob_advice import knob_advice
+from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
     candidate_spec,
@@ -368,6 +369,11 @@ def _training_oom(ctx: Context) -> Match | None:
         return None
     if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
         return None  # the device had room for the request: not a matter of what training keeps
+    count = model_state_count(ctx)
+    if count is not None and not count.lora:
+        gpu = stated_gpu_bytes(ctx) or COMMON_GPU_BYTES
+        if count.per_gpu >= 0.5 * gpu:
+            return None  # a full fine-tune whose counted states take half the GPU: RK101/RK171
     patch, words = more_recompute_patch(ctx)
     mbs = ctx.cfg.get("micro_batch_size")
     if isinstance(mbs, int) and mbs > 1:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..types import Context, Match
-from .registry import gib, is_megatron, oom_errors, rule, zero_stage
+from .registry import fact, gib, is_megatron, oom_errors, rule, zero_stage
 
 # "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
 _PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
@@ -28,7 +28,14 @@ GPU_COUNT_KEYS = (
     "world_size",
     "gpus",
     "visible_devices",
+    # the trained model's GPUs in RL trainers (OpenRLHF's actor, verl's trainer)
+    "actor_num_gpus_per_node",
+    "trainer.n_gpus_per_node",
+    "n_gpus_per_node",
+    "num_gpus_per_node",
+    "gpus_per_node",
 )
+NODE_KEYS = ("actor_num_nodes", "trainer.nnodes", "nnodes", "num_nodes")
 # The largest memory of the data-centre GPUs most runs use (A100 / H100 / A800 / H800).
 COMMON_GPU_BYTES = 80 * 2**30
 # Bytes per parameter on one GPU, mixed-precision Adam: 2 (weights) + 2 (grads) + 12 (fp32
@@ -42,11 +49,18 @@ ZERO_BYTES = {
 
 
 def _model_params(ctx: Context) -> tuple[float, str] | None:
+    """Parameters from the model's name in the config (a path's last folder, trailing slash
+    or not), else from a size the prose states ("GPT-30B model", "16B模型")."""
     for key in MODEL_NAME_KEYS:
         name = ctx.cfg.get(key)
-        if isinstance(name, str) and (m := _PARAMS_RE.search(name.rsplit("/", 1)[-1])):
+        if not isinstance(name, str):
+            continue
+        if m := _PARAMS_RE.search(name.rstrip("/").rsplit("/", 1)[-1]):
             experts, size = m.groups()
             return float(size) * 1e9 * (int(experts) if experts else 1), name
+    prose = fact(ctx, "model_prose")
+    if isinstance(prose, dict) and prose.get("params"):
+        return float(prose["params"]), str(prose["name"])
     return None
 
 
@@ -57,8 +71,23 @@ def _gpu_count(ctx: Context) -> int | None:
     for key in GPU_COUNT_KEYS:
         value = ctx.cfg.get(key)
         if isinstance(value, int) and value > 0:
+            if "per_node" in key:
+                nodes = next((ctx.cfg[n] for n in NODE_KEYS if isinstance(ctx.cfg.get(n), int)), 1)
+                return value * max(1, nodes)
             return value
+    prose = fact(ctx, "gpu_prose")  # "A100-80Gx8", "8x H100 80GB"
+    if isinstance(prose, dict) and prose.get("count"):
+        return int(prose["count"])
     return None
+
+
+def stated_gpu_bytes(ctx: Context) -> int | None:
+    """The GPU's memory: from the OOM message or --gpu-memory-gb, else as the prose states
+    it ("A100-80G", "RTX 3090 24GB")."""
+    if ctx.gpu_bytes:
+        return ctx.gpu_bytes
+    prose = fact(ctx, "gpu_prose")
+    return int(prose["bytes"]) if isinstance(prose, dict) and prose.get("bytes") else None
 
 
 @dataclass(frozen=True)
@@ -130,7 +159,7 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         return None
     params, name, stage, lora = count.params, count.name, count.stage, count.lora
     counted, gpus, per_gpu = count.gpus, count.gpus or 1, count.per_gpu
-    gpu = ctx.gpu_bytes
+    gpu = stated_gpu_bytes(ctx)
     if gpu:
         if not oom or per_gpu < 0.7 * gpu:
             return None
@@ -151,7 +180,7 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         kind = "full fine-tuning without ZeRO (DDP replicates everything)"
     elif lora and stage != 3:
         kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
-    against = f"the {gib(gpu)} GPU" if ctx.gpu_bytes else f"the {gib(gpu)} of an A100/H100"
+    against = f"the {gib(gpu)} GPU" if stated_gpu_bytes(ctx) else f"the {gib(gpu)} of an A100/H100"
     return Match(
         0.9 if per_gpu >= gpu else 0.85,  # states alone above capacity: this leads
         f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "

@@ -1,11 +1,14 @@
 """Memory nvidia-smi shows for a process beyond what PyTorch's caching allocator holds: the CUDA
-context, library workspaces, communication buffers (non_pytorch_memory).
+context, library workspaces, communication buffers, a colocated inference engine
+(non_pytorch_memory).
 """
 
 from __future__ import annotations
 
+import re
+
 from ..types import GIB, Context, Match
-from .registry import fact, gib, rule
+from .registry import fact, gib, oom_errors, rule
 
 MIB = 2**20
 # A CUDA context is ~300-500 MiB per process and device on CUDA >= 11.7 (lazy loading), over
@@ -73,3 +76,69 @@ def _smi_above_pytorch(ctx: Context) -> Match | None:
     if "nccl" in ctx.text.lower() or fact(ctx, "smi_line", "log").lower().count("nccl"):
         env["NCCL_BUFFSIZE"] = "2097152"
     return Match(0.8, evidence, config_patch={"env": env})
+
+
+# (RK100 moved here from allocator.py: memory an inference engine holds outside PyTorch)
+INFERENCE_WORDS = (
+    "cumem_allocator",
+    "sleep mode freed",
+    "memory is still in use",
+    "vllm",
+    "sglang",
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+)
+
+
+@rule(
+    "RK100",
+    "A colocated inference engine (vLLM / SGLang) holds GPU memory",
+    "non_pytorch_memory",
+    symptom="OOM in an RL / generation job where vLLM or SGLang shares the GPUs with training "
+    "(cumem_allocator errors, 'memory is still in use' after sleep)",
+    cause="The engine sizes its KV cache from gpu_memory_utilization (or keeps memory after "
+    "sleep); what it holds is invisible to the trainer's allocator",
+    confirm="vLLM's log: KV cache size and 'Sleep mode freed X, Y memory is still in use'",
+    fix="Lower gpu_memory_utilization (or set kv_cache_memory_bytes) so the engine leaves the "
+    "trainer its peak; check that sleep mode releases what it reserved",
+    patch={"gpu_memory_utilization": 0.4},
+    supersedes=("RK005", "RK087", "RK002"),
+)
+def _inference_engine(ctx: Context) -> Match | None:
+    text = " ".join(
+        [ctx.text, ctx.oom.line if ctx.oom else "", " ".join(map(str, ctx.cfg))]
+    ).lower()
+    hit = next((w for w in INFERENCE_WORDS if w in text), None)
+    if hit is None or not (ctx.oom or oom_errors(ctx) or "still in use" in text):
+        return None
+    if hit in ("vllm", "sglang") and not _colocated(ctx, text):
+        return None  # an engine on GPUs of its own (vllm_num_engines), not the trainer's
+    util = ctx.cfg.get("gpu_memory_utilization")
+    oom = ctx.oom
+    if isinstance(util, float) and oom and oom.requested_bytes and oom.total_bytes:
+        step = max(0.05, round(oom.requested_bytes / oom.total_bytes + 0.05, 2))
+        new = round(max(0.1, util - step), 2)
+        patch = {"gpu_memory_utilization": new}
+        numbers = f" Lowering gpu_memory_utilization from {util} to {new} frees about " + gib(
+            (util - new) * oom.total_bytes
+        )
+    else:
+        patch, numbers = {"gpu_memory_utilization": 0.4}, ""
+    return Match(
+        0.8,
+        f"The evidence names an inference engine sharing the GPU ('{hit}').{numbers}",
+        config_patch=patch,
+    )
+
+
+def _colocated(ctx: Context, text: str) -> bool:
+    """The engine shares the trainer's GPUs: named in the messages (not only in config key
+    names, as OpenRLHF's vllm_num_engines places engines on GPUs of their own), a colocate
+    / hybrid-engine switch, a memory fraction it sizes its cache from, or sleep mode."""
+    messages = " ".join([ctx.text, ctx.oom.line if ctx.oom else ""]).lower()
+    if "vllm" in messages or "sglang" in messages:
+        return True
+    keys = " ".join(f"{k}={v}" for k, v in ctx.cfg.items()).lower()
+    if re.search(r"colocate_(?:all|actor)[\w]*=true|hybrid_engine=true|enable_sleep", keys):
+        return True
+    return "rollout.name" in keys or "sleep" in text

@@ -64,7 +64,7 @@ def _reported_optimizer_step_oom(ctx: Context) -> Match | None:
     "The report quantifies reserved-but-unallocated memory at the OOM: fragmentation",
     "fragmentation",
     symptom="Next to the OOM the text says how much memory was reserved but unallocated "
-    "(\"~20 GiB reserved-but-unallocated\"), in the reporter's words",
+    '("~20 GiB reserved-but-unallocated"), in the reporter\'s words',
     cause="The caching allocator holds free blocks that no request fits: changing tensor sizes "
     "(variable sequence lengths, offload / reload, sleep / wake cycles) fragment its segments",
     confirm="torch.cuda.memory_reserved() - memory_allocated() is large at the failure; the run "

@@ -1,0 +1,184 @@
+"""Signals in pasted text that no format parser reads whole: traceback frames with the source
+line under each (the log parser keeps file, line and function only), square [N, N] tensors of
+attention masks and scores, logits with a vocabulary-sized dimension, and GPU or model sizes
+stated in prose ("A100-80Gx8", "8x B200 178 GB", "GPT-30B model", "16B模型").
+
+Plain text matching over the lines of a short paste; every key is present only when found.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .text import parse_size
+
+GIB = 2**30
+
+# `File "/x/site-packages/deepspeed/runtime/zero/stage3.py", line 12, in step`
+_FRAME_RE = re.compile(r'File "(.+?)", line (\d+)(?:, in ([\w<>.]+))?')
+# A square [N, N] (or [..., N, N], "N x N", "N^2") with N a sequence length, not a small matrix
+_SQUARE_RE = re.compile(r"(?<![\d.])(\d{4,7})\s*(?:,|x|×|\*)\s*(\d{4,7})(?![\d.])")
+_SQUARED_RE = re.compile(r"(?<![\d.])(\d{4,7})\s*(?:\^\s*2|\*\*\s*2|²)")
+_SQUARE_WORDS = ("mask", "score", "attention", "attn", "materiali", "softmax", "matrix")
+# q @ k^T written out: the full score matrix of eager attention
+_SCORE_MATMUL_RE = re.compile(
+    r"\b(?:q|query|queries|xq)\w*\s*@\s*(?:k|key|keys|xk)\w*\.(?:transpose|mT|T\b)"
+    r"|(?:matmul|bmm|einsum)\s*\(\s*(?:q|query|xq)\w*\s*,\s*(?:k|key|xk)\w*\.transpose",
+    re.I,
+)
+# a vocabulary-sized dimension: 30k-300k entries (LLM vocabularies), not a hidden size
+_VOCAB_DIM_RE = re.compile(r"(?<![\d.])(\d{2,3})[,_]?(\d{3})(?![\d.])")
+# "A100-80G", "H100 80GB", "RTX 3090 24GB", "8×B200 / 178 GB", "A100-80Gx8"
+_GPU_NAME = (
+    r"(?:[ABHL]\d{2,3}S?|H20|V100|P100|T4|A6000|A40|RTX\s?\d{4}(?:\s?Ti)?|\d{4}(?:\s?Ti)?|"
+    r"MI\d{3}X?|Gaudi\d?)"
+)
+_GPU_RE = re.compile(
+    rf"(?:(\d{{1,2}})\s*[x×]\s*)?{_GPU_NAME}(?:[-\s]*(?:SXM\d?|PCIe|NVL))?"
+    r"[-\s/(]*(\d{2,3}(?:\.\d+)?)\s*G(?:i?B)?(?![A-Za-wyz0-9])(?:\s*[x×]\s*(\d{1,2})\b)?",
+)
+_GPU_SIZE_RE = re.compile(
+    r"(?<![\d.])(\d{2,3})\s*G(?:i?B)?\s*(?:GPU|VRAM|显存|显卡|card|of (?:GPU|VRAM))", re.I
+)
+# "GPT-30B model", "Llama-2-70B", "16B模型", "a 13B model", "7b parameters"
+_MODEL_RE = re.compile(
+    r"(?<![\w./-])[A-Za-z][\w.]*-(?:[\w.]*-)*?(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])"
+    r"|(?<![A-Za-z0-9_./-])(\d+(?:\.\d+)?)\s?[bB]\s*(?:models?|模型|parameters|params|参数|LLM)",
+)
+
+
+_SIZE_RE = re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B\b", re.I)
+_SHAPE4_RE = re.compile(r"\[\d+,\s*\d+,\s*\d+,\s*\d+\]")
+# Communication queued on side streams ("overlapping NCCL communications ... on separate
+# streams", record_stream): the allocator holds such blocks until those streams' events complete
+_COMM_WORDS = (
+    "nccl",
+    "communicat",
+    "comms",
+    "all_reduce",
+    "allreduce",
+    "all-reduce",
+    "allgather",
+    "all_gather",
+    "all-gather",
+    "reduce_scatter",
+    "record_stream",
+)
+# memory PyTorch still counts after everything was freed ("after we deleted the model and
+# garbage collection, still torch.cuda.memory_allocated() returns non-zero")
+_FREED_RE = re.compile(
+    r"\bdel(?:eted?|eting|ete)?\b|garbage[ -]collect|gc\.collect|empty_cache", re.I
+)
+_STILL_RE = re.compile(r"non-?zero|not (?:zero|0)\b|still|remains?|stays?|leaks?|leaking", re.I)
+_COUNTER_RE = re.compile(r"memory_allocated|memory_reserved|allocated memory", re.I)
+
+
+# A memory figure per step: "step 3: allocated 12.4 GB", "Epoch 2 ... memory used: 10.1GiB"
+_STEP_RE = re.compile(r"\b(?:step|iter(?:ation)?|epoch|batch|cycle|round)\s*[:#=]?\s*(\d+)", re.I)
+_MEM_WORD_RE = re.compile(r"alloc|reserved|memory|\bmem\b|cached|usage|\bused\b", re.I)
+# Megatron-style report lines with no step on them: "memory (MB) | allocated: 20.4 | ..."
+_REPORT_RE = re.compile(r"memory \((MB|GB|MiB|GiB)\)\s*\|\s*allocated:\s*(\d+(?:\.\d+)?)", re.I)
+_SERIES_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB)\b", re.I)
+
+
+def scan_signals(lines: list[str]) -> dict[str, Any]:
+    """Facts, each present only when found: `frame_code` (["file:line in func", "source
+    line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
+    mask / score / attention word), `score_matmul` (lines computing q @ k^T), `logits_lines`
+    (lines naming logits with a vocabulary-sized number or the word vocab), `gpu_prose`
+    ({"bytes", "count", "line"}), `model_prose` ({"params", "name"}), `side_stream_lines`
+    (communication on side streams), `residual_lines` (a memory counter still non-zero after
+    del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
+    `shape_lines` (lines printing 4-d shapes), `memory_series` ([(step, bytes, "allocated" |
+    "reserved", line)]: a memory figure on a line that numbers its step)."""
+    facts: dict[str, Any] = {}
+    frames: list[list[str]] = []
+    for i, line in enumerate(lines):
+        low = line.lower()
+        if 'File "' in line and (m := _FRAME_RE.search(line)):
+            code = ""
+            if i + 1 < len(lines) and not _FRAME_RE.search(lines[i + 1]):
+                code = lines[i + 1].strip()[:200]
+            where = f"{m.group(1)}:{m.group(2)}" + (f" in {m.group(3)}" if m.group(3) else "")
+            if len(frames) < 200:
+                frames.append([where, code])
+        if any(w in low for w in _SQUARE_WORDS):
+            for m in _SQUARE_RE.finditer(line):
+                if m.group(1) == m.group(2) and int(m.group(1)) >= 4096:
+                    facts.setdefault("square_dims", []).append((int(m.group(1)), _q(line)))
+            for m in _SQUARED_RE.finditer(line):
+                if int(m.group(1)) >= 4096:
+                    facts.setdefault("square_dims", []).append((int(m.group(1)), _q(line)))
+        if ("@" in line or "matmul" in low or "bmm" in low or "einsum" in low) and (
+            _SCORE_MATMUL_RE.search(line)
+        ):
+            facts.setdefault("score_matmul", []).append(_q(line))
+        if len(facts.get("shape_lines", [])) < 8 and _SHAPE4_RE.search(line):
+            facts.setdefault("shape_lines", []).append(_q(line))
+        if (report := _REPORT_RE.search(line)) and not _STEP_RE.search(line):
+            value = parse_size(f"{report.group(2)} {report.group(1)}")
+            if value and len(facts.get("memory_series", [])) < 200:
+                order = len(facts.get("memory_series", []))  # printed once per step, in order
+                facts.setdefault("memory_series", []).append((order, value, "allocated", _q(line)))
+        elif (step := _STEP_RE.search(line)) and _MEM_WORD_RE.search(line):
+            size = _SERIES_SIZE_RE.search(line, step.end()) or _SERIES_SIZE_RE.search(line)
+            if size is not None and len(facts.get("memory_series", [])) < 200:
+                kind = "reserved" if re.search(r"reserved|cached", line, re.I) else "allocated"
+                if re.search(r"alloc", line, re.I):
+                    kind = "allocated"
+                value = parse_size(size.group(0))
+                if value:
+                    facts.setdefault("memory_series", []).append(
+                        (int(step.group(1)), value, kind, _q(line))
+                    )
+        if "stream" in low and any(w in low for w in _COMM_WORDS):
+            facts.setdefault("side_stream_lines", []).append(_q(line))
+        if _COUNTER_RE.search(line) and _FREED_RE.search(line) and _STILL_RE.search(line):
+            facts.setdefault("residual_lines", []).append(_q(line))
+            sizes = [parse_size(m.group(0)) or 0 for m in _SIZE_RE.finditer(line)]
+            facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
+        if "cublas" in low and "workspace" in low:
+            facts.setdefault("cublas_workspace_lines", []).append(_q(line))
+        if "logit" in low and (_vocab_dim(line) or "vocab" in low):
+            facts.setdefault("logits_lines", []).append(_q(line))
+        if "gpu_prose" not in facts and (gpu := _gpu(line)) is not None:
+            facts["gpu_prose"] = gpu
+        if "model_prose" not in facts and (m := _MODEL_RE.search(line)):
+            experts, size, bare = m.group(1), m.group(2), m.group(3)
+            params = float(size or bare) * 1e9 * (int(experts) if experts else 1)
+            if 0.1e9 <= params <= 2000e9:
+                facts["model_prose"] = {"params": params, "name": m.group(0).strip()}
+    if frames:
+        facts["frame_code"] = frames
+    return facts
+
+
+def _q(line: str) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _vocab_dim(line: str) -> int | None:
+    for m in _VOCAB_DIM_RE.finditer(line):
+        n = int(m.group(1) + m.group(2))
+        if 30_000 <= n <= 300_000:
+            return n
+    return None
+
+
+def _gpu(line: str) -> dict[str, Any] | None:
+    m = _GPU_RE.search(line)
+    if m is not None:
+        size = float(m.group(2))
+        count = m.group(1) or m.group(3)
+        if 8 <= size <= 300:
+            return {
+                "bytes": int(size * GIB),
+                "count": int(count) if count else None,
+                "line": _q(line),
+            }
+    m = _GPU_SIZE_RE.search(line)
+    if m is not None and 8 <= int(m.group(1)) <= 300:
+        return {"bytes": int(m.group(1)) * GIB, "count": None, "line": _q(line)}
+    return None
