@@ -1,0 +1,505 @@
+"""Shared pieces of the rule tests (tests/test_rules*.py): where each text comes from
+(`SOURCES`), which test covers which rule (`covers`), the doctor run as the CLI runs it, and
+realistic configs. The doctor's rule catalog has one or more tests per rule.
+
+Every rule about tool output is fed VERBATIM text from a real source through the real parsers
+(`evidence.collect`, i.e. parse_log / parse_config / parse_experiments) and then `diagnose`.
+The texts live in tests/data/rules/ (one file per source, the text only); `SOURCES` below and a
+comment in each test name where each came from. Blocks named like `oom-pt-pr99699` or
+`tc-measured-*` are copied from ../shared/reference/real-formats.md (which names their URL);
+`seed-001-*` is ../shared/seeds/001_ef50205b3ce230ec.txt (the NVIDIA perf-activation-recompute
+skill, with its Llama3-70B experiment table). Rules about a model shape get realistic configs
+written as text (Megatron-LM command lines, Megatron-Bridge / recompute-kit YAML, Hydra
+overrides) and, where it matters, a real OOM message.
+
+A few rules have no public text that shows their pattern (RK003, RK006, RK007, RK023's
+experiment path, RK035, RK080) or cannot be reached through the parsers (RK076): their
+positive tests build the Evidence from numbers stated in a real thread, say so, and say why.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from recompute_kit.doctor.engine import Diagnosis, Finding, diagnose
+from recompute_kit.doctor.evidence import (
+    collect,
+)
+
+DATA = Path(__file__).parent / "data" / "rules"
+GIB = 2**30
+TC = "https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/megatron/core/transformer/transformer_config.py#L1884-L2030"
+LOCAL = "reproduced with the public torch.utils.checkpoint on CPU (real-formats.md)"
+
+# file name (without .txt) -> where the text comes from
+SOURCES = {
+    "oom-pt-pr99699": "https://github.com/pytorch/pytorch/pull/99699",
+    "oom-pt-16417-title": "https://github.com/pytorch/pytorch/issues/16417",
+    "oom-pt-16417-comment": "https://github.com/pytorch/pytorch/issues/16417",
+    "oom-unilm-137": "https://github.com/microsoft/unilm/issues/137",
+    "oom-mlm-525": "https://github.com/NVIDIA/Megatron-LM/issues/525",
+    "oom-msswift-9191": "https://github.com/modelscope/ms-swift/issues/9191",
+    "pt-71616": "https://github.com/pytorch/pytorch/issues/71616",
+    "pt-175431": "https://github.com/pytorch/pytorch/issues/175431",
+    "pt-35901": "https://github.com/pytorch/pytorch/issues/35901",
+    "pt-111363": "https://github.com/pytorch/pytorch/issues/111363",
+    "pt-pr13751": "https://github.com/pytorch/pytorch/pull/13751",
+    "returnn-1469": "https://github.com/rwth-i6/returnn/issues/1469",
+    "zerosearch-11": "https://github.com/Alibaba-NLP/ZeroSearch/issues/11",
+    "trl-4237": "https://github.com/huggingface/trl/issues/4237",
+    "vllm-10637": "https://github.com/vllm-project/vllm/issues/10637",
+    "dots-ocr-196": "https://github.com/studio-dots-ai/dots.ocr/issues/196",
+    "therock-1054": "https://github.com/ROCm/TheRock/issues/1054",
+    "mlm-92": "https://github.com/NVIDIA/Megatron-LM/issues/92",
+    "mlm-60": "https://github.com/NVIDIA/Megatron-LM/issues/60",
+    "trl-pr2776": "https://github.com/huggingface/trl/pull/2776",
+    "msswift-6149": "https://github.com/modelscope/ms-swift/issues/6149",
+    "mlm-2294-error": "https://github.com/NVIDIA/Megatron-LM/issues/2294",
+    "mlm-2294-config": "https://github.com/NVIDIA/Megatron-LM/issues/2294",
+    "ppuu-21": "https://github.com/Atcold/pytorch-PPUU/issues/21",
+    "chatglm-tuning-56": "https://github.com/mymusise/ChatGLM-Tuning/issues/56",
+    "transformers-17464": "https://github.com/huggingface/transformers/issues/17464",
+    "roformer-39": "https://github.com/JunnYu/RoFormer_pytorch/issues/39",
+    "nemo-speech-14241": "https://github.com/NVIDIA-NeMo/Speech/issues/14241 (title)",
+    "bnb-182": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/182",
+    "unsloth-18": "https://github.com/OEvortex/unsloth/issues/18",
+    "mbridge-2684": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/2684 "
+    "(megatron-recompute.md section 5, row 25)",
+    "mbridge-skill-cuda-graph": "Megatron-Bridge perf-activation-recompute skill / seed 001; "
+    "assert message of megatron-recompute.md section 1, rule 30",
+    "mlm-rule17-delayed-scaling": "megatron-recompute.md section 1, rule 17 (ValueError)",
+    "mlm-rule20-fine-grained-offloading": "megatron-recompute.md section 1, rule 20 (assert)",
+    "mlm-rule27-distribute-saved": "megatron-recompute.md section 1, rule 27 (arguments.py assert)",
+    "mlm-rule29-cuda-graphs": "megatron-recompute.md section 1, rule 29 (ValueError)",
+    "ex-args-local-v014-full": "real-formats.md ex-args-local-v014-full (Megatron-LM core_v0.14)",
+    "ex-nemo-14850": "https://github.com/NVIDIA-NeMo/Speech/issues/14850",
+    "ex-mlm-pr5662": "https://github.com/NVIDIA/Megatron-LM/pull/5662",
+    "seed-001-perf-activation-recompute": "../shared/seeds/001_ef50205b3ce230ec.txt",
+    **{f"ckpt-local-{n}": LOCAL for n in ("grad-reentrant", "no-input-grad", "ddp")},
+    **{f"ckpt-local-{n}": LOCAL for n in ("use-reentrant-missing", "metadata", "kwargs-reentrant")},
+    **{
+        f"tc-measured-{n}": TC
+        for n in (
+            "full-no-method",
+            "full-no-num-layers",
+            "full-bad-method",
+            "bad-granularity",
+            "selective-with-num-layers",
+            "selective-bad-module",
+            "moe-act-without-grouped-gemm",
+            "mla-up-proj-without-mla",
+            "shared-experts-with-overlap",
+            "cpu-offload-with-recompute",
+            "distribute-saved-with-sp",
+            "moe-layer-recompute-with-full",
+        )
+    },
+    "i12-automodel-1975": "https://github.com/NVIDIA-NeMo/Automodel/pull/1975",
+    "i12-automodel-2634": "https://github.com/NVIDIA-NeMo/Automodel/pull/2634",
+    "i12-automodel-2635": "https://github.com/NVIDIA-NeMo/Automodel/pull/2635",
+    "i12-nemorl-3280": "https://github.com/NVIDIA-NeMo/RL/pull/3280",
+    "i12-nemorl-3280-config": "https://github.com/NVIDIA-NeMo/RL/pull/3280",
+    "i12-rocm-megatron-85": "https://github.com/ROCm/Megatron-LM/pull/85",
+    "i12-rocm-megatron-85-config": "https://github.com/ROCm/Megatron-LM/pull/85",
+    "i12-te-3284": "https://github.com/NVIDIA/TransformerEngine/pull/3284",
+    "i12-cosmosrl-388": "https://github.com/nvidia-cosmos/cosmos-rl/pull/388",
+    "i12-diffusers-12776": "https://github.com/huggingface/diffusers/issues/12776",
+    "i12-ds-5704": "https://github.com/deepspeedai/DeepSpeed/issues/5704",
+    "i12-imgcap-57": "https://github.com/sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning/issues/57",
+    "i12-mamba-909": "https://github.com/state-spaces/mamba/pull/909",
+    "i12-modalities-361": "https://github.com/Modalities/modalities/issues/361",
+    "i12-piccolo-8": "https://github.com/OpenSenseNova/piccolo-embedding/issues/8",
+    "i12-pt-35901": "https://github.com/pytorch/pytorch/issues/35901",
+    "i12-pt-49481": "https://github.com/pytorch/pytorch/issues/49481",
+    "i12-internlm-326": "https://github.com/InternLM/InternLM-XComposer/issues/326",
+    "i12-pytorch-40863": "https://github.com/pytorch/pytorch/issues/40863",
+    "i12-llamafactory-1158": "https://github.com/hiyouga/LlamaFactory/issues/1158",
+    "i12-llamafactory-1158-config": "https://github.com/hiyouga/LlamaFactory/issues/1158",
+    "i12-nemorl-2871": "https://github.com/NVIDIA-NeMo/RL/issues/2871",
+    "i12-slime-1486": "https://github.com/THUDM/slime/pull/1486",
+    "i12-torchtitan-1117": "https://github.com/pytorch/torchtitan/issues/1117",
+    "i12-unslothzoo-1001": "https://github.com/unslothai/unsloth-zoo/pull/1001",
+    "i12-megatron-2754": "https://github.com/NVIDIA/Megatron-LM/pull/2754",
+    "i12-llamafactory-1916": "https://github.com/hiyouga/LlamaFactory/issues/1916",
+    "i12-mbridge-skill-expandable": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/9e12bbd5c6a27a19e6d4d92479ddcb02f7020457/skills/nemo-mbridge-perf-memory-tuning/SKILL.md",
+    "i12-llamafactory-1221": "https://github.com/hiyouga/LlamaFactory/issues/1221",
+    "i12-shannon-6": "https://github.com/ShannonAI/Self_Explaining_Structures_Improve_NLP_Models/issues/6",
+    "i12-sglang-29838-npu": "https://github.com/sgl-project/sglang/issues/29838",
+    # issue 13 (checkpoint / recompute / config): development corpus cases' pasted text
+    "i13-diffusers-9850": "https://github.com/huggingface/diffusers/issues/9850",
+    "i13-thunder-2116": "https://github.com/Lightning-AI/lightning-thunder/issues/2116",
+    "i13-thunder-2116-config": "https://github.com/Lightning-AI/lightning-thunder/issues/2116",
+    "i13-pt-71124": "https://github.com/pytorch/pytorch/issues/71124",
+    "i13-olmocore-828": "https://github.com/allenai/OLMo-core/pull/828",
+    "i13-olmocore-828-config": "https://github.com/allenai/OLMo-core/pull/828",
+    "i13-ds-988": "https://github.com/deepspeedai/DeepSpeed/issues/988",
+    "i13-openclip-573": "https://github.com/mlfoundations/open_clip/issues/573",
+    "i13-openclip-573-config": "https://github.com/mlfoundations/open_clip/issues/573",
+    "i13-dmd2-52": "https://github.com/tianweiy/DMD2/issues/52",
+    "i13-nemo-speech-12517": "https://github.com/NVIDIA-NeMo/Speech/pull/12517",
+    "i13-lightning-20329": "https://github.com/Lightning-AI/pytorch-lightning/issues/20329",
+    "i13-pt-123548": "https://github.com/pytorch/pytorch/issues/123548",
+    "i13-pt-128478": "https://github.com/pytorch/pytorch/issues/128478",
+    "i13-llavallama3-4": "https://github.com/Victorwz/LLaVA-Llama-3/issues/4",
+    "i13-unsloth-91": "https://github.com/unslothai/unsloth/issues/91",
+    "i13-open-instruct-838": "https://github.com/allenai/open-instruct/pull/838",
+    "i13-dsexamples-332": "https://github.com/deepspeedai/DeepSpeedExamples/issues/332",
+    "i13-dsexamples-332-config": "https://github.com/deepspeedai/DeepSpeedExamples/issues/332",
+    "i13-hf-47254": "https://github.com/huggingface/transformers/issues/47254",
+    "i13-pt-171355": "https://github.com/pytorch/pytorch/issues/171355",
+    "i13-hf-15959": "https://github.com/huggingface/transformers/issues/15959",
+    "i13-megatron-pr6311": "https://github.com/NVIDIA/Megatron-LM/pull/6311",
+    "ckpt-local-debug-topk": "torch.utils.checkpoint debug=True, reproduced on CPU (torch 2.13.0): "
+    "a function that runs topk only in the recompute",
+    "nemo-megatron-gpt-config-ac": "https://github.com/NVIDIA/NeMo/blob/main/examples/nlp/"
+    "language_modeling/conf/megatron_gpt_config.yaml (Activation Checkpointing block)",
+    "mlm-args-dump-recompute-none": "https://github.com/hwang2006/large-scale-lm-tutorials/blob/"
+    "main/docs/06_tensor_parallelism.md (Megatron-LM argument dump of a gpt2_345m run)",
+    # issue 13 (memory categories): dev corpus cases' text, and one IPEX message
+    "i13-llamafactory-2379": "https://github.com/hiyouga/LlamaFactory/issues/2379",
+    "i13-llamafactory-2379-config": "https://github.com/hiyouga/LlamaFactory/issues/2379",
+    "i13-llamafactory-5977": "https://github.com/hiyouga/LlamaFactory/issues/5977",
+    "i13-automodel-3907": "https://github.com/NVIDIA-NeMo/Automodel/issues/3907",
+    "i13-talking-head-36": "https://github.com/pkhungurn/talking-head-anime-demo/issues/36",
+    "i13-cbdnet-7": "https://github.com/IDKiro/CBDNet-pytorch/issues/7",
+    "i13-llamafactory-922": "https://github.com/hiyouga/LlamaFactory/issues/922",
+    "ipex-629": "https://github.com/intel/intel-extension-for-pytorch/issues/629",
+    # default readings (RK170/RK171): dev corpus cases' pasted text
+    "i17-automodel-2585": "https://github.com/NVIDIA-NeMo/Automodel/pull/2585",
+    "i17-automodel-2585-config": "https://github.com/NVIDIA-NeMo/Automodel/pull/2585",
+    "i17-improved-diffusion-3": "https://github.com/openai/improved-diffusion/issues/3",
+    "i17-llama2-accessory-26": "https://github.com/Alpha-VLLM/LLaMA2-Accessory/issues/26",
+    "i17-slime-1450-config": "https://github.com/THUDM/slime/issues/1450",
+    "i17-mistral-116928-summary": "https://github.com/pytorch/pytorch/issues/116928",
+    # prose reports next to an OOM (RK190/RK191): dev corpus cases' pasted text
+    "i19-verl-5364": "https://github.com/verl-project/verl/pull/5364",
+    "i19-skyrl-1768": "https://github.com/NovaSky-AI/SkyRL/pull/1768",
+    # generic memory findings in the paste's knobs; shell variables that hold flags
+    "i22-mlm-pretrain-gpt-distributed": "https://github.com/NVIDIA/Megatron-LM/blob/"
+    "9e72d571f49296d7002889cc19692d97a5b0f92e/examples/pretrain_gpt_distributed.sh",
+    "i22-ccf-ner-6": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
+    "i22-ccf-ner-6-config": "https://github.com/BaberMuyu/2020CCF-NER/issues/6",
+    "i22-pt-107667": "https://github.com/pytorch/pytorch/issues/107667",
+    "i22-pt-28113": "https://github.com/pytorch/pytorch/issues/28113",
+    "i22-pt-37250": "https://github.com/pytorch/pytorch/issues/37250 (beyondguo's comment)",
+    # general readings (RK260-RK265) and default readings from prose: dev corpus cases' text
+    "i26-hf-46822": "https://github.com/huggingface/transformers/issues/46822",
+    "i26-hf-28499": "https://github.com/huggingface/transformers/issues/28499",
+    "i26-attngym-32": "https://github.com/meta-pytorch/attention-gym/issues/32",
+    "i26-pt-133206": "https://github.com/pytorch/pytorch/issues/133206",
+    "i26-trl-3678": "https://github.com/huggingface/trl/issues/3678",
+    "i26-pt-71616-report": "https://github.com/pytorch/pytorch/issues/71616",
+    "i26-pt-85447": "https://github.com/pytorch/pytorch/pull/85447",
+    "i26-openrlhf-384": "https://github.com/OpenRLHF/OpenRLHF/issues/384",
+    "i26-openrlhf-392": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
+    "i26-openrlhf-392-config": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
+}
+
+# ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------
+
+COVERED: dict[str, list[str]] = {}
+
+
+def covers(*rule_ids: str):
+    def mark(fn):
+        for rule_id in rule_ids:
+            COVERED.setdefault(rule_id, []).append(fn.__name__)
+        return fn
+
+    return mark
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def text(name: str) -> str:
+    assert name in SOURCES, f"{name} has no source"
+    return (DATA / f"{name}.txt").read_text(encoding="utf-8")
+
+
+def run(
+    log: str = "",
+    *,
+    config: str | None = None,
+    config_name: str = "config.yaml",
+    experiments: str | None = None,
+    gpu_memory_gb: float | None = None,
+) -> Diagnosis:
+    """The doctor as the CLI runs it: files through `collect`, then `diagnose`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        logs = []
+        if log:
+            (root / "train.log").write_text(log, encoding="utf-8")
+            logs.append(str(root / "train.log"))
+        config_path = experiments_path = None
+        if config is not None:
+            config_path = root / config_name
+            config_path.write_text(config, encoding="utf-8")
+        if experiments is not None:
+            experiments_path = root / "experiments.md"
+            experiments_path.write_text(experiments, encoding="utf-8")
+        evidence = collect(
+            logs=logs,
+            config=str(config_path) if config_path else None,
+            experiments=str(experiments_path) if experiments_path else None,
+        )
+    return diagnose(evidence, gpu_memory_gb)
+
+
+def ids(d: Diagnosis) -> list[str]:
+    return [f.rule for f in d.findings]
+
+
+def get(d: Diagnosis, rule_id: str) -> Finding:
+    found = [f for f in d.findings if f.rule == rule_id]
+    assert found, (
+        f"{rule_id} did not fire; findings: {[(f.rule, f.confidence) for f in d.findings]}"
+    )
+    return found[0]
+
+
+def top(d: Diagnosis) -> Finding:
+    assert d.findings, "nothing fired"
+    return d.findings[0]
+
+
+def cites(f: Finding, *numbers: str) -> None:
+    for number in numbers:
+        assert number in f.evidence, f"{number!r} not in evidence: {f.evidence!r}"
+
+
+def spec_patch(granularity, method=None, num_layers=None, modules=None) -> dict:
+    return {
+        "recompute_granularity": granularity,
+        "recompute_method": method,
+        "recompute_num_layers": num_layers,
+        "recompute_modules": modules,
+    }
+
+
+# ---- realistic configs, written as users write them ----------------------------------------
+
+# Llama-3-70B pretraining with Megatron-LM (shape of the public Llama-3 recipe); 32k context.
+LLAMA3_70B_32K = """\
+torchrun --nproc_per_node 8 --nnodes 16 pretrain_gpt.py \\
+    --num-layers 80 \\
+    --hidden-size 8192 \\
+    --num-attention-heads 64 \\
+    --group-query-attention \\
+    --num-query-groups 8 \\
+    --ffn-hidden-size 28672 \\
+    --swiglu \\
+    --normalization RMSNorm \\
+    --seq-length 32768 \\
+    --max-position-embeddings 32768 \\
+    --micro-batch-size 1 \\
+    --global-batch-size 512 \\
+    --tensor-model-parallel-size 8 \\
+    --pipeline-model-parallel-size 4 \\
+    --sequence-parallel \\
+    --use-distributed-optimizer \\
+    --padded-vocab-size 128256 \\
+    --transformer-impl transformer_engine \\
+    --bf16
+"""
+
+# Llama-3-70B at 8k on TP8 only, without the distributed optimizer: model states do not fit.
+LLAMA3_70B_TP8_NO_DISTOPT = """\
+torchrun --nproc_per_node 8 --nnodes 16 pretrain_gpt.py \\
+    --num-layers 80 \\
+    --hidden-size 8192 \\
+    --num-attention-heads 64 \\
+    --group-query-attention \\
+    --num-query-groups 8 \\
+    --ffn-hidden-size 28672 \\
+    --swiglu \\
+    --normalization RMSNorm \\
+    --seq-length 8192 \\
+    --micro-batch-size 1 \\
+    --tensor-model-parallel-size 8 \\
+    --pipeline-model-parallel-size 1 \\
+    --sequence-parallel \\
+    --padded-vocab-size 128256 \\
+    --bf16
+"""
+
+# The flags of https://github.com/NVIDIA/Megatron-LM/issues/1031 ("Throughput low for 70B
+# training": 128 H100, TP8 PP8, full uniform 5, distribute-saved-activations).
+LLAMA3_70B_MLM_1031 = """\
+torchrun --nproc_per_node 8 --nnodes 16 pretrain_gpt.py \\
+      --num-layers 80 \\
+      --hidden-size 8192 \\
+      --num-attention-heads 64 \\
+      --group-query-attention \\
+      --num-query-groups 8 \\
+      --ffn-hidden-size 28672 \\
+      --swiglu \\
+      --normalization RMSNorm \\
+      --seq-length 4096 \\
+      --micro-batch-size 1 \\
+      --tensor-model-parallel-size 8 \\
+      --pipeline-model-parallel-size 8 \\
+      --use-distributed-optimizer \\
+      --overlap-grad-reduce \\
+      --overlap-param-gather \\
+      --recompute-granularity full \\
+      --recompute-method uniform \\
+      --recompute-num-layers 5 \\
+      --distribute-saved-activations \\
+      --bf16
+"""
+
+# Llama-3.1-8B with --recompute-activations (selective core_attn) and TransformerEngine.
+LLAMA3_8B_SELECTIVE = """\
+torchrun --nproc_per_node 8 pretrain_gpt.py \\
+    --num-layers 32 \\
+    --hidden-size 4096 \\
+    --ffn-hidden-size 14336 \\
+    --num-attention-heads 32 \\
+    --group-query-attention \\
+    --num-query-groups 8 \\
+    --swiglu \\
+    --normalization RMSNorm \\
+    --seq-length 8192 \\
+    --micro-batch-size 1 \\
+    --tensor-model-parallel-size 2 \\
+    --sequence-parallel \\
+    --use-distributed-optimizer \\
+    --padded-vocab-size 128256 \\
+    --transformer-impl transformer_engine \\
+    --recompute-activations \\
+    --bf16
+"""
+
+# Mixtral-8x7B (Megatron-LM MoE example flags) recomputing 'mlp', which MoE layers ignore.
+MIXTRAL_8X7B_MLP = """\
+torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py \\
+    --num-layers 32 \\
+    --hidden-size 4096 \\
+    --ffn-hidden-size 14336 \\
+    --num-attention-heads 32 \\
+    --group-query-attention \\
+    --num-query-groups 8 \\
+    --seq-length 4096 \\
+    --max-position-embeddings 32768 \\
+    --swiglu \\
+    --normalization RMSNorm \\
+    --untie-embeddings-and-output-weights \\
+    --num-experts 8 \\
+    --moe-router-topk 2 \\
+    --moe-router-load-balancing-type aux_loss \\
+    --moe-aux-loss-coeff 1e-2 \\
+    --moe-grouped-gemm \\
+    --moe-token-dispatcher-type alltoall \\
+    --expert-model-parallel-size 8 \\
+    --tensor-model-parallel-size 1 \\
+    --pipeline-model-parallel-size 4 \\
+    --micro-batch-size 1 \\
+    --global-batch-size 256 \\
+    --use-distributed-optimizer \\
+    --recompute-granularity selective \\
+    --recompute-modules mlp \\
+    --padded-vocab-size 32000 \\
+    --bf16
+"""
+
+# DeepSeek-V2-Lite shape (first layer dense, MLA, 64 experts top-6) in Megatron-Bridge YAML.
+DEEPSEEK_V2_LITE_MLP = """\
+model:
+  num_layers: 27
+  hidden_size: 2048
+  ffn_hidden_size: 10944
+  moe_ffn_hidden_size: 1408
+  num_attention_heads: 16
+  num_moe_experts: 64
+  moe_router_topk: 6
+  moe_shared_expert_intermediate_size: 2816
+  moe_layer_freq: [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+  moe_grouped_gemm: true
+  multi_latent_attention: true
+  kv_lora_rank: 512
+  qk_head_dim: 128
+  qk_pos_emb_head_dim: 64
+  v_head_dim: 128
+  vocab_size: 102400
+  seq_length: 4096
+  normalization: RMSNorm
+  swiglu: true
+  bf16: true
+  expert_model_parallel_size: 8
+  recompute_granularity: selective
+  recompute_modules: [mlp]
+"""
+
+# Qwen2.5-7B at 32k context (recompute-kit YAML with the data-parallel size).
+QWEN25_7B_32K = """\
+model:
+  num_layers: 28
+  hidden_size: 3584
+  ffn_hidden_size: 18944
+  num_attention_heads: 28
+  num_query_groups: 4
+  kv_channels: 128
+  vocab_size: 152064
+  seq_length: 32768
+  normalization: RMSNorm
+  swiglu: true
+  bf16: true
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  sequence_parallel: true
+  data_parallel_size: 8
+  use_distributed_optimizer: true
+  micro_batch_size: 1
+  recompute_granularity: full
+  recompute_method: uniform
+  recompute_num_layers: 1
+"""
+
+# Llama-3.1-8B at 128k context on one GPU per replica, full recompute already on.
+LLAMA31_8B_128K = """\
+model:
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 14336
+  num_attention_heads: 32
+  num_query_groups: 8
+  vocab_size: 128256
+  seq_length: 131072
+  normalization: RMSNorm
+  swiglu: true
+  bf16: true
+  tensor_model_parallel_size: 1
+  pipeline_model_parallel_size: 1
+  data_parallel_size: 64
+  use_distributed_optimizer: true
+  micro_batch_size: 1
+  recompute_granularity: full
+  recompute_method: uniform
+  recompute_num_layers: 1
+"""
+
+# Llama-3.1-8B at 8k recomputing 'mlp' on TP2 with room to spare.
+LLAMA31_8B_MLP = """\
+model:
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 14336
+  num_attention_heads: 32
+  num_query_groups: 8
+  vocab_size: 128256
+  seq_length: 8192
+  normalization: RMSNorm
+  swiglu: true
+  bf16: true
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  sequence_parallel: true
+  data_parallel_size: 4
+  use_distributed_optimizer: true
+  micro_batch_size: 1
+  recompute_granularity: selective
+  recompute_modules: [mlp]
+"""
