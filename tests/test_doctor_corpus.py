@@ -51,7 +51,7 @@ FLOORS = {
     ("held_out", "category_ok"): 0.30,
     ("held_out", "fix_ok"): 0.35,
 }
-MIN_CASES = 200
+MIN_CASES = 215
 
 
 @pytest.fixture(scope="module")
