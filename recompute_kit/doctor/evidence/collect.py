@@ -12,6 +12,7 @@ from .memory_stats import parse_memory_stats
 from .pasted import parse_pasted_settings
 from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
+from .text import clean_line
 
 # --------------------------------------------------------------------------------------------
 # Collecting everything
@@ -57,7 +58,8 @@ def _tables_in_log(text: str) -> list[dict]:
     ablation table next to the error."""
     if "|---" not in text and "| ---" not in text and "|:--" not in text:
         return []
-    return parse_experiments(text, "log.md")
+    # rank / timestamp / quote prefixes off, as every other parser reads the lines
+    return parse_experiments("\n".join(clean_line(x) for x in text.splitlines()), "log.md")
 
 
 def _snippets(text: str, source: str) -> Evidence:

@@ -160,6 +160,7 @@ class _LogParser(ProgressLines):
         self._nemo_memory: tuple[Any, ...] | None = None
         self._dropped: dict[str, int] = {}
         self._recent: deque[str] = deque(maxlen=8)  # lines no parser read, for context
+        self._last_stamp: dict[int | None, str] = {}  # per rank: the previous line's stamp
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -176,7 +177,11 @@ class _LogParser(ProgressLines):
         ):
             self._iteration(raw)  # fast path: a complete Megatron iteration line
             return
-        text, rank, stamped, level = _strip_prefixes(raw)
+        text, rank, stamp, level = _strip_prefixes(raw)
+        # A launcher or logger that stamps every line of one write (a traceback, a wrapped
+        # message) gives them all the same stamp: only a new stamp starts a new record.
+        stamped = bool(stamp) and stamp != self._last_stamp.get(rank)
+        self._last_stamp[rank] = stamp
         pending = self._pending
         if pending is not None:
             if self._continues(pending, text, rank, stamped):
