@@ -1,0 +1,108 @@
+"""Hard-wrapped pastes put back together before any parser reads them.
+
+A terminal copy cuts every long line at its width (80, 100, 120 columns), mid-word; a mail
+client or an editor re-flows at spaces. Either way one exception message, warning or traceback
+frame lands on several lines, and a parser that reads line by line sees half a message. The
+width shows in the paste itself: no line is longer than it, and several lines reach it (a hard
+wrap: exactly; a re-flow: the next line's first word would not have fitted). Lines are joined
+only where the paste shows such a width, never across a new record (a stamped line, a
+traceback header or frame, an exception line) nor into a more indented line (the source line
+under a frame), so a paste that was not wrapped comes back unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .logs import _starts_record
+from .text import _strip_prefixes
+
+_MIN_WIDTH, _MAX_WIDTH = 60, 200
+_MAX_FLOW_WIDTH = 100  # mail clients and editors re-flow at 72-100 columns
+# Lines that begin something of their own: a table row, a list item, a flag, a YAML key,
+# a frame, a "..." elision, a code fence.
+_OWN_LINE_RE = re.compile(
+    r"^\s*(?:\||[-*+] |--?\w|[a-z_][\w.-]*:\s|File \"|\.\.\.|```|Traceback |\[|\{|\}|#"
+    r"|\S+\.py[:\"])"
+)
+# A traceback frame line that is complete: nothing of it was cut.
+_WHOLE_FRAME_RE = re.compile(r'^\s*File "[^"]+", line \d+, in \S+$')
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _may_continue(line: str, previous: str, mode: str) -> bool:
+    if not line.strip() or _boxed(previous) or _boxed(line):
+        return False
+    if _indent(line) > _indent(previous):
+        return False  # the source line under a frame, a nested item
+    if mode == "hard":  # a cut at the exact width: anything may follow, but not a new record
+        if _indent(line) and _indent(line) == _indent(previous):
+            return False  # the next item of an indented list, not the rest of a cut line
+        text, _, stamp, _ = _strip_prefixes(line)
+        return not stamp and not _starts_record(text.strip(), False)
+    if _WHOLE_FRAME_RE.match(previous):
+        return False
+    text, _, stamp, _ = _strip_prefixes(line)
+    if stamp or text != line or _OWN_LINE_RE.match(line):
+        return False  # a prefix (rank, time, quote) marks a line of its own
+    return not _starts_record(text.strip(), False)
+
+
+def _boxed(line: str) -> bool:
+    """A row of a table or a box drawing (nvidia-smi, torch.cuda.memory_summary): such rows
+    share one width without being wrapped."""
+    s = line.strip()
+    return s[:1] in "|+=" or s[-1:] in "|+"
+
+
+def _width(lines: list[str]) -> tuple[int, str] | None:
+    """(width, "hard" | "flow") when the paste looks wrapped, else None."""
+    lengths = [len(x) for x in lines if x.strip() and not _boxed(x)]
+    if len(lengths) < 2:
+        return None
+    width = max(lengths)
+    if not _MIN_WIDTH <= width <= _MAX_WIDTH:
+        return None
+    at_width = sum(n == width for n in lengths)
+    near = sum(width - 15 <= n < width for n in lengths)
+    # a re-flow spreads its line ends below the width, a cut puts them all on it
+    if at_width >= 3 and at_width > near or at_width == 2 and near == 0:
+        return width, "hard"
+    if width > _MAX_FLOW_WIDTH:
+        return None
+    full = 0
+    for cur, nxt in zip(lines, lines[1:], strict=False):
+        words = nxt.split()
+        if words and len(cur) >= width - 25 and len(cur) + 1 + len(words[0]) > width:
+            full += 1
+    return (width, "flow") if full >= 2 else None
+
+
+def unwrap(text: str) -> str:
+    """`text` with the lines of a hard-wrapped or re-flowed paste joined back (unchanged when
+    the paste shows no wrap width)."""
+    lines = text.splitlines()
+    found = _width(lines)
+    if found is None:
+        return text
+    width, mode = found
+    out: list[str] = []
+    joined = False
+    prev_raw = ""
+    for line in lines:
+        prev = out[-1] if out else None
+        cut = prev is not None and (
+            len(prev_raw) == width
+            if mode == "hard"
+            else len(prev_raw) + 1 + len((line.split() or [""])[0]) > width
+        )
+        if cut and prev is not None and _may_continue(line, prev_raw, mode):
+            out[-1] = prev + (line if mode == "hard" else " " + line.strip())
+            joined = True
+        else:
+            out.append(line)
+        prev_raw = line
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "") if joined else text
