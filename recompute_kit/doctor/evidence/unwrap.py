@@ -54,8 +54,15 @@ def _may_continue(line: str, previous: str, mode: str) -> bool:
 def _boxed(line: str) -> bool:
     """A row of a table or a box drawing (nvidia-smi, torch.cuda.memory_summary): such rows
     share one width without being wrapped."""
-    s = line.strip()
-    return s[:1] in "|+=" or s[-1:] in "|+"
+    s = _strip_prefixes(line)[0].strip()
+    return s[:1] in "|+=" and s[-1:] in "|+="
+
+
+def _row_cut(previous: str, line: str) -> bool:
+    """A Markdown table row cut in two: the first piece opens with '|' but does not close,
+    the rest closes without opening."""
+    p, s = previous.strip(), line.strip()
+    return p[:1] == "|" and p[-1:] != "|" and p.count("|") >= 2 and s[-1:] == "|" and s[:1] != "|"
 
 
 def _width(lines: list[str]) -> tuple[int, str] | None:
@@ -68,8 +75,13 @@ def _width(lines: list[str]) -> tuple[int, str] | None:
         return None
     at_width = sum(n == width for n in lengths)
     near = sum(width - 15 <= n < width for n in lengths)
-    # a re-flow spreads its line ends below the width, a cut puts them all on it
-    if at_width >= 3 and at_width > near or at_width == 2 and near == 0:
+    # a re-flow spreads its line ends below the width, a cut puts them all on it; a cut
+    # before a space leaves it at the start of the next line, which a re-flow never does
+    spaced = any(
+        len(cur) == width and (cur.endswith(" ") or re.match(r" \S", nxt))
+        for cur, nxt in zip(lines, lines[1:], strict=False)
+    )
+    if at_width >= 2 and (at_width > near and (at_width >= 3 or spaced) or near == 0):
         return width, "hard"
     if width > _MAX_FLOW_WIDTH:
         return None
@@ -87,17 +99,24 @@ def unwrap(text: str) -> str:
     lines = text.splitlines()
     found = _width(lines)
     if found is None:
-        return text
+        if not any(_row_cut(a, b) for a, b in zip(lines, lines[1:], strict=False)):
+            return text
+        found = (0, "rows")
     width, mode = found
     out: list[str] = []
     joined = False
     prev_raw = ""
     for line in lines:
         prev = out[-1] if out else None
+        if prev is not None and _row_cut(prev_raw, line):
+            out[-1] = prev + line.strip()
+            joined = True
+            prev_raw = line
+            continue
         cut = prev is not None and (
             len(prev_raw) == width
             if mode == "hard"
-            else len(prev_raw) + 1 + len((line.split() or [""])[0]) > width
+            else mode == "flow" and len(prev_raw) + 1 + len((line.split() or [""])[0]) > width
         )
         if cut and prev is not None and _may_continue(line, prev_raw, mode):
             out[-1] = prev + (line if mode == "hard" else " " + line.strip())
