@@ -406,10 +406,14 @@ class _LogParser(ProgressLines):
         if ("peak" in text or "MaxMemAllocated" in text) and self._step_peak(text):
             return
         if _BARE_ERRORS_RE.search(text):
+            # an error message pasted without its "XError: " head; the lines after it are
+            # the rest of its message, as after an exception line
             message = text.strip()
             event = ErrorEvent(type="", message=message[:2000], rank=rank)
             event.context = self._take_recent()
-            self._add_error(event)
+            tb = _Traceback(self._chain.pop(rank, ""))
+            tb.state, tb.event = "message", event
+            self._tracebacks[rank] = tb
             return
         if "Theoretical memory" in text:
             m = _THEORY_RE.search(text)
@@ -435,13 +439,29 @@ class _LogParser(ProgressLines):
                 tb.frames.append(frame)
                 if len(tb.frames) > _MAX_FRAMES:
                     del tb.frames[0]
+                tb.source_due = True
                 return True
             if text[:1].isspace() or text.lstrip().startswith("[Previous line repeated"):
+                tb.source_due = False
                 return True  # the source line under a frame, carets, repeats
             m = _EXC_LINE_RE.match(text.strip())
-            if m is None or stamped:
-                # not an exception line: the traceback was cut; keep what it had
-                tb.event = ErrorEvent(type="", message="(traceback without exception line)")
+            if m is not None and stamped and not _EXC_SEARCH_RE.match(text.strip()):
+                m = None  # a new log record ("INFO: ..."), not the exception line
+            if m is None and tb.source_due and not stamped and not looks_like_oom(text):
+                tb.source_due = False  # the frame's source line, its indentation lost
+                return True
+            if m is None:
+                # Not an exception line: the traceback was cut, or its exception line lost
+                # the "XError: " head. A plain line is taken as that message (and still read
+                # on its own); a new record ends the traceback with what it had.
+                headless = (
+                    tb.frames
+                    and not stamped
+                    and text.lstrip()[:1].isalpha()  # words, not "...", "[cut]" or a fence
+                    and not _starts_record(text, False)
+                )
+                message = text.strip() if headless else "(traceback without exception line)"
+                tb.event = ErrorEvent(type="", message=message[:2000], rank=rank)
                 self._end_traceback(rank)
                 return False
             event = ErrorEvent(
@@ -474,7 +494,7 @@ class _LogParser(ProgressLines):
             event.frames = tb.frames
         if tb.details:
             event.details = "\n".join(tb.details)[:2000]
-        if event.type or event.frames:
+        if event.type or event.frames or _BARE_ERRORS_RE.search(event.message):
             self._add_error(event)
 
     def _warning(self, text: str, rank: int | None, level: str) -> bool:
