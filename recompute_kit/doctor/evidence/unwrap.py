@@ -13,6 +13,7 @@ under a frame), so a paste that was not wrapped comes back unchanged.
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 from .logs import _starts_record
 from .text import _strip_prefixes
@@ -79,14 +80,14 @@ def _width(lines: list[str]) -> tuple[int, str] | None:
     # before a space leaves it at the start of the next line, which a re-flow never does
     spaced = any(
         len(cur) == width and (cur.endswith(" ") or re.match(r" \S", nxt))
-        for cur, nxt in zip(lines, lines[1:], strict=False)
+        for cur, nxt in pairwise(lines)
     )
-    if at_width >= 2 and (at_width > near and (at_width >= 3 or spaced) or near == 0):
+    if at_width >= 2 and ((at_width > near and (at_width >= 3 or spaced)) or near == 0):
         return width, "hard"
     if width > _MAX_FLOW_WIDTH:
         return None
     full = 0
-    for cur, nxt in zip(lines, lines[1:], strict=False):
+    for cur, nxt in pairwise(lines):
         words = nxt.split()
         if words and len(cur) >= width - 25 and len(cur) + 1 + len(words[0]) > width:
             full += 1
@@ -99,7 +100,7 @@ def unwrap(text: str) -> str:
     lines = text.splitlines()
     found = _width(lines)
     if found is None:
-        if not any(_row_cut(a, b) for a, b in zip(lines, lines[1:], strict=False)):
+        if not any(_row_cut(a, b) for a, b in pairwise(lines)):
             return text
         found = (0, "rows")
     width, mode = found
