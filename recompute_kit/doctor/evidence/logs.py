@@ -442,6 +442,8 @@ class _LogParser(ProgressLines):
                 tb.source_due = True
                 return True
             if text[:1].isspace() or text.lstrip().startswith("[Previous line repeated"):
+                if tb.source_due:
+                    tb.source = text.strip()
                 tb.source_due = False
                 return True  # the source line under a frame, carets, repeats
             m = _EXC_LINE_RE.match(text.strip())
@@ -449,6 +451,7 @@ class _LogParser(ProgressLines):
                 m = None  # a new log record ("INFO: ..."), not the exception line
             if m is None and tb.source_due and not stamped and not looks_like_oom(text):
                 tb.source_due = False  # the frame's source line, its indentation lost
+                tb.source = text.strip()
                 return True
             if m is None:
                 # Not an exception line: the traceback was cut, or its exception line lost
@@ -461,7 +464,9 @@ class _LogParser(ProgressLines):
                     and not _starts_record(text, False)
                 )
                 message = text.strip() if headless else "(traceback without exception line)"
-                tb.event = ErrorEvent(type="", message=message[:2000], rank=rank)
+                # a failed `assert` statement raises AssertionError: the frame's line says so
+                kind = "AssertionError" if headless and tb.source.startswith("assert ") else ""
+                tb.event = ErrorEvent(type=kind, message=message[:2000], rank=rank)
                 self._end_traceback(rank)
                 return False
             event = ErrorEvent(

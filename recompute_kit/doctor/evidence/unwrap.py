@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 
-from .logs import _starts_record
-from .text import _strip_prefixes
+from .logs import _RECORD_RE, _starts_record
+from .oom import looks_like_oom
+from .text import _EXC_SEARCH_RE, _strip_prefixes
 
 _MIN_WIDTH, _MAX_WIDTH = 60, 200
 _MAX_FLOW_WIDTH = 100  # mail clients and editors re-flow at 72-100 columns
@@ -43,7 +44,12 @@ def _may_continue(line: str, previous: str, mode: str) -> bool:
         if _indent(line) and _indent(line) == _indent(previous):
             return False  # the next item of an indented list, not the rest of a cut line
         text, _, stamp, _ = _strip_prefixes(line)
-        return not stamp and not _starts_record(text.strip(), False)
+        head = text.strip()
+        # a new record begins at the line's start; the rest of a cut line may name an
+        # exception further on ("...test_gradien" / "t_checkpointing - RuntimeError: ...")
+        return not stamp and not (
+            _RECORD_RE.match(head) or _EXC_SEARCH_RE.match(head) or looks_like_oom(head[:40])
+        )
     if _WHOLE_FRAME_RE.match(previous):
         return False
     text, _, stamp, _ = _strip_prefixes(line)
