@@ -10,7 +10,8 @@ Modules: `schema` (what the parsers produce), `text` (line cleaning, sizes), `oo
 ROCm, XPU and Ascend NPU out-of-memory messages, every generation, with or without prefix),
 `tracebacks` (frames, exception lines, warnings), `logs` (Megatron/Bridge/NeMo training logs,
 streamed), `values` and `configs` (YAML/JSON, command lines, Hydra, Python, argument dumps),
-`experiments` (ablation tables), `memory_stats`, `snapshots`, and `collect` (all of them from
+`experiments` (ablation tables), `memory_stats`, `snapshots`, `unwrap` (hard-wrapped and
+re-flowed pastes joined back before short logs are parsed), and `collect` (all of them from
 paths, merged into one `Evidence`).
 """
 

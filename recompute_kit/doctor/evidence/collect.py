@@ -12,6 +12,8 @@ from .memory_stats import parse_memory_stats
 from .pasted import parse_pasted_settings
 from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
+from .text import clean_line
+from .unwrap import unwrap
 
 # --------------------------------------------------------------------------------------------
 # Collecting everything
@@ -57,7 +59,8 @@ def _tables_in_log(text: str) -> list[dict]:
     ablation table next to the error."""
     if "|---" not in text and "| ---" not in text and "|:--" not in text:
         return []
-    return parse_experiments(text, "log.md")
+    # rank / timestamp / quote prefixes off, as every other parser reads the lines
+    return parse_experiments("\n".join(clean_line(x) for x in text.splitlines()), "log.md")
 
 
 def _snippets(text: str, source: str) -> Evidence:
@@ -96,12 +99,15 @@ def collect(
     a file cannot be read, and for unsafe or corrupt snapshots. Unparsable content is noted."""
     evidence = Evidence()
     for log in logs:
-        if log == "-":
-            part = parse_log(_read_text(log, "log", stdin_text))
-            part.sources.append("log:<stdin>")
+        # a short log is read whole, its hard-wrapped lines joined back (evidence/unwrap.py)
+        text = _short_log_text(log, stdin_text)
+        flat = unwrap(text) if text else text
+        if log == "-" or flat != text:
+            part = parse_log(flat if flat != text else _read_text(log, "log", stdin_text))
+            part.sources.append("log:<stdin>" if log == "-" else f"log:{log}")
+            text = flat
         else:
             part = parse_log_file(log)
-        text = _short_log_text(log, stdin_text)
         part.experiments += _tables_in_log(text)
         pasted = parse_pasted_settings(text) if text else {}
         if pasted:  # what the log parser (and later an explicit --config) read wins

@@ -160,6 +160,7 @@ class _LogParser(ProgressLines):
         self._nemo_memory: tuple[Any, ...] | None = None
         self._dropped: dict[str, int] = {}
         self._recent: deque[str] = deque(maxlen=8)  # lines no parser read, for context
+        self._last_stamp: dict[int | None, str] = {}  # per rank: the previous line's stamp
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -176,7 +177,11 @@ class _LogParser(ProgressLines):
         ):
             self._iteration(raw)  # fast path: a complete Megatron iteration line
             return
-        text, rank, stamped, level = _strip_prefixes(raw)
+        text, rank, stamp, level = _strip_prefixes(raw)
+        # A launcher or logger that stamps every line of one write (a traceback, a wrapped
+        # message) gives them all the same stamp: only a new stamp starts a new record.
+        stamped = bool(stamp) and stamp != self._last_stamp.get(rank)
+        self._last_stamp[rank] = stamp
         pending = self._pending
         if pending is not None:
             if self._continues(pending, text, rank, stamped):
@@ -401,10 +406,14 @@ class _LogParser(ProgressLines):
         if ("peak" in text or "MaxMemAllocated" in text) and self._step_peak(text):
             return
         if _BARE_ERRORS_RE.search(text):
+            # an error message pasted without its "XError: " head; the lines after it are
+            # the rest of its message, as after an exception line
             message = text.strip()
             event = ErrorEvent(type="", message=message[:2000], rank=rank)
             event.context = self._take_recent()
-            self._add_error(event)
+            tb = _Traceback(self._chain.pop(rank, ""))
+            tb.state, tb.event = "message", event
+            self._tracebacks[rank] = tb
             return
         if "Theoretical memory" in text:
             m = _THEORY_RE.search(text)
@@ -430,13 +439,34 @@ class _LogParser(ProgressLines):
                 tb.frames.append(frame)
                 if len(tb.frames) > _MAX_FRAMES:
                     del tb.frames[0]
+                tb.source_due = True
                 return True
             if text[:1].isspace() or text.lstrip().startswith("[Previous line repeated"):
+                if tb.source_due:
+                    tb.source = text.strip()
+                tb.source_due = False
                 return True  # the source line under a frame, carets, repeats
             m = _EXC_LINE_RE.match(text.strip())
-            if m is None or stamped:
-                # not an exception line: the traceback was cut; keep what it had
-                tb.event = ErrorEvent(type="", message="(traceback without exception line)")
+            if m is not None and stamped and not _EXC_SEARCH_RE.match(text.strip()):
+                m = None  # a new log record ("INFO: ..."), not the exception line
+            if m is None and tb.source_due and not stamped and not looks_like_oom(text):
+                tb.source_due = False  # the frame's source line, its indentation lost
+                tb.source = text.strip()
+                return True
+            if m is None:
+                # Not an exception line: the traceback was cut, or its exception line lost
+                # the "XError: " head. A plain line is taken as that message (and still read
+                # on its own); a new record ends the traceback with what it had.
+                headless = (
+                    tb.frames
+                    and not stamped
+                    and text.lstrip()[:1].isalpha()  # words, not "...", "[cut]" or a fence
+                    and not _starts_record(text, False)
+                )
+                message = text.strip() if headless else "(traceback without exception line)"
+                # a failed `assert` statement raises AssertionError: the frame's line says so
+                kind = "AssertionError" if headless and tb.source.startswith("assert ") else ""
+                tb.event = ErrorEvent(type=kind, message=message[:2000], rank=rank)
                 self._end_traceback(rank)
                 return False
             event = ErrorEvent(
@@ -469,7 +499,7 @@ class _LogParser(ProgressLines):
             event.frames = tb.frames
         if tb.details:
             event.details = "\n".join(tb.details)[:2000]
-        if event.type or event.frames:
+        if event.type or event.frames or _BARE_ERRORS_RE.search(event.message):
             self._add_error(event)
 
     def _warning(self, text: str, rank: int | None, level: str) -> bool:

@@ -25,24 +25,34 @@ _PREFIX_RE = re.compile(
     r"|\d{1,3}(?:\.\d{1,3}){3}:(?=\s|$)"  # pdsh / DeepSpeed launcher: "192.168.0.32: "
     r"|\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
     r"|\[NeMo (?P<level>[A-Z]) [^\]]*\]"  # [NeMo I 2025-01-01 12:00:00 file:12]
+    r"|(?P<quote>>{1,3})(?=[ \t]|$)"  # GitHub / mail quote markers "> ", "> > ", ">> "
     r")[ \t]?"
 )
-_PREFIX_FIRST = frozenset(" \t[0123456789")
+_PREFIX_FIRST = frozenset(" \t[0123456789>")
+# What a logging format puts between the timestamp and the message: Python logging's
+# "%(asctime)s - %(name)s - %(levelname)s - ", loguru's "| ERROR    | mod:func:12 - ",
+# "[ERROR] ", "ERROR " (read only right after a timestamp).
+_LEVELS = r"DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
+_LOGGER_RE = re.compile(
+    r"\s*(?:[-|]\s*)?(?:[\w.<>-]{1,60}\s[-|]\s)?\[?(?P<level>" + _LEVELS + r")\]?"
+    r"(?:\s*[-|:]\s(?:[\w.<>-]{1,60}:[\w.<>-]{1,60}:\d{1,6}\s-\s)?|\s+(?!\d\d-\d\d\s))"
+)  # (vLLM's own "WARNING 07-29 15:39:27 [file.py:17] " is left to the log parser)
 
 
-def _strip_prefixes(line: str) -> tuple[str, int | None, bool, str]:
+def _strip_prefixes(line: str) -> tuple[str, int | None, str, str]:
     """Remove ANSI codes and leading rank/timestamp prefixes.
 
-    Returns (text, rank, stamped, level): the rank from `[rankN]:` (or a launcher's
-    `[defaultN]:` / srun's `N:` when there is no `[rankN]:`), whether a timestamp was removed
-    (a new log record starts there), and NeMo's log level letter ("W" for warnings)."""
+    Returns (text, rank, stamp, level): the rank from `[rankN]:` (or a launcher's
+    `[defaultN]:` / srun's `N:` when there is no `[rankN]:`), the timestamp removed ("" when
+    none: a stamp starts a new log record unless the line before had the very same stamp) and
+    the log level letter ("W" for warnings: NeMo's `[NeMo W ...]`, a logger's WARNING)."""
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
     if not line or line[0] not in _PREFIX_FIRST:
-        return line, None, False, ""
+        return line, None, "", ""
     rank: int | None = None
     other_rank: int | None = None
-    stamped = False
+    stamp = ""
     level = ""
     for _ in range(8):
         m = _PREFIX_RE.match(line)
@@ -56,14 +66,19 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, bool, str]:
             if other_rank is None:
                 other_rank = int(m.group("task"))
         elif m.group("ts") is not None:
-            stamped = True
+            stamp = m.group("ts")
         elif m.group("level") is not None:
             level = m.group("level")
-            stamped = True
+            stamp = m.group(0).strip()
         line = line[m.end() :]
         if not line:
             break
-    return line, rank if rank is not None else other_rank, stamped, level
+        if m.group("ts") is not None and (lm := _LOGGER_RE.match(line)) is not None:
+            level = level or ("W" if lm.group("level").startswith("WARN") else "")
+            line = line[lm.end() :]
+            if not line:
+                break
+    return line, rank if rank is not None else other_rank, stamp, level
 
 
 def clean_line(line: str) -> str:

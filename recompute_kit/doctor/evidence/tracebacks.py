@@ -30,6 +30,8 @@ _BARE_ERRORS = (
     "Expected to mark a variable ready only once",
     "have different metadata than during the forward pass",
     "Unpack is being triggered for a tensor that was already unpacked once",
+    "Recomputed values for the following tensors",  # torch.utils.checkpoint.CheckpointError
+    "save_for_backward can only save variables",  # torch.autograd.Function's TypeError
 )
 _BARE_ERRORS_RE = re.compile("|".join(re.escape(p) for p in _BARE_ERRORS))
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")
@@ -44,10 +46,13 @@ _MAX_DETAIL_LINES = 30
 class _Traceback:
     """One rank's traceback or exception message being read."""
 
-    __slots__ = ("chained", "details", "event", "frames", "state")
+    __slots__ = ("chained", "details", "event", "frames", "source", "source_due", "state")
 
     def __init__(self, chained: str = "") -> None:
         self.frames: list[str] = []
+        self.source_due = False  # a frame was read: its source line may follow (unindented
+        # when the paste lost its whitespace)
+        self.source = ""  # the last frame's source line ("assert args.x, ..." names the type)
         self.state = "frames"  # frames -> message (after the exception line)
         self.event: ErrorEvent | None = None
         self.details: list[str] = []
