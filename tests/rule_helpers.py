@@ -210,6 +210,21 @@ def covers(*rule_ids: str):
     return mark
 
 
+# fresh public pastes for the recompute families (checkpoint API, recompute that differs or
+# does not act, validation, framework bugs, overhead): tests/test_rules_fresh_recompute.py
+SOURCES.update(
+    {
+        "fr-ddp-ready-twice-focalnet": "https://github.com/microsoft/FocalNet/issues/4",
+        "fr-ddp-ready-twice-longformer": "https://github.com/allenai/longformer/issues/63",
+        "fr-ddp-ready-twice-ibot": "https://github.com/bytedance/ibot/issues/30",
+        "fr-noreqgrad-pysemseg": "https://github.com/petko-nikolov/pysemseg/issues/5",
+        "fr-noreqgrad-memonger": "https://github.com/Lyken17/pytorch-memonger/issues/4",
+        "fr-lora-grads-none-mslora": "https://github.com/microsoft/LoRA/issues/120",
+        "fr-noreqgrad-qwenvl": "https://github.com/2U1/Qwen-VL-Series-Finetune/issues/56",
+    }
+)
+
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

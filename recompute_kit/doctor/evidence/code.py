@@ -99,6 +99,17 @@ _OOM_WORDS_RE = re.compile(
     r"显存不足|爆显存|内存不足|显存溢出",
     re.I,
 )
+# A person reports that gradients are lost: "all gradients will be 'None'", "grad is None",
+# "lora_A and B will not be updated", "layer1's parameters can't be optimized", "layers not
+# trained" (PyTorch's own warning, "Gradients will be None", is not a report).
+_GRADS_LOST_RE = re.compile(
+    r"\bgrad(?:ient)?s?\b[^.;]{0,40}?\b(?:is|are|will be|become|becomes|was|were|stay|stays)"
+    r"\s+['\"`]?None\b"
+    r"|\b(?:param(?:eter)?s?|weights?|lora\w*|adapters?|layers?)\b[^.;]{0,60}?\b(?:can't|cannot|"
+    r"can not|won't|will not|are not|aren't|is not|isn't|not|never)\s+(?:be\s+|being\s+|get\s+)?"
+    r"(?:optimi[sz]ed|updated|trained|learn(?:ed|ing)?)\b",
+    re.I,
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -145,7 +156,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
-    "OutOfMemoryError", "显存不足")."""
+    "OutOfMemoryError", "显存不足"), `grads_lost` (prose lines reporting gradients None or
+    parameters not updated / trained)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -229,6 +241,13 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("num_layers_lines", line)  # a source line of the uniform chunk loop, a key
         if _NONDETERMINISM in line:
             facts["nondeterminism"] = True
+        if (
+            ("grad" in lower or "updated" in lower or "optimi" in lower or "train" in lower)
+            and "none of the inputs" not in lower
+            and not _is_code(line)
+            and _GRADS_LOST_RE.search(line)
+        ):
+            add("grads_lost", line)
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)

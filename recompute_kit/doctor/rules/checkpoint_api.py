@@ -434,7 +434,8 @@ HARMLESS_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "finetuning_typ
     "checkpoint_api_misuse",
     symptom="UserWarning 'None of the inputs have requires_grad=True. Gradients will be None' "
     "while training every parameter with gradient checkpointing on (no adapters, no frozen "
-    "base, no torch.no_grad)",
+    "base, no torch.no_grad); or a report that with checkpointing on the gradients are None / "
+    "the parameters (adapters) are not updated",
     cause="With the reentrant checkpoint a block whose inputs do not require grad produces "
     "outputs without grad_fn: the parameters inside it get no gradient, silently (the first "
     "block after an embedding without grad, or inputs built outside autograd)",
@@ -449,7 +450,20 @@ HARMLESS_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "finetuning_typ
 )
 def _lost_gradients(ctx: Context) -> Match | None:
     warned = on_message("None of the inputs have requires_grad=True")(ctx)
-    if warned is None or _failing(ctx):
+    if _failing(ctx):
+        return None
+    lost = fact(ctx, "grads_lost")
+    if lost and (warned is not None or fact(ctx, "mentions") or fact(ctx, "checkpointing_on")):
+        # The reporter sees it: gradients None / parameters not updated, with the warning or
+        # with checkpointing named (adapters or not: those inside the blocks lose theirs too).
+        said = warned.evidence + " " if warned is not None else ""
+        return Match(
+            0.7,
+            f"{said}The report says the gradients are lost ('{lost[0]}') with gradient "
+            "checkpointing: the reentrant checkpoint gives a block whose inputs need no "
+            "gradient outputs without grad_fn, so the parameters inside it get none.",
+        )
+    if warned is None:
         return None
     on = fact(ctx, "checkpointing_on", "config")
     if not on or fact(ctx, "no_grad") or fact(ctx, "eval"):

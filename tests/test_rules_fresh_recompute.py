@@ -1,0 +1,81 @@
+"""Fresh public pastes for the recompute rule families (checkpoint API misuse, recompute that
+differs, recompute that does not act, Megatron validation, framework bugs, overhead): each text
+is another thread than the rule's own sources and tests, copied verbatim into
+tests/data/rules/fr-*.txt (its URL in `SOURCES` and in the test's comment). Each test asserts
+the top finding's rule / category and that the fix names the remedy the thread's maintainers
+(or the error message itself) gave."""
+
+from __future__ import annotations
+
+from rule_helpers import covers, ids, run, text, top
+
+# =============================================================================================
+# RK074: DDP marks a parameter ready twice under the reentrant checkpoint
+# =============================================================================================
+
+
+@covers("RK074")
+def test_fresh_rk074_ddp_ready_twice_with_parameter_name():
+    # https://github.com/microsoft/FocalNet/issues/4 (torch 1.10 wording, names the parameter)
+    f = top(run(text("fr-ddp-ready-twice-focalnet")))
+    assert f.rule == "RK074" and f.category == "checkpoint_api_misuse"
+    assert "_set_static_graph" in f.fix and f.config_patch == {"use_reentrant": False}
+
+
+@covers("RK074")
+def test_fresh_rk074_ddp_ready_twice_older_wording():
+    # https://github.com/allenai/longformer/issues/63 (older wording: "DDP does not support
+    # such use cases yet. 3) Incorrect unused parameter detection ...")
+    f = top(run(text("fr-ddp-ready-twice-longformer")))
+    assert f.rule == "RK074" and f.category == "checkpoint_api_misuse"
+
+
+@covers("RK074")
+def test_fresh_rk074_ddp_ready_twice_after_reentrant_frames():
+    # https://github.com/bytedance/ibot/issues/30 (frames of checkpoint.py's backward first)
+    f = top(run(text("fr-ddp-ready-twice-ibot")))
+    assert f.rule == "RK074" and "use_reentrant=False" in f.fix
+
+
+# =============================================================================================
+# RK099 / RK149: 'None of the inputs have requires_grad=True' harmless vs gradients lost
+# =============================================================================================
+
+
+@covers("RK099")
+def test_fresh_rk099_warning_at_inference_is_harmless():
+    # https://github.com/petko-nikolov/pysemseg/issues/5 (inference under no_grad and eval)
+    f = top(run(text("fr-noreqgrad-pysemseg")))
+    assert f.rule == "RK099" and f.category == "informational"
+
+
+@covers("RK099")
+def test_fresh_rk099_warning_with_a_frozen_tower():
+    # https://github.com/2U1/Qwen-VL-Series-Finetune/issues/56 (frozen vision tower)
+    f = top(run(text("fr-noreqgrad-qwenvl")))
+    assert f.rule == "RK099" and "RK149" not in ids(run(text("fr-noreqgrad-qwenvl")))
+
+
+@covers("RK149")
+def test_fresh_rk149_warning_and_parameters_not_optimized():
+    # https://github.com/Lyken17/pytorch-memonger/issues/4: the warning, and the reporter sees
+    # that layer1's parameters "can't be optimized" (inputs without requires_grad).
+    f = top(run(text("fr-noreqgrad-memonger")))
+    assert f.rule == "RK149" and f.category == "checkpoint_api_misuse"
+    assert "use_reentrant=False" in f.fix and "enable_input_require_grads" in f.fix
+    assert "can't be optimized" in f.evidence
+
+
+@covers("RK149")
+def test_fresh_rk149_lora_gradients_none_with_checkpointing():
+    # https://github.com/microsoft/LoRA/issues/120: no warning pasted, only the report that
+    # with gradient checkpointing the LoRA gradients are 'None' and lora_A/B never update.
+    f = top(run(text("fr-lora-grads-none-mslora")))
+    assert f.rule == "RK149" and f.category == "checkpoint_api_misuse"
+    assert "enable_input_require_grads" in f.fix and f.config_patch == {"use_reentrant": False}
+
+
+def test_fresh_rk149_not_without_checkpointing_named():
+    # A report of None gradients that names no checkpointing is not this rule's.
+    report = "all gradients will be 'None', so lora_A and B will not be updated"
+    assert "RK149" not in ids(run(report))
