@@ -221,6 +221,10 @@ SOURCES.update(
         "fr-noreqgrad-memonger": "https://github.com/Lyken17/pytorch-memonger/issues/4",
         "fr-lora-grads-none-mslora": "https://github.com/microsoft/LoRA/issues/120",
         "fr-noreqgrad-qwenvl": "https://github.com/2U1/Qwen-VL-Series-Finetune/issues/56",
+        "fr-zero3-metadata-openrlhf": "https://github.com/OpenRLHF/OpenRLHF/issues/569",
+        "fr-zero3-metadata-minicpmv": "https://github.com/OpenBMB/MiniCPM-V/issues/651",
+        "fr-metadata-cp-trl": "https://github.com/huggingface/trl/issues/4314",
+        "fr-metadata-vader": "https://github.com/mihirp1998/VADER/issues/9",
     }
 )
 

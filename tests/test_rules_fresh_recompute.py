@@ -79,3 +79,44 @@ def test_fresh_rk149_not_without_checkpointing_named():
     # A report of None gradients that names no checkpointing is not this rule's.
     report = "all gradients will be 'None', so lora_A and B will not be updated"
     assert "RK149" not in ids(run(report))
+
+
+# =============================================================================================
+# RK083 / RK075: recomputed tensors differ from the forward's
+# =============================================================================================
+
+
+@covers("RK083")
+def test_fresh_rk083_zero3_lora_dpo_command_and_empty_shapes():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/569: --zero_stage 3 --lora_rank 32
+    # --gradient_checkpointing; recomputed metadata torch.Size([0]) (ZeRO-3 released params).
+    f = top(run(text("fr-zero3-metadata-openrlhf")))
+    assert f.rule == "RK083" and f.category == "framework_bug"
+    assert "use_reentrant=True" in f.fix or "deepspeed.checkpointing" in f.fix
+
+
+@covers("RK083")
+def test_fresh_rk083_zero3_linear_frames():
+    # https://github.com/OpenBMB/MiniCPM-V/issues/651: deepspeed/runtime/zero/linear.py frames,
+    # torch.Size([0]) recomputed.
+    f = top(run(text("fr-zero3-metadata-minicpmv")))
+    assert f.rule == "RK083" and f.category == "framework_bug"
+
+
+@covers("RK075")
+def test_fresh_rk075_shifted_shapes_are_not_moe_routing():
+    # https://github.com/mihirp1998/VADER/issues/9 (LoRA video diffusion, no MoE): the paste puts
+    # two pairs before the exception line and one after; the shapes at the same positions have
+    # other ranks (another op sequence), so one pair whose leading dimension moved (4 -> 128)
+    # is not token routing.
+    f = top(run(text("fr-metadata-vader")))
+    assert f.rule == "RK075" and f.category == "nondeterministic_recompute"
+    assert "router" not in str(f.config_patch)
+    assert "set_checkpoint_debug_enabled" in f.fix
+
+
+@covers("RK075")
+def test_fresh_rk075_sequence_dimension_halved():
+    # https://github.com/huggingface/trl/issues/4314 (LoRA + FSDP2 context parallel)
+    f = top(run(text("fr-metadata-cp-trl")))
+    assert f.rule == "RK075" and f.category == "nondeterministic_recompute"

@@ -110,6 +110,12 @@ _GRADS_LOST_RE = re.compile(
     r"(?:optimi[sz]ed|updated|trained|learn(?:ed|ing)?)\b",
     re.I,
 )
+# torch.utils.checkpoint's CheckpointError lists "saved metadata: {'shape': torch.Size([..]),
+# 'dtype': torch.X ...}" then "recomputed metadata: {...}" per tensor position.
+_META_RE = re.compile(
+    r"(saved|recomputed) metadata:\s*\{'shape':\s*torch\.Size\(\[([^\]]*)\]\),\s*'dtype':"
+    r"\s*torch\.(\w+)"
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -157,11 +163,13 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
     "OutOfMemoryError", "显存不足"), `grads_lost` (prose lines reporting gradients None or
-    parameters not updated / trained)."""
+    parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
+    shape, dtype)] of a CheckpointError, wherever the paste puts them)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
     lines = [clean_line(raw) for raw in text.splitlines()]
+    saved_meta: tuple[str, str] | None = None
     last_eval = last_train = -1
 
     def add(key: str, line: str) -> None:
@@ -248,6 +256,13 @@ def scan_snippets(text: str) -> dict[str, Any]:
             and _GRADS_LOST_RE.search(line)
         ):
             add("grads_lost", line)
+        if "metadata" in line and (m := _META_RE.search(line)):
+            shape, dtype = " ".join(m.group(2).split()), m.group(3)
+            if m.group(1) == "saved":
+                saved_meta = (shape, dtype)
+            elif saved_meta is not None:
+                facts.setdefault("metadata_pairs", []).append((*saved_meta, shape, dtype))
+                saved_meta = None
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)

@@ -158,12 +158,21 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
     ).lower()
     saved = re.findall(r"saved metadata: \{'shape': torch\.size\(\[([^\]]*)\]\)", text)
     again = re.findall(r"recomputed metadata: \{'shape': torch\.size\(\[([^\]]*)\]\)", text)
-    token_count = any(  # only the leading (token) dimension moved: routing, capacity
-        len(a.split(",")) == len(b.split(",")) > 1
+    pasted = fact(ctx, "metadata_pairs") or []
+    if len(pasted) > len(saved):  # pairs the paste put before the exception line too
+        saved = [p[0] for p in pasted]
+        again = [p[2] for p in pasted]
+    differing = [(a, b) for a, b in zip(saved, again, strict=False) if a != b]
+    leading = [  # only the leading (token) dimension moved: routing, capacity
+        (a, b)
+        for a, b in differing
+        if len(a.split(",")) == len(b.split(",")) > 1
         and a.split(",")[0] != b.split(",")[0]
         and a.split(",")[1:] == b.split(",")[1:]
-        for a, b in zip(saved, again, strict=False)
-    )
+    ]
+    # Routing changes token counts throughout; shapes of other ranks at the same positions
+    # mean another sequence of ops ran (a shifted list), not routing.
+    token_count = bool(leading) and 2 * len(leading) > len(differing)
     count = re.search(
         r"number of tensors saved during forward: (\d+)\s*number of tensors saved during "
         r"recomputation: (\d+)",
