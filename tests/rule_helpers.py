@@ -225,6 +225,11 @@ SOURCES.update(
         "fr-zero3-metadata-minicpmv": "https://github.com/OpenBMB/MiniCPM-V/issues/651",
         "fr-metadata-cp-trl": "https://github.com/huggingface/trl/issues/4314",
         "fr-metadata-vader": "https://github.com/mihirp1998/VADER/issues/9",
+        "fr-backward-twice-encoding": "https://github.com/zhanghang1989/PyTorch-Encoding/issues/76",
+        "fr-backward-twice-animateanyone": "https://github.com/MooreThreads/Moore-AnimateAnyone/"
+        "issues/126",
+        "fr-kwargs-use-reentrant-memotr": "https://github.com/MCG-NJU/MeMOTR/issues/15",
+        "fr-use-reentrant-old-kohya": "https://github.com/bmaltais/kohya_ss/issues/2481",
     }
 )
 

@@ -120,3 +120,61 @@ def test_fresh_rk075_sequence_dimension_halved():
     # https://github.com/huggingface/trl/issues/4314 (LoRA + FSDP2 context parallel)
     f = top(run(text("fr-metadata-cp-trl")))
     assert f.rule == "RK075" and f.category == "nondeterministic_recompute"
+
+
+# =============================================================================================
+# RK093: backward through the graph twice; RK073: keyword arguments; RK156: old notice
+# =============================================================================================
+
+
+@covers("RK093")
+def test_fresh_rk093_retain_graph_through_reentrant_checkpoint():
+    # https://github.com/zhanghang1989/PyTorch-Encoding/issues/76 (PyTorch 0.4, the message cut
+    # at "freed"; the frames run through checkpoint.py's backward)
+    f = top(run(text("fr-backward-twice-encoding")))
+    assert f.rule == "RK093" and f.category == "checkpoint_api_misuse"
+    assert "use_reentrant=False" in f.fix
+
+
+@covers("RK093")
+def test_fresh_rk093_reported_in_prose_with_checkpointing_yaml_key():
+    # https://github.com/MooreThreads/Moore-AnimateAnyone/issues/126 (prose: with
+    # "gradient_checkpointing: True" the error appears once a second UNet trains too)
+    f = top(run(text("fr-backward-twice-animateanyone")))
+    assert f.rule == "RK093" and f.category == "checkpoint_api_misuse"
+
+
+@covers("RK073")
+def test_fresh_rk073_use_reentrant_rejected_by_an_old_pytorch():
+    # https://github.com/MCG-NJU/MeMOTR/issues/15: the error quoted as inline code
+    # (`ValueError: Unexpected keyword arguments: use_reentrant`) after
+    # `checkpoint(self.backbone, frame, use_reentrant=False)`: the installed checkpoint has no
+    # use_reentrant parameter (PyTorch < 1.11), so the remedy is not use_reentrant=False.
+    f = top(run(text("fr-kwargs-use-reentrant-memotr")))
+    assert f.rule == "RK073" and f.category == "checkpoint_api_misuse"
+    assert "Upgrade PyTorch" in f.fix and "1.11" in f.config_patch["command"]
+
+
+def test_fresh_rk073_other_keywords_keep_the_non_reentrant_remedy():
+    # the same ValueError naming the function's own keyword (attention_mask): use_reentrant=False
+    f = top(run("ValueError: Unexpected keyword arguments: attention_mask"))
+    assert f.rule == "RK073" and f.config_patch == {"use_reentrant": False}
+
+
+@covers("RK156")
+def test_fresh_rk156_old_use_reentrant_notice_alone():
+    # https://github.com/bmaltais/kohya_ss/issues/2481 (PyTorch 2.1-2.3 wording, no failure)
+    f = top(run(text("fr-use-reentrant-old-kohya")))
+    assert f.rule == "RK156" and f.category == "informational"
+    assert "use_reentrant" in str(f.config_patch)
+
+
+def test_fresh_inline_code_line_is_read_without_its_backticks():
+    # the parser change behind the MeMOTR#15 test: a whole line quoted as inline code
+    from recompute_kit.doctor.evidence.text import clean_line
+
+    assert clean_line("`ValueError: Unexpected keyword arguments: use_reentrant`") == (
+        "ValueError: Unexpected keyword arguments: use_reentrant"
+    )
+    assert clean_line("```") == "```"
+    assert clean_line("`a` and `b`") == "`a` and `b`"

@@ -39,6 +39,15 @@ _LOGGER_RE = re.compile(
 )  # (vLLM's own "WARNING 07-29 15:39:27 [file.py:17] " is left to the log parser)
 
 
+def _unbacktick(line: str) -> str:
+    """A whole line quoted as inline code in Markdown (`` `ValueError: ...` ``) without its
+    backticks; a code fence or a line with code inside it is left as it is."""
+    s = line.strip()
+    if len(s) > 2 and s[0] == "`" == s[-1] and "`" not in s[1:-1]:
+        return s[1:-1]
+    return line
+
+
 def _strip_prefixes(line: str) -> tuple[str, int | None, str, str]:
     """Remove ANSI codes and leading rank/timestamp prefixes.
 
@@ -48,6 +57,8 @@ def _strip_prefixes(line: str) -> tuple[str, int | None, str, str]:
     the log level letter ("W" for warnings: NeMo's `[NeMo W ...]`, a logger's WARNING)."""
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    if "`" in line:
+        line = _unbacktick(line)
     if not line or line[0] not in _PREFIX_FIRST:
         return line, None, "", ""
     rank: int | None = None

@@ -58,8 +58,12 @@ CKPT_RULES = [
         "Keyword arguments to a reentrant checkpoint",
         ("Unexpected keyword arguments",),
         "ValueError: Unexpected keyword arguments: ...",
-        "The reentrant checkpoint takes positional tensors only",
-        "use_reentrant=False, or pass the values positionally (functools.partial for non-tensors)",
+        "The reentrant checkpoint takes positional tensors only; when the rejected name is "
+        "use_reentrant (or context_fn, determinism_check, debug) the installed PyTorch predates "
+        "that parameter of checkpoint",
+        "use_reentrant=False, or pass the values positionally (functools.partial for "
+        "non-tensors); for 'Unexpected keyword arguments: use_reentrant' upgrade PyTorch "
+        "(>= 1.11) or drop the argument",
         {"use_reentrant": False},
     ),
     (
@@ -97,6 +101,40 @@ def _reentrant_warning(ctx: Context) -> Match | None:
     return on_message(RK072_OLD)(ctx) if _failing(ctx) else None
 
 
+# torch.utils.checkpoint's own parameters, by the release that added them: a PyTorch older than
+# that passes them on to the checkpointed function as **kwargs and rejects them there.
+CKPT_PARAMS_SINCE = {
+    "use_reentrant": "1.11",
+    "context_fn": "2.1",
+    "determinism_check": "2.1",
+    "debug": "2.1",
+}
+
+
+def _unexpected_kwargs(ctx: Context) -> Match | None:
+    found = on_message("Unexpected keyword arguments")(ctx)
+    if found is None:
+        return None
+    names: list[str] = []
+    for e in ctx.evidence.errors:
+        m = re.search(r"Unexpected keyword arguments:\s*([\w, ]+)", e.message)
+        if m:
+            names += [n for n in re.split(r"[,\s]+", m.group(1)) if n]
+    own = [n for n in names if n in CKPT_PARAMS_SINCE]
+    if not own:
+        return found
+    since = max((CKPT_PARAMS_SINCE[n] for n in own), key=lambda v: tuple(map(int, v.split("."))))
+    return Match(
+        0.95,
+        f"{found.evidence} '{own[0]}' is a parameter of torch.utils.checkpoint itself since "
+        f"PyTorch {since}: the installed PyTorch is older, so it reached the reentrant "
+        "checkpoint's **kwargs.",
+        config_patch={"command": f"pip install -U 'torch>={since}'"},
+        fix=f"Upgrade PyTorch to >= {since} (where checkpoint takes {', '.join(own)}), or drop "
+        "the argument from the checkpoint call on this PyTorch",
+    )
+
+
 RK072_NEW = "the use_reentrant parameter should be passed explicitly"
 RK072_OLD = "please pass in use_reentrant=True or use_reentrant=False explicitly"
 
@@ -106,6 +144,8 @@ for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
         _check = _with_error(_check, _frags[1])
     if _id == "RK072":
         _check = _reentrant_warning
+    if _id == "RK073":
+        _check = _unexpected_kwargs
     rule(
         _id,
         _title,
