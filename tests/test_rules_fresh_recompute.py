@@ -178,3 +178,25 @@ def test_fresh_inline_code_line_is_read_without_its_backticks():
     )
     assert clean_line("```") == "```"
     assert clean_line("`a` and `b`") == "`a` and `b`"
+
+
+# =============================================================================================
+# RK094: ZeRO-2 reduces a shared weight's gradient twice under the reentrant checkpoint
+# =============================================================================================
+
+
+@covers("RK094")
+def test_fresh_rk094_one_layer_reused_six_times_under_zero2():
+    # https://github.com/deepspeedai/DeepSpeed/issues/2103 (one layer's weights reused by six
+    # checkpointed layers; "AssertionError: The parameter 97 has already been reduced")
+    f = top(run(text("fr-reduced-twice-weight-sharing-ds")))
+    assert f.rule == "RK094" and f.category == "checkpoint_api_misuse"
+    assert "share the weight" in f.fix
+    assert f.config_patch["zero_optimization"] == {"stage": 1}
+
+
+def test_fresh_rk155_not_from_prose_about_a_library_hardcoding_cuda():
+    # https://github.com/axolotl-ai-cloud/axolotl/pull/3995: the error is quoted inside a
+    # sentence of a PR's description (a library's offload checkpointer hardcodes "cuda"); no
+    # error line is read, and RK155's torch-side remedy would not be this PR's fix.
+    assert "RK155" not in ids(run(text("fr-no-cuda-npu-offload-axolotl")))
