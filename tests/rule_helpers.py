@@ -231,7 +231,6 @@ SOURCES.update(
         "fr-kwargs-use-reentrant-memotr": "https://github.com/MCG-NJU/MeMOTR/issues/15",
         "fr-use-reentrant-old-kohya": "https://github.com/bmaltais/kohya_ss/issues/2481",
         "fr-reduced-twice-weight-sharing-ds": "https://github.com/deepspeedai/DeepSpeed/issues/2103",
-        "fr-no-cuda-npu-offload-axolotl": "https://github.com/axolotl-ai-cloud/axolotl/pull/3995",
     }
 )
 

@@ -194,9 +194,3 @@ def test_fresh_rk094_one_layer_reused_six_times_under_zero2():
     assert "share the weight" in f.fix
     assert f.config_patch["zero_optimization"] == {"stage": 1}
 
-
-def test_fresh_rk155_not_from_prose_about_a_library_hardcoding_cuda():
-    # https://github.com/axolotl-ai-cloud/axolotl/pull/3995: the error is quoted inside a
-    # sentence of a PR's description (a library's offload checkpointer hardcodes "cuda"); no
-    # error line is read, and RK155's torch-side remedy would not be this PR's fix.
-    assert "RK155" not in ids(run(text("fr-no-cuda-npu-offload-axolotl")))
