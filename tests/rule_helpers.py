@@ -231,6 +231,8 @@ SOURCES.update(
         "fr-kwargs-use-reentrant-memotr": "https://github.com/MCG-NJU/MeMOTR/issues/15",
         "fr-use-reentrant-old-kohya": "https://github.com/bmaltais/kohya_ss/issues/2481",
         "fr-reduced-twice-weight-sharing-ds": "https://github.com/deepspeedai/DeepSpeed/issues/2103",
+        "fr-eval-mode-ppo-trl": "https://github.com/huggingface/trl/issues/1066",
+        "fr-rng-dropout-pidm": "https://github.com/ankanbhunia/PIDM/pull/66",
     }
 )
 

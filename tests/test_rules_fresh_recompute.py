@@ -194,3 +194,32 @@ def test_fresh_rk094_one_layer_reused_six_times_under_zero2():
     assert "share the weight" in f.fix
     assert f.config_patch["zero_optimization"] == {"stage": 1}
 
+
+# =============================================================================================
+# RK140: checkpointing gated on self.training; RK147: dropout without the RNG state
+# =============================================================================================
+
+
+@covers("RK140")
+def test_fresh_rk140_trainer_puts_the_model_in_eval_mode_in_prose():
+    # https://github.com/huggingface/trl/issues/1066: PPOTrainer sets evaluation mode before the
+    # forward whose gradients it collects; "the gradient checkpointing function is not being
+    # invoked because LlamaModel confirms whether it is in training mode". No code snippet.
+    f = top(run(text("fr-eval-mode-ppo-trl")))
+    assert f.rule == "RK140" and f.category == "recompute_no_effect"
+    assert "train()" in f.fix and "model.train()" in f.config_patch["code"]
+
+
+def test_fresh_rk140_not_without_the_mode_named():
+    # checkpointing reported inactive, nothing about eval / training mode: not RK140
+    report = "The gradient checkpointing is not being applied to the vision tower."
+    assert "RK140" not in ids(run(report))
+
+
+@covers("RK147")
+def test_fresh_rk147_preserve_rng_state_false_with_dropout():
+    # https://github.com/ankanbhunia/PIDM/pull/66 (preserve_rng_state=False with dropout on:
+    # a failed 300-epoch training); the PR's fix keeps the RNG state.
+    f = top(run(text("fr-rng-dropout-pidm")))
+    assert f.rule == "RK147" and f.category == "nondeterministic_recompute"
+    assert f.config_patch == {"preserve_rng_state": True}

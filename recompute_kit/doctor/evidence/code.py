@@ -116,6 +116,21 @@ _META_RE = re.compile(
     r"(saved|recomputed) metadata:\s*\{'shape':\s*torch\.Size\(\[([^\]]*)\]\),\s*'dtype':"
     r"\s*torch\.(\w+)"
 )
+# A person reports that checkpointing does not act ("the gradient checkpointing function is
+# not being invoked", "checkpointing is skipped") and, in the text, the module's eval / training
+# mode ("set to evaluation mode", "checks whether it is in training mode", "self.training").
+_CKPT_INACTIVE_RE = re.compile(
+    r"checkpoint\w*\b[^.;]{0,60}?\b(?:is not|isn't|was not|wasn't|are not|aren't|not being|"
+    r"never|does not|doesn't|did not|didn't|not)\s+(?:being\s+|get\s+|gets\s+|take\s+)?"
+    r"(?:invoked|applied|used|called|triggered|run|active|activated|enabled|effect|taking effect|"
+    r"working|work|engaged?)\b"
+    r"|\b(?:skips?|skipped|bypass(?:es|ed)?)\s+(?:the\s+)?(?:gradient\s+|activation\s+)?checkpoint",
+    re.I,
+)
+_EVAL_PROSE_RE = re.compile(
+    r"\beval(?:uation)?[ _-]mode\b|\.eval\(\)|\bself\.training\b|\b(?:in|into)\s+training\s+mode\b",
+    re.I,
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -164,7 +179,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
     "OutOfMemoryError", "显存不足"), `grads_lost` (prose lines reporting gradients None or
     parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
-    shape, dtype)] of a CheckpointError, wherever the paste puts them)."""
+    shape, dtype)] of a CheckpointError, wherever the paste puts them), `ckpt_inactive` /
+    `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
+    mode named)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -256,6 +273,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
             and _GRADS_LOST_RE.search(line)
         ):
             add("grads_lost", line)
+        if "checkpoint" in lower and not _is_code(line) and _CKPT_INACTIVE_RE.search(line):
+            add("ckpt_inactive", line)
+        if ("mode" in lower or "training" in lower or ".eval(" in line) and (
+            _EVAL_PROSE_RE.search(line) and not _is_code(line)
+        ):
+            add("eval_prose", line)
         if "metadata" in line and (m := _META_RE.search(line)):
             shape, dtype = " ".join(m.group(2).split()), m.group(3)
             if m.group(1) == "saved":

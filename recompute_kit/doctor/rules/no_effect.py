@@ -200,7 +200,8 @@ FROZEN_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "requires_grad_(f
     "Gradient checkpointing set on a module in eval mode",
     "recompute_no_effect",
     symptom="gradient_checkpointing = True (or gradient_checkpointing_enable()) and then "
-    ".eval() on the same model; memory as if nothing were checkpointed",
+    ".eval() on the same model, or a report that checkpointing is not invoked while the model "
+    "is in eval mode; memory as if nothing were checkpointed",
     cause="Hugging Face transformers and diffusers blocks gate checkpointing on "
     "`self.training and self.gradient_checkpointing`: in eval mode (e.g. a frozen base model "
     "trained through adapters) the blocks run without checkpoints and keep every activation",
@@ -214,6 +215,15 @@ FROZEN_WORDS = ("lora", "peft", "adapter", "freeze", "frozen", "requires_grad_(f
 )
 def _eval_mode(ctx: Context) -> Match | None:
     on, evals = fact(ctx, "checkpointing_on"), fact(ctx, "eval")
+    inactive, mode = fact(ctx, "ckpt_inactive"), fact(ctx, "eval_prose")
+    if inactive and mode and not (on and evals and fact(ctx, "eval_after_train")):
+        # The report says it in words: checkpointing does not run, and the module's mode.
+        return Match(
+            0.7,
+            f"The report says checkpointing does not act ('{inactive[0]}') and names the "
+            f"module's eval / training mode ('{mode[0]}'): blocks that check self.training "
+            "skip the checkpoint in eval mode.",
+        )
     if not on or not evals or not fact(ctx, "eval_after_train"):
         return None
     if fact(ctx, "no_grad") and not fact(ctx, "checkpoint_call"):
