@@ -194,6 +194,13 @@ SOURCES = {
     "i26-openrlhf-384": "https://github.com/OpenRLHF/OpenRLHF/issues/384",
     "i26-openrlhf-392": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
     "i26-openrlhf-392-config": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
+    # fresh pastes for the memory families (tests/test_rules_fresh_memory.py): threads that are
+    # neither corpus cases nor the rules' own sources
+    "fm-colossalai-3509-optimizer-step": "https://github.com/hpcaitech/ColossalAI/issues/3509",
+    "fm-semseg-60-eval-no-grad": "https://github.com/hszhao/semseg/issues/60",
+    "fm-loop-57-eval": "https://github.com/facebookarchive/loop/issues/57",
+    "fm-skorch-218-validation": "https://github.com/skorch-dev/skorch/issues/218",
+    "fm-pt-1840-loss-accumulated": "https://github.com/pytorch/pytorch/issues/1840",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------

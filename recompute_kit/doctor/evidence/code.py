@@ -99,6 +99,29 @@ _OOM_WORDS_RE = re.compile(
     r"显存不足|爆显存|内存不足|显存溢出",
     re.I,
 )
+# Prose that places the memory problem in validation / evaluation ("out of memory occurs after
+# validation", "a sharp jump in GPU memory usage in validation step"), and prose that says the
+# memory grows step after step ("the memory grows until OOM", "continuous rising of gpu memory")
+_EVAL_PROSE_RE = re.compile(
+    r"\b(?:validat(?:e|es|ed|ing|ion)|evaluat(?:e|es|ed|ing|ion)|eval (?:phase|step|loop|stage)"
+    r"|val (?:step|loop|phase)|验证|评估)",
+    re.I,
+)
+_MEMORY_WORD_RE = re.compile(r"memory|\bVRAM\b|\bOOM\b|显存", re.I)
+_GROWTH_RE = re.compile(
+    r"(?:memory|\bVRAM\b|显存)\W+(?:\w+\W+){0,6}?(?:grows?|growing|increas(?:e|es|ed|ing)"
+    r"|ris(?:es|ing)|climb(?:s|ing)?|accumulat(?:es|ing)|go(?:es)? up|keeps? (?:going up|growing))"
+    r"|(?:grow(?:s|ing|th)?|increas(?:e|es|ing)|ris(?:e|es|ing)|accumulation) (?:\w+ ){0,3}(?:of )?"
+    r"(?:the )?(?:GPU |CUDA )?(?:memory|VRAM)",
+    re.I,
+)
+# ...that does so over steps, not once: "until OOM", "every iteration", "continuous", "keeps"
+_OVER_STEPS_RE = re.compile(
+    r"\buntil\b|\bevery\b|\beach\b|\bper (?:step|iter|epoch|batch)|continu|keeps?\b|steadily"
+    r"|gradually|unlimit|over time|constantly|after (?:some|several|many|a few|\d+) "
+    r"(?:iter|step|epoch|batch)",
+    re.I,
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -135,7 +158,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
 
     Keys, each present only when found: `checkpointing_on` / `checkpointing_off` / `eval` /
-    `train` / `no_grad` / `checkpoint_call` / `asserts` / `notices` (lists of quoted lines),
+    `train` / `no_grad` / `no_grad_code` (no_grad in a code line) / `checkpoint_call` /
+    `asserts` / `notices` (lists of quoted lines),
     `eval_after_train` (bool), `use_reentrant`, `preserve_rng_state` (bools), `autocast_dtypes`,
     `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
@@ -145,7 +169,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
-    "OutOfMemoryError", "显存不足")."""
+    "OutOfMemoryError", "显存不足"), `eval_memory_prose` (prose placing memory or an OOM in
+    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -179,6 +204,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 last_train = i
         if ("no_grad" in line or "inference_mode" in line) and _NO_GRAD_RE.search(line):
             add("no_grad", line)
+            if _is_code(line) or re.match(r"\s*\w+(?:\.\w+)*\s*=", line):
+                add("no_grad_code", line)  # in code, not a sentence that suggests it
         if (
             "use_reentrant" in line
             and (m := _REENTRANT_RE.search(line))
@@ -231,6 +258,11 @@ def scan_snippets(text: str) -> dict[str, Any]:
             facts["nondeterminism"] = True
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
+        if not _is_code(line) and 'File "' not in line and _MEMORY_WORD_RE.search(line):
+            if _EVAL_PROSE_RE.search(line):
+                add("eval_memory_prose", line)
+            if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):
+                add("memory_growth_prose", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
     facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose

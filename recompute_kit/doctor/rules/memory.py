@@ -11,6 +11,7 @@ from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
     candidate_spec,
+    fact,
     gib,
     more_recompute_patch,
     next_step,
@@ -324,26 +325,38 @@ EVAL_WORDS = (
     "The OOM happens in evaluation without torch.no_grad",
     "activation_memory",
     symptom="The OOM traceback runs through a validate / evaluate / generate function and no "
-    "backward",
+    "backward; or the paste says the memory jumps or the OOM comes in validation / evaluation "
+    "and shows no torch.no_grad",
     cause="Without torch.no_grad() (or inference_mode) the forward keeps every activation for "
     "a backward that never comes; outputs kept across batches pin their graphs too",
     confirm="Wrap the loop in torch.no_grad(); the memory reports during evaluation fall",
     fix="Run evaluation under torch.no_grad() / torch.inference_mode() and keep only detached "
     "outputs (Hugging Face Trainer: eval_accumulation_steps, prediction_loss_only)",
     patch={"code": "with torch.no_grad():  # around the evaluation loop"},
-    supersedes=("RK005", "RK087"),
+    supersedes=("RK005", "RK087", "RK266"),
 )
 def _oom_in_eval(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)):
+    mentions = fact(ctx, "oom_mentions")
+    if not (ctx.oom or oom_errors(ctx) or mentions):
         return None
     where = " " + oom_where(ctx)
+    if not oom_errors(ctx):  # frames cut off the exception line: the paste's frames
+        where += " " + all_frames(ctx)
     hit = next((w for w in EVAL_WORDS if w in where), None)
-    if hit is None or "backward" in where:
+    if hit is not None and "backward" not in where:
+        return Match(
+            0.8,
+            f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
+            "evaluation forward keeps its autograd graph.",
+        )
+    # Prose: the memory jumps / the OOM comes in validation, and no no_grad is shown.
+    prose = fact(ctx, "eval_memory_prose")
+    if not prose or fact(ctx, "no_grad_code") or "backward" in where:
         return None
     return Match(
-        0.8,
-        f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
-        "evaluation forward keeps its autograd graph.",
+        0.65,
+        f"The paste places the memory problem in evaluation ('{prose[0]}') and shows no "
+        "torch.no_grad(): the evaluation forward keeps its autograd graph.",
     )
 
 

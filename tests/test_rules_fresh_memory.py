@@ -1,0 +1,114 @@
+"""Fresh real pastes for the memory rule families (allocator, memory, model states, outside the
+allocator, measured, general, default readings): threads other than the rules' own sources and
+the corpus, each run through the doctor as the CLI runs it. Every test names its thread's URL
+and what its maintainers (or the reporter, confirmed) gave as the remedy."""
+
+from __future__ import annotations
+
+from rule_helpers import covers, run, text, top
+
+from recompute_kit.doctor.evidence import collect
+from recompute_kit.doctor.evidence.code import scan_snippets
+
+NO_GRAD = {"code": "with torch.no_grad():  # around the evaluation loop"}
+
+
+# ---- RK110: the OOM in the optimizer step -------------------------------------------------
+
+
+@covers("RK110")
+def test_fresh_rk110_hybrid_adam_state_allocation():
+    # https://github.com/hpcaitech/ColossalAI/issues/3509: the OOM is raised where HybridAdam
+    # creates state['exp_avg'] (torch.zeros_like) inside optimizer.step of a ZeRO optimizer.
+    f = top(run(text("fm-colossalai-3509-optimizer-step")))
+    assert f.rule == "RK110" and f.category == "model_state_memory"
+    assert "optimizer step" in f.evidence
+    assert "ZeRO" in f.fix or "offload" in f.fix
+
+
+# ---- RK086: evaluation without torch.no_grad ----------------------------------------------
+
+
+@covers("RK086")
+def test_fresh_rk086_thcudacheck_oom_with_frames_cut_in_evaluate():
+    # https://github.com/facebookarchive/loop/issues/57: memory jumps "in validation step";
+    # "THCudaCheck FAIL ... error=2 : out of memory" and a traceback cut after `in evaluate`
+    # (no exception line). The fix in such threads: evaluate under torch.no_grad().
+    d = run(text("fm-loop-57-eval"))
+    f = top(d)
+    assert f.rule == "RK086" and f.category == "activation_memory"
+    assert "'in evaluate'" in f.evidence  # read from the frames, not only from the prose
+    assert f.config_patch == NO_GRAD
+    assert "no_grad" in f.fix
+
+
+def test_fresh_thcudacheck_out_of_memory_is_an_oom_event():
+    # https://github.com/facebookarchive/loop/issues/57: PyTorch 0.4's THC wording
+    ev = collect(logs=[str(_write(text("fm-loop-57-eval")))])
+    assert ev.oom and ev.oom[0].generation == "thc_runtime_error"
+    assert ev.oom[0].line.startswith("THCudaCheck FAIL")
+
+
+@covers("RK086")
+def test_fresh_rk086_prose_out_of_memory_after_validation():
+    # https://github.com/hszhao/semseg/issues/60: "out of memory" occurs after validation; the
+    # loop runs model.eval() and output = model(input) with no no_grad (the reporter's fix:
+    # "with torch.no_grad():" around the forward). A sentence that suggests no_grad is not code
+    # that uses it.
+    f = top(run(text("fm-semseg-60-eval-no-grad")))
+    assert f.rule == "RK086" and f.category == "activation_memory"
+    assert f.config_patch == NO_GRAD
+
+
+@covers("RK086")
+def test_fresh_rk086_prose_validation_memory_grows_thc_error():
+    # https://github.com/skorch-dev/skorch/issues/218: "cuda runtime error (2) : out of memory",
+    # narrowed down to the validation step where memory grows per batch; the maintainers wrapped
+    # validation_step in torch.no_grad (PR #219). Evaluation explains the growth: RK086, not
+    # the generic leak reading.
+    d = run(text("fm-skorch-218-validation"))
+    f = top(d)
+    assert f.rule == "RK086" and f.config_patch == NO_GRAD
+    assert "RK266" not in [x.rule for x in d.findings]
+
+
+def test_fresh_rk086_prose_needs_no_no_grad_in_code():
+    # Mutation guard for the prose reading: the same semseg text with the forward under
+    # torch.no_grad() in code is not an evaluation-without-no_grad finding.
+    pasted = text("fm-semseg-60-eval-no-grad").replace(
+        "        output = model(input)",
+        "        with torch.no_grad():\n            output = model(input)",
+    )
+    assert "RK086" not in [f.rule for f in run(pasted).findings]
+    facts = scan_snippets(pasted)
+    assert facts.get("no_grad_code")
+
+
+# ---- RK266: memory that grows step after step -----------------------------------------------
+
+
+@covers("RK266")
+def test_fresh_rk266_prose_memory_grows_until_oom():
+    # https://github.com/pytorch/pytorch/issues/1840: "the memory grows unlimitly until OOM";
+    # soumith: `sum_log_likelihood += neg_log_likelihood` keeps the graph of every step - add
+    # the value (.data / .item()), not the tensor.
+    f = top(run(text("fm-pt-1840-loss-accumulated")))
+    assert f.rule == "RK266"
+    assert "loss.item()" in f.fix and "total_loss += loss" in f.evidence
+
+
+def test_fresh_memory_growth_prose_needs_steps():
+    # a memory figure that rose once is not growth over steps
+    assert "memory_growth_prose" not in scan_snippets("The memory increased to 20 GB.\n")
+    assert scan_snippets("GPU memory keeps increasing every iteration until OOM\n").get(
+        "memory_growth_prose"
+    )
+
+
+def _write(body: str):
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "train.log"
+    path.write_text(body, encoding="utf-8")
+    return path
