@@ -201,6 +201,12 @@ SOURCES = {
     "fm-loop-57-eval": "https://github.com/facebookarchive/loop/issues/57",
     "fm-skorch-218-validation": "https://github.com/skorch-dev/skorch/issues/218",
     "fm-pt-1840-loss-accumulated": "https://github.com/pytorch/pytorch/issues/1840",
+    "fm-llmtrainer-2-other-processes": "https://github.com/qibin0506/llm_trainer/issues/2",
+    "fm-tracking-57-gpus-held": "https://github.com/phil-bergmann/tracking_wo_bnw/issues/57 "
+    "(description and the reporter's gpustat / nvidia-smi comment)",
+    "fm-dgp-16-another-code": "https://github.com/yinboc/DGP/issues/16 (description and the "
+    "reporter's first comment)",
+    "fm-mmdet-3020-gpu0-busy": "https://github.com/open-mmlab/mmdetection/issues/3020",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------

@@ -112,3 +112,73 @@ def _write(body: str):
     path = Path(tempfile.mkdtemp()) / "train.log"
     path.write_text(body, encoding="utf-8")
     return path
+
+
+# ---- RK002 / RK360: other processes on the GPU ----------------------------------------------
+
+
+@covers("RK002")
+def test_fresh_rk002_hard_wrapped_message_with_three_other_processes():
+    # https://github.com/qibin0506/llm_trainer/issues/2 ("HOW to set CUDA_VISIBLE_DEVICE"): three
+    # other processes hold 68.71 GiB of the 79.32 GiB GPU; the paste is cut mid-word
+    # ("Includ" / "ing non-PyTorch ...", "expandable_segments:T" / "rue"). The wrapped lines
+    # carry the fields, so this process's own 10.58 GiB is read, not taken for another's.
+    d = run(text("fm-llmtrainer-2-other-processes"))
+    f = top(d)
+    assert f.rule == "RK002" and f.category == "other_processes"
+    assert "CUDA_VISIBLE_DEVICES" in f.config_patch["env"]
+    assert f.evidence.startswith("Other processes hold 68.71 GiB")
+    oom = collect(logs=[str(_write(text("fm-llmtrainer-2-other-processes")))]).oom[0]
+    assert oom.process_bytes and oom.allocated_bytes and not oom.truncated
+
+
+@covers("RK360")
+def test_fresh_rk360_gpus_full_with_no_process_listed():
+    # https://github.com/phil-bergmann/tracking_wo_bnw/issues/57: "CUDA error: out of memory";
+    # the maintainer asked whether something else runs on the GPU; gpustat shows GPUs 0, 1, 4,
+    # 5 full and 2, 3, 6, 7 empty while nvidia-smi lists no process. Run on an idle GPU.
+    f = top(run(text("fm-tracking-57-gpus-held")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert f.config_patch == {"env": {"CUDA_VISIBLE_DEVICES": "2"}}
+    assert "GPU 0, 1, 4, 5" in f.evidence
+
+
+@covers("RK360")
+def test_fresh_rk360_another_code_on_gpu0_in_words():
+    # https://github.com/yinboc/DGP/issues/16: "I run another code on GPU0"; the script's own
+    # --gpu resets CUDA_VISIBLE_DEVICES (the maintainer: choose the GPU with --gpu).
+    f = top(run(text("fm-dgp-16-another-code")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert "CUDA_VISIBLE_DEVICES" in f.config_patch["env"]
+    assert "--gpu" in f.fix
+
+
+@covers("RK360")
+def test_fresh_rk360_already_a_training_in_gpu0():
+    # https://github.com/open-mmlab/mmdetection/issues/3020: GPU 0 is out of memory "because
+    # there is already a training in GPU 0"
+    f = top(run(text("fm-mmdet-3020-gpu0-busy")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+
+
+def test_fresh_rk360_needs_an_oom_and_a_full_gpu():
+    # the same gpustat rows without an OOM, or with no GPU over 90%, are no finding
+    rows = text("fm-tracking-57-gpus-held").split("\n", 1)[1]
+    assert "RK360" not in [f.rule for f in run(rows).findings]
+    light = text("fm-tracking-57-gpus-held").replace("15836 / 16130", "1836 / 16130")
+    light = light.replace("15825 / 16130", "1825 / 16130").replace("15718", "1718")
+    light = light.replace("15682", "1682")
+    assert "RK360" not in [f.rule for f in run(light).findings]
+    # full GPUs next to an OOM, with processes listed (or nothing said): this job's own usage
+    listed = text("fm-tracking-57-gpus-held").replace(
+        "and nvidia-smi shows that no processes on GPU were launched\n", ""
+    )
+    assert "RK360" not in [f.rule for f in run(listed).findings]
+
+
+def test_fresh_rk086_evaluation_or_training_is_not_evaluation():
+    # https://github.com/phil-bergmann/tracking_wo_bnw/issues/57: "launch evaluation or training
+    # processes" does not place the OOM in evaluation
+    assert "eval_memory_prose" not in scan_snippets(text("fm-tracking-57-gpus-held"))
+    assert "eval_memory_prose" not in scan_snippets("CUDA OOM during evaluation or training\n")
+    assert scan_snippets("CUDA OOM during evaluation\n").get("eval_memory_prose")

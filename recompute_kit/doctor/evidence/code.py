@@ -103,8 +103,19 @@ _OOM_WORDS_RE = re.compile(
 # validation", "a sharp jump in GPU memory usage in validation step"), and prose that says the
 # memory grows step after step ("the memory grows until OOM", "continuous rising of gpu memory")
 _EVAL_PROSE_RE = re.compile(
-    r"\b(?:validat(?:e|es|ed|ing|ion)|evaluat(?:e|es|ed|ing|ion)|eval (?:phase|step|loop|stage)"
-    r"|val (?:step|loop|phase)|验证|评估)",
+    r"\b(?:in|during|after|at|upon|on|when|while|start of|the) (?:the |each |every )?"
+    r"(?:validation|evaluation|eval|val|test)\b(?! or| and|/)"
+    r"|\b(?:validation|evaluation|eval|val) (?:step|phase|loop|stage|batch|epoch)"
+    r"|\bwhen (?:validating|evaluating)|\b(?:validate|evaluate)\(\)|验证时|评估时",
+    re.I,
+)
+# Another job on the same GPU, in words: "I run another code on GPU0", "there is already a
+# training in GPU 0", "someone else's process occupies the card"
+_OTHER_JOB_RE = re.compile(
+    r"\b(?:another|other|second|a different|someone else'?s?|already an?|already)\s+"
+    r"(?:\w+\s+){0,2}?(?:process(?:es)?|jobs?|programs?|codes?|scripts?|trainings?|"
+    r"experiments?|users?|models?|tasks?)\b[^.]{0,40}?\b(?:on|in|using|uses|occup\w*|"
+    r"holds?|takes?|running on)\s+(?:the\s+)?(?:same\s+)?(?:GPU|card|device|cuda)",
     re.I,
 )
 _MEMORY_WORD_RE = re.compile(r"memory|\bVRAM\b|\bOOM\b|显存", re.I)
@@ -120,6 +131,17 @@ _OVER_STEPS_RE = re.compile(
     r"\buntil\b|\bevery\b|\beach\b|\bper (?:step|iter|epoch|batch)|continu|keeps?\b|steadily"
     r"|gradually|unlimit|over time|constantly|after (?:some|several|many|a few|\d+) "
     r"(?:iter|step|epoch|batch)",
+    re.I,
+)
+# Per-GPU usage rows: gpustat's "[3] Tesla V100-SXM2-16GB | 34'C,   0 % |     0 / 16130 MB |"
+# and nvidia-smi's device row "|  15836MiB / 16130MiB |"; and an empty process list.
+_GPUSTAT_ROW_RE = re.compile(
+    r"^\s*\[(\d{1,2})\][^|]{1,80}\|[^|]{0,40}\|\s*(\d+)\s*/\s*(\d+)\s*MB\s*\|"
+)
+_SMI_DEVICE_ROW_RE = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
+_NO_PROCESSES_RE = re.compile(
+    r"no running processes found|\bno (?:\w+ )?process(?:es)? (?:on|are|were|is|running|listed)"
+    r"|shows? (?:that )?no process|can'?t see any process|without any process",
     re.I,
 )
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
@@ -170,7 +192,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
     "OutOfMemoryError", "显存不足"), `eval_memory_prose` (prose placing memory or an OOM in
-    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps)."""
+    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps),
+    `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
+    ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
+    empty process list)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -263,6 +288,17 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 add("eval_memory_prose", line)
             if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):
                 add("memory_growth_prose", line)
+        if not _is_code(line) and _OTHER_JOB_RE.search(line):
+            add("other_job_prose", line)
+        row = _GPUSTAT_ROW_RE.match(line) or _SMI_DEVICE_ROW_RE.search(line)
+        if row is not None and len(facts.get("gpu_rows", [])) < 16:
+            rows = facts.setdefault("gpu_rows", [])
+            gpu = int(row.group(1)) if row.re is _GPUSTAT_ROW_RE else len(rows)
+            used, total = (int(row.group(row.re.groups - 1)), int(row.group(row.re.groups)))
+            if total > 0 and used <= total:
+                rows.append((gpu, used * 2**20, total * 2**20))
+        if _NO_PROCESSES_RE.search(line):
+            add("no_processes_listed", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
     facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose

@@ -240,3 +240,21 @@ def looks_like_oom(text: str) -> bool:
     if "emory" in text or "Tried to allocate" in text:
         return _OOM_START_RE.search(text) is not None
     return False
+
+
+# Fields of the allocator's message: a wrapped line holding them continues the OOM, even when it
+# also holds the message's own "PYTORCH_CUDA_ALLOC_CONF=..." advice.
+_OOM_FIELD_PIECES = (
+    "memory in use",
+    "allocated by PyTorch",
+    "reserved by PyTorch",
+    "already allocated",
+    "reserved in total",
+)
+
+
+def oom_fields_go_on(text: str) -> bool:
+    """Whether a line holds fields of an OOM message without starting a new one."""
+    if not any(piece in text for piece in _OOM_FIELD_PIECES):
+        return False
+    return not (("out of memory" in text or "OutOfMemory" in text) and looks_like_oom(text))
