@@ -182,3 +182,46 @@ def test_fresh_rk086_evaluation_or_training_is_not_evaluation():
     assert "eval_memory_prose" not in scan_snippets(text("fm-tracking-57-gpus-held"))
     assert "eval_memory_prose" not in scan_snippets("CUDA OOM during evaluation or training\n")
     assert scan_snippets("CUDA OOM during evaluation\n").get("eval_memory_prose")
+
+
+# ---- RK017: the OOM while the model is loaded -----------------------------------------------
+
+
+@covers("RK017")
+def test_fresh_rk017_oom_raised_at_the_from_pretrained_line():
+    # https://github.com/QwenLM/Qwen-VL/issues/26: the traceback's one frame is the script's
+    # `model = AutoModelForCausalLM.from_pretrained(..., device_map="cuda", bf16=True)` on a
+    # 16 GB GPU; the maintainers: the model needs about 23 GB, use the Int4 checkpoint.
+    f = top(run(text("fm-qwenvl-26-load-oom")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert f.config_patch["load_in_4bit"] is True
+    assert "Int4" in f.fix and "from_pretrained" in f.evidence
+
+
+@covers("RK017")
+def test_fresh_rk017_cuda_after_device_map_auto():
+    # https://github.com/InternLM/InternLM/issues/79: "The error happens when executing"
+    # `from_pretrained(..., device_map="auto", ...).cuda()`: the .cuda() puts every layer the
+    # map spread over 8 GPUs back on GPU 0.
+    f = top(run(text("fm-internlm-79-device-map-cuda")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert "no .cuda()" in f.config_patch["code"]
+    assert f.fix.startswith("Drop the .cuda()")
+
+
+def test_fresh_rk017_needs_the_load_named_as_the_failing_site():
+    # the same code, without the sentence that places the OOM at it and with an OOM from a
+    # later line, is no loading finding
+    pasted = text("fm-internlm-79-device-map-cuda").replace("The error happens when executing", "")
+    assert "RK017" not in [f.rule for f in run(pasted).findings]
+
+
+def test_fresh_rk017_cites_the_model_load_not_the_tokenizer():
+    # InternLM/InternLM#79's text without the trailing .cuda(): the general loading reading,
+    # quoting the model's from_pretrained line (the tokenizer's comes first in the paste)
+    pasted = text("fm-internlm-79-device-map-cuda").replace(
+        "trust_remote_code=True).cuda()", "trust_remote_code=True)"
+    )
+    f = top(run(pasted))
+    assert f.rule == "RK017" and "AutoModelForCausalLM" in f.evidence
+    assert f.config_patch["device_map"] == "auto"

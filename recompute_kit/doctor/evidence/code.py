@@ -144,6 +144,15 @@ _NO_PROCESSES_RE = re.compile(
     r"|shows? (?:that )?no process|can'?t see any process|without any process",
     re.I,
 )
+# Lines that load a model's weights, and prose that places the failure at such a line ("The
+# error happens when executing `model = ...`", "OOM when loading the model")
+_LOAD_CALL_RE = re.compile(r"from_pretrained\(|load_state_dict\(|torch\.load\(|load_checkpoint\(")
+_LOAD_PROSE_RE = re.compile(
+    r"(?:happens?|occurs?|raised|thrown|appears?)\b[^.\n]{0,30}\b(?:when|while|on|at)\s+"
+    r"(?:executing|running|calling|loading)\b"
+    r"|\bwhen (?:I )?(?:try(?:ing)? to )?load(?:ing)? (?:the |a |my )?model",
+    re.I,
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -195,7 +204,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps),
     `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
     ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
-    empty process list)."""
+    empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
+    torch.load), `load_prose` (prose placing the failure at a line it runs or at the load)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -299,6 +309,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 rows.append((gpu, used * 2**20, total * 2**20))
         if _NO_PROCESSES_RE.search(line):
             add("no_processes_listed", line)
+        if "(" in line and _LOAD_CALL_RE.search(line) and 'File "' not in line:
+            add("load_lines", line)
+        if not _is_code(line) and _LOAD_PROSE_RE.search(line):
+            add("load_prose", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
     facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose
