@@ -209,6 +209,7 @@ SOURCES = {
     "fm-mmdet-3020-gpu0-busy": "https://github.com/open-mmlab/mmdetection/issues/3020",
     "fm-qwenvl-26-load-oom": "https://github.com/QwenLM/Qwen-VL/issues/26 (lwh9346's comment)",
     "fm-internlm-79-device-map-cuda": "https://github.com/InternLM/InternLM/issues/79",
+    "fm-qwenomni-240-request-over-gpu": "https://github.com/QwenLM/Qwen2.5-Omni/issues/240",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------

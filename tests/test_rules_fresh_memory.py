@@ -225,3 +225,19 @@ def test_fresh_rk017_cites_the_model_load_not_the_tokenizer():
     f = top(run(pasted))
     assert f.rule == "RK017" and "AutoModelForCausalLM" in f.evidence
     assert f.config_patch["device_map"] == "auto"
+
+
+# ---- RK004: one request larger than the GPU ---------------------------------------------------
+
+
+@covers("RK004")
+def test_fresh_rk004_request_above_the_gpu_with_other_processes_listed():
+    # https://github.com/QwenLM/Qwen2.5-Omni/issues/240: a 124.68 GiB request on a 95.22 GiB GPU
+    # while two other processes hold 44 GiB; the maintainers asked "Are you using
+    # flash-attention?" (an eager attention score matrix). The request alone exceeds the GPU:
+    # RK004 leads, not the other processes.
+    d = run(text("fm-qwenomni-240-request-over-gpu"))
+    f = top(d)
+    assert f.rule == "RK004" and f.category == "allocation_exceeds_device"
+    assert "flash" in f.fix
+    assert "124.68 GiB" in f.evidence and "95.22 GiB" in f.evidence
