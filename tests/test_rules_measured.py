@@ -230,8 +230,6 @@ def test_rk236_optimizer_states_loaded_onto_the_gpu_at_resume():
     # without the optimizer's load_state_dict frames it is not this rule's
     cut = "\n".join(line for line in case.splitlines() if "load_state_dict" not in line)
     assert "RK236" not in ids(run(cut))
-
-
 # RK260-RK265: general readings of a phenomenon (rules/general.py, facts from
 # evidence/signals.py), and default readings from sizes stated in prose. Texts are
 # tests/data/rules/i26-*, verbatim from dev corpus cases (URLs in SOURCES).
