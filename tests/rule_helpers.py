@@ -194,6 +194,22 @@ SOURCES = {
     "i26-openrlhf-384": "https://github.com/OpenRLHF/OpenRLHF/issues/384",
     "i26-openrlhf-392": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
     "i26-openrlhf-392-config": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
+    # fresh pastes for the memory families (tests/test_rules_fresh_memory.py): threads that are
+    # neither corpus cases nor the rules' own sources
+    "fm-colossalai-3509-optimizer-step": "https://github.com/hpcaitech/ColossalAI/issues/3509",
+    "fm-semseg-60-eval-no-grad": "https://github.com/hszhao/semseg/issues/60",
+    "fm-loop-57-eval": "https://github.com/facebookarchive/loop/issues/57",
+    "fm-skorch-218-validation": "https://github.com/skorch-dev/skorch/issues/218",
+    "fm-pt-1840-loss-accumulated": "https://github.com/pytorch/pytorch/issues/1840",
+    "fm-llmtrainer-2-other-processes": "https://github.com/qibin0506/llm_trainer/issues/2",
+    "fm-tracking-57-gpus-held": "https://github.com/phil-bergmann/tracking_wo_bnw/issues/57 "
+    "(description and the reporter's gpustat / nvidia-smi comment)",
+    "fm-dgp-16-another-code": "https://github.com/yinboc/DGP/issues/16 (description and the "
+    "reporter's first comment)",
+    "fm-mmdet-3020-gpu0-busy": "https://github.com/open-mmlab/mmdetection/issues/3020",
+    "fm-qwenvl-26-load-oom": "https://github.com/QwenLM/Qwen-VL/issues/26 (lwh9346's comment)",
+    "fm-internlm-79-device-map-cuda": "https://github.com/InternLM/InternLM/issues/79",
+    "fm-qwenomni-240-request-over-gpu": "https://github.com/QwenLM/Qwen2.5-Omni/issues/240",
 }
 
 # ---- which test covers which rule (checked by test_every_rule_has_a_named_test) -------------

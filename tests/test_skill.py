@@ -47,9 +47,10 @@ FORBIDDEN = {
     "build",
     "dist",
 }
-# Measured 2026-11-22: the installed copy is 1,124,104 bytes in 218 files (the kit's source,
-# tests, notebooks, benchmarks and the skill); the bound leaves room to grow. A venv is > 1 GB.
-MAX_INSTALLED_BYTES = 2 * 2**20
+# Measured 2026-11-23: the installed copy is 2,124,751 bytes (the kit's source, tests with the
+# real-case corpus, notebooks, benchmarks and the skill; 1,124,104 bytes the day before); the
+# bound leaves room to grow and still catches a venv (> 1 GB) or a run folder copied along.
+MAX_INSTALLED_BYTES = 8 * 2**20
 
 NETWORK_ERRORS = re.compile(
     r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH|"

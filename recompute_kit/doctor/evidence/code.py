@@ -131,6 +131,60 @@ _EVAL_PROSE_RE = re.compile(
     r"\beval(?:uation)?[ _-]mode\b|\.eval\(\)|\bself\.training\b|\b(?:in|into)\s+training\s+mode\b",
     re.I,
 )
+# Prose that places the memory problem in validation / evaluation ("out of memory occurs after
+# validation", "a sharp jump in GPU memory usage in validation step"), and prose that says the
+# memory grows step after step ("the memory grows until OOM", "continuous rising of gpu memory")
+_VALIDATION_PROSE_RE = re.compile(
+    r"\b(?:in|during|after|at|upon|on|when|while|start of|the) (?:the |each |every )?"
+    r"(?:validation|evaluation|eval|val|test)\b(?! or| and|/)"
+    r"|\b(?:validation|evaluation|eval|val) (?:step|phase|loop|stage|batch|epoch)"
+    r"|\bwhen (?:validating|evaluating)|\b(?:validate|evaluate)\(\)|验证时|评估时",
+    re.I,
+)
+# Another job on the same GPU, in words: "I run another code on GPU0", "there is already a
+# training in GPU 0", "someone else's process occupies the card"
+_OTHER_JOB_RE = re.compile(
+    r"\b(?:another|other|second|a different|someone else'?s?|already an?|already)\s+"
+    r"(?:\w+\s+){0,2}?(?:process(?:es)?|jobs?|programs?|codes?|scripts?|trainings?|"
+    r"experiments?|users?|models?|tasks?)\b[^.]{0,40}?\b(?:on|in|using|uses|occup\w*|"
+    r"holds?|takes?|running on)\s+(?:the\s+)?(?:same\s+)?(?:GPU|card|device|cuda)",
+    re.I,
+)
+_MEMORY_WORD_RE = re.compile(r"memory|\bVRAM\b|\bOOM\b|显存", re.I)
+_GROWTH_RE = re.compile(
+    r"(?:memory|\bVRAM\b|显存)\W+(?:\w+\W+){0,6}?(?:grows?|growing|increas(?:e|es|ed|ing)"
+    r"|ris(?:es|ing)|climb(?:s|ing)?|accumulat(?:es|ing)|go(?:es)? up|keeps? (?:going up|growing))"
+    r"|(?:grow(?:s|ing|th)?|increas(?:e|es|ing)|ris(?:e|es|ing)|accumulation) (?:\w+ ){0,3}(?:of )?"
+    r"(?:the )?(?:GPU |CUDA )?(?:memory|VRAM)",
+    re.I,
+)
+# ...that does so over steps, not once: "until OOM", "every iteration", "continuous", "keeps"
+_OVER_STEPS_RE = re.compile(
+    r"\buntil\b|\bevery\b|\beach\b|\bper (?:step|iter|epoch|batch)|continu|keeps?\b|steadily"
+    r"|gradually|unlimit|over time|constantly|after (?:some|several|many|a few|\d+) "
+    r"(?:iter|step|epoch|batch)",
+    re.I,
+)
+# Per-GPU usage rows: gpustat's "[3] Tesla V100-SXM2-16GB | 34'C,   0 % |     0 / 16130 MB |"
+# and nvidia-smi's device row "|  15836MiB / 16130MiB |"; and an empty process list.
+_GPUSTAT_ROW_RE = re.compile(
+    r"^\s*\[(\d{1,2})\][^|]{1,80}\|[^|]{0,40}\|\s*(\d+)\s*/\s*(\d+)\s*MB\s*\|"
+)
+_SMI_DEVICE_ROW_RE = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
+_NO_PROCESSES_RE = re.compile(
+    r"no running processes found|\bno (?:\w+ )?process(?:es)? (?:on|are|were|is|running|listed)"
+    r"|shows? (?:that )?no process|can'?t see any process|without any process",
+    re.I,
+)
+# Lines that load a model's weights, and prose that places the failure at such a line ("The
+# error happens when executing `model = ...`", "OOM when loading the model")
+_LOAD_CALL_RE = re.compile(r"from_pretrained\(|load_state_dict\(|torch\.load\(|load_checkpoint\(")
+_LOAD_PROSE_RE = re.compile(
+    r"(?:happens?|occurs?|raised|thrown|appears?)\b[^.\n]{0,30}\b(?:when|while|on|at)\s+"
+    r"(?:executing|running|calling|loading)\b"
+    r"|\bwhen (?:I )?(?:try(?:ing)? to )?load(?:ing)? (?:the |a |my )?model",
+    re.I,
+)
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
 _ON_WORDS = frozenset({"on", "true", "yes", "enabled", "1", "full"})
 _OFF_WORDS = frozenset({"off", "false", "no", "disabled", "0", "none"})
@@ -167,7 +221,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
 
     Keys, each present only when found: `checkpointing_on` / `checkpointing_off` / `eval` /
-    `train` / `no_grad` / `checkpoint_call` / `asserts` / `notices` (lists of quoted lines),
+    `train` / `no_grad` / `no_grad_code` (no_grad in a code line) / `checkpoint_call` /
+    `asserts` / `notices` (lists of quoted lines),
     `eval_after_train` (bool), `use_reentrant`, `preserve_rng_state` (bools), `autocast_dtypes`,
     `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
@@ -181,7 +236,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
     parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
     shape, dtype)] of a CheckpointError, wherever the paste puts them), `ckpt_inactive` /
     `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
-    mode named)."""
+    mode named), `eval_memory_prose` (prose placing memory or an OOM in
+    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps),
+    `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
+    ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
+    empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
+    torch.load), `load_prose` (prose placing the failure at a line it runs or at the load)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -216,6 +276,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 last_train = i
         if ("no_grad" in line or "inference_mode" in line) and _NO_GRAD_RE.search(line):
             add("no_grad", line)
+            if _is_code(line) or re.match(r"\s*\w+(?:\.\w+)*\s*=", line):
+                add("no_grad_code", line)  # in code, not a sentence that suggests it
         if (
             "use_reentrant" in line
             and (m := _REENTRANT_RE.search(line))
@@ -288,6 +350,26 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 saved_meta = None
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
+        if not _is_code(line) and 'File "' not in line and _MEMORY_WORD_RE.search(line):
+            if _VALIDATION_PROSE_RE.search(line):
+                add("eval_memory_prose", line)
+            if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):
+                add("memory_growth_prose", line)
+        if not _is_code(line) and _OTHER_JOB_RE.search(line):
+            add("other_job_prose", line)
+        row = _GPUSTAT_ROW_RE.match(line) or _SMI_DEVICE_ROW_RE.search(line)
+        if row is not None and len(facts.get("gpu_rows", [])) < 16:
+            rows = facts.setdefault("gpu_rows", [])
+            gpu = int(row.group(1)) if row.re is _GPUSTAT_ROW_RE else len(rows)
+            used, total = (int(row.group(row.re.groups - 1)), int(row.group(row.re.groups)))
+            if total > 0 and used <= total:
+                rows.append((gpu, used * 2**20, total * 2**20))
+        if _NO_PROCESSES_RE.search(line):
+            add("no_processes_listed", line)
+        if "(" in line and _LOAD_CALL_RE.search(line) and 'File "' not in line:
+            add("load_lines", line)
+        if not _is_code(line) and _LOAD_PROSE_RE.search(line):
+            add("load_prose", line)
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
     facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose

@@ -17,6 +17,7 @@ from .oom import (
     _oom_event,
     _oom_fully_complete,
     looks_like_oom,
+    oom_fields_go_on,
 )
 from .progress import (
     _ARG_RE,
@@ -252,6 +253,8 @@ class _LogParser(ProgressLines):
             piece = _compact(text)
             if not any(piece in tail for tail in _OOM_TAILS):
                 return False
+        elif p.kind == "oom" and oom_fields_go_on(text):
+            pass  # the message's own fields (and its ALLOC_CONF advice) after a hard wrap
         elif _starts_record(text, stamped):
             return False
         elif (

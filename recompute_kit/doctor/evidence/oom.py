@@ -24,8 +24,8 @@ OOM_GENERATIONS = {
     "gen7_docs_url": "the docs.pytorch.org URL of newer main",
     "xpu_empty_cache": "torch.xpu's 2.1+ layout ending 'Please use `empty_cache` to release all "
     "unoccupied cached memory.'",
-    "thc_runtime_error": "'cuda runtime error (2) : out of memory at .../THC...' (0.3-0.4, "
-    "no sizes)",
+    "thc_runtime_error": "'cuda runtime error (2) : out of memory at .../THC...' or 'THCudaCheck "
+    "FAIL file=... error=2 : out of memory' (0.3-0.4, no sizes)",
     "modern_truncated": "the 2.1+ layout, cut before the advice that dates it",
     "legacy_truncated": "the <=2.0 layout, cut before the fields that date it",
     "cuda_error": "'CUDA error: out of memory' (a CUDA call, not the caching allocator)",
@@ -50,12 +50,13 @@ _OOM_START_RE = re.compile(
     r"(?:CUDA|HIP|XPU|NPU)\s?out\s?of\s?memory|(?i:CUDA error: out of memory)|OutOfMemoryError"
     r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
     r"|(?i:cuda\s?runtime\s?error\s?\(2\)\s?:\s?out\s?of\s?memory)"
+    r"|THCudaCheck FAIL file=\S+ line=\d+ error=2 : out of memory"
     r"|(?:^|(?<=[\s:.!]))Tried to allocate (?:more than )?\d"
 )
 _OOM_VALID_RE = re.compile(
     r"(?:cuda|hip|xpu|npu)outofmemory|cudaerror:outofmemory|outofmemoryerror:|triedtoallocate"
     r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
-    r"|cudaruntimeerror\(2\):outofmemory"
+    r"|cudaruntimeerror\(2\):outofmemory|thcudacheckfail\S{0,200}error=2:outofmemory"
 )
 _OOM_FIELDS: dict[str, re.Pattern[str]] = {
     "requested_bytes": _flex(r"Tried to allocate (?:more than )?SIZE"),
@@ -157,7 +158,7 @@ def _oom_generation(compact: str) -> str:
         return "nccl_cuda_failure"
     if "tritonerror[cuda]:outofmemory" in lower:
         return "triton_cuda"
-    if "cudaruntimeerror(2):outofmemory" in lower:
+    if "cudaruntimeerror(2):outofmemory" in lower or "error=2:outofmemory" in lower:
         return "thc_runtime_error"
     return "unknown"
 
@@ -239,3 +240,21 @@ def looks_like_oom(text: str) -> bool:
     if "emory" in text or "Tried to allocate" in text:
         return _OOM_START_RE.search(text) is not None
     return False
+
+
+# Fields of the allocator's message: a wrapped line holding them continues the OOM, even when it
+# also holds the message's own "PYTORCH_CUDA_ALLOC_CONF=..." advice.
+_OOM_FIELD_PIECES = (
+    "memory in use",
+    "allocated by PyTorch",
+    "reserved by PyTorch",
+    "already allocated",
+    "reserved in total",
+)
+
+
+def oom_fields_go_on(text: str) -> bool:
+    """Whether a line holds fields of an OOM message without starting a new one."""
+    if not any(piece in text for piece in _OOM_FIELD_PIECES):
+        return False
+    return not (("out of memory" in text or "OutOfMemory" in text) and looks_like_oom(text))

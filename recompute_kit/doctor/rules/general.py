@@ -463,7 +463,8 @@ def _growing(points: list[tuple[int, int]]) -> tuple[int, int, int] | None:
     "Memory grows step after step at a fixed shape: something keeps references (a leak)",
     "framework_bug",
     symptom="Allocated memory (or max allocated) printed per step / iteration / epoch rises "
-    "at every step instead of settling after the first ones, until an OOM hours in",
+    "at every step instead of settling after the first ones, until an OOM hours in; or the "
+    "paste says in words that the memory keeps growing",
     cause="Something keeps tensors of each step alive: a reference cycle (a checkpoint or "
     "compile wrapper, hooks), a framework path that holds autograd references until a later "
     "step (MoE full recompute, selective checkpointing contexts), adapters or caches loaded "
@@ -501,5 +502,17 @@ def _leak(ctx: Context) -> Match | None:
             0.55,
             f"{kind.capitalize()} memory rises at every step: {gib(first)} -> {gib(last)} "
             f"over {steps} steps{where}. A peak too high is flat from step to step; this grows.",
+        )
+    # Prose without figures: "the memory grows until OOM", "continuous rising of gpu memory"
+    prose = fact(ctx, "memory_growth_prose")
+    if prose:
+        return Match(
+            0.45,
+            f"The paste says the memory grows step after step ('{prose[0]}'): something keeps "
+            "each step's tensors - most often a loss or output accumulated as a tensor "
+            "(total_loss += loss) with its graph.",
+            fix="Accumulate loss.item() (or loss.detach()), not the loss tensor, and keep no "
+            "outputs with their graphs across steps; then gc.collect() per step to test for a "
+            "reference cycle, and diff two torch.cuda.memory._snapshot()s to find the holder",
         )
     return None

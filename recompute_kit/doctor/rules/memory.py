@@ -4,6 +4,8 @@ and the next recompute step.
 
 from __future__ import annotations
 
+import re
+
 from ...config import format_spec
 from ..types import Context, Match
 from .knob_advice import knob_advice
@@ -11,6 +13,7 @@ from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
     candidate_spec,
+    fact,
     gib,
     more_recompute_patch,
     next_step,
@@ -219,17 +222,29 @@ def _oom_in_logits(ctx: Context) -> Match | None:
     return None
 
 
+# Calls that load or place a model's weights, as a traceback's source line or a quoted line
+LOAD_CALLS = ("from_pretrained(", "load_state_dict(", "torch.load(", "load_checkpoint(")
+# from_pretrained(..., device_map="auto").cuda(): the dispatched layers all moved to one GPU
+_DISPATCH_THEN_MOVE_RE = re.compile(
+    r"device_map\s*=\s*['\"]auto['\"][^\n]*\)\s*\.\s*(?:cuda\(|to\(\s*['\"]?cuda)"
+)
+
+
 @rule(
     "RK017",
-    "The OOM happens while building the model",
+    "The OOM happens while building or loading the model",
     "model_state_memory",
     symptom="CUDA OOM raised from module constructors (build_module, __init__, "
-    "from_pretrained, load_state_dict) before training starts",
-    cause="The weights alone do not fit the GPU(s) at this parallel layout; activations and "
-    "recompute are not involved yet",
-    confirm="The traceback's frames are model construction; no iteration line was printed",
-    fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU",
-    supersedes=("RK005", "RK001", "RK010"),
+    "from_pretrained, load_state_dict) before training starts, or a paste that says the OOM "
+    "comes when the model is loaded",
+    cause="The weights alone do not fit the GPU(s) at this parallel layout and precision; "
+    "activations and recompute are not involved yet",
+    confirm="The traceback's frames (or the failing source line) are model construction or "
+    "loading; no iteration line was printed",
+    fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU; for a "
+    "loaded checkpoint, half precision or quantized weights (8-bit / 4-bit) and "
+    "device_map='auto' across GPUs",
+    supersedes=("RK005", "RK001", "RK010", "RK102"),
     patch={"tensor_model_parallel_size": "<2x the current>", "use_distributed_optimizer": True},
 )
 def _oom_at_build(ctx: Context) -> Match | None:
@@ -243,7 +258,40 @@ def _oom_at_build(ctx: Context) -> Match | None:
                 f"The OOM is raised while constructing the model "
                 f"('{e.frames[-1] if e.frames else ''}').",
             )
-    return None
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    frames = fact(ctx, "frame_code") or []
+    line = frames[-1][1] if frames else ""
+    said = ""
+    if not any(call in line for call in LOAD_CALLS):  # the failing source line is no load
+        prose = fact(ctx, "load_prose") or []
+        loads = fact(ctx, "load_lines") or []
+        models = [q for q in loads if not re.search(r"tokeni[sz]er|processor", q, re.I)]
+        line = next((q for q in loads if _DISPATCH_THEN_MOVE_RE.search(q)), "")
+        line = line or next(iter(models), "")
+        if not (prose and line):
+            return None
+        said = f"The paste says the OOM comes at the load ('{prose[0].strip()[:120]}'). "
+    line = " ".join(line.strip().strip("`").split())
+    if _DISPATCH_THEN_MOVE_RE.search(line):
+        return Match(
+            0.85,
+            f"{said}`{line[:160]}`: .cuda() / .to('cuda') after device_map='auto' moves every "
+            "layer the map spread over the GPUs back onto one GPU.",
+            config_patch={"code": "from_pretrained(..., device_map='auto')  # no .cuda() after"},
+            fix="Drop the .cuda() / .to('cuda') after from_pretrained(device_map='auto'): the map "
+            "already placed the layers; if one GPU must hold it, load in half precision or "
+            "quantized (load_in_8bit / 4-bit)",
+        )
+    return Match(
+        0.8,
+        f"{said}The OOM is raised while the weights are loaded (`{line[:160]}`): the model "
+        "does not fit this GPU at this precision.",
+        config_patch={"torch_dtype": "bfloat16", "load_in_4bit": True, "device_map": "auto"},
+        fix="Load fewer bytes per GPU: half precision if it loads in fp32, quantized weights "
+        "(load_in_8bit / load_in_4bit, a published Int4 / GPTQ checkpoint), device_map='auto' "
+        "over several GPUs, or a smaller model",
+    )
 
 
 OFF_KEYS = (
@@ -324,26 +372,38 @@ EVAL_WORDS = (
     "The OOM happens in evaluation without torch.no_grad",
     "activation_memory",
     symptom="The OOM traceback runs through a validate / evaluate / generate function and no "
-    "backward",
+    "backward; or the paste says the memory jumps or the OOM comes in validation / evaluation "
+    "and shows no torch.no_grad",
     cause="Without torch.no_grad() (or inference_mode) the forward keeps every activation for "
     "a backward that never comes; outputs kept across batches pin their graphs too",
     confirm="Wrap the loop in torch.no_grad(); the memory reports during evaluation fall",
     fix="Run evaluation under torch.no_grad() / torch.inference_mode() and keep only detached "
     "outputs (Hugging Face Trainer: eval_accumulation_steps, prediction_loss_only)",
     patch={"code": "with torch.no_grad():  # around the evaluation loop"},
-    supersedes=("RK005", "RK087"),
+    supersedes=("RK005", "RK087", "RK266"),
 )
 def _oom_in_eval(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)):
+    mentions = fact(ctx, "oom_mentions")
+    if not (ctx.oom or oom_errors(ctx) or mentions):
         return None
     where = " " + oom_where(ctx)
+    if not oom_errors(ctx):  # frames cut off the exception line: the paste's frames
+        where += " " + all_frames(ctx)
     hit = next((w for w in EVAL_WORDS if w in where), None)
-    if hit is None or "backward" in where:
+    if hit is not None and "backward" not in where:
+        return Match(
+            0.8,
+            f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
+            "evaluation forward keeps its autograd graph.",
+        )
+    # Prose: the memory jumps / the OOM comes in validation, and no no_grad is shown.
+    prose = fact(ctx, "eval_memory_prose")
+    if not prose or fact(ctx, "no_grad_code") or "backward" in where:
         return None
     return Match(
-        0.8,
-        f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
-        "evaluation forward keeps its autograd graph.",
+        0.65,
+        f"The paste places the memory problem in evaluation ('{prose[0]}') and shows no "
+        "torch.no_grad(): the evaluation forward keeps its autograd graph.",
     )
 
 

@@ -142,3 +142,45 @@ def _colocated(ctx: Context, text: str) -> bool:
     if re.search(r"colocate_(?:all|actor)[\w]*=true|hybrid_engine=true|enable_sleep", keys):
         return True
     return "rollout.name" in keys or "sleep" in text
+
+
+@rule(
+    "RK360",
+    "Another job holds the GPU: said in words, or memory used with no process listed",
+    "other_processes",
+    symptom="An OOM where the paste says another process / job / training runs on the same GPU, "
+    "or nvidia-smi / gpustat shows GPUs nearly full while no process of this job is listed",
+    cause="The GPU is shared: another job (a colleague's, an earlier run that did not exit, a "
+    "process in another container, whose PIDs nvidia-smi cannot show) holds the memory this "
+    "one needs; the model's own size is not the problem",
+    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv before launching; "
+    "the OOM goes away on an idle GPU",
+    fix="Run on a GPU no other job uses (CUDA_VISIBLE_DEVICES=<idle GPU>, and check that the "
+    "script does not override it with its own --gpu / set_device), or stop the other job",
+    patch={"env": {"CUDA_VISIBLE_DEVICES": "<an idle GPU>"}},
+    supersedes=("RK005", "RK087", "RK102"),
+)
+def _another_job(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        return None
+    rows = fact(ctx, "gpu_rows") or []
+    full = [gpu for gpu, used, total in rows if used >= 0.9 * total]
+    idle = [gpu for gpu, used, total in rows if used <= 0.05 * total]
+    patch = {"env": {"CUDA_VISIBLE_DEVICES": str(idle[0]) if idle else "<an idle GPU>"}}
+    if full and fact(ctx, "no_processes_listed"):
+        free = f"; GPU {', '.join(map(str, idle))} idle" if idle else ""
+        return Match(
+            0.75,
+            f"GPU {', '.join(map(str, full))} {'is' if len(full) == 1 else 'are'} over 90% "
+            f"used while no process is listed{free}: memory held by processes this view "
+            "cannot show (another container or user), not by this job.",
+            config_patch=patch,
+        )
+    said = fact(ctx, "other_job_prose")
+    if said:
+        return Match(
+            0.7,
+            f"The paste says another job shares the GPU ('{said[0]}').",
+            config_patch=patch,
+        )
+    return None
