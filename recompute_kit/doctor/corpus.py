@@ -105,11 +105,12 @@ def score(directory: Path) -> list[CaseResult]:
 
 
 def table(results: list[CaseResult]) -> dict[str, Any]:
-    """{split: {category: {n, category_ok, fix_ok}, "all": {...}}}, counts as integers."""
+    """{split: {category: {n, category_ok, fix_ok, silent}, "all": {...}}}, counts as integers
+    (`silent`: cases on which no rule fired at all)."""
     out: dict[str, Any] = {}
     for split in ("dev", "held_out"):
         rows: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"n": 0, "category_ok": 0, "fix_ok": 0}
+            lambda: {"n": 0, "category_ok": 0, "fix_ok": 0, "silent": 0}
         )
         for r in results:
             if r.split != split:
@@ -118,6 +119,7 @@ def table(results: list[CaseResult]) -> dict[str, Any]:
                 rows[key]["n"] += 1
                 rows[key]["category_ok"] += r.category_ok
                 rows[key]["fix_ok"] += r.fix_ok
+                rows[key]["silent"] += r.got is None and not r.error
         out[split] = dict(sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])))
     out["crashes"] = [f"{r.id}: {r.error}" for r in results if r.error]
     return out
@@ -127,12 +129,14 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = []
     for split in ("dev", "held_out"):
         lines.append(f"{split}:")
-        lines.append(f"  {'category':28} {'n':>4} {'top-1':>13} {'fix names it':>13}")
+        lines.append(
+            f"  {'category':28} {'n':>4} {'top-1':>13} {'fix names it':>13} {'nothing':>8}"
+        )
         for category, row in summary[split].items():
             n = row["n"]
             lines.append(
                 f"  {category:28} {n:>4} {row['category_ok']:>4} ({row['category_ok'] / n:4.0%})"
-                f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%})"
+                f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%}) {row['silent']:>8}"
             )
     lines.append(f"crashes: {len(summary['crashes'])}")
     lines.extend(f"  {c}" for c in summary["crashes"])
