@@ -253,6 +253,21 @@ SOURCES.update(
 )
 
 
+# fresh public pastes for the Megatron families (validation messages, argument checks,
+# measured recompute cost): tests/test_rules_fresh_megatron.py
+SOURCES.update(
+    {
+        "fg-uniform-remainder-mlm1807": "https://github.com/NVIDIA/Megatron-LM/issues/1807",
+        "fg-recompute-on-off-table-mlm6429": "https://github.com/NVIDIA/Megatron-LM/pull/6429",
+        "fg-pp-divisible-swift5737": "https://github.com/modelscope/ms-swift/issues/5737",
+        "fg-pp-divisible-bionemo784": "https://github.com/NVIDIA-BioNeMo/bionemo-recipes/"
+        "issues/784",
+        "fg-pp-divisible-mbridge5884": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5884",
+        "fg-ep-tp-sp-launcher309": "https://github.com/NVIDIA/NeMo-Framework-Launcher/pull/309",
+    }
+)
+
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -24,6 +24,8 @@ from .usage import scan_usage
 MAX_SNIPPET_BYTES = 2 << 20  # pasted snippets live in short texts, not in 100 MB logs
 
 # Checkpointing switched on / off, as code, YAML, JSON or a command-line flag writes it.
+# "list index out of range", "List out of range", "index 24 is out of range"
+_OUT_OF_RANGE_RE = re.compile(r"\b(?:list|index)\b[^.\n]{0,20}?\bout\s+of\s+range", re.I)
 _ON_RE = re.compile(
     r"(?:\b(?:gradient_checkpointing|activation_checkpointing|checkpoint_activations|"
     r"grad_checkpointing|use_gradient_checkpointing|enable_gradient_checkpointing|"
@@ -231,6 +233,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
+    `out_of_range_lines` (lines reporting an index / list out of range, in prose too),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
     "OutOfMemoryError", "显存不足"), `grads_lost` (prose lines reporting gradients None or
     parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
@@ -326,6 +329,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     flags[key] = int(value) if value.isdigit() else value
         if "recompute_num_layers" in line and "--" not in line:
             add("num_layers_lines", line)  # a source line of the uniform chunk loop, a key
+        if _OUT_OF_RANGE_RE.search(line):
+            add("out_of_range_lines", line.strip())  # "list index out of range" in any words
         if _NONDETERMINISM in line:
             facts["nondeterminism"] = True
         if (

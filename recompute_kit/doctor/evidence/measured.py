@@ -34,6 +34,13 @@ _RC_RE = re.compile(
 _NO_RC_RE = re.compile(r"without|w/o|\bno\b|\boff\b|\bnone\b|baseline|\bdefault\b|disabled")
 
 
+_RC_STATE_RE = re.compile(
+    r"(?:recomput\w*|checkpoint\w*|\bac\b|\bgc\b)\s*[:=]?\s*"
+    r"(?:(?P<off>off|false|disabled|none|no)|on|true|enabled|yes)\b"
+    r"|(?P<off2>\bno|without|w/o|disabled?)\s+(?:activation\s+)?(?:recomput|checkpoint)"
+)
+
+
 def _cells(line: str) -> list[str]:
     """The cells of a table row; an empty first cell ("||speed|") is kept."""
     s = line.strip()
@@ -69,6 +76,10 @@ def _recompute_side(label: str) -> bool | None:
     """True for a run with recompute, False for one without, None when the label says
     neither."""
     low = label.lower()
+    # the recompute switch's own state ("overlap off, recompute on", "no recompute"), where
+    # the label sets other options on or off beside it
+    if m := _RC_STATE_RE.search(low):
+        return not (m.group("off") or m.group("off2"))
     rc = bool(_RC_RE.search(low))
     if rc and not re.search(r"without|w/o|\bno\b|\boff\b", low):
         return True

@@ -273,7 +273,28 @@ def _uniform_index(ctx: Context) -> Match | None:
             else "the traceback passes through the recompute loop"
         )
         return Match(0.75, f'The log says "{text}" and {where}.')
+    # In words (an issue that reports the bug rather than pastes it): an out-of-range error
+    # together with the layer count per stage not being a multiple of recompute_num_layers.
+    out = next(iter(fact(ctx, "out_of_range_lines") or []), None)
+    lines = [*(fact(ctx, "out_of_range_lines") or []), *(fact(ctx, "num_layers_lines") or [])]
+    remainder = next((m for line in lines if (m := _REMAINDER_RE.search(line))), None)
+    if out and remainder:
+        return Match(
+            0.7,
+            f'The paste reports "{out[:120]}" when "{remainder.group(0)}": the uniform '
+            "recompute loop's last chunk runs past the last layer.",
+        )
     return None
+
+
+# the layer count per stage not a multiple of recompute_num_layers, as code or words
+_REMAINDER_RE = re.compile(
+    r"%\s*(?:self\.)?(?:config\.)?recompute_num_layers\s*(?:!=\s*0)?"
+    r"|recompute_num_layers\s+(?:is\s+)?(?:not\s+(?:a\s+)?(?:divisor|factor|multiple)"
+    r"|(?:a\s+)?non[- ]?(?:factor|divisor))"
+    r"|(?:undividable|indivisible|not divisible)[^.\n]{0,30}recompute_num_layers",
+    re.I,
+)
 
 
 # Words of Megatron's argument checks -> the setting they are about.
@@ -294,7 +315,25 @@ ARGUMENT_WORDS = (
     ("attention heads", "num_attention_heads"),
     ("distributed optimizer", "use_distributed_optimizer"),
 )
-VALIDATE_FRAMES = ("in validate_args", "arguments.py", "in __post_init__", "transformer_config.py")
+VALIDATE_FRAMES = (
+    "in validate_args",
+    "arguments.py",
+    "in __post_init__",
+    "transformer_config.py",
+    "model_parallel_config.py",
+    "get_num_layers_to_build",  # Megatron-Core's layer split at model construction
+)
+# Without its frames (a title, a PR's prose, a cut traceback) Megatron's check is known by its
+# wording: a requirement ("must", "should be divisible") about a parallel setting named as
+# Megatron names it (dashes, underscores or words, in any of its versions' spellings).
+_REQUIREMENT_RE = re.compile(
+    r"\b(?:must|should|divisible|requires?|not supported|cannot|can not|only supported)\b"
+)
+_PARALLEL_SETTING_RE = re.compile(
+    r"(?:pipeline|tensor|context|expert|data) model parallel|sequence parallel"
+    r"|(?:pipeline|tensor|context|expert) parallel(?:ism| size)"
+)
+_KEY_VALUE_RE = re.compile(r"\b(?:config\.|args\.)?([a-z_]+)\s*=\s*(\d+)\b")
 
 
 @rule(
@@ -316,14 +355,17 @@ def _megatron_arguments(ctx: Context) -> Match | None:
         if e.kind != "exception" or not e.type.endswith(("AssertionError", "ValueError")):
             continue
         frames = " ".join([*e.frames, *e.context]).lower()
-        if not any(f in frames for f in VALIDATE_FRAMES):
-            continue
         message = " ".join(e.message.split()) or "(no message)"
         lower = message.lower()
-        keys = list(dict.fromkeys(k for w, k in ARGUMENT_WORDS if w in lower))
-        patch = _argument_patch(ctx, lower, keys)
+        words = re.sub(r"[_-]+", " ", lower)
+        framed = any(f in frames for f in VALIDATE_FRAMES)
+        worded = bool(_REQUIREMENT_RE.search(words) and _PARALLEL_SETTING_RE.search(words))
+        if not (framed or worded):
+            continue
+        keys = list(dict.fromkeys(k for w, k in ARGUMENT_WORDS if w in words))
+        patch = _argument_patch(ctx, words, keys, _KEY_VALUE_RE.findall(lower))
         return Match(
-            0.9,
+            0.9 if framed else 0.8,
             f'Megatron rejected the arguments: "{message[:200]}"'
             + (f" (settings: {', '.join(keys)})." if keys else "."),
             config_patch=patch,
@@ -331,10 +373,16 @@ def _megatron_arguments(ctx: Context) -> Match | None:
     return None
 
 
-def _argument_patch(ctx: Context, message: str, keys: list[str]) -> dict:
-    if "sequence parallel" in message and "must be" in message:
+def _argument_patch(
+    ctx: Context, message: str, keys: list[str], stated: list[tuple[str, str]] = ()
+) -> dict:
+    if "sequence parallel" in message and ("must be" in message or "must use" in message):
         return {"sequence_parallel": True}
-    layers, pp = ctx.cfg.get("num_layers"), ctx.cfg.get("pipeline_model_parallel_size")
+    # the values the message states ("num_layers=60 ... pipeline_model_parallel_size=8", newer
+    # Megatron-Core wording) where the paste has no config
+    said = {k: int(v) for k, v in stated}
+    layers = ctx.cfg.get("num_layers") or said.get("num_layers")
+    pp = ctx.cfg.get("pipeline_model_parallel_size") or said.get("pipeline_model_parallel_size")
     if "layers" in message and "pipeline" in message:
         if isinstance(layers, int) and isinstance(pp, int) and pp > 1:
             inner = layers // pp
