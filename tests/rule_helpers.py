@@ -266,6 +266,22 @@ SOURCES.update(
         "fg-ep-tp-sp-launcher309": "https://github.com/NVIDIA/NeMo-Framework-Launcher/pull/309",
     }
 )
+# fresh pastes that carry little, for the default readings: tests/test_rules_fresh_defaults.py
+SOURCES.update(
+    {
+        "fd-cvrecipes-561-4gb": "https://github.com/microsoft/computervision-recipes/issues/561",
+        "fd-cylinder3d-109-backward": "https://github.com/xinge008/Cylinder3D/issues/109",
+        "fd-fastflow-4-12gb": "https://github.com/RistoranteRist/FastFlow/issues/4",
+        "fd-dlas-56-batch188": "https://github.com/152334H/DL-Art-School/issues/56",
+        "fd-tianchi-9-2gb": "https://github.com/herbert-chen/tianchi_lvcai/issues/9",
+        "fd-effce-9-logits-zeros-like": "https://github.com/mgmalek/efficient_cross_entropy/issues/9",
+        "fd-openrlhf-698-adam-offload": "https://github.com/OpenRLHF/OpenRLHF/issues/698",
+        "fd-litllama-286-micro-batch": "https://github.com/Lightning-AI/lit-llama/issues/286",
+        "fd-simpletuner-543-tensor-not-tuple": "https://github.com/bghira/SimpleTuner/issues/543",
+        "fd-kohya-697-element0": "https://github.com/kohya-ss/sd-scripts/issues/697",
+        "fd-taggui-188-expandable": "https://github.com/jhc13/taggui/issues/188",
+    }
+)
 
 
 # ---- helpers --------------------------------------------------------------------------------

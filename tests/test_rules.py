@@ -187,8 +187,9 @@ def test_default_readings_only_when_nothing_else_fires():
     # "CUDA OOMs: 0" is no OOM, and it has no training knobs: no RK170/RK171; its peak is read
     # by the memory-figures default reading RK265 alone
     assert ids(run(text("i17-mistral-116928-summary"))) == ["RK265"]
-    # real-formats.md oom-pt-16417-title: 9.28 GiB free yet OOM: no default reading either
-    assert run(text("oom-pt-16417-title")).findings == []
+    # real-formats.md oom-pt-16417-title: 9.28 GiB free yet OOM: no knob reading either; the
+    # driver reading (RK421) alone
+    assert ids(run(text("oom-pt-16417-title"))) == ["RK421"]
 
 
 @covers("RK170", "RK171")

@@ -52,11 +52,43 @@ def _parse(text: str) -> dict[str, Any]:
         flat["recompute_modules"] = kept
         if not kept:
             del flat["recompute_modules"]
+    for key, value in _knob_lines(lines).items():  # commands and YAML win
+        flat.setdefault(key, value)
     for line in lines:  # CUDA_VISIBLE_DEVICES=0,1 python train.py ...: the GPUs it uses
         if (m := _ENV_PREFIX_RE.search(line)) is not None:
             flat.setdefault("visible_devices", len([d for d in m.group(2).split(",") if d]))
             break
     return flat
+
+
+# `micro_batch_size = 2` in a pasted script or its constants (one number, a memory knob's name)
+_KNOB_ASSIGN_RE = re.compile(
+    r"^\s*([a-z_]*(?:batch_size|seq_len(?:gth)?|max_length|max_len|accumulation_steps|"
+    r"accumulation_iters))\s*=\s*(\d+)\s*,?\s*(?:#.*)?$"
+)
+# "Training batch size is 188", "a batch size of 4", "batch_size=8" in prose; not the
+# evaluation's batch, not a batch the sentence says was tried away ("reduce ... to")
+_PROSE_BATCH_RE = re.compile(
+    r"(?<![\w-])(?:(train(?:ing)?|val(?:idation)?|eval(?:uation)?|test|inference)[ _]+)?"
+    r"batch[ _-]?size\s*(?:is|of|=|:)\s*(\d+)\b",
+    re.I,
+)
+
+
+def _knob_lines(lines: list[str]) -> dict[str, Any]:
+    """Memory knobs set outside a command line: Python assignments of one number to a batch /
+    sequence / accumulation name, and a training batch size stated in a sentence."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        if (m := _KNOB_ASSIGN_RE.match(line)) is not None:
+            found.setdefault(m.group(1), int(m.group(2)))
+    if not any(k.endswith("batch_size") for k in found):
+        for line in lines:
+            for m in _PROSE_BATCH_RE.finditer(line):
+                word = (m.group(1) or "train").lower()
+                if word.startswith("train") and int(m.group(2)) > 0:
+                    found.setdefault("batch_size", int(m.group(2)))
+    return found
 
 
 def _commands(lines: list[str]):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from . import (  # noqa: F401  (imported to register their rules)
     allocator,
     checkpoint_api,
+    defaults,
     fallback,
     framework_bugs,
     general,

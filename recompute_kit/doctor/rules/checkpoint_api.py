@@ -31,6 +31,8 @@ CKPT_RULES = [
         (
             "None of the inputs have requires_grad=True",
             "element 0 of tensors does not require grad and does not have a grad_fn",
+            # the Variable-era wording, still printed by builds and forks in use
+            "element 0 of variables does not require grad and does not have a grad_fn",
         ),
         "UserWarning 'None of the inputs have requires_grad=True. Gradients will be None', then "
         "'element 0 of tensors does not require grad'",
@@ -78,11 +80,11 @@ CKPT_RULES = [
 ]
 
 
-def _with_error(check, error: str):
+def _with_error(check, *errors: str):
     """`check`, only when the log also has the error (a warning alone is RK099's)."""
 
     def gated(ctx: Context) -> Match | None:
-        return check(ctx) if on_message(error)(ctx) else None
+        return check(ctx) if on_message(*errors)(ctx) else None
 
     return gated
 
@@ -141,7 +143,7 @@ RK072_OLD = "please pass in use_reentrant=True or use_reentrant=False explicitly
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
     _check = on_message(*_frags)
     if _id == "RK071":
-        _check = _with_error(_check, _frags[1])
+        _check = _with_error(_check, *_frags[1:])
     if _id == "RK072":
         _check = _reentrant_warning
     if _id == "RK073":

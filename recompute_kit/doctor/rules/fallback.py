@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ..types import Context, Match
+from .defaults import exception_without_oom
 from .knobs import Knobs, read_knobs
 from .model_states import (
     COMMON_GPU_BYTES,
@@ -48,6 +49,8 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
     if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
         return None  # the device had room: not a matter of what training keeps
     said = _oom_said(ctx)
+    if said is None and exception_without_oom(ctx):
+        return None  # an exception that says nothing of memory: RK420's reading, not this
     knobs = read_knobs(ctx)
     if said is None and not knobs.any:
         return None
