@@ -77,6 +77,8 @@ def test_fresh_rk170_micro_batch_size_in_pasted_constants():
     assert f.rule == "RK170" and f.category == "activation_memory"
     assert f.config_patch == {"micro_batch_size": 1}
     assert "micro_batch_size = 2" in f.evidence
+    # micro_batch_size alone does not make a script Megatron (no global_batch_size next to it)
+    assert "Megatron" not in f.fix
 
 
 def test_fresh_knob_assignments_need_a_number_and_a_knob_name():
