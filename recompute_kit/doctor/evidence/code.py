@@ -116,7 +116,16 @@ _GRADS_LOST_RE = re.compile(
 # 'dtype': torch.X ...}" then "recomputed metadata: {...}" per tensor position.
 _META_RE = re.compile(
     r"(saved|recomputed) metadata:\s*\{'shape':\s*torch\.Size\(\[([^\]]*)\]\),\s*'dtype':"
-    r"\s*torch\.(\w+)"
+    r"\s*torch\.(\w+)|(saved|recomputed) metadata:\s*\{'shape':\s*torch\.Size\(\[([^\]]*)\]\),"
+    r"\s*'dty\w*$"  # a paste cut inside the dtype
+)
+# Prose saying the recompute does not get the forward's RNG state back (dropout then draws
+# other masks): "without restoring the RNG state", "does not preserve the rng state",
+# "sees a different random mask".
+_RNG_PROSE_RE = re.compile(
+    r"\b(?:without|not|never|n't|no)\b[^.;]{0,40}?\b(?:restor|preserv|reset|sav)\w*\b[^.;]{0,30}?"
+    r"\b(?:rng|random (?:number )?(?:generator )?state|seed)|different random masks?",
+    re.I,
 )
 # A person reports that checkpointing does not act ("the gradient checkpointing function is
 # not being invoked", "checkpointing is skipped") and, in the text, the module's eval / training
@@ -228,7 +237,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `eval_after_train` (bool), `use_reentrant`, `preserve_rng_state` (bools), `autocast_dtypes`,
     `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
-    `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
+    `rng_not_restored` (prose: the recompute does not get the forward's RNG state back),
+    `dropout_named` (the word dropout appears), `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
@@ -299,7 +309,11 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 printed = facts.setdefault("printed_dtypes", [])
                 if d not in printed:
                     printed.append(d)
+        if ("rng" in lower or "random" in lower or "seed" in lower) and not _is_code(line):
+            if _RNG_PROSE_RE.search(line):
+                add("rng_not_restored", line)
         if "dropout" in lower:
+            facts["dropout_named"] = True
             for key, value in _DROPOUT_RE.findall(line):
                 number = float(value)
                 if 0 < number < 1:
@@ -347,8 +361,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
         ):
             add("eval_prose", line)
         if "metadata" in line and (m := _META_RE.search(line)):
-            shape, dtype = " ".join(m.group(2).split()), m.group(3)
-            if m.group(1) == "saved":
+            kind = m.group(1) or m.group(4)
+            shape, dtype = " ".join((m.group(2) or m.group(5)).split()), m.group(3) or ""
+            if kind == "saved":
                 saved_meta = (shape, dtype)
             elif saved_meta is not None:
                 facts.setdefault("metadata_pairs", []).append((*saved_meta, shape, dtype))

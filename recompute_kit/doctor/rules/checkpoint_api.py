@@ -169,6 +169,25 @@ _METADATA_MISMATCH = on_message(
 )
 MOE_WORDS = ("router", "expert", "moe", "row_id_map", "topk", "dispatch", "permut")
 COMPILE_WORDS = ("torch.compile", "compile", "dynamo", "inductor")
+FSDP2_WORDS = ("fsdpv2", "fsdp2", "fully_shard", "mixedprecisionpolicy", "mp_policy")
+
+
+def _doubled_length(saved: list[str], again: list[str]) -> tuple[str, str] | None:
+    """(saved, recomputed) of the first pair where one dimension past the first exactly
+    doubled and the others are equal, when such pairs are most of the differing ones: the
+    recompute appended to a KV cache the forward filled."""
+    differing = [(a, b) for a, b in zip(saved, again, strict=False) if a != b]
+    doubled = []
+    for a, b in differing:
+        x, y = [v.strip() for v in a.split(",")], [v.strip() for v in b.split(",")]
+        if len(x) != len(y) or len(x) < 2 or not all(v.isdigit() for v in x + y):
+            continue
+        moved = [i for i, (u, v) in enumerate(zip(x, y, strict=True)) if u != v]
+        if len(moved) == 1 and moved[0] > 0 and int(y[moved[0]]) == 2 * int(x[moved[0]]) > 2:
+            doubled.append((a, b))
+    if doubled and 2 * len(doubled) > len(differing):
+        return doubled[0]
+    return None
 
 
 @rule(
@@ -220,6 +239,20 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
         r"recomputation: (\d+)",
         text,
     )
+    rich = fact(ctx, "metadata_pairs") or []
+    if len(rich) > len(saved):
+        saved, again = [p[0] for p in rich], [p[2] for p in rich]
+    if (cache := _doubled_length(saved, again)) is not None:
+        return Match(
+            0.9,
+            f"{found.evidence} The recompute saw a sequence length twice the forward's "
+            f"({cache[0]} -> {cache[1]}, other dimensions equal): keys / values were appended "
+            "to a cache the forward already filled, so the recompute attended over both.",
+            config_patch={"use_cache": False},
+            fix="Turn the KV cache off in training (use_cache=False, model.config.use_cache = "
+            "False): a forward that updates past_key_values (global state) runs differently "
+            "when the checkpoint re-runs it",
+        )
     moe = next((w for w in MOE_WORDS if w in text), None) or (
         "num_moe_experts" if ctx.is_moe else None
     )
@@ -272,7 +305,28 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
         r"recomputed metadata: \{'shape': torch\.size\(\[([^\]]*)\]\), 'dtype': torch\.(\w+)",
         text,
     )
-    dtypes = [d for shape, d, shape2, d2 in pairs if shape == shape2 and d != d2 for d in (d, d2)]
+    if len(rich) > len(pairs):
+        pairs = [(a.lower(), d, b.lower(), d2) for a, d, b, d2 in rich]
+    dtypes = [
+        d for shape, d, shape2, d2 in pairs if shape == shape2 and d and d2 and d != d2
+        for d in (d, d2)
+    ]
+    fsdp2 = next((w for w in FSDP2_WORDS if w in text), None) or next(
+        (w for w in FSDP2_WORDS if any(w in m.lower() for m in fact(ctx, "mentions") or [])),
+        None,
+    )
+    if dtypes and fsdp2:  # FSDP2's mixed-precision cast of the inputs skipped in recompute
+        return Match(
+            0.9,
+            f"{found.evidence} The saved and recomputed dtypes differ "
+            f"({', '.join(sorted(set(dtypes)))}) under FSDP2 ('{fsdp2}'): its "
+            "mixed-precision cast of the forward inputs does not run in the recompute.",
+            config_patch={"command": "pip install -U 'torch>=2.13'"},
+            fix="Upgrade torch (FSDP2 casts the forward inputs in the recompute from 2.13, "
+            "pytorch#182580); meanwhile wrap each layer with checkpoint_wrapper "
+            "(CheckpointWrapper, NO_REENTRANT) before fully_shard, or cast the block's inputs "
+            "to MixedPrecisionPolicy.param_dtype yourself",
+        )
     if dtypes:  # same shapes, other dtypes: autocast, not another graph
         return Match(
             0.85,

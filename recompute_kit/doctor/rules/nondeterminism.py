@@ -187,6 +187,13 @@ def _dropout_rng(ctx: Context) -> Match | None:
     shift = None
     if ac and ac["off"]:
         shift = (ac["on"] - ac["off"]) / abs(ac["off"])
+    prose = fact(ctx, "rng_not_restored") or []
+    if prose and (dropout or fact(ctx, "dropout_named")):
+        return Match(
+            0.85,
+            f"Dropout in the checkpointed blocks, and the recompute runs without the forward's "
+            f"RNG state: '{prose[0]}'.",
+        )
     if preserve is not False and not (shift is not None and abs(shift) > 0.02):
         return None
     if not dropout and preserve is not False:
