@@ -283,6 +283,23 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes by category (framework bugs, overhead, no effect, recompute that
+# differs): tests/test_rules_fresh_categories_a.py
+SOURCES.update(
+    {
+        "fa-nd-kvcache-qwen2-pt155171": "https://github.com/pytorch/pytorch/issues/155171",
+        "fa-nd-dropout-rng-guideddiff167": "https://github.com/openai/guided-diffusion/issues/167",
+        "fa-nd-fsdp2-dtype-pt159359": "https://github.com/pytorch/pytorch/issues/159359",
+        "fa-fb-crossencoder-gc-st3330": "https://github.com/huggingface/sentence-transformers/"
+        "issues/3330",
+        "fa-fb-unsloth-backward-twice-3543": "https://github.com/unslothai/unsloth/issues/3543",
+        "fa-fb-tabpfn-pop-empty-1138": "https://github.com/PriorLabs/TabPFN/pull/1138",
+        "fa-fb-uniform-hidden-mlm290": "https://github.com/NVIDIA/Megatron-LM/pull/290",
+        "fa-ov-tunable-layers-weathergen1141": "https://github.com/ecmwf/WeatherGenerator/"
+        "issues/1141",
+    }
+)
+
 
 # ---- helpers --------------------------------------------------------------------------------
 

@@ -238,7 +238,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
     `rng_not_restored` (prose: the recompute does not get the forward's RNG state back),
-    `dropout_named` (the word dropout appears), `ac_loss` ({"on": mean, "off": mean, "column": header}), `mentions` (lines naming gradient
+    `dropout_named` (the word dropout appears), `ac_loss` ({"on": mean, "off": mean,
+    "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
@@ -309,9 +310,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 printed = facts.setdefault("printed_dtypes", [])
                 if d not in printed:
                     printed.append(d)
-        if ("rng" in lower or "random" in lower or "seed" in lower) and not _is_code(line):
-            if _RNG_PROSE_RE.search(line):
-                add("rng_not_restored", line)
+        if (
+            ("rng" in lower or "random" in lower or "seed" in lower)
+            and not _is_code(line)
+            and _RNG_PROSE_RE.search(line)
+        ):
+            add("rng_not_restored", line)
         if "dropout" in lower:
             facts["dropout_named"] = True
             for key, value in _DROPOUT_RE.findall(line):

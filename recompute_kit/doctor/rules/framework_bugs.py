@@ -233,3 +233,40 @@ def _cuda_path_off_cuda(ctx: Context) -> Match | None:
             + ": the checkpoint's RNG handling assumed a CUDA device.",
         )
     return None
+
+
+COMPILED_BACKWARD = ("_aot_autograd", "compiledfunction", "runtime_wrappers", "compiled_autograd")
+
+
+@rule(
+    "RK460",
+    "Backward twice inside a library's compiled backward",
+    "framework_bug",
+    symptom="RuntimeError 'Trying to backward through the graph a second time' raised in the "
+    "backward of a compiled graph (torch/_functorch/_aot_autograd, CompiledFunction), with no "
+    "checkpoint call of the user's in the traceback",
+    cause="A training library that compiles or patches the model (its own gradient "
+    "checkpointing / offloading, e.g. Unsloth) freed the compiled graph's saved tensors "
+    "before its second use; the user's code calls only trainer.train()",
+    confirm="Turn the library's gradient checkpointing (or compile) off for one run: the error "
+    "goes; the same script runs on the library's previous release",
+    fix="Upgrade the library that compiles / patches the model (Unsloth: pip install -U "
+    "unsloth unsloth_zoo; transformers) or pin its last working release; meanwhile turn its "
+    "gradient checkpointing off",
+    patch={"gradient_checkpointing": False},
+    supersedes=("RK093",),
+)
+def _compiled_backward_twice(ctx: Context) -> Match | None:
+    for e in ctx.evidence.errors:
+        if "backward through the graph a second time" not in e.message:
+            continue
+        where = " ".join([*e.frames, *e.context]).lower()
+        hit = next((w for w in COMPILED_BACKWARD if w in where), None)
+        if hit is None or "checkpoint(" in where or fact(ctx, "checkpoint_call"):
+            continue
+        return Match(
+            0.8,
+            f"'{e.message[:90]}' is raised in a compiled graph's backward ('{hit}'), with no "
+            "checkpoint call of the user's in the traceback.",
+        )
+    return None
