@@ -308,7 +308,9 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
     if len(rich) > len(pairs):
         pairs = [(a.lower(), d, b.lower(), d2) for a, d, b, d2 in rich]
     dtypes = [
-        d for shape, d, shape2, d2 in pairs if shape == shape2 and d and d2 and d != d2
+        d
+        for shape, d, shape2, d2 in pairs
+        if shape == shape2 and d and d2 and d != d2
         for d in (d, d2)
     ]
     fsdp2 = next((w for w in FSDP2_WORDS if w in text), None) or next(
