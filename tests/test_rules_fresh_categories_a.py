@@ -102,3 +102,23 @@ def test_fresh_cat_pop_from_empty_list_in_the_recompute():
     # consumed by pop(0)) breaks its checkpointed recompute; fixed in the library.
     f = top(run(text("fa-fb-tabpfn-pop-empty-1138")))
     assert f.category == "framework_bug" and "upgrade" in f.fix.lower()
+
+
+# =============================================================================================
+# recompute_no_effect
+# =============================================================================================
+
+
+@covers("RK023")
+def test_fresh_cat_checkpointing_flag_leaves_memory_the_same():
+    # https://github.com/verl-project/verl/issues/26: with the critic's
+    # enable_gradient_checkpointing on, the max reserved / allocated "remain the same as when
+    # it is turned off"; the maintainers: the flag was not applied (fixed in verl PR #27).
+    f = top(run(text("fa-ne-critic-gc-verl26")))
+    assert f.rule == "RK023" and f.category == "recompute_no_effect"
+    assert "gradient_checkpointing_enable" in f.fix and "upgrade" in f.fix
+
+
+def test_fresh_cat_memory_dropped_with_checkpointing_is_not_rk023():
+    report = "With gradient checkpointing on, the peak memory went from 40 GB to 12 GB."
+    assert "RK023" not in ids(run(report))

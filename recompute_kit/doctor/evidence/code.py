@@ -119,6 +119,15 @@ _META_RE = re.compile(
     r"\s*torch\.(\w+)|(saved|recomputed) metadata:\s*\{'shape':\s*torch\.Size\(\[([^\]]*)\]\),"
     r"\s*'dty\w*$"  # a paste cut inside the dtype
 )
+# Prose saying turning checkpointing / recompute on leaves the memory as it was: "does not
+# change the memory usage", "these values remain the same as when it is turned off".
+_SAME_MEMORY_RE = re.compile(
+    r"(?:does(?: ?n[o']t)|did(?: ?n[o']t)|do(?: ?n[o']t))\s+(?:change|reduce|lower|affect|save)\b"
+    r"[^.;]{0,30}?\b(?:memory|usage|vram|peak)|\b(?:remains?|stays?|is|are)\s+(?:exactly\s+)?"
+    r"(?:the\s+same|unchanged|identical)|\bno (?:effect|difference|change)\b[^.;]{0,30}?"
+    r"\b(?:memory|usage|vram|peak)",
+    re.I,
+)
 # Prose saying the recompute does not get the forward's RNG state back (dropout then draws
 # other masks): "without restoring the RNG state", "does not preserve the rng state",
 # "sees a different random mask".
@@ -238,7 +247,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
     `rng_not_restored` (prose: the recompute does not get the forward's RNG state back),
-    `dropout_named` (the word dropout appears), `ac_loss` ({"on": mean, "off": mean,
+    `dropout_named` (the word dropout appears), `same_memory_prose` (prose: memory the same
+    with checkpointing / recompute turned on), `ac_loss` ({"on": mean, "off": mean,
     "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
     lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
@@ -316,6 +326,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
             and _RNG_PROSE_RE.search(line)
         ):
             add("rng_not_restored", line)
+        if (
+            ("checkpoint" in lower or "recompute" in lower)
+            and not _is_code(line)
+            and _SAME_MEMORY_RE.search(line)
+        ):
+            add("same_memory_prose", line)
         if "dropout" in lower:
             facts["dropout_named"] = True
             for key, value in _DROPOUT_RE.findall(line):

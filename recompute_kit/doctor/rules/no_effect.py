@@ -134,6 +134,21 @@ def _never_reached(ctx: Context) -> Match | None:
                     f"'{r.get('name')}' ({r['recompute']}) peaks at exactly the "
                     f"same {gib(r['peak_memory_bytes'])} as '{b.get('name')}'.",
                 )
+    same = fact(ctx, "same_memory_prose") or []
+    if same and not ctx.evidence.experiments:
+        return Match(
+            0.7,
+            f"The report says memory does not move with checkpointing turned on: '{same[0]}'.",
+            config_patch={
+                "code": "model.gradient_checkpointing_enable(); "
+                "assert model.is_gradient_checkpointing  # on the model the trainer steps"
+            },
+            fix="The flag did not reach the model that runs: check on the built model that "
+            "checkpointing is on (model.is_gradient_checkpointing, the printed arguments, "
+            "model.training); where the framework drops the flag (a worker or role that never "
+            "passes it on) upgrade it (fixed upstream) or call "
+            "model.gradient_checkpointing_enable() on that model yourself",
+        )
     args_gran = ctx.cfg.get("recompute_granularity")
     if ctx.says("recompute never engaged") or (
         args_gran is None and ctx.cfg.get("recompute_num_layers") and ctx.oom
