@@ -294,7 +294,6 @@ SOURCES.update(
         "issues/3330",
         "fa-fb-unsloth-backward-twice-3543": "https://github.com/unslothai/unsloth/issues/3543",
         "fa-fb-tabpfn-pop-empty-1138": "https://github.com/PriorLabs/TabPFN/pull/1138",
-        "fa-fb-uniform-hidden-mlm290": "https://github.com/NVIDIA/Megatron-LM/pull/290",
         "fa-ne-critic-gc-verl26": "https://github.com/verl-project/verl/issues/26",
     }
 )
