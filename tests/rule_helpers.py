@@ -299,6 +299,26 @@ SOURCES.update(
 )
 
 
+# fresh public pastes by memory category (model states, fragmentation, logits, one allocation
+# larger than the GPU, other processes, memory outside PyTorch):
+# tests/test_rules_fresh_categories_b.py
+SOURCES.update(
+    {
+        "fb-ds-3208-1p3b-adam-14gb": "https://github.com/deepspeedai/DeepSpeed/issues/3208",
+        "fb-ds-237-zero2-init-optimizer-states": "https://github.com/deepspeedai/DeepSpeed/issues/237",
+        "fb-vllm-pr41268-split-remainder": "https://github.com/vllm-project/vllm/pull/41268",
+        "fb-torchtune-2830-reserved-growing": "https://github.com/meta-pytorch/torchtune/issues/2830",
+        "fb-fairseq-50-log-softmax-vocab": "https://github.com/facebookresearch/fairseq/issues/50",
+        "fb-automodel-pr2336-masked-ce": "https://github.com/NVIDIA-NeMo/Automodel/pull/2336",
+        "fb-neurolens-2-grid-sampler-55gib": "https://github.com/wxian3/NeuroLens/issues/2",
+        "fb-opensora-70-mask-720gb": "https://github.com/hpcaitech/Open-Sora/issues/70",
+        "fb-horovod-2719-other-users": "https://github.com/horovod/horovod/issues/2719",
+        "fb-sglang-465-gpu-consumed": "https://github.com/sgl-project/sglang/issues/465",
+        "fb-pt-28394-cuda-overhead": "https://github.com/pytorch/pytorch/issues/28394",
+        "fb-maskrcnn-182-driver-memory": "https://github.com/facebookresearch/maskrcnn-benchmark/issues/182",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

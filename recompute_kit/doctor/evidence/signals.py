@@ -72,6 +72,27 @@ _FREED_RE = re.compile(
 )
 _STILL_RE = re.compile(r"non-?zero|not (?:zero|0)\b|still|remains?|stays?|leaks?|leaking", re.I)
 _COUNTER_RE = re.compile(r"memory_allocated|memory_reserved|allocated memory", re.I)
+# the output layer's log-softmax / cross-entropy named as where the memory runs out
+_LOSS_OOM_RE = re.compile(
+    r"(?:log_?softmax|log-softmax|cross_?entropy|cross-entropy)\W.*(?:out of memory|\boom\b)"
+    r"|(?:out of memory|\boom\b).*(?:log_?softmax|log-softmax|cross_?entropy|cross-entropy)",
+    re.I,
+)
+# allocator fragmentation said in words, not PyTorch's own tip in the OOM message
+_FRAG_RE = re.compile(r"fragment(?:ation|ed)\b", re.I)
+_FRAG_TIP_RE = re.compile(r"to avoid fragmentation|if reserved", re.I)
+_FRAG_NOT_RE = re.compile(r"\bnot (?:a |due to |caused by )?(?:memory )?fragment", re.I)
+# memory the CUDA context / driver takes that PyTorch's counters leave out
+_CONTEXT_RE = re.compile(
+    r"cuda (?:context|driver|runtime|overhead)|(?:cuda|driver) (?:memory )?overhead"
+    r"|overall cuda allocation",
+    re.I,
+)
+_UNCOUNTED_RE = re.compile(
+    r"not counted|isn't counted|doesn't count|does not count|not (?:shown|included) in"
+    r"|overhead|nvidia-smi|used gpu memory|memory cache in pytorch",
+    re.I,
+)
 
 
 # A memory figure per step: "step 3: allocated 12.4 GB", "Epoch 2 ... memory used: 10.1GiB"
@@ -91,7 +112,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     (communication on side streams), `residual_lines` (a memory counter still non-zero after
     del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
     `shape_lines` (lines printing 4-d shapes), `memory_series` ([(step, bytes, "allocated" |
-    "reserved", line)]: a memory figure on a line that numbers its step)."""
+    "reserved", line)]: a memory figure on a line that numbers its step),
+    `fragmentation_prose` (allocator fragmentation named in words, PyTorch's tip excluded),
+    `context_prose` (memory of the CUDA context / driver said to be outside PyTorch's
+    counters)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -140,8 +164,18 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
-        if "logit" in low and (_vocab_dim(line) or "vocab" in low):
+        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(
+            line
+        ):
             facts.setdefault("logits_lines", []).append(_q(line))
+        if (
+            _FRAG_RE.search(line)
+            and not _FRAG_TIP_RE.search(line)
+            and not _FRAG_NOT_RE.search(line)
+        ):
+            facts.setdefault("fragmentation_prose", []).append(_q(line))
+        if _CONTEXT_RE.search(line) and _UNCOUNTED_RE.search(line):
+            facts.setdefault("context_prose", []).append(_q(line))
         if "gpu_prose" not in facts and (gpu := _gpu(line)) is not None:
             facts["gpu_prose"] = gpu
         if "model_prose" not in facts and (m := _MODEL_RE.search(line)):

@@ -184,3 +184,67 @@ def _another_job(ctx: Context) -> Match | None:
             config_patch=patch,
         )
     return None
+
+
+@rule(
+    "RK481",
+    "The CUDA context / driver memory that PyTorch's counters leave out",
+    "non_pytorch_memory",
+    symptom="nvidia-smi (or the used GPU memory) shows hundreds of MiB to over a GiB more "
+    "than torch.cuda.memory_allocated / memory_reserved; the paste calls it CUDA overhead, "
+    "the CUDA context or driver memory",
+    cause="Each process's CUDA context (driver state, loaded kernels, cuDNN / cuBLAS "
+    "handles) lives outside PyTorch's caching allocator: ~300-500 MiB with lazy module "
+    "loading (CUDA >= 11.7), over 1 GiB before; no PyTorch counter includes it",
+    confirm="torch.cuda.mem_get_info() right after the first CUDA call against "
+    "torch.cuda.memory_reserved(): the gap is the context",
+    fix="Budget the context (about 0.5-1 GiB per process and device) in the memory plan; "
+    "load kernels lazily (CUDA_MODULE_LOADING=LAZY, CUDA >= 11.7); keep one process per GPU "
+    "so no second context lands on it",
+    patch={"env": {"CUDA_MODULE_LOADING": "LAZY"}},
+    supersedes=("RK170", "RK005"),
+)
+def _context_prose(ctx: Context) -> Match | None:
+    lines = fact(ctx, "context_prose") or []
+    if not lines:
+        return None
+    return Match(
+        0.65,
+        f"The paste places memory outside PyTorch's counters in the CUDA context / driver "
+        f"('{lines[0][:160]}').",
+        config_patch={"env": {"CUDA_MODULE_LOADING": "LAZY"}},
+    )
+
+
+@rule(
+    "RK480",
+    "Allocator fragmentation named in words",
+    "fragmentation",
+    symptom="The thread says the OOM comes from memory fragmentation (reserved memory growing "
+    "over time, a cached block split so its remainder fits no later request), not from a "
+    "larger peak",
+    cause="The caching allocator splits cached segments for smaller requests; the free "
+    "remainders are pinned by the live block beside them and fit no later request, so "
+    "reserved memory grows while allocated memory stays flat",
+    confirm="torch.cuda.memory_stats(): reserved_bytes grows step over step while "
+    "allocated_bytes.all.peak stays flat; the OOM goes with expandable_segments",
+    fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place, no split "
+    "remainders); where expandable segments cannot be used, max_split_size_mb caps which "
+    "blocks may be split",
+    patch={"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    supersedes=("RK170", "RK005", "RK266"),
+)
+def _fragmentation_prose(ctx: Context) -> Match | None:
+    lines = fact(ctx, "fragmentation_prose") or []
+    if not lines:
+        return None
+    for event in ctx.evidence.oom or []:  # the OOM's own numbers outrank the words
+        capacity = ctx.gpu_bytes
+        spare = event.reserved_unallocated_bytes
+        if spare is not None and capacity and spare < 0.03 * capacity:
+            return None
+    return Match(
+        0.6,
+        f"The paste names allocator fragmentation ('{lines[0][:160]}').",
+        config_patch={"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    )
