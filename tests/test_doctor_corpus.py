@@ -48,11 +48,14 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # The corpus then grew by 12 cases (f_*: 4 dev, 8 held-out; no rule written for them): on 215
 # cases dev 104/123 = 84.6%, 108/123 = 87.8%; held-out 29/92 = 31.5%, 32/92 = 34.8% (the held-out
 # fix floor back to 0.30: the corpus changed, not the rules).
+# After the rounds that checked rules on fresh real pastes (tests/test_rules_fresh_*.py) and
+# the robustness to cut pastes: dev 104/123 = 84.6%, 109/123 = 88.6%; held-out 33/92 = 35.9%,
+# 34/92 = 37.0%.
 FLOORS = {
     ("dev", "category_ok"): 0.80,
     ("dev", "fix_ok"): 0.85,
-    ("held_out", "category_ok"): 0.30,
-    ("held_out", "fix_ok"): 0.30,
+    ("held_out", "category_ok"): 0.35,
+    ("held_out", "fix_ok"): 0.35,
 }
 MIN_CASES = 215
 

@@ -171,9 +171,9 @@ _LIGHTNING_TRAINER_KEYS = frozenset(
 
 def _framework(ctx: Context) -> str:
     cfg = ctx.cfg
-    # micro_batch_size alone is not Megatron's: lit-llama, verl and plain scripts use the name;
-    # Megatron's configs and argument dumps carry it with global_batch_size.
-    if is_megatron(ctx) or all(k in cfg for k in ("micro_batch_size", "global_batch_size")):
+    # micro_batch_size alone is not Megatron's (lit-llama and plain scripts use the name);
+    # global_batch_size is: Megatron-LM, NeMo and Megatron-Bridge configs and argument dumps.
+    if is_megatron(ctx) or "global_batch_size" in cfg:
         return "megatron"
     if any(k in cfg for k in ("finetuning_type", "cutoff_len")):
         return "llamafactory"
