@@ -86,3 +86,55 @@ def test_fb_pytorch_tip_alone_is_not_fragmentation_in_words():
     # the OOM message's own "to avoid fragmentation" tip is not the thread naming it
     d = run(text("fb-neurolens-2-grid-sampler-55gib"))
     assert "RK480" not in [f.rule for f in d.findings]
+
+
+@covers("RK500")
+def test_fb_named_size_with_adam_fills_the_gpu_by_default():
+    # https://github.com/deepspeedai/DeepSpeed/issues/3208: "the little 1.3b" OOMs on a
+    # 14.56 GiB GPU; the maintainer: weights + grads + Adam states need ~18 GB (offload / ZeRO)
+    f = top(run(text("fb-ds-3208-1p3b-adam-14gb")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "assuming full training" in f.evidence and "offload" in f.fix
+    assert f.config_patch["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+def test_fb_named_size_default_reading_stays_silent_when_states_are_small_or_not_adam():
+    # the same OOM message with a model whose 16 bytes/param are a small share of the GPU, or
+    # with LoRA / inference named: no default model-state reading
+    oom = text("fb-ds-3208-1p3b-adam-14gb").splitlines()[1]
+    for prose in (
+        "so the little 0.3b need how much memory ?",
+        "so the little 1.3b with LoRA need how much memory ?",
+        "so inference with the little 1.3b need how much memory ?",
+    ):
+        d = run(oom + "\n" + prose)
+        assert "RK500" not in [f.rule for f in d.findings], prose
+
+
+@covers("RK501")
+def test_fb_allocation_larger_than_any_gpu_stated_in_words():
+    # https://github.com/hpcaitech/Open-Sora/issues/70: expand_mask_4d "will try to allocate
+    # 720gb" at ~200k sequence length: a dense 4-d mask no GPU holds
+    f = top(run(text("fb-opensora-70-mask-720gb")))
+    assert f.rule == "RK501" and f.category == "allocation_exceeds_device"
+    assert f.config_patch == {"attn_implementation": "flash_attention_2"}
+
+
+def test_fb_allocation_in_words_that_fits_a_gpu_is_not_rk501():
+    d = run("When the sequence length ~ 8k this will try to allocate 40gb.")
+    assert "RK501" not in [f.rule for f in d.findings]
+
+
+@covers("RK360")
+def test_fb_gpu_consumed_by_another_process_without_an_oom():
+    # https://github.com/sgl-project/sglang/issues/465: a misspelled CUDA_VISIBLE_DEVICES left
+    # the server on "a GPU that was consumed already"
+    f = top(run(text("fb-sglang-465-gpu-consumed")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert "CUDA_VISIBLE_DEVICES" in f.config_patch["env"]
+
+
+def test_fb_gpu_memory_used_up_is_not_another_process():
+    # memory used up by this job's own tensors is not the GPU taken by someone else
+    d = run("The GPU memory is already used up by the model after two steps.")
+    assert "RK360" not in [f.rule for f in d.findings]

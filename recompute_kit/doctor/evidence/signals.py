@@ -44,7 +44,38 @@ _GPU_SIZE_RE = re.compile(
 # "GPT-30B model", "Llama-2-70B", "16B模型", "a 13B model", "7b parameters"
 _MODEL_RE = re.compile(
     r"(?<![\w./-])[A-Za-z][\w.]*-(?:[\w.]*-)*?(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])"
-    r"|(?<![A-Za-z0-9_./-])(\d+(?:\.\d+)?)\s?[bB]\s*(?:models?|模型|parameters|params|参数|LLM)",
+    r"|(?<![A-Za-z0-9_./-])(\d+(?:\.\d+)?)\s?[bB]\s*(?:models?|模型|parameters|params|参数|LLM)"
+    # a size used as the model's name after an article or size word: "the little 1.3b",
+    # "a 7B", "this 13b" (not "256b" inside a word or a unit's figure)
+    r"|(?<![\w.])(?i:the|a|an|this|that|my|our|little|small|tiny|smaller|big|bigger|large)"
+    r"\s+(?i:(?:little|small|tiny|big|large)\s+)?(\d+(?:\.\d+)?)[bB](?![\w.])"
+    r"(?!\s*(?i:bits?|bytes?|tokens?|vectors?|keys?|hash))",
+)
+# An allocation's size stated in words with no OOM message: "will try to allocate 720gb",
+# "an allocation of 1.2 TB", "allocating ~400 GB for the mask"
+_ALLOC_PROSE_RE = re.compile(
+    r"\b(?:(?:try|tries|trying|tried|attempts?|attempting|wants?|needs?) to allocate"
+    r"|allocat(?:es|ing|ed)|allocations? of)\s+(?:about\s+|around\s+|~\s*|over\s+)?"
+    r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b",
+    re.I,
+)
+# Words of a run that is not full mixed-precision training: inference / serving, adapters,
+# quantized weights, sharded or offloaded states (16 bytes per parameter would not hold)
+_NOT_FULL_TRAINING_RE = re.compile(
+    r"\b(?:vllm|sglang|inference|infer|generat(?:e|ion|ing)|serv(?:e|ing)|kv[ _-]?cache"
+    r"|predict(?:ion)?|lora|qlora|peft|adapters?|quantiz\w*|[48][ -]?bit|int[48]|gptq|awq"
+    r"|zero[ _-]?(?:stage)?[ _-]?[123]|stage[ _-]?[123]|fsdp|offload\w*|8bit|sgd|adafactor)\b",
+    re.I,
+)
+# The GPU taken by something else, in words, with or without an OOM: "a GPU that was consumed
+# already", "GPU 0 is already occupied", "the card is used by another process"
+_GPU_TAKEN_RE = re.compile(
+    r"\b(?:GPUs?|cards?|devices?)\b(?:(?!memory|\bvram\b)[^.]){0,30}?"
+    r"(?:\balready\s+(?:being\s+)?(?:occupied|consumed|in use|used|taken|busy)\b"
+    r"|\b(?:occupied|consumed|taken|busy|in use)\s+already\b"
+    r"|\b(?:occupied|consumed|used|taken|in use)\s+by\s+(?:an?\s+)?(?:another|other|different"
+    r"|second|someone|a colleague|other users?)\b)",
+    re.I,
 )
 
 
@@ -115,7 +146,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     "reserved", line)]: a memory figure on a line that numbers its step),
     `fragmentation_prose` (allocator fragmentation named in words, PyTorch's tip excluded),
     `context_prose` (memory of the CUDA context / driver said to be outside PyTorch's
-    counters)."""
+    counters), `alloc_prose_bytes` / `alloc_prose_line` (the largest allocation stated in
+    words, "will try to allocate 720gb"), `gpu_taken_prose` (lines saying the GPU is already
+    occupied / used by another process), `not_full_training` (lines naming inference /
+    serving, adapters, quantization, ZeRO / FSDP / offload or a non-Adam optimizer)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -179,10 +213,18 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
         if "gpu_prose" not in facts and (gpu := _gpu(line)) is not None:
             facts["gpu_prose"] = gpu
         if "model_prose" not in facts and (m := _MODEL_RE.search(line)):
-            experts, size, bare = m.group(1), m.group(2), m.group(3)
+            experts, size, bare = m.group(1), m.group(2), m.group(3) or m.group(4)
             params = float(size or bare) * 1e9 * (int(experts) if experts else 1)
             if 0.1e9 <= params <= 2000e9:
                 facts["model_prose"] = {"params": params, "name": m.group(0).strip()}
+        if "allocat" in low and (m := _ALLOC_PROSE_RE.search(line)):
+            size = parse_size(f"{m.group(1)} {m.group(2)}")
+            if size and size > facts.get("alloc_prose_bytes", 0):
+                facts["alloc_prose_bytes"], facts["alloc_prose_line"] = size, _q(line)
+        if _NOT_FULL_TRAINING_RE.search(line) and len(facts.get("not_full_training", [])) < 8:
+            facts.setdefault("not_full_training", []).append(_q(line))
+        if _GPU_TAKEN_RE.search(line):
+            facts.setdefault("gpu_taken_prose", []).append(_q(line))
     if frames:
         facts["frame_code"] = frames
     return facts

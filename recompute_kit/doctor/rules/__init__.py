@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     fallback,
     framework_bugs,
     general,
+    in_words,
     informational,
     measured,
     memory,

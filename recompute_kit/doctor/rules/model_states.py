@@ -304,3 +304,66 @@ def optimizer_shard_step(ctx: Context) -> tuple[dict, str]:
         {"zero_optimization": {"stage": 3}},
         "shard them: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP",
     )
+
+
+# Config keys that name how the model states are kept: with any of them the byte count is
+# RK101's (or not a default reading at all).
+_STATE_KEY_WORDS = ("zero", "fsdp", "offload", "lora", "peft", "quant", "load_in_", "optim")
+
+
+@rule(
+    "RK500",
+    "Default reading: a named model size with mixed-precision Adam fills the GPU",
+    "model_state_memory",
+    symptom="An OOM on a GPU whose size is known, a model size named (in a name or in words: "
+    "'the little 1.3b', 'a 7B model'), and no ZeRO stage, offload, adapters or quantization "
+    "named, where 16 bytes per parameter alone reach 80% of the GPU",
+    cause="Full training with mixed-precision Adam keeps about 16 bytes per parameter (fp16/"
+    "bf16 weights and gradients, fp32 master weights and two Adam moments) before any "
+    "activation: a 1.3B model needs ~21 GB of model states",
+    confirm="params x 16 bytes against the GPU's total; torch.cuda.memory_allocated() right "
+    "after the first optimizer step (before the next forward)",
+    fix="Shard or move the model states: DeepSpeed ZeRO with optimizer offload to CPU "
+    "(offload_optimizer) on one GPU, ZeRO-3 / FSDP over several, an 8-bit optimizer, or "
+    "fewer trainable parameters (LoRA); activation recompute cannot free model states",
+    patch={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+    supersedes=("RK005", "RK087", "RK102", "RK170"),
+)
+def _default_adam_states(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        return None
+    if zero_stage(ctx) is not None or fact(ctx, "not_full_training"):
+        return None  # states kept another way, or not training: 16 bytes/param is wrong
+    if any(w in str(k).lower() for k in ctx.cfg for w in _STATE_KEY_WORDS):
+        return None
+    found, gpu = _model_params(ctx), stated_gpu_bytes(ctx)
+    if found is None or not gpu:
+        return None
+    params, name = found
+    states = params * 16
+    if states < 0.8 * gpu:
+        return None
+    kept = params * 4  # weights and gradients stay on the GPU when the optimizer is offloaded
+    if kept < 0.7 * gpu:
+        patch = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        plan = (
+            f"with the optimizer offloaded to CPU about {gib(kept)} (weights and gradients) "
+            "stays on the GPU"
+        )
+    else:
+        patch = {
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "cpu"},
+            }
+        }
+        plan = f"even weights and gradients take {gib(kept)}: ZeRO-3 with parameter offload"
+    return Match(
+        0.65 if states >= gpu else 0.6,
+        f"{name} has about {params / 1e9:.1f}B parameters; assuming full training with "
+        f"mixed-precision Adam (16 bytes per parameter; no ZeRO stage, offload or adapters "
+        f"named), its model states alone take about {gib(states)} against the {gib(gpu)} "
+        f"GPU ({states / gpu:.0%}) before any activation; {plan}.",
+        config_patch=patch,
+    )

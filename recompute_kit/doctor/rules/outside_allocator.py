@@ -149,7 +149,9 @@ def _colocated(ctx: Context, text: str) -> bool:
     "Another job holds the GPU: said in words, or memory used with no process listed",
     "other_processes",
     symptom="An OOM where the paste says another process / job / training runs on the same GPU, "
-    "or nvidia-smi / gpustat shows GPUs nearly full while no process of this job is listed",
+    "or (OOM or not, at lower confidence) that the GPU was already occupied / used by another "
+    "process, or nvidia-smi / gpustat shows GPUs nearly full while no process of this job is "
+    "listed",
     cause="The GPU is shared: another job (a colleague's, an earlier run that did not exit, a "
     "process in another container, whose PIDs nvidia-smi cannot show) holds the memory this "
     "one needs; the model's own size is not the problem",
@@ -161,8 +163,17 @@ def _colocated(ctx: Context, text: str) -> bool:
     supersedes=("RK005", "RK087", "RK102"),
 )
 def _another_job(ctx: Context) -> Match | None:
+    taken = fact(ctx, "gpu_taken_prose") or []  # "a GPU that was consumed already"
     if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
-        return None
+        if not taken:
+            return None
+        # no OOM in the paste: only words that the GPU was taken by something else
+        return Match(
+            0.5,
+            f"The paste says the GPU was already occupied ('{taken[0][:160]}'): another "
+            "process holds it, whatever this job needs.",
+            config_patch={"env": {"CUDA_VISIBLE_DEVICES": "<an idle GPU>"}},
+        )
     rows = fact(ctx, "gpu_rows") or []
     full = [gpu for gpu, used, total in rows if used >= 0.9 * total]
     idle = [gpu for gpu, used, total in rows if used <= 0.05 * total]
@@ -176,7 +187,7 @@ def _another_job(ctx: Context) -> Match | None:
             "cannot show (another container or user), not by this job.",
             config_patch=patch,
         )
-    said = fact(ctx, "other_job_prose")
+    said = (fact(ctx, "other_job_prose") or []) + taken
     if said:
         return Match(
             0.7,
