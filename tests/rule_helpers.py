@@ -319,6 +319,19 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes of framework bugs on recompute / offload / sharding paths:
+# tests/test_rules_fresh_bugs.py
+SOURCES.update(
+    {
+        "fx-ds-1499-dp-process-group": "https://github.com/deepspeedai/DeepSpeed/issues/1499",
+        "fx-neox-474-dp-process-group-eval": "https://github.com/EleutherAI/gpt-neox/issues/474",
+        "fx-ds-7830-z3-gc-next-functions": "https://github.com/deepspeedai/DeepSpeed/issues/7830",
+        "fx-ds-1057-ckpt-py38": "https://github.com/deepspeedai/DeepSpeed/issues/1057",
+        "fx-neox-62-pp-ckpt-zero2-keyerror": "https://github.com/EleutherAI/gpt-neox/issues/62",
+        "fx-ds-1903-z3-fetch-regression": "https://github.com/deepspeedai/DeepSpeed/issues/1903",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

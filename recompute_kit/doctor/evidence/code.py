@@ -163,6 +163,20 @@ _VALIDATION_PROSE_RE = re.compile(
 )
 # Another job on the same GPU, in words: "I run another code on GPU0", "there is already a
 # training in GPU 0", "someone else's process occupies the card"
+# Prose naming the release that last worked: "it works on deepspeed==0.5.10", "worked fine
+# with transformers 4.35", "was ok in peft v0.6.0"
+_WORKED_RE = re.compile(
+    r"\b(?:works?|worked|working|was fine|ran fine|was ok)\b[^.\n]{0,40}?\b(?:on|in|with|under)\s+"
+    r"([A-Za-z][\w.-]*?)\s*(?:==|=|\s)\s*v?(\d+\.\d+(?:\.\w+)?)\b",
+    re.I,
+)
+# Prose saying features work one at a time but fail together: "both work when you use them
+# individually", "any two of the following three options", "each works alone"
+_COMBINED_RE = re.compile(
+    r"\b(?:work|works|working|fine)\b[^.\n]{0,60}\b(?:individually|separately|alone|on (?:its|"
+    r"their) own|one at a time)\b|\bany two of\b[^.\n]{0,60}\b(?:options|features|settings)\b",
+    re.I,
+)
 _OTHER_JOB_RE = re.compile(
     r"\b(?:another|other|second|a different|someone else'?s?|already an?|already)\s+"
     r"(?:\w+\s+){0,2}?(?:process(?:es)?|jobs?|programs?|codes?|scripts?|trainings?|"
@@ -265,7 +279,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
     ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
     empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
-    torch.load), `load_prose` (prose placing the failure at a line it runs or at the load)."""
+    torch.load), `load_prose` (prose placing the failure at a line it runs or at the load),
+    `worked_release` ((library, version, line): prose naming the release that worked),
+    `combined_prose` (prose: features that work one at a time fail together)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -395,6 +411,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 add("eval_memory_prose", line)
             if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):
                 add("memory_growth_prose", line)
+        if not _is_code(line) and (m := _WORKED_RE.search(line)):
+            facts.setdefault("worked_release", (m.group(1).lower(), m.group(2), _quote(line)))
+        if not _is_code(line) and _COMBINED_RE.search(line):
+            add("combined_prose", line)
         if not _is_code(line) and _OTHER_JOB_RE.search(line):
             add("other_job_prose", line)
         row = _GPUSTAT_ROW_RE.match(line) or _SMI_DEVICE_ROW_RE.search(line)

@@ -103,6 +103,10 @@ def _default_exception(ctx: Context) -> Match | None:
         if ckpt:
             patch["gradient_checkpointing"] = False
             fix += "; meanwhile turn gradient checkpointing off for one run"
+        worked = fact(ctx, "worked_release")
+        if worked and worked[0].replace("_", "-") == package:
+            fix += f", or pin {package}=={worked[1]} (the paste says that release worked)"
+            patch["command"] = f"pip install {package}=={worked[1]}"
         return Match(
             0.25,
             f"Default reading (no specific pattern matched): {said} is raised in {lib}'s own "
@@ -113,6 +117,18 @@ def _default_exception(ctx: Context) -> Match | None:
     if ckpt:
         if frames and lib is None and not cut:
             return None  # the script's own frames: no fresh paste shows which reading fits
+        zero = (fact(ctx, "json_config") or {}).get("zero_optimization.stage")
+        if zero == 3:  # ZeRO-3 gathers and releases the parameters the recompute runs with
+            return Match(
+                0.2,
+                f"Default reading (no specific pattern matched): {said}{where}, with "
+                f"checkpointing ('{ckpt[:120]}') under ZeRO-3 (zero_optimization.stage 3): "
+                "the recompute runs with parameters ZeRO-3 gathers and releases.",
+                config_patch={"command": "pip install -U deepspeed"},
+                fix="A bug on DeepSpeed's ZeRO-3 + checkpointing path: upgrade deepspeed; "
+                "meanwhile ZeRO-2 (zero_optimization.stage 2) or gradient checkpointing off "
+                "for one run, and report the traceback upstream",
+            )
         return Match(
             0.2,
             f"Default reading (no specific pattern matched): {said}{where}, and the paste ties "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
-from .registry import fact, gib, on_message, patch_for, rule
+from .registry import fact, gib, is_megatron, on_message, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # Known framework bugs and their workarounds
@@ -268,5 +268,55 @@ def _compiled_backward_twice(ctx: Context) -> Match | None:
             0.8,
             f"'{e.message[:90]}' is raised in a compiled graph's backward ('{hit}'), with no "
             "checkpoint call of the user's in the traceback.",
+        )
+    return None
+
+
+COMBINED_FEATURES = (
+    ("checkpoint", "checkpointing"),
+    ("recompute", "recompute"),
+    ("pipelin", "pipeline parallelism"),
+    ("zero", "ZeRO"),
+    ("fsdp", "FSDP"),
+    ("offload", "offloading"),
+    ("tensor parallel", "tensor parallelism"),
+)
+
+
+@rule(
+    "RK520",
+    "Features that work one at a time fail together (said in words)",
+    "framework_bug",
+    symptom="The paste says checkpointing / recompute and a parallelism or offload feature "
+    '(pipeline, ZeRO, FSDP, offloading) each work alone ("work individually", "any two '
+    'of the three options") but fail when combined',
+    cause="The framework's code path for that combination is broken or untested: a bug in "
+    "the framework, not a setting of the user's",
+    confirm="Turn one feature of the combination off: the run works; the combination fails "
+    "on the framework's latest release too",
+    fix="Upgrade the framework that implements the combination (DeepSpeed, Megatron, the "
+    "trainer) and report it upstream; meanwhile run without one of the features (e.g. "
+    "activation checkpointing off, or ZeRO stage lowered)",
+    patch={"command": "pip install -U deepspeed"},
+)
+def _combined_in_words(ctx: Context) -> Match | None:
+    lines = fact(ctx, "combined_prose") or []
+    for line in lines:
+        low = line.lower()
+        named = [name for word, name in COMBINED_FEATURES if word in low]
+        if len(named) < 2 or not {"checkpointing", "recompute"} & set(named):
+            continue
+        frames = " ".join(f for e in ctx.evidence.errors for f in e.frames).lower()
+        lib = "megatron" if is_megatron(ctx) else "deepspeed"
+        if "deepspeed" not in frames + low and lib == "deepspeed" and "zero" not in low:
+            lib = "the framework"
+        command = (
+            f"pip install -U {lib}" if lib != "the framework" else "pip install -U <framework>"
+        )
+        return Match(
+            0.55,
+            f"The paste says {' and '.join(named)} work one at a time but fail together "
+            f"('{line[:140]}'): the framework's path for the combination is at fault.",
+            config_patch={"command": command, "gradient_checkpointing": False},
         )
     return None

@@ -82,7 +82,14 @@ FEATURE_WORDS = {
 
 
 def _library(frame: str) -> str | None:
-    m = _LIB_RE.search(frame.replace("\\", "/"))
+    path = frame.replace("\\", "/")
+    # An installed package is the directory right after site-packages / dist-packages; a
+    # directory named like a library before it (a conda env called "trl") is not the library.
+    installed = re.split(r"(?:site|dist)-packages/", path)
+    if len(installed) > 1:
+        m = re.match(r"(" + "|".join(LIBRARIES) + r")/", installed[-1], re.I)
+        return m.group(1).lower() if m else None
+    m = _LIB_RE.search(path)
     return m.group(1).lower() if m else None
 
 
