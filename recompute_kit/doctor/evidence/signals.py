@@ -198,7 +198,9 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
-        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(line):
+        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(
+            line
+        ):
             facts.setdefault("logits_lines", []).append(_q(line))
         if (
             _FRAG_RE.search(line)
