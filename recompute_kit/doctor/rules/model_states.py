@@ -331,7 +331,8 @@ def _trains(ctx: Context) -> bool:
     "activation: a 1.3B model needs ~21 GB of model states",
     confirm="params x 16 bytes against the GPU's total; torch.cuda.memory_allocated() right "
     "after the first optimizer step (before the next forward)",
-    fix="Shard or move the model states: DeepSpeed ZeRO with optimizer offload to CPU "
+    fix="Shard or move the model states (weights, gradients, optimizer state): DeepSpeed "
+    "ZeRO with optimizer offload to CPU "
     "(offload_optimizer) on one GPU, ZeRO-3 / FSDP over several, an 8-bit optimizer, or "
     "fewer trainable parameters (LoRA); activation recompute cannot free model states",
     patch={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
@@ -375,6 +376,20 @@ def _default_adam_states(ctx: Context) -> Match | None:
         }
         plan = f"even weights and gradients take {gib(kept)}: ZeRO-3 with parameter offload"
     against = f"the {gib(gpu)} GPU" if stated else f"the {gib(gpu)} of an A100/H100 (no GPU named)"
+    if is_megatron(ctx):  # Megatron's own keys: shard the optimizer state, split the model
+        patch = {"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x current>"}
+        plan = (
+            "shard the optimizer state (--use-distributed-optimizer) and split the model "
+            "(--tensor-model-parallel-size / --pipeline-model-parallel-size)"
+        )
+    fix = None
+    if is_megatron(ctx):
+        fix = (
+            "Model states do not fit: shard the optimizer state with the distributed optimizer "
+            "(--use-distributed-optimizer), raise --tensor-model-parallel-size / "
+            "--pipeline-model-parallel-size, or --optimizer-cpu-offload; activation recompute "
+            "cannot free model states"
+        )
     return Match(
         0.65 if states >= gpu else 0.6,
         f"{name} has about {params / 1e9:.1f}B parameters; assuming full training with "
@@ -382,4 +397,5 @@ def _default_adam_states(ctx: Context) -> Match | None:
         f"named), its model states alone take about {gib(states)} against "
         f"{against} ({states / gpu:.0%}) before any activation; {plan}.",
         config_patch=patch,
+        fix=fix,
     )
