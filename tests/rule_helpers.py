@@ -331,6 +331,20 @@ SOURCES.update(
         "fx-ds-1903-z3-fetch-regression": "https://github.com/deepspeedai/DeepSpeed/issues/1903",
     }
 )
+# fresh public pastes for model states and genuine memory pressure (weights, gradients and
+# optimizer states that do not fit; a job that needs more memory than the GPU has):
+# tests/test_rules_fresh_states.py
+SOURCES.update(
+    {
+        "fs-hf13329-gptj6b-a100-40g": "https://github.com/huggingface/transformers/issues/13329",
+        "fs-happytr287-gptj-a100": "https://github.com/EricFillion/happy-transformer/issues/287",
+        "fs-lf713-baichuan13b-full-ddp": "https://github.com/hiyouga/LlamaFactory/issues/713",
+        "fs-lf94-baichuan7b-a100-80g": "https://github.com/hiyouga/LlamaFactory/issues/94",
+        "fs-finetunellms23-gptj6b": "https://github.com/mallorbc/Finetune_LLMs/issues/23",
+        "fs-opera36-llava-a6000-48gb": "https://github.com/shikiw/OPERA/issues/36",
+        "fs-lf811-baichuan13b-8xa800": "https://github.com/hiyouga/LlamaFactory/issues/811",
+    }
+)
 
 # ---- helpers --------------------------------------------------------------------------------
 

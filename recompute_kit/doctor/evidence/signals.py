@@ -29,14 +29,16 @@ _SCORE_MATMUL_RE = re.compile(
 )
 # a vocabulary-sized dimension: 30k-300k entries (LLM vocabularies), not a hidden size
 _VOCAB_DIM_RE = re.compile(r"(?<![\d.])(\d{2,3})[,_]?(\d{3})(?![\d.])")
-# "A100-80G", "H100 80GB", "RTX 3090 24GB", "8×B200 / 178 GB", "A100-80Gx8"
+# "A100-80G", "H100 80GB", "RTX 3090 24GB", "8×B200 / 178 GB", "A100-80Gx8", "A100 (40Gb)"
 _GPU_NAME = (
     r"(?:[ABHL]\d{2,3}S?|H20|V100|P100|T4|A6000|A40|RTX\s?\d{4}(?:\s?Ti)?|\d{4}(?:\s?Ti)?|"
     r"MI\d{3}X?|Gaudi\d?)"
 )
 _GPU_RE = re.compile(
     rf"(?:(\d{{1,2}})\s*[x×]\s*)?{_GPU_NAME}(?:[-\s]*(?:SXM\d?|PCIe|NVL))?"
-    r"[-\s/(]*(\d{2,3}(?:\.\d+)?)\s*G(?:i?B)?(?![A-Za-wyz0-9])(?:\s*[x×]\s*(\d{1,2})\b)?",
+    # the size right after the name, or after "with": "A100 (40Gb)", "A6000 with 48 GB"
+    r"(?:[-\s/(]*|\s+with\s+(?:an?\s+|only\s+)?)"
+    r"(\d{2,3}(?:\.\d+)?)\s*G(?:i?[Bb])?(?![A-Za-wyz0-9])(?:\s*[x×]\s*(\d{1,2})\b)?",
 )
 _GPU_SIZE_RE = re.compile(
     r"(?<![\d.])(\d{2,3})\s*G(?:i?B)?\s*(?:GPU|VRAM|显存|显卡|card|of (?:GPU|VRAM))", re.I
@@ -65,6 +67,18 @@ _NOT_FULL_TRAINING_RE = re.compile(
     r"\b(?:vllm|sglang|inference|infer|generat(?:e|ion|ing)|serv(?:e|ing)|kv[ _-]?cache"
     r"|predict(?:ion)?|lora|qlora|peft|adapters?|quantiz\w*|[48][ -]?bit|int[48]|gptq|awq"
     r"|zero[ _-]?(?:stage)?[ _-]?[123]|stage[ _-]?[123]|fsdp|offload\w*|8bit|sgd|adafactor)\b",
+    re.I,
+)
+# Words of training the model's weights: "finetune", "fine-tuning", "sft", "微调", "训练"
+_TRAINING_RE = re.compile(
+    r"\b(?:fine[ -]?tun\w*|train(?:s|ing|ed)?|pre-?train\w*|sft)\b|微调|训练", re.I
+)
+# The weights said not to fit at load time: "is 48 GB not enough to load the model?", "too
+# small to load the model", "the model does not fit on the GPU"
+_LOAD_FIT_RE = re.compile(
+    r"\b(?:not enough|too (?:small|little)|insufficient|run(?:s|ning)? out of \w+)\b"
+    r"[^.\n]{0,20}\bto (?:load|fit)\s+(?:the |a |my |this )?(?:\w+[ -])?model"
+    r"|\bmodel\b[^.\n]{0,20}\b(?:does(?:n't| not)|won't|will not|can't|cannot) fit\b",
     re.I,
 )
 # The GPU taken by something else, in words, with or without an OOM: "a GPU that was consumed
@@ -148,8 +162,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     `context_prose` (memory of the CUDA context / driver said to be outside PyTorch's
     counters), `alloc_prose_bytes` / `alloc_prose_line` (the largest allocation stated in
     words, "will try to allocate 720gb"), `gpu_taken_prose` (lines saying the GPU is already
-    occupied / used by another process), `not_full_training` (lines naming inference /
-    serving, adapters, quantization, ZeRO / FSDP / offload or a non-Adam optimizer)."""
+    occupied / used by another process), `training_prose` (lines naming training or
+    fine-tuning), `load_fit_prose` (lines saying the model does not fit when loaded),
+    `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
+    FSDP / offload or a non-Adam optimizer)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -223,6 +239,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
                 facts["alloc_prose_bytes"], facts["alloc_prose_line"] = size, _q(line)
         if _NOT_FULL_TRAINING_RE.search(line) and len(facts.get("not_full_training", [])) < 8:
             facts.setdefault("not_full_training", []).append(_q(line))
+        if _LOAD_FIT_RE.search(line):
+            facts.setdefault("load_fit_prose", []).append(_q(line))
+        if _TRAINING_RE.search(line) and len(facts.get("training_prose", [])) < 4:
+            facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
     if frames:

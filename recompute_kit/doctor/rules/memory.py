@@ -269,6 +269,19 @@ def _oom_at_build(ctx: Context) -> Match | None:
         models = [q for q in loads if not re.search(r"tokeni[sz]er|processor", q, re.I)]
         line = next((q for q in loads if _DISPATCH_THEN_MOVE_RE.search(q)), "")
         line = line or next(iter(models), "")
+        fit = fact(ctx, "load_fit_prose") or []
+        if fit and not line and not fact(ctx, "training_prose"):
+            # no load call pasted, but the prose asks whether the GPU can hold the model's
+            # weights at load: the weights, not activations
+            return Match(
+                0.7,
+                f"The paste says the OOM comes loading the model ('{fit[0][:120]}'): the "
+                "weights do not fit this GPU at this precision.",
+                config_patch={"load_in_8bit": True, "device_map": "auto"},
+                fix="Load fewer bytes per GPU: quantized weights (load_in_8bit / load_in_4bit), "
+                "half precision if it loads in fp32, device_map='auto' over several GPUs, "
+                "or a smaller model",
+            )
         if not (prose and line):
             return None
         said = f"The paste says the OOM comes at the load ('{prose[0].strip()[:120]}'). "

@@ -311,11 +311,19 @@ def optimizer_shard_step(ctx: Context) -> tuple[dict, str]:
 _STATE_KEY_WORDS = ("zero", "fsdp", "offload", "lora", "peft", "quant", "load_in_", "optim")
 
 
+def _trains(ctx: Context) -> bool:
+    """Training keys in the config or command line (do_train, a train batch size)."""
+    return any(
+        k in ctx.cfg for k in ("do_train", "per_device_train_batch_size", "train_batch_size")
+    )
+
+
 @rule(
     "RK500",
     "Default reading: a named model size with mixed-precision Adam fills the GPU",
     "model_state_memory",
-    symptom="An OOM on a GPU whose size is known, a model size named (in a name or in words: "
+    symptom="An OOM on a GPU whose size is known (or, training with none named, states above "
+    "an 80 GB GPU), a model size named (in a name or in words: "
     "'the little 1.3b', 'a 7B model'), and no ZeRO stage, offload, adapters or quantization "
     "named, where 16 bytes per parameter alone reach 80% of the GPU",
     cause="Full training with mixed-precision Adam keeps about 16 bytes per parameter (fp16/"
@@ -323,7 +331,8 @@ _STATE_KEY_WORDS = ("zero", "fsdp", "offload", "lora", "peft", "quant", "load_in
     "activation: a 1.3B model needs ~21 GB of model states",
     confirm="params x 16 bytes against the GPU's total; torch.cuda.memory_allocated() right "
     "after the first optimizer step (before the next forward)",
-    fix="Shard or move the model states: DeepSpeed ZeRO with optimizer offload to CPU "
+    fix="Shard or move the model states (weights, gradients, optimizer state): DeepSpeed "
+    "ZeRO with optimizer offload to CPU "
     "(offload_optimizer) on one GPU, ZeRO-3 / FSDP over several, an 8-bit optimizer, or "
     "fewer trainable parameters (LoRA); activation recompute cannot free model states",
     patch={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
@@ -337,10 +346,17 @@ def _default_adam_states(ctx: Context) -> Match | None:
     if any(w in str(k).lower() for k in ctx.cfg for w in _STATE_KEY_WORDS):
         return None
     found, gpu = _model_params(ctx), stated_gpu_bytes(ctx)
-    if found is None or not gpu:
+    if found is None:
         return None
     params, name = found
     states = params * 16
+    stated = bool(gpu)
+    if not gpu:
+        # no GPU size given: conclusive only when the paste says it trains the model and the
+        # states alone exceed the largest common GPU (any GPU it could have been)
+        if not (fact(ctx, "training_prose") or _trains(ctx)) or states < COMMON_GPU_BYTES:
+            return None
+        gpu = COMMON_GPU_BYTES
     if states < 0.8 * gpu:
         return None
     kept = params * 4  # weights and gradients stay on the GPU when the optimizer is offloaded
@@ -359,11 +375,27 @@ def _default_adam_states(ctx: Context) -> Match | None:
             }
         }
         plan = f"even weights and gradients take {gib(kept)}: ZeRO-3 with parameter offload"
+    against = f"the {gib(gpu)} GPU" if stated else f"the {gib(gpu)} of an A100/H100 (no GPU named)"
+    if is_megatron(ctx):  # Megatron's own keys: shard the optimizer state, split the model
+        patch = {"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x current>"}
+        plan = (
+            "shard the optimizer state (--use-distributed-optimizer) and split the model "
+            "(--tensor-model-parallel-size / --pipeline-model-parallel-size)"
+        )
+    fix = None
+    if is_megatron(ctx):
+        fix = (
+            "Model states do not fit: shard the optimizer state with the distributed optimizer "
+            "(--use-distributed-optimizer), raise --tensor-model-parallel-size / "
+            "--pipeline-model-parallel-size, or --optimizer-cpu-offload; activation recompute "
+            "cannot free model states"
+        )
     return Match(
         0.65 if states >= gpu else 0.6,
         f"{name} has about {params / 1e9:.1f}B parameters; assuming full training with "
         f"mixed-precision Adam (16 bytes per parameter; no ZeRO stage, offload or adapters "
-        f"named), its model states alone take about {gib(states)} against the {gib(gpu)} "
-        f"GPU ({states / gpu:.0%}) before any activation; {plan}.",
+        f"named), its model states alone take about {gib(states)} against "
+        f"{against} ({states / gpu:.0%}) before any activation; {plan}.",
         config_patch=patch,
+        fix=fix,
     )
