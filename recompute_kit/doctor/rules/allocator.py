@@ -215,7 +215,7 @@ def _too_big(ctx: Context) -> Match | None:
             return None
     elif req < 0.5 * oom.total_bytes:
         return None
-    patch, what = _shrink_patch(ctx)
+    patch, what = shrink_patch(ctx)
     on = f" on a {gib(oom.total_bytes)} GPU" if oom.total_bytes else "; no GPU has that much"
     return Match(
         0.9 if oom.total_bytes else 0.8,
@@ -227,7 +227,7 @@ def _too_big(ctx: Context) -> Match | None:
 ATTENTION_WORDS = ("flex_attention", "attention", "sdpa", "softmax", "scores", "query @ key", "bmm")
 
 
-def _shrink_patch(ctx: Context) -> tuple[dict, str]:
+def shrink_patch(ctx: Context) -> tuple[dict, str]:
     """Which tensor is too big, from the frames around the OOM, and the setting that shrinks it."""
     where = oom_where(ctx) + " " + all_frames(ctx)
     if "flex_attention" in where:

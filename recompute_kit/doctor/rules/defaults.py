@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..types import Context, Match
-from .general import ORPHAN, _library
+from .general import ORPHAN, library_of
 from .registry import fact, gib, oom_errors, rule
 
 # Frames of torch that only pass a call on (module __call__, DDP's forward, autograd's entry):
@@ -52,7 +52,7 @@ def _owner(frames: list[str]) -> tuple[str | None, bool]:
     for frame in reversed(norm):
         if any(p in frame for p in _PLUMBING):
             continue
-        return _library(frame), cut
+        return library_of(frame), cut
     return None, cut
 
 

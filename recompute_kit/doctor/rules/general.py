@@ -81,7 +81,7 @@ FEATURE_WORDS = {
 }
 
 
-def _library(frame: str) -> str | None:
+def library_of(frame: str) -> str | None:
     path = frame.replace("\\", "/")
     # An installed package is the directory right after site-packages / dist-packages; a
     # directory named like a library before it (a conda env called "trl") is not the library.
@@ -175,7 +175,7 @@ def _library_exception(ctx: Context) -> Match | None:
         if not frames:
             continue
         inner = frames[-4:]
-        lib = _library(frames[-1])
+        lib = library_of(frames[-1])
         if lib is None:
             continue  # raised in the user's own code
         pairs = _frames_with_code(ctx, inner)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
-from .allocator import _shrink_patch
+from .allocator import shrink_patch
 from .registry import fact, gib, rule
 
 # More than any single GPU holds (the largest ship 288 GB): no batch size makes it fit
@@ -45,7 +45,7 @@ def _allocation_in_words(ctx: Context) -> Match | None:
             "tensor; use flash attention with is_causal (no mask tensor) or a block mask"
         )
     else:
-        patch, what = _shrink_patch(ctx)
+        patch, what = shrink_patch(ctx)
     return Match(
         0.75,
         f"The paste states an allocation of {gib(size)} ('{line[:160]}'): more than any "
