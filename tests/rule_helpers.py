@@ -346,6 +346,21 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes for logits memory (an OOM in the loss / lm_head / fp32 logits of a large
+# vocabulary) and recompute overhead (step times with and without checkpointing):
+# tests/test_rules_fresh_logits_overhead.py
+SOURCES.update(
+    {
+        "fl-automodel-2609-logits-float-48gib": "https://github.com/NVIDIA-NeMo/Automodel/pull/2609",
+        "fl-automodel-2603-masked-ce-vlm": "https://github.com/NVIDIA-NeMo/Automodel/pull/2603",
+        "fl-unsloth-4330-qwen35-vocab": "https://github.com/unslothai/unsloth/pull/4330",
+        "fl-llamafactory-10367-ce-frames": "https://github.com/hiyouga/LlamaFactory/issues/10367",
+        "fl-simpletuner-1184-interval": "https://github.com/bghira/SimpleTuner/pull/1184",
+        "fl-fastvideo-1410-attn-recompute": "https://github.com/hao-ai-lab/FastVideo/pull/1410",
+        "fl-qwenimage-69-slowdown": "https://github.com/QwenLM/Qwen-Image/issues/69",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -97,7 +97,9 @@ _YAML_RECOMPUTE_RE = re.compile(
 # An OOM in any wording a person or a tool writes it: "CUDA OOM", "OOM'd", "out of memory",
 # "OutOfMemoryError", "RESOURCE_EXHAUSTED", "显存不足" / "爆显存" (Chinese threads).
 _OOM_WORDS_RE = re.compile(
-    r"\bOOM(?:s|ed|'d)?\b|out[ _-]?of[ _-]?memory|OutOfMemory|RESOURCE_EXHAUSTED|"
+    # "OOM" after a word in any script ("报错oom"), never inside an English word ("zoom")
+    r"(?<![A-Za-z0-9_])OOM(?:s|ed|'d)?(?![A-Za-z])|out[ _-]?of[ _-]?memory|OutOfMemory|"
+    r"RESOURCE_EXHAUSTED|"
     r"显存不足|爆显存|内存不足|显存溢出",
     re.I,
 )

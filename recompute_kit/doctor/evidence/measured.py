@@ -12,6 +12,9 @@ memory (facts for rules/measured.py):
   vllm rollout", "after model offload").
 * `offload_requested`: lines that switch parameter / optimizer offload on.
 * `reserved_vs_allocated`: a table's "Reserved ..." and "Allocated ..." rows, per column.
+* `recompute_cost_prose`: sentences that name recompute / activation checkpointing together
+  with what it costs in time ("a 3.75x slowdown", "~12% of GPU compute burned", "from 4.25
+  second per training step to 3.00"), each with the time ratio it implies when it gives one.
 """
 
 from __future__ import annotations
@@ -345,12 +348,66 @@ def reserved_vs_allocated(lines: list[str]) -> list[dict[str, Any]]:
     return out[:8]
 
 
+# Recompute / activation (gradient) checkpointing named in prose, in any framework's spelling
+_CKPT_PROSE_RE = re.compile(
+    r"(?:gradient|activation)[ _-]?checkpoint|checkpoint(?:ing)?[ _-]interval|recomput|"
+    r"\bremat|grad[ _-]?ckpt|\bAC\b"
+)
+# What it costs in time: a ratio ("3.75x slowdown"), a share of the compute ("12% of GPU
+# compute", "20% slower"), or two per-step times ("from 4.25 second per step to 3.00")
+_RATIO_COST_RE = re.compile(
+    r"(\d+(?:\.\d+)?)\s*[x×]\s*(?:training\s+|step\s+)?(?:slow(?:down|er)|overhead|longer)"
+)
+_SHARE_COST_RE = re.compile(
+    r"(\d+(?:\.\d+)?)\s*%\s*(?:slower|overhead|more time|longer|of (?:the )?(?:GPU |total |step )?"
+    r"(?:compute|time|FLOPs))",
+    re.I,
+)
+_TIMES_COST_RE = re.compile(
+    r"from\s+(\d+(?:\.\d+)?)\s*(?:s|sec|secs|seconds?|ms)\b[^.;]*?\bto\s+(\d+(?:\.\d+)?)\s*"
+    r"(?:s|sec|secs|seconds?|ms)\b",
+    re.I,
+)
+_NO_COST_RE = re.compile(r"\bno\s+(?:noticeable\s+|measurable\s+)?(?:slowdown|overhead)", re.I)
+
+
+def recompute_cost_prose(lines: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if 'File "' in line or _SEP_RE.match(line) or line.count("|") >= 3:
+            continue  # frames and tables are other facts' (recompute_comparisons)
+        # a sentence wrapped over lines: the line with up to two lines above it in the same
+        # paragraph (a blank line ends it)
+        start = i
+        while start > max(0, i - 2) and lines[start - 1].strip():
+            start -= 1
+        near = " ".join(x.strip() for x in lines[start : i + 1])
+        if not _CKPT_PROSE_RE.search(near) or _NO_COST_RE.search(line):
+            continue
+        ratio: float | None = None
+        if m := _RATIO_COST_RE.search(line):
+            ratio = float(m.group(1))
+        elif m := _TIMES_COST_RE.search(line):
+            a, b = float(m.group(1)), float(m.group(2))
+            ratio = max(a, b) / min(a, b) if min(a, b) > 0 else None
+        elif m := _SHARE_COST_RE.search(line):
+            ratio = 1 + float(m.group(1)) / 100
+        else:
+            continue
+        if ratio is None or ratio <= 1.02:
+            continue
+        out.append({"line": " ".join(line.split())[:200], "ratio": round(ratio, 2)})
+    return out[:6]
+
+
 def scan_measured(lines: list[str]) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     if comparisons := recompute_comparisons(lines):
         facts["recompute_comparisons"] = comparisons
     if sizes := logits_sizes(lines):
         facts["logits_sizes"] = sizes
+    if costs := recompute_cost_prose(lines):
+        facts["recompute_cost_prose"] = costs
     if pairs := reserved_vs_allocated(lines):
         facts["reserved_vs_allocated"] = pairs
     if reports := allocated_reports(lines):

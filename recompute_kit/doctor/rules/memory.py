@@ -214,7 +214,9 @@ def _oom_in_logits(ctx: Context) -> Match | None:
         if hit:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
             return Match(0.9, f"The OOM is raised under '{frame}'.")
-    if ctx.oom or oom_errors(ctx):  # a paste with the frames apart from the OOM line
+    # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
+    # "... 报错oom" above frames that end in the loss)
+    if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
         where = oom_where(ctx) + " " + all_frames(ctx)
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from ..types import Context, Match
-from .registry import gib, is_megatron, patch_for, rule, zero_stage
+from .registry import fact, gib, is_megatron, patch_for, rule, zero_stage
 
 # --------------------------------------------------------------------------------------------
 # Recompute that costs too much
@@ -256,3 +258,71 @@ def _optimizer_peak(ctx: Context) -> Match | None:
                 fix=fix,
             )
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# RK560: recompute's cost, stated in words
+# --------------------------------------------------------------------------------------------
+
+# One extra forward in a backward that costs about two forwards: ~1.33x the step at most
+_ONE_EXTRA_FORWARD = 1.4
+_FEWER_LAYERS_RE = re.compile(r"interval|every\s+\d|num_layers|fewer layers|\blayers?\b", re.I)
+_ATTENTION_RE = re.compile(r"attention|attn", re.I)
+
+
+@rule(
+    "RK560",
+    "Recompute's cost, stated in words",
+    "recompute_overhead",
+    symptom="The paste says what recompute / activation checkpointing costs in time: 'a 3.75x "
+    "slowdown', '~12% of GPU compute burned every step', 'from 4.25 to 3.00 second per "
+    "step' when fewer layers are checkpointed",
+    cause="Recompute re-runs the forward of every checkpointed block in the backward: full "
+    "recompute of every layer adds about one forward pass (~1.3x the step); recomputing the "
+    "attention, the most expensive op, costs the most for the least memory",
+    confirm="Time a few steps with checkpointing on every layer, on every other layer and off "
+    "(same batch); the step time falls with the number of recomputed layers",
+    fix="Recompute less: selective recompute (save the attention output and the large "
+    "matmuls, recompute the cheap element-wise ops), checkpoint fewer layers (a "
+    "checkpointing interval / recompute_num_layers, only as many as the memory needs), or "
+    "no recompute where the run fits without it",
+    patch={"recompute_granularity": "selective"},
+    supersedes=("RK170", "RK090"),
+)
+def _cost_in_words(ctx: Context) -> Match | None:
+    costs = list(fact(ctx, "recompute_cost_prose") or [])
+    if not costs or fact(ctx, "recompute_comparisons"):
+        return None  # a table measures it: RK230 reads the table
+    worst = max(costs, key=lambda c: c["ratio"])
+    lines = " ".join(c["line"] for c in costs)
+    if _FEWER_LAYERS_RE.search(lines) and not _ATTENTION_RE.search(lines):
+        how = "checkpoint fewer layers (every other layer: a checkpointing interval of 2)"
+        patch: dict = (
+            {"recompute_granularity": "full", "recompute_method": "block"}
+            if is_megatron(ctx)
+            else {"gradient_checkpointing_interval": 2}
+        )
+    else:
+        how = (
+            "selective recompute that saves the attention output (recompute only the cheap "
+            "ops, never the attention forward)"
+        )
+        patch = (
+            {"recompute_granularity": "selective"}
+            if is_megatron(ctx)
+            else {"activation_checkpointing": "selective"}
+        )
+    beyond = ""
+    if worst["ratio"] > _ONE_EXTRA_FORWARD:
+        beyond = (
+            f" {worst['ratio']:g}x is more than one extra forward pass (~1.3x) costs: the "
+            "checkpointed blocks are recomputed more than once (nested checkpoints, "
+            "checkpointing with offload, a memory-bound small model) — profile the backward."
+        )
+    return Match(
+        0.75,
+        f"The paste states recompute's cost: '{worst['line'][:160]}' "
+        f"(about {worst['ratio']:g}x the step).{beyond}",
+        config_patch=patch,
+        fix=f"Recompute less: {how}; or no recompute where the run fits without it",
+    )
