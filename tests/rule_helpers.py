@@ -361,6 +361,20 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes for model states / genuine pressure / allocations larger than the
+# device (second round): tests/test_rules_fresh_states2.py
+SOURCES.update(
+    {
+        "fq-dllm9-8b-zero2-2xa100-40g": "https://github.com/ZHZisZZ/dllm/issues/9",
+        "fq-cookbook413-llama7b-full-a100-80g": "https://github.com/meta-llama/llama-cookbook/issues/413",
+        "fq-litllama397-7b-deepspeed-offload": "https://github.com/Lightning-AI/lit-llama/issues/397",
+        "fq-mellama9-13b-load-24gb": "https://github.com/BIDS-Xu-Lab/Me-LLaMA/issues/9",
+        "fq-longnet19-305gib-seq-len": "https://github.com/kyegomez/LongNet/issues/19",
+        "fq-str2str4-a40-protein-525": "https://github.com/lujiarui/Str2Str/issues/4",
+        "fq-lmflow213-llama7b-2x16g": "https://github.com/OptimalScale/LMFlow/issues/213",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -69,6 +69,9 @@ _NOT_FULL_TRAINING_RE = re.compile(
     r"|zero[ _-]?(?:stage)?[ _-]?[123]|stage[ _-]?[123]|fsdp|offload\w*|8bit|sgd|adafactor)\b",
     re.I,
 )
+# A way of keeping the states named only to say it is not used: "without any PEFT and
+# Quantization", "w/o LoRA", "no ZeRO or offload" (the clause up to a comma or full stop)
+_NEGATED_RE = re.compile(r"\b(?:without|w/o|no)\b[^.,;:!?\n]{0,40}", re.I)
 # Words of training the model's weights: "finetune", "fine-tuning", "sft", "微调", "训练"
 _TRAINING_RE = re.compile(
     r"\b(?:fine[ -]?tun\w*|train(?:s|ing|ed)?|pre-?train\w*|sft)\b|微调|训练", re.I
@@ -237,7 +240,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             size = parse_size(f"{m.group(1)} {m.group(2)}")
             if size and size > facts.get("alloc_prose_bytes", 0):
                 facts["alloc_prose_bytes"], facts["alloc_prose_line"] = size, _q(line)
-        if _NOT_FULL_TRAINING_RE.search(line) and len(facts.get("not_full_training", [])) < 8:
+        kept = _NEGATED_RE.sub(" ", line)
+        if _NOT_FULL_TRAINING_RE.search(kept) and len(facts.get("not_full_training", [])) < 8:
             facts.setdefault("not_full_training", []).append(_q(line))
         if _LOAD_FIT_RE.search(line):
             facts.setdefault("load_fit_prose", []).append(_q(line))
