@@ -375,6 +375,23 @@ SOURCES.update(
     }
 )
 
+# freshlo2: more fresh pastes for logits memory and recompute overhead:
+# tests/test_rules_fresh_logits2.py
+SOURCES.update(
+    {
+        "fz-msswift-6966-logits-float-49g": "https://github.com/modelscope/ms-swift/issues/6966",
+        "fz-longva-19-chunked-ce": "https://github.com/EvolvingLMMs-Lab/LongVA/pull/19",
+        "fz-advprompter-1-llama3-vocab-chunks": "https://github.com/facebookresearch/advprompter/issues/1",
+        "fz-pytorch-124480-linear-ce": "https://github.com/pytorch/pytorch/issues/124480",
+        "fz-liger-47-ce-oom-test": "https://github.com/linkedin/Liger-Kernel/pull/47",
+        "fz-openinstruct-777-logits-refs": "https://github.com/allenai/open-instruct/pull/777",
+        "fz-fastdit-11-ckpt-slow": "https://github.com/chuanyangjin/fast-DiT/issues/11",
+        "fz-gradckpt-55-speed-mode": "https://github.com/cybertronai/gradient-checkpointing/issues/55",
+        "fz-modalities-13-throughput-drop": "https://github.com/Modalities/modalities/issues/13",
+        "fz-reallm-594-ckpt-10pct": "https://github.com/ReaLLMASIC/ReaLLM-Forge/pull/594",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

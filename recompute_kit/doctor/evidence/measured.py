@@ -12,6 +12,8 @@ memory (facts for rules/measured.py):
   vllm rollout", "after model offload").
 * `offload_requested`: lines that switch parameter / optimizer offload on.
 * `reserved_vs_allocated`: a table's "Reserved ..." and "Allocated ..." rows, per column.
+* `vocab_memory_prose`: paragraphs that name a large vocabulary ("128K vocab", "vocab_size
+  (128K)") together with memory (a shortage, a peak, a size), with the vocabulary size.
 * `recompute_cost_prose`: sentences that name recompute / activation checkpointing together
   with what it costs in time ("a 3.75x slowdown", "~12% of GPU compute burned", "from 4.25
   second per training step to 3.00"), each with the time ratio it implies when it gives one.
@@ -369,6 +371,20 @@ _TIMES_COST_RE = re.compile(
     re.I,
 )
 _NO_COST_RE = re.compile(r"\bno\s+(?:noticeable\s+|measurable\s+)?(?:slowdown|overhead)", re.I)
+# "25% faster without gradient checkpointing": the cost said from the other side
+_FASTER_WITHOUT_RE = re.compile(
+    r"(\d+(?:\.\d+)?)\s*%\s*(?:or so\s+|or more\s+)?faster\s+(?:\w+\s+){0,2}without", re.I
+)
+# "throughput drops (factor >100)", "a factor of 3 slower"
+_FACTOR_COST_RE = re.compile(
+    r"(?:slow|throughput|speed)\w*[^.;]{0,40}?factor\s*(?:of\s*)?[>~≈]?\s*(\d+(?:\.\d+)?)", re.I
+)
+# The cost said without a number: "super slow with gradient checkpointing", "throughput drop"
+_SLOW_WORDS_RE = re.compile(
+    r"\b(?:(?:very|super|much|extremely|really|so|significantly)\s+slow(?:er)?|slow(?:s)?\s+"
+    r"down|slowdown|slower|throughput\s+drops?|drops?\s+in\s+throughput|faster\s+without)\b",
+    re.I,
+)
 
 
 def recompute_cost_prose(lines: list[str]) -> list[dict[str, Any]]:
@@ -390,14 +406,56 @@ def recompute_cost_prose(lines: list[str]) -> list[dict[str, Any]]:
         elif m := _TIMES_COST_RE.search(line):
             a, b = float(m.group(1)), float(m.group(2))
             ratio = max(a, b) / min(a, b) if min(a, b) > 0 else None
-        elif m := _SHARE_COST_RE.search(line):
+        elif m := _SHARE_COST_RE.search(line) or _FASTER_WITHOUT_RE.search(line):
             ratio = 1 + float(m.group(1)) / 100
+        elif m := _FACTOR_COST_RE.search(line):
+            ratio = float(m.group(1))
+        elif _SLOW_WORDS_RE.search(line):
+            # slower, no number: a cost all the same (ratio unknown)
+            out.append({"line": " ".join(line.split())[:200], "ratio": None})
+            continue
         else:
             continue
         if ratio is None or ratio <= 1.02:
             continue
         out.append({"line": " ".join(line.split())[:200], "ratio": round(ratio, 2)})
-    return out[:6]
+    # a number beats the same cost said in words
+    return sorted(out, key=lambda c: c["ratio"] is None)[:6]
+
+
+# A large vocabulary in shorthand or in full: "vocab_size (128K)", "250K vocab", "128k vocab
+# size", "vocab_size=151936"
+_BIG_VOCAB_RE = re.compile(
+    r"vocab\w*\s*(?:size\s*)?[=:(]?\s*\(?\s*(\d{2,3})\s*[kK]\b|(\d{2,3})\s*[kK]\)?\s*"
+    r"(?:\w+\s+)?vocab|vocab\w*\s*[=:(]?\s*\(?\s*(\d{5,6})\b|(\d{5,6})\s*\(?vocab",
+    re.I,
+)
+# Memory named next to it: a shortage, a peak, a size
+_MEMORY_WORD_RE = re.compile(
+    r"memory|VRAM|\bOOM\b|out of memory|\d(?:\.\d+)?\s*(?:G|GB|GiB)\b", re.I
+)
+
+
+def vocab_memory_prose(lines: list[str]) -> list[dict[str, Any]]:
+    """Paragraphs that blame memory on a large vocabulary (>= 30k, "128K" or "151936")."""
+    out: list[dict[str, Any]] = []
+    paragraph: list[str] = []
+    # a short paste (a PR or issue text) is one argument: memory named in any paragraph
+    short = sum(1 for line in lines if line.strip()) <= 20
+    anywhere = short and bool(_MEMORY_WORD_RE.search(" ".join(lines)))
+    for line in [*lines, ""]:
+        if line.strip():
+            paragraph.append(line.strip())
+            continue
+        joined = " ".join(paragraph)
+        paragraph = []
+        for m in _BIG_VOCAB_RE.finditer(joined):
+            k, k2, full, full2 = m.groups()
+            vocab = int(k or k2) * 1000 if (k or k2) else int(full or full2)
+            if 30_000 <= vocab <= 300_000 and (anywhere or _MEMORY_WORD_RE.search(joined)):
+                out.append({"line": joined[:200], "vocab": vocab})
+                break
+    return out[:4]
 
 
 def scan_measured(lines: list[str]) -> dict[str, Any]:
@@ -406,6 +464,8 @@ def scan_measured(lines: list[str]) -> dict[str, Any]:
         facts["recompute_comparisons"] = comparisons
     if sizes := logits_sizes(lines):
         facts["logits_sizes"] = sizes
+    if vocab := vocab_memory_prose(lines):
+        facts["vocab_memory_prose"] = vocab
     if costs := recompute_cost_prose(lines):
         facts["recompute_cost_prose"] = costs
     if pairs := reserved_vs_allocated(lines):

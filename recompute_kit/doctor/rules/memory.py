@@ -517,3 +517,34 @@ def _step_peaks(ctx: Context) -> Match | None:
         f"{gib(peak - rest)} per step is activations. Next step: {words}.",
         config_patch=patch,
     )
+
+
+@rule(
+    "RK620",
+    "Memory blamed on a large vocabulary",
+    "logits_memory",
+    symptom="The paste blames the memory (an OOM, 'insufficient memory', a peak, a size) on a "
+    "large vocabulary ('vocab_size (128K)', '250K vocab', 'a 128k vocab ... 1 GiB * "
+    "batch_size') without a traceback or a sized tensor",
+    cause="The logits are tokens x vocabulary: with a 128K-256K vocabulary they (and their "
+    "fp32 copy and gradient) outgrow a layer's activations; recompute does not touch them",
+    confirm="tokens x vocab x 2 (bf16) or 4 (fp32) bytes against the peak; the peak drops by "
+    "about that much with a fused / chunked cross-entropy",
+    fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel), the loss "
+    "computed in chunks of the batch / sequence, or a smaller micro-batch",
+    patch={"use_liger_kernel": True},
+)
+def _vocab_blamed(ctx: Context) -> Match | None:
+    found = list(fact(ctx, "vocab_memory_prose") or [])
+    if not found:
+        return None
+    top = found[0]
+    vocab = top["vocab"]
+    return Match(
+        0.6,
+        f"The paste ties the memory to a {vocab // 1000}K vocabulary ('{top['line'][:160]}'): "
+        f"every 1,000 tokens hold {gib(1000 * vocab * 4)} of fp32 logits.",
+        fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel / "
+        "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
+        "(a chunk count of 2 or more), or a smaller micro-batch",
+    )

@@ -293,7 +293,8 @@ def _cost_in_words(ctx: Context) -> Match | None:
     costs = list(fact(ctx, "recompute_cost_prose") or [])
     if not costs or fact(ctx, "recompute_comparisons"):
         return None  # a table measures it: RK230 reads the table
-    worst = max(costs, key=lambda c: c["ratio"])
+    measured = [c for c in costs if c["ratio"]]
+    worst = max(measured, key=lambda c: c["ratio"]) if measured else costs[0]
     lines = " ".join(c["line"] for c in costs)
     if _FEWER_LAYERS_RE.search(lines) and not _ATTENTION_RE.search(lines):
         how = "checkpoint fewer layers (every other layer: a checkpointing interval of 2)"
@@ -313,6 +314,17 @@ def _cost_in_words(ctx: Context) -> Match | None:
             else {"activation_checkpointing": "selective"}
         )
     beyond = ""
+    if not worst["ratio"]:
+        # slower, said without a number: time it before choosing how much to recompute
+        return Match(
+            0.55,
+            f"The paste says checkpointing slows the run: '{worst['line'][:160]}' (no number). "
+            "Full recompute costs about one extra forward (~1.3x the step); time a few steps "
+            "with and without it.",
+            config_patch=patch,
+            fix=f"Recompute less: {how}; or turn checkpointing off where the run fits without "
+            "it (a larger batch it frees can also pay the cost back)",
+        )
     if worst["ratio"] > _ONE_EXTRA_FORWARD:
         beyond = (
             f" {worst['ratio']:g}x is more than one extra forward pass (~1.3x) costs: the "
