@@ -392,6 +392,18 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes for other processes, memory outside PyTorch and fragmentation:
+# tests/test_rules_fresh_outside.py
+SOURCES.update(
+    {
+        "fo-pt-3477-gpu0-full-other-process": "https://github.com/pytorch/pytorch/issues/3477",
+        "fo-pt-67971-last-gb-context": "https://github.com/pytorch/pytorch/issues/67971",
+        "fo-kaito-976-vllm-expandable": "https://github.com/kaito-project/kaito/issues/976",
+        "fo-mygirlgpt-11-non-pytorch-4gb": "https://github.com/Synthintel0/MyGirlGPT/issues/11",
+        "fo-one2345-25-held-elsewhere": "https://github.com/One-2-3-45/One-2-3-45/issues/25",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -41,9 +41,10 @@ _STEP_TIME_RE = re.compile(
 )
 _MB_PROGRESS_RE = re.compile(r"Iteration:\s*(\d+)\s+Job throughput:\s*([\d.]+)\s*MODEL_TFLOP")
 _TQDM_RE = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)\s*(s/it|it/s)(?:,\s*([^\]]*))?\]")
-# nvidia-smi's process rows: "|    0   N/A  N/A   2695172      C   ./train.par   26167MiB |"
+# nvidia-smi's process rows: "|    0   N/A  N/A   2695172      C   ./train.par   26167MiB |";
+# drivers before MIG (< 450) print no GI / CI columns: "|  0   32317   C   python   7773MiB |"
 _SMI_PROCESS_RE = re.compile(
-    r"^\|\s+(\d+)\s+(?:N/A|\d+)\s+(?:N/A|\d+)\s+(\d+)\s+[CGM+]+\s+(.*?)\s+(\d+)MiB\s*\|$"
+    r"^\|\s+(\d+)(?:\s+(?:N/A|\d+)\s+(?:N/A|\d+))?\s+(\d+)\s+[CGM+]+\s+(.*?)\s+(\d+)MiB\s*\|$"
 )
 # Per-step peaks printed by training scripts: "step=1 TRAIN alloc=10.33 peak=73.94 GiB",
 # DeepSpeed-Chat's "MaxMemAllocated=44.23GB".

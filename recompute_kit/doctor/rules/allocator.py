@@ -13,6 +13,7 @@ from .registry import (
     gib,
     is_megatron,
     more_recompute_patch,
+    oom_errors,
     oom_where,
     rule,
 )
@@ -21,6 +22,8 @@ from .registry import (
 # Reading the OOM message
 # --------------------------------------------------------------------------------------------
 
+# The least memory a CUDA context takes outside PyTorch (lazy loading, CUDA >= 11.7).
+CONTEXT_FLOOR = 256 * 2**20
 PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 
 
@@ -161,6 +164,20 @@ def _non_pytorch(ctx: Context) -> Match | None:
     outside = oom.process_bytes - pytorch
     total = oom.total_bytes or oom.process_bytes
     if outside < max(2 * GIB, 0.1 * total):
+        if CONTEXT_FLOOR <= outside <= 2 * GIB and outside >= 0.1 * total:
+            # A context-sized share of a small GPU: below every other reading (pressure,
+            # a small GPU), a fallback where nothing else explains the OOM.
+            return Match(
+                0.35,
+                f"This process uses {gib(oom.process_bytes)} but PyTorch accounts for "
+                f"{gib(pytorch)}: {gib(outside)} ({outside / total:.0%} of the "
+                f"{gib(total)} GPU) sits outside its allocator, the size of a CUDA context "
+                "with its cuDNN / cuBLAS handles.",
+                config_patch={"env": {"CUDA_MODULE_LOADING": "LAZY"}},
+                fix="Budget the CUDA context (0.5-1 GiB per process and device) on a small "
+                "GPU: load kernels lazily (CUDA_MODULE_LOADING=LAZY, CUDA >= 11.7), keep one "
+                "process per GPU, and leave that much free below the batch's peak",
+            )
         return None
     return Match(
         0.7,
@@ -467,6 +484,26 @@ def _smi_processes(ctx: Context) -> Match | None:
                 f"nvidia-smi shows {len(procs)} processes on GPU {gpu}; {len(small)} of them "
                 f"hold {gib(extra)} together ({gib(small[0]['used_bytes'])} each): CUDA "
                 "contexts of ranks that belong on other GPUs.",
+            )
+    if not (ctx.oom or oom_errors(ctx)):
+        return None
+    for gpu, procs in sorted(by_gpu.items()):
+        # Next to an OOM: one process fills the GPU and another holds only a context (under
+        # 1 GiB, a few times less): a job that touched this GPU before selecting its own
+        # (or a second job on it), so it fails on memory another process holds.
+        big = max(procs, key=lambda p: p["used_bytes"])
+        tiny = [p for p in procs if p is not big and p["used_bytes"] < GIB]
+        if tiny and big["used_bytes"] >= max(4 * tiny[0]["used_bytes"], 2 * GIB):
+            return Match(
+                0.75,
+                f"nvidia-smi shows {len(procs)} processes on GPU {gpu}: PID {big['pid']} holds "
+                f"{gib(big['used_bytes'])}, PID {tiny[0]['pid']} only "
+                f"{gib(tiny[0]['used_bytes'])} (a CUDA context): the OOM is on a GPU another "
+                "process fills, which this job should not touch.",
+                fix="Give the job only its own GPU (CUDA_VISIBLE_DEVICES=<its GPU>, so no "
+                "context lands on GPU 0), or torch.cuda.set_device(<its GPU>) before any CUDA "
+                "call; or stop the process that fills the GPU",
+                config_patch={"env": {"CUDA_VISIBLE_DEVICES": "<this job's GPU only>"}},
             )
     return None
 
