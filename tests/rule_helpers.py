@@ -404,6 +404,21 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes of framework bugs, second round (leaks that grow step after step, a
+# release that worked and the next that fails, features failing only together):
+# tests/test_rules_fresh_bugs2.py
+SOURCES.update(
+    {
+        "fy-pt-166790-conv3d-cudnn-workspace-after-upgrade": "https://github.com/pytorch/pytorch/issues/166790",
+        "fy-pl-16435-fsdp-ckpt-worked-until-177": "https://github.com/Lightning-AI/pytorch-lightning/issues/16435",
+        "fy-pt-3610-master-memory-grows-per-iteration": "https://github.com/pytorch/pytorch/issues/3610",
+        "fy-pt-3824-double-backward-memory-grows": "https://github.com/pytorch/pytorch/issues/3824",
+        "fy-hamgnn-105-ckpt-cyclic-reference-leak": "https://github.com/QuantumLab-ZY/HamGNN/issues/105",
+        "fy-fairseq-3353-fsdp-checkpoint-activations": "https://github.com/facebookresearch/fairseq/issues/3353",
+        "fy-pt-15774-host-memory-grows-after-upgrade": "https://github.com/pytorch/pytorch/issues/15774",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

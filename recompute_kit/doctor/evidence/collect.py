@@ -14,6 +14,7 @@ from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
 from .text import clean_line
 from .unwrap import unwrap
+from .versions import scan_versions
 
 # --------------------------------------------------------------------------------------------
 # Collecting everything
@@ -66,7 +67,7 @@ def _tables_in_log(text: str) -> list[dict]:
 def _snippets(text: str, source: str) -> Evidence:
     """Facts from pasted code, prose and tables (evidence/code.py); JSON config sections
     pasted into a log become config keys (a given config file overrides them)."""
-    facts = scan_snippets(text) if len(text) <= MAX_SNIPPET_BYTES else {}
+    facts = {**scan_snippets(text), **scan_versions(text)} if len(text) <= MAX_SNIPPET_BYTES else {}
     part = Evidence()
     if facts:
         part.facts = {source: facts}

@@ -300,7 +300,8 @@ COMBINED_FEATURES = (
     patch={"command": "pip install -U deepspeed"},
 )
 def _combined_in_words(ctx: Context) -> Match | None:
-    lines = fact(ctx, "combined_prose") or []
+    # "work individually" (code.py), or "X together with Y" / "only when I use X with Y"
+    lines = [*(fact(ctx, "combined_prose") or []), *(fact(ctx, "together_prose") or [])]
     for line in lines:
         low = line.lower()
         named = [name for word, name in COMBINED_FEATURES if word in low]
@@ -320,3 +321,52 @@ def _combined_in_words(ctx: Context) -> Match | None:
             config_patch={"command": command, "gradient_checkpointing": False},
         )
     return None
+
+
+@rule(
+    "RK600",
+    "Same code, another release: it worked on one version and fails on the next (a regression)",
+    "framework_bug",
+    symptom="The paste says the same script works (or takes less memory) on one release and "
+    'fails, OOMs or takes more memory on another ("runs fine on 2.5.1 but OOMs on 2.9", '
+    '"worked up until 1.7.7, stopped working from 1.8.0", "after upgrading to ...")',
+    cause="A change in the library between the two releases (a cuDNN algorithm / workspace "
+    "choice, an allocator or autograd change, a leak on a new code path): a regression, not a "
+    "setting of the user's",
+    confirm="Run the same script on both releases and compare torch.cuda.max_memory_allocated(); "
+    "bisect the releases (nightlies) to the change",
+    fix="Pin the release that worked and report the regression upstream with both versions; "
+    "move to a release that fixes it once there is one",
+    patch={"command": "pip install <library>==<the release that worked>"},
+    supersedes=("RK170", "RK005"),
+)
+def _release_regression(ctx: Context) -> Match | None:
+    said = fact(ctx, "release_regression")
+    if not said:
+        return None
+    lib, good, bad, line = said
+    package = lib or "<the library>"
+    pin = good.split("+")[0]
+    fix = (
+        f"A regression between {lib or 'the'} releases {good} and {bad}: pin the release that "
+        f"worked (pip install {package}=={pin}) and report it upstream with both versions; "
+        "move to a release that fixes it once there is one"
+    )
+    patch: dict = {"command": f"pip install {package}=={pin}"}
+    if fact(ctx, "cudnn_said") and lib in ("torch", "cudnn", ""):
+        fix += (
+            "; cuDNN picks a different convolution algorithm per release: set "
+            "torch.backends.cudnn.benchmark = False and torch.backends.cudnn.deterministic = True "
+            "(the default algorithm, small workspace) or cap its workspace (CUDNN_CONV_WSCAP_DBG, "
+            "MiB)"
+        )
+        patch["code"] = (
+            "torch.backends.cudnn.benchmark = False; torch.backends.cudnn.deterministic = True"
+        )
+    return Match(
+        0.6,
+        f"The paste says the same code works on {good} and not on {bad} ('{line[:160]}'): "
+        "the change is in the library between the releases.",
+        config_patch=patch,
+        fix=fix,
+    )

@@ -512,6 +512,28 @@ def _leak(ctx: Context) -> Match | None:
         )
     # Prose without figures: "the memory grows until OOM", "continuous rising of gpu memory"
     prose = fact(ctx, "memory_growth_prose")
+    if prose and (fact(ctx, "mentions") or fact(ctx, "version_said")):
+        # the growth tied to checkpointing or to a library release: a leak in the library
+        # (a reference cycle through the checkpoint's saved context, hooks, caches)
+        lib, version = fact(ctx, "version_said") or ("", "")
+        where = f" ({lib} {version})" if lib else ""
+        return Match(
+            0.5,
+            f"The paste says the memory grows step after step ('{prose[0]}') with "
+            + (f"a library release named{where}" if lib else "checkpointing in play")
+            + ": a leak in the library's path (a reference cycle through the checkpoint's "
+            "saved context or hooks) is the usual holder.",
+            fix="Upgrade the library (such leaks - reference cycles through checkpoint "
+            "contexts, hooks or caches - are fixed upstream)"
+            + (f": pip install -U {lib}" if lib else "")
+            + "; gc.collect() after each step to confirm a reference cycle (memory flat), and "
+            "diff two torch.cuda.memory._snapshot()s to find the holder; meanwhile turn "
+            "gradient checkpointing off for one run to bisect",
+            config_patch={
+                "command": f"pip install -U {lib or '<the library>'}",
+                "code": "gc.collect()  # after each optimizer step, to test for a reference cycle",
+            },
+        )
     if prose:
         return Match(
             0.45,

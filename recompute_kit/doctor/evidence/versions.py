@@ -1,0 +1,116 @@
+"""Prose about releases: the same code works on one release and fails (or takes more memory)
+on another ("runs fine on PyTorch 2.5.1 but OOMs on 2.9", "worked fine up until 1.7.7. It
+stopped working from 1.8.0", "after upgrading to torch 2.1"), a library version stated next to
+a leak, and features said to fail only in combination ("X together with Y", "without it, the
+error goes away"). Facts for the framework-bug rules (rules/framework_bugs.py, general.py)."""
+
+from __future__ import annotations
+
+import re
+
+# a release: "PyTorch 2.5.1+cu121", "torch==2.9", "v1.8.0", "0.4.1", "1.0.0"
+_LIB = (
+    r"(?:(py)?(torch|lightning|pytorch[ _-]lightning|transformers|deepspeed|accelerate|peft|"
+    r"megatron(?:[ _-]core)?|cudnn|cuda|trl|diffusers|fairscale|vllm|apex|xformers|"
+    r"flash[ _-]attn)\s*(?:version\s*)?(?:==|=|\s)\s*)?"
+)
+_VER = r"v?(\d+\.\d+(?:\.\d+)?(?:[a-z]+\d*)?(?:\+\w+)?)"
+_RELEASE = _LIB + _VER
+# The release that worked: "runs fine on X", "worked fine up until X", "works fine under X",
+# "it only takes 3.5G on X", "was ok in X", "no problem with X"
+_GOOD_RE = re.compile(
+    r"\b(?:works?|worked|working|runs?|ran|running|trains?|trained|was|were|is)\b\s+"
+    r"(?:\w+\s+){0,2}?(?:fine|ok|okay|well|perfect(?:ly)?|normally|without (?:such |any )?"
+    r"(?:an? )?(?:issues?|problems?|errors?|oom))\b[^.\n;]{0,30}?\b(?:on|in|under|with|using|"
+    r"until|up until|up to|before)\s+(?:the\s+)?"
+    + _RELEASE
+    + r"|\bonly (?:takes?|uses?|used|needs?|needed)\s+[\d.]+\s*[GM]i?B?\s+(?:on|in|with|under)\s+"
+    + _RELEASE,
+    re.I,
+)
+# The release that fails: "OOMs immediately on PyTorch 2.9", "stopped working from 1.8.0",
+# "gradually under pytorch 1.0.0", "after upgrading to 2.1", "on master"
+_BAD_RE = re.compile(
+    r"\b(?:but|while|whereas|however|now|stopped|breaks?|broke|fails?|failed|ooms?|"
+    r"out of memory|crash\w*|errors?|more memory|eat\w*|gradually|after (?:upgrading|updating|"
+    r"switching|moving|bumping)|since)\b[^.\n]{0,80}?\b(?:on|in|under|with|from|to|since|"
+    r"using)\s+(?:the\s+)?" + _RELEASE,
+    re.I,
+)
+_UPGRADE_RE = re.compile(
+    r"\bafter (?:upgrading|updating|an? (?:upgrade|update)|bumping|moving)\b[^.\n]{0,40}?"
+    r"(?:to\s+)?" + _RELEASE,
+    re.I,
+)
+# a development build as the failing side: "on master takes huge amount of memory"
+_DEV_BRANCH_RE = re.compile(r"\b(?:on|with|in) (?:the )?(master|nightly|main branch)\b", re.I)
+_FAILURE_WORDS_RE = re.compile(
+    r"out of memory|\booms?\b|memory|stopped working|\bfail|\berror|crash|broke|leak|slower",
+    re.I,
+)
+# A library version stated in prose: "My pytorch version 0.4.0a0+4d405a4", "torch 2.3.1"
+_VERSION_SAID_RE = re.compile(
+    r"\b(?:py)?(torch|transformers|deepspeed|lightning|accelerate|megatron)\b\s*(?:version\s*"
+    r"(?:is\s*)?:?\s*|==\s*|\s)v?(\d+\.\d+[\w.+]*)",
+    re.I,
+)
+# Features failing only together: "using X together with Y", "only get this when I use X with
+# Y", "without it, the error goes away"
+_TOGETHER_RE = re.compile(
+    r"\b(?:together|in combination|combined) with\b|\bonly (?:\w+ ){0,3}(?:when|if) (?:I |we )?"
+    r"(?:use|enable|turn on|combine)\b[^.\n]{0,60}\bwith\b",
+    re.I,
+)
+_CUDNN_RE = re.compile(r"\bcudnn\b(?!\s*version)|\bconv(?:[123]d|olution)\b", re.I)
+_CODE_RE = re.compile(r"^\s*(?:>>>|\$|#|import |from |def |for |if |[\w.]+\s*=|[\w.]+\()")
+
+
+def _release(m: re.Match[str]) -> tuple[str, str] | None:
+    groups = m.groups()
+    # each alternative has (py, lib, version): the first filled triple; "pytorch" is torch
+    for i in range(0, len(groups), 3):
+        _, lib, ver = groups[i : i + 3]
+        if ver:
+            name = (lib or "").lower().replace(" ", "-").replace("_", "-")
+            return ("lightning" if name.startswith("pytorch-") else name), ver
+    return None
+
+
+def scan_versions(text: str) -> dict:
+    """`release_regression` ((library, good, bad, line)): the paste says one release works and
+    another fails or takes more memory (library "" when not named); `version_said`
+    ((library, version)); `cudnn_said` (cuDNN or a convolution named);
+    `together_prose` (lines saying features fail only when combined)."""
+    facts: dict = {}
+    good: tuple[str, str, str] | None = None
+    bad: tuple[str, str, str] | None = None
+    for raw in text.splitlines():
+        line = " ".join(raw.replace("*", "").replace("`", "").split())
+        if not line or _CODE_RE.match(line) or 'File "' in line:
+            continue
+        for m in _GOOD_RE.finditer(line):
+            rel = _release(m)
+            if rel and good is None:
+                good = (*rel, line[:200])
+        if _FAILURE_WORDS_RE.search(line):
+            for m in [*_BAD_RE.finditer(line), *_UPGRADE_RE.finditer(line)]:
+                rel = _release(m)
+                if rel and bad is None and (good is None or rel[1] != good[1]):
+                    bad = (*rel, line[:200])
+            if bad is None and (m := _DEV_BRANCH_RE.search(line)):
+                bad = ("", m.group(1).lower(), line[:200])
+        if "version_said" not in facts and (v := _VERSION_SAID_RE.search(line)):
+            facts["version_said"] = (v.group(1).lower(), v.group(2).rstrip("."))
+        if _CUDNN_RE.search(line):
+            facts["cudnn_said"] = True
+        if _TOGETHER_RE.search(line):
+            facts.setdefault("together_prose", []).append(line[:200])
+    if good and bad and good[1] != bad[1]:
+        lib = good[0] or bad[0]
+        facts["release_regression"] = (
+            lib,
+            good[1],
+            bad[1],
+            good[2] if good[2] == bad[2] else f"{good[2][:100]} ... {bad[2][:100]}",
+        )
+    return facts
