@@ -366,7 +366,6 @@ SOURCES.update(
 SOURCES.update(
     {
         "fn-ckpt-metadata-sam3lora": "https://github.com/Sompote/SAM3_LoRA/issues/10",
-        "fn-ckpt-metadata-rwkvpeft58": "https://github.com/Joluck/RWKV-PEFT/issues/58",
         "fn-ddp-ready-twice-peft313": "https://github.com/huggingface/peft/issues/313",
         "fn-ddp-ready-twice-swift3171": "https://github.com/modelscope/ms-swift/issues/3171",
         "fn-ddp-ready-twice-unsloth-fork6": "https://github.com/OEvortex/unsloth/issues/6",
