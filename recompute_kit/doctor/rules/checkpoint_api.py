@@ -137,9 +137,12 @@ _NO_GRAD_ELEMENT = re.compile(
 
 
 def _no_input_grad(ctx: Context) -> Match | None:
-    for e in ctx.evidence.errors:
-        text = " ".join(f"{e.type}: {e.message}".split())
-        if _NO_GRAD_ELEMENT.search(text):
+    """The error (a warning alone is RK099's); quoting the first of warning and error."""
+    texts = [" ".join(f"{e.type}: {e.message}".split()) for e in ctx.evidence.errors]
+    if not any(_NO_GRAD_ELEMENT.search(t) for t in texts):
+        return None
+    for text in texts:
+        if "None of the inputs have requires_grad=True" in text or _NO_GRAD_ELEMENT.search(text):
             quoted = text if len(text) < 220 else text[:217] + "..."
             return Match(0.95, f'The log says: "{quoted}"')
     return None
