@@ -419,6 +419,19 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes for checkpoint API misuse, recompute that differs, recompute that does
+# not act and recompute argument checks (second round): tests/test_rules_fresh_recompute2.py
+SOURCES.update(
+    {
+        "fn-ckpt-metadata-sam3lora": "https://github.com/Sompote/SAM3_LoRA/issues/10",
+        "fn-ddp-ready-twice-peft313": "https://github.com/huggingface/peft/issues/313",
+        "fn-ddp-ready-twice-swift3171": "https://github.com/modelscope/ms-swift/issues/3171",
+        "fn-ddp-ready-twice-unsloth-fork6": "https://github.com/OEvortex/unsloth/issues/6",
+        "fn-noreqgrad-hf26377": "https://github.com/huggingface/transformers/issues/26377",
+        "fn-noreqgrad-chatglm-pipe101": "https://github.com/liucongg/ChatGLM-Finetuning/issues/101",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -80,15 +80,6 @@ CKPT_RULES = [
 ]
 
 
-def _with_error(check, *errors: str):
-    """`check`, only when the log also has the error (a warning alone is RK099's)."""
-
-    def gated(ctx: Context) -> Match | None:
-        return check(ctx) if on_message(*errors)(ctx) else None
-
-    return gated
-
-
 def _failing(ctx: Context) -> bool:
     return bool(ctx.oom) or any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
 
@@ -137,13 +128,33 @@ def _unexpected_kwargs(ctx: Context) -> Match | None:
     )
 
 
+# "element N of tensors does not require grad": N is whichever output of the checkpointed block
+# (or of the loss tuple) came out without grad_fn, 0 or another index; "variables" in the
+# Variable-era wording; reporters who met it for two indices write "element 0 or 1".
+_NO_GRAD_ELEMENT = re.compile(
+    r"element \d+(?:\s*(?:or|and|,|/)\s*\d+)* of (?:tensors|variables) does not require grad"
+)
+
+
+def _no_input_grad(ctx: Context) -> Match | None:
+    """The error (a warning alone is RK099's); quoting the first of warning and error."""
+    texts = [" ".join(f"{e.type}: {e.message}".split()) for e in ctx.evidence.errors]
+    if not any(_NO_GRAD_ELEMENT.search(t) for t in texts):
+        return None
+    for text in texts:
+        if "None of the inputs have requires_grad=True" in text or _NO_GRAD_ELEMENT.search(text):
+            quoted = text if len(text) < 220 else text[:217] + "..."
+            return Match(0.95, f'The log says: "{quoted}"')
+    return None
+
+
 RK072_NEW = "the use_reentrant parameter should be passed explicitly"
 RK072_OLD = "please pass in use_reentrant=True or use_reentrant=False explicitly"
 
 for _id, _title, _frags, _symptom, _cause, _fix, _patch in CKPT_RULES:
     _check = on_message(*_frags)
     if _id == "RK071":
-        _check = _with_error(_check, *_frags[1:])
+        _check = _no_input_grad
     if _id == "RK072":
         _check = _reentrant_warning
     if _id == "RK073":
