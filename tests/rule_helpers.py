@@ -432,6 +432,22 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes written in Chinese around (or instead of) the English error, read through
+# evidence/cjk.py: tests/test_rules_fresh_cjk.py
+SOURCES.update(
+    {
+        "fh-udtransnet-21-grows-until-oom": "https://github.com/McGregorWwww/UDTransNet/issues/21",
+        "fh-unet-4-keeps-growing": "https://github.com/laisimiao/Unet/issues/4",
+        "fh-simple-faster-rcnn-252-grows-oom": "https://github.com/chenyuntc/simple-faster-rcnn-pytorch/issues/252",
+        "fh-piccolo-10-leak-until-oom": "https://github.com/OpenSenseNova/piccolo-embedding/issues/10",
+        "fh-bert4keras-368-recompute-slower": "https://github.com/bojone/bert4keras/issues/368",
+        "fh-yuan2-18-recompute-cost": "https://github.com/IEIT-Yuan/Yuan-2.0/issues/18",
+        "fh-mmocr-541-oom-after-update": "https://github.com/open-mmlab/mmocr/issues/541",
+        "fh-multidiffusion-156-oom-after-update": "https://github.com/pkuliyi2015/multidiffusion-upscaler-for-automatic1111/issues/156",
+        "fh-swift-2282-full-oom": "https://github.com/modelscope/ms-swift/issues/2282",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

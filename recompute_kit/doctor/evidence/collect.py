@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .cjk import translate_cjk
 from .code import MAX_SNIPPET_BYTES, scan_snippets
 from .configs import parse_config_with_notes
 from .experiments import parse_experiments
@@ -100,9 +101,10 @@ def collect(
     a file cannot be read, and for unsafe or corrupt snapshots. Unparsable content is noted."""
     evidence = Evidence()
     for log in logs:
-        # a short log is read whole, its hard-wrapped lines joined back (evidence/unwrap.py)
+        # a short log is read whole, its hard-wrapped lines joined back (evidence/unwrap.py),
+        # Chinese descriptions given their English wording alongside (evidence/cjk.py)
         text = _short_log_text(log, stdin_text)
-        flat = unwrap(text) if text else text
+        flat = translate_cjk(unwrap(text)) if text else text
         if log == "-" or flat != text:
             part = parse_log(flat if flat != text else _read_text(log, "log", stdin_text))
             part.sources.append("log:<stdin>" if log == "-" else f"log:{log}")
