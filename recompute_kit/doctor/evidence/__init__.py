@@ -11,7 +11,8 @@ ROCm, XPU and Ascend NPU out-of-memory messages, every generation, with or witho
 `tracebacks` (frames, exception lines, warnings), `logs` (Megatron/Bridge/NeMo training logs,
 streamed), `values` and `configs` (YAML/JSON, command lines, Hydra, Python, argument dumps),
 `experiments` (ablation tables), `memory_stats`, `snapshots`, `unwrap` (hard-wrapped and
-re-flowed pastes joined back before short logs are parsed), and `collect` (all of them from
+re-flowed pastes joined back before short logs are parsed), `cjk` (common Chinese
+descriptions given their English wording alongside), and `collect` (all of them from
 paths, merged into one `Evidence`).
 """
 
