@@ -448,6 +448,13 @@ SOURCES.update(
     }
 )
 
+# precision audit (tests/test_rules_precision.py): the dev corpus case's paste, verbatim
+SOURCES.update(
+    {
+        "fa-prec-opixray-5-slack-below-request": "https://github.com/OPIXray-author/OPIXray/issues/5",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

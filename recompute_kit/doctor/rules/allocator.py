@@ -86,6 +86,15 @@ def _fragmentation(ctx: Context) -> Match | None:
     # The allocator's hint is printed on every OOM; it matters when the slack is several times
     # the request and a real share of the GPU, not 50 MiB against a 20 MiB request on a full
     # GPU (expandable segments would only move that OOM to the next allocation).
+    if slack < req:
+        # Less than the request: even in one piece the cached memory would not have served
+        # it. Only with the device's free memory next to it could expandable segments help.
+        return Match(
+            0.25,
+            f"{gib(slack)} is reserved by PyTorch but unallocated, less than the failed "
+            f"request of {gib(req)}: not enough on its own even in one piece; fragmentation "
+            "matters here only if that and the device's free memory together cover the request.",
+        )
     confidence = 0.9 if fragmentation_worth_the_name(slack, req, total) else 0.45
     return Match(
         confidence,
@@ -159,6 +168,10 @@ def _other_processes(ctx: Context) -> Match | None:
 def _non_pytorch(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not oom or oom.process_bytes is None or oom.allocated_bytes is None:
+        return None
+    if oom.total_bytes and oom.process_bytes > 1.05 * oom.total_bytes:
+        # "this process has 17179869184.00 GiB" (2**64 bytes) on an 8 GiB GPU: a counter the
+        # driver could not read (unified memory, WSL), not memory outside the allocator.
         return None
     pytorch = oom.allocated_bytes + (oom.reserved_unallocated_bytes or 0)
     outside = oom.process_bytes - pytorch
@@ -426,7 +439,7 @@ def _library_oom(ctx: Context) -> Match | None:
 
 @rule(
     "RK089",
-    "Most of the GPU is held outside this process's PyTorch",
+    "A large share of the GPU is held outside this process's PyTorch",
     "other_processes",
     symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
     "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "

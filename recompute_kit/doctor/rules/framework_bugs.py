@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
-from .registry import fact, gib, is_megatron, on_message, patch_for, rule
+from .registry import (
+    all_frames,
+    fact,
+    gib,
+    is_megatron,
+    on_message,
+    patch_for,
+    rule,
+    zero_stage,
+)
 
 # --------------------------------------------------------------------------------------------
 # Known framework bugs and their workarounds
@@ -76,13 +85,14 @@ rule(
 
 @rule(
     "RK083",
-    "ZeRO-3 released the parameters the recompute needs",
+    "Recomputed tensors are empty (shape [0]): a parameter released by sharding (ZeRO-3)",
     "framework_bug",
     symptom="CheckpointError: recomputed metadata shows shape torch.Size([0]) where the "
     "forward saw real shapes (DeepSpeed ZeRO-3)",
     cause="ZeRO-3 partitions parameters after use; the recompute runs with released "
     "(empty) parameters",
-    confirm="The recomputed metadata in the CheckpointError has torch.Size([0])",
+    confirm="The recomputed metadata in the CheckpointError has torch.Size([0]), and the run "
+    "shards its parameters (DeepSpeed ZeRO-3 / FSDP)",
     fix="Use DeepSpeed's checkpointing (deepspeed.checkpointing) or use_reentrant=True with "
     "ZeRO-3, or upgrade DeepSpeed",
     supersedes=("RK075",),
@@ -95,12 +105,44 @@ def _zero3_released(ctx: Context) -> Match | None:
         # "saved {'shape': [1024]} vs recomputed {'shape': [0]}"
         if _EMPTY_RECOMPUTE_RE.search(text):
             saved = _SAVED_SHAPE_RE.search(text)
-            return Match(
-                0.9,
-                "The recomputed tensors have shape [0]"
-                + (f" where the forward saved [{saved.group(1)}]" if saved else "")
-                + ": a parameter the recompute used was already released to its shard.",
+            shapes = "The recomputed tensors have shape [0]" + (
+                f" where the forward saved [{saved.group(1)}]" if saved else ""
             )
+            named = _sharding_named(ctx)
+            if named:
+                return Match(
+                    0.9,
+                    f"{shapes}, under parameter sharding ({named}): a parameter the recompute "
+                    "used was already released to its shard.",
+                )
+            # An empty recomputed tensor is what a released shard looks like, but nothing in
+            # the paste says the run shards its parameters: say so, do not assert ZeRO-3.
+            return Match(
+                0.6,
+                f"{shapes}: the recompute saw an empty tensor. The paste does not name the "
+                "framework; if the run shards parameters (DeepSpeed ZeRO-3, FSDP), a parameter "
+                "the recompute used was already released to its shard.",
+                fix="If the run uses DeepSpeed ZeRO-3: DeepSpeed's checkpointing "
+                "(deepspeed.checkpointing) or use_reentrant=True, or upgrade DeepSpeed; if it "
+                "does not, find what empties that tensor between forward and backward (a hook "
+                "or an offload that resizes it to 0)",
+            )
+    return None
+
+
+_SHARDING_RE = re.compile(
+    r"deepspeed|zero[-_ ]?3|zero[-_ ]?stage[-_ ]?3|stage[-_ ]?3|fsdp|fully_shard", re.I
+)
+
+
+def _sharding_named(ctx: Context) -> str | None:
+    """Where the paste says the parameters are sharded (ZeRO-3 / FSDP), or None."""
+    if zero_stage(ctx) == 3:
+        return "ZeRO stage 3 in the config"
+    for piece in (ctx.text, all_frames(ctx), " ".join(f"{k}={v}" for k, v in ctx.cfg.items())):
+        m = _SHARDING_RE.search(piece)
+        if m:
+            return f"'{m.group(0)}'"
     return None
 
 

@@ -99,10 +99,18 @@ def _frames_with_code(ctx: Context, frames: list[str]) -> list[tuple[str, str]]:
     return [(f, code.get(f, "")) for f in frames]
 
 
+_MODEL_CHECKPOINT_RE = re.compile(
+    r"\w*(?:resume_from|save|load|from)_checkpoint\w*(?:\s*=\s*[\w.]+)?"
+    r"|checkpoint_(?:dir|path|file|name)\w*"
+)
+
+
 def _feature(pieces: list[str]) -> tuple[str, str] | None:
     """(feature, the piece that names it) from frames, source lines and the message."""
     for piece in pieces:
-        low = piece.lower()
+        # Saving / loading a model checkpoint (resume_from_checkpoint, load_checkpoint) is not
+        # activation checkpointing: drop those words before looking for the feature.
+        low = _MODEL_CHECKPOINT_RE.sub(" ", piece.lower())
         for words, name in FEATURES:
             if any(w in low for w in words):
                 return name, piece
@@ -517,18 +525,22 @@ def _leak(ctx: Context) -> Match | None:
         # (a reference cycle through the checkpoint's saved context, hooks, caches)
         lib, version = fact(ctx, "version_said") or ("", "")
         where = f" ({lib} {version})" if lib else ""
+        # Name the checkpoint as the holder only where the paste puts checkpointing in play
+        ckpt = bool(fact(ctx, "mentions"))
+        holder = "the checkpoint's saved context or hooks" if ckpt else "hooks, caches or graphs"
         return Match(
             0.5,
             f"The paste says the memory grows step after step ('{prose[0]}') with "
             + (f"a library release named{where}" if lib else "checkpointing in play")
-            + ": a leak in the library's path (a reference cycle through the checkpoint's "
-            "saved context or hooks) is the usual holder.",
-            fix="Upgrade the library (such leaks - reference cycles through checkpoint "
-            "contexts, hooks or caches - are fixed upstream)"
+            + f": a leak in the library's path (a reference cycle through {holder}) is the "
+            "usual holder.",
+            fix="Upgrade the library (such leaks - reference cycles through "
+            + ("checkpoint contexts, " if ckpt else "")
+            + "hooks or caches - are fixed upstream)"
             + (f": pip install -U {lib}" if lib else "")
             + "; gc.collect() after each step to confirm a reference cycle (memory flat), and "
-            "diff two torch.cuda.memory._snapshot()s to find the holder; meanwhile turn "
-            "gradient checkpointing off for one run to bisect",
+            "diff two torch.cuda.memory._snapshot()s to find the holder"
+            + ("; meanwhile turn gradient checkpointing off for one run to bisect" if ckpt else ""),
             config_patch={
                 "command": f"pip install -U {lib or '<the library>'}",
                 "code": "gc.collect()  # after each optimizer step, to test for a reference cycle",

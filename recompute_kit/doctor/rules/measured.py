@@ -18,14 +18,16 @@ def _comparisons(ctx: Context) -> list[dict]:
 
 
 def _describe(c: dict) -> str:
-    unit = "time" if c["kind"] == "time" else "throughput"
+    # `change` is the throughput's change; for a time column it is base / arm - 1, so the time
+    # itself moved the other way (557 -> 1458 ms is time +161.7%, throughput -61.8%)
+    if c["kind"] == "time" and c.get("base_value"):
+        change = f"time {c['arm_value'] / c['base_value'] - 1:+.1%}, throughput {c['change']:+.1%}"
+    else:
+        change = f"throughput {c['change']:+.1%}"
     batch = ""
     if c.get("base_batch") and c.get("arm_batch"):
         batch = f" at batch {c['base_batch']:g} vs {c['arm_batch']:g}"
-    return (
-        f"'{c['arm']}' {c['arm_value']:g} vs '{c['base']}' {c['base_value']:g} "
-        f"({unit} {c['change']:+.1%}{batch})"
-    )
+    return f"'{c['arm']}' {c['arm_value']:g} vs '{c['base']}' {c['base_value']:g} ({change}{batch})"
 
 
 def _off_patch(c: dict) -> dict:

@@ -205,6 +205,18 @@ def _moved_rank(ctx: Context) -> Match | None:
     )
 
 
+_OPT_FRAME_RE = re.compile(
+    r"optimizer|step\(|\bin step\b|reduce_scatter|finish_grad_sync|start_grad_sync"
+    r"|allreduce_params|allreduce_gradients|exp_avg",
+    re.I,
+)
+# In a pasted source line only code counts: a call or a state name, not the word in prose
+_OPT_CODE_RE = re.compile(
+    r"optimi[sz]er\.step\(|\.step\(\)|exp_avg|reduce_scatter|finish_grad_sync|start_grad_sync"
+    r"|allreduce_params|allreduce_gradients"
+)
+
+
 @rule(
     "RK036",
     "The run gets farther but still OOMs: the peak moved past backward",
@@ -222,41 +234,34 @@ def _optimizer_peak(ctx: Context) -> Match | None:
     for e in ctx.evidence.errors:
         if "out of memory" not in e.message.lower():
             continue
-        frames = " ".join([*e.frames, *e.context]).lower()
-        if any(
-            k in frames
-            for k in (
-                "optimizer",
-                "step(",
-                "in step",
-                "reduce_scatter",
-                "finish_grad_sync",
-                "start_grad_sync",
-                "allreduce_params",  # Megatron-LM's older DDP gradient all-reduce
-                "allreduce_gradients",
-                "exp_avg",  # Adam's moments, in a frame or a pasted source line
+        # A frame (or a pasted source line) of the optimizer step / gradient sync; prose around
+        # the OOM ("an identical train step") names no frame.
+        where = next((f for f in reversed(e.frames) if _OPT_FRAME_RE.search(f)), None)
+        if where is None:
+            where = next((c for c in e.context if _OPT_CODE_RE.search(c)), None)
+        if where is None:
+            continue
+        fix = None
+        if is_megatron(ctx):
+            patch: dict = {"use_distributed_optimizer": True}
+        else:  # DeepSpeed / Hugging Face vocabulary: the next ZeRO stage shards more
+            stage = zero_stage(ctx)
+            nxt = min(3, (stage or 1) + 1)
+            patch = {"zero_optimization": {"stage": nxt}}
+            fix = (
+                f"Shard more: ZeRO-{nxt} (zero_optimization.stage {nxt}) splits the optimizer "
+                "states"
+                + (" and weights" if nxt == 3 else " and gradients")
+                + " over the GPUs; or offload the optimizer to CPU (offload_optimizer)"
             )
-        ):
-            fix = None
-            if is_megatron(ctx):
-                patch: dict = {"use_distributed_optimizer": True}
-            else:  # DeepSpeed / Hugging Face vocabulary: the next ZeRO stage shards more
-                stage = zero_stage(ctx)
-                nxt = min(3, (stage or 1) + 1)
-                patch = {"zero_optimization": {"stage": nxt}}
-                fix = (
-                    f"Shard more: ZeRO-{nxt} (zero_optimization.stage {nxt}) splits the optimizer "
-                    "states"
-                    + (" and weights" if nxt == 3 else " and gradients")
-                    + " over the GPUs; or offload the optimizer to CPU (offload_optimizer)"
-                )
-            return Match(
-                0.75,
-                "The OOM happened in the optimizer step / gradient sync "
-                f"({e.frames[-1] if e.frames else ''}).",
-                config_patch=patch,
-                fix=fix,
-            )
+        return Match(
+            0.75,
+            f"The OOM happened in the optimizer step / gradient sync ('{where.strip()[:160]}'"
+            + (f", innermost frame {e.frames[-1]}" if e.frames and e.frames[-1] != where else "")
+            + ").",
+            config_patch=patch,
+            fix=fix,
+        )
     return None
 
 
