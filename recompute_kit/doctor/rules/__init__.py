@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     model_states,
     no_effect,
     nondeterminism,
+    other_processes,
     outside_allocator,
     overhead,
     reported,

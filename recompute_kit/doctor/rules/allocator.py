@@ -13,7 +13,6 @@ from .registry import (
     gib,
     is_megatron,
     more_recompute_patch,
-    oom_errors,
     oom_where,
     rule,
 )
@@ -435,90 +434,6 @@ def _library_oom(ctx: Context) -> Match | None:
     if hit is None:
         return None
     return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
-
-
-@rule(
-    "RK089",
-    "A large share of the GPU is held outside this process's PyTorch",
-    "other_processes",
-    symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
-    "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "
-    "nothing free)",
-    cause="Something other than this process's caching allocator holds the memory: another "
-    "process or rank on the same GPU, an inference engine, NCCL buffers, the CUDA context",
-    confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv while the job runs",
-    fix="Find and stop the holder; one GPU per process (torch.cuda.set_device(local_rank) "
-    "before any CUDA call, or CUDA_VISIBLE_DEVICES); smaller NCCL buffers (NCCL_BUFFSIZE)",
-    patch={"env": {"CUDA_VISIBLE_DEVICES": "<this rank's GPU only>"}},
-    supersedes=("RK005", "RK087"),
-)
-def _held_elsewhere(ctx: Context) -> Match | None:
-    oom = ctx.oom
-    if not oom or not oom.held_elsewhere_bytes or not oom.total_bytes:
-        return None
-    held, total = oom.held_elsewhere_bytes, oom.total_bytes
-    # A desktop GPU's display and CUDA context take a few hundred MiB: not what is meant.
-    if held < 0.25 * total or held < max(oom.requested_bytes or 0, int(1.5 * GIB)):
-        return None
-    if oom.process_bytes is not None or oom.other_processes_bytes:
-        return None  # the 2.1+ message itemises this; RK002 / RK003 read it
-    return Match(
-        min(0.9, 0.5 + held / total / 2),
-        f"Of the {gib(total)} GPU, {gib(oom.free_bytes)} is free and PyTorch reserved "
-        f"{gib(total - oom.free_bytes - held)}: {gib(held)} ({held / total:.0%}) is held "
-        f"outside this process's allocator, more than the {gib(oom.requested_bytes)} request.",
-    )
-
-
-@rule(
-    "RK091",
-    "Several processes hold CUDA contexts on one GPU",
-    "other_processes",
-    symptom="nvidia-smi lists several processes of the job on the same GPU, most of them with "
-    "a few hundred MiB (a CUDA context each)",
-    cause="Every rank touched CUDA on the default device (GPU 0) before selecting its own, so "
-    "GPU 0 carries one context per rank",
-    confirm="nvidia-smi's process table: one large process and N small ones on GPU 0",
-    fix="Call torch.cuda.set_device(local_rank) (LOCAL_RANK) before any CUDA work, or give "
-    "each process CUDA_VISIBLE_DEVICES=<its GPU>",
-    patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
-    supersedes=("RK087",),
-)
-def _smi_processes(ctx: Context) -> Match | None:
-    by_gpu: dict[int, list[dict]] = {}
-    for proc in ctx.evidence.gpu_processes:
-        by_gpu.setdefault(proc["gpu"], []).append(proc)
-    for gpu, procs in sorted(by_gpu.items()):
-        small = [p for p in procs if p["used_bytes"] < 2 * GIB]
-        if len(procs) >= 3 and len(small) >= 2:
-            extra = sum(p["used_bytes"] for p in small)
-            return Match(
-                0.85,
-                f"nvidia-smi shows {len(procs)} processes on GPU {gpu}; {len(small)} of them "
-                f"hold {gib(extra)} together ({gib(small[0]['used_bytes'])} each): CUDA "
-                "contexts of ranks that belong on other GPUs.",
-            )
-    if not (ctx.oom or oom_errors(ctx)):
-        return None
-    for gpu, procs in sorted(by_gpu.items()):
-        # Next to an OOM: one process fills the GPU and another holds only a context (under
-        # 1 GiB, a few times less): a job that touched this GPU before selecting its own
-        # (or a second job on it), so it fails on memory another process holds.
-        big = max(procs, key=lambda p: p["used_bytes"])
-        tiny = [p for p in procs if p is not big and p["used_bytes"] < GIB]
-        if tiny and big["used_bytes"] >= max(4 * tiny[0]["used_bytes"], 2 * GIB):
-            return Match(
-                0.75,
-                f"nvidia-smi shows {len(procs)} processes on GPU {gpu}: PID {big['pid']} holds "
-                f"{gib(big['used_bytes'])}, PID {tiny[0]['pid']} only "
-                f"{gib(tiny[0]['used_bytes'])} (a CUDA context): the OOM is on a GPU another "
-                "process fills, which this job should not touch.",
-                fix="Give the job only its own GPU (CUDA_VISIBLE_DEVICES=<its GPU>, so no "
-                "context lands on GPU 0), or torch.cuda.set_device(<its GPU>) before any CUDA "
-                "call; or stop the process that fills the GPU",
-                config_patch={"env": {"CUDA_VISIBLE_DEVICES": "<this job's GPU only>"}},
-            )
-    return None
 
 
 @rule(
