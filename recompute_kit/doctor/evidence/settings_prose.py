@@ -26,41 +26,41 @@ _HYPOTHETICAL_RE = re.compile(
     re.I,
 )
 _ZERO_RE = re.compile(
-    r"(?<![A-Za-z])(?:zero|ds_z|deepspeed[\s_-]*(?:zero[\s_-]*)?stage)[\s_-]*(?:stage)?"
+    r"(?<![A-Za-z])(?:zero|ds_z|deep[\s_-]?speed[\s_-]*(?:zero[\s_-]*)?stage)[\s_-]*(?:stage)?"
     r"[\s_:=-]*([0-3])(?!\d|\.\d)",
-    re.I,
+    re.I | re.A,
 )
 _OFFLOAD_OPT_RE = re.compile(
     r"\b(?:cpu[\s_-]*offload\w*|offload\w*\s+(?:\w+\s+)?(?:to|on)\s+(?:the\s+)?cpu"
     r"|offload_optimizer(?:_device)?|optimizer[\s_-]*(?:state\s+)?offload\w*|adam_offload"
     r"|zero[\s_-]*offload)\b(?:\s*[=:]\s*(true|false|none|cpu|nvme|gpu)\b)?",
-    re.I,
+    re.I | re.A,
 )
 _OFFLOAD_PARAM_RE = re.compile(
     r"\b(?:offload_param(?:eter)?s?(?:_device)?|param(?:eter)?s?[\s_-]*offload\w*)\b"
     r"(?:\s*[=:]\s*(true|false|none|cpu|nvme|gpu)\b)?",
-    re.I,
+    re.I | re.A,
 )
 _ADAPTER_RE = re.compile(
     r"--use_lora\b|--use_peft\b|--lora_r\b|--lora_rank\b|--finetuning_type[\s=]+q?lora\b"
     r"|--(?:train_)?type[\s=]+q?lora\b|\bq?lora\b|\bpeft\b|load_in_[48]bit",
-    re.I,
+    re.I | re.A,
 )
 _QUANT_RE = re.compile(
     r"\bqlora\b|load_in_4bit|\b4[\s-]?bit\b|\bnf4\b|--quantization_bit[\s=]+4|--bits[\s=]+4"
     r"|(?P<eight>load_in_8bit|\b8[\s-]?bit\b|--quantization_bit[\s=]+8|--bits[\s=]+8)",
-    re.I,
+    re.I | re.A,
 )
 _CKPT_RE = re.compile(
     r"--(?:gradient_checkpointing(?:_enable)?|grad_checkpoint\w*|recompute_activations?"
     r"|use_gradient_checkpointing|activation_checkpointing)\b(?:[\s=]+(\w+))?",
-    re.I,
+    re.I | re.A,
 )
 _MICRO_RE = re.compile(
     r"--(?:per_device_train_batch_size|micro[_-]batch[_-]size|micro_train_batch_size"
     r"|train_micro_batch_size_per_gpu|per_gpu_train_batch_size|batch_size)[\s=]+(\d+)"
     r"|\bmicro[\s_-]?batch(?:[\s_-]?size)?\s*(?:[:=]|of|is)?\s*(\d+)\b",
-    re.I,
+    re.I | re.A,
 )
 _SEQ_RE = re.compile(
     r"--(?:max_seq_length|max_seq_len|cutoff_len|seq_length|seq-length|max_length"
@@ -73,13 +73,35 @@ _GPU_NAME = (
 )
 # "2× NVIDIA A100", "8 x 3090", "4张A100", "2 16G A4000", "4 A100 GPUs"
 _GPU_COUNT_RE = re.compile(
-    rf"(?<![\w.])(\d{{1,2}})\s*(?:[x×*]\s*|张\s*|块\s*|pcs\s+|cards?\s+of\s+)?"
+    rf"(?<![A-Za-z0-9_.])(\d{{1,2}})\s*(?:[x×*]\s*|张\s*|块\s*|pcs\s+|cards?\s+of\s+)?"
     rf"(?:NVIDIA\s+|Nvidia\s+|GeForce\s+|Tesla\s+)?(?:\d{{2,3}}\s*G[Bb]?\s+)?{_GPU_NAME}(?![\w])"
-    r"|(?<![\w.])(\d{1,2})\s+(?:\w+\s+)?GPUs\b|(?<![\w.])(\d{1,2})\s*(?:张|块)(?:卡|显卡|GPU)",
+    r"|(?<![A-Za-z0-9_.])(\d{1,2})\s+(?:\w+\s+)?GPUs\b|(?<![A-Za-z0-9_.])(\d{1,2})\s*(?:张|块)(?:卡|显卡|GPU)",
     re.I,
 )
 # the size on the same line as a GPU: "(40GB each)", "40g each", "16G A4000", "A100 80GB"
 _GPU_SIZE_RE = re.compile(r"(?<![\w.])(\d{2,3})\s*G(?:i?B|b)?(?![\w])", re.I)
+# GPUs sold with one memory size only: the size when the paste names the card alone ("8张T4")
+_ONE_SIZE = {
+    "t4": 16,
+    "a10": 24,
+    "a10g": 24,
+    "l4": 24,
+    "3090": 24,
+    "4090": 24,
+    "a5000": 24,
+    "a6000": 48,
+    "l40": 48,
+    "l40s": 48,
+    "a40": 48,
+    "h100": 80,
+    "h800": 80,
+    "2080ti": 11,
+}
+_CARD_RE = re.compile(
+    r"(?<![A-Za-z0-9])(?:RTX\s?)?(T4|A10G?|L4|L40S?|A40|A[56]000|H[18]00|[34]090|2080\s?Ti)"
+    r"(?![A-Za-z0-9])",
+    re.I,
+)
 _GPU_WORD_RE = re.compile(rf"{_GPU_NAME}|\bGPUs?\b|显卡|\bcards?\b", re.I)
 
 
@@ -153,6 +175,12 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                 if 8 <= size <= 300 and _stated(line, m.start()):
                     put("gpu_bytes", size * GIB, line)
                     break
+    if "gpu_bytes" not in found:
+        for line in lines:
+            if (m := _CARD_RE.search(line)) and _stated(line, m.start()):
+                size = _ONE_SIZE[m.group(1).lower().replace(" ", "")]
+                put("gpu_bytes", size * GIB, line)
+                break
     if not found:
         return {}
     found["lines"] = quoted

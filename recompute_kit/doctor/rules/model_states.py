@@ -95,9 +95,9 @@ def stated_gpu_bytes(ctx: Context) -> int | None:
     if ctx.gpu_bytes:
         return ctx.gpu_bytes
     prose = fact(ctx, "gpu_prose")
-    if isinstance(prose, dict) and prose.get("bytes"):
-        return int(prose["bytes"])
-    size = said(ctx).get("gpu_bytes")  # "(40GB each)", "2 16G A4000"
+    size = said(ctx).get("gpu_bytes")  # "(40GB each)", "2 16G A4000", "8张T4"
+    if isinstance(prose, dict) and prose.get("bytes") and (prose.get("named") or not size):
+        return int(prose["bytes"])  # a bare size in words yields to one tied to a card
     return int(size) if size else None
 
 
@@ -161,6 +161,8 @@ def model_state_count(ctx: Context) -> StateCount | None:
         stated.get("offload_param") or _cfg_offload(ctx, "offload_param")
     )
     sharded = spread if stage == 3 else 1
+    if lora and frozen < 2:  # DeepSpeed ZeRO-3 leaves bitsandbytes 4/8-bit weights whole
+        sharded = 1
     bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
     if offload_opt and not lora:  # fp32 master and moments on the CPU: bf16 weights + grads
         bytes_per_param = (0 if offload_param else 2 / sharded) + (2 if stage < 2 else 2 / spread)
@@ -188,6 +190,12 @@ def next_state_step(count: StateCount) -> tuple[dict, str, float]:
     offload -> parameter offload -> LoRA): (patch, words, model states per GPU after it)."""
     p, n = count.params, count.gpus or 1
     zero: dict = {"stage": 3}
+    if count.lora and count.frozen < 2:  # quantized: ZeRO-3 leaves them whole, FSDP shards
+        return (
+            {"fsdp": "full_shard auto_wrap", "fsdp_config": {"cpu_ram_efficient_loading": True}},
+            f"FSDP + QLoRA over {n} GPU(s) shards the 4-bit weights (ZeRO-3 does not)",
+            p * count.frozen / n,
+        )
     if count.lora:
         if count.stage != 3:
             return (
@@ -262,6 +270,8 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         kind += " and the optimizer offloaded to CPU"
     if not lora and stage == 0:
         kind = "full fine-tuning without ZeRO (DDP replicates everything)"
+    elif lora and count.frozen < 2:
+        kind = f"{count.frozen * 8:.0f}-bit LoRA (quantized frozen weights, whole on every GPU)"
     elif lora and stage != 3:
         kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
     against = f"the {gib(gpu)} GPU" if stated_gpu_bytes(ctx) else f"the {gib(gpu)} of an A100/H100"
@@ -274,7 +284,20 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}."
         f"{shard_words}",
         config_patch=patch,
-        fix="Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+        fix=(
+            "Quantized frozen weights do not fit: DeepSpeed ZeRO-3 leaves 4/8-bit weights whole "
+            "on every GPU; FSDP + QLoRA shards them (fsdp full_shard with "
+            "cpu_ram_efficient_loading), else a GPU with more memory; activation recompute "
+            "cannot free model states"
+        )
+        if lora and count.frozen < 2
+        else (
+            "Frozen weights do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+            "stage 3) or FSDP, or keep them in 4-bit (QLoRA: load_in_4bit); activation "
+            "recompute cannot free model states"
+        )
+        if lora
+        else "Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
         "stage 3) or FSDP, then CPU offload (offload_optimizer / offload_param), a distributed "
         "optimizer, or fewer trainable parameters (LoRA); activation recompute cannot free "
         "model states",
@@ -283,7 +306,8 @@ def _states_by_model_size(ctx: Context) -> Match | None:
 
 def _state_sized_request(ctx: Context, count: StateCount) -> str | None:
     """The OOM's failed request is one model-state tensor: the parameters times 2 (bf16) or 4
-    (fp32) bytes, whole or split over the GPUs (ZeRO's flat partitions), within 8% (a name's "7B" may be 6.7B)."""
+    (fp32) bytes, whole or split over the GPUs (ZeRO's flat partitions), within 8% (a name's
+    "7B" may be 6.7B)."""
     req = ctx.oom.requested_bytes if ctx.oom is not None else None
     if not req or not count.gpus:
         return None
