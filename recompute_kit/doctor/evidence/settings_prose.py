@@ -16,13 +16,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .signals import MODEL_ASCII_RE
+
 GIB = 2**30
+# a source line, not prose: `if self.cpu_offloading and ...:`
+_CODE_RE = re.compile(r"\bself\.|==|\bdef |\bimport |\breturn\b|^\s*(?:if|for|elif) .*:\s*$")
 
 # A clause that proposes or asks rather than states: the setting in it is not the one in use
 _HYPOTHETICAL_RE = re.compile(
     r"\b(?:switch(?:ing|ed)? to|instead of|rather than|recommend\w*|should i|shall i|"
     r"could i|can i|would (?:it|you|i)|try(?:ing)? (?:to use )?(?:using )?|move to|"
-    r"upgrade to|without|w/o|not using|no)\b[^.,;!\n]{0,30}$",
+    r"upgrade to|without|w/o|not using|no|not supported|unsupported|disabl\w*)\b[^.,;!\n]{0,50}$",
     re.I,
 )
 _ZERO_RE = re.compile(
@@ -132,8 +136,17 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                 quoted.append(q)
 
     for line in lines:
-        if len(line) > 2000:
+        if len(line) > 2000 or _CODE_RE.search(line) or line.lstrip()[:1] in "'\"|":
+            # source code, a quoted message string or a table row: not the user's settings
             continue
+        if "model" not in found and (m := MODEL_ASCII_RE.search(line)):
+            experts, size = m.group(1), m.group(2)
+            params = float(size or m.group(3) or m.group(4) or m.group(5)) * 1e9
+            if 0.1e9 <= params * (int(experts) if experts else 1) <= 2000e9:
+                found["model"] = {
+                    "params": params * (int(experts) if experts else 1),
+                    "name": m.group(0).strip(),
+                }
         for m in _ZERO_RE.finditer(line):
             if _stated(line, m.start()):
                 put("zero_stage", int(m.group(1)), line)

@@ -57,8 +57,10 @@ _MODEL_RE = re.compile(
     r"|(?<![A-Za-z])(?i:llama[\d.]*|qwen[\d.]*|mistral|mixtral|baichuan\d?|gemma\d?|falcon"
     r"|bloomz?|vicuna|chatglm\d?|internlm\d?|deepseek|yi|opt|gpt-?j|pythia)\s+"
     r"(\d+(?:\.\d+)?)[bB](?![\w.])",
-    re.A,  # ASCII word boundaries: a CJK character next to a name is no part of it
 )
+# The same names with ASCII boundaries: a CJK character may touch the name ("lora微调baichuan2-
+# 7b-base"); read only where the paste states how the states are kept (settings_prose.py)
+MODEL_ASCII_RE = re.compile(_MODEL_RE.pattern, re.A)
 # An allocation's size stated in words with no OOM message: "will try to allocate 720gb",
 # "an allocation of 1.2 TB", "allocating ~400 GB for the mask"
 _ALLOC_PROSE_RE = re.compile(

@@ -126,11 +126,14 @@ def model_state_count(ctx: Context) -> StateCount | None:
     """The model states per GPU when the paste names the model's size and says full
     fine-tuning or adapters (finetuning_type) or a ZeRO stage; else None (a guess)."""
     found = _model_params(ctx)
+    stated = said(ctx)
+    model = stated.get("model")  # a name a CJK character touches: "lora微调baichuan2-7b"
+    if found is None and isinstance(model, dict):
+        found = (float(model["params"]), str(model["name"]))
     if found is None:
         return None
     params, name = found
     stage = zero_stage(ctx)
-    stated = said(ctx)
     if (
         not ctx.cfg.get("finetuning_type")
         and not ctx.cfg.get("deepspeed")
@@ -144,7 +147,8 @@ def model_state_count(ctx: Context) -> StateCount | None:
     # lower bound (exact for what ZeRO leaves replicated)
     spread = counted or float("inf")
     lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
-    lora = lora or bool(stated.get("adapters"))  # --use_lora, "QLoRA" said in prose
+    if not ctx.cfg.get("finetuning_type"):  # the command line's own flag wins over words
+        lora = bool(stated.get("adapters"))  # --use_lora, "QLoRA" said in prose
     if stage is None:  # DeepSpeed's (and Lightning's DeepSpeedStrategy's) usual stage is 2;
         # optimizer offload needs a ZeRO stage
         stage = 2 if ctx.cfg.get("deepspeed") or stated.get("offload_optimizer") else 0
