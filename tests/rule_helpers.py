@@ -455,6 +455,20 @@ SOURCES.update(
     }
 )
 
+# fresh public pastes of model states with the settings said in prose and on command lines
+# (ZeRO stage, offload, adapters, GPUs): tests/test_rules_fresh_settings.py
+SOURCES.update(
+    {
+        "fk-fastchat1193-vicuna7b-4xv100-zero3": "https://github.com/lm-sys/FastChat/issues/1193",
+        "fk-llamafactory260-baichuan7b-8xv100-zero2": (
+            "https://github.com/hiyouga/LlamaFactory/issues/260 "
+            "(description and the reporter's second comment)"
+        ),
+        "fk-baichuan2-162-lora-3xv100-16g": "https://github.com/baichuan-inc/Baichuan2/issues/162",
+        "fk-llamafactory3880-qlora-70b-8xt4-zero3": "https://github.com/hiyouga/LlamaFactory/issues/3880",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

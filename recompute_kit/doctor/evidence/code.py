@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from .measured import scan_measured
+from .settings_prose import scan_settings
 from .signals import scan_signals
 from .text import clean_line, parse_size
 from .usage import scan_usage
@@ -218,7 +219,10 @@ _LOAD_CALL_RE = re.compile(r"from_pretrained\(|load_state_dict\(|torch\.load\(|l
 _LOAD_PROSE_RE = re.compile(
     r"(?:happens?|occurs?|raised|thrown|appears?)\b[^.\n]{0,30}\b(?:when|while|on|at)\s+"
     r"(?:executing|running|calling|loading)\b"
-    r"|\bwhen (?:I )?(?:try(?:ing)? to )?load(?:ing)? (?:the |a |my )?model",
+    r"|\bwhen (?:I )?(?:try(?:ing)? to )?load(?:ing)? (?:the |a |my )?model"
+    # "it throws `out of memory error` while loading the model" (the error named, then when)
+    r"|(?:out of memory|\bOOM\b)[^.\n]{0,40}\b(?:when|while|during)\s+(?:I\s+)?"
+    r"(?:load(?:ing)?|try(?:ing)? to load)\s+(?:the |a |my |this )?(?:\w+[ -])?model",
     re.I,
 )
 _NO_OOM_RE = re.compile(r"\bOOMs?\s*[:=]\s*0\b|\bno (?:more )?OOM|without (?:an? )?OOM", re.I)
@@ -435,6 +439,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     facts.update(scan_usage(lines))  # nvidia-smi vs PyTorch sizes (evidence/usage.py)
     facts.update(scan_measured(lines))  # tables and report lines (evidence/measured.py)
     facts.update(scan_signals(lines))  # frames' source lines, [N, N], GPU sizes in prose
+    facts.update(scan_settings(lines))  # ZeRO stage, offload, adapters said in prose / flags
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops

@@ -45,14 +45,22 @@ _GPU_SIZE_RE = re.compile(
 )
 # "GPT-30B model", "Llama-2-70B", "16B模型", "a 13B model", "7b parameters"
 _MODEL_RE = re.compile(
+    # (a CJK character may touch the name: "lora微调baichuan2-7b-base")
     r"(?<![\w./-])[A-Za-z][\w.]*-(?:[\w.]*-)*?(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])"
     r"|(?<![A-Za-z0-9_./-])(\d+(?:\.\d+)?)\s?[bB]\s*(?:models?|模型|parameters|params|参数|LLM)"
     # a size used as the model's name after an article or size word: "the little 1.3b",
     # "a 7B", "this 13b" (not "256b" inside a word or a unit's figure)
     r"|(?<![\w.])(?i:the|a|an|this|that|my|our|little|small|tiny|smaller|big|bigger|large)"
     r"\s+(?i:(?:little|small|tiny|big|large)\s+)?(\d+(?:\.\d+)?)[bB](?![\w.])"
-    r"(?!\s*(?i:bits?|bytes?|tokens?|vectors?|keys?|hash))",
+    r"(?!\s*(?i:bits?|bytes?|tokens?|vectors?|keys?|hash))"
+    # a model family's name, a space, then its size: "llama3 70b", "Qwen2.5 7B"
+    r"|(?<![A-Za-z])(?i:llama[\d.]*|qwen[\d.]*|mistral|mixtral|baichuan\d?|gemma\d?|falcon"
+    r"|bloomz?|vicuna|chatglm\d?|internlm\d?|deepseek|yi|opt|gpt-?j|pythia)\s+"
+    r"(\d+(?:\.\d+)?)[bB](?![\w.])",
 )
+# The same names with ASCII boundaries: a CJK character may touch the name ("lora微调baichuan2-
+# 7b-base"); read only where the paste states how the states are kept (settings_prose.py)
+MODEL_ASCII_RE = re.compile(_MODEL_RE.pattern, re.A)
 # An allocation's size stated in words with no OOM message: "will try to allocate 720gb",
 # "an allocation of 1.2 TB", "allocating ~400 GB for the mask"
 _ALLOC_PROSE_RE = re.compile(
@@ -67,7 +75,7 @@ _NOT_FULL_TRAINING_RE = re.compile(
     r"\b(?:vllm|sglang|inference|infer|generat(?:e|ion|ing)|serv(?:e|ing)|kv[ _-]?cache"
     r"|predict(?:ion)?|lora|qlora|peft|adapters?|quantiz\w*|[48][ -]?bit|int[48]|gptq|awq"
     r"|zero[ _-]?(?:stage)?[ _-]?[123]|stage[ _-]?[123]|fsdp|offload\w*|8bit|sgd|adafactor)\b",
-    re.I,
+    re.I | re.A,  # "使用lora微调": a CJK character next to the word still leaves a boundary
 )
 # A way of keeping the states named only to say it is not used: "without any PEFT and
 # Quantization", "w/o LoRA", "no ZeRO or offload" (the clause up to a comma or full stop)
@@ -217,9 +225,7 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
-        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(
-            line
-        ):
+        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(line):
             facts.setdefault("logits_lines", []).append(_q(line))
         if (
             _FRAG_RE.search(line)
@@ -232,7 +238,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
         if "gpu_prose" not in facts and (gpu := _gpu(line)) is not None:
             facts["gpu_prose"] = gpu
         if "model_prose" not in facts and (m := _MODEL_RE.search(line)):
-            experts, size, bare = m.group(1), m.group(2), m.group(3) or m.group(4)
+            experts, size = m.group(1), m.group(2)
+            bare = m.group(3) or m.group(4) or m.group(5)
             params = float(size or bare) * 1e9 * (int(experts) if experts else 1)
             if 0.1e9 <= params <= 2000e9:
                 facts["model_prose"] = {"params": params, "name": m.group(0).strip()}
@@ -277,6 +284,7 @@ def _gpu(line: str) -> dict[str, Any] | None:
                 "bytes": int(size * GIB),
                 "count": int(count) if count else None,
                 "line": _q(line),
+                "named": True,  # the size next to a card's name, not a bare "48GB显存"
             }
     m = _GPU_SIZE_RE.search(line)
     if m is not None and 8 <= int(m.group(1)) <= 300:

@@ -64,6 +64,13 @@ def _model_params(ctx: Context) -> tuple[float, str] | None:
     return None
 
 
+def said(ctx: Context) -> dict:
+    """Settings stated in prose and on command lines (evidence/settings_prose.py): ZeRO stage,
+    offload, adapters, GPUs."""
+    found = fact(ctx, "settings_prose")
+    return found if isinstance(found, dict) else {}
+
+
 def _gpu_count(ctx: Context) -> int | None:
     include = ctx.cfg.get("include")
     if isinstance(include, str) and ":" in include:  # deepspeed --include localhost:4,5,6,7
@@ -78,7 +85,8 @@ def _gpu_count(ctx: Context) -> int | None:
     prose = fact(ctx, "gpu_prose")  # "A100-80Gx8", "8x H100 80GB"
     if isinstance(prose, dict) and prose.get("count"):
         return int(prose["count"])
-    return None
+    count = said(ctx).get("gpu_count")  # "2x NVIDIA A100", "4 A100 GPUs", "4张A100"
+    return int(count) if count else None
 
 
 def stated_gpu_bytes(ctx: Context) -> int | None:
@@ -87,7 +95,10 @@ def stated_gpu_bytes(ctx: Context) -> int | None:
     if ctx.gpu_bytes:
         return ctx.gpu_bytes
     prose = fact(ctx, "gpu_prose")
-    return int(prose["bytes"]) if isinstance(prose, dict) and prose.get("bytes") else None
+    size = said(ctx).get("gpu_bytes")  # "(40GB each)", "2 16G A4000", "8张T4"
+    if isinstance(prose, dict) and prose.get("bytes") and (prose.get("named") or not size):
+        return int(prose["bytes"])  # a bare size in words yields to one tied to a card
+    return int(size) if size else None
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,8 @@ class StateCount:
     gpus: int | None  # GPUs counted in the paste (None: unknown)
     frozen: float  # bytes per frozen parameter (2; 0.5 / 1 when quantized)
     per_gpu: float  # bytes of model states per GPU (a lower bound when gpus is None)
+    offload_optimizer: bool = False  # optimizer states (and fp32 master) on the CPU
+    offload_param: bool = False  # parameters on the CPU too (ZeRO-3 only)
 
     @property
     def zero3_per_gpu(self) -> float:
@@ -113,28 +126,100 @@ def model_state_count(ctx: Context) -> StateCount | None:
     """The model states per GPU when the paste names the model's size and says full
     fine-tuning or adapters (finetuning_type) or a ZeRO stage; else None (a guess)."""
     found = _model_params(ctx)
+    stated = said(ctx)
+    model = stated.get("model")  # a name a CJK character touches: "lora微调baichuan2-7b"
+    if found is None and isinstance(model, dict):
+        found = (float(model["params"]), str(model["name"]))
     if found is None:
         return None
     params, name = found
     stage = zero_stage(ctx)
-    if not ctx.cfg.get("finetuning_type") and not ctx.cfg.get("deepspeed") and stage is None:
+    if (
+        not ctx.cfg.get("finetuning_type")
+        and not ctx.cfg.get("deepspeed")
+        and stage is None
+        and not stated.get("adapters")
+        and not stated.get("offload_optimizer")
+    ):
         return None  # full fine-tuning vs adapters unknown: the byte count would be a guess
     counted = _gpu_count(ctx)
     # GPU count unknown: the per-GPU bytes as if the shards were spread over many GPUs, a
     # lower bound (exact for what ZeRO leaves replicated)
     spread = counted or float("inf")
     lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
-    if stage is None:
-        stage = 2 if ctx.cfg.get("deepspeed") else 0
+    if not ctx.cfg.get("finetuning_type"):  # the command line's own flag wins over words
+        lora = bool(stated.get("adapters"))  # --use_lora, "QLoRA" said in prose
+    if stage is None:  # DeepSpeed's (and Lightning's DeepSpeedStrategy's) usual stage is 2;
+        # optimizer offload needs a ZeRO stage
+        stage = 2 if ctx.cfg.get("deepspeed") or stated.get("offload_optimizer") else 0
     frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
     bits = ctx.cfg.get("quantization_bit")
     if isinstance(bits, int) and bits in (4, 8):
         frozen = bits / 8
     elif ctx.cfg.get("load_in_4bit") is True:
         frozen = 0.5
+    elif stated.get("quant_bits") in (4, 8):
+        frozen = stated["quant_bits"] / 8
+    offload_opt = bool(stated.get("offload_optimizer") or _cfg_offload(ctx, "offload_optimizer"))
+    offload_param = stage == 3 and bool(
+        stated.get("offload_param") or _cfg_offload(ctx, "offload_param")
+    )
     sharded = spread if stage == 3 else 1
+    if lora and frozen < 2:  # DeepSpeed ZeRO-3 leaves bitsandbytes 4/8-bit weights whole
+        sharded = 1
     bytes_per_param = frozen / sharded if lora else ZERO_BYTES[stage](spread)
-    return StateCount(params, name, stage, lora, counted, frozen, params * bytes_per_param)
+    if offload_opt and not lora:  # fp32 master and moments on the CPU: bf16 weights + grads
+        bytes_per_param = (0 if offload_param else 2 / sharded) + (2 if stage < 2 else 2 / spread)
+    return StateCount(
+        params,
+        name,
+        stage,
+        lora,
+        counted,
+        frozen,
+        params * bytes_per_param,
+        offload_opt,
+        offload_param,
+    )
+
+
+def _cfg_offload(ctx: Context, key: str) -> bool:
+    """An offload block in the config: zero_optimization.offload_optimizer.device cpu/nvme."""
+    device = ctx.cfg.get(f"zero_optimization.{key}.device", ctx.cfg.get(f"{key}.device"))
+    return str(device).lower() in ("cpu", "nvme")
+
+
+def next_state_step(count: StateCount) -> tuple[dict, str, float]:
+    """One step up the ladder from what the paste already uses (ZeRO-2 -> ZeRO-3 -> optimizer
+    offload -> parameter offload -> LoRA): (patch, words, model states per GPU after it)."""
+    p, n = count.params, count.gpus or 1
+    zero: dict = {"stage": 3}
+    if count.lora and count.frozen < 2:  # quantized: ZeRO-3 leaves them whole, FSDP shards
+        return (
+            {"fsdp": "full_shard auto_wrap", "fsdp_config": {"cpu_ram_efficient_loading": True}},
+            f"FSDP + QLoRA over {n} GPU(s) shards the 4-bit weights (ZeRO-3 does not)",
+            p * count.frozen / n,
+        )
+    if count.lora:
+        if count.stage != 3:
+            return (
+                {"zero_optimization": zero},
+                f"ZeRO-3 over {n} GPU(s) shards the frozen weights",
+                p * count.frozen / n,
+            )
+        return ({"load_in_4bit": True}, "4-bit frozen weights (QLoRA)", p * 0.5 / n)
+    if count.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if count.stage != 3:
+        after = p * (4 if count.offload_optimizer else 16) / n
+        return ({"zero_optimization": zero}, f"ZeRO-3 over {n} GPU(s)", after)
+    if not count.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        return ({"zero_optimization": zero}, "ZeRO-3 with optimizer offload to CPU", p * 4 / n)
+    if not count.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+        return ({"zero_optimization": zero}, "ZeRO-3 with parameter offload to CPU too", 0.0)
+    return ({"finetuning_type": "lora"}, "fewer trainable parameters (LoRA)", p * 2 / n)
 
 
 @rule(
@@ -153,15 +238,16 @@ def model_state_count(ctx: Context) -> StateCount | None:
     supersedes=("RK005", "RK087", "RK010"),
 )
 def _states_by_model_size(ctx: Context) -> Match | None:
-    oom = bool(ctx.oom or oom_errors(ctx))
+    oom = bool(ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"))
     count = model_state_count(ctx)
     if count is None:
         return None
     params, name, stage, lora = count.params, count.name, count.stage, count.lora
     counted, gpus, per_gpu = count.gpus, count.gpus or 1, count.per_gpu
     gpu = stated_gpu_bytes(ctx)
+    shard = _state_sized_request(ctx, count)
     if gpu:
-        if not oom or per_gpu < 0.7 * gpu:
+        if not oom or (per_gpu < 0.7 * gpu and not (shard and per_gpu >= 0.4 * gpu)):
             return None
     elif per_gpu < COMMON_GPU_BYTES:
         return None  # no GPU size given: only a count above any common GPU is conclusive
@@ -169,28 +255,72 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         return None  # the real per-GPU share is unknown and the lower bound fits
     z3 = count.zero3_per_gpu
     gpu = gpu or COMMON_GPU_BYTES
-    if z3 < 0.7 * gpu:
+    if said(ctx) and (stage or count.lora or count.offload_optimizer):
+        # settings stated in words: one step up from what the paste already uses
+        patch, words, after = next_state_step(count)
+        if after >= 0.7 * gpu and "offload" not in words and not count.lora:
+            patch["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            words += " with optimizer offload to CPU"
+            after = params * 4 / gpus
+        plan = f"next: {words}, about {gib(after)} of model states per GPU"
+    elif z3 < 0.7 * gpu:
         patch = {"zero_optimization": {"stage": 3}}
         plan = f"ZeRO-3 over {gpus} GPU(s) brings them to {gib(z3)} per GPU"
     else:
         patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
         plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
     kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
+    if count.offload_optimizer and not lora:
+        kind += " and the optimizer offloaded to CPU"
     if not lora and stage == 0:
         kind = "full fine-tuning without ZeRO (DDP replicates everything)"
+    elif lora and count.frozen < 2:
+        kind = f"{count.frozen * 8:.0f}-bit LoRA (quantized frozen weights, whole on every GPU)"
     elif lora and stage != 3:
         kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
     against = f"the {gib(gpu)} GPU" if stated_gpu_bytes(ctx) else f"the {gib(gpu)} of an A100/H100"
+    shard_words = (
+        f" The failed request ({shard}) is itself a shard of the model states." if (shard) else ""
+    )
     return Match(
         0.9 if per_gpu >= gpu else 0.85,  # states alone above capacity: this leads
         f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
-        f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}.",
+        f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}."
+        f"{shard_words}",
         config_patch=patch,
-        fix="Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+        fix=(
+            "Quantized frozen weights do not fit: DeepSpeed ZeRO-3 leaves 4/8-bit weights whole "
+            "on every GPU; FSDP + QLoRA shards them (fsdp full_shard with "
+            "cpu_ram_efficient_loading), else a GPU with more memory; activation recompute "
+            "cannot free model states"
+        )
+        if lora and count.frozen < 2
+        else (
+            "Frozen weights do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
+            "stage 3) or FSDP, or keep them in 4-bit (QLoRA: load_in_4bit); activation "
+            "recompute cannot free model states"
+        )
+        if lora
+        else "Model states do not fit: shard them with DeepSpeed ZeRO-3 (zero_optimization."
         "stage 3) or FSDP, then CPU offload (offload_optimizer / offload_param), a distributed "
         "optimizer, or fewer trainable parameters (LoRA); activation recompute cannot free "
         "model states",
     )
+
+
+def _state_sized_request(ctx: Context, count: StateCount) -> str | None:
+    """The OOM's failed request is one model-state tensor: the parameters times 2 (bf16) or 4
+    (fp32) bytes, whole or split over the GPUs (ZeRO's flat partitions), within 8% (a name's
+    "7B" may be 6.7B)."""
+    req = ctx.oom.requested_bytes if ctx.oom is not None else None
+    if not req or not count.gpus:
+        return None
+    for nbytes, what in ((4, "fp32"), (2, "bf16/fp16")):
+        for parts in {1, count.gpus}:
+            if abs(req - count.params * nbytes / parts) <= 0.08 * req:
+                split = f" / {parts} GPUs" if parts > 1 else ""
+                return f"{gib(req)} = {count.params / 1e9:.1f}B x {nbytes} bytes ({what}){split}"
+    return None
 
 
 # Adam's states as they appear in the frames or pasted source lines of an optimizer step:

@@ -227,4 +227,7 @@ def zero_stage(ctx: Context) -> int | None:
         return stage
     path = str(ctx.cfg.get("deepspeed", "")).lower()
     m = re.search(r"(?:z|zero|stage)_?([0-3])", path)
-    return int(m.group(1)) if m else None
+    if m:
+        return int(m.group(1))
+    said = fact(ctx, "settings_prose")  # "ZeRO stage: 2", "zero2" in prose (settings_prose.py)
+    return said.get("zero_stage") if isinstance(said, dict) else None

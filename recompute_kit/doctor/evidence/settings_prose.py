@@ -1,0 +1,200 @@
+"""Training settings stated in prose and on command lines rather than in a config file: the
+ZeRO stage ("ZeRO stage: 2", "zero2", `ds_z2_config.json`, `--zero_stage 3`), CPU offload
+("with CPU offload", `offload_optimizer=True`, `--adam_offload`), adapters (`--use_lora`,
+`--finetuning_type lora`, "QLoRA", `load_in_4bit`), gradient checkpointing flags, the
+micro-batch and sequence-length flags, and the GPUs ("2x A100 40GB", "4 A100 GPUs (40g
+each)", "4张A100").
+
+`scan_settings(lines)` returns {"settings_prose": {key: value, ..., "lines": [...]}} with only
+the keys found; a setting named in a question or as something to try next ("would you
+recommend switching to ZeRO-3?", "instead of ZeRO-3") or negated ("without LoRA") is not one in
+use.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .signals import MODEL_ASCII_RE
+
+GIB = 2**30
+# a source line, not prose: `if self.cpu_offloading and ...:`
+_CODE_RE = re.compile(r"\bself\.|==|\bdef |\bimport |\breturn\b|^\s*(?:if|for|elif) .*:\s*$")
+
+# A clause that proposes or asks rather than states: the setting in it is not the one in use
+_HYPOTHETICAL_RE = re.compile(
+    r"\b(?:switch(?:ing|ed)? to|instead of|rather than|recommend\w*|should i|shall i|"
+    r"could i|can i|would (?:it|you|i)|try(?:ing)? (?:to use )?(?:using )?|move to|"
+    r"upgrade to|without|w/o|not using|no|not supported|unsupported|disabl\w*)\b[^.,;!\n]{0,50}$",
+    re.I,
+)
+_ZERO_RE = re.compile(
+    r"(?<![A-Za-z])(?:zero|ds_z|deep[\s_-]?speed[\s_-]*(?:zero[\s_-]*)?stage)[\s_-]*(?:stage)?"
+    r"[\s_:=-]*([0-3])(?!\d|\.\d)",
+    re.I | re.A,
+)
+_OFFLOAD_OPT_RE = re.compile(
+    r"\b(?:cpu[\s_-]*offload\w*|offload\w*\s+(?:\w+\s+)?(?:to|on)\s+(?:the\s+)?cpu"
+    r"|offload_optimizer(?:_device)?|optimizer[\s_-]*(?:state\s+)?offload\w*|adam_offload"
+    r"|zero[\s_-]*offload)\b(?:\s*[=:]\s*(true|false|none|cpu|nvme|gpu)\b)?",
+    re.I | re.A,
+)
+_OFFLOAD_PARAM_RE = re.compile(
+    r"\b(?:offload_param(?:eter)?s?(?:_device)?|param(?:eter)?s?[\s_-]*offload\w*)\b"
+    r"(?:\s*[=:]\s*(true|false|none|cpu|nvme|gpu)\b)?",
+    re.I | re.A,
+)
+_ADAPTER_RE = re.compile(
+    r"--use_lora\b|--use_peft\b|--lora_r\b|--lora_rank\b|--finetuning_type[\s=]+q?lora\b"
+    r"|--(?:train_)?type[\s=]+q?lora\b|\bq?lora\b|\bpeft\b|load_in_[48]bit",
+    re.I | re.A,
+)
+_QUANT_RE = re.compile(
+    r"\bqlora\b|load_in_4bit|\b4[\s-]?bit\b|\bnf4\b|--quantization_bit[\s=]+4|--bits[\s=]+4"
+    r"|(?P<eight>load_in_8bit|\b8[\s-]?bit\b|--quantization_bit[\s=]+8|--bits[\s=]+8)",
+    re.I | re.A,
+)
+_CKPT_RE = re.compile(
+    r"--(?:gradient_checkpointing(?:_enable)?|grad_checkpoint\w*|recompute_activations?"
+    r"|use_gradient_checkpointing|activation_checkpointing)\b(?:[\s=]+(\w+))?",
+    re.I | re.A,
+)
+_MICRO_RE = re.compile(
+    r"--(?:per_device_train_batch_size|micro[_-]batch[_-]size|micro_train_batch_size"
+    r"|train_micro_batch_size_per_gpu|per_gpu_train_batch_size|batch_size)[\s=]+(\d+)"
+    r"|\bmicro[\s_-]?batch(?:[\s_-]?size)?\s*(?:[:=]|of|is)?\s*(\d+)\b",
+    re.I | re.A,
+)
+_SEQ_RE = re.compile(
+    r"--(?:max_seq_length|max_seq_len|cutoff_len|seq_length|seq-length|max_length"
+    r"|model_max_length|max_len|max_source_length|block_size)[\s=]+(\d+)",
+    re.I,
+)
+_GPU_NAME = (
+    r"(?:[ABHL]\d{2,3}S?|H20|V100|P100|T4|A\d{4}|A40|(?:RTX\s?)?[2-5]0[6-9]0(?:\s?Ti)?"
+    r"|MI\d{3}X?)"
+)
+# "2× NVIDIA A100", "8 x 3090", "4张A100", "2 16G A4000", "4 A100 GPUs"
+_GPU_COUNT_RE = re.compile(
+    rf"(?<![A-Za-z0-9_.])(\d{{1,2}})\s*(?:[x×*]\s*|张\s*|块\s*|pcs\s+|cards?\s+of\s+)?"
+    rf"(?:NVIDIA\s+|Nvidia\s+|GeForce\s+|Tesla\s+)?(?:\d{{2,3}}\s*G[Bb]?\s+)?{_GPU_NAME}(?![\w])"
+    r"|(?<![A-Za-z0-9_.])(\d{1,2})\s+(?:\w+\s+)?GPUs\b|(?<![A-Za-z0-9_.])(\d{1,2})\s*(?:张|块)(?:卡|显卡|GPU)",
+    re.I,
+)
+# the size on the same line as a GPU: "(40GB each)", "40g each", "16G A4000", "A100 80GB"
+_GPU_SIZE_RE = re.compile(r"(?<![\w.])(\d{2,3})\s*G(?:i?B|b)?(?![\w])", re.I)
+# GPUs sold with one memory size only: the size when the paste names the card alone ("8张T4")
+_ONE_SIZE = {
+    "t4": 16,
+    "a10": 24,
+    "a10g": 24,
+    "l4": 24,
+    "3090": 24,
+    "4090": 24,
+    "a5000": 24,
+    "a6000": 48,
+    "l40": 48,
+    "l40s": 48,
+    "a40": 48,
+    "h100": 80,
+    "h800": 80,
+    "2080ti": 11,
+}
+_CARD_RE = re.compile(
+    r"(?<![A-Za-z0-9])(?:RTX\s?)?(T4|A10G?|L4|L40S?|A40|A[56]000|H[18]00|[34]090|2080\s?Ti)"
+    r"(?![A-Za-z0-9])",
+    re.I,
+)
+_GPU_WORD_RE = re.compile(rf"{_GPU_NAME}|\bGPUs?\b|显卡|\bcards?\b", re.I)
+
+
+def _stated(line: str, start: int) -> bool:
+    """The setting at `start` is stated as in use: not negated, proposed or asked about."""
+    before = line[:start]
+    if _HYPOTHETICAL_RE.search(before):
+        return False
+    clause_end = re.search(r"[.;!\n]", line[start:])
+    clause = line[start : start + clause_end.start()] if clause_end else line[start:]
+    return "?" not in clause
+
+
+def _flag_value(word: str | None) -> bool:
+    return (word or "true").lower() not in ("false", "none", "0", "no", "off")
+
+
+def scan_settings(lines: list[str]) -> dict[str, Any]:
+    """The settings stated in the paste's prose and command lines (see the module doc)."""
+    found: dict[str, Any] = {}
+    quoted: list[str] = []
+
+    def put(key: str, value: Any, line: str) -> None:
+        if key not in found:
+            found[key] = value
+            q = " ".join(line.split())[:200]
+            if q not in quoted and len(quoted) < 8:
+                quoted.append(q)
+
+    for line in lines:
+        if len(line) > 2000 or _CODE_RE.search(line) or line.lstrip()[:1] in "'\"|":
+            # source code, a quoted message string or a table row: not the user's settings
+            continue
+        if "model" not in found and (m := MODEL_ASCII_RE.search(line)):
+            experts, size = m.group(1), m.group(2)
+            params = float(size or m.group(3) or m.group(4) or m.group(5)) * 1e9
+            if 0.1e9 <= params * (int(experts) if experts else 1) <= 2000e9:
+                found["model"] = {
+                    "params": params * (int(experts) if experts else 1),
+                    "name": m.group(0).strip(),
+                }
+        for m in _ZERO_RE.finditer(line):
+            if _stated(line, m.start()):
+                put("zero_stage", int(m.group(1)), line)
+                break
+        for m in _OFFLOAD_OPT_RE.finditer(line):
+            if _stated(line, m.start()):
+                put("offload_optimizer", _flag_value(m.group(1)), line)
+                break
+        for m in _OFFLOAD_PARAM_RE.finditer(line):
+            if _stated(line, m.start()):
+                if _flag_value(m.group(1)):  # a later "offload_parameters=True" wins
+                    found.pop("offload_param", None)
+                put("offload_param", _flag_value(m.group(1)), line)
+        for m in _ADAPTER_RE.finditer(line):
+            if _stated(line, m.start()):
+                put("adapters", True, line)
+                break
+        for m in _QUANT_RE.finditer(line):
+            if _stated(line, m.start()) and (_ADAPTER_RE.search(line) or "load_in" in m.group(0)):
+                put("quant_bits", 8 if m.group("eight") else 4, line)
+                break
+        if m := _CKPT_RE.search(line):
+            put("gradient_checkpointing", _flag_value(m.group(1)), line)
+        if (m := _MICRO_RE.search(line)) and _stated(line, m.start()):
+            put("micro_batch", int(m.group(1) or m.group(2)), line)
+        if m := _SEQ_RE.search(line):
+            put("seq_len", int(m.group(1)), line)
+        if (m := _GPU_COUNT_RE.search(line)) and _stated(line, m.start()):
+            count = int(m.group(1) or m.group(2) or m.group(3))
+            if 1 <= count <= 64:
+                put("gpu_count", count, line)
+        if (
+            _GPU_WORD_RE.search(line)
+            and "gpu_bytes" not in found
+            and not re.search(r"allocate|capacity|free|reserved", line, re.I)
+        ):
+            for m in _GPU_SIZE_RE.finditer(line):
+                size = int(m.group(1))
+                if 8 <= size <= 300 and _stated(line, m.start()):
+                    put("gpu_bytes", size * GIB, line)
+                    break
+    if "gpu_bytes" not in found:
+        for line in lines:
+            if (m := _CARD_RE.search(line)) and _stated(line, m.start()):
+                size = _ONE_SIZE[m.group(1).lower().replace(" ", "")]
+                put("gpu_bytes", size * GIB, line)
+                break
+    if not found:
+        return {}
+    found["lines"] = quoted
+    return {"settings_prose": found}
