@@ -44,6 +44,7 @@ class CaseResult:
     rule: str
     category_ok: bool
     fix_ok: bool
+    in_top3: bool = False  # the expected category among the first three findings
     error: str = ""  # the crash, when the doctor raised
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +96,7 @@ def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
         result.category_ok = top.category == expected
         text = _fix_text(top)
         result.fix_ok = any(str(name).lower() in text for name in case["fix_names"])
+        result.in_top3 = any(f.category == expected for f in diagnosis.findings[:3])
     return result
 
 
@@ -105,12 +107,13 @@ def score(directory: Path) -> list[CaseResult]:
 
 
 def table(results: list[CaseResult]) -> dict[str, Any]:
-    """{split: {category: {n, category_ok, fix_ok, silent}, "all": {...}}}, counts as integers
-    (`silent`: cases on which no rule fired at all)."""
+    """{split: {category: {n, category_ok, fix_ok, in_top3, silent}, "all": {...}}}, counts as
+    integers (`in_top3`: the expected category among the first three findings, which tells a
+    ranking miss from a reading miss; `silent`: cases on which no rule fired at all)."""
     out: dict[str, Any] = {}
     for split in ("dev", "held_out"):
         rows: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"n": 0, "category_ok": 0, "fix_ok": 0, "silent": 0}
+            lambda: {"n": 0, "category_ok": 0, "fix_ok": 0, "in_top3": 0, "silent": 0}
         )
         for r in results:
             if r.split != split:
@@ -119,6 +122,7 @@ def table(results: list[CaseResult]) -> dict[str, Any]:
                 rows[key]["n"] += 1
                 rows[key]["category_ok"] += r.category_ok
                 rows[key]["fix_ok"] += r.fix_ok
+                rows[key]["in_top3"] += r.in_top3
                 rows[key]["silent"] += r.got is None and not r.error
         out[split] = dict(sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])))
     out["crashes"] = [f"{r.id}: {r.error}" for r in results if r.error]
@@ -130,13 +134,15 @@ def format_table(summary: dict[str, Any]) -> str:
     for split in ("dev", "held_out"):
         lines.append(f"{split}:")
         lines.append(
-            f"  {'category':28} {'n':>4} {'top-1':>13} {'fix names it':>13} {'nothing':>8}"
+            f"  {'category':28} {'n':>4} {'top-1':>13} {'fix names it':>13} {'top-3':>13} "
+            f"{'nothing':>8}"
         )
         for category, row in summary[split].items():
             n = row["n"]
             lines.append(
                 f"  {category:28} {n:>4} {row['category_ok']:>4} ({row['category_ok'] / n:4.0%})"
-                f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%}) {row['silent']:>8}"
+                f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%})"
+                f" {row['in_top3']:>4} ({row['in_top3'] / n:4.0%}) {row['silent']:>8}"
             )
     lines.append(f"crashes: {len(summary['crashes'])}")
     lines.extend(f"  {c}" for c in summary["crashes"])
