@@ -159,6 +159,24 @@ _REPORT_RE = re.compile(r"memory \((MB|GB|MiB|GiB)\)\s*\|\s*allocated:\s*(\d+(?:
 _SERIES_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB)\b", re.I)
 
 
+# A vision workload (detection, segmentation, image models): the config keys that set images
+# per batch and image size in detectron2 / mmdetection / YOLO-style trainers, with the value
+# ("SOLVER.IMS_PER_BATCH: 16", "cfg.INPUT.MIN_SIZE_TRAIN = (800,)", "samples_per_gpu=2"),
+# tolerant of a key wrapped with spaces ("IMS_ PER_ Batch: 32")
+_VISION_KEY_RE = re.compile(
+    r"((?:SOLVER\.)?IMS_\s?PER_\s?BATCH|(?:INPUT\.)?M(?:IN|AX)_SIZE_TRAIN|samples_per_gpu"
+    r"|imgs_per_gpu|img_scale|imgsz|img_size|image_size)['\"]?\s*[:=]\s*[(\[]?\s*(\d+)",
+    re.I,
+)
+# the task or model family in words: detectors, segmenters, their frameworks and outputs
+_VISION_WORD_RE = re.compile(
+    r"\b(?:detectron2|mmdet\w*|mmseg\w*|yolo\w*|(?:faster|mask|cascade)[\s_-]?r-?cnn|retinanet"
+    r"|rf-?detr\w*|object detection|detector|(?:instance|semantic|panoptic)[\s_-]segmentation"
+    r"|segmentation|bbox(?:es)?|bounding box(?:es)?|mask iou|train_net\.py)\b",
+    re.I,
+)
+
+
 def scan_signals(lines: list[str]) -> dict[str, Any]:
     """Facts, each present only when found: `frame_code` (["file:line in func", "source
     line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
@@ -176,7 +194,9 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     occupied / used by another process), `training_prose` (lines naming training or
     fine-tuning), `load_fit_prose` (lines saying the model does not fit when loaded),
     `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
-    FSDP / offload or a non-Adam optimizer)."""
+    FSDP / offload or a non-Adam optimizer), `vision_keys` ({key: first value} of images per
+    batch / image size keys of detection and segmentation trainers), `vision_lines` (lines
+    naming such a key or a detection / segmentation task, framework or model family)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -256,6 +276,13 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
+        for m in _VISION_KEY_RE.finditer(line):
+            key = re.sub(r"\s+", "", m.group(1))
+            facts.setdefault("vision_keys", {}).setdefault(key, int(m.group(2)))
+        if len(facts.get("vision_lines", [])) < 4 and (
+            _VISION_KEY_RE.search(line) or _VISION_WORD_RE.search(line)
+        ):
+            facts.setdefault("vision_lines", []).append(_q(line))
     if frames:
         facts["frame_code"] = frames
     return facts

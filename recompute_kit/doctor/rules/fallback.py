@@ -25,7 +25,7 @@ from .model_states import (
     model_state_count,
     stated_gpu_bytes,
 )
-from .registry import fact, gib, more_recompute_patch, oom_errors, rule
+from .registry import fact, gib, more_recompute_patch, oom_errors, oom_where, rule
 
 # Beyond this many tokens per sample, activations can dominate even at batch 1 with
 # checkpointing on (the layer inputs kept alone grow with it).
@@ -166,6 +166,16 @@ SEQ_KEY = {
     "megatron": "seq_length",
     "lightning": "the datamodule's max length",
     "script": "the script's max length / truncation",
+}
+
+
+# The per-device batch under each framework's own name, for a paste that does not set one.
+BATCH_KEY = {
+    "llamafactory": "per_device_train_batch_size",
+    "hf": "per_device_train_batch_size",
+    "megatron": "micro_batch_size",
+    "lightning": "the datamodule's batch_size",
+    "script": "the script's batch_size / per_device_train_batch_size",
 }
 
 
@@ -319,6 +329,15 @@ def _default_activations(ctx: Context) -> Match | None:
     for step in (_batch_step(k), _ckpt_step(ctx, k), _attn_step(k), _seq_step(k)):
         if step is not None:
             steps.append(step)
+    if k.batch is None:  # no batch in the paste: name the framework's key, with no number
+        steps.insert(
+            0,
+            (
+                {},
+                f"halve the per-device batch ({BATCH_KEY[k.framework]}; not set in the "
+                "paste) and double gradient accumulation (the global batch is kept)",
+            ),
+        )
     if not k.seq:  # no cap in the paste: name the framework's, with no number to patch
         steps.append(
             (
@@ -391,4 +410,111 @@ def _default_states(ctx: Context) -> Match | None:
         fix="Model-state memory (optimizer states, gradients, weights), cheapest change first: "
         + _numbered(words)
         + " Activation recompute cannot free model states",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# RK630: a detection / segmentation workload that is too big for the GPU
+# --------------------------------------------------------------------------------------------
+
+_EVAL_WORDS = ("validation", "evaluat", "eval_", "_eval", "metric", "iou", "inference")
+
+
+def _vision_patch(keys: dict[str, int], k: Knobs, detectron: bool) -> tuple[dict[str, Any], str]:
+    """The paste's own images-per-batch key halved, else its image size cut by a quarter,
+    else the trainer's key with no value in the paste."""
+    for key, n in keys.items():
+        if "PER_BATCH" in key.upper() or key.lower().endswith("per_gpu"):
+            if n > 1:
+                return {key: n // 2}, f"{key} {n} -> {n // 2}"
+    if k.batch is not None and k.batch[1] > 1:
+        key, n = k.batch
+        return {key: n // 2}, f"{key} {n} -> {n // 2}"
+    for key, n in keys.items():
+        if "SIZE" in key.upper() or "SCALE" in key.upper():
+            if n >= 64:
+                smaller = n * 3 // 4 // 32 * 32
+                return {key: smaller}, f"{key} {n} -> {smaller} (about half the pixels)"
+    if detectron:
+        return {"SOLVER.IMS_PER_BATCH": "half of the current one"}, (
+            "SOLVER.IMS_PER_BATCH halved (not set in the paste)"
+        )
+    return {"batch_size": "half of the current one"}, "the batch size halved"
+
+
+@rule(
+    "RK630",
+    "A detection / segmentation workload: images per batch x image size exceed the GPU",
+    "genuine_pressure",
+    symptom="An OOM from a vision trainer (detectron2 / mmdetection / YOLO / DETR-style keys "
+    "such as IMS_PER_BATCH, MIN_SIZE_TRAIN, samples_per_gpu, img_scale, or a detection / "
+    "segmentation task in words), with no LLM sequence or adapter knobs",
+    cause="A CNN / detector's memory scales with images per GPU x pixels per image and, for "
+    "detection and segmentation, the instances (boxes, masks) per image; nothing is "
+    "misconfigured, the workload is larger than this GPU. Activation recompute is rarely the "
+    "lever there: the maintainers' answer is fewer or smaller images, or a larger GPU",
+    confirm="Halve the images per batch (or the image size) for one run: the OOM goes",
+    fix="Halve the images per GPU (detectron2 SOLVER.IMS_PER_BATCH, scaling SOLVER.BASE_LR "
+    "with it; mmdet samples_per_gpu; batch_size); smaller images (INPUT.MIN_SIZE_TRAIN / "
+    "MAX_SIZE_TRAIN, img_scale, imgsz); mixed precision (AMP); or a larger GPU",
+    patch={"SOLVER.IMS_PER_BATCH": "half of the current one"},
+    supersedes=("RK087", "RK005", "RK102", "RK170"),
+)
+def _vision_pressure(ctx: Context) -> Match | None:
+    lines = fact(ctx, "vision_lines") or []
+    if not lines:
+        return None
+    oom = ctx.oom
+    if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None
+    if not (oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        return None
+    k = read_knobs(ctx)
+    if k.seq or k.lora is not None or k.zero is not None or k.fsdp or k.framework == "megatron":
+        return None  # an LLM run: the default readings weigh its knobs
+    keys: dict[str, int] = fact(ctx, "vision_keys") or {}
+    text = " ".join(lines).lower()
+    detectron = any("IMS_PER" in key.upper() or "SIZE_TRAIN" in key.upper() for key in keys) or (
+        "detectron" in text or "train_net" in text
+    )
+    patch, first = _vision_patch(keys, k, detectron)
+    steps = [first]
+    if detectron:
+        steps.append(
+            "SOLVER.IMS_PER_BATCH counts the images of all GPUs together and the stock "
+            "configs are written for 8 GPUs: on fewer GPUs scale it (and SOLVER.BASE_LR) down "
+            "in proportion"
+        )
+    steps.append(
+        "smaller images (INPUT.MIN_SIZE_TRAIN / MAX_SIZE_TRAIN, img_scale, imgsz): memory "
+        "grows with the pixels"
+    )
+    steps.append(
+        "images with many instances (boxes, masks) take far more memory than the others: cap "
+        "the instances per image or split such images, as one of them can OOM a run after "
+        "thousands of iterations"
+    )
+    where = f"{oom_where(ctx)} {text}"
+    if any(w in where for w in _EVAL_WORDS):
+        steps.insert(
+            0,
+            "the OOM is in evaluation: compute the metric's tensors (masks x ground truth x "
+            "H x W) in chunks, or on the CPU, and keep fewer predictions per image",
+        )
+    steps.append("mixed precision (AMP / fp16), or a GPU with more memory")
+    said = (
+        f"The failed request is {gib(oom.requested_bytes)} with {gib(oom.free_bytes)} free of "
+        f"{gib(oom.total_bytes)}. "
+        if oom and oom.requested_bytes and oom.total_bytes and oom.free_bytes is not None
+        else ""
+    )
+    keys_said = ", ".join(f"{key} = {n}" for key, n in list(keys.items())[:3])
+    return Match(
+        0.45,
+        f"{said}The paste is a detection / segmentation workload ('{lines[0][:120]}'"
+        + (f"; it sets {keys_said}" if keys_said else "")
+        + f"): its memory is images x pixels x instances, not a sequence. Cheapest change "
+        f"first: {steps[0]}.",
+        config_patch=patch,
+        fix="The workload is larger than this GPU, cheapest change first: " + _numbered(steps),
     )
