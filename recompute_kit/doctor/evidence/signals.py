@@ -177,6 +177,17 @@ _VISION_WORD_RE = re.compile(
 )
 
 
+# Activation checkpointing said to be off or declined in words: "I don't want to use Gradient
+# Checkpoint", "without gradient checkpointing", "gradient checkpointing is disabled / off"
+_CKPT_OFF_RE = re.compile(
+    r"(?:\b(?:don'?t|do not|doesn'?t|not|never|without|w/o|no)\b[^.;:!?\n]{0,30}"
+    r"\b(?:gradient|activation)[\s_-]?checkpoint"
+    r"|\b(?:gradient|activation)[\s_-]?checkpoint\w*\s*(?:is\s+|was\s+)?"
+    r"(?:off|disabled|false)\b)",
+    re.I,
+)
+
+
 def scan_signals(lines: list[str]) -> dict[str, Any]:
     """Facts, each present only when found: `frame_code` (["file:line in func", "source
     line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
@@ -196,7 +207,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
     FSDP / offload or a non-Adam optimizer), `vision_keys` ({key: first value} of images per
     batch / image size keys of detection and segmentation trainers), `vision_lines` (lines
-    naming such a key or a detection / segmentation task, framework or model family)."""
+    naming such a key or a detection / segmentation task, framework or model family),
+    `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -276,6 +288,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
+        if _CKPT_OFF_RE.search(line):
+            facts.setdefault("ckpt_off_prose", []).append(_q(line))
         for m in _VISION_KEY_RE.finditer(line):
             key = re.sub(r"\s+", "", m.group(1))
             facts.setdefault("vision_keys", {}).setdefault(key, int(m.group(2)))

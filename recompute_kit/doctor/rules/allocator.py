@@ -10,6 +10,7 @@ from .registry import (
     EXPANDABLE,
     GIB,
     all_frames,
+    fact,
     gib,
     is_megatron,
     more_recompute_patch,
@@ -501,6 +502,38 @@ def _small_gpu(ctx: Context) -> Match | None:
     if (advice := knob_advice(ctx)) is not None:  # the paste's own batch / sequence knobs
         return Match(0.4, said + advice.says(), advice.patch, advice.fix("RK102"))
     return Match(0.4, said)
+
+
+@rule(
+    "RK631",
+    "A small GPU with activation checkpointing off: checkpointing is the lever left",
+    "activation_memory",
+    symptom="OOM on a GPU of 12 GiB or less where the paste says activation (gradient) "
+    "checkpointing is off, disabled or not wanted",
+    cause="Without checkpointing every layer's activations stay until the backward: on a "
+    "desktop-class GPU they are the term that still has room, whatever the allocator settings",
+    confirm="Turn checkpointing on for one run: the peak falls by a third or more",
+    fix="Turn on gradient checkpointing and keep the effective batch with gradient "
+    "accumulation (batch 1 x N accumulation steps); allocator settings "
+    "(expandable_segments) do not make the activations smaller",
+    patch={"gradient_checkpointing": True, "gradient_accumulation_steps": 2},
+    supersedes=("RK102", "RK087", "RK005", "RK001"),
+)
+def _small_gpu_no_ckpt(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if not oom or not oom.total_bytes or oom.total_bytes > 12 * GIB:
+        return None
+    if oom.free_bytes is not None and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
+        return None
+    said = fact(ctx, "ckpt_off_prose") or []
+    if not said:
+        return None
+    return Match(
+        0.45,
+        f"The GPU has {gib(oom.total_bytes)} and the paste keeps activation checkpointing off "
+        f"('{said[0][:120]}'): every layer's activations stay until the backward, the term "
+        "that still has room on this GPU.",
+    )
 
 
 @rule(

@@ -424,17 +424,15 @@ def _vision_patch(keys: dict[str, int], k: Knobs, detectron: bool) -> tuple[dict
     """The paste's own images-per-batch key halved, else its image size cut by a quarter,
     else the trainer's key with no value in the paste."""
     for key, n in keys.items():
-        if "PER_BATCH" in key.upper() or key.lower().endswith("per_gpu"):
-            if n > 1:
-                return {key: n // 2}, f"{key} {n} -> {n // 2}"
+        if ("PER_BATCH" in key.upper() or key.lower().endswith("per_gpu")) and n > 1:
+            return {key: n // 2}, f"{key} {n} -> {n // 2}"
     if k.batch is not None and k.batch[1] > 1:
         key, n = k.batch
         return {key: n // 2}, f"{key} {n} -> {n // 2}"
     for key, n in keys.items():
-        if "SIZE" in key.upper() or "SCALE" in key.upper():
-            if n >= 64:
-                smaller = n * 3 // 4 // 32 * 32
-                return {key: smaller}, f"{key} {n} -> {smaller} (about half the pixels)"
+        if ("SIZE" in key.upper() or "SCALE" in key.upper()) and n >= 64:
+            smaller = n * 3 // 4 // 32 * 32
+            return {key: smaller}, f"{key} {n} -> {smaller} (about half the pixels)"
     if detectron:
         return {"SOLVER.IMS_PER_BATCH": "half of the current one"}, (
             "SOLVER.IMS_PER_BATCH halved (not set in the paste)"

@@ -14,7 +14,7 @@ from itertools import pairwise
 from typing import Any
 
 from ..types import Context, Match
-from .registry import GIB, fact, gib, is_megatron, oom_errors, patch_for, rule
+from .registry import GIB, all_frames, fact, gib, is_megatron, oom_errors, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # RK260: an exception inside a framework's frames on a recompute / offload / sharding path
@@ -268,10 +268,47 @@ def _square_attention(ctx: Context) -> Match | None:
             f"as a bool mask, {gib(4 * mask_bytes)} per head in fp32{heads}. It grows with "
             "the square of the sequence.",
         )
+    if _uncompiled_flex(ctx, matmul):
+        return Match(
+            0.6,
+            f"The failing line is flex_attention's reference math ('{matmul[0][:140]}'): run "
+            "uncompiled, it builds the whole [batch, heads, seq, seq] score matrix in one "
+            "allocation, the square of the sequence.",
+        )
+    return None  # q @ k^T in model code with no size: eager attention's activations (RK632)
+
+
+def _uncompiled_flex(ctx: Context, matmul: list[str]) -> bool:
+    """The q @ k^T line is flex_attention's eager fallback (torch's math_attention casts the
+    scores to its `working_precision`), or the frames run through flex_attention."""
+    return any("working_precision" in m for m in matmul) or "flex_attention" in all_frames(ctx)
+
+
+@rule(
+    "RK632",
+    "Eager attention computes the full [seq x seq] score matrix: attention activations",
+    "activation_memory",
+    symptom="An OOM (or a question about one) whose pasted code or failing line computes "
+    "q @ k^T in full (eager attention), with no size that exceeds the GPU by itself",
+    cause="Eager attention keeps [batch, heads, seq, seq] scores (and their softmax) per layer "
+    "for the backward: activations that grow with the square of the sequence, which fused "
+    "kernels never store",
+    confirm="Switch the attention to flash / SDPA / compiled flex_attention for one run: the "
+    "peak falls with the sequence length squared",
+    fix="Use a fused attention instead of eager: attn_implementation flash_attention_2 / sdpa, "
+    "or compile flex_attention (torch.compile) with create_block_mask(..., _compile=True); "
+    "else a shorter sequence or micro-batch",
+    patch={"code": FLEX_FIX},
+    supersedes=("RK004", "RK005", "RK087", "RK102"),
+)
+def _eager_scores(ctx: Context) -> Match | None:
+    matmul = fact(ctx, "score_matmul") or []
+    if not matmul or fact(ctx, "square_dims") or _uncompiled_flex(ctx, matmul):
+        return None
     return Match(
         0.6,
-        f"The failing line computes the full score matrix ('{matmul[0][:140]}'): "
-        "[batch, heads, seq, seq] in one allocation, the square of the sequence.",
+        f"The failing line computes the full score matrix ('{matmul[0][:140]}'): eager "
+        "attention keeps [batch, heads, seq, seq] scores per layer, the square of the sequence.",
     )
 
 
