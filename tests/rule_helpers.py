@@ -469,6 +469,23 @@ SOURCES.update(
     }
 )
 
+# the boundary between genuine pressure (a vision workload too big for the GPU) and activation
+# memory (checkpointing declined, eager attention scores): tests/test_rules_pressure.py; the
+# dev corpus cases' pastes, verbatim
+SOURCES.update(
+    {
+        "r6p-detectron2-433-instances": "https://github.com/facebookresearch/detectron2/issues/433",
+        "r6p-yolof-14-ims-per-batch": "https://github.com/chensnathan/YOLOF/issues/14",
+        "r6p-rfdetr-1084-validation-mask-iou": "https://github.com/roboflow/rf-detr/issues/1084",
+        "r6p-lora-easy-178-8gb-no-ckpt": (
+            "https://github.com/derrian-distro/LoRA_Easy_Training_Scripts/issues/178"
+        ),
+        "r6p-unsloth-3363-eager-scores": "https://github.com/unslothai/unsloth/issues/3363",
+        "r6p-unsloth-1418-batch": "https://github.com/unslothai/unsloth/issues/1418",
+        "r6p-pt-133206-flex-uncompiled": "https://github.com/pytorch/pytorch/issues/133206",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 
