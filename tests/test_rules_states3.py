@@ -3,9 +3,10 @@ on GPU 0), on verbatim real pastes (sources in rule_helpers.SOURCES)."""
 
 from __future__ import annotations
 
-from rule_helpers import ids, run, text, top
+from rule_helpers import covers, ids, run, text, top
 
 
+@covers("RK640")
 def test_r6s_ppo_four_models_colocated_by_torchrun():
     # https://github.com/OpenRLHF/OpenRLHF/issues/277: PPO of a 13B model with torchrun on 4
     # GPUs, ZeRO-2; the maintainer: "use Ray: train_ppo_ray.py"
@@ -38,6 +39,7 @@ def test_r6s_ppo_small_model_fits():
     assert "RK640" not in ids(run(prose, config=cmd, config_name="run.sh"))
 
 
+@covers("RK645")
 def test_r6s_ranks_context_on_device0():
     # https://github.com/pytorch/pytorch/issues/135279: "Each non-0 rank is occupying ~ 1GB
     # memory on GPU 0." with torch.cuda.set_device commented out

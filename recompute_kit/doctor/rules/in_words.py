@@ -153,7 +153,8 @@ def _rlhf_models_per_gpu(ctx: Context) -> Match | None:
     )
     if len(roles) < 2:
         return None
-    if run["ray"] and not run["colocate"]:
+    own_gpus = any(f"{r}_num_gpus_per_node" in ctx.cfg for r in ("critic", "ref", "reward"))
+    if (run["ray"] or own_gpus) and not any("all" in c for c in run["colocate"]):
         return None  # the Ray launcher places each model on GPUs of its own
     counted, stage = _gpu_count(ctx), zero_stage(ctx)
     oom = bool(ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"))
