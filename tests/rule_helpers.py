@@ -486,6 +486,15 @@ SOURCES.update(
     }
 )
 
+# several models of an RLHF run per GPU; ranks on GPU 0: tests/test_rules_states3.py
+SOURCES.update(
+    {
+        "r6s-openrlhf277-ppo13b-prose": "https://github.com/OpenRLHF/OpenRLHF/issues/277",
+        "r6s-openrlhf277-ppo13b-cmd": "https://github.com/OpenRLHF/OpenRLHF/issues/277",
+        "r6s-pt135279-ranks-device0": "https://github.com/pytorch/pytorch/issues/135279",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

@@ -26,9 +26,26 @@ _CODE_RE = re.compile(r"\bself\.|==|\bdef |\bimport |\breturn\b|^\s*(?:if|for|el
 _HYPOTHETICAL_RE = re.compile(
     r"\b(?:switch(?:ing|ed)? to|instead of|rather than|recommend\w*|should i|shall i|"
     r"could i|can i|would (?:it|you|i)|try(?:ing)? (?:to use )?(?:using )?|move to|"
-    r"upgrade to|without|w/o|not using|no|not supported|unsupported|disabl\w*)\b[^.,;!\n]{0,50}$",
+    r"upgrade to|without|w/o|not using|no|not supported|unsupported|disabl\w*)\b[^.,;!\n]{0,50}$"
+    # Chinese "cannot use" / "not supported" / "instead of": 用不了 / 不能用 / 无法使用 / 不支持
+    r"|(?:用不了|不能用|无法使用|没法用|不支持|而不是)[^.,;!\n，。；]{0,50}$",
     re.I,
 )
+# An adapter merged into the weights is a plain model now: "lora合并的模型", "merged LoRA"
+_MERGED_RE = re.compile(r"合并|merged?\b", re.I)
+# RLHF / preference training: the algorithm (script or trainer names it) and the models it
+# holds: PPO trains an actor and a critic next to a frozen reference and reward model
+_RLHF_RE = re.compile(
+    r"train_(ppo|grpo|dpo|rloo|remax|kto|reinforce)\w*|\b(ppo|grpo|dpo|rloo|kto)(?:_?trainer)?\b"
+    r"|\b(rlhf)\b",
+    re.I,
+)
+_ROLE_RE = re.compile(
+    r"(?<![A-Za-z])(actor|critic|value[_ ]model|ref(?:erence)?(?:[_ ]model)?|reward(?:[_ ]model)?)"
+    r"(?![a-z])",
+    re.I,
+)
+_COLOCATE_RE = re.compile(r"--colocate_(\w+)|\bcolocate[_ ]?(all|actor_ref|critic_reward)", re.I)
 _ZERO_RE = re.compile(
     r"(?<![A-Za-z])(?:zero|ds_z|deep[\s_-]?speed[\s_-]*(?:zero[\s_-]*)?stage)[\s_-]*(?:stage)?"
     r"[\s_:=-]*([0-3])(?!\d|\.\d)",
@@ -161,7 +178,7 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                     found.pop("offload_param", None)
                 put("offload_param", _flag_value(m.group(1)), line)
         for m in _ADAPTER_RE.finditer(line):
-            if _stated(line, m.start()):
+            if _stated(line, m.start()) and not _MERGED_RE.search(line[m.start() : m.end() + 12]):
                 put("adapters", True, line)
                 break
         for m in _QUANT_RE.finditer(line):
@@ -188,6 +205,10 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                 if 8 <= size <= 300 and _stated(line, m.start()):
                     put("gpu_bytes", size * GIB, line)
                     break
+    if rlhf := _rlhf(lines):
+        found["rlhf"] = rlhf
+    if device0 := _device0(lines):
+        found["device0"] = device0
     if "gpu_bytes" not in found:
         for line in lines:
             if (m := _CARD_RE.search(line)) and _stated(line, m.start()):
@@ -198,3 +219,60 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
         return {}
     found["lines"] = quoted
     return {"settings_prose": found}
+
+
+def _rlhf(lines: list[str]) -> dict[str, Any] | None:
+    """An RLHF / preference-training run: {"algo": "ppo" | "grpo" | "dpo" | ... | "rlhf",
+    "roles": the model roles named (actor, critic, ref, reward), "colocate": the colocation
+    flags, "ray": launched through a Ray script (models placed on GPUs of their own)}."""
+    algo, roles, colocate, ray = None, set(), [], False
+    for line in lines:
+        if len(line) > 2000:
+            continue
+        for m in _RLHF_RE.finditer(line):
+            algo = algo or (m.group(1) or m.group(2) or m.group(3)).lower()
+            if m.group(1) and "_ray" in line[m.start() : m.end() + 8].lower():
+                ray = True
+        for m in _ROLE_RE.finditer(line):
+            word = m.group(1).lower()
+            roles.add(
+                "critic"
+                if word.startswith(("critic", "value"))
+                else "ref"
+                if word.startswith("ref")
+                else word.split("_")[0].split()[0]
+            )
+        colocate += [(m.group(1) or m.group(2)).lower() for m in _COLOCATE_RE.finditer(line)]
+    if algo is None and len(roles) < 2:
+        return None
+    return {"algo": algo or "rlhf", "roles": sorted(roles), "colocate": colocate, "ray": ray}
+
+
+# Ranks other than 0 holding memory on GPU 0: "Each non-0 rank is occupying ~1GB memory on GPU
+# 0", "every process creates a context on cuda:0", "all ranks allocate memory on device 0"
+_DEVICE0_RE = re.compile(
+    r"\b(?:non-?0|non-?zero|other|every|each|all)\b[^.\n]{0,30}\b(?:ranks?|process(?:es)?|workers?)"
+    r"\b[^.\n]{0,60}\b(?:GPU\s*(?:#|:)?\s*0|cuda:0|device\s*(?:id\s*)?0|rank\s*0'?s\s+GPU)\b",
+    re.I,
+)
+
+
+def _device0(lines: list[str]) -> dict[str, Any] | None:
+    """Ranks that touch GPU 0 before (or without) selecting their own: said in words, or a
+    process group initialised with torch.cuda.set_device missing or commented out.
+    {"said": the line or None, "set_device": "missing" | "commented" | "called" | None}."""
+    said, init, set_device = None, False, None
+    for line in lines:
+        if said is None and len(line) < 400 and _DEVICE0_RE.search(line):
+            said = " ".join(line.split())[:200]
+        if "init_process_group" in line:
+            init = True
+        if "set_device" in line:
+            called = line.split("#", 1)[0]
+            state = "called" if "set_device" in called else "commented"
+            set_device = "called" if "called" in (state, set_device) else state
+    if init and set_device is None:
+        set_device = "missing"
+    if said is None and set_device not in ("missing", "commented"):
+        return None
+    return {"said": said, "set_device": set_device if init else None}

@@ -6,7 +6,7 @@ processes itself: rules/allocator.py (RK002) reads that.
 from __future__ import annotations
 
 from ..types import GIB, Context, Match
-from .registry import gib, oom_errors, rule
+from .registry import fact, gib, oom_errors, rule
 
 
 @rule(
@@ -91,3 +91,51 @@ def _smi_processes(ctx: Context) -> Match | None:
                 config_patch={"env": {"CUDA_VISIBLE_DEVICES": "<this job's GPU only>"}},
             )
     return None
+
+
+@rule(
+    "RK645",
+    "Every rank creates a CUDA context on GPU 0",
+    "other_processes",
+    symptom="The paste says the other ranks (non-0 ranks, every process) occupy memory on GPU 0, "
+    "next to a process group whose ranks never call torch.cuda.set_device (missing or "
+    "commented out)",
+    cause="A rank that has not selected its device uses the current device, GPU 0: "
+    "init_process_group / NCCL or the first CUDA call creates a CUDA context (~0.5-1 GB) and "
+    "communicator buffers there, so GPU 0 carries one per rank and runs out first",
+    confirm="nvidia-smi: N-1 small processes on GPU 0 besides rank 0's own",
+    fix="torch.cuda.set_device(local_rank) before init_process_group and any CUDA call, or "
+    "launch each rank with CUDA_VISIBLE_DEVICES=<its GPU> so GPU 0 is not visible to it",
+    patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
+    supersedes=("RK087", "RK089", "RK170", "RK005"),
+)
+def _ranks_on_device0(ctx: Context) -> Match | None:
+    found = None
+    for source in ("log", "config"):
+        said = fact(ctx, "settings_prose", source)
+        if isinstance(said, dict) and isinstance(said.get("device0"), dict):
+            found = said["device0"]
+            break
+    if found is None:
+        return None
+    line, set_device = found.get("said"), found.get("set_device")
+    if not line and not (set_device in ("missing", "commented") and (ctx.oom or oom_errors(ctx))):
+        return None  # the code pattern alone, with nothing on GPU 0 said or failing
+    code = {
+        "missing": "the pasted code initialises the process group without torch.cuda.set_device",
+        "commented": "the pasted code has torch.cuda.set_device commented out",
+        "called": "the pasted code calls torch.cuda.set_device: check it runs before the "
+        "first CUDA call (init_process_group, a tensor, a model .cuda())",
+    }.get(set_device, "")
+    words = f"The paste says: '{line}'" if line else "An OOM on a GPU the ranks share"
+    return Match(
+        0.85 if line and set_device in ("missing", "commented") else 0.75,
+        f"{words}; {code or 'no device selection is shown'}: every rank that has not selected "
+        "its GPU creates its CUDA context (and NCCL buffers) on GPU 0.",
+        fix="Call torch.cuda.set_device(local_rank) before init_process_group and any CUDA "
+        "work, or give each rank only its GPU with CUDA_VISIBLE_DEVICES=<its GPU>",
+        config_patch={
+            "code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
+            "env": {"CUDA_VISIBLE_DEVICES": "<this rank's GPU only>"},
+        },
+    )
