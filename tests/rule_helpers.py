@@ -469,6 +469,14 @@ SOURCES.update(
     }
 )
 
+# user-input rejections told from library bugs (RK650, RK420): tests/test_rules_api3.py
+SOURCES.update(
+    {
+        "r6a-pt152752-ckpt-seq-segments": "https://github.com/pytorch/pytorch/issues/152752",
+        "r6a-fairseq1191-max-tokens": "https://github.com/facebookresearch/fairseq/issues/1191",
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

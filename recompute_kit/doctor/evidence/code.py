@@ -257,6 +257,10 @@ def _is_notice(line: str, lower: str) -> bool:
     )
 
 
+# A keyword argument on its own line of a call (PEP 8: no spaces around "="), "segments=4,".
+_KWARG_RE = re.compile(r"^([a-z_]\w*)=(?!=)(\S.*?),?\s*\)?$")
+
+
 def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
 
@@ -287,7 +291,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
     torch.load), `load_prose` (prose placing the failure at a line it runs or at the load),
     `worked_release` ((library, version, line): prose naming the release that worked),
-    `combined_prose` (prose: features that work one at a time fail together)."""
+    `combined_prose` (prose: features that work one at a time fail together), `kwarg_lines`
+    (code lines passing one keyword argument of a call, "segments=len(functions) + 1,")."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -313,6 +318,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 add("checkpointing_off", line)
             if _CALL_RE.search(line) and _is_code(line) and "File " not in line:
                 add("checkpoint_call", line)
+        kw = _KWARG_RE.match(line.strip())
+        if kw and _is_code(line):
+            add("kwarg_lines", line)
         if ".eval(" in line or ".train(" in line:
             if _EVAL_RE.search(line):
                 add("eval", line)

@@ -1,0 +1,48 @@
+"""A library rejecting the caller's input (RK650) told from a library bug (RK420's default
+reading): a ValueError / AssertionError raised right at the call, with a message about a limit
+the argument breaks. Verbatim real pastes (the dev corpus cases' artefacts), URLs quoted."""
+
+from __future__ import annotations
+
+from rule_helpers import covers, ids, run, text, top
+
+
+@covers("RK650")
+def test_r6a_rk650_checkpoint_sequential_segments_over_functions():
+    # https://github.com/pytorch/pytorch/issues/152752: "When incorrectly specifying segments
+    # to be greater than number of functions, the error message is not clear"
+    f = top(run(text("r6a-pt152752-ckpt-seq-segments")))
+    assert f.rule == "RK650" and f.category == "invalid_config"
+    assert f.config_patch == {"segments": "len(functions)"}
+    assert "checkpoint_sequential" in f.evidence
+
+
+@covers("RK650")
+def test_r6a_rk650_sample_over_max_tokens_limit():
+    # https://github.com/facebookresearch/fairseq/issues/1191: "it means that sentence is too
+    # long ... cut the sentence, increase max tokens, or skip it" (huihuifan); the paste's
+    # "otherwise it gives CUDA oom error" is no OOM to read
+    f = top(run(text("r6a-fairseq1191-max-tokens")))
+    assert f.rule == "RK650" and f.category == "invalid_config"
+    assert "--max-tokens" in f.config_patch["command"] and "max_tokens" in f.config_patch
+    assert "skip" in f.fix
+
+
+def test_r6a_rk650_mutations():
+    # a library's own broken invariant, raised deep inside it, or in the script's own frames is
+    # no rejected input: RK650 stays out and RK420's default reading (a bug) answers
+    base = text("r6a-pt152752-ckpt-seq-segments")
+    internal = base.replace("must not be zero", "INTERNAL ASSERT FAILED at checkpoint.cpp")
+    assert "RK650" not in ids(run(internal))
+    deep = base.replace(
+        "\nValueError:",
+        '\n  File "/x/site-packages/torch/utils/_helpers.py", line 9, in split\n'
+        "    raise ValueError\nValueError:",
+    )
+    assert "RK650" not in ids(run(deep)) and top(run(deep)).rule == "RK420"
+    own = base.replace("site-packages/torch/utils/checkpoint.py", "myproj/ckpt_utils.py")
+    assert "RK650" not in ids(run(own))
+    worded = text("r6a-fairseq1191-max-tokens").replace("exceeds max_tokens limit", "is broken")
+    assert "RK650" not in ids(run(worded))
+    keyed = text("r6a-fairseq1191-max-tokens").replace("AssertionError", "KeyError")
+    assert "RK650" not in ids(run(keyed))
