@@ -474,6 +474,7 @@ SOURCES.update(
     {
         "r6a-pt152752-ckpt-seq-segments": "https://github.com/pytorch/pytorch/issues/152752",
         "r6a-fairseq1191-max-tokens": "https://github.com/facebookresearch/fairseq/issues/1191",
+        "r6a-pt7617-ckpt-inputs-no-grad": "https://github.com/pytorch/pytorch/issues/7617",
     }
 )
 

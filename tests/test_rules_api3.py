@@ -46,3 +46,30 @@ def test_r6a_rk650_mutations():
     assert "RK650" not in ids(run(worded))
     keyed = text("r6a-fairseq1191-max-tokens").replace("AssertionError", "KeyError")
     assert "RK650" not in ids(run(keyed))
+
+
+@covers("RK651")
+def test_r6a_rk651_reentrant_checkpoint_inputs_without_requires_grad():
+    # https://github.com/pytorch/pytorch/issues/7617: "if the all the inputs have requires_grad
+    # to be False, the output will also checkpoint(...) will also have requires_grad to be
+    # False" (ruotianluo; the checkpoint author states the same limit in #6884)
+    f = top(run(text("r6a-pt7617-ckpt-inputs-no-grad")))
+    assert f.rule == "RK651" and f.category == "checkpoint_api_misuse"
+    assert f.config_patch == {"use_reentrant": False}
+    assert "x = torch.randn(10,4)" in f.evidence and "requires_grad_()" in f.fix
+
+
+def test_r6a_rk651_mutations():
+    base = text("r6a-pt7617-ckpt-inputs-no-grad")
+    # the input requires grad, the call is non-reentrant, or nothing looks at the gradient
+    assert "RK651" not in ids(
+        run(base.replace("torch.randn(10,4)", "torch.randn(10,4, requires_grad=True)"))
+    )
+    assert "RK651" not in ids(run(base.replace("m(_), x)", "m(_), x, use_reentrant=False)")))
+    assert "RK651" not in ids(run(base.replace(".requires_grad)", ".shape)")))
+    # a traceback in the paste: the failure is what to read, not this
+    failing = (
+        base
+        + "\nTraceback (most recent call last):\nRuntimeError: CUDA error: device-side assert\n"
+    )
+    assert "RK651" not in ids(run(failing))

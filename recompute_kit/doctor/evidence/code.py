@@ -260,6 +260,15 @@ def _is_notice(line: str, lower: str) -> bool:
 # A keyword argument on its own line of a call (PEP 8: no spaces around "="), "segments=4,".
 _KWARG_RE = re.compile(r"^([a-z_]\w*)=(?!=)(\S.*?),?\s*\)?$")
 
+# A tensor built outside autograd and bound to a name: "x = torch.randn(10, 4)" (no
+# requires_grad=True on the line).
+_PLAIN_INPUT_RE = re.compile(
+    r"^([A-Za-z_]\w*)\s*=\s*torch\.(?:randn|rand|zeros|ones|empty|full|tensor|arange|randint)"
+    r"(?:_like)?\("
+)
+# Code that looks at a result's gradient state: "print(z.requires_grad)", "w.grad is None".
+_GRAD_PROBE_RE = re.compile(r"\w\.(?:requires_grad|grad|grad_fn)\b(?!\s*=[^=])(?!_)")
+
 
 def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
@@ -292,7 +301,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     torch.load), `load_prose` (prose placing the failure at a line it runs or at the load),
     `worked_release` ((library, version, line): prose naming the release that worked),
     `combined_prose` (prose: features that work one at a time fail together), `kwarg_lines`
-    (code lines passing one keyword argument of a call, "segments=len(functions) + 1,")."""
+    (code lines passing one keyword argument of a call, "segments=len(functions) + 1,"),
+    `plain_inputs` (code binding a tensor built without requires_grad, "x = torch.randn(4)"),
+    `grad_probe` (code looking at a gradient state, "print(z.requires_grad)")."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -321,6 +332,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
         kw = _KWARG_RE.match(line.strip())
         if kw and _is_code(line):
             add("kwarg_lines", line)
+        if _is_code(line) and "requires_grad" not in line:
+            plain = _PLAIN_INPUT_RE.match(line.strip())
+            if plain:
+                add("plain_inputs", line)
+        if _GRAD_PROBE_RE.search(line) and _is_code(line) and "File " not in line:
+            add("grad_probe", line)
         if ".eval(" in line or ".train(" in line:
             if _EVAL_RE.search(line):
                 add("eval", line)
