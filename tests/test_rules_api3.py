@@ -73,3 +73,28 @@ def test_r6a_rk651_mutations():
         + "\nTraceback (most recent call last):\nRuntimeError: CUDA error: device-side assert\n"
     )
     assert "RK651" not in ids(run(failing))
+
+
+@covers("RK652")
+def test_r6a_rk652_trainer_resets_model_gc_kwargs():
+    # https://github.com/huggingface/transformers/issues/26221: pacman100: "You were correctly
+    # setting model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) but the
+    # Trainer was resetting it because of trainingArgument gradient_checkpointing". The paste
+    # is the reporter's diff: its old version ("-" and unmarked lines) is what failed.
+    d = run(text("r6a-hf26221-trainer-resets-gc-kwargs"))
+    f = top(d)
+    assert f.rule == "RK652" and f.category == "checkpoint_api_misuse"
+    assert f.config_patch == {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    assert "gradient_checkpointing=cp_enabled" in f.evidence
+
+
+def test_r6a_rk652_mutations():
+    base = text("r6a-hf26221-trainer-resets-gc-kwargs")
+    # the trainer gets the kwargs too (the diff applied: "+" lines kept), or checkpointing is
+    # off in the trainer's arguments: nothing is overridden
+    applied = base.replace("\n+", "\n ").replace("\n-", "\n#")
+    assert "RK652" not in ids(run(applied))
+    off = base.replace("gradient_checkpointing=cp_enabled,", "gradient_checkpointing=False,")
+    assert "RK652" not in ids(run(off))
+    no_kwargs = base.replace("gradient_checkpointing_enable(gradient_checkpointing_kwargs=", "x(")
+    assert "RK652" not in ids(run(no_kwargs))

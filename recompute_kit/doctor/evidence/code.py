@@ -303,7 +303,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `combined_prose` (prose: features that work one at a time fail together), `kwarg_lines`
     (code lines passing one keyword argument of a call, "segments=len(functions) + 1,"),
     `plain_inputs` (code binding a tensor built without requires_grad, "x = torch.randn(4)"),
-    `grad_probe` (code looking at a gradient state, "print(z.requires_grad)")."""
+    `grad_probe` (code looking at a gradient state, "print(z.requires_grad)"),
+    `trainer_resets_gc` ([enable call, trainer argument]: kwargs the trainer overrides)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -477,7 +478,42 @@ def scan_snippets(text: str) -> dict[str, Any]:
     ac = _ac_loss_table(lines)
     if ac:
         facts["ac_loss"] = ac
+    reset = _trainer_resets_gc(lines)
+    if reset:
+        facts["trainer_resets_gc"] = reset
     return facts
+
+
+_GC_ENABLE_KWARGS_RE = re.compile(
+    r"gradient_checkpointing_enable\(\s*gradient_checkpointing_kwargs"
+)
+_GC_ARG_RE = re.compile(r"\bgradient_checkpointing\s*=\s*(?!False\b)(?!None\b)\w")
+_GC_KWARGS_ARG_RE = re.compile(r"\bgradient_checkpointing_kwargs\s*=")
+
+
+def _trainer_resets_gc(lines: list[str]) -> list[str] | None:
+    """[the model's enable call with kwargs, the trainer's argument] when code enables
+    checkpointing on the model with gradient_checkpointing_kwargs and also hands the trainer
+    gradient_checkpointing=<on> without gradient_checkpointing_kwargs: the trainer enables it
+    again with its own (default) kwargs. A pasted diff is read as its old version (the
+    "-" and unmarked lines; "+" lines are the change)."""
+    enable = arg = None
+    trainer_kwargs = False
+    for line in lines:
+        s = line.strip()
+        if s.startswith("+") and not s.startswith("++"):
+            continue
+        if s.startswith("-") and not s.startswith("--"):
+            s = s[1:].strip()
+        if _GC_ENABLE_KWARGS_RE.search(s):
+            enable = enable or s
+        elif _GC_ARG_RE.search(s):
+            arg = arg or s
+        elif _GC_KWARGS_ARG_RE.search(s) and "{" not in s.split("=", 1)[0]:
+            trainer_kwargs = True
+    if enable and arg and not trainer_kwargs:
+        return [_quote(enable), _quote(arg)]
+    return None
 
 
 def _json_sections(lines: list[str]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 
 from ...config import RECOMPUTE_MODULES
@@ -508,4 +509,54 @@ def _inputs_need_no_grad(ctx: Context) -> Match | None:
         config_patch={"use_reentrant": False},
         fix=f"Pass use_reentrant=False to the checkpoint call, or {name}.requires_grad_() "
         "before it (an input that requires grad ties the output to the graph)",
+    )
+
+
+def _enable_kwargs(line: str) -> dict:
+    """The gradient_checkpointing_kwargs dict a pasted enable call passes, {} if unreadable."""
+    m = re.search(r"gradient_checkpointing_kwargs\s*=\s*(\{[^{}]*\})", line)
+    if not m:
+        return {}
+    try:
+        value = ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+@rule(
+    "RK652",
+    "The trainer re-enables checkpointing and drops the model's gradient_checkpointing_kwargs",
+    "checkpoint_api_misuse",
+    symptom="Code enables checkpointing on the model with gradient_checkpointing_kwargs "
+    "(use_reentrant=False) and also passes gradient_checkpointing=True (or a variable) to the "
+    "trainer's arguments without gradient_checkpointing_kwargs",
+    cause="The Hugging Face Trainer calls model.gradient_checkpointing_enable() itself when "
+    "gradient_checkpointing is on, with its own gradient_checkpointing_kwargs (None: the "
+    "reentrant default), overriding the kwargs set on the model: the run uses the reentrant "
+    "checkpoint, whose blocks with inputs that need no gradient (LoRA on a frozen base) give "
+    "none, and the memory differs from what the kwargs meant",
+    confirm="Print model.model.layers[0]._gradient_checkpointing_func (or the warning about "
+    "use_reentrant) after trainer creation; set the kwargs on the trainer and compare",
+    fix="Pass gradient_checkpointing_kwargs to the trainer's arguments "
+    "(TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs="
+    "{'use_reentrant': False})) instead of (or as well as) on the model",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+)
+def _trainer_resets_kwargs(ctx: Context) -> Match | None:
+    found = fact(ctx, "trainer_resets_gc", "log")
+    if not found:
+        return None
+    enable, arg = found[0], found[1]
+    kwargs = _enable_kwargs(enable) or {"use_reentrant": False}
+    return Match(
+        0.75,
+        f"The code enables checkpointing on the model with kwargs ('{enable[:110]}') and "
+        f"also hands the trainer '{arg[:60]}' without gradient_checkpointing_kwargs: the "
+        "trainer enables it again with its default kwargs, so the model's are overridden "
+        f"(use_reentrant back to the reentrant default).",
+        config_patch={"gradient_checkpointing_kwargs": kwargs},
+        fix="Pass gradient_checkpointing_kwargs="
+        f"{kwargs} in the trainer's arguments next to gradient_checkpointing (the trainer's "
+        "enable call is the one that counts)",
     )
