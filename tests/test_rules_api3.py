@@ -98,3 +98,16 @@ def test_r6a_rk652_mutations():
     assert "RK652" not in ids(run(off))
     no_kwargs = base.replace("gradient_checkpointing_enable(gradient_checkpointing_kwargs=", "x(")
     assert "RK652" not in ids(run(no_kwargs))
+
+
+def test_r6a_rk650_rejections_pasted_without_their_exception_head():
+    # the same pastes with "ValueError: " / "AssertionError: " cut: the call's frames, or the
+    # assert line followed by the message it prints, still say the input was rejected
+    seq = text("r6a-pt152752-ckpt-seq-segments").replace("ValueError: ", "")
+    assert top(run(seq)).rule == "RK650"
+    fairseq = text("r6a-fairseq1191-max-tokens").replace("AssertionError: ", "")
+    f = top(run(fairseq))
+    assert f.rule == "RK650" and f.category == "invalid_config"
+    # an assert whose message is not the line after it is no failure
+    other = fairseq.replace("sentence at index 25683144 exceeds", "a line of prose about")
+    assert "RK650" not in ids(run(other))

@@ -269,6 +269,31 @@ _PLAIN_INPUT_RE = re.compile(
 # Code that looks at a result's gradient state: "print(z.requires_grad)", "w.grad is None".
 _GRAD_PROBE_RE = re.compile(r"\w\.(?:requires_grad|grad|grad_fn)\b(?!\s*=[^=])(?!_)")
 
+_ASSERT_MSG_RE = re.compile(r"""^\s*assert\s+.+?,\s*f?(["'])(.+)\1\s*\)?\s*$""")
+
+
+def _assert_then_message(line: str, after: list[str]) -> list[str] | None:
+    """[the assert line, its message] when a pasted `assert cond, "message"` (an f-string's
+    fields read as anything) is followed by the message it prints: the AssertionError pasted
+    without its "AssertionError: " head."""
+    m = _ASSERT_MSG_RE.match(line)
+    if not m:
+        return None
+    parts = re.split(r"\{[^{}]*\}", m.group(2))
+    if sum(len(p.strip()) for p in parts) < 12:
+        return None
+    template = re.compile(
+        r"^(?:AssertionError:\s*)?" + ".+?".join(re.escape(p) for p in parts) + r"\s*$"
+    )
+    for nxt in after:
+        if nxt.strip() and template.match(nxt.strip()):
+            msg = nxt.strip()
+            return [
+                line.strip(),
+                msg.split(":", 1)[1].strip() if msg.startswith("AssertionError:") else msg,
+            ]
+    return None
+
 
 def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
@@ -304,7 +329,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     (code lines passing one keyword argument of a call, "segments=len(functions) + 1,"),
     `plain_inputs` (code binding a tensor built without requires_grad, "x = torch.randn(4)"),
     `grad_probe` (code looking at a gradient state, "print(z.requires_grad)"),
-    `trainer_resets_gc` ([enable call, trainer argument]: kwargs the trainer overrides)."""
+    `trainer_resets_gc` ([enable call, trainer argument]: kwargs the trainer overrides),
+    `assert_failed` ([assert line, the message it printed]: an AssertionError without head)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -388,6 +414,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     facts.setdefault("dropout", {})[key] = number
         if "assert" in line and (m := _ASSERT_RE.match(line)) and "checkpoint" in lower:
             add("asserts", m.group(1).strip())
+        if line.lstrip().startswith("assert ") and "assert_failed" not in facts:
+            failed = _assert_then_message(line, lines[i + 1 : i + 3])
+            if failed:
+                facts["assert_failed"] = failed
         if "find_unused_parameters" in line and _FIND_UNUSED_RE.search(line):
             facts["find_unused_parameters"] = True
         if "checkpoint" in lower and (m := _LABELLED_SIZE_RE.match(line)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..evidence.schema import ErrorEvent
 from ..types import Context, Match
 from .general import ORPHAN, library_of
 from .registry import fact, gib, oom_errors, rule
@@ -95,12 +96,18 @@ def _user_input_error(ctx: Context) -> tuple[Any, str | None] | None:
             for e in ctx.evidence.errors
             if e.kind == "exception" and e.message != ORPHAN and not ctx.oom and not oom_errors(ctx)
         ]
+    if not events and not ctx.oom and not oom_errors(ctx):
+        failed = fact(ctx, "assert_failed", "log")  # the AssertionError without its head
+        if failed:
+            events = [ErrorEvent("AssertionError", failed[1], context=[failed[0]])]
     if not events:
         return None
     e = events[-1]
     kind = e.type.rsplit(".", 1)[-1]
-    if kind not in (*_REJECTS, "TypeError") or _INTERNAL_RE.search(e.message):
+    if kind not in (*_REJECTS, "TypeError", "") or _INTERNAL_RE.search(e.message):
         return None
+    if not kind and not e.frames:
+        return None  # a message with no type and no frame: too little to read as rejected
     if not _USER_INPUT_RE.search(e.message):
         return None
     frames = [f.replace("\\", "/") for f in e.frames if not any(p in f for p in _PLUMBING)]
