@@ -111,3 +111,28 @@ def test_r6a_rk650_rejections_pasted_without_their_exception_head():
     # an assert whose message is not the line after it is no failure
     other = fairseq.replace("sentence at index 25683144 exceeds", "a line of prose about")
     assert "RK650" not in ids(run(other))
+
+
+@covers("RK653")
+def test_r6a_rk653_compiled_gradients_differ_with_rng():
+    # https://github.com/intel/torch-xpu-ops/issues/4691 (upstream pytorch#190758):
+    # "Memory-budget partitioner recomputes RNG ops with fresh randomness in backward,
+    # silently corrupting gradients"
+    f = top(run(text("r6a-xpuops4691-compiled-grad-rng")))
+    assert f.rule == "RK653" and f.category == "nondeterministic_recompute"
+    assert f.config_patch["activation_memory_budget"] == 1.0
+    assert "grad match: False" in f.evidence
+
+
+def test_r6a_rk653_mutations():
+    base = text("r6a-xpuops4691-compiled-grad-rng")
+    # no random op named, nothing recomputed or compiled, or the gradients match: not this
+    assert "RK653" not in ids(run(base.replace("RNG mask mismatch", "tolerance")))
+    assert "RK653" not in ids(run(base.replace("compiled", "second")))
+    assert "RK653" not in ids(
+        run(
+            base.replace("match: False", "match: True")
+            .replace("differs from", "vs")
+            .replace("mask mismatch", "mask")
+        )
+    )

@@ -269,6 +269,26 @@ _PLAIN_INPUT_RE = re.compile(
 # Code that looks at a result's gradient state: "print(z.requires_grad)", "w.grad is None".
 _GRAD_PROBE_RE = re.compile(r"\w\.(?:requires_grad|grad|grad_fn)\b(?!\s*=[^=])(?!_)")
 
+# Prose / output saying two runs' gradients differ: "grad match: False", "compiled grad
+# differs from eager grad", "gradients do not match".
+_GRAD_MISMATCH_RE = re.compile(
+    r"\bgrad(?:s|ients?)?\b[^.;]{0,40}?(?:\bdiffer|\bmismatch|\bmatch(?:es)?:\s*false|"
+    r"\bdo(?:es)?(?: not|n't) match|\bnot (?:equal|close|the same))"
+    r"|(?:\bdiffer|\bmismatch)[^.;]{0,30}?\bgrad"
+)
+# Words of a gradient-mismatch line the rules weigh (what recomputes, what is random).
+_MISMATCH_WORDS = (
+    "compile",
+    "checkpoint",
+    "recompute",
+    "partitioner",
+    "memory_budget",
+    "rng",
+    "dropout",
+    "random",
+    "seed",
+    "bernoulli",
+)
 _ASSERT_MSG_RE = re.compile(r"""^\s*assert\s+.+?,\s*f?(["'])(.+)\1\s*\)?\s*$""")
 
 
@@ -330,7 +350,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `plain_inputs` (code binding a tensor built without requires_grad, "x = torch.randn(4)"),
     `grad_probe` (code looking at a gradient state, "print(z.requires_grad)"),
     `trainer_resets_gc` ([enable call, trainer argument]: kwargs the trainer overrides),
-    `assert_failed` ([assert line, the message it printed]: an AssertionError without head)."""
+    `assert_failed` ([assert line, the message it printed]: an AssertionError without head),
+    `grad_mismatch` (lines saying two runs' gradients differ: "x.grad match: False") and
+    `grad_mismatch_words` (the recompute / random words those lines carry)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -414,6 +436,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     facts.setdefault("dropout", {})[key] = number
         if "assert" in line and (m := _ASSERT_RE.match(line)) and "checkpoint" in lower:
             add("asserts", m.group(1).strip())
+        if "grad" in lower and _GRAD_MISMATCH_RE.search(lower):
+            add("grad_mismatch", line)
+            words = facts.setdefault("grad_mismatch_words", [])
+            words += [w for w in _MISMATCH_WORDS if w in lower and w not in words]
         if line.lstrip().startswith("assert ") and "assert_failed" not in facts:
             failed = _assert_then_message(line, lines[i + 1 : i + 3])
             if failed:
