@@ -55,8 +55,10 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # not chosen by category; 16 dev, 10 held-out; no rule written for them): on 241 cases dev
 # 108/139 = 77.7%, 112/139 = 80.6%; held-out 39/102 = 38.2%, 35/102 = 34.3% (dev floors and the
 # held-out fix floor lowered by 5 points: the corpus changed, not the rules).
+# r6api (RK650-RK653: rejected input told from a library bug, checkpoint API readings): dev
+# 113/139 = 81.3%, 117/139 = 84.2%; held-out 39/102, 35/102 (unchanged).
 FLOORS = {
-    ("dev", "category_ok"): 0.75,
+    ("dev", "category_ok"): 0.80,
     ("dev", "fix_ok"): 0.80,
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.30,
