@@ -16,6 +16,7 @@ import json
 import re
 from typing import Any
 
+from .code_calls import scan_calls
 from .measured import scan_measured
 from .settings_prose import scan_settings
 from .signals import scan_signals
@@ -257,64 +258,6 @@ def _is_notice(line: str, lower: str) -> bool:
     )
 
 
-# A keyword argument on its own line of a call (PEP 8: no spaces around "="), "segments=4,".
-_KWARG_RE = re.compile(r"^([a-z_]\w*)=(?!=)(\S.*?),?\s*\)?$")
-
-# A tensor built outside autograd and bound to a name: "x = torch.randn(10, 4)" (no
-# requires_grad=True on the line).
-_PLAIN_INPUT_RE = re.compile(
-    r"^([A-Za-z_]\w*)\s*=\s*torch\.(?:randn|rand|zeros|ones|empty|full|tensor|arange|randint)"
-    r"(?:_like)?\("
-)
-# Code that looks at a result's gradient state: "print(z.requires_grad)", "w.grad is None".
-_GRAD_PROBE_RE = re.compile(r"\w\.(?:requires_grad|grad|grad_fn)\b(?!\s*=[^=])(?!_)")
-
-# Prose / output saying two runs' gradients differ: "grad match: False", "compiled grad
-# differs from eager grad", "gradients do not match".
-_GRAD_MISMATCH_RE = re.compile(
-    r"\bgrad(?:s|ients?)?\b[^.;]{0,40}?(?:\bdiffer|\bmismatch|\bmatch(?:es)?:\s*false|"
-    r"\bdo(?:es)?(?: not|n't) match|\bnot (?:equal|close|the same))"
-    r"|(?:\bdiffer|\bmismatch)[^.;]{0,30}?\bgrad"
-)
-# Words of a gradient-mismatch line the rules weigh (what recomputes, what is random).
-_MISMATCH_WORDS = (
-    "compile",
-    "checkpoint",
-    "recompute",
-    "partitioner",
-    "memory_budget",
-    "rng",
-    "dropout",
-    "random",
-    "seed",
-    "bernoulli",
-)
-_ASSERT_MSG_RE = re.compile(r"""^\s*assert\s+.+?,\s*f?(["'])(.+)\1\s*\)?\s*$""")
-
-
-def _assert_then_message(line: str, after: list[str]) -> list[str] | None:
-    """[the assert line, its message] when a pasted `assert cond, "message"` (an f-string's
-    fields read as anything) is followed by the message it prints: the AssertionError pasted
-    without its "AssertionError: " head."""
-    m = _ASSERT_MSG_RE.match(line)
-    if not m:
-        return None
-    parts = re.split(r"\{[^{}]*\}", m.group(2))
-    if sum(len(p.strip()) for p in parts) < 12:
-        return None
-    template = re.compile(
-        r"^(?:AssertionError:\s*)?" + ".+?".join(re.escape(p) for p in parts) + r"\s*$"
-    )
-    for nxt in after:
-        if nxt.strip() and template.match(nxt.strip()):
-            msg = nxt.strip()
-            return [
-                line.strip(),
-                msg.split(":", 1)[1].strip() if msg.startswith("AssertionError:") else msg,
-            ]
-    return None
-
-
 def scan_snippets(text: str) -> dict[str, Any]:
     """Facts about checkpointing in pasted code, prose and tables (see the module doc).
 
@@ -378,15 +321,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 add("checkpointing_off", line)
             if _CALL_RE.search(line) and _is_code(line) and "File " not in line:
                 add("checkpoint_call", line)
-        kw = _KWARG_RE.match(line.strip())
-        if kw and _is_code(line):
-            add("kwarg_lines", line)
-        if _is_code(line) and "requires_grad" not in line:
-            plain = _PLAIN_INPUT_RE.match(line.strip())
-            if plain:
-                add("plain_inputs", line)
-        if _GRAD_PROBE_RE.search(line) and _is_code(line) and "File " not in line:
-            add("grad_probe", line)
         if ".eval(" in line or ".train(" in line:
             if _EVAL_RE.search(line):
                 add("eval", line)
@@ -436,14 +370,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     facts.setdefault("dropout", {})[key] = number
         if "assert" in line and (m := _ASSERT_RE.match(line)) and "checkpoint" in lower:
             add("asserts", m.group(1).strip())
-        if "grad" in lower and _GRAD_MISMATCH_RE.search(lower):
-            add("grad_mismatch", line)
-            words = facts.setdefault("grad_mismatch_words", [])
-            words += [w for w in _MISMATCH_WORDS if w in lower and w not in words]
-        if line.lstrip().startswith("assert ") and "assert_failed" not in facts:
-            failed = _assert_then_message(line, lines[i + 1 : i + 3])
-            if failed:
-                facts["assert_failed"] = failed
         if "find_unused_parameters" in line and _FIND_UNUSED_RE.search(line):
             facts["find_unused_parameters"] = True
         if "checkpoint" in lower and (m := _LABELLED_SIZE_RE.match(line)):
@@ -534,42 +460,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     ac = _ac_loss_table(lines)
     if ac:
         facts["ac_loss"] = ac
-    reset = _trainer_resets_gc(lines)
-    if reset:
-        facts["trainer_resets_gc"] = reset
+    facts.update(scan_calls(lines, _is_code, _quote))  # calls, asserts (code_calls.py)
     return facts
-
-
-_GC_ENABLE_KWARGS_RE = re.compile(
-    r"gradient_checkpointing_enable\(\s*gradient_checkpointing_kwargs"
-)
-_GC_ARG_RE = re.compile(r"\bgradient_checkpointing\s*=\s*(?!False\b)(?!None\b)\w")
-_GC_KWARGS_ARG_RE = re.compile(r"\bgradient_checkpointing_kwargs\s*=")
-
-
-def _trainer_resets_gc(lines: list[str]) -> list[str] | None:
-    """[the model's enable call with kwargs, the trainer's argument] when code enables
-    checkpointing on the model with gradient_checkpointing_kwargs and also hands the trainer
-    gradient_checkpointing=<on> without gradient_checkpointing_kwargs: the trainer enables it
-    again with its own (default) kwargs. A pasted diff is read as its old version (the
-    "-" and unmarked lines; "+" lines are the change)."""
-    enable = arg = None
-    trainer_kwargs = False
-    for line in lines:
-        s = line.strip()
-        if s.startswith("+") and not s.startswith("++"):
-            continue
-        if s.startswith("-") and not s.startswith("--"):
-            s = s[1:].strip()
-        if _GC_ENABLE_KWARGS_RE.search(s):
-            enable = enable or s
-        elif _GC_ARG_RE.search(s):
-            arg = arg or s
-        elif _GC_KWARGS_ARG_RE.search(s) and "{" not in s.split("=", 1)[0]:
-            trainer_kwargs = True
-    if enable and arg and not trainer_kwargs:
-        return [_quote(enable), _quote(arg)]
-    return None
 
 
 def _json_sections(lines: list[str]) -> dict[str, Any]:
