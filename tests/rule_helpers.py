@@ -495,6 +495,19 @@ SOURCES.update(
     }
 )
 
+# user-input rejections told from library bugs (RK650, RK420): tests/test_rules_api3.py
+SOURCES.update(
+    {
+        "r6a-pt152752-ckpt-seq-segments": "https://github.com/pytorch/pytorch/issues/152752",
+        "r6a-fairseq1191-max-tokens": "https://github.com/facebookresearch/fairseq/issues/1191",
+        "r6a-pt7617-ckpt-inputs-no-grad": "https://github.com/pytorch/pytorch/issues/7617",
+        "r6a-xpuops4691-compiled-grad-rng": "https://github.com/intel/torch-xpu-ops/issues/4691",
+        "r6a-hf26221-trainer-resets-gc-kwargs": (
+            "https://github.com/huggingface/transformers/issues/26221"
+        ),
+    }
+)
+
 # ---- helpers --------------------------------------------------------------------------------
 
 

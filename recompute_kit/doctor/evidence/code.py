@@ -16,6 +16,7 @@ import json
 import re
 from typing import Any
 
+from .code_calls import scan_calls
 from .measured import scan_measured
 from .settings_prose import scan_settings
 from .signals import scan_signals
@@ -287,7 +288,14 @@ def scan_snippets(text: str) -> dict[str, Any]:
     empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
     torch.load), `load_prose` (prose placing the failure at a line it runs or at the load),
     `worked_release` ((library, version, line): prose naming the release that worked),
-    `combined_prose` (prose: features that work one at a time fail together)."""
+    `combined_prose` (prose: features that work one at a time fail together), `kwarg_lines`
+    (code lines passing one keyword argument of a call, "segments=len(functions) + 1,"),
+    `plain_inputs` (code binding a tensor built without requires_grad, "x = torch.randn(4)"),
+    `grad_probe` (code looking at a gradient state, "print(z.requires_grad)"),
+    `trainer_resets_gc` ([enable call, trainer argument]: kwargs the trainer overrides),
+    `assert_failed` ([assert line, the message it printed]: an AssertionError without head),
+    `grad_mismatch` (lines saying two runs' gradients differ: "x.grad match: False") and
+    `grad_mismatch_words` (the recompute / random words those lines carry)."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_SNIPPET_BYTES:
         return {}
     facts: dict[str, Any] = {}
@@ -452,6 +460,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     ac = _ac_loss_table(lines)
     if ac:
         facts["ac_loss"] = ac
+    facts.update(scan_calls(lines, _is_code, _quote))  # calls, asserts (code_calls.py)
     return facts
 
 

@@ -12,8 +12,10 @@ fired, so they never outrank a specific finding.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ..evidence.schema import ErrorEvent
 from ..types import Context, Match
 from .general import ORPHAN, library_of
 from .registry import fact, gib, oom_errors, rule
@@ -30,6 +32,23 @@ _PLUMBING = (
 )
 # Exceptions a framework raises to reject what it was given (a setting, a shape, an argument).
 _REJECTS = ("ValueError", "AssertionError", "ConfigError", "ArgumentError", "ArgumentTypeError")
+# Wording of a message that rejects the caller's input (an argument, a size, a count) rather
+# than reporting a broken state inside the library.
+_USER_INPUT_RE = re.compile(
+    r"\bmust(?: not)? be\b|\bmust not\b|\bexpected\b|\bexceed|\b(?:greater|larger|"
+    r"smaller|less|more) than\b|\bat (?:most|least)\b|\bout of range\b|\blimit\b|"
+    r"\binvalid\b|\bshould be\b|\btoo (?:long|large|many|few)\b",
+    re.I,
+)
+# Wording of a library's own broken invariant: a bug whatever the input.
+_INTERNAL_RE = re.compile(
+    r"internal assert|please report|this is a bug|should not happen|"
+    r"should never happen|unreachable",
+    re.I,
+)
+# Known limits of checkpointing's API: function -> {argument: the value within its limit}.
+_API_LIMITS = {"checkpoint_sequential": {"segments": "len(functions)"}}
+_IDENT_RE = re.compile(r"[A-Za-z_]\w*")
 
 
 def _failure_without_oom(ctx: Context) -> list[Any]:
@@ -65,6 +84,116 @@ def _ckpt_named(ctx: Context, e) -> str | None:
     return "checkpoint" if "checkpoint" in text else None
 
 
+def _user_input_error(ctx: Context) -> tuple[Any, str | None] | None:
+    """(the exception, the library function called from the user's code) when a ValueError /
+    AssertionError / TypeError rejects the caller's input: its message speaks of an argument's
+    limit, and it is raised right at the call (the innermost frame is the library function the
+    user's own frame called) or the paste shows no frame at all."""
+    events = [e for e in _failure_without_oom(ctx) if e.message != ORPHAN]
+    if not events:
+        events = [
+            e
+            for e in ctx.evidence.errors
+            if e.kind == "exception" and e.message != ORPHAN and not ctx.oom and not oom_errors(ctx)
+        ]
+    if not events and not ctx.oom and not oom_errors(ctx):
+        failed = fact(ctx, "assert_failed", "log")  # the AssertionError without its head
+        if failed:
+            events = [ErrorEvent("AssertionError", failed[1], context=[failed[0]])]
+    if not events:
+        return None
+    e = events[-1]
+    kind = e.type.rsplit(".", 1)[-1]
+    if kind not in (*_REJECTS, "TypeError", "") or _INTERNAL_RE.search(e.message):
+        return None
+    if not kind and not e.frames:
+        return None  # a message with no type and no frame: too little to read as rejected
+    if not _USER_INPUT_RE.search(e.message):
+        return None
+    frames = [f.replace("\\", "/") for f in e.frames if not any(p in f for p in _PLUMBING)]
+    if not frames:
+        return e, None
+    if library_of(frames[-1]) is None:
+        return None  # raised in the script's own code: the script's check, not a library's
+    if len(frames) < 2 or library_of(frames[-2]) is not None:
+        return None  # deep inside the library: its state, not the caller's argument
+    return e, frames[-1].rsplit(" in ", 1)[-1]
+
+
+def _named_arguments(ctx: Context, e, func: str | None) -> list[str]:
+    """The arguments the rejection is about: those the user's call passes that the message or
+    the failing line uses; else the settings (snake_case names) the message or its assert
+    names."""
+    code = dict(fact(ctx, "frame_code", "log") or [])
+    said = [e.message, *(code.get(f, "") for f in e.frames[-1:])]
+    said += [c for c in e.context if c.lstrip().startswith("assert ")]
+    idents = {w for line in said for w in _IDENT_RE.findall(line)}
+    passed = [ln.split("=", 1)[0].strip() for ln in fact(ctx, "kwarg_lines", "log") or []]
+    named = [a for a in passed if a in idents]
+    if func in _API_LIMITS:
+        named = [a for a in _API_LIMITS[func] if a in named or a in idents] or named
+    if not named:
+        named = [w for w in dict.fromkeys(_IDENT_RE.findall(e.message)) if "_" in w.strip("_")]
+    return named[:3]
+
+
+@rule(
+    "RK650",
+    "A library rejects the caller's argument: a limit, size or count the input breaks",
+    "invalid_config",
+    symptom="A ValueError / AssertionError / TypeError whose message speaks of a limit "
+    "('must be', 'expected', 'exceeds', 'at most'), raised by the library function the "
+    "script calls (or pasted without frames), with no OOM",
+    cause="The library checks what it was given and rejects it: an argument outside its "
+    "range (checkpoint_sequential's segments above the number of functions), a sample "
+    "longer than the per-batch token limit; the input is wrong, not the library",
+    confirm="Compare the named argument with the limit the message states (the number of "
+    "functions, the longest sample); a value inside the limit runs",
+    fix="Bring the named argument within its limit (segments <= len(functions)); for a "
+    "sample over a length / token limit raise the limit, cut the sample, or skip it",
+    patch={"segments": "len(functions)"},
+)
+def _user_input(ctx: Context) -> Match | None:
+    found = _user_input_error(ctx)
+    if found is None:
+        return None
+    e, func = found
+    named = _named_arguments(ctx, e, func)
+    if not named:
+        return None
+    where = f" by {func}(), which the script calls," if func else ""
+    said = f"{e.type}: {e.message[:160]}"
+    limits = _API_LIMITS.get(func or "", {})
+    if any(a in limits for a in named):
+        arg = next(a for a in named if a in limits)
+        return Match(
+            0.6,
+            f"{said} is raised{where} on the argument {arg}: {func} splits its functions "
+            f"into {arg} pieces, so {arg} must be between 1 and the number of functions.",
+            config_patch={arg: limits[arg]},
+            fix=f"Pass {arg} at most len(functions) (and at least 1) to {func}; the message "
+            "does not say so, the argument is out of range",
+        )
+    flags = ", ".join(f"--{a.replace('_', '-')}" for a in named)
+    arg = named[0]
+    long_sample = bool(re.search(r"exceed|too long|longer than", e.message, re.I))
+    if long_sample:
+        fix = (
+            f"One input is beyond {arg}: raise {arg} ({flags}) above the longest input if "
+            "memory allows, cut or filter the inputs longer than it, or skip them (the "
+            "loader's skip-invalid-size option, fairseq's --skip-invalid-size-inputs-valid-test)"
+        )
+    else:
+        fix = f"Set {arg} ({flags}) within the limit the message states; the input is wrong"
+    return Match(
+        0.55,
+        f"{said} is raised{where or ''} about {', '.join(named)}: the library rejects the "
+        "input it was given, not a bug of its own.",
+        config_patch={arg: "<within the limit the message states>", "command": f"{flags} ..."},
+        fix=fix,
+    )
+
+
 @rule(
     "RK420",
     "Default reading of an exception: where its innermost frames are",
@@ -87,6 +216,8 @@ def _default_exception(ctx: Context) -> Match | None:
     events = _failure_without_oom(ctx)
     if not events:
         return None
+    if _user_input_error(ctx) is not None:
+        return None  # the caller's input rejected: RK650's reading
     typed = [e for e in events if e.message != ORPHAN]
     e = typed[-1] if typed else events[-1]
     frames = e.frames or [f for o in events for f in o.frames]

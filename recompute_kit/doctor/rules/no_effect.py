@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+
 from ...config import RECOMPUTE_MODULES
 from ..types import Context, Match
 from .registry import fact, gib, next_step, patch_for, rule
@@ -452,4 +455,108 @@ def _flag_printed_off(ctx: Context) -> Match | None:
             "gradient_checkpointing": True,
             "code": "model.gradient_checkpointing_enable()",
         },
+    )
+
+
+# ---- checkpointing that silently yields no gradient: its inputs need none ------------------
+
+_NAME_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
+
+
+def _call_args(line: str) -> set[str]:
+    """The names a pasted checkpoint call passes (after its opening parenthesis)."""
+    args = line.split("(", 1)[1] if "(" in line else ""
+    return set(_NAME_RE.findall(args))
+
+
+@rule(
+    "RK651",
+    "Reentrant checkpoint called on inputs that need no gradient: its output needs none",
+    "checkpoint_api_misuse",
+    symptom="Pasted code calls checkpoint() on tensors built without requires_grad "
+    "(torch.randn / zeros / ones ...) without use_reentrant=False, and looks at the "
+    "result's requires_grad / grad (or the report says gradients are None), with no error",
+    cause="The reentrant checkpoint (the default before PyTorch 2.4, use_reentrant=True) runs "
+    "the function under no_grad and ties its output to the graph only through inputs that "
+    "require grad: with none, the output has requires_grad False and the parameters inside "
+    "the function get no gradient, although function(*args) alone would give them one",
+    confirm="print(out.requires_grad) with and without checkpoint, or with x.requires_grad_()",
+    fix="Pass use_reentrant=False to checkpoint (it keeps the parameters' gradients whatever "
+    "the inputs), or make one input require grad (x.requires_grad_(); Hugging Face: "
+    "model.enable_input_require_grads())",
+    patch={"use_reentrant": False},
+)
+def _inputs_need_no_grad(ctx: Context) -> Match | None:
+    if ctx.oom or any(e.kind == "exception" and e.type for e in ctx.evidence.errors):
+        return None
+    if fact(ctx, "use_reentrant", "log") is False:
+        return None  # non-reentrant: the parameters' gradients do not hang on the inputs
+    calls = fact(ctx, "checkpoint_call", "log") or []
+    plain = {ln.split("=", 1)[0].strip(): ln for ln in fact(ctx, "plain_inputs", "log") or []}
+    hit = next(((c, n) for c in calls for n in sorted(_call_args(c) & set(plain))), None)
+    if hit is None:
+        return None
+    probe = fact(ctx, "grad_probe", "log") or fact(ctx, "grads_lost", "log")
+    if not probe:
+        return None
+    call, name = hit
+    return Match(
+        0.6,
+        f"The code checkpoints '{call[:100]}' on {name}, built without requires_grad "
+        f"('{plain[name][:80]}'), with the reentrant checkpoint (no use_reentrant=False), and "
+        f"looks at the gradient ('{probe[0][:80]}'): the output needs no gradient, so the "
+        "parameters inside the checkpointed function get none.",
+        config_patch={"use_reentrant": False},
+        fix=f"Pass use_reentrant=False to the checkpoint call, or {name}.requires_grad_() "
+        "before it (an input that requires grad ties the output to the graph)",
+    )
+
+
+def _enable_kwargs(line: str) -> dict:
+    """The gradient_checkpointing_kwargs dict a pasted enable call passes, {} if unreadable."""
+    m = re.search(r"gradient_checkpointing_kwargs\s*=\s*(\{[^{}]*\})", line)
+    if not m:
+        return {}
+    try:
+        value = ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+@rule(
+    "RK652",
+    "The trainer re-enables checkpointing and drops the model's gradient_checkpointing_kwargs",
+    "checkpoint_api_misuse",
+    symptom="Code enables checkpointing on the model with gradient_checkpointing_kwargs "
+    "(use_reentrant=False) and also passes gradient_checkpointing=True (or a variable) to the "
+    "trainer's arguments without gradient_checkpointing_kwargs",
+    cause="The Hugging Face Trainer calls model.gradient_checkpointing_enable() itself when "
+    "gradient_checkpointing is on, with its own gradient_checkpointing_kwargs (None: the "
+    "reentrant default), overriding the kwargs set on the model: the run uses the reentrant "
+    "checkpoint, whose blocks with inputs that need no gradient (LoRA on a frozen base) give "
+    "none, and the memory differs from what the kwargs meant",
+    confirm="Print model.model.layers[0]._gradient_checkpointing_func (or the warning about "
+    "use_reentrant) after trainer creation; set the kwargs on the trainer and compare",
+    fix="Pass gradient_checkpointing_kwargs to the trainer's arguments "
+    "(TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs="
+    "{'use_reentrant': False})) instead of (or as well as) on the model",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+)
+def _trainer_resets_kwargs(ctx: Context) -> Match | None:
+    found = fact(ctx, "trainer_resets_gc", "log")
+    if not found:
+        return None
+    enable, arg = found[0], found[1]
+    kwargs = _enable_kwargs(enable) or {"use_reentrant": False}
+    return Match(
+        0.75,
+        f"The code enables checkpointing on the model with kwargs ('{enable[:110]}') and "
+        f"also hands the trainer '{arg[:60]}' without gradient_checkpointing_kwargs: the "
+        "trainer enables it again with its default kwargs, so the model's are overridden "
+        f"(use_reentrant back to the reentrant default).",
+        config_patch={"gradient_checkpointing_kwargs": kwargs},
+        fix="Pass gradient_checkpointing_kwargs="
+        f"{kwargs} in the trainer's arguments next to gradient_checkpointing (the trainer's "
+        "enable call is the one that counts)",
     )

@@ -214,3 +214,47 @@ def _dropout_rng(ctx: Context) -> Match | None:
         confidence,
         "Dropout is recomputed without the forward's RNG state: " + "; ".join(words) + ".",
     )
+
+
+_RECOMPUTING = ("compile", "checkpoint", "recompute", "partitioner", "memory_budget")
+_RANDOM_WORDS = ("rng", "dropout", "random", "seed", "bernoulli")
+
+
+@rule(
+    "RK653",
+    "Gradients differ from eager's with random ops: the recompute drew fresh random numbers",
+    "nondeterministic_recompute",
+    symptom="The paste reports that gradients differ (grad match: False, 'differs from eager') "
+    "between a compiled / checkpointed run and eager, and names random ops (dropout, RNG, "
+    "a mask), with no error",
+    cause="The recompute (torch.compile's partitioner when it recomputes under an "
+    "activation_memory_budget, or a checkpoint without preserved RNG state) redraws random "
+    "ops instead of replaying the forward's: backward applies another dropout mask and the "
+    "gradients are silently wrong",
+    confirm="Set dropout to 0 (or torch._functorch.config.activation_memory_budget = 1.0): "
+    "if the gradients then match, the recomputed random ops are the cause",
+    fix="Upgrade torch (partitioner fixes that save the forward's RNG outputs); meanwhile "
+    "activation_memory_budget 1.0 (no forced recompute of random ops), or keep "
+    "preserve_rng_state=True on checkpoints",
+    patch={"command": "pip install -U torch", "activation_memory_budget": 1.0},
+    refs=(PT_CKPT,),
+)
+def _grads_differ_with_rng(ctx: Context) -> Match | None:
+    if ctx.oom or any(e.kind == "exception" and e.type for e in ctx.evidence.errors):
+        return None
+    lines = fact(ctx, "grad_mismatch") or []
+    said = set(fact(ctx, "grad_mismatch_words") or [])
+    if not lines or not (said & set(_RECOMPUTING) or fact(ctx, "mentions")):
+        return None
+    if not (said & set(_RANDOM_WORDS) or fact(ctx, "dropout_named")):
+        return None
+    return Match(
+        0.6,
+        f"The paste says the gradients differ ('{lines[0][:160]}') with recompute / compile "
+        "and random ops named: the recompute drew fresh random numbers (another dropout mask) "
+        "instead of the forward's.",
+        config_patch={"command": "pip install -U torch", "activation_memory_budget": 1.0},
+        fix="Upgrade torch; meanwhile torch._functorch.config.activation_memory_budget = 1.0 "
+        "(no forced recompute of random ops) or preserve_rng_state=True, and confirm with "
+        "dropout 0",
+    )

@@ -1,0 +1,135 @@
+"""Facts about how pasted code calls an API, and what failed or differed: keyword arguments on
+their own lines, tensors built without requires_grad and the code looking at gradients, a
+trainer handed checkpointing over the model's own kwargs, an assert followed by the message it
+printed, lines saying two runs' gradients differ. evidence/code.py merges them into its facts
+(`scan_snippets` documents the keys)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+# A keyword argument on its own line of a call (PEP 8: no spaces around "="), "segments=4,".
+_KWARG_RE = re.compile(r"^([a-z_]\w*)=(?!=)(\S.*?),?\s*\)?$")
+
+# A tensor built outside autograd and bound to a name: "x = torch.randn(10, 4)" (no
+# requires_grad=True on the line).
+_PLAIN_INPUT_RE = re.compile(
+    r"^([A-Za-z_]\w*)\s*=\s*torch\.(?:randn|rand|zeros|ones|empty|full|tensor|arange|randint)"
+    r"(?:_like)?\("
+)
+# Code that looks at a result's gradient state: "print(z.requires_grad)", "w.grad is None".
+_GRAD_PROBE_RE = re.compile(r"\w\.(?:requires_grad|grad|grad_fn)\b(?!\s*=[^=])(?!_)")
+
+# Prose / output saying two runs' gradients differ: "grad match: False", "compiled grad
+# differs from eager grad", "gradients do not match".
+_GRAD_MISMATCH_RE = re.compile(
+    r"\bgrad(?:s|ients?)?\b[^.;]{0,40}?(?:\bdiffer|\bmismatch|\bmatch(?:es)?:\s*false|"
+    r"\bdo(?:es)?(?: not|n't) match|\bnot (?:equal|close|the same))"
+    r"|(?:\bdiffer|\bmismatch)[^.;]{0,30}?\bgrad"
+)
+# Words of a gradient-mismatch line the rules weigh (what recomputes, what is random).
+_MISMATCH_WORDS = (
+    "compile",
+    "checkpoint",
+    "recompute",
+    "partitioner",
+    "memory_budget",
+    "rng",
+    "dropout",
+    "random",
+    "seed",
+    "bernoulli",
+)
+_ASSERT_MSG_RE = re.compile(r"""^\s*assert\s+.+?,\s*f?(["'])(.+)\1\s*\)?\s*$""")
+
+
+def _assert_then_message(line: str, after: list[str]) -> list[str] | None:
+    """[the assert line, its message] when a pasted `assert cond, "message"` (an f-string's
+    fields read as anything) is followed by the message it prints: the AssertionError pasted
+    without its "AssertionError: " head."""
+    m = _ASSERT_MSG_RE.match(line)
+    if not m:
+        return None
+    parts = re.split(r"\{[^{}]*\}", m.group(2))
+    if sum(len(p.strip()) for p in parts) < 12:
+        return None
+    template = re.compile(
+        r"^(?:AssertionError:\s*)?" + ".+?".join(re.escape(p) for p in parts) + r"\s*$"
+    )
+    for nxt in after:
+        if nxt.strip() and template.match(nxt.strip()):
+            msg = nxt.strip()
+            return [
+                line.strip(),
+                msg.split(":", 1)[1].strip() if msg.startswith("AssertionError:") else msg,
+            ]
+    return None
+
+
+_GC_ENABLE_KWARGS_RE = re.compile(
+    r"gradient_checkpointing_enable\(\s*gradient_checkpointing_kwargs"
+)
+_GC_ARG_RE = re.compile(r"\bgradient_checkpointing\s*=\s*(?!False\b)(?!None\b)\w")
+_GC_KWARGS_ARG_RE = re.compile(r"\bgradient_checkpointing_kwargs\s*=")
+
+
+def _trainer_resets_gc(lines: list[str], quote: Callable[[str], str]) -> list[str] | None:
+    """[the model's enable call with kwargs, the trainer's argument] when code enables
+    checkpointing on the model with gradient_checkpointing_kwargs and also hands the trainer
+    gradient_checkpointing=<on> without gradient_checkpointing_kwargs: the trainer enables it
+    again with its own (default) kwargs. A pasted diff is read as its old version (the
+    "-" and unmarked lines; "+" lines are the change)."""
+    enable = arg = None
+    trainer_kwargs = False
+    for line in lines:
+        s = line.strip()
+        if s.startswith("+") and not s.startswith("++"):
+            continue
+        if s.startswith("-") and not s.startswith("--"):
+            s = s[1:].strip()
+        if _GC_ENABLE_KWARGS_RE.search(s):
+            enable = enable or s
+        elif _GC_ARG_RE.search(s):
+            arg = arg or s
+        elif _GC_KWARGS_ARG_RE.search(s) and "{" not in s.split("=", 1)[0]:
+            trainer_kwargs = True
+    if enable and arg and not trainer_kwargs:
+        return [quote(enable), quote(arg)]
+    return None
+
+
+def scan_calls(
+    lines: list[str], is_code: Callable[[str], bool], quote: Callable[[str], str]
+) -> dict[str, Any]:
+    """The facts above over cleaned lines (is_code / quote: evidence/code.py's)."""
+    facts: dict[str, Any] = {}
+
+    def add(key: str, line: str) -> None:
+        bucket = facts.setdefault(key, [])
+        if len(bucket) < 8:
+            bucket.append(quote(line))
+
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        lower = line.lower()
+        if _KWARG_RE.match(line.strip()) and is_code(line):
+            add("kwarg_lines", line)
+        if is_code(line) and "requires_grad" not in line and _PLAIN_INPUT_RE.match(line.strip()):
+            add("plain_inputs", line)
+        if _GRAD_PROBE_RE.search(line) and is_code(line) and "File " not in line:
+            add("grad_probe", line)
+        if "grad" in lower and _GRAD_MISMATCH_RE.search(lower):
+            add("grad_mismatch", line)
+            words = facts.setdefault("grad_mismatch_words", [])
+            words += [w for w in _MISMATCH_WORDS if w in lower and w not in words]
+        if line.lstrip().startswith("assert ") and "assert_failed" not in facts:
+            failed = _assert_then_message(line, lines[i + 1 : i + 3])
+            if failed:
+                facts["assert_failed"] = failed
+    reset = _trainer_resets_gc(lines, quote)
+    if reset:
+        facts["trainer_resets_gc"] = reset
+    return facts
