@@ -4,7 +4,7 @@ as the CLI runs it, and realistic configs. The doctor's rule catalog has one or 
 
 Every rule about tool output is fed VERBATIM text from a real source through the real parsers
 (`evidence.collect`, i.e. parse_log / parse_config / parse_experiments) and then `diagnose`.
-The texts live in tests/data/rules/ (one file per source, the text only); `SOURCES` below and a
+The texts live in tests/data/rules/ (one file per source, the text only); `SOURCES` and a
 comment in each test name where each came from. Blocks named like `oom-pt-pr99699` or
 `tc-measured-*` are copied from ../shared/reference/real-formats.md (which names their URL);
 `seed-001-*` is ../shared/seeds/001_ef50205b3ce230ec.txt (the NVIDIA perf-activation-recompute
