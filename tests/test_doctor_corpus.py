@@ -144,3 +144,25 @@ def test_one_thread_rules_stay_silent_on_other_categories():
                 if f.rule in ONE_THREAD_RULES and f.category != case["expected_category"]
             ]
     assert not wrong, wrong
+
+
+def test_table_counts_top3_and_confidence_bands():
+    from recompute_kit.doctor.corpus import CaseResult
+
+    def case(ok, top3, confidence):
+        got = "fragmentation" if ok else ("activation_memory" if confidence else None)
+        return CaseResult("x", "u", "dev", "fragmentation", got, "RK001", ok, ok, top3, confidence)
+
+    summary = table([case(True, True, 1.0), case(False, True, 0.49), case(False, False, None)])
+    assert summary["dev"]["all"] == {
+        "n": 3,
+        "category_ok": 1,
+        "fix_ok": 1,
+        "in_top3": 2,
+        "silent": 1,
+    }
+    bands = summary["dev_by_confidence"]
+    assert bands["0.85-1.00"] == {"n": 1, "category_ok": 1}
+    assert bands["0.00-0.50"] == {"n": 1, "category_ok": 0}
+    assert sum(b["n"] for b in bands.values()) == 2  # a silent case has no confidence
+    assert "top-3" in format_table(summary)

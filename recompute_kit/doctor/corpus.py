@@ -45,6 +45,7 @@ class CaseResult:
     category_ok: bool
     fix_ok: bool
     in_top3: bool = False  # the expected category among the first three findings
+    confidence: float | None = None  # the top finding's
     error: str = ""  # the crash, when the doctor raised
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +98,7 @@ def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
         text = _fix_text(top)
         result.fix_ok = any(str(name).lower() in text for name in case["fix_names"])
         result.in_top3 = any(f.category == expected for f in diagnosis.findings[:3])
+        result.confidence = top.confidence
     return result
 
 
@@ -106,10 +108,20 @@ def score(directory: Path) -> list[CaseResult]:
         return [run_case(case, Path(tmp)) for case in cases]
 
 
+# Bands of the top finding's confidence: how often the doctor is right when it is this sure.
+CONFIDENCE_BANDS = ((0.0, 0.5), (0.5, 0.7), (0.7, 0.85), (0.85, 1.0))
+
+
+def _band(confidence: float) -> str:
+    lo, hi = next(b for b in CONFIDENCE_BANDS if confidence < b[1] or b == CONFIDENCE_BANDS[-1])
+    return f"{lo:.2f}-{hi:.2f}"
+
+
 def table(results: list[CaseResult]) -> dict[str, Any]:
     """{split: {category: {n, category_ok, fix_ok, in_top3, silent}, "all": {...}}}, counts as
     integers (`in_top3`: the expected category among the first three findings, which tells a
-    ranking miss from a reading miss; `silent`: cases on which no rule fired at all)."""
+    ranking miss from a reading miss; `silent`: cases on which no rule fired at all), and
+    {split}_by_confidence: {band: {n, category_ok}} (calibration of the top finding)."""
     out: dict[str, Any] = {}
     for split in ("dev", "held_out"):
         rows: dict[str, dict[str, int]] = defaultdict(
@@ -125,6 +137,12 @@ def table(results: list[CaseResult]) -> dict[str, Any]:
                 rows[key]["in_top3"] += r.in_top3
                 rows[key]["silent"] += r.got is None and not r.error
         out[split] = dict(sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])))
+        bands = {f"{lo:.2f}-{hi:.2f}": {"n": 0, "category_ok": 0} for lo, hi in CONFIDENCE_BANDS}
+        for r in results:
+            if r.split == split and r.confidence is not None:
+                bands[_band(r.confidence)]["n"] += 1
+                bands[_band(r.confidence)]["category_ok"] += r.category_ok
+        out[f"{split}_by_confidence"] = bands
     out["crashes"] = [f"{r.id}: {r.error}" for r in results if r.error]
     return out
 
@@ -144,6 +162,11 @@ def format_table(summary: dict[str, Any]) -> str:
                 f" {row['fix_ok']:>4} ({row['fix_ok'] / n:4.0%})"
                 f" {row['in_top3']:>4} ({row['in_top3'] / n:4.0%}) {row['silent']:>8}"
             )
+    for split in ("dev", "held_out"):
+        lines.append(f"{split}, top-1 right by the top finding's confidence:")
+        for band, row in summary[f"{split}_by_confidence"].items():
+            share = f"({row['category_ok'] / row['n']:4.0%})" if row["n"] else ""
+            lines.append(f"  {band:28} {row['n']:>4} {row['category_ok']:>4} {share}")
     lines.append(f"crashes: {len(summary['crashes'])}")
     lines.extend(f"  {c}" for c in summary["crashes"])
     return "\n".join(lines)
