@@ -468,3 +468,11 @@ SOURCES.update(
         ),
     }
 )
+
+SOURCES.update(
+    {
+        "r8a-thunder1368-saved-tensors": "https://github.com/Lightning-AI/lightning-thunder/issues/1368",
+        "r8a-thunder1379-backward-trace": "https://github.com/Lightning-AI/lightning-thunder/issues/1379",
+        "r8a-lightning16435-fsdp-wrapper": "https://github.com/Lightning-AI/pytorch-lightning/issues/16435",
+    }
+)

@@ -1,8 +1,11 @@
 """Facts about how pasted code calls an API, and what failed or differed: keyword arguments on
 their own lines, tensors built without requires_grad and the code looking at gradients, a
 trainer handed checkpointing over the model's own kwargs, an assert followed by the message it
-printed, lines saying two runs' gradients differ. evidence/code.py merges them into its facts
-(`scan_snippets` documents the keys)."""
+printed, lines saying two runs' gradients differ, reports of the tensors saved for backward
+(`saved_report`), lines of a compiler's trace (`compiled_trace`) and a compiled backward's
+signature (`backward_trace`: its saved_for_backward / cotangents inputs), lines naming a
+checkpoint wrapper (`ckpt_wrapper`) and FSDP (`fsdp_named`). evidence/code.py merges them into
+its facts (`scan_snippets` documents the keys)."""
 
 from __future__ import annotations
 
@@ -100,6 +103,27 @@ def _trainer_resets_gc(lines: list[str], quote: Callable[[str], str]) -> list[st
     return None
 
 
+# A report of what autograd keeps for backward: "len(out.grad_fn.saved_tensors)=5",
+# "Saved tensors size Thunder: 580.00 MiB", "saved for backward: 12 tensors, 2.3 GiB".
+_SAVED_REPORT_RE = re.compile(
+    r"saved_tensors\)?\s*[=:]\s*\d+"
+    r"|\bsaved[ _](?:tensors?|activations|for[ _]backward)\b[^\n]{0,40}?"
+    r"\d+(?:\.\d+)?\s*(?:[KMG]i?B|bytes|tensors)\b",
+    re.IGNORECASE,
+)
+# A line of a compiler's trace / generated program: an nvFuser region call, a primitive, a
+# trace's shape annotation ('# t10: "cuda:0 f16[1, 16384, 10240]"'), inductor's kernels.
+_COMPILED_TRACE_RE = re.compile(
+    r"\bnvFusion\d+\(|\bprims\.\w+\(|#\s*\w+:\s*\"cuda:\d+\s+\w+\[|\bthunder\.jit\("
+    r"|\btorch\.compile\(|\btriton_\w+_fused_\w+|\bTorchInductor\b|\bfx_graph\b"
+)
+# The signature of a compiled backward (thunder's backward_fn, an AOT autograd backward graph):
+# its inputs are the tensors saved for backward and the incoming gradients (cotangents).
+_BACKWARD_TRACE_RE = re.compile(
+    r"\bdef\s+\w*backward\w*\(\s*[^)]*(?:saved_for_backward|tangents)"
+)
+
+
 def scan_calls(
     lines: list[str], is_code: Callable[[str], bool], quote: Callable[[str], str]
 ) -> dict[str, Any]:
@@ -125,6 +149,16 @@ def scan_calls(
             add("grad_mismatch", line)
             words = facts.setdefault("grad_mismatch_words", [])
             words += [w for w in _MISMATCH_WORDS if w in lower and w not in words]
+        if "saved" in lower and _SAVED_REPORT_RE.search(line):
+            add("saved_report", line)
+        if _COMPILED_TRACE_RE.search(line):
+            add("compiled_trace", line)
+        if "backward" in lower and _BACKWARD_TRACE_RE.search(line):
+            add("backward_trace", line)
+        if "checkpoint_wrapper" in lower or "apply_activation_checkpointing" in lower:
+            add("ckpt_wrapper", line)
+        if "fsdp" in lower or "fullyshardeddataparallel" in lower:
+            add("fsdp_named", line)
         if line.lstrip().startswith("assert ") and "assert_failed" not in facts:
             failed = _assert_then_message(line, lines[i + 1 : i + 3])
             if failed:

@@ -405,10 +405,50 @@ def _release_regression(ctx: Context) -> Match | None:
         patch["code"] = (
             "torch.backends.cudnn.benchmark = False; torch.backends.cudnn.deterministic = True"
         )
+    wrapper, fsdp = fact(ctx, "ckpt_wrapper"), fact(ctx, "fsdp_named")
+    if wrapper and fsdp:
+        fix += (
+            "; meanwhile apply FSDP and the checkpoint_wrapper yourself, in that order (Lightning: "
+            "wrap the model with FSDP and apply_activation_checkpointing in "
+            "configure_sharded_model / configure_model) instead of leaving the wrapping to "
+            "the strategy"
+        )
     return Match(
         0.6,
         f"The paste says the same code works on {good} and not on {bad} ('{line[:160]}'): "
         "the change is in the library between the releases.",
         config_patch=patch,
         fix=fix,
+    )
+
+
+@rule(
+    "RK680",
+    "A compiler saves more tensors for backward than the computation needs",
+    "framework_bug",
+    symptom="A compiled (jit / torch.compile / nvFuser) program's trace is pasted next to a "
+    "count or size of the tensors saved for backward (len(grad_fn.saved_tensors)=5, 'Saved "
+    "tensors size: 580 MiB') that is larger than the eager or checkpointed run's",
+    cause="The compiler's rematerialization / min-cut partitioner decides what to save for "
+    "backward per fusion region; when a producer feeds several consumers across regions (a "
+    "residual connection, a linear left outside the fusion) it saves every intermediate "
+    "instead of recomputing the cheap ones: a limitation of the compiler, not a setting of "
+    "the user's",
+    confirm="Compare len(out.grad_fn.saved_tensors) and their total size between the eager and "
+    "compiled runs; print the forward trace and look at what its return saves",
+    fix="Let the fusion region cover the matmuls so rematerialization sees one producer -> "
+    "one consumer (thunder: thunder.jit(f, nv_enable_linear=True, nv_enable_matmul=True); "
+    "torch.compile: lower torch._functorch.config.activation_memory_budget); report the trace "
+    "to the compiler's issue tracker",
+    patch={"nv_enable_linear": True, "nv_enable_matmul": True},
+)
+def _compiler_saves_too_much(ctx: Context) -> Match | None:
+    saved, trace = fact(ctx, "saved_report"), fact(ctx, "compiled_trace")
+    if not (saved and trace) or ctx.evidence.errors:
+        return None
+    return Match(
+        0.6,
+        f"The paste reports what is saved for backward ('{'; '.join(saved[:2])[:140]}') next "
+        f"to a compiler's trace ('{trace[0][:90]}'): the compiler's rematerialization chose "
+        "what to keep, and it keeps more than the computation needs.",
     )

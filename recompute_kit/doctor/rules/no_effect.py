@@ -560,3 +560,36 @@ def _trainer_resets_kwargs(ctx: Context) -> Match | None:
         f"{kwargs} in the trainer's arguments next to gradient_checkpointing (the trainer's "
         "enable call is the one that counts)",
     )
+
+
+@rule(
+    "RK681",
+    "A compiled backward keeps its saved tensors and the incoming gradient alive through the "
+    "recomputation",
+    "recompute_no_effect",
+    symptom="A compiled backward trace is pasted (def backward_fn(saved_for_backward, "
+    "cotangents), an AOT autograd backward graph with tangents_N inputs) because memory in "
+    "backward stays high with recomputation on",
+    cause="With recomputation the compiled backward first recomputes the forward's "
+    "intermediates and only then consumes the incoming gradient (cotangent) and the saved "
+    "tensors, so they stay alive through the whole recompute and the peak does not drop; "
+    "without it the first op consumes the gradient and frees it",
+    confirm="Read the trace: find where the cotangent (the loss gradient) and each saved "
+    "tensor are last used and deleted (del / clear_mutable_collection) relative to the "
+    "recomputed ops; compare torch.cuda.max_memory_allocated() with recomputation on and off",
+    fix="Let the compiler recompute what it saves for backward instead of keeping it "
+    "(thunder: thunder.jit(fn, enable_saved_for_backward_recomputation=True); torch.compile: "
+    "lower torch._functorch.config.activation_memory_budget) and report the trace's "
+    "ordering upstream",
+    patch={"enable_saved_for_backward_recomputation": True},
+)
+def _compiled_backward_keeps(ctx: Context) -> Match | None:
+    trace = fact(ctx, "backward_trace")
+    if not trace or ctx.evidence.errors or ctx.evidence.oom:
+        return None
+    return Match(
+        0.45,
+        f"A compiled backward's trace is pasted ('{trace[0][:100]}'): its inputs, the tensors "
+        "saved for backward and the cotangents, live until their last use in the trace, which "
+        "recomputation moves after the recomputed ops.",
+    )
