@@ -474,5 +474,6 @@ SOURCES.update(
         "r8a-thunder1368-saved-tensors": "https://github.com/Lightning-AI/lightning-thunder/issues/1368",
         "r8a-thunder1379-backward-trace": "https://github.com/Lightning-AI/lightning-thunder/issues/1379",
         "r8a-lightning16435-fsdp-wrapper": "https://github.com/Lightning-AI/pytorch-lightning/issues/16435",
+        "r8a-autoresearch588-release-table": "https://github.com/karpathy/autoresearch/pull/588",
     }
 )

@@ -64,3 +64,18 @@ def test_r8a_rk600_fsdp_checkpoint_wrapper_regression_names_manual_wrapping():
     )
     g = top(run(no_fsdp))
     assert g.rule == "RK600" and "configure_sharded_model" not in g.fix
+
+
+@covers("RK600")
+def test_r8a_rk600_release_comparison_table():
+    # https://github.com/karpathy/autoresearch/pull/588: "The real bug is in PyTorch 2.9.1 ...
+    # Verified fixed in PyTorch 2.11.0." (srosro): a table of releases, one OOMs, one fits
+    f = top(run(text("r8a-autoresearch588-release-table")))
+    assert f.rule == "RK600" and f.category == "framework_bug"
+    assert f.config_patch["command"] == "pip install torch==2.11.0"
+    assert "upgrade" in f.fix and "2.9.1" in f.fix
+    # both rows fit: no release is the bad one, and RK600 stays out
+    both_fit = text("r8a-autoresearch588-release-table").replace(
+        "OOM at batch=64", "Fits at batch=64"
+    )
+    assert "RK600" not in ids(run(both_fit))

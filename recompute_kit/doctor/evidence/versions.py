@@ -65,6 +65,44 @@ _CUDNN_RE = re.compile(r"\bcudnn\b(?!\s*version)|\bconv(?:[123]d|olution)\b", re
 _CODE_RE = re.compile(r"^\s*(?:>>>|\$|#|import |from |def |for |if |[\w.]+\s*=|[\w.]+\()")
 
 
+# A comparison table by release: a header cell naming the library (or "version") and rows
+# whose first cell is a release, "| 2.9.1 | ... | OOM at batch=64 |", "| **2.11.0** | Fits |".
+_TABLE_LIB_RE = re.compile(
+    r"^(?:py)?(torch|lightning|transformers|deepspeed|accelerate|peft|megatron|vllm|cudnn|"
+    r"cuda)\b|^(?:release|version)s?$",
+    re.I,
+)
+_TABLE_VER_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?(?:[a-z]+\d*)?(?:\+\w+)?)$")
+_TABLE_BAD_RE = re.compile(r"\booms?\b|out of memory|\bfail|\berror|crash|\bleak", re.I)
+_TABLE_GOOD_RE = re.compile(r"\bfits?\b|\bworks?\b|\bok\b|\bpass(?:es|ed)?\b|\u2705", re.I)
+
+
+def _table_regression(text: str) -> tuple[str, str, str, str] | None:
+    """(library, good, bad, line) from a markdown table comparing releases: one row fails
+    (OOM / error) and another works (fits / works / ok)."""
+    lib: str | None = None
+    good = bad = None
+    for raw in text.splitlines():
+        cells = [c.strip().strip("*`").strip() for c in raw.strip().strip("|").split("|")]
+        if len(cells) < 2 or not raw.lstrip().startswith("|"):
+            continue
+        if lib is None and (m := _TABLE_LIB_RE.match(cells[0])):
+            lib = (m.group(1) or "").lower()
+            continue
+        ver = _TABLE_VER_RE.match(cells[0]) if lib is not None else None
+        if ver is None:
+            continue
+        rest = " ".join(cells[1:])
+        line = " ".join(raw.replace("*", "").replace("`", "").split())[:200]
+        if _TABLE_BAD_RE.search(rest) and bad is None:
+            bad = (ver.group(1), line)
+        elif _TABLE_GOOD_RE.search(rest) and good is None:
+            good = (ver.group(1), line)
+    if lib is None or good is None or bad is None or good[0] == bad[0]:
+        return None
+    return (lib, good[0], bad[0], f"{good[1][:100]} ... {bad[1][:100]}")
+
+
 def _release(m: re.Match[str]) -> tuple[str, str] | None:
     groups = m.groups()
     # each alternative has (py, lib, version): the first filled triple; "pytorch" is torch
@@ -78,7 +116,8 @@ def _release(m: re.Match[str]) -> tuple[str, str] | None:
 
 def scan_versions(text: str) -> dict:
     """`release_regression` ((library, good, bad, line)): the paste says one release works and
-    another fails or takes more memory (library "" when not named); `version_said`
+    another fails or takes more memory (library "" when not named), in prose or in a table
+    comparing releases; `version_said`
     ((library, version)); `cudnn_said` (cuDNN or a convolution named);
     `together_prose` (lines saying features fail only when combined)."""
     facts: dict = {}
@@ -113,4 +152,6 @@ def scan_versions(text: str) -> dict:
             bad[1],
             good[2] if good[2] == bad[2] else f"{good[2][:100]} ... {bad[2][:100]}",
         )
+    elif (table := _table_regression(text)) is not None:
+        facts["release_regression"] = table
     return facts

@@ -365,6 +365,18 @@ def _combined_in_words(ctx: Context) -> Match | None:
     return None
 
 
+def _newer(a: str, b: str) -> bool:
+    """Release a is later than release b ("2.11.0" vs "2.9.1"); False when unreadable."""
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+    try:
+        return key(a) > key(b)
+    except ValueError:
+        return False
+
+
 @rule(
     "RK600",
     "Same code, another release: it worked on one version and fails on the next (a regression)",
@@ -394,6 +406,11 @@ def _release_regression(ctx: Context) -> Match | None:
         f"worked (pip install {package}=={pin}) and report it upstream with both versions; "
         "move to a release that fixes it once there is one"
     )
+    if _newer(good, bad):
+        fix = (
+            f"A bug of {lib or 'the library'} {bad} that {good} no longer has: upgrade (pip "
+            f"install {package}=={pin}) rather than working around it"
+        )
     patch: dict = {"command": f"pip install {package}=={pin}"}
     if fact(ctx, "cudnn_said") and lib in ("torch", "cudnn", ""):
         fix += (
