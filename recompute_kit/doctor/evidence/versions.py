@@ -83,8 +83,10 @@ def _table_regression(text: str) -> tuple[str, str, str, str] | None:
     lib: str | None = None
     good = bad = None
     for raw in text.splitlines():
-        cells = [c.strip().strip("*`").strip() for c in raw.strip().strip("|").split("|")]
-        if len(cells) < 2 or not raw.lstrip().startswith("|"):
+        # from the first "|": a rank / logger prefix or a quote marker before the row
+        row = raw[raw.find("|") :].strip() if raw.count("|") >= 2 else ""
+        cells = [c.strip().strip("*`").strip() for c in row.strip("|").split("|")]
+        if len(cells) < 2:
             continue
         if lib is None and (m := _TABLE_LIB_RE.match(cells[0])):
             lib = (m.group(1) or "").lower()
