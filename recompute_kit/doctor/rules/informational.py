@@ -172,3 +172,36 @@ def _misread(ctx: Context) -> Match | None:
     if isinstance(seq, int) and seq <= 512:
         evidence += f" At {key} {seq} activations are a small share of the memory."
     return Match(0.75, evidence)
+
+
+@rule(
+    "RK671",
+    "Tokenizer's 'Token indices sequence length is longer than ...' warning alone: harmless",
+    "informational",
+    symptom="'Token indices sequence length is longer than the specified maximum sequence "
+    "length for this model (N > M). Running this sequence through the model will result in "
+    "indexing errors', with no error after it",
+    cause="transformers' tokenizer warns whenever a text is tokenized whole beyond its "
+    "model_max_length; trainers (Unsloth, TRL SFTTrainer, LLaMA-Factory's cutoff_len) "
+    "tokenize first and truncate or pack to max_seq_length afterwards, so no over-long "
+    "sequence reaches the model",
+    confirm="The batches' input_ids are no longer than max_seq_length (and training runs)",
+    fix="No fix needed when the trainer truncates to max_seq_length; if you feed the ids to "
+    "the model yourself, tokenize with truncation=True, max_length=<max_seq_length>",
+    patch={"truncation": True},
+    refs=("https://github.com/unslothai/unsloth/issues/382",),
+)
+def _token_overflow(ctx: Context) -> Match | None:
+    over = fact(ctx, "token_overflow")
+    if not isinstance(over, dict) or not _quiet(ctx) or fact(ctx, "oom_mentions"):
+        return None  # with a failure in the paste the warning is a bystander
+    return Match(
+        0.55,
+        f'The log says: "{over["line"]}": the tokenizer saw a {over["length"]}-token text '
+        f"against its {over['max']}-token limit before any truncation; a warning, not an "
+        "error.",
+        config_patch={"max_seq_length": over["max"], "truncation": True},
+        fix=f"No fix needed when the trainer truncates to max_seq_length (<= {over['max']}); "
+        f"if you feed the ids to the model yourself, tokenize with truncation=True, "
+        f"max_length={over['max']}",
+    )
