@@ -51,3 +51,31 @@ def test_r8s_token_indices_warning_beside_an_oom_is_a_bystander():
     d = run(text("r8s-qwen25omni257-token-overflow-oom"))
     assert "RK671" not in ids(d)
     assert top(d).category == "allocation_exceeds_device"
+
+
+@covers("RK672")
+def test_r8s_new_use_reentrant_warning_alone_is_informational():
+    # the PyTorch >= 2.4 wording, reproduced locally (tests/rule_sources.py LOCAL); the
+    # announced exception never came (https://github.com/pytorch/pytorch/pull/193720: "the
+    # exception was never introduced")
+    d = run(text("ckpt-local-use-reentrant-missing"))
+    f = top(d)
+    assert f.rule == "RK672" and f.category == "informational"
+    assert "RK072" not in ids(d)
+    assert f.config_patch == {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    assert "No fix needed" in f.fix and "use_reentrant=False" in f.fix
+
+
+def test_r8s_new_use_reentrant_warning_beside_an_oom_is_not_the_answer():
+    d = run(text("ckpt-local-use-reentrant-missing") + "\n" + text("oom-pt-16417-comment"))
+    assert "RK672" not in ids(d)
+    assert top(d).category != "informational"
+
+
+def test_r8s_token_indices_warning_hard_wrapped():
+    # the unsloth#382 line wrapped in the middle, as pastes into narrow boxes come
+    paste = text("r8s-unsloth382-token-overflow").replace(
+        "maximum sequence length", "maximum\nsequence length", 1
+    )
+    f = top(run(paste))
+    assert f.rule == "RK671" and "12065" in f.evidence

@@ -258,6 +258,14 @@ def _notices(lines: list[str]) -> dict[str, Any]:
                 "max": int(m.group(2)),
                 "line": " ".join(line.split())[:220],
             }
+    if "token_overflow" not in found:  # a paste that hard-wrapped the warning
+        joined = " ".join(" ".join(line.split()) for line in lines if len(line) < 4000)
+        if m := _TOKEN_OVERFLOW_RE.search(joined):
+            found["token_overflow"] = {
+                "length": int(m.group(1)),
+                "max": int(m.group(2)),
+                "line": joined[m.start() : m.end() + 80],
+            }
     return found
 
 

@@ -205,3 +205,32 @@ def _token_overflow(ctx: Context) -> Match | None:
         f"if you feed the ids to the model yourself, tokenize with truncation=True, "
         f"max_length={over['max']}",
     )
+
+
+@rule(
+    "RK672",
+    "use_reentrant warning alone (PyTorch >= 2.4 wording): nothing fails",
+    "informational",
+    symptom="UserWarning 'torch.utils.checkpoint: the use_reentrant parameter should be "
+    "passed explicitly. In version 2.4 / 2.5 we will raise an exception ...' (or 'Starting in "
+    "PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception'), with "
+    "training running",
+    cause="PyTorch asks callers to choose the checkpoint variant; without the argument it "
+    "still uses the reentrant one and only warns; the announced exception was never "
+    "introduced (the version in the text moved from 2.4 to 2.5 to 2.9, and PyTorch 2.15 still "
+    "warns)",
+    confirm="The loss is logged after the warning and no exception follows",
+    fix="No fix needed for memory or results; pass use_reentrant explicitly to silence it and "
+    "be safe from the announced error: gradient_checkpointing_kwargs={'use_reentrant': False} "
+    "(Hugging Face) or checkpoint(fn, *args, use_reentrant=False)",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=("https://github.com/pytorch/pytorch/pull/193720",),
+    supersedes=("RK072",),
+)
+def _new_reentrant_notice(ctx: Context) -> Match | None:
+    found = on_message("the use_reentrant parameter should be passed explicitly", confidence=0.6)(
+        ctx
+    )
+    if found is None or not _quiet(ctx) or fact(ctx, "oom_mentions"):
+        return None
+    return found
