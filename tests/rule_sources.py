@@ -477,3 +477,12 @@ SOURCES.update(
         "r8a-autoresearch588-release-table": "https://github.com/karpathy/autoresearch/pull/588",
     }
 )
+
+# Gemini placement (RK670), tokenizer length warning (RK671): tests/test_rules_states4.py
+SOURCES.update(
+    {
+        "r8s-unsloth382-token-overflow": "https://github.com/unslothai/unsloth/issues/382",
+        "r8s-colossalai2246-gemini-auto": "https://github.com/hpcaitech/ColossalAI/issues/2246",
+        "r8s-qwen25omni257-token-overflow-oom": "https://github.com/QwenLM/Qwen2.5-Omni/issues/257",
+    }
+)

@@ -258,8 +258,8 @@ def test_rk156_old_use_reentrant_notice_alone():
     line = text("i13-llavallama3-4").splitlines()[0]
     f = top(run(line))
     assert f.rule == "RK156" and f.category == "informational"
-    # the newer wording (PyTorch >= 2.4: "will raise an exception") stays RK072's
-    assert top(run(text("ckpt-local-use-reentrant-missing"))).rule == "RK072"
+    # the newer wording (PyTorch >= 2.4: "will raise an exception") alone: RK672's notice
+    assert top(run(text("ckpt-local-use-reentrant-missing"))).rule == "RK672"
     # both warnings of LLaVA-Llama-3#4 together: informational, not misuse
     assert top(run(text("i13-llavallama3-4"))).category == "informational"
 

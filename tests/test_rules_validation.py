@@ -172,11 +172,13 @@ CHECKPOINT_CASES = [
         "informational",
         {"gradient_checkpointing_kwargs": {"use_reentrant": False}},
     ),
+    # the use_reentrant warning alone (PyTorch >= 2.4 wording): informational, RK672 (RK072
+    # reads it only beside a failure)
     (
-        "RK072",
+        "RK672",
         "ckpt-local-use-reentrant-missing",
-        "checkpoint_api_misuse",
-        {"use_reentrant": False},
+        "informational",
+        {"gradient_checkpointing_kwargs": {"use_reentrant": False}},
     ),
     ("RK073", "ckpt-local-kwargs-reentrant", "checkpoint_api_misuse", {"use_reentrant": False}),
     ("RK074", "ckpt-local-ddp", "checkpoint_api_misuse", {"use_reentrant": False}),

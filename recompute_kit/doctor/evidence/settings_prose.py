@@ -215,10 +215,58 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                 size = _ONE_SIZE[m.group(1).lower().replace(" ", "")]
                 put("gpu_bytes", size * GIB, line)
                 break
+    extra = _notices(lines)
     if not found:
-        return {}
+        return extra
     found["lines"] = quoted
-    return {"settings_prose": found}
+    return {"settings_prose": found, **extra}
+
+
+# ColossalAI Gemini's placement policy, as a setting: "PLACEMENT_POLICY = 'auto'",
+# GeminiDDP(..., placement_policy="cuda"), GeminiPlugin(placement_policy='static')
+_GEMINI_RE = re.compile(r"\bgemini", re.I)
+_PLACEMENT_RE = re.compile(
+    r"placement[_ ]?policy\W{0,3}\s*[=:]\s*['\"]?(auto|cuda|cpu|static|const)\b", re.I
+)
+# transformers' tokenizer warning (tokenization_utils_base.py), printed when a text is
+# tokenized whole, before any truncation to the training length
+_TOKEN_OVERFLOW_RE = re.compile(
+    r"Token indices sequence length is longer than the specified maximum sequence length"
+    r"(?: for this model)?\s*\((\d+) > (\d+)\)"
+)
+
+
+def _notices(lines: list[str]) -> dict[str, Any]:
+    """{"gemini_placement": {"policy", "line"}} when the paste uses ColossalAI Gemini with a
+    stated placement policy; {"token_overflow": {"length", "max", "line"}} for the
+    tokenizer's sequence-length warning."""
+    found: dict[str, Any] = {}
+    gemini = any(_GEMINI_RE.search(line) for line in lines if len(line) < 4000)
+    for line in lines:
+        if len(line) > 4000:
+            continue
+        if gemini and "gemini_placement" not in found and (m := _PLACEMENT_RE.search(line)):
+            found["gemini_placement"] = {
+                "policy": m.group(1).lower(),
+                "line": " ".join(line[max(0, m.start() - 60) : m.end() + 40].split()),
+            }
+        if "token_overflow" not in found and (
+            m := _TOKEN_OVERFLOW_RE.search(" ".join(line.split()))
+        ):
+            found["token_overflow"] = {
+                "length": int(m.group(1)),
+                "max": int(m.group(2)),
+                "line": " ".join(line.split())[:220],
+            }
+    if "token_overflow" not in found:  # a paste that hard-wrapped the warning
+        joined = " ".join(" ".join(line.split()) for line in lines if len(line) < 4000)
+        if m := _TOKEN_OVERFLOW_RE.search(joined):
+            found["token_overflow"] = {
+                "length": int(m.group(1)),
+                "max": int(m.group(2)),
+                "line": joined[m.start() : m.end() + 80],
+            }
+    return found
 
 
 def _rlhf(lines: list[str]) -> dict[str, Any] | None:

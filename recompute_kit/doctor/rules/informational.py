@@ -172,3 +172,65 @@ def _misread(ctx: Context) -> Match | None:
     if isinstance(seq, int) and seq <= 512:
         evidence += f" At {key} {seq} activations are a small share of the memory."
     return Match(0.75, evidence)
+
+
+@rule(
+    "RK671",
+    "Tokenizer's 'Token indices sequence length is longer than ...' warning alone: harmless",
+    "informational",
+    symptom="'Token indices sequence length is longer than the specified maximum sequence "
+    "length for this model (N > M). Running this sequence through the model will result in "
+    "indexing errors', with no error after it",
+    cause="transformers' tokenizer warns whenever a text is tokenized whole beyond its "
+    "model_max_length; trainers (Unsloth, TRL SFTTrainer, LLaMA-Factory's cutoff_len) "
+    "tokenize first and truncate or pack to max_seq_length afterwards, so no over-long "
+    "sequence reaches the model",
+    confirm="The batches' input_ids are no longer than max_seq_length (and training runs)",
+    fix="No fix needed when the trainer truncates to max_seq_length; if you feed the ids to "
+    "the model yourself, tokenize with truncation=True, max_length=<max_seq_length>",
+    patch={"truncation": True},
+    refs=("https://github.com/unslothai/unsloth/issues/382",),
+)
+def _token_overflow(ctx: Context) -> Match | None:
+    over = fact(ctx, "token_overflow")
+    if not isinstance(over, dict) or not _quiet(ctx) or fact(ctx, "oom_mentions"):
+        return None  # with a failure in the paste the warning is a bystander
+    return Match(
+        0.55,
+        f'The log says: "{over["line"]}": the tokenizer saw a {over["length"]}-token text '
+        f"against its {over['max']}-token limit before any truncation; a warning, not an "
+        "error.",
+        config_patch={"max_seq_length": over["max"], "truncation": True},
+        fix=f"No fix needed when the trainer truncates to max_seq_length (<= {over['max']}); "
+        f"if you feed the ids to the model yourself, tokenize with truncation=True, "
+        f"max_length={over['max']}",
+    )
+
+
+@rule(
+    "RK672",
+    "use_reentrant warning alone (PyTorch >= 2.4 wording): nothing fails",
+    "informational",
+    symptom="UserWarning 'torch.utils.checkpoint: the use_reentrant parameter should be "
+    "passed explicitly. In version 2.4 / 2.5 we will raise an exception ...' (or 'Starting in "
+    "PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception'), with "
+    "training running",
+    cause="PyTorch asks callers to choose the checkpoint variant; without the argument it "
+    "still uses the reentrant one and only warns; the announced exception was never "
+    "introduced (the version in the text moved from 2.4 to 2.5 to 2.9, and PyTorch 2.15 still "
+    "warns)",
+    confirm="The loss is logged after the warning and no exception follows",
+    fix="No fix needed for memory or results; pass use_reentrant explicitly to silence it and "
+    "be safe from the announced error: gradient_checkpointing_kwargs={'use_reentrant': False} "
+    "(Hugging Face) or checkpoint(fn, *args, use_reentrant=False)",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=("https://github.com/pytorch/pytorch/pull/193720",),
+    supersedes=("RK072",),
+)
+def _new_reentrant_notice(ctx: Context) -> Match | None:
+    found = on_message("the use_reentrant parameter should be passed explicitly", confidence=0.6)(
+        ctx
+    )
+    if found is None or not _quiet(ctx) or fact(ctx, "oom_mentions"):
+        return None
+    return found

@@ -529,3 +529,44 @@ def _default_adam_states(ctx: Context) -> Match | None:
         config_patch=patch,
         fix=fix,
     )
+
+
+@rule(
+    "RK670",
+    "ColossalAI Gemini with placement policy 'auto' / 'cuda' runs out of memory",
+    "model_state_memory",
+    symptom="An OOM (or 'got OOM' in words) with ColossalAI Gemini (GeminiDDP, GeminiPlugin, "
+    "zero_model_wrapper) and placement_policy 'auto' or 'cuda'",
+    cause="With 'cuda' Gemini keeps every parameter, gradient and optimizer chunk on the GPU; "
+    "with 'auto' it moves chunks to the GPU by its estimate of the free margin, which "
+    "under-counts activations and the allocator's cache, so model states crowd the GPU as "
+    "the batch grows",
+    confirm="The same run with placement_policy 'cpu' fits (it keeps model states in host "
+    "memory and moves chunks in on demand)",
+    fix="Use placement_policy='cpu' for large models (newer GeminiPlugin: "
+    "placement_policy='static' with offload_optim_frac=1.0 and offload_param_frac=1.0), or "
+    "lower the batch with 'auto'; activation recompute does not free model states",
+    patch={"placement_policy": "cpu"},
+    refs=("https://colossalai.org/docs/features/zero_with_chunk",),
+    supersedes=("RK171", "RK005", "RK170", "RK102"),
+)
+def _gemini_placement(ctx: Context) -> Match | None:
+    placed = fact(ctx, "gemini_placement")
+    if not isinstance(placed, dict) or placed.get("policy") not in ("auto", "cuda"):
+        return None
+    said = fact(ctx, "oom_mentions") or []
+    if not (ctx.oom or oom_errors(ctx) or said):
+        return None
+    policy = placed["policy"]
+    return Match(
+        0.7,
+        f"The paste sets Gemini's placement policy '{policy}' (\"{placed['line'][:140]}\") "
+        "and runs out of memory: "
+        + (
+            "'cuda' keeps all model states on the GPU."
+            if policy == "cuda"
+            else "'auto' moves model-state chunks onto the GPU by an estimate of the free "
+            "margin that leaves too little for activations."
+        ),
+        config_patch={"placement_policy": "cpu"},
+    )
