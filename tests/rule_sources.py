@@ -468,3 +468,13 @@ SOURCES.update(
         ),
     }
 )
+
+# host RAM, selective recompute that OOMs, vocabulary-sized loss buffers (RK660, RK661, RK262):
+# tests/test_rules_pressure2.py
+SOURCES.update(
+    {
+        "r8p-verl224-rollout-host-ram": "https://github.com/verl-project/verl/issues/224",
+        "r8p-mbridge5506-selective-oom": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5506",
+        "r8p-mbridge5508-fp32-ce-buffer": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5508",
+    }
+)
