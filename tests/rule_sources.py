@@ -476,5 +476,6 @@ SOURCES.update(
         "r8p-verl224-rollout-host-ram": "https://github.com/verl-project/verl/issues/224",
         "r8p-mbridge5506-selective-oom": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5506",
         "r8p-mbridge5508-fp32-ce-buffer": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5508",
+        "r8p-trl3436-unshard-oom-cut": "https://github.com/huggingface/trl/issues/3436",
     }
 )

@@ -64,3 +64,13 @@ def test_r8p_rk262_fp32_vocabulary_sized_loss_buffer():
     f = top(run(text("r8p-mbridge5508-fp32-ce-buffer")))
     assert f.rule == "RK262" and f.category == "logits_memory"
     assert "vocabulary-sized buffer" in f.evidence and "fused cross entropy" in f.fix
+
+
+@covers("RK260")
+def test_r8p_rk260_traceback_cut_before_an_oom_said_in_words_is_no_library_bug():
+    # https://github.com/huggingface/trl/issues/3436: the traceback is cut before its
+    # exception line inside FSDP's unshard, and the user says "...load the model and OOM";
+    # maintainer: "this is a genuine CUDA OOM ... not a TRL bug"
+    d = run(text("r8p-trl3436-unshard-oom-cut"))
+    assert "RK260" not in ids(d)
+    assert top(d).category != "framework_bug"

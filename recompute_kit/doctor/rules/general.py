@@ -177,7 +177,8 @@ def _library_exception(ctx: Context) -> Match | None:
     for e in typed:
         frames = e.frames or [f for o in orphans for f in o.frames]
         candidates.append((e, frames, 0.6))
-    if orphans and not typed and not (ctx.oom or oom_errors(ctx)):
+    said_oom = ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")  # "...and OOM" in words
+    if orphans and not typed and not said_oom:
         candidates.append((orphans[-1], [f for o in orphans for f in o.frames], 0.45))
     for e, frames, confidence in candidates:
         if not frames:
