@@ -486,3 +486,14 @@ SOURCES.update(
         "r8s-qwen25omni257-token-overflow-oom": "https://github.com/QwenLM/Qwen2.5-Omni/issues/257",
     }
 )
+
+# host RAM, selective recompute that OOMs, vocabulary-sized loss buffers (RK660, RK661, RK262):
+# tests/test_rules_pressure2.py
+SOURCES.update(
+    {
+        "r8p-verl224-rollout-host-ram": "https://github.com/verl-project/verl/issues/224",
+        "r8p-mbridge5506-selective-oom": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5506",
+        "r8p-mbridge5508-fp32-ce-buffer": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5508",
+        "r8p-trl3436-unshard-oom-cut": "https://github.com/huggingface/trl/issues/3436",
+    }
+)

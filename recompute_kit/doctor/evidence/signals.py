@@ -188,6 +188,48 @@ _CKPT_OFF_RE = re.compile(
 )
 
 
+# Host (CPU) RAM exhausted, not a GPU's memory: the kernel's OOM killer ("Killed", "Out of
+# memory: Killed process 123", "oom-kill"), errno 12 ("Cannot allocate memory"), a DataLoader
+# worker or a Ray task killed for memory, a process killed by SIGKILL (-9) under torchrun
+_HOST_KILL_RE = re.compile(
+    r"^\W*(?:\S+:\s*)?Killed(?:\s+\S*python\S*.*)?\s*$|oom[-_ ]?kill(?:er|ed)?\b"
+    r"|Out of memory: Kill(?:ed)? process|Cannot allocate memory|\bENOMEM\b"
+    r"|DataLoader worker \(pid[^)]*\) is killed by signal"
+    r"|running low on memory|memory monitor|ray\S* OutOfMemoryError"
+    r"|exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)|\bSIGKILL\b",
+    re.I,
+)
+# The machine's memory named in words ("96g memory and got OOM", "host RAM", "CPU memory",
+# "系统内存"; 内存 is RAM where 显存 is a GPU's memory), never VRAM or GPU memory
+_HOST_WORD_RE = re.compile(
+    r"\b(?:host|cpu|system|node)[\s_-]?(?:memory|ram|mem)\b|(?<![vV])\bRAM\b|内存|\bswap\b"
+    r"|\bRSS\b|\d+\s*[GT]i?B?\s+(?:of\s+)?(?:host\s+|cpu\s+|system\s+)?(?:memory|ram)\b"
+    r"(?!\s*(?:per\s+)?(?:gpu|card|each))",
+    re.I,
+)
+_GPU_MEMORY_WORD_RE = re.compile(r"gpu|cuda|vram|显存|显卡|device memory|hbm", re.I)
+# a Ray / multiprocessing worker's row in a process table: "40126  11.20  ray::WorkerDict..."
+_PROC_ROW_RE = re.compile(r"^\s*\d{2,7}\s+(\d+(?:\.\d+)?)\s+(?:ray::|python|\S*worker)", re.I)
+
+# Memory said to run out in words an OOM regex misses: "exhausted memory at iteration 7"
+_EXHAUSTED_RE = re.compile(
+    r"\bexhaust(?:s|ed|ing)?\s+(?:\w+\s+){0,2}memory\b|\bmemory\s+(?:was\s+|is\s+|got\s+)?exhausted",
+    re.I,
+)
+# Selective recompute said to run out of memory: "a selective-recompute run exhausted memory",
+# "with recompute_granularity=selective we still OOM"
+_SELECTIVE_RE = re.compile(
+    r"selective[\s_/-]+(?:[\w/]+[\s_-]+){0,3}?recomput\w*|recompute[\s_-]granularity\W{0,3}selective",
+    re.I,
+)
+_OOM_WORD_RE = re.compile(r"(?<![A-Za-z])OOM|out of memory|ran out|does(?:n't| not) fit", re.I)
+# a loss / output layer buffer of vocabulary size: "the native FP32 vocabulary-sized buffer"
+_VOCAB_LOSS_RE = re.compile(
+    r"vocab\w*[\s-]+(?:sized?|dim\w*)|(?:cross[\s_-]?entropy|lm[\s_]head|language head)\W.*vocab",
+    re.I,
+)
+
+
 def scan_signals(lines: list[str]) -> dict[str, Any]:
     """Facts, each present only when found: `frame_code` (["file:line in func", "source
     line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
@@ -208,7 +250,11 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     FSDP / offload or a non-Adam optimizer), `vision_keys` ({key: first value} of images per
     batch / image size keys of detection and segmentation trainers), `vision_lines` (lines
     naming such a key or a detection / segmentation task, framework or model family),
-    `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted)."""
+    `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted),
+    `host_kill_lines` (the OS killed a process for host RAM), `host_memory_lines` (host RAM
+    named in words), `host_rows` (per-process host memory sizes of a process table, GB),
+    `exhausted_prose` (memory said to be exhausted in words), `selective_oom_prose` (such a
+    line naming selective recompute)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
     for i, line in enumerate(lines):
@@ -257,7 +303,11 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
-        if ("logit" in low and (_vocab_dim(line) or "vocab" in low)) or _LOSS_OOM_RE.search(line):
+        if (
+            ("logit" in low and (_vocab_dim(line) or "vocab" in low))
+            or _LOSS_OOM_RE.search(line)
+            or ("vocab" in low and _VOCAB_LOSS_RE.search(line))
+        ):
             facts.setdefault("logits_lines", []).append(_q(line))
         if (
             _FRAG_RE.search(line)
@@ -290,6 +340,20 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
         if _CKPT_OFF_RE.search(line):
             facts.setdefault("ckpt_off_prose", []).append(_q(line))
+        if _EXHAUSTED_RE.search(line):
+            facts.setdefault("exhausted_prose", []).append(_q(line))
+        if _SELECTIVE_RE.search(line) and (_EXHAUSTED_RE.search(line) or _OOM_WORD_RE.search(line)):
+            facts.setdefault("selective_oom_prose", []).append(_q(line))
+        if _HOST_KILL_RE.search(line) and len(facts.get("host_kill_lines", [])) < 4:
+            facts.setdefault("host_kill_lines", []).append(_q(line))
+        if (
+            _HOST_WORD_RE.search(bare := _GPU_RE.sub(" ", line))  # "A100 80GB memory": a GPU's
+            and not _GPU_MEMORY_WORD_RE.search(_HOST_WORD_RE.sub(" ", bare))
+            and len(facts.get("host_memory_lines", [])) < 4
+        ):
+            facts.setdefault("host_memory_lines", []).append(_q(line))
+        if (row := _PROC_ROW_RE.search(line)) and len(facts.get("host_rows", [])) < 64:
+            facts.setdefault("host_rows", []).append(float(row.group(1)))
         for m in _VISION_KEY_RE.finditer(line):
             key = re.sub(r"\s+", "", m.group(1))
             facts.setdefault("vision_keys", {}).setdefault(key, int(m.group(2)))

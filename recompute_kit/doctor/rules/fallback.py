@@ -516,3 +516,86 @@ def _vision_pressure(ctx: Context) -> Match | None:
         config_patch=patch,
         fix="The workload is larger than this GPU, cheapest change first: " + _numbered(steps),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RK660: host (CPU) RAM exhausted, not the GPU's memory
+# --------------------------------------------------------------------------------------------
+
+_HOST_SHORT_RE = re.compile(
+    r"(?<![A-Za-z])OOM|out of memory|exhaust|too small|not enough|consum|内存不足|\d\s*[GT]i?B?\b",
+    re.I,
+)
+_GPU_OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError: CUDA|显存|HIP out of memory", re.I)
+
+
+@rule(
+    "RK660",
+    "Host (CPU) RAM is exhausted, not the GPU's memory",
+    "genuine_pressure",
+    symptom="A process killed by the OS ('Killed', the OOM killer, 'Cannot allocate memory', a "
+    "DataLoader worker or Ray task killed for memory, SIGKILL / exitcode -9) or an OOM said of "
+    "the machine's memory (RAM, host / CPU memory, 内存, per-process RSS), with no CUDA OOM",
+    cause="The host's RAM, not a GPU's, runs out: every rank / DataLoader worker / rollout "
+    "worker keeps its own copy of weights loaded on the CPU, CPU-offloaded optimizer states or "
+    "parameters, or a dataset in memory; the sum outgrows the node",
+    confirm="free -g and dmesg -T | grep -i 'killed process' during the run; the per-process "
+    "RSS (top, ps) times the number of processes against the node's RAM",
+    fix="More host RAM (or swap), fewer processes holding a CPU copy (fewer DataLoader workers, "
+    "rollout workers, ranks per node), less CPU offload, load weights lazily (low_cpu_mem_usage, "
+    "mmap); GPU memory knobs (batch, recompute) do not help",
+    patch={"dataloader_num_workers": 0},
+    supersedes=("RK005", "RK087", "RK102", "RK004", "RK001", "RK630"),
+)
+def _host_ram(ctx: Context) -> Match | None:
+    if ctx.oom is not None or _GPU_OOM_RE.search(ctx.text):
+        return None  # a CUDA OOM: the GPU's memory ran out, whatever the host says
+    kills: list[str] = fact(ctx, "host_kill_lines") or []
+    words = [w for w in fact(ctx, "host_memory_lines") or [] if _HOST_SHORT_RE.search(w)]
+    rows: list[float] = fact(ctx, "host_rows") or []
+    if not kills and not words:
+        return None
+    if not kills and not (fact(ctx, "oom_mentions") or oom_errors(ctx) or rows):
+        return None  # host memory named, but nothing ran out
+    big = [r for r in rows if r >= 1.0]
+    said = f"'{(kills or words)[0][:140]}'"
+    evidence = f"The OS, not CUDA, reports the shortage ({said}): host (CPU) RAM ran out."
+    if len(big) >= 2:
+        evidence += (
+            f" {len(big)} processes hold {min(big):g}-{max(big):g} GB of host memory each, "
+            f"{sum(big):.0f} GB together: each keeps its own CPU copy."
+        )
+    workers = next(
+        (
+            (key, v)
+            for key, v in ctx.cfg.items()
+            if key.endswith("num_workers") and isinstance(v, int)
+        ),
+        None,
+    )
+    patch: dict[str, Any]
+    if workers is not None and workers[1] > 0:
+        patch = {workers[0]: workers[1] // 2}
+        first = f"{workers[0]} {workers[1]} -> {workers[1] // 2} (each worker holds a copy)"
+    elif len(big) >= 2:
+        need = int(sum(big) * 1.25 + 0.999)
+        patch = {"command": "free -g; dmesg -T | grep -i -E 'killed process|out of memory'"}
+        first = f"a node with at least {need} GB of host RAM (or swap), or fewer such processes"
+    else:
+        patch = {"dataloader_num_workers": 0}
+        first = "dataloader_num_workers 0 (no forked copies of the dataset)"
+    return Match(
+        0.7 if kills else 0.6,
+        evidence + f" Cheapest change first: {first}.",
+        config_patch=patch,
+        fix="Host (CPU) memory, not GPU memory, is exhausted: "
+        + _numbered(
+            [
+                first,
+                "more host RAM or swap, or fewer ranks / rollout or DataLoader workers per node",
+                "less CPU offload (optimizer / parameter offload keeps states in host RAM)",
+                "load weights lazily (low_cpu_mem_usage=True, safetensors mmap) on one rank",
+            ]
+        )
+        + " GPU knobs (batch, recompute) do not free host RAM",
+    )

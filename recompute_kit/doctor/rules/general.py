@@ -177,7 +177,8 @@ def _library_exception(ctx: Context) -> Match | None:
     for e in typed:
         frames = e.frames or [f for o in orphans for f in o.frames]
         candidates.append((e, frames, 0.6))
-    if orphans and not typed and not (ctx.oom or oom_errors(ctx)):
+    said_oom = ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")  # "...and OOM" in words
+    if orphans and not typed and not said_oom:
         candidates.append((orphans[-1], [f for o in orphans for f in o.frames], 0.45))
     for e, frames, confidence in candidates:
         if not frames:
@@ -333,8 +334,9 @@ def _shapes(ctx: Context) -> str:
     "model size; recompute of transformer layers does not touch them",
     confirm="batch x tokens x vocab x 4 bytes against the peak; a fused linear cross-entropy "
     "makes the peak drop by about that much",
-    fix="Never materialise the full logits: a fused linear cross-entropy (use_liger_kernel / "
-    "Liger's FusedLinearCrossEntropy, cross_entropy_loss_fusion), chunked log-prob / loss "
+    fix="Never materialise the full logits: a fused cross entropy or fused linear cross-entropy "
+    "(use_liger_kernel / Liger's FusedLinearCrossEntropy; Megatron cross_entropy_loss_fusion "
+    "with cross_entropy_fusion_impl: te), chunked log-prob / loss "
     "computation, logits_to_keep (only the completion tokens), or a smaller micro-batch",
     patch={"use_liger_kernel": True},
     supersedes=("RK005", "RK087", "RK004"),
@@ -345,6 +347,7 @@ def _vocab_logits(ctx: Context) -> Match | None:
         return None
     sizes = re.compile(r"\d(?:\.\d+)?\s*[KMGT]i?B\b|\d\s*[KMGT]\b", re.I)
     failing = ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions") or ctx.evidence.memory
+    failing = failing or fact(ctx, "exhausted_prose")
     if not failing and not any(sizes.search(line) for line in lines):
         return None  # logits named, but no memory figure or OOM next to them
     if is_megatron(ctx):

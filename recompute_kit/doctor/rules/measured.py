@@ -345,3 +345,48 @@ def _optimizer_load_oom(ctx: Context) -> Match | None:
         f"optimizer.load_state_dict, or upgrade {where} (upgrade megatron: distributed "
         "checkpointing loads optimizer shards in place)",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RK661: selective recompute said to run out of memory: full, uniform recompute is the step
+# --------------------------------------------------------------------------------------------
+
+
+@rule(
+    "RK661",
+    "Selective recompute still runs out of memory: recompute whole layers",
+    "activation_memory",
+    symptom="The paste says a run with selective recompute (attention / MoE / core-attention "
+    "modules only) ran out of memory (OOM, 'exhausted memory', does not fit)",
+    cause="Selective recompute drops only the cheap-to-recompute parts (attention scores, "
+    "activation functions, MoE dispatch); each layer still keeps its inputs to the linear "
+    "layers, so with long sequences, large micro-batches, vision tokens or a large "
+    "cross-entropy workspace the live activations still exceed the GPU",
+    confirm="Run the same step with recompute_granularity: full, recompute_method: uniform, "
+    "recompute_num_layers: 1 and compare the peak (torch.cuda.max_memory_allocated); full "
+    "recompute typically costs about a third more forward compute",
+    fix="Full-layer uniform recompute, one decoder layer per recompute unit "
+    "(recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1); "
+    "raise recompute_num_layers (or use block) to buy back speed once it fits",
+    patch={
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    },
+    refs=("arXiv:2205.05198",),
+    supersedes=("RK005", "RK087", "RK102", "RK010"),
+)
+def _selective_ooms(ctx: Context) -> Match | None:
+    lines = fact(ctx, "selective_oom_prose") or []
+    if not lines:
+        return None
+    if str(ctx.cfg.get("recompute_granularity", "selective")).lower() == "full":
+        return None  # already full: the advice would repeat what is set
+    said = next(
+        (p for p in lines[0].split(". ") if "selective" in p.lower()), lines[0]
+    )  # the sentence that says it, not the whole line
+    return Match(
+        0.7,
+        f"The paste says selective recompute ran out of memory ('{said[:160]}'): the layers' "
+        "inputs to the linear layers are still kept; recomputing whole layers frees them.",
+    )
