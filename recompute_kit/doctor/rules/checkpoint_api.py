@@ -86,8 +86,9 @@ def _failing(ctx: Context) -> bool:
 
 def _reentrant_warning(ctx: Context) -> Match | None:
     """PyTorch >= 2.4 words it as a coming error ("should be passed explicitly ... will raise
-    an exception"): misuse. The older wording ("please pass in use_reentrant=True or ...") is
-    a notice that changes nothing today: only with a failure in the log (else RK151)."""
+    an exception"); the exception never came (pytorch#193720), so alone, with nothing failing,
+    RK672 reads it as a notice and drops this finding. The older wording ("please pass in
+    use_reentrant=True or ...") counts only with a failure in the log (else RK151)."""
     new = on_message(RK072_NEW)(ctx)
     if new is not None:
         return new
