@@ -65,13 +65,15 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # 125/148 = 84.5%, 126/148 = 85.1%; held-out 42/115, 37/115 (unchanged).
 # All three with r8api (RK680/RK681, RK600 tables) on 263 cases: dev 129/148 = 87.2%, 132/148 =
 # 89.2%; held-out 42/115 = 36.5%, 37/115 = 32.2%.
+# A third unbiased sample of 16 cases (m_*, n_*, o_*; 6 dev, 10 held-out; no rule for them): on
+# 279 cases dev 132/154 = 85.7%, 136/154 = 88.3%; held-out 48/125 = 38.4%, 41/125 = 32.8%.
 FLOORS = {
     ("dev", "category_ok"): 0.85,
     ("dev", "fix_ok"): 0.85,
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.30,
 }
-MIN_CASES = 263
+MIN_CASES = 279
 
 
 @pytest.fixture(scope="module")
