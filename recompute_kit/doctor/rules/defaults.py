@@ -132,8 +132,9 @@ def _named_arguments(ctx: Context, e, func: str | None) -> list[str]:
     named = [a for a in passed if a in idents]
     if func in _API_LIMITS:
         named = [a for a in _API_LIMITS[func] if a in named or a in idents] or named
-    if not named:
-        named = [w for w in dict.fromkeys(_IDENT_RE.findall(e.message)) if "_" in w.strip("_")]
+    if not named:  # a quoted word is a value ("Allowed modules are: {'mla_up_proj', ...}")
+        bare = re.sub(r"'[^']*'|\"[^\"]*\"", " ", e.message)
+        named = [w for w in dict.fromkeys(_IDENT_RE.findall(bare)) if "_" in w.strip("_")]
     return named[:3]
 
 

@@ -522,10 +522,28 @@ def _vision_pressure(ctx: Context) -> Match | None:
 # RK660: host (CPU) RAM exhausted, not the GPU's memory
 # --------------------------------------------------------------------------------------------
 
+# a shortage said in words, not a size ("CPU RSS: 592.20 MB, VMS: 5.79 GB" is a reading); 内存
+# is said loosely of a GPU's memory: beside a GPU ("3*V100（16G），还是OOM？到底需要多少内存") it
+# means the host only with a host word or a host size ("8*A800 80g and 96g memory")
 _HOST_SHORT_RE = re.compile(
-    r"(?<![A-Za-z])OOM|out of memory|exhaust|too small|not enough|consum|内存不足|\d\s*[GT]i?B?\b",
+    r"(?<![A-Za-z])OOM|out of memory|exhaust|too small|not enough|consum|内存不足", re.I
+)
+_HOST_EXPLICIT_RE = re.compile(
+    r"\b(?:host|cpu|system|node)[\s_-]?(?:memory|ram|mem)\b|(?<![vV])\bRAM\b|\bswap\b|\bRSS\b|系统内存"
+    r"|主机内存|\d+\s*[GT]i?B?\s+(?:of\s+)?(?:memory|ram)\b",
     re.I,
 )
+_GPU_NAMED_RE = re.compile(
+    r"\bGPU|(?<![A-Za-z])(?:[ABHL]\d{2,3}S?|[VP]100|T4|A6000|RTX\s?\d{4})(?![A-Za-z0-9])", re.I
+)
+
+
+def _host_shortage(line: str) -> bool:
+    if not _HOST_SHORT_RE.search(line):
+        return False
+    return not _GPU_NAMED_RE.search(line) or bool(_HOST_EXPLICIT_RE.search(line))
+
+
 _GPU_OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError: CUDA|显存|HIP out of memory", re.I)
 
 
@@ -551,7 +569,7 @@ def _host_ram(ctx: Context) -> Match | None:
     if ctx.oom is not None or _GPU_OOM_RE.search(ctx.text):
         return None  # a CUDA OOM: the GPU's memory ran out, whatever the host says
     kills: list[str] = fact(ctx, "host_kill_lines") or []
-    words = [w for w in fact(ctx, "host_memory_lines") or [] if _HOST_SHORT_RE.search(w)]
+    words = [w for w in fact(ctx, "host_memory_lines") or [] if _host_shortage(w)]
     rows: list[float] = fact(ctx, "host_rows") or []
     if not kills and not words:
         return None

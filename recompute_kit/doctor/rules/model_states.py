@@ -282,9 +282,20 @@ def _states_by_model_size(ctx: Context) -> Match | None:
     shard_words = (
         f" The failed request ({shard}) is itself a shard of the model states." if (shard) else ""
     )
+    where, conf = f"on {gpus} GPU(s)", 0.9 if per_gpu >= gpu else 0.85
+    if not counted:  # "over 1 GPU(s)" would be a count the paste does not give
+        where = "(GPU count not in the paste)"
+        plan = re.sub(r" over 1 GPU\(s\)", " over the run's GPUs", plan)
+        plan = re.sub(r", about [\d.]+ [GMK]iB of model states per GPU$", "", plan)
+    if not counted and not oom and not stated_gpu_bytes(ctx):
+        conf = 0.6  # no OOM, no GPU, no GPU count in the paste: the model's size alone
+        shard_words += (
+            " The paste shows no OOM, no GPU and no GPU count: this is the model's size alone"
+            " against an 80 GiB GPU, if the run uses one."
+        )
     return Match(
-        0.9 if per_gpu >= gpu else 0.85,  # states alone above capacity: this leads
-        f"{name} has about {params / 1e9:.1f}B parameters; {kind} on {gpus} GPU(s) keeps "
+        conf,  # states alone above capacity: this leads
+        f"{name} has about {params / 1e9:.1f}B parameters; {kind} {where} keeps "
         f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}."
         f"{shard_words}",
         config_patch=patch,

@@ -301,7 +301,8 @@ def _cost_in_words(ctx: Context) -> Match | None:
     measured = [c for c in costs if c["ratio"]]
     worst = max(measured, key=lambda c: c["ratio"]) if measured else costs[0]
     lines = " ".join(c["line"] for c in costs)
-    if _FEWER_LAYERS_RE.search(lines) and not _ATTENTION_RE.search(lines):
+    fewer = bool(_FEWER_LAYERS_RE.search(lines))  # every layer against fewer, not on vs off
+    if fewer and not _ATTENTION_RE.search(lines):
         how = "checkpoint fewer layers (every other layer: a checkpointing interval of 2)"
         patch: dict = (
             {"recompute_granularity": "full", "recompute_method": "block"}
@@ -330,16 +331,21 @@ def _cost_in_words(ctx: Context) -> Match | None:
             fix=f"Recompute less: {how}; or turn checkpointing off where the run fits without "
             "it (a larger batch it frees can also pay the cost back)",
         )
-    if worst["ratio"] > _ONE_EXTRA_FORWARD:
+    # A ratio of more checkpointed layers against fewer says nothing about blocks recomputed
+    # twice; only an on / off ratio above one extra forward hints at it, and the paste does
+    # not show the cause: say what to look for, not what happened
+    if worst["ratio"] > _ONE_EXTRA_FORWARD and not fewer:
         beyond = (
-            f" {worst['ratio']:g}x is more than one extra forward pass (~1.3x) costs: the "
-            "checkpointed blocks are recomputed more than once (nested checkpoints, "
-            "checkpointing with offload, a memory-bound small model) — profile the backward."
+            f" {worst['ratio']:g}x is more than one extra forward pass (~1.3x) costs: if it "
+            "compares checkpointing on against off, look for blocks recomputed more than once "
+            "(nested checkpoints, checkpointing with offload) or a small, memory-bound model "
+            "— profile the backward."
         )
+    against = " of checkpointing fewer layers" if fewer else ""
     return Match(
         0.75,
         f"The paste states recompute's cost: '{worst['line'][:160]}' "
-        f"(about {worst['ratio']:g}x the step).{beyond}",
+        f"(about {worst['ratio']:g}x the step{against}).{beyond}",
         config_patch=patch,
         fix=f"Recompute less: {how}; or no recompute where the run fits without it",
     )
