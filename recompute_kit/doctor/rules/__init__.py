@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     overhead,
     reported,
     validation,
+    workloads,
 )
 from .registry import CATEGORIES, EXPANDABLE, RULES, gib, patch_for
 
