@@ -239,3 +239,17 @@ def test_log_file_gzip_crlf_and_long_lines(tmp_path):
     assert [i.iteration for i in evidence.iterations] == [71, 72, 73]
     check_oom(evidence.oom[0], *OOM_CASES["gen5"][1:])
     assert evidence.sources == [f"log:{path}"]
+
+
+def test_checkpoint_metadata_with_a_scalar_shape():
+    # Verbatim lines from https://github.com/NVIDIA-NeMo/RL/pull/1676 (a 0-d tensor's shape is
+    # torch.Size([]); the parser crashed on the empty shape).
+    from recompute_kit.doctor.evidence.code import scan_snippets
+
+    text = (
+        "saved metadata: {'shape': torch.Size([]), 'dtype': torch.int64, 'device': "
+        "device(type='cuda', index=0)}\n"
+        "recomputed metadata: {'shape': torch.Size([2]), 'dtype': torch.uint64, 'device': "
+        "device(type='cuda', index=0)}\n"
+    )
+    assert scan_snippets(text)["metadata_pairs"] == [("", "int64", "2", "uint64")]

@@ -412,7 +412,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("eval_prose", line)
         if "metadata" in line and (m := _META_RE.search(line)):
             kind = m.group(1) or m.group(4)
-            shape, dtype = " ".join((m.group(2) or m.group(5)).split()), m.group(3) or ""
+            # a scalar's shape is torch.Size([]): an empty group, not a missing one
+            raw_shape = m.group(2) if m.group(2) is not None else m.group(5)
+            shape, dtype = " ".join(raw_shape.split()), m.group(3) or ""
             if kind == "saved":
                 saved_meta = (shape, dtype)
             elif saved_meta is not None:
