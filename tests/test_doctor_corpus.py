@@ -129,6 +129,10 @@ def test_corpus_scores(results, tmp_path):
 ONE_THREAD_RULES = frozenset(
     [f"RK{n}" for n in range(140, 161)] + ["RK190", "RK191", "RK220", "RK233", "RK235", "RK236"]
 )
+# The same phenomenon under another label: Megatron-LM#2294 is uniform recompute with 24 layers
+# and recompute_num_layers 7, labelled a framework bug (the clamp came in PR #3562); RK152 reads
+# it as the configuration that triggers that bug, which its own text says.
+SAME_PHENOMENON = {("q_megatron_2294_uniform_recompute_index_out_of_range", "RK152")}
 
 
 def test_one_thread_rules_stay_silent_on_other_categories():
@@ -152,7 +156,9 @@ def test_one_thread_rules_stay_silent_on_other_categories():
             wrong += [
                 f"{case['id']}: {f.rule} ({f.category})"
                 for f in d.findings
-                if f.rule in ONE_THREAD_RULES and f.category != case["expected_category"]
+                if f.rule in ONE_THREAD_RULES
+                and f.category != case["expected_category"]
+                and (case["id"], f.rule) not in SAME_PHENOMENON
             ]
     assert not wrong, wrong
 
