@@ -497,3 +497,14 @@ SOURCES.update(
         "r8p-trl3436-unshard-oom-cut": "https://github.com/huggingface/trl/issues/3436",
     }
 )
+
+# ZeRO-3 model moved whole before sharding (RK691), an upgrade "from A to B" regression
+# (RK600), a recompute call passing an argument in another parameter's slot (RK690):
+# tests/test_rules_sample4a.py
+SOURCES.update(
+    {
+        "r10a-deepspeed2497-module-to-device": "https://github.com/deepspeedai/DeepSpeed/issues/2497",
+        "r10a-deepspeed7116-upgrade-from-to": "https://github.com/deepspeedai/DeepSpeed/issues/7116",
+        "r10a-megatron355-ckpt-arg-slot": "https://github.com/NVIDIA/Megatron-LM/pull/355",
+    }
+)

@@ -70,9 +70,11 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # A fourth unbiased sample of 21 cases (p_*, q_*, r_*; 16 dev, 5 held-out; no rule for them; one
 # crashed the metadata reader, fixed): on 300 cases dev 140/170 = 82.4%, 144/170 = 84.7%;
 # held-out 49/130 = 37.7%, 41/130 = 31.5% (dev floors back to 0.80: the corpus changed).
+# r10a (RK690, RK691, "upgrading X from A to B" read by RK600): dev 143/170 = 84.1%,
+# 146/170 = 85.9%; held-out unchanged (dev floors raised).
 FLOORS = {
-    ("dev", "category_ok"): 0.80,
-    ("dev", "fix_ok"): 0.80,
+    ("dev", "category_ok"): 0.84,
+    ("dev", "fix_ok"): 0.85,
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.30,
 }

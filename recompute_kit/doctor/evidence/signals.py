@@ -222,6 +222,23 @@ _SELECTIVE_RE = re.compile(
     r"selective[\s_/-]+(?:[\w/]+[\s_-]+){0,3}?recomput\w*|recompute[\s_-]granularity\W{0,3}selective",
     re.I,
 )
+# The whole model put on a device before anything shards it: `self.module.to(self.device)`,
+# `model.cuda()`, or said in words ("requires the model to totally reside inside the GPU",
+# "loads the entire model on each GPU")
+_WHOLE_MOVE_RE = re.compile(
+    r"\b(?:self\.)?(?:module|model)\.(?:to\(\s*(?:self\.)?(?:device|local_rank|rank|"
+    r"torch\.cuda\.current_device\(\)|['\"]cuda)|cuda\(\))"
+    r"|\b(?:entire|whole|full|complete)\s+model\b[^.\n]{0,40}\b(?:on|in|inside|onto|into)\s+"
+    r"(?:the\s+|each\s+|every\s+|one\s+)?(?:gpu|device|card)"
+    r"|\bmodel\s+to\s+(?:totally|fully|entirely|wholly)\s+(?:reside|fit|live|sit)",
+    re.I,
+)
+# Sharding of model states named: ZeRO-3 / stage 3, FSDP, parameter offload
+_SHARDING_RE = re.compile(
+    r"zero[\s_-]*(?:\(?\s*)?(?:stage)?[\s_-]*3|stage[\s_-]*3|\bfsdp|fully_shard|"
+    r"\boffload",
+    re.I,
+)
 _OOM_WORD_RE = re.compile(r"(?<![A-Za-z])OOM|out of memory|ran out|does(?:n't| not) fit", re.I)
 # a loss / output layer buffer of vocabulary size: "the native FP32 vocabulary-sized buffer"
 _VOCAB_LOSS_RE = re.compile(
@@ -253,7 +270,9 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted),
     `host_kill_lines` (the OS killed a process for host RAM), `host_memory_lines` (host RAM
     named in words), `host_rows` (per-process host memory sizes of a process table, GB),
-    `exhausted_prose` (memory said to be exhausted in words), `selective_oom_prose` (such a
+    `whole_move_lines` (the whole model moved to a device, in code or words),
+    `sharding_prose` (ZeRO-3 / FSDP / offload named), `exhausted_prose` (memory said to be
+    exhausted in words), `selective_oom_prose` (such a
     line naming selective recompute)."""
     facts: dict[str, Any] = {}
     frames: list[list[str]] = []
@@ -340,6 +359,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
         if _CKPT_OFF_RE.search(line):
             facts.setdefault("ckpt_off_prose", []).append(_q(line))
+        if _WHOLE_MOVE_RE.search(line) and len(facts.get("whole_move_lines", [])) < 4:
+            facts.setdefault("whole_move_lines", []).append(_q(line))
+        if _SHARDING_RE.search(line) and len(facts.get("sharding_prose", [])) < 4:
+            facts.setdefault("sharding_prose", []).append(_q(line))
         if _EXHAUSTED_RE.search(line):
             facts.setdefault("exhausted_prose", []).append(_q(line))
         if _SELECTIVE_RE.search(line) and (_EXHAUSTED_RE.search(line) or _OOM_WORD_RE.search(line)):
@@ -363,7 +386,65 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("vision_lines", []).append(_q(line))
     if frames:
         facts["frame_code"] = frames
+    if misorder := _ckpt_arg_misorder("\n".join(lines)):
+        facts["ckpt_arg_misorder"] = misorder
     return facts
+
+
+_FORWARD_DEF_RE = re.compile(r"\bdef\s+forward\s*\(\s*self\s*,([^)]*)\)", re.S)
+_CKPT_CALL_RE = re.compile(
+    r"\b(?:[\w.]*checkpoint(?:_fn|_function)?|CheckpointFunction\.apply)\s*\("
+)
+_IDENT_RE = re.compile(r"^(?:self\.)?([A-Za-z_]\w*)$")
+
+
+def _call_args(text: str, start: int) -> list[str]:
+    """The top-level arguments of the call whose "(" ends at `start` (nested parentheses kept)."""
+    depth, cur, out = 1, "", []
+    for ch in text[start : start + 4000]:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                break
+        if ch == "," and depth == 1:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _ckpt_arg_misorder(text: str) -> dict[str, Any] | None:
+    """A checkpoint call that passes the forward's own parameters positionally, one of them
+    in another parameter's slot (`def forward(self, x, mask, inference_params=None,
+    rotary_pos_emb=None)` recomputed as `checkpoint(fn, flag, x, mask, rotary_pos_emb)`):
+    {"passed", "slot", "line"}."""
+    if "checkpoint" not in text or "def forward" not in text:
+        return None
+    for d in _FORWARD_DEF_RE.finditer(text):
+        params = [
+            re.split(r"[:=]", p, maxsplit=1)[0].strip().lstrip("*") for p in d.group(1).split(",")
+        ]
+        params = [p for p in params if p]
+        if len(params) < 3:
+            continue
+        for c in _CKPT_CALL_RE.finditer(text):
+            args = _call_args(text, c.end())
+            names = [m.group(1) if (m := _IDENT_RE.match(a)) else "" for a in args]
+            first = next((i for i, n in enumerate(names) if n == params[0]), None)
+            if first is None:
+                continue
+            for j, name in enumerate(names[first:]):
+                if j >= len(params) or "=" in args[first + j]:
+                    break
+                if name in params and name != params[j]:
+                    line = " ".join(text[c.start() : c.start() + 300].split())
+                    return {"passed": name, "slot": params[j], "line": line[:200]}
+    return None
 
 
 def _q(line: str) -> str:

@@ -42,6 +42,15 @@ _UPGRADE_RE = re.compile(
     r"(?:to\s+)?" + _RELEASE,
     re.I,
 )
+# One sentence naming both sides: "after upgrading deepspeed from 0.15.0 to 0.16.0, ... OOM",
+# "updated transformers from 4.44 to 4.46 and now it fails": the "from" release worked
+_FROM_TO_RE = re.compile(
+    r"\b(?:upgrad|updat|bump|mov|switch)(?:e|ed|es|ing)\b\s+(?:(?:the|my|our)\s+)?"
+    r"(?:(py)?(torch|lightning|transformers|deepspeed|accelerate|peft|megatron(?:[ _-]core)?|"
+    r"cudnn|cuda|trl|diffusers|fairscale|vllm|apex|xformers|flash[ _-]attn)\s+)?"
+    r"(?:version\s+)?from\s+" + _VER + r"\s+to\s+" + _VER,
+    re.I,
+)
 # a development build as the failing side: "on master takes huge amount of memory"
 _DEV_BRANCH_RE = re.compile(r"\b(?:on|with|in) (?:the )?(master|nightly|main branch)\b", re.I)
 _FAILURE_WORDS_RE = re.compile(
@@ -133,6 +142,9 @@ def scan_versions(text: str) -> dict:
             rel = _release(m)
             if rel and good is None:
                 good = (*rel, line[:200])
+        if _FAILURE_WORDS_RE.search(line) and good is None and (m := _FROM_TO_RE.search(line)):
+            lib = (m.group(2) or "").lower().replace(" ", "-").replace("_", "-")
+            good, bad = (lib, m.group(3), line[:200]), (lib, m.group(4), line[:200])
         if _FAILURE_WORDS_RE.search(line):
             for m in [*_BAD_RE.finditer(line), *_UPGRADE_RE.finditer(line)]:
                 rel = _release(m)

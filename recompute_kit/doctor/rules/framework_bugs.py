@@ -469,3 +469,42 @@ def _compiler_saves_too_much(ctx: Context) -> Match | None:
         f"to a compiler's trace ('{trace[0][:90]}'): the compiler's rematerialization chose "
         "what to keep, and it keeps more than the computation needs.",
     )
+
+
+@rule(
+    "RK690",
+    "On the recompute path an argument lands in another parameter's slot",
+    "framework_bug",
+    symptom="A checkpoint call (tensor_parallel.checkpoint, torch.utils.checkpoint) passes the "
+    "layer's forward arguments positionally, and one of them sits where the forward expects "
+    "another parameter (rotary embeddings where inference_params go)",
+    cause="The recompute wrapper forwards *args positionally: when the forward's signature "
+    "gains or orders a parameter differently, the checkpointed call silently hands a tensor "
+    "to the wrong parameter; only the recompute path (full recompute) is affected",
+    confirm="Print the argument's type inside forward with recompute on and off: it differs "
+    "(or the feature it belongs to silently stops working only under recompute)",
+    fix="Pass the arguments in the forward's order (None for the skipped ones) or by keyword "
+    "through a closure / functools.partial; upgrade the framework to the release that fixes "
+    "the call",
+    patch={"code": "checkpoint(functools.partial(layer, <name>=<name>), ...)"},
+    supersedes=("RK420", "RK170"),
+)
+def _ckpt_arg_misorder(ctx: Context) -> Match | None:
+    found = fact(ctx, "ckpt_arg_misorder")
+    if not found:
+        return None
+    passed, slot = found["passed"], found["slot"]
+    return Match(
+        0.6,
+        f"'{found['line'][:160]}' passes {passed} positionally where the forward's "
+        f"signature has {slot}: under recompute {slot} receives {passed}'s value and {passed} "
+        "is dropped.",
+        config_patch={
+            "code": f"checkpoint(..., {slot}=None, {passed}={passed}) "
+            "# or functools.partial(fn, " + f"{passed}={passed})",
+            "command": "pip install -U <the framework>",
+        },
+        fix=f"A bug on the recompute path: pass {passed} in its own slot (None for {slot}) or "
+        f"by keyword (functools.partial(fn, {passed}={passed})); upgrade the framework to a "
+        "release that fixes the checkpoint call, or turn full recompute off meanwhile",
+    )

@@ -23,6 +23,7 @@ from .registry import (
     patch_for,
     rule,
     where_raised,
+    zero_stage,
 )
 
 
@@ -547,4 +548,47 @@ def _vocab_blamed(ctx: Context) -> Match | None:
         fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel / "
         "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
         "(a chunk count of 2 or more), or a smaller micro-batch",
+    )
+
+
+@rule(
+    "RK691",
+    "ZeRO-3 / FSDP / offload on, but the whole model is put on the GPU before it is sharded",
+    "model_state_memory",
+    symptom="An OOM with ZeRO-3, FSDP or offload named, and the paste shows (or says) the whole "
+    "model moved onto the device first: `self.module.to(self.device)`, `model.cuda()`, "
+    "'requires the entire model on the GPU'",
+    cause="Sharding and offload act on a model that is already whole on every GPU: a model "
+    "built outside deepspeed.zero.Init (or FSDP's meta-device init) is materialised in full "
+    "on each rank before it is partitioned, so a model larger than one GPU never gets there",
+    confirm="torch.cuda.memory_allocated() right after building the model: the full weight "
+    "size on each rank",
+    fix="Build the model partitioned: construct it under deepspeed.zero.Init(config_dict_or_"
+    "path=ds_config) (HF from_pretrained with the ZeRO-3 config set); FSDP: init on the meta "
+    "device / cpu and shard before moving",
+    patch={"zero_optimization": {"stage": 3}, "zero_init": True},
+    supersedes=("RK170", "RK005", "RK102"),
+)
+def _whole_model_before_sharding(ctx: Context) -> Match | None:
+    moved = fact(ctx, "whole_move_lines")
+    if not moved or (ctx.oom is None and not fact(ctx, "oom_mentions")):
+        return None
+    sharded = fact(ctx, "sharding_prose")
+    if not sharded and zero_stage(ctx) != 3 and not ctx.cfg.get("fsdp"):
+        return None
+    fsdp = any(re.search(r"fsdp|fully_shard", x, re.I) for x in sharded or [])
+    how = (
+        "create the model on the meta device (or cpu) and call fully_shard / FSDP before "
+        "moving it (FSDP's param_init_fn / to_empty); never model.cuda() first"
+        if fsdp
+        else "construct it under `with deepspeed.zero.Init(config_dict_or_path=ds_config): "
+        "model = MyModel()` (HF: from_pretrained after the ZeRO-3 DeepSpeed config is set), "
+        "so each rank only ever holds its partition and offload can move it to cpu"
+    )
+    return Match(
+        0.6,
+        f"Sharding is named ('{(sharded or ['ZeRO-3'])[0][:100]}') but the whole model is put "
+        f"on the device first ('{moved[-1][:100]}'): the OOM happens before any partitioning.",
+        config_patch={"zero_optimization": {"stage": 3}, "zero_init": True, "map_location": "cpu"},
+        fix=f"Build the model partitioned instead of whole on each GPU: {how}",
     )
