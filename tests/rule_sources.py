@@ -497,3 +497,13 @@ SOURCES.update(
         "r8p-trl3436-unshard-oom-cut": "https://github.com/huggingface/trl/issues/3436",
     }
 )
+
+# memory budget and speed (RK700), another kernel in the recompute (RK701), a reentrant
+# checkpoint's output cycle (RK702): tests/test_rules_sample4b.py
+SOURCES.update(
+    {
+        "r10b-pt149258-memory-budget-speed": "https://github.com/pytorch/pytorch/issues/149258",
+        "r10b-pt84413-reentrant-output-cycle": "https://github.com/pytorch/pytorch/issues/84413",
+        "r10b-nemorl1676-cudnn-attention-metadata": "https://github.com/NVIDIA-NeMo/RL/pull/1676",
+    }
+)
