@@ -93,3 +93,13 @@ def test_r10b_rk702_bound_method_and_non_reentrant():
     # the output not stored where the function reaches it: no cycle
     src = text("r10b-pt84413-reentrant-output-cycle")
     assert "RK702" not in ids(run(src.replace("data # let", "pass # let")))
+
+
+@covers("RK702")
+def test_r10b_rk702_reads_a_paste_with_its_indentation_lost():
+    # the same paste with whitespace collapsed (tests/test_doctor_robustness.py's h_collapsed):
+    # the closure's body runs to its return
+    flat = "\n".join(
+        " ".join(line.split()) for line in text("r10b-pt84413-reentrant-output-cycle").splitlines()
+    )
+    assert scan_snippets(flat)["ckpt_output_cycle"][2] == "data"

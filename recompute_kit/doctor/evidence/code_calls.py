@@ -157,10 +157,17 @@ def _body_names(lines: list[str], name: str) -> set[str]:
         if not m or m.group(2) != name:
             continue
         indent, names = len(m.group(1)), set()
-        for body in lines[i + 1 :]:
-            if body.strip() and len(body) - len(body.lstrip()) <= indent:
+        body = lines[i + 1 :]
+        nxt = next((b for b in body if b.strip()), "")
+        flat = len(nxt) - len(nxt.lstrip()) <= indent  # indentation lost (a collapsed paste)
+        for line in body:
+            if flat and (not line.strip() or _DEF_RE.match(line)):
                 break
-            names.update(_NAME_RE.findall(body.split("#", 1)[0]))
+            if not flat and line.strip() and len(line) - len(line.lstrip()) <= indent:
+                break
+            names.update(_NAME_RE.findall(line.split("#", 1)[0]))
+            if flat and line.lstrip().startswith("return"):
+                break  # without indentation, the first return ends the body
         return names
     return set()
 
