@@ -508,3 +508,13 @@ SOURCES.update(
         "r10a-megatron355-ckpt-arg-slot": "https://github.com/NVIDIA/Megatron-LM/pull/355",
     }
 )
+
+# memory budget and speed (RK700), another kernel in the recompute (RK701), a reentrant
+# checkpoint's output cycle (RK702): tests/test_rules_sample4b.py
+SOURCES.update(
+    {
+        "r10b-pt149258-memory-budget-speed": "https://github.com/pytorch/pytorch/issues/149258",
+        "r10b-pt84413-reentrant-output-cycle": "https://github.com/pytorch/pytorch/issues/84413",
+        "r10b-nemorl1676-cudnn-attention-metadata": "https://github.com/NVIDIA-NeMo/RL/pull/1676",
+    }
+)

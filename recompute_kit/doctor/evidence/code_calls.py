@@ -4,8 +4,10 @@ trainer handed checkpointing over the model's own kwargs, an assert followed by 
 printed, lines saying two runs' gradients differ, reports of the tensors saved for backward
 (`saved_report`), lines of a compiler's trace (`compiled_trace`) and a compiled backward's
 signature (`backward_trace`: its saved_for_backward / cotangents inputs), lines naming a
-checkpoint wrapper (`ckpt_wrapper`) and FSDP (`fsdp_named`). evidence/code.py merges them into
-its facts (`scan_snippets` documents the keys)."""
+checkpoint wrapper (`ckpt_wrapper`) and FSDP (`fsdp_named`), torch.compile's activation memory
+budget set below 1 (`memory_budget`: [(line, value)]) and a reentrant checkpoint whose output is
+stored where its function reaches it (`ckpt_output_cycle`: [checkpoint line, store line, the
+container]). evidence/code.py merges them into its facts (`scan_snippets` documents the keys)."""
 
 from __future__ import annotations
 
@@ -119,9 +121,80 @@ _COMPILED_TRACE_RE = re.compile(
 )
 # The signature of a compiled backward (thunder's backward_fn, an AOT autograd backward graph):
 # its inputs are the tensors saved for backward and the incoming gradients (cotangents).
-_BACKWARD_TRACE_RE = re.compile(
-    r"\bdef\s+\w*backward\w*\(\s*[^)]*(?:saved_for_backward|tangents)"
+_BACKWARD_TRACE_RE = re.compile(r"\bdef\s+\w*backward\w*\(\s*[^)]*(?:saved_for_backward|tangents)")
+
+
+# torch.compile's memory budget for the partitioner (torch._functorch.config.
+# activation_memory_budget = 0.5), torchtitan's memory_budget = 0.5, a flag or a JSON key
+_MEMORY_BUDGET_RE = re.compile(
+    r"\b(?:activation[_-])?memory[_-]budget\b[\"']?\s*[=:]\s*[\"']?(\d*\.\d+|[01])\b"
 )
+
+# out = checkpoint(fn, ...) / torch.utils.checkpoint.checkpoint(self.block, ...)
+_CKPT_ASSIGN_RE = re.compile(
+    r"^\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=\s*(?:[\w.]+\.)?checkpoint\(\s*([A-Za-z_][\w.]*)\s*[,)]"
+)
+_DEF_RE = re.compile(r"^(\s*)def\s+([A-Za-z_]\w*)\s*\(")
+_NAME_RE = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def _store_of(line: str, out: str) -> str | None:
+    """The container a line stores `out` in: "data['x'] = out", "self.cache = out",
+    "outputs.append(out)"; None when it does not."""
+    m = re.match(r"^\s*([A-Za-z_]\w*)(?:\[[^\]]*\]|\.\w+)\s*=\s*(.+)$", line)
+    if m and re.search(rf"\b{re.escape(out)}\b", m.group(2)) and "==" not in line:
+        return m.group(1)
+    m = re.match(r"^\s*([A-Za-z_]\w*)\.(?:append|extend|insert|update|setdefault)\((.*)$", line)
+    if m and re.search(rf"\b{re.escape(out)}\b", m.group(2)):
+        return m.group(1)
+    return None
+
+
+def _body_names(lines: list[str], name: str) -> set[str]:
+    """The names used in the body of `def name(...)` in the paste (empty if not there)."""
+    for i, line in enumerate(lines):
+        m = _DEF_RE.match(line)
+        if not m or m.group(2) != name:
+            continue
+        indent, names = len(m.group(1)), set()
+        body = lines[i + 1 :]
+        nxt = next((b for b in body if b.strip()), "")
+        flat = len(nxt) - len(nxt.lstrip()) <= indent  # indentation lost (a collapsed paste)
+        for line in body:
+            if flat and (not line.strip() or _DEF_RE.match(line)):
+                break
+            if not flat and line.strip() and len(line) - len(line.lstrip()) <= indent:
+                break
+            names.update(_NAME_RE.findall(line.split("#", 1)[0]))
+            if flat and line.lstrip().startswith("return"):
+                break  # without indentation, the first return ends the body
+        return names
+    return set()
+
+
+def _output_cycle(lines: list[str], quote: Callable[[str], str]) -> list[str] | None:
+    """[checkpoint line, store line, container] when a reentrant checkpoint's output is stored
+    in an object its run function reaches (a closure's variable, or self for a bound method):
+    the reentrant CheckpointFunction keeps run_function on its ctx, so output -> graph ->
+    run_function -> container -> output is a cycle only the cyclic gc frees."""
+    for i, line in enumerate(lines):
+        m = _CKPT_ASSIGN_RE.match(line)
+        if not m or "use_reentrant=False" in line.replace(" ", ""):
+            continue
+        out, fn = m.group(1), m.group(2)
+        reach = {fn.split(".")[0]} if "." in fn else _body_names(lines, fn)
+        if not reach:
+            continue
+        indent = len(line) - len(line.lstrip())
+        for later in lines[i + 1 : i + 12]:
+            if later.strip() and len(later) - len(later.lstrip()) < indent:
+                break  # the function the checkpoint is called in ended
+            if re.match(rf"^\s*{re.escape(out)}\s*=[^=]", later):
+                break  # the name now holds something else
+            container = _store_of(later, out)
+            if container and container in reach and container != out:
+                return [quote(line), quote(later), container]
+    return None
 
 
 def scan_calls(
@@ -163,6 +236,11 @@ def scan_calls(
             failed = _assert_then_message(line, lines[i + 1 : i + 3])
             if failed:
                 facts["assert_failed"] = failed
+        m = _MEMORY_BUDGET_RE.search(lower) if "budget" in lower else None
+        if m and float(m.group(1)) < 1 and len(facts.get("memory_budget", [])) < 4:
+            facts.setdefault("memory_budget", []).append((quote(line), float(m.group(1))))
+    if any("checkpoint(" in line for line in lines) and (cycle := _output_cycle(lines, quote)):
+        facts["ckpt_output_cycle"] = cycle
     reset = _trainer_resets_gc(lines, quote)
     if reset:
         facts["trainer_resets_gc"] = reset

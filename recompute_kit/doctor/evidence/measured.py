@@ -14,6 +14,7 @@ memory (facts for rules/measured.py):
 * `reserved_vs_allocated`: a table's "Reserved ..." and "Allocated ..." rows, per column.
 * `vocab_memory_prose`: paragraphs that name a large vocabulary ("128K vocab", "vocab_size
   (128K)") together with memory (a shortage, a peak, a size), with the vocabulary size.
+* `speed_prose`: prose lines saying the run is slow / slower, recompute named or not.
 * `recompute_cost_prose`: sentences that name recompute / activation checkpointing together
   with what it costs in time ("a 3.75x slowdown", "~12% of GPU compute burned", "from 4.25
   second per training step to 3.00"), each with the time ratio it implies when it gives one.
@@ -387,6 +388,31 @@ _SLOW_WORDS_RE = re.compile(
 )
 
 
+# Speed said to suffer, with or without recompute named: "not optimal for speed", "slower",
+# "throughput drops", "lower MFU"
+_SPEED_PROSE_RE = re.compile(
+    r"\bnot\s+(?:optimal|good|ideal|efficient)\s+(?:for|in)\s+(?:speed|throughput|performance)"
+    r"|\bsub-?optimal\s+(?:for\s+)?(?:speed|throughput|performance)"
+    r"|\bslow(?:er|s|ed|down)?\b|\b(?:lower|worse|reduced)\s+(?:throughput|MFU|speed|tokens)"
+    r"|\b(?:throughput|MFU|speed)\s+(?:drops?|decreases?|regress\w*|is\s+worse)",
+    re.I,
+)
+
+
+def speed_prose(lines: list[str]) -> list[str]:
+    """Prose lines (not code, frames or tables) saying the run got slower / is not fast."""
+    out = []
+    for line in lines:
+        s = line.strip()
+        if not s or 'File "' in s or s.count("|") >= 3 or s.startswith(("#", ">>>")):
+            continue
+        if re.search(r"[=(]\s*$|^\w[\w.]*\s*=|^(?:def|class|import|from|return)\b", s):
+            continue  # code
+        if _SPEED_PROSE_RE.search(s):
+            out.append(" ".join(s.split())[:200])
+    return out[:6]
+
+
 def recompute_cost_prose(lines: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
@@ -468,6 +494,8 @@ def scan_measured(lines: list[str]) -> dict[str, Any]:
         facts["vocab_memory_prose"] = vocab
     if costs := recompute_cost_prose(lines):
         facts["recompute_cost_prose"] = costs
+    if speed := speed_prose(lines):
+        facts["speed_prose"] = speed
     if pairs := reserved_vs_allocated(lines):
         facts["reserved_vs_allocated"] = pairs
     if reports := allocated_reports(lines):

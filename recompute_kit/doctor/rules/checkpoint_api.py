@@ -299,7 +299,9 @@ def _metadata_mismatch(ctx: Context) -> Match | None:
             config_patch=patch,
             fix="Do not recompute the router: keep its topk / routing from the forward "
             "(router replay, or the router's topk in the checkpoint's save list), and "
-            "recompute only the experts' activation (Megatron: recompute_modules [moe_act])",
+            "recompute only the experts' activation (Megatron: recompute_modules [moe_act]); "
+            "a fused dispatcher (DeepEP, flex) can count tokens differently on the re-run: "
+            "a deterministic token dispatcher (alltoall) under checkpointing",
         )
     hit = next((w for w in COMPILE_WORDS if w in text), None)
     if hit:

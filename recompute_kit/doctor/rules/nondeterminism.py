@@ -1,5 +1,6 @@
 """Recompute that does not redo what the forward did: other ops, another dtype, other random
-numbers (what pasted debug output, code and tables show)."""
+numbers, another kernel backend (what pasted debug output, code and tables show); and what the
+reentrant checkpoint keeps alive between forward and backward (its run function)."""
 
 from __future__ import annotations
 
@@ -257,4 +258,123 @@ def _grads_differ_with_rng(ctx: Context) -> Match | None:
         fix="Upgrade torch; meanwhile torch._functorch.config.activation_memory_budget = 1.0 "
         "(no forced recompute of random ops) or preserve_rng_state=True, and confirm with "
         "dropout 0",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Another kernel in the recompute: a backend picked per call
+# --------------------------------------------------------------------------------------------
+
+_INT_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+
+def _kernel_signs(pairs: list[tuple[str, str, str, str]]) -> list[str]:
+    """What in CheckpointError's (saved shape, dtype, recomputed shape, dtype) pairs only
+    another kernel explains: integer tensors of another integer dtype (autocast casts floats
+    only: a fused kernel's RNG seed / offset, int64 scalars in one backend, a uint64 pair in
+    another), or a shape that differs only by a trailing 1 (a softmax statistic laid out
+    [..., S, 1] by one attention backend and [..., S] by another)."""
+    signs = []
+    for shape, dtype, shape2, dtype2 in pairs:
+        a = [v.strip() for v in shape.split(",") if v.strip()]
+        b = [v.strip() for v in shape2.split(",") if v.strip()]
+        if dtype != dtype2 and {dtype, dtype2} <= _INT_DTYPES:
+            signs.append(f"{dtype} saved, {dtype2} recomputed")
+        elif (
+            a != b
+            and len(a) > 1
+            and len(b) > 1
+            and ((a[:-1] == b and a[-1] == "1") or (b[:-1] == a and b[-1] == "1"))
+        ):
+            signs.append(f"[{', '.join(a)}] saved, [{', '.join(b)}] recomputed")
+    return signs
+
+
+@rule(
+    "RK701",
+    "The recompute ran another kernel backend (SDPA / fused attention picked per call)",
+    "nondeterministic_recompute",
+    symptom="CheckpointError 'Recomputed values ... have different metadata' where integer "
+    "tensors change dtype (int64 saved, uint64 recomputed; scalars vs a pair) or a shape "
+    "differs only by a trailing 1 ([B, H, S, 1] vs [B, H, S])",
+    cause="A kernel chosen at run time (scaled_dot_product_attention's backend: cuDNN "
+    "attention, flash, memory-efficient; a MoE dispatcher's fused kernel) is picked again in "
+    "the recompute and the choice differs: each backend saves its own tensors for backward "
+    "(its RNG seed / offset as int64 scalars or a uint64 pair, its logsumexp with or without "
+    "a trailing 1), so the recomputed set no longer matches the forward's. Autocast cannot "
+    "explain it: it casts floating tensors only",
+    confirm="Pin one backend for the whole step (torch.nn.attention.sdpa_kernel) and rerun: "
+    "the error goes",
+    fix="Pin the attention backend so forward and recompute use the same kernel: exclude "
+    "SDPBackend.CUDNN_ATTENTION when activation_checkpointing is on "
+    "(torch.backends.cuda.enable_cudnn_sdp(False), or wrap the step in "
+    "sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])); a framework "
+    "that selects kernels per call (MoE dispatchers) needs its deterministic choice under "
+    "activation_checkpointing",
+    patch={"code": "torch.backends.cuda.enable_cudnn_sdp(False)"},
+    refs=(PT_CKPT, "https://github.com/NVIDIA-NeMo/RL/pull/1676"),
+    supersedes=("RK075",),
+)
+def _kernel_backend(ctx: Context) -> Match | None:
+    pairs = fact(ctx, "metadata_pairs") or []
+    signs = _kernel_signs(pairs)
+    if not signs:
+        return None
+    text = " ".join(f"{e.message} {e.details} {' '.join(e.frames)}" for e in ctx.evidence.errors)
+    moe = any(w in text.lower() for w in ("dispatch", "router", "moe", "expert", "permut"))
+    if moe:
+        return None  # token counts per expert: RK075 reads routing
+    return Match(
+        0.85,
+        f"The CheckpointError lists {len(pairs)} tensor(s) whose metadata changed, "
+        f"{len(signs)} of them as only another kernel changes them ({'; '.join(signs[:3])}): "
+        "integer dtypes autocast does not touch, a trailing 1 of a softmax statistic. The "
+        "recompute ran another backend than the forward (scaled_dot_product_attention picks "
+        "cuDNN attention, flash or memory-efficient per call).",
+        config_patch={"code": "torch.backends.cuda.enable_cudnn_sdp(False)"},
+        fix="Pin the attention backend for forward and recompute alike: disable "
+        "SDPBackend.CUDNN_ATTENTION while activation_checkpointing is on "
+        "(torch.backends.cuda.enable_cudnn_sdp(False)), or wrap the step in "
+        "sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# What the reentrant checkpoint keeps alive
+# --------------------------------------------------------------------------------------------
+
+
+@rule(
+    "RK702",
+    "A reentrant checkpoint's output stored where its run function reaches: a reference cycle",
+    "checkpoint_api_misuse",
+    symptom="Memory grows step after step (max_memory_allocated rises) with "
+    "checkpoint(fn, ..., use_reentrant=True) whose output is stored in an object fn refers to "
+    "(a closure's dict, self for a bound method); gc.collect() frees it",
+    cause="The reentrant CheckpointFunction keeps run_function on its autograd ctx; the "
+    "output's graph reaches ctx, ctx the function, the function its closure / self, and that "
+    "object the output: a cycle. Python's gc only looks one hop into the autograd graph past "
+    "a tensor, so reference counting never frees it and the activations stay until a full "
+    "gc.collect()",
+    confirm="Call gc.collect() each step: the growth stops; or pass use_reentrant=False",
+    fix="Use the non-reentrant checkpoint (use_reentrant=False: it keeps no run_function on "
+    "the graph), or do not store the checkpoint's output in an object the function captures; "
+    "gc.collect() after backward as a stopgap",
+    patch={"use_reentrant": False},
+    refs=(PT_CKPT, "https://github.com/pytorch/pytorch/issues/84413"),
+)
+def _output_cycle(ctx: Context) -> Match | None:
+    cycle = fact(ctx, "ckpt_output_cycle")
+    if not cycle or fact(ctx, "use_reentrant") is False:
+        return None
+    call, store, container = cycle
+    return Match(
+        0.8,
+        f"The checkpointed call '{call[:100]}' is reentrant, and its output is stored in "
+        f"'{container}' ('{store[:80]}'), which the checkpointed function refers to: output "
+        f"-> graph -> ctx.run_function -> {container} -> output is a reference cycle only "
+        "gc.collect() frees, so each step's activations stay.",
+        config_patch={"use_reentrant": False},
+        fix="Pass use_reentrant=False to the checkpoint (no run_function kept on the graph), "
+        f"or keep the output out of '{container}'; gc.collect() after backward as a stopgap",
     )

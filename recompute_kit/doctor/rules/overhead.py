@@ -349,3 +349,49 @@ def _cost_in_words(ctx: Context) -> Match | None:
         config_patch=patch,
         fix=f"Recompute less: {how}; or no recompute where the run fits without it",
     )
+
+
+@rule(
+    "RK700",
+    "torch.compile's activation memory budget below 1: the partitioner recomputes for memory, "
+    "and the run is slower",
+    "recompute_overhead",
+    symptom="torch._functorch.config.activation_memory_budget (or a framework's memory_budget "
+    "for compile-based auto selective checkpointing) set below 1.0, and the paste says the run "
+    "is slower or 'not optimal for speed'",
+    cause="Below 1.0 the min-cut partitioner chooses what to save by a knapsack over memory: "
+    "to meet the budget it recomputes ops in the backward it would otherwise save, matmuls "
+    "included, and it prefers saving what the forward materialises anyway; the choice is "
+    "by design memory-first, so a budget the run does not need costs speed",
+    confirm="Time a few steps with the budget at 1.0 and at the value set (same batch); "
+    "TORCH_COMPILE_DEBUG=1 / tlparse shows which ops the backward graph recomputes",
+    fix="Raise activation_memory_budget toward 1.0 (the default: only cheap, fusible ops are "
+    "recomputed) until the memory fits; for exact control use a selective checkpointing "
+    "policy (create_selective_checkpoint_contexts with the matmuls MUST_SAVE) instead of the "
+    "budget",
+    patch={"activation_memory_budget": 1.0},
+    refs=("https://pytorch.org/blog/activation-checkpointing-techniques/",),
+    supersedes=("RK560",),
+)
+def _memory_budget_speed(ctx: Context) -> Match | None:
+    budgets = fact(ctx, "memory_budget") or []
+    speed = fact(ctx, "speed_prose") or []
+    if not budgets or not speed or ctx.oom or fact(ctx, "grad_mismatch"):
+        return None
+    if any(e.kind == "exception" and e.type for e in ctx.evidence.errors):
+        return None  # an error is the problem, not the speed
+    line, budget = budgets[0]
+    # a budget near 1 saves little memory for its recompute: back to 1.0; a low one, halfway
+    target = 1.0 if budget >= 0.9 else round((budget + 1.0) / 2, 2)
+    return Match(
+        0.75,
+        f"The code sets the partitioner's memory budget below 1 ('{line[:120]}') and the "
+        f"paste says the run is slow ('{speed[0][:120]}'): under a budget of {budget:g} the "
+        "partitioner recomputes ops in the backward to save memory, by design at the cost of "
+        "speed.",
+        config_patch={"activation_memory_budget": target},
+        fix=f"Raise activation_memory_budget from {budget:g} to {target:g}"
+        + (" (no budget: only cheap ops are recomputed)" if target == 1.0 else "")
+        + " and time the steps; lower it only as far as the memory needs, or save the "
+        "matmuls explicitly with a selective checkpointing policy",
+    )
