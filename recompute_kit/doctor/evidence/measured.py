@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .text import parse_size
+
 _SEP_RE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)+\|?\s*$")
 _NUM_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 _THROUGHPUT_RE = re.compile(
@@ -217,13 +219,12 @@ _VOCAB_RE = re.compile(
 )
 _PRODUCT_RE = re.compile(r"(\d[\d,]*)\s*[×x*]\s*(\d[\d,]*)(?:\s*[×x*]\s*(\d[\d,]*))?")
 _SIZE_RE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*(GiB|MiB|GB|MB|KiB|KB)\b")
-_UNITS = {"gib": 2**30, "mib": 2**20, "kib": 2**10, "gb": 1e9, "mb": 1e6, "kb": 1e3}
 _SEQ_HEADER_RE = re.compile(r"seq(?:uence)?[ _]?len|seq\b|tokens|length", re.I)
 _B_RE = re.compile(r"\bB\s*=\s*(\d+)")
 
 
 def _bytes(number: str, unit: str) -> float:
-    return float(number.replace(",", "")) * _UNITS[unit.lower()]
+    return float(parse_size(number, unit) or 0)
 
 
 def _per_element(size: float, elements: float) -> float | None:
@@ -337,14 +338,15 @@ def reserved_vs_allocated(lines: list[str]) -> list[dict[str, Any]]:
         unit = next((u for u in ("GiB", "MiB", "GB", "MB") if u in " ".join(reserved)), None)
         if unit is None:
             continue
+        unit_bytes = parse_size("1", unit)
         for k in range(1, min(len(reserved), len(allocated))):
             r, a = _value(reserved[k]), _value(allocated[k])
             if r is not None and a is not None:
                 out.append(
                     {
                         "column": header[k] if k < len(header) else str(k),
-                        "reserved": r * _UNITS[unit.lower()],
-                        "allocated": a * _UNITS[unit.lower()],
+                        "reserved": r * unit_bytes,
+                        "allocated": a * unit_bytes,
                         "label": reserved[0],
                     }
                 )

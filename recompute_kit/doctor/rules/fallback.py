@@ -74,7 +74,7 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
     return kind, knobs, count, said
 
 
-def _ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
+def ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     """Turning activation checkpointing on (or up), in the framework's key; None when on."""
     if k.framework == "megatron":
         if k.ckpt_on and ctx.granularity == "full" and ctx.cfg.get("recompute_method") is None:
@@ -107,7 +107,7 @@ def _ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     )
 
 
-def _batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+def batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     if k.batch is None or k.batch[1] <= 1:
         return None
     key, n = k.batch
@@ -179,7 +179,7 @@ BATCH_KEY = {
 }
 
 
-def _seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     if not k.seq:
         return None
     key, n = k.seq[0]
@@ -326,7 +326,7 @@ def _default_activations(ctx: Context) -> Match | None:
         return None
     _, k, count, said = reading
     steps: list[tuple[dict[str, Any], str]] = []
-    for step in (_batch_step(k), _ckpt_step(ctx, k), _attn_step(k), _seq_step(k)):
+    for step in (batch_step(k), ckpt_step(ctx, k), _attn_step(k), seq_step(k)):
         if step is not None:
             steps.append(step)
     if k.batch is None:  # no batch in the paste: name the framework's key, with no number

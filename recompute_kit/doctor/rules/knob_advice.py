@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import Context
-from .fallback import _batch_step, _ckpt_step, _seq_step
+from .fallback import batch_step, ckpt_step, seq_step
 from .knobs import Knobs, read_knobs
 from .registry import RULES, gib
 
@@ -76,7 +76,7 @@ def knob_advice(ctx: Context) -> KnobAdvice | None:
     k = read_knobs(ctx)
     if not (k.batch or k.seq or k.ckpt is not None or k.ckpt_key):
         return None
-    batch, ckpt, seq = _batch_step(k), _ckpt_step(ctx, k), _seq_step(k)
+    batch, ckpt, seq = batch_step(k), ckpt_step(ctx, k), seq_step(k)
     steps = [s for s in (batch, ckpt, seq) if s is not None]
     if not steps:
         return None

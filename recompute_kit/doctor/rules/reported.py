@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ..evidence.text import parse_size
 from ..types import Context, Match
 from .model_states import OPTIMIZER_OFFLOAD, optimizer_shard_step
 from .registry import EXPANDABLE, fact, rule
@@ -22,7 +23,6 @@ _OPT_STEP_RE = re.compile(
 _RBU_RE = re.compile(
     r"(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB)\s+(?:of\s+)?reserved[- ]but[- ]unallocated", re.I
 )
-_UNIT = {"gib": 2**30, "gb": 10**9, "g": 2**30, "mib": 2**20, "mb": 10**6}
 
 
 def _oom_lines(ctx: Context) -> list[str]:
@@ -78,7 +78,8 @@ def _reported_reserved_unallocated(ctx: Context) -> Match | None:
         m = _RBU_RE.search(line)
         if m is None:
             continue
-        amount = float(m.group(1)) * _UNIT[m.group(2).lower()]
+        unit = "GiB" if m.group(2).upper() == "G" else m.group(2)  # a bare "G" is GiB
+        amount = parse_size(m.group(1), unit) or 0
         if amount < 2**30:
             continue
         return Match(
