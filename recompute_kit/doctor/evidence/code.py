@@ -58,7 +58,6 @@ _DROPOUT_RE = re.compile(
     r"\b([\w.]*dropout[\w.]*)['\"]?\s*[:=]\s*['\"]?(0?\.\d+|[01](?:\.\d+)?)\b", re.I
 )
 _ASSERT_RE = re.compile(r"^\s*#?\s*assert\b(.*)$")
-_FIND_UNUSED_RE = re.compile(r"find_unused_parameters\s*[:=]\s*(True|true)")
 # "no_gradient_checkpointing: 6.4G", "with gradient checkpointing = 11.2 GB"
 _LABELLED_SIZE_RE = re.compile(
     r"^\s*([A-Za-z_ -]*checkpoint[A-Za-z_ -]*?)\s*[:=]\s*([\d.]+)\s*([KMGT]i?B?)\b", re.I
@@ -265,14 +264,14 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `train` / `no_grad` / `no_grad_code` (no_grad in a code line) / `checkpoint_call` /
     `asserts` / `notices` (lists of quoted lines),
     `eval_after_train` (bool), `use_reentrant`, `preserve_rng_state` (bools), `autocast_dtypes`,
-    `printed_dtypes` (dtype names), `dropout` ({key: value > 0}), `find_unused_parameters`,
+    `printed_dtypes` (dtype names), `dropout` ({key: value > 0}),
     `labelled_sizes` ([(label, bytes)]), `json_config` (flat keys of JSON sections),
     `rng_not_restored` (prose: the recompute does not get the forward's RNG state back),
     `dropout_named` (the word dropout appears), `same_memory_prose` (prose: memory the same
     with checkpointing / recompute turned on), `ac_loss` ({"on": mean, "off": mean,
     "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
-    lists of torch.utils.checkpoint's debug mode, "aten.topk"), `nondeterminism` (its error),
+    lists of torch.utils.checkpoint's debug mode, "aten.topk"),
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `out_of_range_lines` (lines reporting an index / list out of range, in prose too),
@@ -370,8 +369,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
                     facts.setdefault("dropout", {})[key] = number
         if "assert" in line and (m := _ASSERT_RE.match(line)) and "checkpoint" in lower:
             add("asserts", m.group(1).strip())
-        if "find_unused_parameters" in line and _FIND_UNUSED_RE.search(line):
-            facts["find_unused_parameters"] = True
         if "checkpoint" in lower and (m := _LABELLED_SIZE_RE.match(line)):
             unit = m.group(3) if m.group(3)[-1:] in "bB" else m.group(3) + "B"
             size = parse_size(m.group(2), unit)
@@ -395,8 +392,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("num_layers_lines", line)  # a source line of the uniform chunk loop, a key
         if _OUT_OF_RANGE_RE.search(line):
             add("out_of_range_lines", line.strip())  # "list index out of range" in any words
-        if _NONDETERMINISM in line:
-            facts["nondeterminism"] = True
         if (
             ("grad" in lower or "updated" in lower or "optimi" in lower or "train" in lower)
             and "none of the inputs" not in lower
