@@ -1,0 +1,72 @@
+"""The format readers, and how a file is matched to one.
+
+Every format module has the same small interface:
+
+* `sniff(text, path) -> int`: 0 when the file is not of this format, higher the surer
+  (a file's suffix and its tell-tale keys; 100 = certain);
+* `read(text, path) -> Reading`: only what the file says, every value with
+  `Origin("file", f"{path}:{line}", key_as_written)`; sets `reading.framework`,
+  `reading.format`, `reading.model_name` when the file names a model, and
+  `reading.warnings` / `reading.unused` for what it does not use;
+
+and, for each framework it owns (`FRAMEWORKS` in that module, a tuple of names):
+
+* `apply_defaults(reading)`: the framework's documented defaults and derived values for
+  keys nothing set (`reading.default(...)`, `reading.derive(...)`), never overwriting;
+* `key_for(field) -> str`: how a user of that framework sets a Megatron-Core field
+  (`--seq-length`, `model.encoder_seq_length`, `[training] seq_len`), for the assumptions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .reading import Reading
+
+# Module names under recompute_kit.sources, in the order ties are broken.
+FORMAT_MODULES = (
+    "megatron_lm",
+    "bridge",
+    "nemo",
+    "nemo_rl",
+    "torchtitan",
+    "hf_trainer",
+    "hf_config",
+    "megatron_core",
+)
+
+
+def modules() -> list[ModuleType]:
+    return [importlib.import_module(f"{__package__}.{name}") for name in FORMAT_MODULES]
+
+
+def framework_module(framework: str) -> ModuleType | None:
+    """The module that owns `framework`'s defaults and key names."""
+    for module in modules():
+        if framework in getattr(module, "FRAMEWORKS", ()):
+            return module
+    return None
+
+
+def best_format(text: str, path: str) -> ModuleType | None:
+    """The format module that claims `text` most surely (None: no reader knows it)."""
+    best, best_score = None, 0
+    for module in modules():
+        score = module.sniff(text, path)
+        if score > best_score:
+            best, best_score = module, score
+    return best
+
+
+def read_file_text(text: str, path: str) -> Reading:
+    module = best_format(text, path)
+    if module is None:
+        from ..config import ConfigError
+
+        raise ConfigError(
+            f"{path}: not a training config recompute-kit can read (Megatron-LM script or "
+            "YAML, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, torchtitan TOML, "
+            "Hugging Face config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON)"
+        )
+    return module.read(text, path)

@@ -1,0 +1,122 @@
+"""What inputs say: values under Megatron-Core's field names, each with where it came from.
+
+A format reader (one module per artefact format) turns one file into a `Reading`: only what
+the file itself says, each value with an `Origin` naming the file, line and key as written.
+`resolve.py` then merges several readings, adds the model's shape from the registry, the
+framework's own defaults and the derived values (each with its own origin), and says aloud
+what is still assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import CONFIG_KEYS
+
+# Values a reading may carry beyond the Config's fields: how the job is launched and sharded.
+EXTRA_KEYS = (
+    "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
+    "global_batch_size",
+    "zero_stage",  # DeepSpeed ZeRO / FSDP sharding: 0 none, 1 optimizer, 2 + grads, 3 + params
+    "optimizer_offload",  # optimizer states on the host (DeepSpeed offload_optimizer, ...)
+    "param_offload",
+    "use_megatron_fsdp",
+    "use_torch_fsdp2",
+    "mtp_num_layers",
+    "megatron_core_version",
+)
+KNOWN_KEYS = frozenset(CONFIG_KEYS) | frozenset(EXTRA_KEYS)
+
+# Origin kinds, from most to least specific.
+FROM_FILE = "file"  # the input says it (file:line, key as written)
+FROM_MODEL = "model"  # the model's public config (registry entry or a Hugging Face config.json)
+FROM_DEFAULT = "default"  # the framework's documented default for a key the input leaves out
+FROM_DERIVED = "derived"  # computed from other values by the framework's rule (DP = world / ...)
+FROM_ARGUMENT = "argument"  # a command-line override of recompute-kit itself (--tp 4)
+FROM_ASSUMED = "assumed"  # nothing says it: recompute-kit assumed it, and says which key sets it
+ORIGIN_KINDS = (FROM_FILE, FROM_MODEL, FROM_DEFAULT, FROM_DERIVED, FROM_ARGUMENT, FROM_ASSUMED)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one value came from. `where` is a place (`train.sh:12`, `Megatron-LM's argument
+    default`, `meta-llama/Llama-3.1-8B config.json`); `key` the key or flag as written there
+    (`--tensor-model-parallel-size`, `model.encoder_seq_length`) or, for an assumption, the key
+    that would set it."""
+
+    kind: str
+    where: str = ""
+    key: str = ""
+    note: str = ""  # why, when the value is not the one written (`fast-swiglu: a GLU with silu`)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ORIGIN_KINDS:
+            raise ValueError(f"unknown origin kind {self.kind!r}")
+
+    def to_json(self) -> dict[str, str]:
+        out = {"from": self.kind}
+        for name in ("where", "key", "note"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        return out
+
+    def describe(self) -> str:
+        """`train.sh:12 --tensor-model-parallel-size`, `default: Megatron-LM's argument default`."""
+        place = " ".join(p for p in (self.where, self.key) if p)
+        text = place if self.kind == FROM_FILE else f"{self.kind}: {place}" if place else self.kind
+        return f"{text} ({self.note})" if self.note else text
+
+
+@dataclass
+class Reading:
+    """Values under Megatron-Core field names (`KNOWN_KEYS`), each with its `Origin`.
+
+    `framework` names whose semantics and defaults apply (`megatron-lm`, `megatron-bridge`,
+    `nemo1`, `nemo-rl`, `torchtitan`, `hf-trainer`, `megatron-core`, `hf-config`);
+    `model_name` a model the input names for its shape (a Hugging Face id, a Bridge provider,
+    a torchtitan `name/flavor`), looked up in the registry by `resolve`."""
+
+    framework: str | None = None
+    format: str = ""  # the format the file was read as, in words ("Megatron-LM launch script")
+    values: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    model_name: str | None = None
+    model_name_origin: Origin | None = None
+    # Keys the input sets that recompute-kit does not use, as written (reported, not dropped).
+    unused: dict[str, Any] = field(default_factory=dict)
+
+    def set(self, key: str, value: Any, origin: Origin, overwrite: bool = True) -> None:
+        """Record `key = value` from `origin`. overwrite=False keeps a value already set."""
+        if key not in KNOWN_KEYS:
+            raise KeyError(f"{key!r} is not a Megatron-Core field recompute-kit knows")
+        if not overwrite and key in self.values:
+            return
+        self.values[key] = value
+        self.origins[key] = origin
+
+    def default(self, key: str, value: Any, where: str, note: str = "") -> None:
+        """A framework default for a key nothing set."""
+        self.set(key, value, Origin(FROM_DEFAULT, where, note=note), overwrite=False)
+
+    def derive(self, key: str, value: Any, how: str) -> None:
+        """A value the framework computes from others, for a key nothing set."""
+        self.set(key, value, Origin(FROM_DERIVED, how), overwrite=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "format": self.format,
+            "model_name": self.model_name,
+            "config": dict(self.values),
+            "sources": {k: o.to_json() for k, o in self.origins.items()},
+            "warnings": list(self.warnings),
+            "unused": dict(self.unused),
+        }
