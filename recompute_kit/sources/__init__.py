@@ -9,6 +9,6 @@ framework's default, the model's public config, a derivation, or an assumption s
 Every command and notebook reads through `read_inputs`; nothing else parses configs.
 """
 
-from .reading import EXTRA_KEYS, KNOWN_KEYS, Origin, Reading
+from .reading import EXTRA_KEYS, KNOWN_KEYS, MEMORY_KEYS, Origin, Reading
 
-__all__ = ["EXTRA_KEYS", "KNOWN_KEYS", "Origin", "Reading"]
+__all__ = ["EXTRA_KEYS", "KNOWN_KEYS", "MEMORY_KEYS", "Origin", "Reading"]

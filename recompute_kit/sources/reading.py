@@ -120,3 +120,51 @@ class Reading:
             "warnings": list(self.warnings),
             "unused": dict(self.unused),
         }
+
+
+# The values a per-rank memory estimate depends on. After resolving, each has an origin:
+# read, the model's config, the framework's default, derived, or an assumption said aloud.
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads")
+MEMORY_KEYS = (
+    *SHAPE_KEYS,
+    "num_query_groups",
+    "kv_channels",
+    "ffn_hidden_size",
+    "vocab_size",
+    "seq_length",
+    "micro_batch_size",
+    "normalization",
+    "swiglu",
+    "add_bias_linear",
+    "share_embeddings_and_output_weights",
+    "position_embedding_type",
+    "qk_layernorm",
+    "attention_backend",
+    "bf16",
+    "fp16",
+    "fp8",
+    "num_moe_experts",
+    "multi_latent_attention",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "sequence_parallel",
+    "data_parallel_size",
+    "use_distributed_optimizer",
+    "zero_stage",
+    "recompute_granularity",
+    "cpu_offloading",
+    "fine_grained_activation_offloading",
+)
+# Needed only when the model has experts / MLA / recompute (checked when those are on).
+MOE_KEYS = (
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_layer_freq",
+    "moe_shared_expert_intermediate_size",
+    "moe_grouped_gemm",
+)
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+RECOMPUTE_KEYS = ("recompute_method", "recompute_num_layers", "recompute_modules")
