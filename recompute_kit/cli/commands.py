@@ -13,18 +13,18 @@ from ..config import (
     Config,
     ConfigError,
     all_specs,
-    load_config,
 )
-from ..presets import PRESETS, get_preset
+from ..presets import PRESETS
 from ..units import byte_unit, in_unit
 from .common import (
-    CONFIG_HINT,
     config_from_args,
     emit_json,
     format_table,
+    input_name,
     layout_of,
     note_inapplicable,
     print_layout,
+    shape_only,
     specs_for,
     text_file,
 )
@@ -69,9 +69,46 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_read(args: argparse.Namespace) -> int:
+    """Every memory-relevant value of the inputs, beside where it came from."""
+    from ..sources.resolve import resolve
+    from ..sources.summary import summary_lines, table_rows
+
+    resolved = resolve(args.inputs, model=args.model)
+    if args.json:
+        emit_json(resolved.to_json())
+        return 0
+    print(format_table(["field", "value", "from"], table_rows(resolved.reading)))
+    print()
+    for line in summary_lines(resolved.reading, resolved.inputs):
+        print(line)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ..sources.registry import list_models
+
+    models = list_models()
+    if args.json:
+        emit_json({"models": models})
+        return 0
+    keys = ["id", "layers", "hidden", "heads", "kv groups", "experts", "source"]
+    rows = [[m.get(k.replace(" ", "_"), "") for k in keys] for m in models]
+    print(format_table(keys, rows))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    text_file(args.config_file, "config file", CONFIG_HINT)
-    cfg, warnings = load_config(args.config_file)
+    from ..sources.resolve import resolve
+    from ..sources.summary import summary_lines
+
+    resolved = resolve(args.config_file, model=args.model)
+    cfg = resolved.config
+    warnings = list(resolved.warnings)
+    if not args.json:
+        for line in summary_lines(resolved.reading, resolved.inputs):
+            if not line.startswith("  warning:"):
+                print(line)
     errors: list[str] = []
     try:
         warnings += cfg.validate(strict=args.strict)
@@ -84,6 +121,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "errors": errors,
                 "warnings": warnings,
                 "normalized": cfg.to_flat(),
+                "read": resolved.to_json(),
             }
         )
     else:
@@ -92,7 +130,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for error in errors:
             print(f"error: {error}")
         if not errors:
-            print(f"valid: {args.config_file} (recompute: {cfg.recompute.spec})")
+            names = ", ".join(args.config_file)
+            print(f"valid: {names} (recompute: {cfg.recompute.spec})")
     return 1 if errors else 0
 
 
@@ -121,7 +160,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verify import verify  # imports torch: keep `presets`/`validate` fast
 
     cfg = config_from_args(args)
-    if args.model and not get_preset(args.model).runnable:
+    if shape_only(args):
         raise ConfigError(
             f"preset {args.model!r} is shape-only (too large to run here); verify a runnable "
             f"preset: {', '.join(p.name for p in PRESETS.values() if p.runnable)}"
@@ -142,7 +181,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(
             {
-                "model": args.model or args.config,
+                "model": input_name(args),
                 "device": args.device,
                 "dtype": args.dtype,
                 "seed": args.seed,
@@ -222,7 +261,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     cfg.validate()
     if args.engine == "megatron":
         return measure_with_megatron(cfg, args)
-    if not args.fake and args.model and not get_preset(args.model).runnable:
+    if not args.fake and shape_only(args):
         raise ConfigError(
             f"preset {args.model!r} is shape-only; measure it with --fake (meta device, nothing "
             "allocated) or pick a runnable preset"
@@ -404,13 +443,13 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
-    name = args.model or args.config or "tiny-gpt"
+    name = input_name(args)
     if args.command_template:
         from ..external import external_runner
 
         runner = external_runner(args.command_template, args.timeout, args.out)
     else:
-        if args.model and not get_preset(args.model).runnable:
+        if shape_only(args):
             raise ConfigError(
                 f"preset {args.model!r} is shape-only; ablate a runnable preset here, or your own "
                 "training with --command-template"

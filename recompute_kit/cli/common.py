@@ -15,7 +15,6 @@ from ..config import (
     Config,
     ConfigError,
     applicable_modules,
-    load_config,
     parse_spec,
 )
 from ..presets import PRESETS, get_preset
@@ -110,25 +109,53 @@ def text_file(path: str, flag: str, hint: str, strict: bool = True) -> None:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(PRESETS)}")
-    source.add_argument(
-        "--config", metavar="FILE", help="a YAML/JSON config (flat or under model:)"
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"a preset ({', '.join(PRESETS)}), a registered model (`recompute-kit models`), "
+        "a Hugging Face id or a config.json: the shape where the config files give none",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        nargs="+",
+        help="the files you train with, as they are, several at once (later ones win): "
+        "Megatron-LM scripts or YAMLs, Megatron-Bridge / NeMo YAMLs or recipes, NeMo-RL "
+        "YAML, torchtitan TOML, HF config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON",
     )
 
 
-CONFIG_HINT = "give a YAML or JSON config (flat Megatron keys, or under model:)"
+CONFIG_HINT = "give the config files you train with, or a model id"
+
+
+def input_name(args: argparse.Namespace, default: str = "tiny-gpt") -> str:
+    """What the command's numbers are for, in a few words (`llama3-70b`, `train.sh + a.yaml`)."""
+    return " + ".join([*([args.model] if args.model else []), *(args.config or [])]) or default
+
+
+def shape_only(args: argparse.Namespace) -> bool:
+    """--model names a model too large to build here (a shape-only preset, a registered or
+    Hugging Face model)."""
+    return bool(args.model) and not (args.model in PRESETS and PRESETS[args.model].runnable)
 
 
 def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") -> Config:
-    if args.config:
-        text_file(args.config, "--config", CONFIG_HINT)
-        cfg, warnings = load_config(args.config)
-        for warning in warnings:
-            print(f"recompute-kit: warning: {warning}", file=sys.stderr)
-    else:
-        cfg = get_preset(args.model or default_model).config()
-    return apply_overrides(cfg, args)
+    """The Config a command works on: a runnable preset, or what the shared reader
+    (`recompute_kit.sources`) reads from the config files and / or a model id, with the
+    command's overrides; the reader's summary (what was read, assumed) is printed."""
+    model = getattr(args, "model", None)
+    if not args.config and (model or default_model) in PRESETS:
+        cfg = get_preset(model or default_model).config()
+        return apply_overrides(cfg, args)
+    from ..sources.resolve import resolve
+    from ..sources.summary import summary_lines
+
+    resolved = resolve(args.config or [], model=model, overrides=override_values(args))
+    out = sys.stderr if getattr(args, "json", False) else sys.stdout
+    for line in summary_lines(resolved.reading, resolved.inputs):
+        print(line, file=out)
+    args.resolved = resolved  # for commands that report what was read in their JSON
+    return resolved.config
 
 
 # CLI flag -> Megatron key, for the shape and parallelism overrides.
@@ -203,7 +230,8 @@ def add_override_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
+def override_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The Megatron keys this command line sets (--tp 4, --dtype bf16, ...)."""
     flat = {
         key: getattr(args, flag)
         for flag, key in OVERRIDES.items()
@@ -211,6 +239,16 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
     }
     if getattr(args, "dtype", None) in ("bf16", "fp16", "fp32"):
         flat["bf16"], flat["fp16"] = args.dtype == "bf16", args.dtype == "fp16"
+    return flat
+
+
+def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
+    flat = override_values(args)
+    # the preset's SP was for its own TP: Megatron-LM turns it off at TP=1 with a warning
+    tp1 = flat.get("tensor_model_parallel_size") == 1 and "sequence_parallel" not in flat
+    if tp1 and cfg.parallel.sequence_parallel:
+        flat["sequence_parallel"] = False
+        cfg.assumptions.append("sequence_parallel turned off: TP=1 (as Megatron-LM does)")
     return cfg.replace(**flat) if flat else cfg
 
 

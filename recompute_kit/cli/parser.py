@@ -16,8 +16,10 @@ from .commands import (
     cmd_doctor,
     cmd_estimate,
     cmd_measure,
+    cmd_models,
     cmd_plan,
     cmd_presets,
+    cmd_read,
     cmd_rules,
     cmd_validate,
     cmd_verify,
@@ -55,8 +57,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_presets)
 
-    p = sub.add_parser("validate", help="check a config file against Megatron-Core's rules")
-    p.add_argument("config_file", metavar="CONFIG", help="YAML or JSON, flat or under model:")
+    p = sub.add_parser(
+        "read", help="what the reader reads from your files: every value and where it came from"
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="FILE",
+        help="config files as you train with them (several at once; later ones win) and / or "
+        "model ids",
+    )
+    p.add_argument("--model", metavar="NAME", help="a model id giving the shape")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("models", help="the model registry: public models by Hugging Face id")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("validate", help="check a config against Megatron-Core's rules")
+    p.add_argument(
+        "config_file",
+        metavar="CONFIG",
+        nargs="+",
+        help="the config files you train with (any format `read` takes)",
+    )
+    p.add_argument("--model", metavar="NAME", help="a model id giving the shape")
     p.add_argument(
         "--strict",
         action="store_true",

@@ -133,6 +133,9 @@ class ParallelConfig:
 
     data_parallel_size: int = 1
     use_distributed_optimizer: bool = False
+    # DeepSpeed ZeRO / FSDP sharding of model states over DP: 0 none, 1 optimizer states,
+    # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).
+    zero_stage: int = 0
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None

@@ -18,7 +18,6 @@ from ..config import CONFIG_KEYS
 EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
     "global_batch_size",
-    "zero_stage",  # DeepSpeed ZeRO / FSDP sharding: 0 none, 1 optimizer, 2 + grads, 3 + params
     "optimizer_offload",  # optimizer states on the host (DeepSpeed offload_optimizer, ...)
     "param_offload",
     "use_megatron_fsdp",

@@ -1,0 +1,280 @@
+"""From inputs to one `Config`: read each input, merge, add the model's shape, the framework's
+defaults and the derived values, and say aloud what is still assumed.
+
+The order of precedence, highest first: recompute-kit's own command-line overrides (`--tp 4`),
+the inputs (a later input wins over an earlier one, and the conflict is reported), the model's
+public config (registry or `config.json`) for the shape, the framework's documented defaults,
+values the framework derives, and last the assumptions, each named with the key that sets it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import CONFIG_KEYS, Config, ConfigError
+from . import formats
+from .reading import (
+    FROM_ARGUMENT,
+    FROM_ASSUMED,
+    FROM_DEFAULT,
+    FROM_FILE,
+    MEMORY_KEYS,
+    MLA_KEYS,
+    MOE_KEYS,
+    RECOMPUTE_KEYS,
+    SHAPE_KEYS,
+    Origin,
+    Reading,
+)
+
+# What recompute-kit assumes when nothing says it (said aloud, with the key that sets it).
+ASSUMED_VALUES: dict[str, Any] = {
+    "seq_length": 4096,
+    "micro_batch_size": 1,
+    "vocab_size": 32000,
+    "data_parallel_size": 1,
+    "bf16": True,  # a run that trains large models: mixed precision
+    "fp16": False,
+    "fp8": None,
+    "attention_backend": "auto",
+    "normalization": "LayerNorm",
+    "swiglu": False,
+    "add_bias_linear": True,
+    "share_embeddings_and_output_weights": False,
+    "position_embedding_type": "rope",
+    "qk_layernorm": False,
+    "num_moe_experts": None,
+    "multi_latent_attention": False,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "context_parallel_size": 1,
+    "expert_model_parallel_size": 1,
+    "sequence_parallel": False,
+    "use_distributed_optimizer": False,
+    "zero_stage": 0,
+    "recompute_granularity": None,
+    "cpu_offloading": False,
+    "fine_grained_activation_offloading": False,
+    "num_query_groups": None,
+    "kv_channels": None,
+    "ffn_hidden_size": None,
+}
+MCORE = "Megatron-Core's TransformerConfig default"
+
+
+@dataclass
+class Resolved:
+    """One Config from the inputs, with the merged reading that says where each value is from."""
+
+    config: Config
+    reading: Reading
+    inputs: list[dict[str, str]] = field(default_factory=list)  # [{"path", "format"}]
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.reading.warnings
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.reading.to_json()
+        doc["inputs"] = self.inputs
+        return doc
+
+
+def read_input(item: str) -> tuple[Reading, str]:
+    """One input: a file (any known format) or a model id / registry name."""
+    path = Path(item)
+    if path.is_file():
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {item}: {exc.strerror}") from None
+        if not data.strip():
+            raise ConfigError(f"{item} is empty")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{item} is not text (not UTF-8 at byte {exc.start})") from None
+        reading = formats.read_file_text(text, item)
+        return reading, reading.format or "config"
+    if path.exists():
+        raise ConfigError(f"{item} is not a file")
+    from . import hf_config
+
+    reading = hf_config.read_model_id(item)  # raises ConfigError naming what to pass instead
+    return reading, reading.format or "model id"
+
+
+def merge(readings: Sequence[Reading]) -> Reading:
+    """Later readings win; a value two inputs give differently is reported."""
+    merged = Reading()
+    for reading in readings:
+        for key, value in reading.values.items():
+            origin = reading.origins[key]
+            if key in merged.values and merged.values[key] != value:
+                before = merged.origins[key]
+                if before.kind == FROM_FILE and origin.kind == FROM_FILE:
+                    merged.warnings.append(
+                        f"conflict: {key} is {merged.values[key]!r} in {before.describe()} "
+                        f"and {value!r} in {origin.describe()}: the later input's value is used"
+                    )
+            merged.set(key, value, origin)
+        merged.warnings += reading.warnings
+        merged.unused.update(reading.unused)
+        if reading.model_name and merged.model_name is None:
+            merged.model_name, merged.model_name_origin = (
+                reading.model_name,
+                reading.model_name_origin,
+            )
+        if reading.framework and reading.framework != "hf-config":
+            merged.framework = merged.framework or reading.framework
+        if reading.format:
+            merged.format = " + ".join(f for f in (merged.format, reading.format) if f)
+    if merged.framework is None and readings:
+        merged.framework = readings[0].framework
+    return merged
+
+
+def resolve(
+    inputs: Sequence[str],
+    model: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Resolved:
+    """Read `inputs` (files or model ids, in order), optionally `model` (an id or registry
+    name that gives the shape when no input does), and recompute-kit's own overrides
+    (`{"tensor_model_parallel_size": 4}`), into one Config. Raises ConfigError (one line)."""
+    readings, described = [], []
+    if model:
+        reading, what = read_input(model)
+        readings.append(reading)
+        described.append({"path": model, "format": what})
+    for item in inputs:
+        reading, what = read_input(item)
+        readings.append(reading)
+        described.append({"path": item, "format": what})
+    if not readings:
+        raise ConfigError("nothing to read: give a config file or a model id")
+    merged = merge(readings)
+    for key, value in (overrides or {}).items():
+        flag = "--" + key.replace("_", "-")
+        merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
+    _add_model_shape(merged)
+    framework = formats.framework_module(merged.framework or "megatron-core")
+    if framework is not None:
+        framework.apply_defaults(merged)
+    _derive_layout(merged, overrides or {})
+    _check_shape(merged, framework, described)
+    _assume_the_rest(merged, framework)
+    return Resolved(_to_config(merged), merged, described)
+
+
+def _add_model_shape(reading: Reading) -> None:
+    """The named model's public config fills what the inputs leave out (never overrides)."""
+    if reading.model_name is None or all(k in reading for k in SHAPE_KEYS):
+        return
+    from . import hf_config
+
+    model = hf_config.read_model_id(reading.model_name)
+    for key, value in model.values.items():
+        reading.set(key, value, model.origins[key], overwrite=False)
+
+
+def _derive_layout(reading: Reading, overrides: dict[str, Any]) -> None:
+    """Megatron's rules every framework shares: SP needs TP > 1; DP = world / (TP x PP x CP)."""
+    tp = reading.get("tensor_model_parallel_size") or 1
+    if reading.get("sequence_parallel") and tp == 1:
+        if "sequence_parallel" in overrides:
+            return  # asked for explicitly: validation raises Megatron's own error
+        origin = reading.origins["sequence_parallel"]
+        reading.set(
+            "sequence_parallel",
+            False,
+            dataclasses.replace(origin, note="turned off: sequence parallelism needs TP > 1"),
+        )
+        reading.warnings.append(
+            f"sequence_parallel ({origin.describe()}) with TP=1: turned off, as Megatron-LM "
+            "and NeMo do"
+        )
+    world = reading.get("world_size")
+    model_parallel = (
+        tp
+        * (reading.get("pipeline_model_parallel_size") or 1)
+        * (reading.get("context_parallel_size") or 1)
+    )
+    if world:
+        if world % model_parallel:
+            raise ConfigError(
+                f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
+                f"divisible by TP x PP x CP = {model_parallel}"
+            )
+        dp = world // model_parallel
+        if "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
+            raise ConfigError(
+                f"data_parallel_size {reading.get('data_parallel_size')} does not match a world "
+                f"of {world} GPUs / (TP x PP x CP = {model_parallel}) = {dp}"
+            )
+        reading.derive(
+            "data_parallel_size", dp, f"world size {world} / (TP x PP x CP = {model_parallel})"
+        )
+
+
+def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str]]) -> None:
+    missing = [k for k in SHAPE_KEYS if not reading.get(k)]
+    if not missing:
+        return
+    names = ", ".join(d["path"] for d in described)
+    keys = ", ".join(_key_for(framework, k) for k in missing)
+    raise ConfigError(
+        f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
+        "the model (--model meta-llama/Llama-3.1-8B, a registry name, or its config.json)"
+    )
+
+
+def _needed_keys(reading: Reading) -> list[str]:
+    keys = list(MEMORY_KEYS)
+    if reading.get("num_moe_experts"):
+        keys += MOE_KEYS
+    if reading.get("multi_latent_attention"):
+        keys += MLA_KEYS
+    if reading.get("recompute_granularity"):
+        keys += RECOMPUTE_KEYS
+    return keys
+
+
+def _assume_the_rest(reading: Reading, framework: Any) -> None:
+    for key in _needed_keys(reading):
+        if key in reading or key not in ASSUMED_VALUES:
+            continue
+        reading.set(
+            key,
+            ASSUMED_VALUES[key],
+            Origin(FROM_ASSUMED, "recompute-kit", _key_for(framework, key)),
+        )
+    # The remaining fields the estimate reads take Megatron-Core's own defaults (the
+    # dataclasses hold them), said as such; none of them decides the shape.
+    defaults = Config().to_flat()
+    for key in CONFIG_KEYS:
+        # (the tiny model's shape fields are all in ASSUMED_VALUES: never taken from here)
+        if key not in reading and key not in ASSUMED_VALUES:
+            reading.set(key, defaults[key], Origin(FROM_DEFAULT, MCORE))
+
+
+def _key_for(framework: Any, key: str) -> str:
+    if framework is not None:
+        return framework.key_for(key)
+    return key
+
+
+def _to_config(reading: Reading) -> Config:
+    values = {k: v for k, v in reading.values.items() if k in CONFIG_KEYS}
+    cfg = Config().replace(**values)
+    cfg.assumptions = [
+        f"{key} = {reading.values[key]!r} (nothing says it; set {origin.key})"
+        for key, origin in reading.origins.items()
+        if origin.kind == FROM_ASSUMED
+    ]
+    return cfg

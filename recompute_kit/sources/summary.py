@@ -1,0 +1,53 @@
+"""What was read, in words: the short summary every command prints, and `read`'s full table
+(each value beside where it came from, as `git config --show-origin` shows them)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .reading import FROM_ASSUMED, MEMORY_KEYS, Reading
+
+_KIND_WORDS = {
+    "file": "read from the inputs",
+    "argument": "from recompute-kit's options",
+    "model": "from the model's config",
+    "default": "framework defaults",
+    "derived": "derived",
+}
+
+
+def summary_lines(reading: Reading, inputs: list[dict[str, str]]) -> list[str]:
+    """A few lines: the inputs and their formats, how many memory-relevant values came from
+    where, every assumption with the key that sets it, and the warnings."""
+    names = ", ".join(f"{i['path']} ({i['format']})" for i in inputs)
+    lines = [f"read: {names}; framework {reading.framework or 'unknown'}"]
+    if reading.model_name:
+        lines[0] += f"; model {reading.model_name}"
+    counts = Counter(
+        reading.origins[k].kind for k in MEMORY_KEYS if k in reading.origins
+    )
+    parts = [f"{counts[k]} {w}" for k, w in _KIND_WORDS.items() if counts[k]]
+    if parts:
+        lines.append(f"  memory-relevant values: {', '.join(parts)}")
+    for key, origin in reading.origins.items():
+        if origin.kind == FROM_ASSUMED:
+            lines.append(
+                f"  assumed: {key} = {_show(reading.values[key])} (nothing says it; set "
+                f"{origin.key})"
+            )
+    lines += [f"  warning: {w}" for w in reading.warnings]
+    return lines
+
+
+def table_rows(reading: Reading) -> list[list[str]]:
+    """One row per value: field, value, where it came from. Memory-relevant ones first."""
+    order = [k for k in MEMORY_KEYS if k in reading.values]
+    order += sorted(k for k in reading.values if k not in MEMORY_KEYS)
+    return [[k, _show(reading.values[k]), reading.origins[k].describe()] for k in order]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 12:
+        return f"[{', '.join(map(str, value[:6]))}, ... ({len(value)} items)]"
+    return repr(value) if isinstance(value, str) else str(value)
