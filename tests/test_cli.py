@@ -62,14 +62,94 @@ def test_verify_human_table_mentions_units():
 
 def test_validate_json(tmp_path):
     good = tmp_path / "good.yaml"
-    good.write_text("model:\n  num_layers: 8\n  recompute_granularity: selective\n  typo_key: 1\n")
+    good.write_text(
+        "model:\n  num_layers: 8\n  hidden_size: 256\n  num_attention_heads: 8\n"
+        "  recompute_granularity: selective\n  typo_key: 1\n"
+    )
     doc = json.loads(run("validate", str(good), "--json", check_rc=0).stdout)
     assert doc["valid"] is True and doc["errors"] == []
     assert doc["normalized"]["recompute_modules"] == ["core_attn"]
     assert any("typo_key" in w for w in doc["warnings"])
 
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"recompute_granularity": "full", "recompute_num_layers": 1}))
+    shape = {"num_layers": 8, "hidden_size": 256, "num_attention_heads": 8}
+"""The CLI through its JSON and its exit codes; bad input gives one line, never a traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.presets import PRESETS
+
+
+def run(*args, check_rc=None):
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def test_presets_json():
+    doc = json.loads(run("presets", "--json", check_rc=0).stdout)
+    assert [p["name"] for p in doc["presets"]] == list(PRESETS)
+    tiny = doc["presets"][0]
+    assert tiny["runnable"] is True and tiny["config"]["num_layers"] == 4
+
+
+def test_verify_json_fields():
+    proc = run(
+        "verify",
+        "--model",
+        "tiny-gpt",
+        "--recompute",
+        "selective",
+        "full:block:2",
+        "--json",
+        check_rc=0,
+    )
+    doc = json.loads(proc.stdout)
+    assert doc["all_match"] is True
+    assert [r["recompute"] for r in doc["results"]] == ["selective", "full:block:2"]
+    for r in doc["results"]:
+        assert set(r) >= {
+            "recompute",
+            "loss_match",
+            "max_grad_abs_diff",
+            "saved_activation_bytes",
+            "baseline_saved_activation_bytes",
+        }
+        assert isinstance(r["saved_activation_bytes"], int)
+        assert r["saved_activation_bytes"] < r["baseline_saved_activation_bytes"]
+
+
+def test_verify_human_table_mentions_units():
+    out = run("verify", "--recompute", "none", "full:uniform:1", check_rc=0).stdout
+    assert "saved act (MiB)" in out and "full:uniform:1" in out
+
+
+def test_validate_json(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "model:\n  num_layers: 8\n  hidden_size: 256\n  num_attention_heads: 8\n"
+        "  recompute_granularity: selective\n  typo_key: 1\n"
+    )
+    doc = json.loads(run("validate", str(good), "--json", check_rc=0).stdout)
+    assert doc["valid"] is True and doc["errors"] == []
+    assert doc["normalized"]["recompute_modules"] == ["core_attn"]
+    assert any("typo_key" in w for w in doc["warnings"])
+
+    bad = tmp_path / "bad.json"
+    shape = {"num_layers": 8, "hidden_size": 256, "num_attention_heads": 8}
+    full = {"recompute_granularity": "full", "recompute_num_layers": 1}
+    bad.write_text(json.dumps({**shape, **full}))
     proc = run("validate", str(bad), "--json", check_rc=1)
     doc = json.loads(proc.stdout)
     assert doc["valid"] is False
@@ -80,7 +160,10 @@ def test_validate_json(tmp_path):
 
 def test_validate_strict(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("recompute_granularity: selective\nrecompute_method: uniform\n")
+    path.write_text(
+        "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n"
+        "recompute_granularity: selective\nrecompute_method: uniform\n"
+    )
     run("validate", str(path), check_rc=0)
     out = run("validate", str(path), "--strict", check_rc=1).stdout
     assert "recompute method is not yet supported for selective recomputing granularity" in out
@@ -89,13 +172,13 @@ def test_validate_strict(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["verify", "--model", "gpt9"], "unknown preset 'gpt9'"),
+        (["verify", "--model", "gpt9"], "unknown model 'gpt9'"),
         (
             ["verify", "--recompute", "selective:moe_act"],
             "moe_act in recompute_modules is only supported with moe_grouped_gemm.",
         ),
         (["verify", "--model", "llama3-70b"], "is shape-only"),
-        (["validate", "/nonexistent/config.yaml"], "cannot read config file"),
+        (["validate", "/nonexistent/config.yaml"], "cannot read /nonexistent/config.yaml"),
     ],
 )
 def test_bad_input_is_one_line_exit_1(args, message):
@@ -169,9 +252,444 @@ BINARY = bytes(range(256)) * 4  # NUL bytes and invalid UTF-8
 @pytest.mark.parametrize(
     "args,content,message",
     [
-        (["validate", "{path}"], BINARY, "is not text (binary data at byte 0); give a YAML"),
-        (["estimate", "--config", "{path}"], BINARY, "--config {path} is not text"),
-        (["estimate", "--config", "{path}"], b"", "--config {path} is empty"),
+        (["validate", "{path}"], BINARY, "is not text (binary data at byte 0); give the config"),
+        (["estimate", "--config", "{path}"], BINARY, "{path} is not text"),
+        (["estimate", "--config", "{path}"], b"", "{path} is empty"),
+        (["doctor", "--log", "{path}"], BINARY, "--log {path} is not text"),
+        (["doctor", "--log", "{path}"], b"\n \n", "--log {path} is empty; pass the training log"),
+    ],
+)
+def test_binary_or_empty_files_are_one_line_with_a_hint(tmp_path, args, content, message):
+    path = tmp_path / "input.yaml"
+    path.write_bytes(content)
+    proc = run(*[a.format(path=path) for a in args], check_rc=1)
+    assert message.format(path=path) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_log_with_a_stray_byte_is_still_read(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(
+        b"step 1 done \xff\n" + (DATA / "rules" / "oom-pt-16417-comment.txt").read_bytes()
+    )
+    doc = json.loads(run("doctor", "--log", str(log), "--json", check_rc=0).stdout)
+    assert doc["findings"]
+
+
+def test_plan_json_is_a_document_even_when_nothing_fits():
+    proc = run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "10", "--json", check_rc=1)
+    doc = json.loads(proc.stdout)
+    assert doc["fits"] is False and doc["best"] is None and "nothing fits" in doc["error"]
+    assert "nothing fits in 10 GiB" in proc.stderr
+
+
+def test_json_byte_fields_are_integers_and_tables_pick_a_unit():
+    doc = json.loads(run("estimate", "--model", "tiny-gpt", "--json", check_rc=0).stdout)
+
+    def byte_values(node, inside=False):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from byte_values(value, inside or key.endswith("bytes") or key == "modules")
+        elif isinstance(node, list):
+            for value in node:
+                yield from byte_values(value, inside)
+        elif inside and node is not None:
+            yield node
+
+    values = list(byte_values(doc))
+    assert values and all(type(v) is int for v in values), values
+    table = run("estimate", "--model", "tiny-gpt", check_rc=0).stdout
+    assert "total (MiB)" in table and "0.00 " not in table
+    table = run("estimate", "--model", "llama3-8b", "--tp", "4", check_rc=0).stdout
+    assert "total (GiB)" in table
+
+
+def test_verify_offloading_json():
+    proc = run(
+        "verify", "--model", "tiny-moe", "--cpu-offloading-num-layers", "2", "--json", check_rc=0
+    )
+    doc = json.loads(proc.stdout)
+    [r] = doc["results"]  # recompute specs are ruled out by cpu_offloading (Megatron rule 3)
+    assert r["recompute"] == "none" and r["loss_match"] and r["grads_match"]
+    assert r["offloaded_bytes"] > 0
+    assert (
+        r["saved_activation_bytes"] + r["offloaded_bytes"] == r["baseline_saved_activation_bytes"]
+    )
+
+
+def test_verify_offload_conflict_is_one_line():
+    proc = run(
+        "verify",
+        "--model",
+        "tiny-moe",
+        "--offload-modules",
+        "moe_act",
+        "--recompute",
+        "selective:moe",
+        check_rc=1,
+    )
+    assert proc.stderr.startswith("recompute-kit: error: Cannot offload ['moe_act'] while")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- estimate / measure / plan ----------------------------------------------------------------
+
+ESTIMATE_FIELDS = {
+    "recompute",
+    "per_layer_activation_bytes",
+    "activation_bytes",
+    "peak_activation_bytes",
+    "modules",
+    "weights_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "total_bytes",
+    "recompute_flops_fraction",
+}
+
+
+def test_estimate_json():
+    doc = json.loads(
+        run(
+            "estimate",
+            "--model",
+            "llama3-70b",
+            "--seq-length",
+            "4096",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--sp",
+            "--recompute",
+            "none",
+            "selective:mlp",
+            "full:uniform:1",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
+    rows = doc["estimates"]
+    assert [r["recompute"] for r in rows] == ["none", "selective:mlp", "full:uniform:1"]
+    for r in rows:
+        assert set(r) >= ESTIMATE_FIELDS
+        assert isinstance(r["activation_bytes"], int) and isinstance(r["total_bytes"], int)
+        assert r["total_bytes"] == pytest.approx(
+            r["weights_bytes"]
+            + r["grads_bytes"]
+            + r["optimizer_bytes"]
+            + r["peak_activation_bytes"],
+            abs=2,
+        )
+    assert rows[0]["activation_bytes"] > rows[1]["activation_bytes"] > rows[2]["activation_bytes"]
+    assert rows[0]["recompute_flops_fraction"] == 0 < rows[1]["recompute_flops_fraction"]
+
+
+def test_measure_json_real_and_fake():
+    doc = json.loads(
+        run(
+            "measure",
+            "--model",
+            "tiny-moe",
+            "--recompute",
+            "none",
+            "selective:moe",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
+    real = doc["measurements"]
+    assert [m["device"] for m in real] == ["cpu", "cpu"]
+    assert real[1]["peak_activation_bytes"] < real[0]["peak_activation_bytes"]
+    assert "moe_act" in real[0]["modules"] and real[1]["modules"]["moe_act"] == 0
+    doc = json.loads(
+        run(
+            "measure",
+            "--model",
+            "llama3-70b",
+            "--fake",
+            "--recompute",
+            "full:uniform:1",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
+    [fake] = doc["measurements"]
+    assert fake["device"] == "meta" and fake["per_layer_activation_bytes"] > 0
+    assert set(fake) >= {
+        "recompute",
+        "per_layer_activation_bytes",
+        "modules",
+        "peak_activation_bytes",
+    }
+
+
+def test_plan_json_and_render():
+    doc = json.loads(
+        run(
+            "plan",
+            "--model",
+            "llama3-70b",
+            "--gpu-memory-gb",
+            "64",
+            "--format",
+            "megatron-lm",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
+    assert doc["best"]["fits"] is True
+    assert doc["best"]["total_bytes"] <= doc["usable_bytes"]
+    fitting = [c for c in doc["candidates"] if c["fits"]]
+    assert doc["best"] == fitting[0]
+    no_offload = [c for c in fitting if not c["offload"]]
+    assert doc["best"]["recompute_flops_fraction"] == min(
+        c["recompute_flops_fraction"] for c in no_offload
+    )
+    assert doc["rendered"].splitlines()[1].startswith("--recompute-granularity")
+    assert doc["best"]["recompute"] in doc["explanation"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["estimate", "--model", "llama3-70b", "--tp", "3"],
+            # validate() runs first and words it as Megatron-Core 0.16.1's TransformerConfig
+            "num_attention_heads (64) must be a multiple of tensor_model_parallel_size (3).",
+        ),
+        (
+            ["estimate", "--model", "llama3-70b", "--pp", "3"],
+            "num_layers (80) is not divisible by pipeline parallel size 3",
+        ),
+        (
+            ["estimate", "--model", "mixtral-8x7b", "--ep", "3"],
+            "num_moe_experts (8) is not divisible by expert parallel size 3",
+        ),
+        (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "10"], "nothing fits in 10 GiB"),
+        (["measure", "--model", "llama3-70b"], "measure it with --fake"),
+    ],
+)
+def test_memory_commands_bad_input_one_line(args, message):
+    proc = run(*args, check_rc=1)
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_plan_says_by_how_much_nothing_fits():
+    proc = run("plan", "--model", "llama3-70b", "--gpu-memory-gb", "10", check_rc=1)
+    assert "GiB too much" in proc.stderr and "smallest candidate" in proc.stderr
+
+
+# ---- doctor / rules -----------------------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+DOCTOR_FINDING_FIELDS = {
+    "rule",
+    "category",
+    "title",
+    "symptom",
+    "cause",
+    "confirm",
+    "fix",
+    "config_patch",
+    "confidence",
+    "references",
+}
+
+
+def test_doctor_json_contract_on_a_real_oom_and_config(tmp_path):
+    # the OOM message of pytorch/pytorch#16417 (comment), verbatim in tests/data/rules/
+    log = DATA / "rules" / "oom-pt-16417-comment.txt"
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
+        "  num_query_groups: 8\n  ffn_hidden_size: 14336\n  seq_length: 8192\n"
+        "  swiglu: true\n  padded_vocab_size: 128256\n"
+        "  tensor_model_parallel_size: 4\n  sequence_parallel: true\n"
+        "  recompute_granularity: selective\n"
+    )
+    doc = json.loads(
+        run("doctor", "--log", str(log), "--config", str(config), "--json", check_rc=0).stdout
+    )
+    [oom] = doc["evidence"]["oom"]
+    assert oom["requested_bytes"] == round(22.00 * 2**20)
+    assert oom["allocated_bytes"] == round(22.90 * 2**30)
+    for key in (
+        "requested_bytes",
+        "total_bytes",
+        "free_bytes",
+        "allocated_bytes",
+        "reserved_unallocated_bytes",
+        "process_bytes",
+        "other_processes_bytes",
+    ):
+        assert key in oom
+    for key in ("iterations", "memory", "errors", "config", "experiments"):
+        assert key in doc["evidence"]
+    assert doc["evidence"]["config"]["num_layers"] == 32
+    assert doc["findings"] and all(set(f) >= DOCTOR_FINDING_FIELDS for f in doc["findings"])
+    confidences = [f["confidence"] for f in doc["findings"]]
+    assert confidences == sorted(confidences, reverse=True)
+
+
+def test_doctor_reads_stdin_and_says_when_nothing_is_known():
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", "doctor", "--log", "-", "--json"],
+        input="all good, step 10 done\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    doc = json.loads(proc.stdout)
+    assert doc["findings"] == [] and doc["summary"].startswith("No known pattern")
+
+
+def test_doctor_refuses_a_malicious_snapshot(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bad = tmp_path / "snap.pickle"
+    bad.write_bytes(pickle.dumps(Evil()))
+    proc = run("doctor", "--snapshot", str(bad), check_rc=1)
+    assert "refusing to load snapshot" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+def test_doctor_needs_input_and_reports_missing_files():
+    assert "give the doctor something to read" in run("doctor", check_rc=1).stderr
+    proc = run("doctor", "--log", "/nonexistent.log", check_rc=1)
+    assert "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rules_markdown_is_the_catalog():
+    from recompute_kit.doctor.rules import RULES
+
+    out = run("rules", "--markdown", check_rc=0).stdout
+    assert out.startswith("<!-- generated by `recompute-kit rules --markdown`")
+    for r in RULES:
+        assert f"| {r.id} | {r.category} |" in out
+    doc = json.loads(run("rules", "--json", check_rc=0).stdout)
+    assert len(doc["rules"]) == len(RULES) >= 30
+
+
+def test_parse_spec_rejects_empty_module_names():
+    from recompute_kit.config import ConfigError, parse_spec
+
+    with pytest.raises(ConfigError):
+        parse_spec("selective:core_attn,,mlp")
+
+    proc = run("validate", str(bad), "--json", check_rc=1)
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] is False
+    assert doc["errors"] == [
+        'Using recompute_granularity: full so recompute_method must be "block" or "uniform"'
+    ]
+
+
+def test_validate_strict(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n"
+        "recompute_granularity: selective\nrecompute_method: uniform\n"
+    )
+    run("validate", str(path), check_rc=0)
+    out = run("validate", str(path), "--strict", check_rc=1).stdout
+    assert "recompute method is not yet supported for selective recomputing granularity" in out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["verify", "--model", "gpt9"], "unknown model 'gpt9'"),
+        (
+            ["verify", "--recompute", "selective:moe_act"],
+            "moe_act in recompute_modules is only supported with moe_grouped_gemm.",
+        ),
+        (["verify", "--model", "llama3-70b"], "is shape-only"),
+        (["validate", "/nonexistent/config.yaml"], "cannot read /nonexistent/config.yaml"),
+    ],
+)
+def test_bad_input_is_one_line_exit_1(args, message):
+    proc = run(*args, check_rc=1)
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_not_yaml_is_one_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {num_layers: [\n")
+    proc = run("validate", str(path), check_rc=1)
+    assert "is not valid YAML/JSON" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_usage_errors_exit_2():
+    assert run("verify", "--no-such-flag").returncode == 2
+    assert run().returncode == 2
+    assert run("verify", "--device", "tpu").returncode == 2
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["verify", "--recompute", "selective:attention"], "unknown recompute module 'attention'"),
+        (["verify", "--recompute", "full:uniform"], "malformed full recompute spec"),
+        (["estimate", "--recompute", "selective:core_attn,,mlp"], "empty module name"),
+        (["plan", "--model", "llama3-70b", "--gpu-memory-gb", "-1"], "must be a positive number"),
+        (
+            ["plan", "--model", "tiny-gpt", "--gpu-memory-gb", "8", "--format", "toml"],
+            "invalid choice: 'toml'",
+        ),
+        (["ablate", "--out", "x", "--steps", "0"], "must be >= 1"),
+        (["ablate", "--out", "x", "--golden", "full:block"], "malformed full recompute spec"),
+    ],
+)
+def test_bad_values_are_usage_errors_before_any_work(args, message):
+    """argparse rejects them (exit 2) while reading the command line: nothing is computed."""
+    proc = run(*args, check_rc=2)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert message in last and "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_repeated_recompute_accumulates():
+    doc = json.loads(
+        run(
+            *["estimate", "--model", "tiny-gpt", "--recompute", "none", "selective"],
+            *["--recompute", "full:uniform:1", "--json"],
+            check_rc=0,
+        ).stdout
+    )
+    assert [e["recompute"] for e in doc["estimates"]] == ["none", "selective", "full:uniform:1"]
+    # the empty selective control stays valid
+    doc = json.loads(run("estimate", "--recompute", "selective:", "--json", check_rc=0).stdout)
+    assert doc["estimates"][0]["recompute"] == "selective:"
+
+
+def test_selective_module_the_model_lacks_gets_a_note():
+    proc = run("estimate", "--model", "tiny-gpt", "--recompute", "selective:moe", check_rc=0)
+    assert "note: selective:moe: this dense model has no moe modules" in proc.stderr
+    proc = run("estimate", "--model", "tiny-moe", "--recompute", "selective:moe", check_rc=0)
+    assert "note:" not in proc.stderr
+
+
+BINARY = bytes(range(256)) * 4  # NUL bytes and invalid UTF-8
+
+
+@pytest.mark.parametrize(
+    "args,content,message",
+    [
+        (["validate", "{path}"], BINARY, "is not text (binary data at byte 0); give the config"),
+        (["estimate", "--config", "{path}"], BINARY, "{path} is not text"),
+        (["estimate", "--config", "{path}"], b"", "{path} is empty"),
         (["doctor", "--log", "{path}"], BINARY, "--log {path} is not text"),
         (["doctor", "--log", "{path}"], b"\n \n", "--log {path} is empty; pass the training log"),
     ],

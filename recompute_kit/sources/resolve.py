@@ -85,24 +85,35 @@ class Resolved:
         return doc
 
 
+_FILE_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".sh", ".py", ".txt", ".cfg", ".conf")
+_HINT = "give the config files you train with, or a model id"
+
+
 def read_input(item: str) -> tuple[Reading, str]:
     """One input: a file (any known format) or a model id / registry name."""
     path = Path(item)
+    looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
     if path.is_file():
         try:
             data = path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read {item}: {exc.strerror}") from None
         if not data.strip():
-            raise ConfigError(f"{item} is empty")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{item} is not text (not UTF-8 at byte {exc.start})") from None
+            raise ConfigError(f"{item} is empty; {_HINT}")
+        where = data.find(b"\x00")
+        if where < 0:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                where = exc.start
+        if where >= 0:
+            raise ConfigError(f"{item} is not text (binary data at byte {where}); {_HINT}")
         reading = formats.read_file_text(text, item)
         return reading, reading.format or "config"
     if path.exists():
         raise ConfigError(f"{item} is not a file")
+    if looks_like_path:
+        raise ConfigError(f"cannot read {item}: No such file or directory")
     from . import hf_config
 
     reading = hf_config.read_model_id(item)  # raises ConfigError naming what to pass instead
