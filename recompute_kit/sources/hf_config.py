@@ -224,7 +224,9 @@ def _key_lines(text: str) -> Callable[[str], int]:
 def read(text: str, path: str) -> Reading:
     data = _load(text, path)
     if not _looks_like_hf(data):
-        raise ConfigError(f"{path}: no model_type, architectures or num_hidden_layers: not a config.json")
+        raise ConfigError(
+            f"{path}: no model_type, architectures or num_hidden_layers: not a config.json"
+        )
     line_of = _key_lines(text)
 
     def origin_for(key: str) -> Origin:
@@ -289,7 +291,9 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
         return origin_for(prefix + key)
 
     def fact(field: str, value: Any, note: str) -> None:
-        reading.set(field, value, Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: {note}"))
+        reading.set(
+            field, value, Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: {note}")
+        )
 
     def put(field: str, key: str, value: Any, note: str = "") -> None:
         base = org(key)
@@ -322,21 +326,35 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
     heads = reading.get("num_attention_heads")
     hidden = reading.get("hidden_size")
     if has("num_key_value_heads") and get("num_key_value_heads") is not None:
-        put("num_query_groups", "num_key_value_heads", _int(get("num_key_value_heads"), "num_key_value_heads", where))
+        put(
+            "num_query_groups",
+            "num_key_value_heads",
+            _int(get("num_key_value_heads"), "num_key_value_heads", where),
+        )
     elif heads is not None:
         reading.set(
             "num_query_groups",
             heads,
-            Origin("default", f"transformers {cls} default", "num_key_value_heads",
-                   note="num_key_value_heads absent: = num_attention_heads (MHA)"),
+            Origin(
+                "default",
+                f"transformers {cls} default",
+                "num_key_value_heads",
+                note="num_key_value_heads absent: = num_attention_heads (MHA)",
+            ),
         )
 
-    mla = bool(family and family.get("mla")) or ("kv_lora_rank" in cfg and "qk_rope_head_dim" in cfg)
+    mla = bool(family and family.get("mla")) or (
+        "kv_lora_rank" in cfg and "qk_rope_head_dim" in cfg
+    )
     if mla:
         fact("multi_latent_attention", True, "multi-latent attention (kv_lora_rank)")
         q_rank = get("q_lora_rank")
-        put("q_lora_rank", "q_lora_rank", None if not q_rank else _int(q_rank, "q_lora_rank", where),
-            note="null: plain q_proj, no query compression" if not q_rank else "")
+        put(
+            "q_lora_rank",
+            "q_lora_rank",
+            None if not q_rank else _int(q_rank, "q_lora_rank", where),
+            note="null: plain q_proj, no query compression" if not q_rank else "",
+        )
         for field, key in (
             ("kv_lora_rank", "kv_lora_rank"),
             ("qk_head_dim", "qk_nope_head_dim"),
@@ -349,7 +367,8 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             reading.unused[prefix + "head_dim"] = cfg["head_dim"]
         if hidden and heads:
             reading.derive(
-                "kv_channels", hidden // heads,
+                "kv_channels",
+                hidden // heads,
                 "hidden_size // num_attention_heads (Megatron's rule; MLA uses qk/v head dims)",
             )
     else:
@@ -357,12 +376,19 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
         if has("head_dim") and get("head_dim") is not None:
             put("kv_channels", "head_dim", _int(get("head_dim"), "head_dim", where))
         elif hidden and heads:
-            reading.derive("kv_channels", hidden // heads,
-                           "head_dim absent: hidden_size // num_attention_heads (the HF class's rule)")
+            reading.derive(
+                "kv_channels",
+                hidden // heads,
+                "head_dim absent: hidden_size // num_attention_heads (the HF class's rule)",
+            )
 
     # MLP
     if "intermediate_size" in cfg:
-        put("ffn_hidden_size", "intermediate_size", _int(cfg["intermediate_size"], "intermediate_size", where))
+        put(
+            "ffn_hidden_size",
+            "intermediate_size",
+            _int(cfg["intermediate_size"], "intermediate_size", where),
+        )
     act = cfg.get("hidden_activation", cfg.get("hidden_act"))
     act_key = "hidden_activation" if "hidden_activation" in cfg else "hidden_act"
     if family is not None:
@@ -371,41 +397,80 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                 if act is None:
                     fact("swiglu", True, "gated MLP with silu (SwiGLU)")
                 else:
-                    put("swiglu", act_key, True, note=f"{fam_name} architecture: {act} in a gated MLP = SwiGLU")
+                    put(
+                        "swiglu",
+                        act_key,
+                        True,
+                        note=f"{fam_name} architecture: {act} in a gated MLP = SwiGLU",
+                    )
             elif "gelu" in str(act):
-                put("swiglu", act_key, True,
-                    note=f"{fam_name} architecture: {act} in a gated MLP (GeGLU), counted as SwiGLU (same memory)")
+                put(
+                    "swiglu",
+                    act_key,
+                    True,
+                    note=f"{fam_name} architecture: {act} in a gated MLP (GeGLU), "
+                    "counted as SwiGLU (same memory)",
+                )
             else:
-                put("swiglu", act_key, True,
-                    note=f"{fam_name} architecture: gated MLP with {act}, counted as SwiGLU (same memory)")
+                put(
+                    "swiglu",
+                    act_key,
+                    True,
+                    note=f"{fam_name} architecture: gated MLP with {act}, "
+                    "counted as SwiGLU (same memory)",
+                )
             if model_type == "gpt_oss":
                 reading.origins["swiglu"] = Origin(
-                    reading.origins["swiglu"].kind, reading.origins["swiglu"].where,
+                    reading.origins["swiglu"].kind,
+                    reading.origins["swiglu"].where,
                     reading.origins["swiglu"].key,
-                    note="gpt_oss architecture: gated MLP, clamped SwiGLU (alpha 1.702, swiglu_limit)")
+                    note="gpt_oss architecture: gated MLP, clamped SwiGLU "
+                    "(alpha 1.702, swiglu_limit)",
+                )
         else:
             fact("swiglu", False, f"ungated MLP ({act or 'relu2'})")
-        fact("normalization", family.get("norm", "RMSNorm"),
-             "LayerNorm1P (zero-centred gamma)" if family.get("norm") == "LayerNorm" else "RMSNorm")
+        fact(
+            "normalization",
+            family.get("norm", "RMSNorm"),
+            "LayerNorm1P (zero-centred gamma)" if family.get("norm") == "LayerNorm" else "RMSNorm",
+        )
         fact("position_embedding_type", "rope", "rotary position embeddings")
-        fact("qk_layernorm", bool(family.get("qk_norm")),
-             "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm")
-        reading.set("hidden_dropout", 0.0,
-                    Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"))
+        fact(
+            "qk_layernorm",
+            bool(family.get("qk_norm")),
+            "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm",
+        )
+        reading.set(
+            "hidden_dropout",
+            0.0,
+            Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"),
+        )
         _biases(reading, cfg, family, fam_name, where, origin_for, prefix)
         tie_key = "tie_word_embeddings"
         if tie_key in data and prefix:
-            reading.set("share_embeddings_and_output_weights", bool(data[tie_key]), origin_for(tie_key))
+            reading.set(
+                "share_embeddings_and_output_weights", bool(data[tie_key]), origin_for(tie_key)
+            )
         elif tie_key in cfg:
             put("share_embeddings_and_output_weights", tie_key, bool(cfg[tie_key]))
         else:
             reading.set(
-                "share_embeddings_and_output_weights", family["tie"],
-                Origin("default", f"transformers {cls} default", tie_key,
-                       note=f"{fam_name} architecture: tie_word_embeddings defaults to {family['tie']}"),
+                "share_embeddings_and_output_weights",
+                family["tie"],
+                Origin(
+                    "default",
+                    f"transformers {cls} default",
+                    tie_key,
+                    note=f"{fam_name} architecture: tie_word_embeddings "
+                    f"defaults to {family['tie']}",
+                ),
             )
     elif "tie_word_embeddings" in cfg:
-        put("share_embeddings_and_output_weights", "tie_word_embeddings", bool(cfg["tie_word_embeddings"]))
+        put(
+            "share_embeddings_and_output_weights",
+            "tie_word_embeddings",
+            bool(cfg["tie_word_embeddings"]),
+        )
     if "attention_dropout" in cfg and isinstance(cfg["attention_dropout"], (int, float)):
         put("attention_dropout", "attention_dropout", float(cfg["attention_dropout"]))
 
@@ -413,26 +478,51 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
     return reading
 
 
-def _biases(reading: Reading, cfg: dict, family: dict, fam_name: str, where: str,
-            origin_for: OriginFor, prefix: str) -> None:
+def _biases(
+    reading: Reading,
+    cfg: dict,
+    family: dict,
+    fam_name: str,
+    where: str,
+    origin_for: OriginFor,
+    prefix: str,
+) -> None:
     attn = cfg.get("attention_bias")
     mlp = cfg.get("mlp_bias")
     if family.get("bias"):  # gpt-oss: attention_bias True, experts and router with biases
         key = "attention_bias" if "attention_bias" in cfg else ""
-        reading.set("add_bias_linear", bool(attn) if attn is not None else True,
-                    Origin(origin_for(prefix + key).kind if key else FROM_MODEL,
-                           origin_for(prefix + key).where if key else where, key,
-                           note=f"{fam_name} architecture: biases on attention and expert linears"))
+        reading.set(
+            "add_bias_linear",
+            bool(attn) if attn is not None else True,
+            Origin(
+                origin_for(prefix + key).kind if key else FROM_MODEL,
+                origin_for(prefix + key).where if key else where,
+                key,
+                note=f"{fam_name} architecture: biases on attention and expert linears",
+            ),
+        )
         return
     if family.get("qkv_bias"):
-        reading.set("add_bias_linear", False, Origin(
-            FROM_MODEL, where, "",
-            note=f"{fam_name} architecture: no bias on o_proj and the MLP; q/k/v carry biases "
-                 "(Megatron add_qkv_bias, not modelled: a few hidden-size vectors)"))
+        reading.set(
+            "add_bias_linear",
+            False,
+            Origin(
+                FROM_MODEL,
+                where,
+                "",
+                note=f"{fam_name} architecture: no bias on o_proj and the MLP; q/k/v carry biases "
+                "(Megatron add_qkv_bias, not modelled: a few hidden-size vectors)",
+            ),
+        )
         return
     if attn is None and mlp is None:
-        reading.set("add_bias_linear", False, Origin(
-            FROM_MODEL, where, "", note=f"{fam_name} architecture: no bias on any linear layer"))
+        reading.set(
+            "add_bias_linear",
+            False,
+            Origin(
+                FROM_MODEL, where, "", note=f"{fam_name} architecture: no bias on any linear layer"
+            ),
+        )
         return
     value = bool(mlp) if mlp is not None else bool(attn)
     key = "mlp_bias" if mlp is not None else "attention_bias"
@@ -445,10 +535,21 @@ def _biases(reading: Reading, cfg: dict, family: dict, fam_name: str, where: str
         )
 
 
-def _moe(reading: Reading, cfg: dict, family: dict | None, fam_name: str, model_type: str,
-         where: str, get: Callable, has: Callable, put: Callable, fact: Callable) -> None:
-    expert_key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
-                       if cfg.get(k)), None)
+def _moe(
+    reading: Reading,
+    cfg: dict,
+    family: dict | None,
+    fam_name: str,
+    model_type: str,
+    where: str,
+    get: Callable,
+    has: Callable,
+    put: Callable,
+    fact: Callable,
+) -> None:
+    expert_key = next(
+        (k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k)), None
+    )
     if expert_key is None:
         if family is not None:
             fact("num_moe_experts", None, "dense MLP, no experts")
@@ -460,29 +561,53 @@ def _moe(reading: Reading, cfg: dict, family: dict | None, fam_name: str, model_
         put("moe_router_topk", topk_key, _int(cfg[topk_key], topk_key, where))
     kind = (family or {}).get("moe")
     if kind is None:
-        kind = "deepseek" if expert_key == "n_routed_experts" else (
-            "qwen" if "decoder_sparse_step" in cfg else "mixtral")
+        kind = (
+            "deepseek"
+            if expert_key == "n_routed_experts"
+            else ("qwen" if "decoder_sparse_step" in cfg else "mixtral")
+        )
     if kind == "mixtral":
         if "intermediate_size" in cfg:
-            put("moe_ffn_hidden_size", "intermediate_size", _int(cfg["intermediate_size"], "intermediate_size", where),
-                note="per-expert FFN size")
+            put(
+                "moe_ffn_hidden_size",
+                "intermediate_size",
+                _int(cfg["intermediate_size"], "intermediate_size", where),
+                note="per-expert FFN size",
+            )
         fact("moe_layer_freq", 1, "every layer is MoE")
         fact("moe_shared_expert_intermediate_size", None, "no shared expert")
         return
     if "moe_intermediate_size" in cfg:
-        put("moe_ffn_hidden_size", "moe_intermediate_size", _int(cfg["moe_intermediate_size"], "moe_intermediate_size", where))
+        put(
+            "moe_ffn_hidden_size",
+            "moe_intermediate_size",
+            _int(cfg["moe_intermediate_size"], "moe_intermediate_size", where),
+        )
     if num_layers is None:
         return
     if kind == "qwen":
         step = _int(get("decoder_sparse_step", 1), "decoder_sparse_step", where) or 1
         only = set(get("mlp_only_layers", []) or [])
         flags = [int(i not in only and (i + 1) % step == 0) for i in range(num_layers)]
-        key = "decoder_sparse_step" if "decoder_sparse_step" in cfg or "mlp_only_layers" not in cfg else "mlp_only_layers"
-        put("moe_layer_freq", key, 1 if all(flags) else flags,
-            note="layer i MoE iff i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0")
+        key = (
+            "decoder_sparse_step"
+            if "decoder_sparse_step" in cfg or "mlp_only_layers" not in cfg
+            else "mlp_only_layers"
+        )
+        put(
+            "moe_layer_freq",
+            key,
+            1 if all(flags) else flags,
+            note="layer i MoE iff i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0",
+        )
         if cfg.get("shared_expert_intermediate_size"):
-            put("moe_shared_expert_intermediate_size", "shared_expert_intermediate_size",
-                _int(cfg["shared_expert_intermediate_size"], "shared_expert_intermediate_size", where))
+            put(
+                "moe_shared_expert_intermediate_size",
+                "shared_expert_intermediate_size",
+                _int(
+                    cfg["shared_expert_intermediate_size"], "shared_expert_intermediate_size", where
+                ),
+            )
         else:
             fact("moe_shared_expert_intermediate_size", None, "no shared expert")
         return
@@ -490,21 +615,32 @@ def _moe(reading: Reading, cfg: dict, family: dict | None, fam_name: str, model_
     k = _int(get("first_k_dense_replace", 0) or 0, "first_k_dense_replace", where)
     freq = _int(get("moe_layer_freq", 1) or 1, "moe_layer_freq", where)
     flags = [int(i >= k and i % freq == 0) for i in range(num_layers)]
-    put("moe_layer_freq", "first_k_dense_replace", 1 if all(flags) else flags,
-        note=f"first {k} layers dense, then MoE every {freq} layer(s)")
+    put(
+        "moe_layer_freq",
+        "first_k_dense_replace",
+        1 if all(flags) else flags,
+        note=f"first {k} layers dense, then MoE every {freq} layer(s)",
+    )
     shared = get("n_shared_experts")
     moe_ffn = reading.get("moe_ffn_hidden_size")
     if shared and moe_ffn:
-        put("moe_shared_expert_intermediate_size", "n_shared_experts", _int(shared, "n_shared_experts", where) * moe_ffn,
-            note="n_shared_experts * moe_intermediate_size")
+        put(
+            "moe_shared_expert_intermediate_size",
+            "n_shared_experts",
+            _int(shared, "n_shared_experts", where) * moe_ffn,
+            note="n_shared_experts * moe_intermediate_size",
+        )
     else:
         fact("moe_shared_expert_intermediate_size", None, "no shared expert")
     if cfg.get("scoring_func") in ("sigmoid", "softmax"):
         put("moe_router_score_function", "scoring_func", cfg["scoring_func"])
     if cfg.get("num_nextn_predict_layers"):
-        put("mtp_num_layers", "num_nextn_predict_layers",
+        put(
+            "mtp_num_layers",
+            "num_nextn_predict_layers",
             _int(cfg["num_nextn_predict_layers"], "num_nextn_predict_layers", where),
-            note="multi-token-prediction layers (Megatron-Bridge maps them to mtp_num_layers)")
+            note="multi-token-prediction layers (Megatron-Bridge maps them to mtp_num_layers)",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,9 +654,15 @@ def apply_defaults(reading: Reading) -> None:
     heads = reading.get("num_attention_heads")
     hidden = reading.get("hidden_size")
     if heads and "num_query_groups" not in reading:
-        reading.default("num_query_groups", heads, "transformers' default (num_key_value_heads absent: MHA)")
+        reading.default(
+            "num_query_groups", heads, "transformers' default (num_key_value_heads absent: MHA)"
+        )
     if heads and hidden and "kv_channels" not in reading:
-        reading.derive("kv_channels", hidden // heads, "hidden_size // num_attention_heads (the HF class's rule)")
+        reading.derive(
+            "kv_channels",
+            hidden // heads,
+            "hidden_size // num_attention_heads (the HF class's rule)",
+        )
 
 
 def key_for(field: str) -> str:
@@ -549,9 +691,11 @@ def read_model_id(model_id: str) -> Reading:
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     path = None
     errors: list[str] = []
-    for local_only in ((True,) if offline else (False, True)):
+    for local_only in (True,) if offline else (False, True):
         try:
-            path = hf_hub_download(repo_id=model_id, filename="config.json", local_files_only=local_only)
+            path = hf_hub_download(
+                repo_id=model_id, filename="config.json", local_files_only=local_only
+            )
             break
         except Exception as exc:  # network, gated repo, not cached: try the cache, then say so
             errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -8,7 +8,7 @@ the short aliases of recompute-kit's presets.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -59,7 +59,7 @@ def _index() -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(file_name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath("models", file_name).read_text(encoding="utf-8")
     return json.loads(text)
