@@ -1,23 +1,716 @@
-"""(stub: being written)"""
+"""Hugging Face `config.json` (a model's architecture) and Hugging Face model ids.
+
+A `config.json` says the model's shape, nothing about training: `max_position_embeddings` is
+the model's capacity (not the training sequence length) and `torch_dtype` / `dtype` the storage
+precision (not the training precision); both go to `reading.unused`. What no key states but
+the architecture fixes (RMSNorm, a gated MLP, no biases, qk-norm, tied embeddings by the
+class's default) is set with `Origin("model", ..., note="<family> architecture: ...")`.
+
+Semantics (transformers' config classes and modelling code; see
+/work/shared/reference/config-formats.md section 6):
+- qwen2_moe / qwen3_moe: layer i is MoE iff i not in mlp_only_layers and
+  (i + 1) % decoder_sparse_step == 0 (`Qwen2MoeDecoderLayer`): emitted as a 0/1 list.
+- deepseek_v2 / v3: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0;
+  shared experts = n_shared_experts * moe_intermediate_size; q_lora_rank null = plain q_proj;
+  HF's `head_dim` (= qk_rope_head_dim) is ignored for MLA.
+- Mixtral / GPT-OSS: every layer MoE, intermediate_size is the per-expert size.
+
+Reading never runs code: JSON only, never `trust_remote_code`; model ids fetch `config.json`
+alone through `huggingface_hub` (cached; offline from the cache).
+"""
 
 from __future__ import annotations
 
-from .reading import Reading
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
 
-FRAMEWORKS: tuple[str, ...] = ()
+from ..config import ConfigError
+from .reading import FROM_FILE, FROM_MODEL, Origin, Reading
+
+FRAMEWORKS: tuple[str, ...] = ("hf-config",)
+FORMAT = "Hugging Face config.json"
+
+# Family facts: (normalization, gated MLP activation or None, tie default of the class,
+# qk_layernorm, biases on q/k/v only, all linear biases).
+_GLU_SILU = "silu"
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"tie": False, "glu": True},
+    "mistral": {"tie": False, "glu": True},
+    "mixtral": {"tie": False, "glu": True, "moe": "mixtral"},
+    "qwen2": {"tie": False, "glu": True, "qkv_bias": True},
+    "qwen2_moe": {"tie": False, "glu": True, "qkv_bias": True, "moe": "qwen"},
+    "qwen3": {"tie": False, "glu": True, "qk_norm": True},
+    "qwen3_moe": {"tie": False, "glu": True, "qk_norm": True, "moe": "qwen"},
+    "gemma": {"tie": True, "glu": True},
+    "gemma2": {"tie": True, "glu": True},
+    "gemma3_text": {"tie": True, "glu": True, "qk_norm": True},
+    "deepseek_v2": {"tie": False, "glu": True, "moe": "deepseek", "mla": True},
+    "deepseek_v3": {"tie": False, "glu": True, "moe": "deepseek", "mla": True},
+    "gpt_oss": {"tie": False, "glu": True, "moe": "mixtral", "bias": True},
+    "granite": {"tie": True, "glu": True},
+    "olmo2": {"tie": False, "glu": True, "qk_norm": True},
+    "phi3": {"tie": False, "glu": True},
+    # Nemotron: LayerNorm1P (zero-centred gamma), squared-ReLU MLP without a gate.
+    "nemotron": {"tie": False, "glu": False, "norm": "LayerNorm"},
+}
+# transformers class defaults for keys a hub config.json may leave out.
+_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "head_dim": 256, "num_key_value_heads": 4},
+    "qwen3": {"head_dim": 128},
+    "qwen3_moe": {"head_dim": 128, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen2_moe": {"decoder_sparse_step": 1, "mlp_only_layers": []},
+    "deepseek_v3": {"moe_layer_freq": 1, "first_k_dense_replace": 3},
+    "deepseek_v2": {"moe_layer_freq": 1, "first_k_dense_replace": 0},
+}
+_CLASS_NAMES = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "mixtral": "MixtralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen2_moe": "Qwen2MoeConfig",
+    "qwen3": "Qwen3Config",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "gemma": "GemmaConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
+    "deepseek_v2": "DeepseekV2Config",
+    "deepseek_v3": "DeepseekV3Config",
+    "gpt_oss": "GptOssConfig",
+    "granite": "GraniteConfig",
+    "olmo2": "Olmo2Config",
+    "phi3": "Phi3Config",
+    "nemotron": "NemotronConfig",
+}
+
+# Keys read into fields (the rest of the file goes to `unused`).
+_READ_KEYS = frozenset(
+    {
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "hidden_act",
+        "hidden_activation",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "attention_dropout",
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "experts_per_token",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "n_shared_experts",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "scoring_func",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "num_nextn_predict_layers",
+        "model_type",
+        "text_config",
+    }
+)
+
+# How each Megatron-Core field is set in a config.json (for the assumptions).
+_KEY_FOR = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "ffn_hidden_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "swiglu": "hidden_act",
+    "share_embeddings_and_output_weights": "tie_word_embeddings",
+    "add_bias_linear": "attention_bias / mlp_bias",
+    "num_moe_experts": "num_local_experts / num_experts / n_routed_experts",
+    "moe_router_topk": "num_experts_per_tok",
+    "moe_ffn_hidden_size": "moe_intermediate_size",
+    "moe_layer_freq": "decoder_sparse_step / mlp_only_layers / first_k_dense_replace",
+    "moe_shared_expert_intermediate_size": "shared_expert_intermediate_size / n_shared_experts",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_head_dim": "qk_nope_head_dim",
+    "qk_pos_emb_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "mtp_num_layers": "num_nextn_predict_layers",
+    "seq_length": "the training config's sequence length (not max_position_embeddings)",
+    "micro_batch_size": "the training config's micro batch size",
+    "bf16": "the training config's precision (not torch_dtype)",
+    "fp16": "the training config's precision (not torch_dtype)",
+}
+
+OriginFor = Callable[[str], Origin]
+
+
+# ---------------------------------------------------------------------------------------------
+# sniff / read
+
+
+def _load(text: str, path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config.json must be a JSON object")
+    return data
+
+
+def _looks_like_hf(data: dict[str, Any]) -> bool:
+    if "model_type" in data:
+        return True
+    if "architectures" in data or "num_hidden_layers" in data:
+        return True
+    sub = data.get("text_config")
+    return isinstance(sub, dict) and "num_hidden_layers" in sub
 
 
 def sniff(text: str, path: str) -> int:
-    return 0
+    stripped = text.lstrip()
+    if not stripped.startswith("{"):
+        return 0
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return 0
+    if not isinstance(data, dict) or not _looks_like_hf(data):
+        return 0
+    name = os.path.basename(path).lower()
+    return 95 if name.endswith("config.json") else 80
+
+
+def _key_lines(text: str) -> Callable[[str], int]:
+    """`line_of("text_config.hidden_size")`: the 1-based line of that key in the JSON text
+    (the first occurrence after its parent's key; 1 if not found)."""
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def line_at(pos: int) -> int:
+        lo, hi = 0, len(starts) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if starts[mid] <= pos:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo + 1
+
+    def line_of(dotted: str) -> int:
+        pos = 0
+        for part in dotted.split("."):
+            match = re.compile(r'"' + re.escape(part) + r'"\s*:').search(text, pos)
+            if match is None:
+                return 1
+            pos = match.start()
+        return line_at(pos)
+
+    return line_of
 
 
 def read(text: str, path: str) -> Reading:
-    raise NotImplementedError
+    data = _load(text, path)
+    if not _looks_like_hf(data):
+        raise ConfigError(
+            f"{path}: no model_type, architectures or num_hidden_layers: not a config.json"
+        )
+    line_of = _key_lines(text)
+
+    def origin_for(key: str) -> Origin:
+        return Origin(FROM_FILE, f"{path}:{line_of(key)}", key)
+
+    return _map(data, origin_for, path)
+
+
+def fields_from_hf(config: dict, where: str) -> Reading:
+    """The Megatron-Core fields of a config.json's dict; every value with
+    Origin("model", where, hf_key)."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where}: a config.json must be a JSON object")
+
+    def origin_for(key: str) -> Origin:
+        return Origin(FROM_MODEL, where, key)
+
+    return _map(config, origin_for, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# the mapping
+
+
+def _int(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+    return value
+
+
+def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
+    reading = Reading(framework="hf-config", format=FORMAT)
+    cfg, prefix = data, ""
+    model_type = str(data.get("model_type") or "")
+    sub = data.get("text_config")
+    if isinstance(sub, dict) and "num_hidden_layers" not in data:
+        cfg, prefix = sub, "text_config."
+        model_type = str(sub.get("model_type") or model_type)
+        for key, value in data.items():
+            if key not in ("text_config", "model_type", "tie_word_embeddings"):
+                reading.unused[key] = value
+    if model_type == "gemma3":  # multimodal wrapper with the text model under text_config
+        model_type = "gemma3_text"
+    family = _FAMILIES.get(model_type)
+    fam_name = model_type or "unknown"
+    cls = _CLASS_NAMES.get(model_type, "PretrainedConfig")
+    defaults = _CLASS_DEFAULTS.get(model_type, {})
+
+    def has(key: str) -> bool:
+        return key in cfg or key in defaults
+
+    def get(key: str, default: Any = None) -> Any:
+        return cfg[key] if key in cfg else defaults.get(key, default)
+
+    def org(key: str) -> Origin:
+        if key in cfg:
+            return origin_for(prefix + key)
+        if key in defaults:
+            return Origin("default", f"transformers {cls} default", key)
+        return origin_for(prefix + key)
+
+    def fact(field: str, value: Any, note: str) -> None:
+        reading.set(
+            field, value, Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: {note}")
+        )
+
+    def put(field: str, key: str, value: Any, note: str = "") -> None:
+        base = org(key)
+        reading.set(field, value, Origin(base.kind, base.where, base.key, note=note))
+
+    # Keys not read go to unused, as written.
+    for key, value in cfg.items():
+        if key not in _READ_KEYS:
+            reading.unused[prefix + key] = value
+    if "max_position_embeddings" in cfg:
+        reading.warnings.append(
+            f"{where}: max_position_embeddings={cfg['max_position_embeddings']} is the model's "
+            "capacity, not the training sequence length (not used as seq_length)"
+        )
+    if family is None:
+        reading.warnings.append(
+            f"{where}: model_type {model_type or '(none)'!r} is not a family recompute-kit knows: "
+            "normalization, MLP gating, biases and qk-norm are not set from it"
+        )
+
+    # Shape
+    for field, key in (
+        ("num_layers", "num_hidden_layers"),
+        ("hidden_size", "hidden_size"),
+        ("num_attention_heads", "num_attention_heads"),
+        ("vocab_size", "vocab_size"),
+    ):
+        if has(key):
+            put(field, key, _int(get(key), prefix + key, where))
+    heads = reading.get("num_attention_heads")
+    hidden = reading.get("hidden_size")
+    if has("num_key_value_heads") and get("num_key_value_heads") is not None:
+        put(
+            "num_query_groups",
+            "num_key_value_heads",
+            _int(get("num_key_value_heads"), "num_key_value_heads", where),
+        )
+    elif heads is not None:
+        reading.set(
+            "num_query_groups",
+            heads,
+            Origin(
+                "default",
+                f"transformers {cls} default",
+                "num_key_value_heads",
+                note="num_key_value_heads absent: = num_attention_heads (MHA)",
+            ),
+        )
+
+    mla = bool(family and family.get("mla")) or (
+        "kv_lora_rank" in cfg and "qk_rope_head_dim" in cfg
+    )
+    if mla:
+        fact("multi_latent_attention", True, "multi-latent attention (kv_lora_rank)")
+        q_rank = get("q_lora_rank")
+        put(
+            "q_lora_rank",
+            "q_lora_rank",
+            None if not q_rank else _int(q_rank, "q_lora_rank", where),
+            note="null: plain q_proj, no query compression" if not q_rank else "",
+        )
+        for field, key in (
+            ("kv_lora_rank", "kv_lora_rank"),
+            ("qk_head_dim", "qk_nope_head_dim"),
+            ("qk_pos_emb_head_dim", "qk_rope_head_dim"),
+            ("v_head_dim", "v_head_dim"),
+        ):
+            if has(key):
+                put(field, key, _int(get(key), key, where))
+        if "head_dim" in cfg:
+            reading.unused[prefix + "head_dim"] = cfg["head_dim"]
+        if hidden and heads:
+            reading.derive(
+                "kv_channels",
+                hidden // heads,
+                "hidden_size // num_attention_heads (Megatron's rule; MLA uses qk/v head dims)",
+            )
+    else:
+        fact("multi_latent_attention", False, "standard attention")
+        if has("head_dim") and get("head_dim") is not None:
+            put("kv_channels", "head_dim", _int(get("head_dim"), "head_dim", where))
+        elif hidden and heads:
+            reading.derive(
+                "kv_channels",
+                hidden // heads,
+                "head_dim absent: hidden_size // num_attention_heads (the HF class's rule)",
+            )
+
+    # MLP
+    if "intermediate_size" in cfg:
+        put(
+            "ffn_hidden_size",
+            "intermediate_size",
+            _int(cfg["intermediate_size"], "intermediate_size", where),
+        )
+    act = cfg.get("hidden_activation", cfg.get("hidden_act"))
+    act_key = "hidden_activation" if "hidden_activation" in cfg else "hidden_act"
+    if family is not None:
+        if family.get("glu"):
+            if act is None or str(act) in ("silu", "swish"):
+                if act is None:
+                    fact("swiglu", True, "gated MLP with silu (SwiGLU)")
+                else:
+                    put(
+                        "swiglu",
+                        act_key,
+                        True,
+                        note=f"{fam_name} architecture: {act} in a gated MLP = SwiGLU",
+                    )
+            elif "gelu" in str(act):
+                put(
+                    "swiglu",
+                    act_key,
+                    True,
+                    note=f"{fam_name} architecture: {act} in a gated MLP (GeGLU), "
+                    "counted as SwiGLU (same memory)",
+                )
+            else:
+                put(
+                    "swiglu",
+                    act_key,
+                    True,
+                    note=f"{fam_name} architecture: gated MLP with {act}, "
+                    "counted as SwiGLU (same memory)",
+                )
+            if model_type == "gpt_oss":
+                reading.origins["swiglu"] = Origin(
+                    reading.origins["swiglu"].kind,
+                    reading.origins["swiglu"].where,
+                    reading.origins["swiglu"].key,
+                    note="gpt_oss architecture: gated MLP, clamped SwiGLU "
+                    "(alpha 1.702, swiglu_limit)",
+                )
+        else:
+            fact("swiglu", False, f"ungated MLP ({act or 'relu2'})")
+        fact(
+            "normalization",
+            family.get("norm", "RMSNorm"),
+            "LayerNorm1P (zero-centred gamma)" if family.get("norm") == "LayerNorm" else "RMSNorm",
+        )
+        fact("position_embedding_type", "rope", "rotary position embeddings")
+        fact(
+            "qk_layernorm",
+            bool(family.get("qk_norm")),
+            "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm",
+        )
+        reading.set(
+            "hidden_dropout",
+            0.0,
+            Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"),
+        )
+        _biases(reading, cfg, family, fam_name, where, origin_for, prefix)
+        tie_key = "tie_word_embeddings"
+        if tie_key in data and prefix:
+            reading.set(
+                "share_embeddings_and_output_weights", bool(data[tie_key]), origin_for(tie_key)
+            )
+        elif tie_key in cfg:
+            put("share_embeddings_and_output_weights", tie_key, bool(cfg[tie_key]))
+        else:
+            reading.set(
+                "share_embeddings_and_output_weights",
+                family["tie"],
+                Origin(
+                    "default",
+                    f"transformers {cls} default",
+                    tie_key,
+                    note=f"{fam_name} architecture: tie_word_embeddings "
+                    f"defaults to {family['tie']}",
+                ),
+            )
+    elif "tie_word_embeddings" in cfg:
+        put(
+            "share_embeddings_and_output_weights",
+            "tie_word_embeddings",
+            bool(cfg["tie_word_embeddings"]),
+        )
+    if "attention_dropout" in cfg and isinstance(cfg["attention_dropout"], (int, float)):
+        put("attention_dropout", "attention_dropout", float(cfg["attention_dropout"]))
+
+    _moe(reading, cfg, family, fam_name, model_type, where, get, has, put, fact)
+    return reading
+
+
+def _biases(
+    reading: Reading,
+    cfg: dict,
+    family: dict,
+    fam_name: str,
+    where: str,
+    origin_for: OriginFor,
+    prefix: str,
+) -> None:
+    attn = cfg.get("attention_bias")
+    mlp = cfg.get("mlp_bias")
+    if family.get("bias"):  # gpt-oss: attention_bias True, experts and router with biases
+        key = "attention_bias" if "attention_bias" in cfg else ""
+        reading.set(
+            "add_bias_linear",
+            bool(attn) if attn is not None else True,
+            Origin(
+                origin_for(prefix + key).kind if key else FROM_MODEL,
+                origin_for(prefix + key).where if key else where,
+                key,
+                note=f"{fam_name} architecture: biases on attention and expert linears",
+            ),
+        )
+        return
+    if family.get("qkv_bias"):
+        reading.set(
+            "add_bias_linear",
+            False,
+            Origin(
+                FROM_MODEL,
+                where,
+                "",
+                note=f"{fam_name} architecture: no bias on o_proj and the MLP; q/k/v carry biases "
+                "(Megatron add_qkv_bias, not modelled: a few hidden-size vectors)",
+            ),
+        )
+        return
+    if attn is None and mlp is None:
+        reading.set(
+            "add_bias_linear",
+            False,
+            Origin(
+                FROM_MODEL, where, "", note=f"{fam_name} architecture: no bias on any linear layer"
+            ),
+        )
+        return
+    value = bool(mlp) if mlp is not None else bool(attn)
+    key = "mlp_bias" if mlp is not None else "attention_bias"
+    base = origin_for(prefix + key)
+    reading.set("add_bias_linear", value, Origin(base.kind, base.where, base.key))
+    if attn is not None and mlp is not None and bool(attn) != bool(mlp):
+        reading.warnings.append(
+            f"{where}: attention_bias={attn} but mlp_bias={mlp}: Megatron's add_bias_linear "
+            f"covers both; read as {value} (the MLP's)"
+        )
+
+
+def _moe(
+    reading: Reading,
+    cfg: dict,
+    family: dict | None,
+    fam_name: str,
+    model_type: str,
+    where: str,
+    get: Callable,
+    has: Callable,
+    put: Callable,
+    fact: Callable,
+) -> None:
+    expert_key = next(
+        (k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k)), None
+    )
+    if expert_key is None:
+        if family is not None:
+            fact("num_moe_experts", None, "dense MLP, no experts")
+        return
+    num_layers = reading.get("num_layers")
+    put("num_moe_experts", expert_key, _int(cfg[expert_key], expert_key, where))
+    topk_key = next((k for k in ("num_experts_per_tok", "experts_per_token") if k in cfg), None)
+    if topk_key:
+        put("moe_router_topk", topk_key, _int(cfg[topk_key], topk_key, where))
+    kind = (family or {}).get("moe")
+    if kind is None:
+        kind = (
+            "deepseek"
+            if expert_key == "n_routed_experts"
+            else ("qwen" if "decoder_sparse_step" in cfg else "mixtral")
+        )
+    if kind == "mixtral":
+        if "intermediate_size" in cfg:
+            put(
+                "moe_ffn_hidden_size",
+                "intermediate_size",
+                _int(cfg["intermediate_size"], "intermediate_size", where),
+                note="per-expert FFN size",
+            )
+        fact("moe_layer_freq", 1, "every layer is MoE")
+        fact("moe_shared_expert_intermediate_size", None, "no shared expert")
+        return
+    if "moe_intermediate_size" in cfg:
+        put(
+            "moe_ffn_hidden_size",
+            "moe_intermediate_size",
+            _int(cfg["moe_intermediate_size"], "moe_intermediate_size", where),
+        )
+    if num_layers is None:
+        return
+    if kind == "qwen":
+        step = _int(get("decoder_sparse_step", 1), "decoder_sparse_step", where) or 1
+        only = set(get("mlp_only_layers", []) or [])
+        flags = [int(i not in only and (i + 1) % step == 0) for i in range(num_layers)]
+        key = (
+            "decoder_sparse_step"
+            if "decoder_sparse_step" in cfg or "mlp_only_layers" not in cfg
+            else "mlp_only_layers"
+        )
+        put(
+            "moe_layer_freq",
+            key,
+            1 if all(flags) else flags,
+            note="layer i MoE iff i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0",
+        )
+        if cfg.get("shared_expert_intermediate_size"):
+            put(
+                "moe_shared_expert_intermediate_size",
+                "shared_expert_intermediate_size",
+                _int(
+                    cfg["shared_expert_intermediate_size"], "shared_expert_intermediate_size", where
+                ),
+            )
+        else:
+            fact("moe_shared_expert_intermediate_size", None, "no shared expert")
+        return
+    # deepseek
+    k = _int(get("first_k_dense_replace", 0) or 0, "first_k_dense_replace", where)
+    freq = _int(get("moe_layer_freq", 1) or 1, "moe_layer_freq", where)
+    flags = [int(i >= k and i % freq == 0) for i in range(num_layers)]
+    put(
+        "moe_layer_freq",
+        "first_k_dense_replace",
+        1 if all(flags) else flags,
+        note=f"first {k} layers dense, then MoE every {freq} layer(s)",
+    )
+    shared = get("n_shared_experts")
+    moe_ffn = reading.get("moe_ffn_hidden_size")
+    if shared and moe_ffn:
+        put(
+            "moe_shared_expert_intermediate_size",
+            "n_shared_experts",
+            _int(shared, "n_shared_experts", where) * moe_ffn,
+            note="n_shared_experts * moe_intermediate_size",
+        )
+    else:
+        fact("moe_shared_expert_intermediate_size", None, "no shared expert")
+    if cfg.get("scoring_func") in ("sigmoid", "softmax"):
+        put("moe_router_score_function", "scoring_func", cfg["scoring_func"])
+    if cfg.get("num_nextn_predict_layers"):
+        put(
+            "mtp_num_layers",
+            "num_nextn_predict_layers",
+            _int(cfg["num_nextn_predict_layers"], "num_nextn_predict_layers", where),
+            note="multi-token-prediction layers (Megatron-Bridge maps them to mtp_num_layers)",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults and key names
 
 
 def apply_defaults(reading: Reading) -> None:
-    raise NotImplementedError
+    """A config.json decides only the model: the HF classes' rules for what it leaves out.
+    Training values (seq_length, micro batch, precision, parallelism) stay unset: the
+    resolver says they are assumed (`key_for`)."""
+    heads = reading.get("num_attention_heads")
+    hidden = reading.get("hidden_size")
+    if heads and "num_query_groups" not in reading:
+        reading.default(
+            "num_query_groups", heads, "transformers' default (num_key_value_heads absent: MHA)"
+        )
+    if heads and hidden and "kv_channels" not in reading:
+        reading.derive(
+            "kv_channels",
+            hidden // heads,
+            "hidden_size // num_attention_heads (the HF class's rule)",
+        )
 
 
 def key_for(field: str) -> str:
-    return field
+    return _KEY_FOR.get(field, f"{field} (not in a config.json: set by the training config)")
+
+
+# ---------------------------------------------------------------------------------------------
+# model ids
+
+
+def read_model_id(model_id: str) -> Reading:
+    """A Hugging Face model id: the registry first, else `config.json` (only that file) from the
+    Hub through huggingface_hub's cache (offline from the cache when the network fails)."""
+    from .registry import model_reading
+
+    known = model_reading(model_id)
+    if known is not None:
+        return known
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ConfigError(
+            f"{model_id}: not in recompute-kit's model registry; `pip install recompute-kit[hub]` "
+            "to fetch its config.json, or pass the config.json path"
+        ) from None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    path = None
+    errors: list[str] = []
+    for local_only in (True,) if offline else (False, True):
+        try:
+            path = hf_hub_download(
+                repo_id=model_id, filename="config.json", local_files_only=local_only
+            )
+            break
+        except Exception as exc:  # network, gated repo, not cached: try the cache, then say so
+            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if path is None:
+        raise ConfigError(
+            f"{model_id}: could not get its config.json from the Hugging Face Hub or its cache "
+            f"({errors[-1]}); pass the config.json path instead"
+        )
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{model_id}: cannot read the cached config.json ({exc})") from None
+    data = _load(text, f"{model_id} config.json")
+    reading = fields_from_hf(data, f"{model_id} config.json (Hugging Face Hub)")
+    reading.model_name = model_id
+    reading.model_name_origin = Origin("argument", "model id", model_id)
+    return reading

@@ -1,0 +1,260 @@
+"""The Hugging Face config.json reader, the model registry and model ids (no network)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources import hf_config, registry
+from recompute_kit.sources.formats import best_format
+
+CORPUS = Path(__file__).parent / "corpus" / "hf_config"
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus_split import split_of  # noqa: E402
+
+EXPECTS = sorted(CORPUS.glob("*.expect.yaml"))
+
+
+def _artefact(expect: Path) -> Path:
+    return expect.with_name(expect.name.replace(".expect.yaml", ".json"))
+
+
+def test_corpus_has_enough_files():
+    assert len(EXPECTS) >= 6
+
+
+@pytest.mark.parametrize("expect", EXPECTS, ids=[e.name for e in EXPECTS])
+def test_corpus(expect):
+    spec = yaml.safe_load(expect.read_text())
+    path = _artefact(expect)
+    text = path.read_text()
+    assert hf_config.sniff(text, str(path)) > 0
+    reading = hf_config.read(text, str(path))
+    hf_config.apply_defaults(reading)
+    assert reading.framework == spec["framework"] == "hf-config"
+    wrong = {
+        k: (reading.values.get(k, "<unset>"), v)
+        for k, v in spec["values"].items()
+        if reading.values.get(k, "<unset>") != v
+    }
+    assert not wrong, f"{split_of(spec['source'])}: (read, expected) {wrong}"
+    for key in spec.get("assumed", []):
+        assert key not in reading, f"{key} is not decided by a config.json"
+    # Every value says where it came from; file values name a line that holds their key.
+    lines = text.splitlines()
+    for key, origin in reading.origins.items():
+        if origin.kind == "file":
+            line = int(origin.where.rsplit(":", 1)[1])
+            assert origin.key.split(".")[-1] in lines[line - 1], (key, origin)
+
+
+def test_format_dispatch_picks_hf_config():
+    path = CORPUS / "meta-llama--Meta-Llama-3.1-8B.config.json"
+    assert best_format(path.read_text(), str(path)) is hf_config
+
+
+def test_max_position_embeddings_and_dtype_are_not_training_values():
+    # https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/aic-core/src/aiconfigurator_core/model_configs/meta-llama--Meta-Llama-3.1-8B_config.json
+    path = CORPUS / "meta-llama--Meta-Llama-3.1-8B.config.json"
+    reading = hf_config.read(path.read_text(), str(path))
+    assert "seq_length" not in reading and "bf16" not in reading
+    assert reading.unused["max_position_embeddings"] == 131072
+    assert reading.unused["torch_dtype"] == "bfloat16"
+    assert any("max_position_embeddings" in w for w in reading.warnings)
+    assert "not max_position_embeddings" in hf_config.key_for("seq_length")
+
+
+def test_family_facts_are_said():
+    path = CORPUS / "Qwen--Qwen2.5-7B.config.json"
+    reading = hf_config.read(path.read_text(), str(path))
+    for key in ("normalization", "position_embedding_type", "qk_layernorm", "add_bias_linear"):
+        origin = reading.origins[key]
+        assert origin.kind == "model" and origin.note.startswith("qwen2 architecture:"), key
+    assert "q/k/v" in reading.origins["add_bias_linear"].note
+    assert reading.origins["swiglu"].key == "hidden_act"
+
+
+def test_qwen_moe_decoder_sparse_step_phase():
+    # Qwen2MoeDecoderLayer: MoE iff i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0
+    # (transformers models/qwen2_moe/modeling_qwen2_moe.py); Megatron's int freq: other phase.
+    cfg = json.loads((CORPUS / "Qwen--Qwen3-30B-A3B.config.json").read_text())
+    cfg.update(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    reading = hf_config.fields_from_hf(cfg, "test")
+    assert reading.values["moe_layer_freq"] == [0, 1, 0, 0, 0, 1]
+    cfg.update(decoder_sparse_step=1, mlp_only_layers=[0])
+    assert hf_config.fields_from_hf(cfg, "test").values["moe_layer_freq"] == [0, 1, 1, 1, 1, 1]
+
+
+def test_deepseek_mla_and_dense_prefix():
+    # https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3_config.json
+    cfg = json.loads((CORPUS / "deepseek-ai--DeepSeek-V3.config.json").read_text())
+    cfg.update(q_lora_rank=None, head_dim=64)  # V2-Lite style: null q_lora_rank; HF head_dim
+    reading = hf_config.fields_from_hf(cfg, "test")
+    assert reading.values["q_lora_rank"] is None
+    assert reading.values["qk_head_dim"] == 128 and reading.values["qk_pos_emb_head_dim"] == 64
+    assert reading.values["kv_channels"] != 64  # HF's head_dim (= qk_rope_head_dim) ignored
+    assert reading.unused["head_dim"] == 64
+    freq = reading.values["moe_layer_freq"]
+    assert freq[:3] == [0, 0, 0] and all(freq[3:]) and len(freq) == 61
+
+
+def test_gemma3_text_config_and_class_defaults():
+    cfg = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": {
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "model_type": "gemma3_text",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 62,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+        },
+        "vision_config": {"hidden_size": 1152},
+    }
+    reading = hf_config.fields_from_hf(cfg, "test")
+    assert reading.values["num_layers"] == 62 and reading.values["kv_channels"] == 128
+    assert reading.origins["num_layers"].key == "text_config.num_hidden_layers"
+    assert reading.values["vocab_size"] == 262_208  # Gemma3TextConfig default
+    assert reading.origins["vocab_size"].kind == "default"
+    assert reading.values["qk_layernorm"] is True
+    assert reading.values["share_embeddings_and_output_weights"] is True
+    assert "GeGLU" not in reading.origins["swiglu"].note or reading.values["swiglu"]
+    assert "vision_config" in reading.unused
+
+
+def test_text_config_lines_point_into_the_nested_object():
+    text = (
+        '{\n  "model_type": "gemma3",\n  "text_config": {\n    "hidden_size": 64,\n'
+        '    "num_hidden_layers": 2,\n    "num_attention_heads": 4\n  },\n  "hidden_size": 9\n}\n'
+    )
+    reading = hf_config.read(text, "c.json")
+    assert reading.origins["hidden_size"].where == "c.json:4"
+
+
+def test_bad_input_is_one_line_config_error():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        hf_config.read("{ nope", "x/config.json")
+    with pytest.raises(ConfigError, match="integer"):
+        hf_config.read('{"model_type": "llama", "num_hidden_layers": "32"}', "c.json")
+    assert hf_config.sniff('{"zero_optimization": {"stage": 3}}', "ds.json") == 0
+
+
+def test_registry_lookup_by_id_alias_and_short_name():
+    by_id = registry.model_reading("Qwen/Qwen3-30B-A3B")
+    assert by_id is not None and by_id.values["num_moe_experts"] == 128
+    assert registry.model_reading("qwen/qwen3-30b-a3b").values == by_id.values
+    assert registry.model_reading("Qwen3-30B-A3B").values == by_id.values
+    assert registry.model_reading("qwen3-30b-a3b").model_name == "Qwen/Qwen3-30B-A3B"
+    assert registry.model_reading("deepseek-v3").values["multi_latent_attention"] is True
+    assert registry.model_reading("mixtral-8x7b").values["moe_router_topk"] == 2
+    assert registry.model_reading("gpt3-175b") is None
+    origin = by_id.origins["num_layers"]
+    assert (
+        origin.kind == "model"
+        and "github.com" in origin.where
+        and origin.key == "num_hidden_layers"
+    )
+
+
+def test_registry_entries_all_read_and_cite_a_source():
+    models = registry.list_models()
+    assert len(models) >= 20
+    for model_id, source in models:
+        assert source.startswith("https://github.com/"), model_id
+        reading = registry.model_reading(model_id)
+        for key in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "vocab_size",
+            "ffn_hidden_size",
+            "normalization",
+            "swiglu",
+            "kv_channels",
+        ):
+            assert key in reading, (model_id, key)
+        assert "seq_length" not in reading
+
+
+def test_model_id_from_registry_needs_no_hub():
+    assert hf_config.read_model_id("meta-llama/Meta-Llama-3.1-70B").values["num_layers"] == 80
+
+
+def _fake_hub_cache(root: Path, repo: str, config: dict) -> None:
+    base = root / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(commit)
+    snap = base / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(config))
+
+
+def test_model_id_from_the_hub_cache_offline(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 3,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+    }
+    _fake_hub_cache(tmp_path, "someone/tiny-llama", cfg)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    reading = hf_config.read_model_id("someone/tiny-llama")
+    assert reading.values["num_layers"] == 3 and reading.values["kv_channels"] == 16
+    assert reading.model_name == "someone/tiny-llama"
+    with pytest.raises(ConfigError, match=r"config\.json"):
+        hf_config.read_model_id("someone/not-cached")
+
+
+def test_model_id_falls_back_to_the_cache_when_the_network_fails(monkeypatch, tmp_path):
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub
+
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+            }
+        )
+    )
+    calls = []
+
+    def fake(repo_id, filename, local_files_only=False, **_):
+        calls.append((repo_id, filename, local_files_only))
+        if not local_files_only:
+            raise OSError("network unreachable")
+        return str(config)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
+    reading = hf_config.read_model_id("someone/qwen3-tiny")
+    assert calls == [
+        ("someone/qwen3-tiny", "config.json", False),
+        ("someone/qwen3-tiny", "config.json", True),
+    ]
+    assert reading.values["kv_channels"] == 128  # Qwen3Config's head_dim default
+
+
+def test_model_id_without_huggingface_hub(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(ConfigError, match=r"recompute-kit\[hub\]"):
+        hf_config.read_model_id("someone/unknown-model")
