@@ -65,9 +65,21 @@ MODEL_CLASSES: dict[str, tuple[str, int | None, str]] = {
     "Qwen3ModelProvider8B": ("Qwen/Qwen3-8B", 40960, "Megatron-Bridge v0.3 qwen_provider.py"),
     "Qwen3ModelProvider14B": ("Qwen/Qwen3-14B", 40960, "Megatron-Bridge v0.3 qwen_provider.py"),
     "Qwen3ModelProvider32B": ("Qwen/Qwen3-32B", 40960, "Megatron-Bridge v0.3 qwen_provider.py"),
-    "Qwen3MoEModelProvider30B_A3B": ("Qwen/Qwen3-30B-A3B", 40960, "Megatron-Bridge v0.3 qwen_provider.py"),
-    "Qwen3MoEModelProvider235B_A22B": ("Qwen/Qwen3-235B-A22B", 40960, "Megatron-Bridge v0.3 qwen_provider.py"),
-    "DeepSeekV3ModelProvider": ("deepseek-ai/DeepSeek-V3", None, "Megatron-Bridge deepseek_provider.py"),
+    "Qwen3MoEModelProvider30B_A3B": (
+        "Qwen/Qwen3-30B-A3B",
+        40960,
+        "Megatron-Bridge v0.3 qwen_provider.py",
+    ),
+    "Qwen3MoEModelProvider235B_A22B": (
+        "Qwen/Qwen3-235B-A22B",
+        40960,
+        "Megatron-Bridge v0.3 qwen_provider.py",
+    ),
+    "DeepSeekV3ModelProvider": (
+        "deepseek-ai/DeepSeek-V3",
+        None,
+        "Megatron-Bridge deepseek_provider.py",
+    ),
     # NeMo 2.0 configs (nemo/collections/llm/gpt/model/llama.py)
     "Llama2Config7B": ("meta-llama/Llama-2-7b-hf", 4096, _NEMO_LLAMA_URL),
     "Llama2Config13B": ("meta-llama/Llama-2-13b-hf", 4096, _NEMO_LLAMA_URL),
@@ -144,7 +156,10 @@ class Unresolved:
 def sniff(text: str, path: str) -> int:
     low = path.lower()
     if low.endswith(".py"):
-        if re.search(r"\b(ConfigContainer|ModelProvider|AutoBridge|MegatronStrategy|nemo_run|run\.Config)\b", text):
+        if re.search(
+            r"\b(ConfigContainer|ModelProvider|AutoBridge|MegatronStrategy|nemo_run|run\.Config)\b",
+            text,
+        ):
             return 90
         return 0
     if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and re.search(
@@ -158,7 +173,10 @@ def sniff(text: str, path: str) -> int:
         tops = set(re.findall(r"^([A-Za-z_]\w*):", text, re.M))
         if {"model", "train"} <= tops or {"model_config", "train_config"} <= tops:
             score = max(score, 60)
-        if tops & {"ddp", "dist", "mixed_precision", "rng", "scheduler"} and tops & {"model", "train"}:
+        if tops & {"ddp", "dist", "mixed_precision", "rng", "scheduler"} and tops & {
+            "model",
+            "train",
+        }:
             score = max(score, 70)
         if json_sections(text):
             score = max(score, 70)
@@ -238,10 +256,14 @@ def load_yaml(text: str, path: str) -> tuple[Any, dict[tuple[str, ...], int]]:
 def read_yaml(text: str, path: str) -> Reading:
     data, lines = load_yaml(text, path)
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a Megatron-Bridge config must be a mapping of sections (model, train, ...)")
+        raise ConfigError(
+            f"{path}: a Megatron-Bridge config must be a mapping of sections (model, train, ...)"
+        )
     prefix: tuple[str, ...] = ()
     if set(data) == {"ConfigContainer"} or (
-        "ConfigContainer" in data and isinstance(data["ConfigContainer"], dict) and "model" not in data
+        "ConfigContainer" in data
+        and isinstance(data["ConfigContainer"], dict)
+        and "model" not in data
     ):
         prefix = ("ConfigContainer",)
         extra = {k: v for k, v in data.items() if k != "ConfigContainer"}
@@ -249,9 +271,13 @@ def read_yaml(text: str, path: str) -> Reading:
     else:
         extra = {}
     reading = Reading(framework=BRIDGE)
-    complete = "_target_" in data or (isinstance(data.get("model"), dict) and "_target_" in data["model"])
+    complete = "_target_" in data or (
+        isinstance(data.get("model"), dict) and "_target_" in data["model"]
+    )
     reading.format = (
-        "Megatron-Bridge ConfigContainer (serialized)" if complete else "Megatron-Bridge YAML overrides"
+        "Megatron-Bridge ConfigContainer (serialized)"
+        if complete
+        else "Megatron-Bridge YAML overrides"
     )
     entries: list[Entry] = []
     for section, body in data.items():
@@ -319,7 +345,9 @@ def _fp8(v: Any) -> Any:
 
 def _set(reading: Reading, key: str, value: Any, origin: Origin) -> None:
     if isinstance(value, Unresolved):
-        reading.warnings.append(f"{origin.where} {origin.key} = {value.text}: not a literal, left unset")
+        reading.warnings.append(
+            f"{origin.where} {origin.key} = {value.text}: not a literal, left unset"
+        )
         return
     reading.set(key, value, origin)
 
@@ -379,7 +407,11 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             _set(reading, key, v, _origin(path, e))
         elif sec == "dataset" and key in ("seq_length", "sequence_length"):
             seq["dataset"] = (v, e)
-        elif sec == "dataset" and key in ("micro_batch_size", "global_batch_size") and reading.framework == NEMO2:
+        elif (
+            sec == "dataset"
+            and key in ("micro_batch_size", "global_batch_size")
+            and reading.framework == NEMO2
+        ):
             _set(reading, key, v, _origin(path, e))
         elif sec in ("ddp", "optimizer") and key == "use_distributed_optimizer":
             dist_opt.append((v, e))
@@ -411,7 +443,9 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
         elif key == "fp8":
             reading.set("fp8", _fp8(v), _origin(path, e))
         else:
-            reading.set(key, bool(v), _origin(path, e, "" if isinstance(v, bool) else f"{e.written}: {v}"))
+            reading.set(
+                key, bool(v), _origin(path, e, "" if isinstance(v, bool) else f"{e.written}: {v}")
+            )
     # GLU + activation -> swiglu
     if glu is not None or act is not None:
         gv = glu[0] if glu else None
@@ -443,7 +477,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
         mv, me = seq["model"]
         if not isinstance(dv, Unresolved) and not isinstance(mv, Unresolved) and dv != mv:
             reading.warnings.append(
-                f"{path}: {me.written} {mv} != {de.written} {dv}: Megatron-Bridge requires them equal; "
+                f"{path}: {me.written} {mv} != {de.written} {dv}: Megatron-Bridge requires them equal; "  # noqa: E501
                 f"using the dataset's {dv}"
             )
     pick = seq.get("dataset") or seq.get("model")
@@ -454,7 +488,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
 
 
 def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
-    """`bf16_mixed`, `bf16-mixed`, `fp16_mixed`, `bf16_with_fp8_..._mixed` (training/mixed_precision.py)."""
+    """`bf16_mixed`, `bf16-mixed`, `fp16_mixed`, `bf16_with_fp8_..._mixed` (training/mixed_precision.py)."""  # noqa: E501
     if v is None:
         return []
     if isinstance(v, Unresolved):
@@ -488,7 +522,9 @@ def set_model_name(reading: Reading, name: str, origin: Origin) -> None:
                 origin = Origin(origin.kind, origin.where, origin.key, f"recipe {name} -> {hf}")
                 break
     if hf is None:
-        reading.warnings.append(f"{origin.where}: model {name!r} is not one recompute-kit maps to a Hugging Face id")
+        reading.warnings.append(
+            f"{origin.where}: model {name!r} is not one recompute-kit maps to a Hugging Face id"
+        )
         return
     reading.model_name = hf
     reading.model_name_origin = origin
@@ -570,8 +606,12 @@ _RECIPE_KEYS = (
 def apply_defaults(reading: Reading) -> None:
     nemo = reading.framework == NEMO2
     fw = "NeMo 2.0" if nemo else "Megatron-Bridge"
-    where_cls = "GPTConfig / MegatronStrategy (nemo/collections/llm/gpt/model/base.py)" if nemo else (
-        "GPTModelProvider / TransformerConfig / ConfigContainer (models/gpt_provider.py, training/config.py)"
+    where_cls = (
+        "GPTConfig / MegatronStrategy (nemo/collections/llm/gpt/model/base.py)"
+        if nemo
+        else (
+            "GPTModelProvider / TransformerConfig / ConfigContainer (models/gpt_provider.py, training/config.py)"  # noqa: E501
+        )
     )
     on_recipe = reading.unused.get(ON_RECIPE)
     model_class = reading.unused.get("(model class)")
@@ -598,7 +638,7 @@ def apply_defaults(reading: Reading) -> None:
         reading.default(key, value, f"{fw}'s default ({where_cls})")
     if skipped:
         reading.warnings.append(
-            f"{', '.join(skipped)}: set by the recipe ({on_recipe}) these overrides apply to, not read here"
+            f"{', '.join(skipped)}: set by the recipe ({on_recipe}) these overrides apply to, not read here"  # noqa: E501
         )
     if reading.get("recompute_granularity") is not None and not on_recipe:
         if reading.get("recompute_granularity") == "full":
@@ -612,32 +652,63 @@ def apply_defaults(reading: Reading) -> None:
 def _derive(reading: Reading, fw: str) -> None:
     h, heads = reading.get("hidden_size"), reading.get("num_attention_heads")
     if isinstance(h, int) and isinstance(heads, int) and heads:
-        reading.derive("num_query_groups", heads, "TransformerConfig: num_query_groups None -> num_attention_heads")
-        reading.derive("kv_channels", h // heads, "TransformerConfig: kv_channels None -> hidden_size // heads")
-        reading.derive("ffn_hidden_size", 4 * h, "TransformerConfig: ffn_hidden_size None -> 4 * hidden_size")
+        reading.derive(
+            "num_query_groups",
+            heads,
+            "TransformerConfig: num_query_groups None -> num_attention_heads",
+        )
+        reading.derive(
+            "kv_channels", h // heads, "TransformerConfig: kv_channels None -> hidden_size // heads"
+        )
+        reading.derive(
+            "ffn_hidden_size", 4 * h, "TransformerConfig: ffn_hidden_size None -> 4 * hidden_size"
+        )
     if reading.get("num_moe_experts"):
         ffn = reading.get("ffn_hidden_size")
         if ffn is not None:
-            reading.derive("moe_ffn_hidden_size", ffn, "TransformerConfig: moe_ffn_hidden_size None -> ffn_hidden_size")
-        for key, value in (("moe_router_topk", 2), ("moe_layer_freq", 1), ("moe_grouped_gemm", False),
-                           ("moe_shared_expert_intermediate_size", None)):
+            reading.derive(
+                "moe_ffn_hidden_size",
+                ffn,
+                "TransformerConfig: moe_ffn_hidden_size None -> ffn_hidden_size",
+            )
+        for key, value in (
+            ("moe_router_topk", 2),
+            ("moe_layer_freq", 1),
+            ("moe_grouped_gemm", False),
+            ("moe_shared_expert_intermediate_size", None),
+        ):
             if key in MOE_KEYS and key not in reading:
                 reading.default(key, value, f"{fw}'s default (TransformerConfig)")
     if reading.get("multi_latent_attention"):
-        for key, value in (("q_lora_rank", 512), ("kv_lora_rank", 512), ("qk_head_dim", 128),
-                           ("qk_pos_emb_head_dim", 64), ("v_head_dim", 128)):
+        for key, value in (
+            ("q_lora_rank", 512),
+            ("kv_lora_rank", 512),
+            ("qk_head_dim", 128),
+            ("qk_pos_emb_head_dim", 64),
+            ("v_head_dim", 128),
+        ):
             if key in MLA_KEYS and key not in reading:
                 reading.default(key, value, f"{fw}'s default (MLATransformerConfig)")
     if reading.get("sequence_parallel") and reading.get("tensor_model_parallel_size") == 1:
         reading.warnings.append("sequence_parallel with tensor_model_parallel_size 1: turned off")
-        reading.set("sequence_parallel", False, Origin("derived", "sequence parallelism needs TP > 1"))
+        reading.set(
+            "sequence_parallel", False, Origin("derived", "sequence parallelism needs TP > 1")
+        )
     world = reading.get("world_size")
-    sizes = [reading.get(k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                      "context_parallel_size")]
+    sizes = [
+        reading.get(k)
+        for k in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        )
+    ]
     if isinstance(world, int) and all(isinstance(s, int) and s > 0 for s in sizes):
         div = sizes[0] * sizes[1] * sizes[2]
         if world % div == 0:
-            reading.derive("data_parallel_size", world // div, f"world_size {world} // (TP*PP*CP {div})")
+            reading.derive(
+                "data_parallel_size", world // div, f"world_size {world} // (TP*PP*CP {div})"
+            )
         else:
             reading.warnings.append(f"world_size {world} is not a multiple of TP*PP*CP {div}")
 

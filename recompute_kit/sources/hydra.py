@@ -95,7 +95,9 @@ def read(text: str, path: str) -> Reading:
         w = words[i]
         opt, eq, inline = w.partition("=")
         nxt = words[i + 1] if i + 1 < len(words) else None
-        if w.startswith("-") and (opt in SHORTHANDS or opt in ("--recipe", "--model") or opt in _LAUNCHER_WORLD):
+        if w.startswith("-") and (
+            opt in SHORTHANDS or opt in ("--recipe", "--model") or opt in _LAUNCHER_WORLD
+        ):
             raw = inline if eq else nxt
             line, pos = _line_of(text, w, pos)
             if not eq:
@@ -111,14 +113,18 @@ def read(text: str, path: str) -> Reading:
                 try:
                     world[opt.replace("-", "_").lstrip("_")] = (int(raw), line, opt)
                 except ValueError:
-                    reading.warnings.append(f"{path}:{line}: {opt} {raw}: not a number, world size unknown")
+                    reading.warnings.append(
+                        f"{path}:{line}: {opt} {raw}: not a number, world size unknown"
+                    )
             else:
                 section, key = SHORTHANDS[opt].split(".")
                 entries.append(Entry(section, key, _value(raw), line, opt))
-        elif re.match(r"^(\+\+|\+|~)?[A-Za-z_][\w]*(\.[\w]+)+(=|$)", w) and (eq or w.startswith("~")):
+        elif re.match(r"^(\+\+|\+|~)?[A-Za-z_][\w]*(\.[\w]+)+(=|$)", w) and (
+            eq or w.startswith("~")
+        ):
             line, pos = _line_of(text, w, pos)
             prefix = re.match(r"^(\+\+|\+|~)?", w).group(0)
-            dotted = opt[len(prefix):]
+            dotted = opt[len(prefix) :]
             section, _, key = dotted.partition(".")
             if "." in key:  # deeper (model.foo.bar): not a field recompute-kit reads
                 reading.unused[dotted] = inline
@@ -127,11 +133,18 @@ def read(text: str, path: str) -> Reading:
                     reading.set(
                         key,
                         None,
-                        Origin(FROM_FILE, f"{path}:{line}", w, "deleted: the field's default (None) applies"),
+                        Origin(
+                            FROM_FILE,
+                            f"{path}:{line}",
+                            w,
+                            "deleted: the field's default (None) applies",
+                        ),
                     )
                 else:
                     reading.unused[w] = None
-                    reading.warnings.append(f"{path}:{line}: {w} deletes {dotted}; its default applies")
+                    reading.warnings.append(
+                        f"{path}:{line}: {w} deletes {dotted}; its default applies"
+                    )
             else:
                 entries.append(Entry(section, key, _value(inline), line, dotted))
         i += 1
@@ -143,7 +156,9 @@ def read(text: str, path: str) -> Reading:
             reading.set(
                 "world_size",
                 n[0] * m[0],
-                Origin(FROM_FILE, f"{path}:{n[1]}", n[2], f"x nnodes {m[0]}" if m[2] else "one node"),
+                Origin(
+                    FROM_FILE, f"{path}:{n[1]}", n[2], f"x nnodes {m[0]}" if m[2] else "one node"
+                ),
             )
     if recipe is not None:
         reading.unused[ON_RECIPE] = recipe

@@ -1,8 +1,8 @@
 """Megatron-Bridge and NeMo 2.0 recipes in Python, read with `ast` only (never imported or run).
 
-What is read: keyword arguments of constructor calls (`Llama3ModelProvider8B(tensor_model_parallel_size=
-tensor_parallelism)`, `run.Config(MockDataModule, seq_length=8192)`, `TrainingConfig(micro_batch_size=
-...)`), attribute assignments (`cfg.model.seq_length = 8192`,
+What is read: keyword arguments of constructor calls
+(`Llama3ModelProvider8B(tensor_model_parallel_size=tensor_parallelism)`,
+`run.Config(MockDataModule, seq_length=8192)`, `TrainingConfig(micro_batch_size=...)`), attribute assignments (`cfg.model.seq_length = 8192`,
 `recipe.trainer.strategy.tensor_model_parallel_size = 2`), the recipe function's signature defaults
 and the keyword arguments its calls pass to the file's other functions, module constants,
 `AutoBridge.from_hf_pretrained("org/name")` / `hf_path="..."` and provider / NeMo config classes
@@ -38,7 +38,11 @@ CLASS_SECTIONS = {
 # Helper calls whose effect is known (Bridge recipes/utils/optimizer_utils.py and NeMo
 # recipes/optim/adam.py build a distributed optimizer; precision presets).
 KNOWN_CALLS = {
-    "distributed_fused_adam_with_cosine_annealing": ("optimizer", "use_distributed_optimizer", True),
+    "distributed_fused_adam_with_cosine_annealing": (
+        "optimizer",
+        "use_distributed_optimizer",
+        True,
+    ),
     "bf16_mixed": ("mixed_precision", "", "bf16_mixed"),
     "bf16_mixed_plugin": ("mixed_precision", "", "bf16_mixed"),
     "fp16_mixed": ("mixed_precision", "", "fp16_mixed"),
@@ -71,7 +75,7 @@ def _name(node: ast.AST) -> str:
 def _dotted(node: ast.AST) -> str:
     try:
         return ast.unparse(node)
-    except Exception:  # noqa: BLE001 - unparse of odd nodes
+    except Exception:
         return "<expr>"
 
 
@@ -85,10 +89,9 @@ class _Reader:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 for t in targets:
                     if isinstance(t, ast.Name):
-                        try:
-                            self.consts[t.id] = ast.literal_eval(n.value)
-                        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                            pass
+                        v = self.value(n.value, {})
+                        if not isinstance(v, Unresolved):
+                            self.consts[t.id] = v
         self.entries: list[Entry] = []
         self.world: dict[str, tuple[Any, int, str]] = {}
         self.models: list[tuple[str, int, str]] = []
@@ -106,7 +109,7 @@ class _Reader:
             if node.id in self.consts:
                 return self.consts[node.id]
         if isinstance(node, ast.Call) and _name(node.func) in KNOWN_CALLS:
-            section, key, v = KNOWN_CALLS[_name(node.func)]
+            section, _key, v = KNOWN_CALLS[_name(node.func)]
             if section == "mixed_precision":
                 return v
         return Unresolved(_dotted(node))
@@ -115,9 +118,9 @@ class _Reader:
         env: dict[str, Any] = {}
         args = fn.args
         pos = args.posonlyargs + args.args
-        for a, d in zip(pos[len(pos) - len(args.defaults):], args.defaults):
+        for a, d in zip(pos[len(pos) - len(args.defaults) :], args.defaults, strict=True):
             env[a.arg] = self.value(d, {})
-        for a, d in zip(args.kwonlyargs, args.kw_defaults):
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
             if d is not None:
                 env[a.arg] = self.value(d, {})
         return env
@@ -150,10 +153,16 @@ class _Reader:
                         env[t.id] = v
                 elif isinstance(t, ast.Attribute):
                     self.attribute(t, stmt.value, env, stmt.lineno)
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Attribute) and stmt.value:
+        elif (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Attribute)
+            and stmt.value
+        ):
             self.attribute(stmt.target, stmt.value, env, stmt.lineno)
 
-    def attribute(self, target: ast.Attribute, value: ast.AST, env: dict[str, Any], line: int) -> None:
+    def attribute(
+        self, target: ast.Attribute, value: ast.AST, env: dict[str, Any], line: int
+    ) -> None:
         parts = _dotted(target).split(".")
         if len(parts) < 2:
             return
@@ -171,10 +180,19 @@ class _Reader:
             else:
                 return
         v = self.value(value, env)
-        if isinstance(value, ast.Call) and isinstance(v, Unresolved) and section != "mixed_precision":
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(v, Unresolved)
+            and section != "mixed_precision"
+        ):
             callee = _name(value.func)
-            if (callee in self.funcs or callee in CLASS_SECTIONS or callee in MODEL_CLASSES
-                    or callee in ("Config", "Partial", "from_hf_pretrained") or "Provider" in callee):
+            if (
+                callee in self.funcs
+                or callee in CLASS_SECTIONS
+                or callee in MODEL_CLASSES
+                or callee in ("Config", "Partial", "from_hf_pretrained")
+                or "Provider" in callee
+            ):
                 return  # a constructed object: its call was read
         self.add(section, key, v, line, _dotted(target))
 
@@ -209,7 +227,7 @@ class _Reader:
             callee = self.funcs[fname]
             bound = self.params(callee)
             names = [a.arg for a in callee.args.posonlyargs + callee.args.args]
-            for a, arg in zip(names, node.args):
+            for a, arg in zip(names, node.args, strict=False):
                 bound[a] = self.value(arg, env)
             for kw in node.keywords:
                 if kw.arg:
@@ -222,14 +240,26 @@ class _Reader:
         if cls == "ConfigContainer":
             for kw in node.keywords:
                 if kw.arg == "mixed_precision":
-                    self.entries.append(Entry("mixed_precision", "", self.value(kw.value, env), line,
-                                              "ConfigContainer(mixed_precision=)"))
+                    self.entries.append(
+                        Entry(
+                            "mixed_precision",
+                            "",
+                            self.value(kw.value, env),
+                            line,
+                            "ConfigContainer(mixed_precision=)",
+                        )
+                    )
             return
         section = CLASS_SECTIONS.get(cls)
         if section is None and cls.endswith("DataModule"):
             section = "dataset"
-        if section is None and (cls in MODEL_CLASSES or cls.endswith("ModelProvider") or "ModelProvider" in cls
-                                or re.match(r"^[A-Z]\w*Config\d", cls) or cls in ("GPTConfig", "LlamaConfig")):
+        if section is None and (
+            cls in MODEL_CLASSES
+            or cls.endswith("ModelProvider")
+            or "ModelProvider" in cls
+            or re.match(r"^[A-Z]\w*Config\d", cls)
+            or cls in ("GPTConfig", "LlamaConfig")
+        ):
             section = "model"
             if cls in MODEL_CLASSES:
                 self.models.append((cls, line, cls))
@@ -245,8 +275,13 @@ class _Reader:
             self.add(section, kw.arg, v, line, written)
 
 
-def _select(tree: ast.Module, funcs: dict[str, ast.FunctionDef], selector: str | None, path: str,
-            warnings: list[str]) -> ast.FunctionDef | None:
+def _select(
+    tree: ast.Module,
+    funcs: dict[str, ast.FunctionDef],
+    selector: str | None,
+    path: str,
+    warnings: list[str],
+) -> ast.FunctionDef | None:
     if selector:
         if selector not in funcs:
             raise ConfigError(f"{path}: no function {selector!r} in the recipe")
@@ -286,10 +321,19 @@ def read(text: str, path: str) -> Reading:
         dv, dline, dwritten = reader.world["devices"]
         nv = reader.world.get("num_nodes", (1, 0, ""))[0]
         if isinstance(dv, int) and isinstance(nv, int):
-            reading.set("world_size", dv * nv, Origin(FROM_FILE, f"{file_path}:{dline}", dwritten,
-                                                      f"devices {dv} x num_nodes {nv}"))
+            reading.set(
+                "world_size",
+                dv * nv,
+                Origin(
+                    FROM_FILE, f"{file_path}:{dline}", dwritten, f"devices {dv} x num_nodes {nv}"
+                ),
+            )
         else:
-            reading.warnings.append(f"{file_path}:{dline}: trainer devices/num_nodes not literal: world size unknown")
+            reading.warnings.append(
+                f"{file_path}:{dline}: trainer devices/num_nodes not literal: world size unknown"
+            )
     if not reading.values and reading.model_name is None:
-        raise ConfigError(f"{file_path}: no recipe settings found (no ConfigContainer, provider or run.Config calls)")
+        raise ConfigError(
+            f"{file_path}: no recipe settings found (no ConfigContainer, provider or run.Config calls)"  # noqa: E501
+        )
     return reading

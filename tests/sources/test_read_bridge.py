@@ -21,7 +21,9 @@ EXPECTS = sorted(CORPUS.glob("*.expect.yaml"))
 
 def _artefact(expect: Path) -> Path:
     stem = expect.name[: -len(".expect.yaml")]
-    (found,) = [p for p in CORPUS.iterdir() if p.stem == stem and not p.name.endswith(".expect.yaml")]
+    (found,) = [
+        p for p in CORPUS.iterdir() if p.stem == stem and not p.name.endswith(".expect.yaml")
+    ]
     return found
 
 
@@ -57,13 +59,16 @@ def test_shorthands_lists_and_deletion(tmp_path: Path) -> None:
     line = (
         "torchrun --nproc_per_node=8 --nnodes 2 run_recipe.py --recipe llama3_8b_pretrain_config "
         "-tp 2 -pp 2 -sl 16384 -mb 1 model.recompute_granularity=selective "
-        "model.recompute_modules=[core_attn,mlp] ~model.recompute_num_layers +model.sequence_parallel=true"
+        "model.recompute_modules=[core_attn,mlp] ~model.recompute_num_layers +model.sequence_parallel=true"  # noqa: E501
     )
     r = bridge.read(line, "cmd.sh")
     assert r.values["tensor_model_parallel_size"] == 2
     assert r.values["seq_length"] == 16384
     assert r.values["recompute_modules"] == ["core_attn", "mlp"]
-    assert r.values["recompute_num_layers"] is None and "deleted" in r.origins["recompute_num_layers"].note
+    assert (
+        r.values["recompute_num_layers"] is None
+        and "deleted" in r.origins["recompute_num_layers"].note
+    )
     assert r.values["sequence_parallel"] is True
     assert r.values["world_size"] == 16
     assert r.model_name == "meta-llama/Meta-Llama-3-8B"
@@ -75,7 +80,10 @@ def test_shorthands_lists_and_deletion(tmp_path: Path) -> None:
 
 
 def test_unresolved_shell_variable_left_unset() -> None:
-    r = bridge.read('python pretrain_llama.py model.seq_length="${SEQ}" model.tensor_model_parallel_size=2', "x.sh")
+    r = bridge.read(
+        'python pretrain_llama.py model.seq_length="${SEQ}" model.tensor_model_parallel_size=2',
+        "x.sh",
+    )
     assert "seq_length" not in r.values
     assert any("${SEQ}" in w for w in r.warnings)
 
@@ -121,12 +129,18 @@ train:
 
 
 def test_attn_backend_enum_string() -> None:
-    r = bridge.read("model:\n  _target_: x\n  attention_backend: AttnBackend.fused\ntrain:\n  micro_batch_size: 1\n", "c.yaml")
+    r = bridge.read(
+        "model:\n  _target_: x\n  attention_backend: AttnBackend.fused\ntrain:\n  micro_batch_size: 1\n",  # noqa: E501
+        "c.yaml",
+    )
     assert r.values["attention_backend"] == "fused"
 
 
 def test_bare_gpt_provider_defaults() -> None:
-    r = bridge.read("model:\n  _target_: x.GPTModelProvider\n  num_layers: 2\ntrain:\n  micro_batch_size: 1\n", "c.yaml")
+    r = bridge.read(
+        "model:\n  _target_: x.GPTModelProvider\n  num_layers: 2\ntrain:\n  micro_batch_size: 1\n",
+        "c.yaml",
+    )
     bridge.apply_defaults(r)
     assert r.values["seq_length"] == 1024
     assert r.values["bf16"] is False
@@ -135,7 +149,10 @@ def test_bare_gpt_provider_defaults() -> None:
 
 
 def test_sequence_parallel_tp1_turned_off() -> None:
-    r = bridge.read("model:\n  _target_: x\n  sequence_parallel: true\ntrain:\n  micro_batch_size: 1\n", "c.yaml")
+    r = bridge.read(
+        "model:\n  _target_: x\n  sequence_parallel: true\ntrain:\n  micro_batch_size: 1\n",
+        "c.yaml",
+    )
     bridge.apply_defaults(r)
     assert r.values["sequence_parallel"] is False
     assert any("sequence_parallel" in w for w in r.warnings)
@@ -157,7 +174,7 @@ open({str(marker)!r}, "w").write("x")
 SEQ = 4096
 
 def pretrain_config(tensor_parallelism: int = 4, seq_length: int = SEQ):
-    cfg = ConfigContainer(model=Llama31ModelProvider8B(tensor_model_parallel_size=tensor_parallelism),
+    cfg = ConfigContainer(model=Llama31ModelProvider8B(tensor_model_parallel_size=tensor_parallelism),  # noqa: E501  # noqa: E501
                           mixed_precision="bf16_mixed")
     cfg.dataset.seq_length = seq_length
     cfg.model.pipeline_model_parallel_size = compute_pp()
@@ -191,14 +208,20 @@ def pretrain_recipe():
     assert r.values["tensor_model_parallel_size"] == 2
     assert r.values["world_size"] == 32
     assert r.values["seq_length"] == 4096
-    r2 = bridge.read('def pretrain_config():\n    m = AutoBridge.from_hf_pretrained("Qwen/Qwen3-8B")\n'
-                     "    cfg = ConfigContainer(model=m)\n", "r.py")
+    r2 = bridge.read(
+        'def pretrain_config():\n    m = AutoBridge.from_hf_pretrained("Qwen/Qwen3-8B")\n'
+        "    cfg = ConfigContainer(model=m)\n",
+        "r.py",
+    )
     assert r2.model_name == "Qwen/Qwen3-8B"
 
 
 def test_provider_seq_length_default() -> None:
     # Llama31ModelProvider8B.seq_length = 131072 (MB llama_provider.py @2afd2d34)
-    r = bridge.read("def pretrain_config():\n    return Llama31ModelProvider8B(tensor_model_parallel_size=2)\n", "r.py")
+    r = bridge.read(
+        "def pretrain_config():\n    return Llama31ModelProvider8B(tensor_model_parallel_size=2)\n",
+        "r.py",
+    )
     bridge.apply_defaults(r)
     assert r.values["seq_length"] == 131072
     assert "normalization" not in r.values  # the registry's, by HF id
