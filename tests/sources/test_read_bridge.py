@@ -173,8 +173,8 @@ import os
 open({str(marker)!r}, "w").write("x")
 SEQ = 4096
 
-def pretrain_config(tensor_parallelism: int = 4, seq_length: int = SEQ):
-    cfg = ConfigContainer(model=Llama31ModelProvider8B(tensor_model_parallel_size=tensor_parallelism),  # noqa: E501  # noqa: E501
+def pretrain_config(tp: int = 4, seq_length: int = SEQ):
+    cfg = ConfigContainer(model=Llama31ModelProvider8B(tensor_model_parallel_size=tp),
                           mixed_precision="bf16_mixed")
     cfg.dataset.seq_length = seq_length
     cfg.model.pipeline_model_parallel_size = compute_pp()
