@@ -2,7 +2,8 @@
 
 What is read: keyword arguments of constructor calls
 (`Llama3ModelProvider8B(tensor_model_parallel_size=tensor_parallelism)`,
-`run.Config(MockDataModule, seq_length=8192)`, `TrainingConfig(micro_batch_size=...)`), attribute assignments
+`run.Config(MockDataModule, seq_length=8192)`,
+`TrainingConfig(micro_batch_size=...)`), attribute assignments
 (`cfg.model.seq_length = 8192`,
 `recipe.trainer.strategy.tensor_model_parallel_size = 2`), the recipe function's signature defaults
 and the keyword arguments its calls pass to the file's other functions, module constants,
