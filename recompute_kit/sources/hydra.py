@@ -1,0 +1,170 @@
+"""Hydra-style overrides of a Megatron-Bridge ConfigContainer: a text file of `key=value` lines or
+a `run_recipe.py` / `pretrain_*.py` command line (`training/utils/omegaconf_utils.py`,
+`scripts/training/run_recipe.py`): `model.recompute_granularity=selective`, `+key=value`,
+`~key` (deletes: the recipe's value no longer applies), lists `[core_attn,mlp]`, run_recipe.py's
+shorthands `-tp -pp -cp -vp -ep -etp -sl -mb -gb` and `--recipe NAME` / `--model NAME`, and
+`torchrun --nproc_per_node N --nnodes M` for the world size. Parsed, never executed."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+from .bridge import BRIDGE, ON_RECIPE, Entry, Unresolved, apply_entries, set_model_name
+from .reading import FROM_FILE, Origin, Reading
+
+FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns megatron-bridge's defaults
+
+# run_recipe.py's convenience options -> the overrides they stand for (COMMON_OVERRIDE_FIELDS).
+SHORTHANDS = {
+    "-gb": "train.global_batch_size",
+    "--global_batch_size": "train.global_batch_size",
+    "-mb": "train.micro_batch_size",
+    "--micro_batch_size": "train.micro_batch_size",
+    "-sl": "dataset.seq_length",
+    "--seq_length": "dataset.seq_length",
+    "-tp": "model.tensor_model_parallel_size",
+    "--tensor_model_parallel_size": "model.tensor_model_parallel_size",
+    "-pp": "model.pipeline_model_parallel_size",
+    "--pipeline_model_parallel_size": "model.pipeline_model_parallel_size",
+    "-cp": "model.context_parallel_size",
+    "--context_parallel_size": "model.context_parallel_size",
+    "-vp": "model.virtual_pipeline_model_parallel_size",
+    "--virtual_pipeline_model_parallel_size": "model.virtual_pipeline_model_parallel_size",
+    "-ep": "model.expert_model_parallel_size",
+    "--expert_model_parallel_size": "model.expert_model_parallel_size",
+    "-etp": "model.expert_tensor_parallel_size",
+    "--expert_tensor_parallel_size": "model.expert_tensor_parallel_size",
+}
+# MCore fields whose dataclass default is None: deleting them (~) leaves None.
+_NONE_DEFAULT = {
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+    "virtual_pipeline_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "num_moe_experts",
+    "fp8",
+}
+_LAUNCHER_WORLD = ("--nproc_per_node", "--nproc-per-node", "--nnodes")
+
+
+def sniff(text: str, path: str) -> int:
+    return 0  # bridge.sniff claims these
+
+
+def _value(raw: str) -> Any:
+    if "${" in raw or raw.startswith("$"):
+        return Unresolved(raw)
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def _line_of(text: str, token: str, start: int) -> tuple[int, int]:
+    """1-based line of `token` at or after offset `start`, and the offset after it."""
+    at = text.find(token, start)
+    if at < 0:
+        at = text.find(token.split("=")[0], start)
+    if at < 0:
+        return 0, start
+    return text.count("\n", 0, at) + 1, at + len(token)
+
+
+def read(text: str, path: str) -> Reading:
+    joined = re.sub(r"\\\r?\n", " ", text)
+    try:
+        words: list[str] = []
+        for line in joined.splitlines():
+            words.extend(shlex.split(line, comments=True))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: cannot split the command line ({exc})") from None
+    reading = Reading(framework=BRIDGE, format="Megatron-Bridge Hydra-style overrides")
+    entries: list[Entry] = []
+    pos = 0
+    world: dict[str, tuple[int, int, str]] = {}
+    recipe: str | None = None
+    i = 0
+    while i < len(words):
+        w = words[i]
+        opt, eq, inline = w.partition("=")
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if w.startswith("-") and (
+            opt in SHORTHANDS or opt in ("--recipe", "--model") or opt in _LAUNCHER_WORLD
+        ):
+            raw = inline if eq else nxt
+            line, pos = _line_of(text, w, pos)
+            if not eq:
+                i += 1
+                if raw is not None:
+                    _, pos = _line_of(text, raw, pos)
+            if raw is None:
+                raise ConfigError(f"{path}:{line}: {opt} needs a value")
+            if opt in ("--recipe", "--model"):
+                recipe = raw
+                set_model_name(reading, raw, Origin(FROM_FILE, f"{path}:{line}", opt))
+            elif opt in _LAUNCHER_WORLD:
+                try:
+                    world[opt.replace("-", "_").lstrip("_")] = (int(raw), line, opt)
+                except ValueError:
+                    reading.warnings.append(
+                        f"{path}:{line}: {opt} {raw}: not a number, world size unknown"
+                    )
+            else:
+                section, key = SHORTHANDS[opt].split(".")
+                entries.append(Entry(section, key, _value(raw), line, opt))
+        elif re.match(r"^(\+\+|\+|~)?[A-Za-z_][\w]*(\.[\w]+)+(=|$)", w) and (
+            eq or w.startswith("~")
+        ):
+            line, pos = _line_of(text, w, pos)
+            prefix = re.match(r"^(\+\+|\+|~)?", w).group(0)
+            dotted = opt[len(prefix) :]
+            section, _, key = dotted.partition(".")
+            if "." in key:  # deeper (model.foo.bar): not a field recompute-kit reads
+                reading.unused[dotted] = inline
+            elif prefix == "~":
+                if key in _NONE_DEFAULT and section == "model":
+                    reading.set(
+                        key,
+                        None,
+                        Origin(
+                            FROM_FILE,
+                            f"{path}:{line}",
+                            w,
+                            "deleted: the field's default (None) applies",
+                        ),
+                    )
+                else:
+                    reading.unused[w] = None
+                    reading.warnings.append(
+                        f"{path}:{line}: {w} deletes {dotted}; its default applies"
+                    )
+            else:
+                entries.append(Entry(section, key, _value(inline), line, dotted))
+        i += 1
+    apply_entries(reading, entries, path)
+    if world:
+        n = world.get("nproc_per_node")
+        m = world.get("nnodes", (1, 0, ""))
+        if n is not None:
+            reading.set(
+                "world_size",
+                n[0] * m[0],
+                Origin(
+                    FROM_FILE, f"{path}:{n[1]}", n[2], f"x nnodes {m[0]}" if m[2] else "one node"
+                ),
+            )
+    if recipe is not None:
+        reading.unused[ON_RECIPE] = recipe
+        reading.format = f"Megatron-Bridge Hydra-style overrides on recipe {recipe}"
+    elif not entries and not reading.values:
+        raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
+    else:
+        reading.unused[ON_RECIPE] = "unknown recipe"
+    return reading

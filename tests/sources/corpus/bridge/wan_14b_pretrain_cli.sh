@@ -1,0 +1,34 @@
+NVTE_FUSED_ATTN=1 uv run python -m torch.distributed.run --nproc_per_node=8 examples/models/wan/pretrain_wan.py \
+  --training-mode pretrain \
+  model.tensor_model_parallel_size=2 \
+  model.pipeline_model_parallel_size=1 \
+  model.context_parallel_size=4 \
+  model.recompute_granularity=full \
+  model.recompute_method=uniform \
+  model.recompute_num_layers=1 \
+  model.crossattn_emb_size=5120 \
+  model.hidden_size=5120 \
+  model.ffn_hidden_size=13824 \
+  model.num_attention_heads=40 \
+  model.num_layers=40 \
+  model.qkv_format=thd \
+  dataset.path="${DATASET_PATH}" \
+  checkpoint.save="${CHECKPOINT_DIR}" \
+  checkpoint.load="${CHECKPOINT_DIR}" \
+  checkpoint.load_optim=false \
+  checkpoint.save_interval=200 \
+  optimizer.lr=5e-6 \
+  optimizer.min_lr=5e-6 \
+  train.eval_iters=0 \
+  scheduler.lr_decay_style=constant \
+  scheduler.lr_warmup_iters=0 \
+  model.seq_length=2048 \
+  dataset.seq_length=2048 \
+  train.global_batch_size=2 \
+  train.micro_batch_size=1 \
+  dataset.global_batch_size=2 \
+  dataset.micro_batch_size=1 \
+  logger.log_interval=1 \
+  logger.wandb_project="wan" \
+  logger.wandb_exp_name="${EXP_NAME}" \
+  logger.wandb_save_dir="${CHECKPOINT_DIR}"

@@ -1,0 +1,233 @@
+"""Megatron-Bridge / NeMo 2.0 reader: the corpus in tests/sources/corpus/bridge and the tricky
+semantics (sources quoted per test)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources import bridge
+
+CORPUS = Path(__file__).parent / "corpus" / "bridge"
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus_split import split_of  # noqa: E402
+
+EXPECTS = sorted(CORPUS.glob("*.expect.yaml"))
+
+
+def _artefact(expect: Path) -> Path:
+    stem = expect.name[: -len(".expect.yaml")]
+    (found,) = [
+        p for p in CORPUS.iterdir() if p.stem == stem and not p.name.endswith(".expect.yaml")
+    ]
+    return found
+
+
+@pytest.mark.parametrize("expect", EXPECTS, ids=[e.name for e in EXPECTS])
+def test_corpus(expect: Path) -> None:
+    spec = yaml.safe_load(expect.read_text())
+    path = _artefact(expect)
+    reading = bridge.read(path.read_text(), str(path))
+    assert reading.framework == spec["framework"]
+    if "model" in spec:
+        assert reading.model_name == spec["model"]
+    bridge.apply_defaults(reading)
+    wrong = {
+        k: (reading.values.get(k, "<unset>"), v)
+        for k, v in spec["values"].items()
+        if reading.values.get(k, "<unset>") != v
+    }
+    assert not wrong, f"{split_of(spec['source'])}: {wrong}"
+    for key in spec.get("assumed", []):
+        assert key not in reading.values, f"{key} should be left for the resolver to assume"
+
+
+def test_corpus_size() -> None:
+    assert len(EXPECTS) >= 6
+
+
+# --- Hydra overrides ---------------------------------------------------------------------------
+# https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/10feab50f643fd47115e72be4c6721b4dfd43e36/scripts/training/run_recipe.py
+# "-sl, --seq_length LENGTH  dataset.seq_length=LENGTH ... the runner synchronizes model.seq_length"
+
+
+def test_shorthands_lists_and_deletion(tmp_path: Path) -> None:
+    line = (
+        "torchrun --nproc_per_node=8 --nnodes 2 run_recipe.py --recipe llama3_8b_pretrain_config "
+        "-tp 2 -pp 2 -sl 16384 -mb 1 model.recompute_granularity=selective "
+        "model.recompute_modules=[core_attn,mlp] ~model.recompute_num_layers +model.sequence_parallel=true"  # noqa: E501
+    )
+    r = bridge.read(line, "cmd.sh")
+    assert r.values["tensor_model_parallel_size"] == 2
+    assert r.values["seq_length"] == 16384
+    assert r.values["recompute_modules"] == ["core_attn", "mlp"]
+    assert (
+        r.values["recompute_num_layers"] is None
+        and "deleted" in r.origins["recompute_num_layers"].note
+    )
+    assert r.values["sequence_parallel"] is True
+    assert r.values["world_size"] == 16
+    assert r.model_name == "meta-llama/Meta-Llama-3-8B"
+    assert r.origins["tensor_model_parallel_size"].key == "-tp"
+    bridge.apply_defaults(r)
+    # CP is the recipe's (llama3_8b uses CP 2): DP is not derived from a guess
+    assert "data_parallel_size" not in r.values
+    assert "micro_batch_size" in r.values and "bf16" not in r.values  # the recipe decides bf16
+
+
+def test_unresolved_shell_variable_left_unset() -> None:
+    r = bridge.read(
+        'python pretrain_llama.py model.seq_length="${SEQ}" model.tensor_model_parallel_size=2',
+        "x.sh",
+    )
+    assert "seq_length" not in r.values
+    assert any("${SEQ}" in w for w in r.warnings)
+
+
+# --- YAML -------------------------------------------------------------------------------------
+# config-formats.md §3: model.seq_length must equal dataset.seq_length; mixed_precision overwrites
+# same-named model fields; ddp. or optimizer.use_distributed_optimizer True turns both on.
+
+
+def test_yaml_seq_conflict_precision_and_tags() -> None:
+    text = """\
+model:
+  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider
+  seq_length: 2048
+  attention_backend: !!python/object/apply:megatron.core.transformer.enums.AttnBackend [1]
+  fp8: false
+  num_layers: 4
+  hidden_size: 256
+  num_attention_heads: 8
+dataset:
+  seq_length: 4096
+mixed_precision: bf16_mixed
+ddp:
+  use_distributed_optimizer: false
+optimizer:
+  use_distributed_optimizer: true
+train:
+  micro_batch_size: 2
+"""
+    r = bridge.read(text, "run_config.yaml")
+    assert r.values["seq_length"] == 4096
+    assert any("requires them equal" in w for w in r.warnings)
+    assert r.values["attention_backend"] == "flash"
+    assert r.values["fp8"] is None
+    assert r.values["bf16"] is True
+    assert r.values["use_distributed_optimizer"] is True
+    assert r.origins["micro_batch_size"].where == "run_config.yaml:17"
+    bridge.apply_defaults(r)
+    # GPTModelProvider: tied embeddings, 4h FFN
+    assert r.values["share_embeddings_and_output_weights"] is True
+    assert r.values["ffn_hidden_size"] == 1024
+    assert r.values["num_query_groups"] == 8
+
+
+def test_attn_backend_enum_string() -> None:
+    r = bridge.read(
+        "model:\n  _target_: x\n  attention_backend: AttnBackend.fused\ntrain:\n  micro_batch_size: 1\n",  # noqa: E501
+        "c.yaml",
+    )
+    assert r.values["attention_backend"] == "fused"
+
+
+def test_bare_gpt_provider_defaults() -> None:
+    r = bridge.read(
+        "model:\n  _target_: x.GPTModelProvider\n  num_layers: 2\ntrain:\n  micro_batch_size: 1\n",
+        "c.yaml",
+    )
+    bridge.apply_defaults(r)
+    assert r.values["seq_length"] == 1024
+    assert r.values["bf16"] is False
+    assert r.values["use_distributed_optimizer"] is False
+    assert r.values["make_vocab_size_divisible_by"] == 128
+
+
+def test_sequence_parallel_tp1_turned_off() -> None:
+    r = bridge.read(
+        "model:\n  _target_: x\n  sequence_parallel: true\ntrain:\n  micro_batch_size: 1\n",
+        "c.yaml",
+    )
+    bridge.apply_defaults(r)
+    assert r.values["sequence_parallel"] is False
+    assert any("sequence_parallel" in w for w in r.warnings)
+
+
+def test_bad_yaml_is_config_error() -> None:
+    with pytest.raises(ConfigError):
+        bridge.read("model: [unclosed\ntrain: 1\n", "bad.yaml")
+
+
+# --- recipes (ast only) -----------------------------------------------------------------------
+
+
+def test_recipe_is_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    text = f"""\
+import os
+open({str(marker)!r}, "w").write("x")
+SEQ = 4096
+
+def pretrain_config(tp: int = 4, seq_length: int = SEQ):
+    cfg = ConfigContainer(model=Llama31ModelProvider8B(tensor_model_parallel_size=tp),
+                          mixed_precision="bf16_mixed")
+    cfg.dataset.seq_length = seq_length
+    cfg.model.pipeline_model_parallel_size = compute_pp()
+    cfg.model.recompute_granularity = "full"
+    return cfg
+"""
+    r = bridge.read(text, "recipe.py")
+    assert not marker.exists()
+    assert r.values["tensor_model_parallel_size"] == 4
+    assert r.values["seq_length"] == 4096
+    assert r.values["bf16"] is True
+    assert "pipeline_model_parallel_size" not in r.values
+    assert any("compute_pp()" in w for w in r.warnings)
+    assert r.model_name == "meta-llama/Llama-3.1-8B"
+
+
+def test_nemo2_attribute_assignments_and_autobridge() -> None:
+    text = """\
+import nemo_run as run
+def pretrain_recipe():
+    recipe = llm.llama3_8b.pretrain_recipe()
+    recipe.trainer.strategy.tensor_model_parallel_size = 2
+    recipe.trainer.devices = 8
+    recipe.trainer.num_nodes = 4
+    recipe.data.seq_length = 4096
+    recipe.model.config.recompute_granularity = "selective"
+    return recipe
+"""
+    r = bridge.read(text, "my_recipe.py")
+    assert r.framework == "nemo2"
+    assert r.values["tensor_model_parallel_size"] == 2
+    assert r.values["world_size"] == 32
+    assert r.values["seq_length"] == 4096
+    r2 = bridge.read(
+        'def pretrain_config():\n    m = AutoBridge.from_hf_pretrained("Qwen/Qwen3-8B")\n'
+        "    cfg = ConfigContainer(model=m)\n",
+        "r.py",
+    )
+    assert r2.model_name == "Qwen/Qwen3-8B"
+
+
+def test_provider_seq_length_default() -> None:
+    # Llama31ModelProvider8B.seq_length = 131072 (MB llama_provider.py @2afd2d34)
+    r = bridge.read(
+        "def pretrain_config():\n    return Llama31ModelProvider8B(tensor_model_parallel_size=2)\n",
+        "r.py",
+    )
+    bridge.apply_defaults(r)
+    assert r.values["seq_length"] == 131072
+    assert "normalization" not in r.values  # the registry's, by HF id
+
+
+def test_sniff() -> None:
+    assert bridge.sniff((CORPUS / "bridge_llama3_8b.py").read_text(), "llama3_8b.py") > 50
+    assert bridge.sniff("print('hi')\n", "x.py") == 0
+    assert bridge.sniff("a: 1\n", "x.yaml") == 0
