@@ -90,11 +90,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     models = list_models()
     if args.json:
-        emit_json({"models": models})
+        emit_json({"models": [{"id": i, "source": src} for i, src in models]})
         return 0
-    keys = ["id", "layers", "hidden", "heads", "kv groups", "experts", "source"]
-    rows = [[m.get(k.replace(" ", "_"), "") for k in keys] for m in models]
-    print(format_table(keys, rows))
+    print(format_table(["id", "source"], models))
     return 0
 
 

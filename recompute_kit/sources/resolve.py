@@ -114,7 +114,13 @@ def read_input(item: str) -> tuple[Reading, str]:
         raise ConfigError(f"{item} is not a file")
     if looks_like_path:
         raise ConfigError(f"cannot read {item}: No such file or directory")
-    from . import hf_config
+    from . import hf_config, registry
+
+    if "/" not in item and registry.model_reading(item) is None:
+        raise ConfigError(
+            f"unknown model {item!r}: not a file, not a preset and not in the registry "
+            "(`recompute-kit models`); give a Hugging Face id (org/name) or its config.json"
+        )
 
     reading = hf_config.read_model_id(item)  # raises ConfigError naming what to pass instead
     return reading, reading.format or "model id"
