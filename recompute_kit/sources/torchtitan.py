@@ -17,8 +17,9 @@ Read with `tomllib` only. Keys and defaults: `torchtitan/config/job_config.py` a
 from __future__ import annotations
 
 import re
-import tomllib
 from typing import Any
+
+import tomllib
 
 from ..config import ConfigError
 from .reading import FROM_MODEL, MOE_KEYS, Origin, Reading
@@ -295,7 +296,9 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
     elif (name, flavor) in OWN_SHAPES:
         shape, attn = OWN_SHAPES[(name, flavor)]
         for key, value in shape.items():
-            reading.set(key, value, Origin(FROM_MODEL, f"torchtitan {name}_args[{flavor!r}] ({src})", key))
+            reading.set(
+                key, value, Origin(FROM_MODEL, f"torchtitan {name}_args[{flavor!r}] ({src})", key)
+            )
         n_layers, moe = shape["num_layers"], bool(shape.get("num_moe_experts"))
     else:
         raise ConfigError(
@@ -318,14 +321,20 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
         reading.set(
             "moe_grouped_gemm",
             True,
-            Origin(FROM_MODEL, f"torchtitan MoEArgs ({TT_BLOB}/torchtitan/models/moe/moe.py)", "use_grouped_mm"),
+            Origin(
+                FROM_MODEL,
+                f"torchtitan MoEArgs ({TT_BLOB}/torchtitan/models/moe/moe.py)",
+                "use_grouped_mm",
+            ),
             overwrite=False,
         )
     if name == "deepseek_v3":
         reading.set(
             "mtp_num_layers",
             0,
-            Origin(FROM_MODEL, f"torchtitan deepseek_v3 ({src})", "", "torchtitan builds no MTP module"),
+            Origin(
+                FROM_MODEL, f"torchtitan deepseek_v3 ({src})", "", "torchtitan builds no MTP module"
+            ),
             overwrite=False,
         )
     return moe, n_layers
@@ -352,12 +361,16 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
     replicate = toml.int(sec, "data_parallel_replicate_degree") or 1
     shard = toml.int(sec, "data_parallel_shard_degree", minimum=-1)
     if shard == 0:
-        raise ConfigError(f"{toml.path}: [parallelism] data_parallel_shard_degree = 0 (use -1 or >= 1)")
+        raise ConfigError(
+            f"{toml.path}: [parallelism] data_parallel_shard_degree = 0 (use -1 or >= 1)"
+        )
     if shard is not None and shard > 0:
         reading.set(
             "data_parallel_size",
             replicate * shard,
-            toml.origin(sec, "data_parallel_shard_degree", f"replicate {replicate} x shard {shard}"),
+            toml.origin(
+                sec, "data_parallel_shard_degree", f"replicate {replicate} x shard {shard}"
+            ),
         )
     if (shard is not None and shard > 1) or cp > 1:
         reading.set(
@@ -379,7 +392,9 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
         reading.set(
             "zero_stage",
             0,
-            toml.origin(sec, "data_parallel_shard_degree", "shard 1: no FSDP (DDP replicas or none)"),
+            toml.origin(
+                sec, "data_parallel_shard_degree", "shard 1: no FSDP (DDP replicas or none)"
+            ),
         )
         if tp > 1 or pp > 1:
             reading.warnings.append(
@@ -405,7 +420,11 @@ def _read_training(toml: _Toml, reading: Reading, pp: int) -> None:
             reading.set(
                 "micro_batch_size",
                 mbs,
-                toml.origin("parallelism", "pipeline_parallel_microbatch_size", f"PP {pp}: the local batch is split into microbatches"),
+                toml.origin(
+                    "parallelism",
+                    "pipeline_parallel_microbatch_size",
+                    f"PP {pp}: the local batch is split into microbatches",
+                ),
             )
     elif batch is not None:
         reading.set("micro_batch_size", batch, toml.origin(sec, batch_key, "per-rank batch"))
@@ -417,7 +436,13 @@ def _read_training(toml: _Toml, reading: Reading, pp: int) -> None:
         reading.set("global_batch_size", gbs, toml.origin(sec, "global_batch_size"))
     if toml.get(sec, "enable_cpu_offload") is True:
         for key in ("param_offload", "optimizer_offload"):
-            reading.set(key, True, toml.origin(sec, "enable_cpu_offload", "FSDP CPUOffloadPolicy: params, grads, optimizer"))
+            reading.set(
+                key,
+                True,
+                toml.origin(
+                    sec, "enable_cpu_offload", "FSDP CPUOffloadPolicy: params, grads, optimizer"
+                ),
+            )
 
 
 def _read_precision(toml: _Toml, reading: Reading) -> None:
@@ -428,7 +453,15 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
         if value is not None and value not in ("bfloat16", "float32"):
             raise ConfigError(f"{toml.path}: [training] {key} = {value!r} (bfloat16 or float32)")
     if dtype == "bfloat16":
-        reading.set("bf16", True, toml.origin(sec, "dtype", "pure bf16: params, grads and optimizer states in bf16, no fp32 master copy"))
+        reading.set(
+            "bf16",
+            True,
+            toml.origin(
+                sec,
+                "dtype",
+                "pure bf16: params, grads and optimizer states in bf16, no fp32 master copy",
+            ),
+        )
         reading.warnings.append(
             f"{toml.path}: [training] dtype = bfloat16 trains without fp32 master weights; "
             "Megatron bf16 keeps them, so model states are over-counted"
@@ -437,10 +470,20 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
         reading.set(
             "bf16",
             param == "bfloat16",
-            toml.origin(sec, "mixed_precision_param", "FSDP MixedPrecisionPolicy (autocast without FSDP): fp32 params, bf16 compute"),
+            toml.origin(
+                sec,
+                "mixed_precision_param",
+                "FSDP MixedPrecisionPolicy (autocast without FSDP): fp32 params, bf16 compute",
+            ),
         )
     elif dtype == "float32":
-        reading.set("bf16", True, toml.origin(sec, "dtype", "fp32 params; mixed_precision_param defaults to bfloat16 compute"))
+        reading.set(
+            "bf16",
+            True,
+            toml.origin(
+                sec, "dtype", "fp32 params; mixed_precision_param defaults to bfloat16 compute"
+            ),
+        )
     if dtype is not None:
         reading.set("fp16", False, toml.origin(sec, "dtype", "torchtitan has no fp16 training"))
 
@@ -465,7 +508,9 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
         reading.set("fp8", "e4m3", toml.origin("model", "converters", "torchao MXLinear mxfp8"))
         reading.set("fp8_recipe", "mxfp8", toml.origin("model", "converters"))
     elif "quantize.grouped_mm.float8" in converters:
-        reading.warnings.append(f"{toml.path}: float8 grouped GEMMs of the experts only: not counted as fp8")
+        reading.warnings.append(
+            f"{toml.path}: float8 grouped GEMMs of the experts only: not counted as fp8"
+        )
 
 
 def _ordinal(k: int) -> str:
@@ -494,13 +539,19 @@ def _read_activation_checkpoint(
     if not toml.has(sec, "mode"):
         if toml.has(sec, "selective_ac_option"):
             toml.get(sec, "selective_ac_option")
-            reading.warnings.append(f"{toml.path}: selective_ac_option without mode: read at apply_defaults")
+            reading.warnings.append(
+                f"{toml.path}: selective_ac_option without mode: read at apply_defaults"
+            )
         return
     mode = toml.get(sec, "mode")
     if mode == "none":
         reading.set("recompute_granularity", None, toml.origin(sec, "mode"))
     elif mode == "full":
-        reading.set("recompute_granularity", "full", toml.origin(sec, "mode", "every block fully checkpointed"))
+        reading.set(
+            "recompute_granularity",
+            "full",
+            toml.origin(sec, "mode", "every block fully checkpointed"),
+        )
         reading.set("recompute_method", "uniform", toml.origin(sec, "mode"))
         reading.set("recompute_num_layers", 1, toml.origin(sec, "mode"))
     elif mode == "selective":
@@ -508,8 +559,14 @@ def _read_activation_checkpoint(
         where = "selective_ac_option" if toml.has(sec, "selective_ac_option") else "mode"
         if option == "op":
             modules = ["layernorm", "moe_act"] if moe else ["layernorm"]
-            reading.set("recompute_granularity", "selective", toml.origin(sec, where, "per-op selective AC"))
-            reading.set("recompute_modules", modules, toml.origin(sec, where, "ops outside the save list: norms, activations"))
+            reading.set(
+                "recompute_granularity", "selective", toml.origin(sec, where, "per-op selective AC")
+            )
+            reading.set(
+                "recompute_modules",
+                modules,
+                toml.origin(sec, where, "ops outside the save list: norms, activations"),
+            )
             reading.warnings.append(
                 f"{toml.path}: torchtitan per-op selective AC saves matmul, attention and "
                 "reduce-scatter outputs but recomputes every second matmul and all elementwise "
@@ -521,11 +578,18 @@ def _read_activation_checkpoint(
             reading.set("recompute_granularity", "full", toml.origin(sec, where, note))
             reading.set("recompute_method", method, toml.origin(sec, where, note))
             if layers is not None:
-                reading.set("recompute_num_layers", layers, toml.origin(sec, where, f"{n_layers} layers / PP {pp} / {option}"))
+                reading.set(
+                    "recompute_num_layers",
+                    layers,
+                    toml.origin(sec, where, f"{n_layers} layers / PP {pp} / {option}"),
+                )
             if method == "block":
                 reading.warnings.append(f"{toml.path}: selective_ac_option {option}: {note}")
         else:
-            raise ConfigError(f"{toml.path}: [activation_checkpoint] selective_ac_option = {option!r} (a digit string or 'op')")
+            raise ConfigError(
+                f"{toml.path}: [activation_checkpoint] selective_ac_option = {option!r} "
+                "(a digit string or 'op')"
+            )
     elif mode == "memory_budget":
         reading.warnings.append(
             f"{toml.path}: activation_checkpoint mode memory_budget lets torch.compile's "
@@ -533,11 +597,17 @@ def _read_activation_checkpoint(
             f"{toml.get(sec, 'memory_budget', 0.5)}): no Megatron recompute setting expresses it"
         )
     else:
-        raise ConfigError(f"{toml.path}: [activation_checkpoint] mode = {mode!r} (none, selective, full, memory_budget)")
+        raise ConfigError(
+            f"{toml.path}: [activation_checkpoint] mode = {mode!r} "
+            "(none, selective, full, memory_budget)"
+        )
 
 
 def _read_compile(toml: _Toml, reading: Reading) -> None:
-    enabled = toml.section("compile").get("enable") is True or toml.section("training").get("compile") is True
+    enabled = (
+        toml.section("compile").get("enable") is True
+        or toml.section("training").get("compile") is True
+    )
     components = toml.section("compile").get("components", ["model", "loss"])
     if enabled and "model" in (components or []):
         reading.warnings.append(
@@ -554,12 +624,22 @@ def apply_defaults(reading: Reading) -> None:
     d = reading.default
     pp = reading.get("pipeline_model_parallel_size", 1) or 1
     d("seq_length", 2048, where, "[training] seq_len")
-    d("micro_batch_size", 1 if pp > 1 else 8, where, "pipeline_parallel_microbatch_size" if pp > 1 else "[training] local_batch_size")
+    d(
+        "micro_batch_size",
+        1 if pp > 1 else 8,
+        where,
+        "pipeline_parallel_microbatch_size" if pp > 1 else "[training] local_batch_size",
+    )
     d("bf16", True, where, "mixed_precision_param bfloat16: fp32 params, bf16 compute")
     d("fp16", False, where, "torchtitan has no fp16 training")
     d("fp8", None, where, "no float8 converter")
     d("attention_backend", "flash", where, "attn_type sdpa")
-    d("transformer_impl", "local", where, "torch nn modules (RMSNorm, Linear), no Transformer Engine")
+    d(
+        "transformer_impl",
+        "local",
+        where,
+        "torch nn modules (RMSNorm, Linear), no Transformer Engine",
+    )
     for key in (
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
@@ -580,12 +660,20 @@ def apply_defaults(reading: Reading) -> None:
     world = reading.get("world_size")
     if world and "data_parallel_size" not in reading:
         if world % (tp * pp * cp):
-            reading.warnings.append(f"world size {world} is not a multiple of TP x PP x CP = {tp * pp * cp}")
+            reading.warnings.append(
+                f"world size {world} is not a multiple of TP x PP x CP = {tp * pp * cp}"
+            )
         else:
             dp = world // (tp * pp * cp)
-            reading.derive("data_parallel_size", dp, "WORLD_SIZE / (TP x PP x CP) (shard -1 = the rest)")
+            reading.derive(
+                "data_parallel_size", dp, "WORLD_SIZE / (TP x PP x CP) (shard -1 = the rest)"
+            )
             if "zero_stage" not in reading:
-                reading.derive("zero_stage", 3 if dp * cp > 1 else 0, "FSDP2 shards over dp_shard x cp when > 1")
+                reading.derive(
+                    "zero_stage",
+                    3 if dp * cp > 1 else 0,
+                    "FSDP2 shards over dp_shard x cp when > 1",
+                )
     d("use_distributed_optimizer", False, where, "FSDP2 sharding is zero_stage")
     d("cpu_offloading", False, where)
     d("fine_grained_activation_offloading", False, where)
@@ -594,7 +682,12 @@ def apply_defaults(reading: Reading) -> None:
     if "recompute_granularity" not in reading:
         # [activation_checkpoint] mode "selective", selective_ac_option "2"
         method, layers, note = layer_ac(2, reading.get("num_layers"), pp)
-        d("recompute_granularity", "full", where, f"mode selective, selective_ac_option '2': {note}")
+        d(
+            "recompute_granularity",
+            "full",
+            where,
+            f"mode selective, selective_ac_option '2': {note}",
+        )
         d("recompute_method", method, where, note)
         if layers is not None:
             reading.derive("recompute_num_layers", layers, f"num_layers / PP / 2 ({note})")
@@ -606,4 +699,9 @@ def apply_defaults(reading: Reading) -> None:
         d("recompute_method", None, where, "selective")
         d("recompute_num_layers", None, where, "selective")
     if reading.get("num_moe_experts"):
-        d("moe_grouped_gemm", True, f"torchtitan's default (MoEArgs.use_grouped_mm, {TT_BLOB}/torchtitan/models/moe/moe.py)")
+        d(
+            "moe_grouped_gemm",
+            True,
+            "torchtitan's default (MoEArgs.use_grouped_mm, "
+            f"{TT_BLOB}/torchtitan/models/moe/moe.py)",
+        )
