@@ -591,6 +591,7 @@ def _read_activation_checkpoint(
                 "(a digit string or 'op')"
             )
     elif mode == "memory_budget":
+        reading.unused["activation_checkpoint.mode"] = mode  # apply_defaults: no default AC
         reading.warnings.append(
             f"{toml.path}: activation_checkpoint mode memory_budget lets torch.compile's "
             "min-cut choose what to save (budget "
@@ -679,7 +680,8 @@ def apply_defaults(reading: Reading) -> None:
     d("fine_grained_activation_offloading", False, where)
     d("optimizer_offload", False, where, "[training] enable_cpu_offload")
     d("param_offload", False, where, "[training] enable_cpu_offload")
-    if "recompute_granularity" not in reading:
+    explicit_mode = reading.unused.get("activation_checkpoint.mode")
+    if "recompute_granularity" not in reading and explicit_mode is None:
         # [activation_checkpoint] mode "selective", selective_ac_option "2"
         method, layers, note = layer_ac(2, reading.get("num_layers"), pp)
         d(
@@ -691,7 +693,7 @@ def apply_defaults(reading: Reading) -> None:
         d("recompute_method", method, where, note)
         if layers is not None:
             reading.derive("recompute_num_layers", layers, f"num_layers / PP / 2 ({note})")
-    granularity = reading.get("recompute_granularity")
+    granularity = reading.get("recompute_granularity", "unset")
     if granularity is None:
         d("recompute_method", None, where, "no activation checkpointing")
         d("recompute_num_layers", None, where, "no activation checkpointing")
