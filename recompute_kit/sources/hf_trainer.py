@@ -1,23 +1,536 @@
-"""(stub: being written)"""
+"""Hugging Face Trainer / TRL / LLaMA-Factory YAMLs and DeepSpeed JSONs (config-formats.md s. 8).
+
+Read with `yaml.safe_load` and `json` only; nothing is imported or run, `trust_remote_code`
+is never followed. A YAML's `deepspeed: path.json` is read too when that JSON is found next to
+the YAML (the path as written, relative to the YAML's folder or one of its parents, or the
+file name in the YAML's own folder); otherwise a warning says the ZeRO settings are unknown.
+
+Semantics: HF models run torch modules (`transformer_impl` local); gradient checkpointing
+(`model.gradient_checkpointing_enable`) wraps every decoder layer in `torch.utils.checkpoint`:
+Megatron's full recompute, method uniform, 1 layer per group. DeepSpeed ZeRO stage s shards
+optimizer states (1), + gradients (2), + parameters (3) over the data-parallel ranks; a value
+of "auto" is filled by the Trainer from its own flags (transformers `integrations/deepspeed.py`),
+so this file does not set it. Data parallelism = the world size of the launcher (torchrun /
+accelerate), which these files do not say.
+"""
 
 from __future__ import annotations
 
-from .reading import Reading
+import json
+import re
+from pathlib import Path
+from typing import Any
 
-FRAMEWORKS: tuple[str, ...] = ()
+import yaml
 
+from ..config import ConfigError
+from .reading import Origin, Reading
 
-def sniff(text: str, path: str) -> int:
-    return 0
+FRAMEWORKS: tuple[str, ...] = ("hf-trainer",)
 
+FORMAT_LF = "LLaMA-Factory YAML"
+FORMAT_TRL = "TRL / alignment-handbook YAML"
+FORMAT_HF = "Hugging Face TrainingArguments YAML"
+FORMAT_DS = "DeepSpeed JSON"
 
-def read(text: str, path: str) -> Reading:
-    raise NotImplementedError
+_LF_KEYS = (
+    "cutoff_len",
+    "finetuning_type",
+    "stage",
+    "template",
+    "lora_target",
+    "flash_attn",
+    "disable_gradient_checkpointing",
+)
+_TRL_KEYS = (
+    "max_seq_length",
+    "max_length",
+    "packing",
+    "dataset_mixture",
+    "assistant_only_loss",
+    "completion_only_loss",
+    "dataset_text_field",
+    "max_prompt_length",
+    "beta",
+    "attn_implementation",
+)
+_HF_KEYS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "model_name_or_path",
+    "deepspeed",
+    "output_dir",
+    "learning_rate",
+)
+_DS_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")
 
+_KEY_FOR = {
+    "seq_length": "cutoff_len (LLaMA-Factory) / max_length (TRL)",
+    "micro_batch_size": "per_device_train_batch_size",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "zero_stage": "deepspeed (zero_optimization.stage)",
+    "optimizer_offload": "deepspeed zero_optimization.offload_optimizer.device",
+    "param_offload": "deepspeed zero_optimization.offload_param.device",
+    "recompute_granularity": (
+        "gradient_checkpointing (LLaMA-Factory: disable_gradient_checkpointing)"
+    ),
+    "attention_backend": "attn_implementation (LLaMA-Factory: flash_attn)",
+    "data_parallel_size": "the launcher's world size (torchrun --nproc_per_node, accelerate)",
+    "world_size": "the launcher's world size (torchrun --nproc_per_node, accelerate)",
+    "global_batch_size": "per_device_train_batch_size x gradient_accumulation_steps x world size",
+}
 
-def apply_defaults(reading: Reading) -> None:
-    raise NotImplementedError
+_TF = "https://github.com/huggingface/transformers/blob/v4.57.1"
+TRAINING_ARGS = f"transformers TrainingArguments ({_TF}/src/transformers/training_args.py)"
+LF_ARGS = "LLaMA-Factory hparams (hiyouga/LLaMA-Factory @ ff6d4d12 src/llamafactory/hparams/)"
+TRL_ARGS = "TRL base_config.py / sft_config.py (trl 1.16.0)"
 
 
 def key_for(field: str) -> str:
-    return field
+    return _KEY_FOR.get(field, field)
+
+
+def _has_key(text: str, key: str) -> bool:
+    return re.search(rf"^{re.escape(key)}\s*:", text, re.M) is not None
+
+
+def sniff(text: str, path: str) -> int:
+    lower = path.lower()
+    if lower.endswith(".json"):
+        return 90 if any(f'"{k}"' in text for k in _DS_KEYS) else 0
+    if not lower.endswith((".yaml", ".yml")) and "per_device_train_batch_size" not in text:
+        return 0
+    if sum(_has_key(text, k) for k in _LF_KEYS) >= 2:
+        return 90
+    hits = sum(_has_key(text, k) for k in _HF_KEYS)
+    if hits >= 2:
+        return 80 + min(hits, 5)
+    return 0
+
+
+# -- locating keys ---------------------------------------------------------------------------
+
+
+def _yaml_line(text: str, key: str) -> int | None:
+    match = re.search(rf"^{re.escape(key)}\s*:", text, re.M)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _json_line(text: str, keys: tuple[str, ...]) -> int | None:
+    """Line of the last of `keys`, each searched after the line of the one before."""
+    start = 0
+    for key in keys:
+        match = re.compile(rf'"{re.escape(key)}"\s*:').search(text, start)
+        if not match:
+            return None
+        start = match.end()
+    return text.count("\n", 0, start) + 1
+
+
+class _Src:
+    def __init__(self, text: str, path: str, kind: str) -> None:
+        self.text, self.path, self.kind = text, path, kind
+
+    def origin(self, *keys: str, note: str = "") -> Origin:
+        if self.kind == "json":
+            line = _json_line(self.text, keys)
+            key = ".".join(keys)
+        else:
+            line = _yaml_line(self.text, keys[0])
+            key = keys[0]
+        return Origin("file", f"{self.path}:{line}" if line else self.path, key, note)
+
+
+def _bool(src: _Src, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{src.path}: {key} = {value!r} is not true or false")
+
+
+def _int(src: _Src, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{src.path}: {key} = {value!r} is not an integer >= {minimum}")
+    return value
+
+
+def _set_recompute(reading: Reading, on: bool, origin: Origin) -> None:
+    if on:
+        note = "every decoder layer in torch.utils.checkpoint: full recompute of each layer"
+        for key, value in (
+            ("recompute_granularity", "full"),
+            ("recompute_method", "uniform"),
+            ("recompute_num_layers", 1),
+        ):
+            reading.set(key, value, Origin(origin.kind, origin.where, origin.key, note))
+    else:
+        reading.set("recompute_granularity", None, origin)
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def read(text: str, path: str) -> Reading:
+    if path.lower().endswith(".json") or text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a DeepSpeed config must be a JSON object")
+        reading = Reading(framework="hf-trainer", format=FORMAT_DS)
+        _read_deepspeed(data, _Src(text, path, "json"), reading)
+        return reading
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "parse error"
+        raise ConfigError(f"{path}: not valid YAML ({first})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a trainer YAML must be a mapping of keys to values")
+    if any(k in data for k in _LF_KEYS):
+        kind = FORMAT_LF
+    elif any(k in data for k in _TRL_KEYS):
+        kind = FORMAT_TRL
+    else:
+        kind = FORMAT_HF
+    reading = Reading(framework="hf-trainer", format=kind)
+    _read_yaml(data, _Src(text, path, "yaml"), reading)
+    return reading
+
+
+def _attention(value: Any) -> tuple[str | None, str]:
+    name = str(getattr(value, "value", value)).lower()
+    if name in ("eager", "disabled"):
+        return "unfused", "eager attention: the s x s scores are kept"
+    if name == "auto":
+        return "flash", "auto: transformers' default attn_implementation sdpa"
+    if name in ("sdpa", "fa2", "fa3", "flash_attention_2", "flash_attention_3", "flex_attention"):
+        return "flash", f"{name}: a fused attention kernel"
+    return None, ""
+
+
+def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
+    lf = reading.format == FORMAT_LF
+    handled: set[str] = set()
+
+    def take(key: str) -> Any:
+        handled.add(key)
+        return data.get(key)
+
+    model = take("model_name_or_path")
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{src.path}: model_name_or_path = {model!r} is not a model id")
+        reading.model_name = model
+        reading.model_name_origin = src.origin("model_name_or_path")
+    if "per_device_train_batch_size" in data:
+        key = "per_device_train_batch_size"
+        reading.set("micro_batch_size", _int(src, key, take(key)), src.origin(key))
+    for key in ("bf16", "fp16"):
+        if data.get(key) is not None:
+            reading.set(key, _bool(src, key, take(key)), src.origin(key))
+    for key, note in (
+        ("cutoff_len", "LLaMA-Factory truncates each sample to cutoff_len"),
+        ("max_seq_length", "TRL's deprecated name of max_length: the longest sample kept"),
+        ("max_length", "TRL: the longest sample kept (with packing, every packed row)"),
+    ):
+        if data.get(key) is not None and "seq_length" not in reading:
+            reading.set("seq_length", _int(src, key, take(key)), src.origin(key, note=note))
+    if data.get("packing") is False and "seq_length" in reading:
+        reading.warnings.append(
+            f"{src.path}: packing false: batches are padded to their longest sample, so the "
+            "sequence length is an upper bound"
+        )
+    # Gradient checkpointing: LLaMA-Factory turns it on itself unless disabled.
+    if lf and "disable_gradient_checkpointing" in data:
+        off = _bool(src, "disable_gradient_checkpointing", take("disable_gradient_checkpointing"))
+        _set_recompute(reading, not off, src.origin("disable_gradient_checkpointing"))
+    for key in ("gradient_checkpointing", "activation_checkpointing"):
+        if key in data and "recompute_granularity" not in reading:
+            on = _bool(src, key, take(key))
+            if lf:
+                reading.unused[key] = on
+                reading.warnings.append(
+                    f"{src.path}: {key} is not how LLaMA-Factory switches checkpointing "
+                    "(disable_gradient_checkpointing is)"
+                )
+            else:
+                _set_recompute(reading, on, src.origin(key))
+    for key in ("flash_attn", "attn_implementation"):
+        if data.get(key) is not None:
+            backend, note = _attention(take(key))
+            if backend is None:
+                reading.warnings.append(f"{src.path}: {key} = {data[key]!r}: attention not known")
+            else:
+                reading.set("attention_backend", backend, src.origin(key, note=note))
+    if data.get("fp8") is True:
+        take("fp8")
+        reading.set(
+            "fp8",
+            "hybrid",
+            src.origin("fp8", note="Accelerate fp8 (torchao tensorwise / TE default recipe)"),
+        )
+    _read_fsdp(data, src, reading, take)
+    if data.get("deepspeed") is not None:
+        _read_deepspeed_ref(take("deepspeed"), src, reading)
+    _warn_model_states(data, src, reading, lf)
+    for key, value in data.items():
+        if key not in handled:
+            reading.unused[key] = value
+
+
+def _read_fsdp(data: dict[str, Any], src: _Src, reading: Reading, take: Any) -> None:
+    fsdp = data.get("fsdp")
+    if not fsdp:
+        return
+    take("fsdp")
+    options = fsdp.split() if isinstance(fsdp, str) else [str(o) for o in fsdp]
+    if "full_shard" in options or "hybrid_shard" in options:
+        reading.set("zero_stage", 3, src.origin("fsdp", note="FSDP full_shard: ZeRO-3"))
+    elif "shard_grad_op" in options or "hybrid_shard_zero2" in options:
+        reading.set("zero_stage", 2, src.origin("fsdp", note="FSDP shard_grad_op: ZeRO-2"))
+    if "offload" in options:
+        for key in ("param_offload", "optimizer_offload"):
+            reading.set(key, True, src.origin("fsdp", note="FSDP CPU offload"))
+
+
+def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> None:
+    finetuning = data.get("finetuning_type")
+    if finetuning is not None and finetuning != "full":
+        reading.warnings.append(
+            f"{src.path}: finetuning_type {finetuning}: the base weights are frozen, so the "
+            "gradients and optimizer states are those of the adapters only; recompute-kit "
+            "counts a full fine-tune"
+        )
+    if data.get("quantization_bit") is not None:
+        reading.warnings.append(
+            f"{src.path}: quantization_bit {data['quantization_bit']}: a quantized frozen base "
+            "model (QLoRA) is not counted"
+        )
+    dtype = data.get("torch_dtype", data.get("dtype"))
+    if not lf and dtype in ("bfloat16", "float16"):
+        reading.warnings.append(
+            f"{src.path}: torch_dtype {dtype}: the model is loaded in {dtype}, so the Trainer "
+            f"keeps no fp32 master weights and the optimizer states are in {dtype}; Megatron "
+            "counts fp32 master weights and states"
+        )
+    optim = str(data.get("optim", ""))
+    if "8bit" in optim or "4bit" in optim:
+        reading.warnings.append(f"{src.path}: optim {optim}: low-bit optimizer states")
+    if data.get("use_liger_kernel") or data.get("enable_liger_kernel"):
+        reading.warnings.append(
+            f"{src.path}: Liger kernels fuse the norms, SwiGLU and the loss, keeping fewer "
+            "activations than counted"
+        )
+
+
+def _find_beside(ref: str, path: str) -> Path | None:
+    if not path:
+        return None
+    here = Path(path).parent
+    ref_path = Path(ref)
+    if ref_path.is_absolute():
+        return ref_path if ref_path.is_file() else None
+    for folder in (here, *list(here.parents)[:4]):
+        if (folder / ref_path).is_file():
+            return folder / ref_path
+    beside = here / ref_path.name
+    return beside if beside.is_file() else None
+
+
+def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
+    if isinstance(ref, dict):  # an inline DeepSpeed config
+        _read_deepspeed(ref, src, reading, prefix=("deepspeed",))
+        return
+    if not isinstance(ref, str):
+        raise ConfigError(f"{src.path}: deepspeed = {ref!r} is not a path to a JSON file")
+    found = _find_beside(ref, src.path)
+    if found is None:
+        reading.unused["deepspeed"] = ref
+        reading.warnings.append(
+            f"{src.path}: deepspeed {ref} not found beside this file: the ZeRO stage and "
+            "offloading are unknown; give the JSON too"
+        )
+        return
+    text = found.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{found}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{found}: a DeepSpeed config must be a JSON object")
+    _read_deepspeed(data, _Src(text, str(found), "json"), reading, unused_prefix="deepspeed")
+
+
+def _auto(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == "auto"
+
+
+def _read_deepspeed(
+    data: dict[str, Any],
+    src: _Src,
+    reading: Reading,
+    prefix: tuple[str, ...] = (),
+    unused_prefix: str = "",
+) -> None:
+    """DeepSpeed keys; values already set (by the Trainer YAML) are kept."""
+    handled: set[str] = set()
+    unused: dict[str, Any] = {}
+
+    def origin(*keys: str, note: str = "") -> Origin:
+        return src.origin(*prefix, *keys, note=note) if prefix else src.origin(*keys, note=note)
+
+    def put(key: str, value: Any, at: Origin) -> None:
+        if key in reading and reading.get(key) != value:
+            reading.warnings.append(
+                f"{at.where}: {at.key} = {value!r} disagrees with {reading.origins[key].describe()}"
+                f" = {reading.get(key)!r} (the Trainer raises on such a mismatch)"
+            )
+        reading.set(key, value, at, overwrite=False)
+
+    zero = data.get("zero_optimization")
+    handled.add("zero_optimization")
+    if zero is not None and not isinstance(zero, dict):
+        raise ConfigError(f"{src.path}: zero_optimization must be an object")
+    zero = zero or {}
+    if "stage" in zero:
+        stage = zero["stage"]
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{src.path}: zero_optimization.stage = {stage!r} (0, 1, 2 or 3)")
+        put("zero_stage", stage, origin("zero_optimization", "stage"))
+    for section, key in (
+        ("offload_optimizer", "optimizer_offload"),
+        ("offload_param", "param_offload"),
+    ):
+        conf = zero.get(section)
+        if isinstance(conf, dict) and "device" in conf:
+            device = str(conf["device"]).lower()
+            put(key, device != "none", origin("zero_optimization", section, "device", note=device))
+            if key == "param_offload" and device != "none" and zero.get("stage") != 3:
+                reading.warnings.append(f"{src.path}: offload_param works only with ZeRO stage 3")
+    for name, field in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
+        section = data.get(name)
+        handled.add(name)
+        if isinstance(section, dict) and "enabled" in section:
+            enabled = section["enabled"]
+            if _auto(enabled):
+                continue  # filled from the Trainer's bf16 / fp16 flags
+            put(field, _bool(src, f"{name}.enabled", enabled), origin(name, "enabled"))
+        if isinstance(section, dict):
+            for key, value in section.items():
+                if key != "enabled":
+                    unused[f"{name}.{key}"] = value
+    for key, field in (
+        ("train_micro_batch_size_per_gpu", "micro_batch_size"),
+        ("train_batch_size", "global_batch_size"),
+    ):
+        handled.add(key)
+        if key in data and not _auto(data[key]):
+            put(field, _int(src, key, data[key]), origin(key))
+    if "activation_checkpointing" in data:
+        reading.warnings.append(
+            f"{src.path}: activation_checkpointing configures DeepSpeed's own checkpointing API "
+            "only; Hugging Face models checkpoint with torch.utils.checkpoint "
+            "(gradient_checkpointing)"
+        )
+    for key, value in data.items():
+        if key not in handled:
+            unused[key] = value
+    for key, value in zero.items():
+        if key not in ("stage", "offload_optimizer", "offload_param"):
+            unused[f"zero_optimization.{key}"] = value
+    first = ".".join((*prefix, unused_prefix)).strip(".")
+    for key, value in unused.items():
+        reading.unused[f"{first}.{key}" if first else key] = value
+
+
+# -- defaults --------------------------------------------------------------------------------
+
+
+def apply_defaults(reading: Reading) -> None:
+    kind = reading.format
+    d = reading.default
+    if kind == FORMAT_LF:
+        d("seq_length", 2048, f"LLaMA-Factory's default ({LF_ARGS} data_args.py)", "cutoff_len")
+    elif kind == FORMAT_TRL:
+        d("seq_length", 1024, f"TRL's default ({TRL_ARGS})", "SFTConfig max_length")
+    d(
+        "micro_batch_size",
+        8,
+        f"transformers' default ({TRAINING_ARGS})",
+        "per_device_train_batch_size",
+    )
+    if kind == FORMAT_TRL:
+        fp16 = reading.get("fp16") is True
+        d("bf16", not fp16, f"TRL's default ({TRL_ARGS})", "bf16 None: True unless fp16")
+    d("bf16", False, f"transformers' default ({TRAINING_ARGS})")
+    d("fp16", False, f"transformers' default ({TRAINING_ARGS})")
+    d("fp8", None, f"transformers' default ({TRAINING_ARGS})")
+    d(
+        "attention_backend",
+        "flash",
+        "transformers' default attn_implementation (sdpa where the model supports it)",
+        "sdpa: a fused attention kernel",
+    )
+    d("transformer_impl", "local", "Hugging Face models", "torch modules, no Transformer Engine")
+    where = f"{'LLaMA-Factory' if kind == FORMAT_LF else 'transformers'} (no model parallelism)"
+    for key in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+    ):
+        d(key, 1, where)
+    d("virtual_pipeline_model_parallel_size", None, where)
+    d("sequence_parallel", False, where)
+    world = reading.get("world_size")
+    if world:
+        reading.derive(
+            "data_parallel_size", world, "the world size: every rank is a data-parallel replica"
+        )
+    d("use_distributed_optimizer", False, where, "ZeRO / FSDP sharding is zero_stage")
+    if "zero_stage" not in reading and "deepspeed" not in reading.unused:
+        d(
+            "zero_stage",
+            0,
+            f"transformers' default ({TRAINING_ARGS})",
+            "no deepspeed / fsdp key: DDP, unless the launcher's accelerate config adds "
+            "ZeRO or FSDP",
+        )
+    d("optimizer_offload", False, "DeepSpeed's default (offload_optimizer.device none)")
+    d("param_offload", False, "DeepSpeed's default (offload_param.device none)")
+    d("cpu_offloading", False, where)
+    d("fine_grained_activation_offloading", False, where)
+    if "recompute_granularity" not in reading:
+        if kind == FORMAT_LF:
+            on, where_gc = (
+                True,
+                f"LLaMA-Factory's default ({LF_ARGS} model_args.py: "
+                "disable_gradient_checkpointing False)",
+            )
+        elif kind == FORMAT_TRL:
+            on, where_gc = True, f"TRL's default ({TRL_ARGS}: gradient_checkpointing True)"
+        else:
+            on, where_gc = (
+                False,
+                f"transformers' default ({TRAINING_ARGS}: gradient_checkpointing False)",
+            )
+        if on:
+            note = "every decoder layer in torch.utils.checkpoint"
+            d("recompute_granularity", "full", where_gc, note)
+            d("recompute_method", "uniform", where_gc, note)
+            d("recompute_num_layers", 1, where_gc, note)
+        else:
+            d("recompute_granularity", None, where_gc)
+    if reading.get("recompute_granularity") is None:
+        d("recompute_method", None, "no gradient checkpointing")
+        d("recompute_num_layers", None, "no gradient checkpointing")
+    if kind == FORMAT_LF and "finetuning_type" not in reading.unused:
+        reading.warnings.append(
+            "LLaMA-Factory's default finetuning_type is lora: base weights frozen; "
+            "recompute-kit counts a full fine-tune"
+        )
+    if reading.get("num_moe_experts"):
+        d("moe_grouped_gemm", False, "transformers' MoE blocks loop over the experts")

@@ -1,0 +1,265 @@
+"""The torchtitan TOML and HF Trainer / TRL / LLaMA-Factory / DeepSpeed readers, on the real
+artefacts of tests/sources/corpus/{torchtitan,hf_trainer} and on focused cases."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources import hf_trainer, torchtitan
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from corpus_split import split_of  # noqa: E402
+
+CORPUS = {
+    "torchtitan": (torchtitan, sorted((HERE / "corpus" / "torchtitan").glob("*.toml"))),
+    "hf_trainer": (
+        hf_trainer,
+        sorted(
+            p
+            for p in (HERE / "corpus" / "hf_trainer").iterdir()
+            if p.suffix in (".yaml", ".json") and not p.name.endswith(".expect.yaml")
+        ),
+    ),
+}
+CASES = [(module, path) for module, paths in CORPUS.values() for path in paths]
+
+
+def _expect(path: Path) -> dict:
+    return yaml.safe_load(path.with_name(path.stem + ".expect.yaml").read_text())
+
+
+def _read(module, path: Path):
+    text = path.read_text()
+    assert module.sniff(text, str(path)) >= 80
+    reading = module.read(text, str(path))
+    module.apply_defaults(reading)
+    return reading
+
+
+def test_corpus_sizes():
+    assert len(CORPUS["torchtitan"][1]) >= 4
+    assert len(CORPUS["hf_trainer"][1]) >= 6
+
+
+@pytest.mark.parametrize(("module", "path"), CASES, ids=[p.name for _, p in CASES])
+def test_corpus_values(module, path):
+    expect = _expect(path)
+    reading = _read(module, path)
+    assert reading.framework == expect["framework"]
+    assert reading.model_name == expect.get("model_name")
+    wrong = {
+        key: (value, reading.get(key, "<unset>"))
+        for key, value in expect["values"].items()
+        if key not in reading or reading.get(key) != value
+    }
+    assert not wrong, f"{split_of(expect['source'])}: expected vs read {wrong}"
+    for key in expect.get("assumed", []):
+        assert key not in reading, f"{key} should be left for the resolver to assume"
+    # Every value the file sets points at a line of a corpus file, with the key as written.
+    for key, origin in reading.origins.items():
+        if origin.kind == "file":
+            file, _, line = origin.where.rpartition(":")
+            assert Path(file).parent == path.parent and line.isdigit(), (key, origin)
+            assert origin.key
+
+
+# -- torchtitan -------------------------------------------------------------------------------
+
+BASE = """
+[model]
+name = "llama3"
+flavor = "{flavor}"
+[training]
+local_batch_size = 2
+seq_len = 4096
+{training}
+[parallelism]
+{parallelism}
+[activation_checkpoint]
+{ac}
+"""
+
+
+def _tt(flavor="8B", training="", parallelism="", ac='mode = "full"', world=None):
+    text = BASE.format(flavor=flavor, training=training, parallelism=parallelism, ac=ac)
+    reading = torchtitan.read(text, "job.toml")
+    if world:
+        from recompute_kit.sources.reading import Origin
+
+        reading.set("world_size", world, Origin("argument", "--world-size"))
+    torchtitan.apply_defaults(reading)
+    return reading
+
+
+def test_titan_every_kth_block_is_block_recompute_of_the_same_count():
+    # https://github.com/pytorch/torchtitan/blob/73a0e6979dd10b6b1904098eb3c8f62c18ab87ce/torchtitan/distributed/activation_checkpoint.py#L37-L40
+    # a block is fully checkpointed iff its 1-based count % ac_freq == 0
+    r = _tt("debugmodel", ac='mode = "selective"\nselective_ac_option = "3"')
+    assert r.get("recompute_granularity") == "full"
+    assert (r.get("recompute_method"), r.get("recompute_num_layers")) == ("block", 2)  # 6 // 3
+    assert any("every 3rd block" in w for w in r.warnings)
+    r = _tt("debugmodel", ac='mode = "selective"\nselective_ac_option = "1"')
+    assert (r.get("recompute_method"), r.get("recompute_num_layers")) == ("uniform", 1)
+
+
+def test_titan_default_ac_is_every_second_block_from_the_model_layers():
+    # job_config.py: mode "selective", selective_ac_option "2"
+    r = torchtitan.read('[model]\nname = "llama3"\nflavor = "70B"\n', "job.toml")
+    r.set("num_layers", 80, torchtitan.Origin("model", "meta-llama/Llama-3.1-70B"))
+    torchtitan.apply_defaults(r)
+    assert r.get("recompute_granularity") == "full"
+    assert (r.get("recompute_method"), r.get("recompute_num_layers")) == ("block", 40)
+    assert r.origins["recompute_granularity"].kind == "default"
+
+
+def test_titan_op_sac_is_selective_with_a_warning():
+    r = _tt(ac='mode = "selective"\nselective_ac_option = "op"')
+    assert r.get("recompute_granularity") == "selective"
+    assert r.get("recompute_modules") == ["layernorm"]
+    assert any("per-op selective AC" in w for w in r.warnings)
+
+
+def test_titan_memory_budget_is_not_expressible():
+    r = _tt(ac='mode = "memory_budget"')
+    assert "recompute_granularity" not in r
+    assert any("memory_budget" in w for w in r.warnings)
+
+
+def test_titan_fsdp_shard_degree_gives_zero3_and_dp():
+    r = _tt(parallelism="data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4")
+    assert r.get("data_parallel_size") == 8 and r.get("zero_stage") == 3
+    assert any("HSDP" in w for w in r.warnings)
+    r = _tt(parallelism="data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 8")
+    assert r.get("zero_stage") == 0
+
+
+def test_titan_shard_minus_one_uses_the_world_size_when_known():
+    r = _tt(parallelism="tensor_parallel_degree = 8", world=64)
+    assert r.get("data_parallel_size") == 8 and r.get("zero_stage") == 3
+    assert r.get("sequence_parallel") is True  # TP always shards the norms' sequence
+    r = _tt(parallelism="tensor_parallel_degree = 8")
+    assert "data_parallel_size" not in r and "zero_stage" not in r
+
+
+def test_titan_precision_and_fp8():
+    r = _tt(training='dtype = "bfloat16"')
+    assert r.get("bf16") is True and any("fp32 master" in w for w in r.warnings)
+    r = _tt(training='mixed_precision_param = "float32"')
+    assert r.get("bf16") is False
+    text = BASE.format(flavor="8B", training="", parallelism="", ac='mode = "none"')
+    text = text.replace('flavor = "8B"', 'flavor = "8B"\nconverters = ["quantize.linear.float8"]')
+    text += '[quantize.linear.float8]\nrecipe_name = "rowwise"\n'
+    r = torchtitan.read(text, "job.toml")
+    assert r.get("fp8") == "e4m3" and r.get("recompute_granularity") is None
+
+
+def test_titan_pipeline_microbatch_and_old_batch_key():
+    r = _tt(parallelism="pipeline_parallel_degree = 4\npipeline_parallel_microbatch_size = 2")
+    assert r.get("micro_batch_size") == 2
+    r = torchtitan.read('[model]\nflavor = "8B"\n[training]\nbatch_size = 3\n', "old.toml")
+    assert r.get("micro_batch_size") == 3 and r.model_name == "meta-llama/Llama-3.1-8B"
+
+
+def test_titan_unknown_flavor_and_bad_toml_are_one_line_errors():
+    with pytest.raises(ConfigError, match="HF_TWINS") as err:
+        torchtitan.read('[model]\nname = "llama4"\nflavor = "17bx16e"\n', "x.toml")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        torchtitan.read("[model\nname = 1", "x.toml")
+    with pytest.raises(ConfigError, match="tensor_parallel_degree"):
+        _tt(parallelism='tensor_parallel_degree = "8"')
+
+
+def test_titan_sniff():
+    assert torchtitan.sniff('[project]\nname = "x"\n', "pyproject.toml") == 0
+    assert torchtitan.sniff("a: 1\n", "x.yaml") == 0
+
+
+# -- HF Trainer / TRL / LLaMA-Factory / DeepSpeed ---------------------------------------------
+
+
+def _hf(text, path="train.yaml"):
+    r = hf_trainer.read(text, path)
+    hf_trainer.apply_defaults(r)
+    return r
+
+
+def test_deepspeed_auto_is_not_set_by_the_file():
+    # https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30/examples/deepspeed/ds_z3_config.json
+    r = hf_trainer.read(
+        '{"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"},'
+        ' "fp16": {"enabled": false}, "zero_optimization": {"stage": 1,'
+        ' "offload_optimizer": {"device": "none"}}}',
+        "ds.json",
+    )
+    assert "micro_batch_size" not in r and "bf16" not in r
+    assert r.get("fp16") is False and r.get("zero_stage") == 1
+    assert r.get("optimizer_offload") is False
+    assert r.origins["zero_stage"].where == "ds.json:1"
+
+
+def test_deepspeed_activation_checkpointing_is_only_noted():
+    r = _hf('{"zero_optimization": {"stage": 2}, "activation_checkpointing": {}}', "ds.json")
+    assert r.get("recompute_granularity") is None
+    assert any("DeepSpeed's own" in w for w in r.warnings)
+
+
+def test_llamafactory_checkpointing_is_on_unless_disabled():
+    # LF model_args.py: disable_gradient_checkpointing False -> checkpointing on
+    r = _hf("model_name_or_path: Qwen/Qwen3-8B\ncutoff_len: 4096\n")
+    assert r.get("recompute_granularity") == "full" and r.get("recompute_num_layers") == 1
+    assert r.get("seq_length") == 4096
+    assert any("lora" in w for w in r.warnings)  # LF's default finetuning_type
+    r = _hf(
+        "model_name_or_path: Qwen/Qwen3-8B\ncutoff_len: 4096\n"
+        "disable_gradient_checkpointing: true\n"
+    )
+    assert r.get("recompute_granularity") is None
+
+
+def test_hf_trainer_and_trl_defaults_differ():
+    plain = _hf("model_name_or_path: m/x\nper_device_train_batch_size: 2\noutput_dir: o\n")
+    assert plain.format == hf_trainer.FORMAT_HF
+    assert plain.get("recompute_granularity") is None and plain.get("bf16") is False
+    assert "seq_length" not in plain
+    trl = _hf("model_name_or_path: m/x\nper_device_train_batch_size: 2\npacking: true\n")
+    assert trl.format == hf_trainer.FORMAT_TRL
+    assert trl.get("recompute_granularity") == "full" and trl.get("bf16") is True
+    assert trl.get("seq_length") == 1024
+
+
+def test_attention_backends():
+    r = _hf("model_name_or_path: m/x\ncutoff_len: 8\nflash_attn: disabled\n")
+    assert r.get("attention_backend") == "unfused"
+    r = _hf("model_name_or_path: m/x\nattn_implementation: eager\nmax_length: 8\n")
+    assert r.get("attention_backend") == "unfused"
+
+
+def test_missing_deepspeed_json_leaves_zero_unknown(tmp_path):
+    path = tmp_path / "sft.yaml"
+    text = "model_name_or_path: m/x\ncutoff_len: 8\ndeepspeed: nowhere/ds.json\n"
+    r = _hf(text, str(path))
+    assert "zero_stage" not in r and any("not found" in w for w in r.warnings)
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    r = _hf(text, str(path))
+    assert r.get("zero_stage") == 2
+
+
+def test_bad_yaml_and_unsafe_tags_are_config_errors():
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        hf_trainer.read("a: !!python/object/apply:os.system ['true']\n", "x.yaml")
+    with pytest.raises(ConfigError, match="per_device_train_batch_size"):
+        hf_trainer.read("per_device_train_batch_size: two\noutput_dir: o\n", "x.yaml")
+    with pytest.raises(ConfigError):
+        hf_trainer.read('{"zero_optimization": {"stage": 5}}', "ds.json")
+
+
+def test_hf_sniff():
+    assert hf_trainer.sniff('{"architectures": ["LlamaForCausalLM"]}', "config.json") == 0
+    assert hf_trainer.sniff('{"zero_optimization": {"stage": 3}}', "ds.json") >= 80
