@@ -1,5 +1,11 @@
+import os
+
 import pytest
 import torch
+
+# The suite never reaches the Hugging Face Hub: model ids outside the registry are read from
+# the cache (tests build one) or refused at once, in this process and in the CLI's children.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -74,7 +74,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines, table_rows
 
-    resolved = resolve(args.inputs, model=args.model)
+    resolved = resolve(args.inputs, model=args.model, require_shape=False)
     if args.json:
         emit_json(resolved.to_json())
         return 0

@@ -691,7 +691,9 @@ def read_model_id(model_id: str) -> Reading:
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     path = None
     errors: list[str] = []
-    for local_only in (True,) if offline else (False, True):
+    # The cache first: it answers offline at once (the Hub client retries a dead network for
+    # tens of seconds), and a config.json fetched once is read the same way ever after.
+    for local_only in (True,) if offline else (True, False):
         try:
             path = hf_hub_download(
                 repo_id=model_id, filename="config.json", local_files_only=local_only

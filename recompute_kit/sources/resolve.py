@@ -71,7 +71,7 @@ MCORE = "Megatron-Core's TransformerConfig default"
 class Resolved:
     """One Config from the inputs, with the merged reading that says where each value is from."""
 
-    config: Config
+    config: Config | None  # None only when asked not to require a shape and none was given
     reading: Reading
     inputs: list[dict[str, str]] = field(default_factory=list)  # [{"path", "format"}]
 
@@ -160,10 +160,13 @@ def resolve(
     inputs: Sequence[str],
     model: str | None = None,
     overrides: dict[str, Any] | None = None,
+    require_shape: bool = True,
 ) -> Resolved:
     """Read `inputs` (files or model ids, in order), optionally `model` (an id or registry
     name that gives the shape when no input does), and recompute-kit's own overrides
-    (`{"tensor_model_parallel_size": 4}`), into one Config. Raises ConfigError (one line)."""
+    (`{"tensor_model_parallel_size": 4}`), into one Config. Raises ConfigError (one line),
+    also when nothing gives the model's shape, unless require_shape=False (`read` shows
+    what a DeepSpeed JSON or an overrides file says on its own: then `config` is None)."""
     readings, described = [], []
     if model:
         reading, what = read_input(model)
@@ -184,7 +187,14 @@ def resolve(
     if framework is not None:
         framework.apply_defaults(merged)
     _derive_layout(merged, overrides or {})
-    _check_shape(merged, framework, described)
+    try:
+        _check_shape(merged, framework, described)
+    except ConfigError as exc:
+        if require_shape:
+            raise
+        merged.warnings.append(str(exc))
+        _assume_the_rest(merged, framework)
+        return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
     return Resolved(_to_config(merged), merged, described)
 

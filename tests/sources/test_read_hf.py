@@ -15,7 +15,7 @@ from recompute_kit.sources.formats import best_format
 
 CORPUS = Path(__file__).parent / "corpus" / "hf_config"
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus_split import split_of  # noqa: E402
+from reader_corpus import split_of  # noqa: E402
 
 EXPECTS = sorted(CORPUS.glob("*.expect.yaml"))
 

@@ -14,7 +14,7 @@ from recompute_kit.sources import hf_trainer, torchtitan
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from corpus_split import split_of  # noqa: E402
+from reader_corpus import split_of  # noqa: E402
 
 CORPUS = {
     "torchtitan": (torchtitan, sorted((HERE / "corpus" / "torchtitan").glob("*.toml"))),
