@@ -70,7 +70,11 @@ def _key_of(key_node: Any) -> Any:
     """The key as `yaml.safe_load` builds it (so paths match the loaded dict)."""
     if isinstance(key_node, yaml.ScalarNode):
         try:
-            return yaml.safe_load(key_node.value) if key_node.tag != "tag:yaml.org,2002:str" else key_node.value
+            return (
+                yaml.safe_load(key_node.value)
+                if key_node.tag != "tag:yaml.org,2002:str"
+                else key_node.value
+            )
         except yaml.YAMLError:
             return key_node.value
     return str(key_node.value)
@@ -97,9 +101,8 @@ def dotted(p: Path) -> str:
 def lookup(data: Any, p: Path) -> tuple[bool, Any]:
     node = data
     for key in p:
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+        in_dict = isinstance(node, dict) and key in node
+        if in_dict or (isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)):
             node = node[key]
         else:
             return False, None
@@ -128,8 +131,8 @@ _RESOLVERS = {
     # NeMo (nemo/core/config/hydra_runner.py) and the Launcher (launcher_scripts/main.py)
     "sum": lambda x, y: _num(x) + _num(y),
     "multiply": lambda x, y: _num(x) * _num(y),
-    "divide_ceil": lambda x, y: int(math.ceil(_num(x) / _num(y))),
-    "divide_floor": lambda x, y: int(math.floor(_num(x) / _num(y))),
+    "divide_ceil": lambda x, y: math.ceil(_num(x) / _num(y)),
+    "divide_floor": lambda x, y: math.floor(_num(x) / _num(y)),
     "gpu_name": _gpu_name,
     # NeMo-RL (nemo_rl/utils/config.py)
     "add": lambda a, b: _num(a) + _num(b),
@@ -286,9 +289,8 @@ def _check(value: Any, kind: Any, where: str, key: str) -> Any:
     elif kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
-    elif kind is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
+    elif kind is list and not isinstance(value, list):
+        raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
     return value
 
 
@@ -306,7 +308,9 @@ def derive_data_parallel(reading: Reading, framework: str) -> None:
         )
         return
     reading.derive(
-        "data_parallel_size", world // (tp * pp * cp), f"world_size {world} // (TP {tp} x PP {pp} x CP {cp})"
+        "data_parallel_size",
+        world // (tp * pp * cp),
+        f"world_size {world} // (TP {tp} x PP {pp} x CP {cp})",
     )
 
 
@@ -317,7 +321,9 @@ def moe_mla_recompute_defaults(reading: Reading, where: str) -> None:
         reading.default("moe_router_topk", 2, where)
         if reading.get("ffn_hidden_size") is not None:
             reading.derive(
-                "moe_ffn_hidden_size", reading.get("ffn_hidden_size"), "Megatron-Core: None -> ffn_hidden_size"
+                "moe_ffn_hidden_size",
+                reading.get("ffn_hidden_size"),
+                "Megatron-Core: None -> ffn_hidden_size",
             )
         reading.default("moe_layer_freq", 1, where)
         reading.default("moe_shared_expert_intermediate_size", None, where)
@@ -335,7 +341,9 @@ def moe_mla_recompute_defaults(reading: Reading, where: str) -> None:
     if reading.get("recompute_granularity"):
         reading.default("recompute_method", None, where)
         reading.default("recompute_num_layers", None, where)
-        reading.default("recompute_modules", ["core_attn"], "Megatron-Core's default (recompute_modules None)")
+        reading.default(
+            "recompute_modules", ["core_attn"], "Megatron-Core's default (recompute_modules None)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +430,13 @@ _NEMO_OWNS = {
     "recompute_method": "activations_checkpoint_method",
     "recompute_num_layers": "activations_checkpoint_num_layers",
 }
-_ATTN_BACKENDS = {"flash": "flash", "fused": "fused", "unfused": "unfused", "auto": "auto", "local": "unfused"}
+_ATTN_BACKENDS = {
+    "flash": "flash",
+    "fused": "fused",
+    "unfused": "unfused",
+    "auto": "auto",
+    "local": "unfused",
+}
 
 
 def read(text: str, path: str) -> Reading:
@@ -488,8 +502,8 @@ def _read_model(fv: FileValues) -> None:
             fv.set("normalization", "RMSNorm", (m, "normalization"))
         else:
             fv.reading.warnings.append(
-                f"{fv.where((m, 'normalization'))}: model.normalization {norm!r} is not one Megatron-Core "
-                "supports (layernorm, rmsnorm, layernorm1p); not read"
+                f"{fv.where((m, 'normalization'))}: model.normalization {norm!r} is not one "
+                "Megatron-Core supports (layernorm, rmsnorm, layernorm1p); not read"
             )
 
     # recompute: NeMo 1.x copies activations_checkpoint_* into the TransformerConfig ...
@@ -517,7 +531,9 @@ def _read_model(fv: FileValues) -> None:
     # Transformer Engine, attention
     te = fv.get(m, "transformer_engine", kind=bool)
     if te is not None:
-        fv.set("transformer_impl", "transformer_engine" if te else "local", (m, "transformer_engine"))
+        fv.set(
+            "transformer_impl", "transformer_engine" if te else "local", (m, "transformer_engine")
+        )
     mcore = fv.get(m, "mcore_gpt", kind=bool)
     if mcore is False:
         fv.reading.warnings.append(
@@ -529,19 +545,25 @@ def _read_model(fv: FileValues) -> None:
         name = backend.split(".")[-1].lower()
         if name not in _ATTN_BACKENDS:
             raise ConfigError(
-                f"{fv.where((m, 'attention_backend'))}: model.attention_backend {backend!r} is not one "
-                "of flash, fused, unfused, local, auto"
+                f"{fv.where((m, 'attention_backend'))}: model.attention_backend {backend!r} is not "
+                "one of flash, fused, unfused, local, auto"
             )
         note = "local: Megatron-Core's DotProductAttention" if name == "local" else ""
         fv.set("attention_backend", _ATTN_BACKENDS[name], (m, "attention_backend"), note)
     flash = fv.get(m, "use_flash_attention", kind=bool)
     if flash and te is not True and "attention_backend" not in fv.reading:
         if mcore is False:
-            fv.set("attention_backend", "flash", (m, "use_flash_attention"), "legacy model's flash attention")
+            fv.set(
+                "attention_backend",
+                "flash",
+                (m, "use_flash_attention"),
+                "legacy model's flash attention",
+            )
         else:
             fv.reading.warnings.append(
-                f"{fv.where((m, 'use_flash_attention'))}: model.use_flash_attention does nothing for "
-                "the Megatron-Core model without transformer_engine (local spec: unfused attention)"
+                f"{fv.where((m, 'use_flash_attention'))}: model.use_flash_attention does nothing "
+                "for the Megatron-Core model without transformer_engine (local spec: unfused "
+                "attention)"
             )
 
     fp8 = fv.get(m, "fp8", kind=bool)
@@ -554,8 +576,8 @@ def _read_model(fv: FileValues) -> None:
             fv.set("fp8", "hybrid", (m, "fp8"), "fp8_hybrid")
         else:
             raise ConfigError(
-                f"{fv.where((m, 'fp8'))}: model.fp8 is on but neither fp8_e4m3 nor fp8_hybrid is set "
-                "(NeMo refuses it)"
+                f"{fv.where((m, 'fp8'))}: model.fp8 is on but neither fp8_e4m3 nor fp8_hybrid "
+                "is set (NeMo refuses it)"
             )
 
     name = fv.get(m, "optim", "name", kind=str)
@@ -573,8 +595,8 @@ def _read_model(fv: FileValues) -> None:
     tok_type = fv.raw((m, "tokenizer", "type"))
     if tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
         fv.reading.warnings.append(
-            f"{fv.where((m, 'tokenizer', 'type'))}: the vocabulary is the tokenizer's ({tok_type}); "
-            "vocab_size is not read from this file"
+            f"{fv.where((m, 'tokenizer', 'type'))}: the vocabulary is the tokenizer's "
+            f"({tok_type}); vocab_size is not read from this file"
         )
 
     # mcore_customization_config: passed straight to the TransformerConfig (setattr, last).
@@ -626,10 +648,12 @@ def _read_trainer(fv: FileValues) -> None:
         return
     if isinstance(devices, list):
         devices = len(devices)
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+    if devices is not None and (
+        isinstance(devices, bool) or not isinstance(devices, int) or devices < 1
+    ):
         fv.reading.warnings.append(
-            f"{fv.where(('trainer', 'devices'))}: trainer.devices {devices!r} depends on the machine; "
-            "world_size not read"
+            f"{fv.where(('trainer', 'devices'))}: trainer.devices {devices!r} depends on the "
+            "machine; world_size not read"
         )
         return
     p = ("trainer", "devices") if devices is not None else ("trainer", "num_nodes")
@@ -649,14 +673,22 @@ def apply_defaults(reading: Reading) -> None:
         reading.default("num_attention_heads", 12, yml)
     heads, hidden = reading.get("num_attention_heads"), reading.get("hidden_size")
     if heads:
-        reading.derive("num_query_groups", heads, "model.num_query_groups null: multi-head attention")
+        reading.derive(
+            "num_query_groups", heads, "model.num_query_groups null: multi-head attention"
+        )
         if hidden:
-            reading.derive("kv_channels", hidden // heads, "model.kv_channels null: hidden_size // heads")
+            reading.derive(
+                "kv_channels", hidden // heads, "model.kv_channels null: hidden_size // heads"
+            )
     if hidden and "ffn_hidden_size" not in reading:
         if reading.origins.get("hidden_size") and reading.origins["hidden_size"].kind == "default":
             reading.default("ffn_hidden_size", 3072, yml)
         else:
-            reading.derive("ffn_hidden_size", 4 * hidden, "Megatron-Core: ffn_hidden_size None -> 4 x hidden_size")
+            reading.derive(
+                "ffn_hidden_size",
+                4 * hidden,
+                "Megatron-Core: ffn_hidden_size None -> 4 x hidden_size",
+            )
     reading.default("seq_length", 512, yml, "model.encoder_seq_length")
     reading.default("micro_batch_size", 4, yml)
     reading.default("normalization", "LayerNorm", yml, "layernorm")
@@ -668,7 +700,9 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("transformer_impl", "local", yml, "transformer_engine False")
     if reading.get("transformer_impl") == "local":
         reading.derive(
-            "attention_backend", "unfused", "transformer_engine False: local layer spec, DotProductAttention"
+            "attention_backend",
+            "unfused",
+            "transformer_engine False: local layer spec, DotProductAttention",
         )
     reading.default("attention_backend", "auto", code, "attention_backend auto")
     reading.default("bf16", True, yml, "trainer.precision bf16, megatron_amp_O2 True")
@@ -686,8 +720,11 @@ def apply_defaults(reading: Reading) -> None:
         reading.set(
             "sequence_parallel",
             False,
-            Origin(FROM_DERIVED, "NeMo turns sequence_parallel off at TP=1 (megatron_base_model.py)",
-                   note="true in the file"),
+            Origin(
+                FROM_DERIVED,
+                "NeMo turns sequence_parallel off at TP=1 (megatron_base_model.py)",
+                note="true in the file",
+            ),
         )
         reading.warnings.append("sequence_parallel is on with TP=1: NeMo turns it off")
     reading.default("world_size", 1, yml, "trainer.devices 1 x trainer.num_nodes 1")
@@ -697,8 +734,12 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("recompute_granularity", None, yml, "activations_checkpoint_granularity null")
     reading.default("cpu_offloading", False, yml)
     if reading.get("cpu_offloading") and reading.get("num_layers"):
-        reading.default("cpu_offloading_num_layers", reading.get("num_layers") - 1, yml, "num_layers - 1")
-    reading.default("fine_grained_activation_offloading", False, "NeMo 1.x has no fine-grained offloading")
+        reading.default(
+            "cpu_offloading_num_layers", reading.get("num_layers") - 1, yml, "num_layers - 1"
+        )
+    reading.default(
+        "fine_grained_activation_offloading", False, "NeMo 1.x has no fine-grained offloading"
+    )
     moe_mla_recompute_defaults(reading, "Megatron-Core's TransformerConfig default")
 
 
