@@ -1,23 +1,413 @@
-"""(stub: being written)"""
+"""NeMo-RL YAMLs (`examples/configs/*.yaml`, `examples/configs/recipes/llm/*.yaml`).
+
+Semantics: NVIDIA-NeMo/RL @ 7ea279ab: `nemo_rl/utils/config.py` (`defaults:` inheritance,
+`_override_`, resolvers `add`/`mul`/`div`/`max`), `nemo_rl/models/megatron/setup.py` (what
+`policy.megatron_cfg.*` sets on the Megatron-Core config), the DTensor (FSDP2) policy for
+`policy.dtensor_cfg.*`. Defaults: `examples/configs/grpo_math_1B.yaml`.
+
+`defaults:` parents are read when the parent file is found (its path relative to this file,
+else a copy of the same name beside it); otherwise a warning says their values are not read.
+"""
 
 from __future__ import annotations
 
-from .reading import Reading
+import copy
+import os
+import re
+from typing import Any
 
-FRAMEWORKS: tuple[str, ...] = ()
+from ..config import ConfigError
+from .nemo import (
+    NEMO_RL_RESOLVERS,
+    FileValues,
+    Path,
+    derive_data_parallel,
+    load_yaml,
+    moe_mla_recompute_defaults,
+    resolve_interpolations,
+)
+from .reading import KNOWN_KEYS, Reading
+
+FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
+
+MEGATRON = "NeMo-RL YAML (Megatron backend)"
+DTENSOR = "NeMo-RL YAML (DTensor / FSDP2 backend)"
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_MAX_DEPTH = 10
 
 
 def sniff(text: str, path: str) -> int:
-    return 0
+    top = set(re.findall(r"(?m)^([A-Za-z_][\w\-]*)\s*:", text))
+    if "policy" not in top:
+        return 0
+    tells = sum(
+        t in text
+        for t in (
+            "megatron_cfg",
+            "dtensor_cfg",
+            "max_total_sequence_length",
+            "train_micro_batch_size",
+        )
+    )
+    score = 60 + 8 * tells + (10 if "cluster" in top else 0) + (5 if "defaults" in top else 0)
+    return min(score, 95)
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults: inheritance (nemo_rl/utils/config.py load_config_with_inheritance)
+
+
+def _load_chain(
+    text: str, path: str, reading: Reading, depth: int = 0, seen: tuple[str, ...] = ()
+) -> tuple[dict, list[tuple[str, dict, dict[Path, int]]]]:
+    """The merged data of `path` and its parents, and the files' (path, data, lines), most
+    specific first (where a key was written: the first file that has it)."""
+    data, lines = load_yaml(text, path)
+    data = copy.deepcopy(data)
+    parents = data.pop("defaults", None)
+    own = [(path, data, lines)]
+    if parents is None:
+        return data, own
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise ConfigError(
+            f"{path}:{lines.get(('defaults',), 1)}: defaults must be a file name or a list of them"
+        )
+    base: dict = {}
+    chain: list[tuple[str, dict, dict[Path, int]]] = []
+    for parent in parents:
+        found = _find_parent(path, parent)
+        if found is None or depth >= _MAX_DEPTH or os.path.abspath(found) in seen:
+            why = "not found beside it" if found is None else "an inheritance loop or too deep"
+            reading.warnings.append(
+                f"{path}:{lines.get(('defaults',), 1)}: defaults {parent!r}: {why}; the parent's "
+                "values are not read (keys this file leaves out fall back to NeMo-RL's "
+                "defaults here)"
+            )
+            continue
+        try:
+            with open(found, encoding="utf-8") as fh:
+                parent_text = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"{found}: cannot read the parent config ({exc.strerror})") from None
+        parent_data, parent_chain = _load_chain(
+            parent_text, found, reading, depth + 1, (*seen, os.path.abspath(path))
+        )
+        base = _merge_with_override(base, parent_data)
+        chain = parent_chain + chain  # later parents win over earlier ones
+    merged = _merge_with_override(base, data)
+    return merged, own + chain
+
+
+def _find_parent(path: str, parent: str) -> str | None:
+    here = os.path.dirname(path)
+    for candidate in (os.path.join(here, parent), os.path.join(here, os.path.basename(parent))):
+        if os.path.isfile(candidate):
+            return os.path.normpath(candidate)
+    return None
+
+
+def _merge_with_override(base: dict, override: dict) -> dict:
+    """OmegaConf.merge, except a top-level mapping with `_override_: true` replaces the base's."""
+    base = copy.deepcopy(base)
+    override = copy.deepcopy(override)
+    for key, value in override.items():
+        if isinstance(value, dict) and value.get("_override_", False):
+            value.pop("_override_")
+            base.pop(key, None)
+    return _deep_merge(base, override)
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _deep_merge(base[key], value) if key in base else value
+        return out
+    return over
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def read(text: str, path: str) -> Reading:
-    raise NotImplementedError
+    reading = Reading(framework="nemo-rl")
+    merged, sources = _load_chain(text, path, reading)
+    resolved, unresolved = resolve_interpolations(merged, NEMO_RL_RESOLVERS)
+    fv = FileValues(reading, resolved, sources, unresolved)
+    policy = resolved.get("policy")
+    if not isinstance(policy, dict):
+        raise ConfigError(f"{path}: a NeMo-RL config needs a `policy:` mapping")
+    p = "policy"
+
+    name = fv.get(p, "model_name", kind=str)
+    if name is not None:
+        if _HF_ID.match(name) and not name.startswith((".", "/")):
+            reading.model_name = name
+            reading.model_name_origin = fv.origin((p, "model_name"))
+        else:
+            reading.warnings.append(
+                f"{fv.where((p, 'model_name'))}: policy.model_name {name!r} is not a Hugging Face "
+                "id (a local path?): the model's shape is not known from it"
+            )
+    fv.take("seq_length", (p, "max_total_sequence_length"), int)
+    fv.take("micro_batch_size", (p, "train_micro_batch_size"), int)
+    fv.take("global_batch_size", (p, "train_global_batch_size"), int)
+    precision = fv.get(p, "precision", kind=str)
+    if precision is not None:
+        flags = {"bfloat16": (True, False), "float16": (False, True), "float32": (False, False)}
+        if precision not in flags:
+            raise ConfigError(
+                f"{fv.where((p, 'precision'))}: policy.precision must be bfloat16, float16 or "
+                f"float32, got {precision!r}"
+            )
+        fv.set("bf16", flags[precision][0], (p, "precision"))
+        fv.set("fp16", flags[precision][1], (p, "precision"))
+
+    megatron_on = fv.get(p, "megatron_cfg", "enabled", kind=bool)
+    if megatron_on:
+        reading.format = MEGATRON
+        _read_megatron(fv)
+    else:
+        reading.format = DTENSOR
+        dtensor_on = fv.get(p, "dtensor_cfg", "enabled", kind=bool)
+        if dtensor_on is False:
+            reading.warnings.append(
+                f"{fv.where((p, 'dtensor_cfg', 'enabled'))}: neither policy.megatron_cfg nor "
+                "policy.dtensor_cfg is enabled; read as the DTensor backend"
+            )
+        _read_dtensor(fv)
+
+    gpus = fv.get("cluster", "gpus_per_node", kind=int)
+    nodes = fv.get("cluster", "num_nodes", kind=int)
+    if gpus is not None or nodes is not None:
+        where = ("cluster", "gpus_per_node") if gpus is not None else ("cluster", "num_nodes")
+        fv.set(
+            "world_size",
+            (gpus or 1) * (nodes or 1),
+            where,
+            f"cluster.gpus_per_node {gpus or 1} x cluster.num_nodes {nodes or 1}",
+        )
+    colocated = fv.raw((p, "generation", "colocated", "enabled"))
+    if colocated is False:
+        reading.warnings.append(
+            f"{fv.where((p, 'generation', 'colocated', 'enabled'))}: generation is not colocated: "
+            "the policy trains on fewer GPUs than the cluster (generation.colocated.resources); "
+            "world_size counts the whole cluster"
+        )
+    fv.record_unused()
+    return reading
+
+
+def _read_megatron(fv: FileValues) -> None:
+    m = ("policy", "megatron_cfg")
+    for key in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+    ):
+        fv.take(key, (*m, key), int)
+    fv.take("sequence_parallel", (*m, "sequence_parallel"), bool)
+
+    ckpt = fv.get(*m, "activation_checkpointing", kind=bool)
+    granularity = fv.get(*m, "recompute_granularity", kind=str)
+    modules = fv.get(*m, "recompute_modules", kind=list)
+    where = (*m, "activation_checkpointing")
+    if ckpt:
+        granularity = granularity or "full"
+        if granularity == "full":
+            fv.set("recompute_granularity", "full", where, "recompute_granularity full")
+            fv.set("recompute_method", "uniform", where, "NeMo-RL: full -> uniform, 1 layer")
+            fv.set("recompute_num_layers", 1, where, "NeMo-RL: full -> uniform, 1 layer")
+        elif granularity == "selective":
+            fv.set("recompute_granularity", "selective", where, "recompute_granularity selective")
+            if modules is not None:
+                fv.set("recompute_modules", modules, (*m, "recompute_modules"))
+        else:
+            raise ConfigError(
+                f"{fv.where((*m, 'recompute_granularity'))}: policy.megatron_cfg."
+                f"recompute_granularity must be 'full' or 'selective', got {granularity!r}"
+            )
+    elif ckpt is False:
+        fv.set(
+            "recompute_granularity",
+            None,
+            where,
+            "activation_checkpointing false: recompute_granularity ignored",
+        )
+
+    opt = (*m, "optimizer")
+    fv.take("use_distributed_optimizer", (*opt, "use_distributed_optimizer"), bool)
+    offload = fv.get(*opt, "optimizer_cpu_offload", kind=bool)
+    if offload is not None:
+        fraction = fv.get(*opt, "optimizer_offload_fraction")
+        note = f"optimizer_offload_fraction {fraction}" if offload else ""
+        fv.set("optimizer_offload", offload, (*opt, "optimizer_cpu_offload"), note)
+
+    fine = fv.get(*m, "fine_grained_activation_offloading", kind=bool)
+    if fine is not None:
+        fv.set(
+            "fine_grained_activation_offloading", fine, (*m, "fine_grained_activation_offloading")
+        )
+        if fine:
+            fv.take("offload_modules", (*m, "offload_modules"), list)
+        else:
+            fv.mark_used((*m, "offload_modules"))
+
+    fp8 = (*m, "fp8_cfg")
+    enabled = fv.get(*fp8, "enabled", kind=bool)
+    if enabled is not None:
+        if enabled:
+            fmt = fv.get(*fp8, "fp8", kind=str) or "e4m3"
+            fv.set("fp8", fmt, (*fp8, "fp8"))
+            fv.take("fp8_recipe", (*fp8, "fp8_recipe"), str)
+        else:
+            fv.set("fp8", None, (*fp8, "enabled"))
+
+    mtp = fv.get(*m, "mtp_num_layers", kind=int)
+    if mtp:
+        fv.set("mtp_num_layers", mtp, (*m, "mtp_num_layers"))
+    # Other Megatron-Core fields under megatron_cfg (and model_overrides) go to the model config.
+    cfg = fv.data["policy"]["megatron_cfg"]
+    for key in list(cfg):
+        if key in KNOWN_KEYS and (*m, key) not in fv.used and key != "mtp_num_layers":
+            fv.take(key, (*m, key))
+    overrides = cfg.get("model_overrides")
+    if isinstance(overrides, dict):
+        for key in overrides:
+            if key in KNOWN_KEYS:
+                fv.take(key, (*m, "model_overrides", key))
+
+
+def _read_dtensor(fv: FileValues) -> None:
+    d = ("policy", "dtensor_cfg")
+    where = (*d, "enabled") if fv.has(*d, "enabled") else d
+    fv.set(
+        "zero_stage",
+        3,
+        where,
+        "DTensor policy: FSDP2 shards parameters, gradients and optimizer states",
+    )
+    fv.take("tensor_model_parallel_size", (*d, "tensor_parallel_size"), int)
+    fv.take("context_parallel_size", (*d, "context_parallel_size"), int)
+    fv.take("sequence_parallel", (*d, "sequence_parallel"), bool)
+    ckpt = fv.get(*d, "activation_checkpointing", kind=bool)
+    if ckpt is not None:
+        p = (*d, "activation_checkpointing")
+        if ckpt:
+            note = "activation checkpointing of every decoder layer"
+            fv.set("recompute_granularity", "full", p, note)
+            fv.set("recompute_method", "uniform", p, note)
+            fv.set("recompute_num_layers", 1, p, note)
+        else:
+            fv.set("recompute_granularity", None, p)
+    offload = fv.get(*d, "cpu_offload", kind=bool)
+    if offload is not None:
+        note = "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer states on the host"
+        fv.set("param_offload", offload, (*d, "cpu_offload"), note if offload else "")
+        fv.set("optimizer_offload", offload, (*d, "cpu_offload"), note if offload else "")
 
 
 def apply_defaults(reading: Reading) -> None:
-    raise NotImplementedError
+    yml = "NeMo-RL's default (examples/configs/grpo_math_1B.yaml)"
+    mcore = "Megatron-Core's TransformerConfig default"
+    reading.default("seq_length", 512, yml, "policy.max_total_sequence_length")
+    reading.default("micro_batch_size", 4, yml, "policy.train_micro_batch_size")
+    reading.default("bf16", True, yml, "policy.precision bfloat16")
+    reading.default("fp16", False, yml, "policy.precision bfloat16")
+    reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")
+    if reading.format == MEGATRON:
+        for key in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+            "expert_tensor_parallel_size",
+        ):
+            reading.default(key, 1, yml)
+        reading.default("virtual_pipeline_model_parallel_size", None, mcore)
+        reading.default("sequence_parallel", False, yml)
+        reading.default(
+            "use_distributed_optimizer",
+            True,
+            yml,
+            "megatron_cfg.optimizer.use_distributed_optimizer",
+        )
+        reading.default("zero_stage", 0, "Megatron backend: no ZeRO/FSDP sharding")
+        reading.default("optimizer_offload", False, yml)
+        reading.default(
+            "recompute_granularity", None, yml, "megatron_cfg.activation_checkpointing false"
+        )
+        reading.default("fp8", None, yml, "megatron_cfg.fp8_cfg.enabled false")
+        reading.default("attention_backend", "auto", mcore)
+        reading.default("cpu_offloading", False, mcore)
+        reading.default("fine_grained_activation_offloading", False, yml)
+    else:
+        dt = "NeMo-RL's DTensor policy"
+        reading.default("tensor_model_parallel_size", 1, yml, "dtensor_cfg.tensor_parallel_size")
+        reading.default("context_parallel_size", 1, yml, "dtensor_cfg.context_parallel_size")
+        reading.default("pipeline_model_parallel_size", 1, dt, "no pipeline parallelism")
+        reading.default("virtual_pipeline_model_parallel_size", None, dt, "no pipeline parallelism")
+        reading.default("expert_model_parallel_size", 1, dt)
+        reading.default("sequence_parallel", False, yml)
+        reading.default("zero_stage", 3, dt, "FSDP2")
+        reading.default(
+            "use_distributed_optimizer", False, dt, "FSDP2, not Megatron's distributed optimizer"
+        )
+        reading.default("optimizer_offload", False, yml, "dtensor_cfg.cpu_offload false")
+        reading.default("param_offload", False, yml, "dtensor_cfg.cpu_offload false")
+        reading.default(
+            "recompute_granularity", None, yml, "dtensor_cfg.activation_checkpointing false"
+        )
+        reading.default("fp8", None, dt)
+        reading.default("cpu_offloading", False, dt)
+        reading.default("fine_grained_activation_offloading", False, dt)
+    derive_data_parallel(reading, "NeMo-RL")
+    moe_mla_recompute_defaults(reading, mcore)
+
+
+_KEY_FOR = {
+    "seq_length": "policy.max_total_sequence_length",
+    "micro_batch_size": "policy.train_micro_batch_size",
+    "global_batch_size": "policy.train_global_batch_size",
+    "bf16": "policy.precision",
+    "fp16": "policy.precision",
+    "fp8": "policy.megatron_cfg.fp8_cfg",
+    "world_size": "cluster.gpus_per_node x cluster.num_nodes",
+    "data_parallel_size": "cluster.gpus_per_node x cluster.num_nodes",
+    "use_distributed_optimizer": "policy.megatron_cfg.optimizer.use_distributed_optimizer",
+    "optimizer_offload": "policy.megatron_cfg.optimizer.optimizer_cpu_offload",
+    "recompute_granularity": "policy.megatron_cfg.activation_checkpointing + recompute_granularity",
+    "zero_stage": "policy.dtensor_cfg.enabled",
+}
+
+
+_PARALLEL = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "sequence_parallel",
+    "recompute_modules",
+    "fine_grained_activation_offloading",
+    "offload_modules",
+    "virtual_pipeline_model_parallel_size",
+    "cpu_offloading",
+    "attention_backend",
+)
 
 
 def key_for(field: str) -> str:
-    return field
+    if field in _KEY_FOR:
+        return _KEY_FOR[field]
+    if field in KNOWN_KEYS and field not in _PARALLEL:
+        # shape and architecture: the model's config.json (policy.model_name)
+        return f"policy.model_name's config.json, or policy.megatron_cfg.model_overrides.{field}"
+    return f"policy.megatron_cfg.{field}"
