@@ -8,10 +8,12 @@ each source URL). Deterministic, a few seconds:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the registry and the cache, as in the tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sources"))
 
 from reader_corpus import cases, score  # noqa: E402
@@ -29,8 +31,10 @@ def main() -> int:
         row[1] += result.right
         row[2] += result.expected
         row[3] += result.right == result.expected
-        if args.verbose and result.wrong:
+        if args.verbose and (result.wrong or result.error):
             print(f"{case.name} ({case.split}):", *result.wrong, sep="\n  ")
+            if result.error:
+                print(f"  refused: {result.error}")
     print("| framework | split | files | all right | values right |")
     print("|---|---|---|---|---|")
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])

@@ -63,6 +63,15 @@ ASSUMED_VALUES: dict[str, Any] = {
     "num_query_groups": None,
     "kv_channels": None,
     "ffn_hidden_size": None,
+    # MoE: what Megatron-Core's TransformerConfig does when nothing says otherwise
+    "moe_router_topk": 2,
+    "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_grouped_gemm": False,
+    "moe_ffn_hidden_size": None,
+    "recompute_method": None,
+    "recompute_num_layers": None,
+    "recompute_modules": None,
 }
 MCORE = "Megatron-Core's TransformerConfig default"
 
@@ -182,7 +191,12 @@ def resolve(
     for key, value in (overrides or {}).items():
         flag = "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
-    _add_model_shape(merged)
+    try:
+        _add_model_shape(merged)
+    except ConfigError as exc:  # the named model's config.json cannot be had
+        if require_shape:
+            raise
+        merged.warnings.append(str(exc))
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)

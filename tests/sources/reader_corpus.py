@@ -79,13 +79,18 @@ def score(case: Case) -> Score:
     result = Score(case)
     values = case.expect.get("values") or {}
     assumed = case.expect.get("assumed") or []
-    result.expected = len(values) + len(assumed)
+    result.expected = len(values) + len(assumed) + ("model_name" in case.expect)
     try:
         resolved = resolve(case.inputs, model=case.expect.get("model"), require_shape=False)
     except ConfigError as exc:
         result.error = str(exc)
         return result
     reading = resolved.reading
+    if "model_name" in case.expect:
+        if reading.model_name == case.expect["model_name"]:
+            result.right += 1
+        else:
+            result.wrong.append(f"model_name: read {reading.model_name!r}")
     for key, want in values.items():
         got = reading.values.get(key, "<unset>")
         if same(got, want):
