@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the registry and the cache, as in the tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sources"))
 
-from reader_corpus import cases, score  # noqa: E402
+from reader_corpus import cases, score
 
 
 def main() -> int:

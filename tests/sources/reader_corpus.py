@@ -55,9 +55,9 @@ def cases() -> list[Case]:
 
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or a == b and type(a) is type(b)
+        return a is b or (a == b and type(a) is type(b))
     return a == b
 
 
@@ -102,5 +102,6 @@ def score(case: Case) -> Score:
         if origin is not None and origin.kind == "assumed":
             result.right += 1
         else:
-            result.wrong.append(f"{key}: expected an assumption, got {origin and origin.describe()}")
+            got = origin.describe() if origin else "nothing"
+            result.wrong.append(f"{key}: expected an assumption, got {got}")
     return result

@@ -19,14 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from recompute_kit.config import ConfigError
-from recompute_kit.sources import formats, nemo, nemo_rl
+from recompute_kit.sources import nemo, nemo_rl
 
 CORPUS = Path(__file__).parent / "corpus"
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus_split import split_of  # noqa: E402
 
 CASES = [
     (module, expect)
@@ -41,31 +39,8 @@ def _read(module, path: Path):
     return reading
 
 
-@pytest.mark.parametrize(("module", "expect"), CASES, ids=[e.name for _, e in CASES])
-def test_corpus(module, expect):
-    spec = yaml.safe_load(expect.read_text())
-    assert split_of(spec["source"]) in ("development", "held-out")
-    artefact = expect.with_name(expect.name.replace(".expect.yaml", ".yaml"))
-    reading = _read(module, artefact)
-    assert reading.framework == spec["framework"]
-    wrong = {
-        key: (value, reading.get(key, "<unset>"))
-        for key, value in spec["values"].items()
-        if key not in reading or reading.get(key) != value
-    }
-    assert not wrong, f"expected vs read: {wrong}"
-    assert reading.model_name == spec.get("model_name")
-    for key in spec.get("assumed") or []:
-        assert key not in reading, f"{key} should be left to the resolver's assumption"
-    for key, origin in reading.origins.items():
-        if origin.kind == "file":
-            assert origin.where.rsplit(":", 1)[1].isdigit(), (key, origin)
 
 
-@pytest.mark.parametrize(("module", "expect"), CASES, ids=[e.name for _, e in CASES])
-def test_corpus_sniffed_by_its_reader(module, expect):
-    artefact = expect.with_name(expect.name.replace(".expect.yaml", ".yaml"))
-    assert formats.best_format(artefact.read_text(), str(artefact)) is module
 
 
 def _nemo1(tmp_path: Path, text: str):
