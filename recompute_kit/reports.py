@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, load_config, parse_spec
-from .presets import get_preset
+from .config import Config, ConfigError, parse_spec
+from .presets import PRESETS, get_preset
 from .units import byte_unit, integer_bytes
 
 GIB = 2**30
@@ -139,20 +139,29 @@ def _number(name: str, value: Any, positive: bool = True, optional: bool = False
         raise ConfigError(f"parameter {name} must be positive, got {value!r}")
 
 
-def load_setup(model: str | None, config_path: str | None, out_dir: str, **overrides: Any) -> Setup:
-    """The model (a preset or a config file) with overrides, and a writable out_dir."""
+def load_setup(
+    model: str | None, config_path: str | list[str] | None, out_dir: str, **overrides: Any
+) -> Setup:
+    """The model (a runnable preset, or the config files / model id through the shared reader)
+    with overrides, and a writable out_dir. What the reader read and assumed is shown."""
     from .ablation import prepare_out_dir
 
-    if config_path:
-        cfg, _ = load_config(config_path)
-        name = config_path
-    else:
-        cfg, name = get_preset(model or "tiny-gpt").config(), model or "tiny-gpt"
     flat = {k: v for k, v in overrides.items() if v is not None}
     for key, value in flat.items():
         if key not in ("sequence_parallel", "use_distributed_optimizer"):
             _number(key, value)
-    cfg = cfg.replace(**flat)
+    paths = [config_path] if isinstance(config_path, str) else list(config_path or [])
+    if not paths and (model or "tiny-gpt") in PRESETS:
+        name = model or "tiny-gpt"
+        cfg = get_preset(name).config().replace(**flat)
+    else:
+        from .sources.resolve import resolve
+        from .sources.summary import summary_lines
+
+        resolved = resolve(paths, model=model, overrides=flat)
+        cfg, name = resolved.config, " + ".join([*([model] if model else []), *paths])
+        show_markdown("\n".join(f"    {line}" for line in summary_lines(
+            resolved.reading, resolved.inputs)))
     cfg.validate()
     return Setup(cfg, name, prepare_out_dir(out_dir))
 

@@ -517,3 +517,20 @@ def test_megatron_lm_flag_names():
     assert not m.add_bias_linear and not m.share_embeddings_and_output_weights
     assert (p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage) == (1, 4)
     assert warnings == []
+
+
+def test_spec_lists_keep_multi_module_specs_together():
+    from recompute_kit.config import parse_spec_list
+
+    assert parse_spec_list("none,selective:core_attn,mlp,full:uniform:1") == [
+        "none",
+        "selective:core_attn,mlp",
+        "full:uniform:1",
+    ]
+    assert parse_spec_list(["none", "selective:moe_act"]) == ["none", "selective:moe_act"]
+    with pytest.raises(ConfigError):  # the empty control is complete: `mlp` alone is no spec
+        parse_spec_list("selective:,mlp")
+    with pytest.raises(ConfigError):
+        parse_spec_list("none,bogus")
+    with pytest.raises(ConfigError):
+        parse_spec_list([1, 2])

@@ -36,6 +36,7 @@ from .specs import (
     format_spec,
     full_recompute_chunks,
     parse_spec,
+    parse_spec_list,
 )
 from .validation import validate
 
@@ -62,5 +63,6 @@ __all__ = [
     "full_recompute_chunks",
     "load_config",
     "parse_spec",
+    "parse_spec_list",
     "validate",
 ]

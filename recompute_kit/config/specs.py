@@ -108,3 +108,30 @@ def format_spec(rc: RecomputeConfig) -> str:
     if modules == ["core_attn"]:
         return "selective"
     return "selective:" + ",".join(modules)
+
+
+def parse_spec_list(specs: str | list[str] | tuple[str, ...]) -> list[str]:
+    """Several specs, as a list (a YAML list from papermill's `-y`) or one string separated by
+    commas, semicolons or spaces. In a string a bare module name continues the selective spec
+    before it: "none,selective:core_attn,mlp,full:uniform:1" is three specs. Each is checked."""
+    if isinstance(specs, str):
+        items: list[str] = []
+        for token in (t.strip() for t in specs.replace(";", ",").replace(" ", ",").split(",")):
+            if not token:
+                continue
+            # (never after `selective:` alone: that is the empty control, complete as it is)
+            if token in RECOMPUTE_MODULES and items and items[-1].startswith("selective:") and (
+                items[-1] != "selective:"
+            ):
+                items[-1] = f"{items[-1]},{token}"
+            else:
+                items.append(token)
+    elif isinstance(specs, (list, tuple)) and all(isinstance(s, str) for s in specs):
+        items = [s.strip() for s in specs]
+    else:
+        raise ConfigError(f"recompute specs must be a string or a list of strings, got {specs!r}")
+    for item in items:
+        parse_spec(item)
+    if not items:
+        raise ConfigError("no recompute spec given")
+    return list(dict.fromkeys(items))

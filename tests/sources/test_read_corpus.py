@@ -38,7 +38,7 @@ def test_every_memory_value_has_an_origin(case):
     assert not missing, missing
     assert all(o.kind in ORIGIN_KINDS for o in origins.values())
     if resolved.config is None:  # no shape: the commands that need one refuse it in one line
-        with pytest.raises(ConfigError, match="no model shape|config.json") as info:
+        with pytest.raises(ConfigError, match=r"no model shape|config\.json") as info:
             resolve(case.inputs, model=case.expect.get("model"))
         assert "\n" not in str(info.value)
     else:
