@@ -22,9 +22,15 @@ from reader_corpus import cases, score
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="every wrong value")
+    parser.add_argument(
+        "--blind", action="store_true", help="only the files whose expectations were written "
+        "without looking at the reader (`blind: true`)"
+    )
     args = parser.parse_args()
     table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for case in cases():
+        if args.blind and not case.expect.get("blind"):
+            continue
         result = score(case)
         row = table[(case.expect.get("framework", "?"), case.split)]
         row[0] += 1

@@ -20,6 +20,7 @@ and, for each framework it owns (`FRAMEWORKS` in that module, a tuple of names):
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 
 from .reading import Reading
@@ -59,11 +60,36 @@ def best_format(text: str, path: str) -> ModuleType | None:
     return best
 
 
+def _syntax_error(text: str, path: str) -> str | None:
+    """The first line of the parser's complaint when a YAML / JSON / TOML file does not parse."""
+    import json
+    import tomllib
+
+    import yaml
+
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".json":
+            json.loads(text)
+        elif suffix == ".toml":
+            tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError, TOMLDecodeError
+        lines = str(exc).strip().splitlines()
+        kind = {".json": "JSON", ".toml": "TOML"}.get(suffix, "YAML")
+        return f"{path} is not valid {kind}: {lines[0] if lines else type(exc).__name__}"
+    return None
+
+
 def read_file_text(text: str, path: str) -> Reading:
     module = best_format(text, path)
     if module is None:
         from ..config import ConfigError
 
+        error = _syntax_error(text, path)
+        if error:
+            raise ConfigError(error)
         raise ConfigError(
             f"{path}: not a training config recompute-kit can read (Megatron-LM script or "
             "YAML, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, torchtitan TOML, "
