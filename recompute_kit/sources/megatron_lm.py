@@ -50,6 +50,7 @@ MCORE_WHERE = "Megatron-Core's TransformerConfig default (core/transformer/trans
 
 # ----------------------------------------------------------------------- flag table
 
+
 def _int(v: str) -> int:
     return int(v)
 
@@ -218,6 +219,7 @@ def sniff(text: str, path: str) -> int:
 
 # ----------------------------------------------------------------------- reading
 
+
 @dataclass
 class Arg:
     """One flag as given: its values (as text), the line of the flag, the key as written."""
@@ -325,7 +327,9 @@ def _yaml_args(text: str, path: str, reading: Reading) -> list[Arg]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(
+            f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("MODEL_ARGS"), dict):
         raise ConfigError(f"{path}: no MODEL_ARGS mapping (a Megatron-LM model_config.yaml)")
     lines: dict[str, int] = {}
@@ -353,15 +357,14 @@ def _yaml_args(text: str, path: str, reading: Reading) -> list[Arg]:
         else:
             s = str(value)
             # `_run_training.sh`: a value in [ ] is a list of words; anything else one word.
-            if re.fullmatch(r"\[[^\]]+\]", s.strip()):
-                values = s.strip()[1:-1].split()
-            else:
-                values = [s]
+            listed = re.fullmatch(r"\[[^\]]+\]", s.strip())
+            values = s.strip()[1:-1].split() if listed else [s]
             args.append(Arg(key, values, line, [line] * len(values)))
     return args
 
 
 # ----------------------------------------------------------------------- interpreting
+
 
 def _origin(path: str, arg: Arg, note: str = "") -> Origin:
     return Origin(FROM_FILE, f"{path}:{arg.line}", arg.flag, note)
@@ -479,7 +482,9 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
             try:
                 experts = int(n)
             except ValueError:
-                raise ConfigError(f"{path}:{a.line}: --num-experts {n!r} is not an integer") from None
+                raise ConfigError(
+                    f"{path}:{a.line}: --num-experts {n!r} is not an integer"
+                ) from None
             reading.set("num_moe_experts", experts or None, _origin(path, a))
     if a := get("--moe-layer-freq"):
         raw = value_of(a)
@@ -549,7 +554,9 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
     elif vpp_stages:
         n = setv("virtual_pipeline_model_parallel_size", vpp_stages, _int)
         if n == 1:
-            reading.set("virtual_pipeline_model_parallel_size", None, _origin(path, vpp_stages, "1 -> None"))
+            reading.set(
+                "virtual_pipeline_model_parallel_size", None, _origin(path, vpp_stages, "1 -> None")
+            )
     elif vpp_n:
         raw = value_of(vpp_n)
         if raw is not None:
@@ -579,9 +586,8 @@ def _derive_vpp(reading: Reading, path: str, line: int) -> bool:
             f"the {layers // pp if not layers % pp else layers} layers per pipeline stage"
         )
     vpp = layers // pp // per
-    how = (
-        f"num_layers {layers} / PP {pp} / --num-layers-per-virtual-pipeline-stage {per}"
-        + (" (1 -> None)" if vpp == 1 else "")
+    how = f"num_layers {layers} / PP {pp} / --num-layers-per-virtual-pipeline-stage {per}" + (
+        " (1 -> None)" if vpp == 1 else ""
     )
     if line:
         reading.set(
@@ -725,6 +731,7 @@ def layout_stages(text: str) -> int:
 
 # ----------------------------------------------------------------------- defaults
 
+
 def apply_defaults(reading: Reading) -> None:
     """Megatron-LM's effective argument defaults and derived values (arguments.py,
     `core_transformer_config_from_args`) for keys nothing set. Shape keys are not filled."""
@@ -738,8 +745,12 @@ def apply_defaults(reading: Reading) -> None:
     d("normalization", "LayerNorm", DEFAULT_WHERE)
     d("swiglu", False, DEFAULT_WHERE, "gelu MLP")
     d("add_bias_linear", True, DEFAULT_WHERE)
-    d("share_embeddings_and_output_weights", True, DEFAULT_WHERE,
-      "tied unless --untie-embeddings-and-output-weights")
+    d(
+        "share_embeddings_and_output_weights",
+        True,
+        DEFAULT_WHERE,
+        "tied unless --untie-embeddings-and-output-weights",
+    )
     d("position_embedding_type", "learned_absolute", DEFAULT_WHERE)
     d("qk_layernorm", False, DEFAULT_WHERE)
     d("attention_backend", "auto", DEFAULT_WHERE)

@@ -20,6 +20,7 @@ import operator
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 # An unresolved value inside expanded text: \x00NAME\x00 (never in a script's own text).
 _MARK = "\x00"
@@ -30,11 +31,28 @@ _ARRAY_ASSIGN_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=\(")
 _OPS = ("&&", "||", ";;", ";", "&", "|")
 _KEYWORDS_OPEN_SKIP = {"while", "until", "for", "select", "case"}
 _MAX_STEPS = 200_000
+# `<Specify path>`, `<PATH TO CHECKPOINTS DIRECTORY>`: placeholders of example scripts.
+_PLACEHOLDER_RE = re.compile(r"<[A-Za-z][^<>\n]*>")
 _MEGATRON_TELLS = ("--num-layers", "--tensor-model-parallel-size", "--hidden-size")
 _LAUNCHER_OPTS = {
-    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend",
-    "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone", "max_restarts", "redirects", "tee",
-    "log_dir", "local_addr", "monitor_interval", "no_python", "module",
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "standalone",
+    "max_restarts",
+    "redirects",
+    "tee",
+    "log_dir",
+    "local_addr",
+    "monitor_interval",
+    "no_python",
+    "module",
 }  # a guard against pathological input, not a limit in practice
 
 
@@ -128,7 +146,9 @@ class _Lexer:
             elif c in "()":
                 self._adv()
                 self.toks.append(Tok("op", self.line, op=c))
-            elif c in "<>" or (c.isdigit() and self._peek(1) in "<>"):
+            elif c == "<" and _PLACEHOLDER_RE.match(self.s, self.i):
+                self.toks.append(Tok("word", self.line, word=self._word()))
+            elif c in "<>" or (c.isdigit() and self._peek(1) in ("<", ">")):
                 self._redirect()
             else:
                 m = _ARRAY_ASSIGN_RE.match(self.s, self.i)
@@ -150,12 +170,10 @@ class _Lexer:
         m = re.compile(r"\d*(<<<|<<-?|>>|>&|<&|&>|>|<)&?-?\d*").match(self.s, self.i)
         op = m.group(0) if m else self._peek()
         self._adv(len(op))
-        while self._peek() in " \t":
+        while self._peek() in (" ", "\t"):
             self._adv()
-        if self.i < len(self.s) and self._peek() not in "\n;&|()":
-            target = self._word()
-        else:
-            target = None
+        at_word = self.i < len(self.s) and self._peek() not in "\n;&|()"
+        target = self._word() if at_word else None
         self.toks.append(Tok("op", line, op="redir"))
         if op.lstrip("0123456789").startswith("<<") and not op.endswith("<<<") and target:
             delim = "".join(p.text for p in target.parts).strip()
@@ -172,6 +190,11 @@ class _Lexer:
         parts: list[Part] = []
         while self.i < len(self.s):
             c = self._peek()
+            m = _PLACEHOLDER_RE.match(self.s, self.i) if c == "<" else None
+            if m:  # `<Specify path>` in an example script: a value to fill in, not a redirect
+                parts.append(Part("lit", unresolved(m.group(0)), True, self.line))
+                self._adv(m.end() - self.i)
+                continue
             if c in " \t\r\n;&|()<>":
                 break
             if c == "\\":
@@ -206,7 +229,7 @@ class _Lexer:
             if c == '"':
                 self._adv()
                 return
-            if c == "\\" and self._peek(1) in '"\\$`\n':
+            if c == "\\" and self._peek(1) in ('"', "\\", "$", "`", "\n"):
                 self._adv()
                 ch = self._adv()
                 if ch != "\n":
@@ -332,7 +355,7 @@ class Script:
 
 
 class _Arith:
-    _OPS = {
+    _OPS: ClassVar[dict[type, Any]] = {
         ast.Add: operator.add,
         ast.Sub: operator.sub,
         ast.Mult: operator.mul,
@@ -506,7 +529,7 @@ class _Interp:
                 value = self._arith(part.text, part.line)
             else:
                 value = [(unresolved(f"$({part.text.strip()[:40]})"), part.line)]
-            if not value and "[@]" in part.text or "[*]" in part.text and not value:
+            if (not value and "[@]" in part.text) or ("[*]" in part.text and not value):
                 continue  # an empty array: no word at all
             if value and _is_fields(value):  # an array's elements
                 elems: list[Field] = value  # type: ignore[assignment]
@@ -584,7 +607,9 @@ class _Interp:
                         frame[2] = value is True
                 i = j
                 if j < len(commands):
-                    commands[j] = _Cmd(commands[j].words[1:], commands[j].line, ";", commands[j].redirs)
+                    commands[j] = _Cmd(
+                        commands[j].words[1:], commands[j].line, ";", commands[j].redirs
+                    )
                 continue
             if first == "else" and frames and frames[-1][0] == "if":
                 frame = frames[-1]
@@ -614,7 +639,7 @@ class _Interp:
                 if not words[1:]:
                     i += 1
                 continue
-            if active() and not (cmd.conn == "||"):
+            if active() and cmd.conn != "||":
                 self._simple(cmd)
             i += 1
 
@@ -661,8 +686,12 @@ class _Interp:
             except ValueError:
                 return None
             res = {
-                "-eq": a == b, "-ne": a != b, "-gt": a > b,
-                "-lt": a < b, "-ge": a >= b, "-le": a <= b,
+                "-eq": a == b,
+                "-ne": a != b,
+                "-gt": a > b,
+                "-lt": a < b,
+                "-ge": a >= b,
+                "-le": a <= b,
             }[vals[1]]
         elif len(vals) == 1:
             if unresolved_names(vals[0]):
@@ -724,9 +753,9 @@ class _Interp:
             new = self.expand_words(items)
             old = self.vars.get(name)
             if append and isinstance(old, list) and _is_fields(old):
-                self.vars[name] = list(old) + new
+                self.vars[name] = [*old, *new]
             elif append and old:
-                self.vars[name] = [Field(_segs_text(old), old[0][1])] + new  # type: ignore[index]
+                self.vars[name] = [Field(_segs_text(old), old[0][1]), *new]  # type: ignore[index]
             else:
                 self.vars[name] = new
             return
@@ -734,7 +763,8 @@ class _Interp:
         old = self.vars.get(name)
         if append and old is not None:
             if _is_fields(old):
-                self.vars[name] = list(old) + [Field(_segs_text(segs), value_word.line)]  # type: ignore[operator,union-attr]
+                line = value_word.line if value_word is not None else 0
+                self.vars[name] = [*old, Field(_segs_text(segs), line)]  # type: ignore[misc]
                 return
             segs = list(old) + segs  # type: ignore[arg-type]
         self.vars[name] = segs
@@ -751,14 +781,18 @@ class _Interp:
                     inner.vars = self.vars
                     inner.launches = []
                     try:
-                        inner.run(_Lexer(fields[k + 1].text.replace(_MARK, "\x01"), fields[k + 1].line).lex())
+                        inner.run(
+                            _Lexer(
+                                fields[k + 1].text.replace(_MARK, "\x01"), fields[k + 1].line
+                            ).lex()
+                        )
                     except ShellError:
                         return
                     for launch in inner.launches:
                         for f in launch.args + launch.launcher:
                             f.text = f.text.replace("\x01", _MARK)
                             f.line = fields[k + 1].line if f.line < fields[k + 1].line else f.line
-                        launch.launcher = fields[:k - 1] + launch.launcher
+                        launch.launcher = fields[: k - 1] + launch.launcher
                         self.launches.append(launch)
                     self.warnings += inner.warnings
                     if inner.passes_args_line and not self.passes_args_line:
@@ -776,9 +810,12 @@ class _Interp:
             # A command given Megatron flags without a training program (an argument list):
             # its arguments start at the first flag that is not the launcher's.
             first = next(
-                (k for k, t in enumerate(texts)
-                 if t.startswith("--") and not t.lstrip("-").split("=")[0].replace("-", "_")
-                 in _LAUNCHER_OPTS),
+                (
+                    k
+                    for k, t in enumerate(texts)
+                    if t.startswith("--")
+                    and t.lstrip("-").split("=")[0].replace("-", "_") not in _LAUNCHER_OPTS
+                ),
                 len(texts),
             )
             self.launches.append(
@@ -1030,9 +1067,7 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
             launch.world_size = nproc_v * nnodes_v
             where = nproc or nnodes
             launch.world_size_line = where[1] if where else launch.line
-            launch.world_size_key = " x ".join(
-                x[2] for x in (nproc, nnodes) if x
-            ) or "torchrun"
+            launch.world_size_key = " x ".join(x[2] for x in (nproc, nnodes) if x) or "torchrun"
         return
     # srun (and #SBATCH): one rank per task
     tasks = _opt(words, ("--ntasks", "-n"))
@@ -1054,7 +1089,10 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
     nodes = pick(nodes, ("--nodes", "-N"))
     if tasks and _int(tasks[0]):
         launch.world_size, launch.world_size_line, launch.world_size_key = (
-            _int(tasks[0]), tasks[1], tasks[2])
+            _int(tasks[0]),
+            tasks[1],
+            tasks[2],
+        )
     elif per_node and _int(per_node[0]):
         n = _int(nodes[0]) if nodes else 1
         if n:
