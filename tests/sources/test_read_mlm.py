@@ -1,0 +1,246 @@
+"""The Megatron-LM reader: launch scripts, argument lists, functional-test model_config.yaml."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources import formats, megatron_lm
+from recompute_kit.sources.reading import MEMORY_KEYS
+from recompute_kit.sources.shell import parse_script
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus_split import split_of
+
+CORPUS = Path(__file__).parent / "corpus" / "megatron_lm"
+EXPECTS = sorted(CORPUS.glob("*.expect.yaml"))
+
+
+def _artefact(expect: Path) -> Path:
+    stem = expect.name[: -len(".expect.yaml")]
+    (found,) = [p for p in CORPUS.iterdir() if p.stem == stem and p != expect]
+    return found
+
+
+def _read(path: Path):
+    text = path.read_text()
+    reading = megatron_lm.read(text, str(path))
+    megatron_lm.apply_defaults(reading)
+    return reading
+
+
+def test_corpus_has_enough_real_files():
+    scripts = [e for e in EXPECTS if _artefact(e).suffix == ".sh"]
+    yamls = [e for e in EXPECTS if _artefact(e).suffix == ".yaml"]
+    assert len(scripts) >= 5 and len(yamls) >= 3
+
+
+@pytest.mark.parametrize("expect", EXPECTS, ids=lambda p: p.name)
+def test_corpus_file(expect: Path):
+    spec = yaml.safe_load(expect.read_text())
+    artefact = _artefact(expect)
+    text = artefact.read_text()
+    assert formats.best_format(text, str(artefact)) is megatron_lm
+    reading = _read(artefact)
+    assert reading.framework == spec["framework"] == "megatron-lm"
+    wrong = {
+        k: (reading.values.get(k, "<unset>"), v)
+        for k, v in spec["values"].items()
+        if reading.values.get(k, "<unset>") != v
+    }
+    assert not wrong, f"{split_of(spec['source'])}: (read, expected): {wrong}"
+    for key in spec.get("assumed", []):
+        assert key not in reading.values, f"{key} should be left to the resolver"
+    # Every memory key is either decided here or listed as assumed.
+    missing = [k for k in MEMORY_KEYS if k not in reading.values and k not in spec["assumed"]]
+    assert not missing
+    for key, origin in reading.origins.items():
+        if origin.kind == "file":
+            path, line = origin.where.rsplit(":", 1)
+            assert path == str(artefact) and int(line) >= 1, (key, origin)
+
+
+# --- focused semantics -------------------------------------------------------------------
+
+
+def _args(text: str, path: str = "args.txt"):
+    reading = megatron_lm.read(text, path)
+    megatron_lm.apply_defaults(reading)
+    return reading
+
+
+BASE = "--num-layers 4 --hidden-size 4096 --num-attention-heads 32 "
+
+
+def test_gqa_trap_num_query_groups_needs_group_query_attention():
+    # megatron/training/argument_utils.py: num_query_groups = None unless group_query_attention
+    r = _args(BASE + "--num-query-groups 8")
+    assert r.get("num_query_groups") == 32
+    assert any("--group-query-attention" in w for w in r.warnings)
+    r = _args(BASE + "--group-query-attention --num-query-groups 8")
+    assert r.get("num_query_groups") == 8
+    r = _args(BASE + "--group-query-attention")
+    assert r.get("num_query_groups") == 1  # argparse default 1
+
+
+def test_swiglu_ffn_rule():
+    # arguments.py: int((4 * h * 2 / 3) / 64) * 64 -> 10880 for h=4096 (not Llama's 14336)
+    assert _args(BASE + "--swiglu").get("ffn_hidden_size") == 10880
+    assert _args(BASE).get("ffn_hidden_size") == 16384
+    assert _args(BASE).get("kv_channels") == 128
+
+
+def test_recompute_activations_is_selective_whatever_granularity_says():
+    r = _args(BASE + "--recompute-activations --recompute-granularity full")
+    assert r.get("recompute_granularity") == "selective"
+    assert r.get("recompute_modules") == ["core_attn"]
+
+
+def test_moe_layer_freq_list_expression_without_eval():
+    # https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/megatron/training/arguments.py
+    assert megatron_lm.moe_layer_freq("([0]*3+[1]*58)") == [0] * 3 + [1] * 58
+    assert megatron_lm.moe_layer_freq("([1]*3+[0]*1)*3") == [1, 1, 1, 0] * 3
+    assert megatron_lm.moe_layer_freq("2") == 2
+    for bad in ("__import__('os')", "[0]*10**9", "[2]*3", "[0]+1", "([0]*3)+x"):
+        with pytest.raises(ValueError):
+            megatron_lm.moe_layer_freq(bad)
+    with pytest.raises(ConfigError):
+        _args(BASE + "--num-experts 8 --moe-layer-freq \"[0]+open('x')\"")
+
+
+def test_vpp_from_layers_per_virtual_stage_and_layout():
+    r = _args(
+        BASE.replace("4", "32", 1) + "--pipeline-model-parallel-size 4 "
+        "--num-layers-per-virtual-pipeline-stage 2"
+    )
+    assert r.get("virtual_pipeline_model_parallel_size") == 4
+    r = _args(BASE + "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1")
+    assert r.get("virtual_pipeline_model_parallel_size") is None  # 1 -> None
+    assert megatron_lm.layout_stages("Et*3|(tt|)*6tmL") == 8
+
+
+def test_vpp_waits_for_num_layers_from_the_model():
+    r = megatron_lm.read(
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+        "--hidden-size 8 --tensor-model-parallel-size 1",
+        "a.txt",
+    )
+    assert "virtual_pipeline_model_parallel_size" not in r
+    r.set("num_layers", 16, megatron_lm.Origin("model", "registry"))
+    megatron_lm.apply_defaults(r)
+    assert r.get("virtual_pipeline_model_parallel_size") == 4
+    assert r.origins["virtual_pipeline_model_parallel_size"].kind == "derived"
+
+
+def test_sequence_parallel_off_at_tp1_and_dp_from_world():
+    r = _args(BASE + "--sequence-parallel")
+    assert r.get("sequence_parallel") is False
+    assert r.origins["sequence_parallel"].kind == "derived"
+    assert any("sequence_parallel" in w for w in r.warnings)
+
+
+def test_vocab_size_only_with_null_tokenizer():
+    # megatron/core/tokenizers/utils/build_tokenizer.py: vocab_size passed only for
+    # NullTokenizer / TikTokenizer
+    assert (
+        _args(BASE + "--vocab-size 1000 --tokenizer-type NullTokenizer").get("vocab_size") == 1000
+    )
+    r = _args(BASE + "--vocab-size 1000 --tokenizer-type HuggingFaceTokenizer")
+    assert "vocab_size" not in r
+
+
+def test_defaults_and_no_defaults():
+    r = _args(BASE)
+    assert "seq_length" not in r and "micro_batch_size" not in r and "vocab_size" not in r
+    assert r.get("share_embeddings_and_output_weights") is True
+    assert r.get("attention_backend") == "auto"
+    assert r.get("bias_activation_fusion") is True and r.get("masked_softmax_fusion") is True
+    assert r.get("attention_softmax_in_fp32") is False
+    assert r.get("bf16") is False and r.get("fp16") is False
+    assert megatron_lm.key_for("seq_length") == "--seq-length"
+    assert megatron_lm.key_for("share_embeddings_and_output_weights") == (
+        "--untie-embeddings-and-output-weights"
+    )
+
+
+def test_use_flash_attn_noted_not_applied():
+    r = _args(BASE + "--use-flash-attn")
+    assert r.get("attention_backend") == "auto"
+    assert any("--use-flash-attn" in w for w in r.warnings)
+
+
+SCRIPT = """#!/bin/bash
+TP=${TP:-2}
+NODES=${SLURM_NNODES:-2}
+GPUS=8
+CKPT=$1
+LAYERS=$((4*8))
+HALF=$((LAYERS/2))
+MODEL_ARGS=(
+    --num-layers $LAYERS   # a comment
+    --hidden-size 4096 \\
+    --num-attention-heads "32"
+    --seq-length ${SEQ}
+)
+if [[ "$TP" == "2" ]]; then
+    MODEL_ARGS+=("--sequence-parallel")
+else
+    MODEL_ARGS+=(--fp16)
+fi
+export NCCL_DEBUG=INFO
+torchrun --nproc_per_node $GPUS --nnodes=$NODES pretrain_gpt.py \\
+    "${MODEL_ARGS[@]}" --tensor-model-parallel-size $TP --save $CKPT \\
+    --micro-batch-size $HALF
+"""
+
+
+def test_shell_semantics():
+    r = _args(SCRIPT, "run.sh")
+    assert r.format == megatron_lm.FORMAT_SCRIPT
+    assert r.get("num_layers") == 32 and r.get("micro_batch_size") == 16
+    assert r.get("tensor_model_parallel_size") == 2
+    assert r.get("sequence_parallel") is True and r.get("fp16") is False
+    assert r.get("world_size") == 16 and r.get("data_parallel_size") == 8
+    assert "seq_length" not in r  # ${SEQ} unset: not read, and warned
+    assert any("SEQ" in w and "--seq-length" in w for w in r.warnings)
+    assert r.origins["num_layers"].where == "run.sh:9"
+    assert r.origins["num_attention_heads"].where == "run.sh:11"
+    assert r.unused.get("--save") is not None
+
+
+def test_shell_never_executes(tmp_path):
+    marker = tmp_path / "ran"
+    text = f"touch {marker}\nX=$(touch {marker})\n`touch {marker}`\n" + SCRIPT
+    _args(text, "run.sh")
+    assert not marker.exists()
+
+
+def test_bad_input_is_a_config_error():
+    with pytest.raises(ConfigError):
+        megatron_lm.read('A="unterminated\n--num-layers 2', "bad.sh")
+    with pytest.raises(ConfigError):
+        megatron_lm.read("MODEL_ARGS: [1, 2\n", "m.yaml")
+    with pytest.raises(ConfigError):
+        megatron_lm.read("echo hello\n", "x.sh")
+    with pytest.raises(ConfigError):
+        _args(BASE + "--num-layers x")
+
+
+def test_sniff():
+    assert megatron_lm.sniff("MODEL_ARGS:\n  --num-layers: 2\n", "model_config.yaml") == 95
+    assert megatron_lm.sniff("model:\n  num_layers: 2\n", "c.yaml") == 0
+    assert megatron_lm.sniff(SCRIPT, "run.sh") == 90
+    assert megatron_lm.sniff('{"num_layers": 2}', "c.json") == 0
+
+
+def test_parse_script_expands_arrays_and_strings():
+    script = parse_script(
+        'A="--x 1\n --y 2"\nB=( $A "--z 3" )\npython pretrain_gpt.py ${B[@]}\n', "s.sh"
+    )
+    (launch,) = script.launches
+    assert [f.text for f in launch.args] == ["--x", "1", "--y", "2", "--z", "3"]
+    assert [f.line for f in launch.args][:4] == [1, 1, 2, 2]
