@@ -63,8 +63,8 @@ def best_format(text: str, path: str) -> ModuleType | None:
 def _syntax_error(text: str, path: str) -> str | None:
     """The first line of the parser's complaint when a YAML / JSON / TOML file does not parse."""
     import json
-    import tomllib
 
+    import tomllib
     import yaml
 
     suffix = Path(path).suffix.lower()
