@@ -469,6 +469,13 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             reading.set("use_distributed_optimizer", bool(v), _origin(path, e))
     if sharding is not None and not isinstance(sharding[0], Unresolved):
         stage = _SHARDING_STAGE.get(str(sharding[0]))
+        if stage and reading.get("use_megatron_fsdp") is not True:
+            # Megatron's DDP ignores the strategy: only Megatron-FSDP shards by it
+            reading.warnings.append(
+                f"{path}: ddp.data_parallel_sharding_strategy {sharding[0]} has no effect "
+                "without dist.use_megatron_fsdp (Megatron's DDP ignores it)"
+            )
+            stage = 0
         if stage is not None:
             reading.set("zero_stage", stage, _origin(path, sharding[1], f"sharding {sharding[0]}"))
     # seq_length lives twice: the dataset's is what the data has; Bridge asserts they are equal

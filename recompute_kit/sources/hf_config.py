@@ -56,6 +56,20 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     # Nemotron: LayerNorm1P (zero-centred gamma), squared-ReLU MLP without a gate.
     "nemotron": {"tie": False, "glu": False, "norm": "LayerNorm"},
 }
+# `architectures[0]` -> family, for configs whose model_type is their own (remote code).
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+}
 # transformers class defaults for keys a hub config.json may leave out.
 _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"vocab_size": 262_208, "head_dim": 256, "num_key_value_heads": 4},
@@ -272,6 +286,17 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                 reading.unused[key] = value
     if model_type == "gemma3":  # multimodal wrapper with the text model under text_config
         model_type = "gemma3_text"
+    if model_type not in _FAMILIES:
+        # remote-code models (`auto_map`) name their own model_type but reuse a known
+        # architecture class (Kimi-K2: kimi_k2 with DeepseekV3ForCausalLM): read by the class
+        arch = (data.get("architectures") or [""])[0]
+        known = _ARCHITECTURES.get(str(arch))
+        if known is not None:
+            reading.warnings.append(
+                f"{where}: model_type {model_type or '(none)'!r} is no transformers family; "
+                f"its architecture {arch} is read as {known}"
+            )
+            model_type = known
     family = _FAMILIES.get(model_type)
     fam_name = model_type or "unknown"
     cls = _CLASS_NAMES.get(model_type, "PretrainedConfig")
@@ -634,11 +659,12 @@ def _moe(
         fact("moe_shared_expert_intermediate_size", None, "no shared expert")
     if cfg.get("scoring_func") in ("sigmoid", "softmax"):
         put("moe_router_score_function", "scoring_func", cfg["scoring_func"])
-    if cfg.get("num_nextn_predict_layers"):
+    if "num_nextn_predict_layers" in cfg:
+        layers = _int(cfg["num_nextn_predict_layers"], "num_nextn_predict_layers", where)
         put(
             "mtp_num_layers",
             "num_nextn_predict_layers",
-            _int(cfg["num_nextn_predict_layers"], "num_nextn_predict_layers", where),
+            layers or None,  # Megatron-Core: None = no MTP block
             note="multi-token-prediction layers (Megatron-Bridge maps them to mtp_num_layers)",
         )
 

@@ -450,7 +450,8 @@ def _read_deepspeed(
 
 
 def apply_defaults(reading: Reading) -> None:
-    kind = reading.format
+    # several inputs merged read as "DeepSpeed JSON + LLaMA-Factory YAML": the trainer's decides
+    kind = next((f for f in (FORMAT_LF, FORMAT_TRL) if f in reading.format), reading.format)
     d = reading.default
     if kind == FORMAT_LF:
         d("seq_length", 2048, f"LLaMA-Factory's default ({LF_ARGS} data_args.py)", "cutoff_len")

@@ -197,6 +197,12 @@ _FLAG_TELLS = re.compile(
 )
 
 
+_HYDRA_SECTION_KEYS = re.compile(
+    r"(?:^|\s)[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|mixed_precision)"
+    r"\.\w+="
+)
+
+
 def sniff(text: str, path: str) -> int:
     lower = path.lower()
     tells = len(set(_FLAG_TELLS.findall(text)))
@@ -210,6 +216,8 @@ def sniff(text: str, path: str) -> int:
         return 0
     script = lower.endswith((".sh", ".bash", ".slurm", ".sbatch")) or text.startswith("#!")
     program = re.search(r"\bpretrain_[a-z0-9_]+\.py\b", text) is not None
+    if len(_HYDRA_SECTION_KEYS.findall(text)) >= 2 and tells < 2:
+        return 30  # Megatron-Bridge's entry points take `model.x=...` overrides, not flags
     if script and (program or tells):
         return 90 if program else 70
     if tells >= 2:

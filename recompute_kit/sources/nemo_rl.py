@@ -202,6 +202,8 @@ def read(text: str, path: str) -> Reading:
 
 def _read_megatron(fv: FileValues) -> None:
     m = ("policy", "megatron_cfg")
+    # the backend this file enables decides the sharding (an inherited DTensor one no longer)
+    fv.set("zero_stage", 0, (*m, "enabled"), "Megatron backend: no ZeRO/FSDP sharding")
     for key in (
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
@@ -322,7 +324,8 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("bf16", True, yml, "policy.precision bfloat16")
     reading.default("fp16", False, yml, "policy.precision bfloat16")
     reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")
-    if reading.format == MEGATRON:
+    # several inputs read as "... + ...": the last one (the file that inherits) decides
+    if reading.format.rsplit(" + ", 1)[-1] == MEGATRON:
         for key in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",

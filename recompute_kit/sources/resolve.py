@@ -151,7 +151,12 @@ def merge(readings: Sequence[Reading]) -> Reading:
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
-        if reading.model_name and merged.model_name is None:
+        if reading.model_name:  # a later input names the model the run uses
+            if merged.model_name not in (None, reading.model_name):
+                merged.warnings.append(
+                    f"conflict: the model is {merged.model_name} in an earlier input and "
+                    f"{reading.model_name} in a later one: the later is used"
+                )
             merged.model_name, merged.model_name_origin = (
                 reading.model_name,
                 reading.model_name_origin,
@@ -200,7 +205,7 @@ def resolve(
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)
-    _derive_layout(merged, overrides or {})
+    _derive_layout(merged, overrides or {}, strict=require_shape)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
@@ -224,8 +229,10 @@ def _add_model_shape(reading: Reading) -> None:
         reading.set(key, value, model.origins[key], overwrite=False)
 
 
-def _derive_layout(reading: Reading, overrides: dict[str, Any]) -> None:
-    """Megatron's rules every framework shares: SP needs TP > 1; DP = world / (TP x PP x CP)."""
+def _derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> None:
+    """Megatron's rules every framework shares: SP needs TP > 1; DP = world / (TP x PP x CP);
+    the expert layout (EP x ETP) must divide TP x CP x DP. A layout the world cannot hold is
+    refused (strict) or, when only reading, said as a warning with DP left undecided."""
     tp = reading.get("tensor_model_parallel_size") or 1
     if reading.get("sequence_parallel") and tp == 1:
         if "sequence_parallel" in overrides:
@@ -241,26 +248,52 @@ def _derive_layout(reading: Reading, overrides: dict[str, Any]) -> None:
             "and NeMo do"
         )
     world = reading.get("world_size")
-    model_parallel = (
-        tp
-        * (reading.get("pipeline_model_parallel_size") or 1)
-        * (reading.get("context_parallel_size") or 1)
-    )
+    cp = reading.get("context_parallel_size") or 1
+    model_parallel = tp * (reading.get("pipeline_model_parallel_size") or 1) * cp
+    problem = None
     if world:
+        dp = world // model_parallel
         if world % model_parallel:
-            raise ConfigError(
+            problem = (
                 f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
                 f"divisible by TP x PP x CP = {model_parallel}"
             )
-        dp = world // model_parallel
-        if "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
-            raise ConfigError(
+        elif "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
+            problem = (
                 f"data_parallel_size {reading.get('data_parallel_size')} does not match a world "
                 f"of {world} GPUs / (TP x PP x CP = {model_parallel}) = {dp}"
             )
-        reading.derive(
-            "data_parallel_size", dp, f"world size {world} / (TP x PP x CP = {model_parallel})"
+        else:
+            problem = _expert_layout_problem(reading, tp * cp * dp)
+        if problem is None:
+            reading.derive(
+                "data_parallel_size", dp, f"world size {world} / (TP x PP x CP = {model_parallel})"
+            )
+    elif reading.get("data_parallel_size"):
+        problem = _expert_layout_problem(reading, tp * cp * reading.get("data_parallel_size"))
+    if problem is not None:
+        if strict:
+            raise ConfigError(problem)
+        reading.warnings.append(f"{problem}: this layout cannot run as written")
+        dp_origin = reading.origins.get("data_parallel_size")
+        if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
+            del reading.values["data_parallel_size"], reading.origins["data_parallel_size"]
+
+
+def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:
+    """Megatron's expert layout: TP x CP x DP ranks of a stage regroup as ETP x EP x EDP."""
+    if not reading.get("num_moe_experts"):
+        return None
+    ep = reading.get("expert_model_parallel_size") or 1
+    etp = reading.get("expert_tensor_parallel_size") or (
+        reading.get("tensor_model_parallel_size") or 1
+    )
+    if dense_ranks % (ep * etp):
+        return (
+            f"EP {ep} x expert TP {etp} does not divide the {dense_ranks} ranks of TP x CP x DP "
+            "in each pipeline stage"
         )
+    return None
 
 
 def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str]]) -> None:
@@ -295,13 +328,18 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
             ASSUMED_VALUES[key],
             Origin(FROM_ASSUMED, "recompute-kit", _key_for(framework, key)),
         )
-    # The remaining fields the estimate reads take Megatron-Core's own defaults (the
-    # dataclasses hold them), said as such; none of them decides the shape.
+    # The remaining fields take Megatron-Core's own defaults (the dataclasses hold them), said
+    # as such. Never the shape: the dataclasses' shape is a tiny test model's, and a reading
+    # without one stays without one.
     defaults = Config().to_flat()
     for key in CONFIG_KEYS:
-        # (the tiny model's shape fields are all in ASSUMED_VALUES: never taken from here)
-        if key not in reading and key not in ASSUMED_VALUES:
+        if key not in reading and key not in _NEVER_DEFAULTED:
             reading.set(key, defaults[key], Origin(FROM_DEFAULT, MCORE))
+
+
+_NEVER_DEFAULTED = frozenset(
+    {*SHAPE_KEYS, "seq_length", "micro_batch_size", "vocab_size", "attention_backend"}
+)
 
 
 def _key_for(framework: Any, key: str) -> str:
