@@ -9,15 +9,15 @@ corrupt or unsafe to load, each with a one-line message.
 Modules: `schema` (what the parsers produce), `text` (line cleaning, sizes), `oom` (PyTorch,
 ROCm, XPU and Ascend NPU out-of-memory messages, every generation, with or without prefix),
 `tracebacks` (frames, exception lines, warnings), `logs` (Megatron/Bridge/NeMo training logs,
-streamed), `values` and `configs` (YAML/JSON, command lines, Hydra, Python, argument dumps),
-`experiments` (ablation tables), `memory_stats`, `snapshots`, `unwrap` (hard-wrapped and
-re-flowed pastes joined back before short logs are parsed), `cjk` (common Chinese
+streamed), `experiments` (ablation tables), `memory_stats`, `snapshots`, `unwrap` (hard-wrapped
+and re-flowed pastes joined back before short logs are parsed), `cjk` (common Chinese
 descriptions given their English wording alongside), and `collect` (all of them from
-paths, merged into one `Evidence`).
+paths, merged into one `Evidence`). Configs (YAML/JSON, command lines, Hydra, Python, argument
+dumps) are read by `recompute_kit.sources.fragments`; `parse_config` is exported here too.
 """
 
+from ...sources.fragments import parse_config, parse_config_with_notes
 from .collect import collect
-from .configs import parse_config, parse_config_with_notes
 from .experiments import EXPERIMENT_KEYS, parse_experiments
 from .logs import parse_log, parse_log_file, parse_oom
 from .memory_stats import parse_memory_stats

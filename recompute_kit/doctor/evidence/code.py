@@ -16,6 +16,8 @@ import json
 import re
 from typing import Any
 
+from ...sources.fragments import _from_mapping
+from ...sources.values import _canonical_key, _convert_value
 from .code_calls import scan_calls
 from .measured import scan_measured
 from .settings_prose import scan_settings
@@ -377,8 +379,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
         if _is_notice(line, lower):
             add("notices", line)
         if "--recompute-" in line:
-            from .values import _canonical_key
-
             for flag, value in _RECOMPUTE_FLAG_RE.findall(line):
                 key = _canonical_key(flag)
                 flags = facts.setdefault("recompute_flags", {})
@@ -464,8 +464,6 @@ def scan_snippets(text: str) -> dict[str, Any]:
 def _json_sections(lines: list[str]) -> dict[str, Any]:
     """Flat keys of `"name": { ... }` JSON fragments pasted without their enclosing object
     (a DeepSpeed config's activation_checkpointing or zero_optimization section)."""
-    from .configs import _from_mapping
-
     out: dict[str, Any] = {}
     i = 0
     while i < len(lines):
@@ -494,10 +492,7 @@ def _json_sections(lines: list[str]) -> dict[str, Any]:
 
 def _yaml_recompute_keys(lines: list[str]) -> dict[str, Any]:
     """Recompute keys from YAML lines pasted into a log, NeMo 1.x's activations_checkpoint_*
-    keys winning as NeMo reads them (configs._from_mapping)."""
-    from .configs import _from_mapping
-    from .values import _convert_value
-
+    keys winning as NeMo reads them (fragments._from_mapping)."""
     found: dict[str, Any] = {}
     for line in lines:
         if "checkpoint" not in line and "recompute" not in line:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...sources.fragments import parse_config_with_notes
 from .cjk import translate_cjk
 from .code import MAX_SNIPPET_BYTES, scan_snippets
-from .configs import parse_config_with_notes
 from .experiments import parse_experiments
 from .logs import _LogParser, parse_log, parse_log_file
 from .memory_stats import parse_memory_stats

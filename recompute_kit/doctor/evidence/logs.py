@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ...sources.arg_dump import _ARG_RE, args_header, world_sizes
+from ...sources.text import _strip_prefixes
+from ...sources.values import _finalize_config
 from .oom import (
     _OOM_TAILS,
     _oom_data_complete,
@@ -20,8 +23,6 @@ from .oom import (
     oom_fields_go_on,
 )
 from .progress import (
-    _ARG_RE,
-    _ARGS_HEADER_RE,
     _MB_PROGRESS_RE,
     _MEGATRON_ITER_RE,
     _MEM_COMPLETE_RE,
@@ -30,8 +31,6 @@ from .progress import (
     _SMI_PROCESS_RE,
     _SUMMARY_ROW_RE,
     _THEORY_RE,
-    _WORLD_KEYS,
-    _WORLD_RE,
     ProgressLines,
 )
 from .schema import (
@@ -48,7 +47,7 @@ from .schema import (
     MemoryReport,
     OOMEvent,
 )
-from .text import _EXC_SEARCH_RE, _compact, _iter_file_lines, _strip_prefixes
+from .text import _EXC_SEARCH_RE, _compact, _iter_file_lines
 from .tracebacks import (
     _BARE_ERRORS_RE,
     _BARE_WARNINGS,
@@ -62,7 +61,6 @@ from .tracebacks import (
     _WARN_RE,
     _Traceback,
 )
-from .values import _finalize_config
 
 # (No lazy group before a trailing \s*$ in these patterns: that backtracks quadratically.)
 # vLLM / SGLang logger lines: "WARNING 07-29 15:39:27 [env_override.py:17] message".
@@ -376,18 +374,15 @@ class _LogParser(ProgressLines):
             return
         if (" ." in text or self._in_args) and self._arg_line(text):
             return
-        if "---" in text and (header := _ARGS_HEADER_RE.match(text.strip())) is not None:
-            title = header.group(1)  # "arguments" ... "end of arguments"
-            self._in_args = "argument" in title and not title.startswith("end of")
+        if "---" in text and (opens := args_header(text)) is not None:
+            self._in_args = opens  # "arguments" ... "end of arguments"
             return
         if "/it" in text or "it/s" in text:
             self._tqdm(text)
             return
         if "using world size" in text:
-            for name, value in _WORLD_RE.findall(text):
-                key = _WORLD_KEYS.get(name)
-                if key:
-                    self.ev.config.setdefault(key, int(value))
+            for key, value in world_sizes(text).items():
+                self.ev.config.setdefault(key, value)
             return
         if text.startswith("|") and " memory " in text:
             if (m := _SUMMARY_ROW_RE.match(text.strip())) is not None:

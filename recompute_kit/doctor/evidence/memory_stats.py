@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from .configs import _flatten
+from ...sources.fragments import _flatten
 from .schema import MAX_TEXT_BYTES
 
 # --------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .configs import _from_mapping, _parse_command_line, _safe_yaml
-from .text import clean_line
+from ...sources.fragments import _from_mapping, _parse_command_line, _safe_yaml
+from ...sources.text import clean_line
 
 MAX_PASTED_SCAN_BYTES = 2 << 20  # pastes live in short logs, not in 100 MB ones
 _FLAG_RE = re.compile(r"(?:^|[\s\"'=(])--[A-Za-z][\w.-]*")  # `ARGS="--x 1 \\` too

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from ...sources.arg_dump import arg_line
+from ...sources.values import _assign
 from .schema import Iteration, MemoryReport
 from .text import _compact, _float, _int, parse_size
-from .values import _assign, _convert_value
 
 if TYPE_CHECKING:
     from .schema import Evidence
@@ -74,7 +75,6 @@ _STEP_RE = re.compile(r"\bstep[\s=:]*(\d+)", re.I)
 _MEM_REPORT_RE = re.compile(r"\[Rank\s*(\d+)\]\s*(.*?)\s*memory\s*\((MB|GB)\)")
 _MEM_COMPLETE_RE = re.compile(r"maxreserved:[\d.]+$|allocated-count:\d+")
 _AFTER_ITERS_RE = re.compile(r"after\s*(\d+)\s*iterations")
-_WORLD_RE = re.compile(r"(?<![\w-])([\w-]+) size: (\d+)")
 _THEORY_RE = re.compile(
     r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
     r"(?:, activation=([\d.]+) MB)?(?:, total=([\d.]+) MB)?"
@@ -82,17 +82,6 @@ _THEORY_RE = re.compile(
 _ENV_RE = re.compile(
     r"(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)['\"]?\]?\s*(?:=|:\s)\s*['\"]?([A-Za-z_][\w:.,\[\]|=-]*)"
 )
-_ARG_RE = re.compile(r"^(\s*)([A-Za-z_][\w.-]*) (\.+)(?: (.*))?$")
-_ARG_LONG_RE = re.compile(r"^\s+([A-Za-z_][\w.-]*)\s\s+(\S.*)$")
-_ARGS_HEADER_RE = re.compile(r"^-{3,} (.+?) -{3,}\s*$")
-_WORLD_KEYS = {
-    "world": "world_size",
-    "data-parallel": "data_parallel_size",
-    "context-parallel": "context_parallel_size",
-    "tensor-model-parallel": "tensor_model_parallel_size",
-    "pipeline-model-parallel": "pipeline_model_parallel_size",
-    "expert-model-parallel": "expert_model_parallel_size",
-}
 
 
 def _field(text: str, label: str) -> str | None:
@@ -315,20 +304,10 @@ class ProgressLines:
 
     def _arg_line(self, text: str) -> bool:
         """A line of Megatron's argument dump: `  hidden_size ........ 5120`."""
-        m = _ARG_RE.match(text)
-        if m is not None:
-            indent, key, dots, value = m.groups()
-            if not (indent or len(dots) >= 3):
-                return False
-            value = (value or "").rstrip()
-        elif self._in_args:
-            m2 = _ARG_LONG_RE.match(text)
-            if m2 is None:
-                return False
-            key, value = m2.group(1), m2.group(2).rstrip()
-        else:
+        pair = arg_line(text, self._in_args)
+        if pair is None:
             return False
-        converted = _convert_value(value or "")
+        key, converted = pair
         _assign(self.ev.config, key, converted)
         # kept apart too: a config given next to the log overrides ev.config, and a rule
         # compares what was asked for with what Megatron printed

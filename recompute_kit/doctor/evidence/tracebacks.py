@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
+from ...sources.text import _DOTTED
 from .schema import ErrorEvent
-from .text import _DOTTED
 
 _EXC_LINE_RE = re.compile(rf"^({_DOTTED})(?::\s?(.*))?$")
 # Warnings libraries print without a "XWarning:" prefix (logger.warning_once in transformers,

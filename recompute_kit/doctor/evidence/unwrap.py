@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 
+from ...sources.text import _strip_prefixes
 from .logs import _RECORD_RE, _starts_record
 from .oom import looks_like_oom
-from .text import _EXC_SEARCH_RE, _strip_prefixes
+from .text import _EXC_SEARCH_RE
 
 _MIN_WIDTH, _MAX_WIDTH = 60, 200
 _MAX_FLOW_WIDTH = 100  # mail clients and editors re-flow at 72-100 columns

@@ -1,5 +1,6 @@
-"""Configs: YAML/JSON, Megatron-LM command lines, Hydra overrides, Python assignments, argument
-dumps, to flat Megatron-Core keys.
+"""Configs pasted into reports and logs: YAML/JSON, Megatron-LM command lines, Hydra overrides,
+Python assignments and Megatron argument dumps, to flat Megatron-Core keys. How the diagnosis
+of a failed run reads pastes (`parse_config`, `parse_config_with_notes`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .logs import parse_log
-from .progress import _ARG_RE
+from .arg_dump import _ARG_RE, parse_arg_dump
 from .text import _DOTTED, clean_line
 from .values import (
     _CONFIG_KEY_SET,
@@ -316,7 +316,7 @@ def parse_config_with_notes(text: str, name: str = "") -> tuple[dict[str, Any], 
     try:
         flat = _parse_config(text, name, notes)
         return _finalize_config(flat), notes
-    except Exception as exc:  # never raise on garbage: the doctor must run
+    except Exception as exc:  # never raise on garbage: the diagnosis must run
         notes.append(f"could not read config {name or '<text>'}: {type(exc).__name__}: {exc}")
         return {}, notes
 
@@ -354,7 +354,7 @@ def _parse_config(text: str, name: str, notes: list[str]) -> dict[str, Any]:
             return _from_mapping(data)
     if _has_arg_dump(text):
         notes.append("read as a Megatron argument dump")
-        return parse_log(text).config
+        return parse_arg_dump(text)
     is_cli = bool(_CLI_FLAG_RE.search(text))
     if suffix in (".yaml", ".yml") or not is_cli:
         data = _safe_yaml(text)

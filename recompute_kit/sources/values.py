@@ -8,7 +8,7 @@ import ast
 import re
 from typing import Any
 
-from ...config import CONFIG_KEYS
+from ..config import CONFIG_KEYS
 
 # --------------------------------------------------------------------------------------------
 # Values and keys
