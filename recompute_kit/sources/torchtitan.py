@@ -110,7 +110,33 @@ _DSV3_DEBUG = {
     "v_head_dim": 128,
     "mtp_num_layers": 0,
 }
-# (name, flavor) -> (Megatron fields of a flavor that has no HF twin, attn_type)
+# Llama 4 (torchtitan/models/llama4/__init__.py and model/args.py): dim 5120, 48 layers,
+# 40 heads, 8 KV heads; dense FFN 4*5120 -> 2/3 -> x1.2 -> multiple of 2048 = 16384; each expert
+# and the one shared expert: the same / (top_k 1 + 1 shared) -> 8192; top-1; MoE on every
+# `interleave_moe_layer_step`-th layer (16E: 1; 128E: the default 2, layers 1, 3, 5, ...).
+# The vocabulary comes from the tokenizer at run time (not in the TOML): left to the resolver.
+_LLAMA4 = {
+    "num_layers": 48,
+    "hidden_size": 5120,
+    "num_attention_heads": 40,
+    "num_query_groups": 8,
+    "kv_channels": 128,
+    "ffn_hidden_size": 16384,
+    "normalization": "RMSNorm",
+    "swiglu": True,
+    "add_bias_linear": False,
+    "share_embeddings_and_output_weights": False,
+    "position_embedding_type": "rope",
+    "qk_layernorm": False,
+    "multi_latent_attention": False,
+    "moe_router_topk": 1,
+    "moe_ffn_hidden_size": 8192,
+    "moe_shared_expert_intermediate_size": 8192,
+    "moe_grouped_gemm": True,
+}
+_LLAMA4_16E = {**_LLAMA4, "num_moe_experts": 16, "moe_layer_freq": 1}
+_LLAMA4_128E = {**_LLAMA4, "num_moe_experts": 128, "moe_layer_freq": [0, 1] * 24}
+# (name, flavor) -> (Megatron fields of a flavor whose HF twin is not in the registry, attn_type)
 OWN_SHAPES: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("llama3", "debugmodel"): (_LLAMA3_DEBUG, "sdpa"),
     ("llama3", "debugmodel_flex_attn"): (_LLAMA3_DEBUG, "flex"),
@@ -118,6 +144,13 @@ OWN_SHAPES: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("qwen3", "debugmodel"): (_QWEN3_DEBUG, "sdpa"),
     ("deepseek_v3", "debugmodel"): (_DSV3_DEBUG, "sdpa"),
     ("deepseek_v3", "debugmodel_flex_attn"): (_DSV3_DEBUG, "flex"),
+    ("llama4", "17bx16e"): (_LLAMA4_16E, "flex"),
+    ("llama4", "17bx128e"): (_LLAMA4_128E, "flex"),
+}
+# Flavors read from OWN_SHAPES that still have a Hugging Face twin to name.
+_OWN_SHAPE_TWINS = {
+    ("llama4", "17bx16e"): "meta-llama/Llama-4-Scout-17B-16E",
+    ("llama4", "17bx128e"): "meta-llama/Llama-4-Maverick-17B-128E",
 }
 
 # Megatron field -> how a torchtitan user sets it.
@@ -300,6 +333,11 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
                 key, value, Origin(FROM_MODEL, f"torchtitan {name}_args[{flavor!r}] ({src})", key)
             )
         n_layers, moe = shape["num_layers"], bool(shape.get("num_moe_experts"))
+        if (name, flavor) in _OWN_SHAPE_TWINS:
+            reading.model_name = _OWN_SHAPE_TWINS[(name, flavor)]
+            reading.model_name_origin = Origin(
+                "file", toml.path, "[model] name, flavor", f"torchtitan {name} {flavor!r}"
+            )
     else:
         raise ConfigError(
             f"{toml.path}: torchtitan model {name!r} flavor {flavor!r} is not known to "

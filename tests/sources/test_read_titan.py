@@ -144,7 +144,7 @@ def test_titan_pipeline_microbatch_and_old_batch_key():
 
 def test_titan_unknown_flavor_and_bad_toml_are_one_line_errors():
     with pytest.raises(ConfigError, match="HF_TWINS") as err:
-        torchtitan.read('[model]\nname = "llama4"\nflavor = "17bx16e"\n', "x.toml")
+        torchtitan.read('[model]\nname = "llama4"\nflavor = "400bx999e"\n', "x.toml")
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="not valid TOML"):
         torchtitan.read("[model\nname = 1", "x.toml")
