@@ -83,7 +83,7 @@ def test_ablation_notebook_writes_a_report(tmp_path):
 @pytest.mark.parametrize(
     "name,params,message",
     [
-        ("oom_diagnosis.ipynb", {"model": "llama9"}, "unknown preset 'llama9'"),
+        ("oom_diagnosis.ipynb", {"model": "llama9"}, "unknown model 'llama9'"),
         (
             "oom_diagnosis.ipynb",
             {"recompute": "selective:attention"},

@@ -495,11 +495,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         text_file(path, "--log", log_hint, strict=False)
     if stdin_text is not None and not stdin_text.strip():
         raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
-    if args.config:
+    for path in args.config or []:
         text_file(
-            args.config,
+            path,
             "--config",
-            "give a YAML/JSON config or a Megatron command line",
+            "give the config files you train with, or a Megatron command line",
             strict=False,
         )
     try:
@@ -517,6 +517,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(diagnosis.to_json())
         return 0
+    if evidence.read:
+        from ..sources.resolve import reading_from_json
+        from ..sources.summary import summary_lines
+
+        for line in summary_lines(reading_from_json(evidence.read), evidence.read["inputs"]):
+            print(line)
+        print()
     print(diagnosis.summary)
     for f in diagnosis.findings:
         print(f"\n[{f.rule}] {f.title}  ({f.category}, confidence {f.confidence:.0%})")

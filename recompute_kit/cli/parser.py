@@ -247,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="YAML/JSON config, Megatron-LM command line or Hydra overrides",
+        nargs="+",
+        help="the config files you train with, any format `recompute-kit read` takes "
+        "(several at once), or a pasted command line / Hydra overrides",
     )
     p.add_argument(
         "--experiments",

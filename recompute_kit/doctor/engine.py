@@ -33,11 +33,34 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
             cfg.validate()
         except ConfigError as exc:
             ctx.config_error = str(exc)
-    if all(flat.get(k) for k in SHAPE_KEYS):
+    read = _config_read_from_files(evidence)
+    if read is not None:  # the config files, read as every command reads them
+        ctx.config, ctx.assumptions = read, list(read.assumptions)
+        _estimate(ctx)
+    elif all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
         ctx.config, ctx.assumptions = _config_for_estimate(flat)
         if ctx.config is not None:
             _estimate(ctx)
     return ctx
+
+
+def _config_read_from_files(evidence: Evidence) -> Config | None:
+    """The Config the shared reader made of the --config files, when they give a model shape
+    and a layout the estimator can split (else the paste's keys are used, as before)."""
+    from ..sources.resolve import config_from_json
+
+    if not evidence.read:
+        return None
+    cfg = config_from_json(evidence.read)
+    if cfg is None:
+        return None
+    try:
+        cfg.validate()
+        estimate(cfg)
+    except (ConfigError, ValueError, ZeroDivisionError, TypeError) as exc:
+        evidence.notes.append(f"config: no estimate from the files: {exc}")
+        return None
+    return cfg
 
 
 def _known_keys(flat: dict[str, Any]) -> dict[str, Any]:

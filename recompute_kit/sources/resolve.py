@@ -348,6 +348,31 @@ def _key_for(framework: Any, key: str) -> str:
     return key
 
 
+def reading_from_json(doc: dict[str, Any]) -> Reading:
+    """The Reading of a `Resolved.to_json()` document (`read --json`)."""
+    reading = Reading(
+        framework=doc.get("framework"),
+        format=doc.get("format") or "",
+        values=dict(doc.get("config") or {}),
+        warnings=list(doc.get("warnings") or []),
+        model_name=doc.get("model_name"),
+    )
+    reading.origins = {
+        k: Origin(o["from"], o.get("where", ""), o.get("key", ""), o.get("note", ""))
+        for k, o in (doc.get("sources") or {}).items()
+    }
+    return reading
+
+
+def config_from_json(doc: dict[str, Any]) -> Config | None:
+    """The Config of a `Resolved.to_json()` document, or None when it has no model shape (a
+    DeepSpeed JSON, an overrides file read alone)."""
+    reading = reading_from_json(doc)
+    if not all(reading.get(k) for k in SHAPE_KEYS):
+        return None
+    return _to_config(reading)
+
+
 def _to_config(reading: Reading) -> Config:
     values = {k: v for k, v in reading.values.items() if k in CONFIG_KEYS}
     cfg = Config().replace(**values)

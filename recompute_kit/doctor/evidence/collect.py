@@ -86,9 +86,29 @@ def _scan_env(text: str) -> dict[str, str]:
     return parser.ev.env
 
 
+def _read_config_files(paths: list[str]) -> Evidence:
+    """The config files through the shared reader, as every command reads them: its values
+    (what the files and the named model say, with the framework's semantics) win over the
+    paste reader's for the keys both know; what it cannot read is a note, never an error."""
+    from ...config import ConfigError
+    from ...sources.resolve import resolve
+
+    try:
+        resolved = resolve(paths, require_shape=False)
+    except ConfigError as exc:
+        return Evidence(notes=[f"config: {exc}"])
+    reading = resolved.reading
+    said = {
+        key: value
+        for key, value in reading.values.items()
+        if reading.origins[key].kind in ("file", "model")
+    }
+    return Evidence(config=said, read=resolved.to_json())
+
+
 def collect(
     logs: Iterable[str] = (),
-    config: str | None = None,
+    config: str | list[str] | None = None,
     experiments: str | None = None,
     memory_stats: str | None = None,
     snapshot: str | None = None,
@@ -117,14 +137,18 @@ def collect(
             part.config = {**pasted, **part.config}
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
-    if config is not None:
-        text = _read_text(config, "config", stdin_text)
-        flat, notes = parse_config_with_notes(text, "" if config == "-" else config)
-        label = "<stdin>" if config == "-" else config
+    configs = [config] if isinstance(config, str) else list(config or [])
+    for one in configs:
+        text = _read_text(one, "config", stdin_text)
+        flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
+        label = "<stdin>" if one == "-" else one
         part = Evidence(config=flat, env=_scan_env(text), sources=[f"config:{label}"])
         part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
         part.facts = _snippets(text, "config").facts
         evidence = evidence.merge(part)
+    files = [c for c in configs if c != "-"]
+    if files:
+        evidence = evidence.merge(_read_config_files(files))
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)
         label = "<stdin>" if experiments == "-" else experiments

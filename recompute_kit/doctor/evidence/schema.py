@@ -121,6 +121,9 @@ class Evidence:
     # What pasted code, prose and tables state about checkpointing (evidence/code.py), by
     # source: {"log": {...}, "config": {...}}; "args_dump": Megatron's printed arguments.
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What the shared reader (recompute_kit.sources) read from the config files, as
+    # `recompute-kit read --json` prints it: config, sources, warnings, inputs. None: no file.
+    read: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,6 +145,7 @@ class Evidence:
             theoretical_memory={**self.theoretical_memory, **other.theoretical_memory},
             gpu_processes=self.gpu_processes + other.gpu_processes,
             facts=_merge_facts(self.facts, other.facts),
+            read=other.read or self.read,
         )
 
 
