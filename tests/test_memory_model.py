@@ -11,7 +11,7 @@
 
 import pytest
 
-from recompute_kit.config import all_specs
+from recompute_kit.config import ConfigError, all_specs
 from recompute_kit.memory.estimate import estimate, layer_activation_bytes
 from recompute_kit.memory.measure import measure, measure_fake
 from recompute_kit.presets import get_preset
@@ -206,3 +206,25 @@ def test_parameter_count_matches_the_built_model():
         assert sum(parameter_counts(cfg.model).values()) == sum(
             p.numel() for p in model.parameters()
         ), name
+
+
+def test_pipeline_layout_string_places_layers_per_virtual_stage():
+    """Megatron-Core's pipeline_model_parallel_layout (DeepSeek-V3's Bridge recipe writes
+    `Et|(tt|)*30mL`): virtual stage k is chunk k // PP of rank k % PP; 61 layers on PP8 x VPP4
+    leave 7 on rank 0 (1 + 2 + 2 + 2), 6 on rank 7 (2 + 2 + 2 + 0) and 8 on the others."""
+    from recompute_kit.config import Config
+    from recompute_kit.memory.layout import layers_per_stage, pipeline_layout
+
+    cfg = Config().replace(
+        num_layers=61,
+        pipeline_model_parallel_size=8,
+        virtual_pipeline_model_parallel_size=4,
+        pipeline_model_parallel_layout="Et|(tt|)*30mL",
+    )
+    assert layers_per_stage(cfg.model, cfg.parallel) == [7, 8, 8, 8, 8, 8, 8, 6]
+    layout = pipeline_layout(cfg.model, cfg.parallel)
+    assert layout[0][0] == [0] and layout[1][0] == [1, 2] and layout[7][3] == []
+    assert layout[0][1] == [15, 16]  # virtual stage 8: after 1 + 7 x 2 layers
+    short = cfg.replace(pipeline_model_parallel_layout="E|(tt|)*30mL")
+    with pytest.raises(ConfigError, match="places 60 transformer layers, the model has 61"):
+        layers_per_stage(short.model, short.parallel)

@@ -19,6 +19,7 @@ from ..units import byte_unit, in_unit
 from .common import (
     config_from_args,
     emit_json,
+    emit_json_read,
     format_table,
     input_name,
     layout_of,
@@ -177,7 +178,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     results = verify(cfg, args.recompute, device=args.device, dtype=args.dtype, seed=args.seed)
     ok = all(r.loss_match and r.grads_match for r in results)
     if args.json:
-        emit_json(
+        emit_json_read(
+            args,
             {
                 "model": input_name(args),
                 "device": args.device,
@@ -185,7 +187,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "all_match": ok,
                 "results": [asdict(r) for r in results],
-            }
+            },
         )
     else:
         print(verify_table(results))
@@ -208,12 +210,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         candidate.validate()
         results.append(estimate(candidate, stage=args.stage))
     if args.json:
-        emit_json(
+        emit_json_read(
+            args,
             {
                 "layout": layout_of(cfg, results[0]),
                 "assumptions": cfg.assumptions,
                 "estimates": [e.to_json() for e in results],
-            }
+            },
         )
         return 0
     unit, scale = byte_unit([e.total_bytes for e in results])
@@ -285,7 +288,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
         p.expert_model_parallel_size,
     )
     if args.json:
-        emit_json({"engine": "kit", "note": whole, "measurements": [r.to_json() for r in results]})
+        emit_json_read(
+            args, {"engine": "kit", "note": whole, "measurements": [r.to_json() for r in results]}
+        )
         return 0
     unit, scale = byte_unit([r.peak_activation_bytes for r in results])
     print(
@@ -334,13 +339,14 @@ def measure_with_megatron(cfg: Config, args: argparse.Namespace) -> int:
             ranks = megatron.measure(candidate, dtype, args.seed)
         rows += [(spec, r) for r in ranks]
     if args.json:
-        emit_json(
+        emit_json_read(
+            args,
             {
                 "engine": "megatron-core",
                 "layout": layout_of(cfg),
                 "assumptions": cfg.assumptions,
                 "measurements": [{"recompute": spec, **r.to_json()} for spec, r in rows],
-            }
+            },
         )
         return 0
     unit, scale = byte_unit([max(r.saved_per_layer, default=0) for _, r in rows])
@@ -376,7 +382,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format, args.stage)
     except ConfigError as exc:
         if args.json:  # a document even when nothing fits: scripts read stdout
-            emit_json(
+            emit_json_read(
+                args,
                 {
                     "fits": False,
                     "error": str(exc),
@@ -384,11 +391,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "candidates": [],
                     "layout": layout_of(cfg),
                     "assumptions": cfg.assumptions,
-                }
+                },
             )
         raise
     if args.json:
-        emit_json(
+        emit_json_read(
+            args,
             {
                 "fits": True,
                 "layout": layout_of(cfg, result.best.estimate),
@@ -399,7 +407,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "best": result.best.to_json(),
                 "explanation": result.explanation,
                 "rendered": result.rendered,
-            }
+            },
         )
         return 0
     shown = result.candidates[: args.top]
@@ -469,7 +477,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     )
     rows = run_ablation(setup, args.out, resume=args.resume, runner=runner)
     if args.json:
-        emit_json({"out": args.out, "rows": rows})
+        emit_json_read(args, {"out": args.out, "rows": rows})
     else:
         print((Path(args.out) / "summary.md").read_text(), end="")
         print(f"\nresults: {Path(args.out) / 'results.jsonl'}; plots: {args.out}/*.png")

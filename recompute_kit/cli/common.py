@@ -44,6 +44,13 @@ def emit_json(document: Any) -> None:
     sys.stdout.write("\n")
 
 
+def emit_json_read(args: argparse.Namespace, document: dict[str, Any]) -> None:
+    """`emit_json`, with what the shared reader read (`read --json`'s document) under "read"
+    when the command's config came from files or a model id."""
+    resolved = getattr(args, "resolved", None)
+    emit_json({**document, "read": resolved.to_json()} if resolved is not None else document)
+
+
 # --------------------------------------------------------------------------------------------
 # Argument types: a bad value is a usage error (exit 2) before any work
 # --------------------------------------------------------------------------------------------

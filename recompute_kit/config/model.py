@@ -147,6 +147,9 @@ class ParallelConfig:
     # embedding / loss counted as a layer of the first / last stage.
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
+    # Megatron-Core's explicit layout of layers over (virtual) pipeline stages, e.g.
+    # "Et|(tt|)*30mL" (config/pipeline_layout.py); it decides the VPP size too.
+    pipeline_model_parallel_layout: str | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
 

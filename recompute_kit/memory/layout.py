@@ -10,11 +10,14 @@ counted as a layer follow `get_num_layers_to_build` in Megatron-Core's transform
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig, ParallelConfig
+from ..config.pipeline_layout import layout_layer_counts
 
 
 def layers_per_stage(m: ModelConfig, p: ParallelConfig) -> list[int]:
     """Transformer layers on each pipeline stage (all its virtual chunks together)."""
     pp, L = p.pipeline_model_parallel_size, m.num_layers
+    if p.pipeline_model_parallel_layout:
+        return [sum(c) for c in layout_layer_counts(p.pipeline_model_parallel_layout, pp, L)]
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
     if first is not None or last is not None:
         if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
@@ -54,6 +57,9 @@ def pipeline_layout(m: ModelConfig, p: ParallelConfig) -> list[list[list[int]]]:
     """Layer numbers per stage and virtual chunk (see the module docstring)."""
     pp = p.pipeline_model_parallel_size
     vpp = (p.virtual_pipeline_model_parallel_size or 1) if pp > 1 else 1
+    if p.pipeline_model_parallel_layout:
+        per_chunk = layout_layer_counts(p.pipeline_model_parallel_layout, pp, m.num_layers)
+        return _number_layers(per_chunk, pp, len(per_chunk[0]))
     counts = layers_per_stage(m, p)
     per_chunk = []  # per_chunk[stage][chunk] = number of layers
     for stage, n in enumerate(counts):
@@ -73,6 +79,12 @@ def pipeline_layout(m: ModelConfig, p: ParallelConfig) -> list[list[list[int]]]:
         if min(chunks) < 0:
             raise ConfigError(f"not enough layers for pipeline stage {stage}")
         per_chunk.append(chunks)
+    return _number_layers(per_chunk, pp, vpp)
+
+
+def _number_layers(per_chunk: list[list[int]], pp: int, vpp: int) -> list[list[list[int]]]:
+    """Layer numbers handed out chunk by chunk, stage by stage (virtual stage k = chunk
+    k // PP of rank k % PP)."""
     layout: list[list[list[int]]] = [[[] for _ in range(vpp)] for _ in range(pp)]
     next_layer = 0
     for chunk in range(vpp):

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
+from ..config.pipeline_layout import expand_layout
 from .reading import (
     FROM_FILE,
     MLA_KEYS,
@@ -540,14 +541,12 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
     if layout:
         raw = value_of(layout)
         if raw is not None:
-            reading.unused["--pipeline-model-parallel-layout"] = raw
+            reading.set("pipeline_model_parallel_layout", raw, _origin(path, layout))
             pp = reading.get("pipeline_model_parallel_size", 1)
             try:
-                stages = layout_stages(raw)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"{path}:{layout.line}: --pipeline-model-parallel-layout {raw!r}: {exc}"
-                ) from None
+                stages = len(expand_layout(raw))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}:{layout.line}: {exc}") from None
             if stages % pp:
                 raise ConfigError(
                     f"{path}:{layout.line}: --pipeline-model-parallel-layout has {stages} stages, "
@@ -695,46 +694,6 @@ def _list_expr(node: ast.AST) -> int | list[int]:
             raise ValueError("too long")
         return out
     raise ValueError("only int lists, + and *")
-
-
-def layout_stages(text: str) -> int:
-    """The number of pipeline stages of a `--pipeline-model-parallel-layout` (`|` splits
-    stages; `(...)*n` and `x*n` repeat)."""
-    s = re.sub(r"[\s,]", "", text.strip().strip("'\""))
-
-    def expand(s: str, depth: int = 0) -> str:
-        if depth > 20:
-            raise ValueError("too deeply nested")
-        out, i = "", 0
-        while i < len(s):
-            c = s[i]
-            if c == "(":
-                d, j = 1, i + 1
-                while j < len(s) and d:
-                    d += {"(": 1, ")": -1}.get(s[j], 0)
-                    j += 1
-                if d:
-                    raise ValueError("unbalanced parentheses")
-                inner = expand(s[i + 1 : j - 1], depth + 1)
-                m = re.match(r"\*(\d+)", s[j:])
-                n = int(m.group(1)) if m else 1
-                if len(inner) * n > _MAX_LIST:
-                    raise ValueError("too long")
-                out += inner * n
-                i = j + (m.end() if m else 0)
-            elif c.isalpha() or c == "|":
-                m = re.match(r"\*(\d+)", s[i + 1 :])
-                n = int(m.group(1)) if m else 1
-                if n > _MAX_LIST:
-                    raise ValueError("too long")
-                out += c * n
-                i += 1 + (m.end() if m else 0)
-            else:
-                raise ValueError(f"unexpected {c!r}")
-        return out
-
-    flat = expand(s)
-    return flat.count("|") + 1
 
 
 # ----------------------------------------------------------------------- defaults

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import CONFIG_KEYS, Config, ConfigError
+from ..config import CONFIG_KEYS, Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
 from . import formats
 from .reading import (
     FROM_ARGUMENT,
@@ -205,6 +205,7 @@ def resolve(
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)
+    _normalize(merged)
     _derive_layout(merged, overrides or {}, strict=require_shape)
     try:
         _check_shape(merged, framework, described)
@@ -227,6 +228,41 @@ def _add_model_shape(reading: Reading) -> None:
     model = hf_config.read_model_id(reading.model_name)
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
+
+
+def _normalize(reading: Reading) -> None:
+    """Values in the form Megatron-Core itself normalises them to (TransformerConfig's
+    __post_init__), so that every framework's spelling validates the same way; a null for a
+    field that cannot be null (a serialized ConfigContainer's `offload_modules: null`) is the
+    field's default."""
+    defaults = Config().to_flat()
+    for key in list(reading.values):
+        if reading.values[key] is None and key in _NOT_NULL:
+            origin = reading.origins[key]
+            note = f"null: Megatron-Core's default {defaults[key]!r}"
+            reading.set(key, defaults[key], dataclasses.replace(origin, note=note))
+    scope = reading.get("cuda_graph_scope")
+    if scope is None and "cuda_graph_scope" in reading:
+        scope = []
+    if isinstance(scope, str):  # "attn,mlp"; "full" (deprecated) = the whole layer = []
+        scope = [s.strip().rsplit(".", 1)[-1] for s in scope.split(",") if s.strip()]
+    if isinstance(scope, list) and scope != reading.get("cuda_graph_scope"):
+        origin = reading.origins["cuda_graph_scope"]
+        scope = [] if scope == ["full"] else scope
+        reading.set(
+            "cuda_graph_scope",
+            scope,
+            dataclasses.replace(origin, note=origin.note or "as Megatron-Core normalises it"),
+        )
+
+
+# Config fields whose type has no None (a null in a file means the default).
+_NOT_NULL = frozenset(
+    f.name
+    for cls in (ModelConfig, ParallelConfig, RecomputeConfig)
+    for f in dataclasses.fields(cls)
+    if "None" not in str(f.type)
+)
 
 
 def _derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> None:
@@ -302,6 +338,12 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
         return
     names = ", ".join(d["path"] for d in described)
     keys = ", ".join(_key_for(framework, k) for k in missing)
+    if reading.model_name:
+        raise ConfigError(
+            f"{names}: no model shape: the model {reading.model_name} is not in the registry "
+            "(`recompute-kit models`) and its config.json could not be had; pass its "
+            f"config.json beside the files, or set {keys}"
+        )
     raise ConfigError(
         f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
         "the model (--model meta-llama/Llama-3.1-8B, a registry name, or its config.json)"

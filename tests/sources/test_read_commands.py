@@ -1,0 +1,63 @@
+"""One reader for every command: the same real file gives the same shape and layout in `read`,
+`validate`, `estimate`, `plan`, `measure --fake` and `doctor` (through their JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parent / "corpus"
+# One real file per family of formats, each with a model shape the reader finds offline.
+FILES = [
+    "megatron_lm/blind_ft_moe_mla_selective_recompute.yaml",
+    "megatron_lm/pretrain_gpt_distributed_with_mp.sh",
+    "nemo/launcher_llama3_8b.yaml",
+    "nemo_rl/grpo_math_8B_megatron.yaml",
+    "bridge/deepseek_v3_pretrain_h100_fp8_sc_v1.yaml",
+    "torchtitan/llama3_70b.toml",
+    "hf_trainer/blind_llama3_fp8_deepspeed_sft.yaml",
+]
+SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")
+LAYOUT = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "sequence_parallel",
+    "data_parallel_size",
+    "use_distributed_optimizer",
+)
+
+
+def run(*args: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", *args, "--json"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.stdout.strip(), proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_every_command_reads_the_same(name):
+    path = str(CORPUS / name)
+    read = run("read", path)
+    want = {k: read["config"][k] for k in (*SHAPE, *LAYOUT)}
+    assert read["sources"]["num_layers"]["from"] in ("file", "model")
+
+    validate = run("validate", path)
+    assert {k: validate["normalized"][k] for k in want} == want
+    for command in (["estimate"], ["plan", "--gpu-memory-gb", "79"], ["measure", "--fake"]):
+        doc = run(*command, "--config", path)
+        assert {k: doc["read"]["config"][k] for k in want} == want, command
+        layout = {k: doc["layout"][k] for k in LAYOUT if k in doc.get("layout", {})}
+        assert layout == {k: want[k] for k in layout}, command
+    doctor = run("doctor", "--config", path)
+    assert {k: doctor["evidence"]["read"]["config"][k] for k in want} == want
