@@ -140,11 +140,32 @@ def _number(name: str, value: Any, positive: bool = True, optional: bool = False
 
 
 def load_setup(
-    model: str | None, config_path: str | list[str] | None, out_dir: str, **overrides: Any
+    model: str | None,
+    config_path: str | list[str] | None,
+    out_dir: str,
+    runnable: bool = False,
+    **overrides: Any,
 ) -> Setup:
     """The model (a runnable preset, or the config files / model id through the shared reader)
-    with overrides, and a writable out_dir. What the reader read and assumed is shown."""
+    with overrides, and a writable out_dir. What the reader read and assumed is shown.
+    runnable: the model is built and run here, so a named model must be a runnable preset."""
     from .ablation import prepare_out_dir
+
+    if (
+        runnable
+        and model
+        and not config_path
+        and not (model in PRESETS and PRESETS[model].runnable)
+    ):
+        if model not in PRESETS:
+            from .sources.resolve import read_input
+
+            read_input(model)  # an unknown name is said as such
+        small = ", ".join(p.name for p in PRESETS.values() if p.runnable)
+        raise ConfigError(
+            f"model {model!r} is not a runnable preset: it is shape-only here (too large "
+            f"to run on this machine); run {small}, or give config_path of a small model"
+        )
 
     flat = {k: v for k, v in overrides.items() if v is not None}
     for key, value in flat.items():
@@ -160,8 +181,9 @@ def load_setup(
 
         resolved = resolve(paths, model=model, overrides=flat)
         cfg, name = resolved.config, " + ".join([*([model] if model else []), *paths])
-        show_markdown("\n".join(f"    {line}" for line in summary_lines(
-            resolved.reading, resolved.inputs)))
+        show_markdown(
+            "\n".join(f"    {line}" for line in summary_lines(resolved.reading, resolved.inputs))
+        )
     cfg.validate()
     return Setup(cfg, name, prepare_out_dir(out_dir))
 

@@ -135,6 +135,7 @@ SPECIAL_FLAGS = (
     "--group-query-attention",
     "--num-query-groups",
     "--vocab-size",
+    "--padded-vocab-size",
     "--tokenizer-type",
     "--normalization",
     "--position-embedding-type",
@@ -462,6 +463,15 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
                 f"{tok_type}: the tokenizer's own vocabulary size is (not in this file)"
             )
             reading.unused["--vocab-size"] = vocab.values[0] if vocab.values else None
+
+    if (padded := get("--padded-vocab-size")) and "vocab_size" not in reading:
+        # no flag of Megatron-LM's parser (its argument dump prints padded_vocab_size): pastes
+        # carry it, and it is the size the embedding and logits have
+        setv("vocab_size", padded, _int)
+        reading.warnings.append(
+            f"{path}:{padded.line}: --padded-vocab-size is no Megatron-LM flag (its argument "
+            "dump prints it): taken as the vocabulary size"
+        )
 
     if a := get("--normalization"):
         setv("normalization", a, _normalization)

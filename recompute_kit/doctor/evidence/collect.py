@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from ...sources.fragments import parse_config_with_notes
 from .cjk import translate_cjk
@@ -146,7 +147,8 @@ def collect(
         part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
         part.facts = _snippets(text, "config").facts
         evidence = evidence.merge(part)
-    files = [c for c in configs if c != "-"]
+    # (an empty file was said above; the shared reader reads the others)
+    files = [c for c in configs if c != "-" and Path(c).stat().st_size]
     if files:
         evidence = evidence.merge(_read_config_files(files))
     if experiments is not None:
