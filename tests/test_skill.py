@@ -309,7 +309,9 @@ def test_quick_reference_commands_work(tmp_path):
             if "parameters" in c.get("metadata", {}).get("tags", [])
         )
         known = set(re.findall(r"^(\w+)\s*(?::[^=\n]+)?=", cell, re.MULTILINE))  # typed too
-        params = set(re.findall(r" -p (\w+)", command.split(" -m papermill ", 1)[1]))
+        args = command.split(" -m papermill ", 1)[1]
+        params = set(re.findall(r" -p (\w+)", args))
+        params |= set(re.findall(r" -y \"\{(\w+):", args))  # a YAML list parameter
         assert params and params <= known, (nb.name, params - known)
 
 

@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         required=True,
         metavar="X",
-        help="memory per GPU in GiB (80 for an 80 GB H100)",
+        help="memory per GPU in GiB as the GPU reports it (torch.cuda.mem_get_info's total: "
+        "about 79.1 for an 80 GB H100, not 80)",
     )
     p.add_argument(
         "--safety-margin",

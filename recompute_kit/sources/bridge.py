@@ -161,6 +161,9 @@ def sniff(text: str, path: str) -> int:
             text,
         ):
             return 90
+        # a snippet of a recipe: `cfg.model.recompute_granularity = "selective"`
+        if re.search(r"^\s*\w+\.(model|train|ddp|optimizer|dataset)\.\w+\s*=", text, re.M):
+            return 60
         return 0
     if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and re.search(
         r"(^|\s)[+~]?(model|train|dataset|ddp|optimizer|dist|mixed_precision)\.\w+=", text

@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
     args, rest = p.parse_known_args(argv)
     if "--gpu-memory-gb" not in " ".join(rest):
-        p.error("--gpu-memory-gb X is required (GiB per GPU, 80 for an 80 GB H100)")
+        p.error(
+            "--gpu-memory-gb X is required (GiB per GPU as the GPU reports it: about 79.1 for "
+            "an 80 GB H100)"
+        )
     result = run_cli(["plan", *rest, "--json"], timeout=args.timeout)
     if result.get("rc") == 1 and "nothing fits" in result.get("stderr", ""):
         return emit({"ok": True, "fits": False, "error": cli_error(result)}, 1)

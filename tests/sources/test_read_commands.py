@@ -38,7 +38,10 @@ def run(*args: str) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "recompute_kit.cli", *args, "--json"],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.stdout.strip(), proc.stderr
     return json.loads(proc.stdout)
