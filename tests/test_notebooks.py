@@ -96,7 +96,7 @@ def test_ablation_notebook_writes_a_report(tmp_path):
             "malformed full recompute spec",
         ),
         ("recompute_ablation.ipynb", {"model": "nope"}, "unknown model 'nope'"),
-        ("recompute_ablation.ipynb", {"model": "llama3-405b"}, "'llama3-405b' is not a runnable"),
+        ("recompute_ablation.ipynb", {"model": "llama3-70b"}, "'llama3-70b' is not a runnable"),
         ("recompute_ablation.ipynb", {"steps": "abc"}, "parameter steps must be int, got 'abc'"),
         ("oom_diagnosis.ipynb", {"tp": 2.5}, "parameter tp must be int or None, got 2.5"),
     ],

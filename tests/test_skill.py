@@ -239,17 +239,23 @@ def test_skill_md_names_only_files_and_commands_that_exist():
     for nb in re.findall(r"notebooks/[\w.-]+\.ipynb", body):
         assert (REPO / nb).is_file(), nb
     subcommands = set(re.findall(r"rk\.py ([a-z]+)", body))
-    assert subcommands <= {
-        "presets",
-        "validate",
-        "verify",
-        "estimate",
-        "measure",
-        "plan",
-        "ablate",
-        "doctor",
-        "rules",
-    }, subcommands
+    assert subcommands <= cli_subcommands(), subcommands
+
+
+def cli_subcommands() -> set[str]:
+    from recompute_kit.cli.parser import build_parser
+
+    action = next(a for a in build_parser()._actions if a.dest == "command")
+    return set(action.choices)
+
+
+def test_rk_py_passes_every_cli_subcommand():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import rk
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert set(rk.SUBCOMMANDS) == cli_subcommands()
 
 
 def quick_reference() -> list[str]:
