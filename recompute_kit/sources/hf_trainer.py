@@ -231,6 +231,13 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     for key in ("bf16", "fp16"):
         if data.get(key) is not None:
             reading.set(key, _bool(src, key, take(key)), src.origin(key))
+    if data.get("pure_bf16") is True and not reading.get("fp16"):  # LLaMA-Factory
+        take("pure_bf16")
+        reading.set(
+            "bf16",
+            True,
+            src.origin("pure_bf16", note="bf16 weights without fp32 master copies (LLaMA-Factory)"),
+        )
     for key, note in (
         ("cutoff_len", "LLaMA-Factory truncates each sample to cutoff_len"),
         ("max_seq_length", "TRL's deprecated name of max_length: the longest sample kept"),

@@ -837,6 +837,10 @@ def apply_defaults(reading: Reading) -> None:
     # Recompute
     if v("recompute_granularity"):
         d("recompute_method", None, DEFAULT_WHERE)
+        if v("recompute_granularity") == "full":
+            # arguments.py had `--recompute-num-layers` default=1 until the flags were generated
+            # from TransformerConfig (None, which Megatron-Core then rejects with full)
+            d("recompute_num_layers", 1, "Megatron-LM's default before core_v0.16", "default=1")
         d("recompute_num_layers", None, DEFAULT_WHERE)
         d("recompute_modules", ["core_attn"], MCORE_WHERE, "None -> ['core_attn']")
     assert all(isinstance(k, str) for k in (*MOE_KEYS, *MLA_KEYS, *RECOMPUTE_KEYS))

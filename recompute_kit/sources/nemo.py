@@ -591,9 +591,19 @@ def _read_model(fv: FileValues) -> None:
         stage = (2 if strategy == "grad" else 3) if fsdp else 0
         fv.set("zero_stage", stage, (m, "fsdp"), f"torch FSDP, sharding {strategy}" if fsdp else "")
 
+    # NeMo builds the embedding with override_vocab_size when set (megatron_gpt_model.py:
+    # `padded_vocab_size = override_vocab_size or the tokenizer's, padded`)
+    fv.take(
+        "vocab_size",
+        (m, "override_vocab_size"),
+        int,
+        "override_vocab_size: the tokenizer's is not used",
+    )
     tok_lib = fv.raw((m, "tokenizer", "library"))
     tok_type = fv.raw((m, "tokenizer", "type"))
-    if tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
+    if "vocab_size" in fv.reading:
+        pass
+    elif tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
         fv.reading.warnings.append(
             f"{fv.where((m, 'tokenizer', 'type'))}: the vocabulary is the tokenizer's "
             f"({tok_type}); vocab_size is not read from this file"

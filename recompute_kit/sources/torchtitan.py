@@ -410,6 +410,16 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
                 sec, "data_parallel_shard_degree", f"replicate {replicate} x shard {shard}"
             ),
         )
+        # every degree given: the world they multiply to is the one torchtitan requires
+        reading.set(
+            "world_size",
+            replicate * shard * cp * tp * pp,
+            toml.origin(
+                sec,
+                "data_parallel_shard_degree",
+                f"replicate {replicate} x shard {shard} x cp {cp} x tp {tp} x pp {pp}",
+            ),
+        )
     if (shard is not None and shard > 1) or cp > 1:
         reading.set(
             "zero_stage",
