@@ -17,6 +17,7 @@ from ..config import (
     applicable_modules,
     parse_spec,
 )
+from ..config.validation import check_expert_layout
 from ..presets import PRESETS, get_preset
 from ..units import integer_bytes
 
@@ -152,8 +153,9 @@ def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") 
     command's overrides; the reader's summary (what was read, assumed) is printed."""
     model = getattr(args, "model", None)
     if not args.config and (model or default_model) in PRESETS:
-        cfg = get_preset(model or default_model).config()
-        return apply_overrides(cfg, args)
+        cfg = apply_overrides(get_preset(model or default_model).config(), args)
+        check_expert_layout(cfg)  # (the reader checks the same for files)
+        return cfg
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines
 

@@ -395,3 +395,30 @@ def _check_shapes(m: ModelConfig) -> None:
             raise ConfigError(
                 f"qk_pos_emb_head_dim ({m.qk_pos_emb_head_dim}) must be even (rotary pairs)"
             )
+
+
+def expert_layout_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
+    """Megatron's expert layout (parallel_state): the TP x CP x DP ranks of a pipeline stage
+    regroup as expert-TP x EP x expert-DP, so EP x expert-TP must divide them. Every command
+    refuses a layout that breaks it with this line."""
+    if (tp * cp * dp) % (ep * etp):
+        return (
+            f"EP {ep} x expert TP {etp} does not divide the {tp * cp * dp} ranks of TP {tp} x "
+            f"CP {cp} x DP {dp} in each pipeline stage"
+        )
+    return None
+
+
+def check_expert_layout(cfg: Config) -> None:
+    """`expert_layout_problem` for a Config with experts (raises ConfigError)."""
+    p = cfg.parallel
+    if cfg.model.num_moe_experts:
+        problem = expert_layout_problem(
+            p.tensor_model_parallel_size,
+            p.context_parallel_size,
+            p.data_parallel_size,
+            p.expert_model_parallel_size,
+            p.etp,
+        )
+        if problem:
+            raise ConfigError(problem)

@@ -10,12 +10,14 @@ values the framework derives, and last the assumptions, each named with the key 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
+from ..config.validation import expert_layout_problem
 from . import formats
 from .reading import (
     FROM_ARGUMENT,
@@ -241,6 +243,13 @@ def _normalize(reading: Reading) -> None:
             origin = reading.origins[key]
             note = f"null: Megatron-Core's default {defaults[key]!r}"
             reading.set(key, defaults[key], dataclasses.replace(origin, note=note))
+    for key in ("recompute_modules", "offload_modules"):
+        value = reading.get(key)
+        if isinstance(value, str):  # "core_attn,mlp", "[`core_attn`, `mlp`]" as pasted
+            items = [v.strip("`'\" ") for v in re.split(r"[\s,]+", value.strip("[]() "))]
+            origin = reading.origins[key]
+            note = f"{value!r} read as a list"
+            reading.set(key, [v for v in items if v], dataclasses.replace(origin, note=note))
     scope = reading.get("cuda_graph_scope")
     if scope is None and "cuda_graph_scope" in reading:
         scope = []
@@ -317,19 +326,13 @@ def _derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) ->
 
 
 def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:
-    """Megatron's expert layout: TP x CP x DP ranks of a stage regroup as ETP x EP x EDP."""
     if not reading.get("num_moe_experts"):
         return None
+    tp = reading.get("tensor_model_parallel_size") or 1
+    cp = reading.get("context_parallel_size") or 1
+    etp = reading.get("expert_tensor_parallel_size") or tp
     ep = reading.get("expert_model_parallel_size") or 1
-    etp = reading.get("expert_tensor_parallel_size") or (
-        reading.get("tensor_model_parallel_size") or 1
-    )
-    if dense_ranks % (ep * etp):
-        return (
-            f"EP {ep} x expert TP {etp} does not divide the {dense_ranks} ranks of TP x CP x DP "
-            "in each pipeline stage"
-        )
-    return None
+    return expert_layout_problem(tp, cp, dense_ranks // (tp * cp), ep, etp)
 
 
 def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str]]) -> None:

@@ -1,0 +1,80 @@
+"""Framework semantics at the front door: DP from the world size, layouts the world cannot hold
+refused the same way by every command, SP with TP=1 turned off as Megatron-LM and NeMo do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources.resolve import resolve
+
+SCRIPT = """\
+torchrun --nproc_per_node 8 --nnodes {nodes} pretrain_gpt.py \\
+    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \\
+    --micro-batch-size 1 --tensor-model-parallel-size {tp} --pipeline-model-parallel-size 2 \\
+    --sequence-parallel --bf16 {extra}
+"""
+
+
+def script(tmp_path, nodes=2, tp=4, extra=""):
+    path = tmp_path / "train.sh"
+    path.write_text(SCRIPT.format(nodes=nodes, tp=tp, extra=extra))
+    return str(path)
+
+
+def test_dp_is_derived_from_the_launcher(tmp_path):
+    resolved = resolve([script(tmp_path)])
+    assert resolved.config.parallel.data_parallel_size == 2  # 16 GPUs / (TP4 x PP2)
+    assert resolved.reading.origins["data_parallel_size"].kind == "derived"
+
+
+def test_a_world_that_cannot_hold_the_layout_is_refused_or_warned(tmp_path):
+    path = script(tmp_path, nodes=1, tp=8, extra="--pipeline-model-parallel-size 16")
+    with pytest.raises(ConfigError, match="not divisible by TP x PP x CP = 128"):
+        resolve([path])
+    read = resolve([path], require_shape=False)  # `read` shows it, with the reason
+    assert any("cannot run as written" in w for w in read.warnings)
+    assert read.reading.origins["data_parallel_size"].kind == "assumed"
+
+
+def test_sequence_parallel_at_tp1_from_a_file_is_turned_off(tmp_path):
+    resolved = resolve([script(tmp_path, tp=1)])
+    assert resolved.config.parallel.sequence_parallel is False
+    assert any("turned off" in w for w in resolved.warnings)
+
+
+def cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_sequence_parallel_asked_with_tp1_is_megatrons_error():
+    proc = cli("estimate", "--model", "llama3-70b", "--tp", "1", "--sp")
+    assert proc.returncode == 1
+    assert "Cannot use sequence parallelism without tensor parallelism" in proc.stderr
+
+
+def test_tp1_on_a_preset_with_sp_turns_it_off():
+    proc = cli("estimate", "--model", "llama3-70b", "--tp", "1", "--pp", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "sequence_parallel turned off" in proc.stdout
+
+
+@pytest.mark.slow
+def test_every_command_refuses_an_expert_layout_the_same_way():
+    lines = set()
+    for command in (["estimate"], ["measure"], ["plan", "--gpu-memory-gb", "79"]):
+        proc = cli(*command, "--model", "tiny-moe", "--ep", "8", "--dp", "4")
+        assert proc.returncode == 1, command
+        lines.add(proc.stderr.strip())
+    assert lines == {
+        "recompute-kit: error: EP 8 x expert TP 1 does not divide the 4 ranks of TP 1 x CP 1 x "
+        "DP 4 in each pipeline stage"
+    }
