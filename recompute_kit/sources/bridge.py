@@ -24,7 +24,17 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .reading import FROM_FILE, KNOWN_KEYS, MLA_KEYS, MOE_KEYS, RECOMPUTE_KEYS, Origin, Reading
+from . import megatron_core
+from .reading import (
+    FROM_FILE,
+    KNOWN_KEYS,
+    MEMORY_KEYS,
+    MLA_KEYS,
+    MOE_KEYS,
+    RECOMPUTE_KEYS,
+    Origin,
+    Reading,
+)
 
 FRAMEWORKS = ("megatron-bridge", "nemo2")
 
@@ -547,32 +557,12 @@ def set_model_name(reading: Reading, name: str, origin: Origin) -> None:
 
 
 def _bridge_defaults() -> dict[str, Any]:
-    """GPTModelProvider / TransformerConfig / ConfigContainer defaults (config-formats.md §2-3)."""
+    """GPTModelProvider / TransformerConfig / ConfigContainer defaults (config-formats.md §2-3):
+    Megatron-Core's, with the provider's own seq_length, tied embeddings and vocab padding."""
     return {
+        **{k: v for k, v in megatron_core.DEFAULTS.items() if k in MEMORY_KEYS},
         "seq_length": 1024,
-        "normalization": "LayerNorm",
-        "swiglu": False,
-        "add_bias_linear": True,
         "share_embeddings_and_output_weights": True,
-        "position_embedding_type": "learned_absolute",
-        "qk_layernorm": False,
-        "attention_backend": "auto",
-        "bf16": False,
-        "fp16": False,
-        "fp8": None,
-        "num_moe_experts": None,
-        "multi_latent_attention": False,
-        "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1,
-        "virtual_pipeline_model_parallel_size": None,
-        "context_parallel_size": 1,
-        "expert_model_parallel_size": 1,
-        "sequence_parallel": False,
-        "use_distributed_optimizer": False,
-        "zero_stage": 0,
-        "recompute_granularity": None,
-        "cpu_offloading": False,
-        "fine_grained_activation_offloading": False,
         "make_vocab_size_divisible_by": 128,
     }
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
 from ..config.validation import expert_layout_problem
-from . import formats
+from . import formats, megatron_core
 from .reading import (
     FROM_ARGUMENT,
     FROM_ASSUMED,
@@ -33,43 +33,20 @@ from .reading import (
     Reading,
 )
 
-# What recompute-kit assumes when nothing says it (said aloud, with the key that sets it).
+# What recompute-kit assumes when nothing says it (said aloud, with the key that sets it):
+# Megatron-Core's own defaults, except where a training run of a large model plainly differs
+# (mixed precision, rotary positions) or Megatron has no default (the training shape, DP).
 ASSUMED_VALUES: dict[str, Any] = {
+    **megatron_core.DEFAULTS,
     "seq_length": 4096,
     "micro_batch_size": 1,
     "vocab_size": 32000,
     "data_parallel_size": 1,
-    "bf16": True,  # a run that trains large models: mixed precision
-    "fp16": False,
-    "fp8": None,
-    "attention_backend": "auto",
-    "normalization": "LayerNorm",
-    "swiglu": False,
-    "add_bias_linear": True,
-    "share_embeddings_and_output_weights": False,
+    "bf16": True,
     "position_embedding_type": "rope",
-    "qk_layernorm": False,
-    "num_moe_experts": None,
-    "multi_latent_attention": False,
-    "tensor_model_parallel_size": 1,
-    "pipeline_model_parallel_size": 1,
-    "virtual_pipeline_model_parallel_size": None,
-    "context_parallel_size": 1,
-    "expert_model_parallel_size": 1,
-    "sequence_parallel": False,
-    "use_distributed_optimizer": False,
-    "zero_stage": 0,
-    "recompute_granularity": None,
-    "cpu_offloading": False,
-    "fine_grained_activation_offloading": False,
     "num_query_groups": None,
     "kv_channels": None,
     "ffn_hidden_size": None,
-    # MoE: what Megatron-Core's TransformerConfig does when nothing says otherwise
-    "moe_router_topk": 2,
-    "moe_layer_freq": 1,
-    "moe_shared_expert_intermediate_size": None,
-    "moe_grouped_gemm": False,
     "moe_ffn_hidden_size": None,
     "recompute_method": None,
     "recompute_num_layers": None,
