@@ -412,7 +412,8 @@ def expert_layout_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str |
 def check_expert_layout(cfg: Config) -> None:
     """`expert_layout_problem` for a Config with experts (raises ConfigError)."""
     p = cfg.parallel
-    if cfg.model.num_moe_experts:
+    # (experts that EP does not divide get Megatron's own message from validation)
+    if cfg.model.num_moe_experts and not cfg.model.num_moe_experts % p.expert_model_parallel_size:
         problem = expert_layout_problem(
             p.tensor_model_parallel_size,
             p.context_parallel_size,
