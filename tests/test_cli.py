@@ -509,3 +509,15 @@ def test_parse_spec_rejects_empty_module_names():
 
     with pytest.raises(ConfigError):
         parse_spec("selective:core_attn,,mlp")
+
+
+def test_a_spec_megatron_refuses_is_skipped_among_others():
+    """One refused spec is said and skipped; the others are still estimated (one spec alone
+    is still an error)."""
+    args = ["estimate", "--model", "tiny-moe", "--recompute", "none", "selective:mla_up_proj"]
+    proc = run(*args, "full:uniform:1", "--json", check_rc=0)
+    doc = json.loads(proc.stdout)
+    assert [e["recompute"] for e in doc["estimates"]] == ["none", "full:uniform:1"]
+    assert doc["rejected"][0]["recompute"] == "selective:mla_up_proj"
+    assert "mla_up_proj" in proc.stderr
+    run("estimate", "--model", "tiny-moe", "--recompute", "selective:mla_up_proj", check_rc=1)

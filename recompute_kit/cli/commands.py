@@ -204,11 +204,22 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
-    results = []
-    for spec in specs_for(cfg, args):
+    results, rejected = [], []
+    specs = specs_for(cfg, args)
+    for spec in specs:
         candidate = cfg.with_recompute(spec)
-        candidate.validate()
+        try:
+            candidate.validate()
+        except ConfigError as exc:
+            if len(specs) == 1:
+                raise
+            # one spec Megatron refuses does not stop the others: it is said and skipped
+            rejected.append({"recompute": spec, "error": str(exc)})
+            print(f"recompute-kit: note: {spec} not estimated: {exc}", file=sys.stderr)
+            continue
         results.append(estimate(candidate, stage=args.stage))
+    if not results:
+        raise ConfigError(rejected[0]["error"])
     if args.json:
         emit_json_read(
             args,
@@ -216,6 +227,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 "layout": layout_of(cfg, results[0]),
                 "assumptions": cfg.assumptions,
                 "estimates": [e.to_json() for e in results],
+                "rejected": rejected,
             },
         )
         return 0

@@ -299,13 +299,21 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     if est is not None and est.layers:
         which = " (the stage with the highest total)" if est.stage_total_bytes else ""
         line += (
-            f"; per rank of pipeline stage {est.stage}{which}: layers {est.layers[0]}-"
-            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batch"
+            f"; per rank of pipeline stage {est.stage}{which}: {_layer_span(est.layers)}, "
+            f"{est.micro_batches_in_flight:g} micro-batch"
             f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
         )
     print(line)
     for note in cfg.assumptions:
         print(f"assumed: {note}")
+
+
+def _layer_span(layers: Sequence[int]) -> str:
+    """`layers 0-7`, or under virtual pipelining `8 layers (0, 4, 8, ..., 28)`."""
+    if list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    shown = ", ".join(map(str, layers[:3])) + (f", ..., {layers[-1]}" if len(layers) > 3 else "")
+    return f"{len(layers)} layers ({shown})"
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:

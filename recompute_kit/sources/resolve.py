@@ -9,6 +9,7 @@ values the framework derives, and last the assumptions, each named with the key 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from ..config import CONFIG_KEYS, Config, ConfigError
 from . import formats, megatron_core
 from .reading import (
+    ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
     FROM_ASSUMED,
     FROM_DEFAULT,
@@ -128,6 +130,8 @@ def merge(readings: Sequence[Reading]) -> Reading:
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
+        if reading.tokenizer:
+            merged.tokenizer, merged.tokenizer_origin = reading.tokenizer, reading.tokenizer_origin
         if reading.model_name:  # a later input names the model the run uses
             if merged.model_name not in (None, reading.model_name):
                 merged.warnings.append(
@@ -170,6 +174,14 @@ def resolve(
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     merged = merge(readings)
+    if model and readings[0].model_name and merged.model_name != readings[0].model_name:
+        # --model is the user's explicit choice for the shape: it wins over a file's model
+        merged.warnings = [w for w in merged.warnings if not w.startswith("conflict: the model")]
+        merged.warnings.append(
+            f"the shape is {readings[0].model_name}'s (--model); the files name {merged.model_name}"
+        )
+        merged.model_name = readings[0].model_name
+        merged.model_name_origin = readings[0].model_name_origin
     for key, value in (overrides or {}).items():
         flag = "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
@@ -179,6 +191,7 @@ def resolve(
         if require_shape:
             raise
         merged.warnings.append(str(exc))
+    _add_tokenizer_vocabulary(merged)
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)
@@ -194,6 +207,30 @@ def resolve(
         return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
     return Resolved(_to_config(merged), merged, described)
+
+
+def _add_tokenizer_vocabulary(reading: Reading) -> None:
+    """A run that names its Hugging Face tokenizer has that model's vocabulary (the registry's
+    config.json vocab_size: the embedding's rows, which Megatron pads further)."""
+    if "vocab_size" in reading or not reading.tokenizer:
+        return
+    from . import registry
+
+    model = registry.model_reading(reading.tokenizer)
+    if model is None or "vocab_size" not in model:
+        reading.warnings.append(
+            f"the vocabulary is the tokenizer's ({reading.tokenizer}), not in the registry: "
+            "vocab_size is not read"
+        )
+        return
+    where = reading.tokenizer_origin.describe() if reading.tokenizer_origin else ""
+    reading.set(
+        "vocab_size",
+        model.values["vocab_size"],
+        dataclasses.replace(
+            model.origins["vocab_size"], note=f"the tokenizer the run names ({where})"
+        ),
+    )
 
 
 def _add_model_shape(reading: Reading) -> None:
@@ -231,15 +268,21 @@ def _needed_keys(reading: Reading) -> list[str]:
         keys += MOE_KEYS
     if reading.get("multi_latent_attention"):
         keys += MLA_KEYS
-    if reading.get("recompute_granularity"):
-        keys += RECOMPUTE_KEYS
+    granularity = reading.get("recompute_granularity")
+    if granularity == "selective":  # (Megatron ignores the modules under full, and the
+        keys.append("recompute_modules")  # method and layer count under selective)
+    elif granularity == "full":
+        keys += [k for k in RECOMPUTE_KEYS if k != "recompute_modules"]
     return keys
 
 
 def _assume_the_rest(reading: Reading, framework: Any) -> None:
+    shapeless = not all(reading.get(k) for k in SHAPE_KEYS)
     for key in _needed_keys(reading):
         if key in reading or key not in ASSUMED_VALUES:
             continue
+        if shapeless and key in ARCHITECTURE_KEYS:
+            continue  # no model: its architecture is not guessed either
         reading.set(
             key,
             ASSUMED_VALUES[key],
