@@ -130,7 +130,9 @@ def layer_forward_flops(
 def _layer_kinds(model: ModelConfig, executed: bool) -> tuple[dict, dict]:
     """Per-module forward FLOPs of a dense and of an MoE layer ({} without experts)."""
     dense = layer_forward_flops(model, moe_layer=False, executed=executed)
-    moe = layer_forward_flops(model, moe_layer=True, executed=executed) if model.num_moe_experts else {}
+    moe = {}
+    if model.num_moe_experts:
+        moe = layer_forward_flops(model, moe_layer=True, executed=executed)
     return dense, moe
 
 
@@ -215,10 +217,10 @@ def recompute_flops(config: Config, stage: int | None = None, executed: bool = F
     applies `recompute_method`/`recompute_num_layers` per TransformerBlock, i.e. per virtual
     pipeline chunk (`TransformerBlock._checkpointed_forward` loops over
     `num_layers_per_pipeline_rank = len(self.layers)`, the chunk's layers: megatron-core 0.16.1
-    megatron/core/transformer/transformer_block.py L326, L532-L560): block N re-runs the first min(N, chunk) layers of
-    EVERY chunk, uniform re-runs every layer once whatever N (the last group of a chunk is
-    clamped). The chunks are the memory model's (`config.full_recompute_chunks` over
-    `layout.pipeline_layout`). Offloading costs no FLOPs.
+    megatron/core/transformer/transformer_block.py L326, L532-L560): block N re-runs the first
+    min(N, chunk) layers of EVERY chunk, uniform re-runs every layer once whatever N (the last
+    group of a chunk is clamped). The chunks are the memory model's
+    (`config.full_recompute_chunks` over `layout.pipeline_layout`). Offloading costs no FLOPs.
     """
     model, rc = config.model, config.recompute
     if rc.recompute_granularity is None:
