@@ -270,6 +270,7 @@ ESTIMATE_FIELDS = {
     "optimizer_bytes",
     "total_bytes",
     "recompute_flops_fraction",
+    "model_recompute_flops_fraction",
 }
 
 

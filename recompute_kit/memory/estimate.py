@@ -32,7 +32,7 @@ from ..config import (
     format_spec,
     full_recompute_chunks,
 )
-from .flops import recompute_flops_fraction
+from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
 from .model_states import model_state_bytes
 
@@ -52,7 +52,8 @@ class Estimate:
     grads_bytes: int
     optimizer_bytes: int
     total_bytes: int  # weights + grads + optimizer + peak activations
-    recompute_flops_fraction: float
+    recompute_flops_fraction: float  # executed FLOPs of this stage's rank (memory/flops.py)
+    model_recompute_flops_fraction: float = 0.0  # the same in model FLOPs (full s x s)
     offloaded_bytes: int = 0  # activations sent to host per micro-batch
     layer_kinds: dict[str, dict] = field(default_factory=dict)
     stage: int = 0  # the pipeline stage this estimate is for
@@ -590,7 +591,8 @@ def _stage_estimate(
         grads_bytes=grads,
         optimizer_bytes=optimizer,
         total_bytes=round(weights + grads + optimizer + peak),
-        recompute_flops_fraction=recompute_flops_fraction(config),
+        recompute_flops_fraction=recompute_flops_fraction(config, stage),
+        model_recompute_flops_fraction=model_recompute_flops_fraction(config, stage),
         offloaded_bytes=round(offloaded * in_flight),
         stage=stage,
         layers=layers,
