@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="diagnose.py",
         description=__doc__.split("\n\n")[0],
-        epilog="Example: diagnose.py --log train.log --config config.yaml --gpu-memory-gb 80",
+        epilog="Example: diagnose.py --log train.log --config config.yaml --gpu-memory-gb 79.1",
     )
     p.add_argument(
         "--log",
