@@ -36,7 +36,8 @@ TE_BAND = 0.10
 CUDA_CONTEXT_BYTES = 500 * MIB
 WORKSPACE_BYTES = 64 * MIB
 # Two candidates whose recompute costs differ by less than this share of the step's FLOPs are
-# a near-tie: below what a measured step time separates (step times vary by about 1%).
+# a near-tie (the kit's choice, not a measurement: half a percent of a step is within the
+# run-to-run spread of step times one would compare them by).
 TIE_FLOPS = 0.005
 
 
