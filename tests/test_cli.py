@@ -368,10 +368,14 @@ def test_plan_json_and_render():
     assert doc["best"]["total_bytes"] <= doc["usable_bytes"]
     fitting = [c for c in doc["candidates"] if c["fits"]]
     assert doc["best"] == fitting[0]
-    no_offload = [c for c in fitting if not c["offload"]]
+    # the cheapest of the settings that clear the estimate's error band (issue #20)
+    clear = [c for c in fitting if not c["offload"] and c["clears_error_band"]]
     assert doc["best"]["recompute_flops_fraction"] == min(
-        c["recompute_flops_fraction"] for c in no_offload
+        c["recompute_flops_fraction"] for c in clear
     )
+    assert all(c["headroom_bytes"] == doc["usable_bytes"] - c["total_bytes"] for c in fitting)
+    assert doc["headroom_bytes"] == doc["best"]["headroom_bytes"]
+    assert doc["error_band"]["total_bytes"] == doc["error_band_bytes"] <= doc["headroom_bytes"]
     assert doc["rendered"].splitlines()[1].startswith("--recompute-granularity")
     assert doc["best"]["recompute"] in doc["explanation"]
 

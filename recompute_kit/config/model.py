@@ -200,6 +200,9 @@ class Config:
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     # What was assumed because a source (a config file) left it out; said in every output.
     assumptions: list[str] = field(default_factory=list, compare=False)
+    # The Megatron-Core version the run uses ("0.13", "core_r0.13.0"), when an input or a flag
+    # says it; None: unknown, and version-dependent checks assume the strictest.
+    megatron_core_version: str | None = field(default=None, compare=False)
 
     def replace(self, **flat: Any) -> Config:
         """A copy with some flat Megatron keys changed (`replace(seq_length=4096)`)."""
@@ -208,6 +211,7 @@ class Config:
             dataclasses.replace(self.parallel),
             dataclasses.replace(self.recompute),
             list(self.assumptions),
+            self.megatron_core_version,
         )
         for key, value in flat.items():
             section = _SECTION_OF_KEY.get(key)
@@ -230,7 +234,9 @@ class Config:
             fine_grained_activation_offloading=self.recompute.fine_grained_activation_offloading,
             offload_modules=list(self.recompute.offload_modules),
         )
-        return Config(self.model, self.parallel, rc, list(self.assumptions))
+        return Config(
+            self.model, self.parallel, rc, list(self.assumptions), self.megatron_core_version
+        )
 
     def to_flat(self) -> dict[str, Any]:
         flat: dict[str, Any] = {}

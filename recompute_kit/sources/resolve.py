@@ -341,4 +341,6 @@ def _to_config(reading: Reading) -> Config:
         for key, origin in reading.origins.items()
         if origin.kind == FROM_ASSUMED
     ]
+    version = reading.values.get("megatron_core_version")
+    cfg.megatron_core_version = None if version is None else str(version)
     return cfg
