@@ -497,7 +497,8 @@ def test_plan_ranks_by_executed_fraction():
     block = estimate(cfg.with_recompute("full:block:11"))
     assert block.recompute_flops_fraction < mlp.recompute_flops_fraction
     assert block.model_recompute_flops_fraction > mlp.model_recompute_flops_fraction
-    budget_gib = max(mlp.total_bytes, block.total_bytes) / 2**30 / 0.9 + 0.01
+    # room for both with their error bands cleared (the planner ranks those first)
+    budget_gib = max(mlp.total_bytes, block.total_bytes) / 2**30 / 0.9 * 1.2
     best = plan(cfg, budget_gib).best.estimate
     assert best.recompute_flops_fraction <= block.recompute_flops_fraction
     assert best.recompute != "selective:mlp"
