@@ -33,7 +33,10 @@ fsdp2           4 fp32       4 fp32       8 m + v (no master)   the same (zero_s
   the fp32 gradient partition built for the optimizer step (4 B/param / DP; "4_grads_32bit" in
   stage_1_and_2.py) and, at stage 3, the gathered largest layer (4 B/param: "2 bytes fp16
   params are gathered and 2 bytes fp16 grads are computed", docs/code-docs/source/memory.rst).
-  DeepSpeed publishes no stage-1 estimator: stage 1 keeps whole 16-bit gradients.
+  DeepSpeed publishes no stage-1 estimator: stage 1 keeps whole 16-bit gradients. At stage 3
+  without offload its estimator counts 18 B/param / N where these terms make 20 (16-bit params
+  and grads, 12 B optimizer, the step's 4 B fp32 grads): it leaves one gradient copy out; the
+  persistent 16 B / N is the ZeRO paper's, and the step's transient is not in the estimate.
 * fsdp2: PyTorch FSDP2 `fully_shard` with torchtitan's MixedPrecisionPolicy (param_dtype bf16 for
   compute, reduce_dtype fp32): the sharded parameters stay fp32 (the bf16 copy is gathered per
   unit and freed), gradients are reduced to fp32 shards and Adam keeps m and v (no master copy:
@@ -285,7 +288,9 @@ def model_states(
             unit = _largest_module(m, p.tensor_model_parallel_size)
         else:  # FSDP units: a transformer layer, or the embedding / output head
             vocab = padded_vocab_size(m, p.tensor_model_parallel_size)
-            unit = max(params["largest_layer"], vocab * m.hidden_size / p.tensor_model_parallel_size)
+            unit = max(
+                params["largest_layer"], vocab * m.hidden_size / p.tensor_model_parallel_size
+            )
         # the unit's params gathered in the compute dtype and its gradients before the
         # reduce-scatter: 2 + 2 B in 16-bit (DeepSpeed's largest_layer_memory factor)
         gathered = 2 * (2 if half else 4) * unit

@@ -100,7 +100,5 @@ def overhead_terms(
     if gathered_params:
         said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
     terms["overhead_assumptions"] = said
-    terms["overhead_bytes"] = (
-        CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params
-    )
+    terms["overhead_bytes"] = CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params
     return terms
