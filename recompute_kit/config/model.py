@@ -136,6 +136,11 @@ class ParallelConfig:
     # DeepSpeed ZeRO / FSDP sharding of model states over DP: 0 none, 1 optimizer states,
     # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).
     zero_stage: int = 0
+    # Model states on the host: the optimizer's (DeepSpeed offload_optimizer, Megatron's
+    # optimizer_cpu_offload, FSDP's CPU offload) and the parameters' (DeepSpeed offload_param,
+    # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.
+    optimizer_offload: bool = False
+    param_offload: bool = False
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None

@@ -15,11 +15,10 @@ from typing import Any
 from ..config import CONFIG_KEYS
 
 # Values a reading may carry beyond the Config's fields: how the job is launched and sharded.
+# (optimizer_offload / param_offload are Config fields now: ParallelConfig.)
 EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
     "global_batch_size",
-    "optimizer_offload",  # optimizer states on the host (DeepSpeed offload_optimizer, ...)
-    "param_offload",
     "use_megatron_fsdp",
     "use_torch_fsdp2",
     "mtp_num_layers",
