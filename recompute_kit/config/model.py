@@ -136,6 +136,7 @@ class ParallelConfig:
     # DeepSpeed ZeRO / FSDP sharding of model states over DP: 0 none, 1 optimizer states,
     # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).
     zero_stage: int = 0
+    use_torch_fsdp2: bool = False  # PyTorch FSDP2 does the sharding (fp32 shards, see memory)
     # Model states on the host: the optimizer's (DeepSpeed offload_optimizer, Megatron's
     # optimizer_cpu_offload, FSDP's CPU offload) and the parameters' (DeepSpeed offload_param,
     # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.

@@ -41,9 +41,9 @@ fsdp2           4 fp32       4 fp32       8 m + v (no master)   the same (zero_s
   compute, reduce_dtype fp32): the sharded parameters stay fp32 (the bf16 copy is gathered per
   unit and freed), gradients are reduced to fp32 shards and Adam keeps m and v (no master copy:
   the parameters are fp32). CPUOffloadPolicy (torchtitan enable_cpu_offload) moves parameters,
-  gradients and optimizer states to the host. The mode is not told apart from `zero` by the
-  Config (both say zero_stage 3 without the distributed optimizer): at stage 3 both total
-  16 B/param / DP and differ only in the split; pass `sharding="fsdp2"` to pick it.
+  gradients and optimizer states to the host. Chosen by `use_torch_fsdp2` (the reader sets it
+  for torchtitan, NeMo-RL's DTensor policy and Megatron-Bridge / Megatron-LM's FSDP2 flags); at
+  stage 3 it totals 16 B/param / DP like `zero`, with another split.
 
 Dense parameters shard over DP x CP, expert parameters over the expert-data-parallel ranks
 (TP x CP x DP / (ETP x EP)) in every mode. Optimizer offload takes the optimizer states off the
@@ -204,11 +204,13 @@ class ModelStates:
 def sharding_mode(config: Config) -> str:
     """The sharding mode the Config says: `megatron` without a ZeRO stage (the distributed
     optimizer or none), `megatron_fsdp` with a stage and Megatron's distributed optimizer,
-    `zero` with a stage and without it (DeepSpeed ZeRO; FSDP2 reads the same, see the module
-    docstring)."""
+    `fsdp2` where the reader saw PyTorch FSDP2 (torchtitan, NeMo-RL's DTensor policy,
+    Megatron-Bridge's use_torch_fsdp2), `zero` with a stage otherwise (DeepSpeed ZeRO)."""
     p = config.parallel
     if not p.zero_stage:
         return "megatron"
+    if p.use_torch_fsdp2:
+        return "fsdp2"
     return "megatron_fsdp" if p.use_distributed_optimizer else "zero"
 
 

@@ -20,7 +20,6 @@ EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
     "global_batch_size",
     "use_megatron_fsdp",
-    "use_torch_fsdp2",
     "mtp_num_layers",
     "megatron_core_version",
 )
