@@ -92,13 +92,22 @@ class _Tail:
     output is not counted as the doctor's memory."""
 
     def __init__(self) -> None:
-        self.tail = ""
+        self.parts: list[str] = []
+        self.held = 0
         self.bytes = 0
 
     def write(self, text: str) -> int:
         self.bytes += len(text)
-        self.tail = (self.tail + text)[-(256 << 10) :]
+        self.parts.append(text)
+        self.held += len(text)
+        if self.held > 512 << 10:
+            self.parts = [self.tail]
+            self.held = len(self.parts[0])
         return len(text)
+
+    @property
+    def tail(self) -> str:
+        return "".join(self.parts)[-(256 << 10) :]
 
     def flush(self) -> None:
         pass
