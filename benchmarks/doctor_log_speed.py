@@ -46,8 +46,18 @@ OOM_TAIL = """\
 [rank0]:     iteration, num_floating_point_operations_so_far = train(
 [rank0]:   File "/workspace/Megatron-LM/megatron/training/training.py", line 1451, in train
 [rank0]:     train_step(forward_step_func,
-[rank0]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
 """
+OOM_TAIL += (  # PyTorch's message, one line
+    "[rank0]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.0"
+    "0 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Inclu"
+    "ding non-PyTorch memory, this process has 23.60 GiB memory in use. Of the alloca"
+    "ted memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTo"
+    "rch but unallocated. If reserved but unallocated memory is large try setting PYT"
+    "ORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See docum"
+    "entation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html"
+    "#environment-variables)"
+    "\n"
+)
 
 
 def write_log(path: Path, megabytes: float) -> int:
@@ -136,7 +146,7 @@ def _rss_bytes() -> int:
 def measure(path: Path, *, traced: bool = True) -> dict:
     """Wall time and memory of one doctor run over `path` (the second run under tracemalloc)."""
     size = path.stat().st_size
-    import recompute_kit.cli  # noqa: F401  (imports are not the log's cost)
+    import recompute_kit.cli
     import recompute_kit.doctor.engine  # noqa: F401
 
     run_doctor(Path(__file__))  # warm: rule catalog and regexes compiled

@@ -184,9 +184,7 @@ def setting_stats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def compare(
-    base: dict[str, Any], arm: dict[str, Any], higher_is_better: bool
-) -> dict[str, Any]:
+def compare(base: dict[str, Any], arm: dict[str, Any], higher_is_better: bool) -> dict[str, Any]:
     """The arm against the base: `change` (+: the arm is better), the band of changes the two
     settings' noise allows (`change_low`..`change_high`), `decided` (the band excludes no change
     and the change is at least MIN_EFFECT) and `why`."""

@@ -22,10 +22,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
-from doctor_log_speed import run_doctor, write_log  # noqa: E402
+from doctor_log_speed import run_doctor, write_log
 
-from recompute_kit.cli.common import emit_json, text_file  # noqa: E402
-from recompute_kit.config import ConfigError  # noqa: E402
+from recompute_kit.cli.common import emit_json, text_file
+from recompute_kit.config import ConfigError
 
 
 @pytest.fixture(scope="module")

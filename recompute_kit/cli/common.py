@@ -10,7 +10,6 @@ import json
 import sys
 from collections.abc import Sequence
 from operator import attrgetter
-from pathlib import Path
 from typing import Any
 
 from ..config import (

@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit of this skill folder
 
-from recompute_kit.runstats import RERUN, compare, judge_runs, summarize_run  # noqa: E402
+from recompute_kit.runstats import RERUN, compare, judge_runs, summarize_run
 
 GIB = 2**30
 
@@ -165,7 +165,6 @@ def load_log(spec: str) -> list[dict]:
     for it in ev.iterations:
         if it.elapsed_ms is None and it.tflops_per_gpu is None:
             continue
-        profiled = window is not None and it.iteration is not None
         rows.append(
             {
                 "recompute": name,
@@ -178,7 +177,8 @@ def load_log(spec: str) -> list[dict]:
                 "loss": it.loss,
                 "iteration": it.iteration,
                 "run": path,
-                "profiler": profiled and window[0] <= it.iteration <= window[1],
+                "profiler": None,
+                "profile_window": window,
                 "host": None,
                 "date": None,
                 "global_batch_size": it.global_batch_size,
@@ -245,7 +245,7 @@ def speed(
         ]
         if not samples:
             continue
-        stats = summarize_run(samples, warmup)
+        stats = summarize_run(samples, warmup, run[0].get("profile_window"))
         if stats.get("median") is None:
             continue
         first = run[0]
