@@ -73,7 +73,7 @@ class _JsonWriter:
     def put(self, text: str) -> None:
         self.pieces.append(text)
         self.size += len(text)
-        if self.size > 1 << 20:
+        if self.size > 1 << 18:
             self.flush()
 
     def value(self, value: Any, level: int) -> None:
