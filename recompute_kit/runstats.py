@@ -196,12 +196,17 @@ def compare(base: dict[str, Any], arm: dict[str, Any], higher_is_better: bool) -
 
     change = rel(arm["median"], base["median"])
     ends = [rel(arm["low"], base["high"]), rel(arm["high"], base["low"])]
-    out = {"change": change, "change_low": min(ends), "change_high": max(ends)}
     unknown = [s["noise"] for s in (base, arm) if s.get("noise", "").startswith("none")]
+    out = {
+        "change": change,
+        "change_low": min(ends),
+        "change_high": max(ends),
+        "noise_measured": not unknown,
+    }
     if abs(change) < MIN_EFFECT:
         return {**out, "decided": False, "why": f"{change:+.1%}: under {MIN_EFFECT:.0%}"}
     if unknown:
-        why = f"{change:+.1%} from one summary value per setting: the noise is not measured"
+        why = f"{change:+.1%} from a single run's value: its run-to-run noise is not measured"
         return {**out, "decided": False, "why": why}
     if out["change_low"] <= 0 <= out["change_high"]:
         why = (

@@ -138,3 +138,50 @@ def test_markdown_table_and_megatron_logs(tmp_path):
         {"what": "profiler", "count": 1, "why": "iterations 73-73: the profiler window"}
     ]
     assert doc["speed_kind"] == "tflops"
+
+
+# ---------------------------------------------------------------------------------------------
+# The doctor: `doctor --experiments` with repeats (evidence/experiments.py, rules RK033, RK237)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_doctor_does_not_call_a_slow_node_a_regression(tmp_path):
+    """Two of three 'full' repeats ran on a slow node: the old reader took each row alone and
+    RK033 called -15% a regression (with a patch); now the repeats are one setting, the node is
+    shown as a confounder and RK237 names the re-run instead."""
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    table = tmp_path / "runs.md"
+    table.write_text(
+        "| recompute | run | host | TFLOP/s/GPU | vs golden |\n|---|---|---|---|---|\n"
+        "| none | 1 | node-a | 400 | 0% |\n| none | 2 | node-a | 402 | +0.5% |\n"
+        "| none | 3 | node-a | 399 | -0.3% |\n| full | 1 | node-a | 396 | -1% |\n"
+        "| full | 2 | node-b | 340 | -15% |\n| full | 3 | node-b | 342 | -14.5% |\n"
+    )
+    found = diagnose(collect(experiments=str(table))).findings
+    rules = [f.rule for f in found]
+    assert "RK033" not in rules
+    top = found[0]
+    assert top.rule == "RK237" and top.config_patch in (None, {})
+    assert "host differs" in top.evidence and "interleaved" in top.fix
+
+
+def test_doctor_keeps_a_regression_that_clears_the_noise(tmp_path):
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    rows = ["iteration,recompute,run,step_time_ms"]
+    for setting, base in (("none", 1000.0), ("full:uniform:1", 1350.0)):
+        for run in (1, 2, 3):
+            rows += [
+                f"{it},{setting},{run},{base + (it * 7 % 11 - 5) + run}" for it in range(1, 21)
+            ]
+    table = tmp_path / "iters.csv"
+    table.write_text("\n".join(rows) + "\n")
+    ev = collect(experiments=str(table))
+    full = next(r for r in ev.experiments if r["recompute"] == "full:uniform:1")
+    assert full["within_noise"] is False and full["vs_golden"] < -0.2
+    assert full["measured"]["runs"] == 3
+    rules = [f.rule for f in diagnose(ev).findings]
+    assert "RK033" in rules and "RK237" not in rules

@@ -344,12 +344,12 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         elif comparison.get("confounded"):
             checks["throughput"] = None
             reasons.append(f"throughput not judged: {comparison['why']}")
-        elif "not measured" in comparison["why"] or "noise" not in stats:
-            # one summary value per setting: judged on the values, the noise unknown
+        elif comparison.get("noise_measured") is False or "noise" not in stats:
+            # single summary values: judged on the values, the noise unknown
             checks["throughput"] = vs >= -args.threshold
             if not checks["throughput"]:
                 reasons.append(f"{vs:+.1%} vs golden, beyond -{args.threshold:.0%}: regression")
-            reasons.append("one value per setting: the run-to-run noise is not measured")
+            reasons.append("judged on single values: the run-to-run noise is not measured")
         else:
             low, high = comparison["change_low"], comparison["change_high"]
             if low >= -args.threshold:
