@@ -138,3 +138,25 @@ def test_markdown_table_and_megatron_logs(tmp_path):
         {"what": "profiler", "count": 1, "why": "iterations 73-73: the profiler window"}
     ]
     assert doc["speed_kind"] == "tflops"
+
+
+def test_step_time_column_keeps_its_unit():
+    """A step-time column is read in ms, whatever unit its cells carry. Verbatim from
+    https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/3880 (corpus case
+    a_mbridge_3880_qwen3_30b_core_attn_recompute_no_peak_win)."""
+    from recompute_kit.doctor.evidence import parse_experiments
+
+    table = (
+        "| recompute_modules | Step time | Peak Mem (GB) | Result |\n"
+        "|---|---:|---:|---|\n"
+        "| None | 42.21 s | 61.35 | Baseline |\n"
+        "| [core_attn] | 42.92 s | 63.14 | Slight slowdown, no peak-memory win |\n"
+    )
+    rows = parse_experiments(table, "x.md")
+    assert [r["step_time_ms"] for r in rows] == [42210.0, 42920.0]
+    assert (
+        parse_experiments("| name | step time (ms) |\n|---|---|\n| a | 744.0 |\n| b | 0.7 |\n")[1][
+            "step_time_ms"
+        ]
+        == 0.7
+    )

@@ -72,7 +72,8 @@ def _experiment_column(header: str) -> tuple[str, str | None]:
     if h in ("run id", "repeat", "trial", "seed", "run no", "run #"):
         return "run", None
     if re.search(r"\b(?:step|iter(?:ation)?) ?time\b|time per iter|elapsed time", h):
-        return "step_time_ms", None if "(s)" in h or h.endswith(" s") else "ms"
+        unit = re.search(r"\((ms|s|sec)\)|\b(ms|s|sec)$", h)
+        return "step_time_ms", (unit.group(1) or unit.group(2)) if unit else "?"
     if h in ("iteration", "iter", "step", "global step"):
         return "iteration", None
     if h in ("host", "hostname", "node", "nodes", "node list"):
@@ -130,6 +131,25 @@ def _fraction(value: Any) -> float | None:
     return float(number / 100) if "%" in s else float(number)
 
 
+def _milliseconds(value: Any, unit: str | None) -> float | None:
+    """A step time in ms: the cell's own unit ("42.21 s", "744 ms"), else the column's; a
+    column without one ("Step time") holds ms from 50 up (Megatron prints ms), else seconds."""
+    if isinstance(value, str):
+        own = re.search(r"\d\s*(ms|s|sec|secs|seconds?)\s*$", value.strip(), re.I)
+        number = _float(value)
+        if own is not None:
+            unit = "ms" if own.group(1).lower() == "ms" else "s"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        return None
+    if number is None:
+        return None
+    if unit in (None, "?"):
+        unit = "ms" if number >= 50 else "s"
+    return number if unit == "ms" else number * 1000.0
+
+
 def _normalise_experiment(row: dict[str, Any], units: dict[str, str | None]) -> dict[str, Any]:
     """Normalise one result row in place (keys from `_experiment_column`)."""
     out = {key: None for key in EXPERIMENT_KEYS}
@@ -157,11 +177,7 @@ def _normalise_experiment(row: dict[str, Any], units: dict[str, str | None]) -> 
     tflops = row.get("tflops_per_gpu")
     out["tflops_per_gpu"] = _float(tflops) if isinstance(tflops, str) else tflops
     if "step_time_ms" in row:
-        step = row["step_time_ms"]
-        step = _float(step) if isinstance(step, str) else step
-        if isinstance(step, (int, float)) and units.get("step_time_ms") != "ms":
-            step = step * 1000.0  # a column in seconds
-        out["step_time_ms"] = step
+        out["step_time_ms"] = _milliseconds(row["step_time_ms"], units.get("step_time_ms"))
     if "iteration" in row:
         it = row["iteration"]
         out["iteration"] = _int(str(it)) if not isinstance(it, int) else it
