@@ -106,6 +106,30 @@ def summarize_run(
     return out
 
 
+def split_runs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One setting's rows as runs: by their `run` value; else per-iteration rows (an
+    `iteration` value) start a new run where the iteration number goes back, per rank, host and
+    date; else summary rows of one rank are repeats (rows of different ranks are one run)."""
+    runs: dict[Any, list[dict[str, Any]]] = {}
+    counters: dict[Any, int] = {}
+    last: dict[Any, int] = {}
+    for r in rows:
+        if r.get("run") is not None:
+            key: Any = ("run", str(r["run"]))
+        elif r.get("iteration") is not None:
+            where = (r.get("rank"), r.get("host"), r.get("date"))
+            if where in last and r["iteration"] <= last[where]:
+                counters[where] = counters.get(where, 0) + 1
+            last[where] = r["iteration"]
+            key = ("it", r.get("host"), r.get("date"), counters.get(where, 0))
+        else:
+            n = counters.get(("summary", r.get("rank")), 0)
+            counters[("summary", r.get("rank"))] = n + 1
+            key = ("summary", n)
+        runs.setdefault(key, []).append(r)
+    return list(runs.values())
+
+
 def _describe(field: str, by_setting: dict[str, set]) -> str:
     parts = [f"{name}: {', '.join(sorted(map(str, vals)))}" for name, vals in by_setting.items()]
     return f"{field} differs ({'; '.join(parts)})"

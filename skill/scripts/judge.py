@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit of this skill folder
 
-from recompute_kit.runstats import RERUN, compare, judge_runs, summarize_run
+from recompute_kit.runstats import RERUN, compare, judge_runs, split_runs, summarize_run
 
 GIB = 2**30
 
@@ -201,31 +201,6 @@ def load_verify(path: Path) -> dict[str, bool]:
     return out
 
 
-def runs_of(rows: list[dict]) -> list[list[dict]]:
-    """The runs of one setting's rows: by their run column; else per-iteration rows start a
-    new run where the iteration number goes back (or host/date change); else summary rows of
-    one rank are repeats (rows of different ranks are one run)."""
-    runs: dict[object, list[dict]] = {}
-    counters: dict[object, int] = {}
-    last: dict[object, tuple] = {}
-    for r in rows:
-        if r["run"] is not None:
-            key: object = ("run", str(r["run"]))
-        elif r["iteration"] is not None:
-            where = (r["rank"], r["host"], r["date"])
-            prev = last.get(where)
-            if prev is not None and r["iteration"] <= prev[0]:
-                counters[where] = counters.get(where, 0) + 1
-            last[where] = (r["iteration"],)
-            key = ("it", r["host"], r["date"], counters.get(where, 0))
-        else:
-            n = counters.get(r["rank"], 0)
-            counters[r["rank"]] = n + 1
-            key = ("summary", n)
-        runs.setdefault(key, []).append(r)
-    return list(runs.values())
-
-
 def speed(
     name: str, rows: list[dict], warmup: int | None, kind: str | None = None
 ) -> tuple[list[dict], str]:
@@ -233,7 +208,7 @@ def speed(
     if kind is None:
         kind = "tflops" if any(r["tflops"] is not None for r in rows) else "step"
     out = []
-    for n, run in enumerate(runs_of(rows)):
+    for n, run in enumerate(split_runs(rows)):
         ranked = run
         if any(r["iteration"] is not None for r in run):
             low = min(r["rank"] for r in run)

@@ -350,7 +350,7 @@ def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     are returned as they are."""
     if not any(r.get("iteration") is not None or r.get("run") is not None for r in rows):
         return rows
-    from ...runstats import judge_runs, summarize_run
+    from ...runstats import judge_runs, split_runs, summarize_run
 
     by_setting: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -358,22 +358,7 @@ def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kind = "tflops_per_gpu" if any(r.get("tflops_per_gpu") for r in rows) else "step_time_ms"
     runs: list[dict[str, Any]] = []
     for setting, group in by_setting.items():
-        split: dict[Any, list[dict[str, Any]]] = {}
-        last: dict[Any, int] = {}
-        count: dict[Any, int] = {}
-        for r in group:
-            where = (r.get("host"), r.get("date"))
-            if r.get("run") is not None:
-                key: Any = ("run", str(r["run"]))
-            elif r.get("iteration") is not None:
-                if r["iteration"] <= last.get(where, -1):
-                    count[where] = count.get(where, 0) + 1
-                last[where] = r["iteration"]
-                key = (*where, count.get(where, 0))
-            else:
-                key = ("row", len(split))
-            split.setdefault(key, []).append(r)
-        for n, run in enumerate(split.values(), start=1):
+        for n, run in enumerate(split_runs(group), start=1):
             samples = [
                 {
                     "value": r.get(kind),
