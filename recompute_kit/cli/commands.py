@@ -593,7 +593,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     diagnosis = diagnose(evidence, args.gpu_memory_gb)
     if args.json:
-        emit_json(diagnosis.to_json())
+        emit_json(diagnosis.to_json(rows=False))  # rows streamed, not held as dicts
         return 0
     if evidence.read:
         from ..sources.resolve import reading_from_json

@@ -108,9 +108,10 @@ class Diagnosis:
     # findings the evidence rules out: {"rule": id, "reason": why}
     dropped: list[dict[str, str]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, rows: bool = True) -> dict[str, Any]:
+        """`rows=False`: see `Evidence.to_json` (for a streaming writer)."""
         return {
-            "evidence": self.evidence.to_json(),
+            "evidence": self.evidence.to_json(rows),
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "assumptions": self.assumptions,
