@@ -15,6 +15,7 @@ from typing import Any
 from ..config import Config, ConfigError, config_from_dict
 from ..memory.estimate import estimate
 from .evidence import Evidence
+from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
@@ -136,6 +137,7 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
     findings, ruled_out = _reconcile(ctx, findings, slack)
     dropped += ruled_out
     findings.sort(key=lambda f: (-f.confidence, f.rule))
+    check_patches(ctx, findings)  # framework keys, never already set, never raises the peak
     return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
 
 

@@ -94,6 +94,12 @@ class Finding:
     confidence: float
     references: list[str]
     evidence: str  # two or three sentences citing the input's numbers
+    # The patch as checked by doctor/patches.py (after the rules ran): the framework the inputs
+    # show (None: unknown), the patch in that framework's own keys (None: unknown framework),
+    # and what the check did ({"keys", "dropped": [{key, value, reason}], "notes", estimate}).
+    patch_framework: str | None = None
+    patch_keys: dict[str, Any] | None = None
+    patch_check: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

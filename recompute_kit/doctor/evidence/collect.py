@@ -14,7 +14,7 @@ from .memory_stats import parse_memory_stats
 from .pasted import parse_pasted_settings
 from .schema import MAX_TEXT_BYTES, Evidence, EvidenceError
 from .snapshots import _load_snapshot_bytes, load_snapshot
-from .text import clean_line
+from .text import clean_line, config_artefact_text, strip_comments
 from .unwrap import unwrap
 from .versions import scan_versions
 
@@ -145,9 +145,12 @@ def collect(
         text = _read_text(one, "config", stdin_text)
         flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
         label = "<stdin>" if one == "-" else one
-        part = Evidence(config=flat, env=_scan_env(text), sources=[f"config:{label}"])
+        # what the file states, without comments (documentation, not evidence)
+        stated = config_artefact_text(text)
+        env = _scan_env(strip_comments(text))
+        part = Evidence(config=flat, env=env, sources=[f"config:{label}"])
         part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
-        part.facts = _snippets(text, "config").facts
+        part.facts = _snippets(stated, "config").facts
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
     files = [c for c in configs if c != "-" and Path(c).stat().st_size]

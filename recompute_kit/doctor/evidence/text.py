@@ -137,3 +137,46 @@ def _iter_file_lines(raw: IO[bytes], chunk_size: int = 1 << 18) -> Iterator[str]
             break
     if tail:
         yield tail
+
+
+# --------------------------------------------------------------------------------------------
+# What a config file states, without its comments
+# --------------------------------------------------------------------------------------------
+
+# An environment / shell variable set on a line of its own: `export NCCL_DEBUG=INFO`,
+# `GPUS_PER_NODE=8`, a YAML `CUBLAS_WORKSPACE_CONFIG: :4096:8` (a setting, never a symptom).
+_ENV_LINE_RE = re.compile(r"^\s*(?:export\s+)?[A-Z][A-Z0-9_]*\s*(?:=|:(?:\s|$))")
+
+
+def strip_comment(line: str) -> str:
+    """`line` without its `#` comment (YAML, TOML, shell, Python): a `#` that starts the line or
+    follows whitespace, outside quotes. `a: "x # y"`, `url#frag` and `$#` are kept."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+            elif ch == "\\" and quote == '"':
+                continue
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip()
+    return line
+
+
+def config_artefact_text(text: str) -> str:
+    """What a config file states, for the prose and snippet scanners: comments dropped (a
+    comment that mentions "fragmentation" or "(1.3B parameters)" is documentation, not
+    evidence) and environment-variable lines dropped (a run's environment is a setting, not a
+    symptom: `CUBLAS_WORKSPACE_CONFIG: :4096:8` reports nothing). Line count is kept."""
+    out = []
+    for line in text.splitlines():
+        kept = strip_comment(line)
+        out.append("" if _ENV_LINE_RE.match(kept) else kept)
+    return "\n".join(out)
+
+
+def strip_comments(text: str) -> str:
+    """`text` with every line's `#` comment dropped (line count kept)."""
+    return "\n".join(strip_comment(line) for line in text.splitlines())

@@ -1,0 +1,453 @@
+"""Every finding's patch, checked once after the rules ran (the engine calls `check_patches`).
+
+Rules write `config_patch` freely: Megatron-Core field names (recompute_granularity,
+use_distributed_optimizer, ...), a few framework keys (gradient_checkpointing, use_liger_kernel,
+zero_optimization) and actions that are no config key at all (env, command, code). Before a
+patch is shown it must not hurt:
+
+1. It is written in the keys of the framework the inputs show (`evidence.read["framework"]`,
+   the shared reader's): each Megatron-Core field becomes the key that sets it there
+   (`PATCH_KEYS` below where the framework's `key_for` gives prose, else `key_for`), the result
+   in `patch_keys`, the framework in `patch_framework`. A key that belongs to another framework
+   (Liger's `use_liger_kernel` for a Megatron-Bridge run, `gradient_checkpointing` for NeMo-RL)
+   is translated where the framework has the same setting and dropped, with the reason,
+   where it has none. Where the framework is unknown the patch stays in Megatron-Core names,
+   labelled so (`patch_check["keys"] == "megatron-core"`), and says the framework is unknown.
+2. It never re-sets what the inputs already have: entries whose value the read config
+   (file, named model or the framework's default) already holds are dropped, with where that
+   value comes from; a finding whose whole patch is already set says so instead of patching.
+3. It never lowers recompute or raises the estimated peak unless that is the finding's point
+   (`recompute_overhead`: trading memory for speed): with an estimate context the patch is
+   applied to the Config and estimated; a patch that raises the peak, or turns recompute off
+   / to a weaker granularity / drops recomputed modules, is dropped and says by how much it
+   would have raised memory; a speed finding keeps it and says by how much memory rises.
+
+`config_patch` keeps the rules' names (a JSON contract: consumers read Megatron-Core names),
+less what was dropped; `patch_check` lists what was dropped and why, and the estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import CONFIG_KEYS, ConfigError
+from ..memory.estimate import estimate
+from .types import GIB, Context, Finding
+
+# Patch entries that are actions, not config keys: passed through unchanged.
+ACTION_KEYS = ("env", "command", "code", "after_load")
+RECOMPUTE_KEYS = (
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+)
+# Frameworks the shared reader names whose keys a patch can be written in. ("hf-config" is a
+# model's config.json: it says nothing about the trainer, so the framework stays unknown.)
+FRAMEWORKS = (
+    "megatron-core",
+    "megatron-lm",
+    "megatron-bridge",
+    "nemo2",
+    "nemo1",
+    "nemo-rl",
+    "torchtitan",
+    "hf-trainer",
+)
+# Megatron-Core fields the rules write that the kit's Config does not carry.
+_MCORE_EXTRA = (
+    "cross_entropy_loss_fusion",
+    "moe_layer_recompute",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+)
+# Keys that belong to one framework family, with the frameworks that read them.
+_HF = ("hf-trainer",)
+OWNED_KEYS: dict[str, tuple[str, ...]] = {
+    "gradient_checkpointing": _HF,
+    "gradient_checkpointing_kwargs": _HF,
+    "per_device_train_batch_size": _HF,
+    "gradient_accumulation_steps": _HF,
+    "use_liger_kernel": _HF,
+    "cutoff_len": _HF,
+    "max_seq_length": _HF,
+    "zero_optimization": _HF,  # a DeepSpeed JSON (read with the Trainer's)
+    "zero_init": _HF,
+    "optim": _HF,
+    "adam_offload": ("openrlhf",),
+    "ref_reward_offload": ("openrlhf",),
+    "placement_policy": ("colossalai",),
+    "logprob_chunk_size": ("nemo-rl",),
+    "defer_fp32_logits": ("nemo-rl",),
+}
+_OWNER_NAMES = {
+    "hf-trainer": "Hugging Face Trainer / TRL / LLaMA-Factory (with DeepSpeed)",
+    "openrlhf": "OpenRLHF",
+    "colossalai": "ColossalAI",
+    "nemo-rl": "NeMo-RL",
+}
+
+# Per-framework keys that SET a field (where `key_for` names it in prose).
+_NEMO_RL_MEGATRON = "policy.megatron_cfg"
+PATCH_KEYS: dict[str, dict[str, str | None]] = {
+    "megatron-lm": {
+        "recompute_granularity": "--recompute-granularity",
+        "recompute_modules": "--recompute-modules",
+        "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
+        "virtual_pipeline_model_parallel_size": "--num-layers-per-virtual-pipeline-stage",
+        "num_query_groups": "--num-query-groups",
+        "fp8": "--fp8-format",
+        "world_size": None,
+        "data_parallel_size": None,
+        "zero_stage": None,
+    },
+    "nemo1": {
+        "recompute_granularity": "model.activations_checkpoint_granularity",
+        "recompute_method": "model.activations_checkpoint_method",
+        "recompute_num_layers": "model.activations_checkpoint_num_layers",
+        "recompute_modules": None,  # NeMo 1.x selective is core attention only
+        "use_distributed_optimizer": "model.optim.name",
+        "bf16": "trainer.precision",
+        "fp16": "trainer.precision",
+        "zero_stage": None,
+        "world_size": None,
+        "data_parallel_size": None,
+    },
+    "megatron-bridge": {
+        "bf16": "mixed_precision",
+        "fp16": "mixed_precision",
+        "seq_length": "dataset.seq_length",
+        "zero_stage": None,
+        "world_size": None,
+        "data_parallel_size": None,
+        "swiglu": None,
+    },
+    "nemo-rl": {
+        "recompute_granularity": f"{_NEMO_RL_MEGATRON}.recompute_granularity",
+        "recompute_modules": f"{_NEMO_RL_MEGATRON}.recompute_modules",
+        "recompute_method": None,  # NeMo-RL: full is uniform, one layer
+        "recompute_num_layers": None,
+        "bf16": "policy.precision",
+        "fp16": "policy.precision",
+        "fp8": None,
+        "zero_stage": None,
+        "world_size": None,
+        "data_parallel_size": None,
+    },
+    "torchtitan": {
+        "recompute_granularity": "activation_checkpoint.mode",
+        "recompute_method": None,
+        "recompute_num_layers": None,
+        "recompute_modules": None,
+        "micro_batch_size": "training.local_batch_size",
+        "global_batch_size": "training.global_batch_size",
+        "seq_length": "training.seq_len",
+        "tensor_model_parallel_size": "parallelism.tensor_parallel_degree",
+        "pipeline_model_parallel_size": "parallelism.pipeline_parallel_degree",
+        "context_parallel_size": "parallelism.context_parallel_degree",
+        "expert_model_parallel_size": "parallelism.expert_parallel_degree",
+        "expert_tensor_parallel_size": "parallelism.expert_tensor_parallel_degree",
+        "use_distributed_optimizer": None,  # FSDP2 shards the optimizer already
+        "optimizer_offload": "training.enable_cpu_offload",
+    },
+    "hf-trainer": {
+        "recompute_granularity": "gradient_checkpointing",
+        "recompute_method": None,
+        "recompute_num_layers": None,
+        "recompute_modules": None,
+        "micro_batch_size": "per_device_train_batch_size",
+        "bf16": "bf16",
+        "fp16": "fp16",
+        "use_distributed_optimizer": None,  # DeepSpeed ZeRO stage >= 1 is the equivalent
+        "tensor_model_parallel_size": None,
+        "pipeline_model_parallel_size": None,
+        "cross_entropy_loss_fusion": "use_liger_kernel",
+    },
+}
+# Frameworks that read Megatron-Core's own recompute_modules (selective recompute by module).
+_MODULE_AWARE = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo-rl")
+_WHOLE_LAYER = ("nemo-rl", "hf-trainer", "torchtitan")
+_GRANULARITY_RANK = {None: 0, "selective": 1, "full": 2}
+
+
+def check_patches(ctx: Context, findings: list[Finding]) -> None:
+    """Check every finding's patch in place (see the module doc)."""
+    framework = _framework(ctx)
+    current, where = _current(ctx)
+    for f in findings:
+        _check(ctx, f, framework, current, where)
+
+
+def _framework(ctx: Context) -> str | None:
+    read = ctx.evidence.read or {}
+    name = read.get("framework")
+    return name if name in FRAMEWORKS else None
+
+
+def _current(ctx: Context) -> tuple[dict[str, Any], dict[str, str]]:
+    """The value each field has in the inputs, and where it comes from."""
+    read = ctx.evidence.read
+    if read and isinstance(read.get("config"), dict):
+        values = dict(read["config"])
+        where = {}
+        for key, src in (read.get("sources") or {}).items():
+            if isinstance(src, dict):
+                kind = src.get("from", "")
+                if kind == "assumed":  # no input says it: never "already set"
+                    values.pop(key, None)
+                    continue
+                place = src.get("where") or src.get("key") or ""
+                where[key] = f"{kind} {place}".strip() if kind != "file" else place or "the file"
+        return values, where
+    flat = dict(ctx.evidence.config)
+    return flat, {k: "the paste" for k in flat}
+
+
+def is_mcore(key: str) -> bool:
+    return key in CONFIG_KEYS or key in _MCORE_EXTRA
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    if key == "recompute_modules" and isinstance(a, list) and isinstance(b, list):
+        return sorted(map(str, a)) == sorted(map(str, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (a in (0, 1) and b in (0, 1) and bool(a) == bool(b))
+    return a == b
+
+
+def _foreign_to_mcore(key: str, value: Any) -> dict[str, Any] | None:
+    """A framework key as the Megatron-Core fields that mean the same, where there are any."""
+    if key == "gradient_checkpointing" and isinstance(value, bool):
+        if value:
+            return {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
+        return {"recompute_granularity": None}
+    if key == "use_liger_kernel" and value is True:
+        return {"cross_entropy_loss_fusion": True}
+    if key == "per_device_train_batch_size" and isinstance(value, int):
+        return {"micro_batch_size": value}
+    return None
+
+
+def _check(
+    ctx: Context, f: Finding, framework: str | None, current: dict[str, Any], where: dict
+) -> None:
+    patch = dict(f.config_patch or {})
+    check: dict[str, Any] = {"keys": None, "dropped": [], "notes": []}
+    f.patch_framework, f.patch_keys, f.patch_check = framework, None, check
+    if not patch:
+        return
+    dropped: list[dict[str, Any]] = check["dropped"]
+
+    def drop(key: str, value: Any, reason: str) -> None:
+        patch.pop(key, None)
+        dropped.append({"key": key, "value": value, "reason": reason})
+
+    # 1. keys of another framework: translated where it has the same setting, else dropped
+    if framework is not None:
+        for key in list(patch):
+            owners = OWNED_KEYS.get(key)
+            if not owners or framework in owners:
+                continue
+            value = patch[key]
+            same = _foreign_to_mcore(key, value)
+            owner = _OWNER_NAMES.get(owners[0], owners[0])
+            if same is None:
+                drop(key, value, f"a {owner} key: {framework} does not read it")
+                continue
+            patch.pop(key)
+            for k, v in same.items():
+                patch.setdefault(k, v)
+            check["notes"].append(
+                f"{key}: {value!r} is a {owner} key; written as {framework}'s own setting"
+            )
+    # what the framework makes of it: NeMo-RL, the Trainer and torchtitan recompute whole
+    # layers, each one (full = uniform, 1 layer), and have no per-module selective recompute
+    if framework in _WHOLE_LAYER and patch.get("recompute_granularity") == "full":
+        patch["recompute_method"], patch["recompute_num_layers"] = "uniform", 1
+    # selective or no recompute takes no method / layer count: a patch that leaves the
+    # current ones set is one Megatron-Core rejects, so it unsets them too
+    if "recompute_granularity" in patch and patch["recompute_granularity"] != "full":
+        for key in ("recompute_method", "recompute_num_layers"):
+            if current.get(key) is not None:
+                patch.setdefault(key, None)
+    # 2. never already set
+    mcore = [k for k in patch if is_mcore(k)]
+    for key in mcore:
+        if key in current and _same(key, patch[key], current[key]):
+            drop(key, patch[key], f"already {current[key]!r} ({where.get(key, 'the inputs')})")
+    if mcore and not patch:  # every entry is already what the inputs have
+        check["already_set"] = True
+    # 3. never lowers recompute or raises the estimated peak unless that is the point
+    _memory(ctx, f, patch, current, check, drop)
+    # keys of the framework the inputs show
+    if framework is None:
+        if any(is_mcore(k) for k in patch):
+            check["keys"] = "megatron-core"
+            check["notes"].append(
+                "framework unknown (no config file the reader recognised): the patch is in "
+                "Megatron-Core names; translate each to your framework's key"
+            )
+    else:
+        f.patch_keys = _translate(framework, patch, ctx, drop)
+        check["keys"] = framework if f.patch_keys else None
+    f.config_patch = patch
+    _say(f, check)
+
+
+def _weaker(new: dict[str, Any], current: dict[str, Any], estimated: bool) -> str | None:
+    """How `new` recomputes less than `current` (None: it does not). A weaker granularity always
+    counts; a module set that loses modules counts only without an estimate (with one, the
+    estimate says whether the swap frees or costs memory: `moe` covers `mlp` on MoE layers)."""
+    if "recompute_granularity" not in new and "recompute_modules" not in new:
+        return None
+    old_g = current.get("recompute_granularity")
+    new_g = new.get("recompute_granularity", old_g)
+    if _GRANULARITY_RANK.get(new_g, 0) < _GRANULARITY_RANK.get(old_g, 0):
+        return f"recompute_granularity {old_g!r} -> {new_g!r}"
+    if not estimated and old_g == new_g == "selective" and "recompute_modules" in new:
+        old_m = set(current.get("recompute_modules") or ["core_attn"])
+        new_m = set(new.get("recompute_modules") or ["core_attn"])
+        if old_m - new_m:
+            return f"recompute_modules drops {sorted(old_m - new_m)}"
+    return None
+
+
+def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, drop) -> None:
+    changes = {k: v for k, v in patch.items() if is_mcore(k)}
+    if not changes:
+        return
+    before = after = error = None
+    if ctx.config is not None and ctx.estimate is not None:
+        before = ctx.estimate.total_bytes
+        after, error = _estimate_with(ctx, changes)
+        if after is not None:
+            check["peak_before_bytes"], check["peak_after_bytes"] = before, after
+    weaker = _weaker(changes, current, after is not None)
+    rises = after is not None and after > before + max(2**20, before // 200)
+    by = (
+        f"the estimated peak from {before / GIB:.2f} to {after / GIB:.2f} GiB per GPU "
+        f"(+{(after - before) / GIB:.2f} GiB)"
+        if rises
+        else ""
+    )
+    if error:
+        what = f"is rejected by Megatron-Core's validation ({error})"
+    elif f.category == "recompute_overhead":  # trading memory for speed is the point
+        if rises or weaker:
+            check["notes"].append(f"trades memory for speed: {f'raises {by}' if rises else weaker}")
+        return
+    elif rises:
+        what = f"would raise {by}" + (f": {weaker}" if weaker else "")
+    elif weaker:
+        what = f"lowers recompute ({weaker})"
+    else:
+        return
+    for key in list(changes):
+        drop(key, changes[key], f"dropped: the change {what}")
+    check["harmful"] = what
+
+
+def _estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The estimated peak (weights, gradients, optimizer, activations) with the patch applied,
+    or the validation error the patched config raises; (None, None) where a value is no
+    setting the estimator can take ("<2x the current>")."""
+    settable = {k: v for k, v in changes.items() if k in CONFIG_KEYS}
+    if not settable or any(isinstance(v, str) and v.startswith("<") for v in settable.values()):
+        return None, None
+    try:
+        cfg = ctx.config.replace(**settable)
+    except (ConfigError, TypeError, ValueError):
+        return None, None
+    try:
+        cfg.validate()
+        return estimate(cfg).total_bytes, None
+    except ConfigError as exc:
+        return None, str(exc).splitlines()[0][:200]
+    except (ValueError, ZeroDivisionError, TypeError, AttributeError):
+        return None, None
+
+
+def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dict[str, Any]:
+    """The patch in `framework`'s own keys (actions kept as they are)."""
+    from ..sources.formats import framework_module
+
+    module = framework_module(framework)
+    table = PATCH_KEYS.get(framework, {})
+    if framework == "nemo2":
+        table = PATCH_KEYS["megatron-bridge"]
+    out: dict[str, Any] = {}
+    for key, value in list(patch.items()):
+        if not is_mcore(key):
+            out[key] = value  # an action, or a key of this framework's own
+            continue
+        if framework == "megatron-core":
+            out[key] = value
+            continue
+        if key in table:
+            target = table[key]
+        else:
+            target = module.key_for(key) if module is not None else key
+            if target == key:
+                target = None  # the framework's reader knows no key of its own for it
+        if target is None or not _is_key(target):
+            how = f" (set through {target})" if target else ""
+            drop(key, value, f"{framework} has no key that sets {key}{how}")
+            continue
+        out.update(_value_for(framework, key, target, value, ctx, patch))
+    return out
+
+
+def _is_key(name: str) -> bool:
+    return " " not in name.strip() and "+" not in name and "/" not in name
+
+
+def _value_for(
+    framework: str, key: str, target: str, value: Any, ctx: Context, patch: dict
+) -> dict[str, Any]:
+    """{framework key: value}: the value in the framework's own spelling."""
+    if framework == "nemo1":
+        if key == "use_distributed_optimizer":
+            return {target: "distributed_fused_adam" if value else "fused_adam"}
+        if key in ("bf16", "fp16") and value:
+            return {target: f"{key}-mixed"}
+    if framework in ("megatron-bridge", "nemo2") and key in ("bf16", "fp16") and value:
+        return {target: f"{key}_mixed"}
+    if framework == "nemo-rl" and key == "recompute_granularity":
+        dtensor = bool((ctx.evidence.read or {}).get("config", {}).get("use_torch_fsdp2"))
+        section = "policy.dtensor_cfg" if dtensor else _NEMO_RL_MEGATRON
+        if value is None:
+            return {f"{section}.activation_checkpointing": False}
+        if dtensor:
+            return {f"{section}.activation_checkpointing": True}
+        return {f"{section}.activation_checkpointing": True, target: value}
+    if framework == "torchtitan" and key == "recompute_granularity":
+        return {target: {None: "none", "selective": "selective", "full": "full"}.get(value, value)}
+    if framework == "hf-trainer" and key == "recompute_granularity":
+        return {target: value is not None}
+    if framework == "megatron-lm" and key == "recompute_modules" and isinstance(value, list):
+        return {target: " ".join(map(str, value))}
+    if framework in ("nemo-rl",) and key in ("bf16", "fp16") and value:
+        return {target: "bfloat16" if key == "bf16" else "float16"}
+    return {target: value}
+
+
+def _say(f: Finding, check: dict[str, Any]) -> None:
+    """The finding's fix says what the checks changed, so a reader of the text sees it too."""
+    dropped = check["dropped"]
+    if not dropped and not check["notes"]:
+        return
+    words = []
+    if check.get("already_set") and not f.config_patch:
+        got = "; ".join(f"{d['key']} {d['reason']}" for d in dropped)
+        words.append(f"Already set in the inputs ({got}): no patch, nothing to change")
+    elif check.get("harmful"):
+        words.append(f"No patch: the change {check['harmful']}")
+    elif left := [d for d in dropped if not d["reason"].startswith("already")]:
+        words.append("Patch left out: " + "; ".join(f"{d['key']} ({d['reason']})" for d in left))
+    words += [n for n in check["notes"] if n.startswith("trades memory")]
+    if words:
+        f.fix = f"{f.fix.rstrip('. ')}. {'. '.join(words)}."
