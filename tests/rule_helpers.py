@@ -337,3 +337,14 @@ model:
   recompute_granularity: selective
   recompute_modules: [mlp]
 """
+
+
+def intended_patch(f: Finding) -> dict:
+    """The setting the rule advised: the shown `config_patch` plus the entries the patch check
+    (doctor/patches.py) left out because the inputs already have that value."""
+    already = {
+        d["key"]: d["value"]
+        for d in f.patch_check.get("dropped", [])
+        if d["reason"].startswith("already")
+    }
+    return {**already, **f.config_patch}

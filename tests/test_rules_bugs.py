@@ -12,6 +12,7 @@ from rule_helpers import (
     covers,
     get,
     ids,
+    intended_patch,
     run,
     text,
     top,
@@ -87,7 +88,7 @@ def test_rk090_headroom_while_recomputing():
     assert f.category == "informational"
     best = build_context(d.evidence, 80).best.estimate
     cites(f, f"'{best.recompute}'", "0.0%")
-    assert f.config_patch == patch_for(best.recompute)
+    assert intended_patch(f) == patch_for(best.recompute)
 
 
 @covers("RK090")

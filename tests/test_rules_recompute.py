@@ -12,6 +12,7 @@ from rule_helpers import (
     covers,
     get,
     ids,
+    intended_patch,
     run,
     spec_patch,
     text,
@@ -222,7 +223,9 @@ def test_rk152_config_with_a_non_dividing_recompute_num_layers():
     # Its IndexError in Megatron's own loop stays RK064's (fixed upstream) first.
     d = run(text("mlm-2294-error"), config=text("mlm-2294-config"))
     f = get(d, "RK152")
-    assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 6}
+    # uniform is already set: the patch changes only the layer count
+    assert f.config_patch == {"recompute_num_layers": 6}
+    assert intended_patch(f) == {"recompute_method": "uniform", "recompute_num_layers": 6}
     assert "not a multiple of recompute_num_layers 7" in f.evidence
     assert top(d).rule == "RK064"
 

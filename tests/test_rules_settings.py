@@ -17,6 +17,7 @@ from rule_helpers import (
     covers,
     get,
     ids,
+    intended_patch,
     run,
     spec_patch,
     text,
@@ -223,7 +224,8 @@ def test_rk034_uniform_groups_of_two_layers():
     f = get(d, "RK034")
     assert f.category == "activation_memory"
     cites(f, "Groups of 2 layers")
-    assert f.config_patch == spec_patch("full", "uniform", 1)
+    assert f.config_patch == {"recompute_num_layers": 1}  # full, uniform: already set
+    assert intended_patch(f) == spec_patch("full", "uniform", 1)
 
 
 @covers("RK034")

@@ -166,6 +166,13 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
 }
 # Frameworks that read Megatron-Core's own recompute_modules (selective recompute by module).
 _MODULE_AWARE = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo-rl")
+# Categories whose point may be to recompute less, and what the patch then trades.
+LOWERING_IS_THE_POINT = {
+    "recompute_overhead": "trades memory for speed",  # the step is slow because of recompute
+    "framework_bug": "works around the bug at a memory cost",  # the recompute path is broken
+    "invalid_config": "the setting Megatron-Core accepts costs memory",  # the current is refused
+}
+_IMPLIED = {"recompute_method": "uniform", "recompute_num_layers": 1}
 _WHOLE_LAYER = ("nemo-rl", "hf-trainer", "torchtitan")
 _GRANULARITY_RANK = {None: 0, "selective": 1, "full": 2}
 
@@ -175,7 +182,10 @@ def check_patches(ctx: Context, findings: list[Finding]) -> None:
     framework = _framework(ctx)
     current, where = _current(ctx)
     for f in findings:
-        _check(ctx, f, framework, current, where)
+        try:
+            _check(ctx, f, framework, current, where)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # odd pasted values
+            f.patch_check = {"keys": None, "dropped": [], "notes": [f"not checked: {exc}"]}
 
 
 def _framework(ctx: Context) -> str | None:
@@ -266,8 +276,27 @@ def _check(
             )
     # what the framework makes of it: NeMo-RL, the Trainer and torchtitan recompute whole
     # layers, each one (full = uniform, 1 layer), and have no per-module selective recompute
-    if framework in _WHOLE_LAYER and patch.get("recompute_granularity") == "full":
-        patch["recompute_method"], patch["recompute_num_layers"] = "uniform", 1
+    if patch.get("recompute_granularity") == "selective" and (
+        framework == "hf-trainer" or (framework == "nemo-rl" and _dtensor(ctx))
+    ):  # no selective recompute there: checkpointing is per layer, all of it
+        patch["recompute_granularity"] = "full"
+        patch.pop("recompute_modules", None)
+        check["notes"].append(f"{framework}: no selective recompute; its checkpointing is full")
+    whole = framework in _WHOLE_LAYER and patch.get("recompute_granularity") == "full"
+    if whole:  # implied by full there: estimated as such, never a key of its own
+        for key, value in _IMPLIED.items():
+            if key in patch and not _same(key, patch.pop(key), value):
+                check["notes"].append(f"{framework}: full recompute is every layer ({key})")
+    # no recompute (or full) has no modules, and no recompute no method / layer count either:
+    # unsetting what the new granularity ignores is no change worth a key
+    if "recompute_granularity" in patch and patch["recompute_granularity"] != "selective":
+        for key in ("recompute_modules",) + (
+            ("recompute_method", "recompute_num_layers")
+            if patch["recompute_granularity"] is None
+            else ()
+        ):
+            if key in patch and patch[key] is None:
+                patch.pop(key)
     # selective or no recompute takes no method / layer count: a patch that leaves the
     # current ones set is one Megatron-Core rejects, so it unsets them too
     if "recompute_granularity" in patch and patch["recompute_granularity"] != "full":
@@ -277,12 +306,14 @@ def _check(
     # 2. never already set
     mcore = [k for k in patch if is_mcore(k)]
     for key in mcore:
+        if f.category == "recompute_no_effect":
+            break  # its point: what the inputs say is not what runs; saying it again is the fix
         if key in current and _same(key, patch[key], current[key]):
             drop(key, patch[key], f"already {current[key]!r} ({where.get(key, 'the inputs')})")
     if mcore and not patch:  # every entry is already what the inputs have
         check["already_set"] = True
     # 3. never lowers recompute or raises the estimated peak unless that is the point
-    _memory(ctx, f, patch, current, check, drop)
+    _memory(ctx, f, {**patch, **_IMPLIED} if whole else patch, current, check, drop)
     # keys of the framework the inputs show
     if framework is None:
         if any(is_mcore(k) for k in patch):
@@ -298,6 +329,10 @@ def _check(
     _say(f, check)
 
 
+def _rank(granularity: Any) -> int:
+    return _GRANULARITY_RANK.get(granularity, 0) if isinstance(granularity, str | None) else 0
+
+
 def _weaker(new: dict[str, Any], current: dict[str, Any], estimated: bool) -> str | None:
     """How `new` recomputes less than `current` (None: it does not). A weaker granularity always
     counts; a module set that loses modules counts only without an estimate (with one, the
@@ -306,11 +341,11 @@ def _weaker(new: dict[str, Any], current: dict[str, Any], estimated: bool) -> st
         return None
     old_g = current.get("recompute_granularity")
     new_g = new.get("recompute_granularity", old_g)
-    if _GRANULARITY_RANK.get(new_g, 0) < _GRANULARITY_RANK.get(old_g, 0):
+    if _rank(new_g) < _rank(old_g):
         return f"recompute_granularity {old_g!r} -> {new_g!r}"
     if not estimated and old_g == new_g == "selective" and "recompute_modules" in new:
-        old_m = set(current.get("recompute_modules") or ["core_attn"])
-        new_m = set(new.get("recompute_modules") or ["core_attn"])
+        old_m = set(map(str, current.get("recompute_modules") or ["core_attn"]))
+        new_m = set(map(str, new.get("recompute_modules") or ["core_attn"]))
         if old_m - new_m:
             return f"recompute_modules drops {sorted(old_m - new_m)}"
     return None
@@ -336,9 +371,13 @@ def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, d
     )
     if error:
         what = f"is rejected by Megatron-Core's validation ({error})"
-    elif f.category == "recompute_overhead":  # trading memory for speed is the point
+    elif f.category in LOWERING_IS_THE_POINT or _spends_headroom(ctx, f, after):
         if rises or weaker:
-            check["notes"].append(f"trades memory for speed: {f'raises {by}' if rises else weaker}")
+            check["notes"].append(
+                f"{LOWERING_IS_THE_POINT.get(f.category, _HEADROOM)}: "
+                f"{f'raises {by}' if rises else weaker}"
+                + (f" ({weaker})" if rises and weaker else "")
+            )
         return
     elif rises:
         what = f"would raise {by}" + (f": {weaker}" if weaker else "")
@@ -349,6 +388,21 @@ def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, d
     for key in list(changes):
         drop(key, changes[key], f"dropped: the change {what}")
     check["harmful"] = what
+
+
+_HEADROOM = "spends the GPU's unused memory on speed"
+
+
+def _spends_headroom(ctx: Context, f: Finding, after: int | None) -> bool:
+    """An informational finding on a run that did not fail, whose patch still fits the GPU by
+    the estimate: recomputing less there is the point (the memory is there, unused)."""
+    return (
+        f.category == "informational"
+        and not ctx.evidence.oom
+        and after is not None
+        and bool(ctx.gpu_bytes)
+        and after <= 0.9 * ctx.gpu_bytes
+    )
 
 
 def _estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -379,6 +433,8 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
     table = PATCH_KEYS.get(framework, {})
     if framework == "nemo2":
         table = PATCH_KEYS["megatron-bridge"]
+    if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
+        table = {**table, "recompute_modules": None}
     out: dict[str, Any] = {}
     for key, value in list(patch.items()):
         if not is_mcore(key):
@@ -401,6 +457,11 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
     return out
 
 
+def _dtensor(ctx: Context) -> bool:
+    """A NeMo-RL run on its DTensor (FSDP2) backend rather than Megatron."""
+    return bool((ctx.evidence.read or {}).get("config", {}).get("use_torch_fsdp2"))
+
+
 def _is_key(name: str) -> bool:
     return " " not in name.strip() and "+" not in name and "/" not in name
 
@@ -417,7 +478,7 @@ def _value_for(
     if framework in ("megatron-bridge", "nemo2") and key in ("bf16", "fp16") and value:
         return {target: f"{key}_mixed"}
     if framework == "nemo-rl" and key == "recompute_granularity":
-        dtensor = bool((ctx.evidence.read or {}).get("config", {}).get("use_torch_fsdp2"))
+        dtensor = _dtensor(ctx)
         section = "policy.dtensor_cfg" if dtensor else _NEMO_RL_MEGATRON
         if value is None:
             return {f"{section}.activation_checkpointing": False}
@@ -448,6 +509,7 @@ def _say(f: Finding, check: dict[str, Any]) -> None:
         words.append(f"No patch: the change {check['harmful']}")
     elif left := [d for d in dropped if not d["reason"].startswith("already")]:
         words.append("Patch left out: " + "; ".join(f"{d['key']} ({d['reason']})" for d in left))
-    words += [n for n in check["notes"] if n.startswith("trades memory")]
+    trades = (*LOWERING_IS_THE_POINT.values(), _HEADROOM)
+    words += [n for n in check["notes"] if n.split(":")[0] in trades]
     if words:
         f.fix = f"{f.fix.rstrip('. ')}. {'. '.join(words)}."
