@@ -1,0 +1,219 @@
+"""Patches that cannot hurt (issue #21, doctor/patches.py): real configs of the reader corpus
+(tests/sources/corpus/, each file's URL in its NAME.expect.yaml) read through the shared reader,
+with a real OOM message where the case is an OOM:
+tests/data/rules/i12-automodel-1975.txt, https://github.com/NVIDIA-NeMo/Automodel/pull/1975
+("Tried to allocate 4.34 GiB. GPU 5 has a total capacity of 79.11 GiB").
+
+Each test fails on the engine before doctor/patches.py (the rules' patches shown as written).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.doctor.engine import diagnose
+from recompute_kit.doctor.evidence import collect
+from recompute_kit.doctor.evidence.text import config_artefact_text, strip_comment
+
+ROOT = Path(__file__).parent
+CORPUS = ROOT / "sources" / "corpus"
+OOM = ROOT / "data" / "rules" / "i12-automodel-1975.txt"
+
+
+def doctor(config: str, log: Path | None = OOM, gpu_memory_gb: float | None = None):
+    logs = [str(log)] if log else []
+    return diagnose(collect(logs=logs, config=str(CORPUS / config)), gpu_memory_gb)
+
+
+def finding(d, rule: str):
+    found = [f for f in d.findings if f.rule == rule]
+    assert found, [(f.rule, f.config_patch) for f in d.findings]
+    return found[0]
+
+
+# ---- never lowers recompute or raises the estimated peak -------------------------------------
+
+
+def test_moe_mla_patch_that_drops_recomputed_modules_is_not_shown():
+    # Megatron-LM functional test config: MLA + MoE (--moe-layer-freq ([0]*3+[1]*13)),
+    # selective recompute of [layernorm mla_up_proj mlp moe_act]. RK021 used to patch
+    # recompute_modules [layernorm, moe_act]: dropping mla_up_proj and mlp, which by the
+    # kit's own estimate raises the peak by 7.28 GiB per GPU.
+    d = doctor("megatron_lm/blind_ft_moe_mla_selective_recompute.yaml")
+    f = finding(d, "RK021")
+    assert "recompute_modules" not in f.config_patch
+    assert "would raise the estimated peak from 54.31 to 61.59 GiB" in f.fix
+    assert f.patch_check["peak_after_bytes"] > f.patch_check["peak_before_bytes"]
+    current = {"layernorm", "mla_up_proj", "mlp", "moe_act"}
+    for f in d.findings:  # no finding recomputes less than the run does
+        mods = f.config_patch.get("recompute_modules")
+        assert mods is None or current <= set(mods), (f.rule, mods)
+        assert f.config_patch.get("recompute_granularity", "selective") == "selective"
+
+
+def test_deepseek_v3_bridge_patch_rejected_by_validation_is_not_shown():
+    # Megatron-Bridge DeepSeek-V3 recipe (fp8 delayed scaling, recompute [mla_up_proj, mlp]):
+    # RK021's [layernorm, moe_act] drops both modules, and Megatron-Core refuses it for fp8.
+    # RK010's swap to [moe, mla_up_proj] lowers the estimate (moe covers mlp): it stays, in
+    # Bridge's own key.
+    d = doctor("bridge/deepseek_v3_pretrain_h100_fp8_sc_v1.yaml")
+    f = finding(d, "RK021")
+    assert f.config_patch == {}
+    assert "rejected by Megatron-Core's validation" in f.fix
+    good = finding(d, "RK010")
+    assert good.patch_keys == {"model.recompute_modules": ["moe", "mla_up_proj"]}
+    assert good.patch_check["peak_after_bytes"] < good.patch_check["peak_before_bytes"]
+
+
+def test_full_recompute_nemo_rl_is_never_advised_less_recompute():
+    # NeMo-RL DPO recipe with dtensor_cfg.activation_checkpointing: true (full recompute):
+    # nothing may switch it to selective or off, nor re-set what it already has.
+    d = doctor("nemo_rl/dpo-mistral-nemo-instruct-2407-1n8g-fsdp2tp8-actckpt-long.yaml")
+    for f in d.findings:
+        if f.category == "recompute_overhead":
+            continue  # speed: lowering recompute is its point (and it says the memory cost)
+        assert "recompute_granularity" not in f.config_patch, (f.rule, f.config_patch)
+    rk087 = finding(d, "RK087")
+    assert rk087.config_patch == {} and "Already set in the inputs" in rk087.fix
+
+
+def test_speed_finding_keeps_lowering_recompute_and_says_the_memory_it_costs():
+    # Megatron-LM functional test config with full, uniform recompute and room on an 80 GiB
+    # GPU: RK032 (recompute overhead) advises turning recompute off; that is its point.
+    d = doctor("megatron_lm/blind_ft_gpt3_uniform_full_recompute.yaml", None, gpu_memory_gb=80)
+    f = finding(d, "RK032")
+    assert f.config_patch["recompute_granularity"] is None
+    assert f.patch_keys["--recompute-granularity"] is None
+    assert "trades memory for speed: raises the estimated peak from 2.44 to 5.06 GiB" in f.fix
+
+
+# ---- in the framework's own keys -------------------------------------------------------------
+
+
+def test_nemo1_patch_in_activations_checkpoint_keys():
+    # NeMo 1.x launcher config (Mixtral 8x22B): NeMo 1.x reads activations_checkpoint_*, never
+    # recompute_*.
+    d = doctor("nemo/blind2_launcher_mixtral_8x22b.yaml")
+    f = finding(d, "RK010")
+    assert f.patch_framework == "nemo1"
+    assert f.patch_keys == {
+        "model.activations_checkpoint_granularity": "full",
+        "model.activations_checkpoint_method": "uniform",
+        "model.activations_checkpoint_num_layers": 1,
+    }
+    for f in d.findings:
+        assert not any(k.startswith(("recompute_", "model.recompute")) for k in f.patch_keys or {})
+
+
+def test_nemo1_has_no_recompute_modules():
+    # NeMo 1.x Nemotron-340B launcher config: selective recompute is core attention only there,
+    # so RK020's recompute_modules [mlp] has no key to go in.
+    d = doctor("nemo/blind_launcher_nemotron_340b.yaml")
+    f = finding(d, "RK020")
+    assert "recompute_modules" not in (f.patch_keys or {})
+    assert any(
+        "nemo1 has no key that sets recompute_modules" in x["reason"]
+        for x in f.patch_check["dropped"]
+    )
+    ds = finding(d, "RK101")  # a DeepSpeed JSON section NeMo 1.x does not read
+    assert "zero_optimization" not in ds.config_patch
+
+
+def test_nemo_rl_gets_its_own_checkpointing_key_not_gradient_checkpointing():
+    # NeMo-RL SFT recipe (DTensor backend): RK014 used to patch Hugging Face's
+    # gradient_checkpointing, which NeMo-RL does not read.
+    d = doctor("nemo_rl/sft.yaml")
+    f = finding(d, "RK014")
+    assert "gradient_checkpointing" not in f.config_patch
+    assert f.patch_keys == {"policy.dtensor_cfg.activation_checkpointing": True}
+    assert f.patch_framework == "nemo-rl"
+
+
+def test_bridge_gets_cross_entropy_fusion_not_liger():
+    # Megatron-Bridge Llama-3 70B SFT recipe: RK620 used to patch use_liger_kernel (a Hugging
+    # Face / Liger key); Bridge's own fused cross entropy is model.cross_entropy_loss_fusion.
+    d = doctor("bridge/blind_llama3_70b_sft_gb200_fp8_mx_v1.yaml")
+    f = finding(d, "RK620")
+    assert "use_liger_kernel" not in f.config_patch
+    assert f.patch_keys == {"model.cross_entropy_loss_fusion": True}
+
+
+def test_unknown_framework_stays_in_megatron_core_names_and_says_so():
+    # A model's config.json says nothing of the trainer: the framework is unknown.
+    d = doctor("hf_config/meta-llama--Meta-Llama-3.1-8B.config.json")
+    f = next(f for f in d.findings if f.config_patch)
+    assert f.patch_framework is None and f.patch_keys is None
+    assert f.patch_check["keys"] == "megatron-core"
+    assert any("framework unknown" in n for n in f.patch_check["notes"])
+
+
+# ---- never already set -----------------------------------------------------------------------
+
+
+def test_distributed_optimizer_already_set_is_not_patched():
+    # NeMo 1.x Mixtral 8x22B launcher config sets optim.name: distributed_fused_adam (line 143).
+    d = doctor("nemo/blind2_launcher_mixtral_8x22b.yaml")
+    f = finding(d, "RK011")
+    assert f.config_patch == {} and f.patch_check["already_set"]
+    assert (
+        "Already set in the inputs" in f.fix and "blind2_launcher_mixtral_8x22b.yaml:143" in f.fix
+    )
+
+
+def test_bridge_distributed_optimizer_already_set():
+    # Megatron-Bridge Llama-3 70B SFT recipe sets ddp.use_distributed_optimizer: true.
+    d = doctor("bridge/blind_llama3_70b_sft_gb200_fp8_mx_v1.yaml")
+    for f in d.findings:
+        assert "use_distributed_optimizer" not in f.config_patch, f.rule
+
+
+# ---- findings come from artefacts, not comments or the environment ---------------------------
+
+
+def test_yaml_comment_naming_fragmentation_fires_nothing():
+    # NeMo 1.x megatron_gpt_config.yaml line 171: "gradient_as_bucket_view: True # PyTorch DDP
+    # argument. Allocate gradients in a contiguous bucket to save memory (less fragmentation
+    # and buffer memory)" - documentation, not a report of fragmentation.
+    d = doctor("nemo/megatron_gpt_config.yaml")
+    assert "RK480" not in [f.rule for f in d.findings]
+    assert not any(
+        "fragmentation" in line
+        for line in d.evidence.facts["config"].get("fragmentation_prose", [])
+    )
+
+
+def test_cublas_workspace_in_the_environment_fires_nothing():
+    # Megatron-LM functional test config: ENV_VARS: CUBLAS_WORKSPACE_CONFIG: :4096:8 (the run's
+    # environment, not a report of memory left after freeing).
+    d = doctor("megatron_lm/blind2_ft_gpt3_345m_tp1_pp2_fp16.yaml", None)
+    assert "RK264" not in [f.rule for f in d.findings]
+
+
+def test_comment_is_not_the_model_size():
+    # Megatron-LM DeepSeek2-Lite launch script: "# Model architecture parameters for
+    # DeepSeek2-Lite (1.3B parameters)" is a comment (and wrong: the model is 15.7B).
+    d = doctor("megatron_lm/train_deepseek2_lite_h100_fp8.sh", None)
+    assert "model_prose" not in d.evidence.facts.get("config", {})
+    assert not any("1.3B" in f.evidence for f in d.findings)
+
+
+@pytest.mark.parametrize(
+    "line, kept",
+    [
+        ("gradient_as_bucket_view: True # PyTorch DDP argument", "gradient_as_bucket_view: True"),
+        ("# Model architecture parameters for DeepSeek2-Lite (1.3B parameters)", ""),
+        ('name: "run # 3"', 'name: "run # 3"'),
+        ("url: https://x.org/a#frag", "url: https://x.org/a#frag"),
+        ("echo $# args", "echo $# args"),
+    ],
+)
+def test_strip_comment(line, kept):
+    assert strip_comment(line) == kept
+
+
+def test_config_artefact_text_drops_environment_lines():
+    text = "ENV_VARS:\n  CUBLAS_WORKSPACE_CONFIG: :4096:8\nexport NCCL_DEBUG=INFO\nMODEL: x\n"
+    assert config_artefact_text(text).split("\n") == ["", "", "", ""]
+    assert config_artefact_text("  --num-layers: 24\n") == "  --num-layers: 24"
