@@ -165,7 +165,7 @@ def test_rk030_rk031_rk033_the_skills_llama3_70b_table():
     f30 = top(d)
     assert f30.rule == "RK030" and f30.category == "recompute_overhead"
     cites(f30, "Exp 1", "-16.4%")
-    assert f30.config_patch == spec_patch("full", "block", 1)
+    assert intended_patch(f30) == spec_patch("full", "block", 1)
     f31 = get(d, "RK031")
     cites(f31, "586.8", "593.6")
     assert f31.config_patch == spec_patch("selective", modules=["mlp"])
@@ -203,7 +203,7 @@ def test_rk032_full_recompute_where_selective_fits():
     assert "RK090" not in ids(d)  # the same advice, superseded
     best = build_context(d.evidence, 80).best.estimate
     cites(f, f"'{best.recompute}'", f"{best.recompute_flops_fraction:.1%}")
-    assert f.config_patch == patch_for(best.recompute)
+    assert intended_patch(f) == patch_for(best.recompute)
     assert (
         best.recompute_flops_fraction
         < build_context(d.evidence, 80).estimate.recompute_flops_fraction

@@ -296,7 +296,8 @@ def _check(
             else ()
         ):
             if key in patch and patch[key] is None:
-                patch.pop(key)
+                granularity = patch["recompute_granularity"]
+                drop(key, None, f"already implied by recompute_granularity {granularity!r}")
     # selective or no recompute takes no method / layer count: a patch that leaves the
     # current ones set is one Megatron-Core rejects, so it unsets them too
     if "recompute_granularity" in patch and patch["recompute_granularity"] != "full":
