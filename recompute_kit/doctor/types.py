@@ -94,6 +94,8 @@ class Finding:
     confidence: float
     references: list[str]
     evidence: str  # two or three sentences citing the input's numbers
+    # the rule's own confidence; `confidence` is its calibrated value (doctor/calibration.py)
+    raw_confidence: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,15 +109,19 @@ class Diagnosis:
     assumptions: list[str]
     # findings the evidence rules out: {"rule": id, "reason": why}
     dropped: list[dict[str, str]] = field(default_factory=list)
+    verdict: Any = None  # doctor/verdict.py's Verdict: diagnosed | needs_evidence | out_of_scope
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "evidence": self.evidence.to_json(),
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "assumptions": self.assumptions,
             "dropped": self.dropped,
         }
+        if self.verdict is not None:  # verdict, verdict_why, deciding_evidence, collect, ...
+            out.update(self.verdict.to_json())
+        return out
 
 
 @dataclass(frozen=True)
