@@ -532,6 +532,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for line in summary_lines(reading_from_json(evidence.read), evidence.read["inputs"]):
             print(line)
         print()
+    if diagnosis.verdict is not None:  # the verdict leads (doctor/verdict.py)
+        for line in diagnosis.verdict.lines():
+            print(line)
+        print()
     print(diagnosis.summary)
     for f in diagnosis.findings:
         print(f"\n[{f.rule}] {f.title}  ({f.category}, confidence {f.confidence:.0%})")

@@ -41,7 +41,9 @@ def load(path: str = str(TABLE)) -> dict[str, Any]:
         return {"table": {}}
 
 
-def calibrate(raw: float, category: str, decided: bool, table: dict[str, Any] | None = None) -> float:
+def calibrate(
+    raw: float, category: str, decided: bool, table: dict[str, Any] | None = None
+) -> float:
     """The calibrated confidence of a raw one (the raw one, capped, where the table has no
     row: an empty or missing table changes nothing but the cap)."""
     rows = (table or load())["table"]
@@ -90,12 +92,11 @@ def fit(points: list[tuple[str, bool, float, bool]]) -> dict[str, Any]:
         pooled = counts(lambda c, d, dec=decided: d == dec)
         total_n = sum(n for n, _ in pooled) or 1
         overall = sum(r for _, r in pooled) / total_n
-        pooled_p = [
-            (r + PRIOR_WEIGHT * overall) / (n + PRIOR_WEIGHT) for n, r in pooled
-        ]
+        pooled_p = [(r + PRIOR_WEIGHT * overall) / (n + PRIOR_WEIGHT) for n, r in pooled]
         pooled_p = _pav(pooled_p, [n + PRIOR_WEIGHT for n, _ in pooled])
         table[key("*", decided)] = [
-            {"n": n, "right": r, "p": round(p, 3)} for (n, r), p in zip(pooled, pooled_p, strict=True)
+            {"n": n, "right": r, "p": round(p, 3)}
+            for (n, r), p in zip(pooled, pooled_p, strict=True)
         ]
         for cat in sorted({c for c, d, _, _ in points if d == decided}):
             mine = counts(lambda c, d, cat=cat, dec=decided: c == cat and d == dec)

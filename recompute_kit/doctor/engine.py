@@ -10,14 +10,15 @@ rule fired, so they never outrank a specific finding.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
 from ..memory.estimate import estimate
+from .calibration import calibrate
 from .evidence import Evidence
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
-from .calibration import calibrate
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
 from .verdict import decides, judge, present
@@ -150,6 +151,9 @@ def diagnose(
         f.raw_confidence = f.confidence
         if calibrated:
             f.confidence = calibrate(f.confidence, f.category, decides(f.category, kinds))
+    for above, f in itertools.pairwise(findings):
+        # the table is of top findings: one ranked lower is no likelier than the one above it
+        f.confidence = min(f.confidence, above.confidence)
     verdict = judge(ctx, findings)
     diagnosis = Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
     diagnosis.verdict = verdict

@@ -114,7 +114,9 @@ def present(ctx: Context) -> dict[str, str]:
     if ctx.estimate is not None:
         out["shape"] = "a config with a model shape the estimator split"
     if ev.memory or ev.memory_stats or ev.snapshot or ev.theoretical_memory or ev.gpu_processes:
-        out["memory_table"] = "a memory table (memory reports, memory stats, a snapshot or nvidia-smi)"
+        out["memory_table"] = (
+            "a memory table (memory reports, memory stats, a snapshot or nvidia-smi)"
+        )
     timed = [it for it in ev.iterations if getattr(it, "elapsed_ms", None)]
     if ev.experiments or len(timed) >= 2:
         out["measurement"] = "measured runs (an ablation table or timed iteration lines)"
@@ -127,9 +129,8 @@ def decides(category: str, kinds: dict[str, str] | set[str]) -> bool:
     """Whether the deciding evidence present decides this category."""
     have = set(kinds)
     if category in _NEEDS_OOM:
-        return "full_oom" in have and bool(have & {"shape", "memory_table", "traceback"}) or (
-            "shape" in have and "memory_table" in have
-        )
+        with_oom = "full_oom" in have and bool(have & {"shape", "memory_table", "traceback"})
+        return with_oom or ("shape" in have and "memory_table" in have)
     return bool(have & set(DECIDED_BY.get(category, ())))
 
 
@@ -144,7 +145,9 @@ _DATA_LOADER = re.compile(
     r"pin[_ ]memory thread|_worker_loop|dataloader worker",
     re.I,
 )
-_INFERENCE = re.compile(r"\bvllm/|\bsglang/|text_generation_server|/generation/utils\.py|\.generate\(")
+_INFERENCE = re.compile(
+    r"\bvllm/|\bsglang/|text_generation_server|/generation/utils\.py|\.generate\("
+)
 _TRAINING = re.compile(
     r"backward|optimizer|\.step\(|trainer|train_step|training|checkpoint|forward_backward|"
     r"recompute|accelerate|deepspeed|grpo|ppo|rollout|actor",
@@ -154,18 +157,18 @@ _TRAINING = re.compile(
 
 def scope(ctx: Context, findings: list[Finding]) -> str | None:
     """'host_ram', 'data_loader' or 'inference' when the failure is out of the kit's scope."""
-    if findings and findings[0].rule == "RK660":  # the host's RAM, not the GPU's
-        return "host_ram"
     ev = ctx.evidence
     text = "\n".join(
         f"{e.type}: {e.message}\n{e.details}\n" + "\n".join(e.frames) for e in ev.errors
     )
+    if not ev.oom and _DATA_LOADER.search(text):  # the more specific reading first
+        return "data_loader"
+    if findings and findings[0].rule == "RK660":  # the host's RAM, not the GPU's
+        return "host_ram"
     if ev.oom:
         return None
     if _HOST_RAM.search(text):
         return "host_ram"
-    if _DATA_LOADER.search(text):
-        return "data_loader"
     trained = ev.iterations or ev.experiments or ctx.granularity or _TRAINING.search(text)
     if _INFERENCE.search(text) and not trained:
         return "inference"
