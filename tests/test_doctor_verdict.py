@@ -231,3 +231,29 @@ def test_labels_are_what_the_rule_proposes():
         env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     )
     assert out.stdout == "", out.stdout  # no case whose label differs from the rule's proposal
+
+
+def test_benchmark_reports_decidable_and_thin_apart():
+    from recompute_kit.doctor.corpus import CaseResult, format_table, table
+
+    def case(decidable, verdict, ok, collect_decides=False, conf=0.9):
+        r = CaseResult("x", "u", "dev", "fragmentation", "fragmentation", "RK001", ok, ok)
+        r.decidable, r.verdict, r.collect_decides, r.confidence = (
+            decidable,
+            verdict,
+            collect_decides,
+            conf,
+        )
+        return r
+
+    results = [
+        case(True, "diagnosed", True),
+        case(True, "needs_evidence", False, conf=0.5),
+        case(False, "needs_evidence", False, True, 0.5),
+        case(False, "needs_evidence", False, False, 0.5),
+    ]
+    v = table(results)["dev_verdict"]
+    assert v["decidable"] == {"n": 2, "top1": 1, "diagnosed": 1}
+    assert v["thin"]["needs_evidence"] == 2 and v["thin"]["needs_evidence_deciding_collect"] == 1
+    assert v["confident"] == {"n": 1, "right": 1}
+    assert "thin, needs_evidence + deciding collect 1/2 (50%)" in format_table(table(results))
