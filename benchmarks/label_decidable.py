@@ -7,8 +7,9 @@ The rule (doctor/verdict.py's `present`): a paste is decidable when it holds dec
 one of a full OOM message (the request and the capacity with free or reserved sizes), a config
 with a model shape the estimator can split, a memory table (memory reports, memory stats, a
 snapshot, nvidia-smi's process table, Megatron's theoretical footprint), measured runs (an
-ablation table, timed iteration lines) or a traceback with its frames. Prose, a bare exception
-line, an OOM title without its sizes, a config without a model shape decide nothing: thin.
+ablation table, timed iteration lines), a traceback with its frames, a framework's validation
+error stating a constraint, or a config Megatron's validation rejects. Prose, any other bare
+exception line, an OOM title without its sizes, a config without a model shape: thin.
 
 Only the paste (`artefacts`, `config`) is read: never the case's diagnosis, expected category or
 what the doctor answers. Without --write it prints the proposals that differ from the files.

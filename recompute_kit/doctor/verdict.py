@@ -15,9 +15,12 @@ paste alone; benchmarks/label_decidable.py):
 * a memory table: Megatron's memory reports or theoretical footprint, torch.cuda.memory_stats(),
   a memory snapshot, or nvidia-smi's process table;
 * a measurement: an ablation table or iteration lines with times;
-* a traceback: an exception or warning with the frames it came from.
+* a traceback: an exception or warning with the frames it came from;
+* a framework's validation error (ValueError, AssertionError, ...) stating the constraint broken
+  (`ValueError: ... recompute_method must be "block" or "uniform"`), or a config that
+  Megatron's validation (run by the kit) rejects: these decide invalid_config.
 
-A bare exception line, prose, or an OOM title without its numbers decides nothing.
+Any other bare exception line, prose, or an OOM title without its numbers decides nothing.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "logits_memory": _MEMORY,
     "recompute_no_effect": ("shape", "memory_table", "measurement"),
     "recompute_overhead": ("measurement",),
-    "invalid_config": ("traceback", "shape"),
+    "invalid_config": ("validation_message", "config_rejected", "traceback", "shape"),
     "checkpoint_api_misuse": ("traceback",),
     "nondeterministic_recompute": ("traceback",),
     "framework_bug": ("traceback",),
@@ -122,7 +125,29 @@ def present(ctx: Context) -> dict[str, str]:
         out["measurement"] = "measured runs (an ablation table or timed iteration lines)"
     if any(e.frames for e in ev.errors):
         out["traceback"] = "a traceback with its frames"
+    if any(_is_validation(e) for e in ev.errors):
+        out["validation_message"] = "a framework's validation error stating the constraint broken"
+    if ctx.config_error:
+        out["config_rejected"] = "the config, which Megatron's validation rejects"
     return out
+
+
+# A framework's own validation error: an exception (not a warning) of a validation type whose
+# message states the constraint a setting breaks ("... must be ...", "... not supported with ...").
+_VALIDATION_TYPES = ("ValueError", "AssertionError", "ConfigError", "ValidationError")
+_CONSTRAINT = re.compile(
+    r"\b(?:must|cannot|can ?not|not supported|only supported|does not (?:support|work)|"
+    r"not compatible|needs to be|should be|not (?:in|one of)|invalid|only)\b",
+    re.I,
+)
+
+
+def _is_validation(e) -> bool:
+    return (
+        e.kind == "exception"
+        and e.type.split(".")[-1] in _VALIDATION_TYPES
+        and bool(_CONSTRAINT.search(e.message))
+    )
 
 
 def decides(category: str, kinds: dict[str, str] | set[str]) -> bool:
