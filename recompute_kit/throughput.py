@@ -4,8 +4,9 @@ MFU (model FLOPs utilisation) counts the model's FLOPs only (forward + backward,
 recompute: `memory.flops.step_flops`), so recompute lowers it; hardware FLOP/s adds the re-run
 forward (`hardware_flops_per_step`). The ceiling is measured, not a datasheet figure: the
 rate of one large dense GEMM in the run's dtype on the run's device (`matmul_ceiling`), taken
-once per run. The FLOP model's predicted overhead of a recompute setting is its recompute
-FLOPs over the step's model FLOPs, to compare with a measured step-time ratio.
+once per run. The FLOP model's predicted overhead of a recompute setting is its executed
+recompute FLOPs over the step's executed FLOPs (`recompute_flops_fraction`: causal flash/fused
+attention costs half the s x s), to compare with a measured step-time ratio.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config
-from .memory.flops import hardware_flops_per_step, recompute_flops, step_flops
+from .memory.flops import hardware_flops_per_step, recompute_flops_fraction, step_flops
 
 
 def _sync(device: torch.device) -> None:
@@ -54,7 +55,7 @@ class Throughput:
     hardware_tflops: float  # FLOPs executed per second (recompute included), TFLOP/s
     mfu: float  # model_tflops / ceiling
     hfu: float  # hardware_tflops / ceiling
-    predicted_overhead: float  # recompute FLOPs / model FLOPs of the step
+    predicted_overhead: float  # executed recompute FLOPs / executed FLOPs of the step
 
 
 def throughput(
@@ -71,5 +72,5 @@ def throughput(
         hardware_tflops=hardware,
         mfu=model / ceiling_tflops,
         hfu=hardware / ceiling_tflops,
-        predicted_overhead=recompute_flops(config) / step_flops(config),
+        predicted_overhead=recompute_flops_fraction(config),
     )

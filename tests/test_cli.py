@@ -270,6 +270,7 @@ ESTIMATE_FIELDS = {
     "optimizer_bytes",
     "total_bytes",
     "recompute_flops_fraction",
+    "model_recompute_flops_fraction",
 }
 
 
@@ -367,10 +368,14 @@ def test_plan_json_and_render():
     assert doc["best"]["total_bytes"] <= doc["usable_bytes"]
     fitting = [c for c in doc["candidates"] if c["fits"]]
     assert doc["best"] == fitting[0]
-    no_offload = [c for c in fitting if not c["offload"]]
+    # the cheapest of the settings that clear the estimate's error band (issue #20)
+    clear = [c for c in fitting if not c["offload"] and c["clears_error_band"]]
     assert doc["best"]["recompute_flops_fraction"] == min(
-        c["recompute_flops_fraction"] for c in no_offload
+        c["recompute_flops_fraction"] for c in clear
     )
+    assert all(c["headroom_bytes"] == doc["usable_bytes"] - c["total_bytes"] for c in fitting)
+    assert doc["headroom_bytes"] == doc["best"]["headroom_bytes"]
+    assert doc["error_band"]["total_bytes"] == doc["error_band_bytes"] <= doc["headroom_bytes"]
     assert doc["rendered"].splitlines()[1].startswith("--recompute-granularity")
     assert doc["best"]["recompute"] in doc["explanation"]
 
@@ -509,3 +514,15 @@ def test_parse_spec_rejects_empty_module_names():
 
     with pytest.raises(ConfigError):
         parse_spec("selective:core_attn,,mlp")
+
+
+def test_a_spec_megatron_refuses_is_skipped_among_others():
+    """One refused spec is said and skipped; the others are still estimated (one spec alone
+    is still an error)."""
+    args = ["estimate", "--model", "tiny-moe", "--recompute", "none", "selective:mla_up_proj"]
+    proc = run(*args, "full:uniform:1", "--json", check_rc=0)
+    doc = json.loads(proc.stdout)
+    assert [e["recompute"] for e in doc["estimates"]] == ["none", "full:uniform:1"]
+    assert doc["rejected"][0]["recompute"] == "selective:mla_up_proj"
+    assert "mla_up_proj" in proc.stderr
+    run("estimate", "--model", "tiny-moe", "--recompute", "selective:mla_up_proj", check_rc=1)

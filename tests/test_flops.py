@@ -8,10 +8,12 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from recompute_kit.config import Config
 from recompute_kit.layers import GPTModel
+from recompute_kit.memory.estimate import estimate
 from recompute_kit.memory.flops import (
     hardware_flops_per_step,
     layer_forward_flops,
     model_forward_flops,
+    model_recompute_flops_fraction,
     output_layer_flops,
     paper_hardware_flops_selective,
     paper_model_flops,
@@ -19,6 +21,7 @@ from recompute_kit.memory.flops import (
     recompute_flops_fraction,
     step_flops,
 )
+from recompute_kit.plan import plan
 from recompute_kit.presets import get_preset
 from recompute_kit.verify import make_batch
 
@@ -27,6 +30,8 @@ TINY_GPT = get_preset("tiny-gpt").config()
 TINY_MOE = get_preset("tiny-moe").config()
 TINY_MLA = get_preset("tiny-mla").config()
 DEEPSEEK = get_preset("deepseek-v3").config()
+LLAMA8 = get_preset("llama3-8b").config()  # flash attention
+LLAMA70 = get_preset("llama3-70b").config()  # flash attention, TP8 x PP4
 
 
 def rel_err(x: float, y: float) -> float:
@@ -96,6 +101,10 @@ def test_gpt3_selective_fraction_and_the_papers_2_7_percent():
     assert rel_err(paper_fraction, s / (6 * h) / denominator) < 1e-9
     assert abs(paper_fraction - 0.027) <= 0.001
     assert rel_err(paper_fraction, 3 * recompute_flops_fraction(cfg)) < 1e-9
+    # The paper's convention stays available whatever the backend runs: model FLOPs.
+    flash = cfg.replace(attention_backend="flash")
+    assert rel_err(model_recompute_flops_fraction(flash), s / (18 * h) / denominator) < 1e-12
+    assert recompute_flops_fraction(flash) < model_recompute_flops_fraction(flash)
 
 
 # ---- full recompute ---------------------------------------------------------------------
@@ -107,7 +116,7 @@ def test_full_uniform_re_runs_every_layer_once(cfg):
     forward = model_forward_flops(cfg)
     logits = 2 * m.micro_batch_size * m.seq_length * m.hidden_size * m.vocab_size
     assert output_layer_flops(m) == logits
-    fraction = recompute_flops_fraction(cfg.with_recompute("full:uniform:1"))
+    fraction = model_recompute_flops_fraction(cfg.with_recompute("full:uniform:1"))
     assert rel_err(fraction, (forward - logits) / (3 * forward)) < 1e-12
     assert fraction < 1 / 3
     for n in (2, 3, m.num_layers, m.num_layers + 7):
@@ -328,3 +337,168 @@ def test_step_and_recompute_match_execution(cfg, specs):
         counted = counted_step(model, cfg, spec, batch)
         assert counted - baseline == extra(cfg, spec), spec
         assert counted == hardware_flops_per_step(cfg.with_recompute(spec)), spec
+
+
+# ---- per virtual-pipeline chunk and per stage (issue #20) ----------------------------------
+# Megatron-Core applies recompute_method / recompute_num_layers per TransformerBlock, and each
+# virtual-pipeline chunk is its own block: `TransformerBlock._checkpointed_forward` loops over
+# `num_layers_per_pipeline_rank = len(self.layers)` (megatron-core 0.16.1,
+# megatron/core/transformer/transformer_block.py L326 and L532-L560; the project's reference,
+# /work/shared/reference/megatron-recompute.md section 2.1).
+
+
+def _dense_layer(cfg: Config) -> float:
+    return sum(layer_forward_flops(cfg.model, moe_layer=False).values())
+
+
+def test_full_block_recomputes_n_layers_in_every_virtual_chunk():
+    """32 layers on PP4 x VPP8: every chunk is one layer, so `full:block:1` re-runs all 8
+    layers of a stage (a third of stage 0's step), not one (+3.9% of the whole model before)."""
+    cfg = LLAMA8.replace(
+        pipeline_model_parallel_size=4,
+        virtual_pipeline_model_parallel_size=8,
+        attention_backend="unfused",  # executed = model FLOPs, to compare exactly
+    ).with_recompute("full:block:1")
+    layer = _dense_layer(cfg)
+    for stage in range(4):
+        assert recompute_flops(cfg, stage) == 8 * layer
+    assert recompute_flops(cfg) == 32 * layer
+    first = estimate(cfg, stage=0)
+    assert rel_err(first.recompute_flops_fraction, 1 / 3) < 1e-12
+    assert rel_err(first.model_recompute_flops_fraction, 1 / 3) < 1e-12
+    last = estimate(cfg, stage=3)  # the logits are stage 3's too
+    logits = output_layer_flops(cfg.model)
+    assert rel_err(last.recompute_flops_fraction, 8 * layer / (3 * (8 * layer + logits))) < 1e-12
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_full_block_n_per_chunk_of_several_layers(n):
+    """PP2 x VPP4 on 32 layers: chunks of 4; block N re-runs min(N, 4) layers of each of a
+    stage's 4 chunks."""
+    cfg = LLAMA8.replace(
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=4,
+        attention_backend="unfused",
+    ).with_recompute(f"full:block:{n}")
+    per_stage = 4 * min(n, 4)
+    assert recompute_flops(cfg, 0) == per_stage * _dense_layer(cfg)
+    assert rel_err(estimate(cfg, stage=0).recompute_flops_fraction, per_stage / 48) < 1e-12
+
+
+def test_full_block_per_chunk_follows_the_layer_kinds():
+    """tiny-moe (layer 0 dense, 1-3 MoE) on PP2 x VPP2: stage 0 holds [0] and [2], stage 1
+    holds [1] and [3] (the memory model's `pipeline_layout`); block:1 re-runs both of each
+    stage's layers."""
+    cfg = TINY_MOE.replace(
+        pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2
+    ).with_recompute("full:block:1")
+    dense = sum(layer_forward_flops(cfg.model, moe_layer=False).values())
+    moe = sum(layer_forward_flops(cfg.model, moe_layer=True).values())
+    assert estimate(cfg, stage=0).layers == [0, 2]
+    assert recompute_flops(cfg, 0) == dense + moe
+    assert recompute_flops(cfg, 1) == 2 * moe
+    assert recompute_flops(cfg) == dense + 3 * moe
+
+
+@pytest.mark.parametrize("n", [3, 5, 7, 12])
+def test_full_uniform_with_a_remainder_per_chunk(n):
+    """PP2 x VPP2 on 32 layers: chunks of 8; uniform N groups each chunk as N, N, ..., the
+    remainder (clamped as Megatron-Core 0.17 does), and every layer is re-run exactly once
+    whatever N: stage 0's step grows by a third, the last stage's by its layers over its
+    layers plus the logits (the whole-model fraction, < 1/3, was reported for every stage)."""
+    cfg = LLAMA8.replace(
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=2,
+        attention_backend="unfused",
+    ).with_recompute(f"full:uniform:{n}")
+    layer = _dense_layer(cfg)
+    assert recompute_flops(cfg, 0) == recompute_flops(cfg, 1) == 16 * layer
+    assert rel_err(estimate(cfg, stage=0).recompute_flops_fraction, 1 / 3) < 1e-12
+    logits = output_layer_flops(cfg.model)
+    expected_last = 16 * layer / (3 * (16 * layer + logits))
+    assert rel_err(estimate(cfg, stage=1).recompute_flops_fraction, expected_last) < 1e-12
+
+
+def test_selective_per_stage_counts_the_stage_layers():
+    # DeepSeek-V3 on PP16 with 1 + 4 layers on the first/last stage: 3 dense layers first.
+    cfg = DEEPSEEK.replace(
+        pipeline_model_parallel_size=16,
+        num_layers_in_first_pipeline_stage=1,
+        num_layers_in_last_pipeline_stage=4,
+    ).with_recompute("selective:mlp")
+    mlp = layer_forward_flops(cfg.model, moe_layer=False)["mlp"]
+    assert [recompute_flops(cfg, k) for k in (0, 1, 2)] == [mlp, 2 * mlp, 0]
+    assert sum(recompute_flops(cfg, k) for k in range(16)) == recompute_flops(cfg)
+
+
+# ---- model FLOPs (full s x s) and executed FLOPs (causal kernels skip the masked half) ------
+
+
+def llama8_32k_fractions(spec: str) -> tuple[float, float]:
+    """(model, executed) fractions written from the shapes, Llama-3.1-8B at 32k. Executed on
+    flash: QK^T and attention-over-V cost half (the key blocks above the diagonal are skipped)
+    and their backward is 2.5 x their forward (FlashAttention's own count,
+    benchmarks/benchmark_flash_attention.py `flops()`: `// (2 if causal else 1)`, bwd 2.5 x)."""
+    m = LLAMA8.model
+    b, s, h, a, g, d = 1, 32768, m.hidden_size, m.num_attention_heads, m.kv_groups, m.head_dim
+    f, v, layers = m.ffn_size, m.vocab_size, m.num_layers
+    t = b * s
+    qkv, proj = 2 * t * h * (a + 2 * g) * d, 2 * t * a * d * h
+    mlp = 2 * t * h * 2 * f + 2 * t * f * h
+    attn = 4 * b * a * s * s * d
+    logits = 2 * t * h * v
+    redo = {"selective:mlp": mlp, "selective:core_attn": attn}[spec]
+    model = layers * redo / (3 * (layers * (qkv + proj + mlp + attn) + logits))
+    redo_run = {"selective:mlp": mlp, "selective:core_attn": attn / 2}[spec]
+    step_run = 3 * (layers * (qkv + proj + mlp + attn / 2) + logits) + layers * 0.5 * attn / 2
+    return model, layers * redo_run / step_run
+
+
+@pytest.mark.parametrize(
+    "spec, model, executed",
+    [("selective:mlp", 0.1168, 0.1501), ("selective:core_attn", 0.1779, 0.1144)],
+)
+def test_32k_flash_executed_fraction_differs_from_the_model_convention(spec, model, executed):
+    """Llama-3.1-8B at 32k on flash: re-running the MLP costs +15.0% of the executed step,
+    not the +11.7% the full-square convention says (the step is smaller than that count);
+    re-running core attention costs +11.4%, not +17.8%."""
+    cfg = LLAMA8.replace(seq_length=32768).with_recompute(spec)
+    want_model, want_executed = llama8_32k_fractions(spec)
+    e = estimate(cfg)
+    assert rel_err(e.model_recompute_flops_fraction, want_model) < 1e-12
+    assert rel_err(e.recompute_flops_fraction, want_executed) < 1e-12
+    assert (round(want_model, 4), round(want_executed, 4)) == (model, executed)
+    # The unfused backend computes the full square: both counts agree.
+    unfused = estimate(cfg.replace(attention_backend="unfused"))
+    assert unfused.recompute_flops_fraction == unfused.model_recompute_flops_fraction
+    assert rel_err(unfused.recompute_flops_fraction, want_model) < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused", "auto"])
+def test_causal_skipping_backends_halve_core_attention(backend):
+    m = LLAMA8.replace(attention_backend=backend).model
+    executed = layer_forward_flops(m, moe_layer=False, executed=True)
+    model = layer_forward_flops(m, moe_layer=False)
+    assert executed["core_attn"] == model["core_attn"] / 2
+    assert {k: v for k, v in executed.items() if k != "core_attn"} == {
+        k: v for k, v in model.items() if k != "core_attn"
+    }
+    mla = layer_forward_flops(DEEPSEEK.replace(attention_backend=backend).model, False, True)
+    assert mla["core_attn"] == mla_terms(DEEPSEEK)["core_attn"] / 2
+
+
+def test_plan_ranks_by_executed_fraction():
+    """Llama-3-70B at 32k (TP8 x PP4, flash) with room for both `selective:mlp` and
+    `full:block:11`: block 11 re-runs 11 of a stage's 20 layers, +17.6% of the executed step,
+    cheaper than the MLPs' +20.1%; the model convention (+18.3% vs +16.9%) ranked them the other
+    way and the plan picked `selective:mlp`."""
+    cfg = LLAMA70.replace(seq_length=32768)
+    mlp = estimate(cfg.with_recompute("selective:mlp"))
+    block = estimate(cfg.with_recompute("full:block:11"))
+    assert block.recompute_flops_fraction < mlp.recompute_flops_fraction
+    assert block.model_recompute_flops_fraction > mlp.model_recompute_flops_fraction
+    # room for both with their error bands cleared (the planner ranks those first)
+    budget_gib = max(mlp.total_bytes, block.total_bytes) / 2**30 / 0.9 * 1.2
+    best = plan(cfg, budget_gib).best.estimate
+    assert best.recompute_flops_fraction <= block.recompute_flops_fraction
+    assert best.recompute != "selective:mlp"

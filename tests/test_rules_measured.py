@@ -230,6 +230,8 @@ def test_rk236_optimizer_states_loaded_onto_the_gpu_at_resume():
     # without the optimizer's load_state_dict frames it is not this rule's
     cut = "\n".join(line for line in case.splitlines() if "load_state_dict" not in line)
     assert "RK236" not in ids(run(cut))
+
+
 # RK260-RK265: general readings of a phenomenon (rules/general.py, facts from
 # evidence/signals.py), and default readings from sizes stated in prose. Texts are
 # tests/data/rules/i26-*, verbatim from dev corpus cases (URLs in SOURCES).
@@ -406,3 +408,51 @@ def test_rk266_reads_step_numbered_lines_and_yields_to_specific_growth_rules():
     # a Megatron report line without a step on it counts in print order
     facts = scan_signals(["[Rank 0] memory (MB) | allocated: 20.4 | max allocated: 21.8"])
     assert facts["memory_series"][0][:3] == (0, 20_400_000, "allocated")
+
+
+# =============================================================================================
+# RK237: repeats or per-iteration step times that do not decide (evidence/experiments.py
+# aggregates them with recompute_kit/runstats.py; RK033 stays quiet within the noise)
+# =============================================================================================
+
+
+@covers("RK237")
+def test_doctor_does_not_call_a_slow_node_a_regression(tmp_path):
+    """Two of three 'full' repeats ran on a slow node: the old reader took each row alone and
+    RK033 called -15% a regression (with a patch); now the repeats are one setting, the node is
+    shown as a confounder and RK237 names the re-run instead."""
+    from recompute_kit.doctor.evidence import collect
+
+    table = tmp_path / "runs.md"
+    table.write_text(
+        "| recompute | run | host | TFLOP/s/GPU | vs golden |\n|---|---|---|---|---|\n"
+        "| none | 1 | node-a | 400 | 0% |\n| none | 2 | node-a | 402 | +0.5% |\n"
+        "| none | 3 | node-a | 399 | -0.3% |\n| full | 1 | node-a | 396 | -1% |\n"
+        "| full | 2 | node-b | 340 | -15% |\n| full | 3 | node-b | 342 | -14.5% |\n"
+    )
+    found = diagnose(collect(experiments=str(table))).findings
+    rules = [f.rule for f in found]
+    assert "RK033" not in rules
+    top = found[0]
+    assert top.rule == "RK237" and top.config_patch in (None, {})
+    assert "host differs" in top.evidence and "interleaved" in top.fix
+
+
+@covers("RK237", "RK033")
+def test_doctor_keeps_a_regression_that_clears_the_noise(tmp_path):
+    from recompute_kit.doctor.evidence import collect
+
+    rows = ["iteration,recompute,run,step_time_ms"]
+    for setting, base in (("none", 1000.0), ("full:uniform:1", 1350.0)):
+        for repeat in (1, 2, 3):
+            rows += [
+                f"{it},{setting},{repeat},{base + it * 7 % 11 + repeat}" for it in range(1, 21)
+            ]
+    table = tmp_path / "iters.csv"
+    table.write_text("\n".join(rows) + "\n")
+    ev = collect(experiments=str(table))
+    full = next(r for r in ev.experiments if r["recompute"] == "full:uniform:1")
+    assert full["within_noise"] is False and full["vs_golden"] < -0.2
+    assert full["measured"]["runs"] == 3
+    rules = [f.rule for f in diagnose(ev).findings]
+    assert "RK033" in rules and "RK237" not in rules

@@ -103,6 +103,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     resolved = resolve(args.config_file, model=args.model)
     cfg = resolved.config
+    if args.megatron_core_version:
+        cfg.megatron_core_version = args.megatron_core_version
     warnings = list(resolved.warnings)
     if not args.json:
         for line in summary_lines(resolved.reading, resolved.inputs):
@@ -204,11 +206,22 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
-    results = []
-    for spec in specs_for(cfg, args):
+    results, rejected = [], []
+    specs = specs_for(cfg, args)
+    for spec in specs:
         candidate = cfg.with_recompute(spec)
-        candidate.validate()
+        try:
+            candidate.validate()
+        except ConfigError as exc:
+            if len(specs) == 1:
+                raise
+            # one spec Megatron refuses does not stop the others: it is said and skipped
+            rejected.append({"recompute": spec, "error": str(exc)})
+            print(f"recompute-kit: note: {spec} not estimated: {exc}", file=sys.stderr)
+            continue
         results.append(estimate(candidate, stage=args.stage))
+    if not results:
+        raise ConfigError(rejected[0]["error"])
     if args.json:
         emit_json_read(
             args,
@@ -216,6 +229,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 "layout": layout_of(cfg, results[0]),
                 "assumptions": cfg.assumptions,
                 "estimates": [e.to_json() for e in results],
+                "rejected": rejected,
             },
         )
         return 0
@@ -374,12 +388,16 @@ def measure_with_megatron(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ..gpus import GPUS
     from ..plan import plan
 
     cfg = config_from_args(args)
     cfg.validate()
+    gpu = GPUS[args.gpu] if args.gpu else None
+    gib = gpu.usable_gib if gpu else args.gpu_memory_gb
+    version = args.megatron_core_version or cfg.megatron_core_version
     try:
-        result = plan(cfg, args.gpu_memory_gb, args.safety_margin, args.format, args.stage)
+        result = plan(cfg, gib, args.safety_margin, args.format, args.stage, version)
     except ConfigError as exc:
         if args.json:  # a document even when nothing fits: scripts read stdout
             emit_json_read(
@@ -403,6 +421,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "assumptions": cfg.assumptions,
                 "budget_bytes": result.budget_bytes,
                 "usable_bytes": result.usable_bytes,
+                "gpu": None
+                if gpu is None
+                else {"name": gpu.name, "usable_gib": gpu.usable_gib, "source": gpu.source},
+                "megatron_core_version": result.megatron_core_version,
+                "headroom_bytes": result.headroom_bytes,
+                "error_band_bytes": result.error_band.total_bytes,
+                "error_band": result.error_band.to_json(),
+                "clears_error_band": result.best.clears_band,
+                "ties": result.ties,
+                "stages": [s.to_json() for s in result.stages],
+                "binding_stage": {
+                    "stage": max(result.stages, key=lambda s: s.total_bytes).stage,
+                    "reason": result.binding,
+                },
+                "excluded": [{"recompute": spec, "reason": why} for spec, why in result.excluded],
                 "candidates": [c.to_json() for c in result.candidates],
                 "best": result.best.to_json(),
                 "explanation": result.explanation,
@@ -420,15 +453,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "fits",
                 f"total ({unit})",
                 f"peak act ({unit})",
+                f"headroom ({unit})",
+                f"band ({unit})",
                 "recompute FLOPs (%)",
             ],
             [
                 (
                     c.estimate.recompute,
                     c.offload or "-",
-                    "yes" if c.fits else "no",
+                    ("yes" if c.clears_band else "in band") if c.fits else "no",
                     in_unit(c.estimate.total_bytes, scale, 2),
                     in_unit(c.estimate.peak_activation_bytes, scale, 2),
+                    in_unit(c.headroom_bytes, scale, 2),
+                    in_unit(c.band.total_bytes, scale, 2) if c.band else "-",
                     f"{100 * c.estimate.recompute_flops_fraction:.2f}",
                 )
                 for c in shown
@@ -438,6 +475,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     hidden = len(result.candidates) - len(shown)
     if hidden:
         print(f"({hidden} more candidates: --top N or --json)")
+    print(f"\nper pipeline stage, {result.best.estimate.recompute}:")
+    unit, scale = byte_unit([s.total_bytes for s in result.stages])
+    print(
+        format_table(
+            [
+                "stage",
+                "layers",
+                "MoE layers",
+                "in flight",
+                f"peak act ({unit})",
+                f"model states ({unit})",
+                f"total ({unit})",
+                f"headroom ({unit})",
+            ],
+            [
+                (
+                    s.stage,
+                    f"{s.layers[0]}-{s.layers[-1]}" if s.layers else "-",
+                    s.moe_layers,
+                    f"{s.micro_batches_in_flight:g}",
+                    in_unit(s.peak_activation_bytes, scale, 2),
+                    in_unit(s.model_state_bytes, scale, 2),
+                    in_unit(s.total_bytes, scale, 2),
+                    in_unit(s.headroom_bytes, scale, 2),
+                )
+                for s in result.stages
+            ],
+        )
+    )
+    print(f"binding: {result.binding}")
+    if gpu is not None:
+        print(f"budget: {gpu.name}, {gpu.usable_gib:g} GiB as the GPU reports it ({gpu.source})")
+    print(f"Megatron-Core version: {result.megatron_core_version}")
     print()
     print_layout(cfg, result.best.estimate)
     print(f"\n{result.explanation}\n\n{result.rendered}", end="")
@@ -523,7 +593,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     diagnosis = diagnose(evidence, args.gpu_memory_gb)
     if args.json:
-        emit_json(diagnosis.to_json())
+        emit_json(diagnosis.to_json(rows=False))  # rows streamed, not held as dicts
         return 0
     if evidence.read:
         from ..sources.resolve import reading_from_json

@@ -4,10 +4,12 @@ model / parallelism / override arguments and the layout printout."""
 from __future__ import annotations
 
 import argparse
+import codecs
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from operator import attrgetter
 from typing import Any
 
 from ..config import (
@@ -19,7 +21,7 @@ from ..config import (
 )
 from ..config.validation import check_expert_layout
 from ..presets import PRESETS, get_preset
-from ..units import integer_bytes
+from ..units import BYTE_MAPS, _integral, integer_bytes
 
 FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")  # export.FORMATS
 
@@ -39,10 +41,108 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def emit_json(document: Any) -> None:
-    """One JSON document on stdout; byte fields as integers (estimates carry fractions)."""
-    json.dump(integer_bytes(document), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+def emit_json(document: Any, stream: Any = None) -> None:
+    """One JSON document on stdout; byte fields as integers (estimates carry fractions).
+
+    Written as `json.dump(..., indent=2)` writes it, but streamed: a list of more than
+    `_LONG_LIST` items (a 100 MB log's iteration lines) is written
+    one compact item per line, each item converted and encoded (by the C encoder) only when it
+    is written, so the document is never held whole as text or as dicts."""
+    out = stream if stream is not None else sys.stdout
+    writer = _JsonWriter(out)
+    writer.value(document, 0)
+    writer.pieces.append("\n")
+    writer.flush()
+
+
+_LONG_LIST = 1000
+
+
+class _JsonWriter:
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.pieces: list[str] = []
+        self.size = 0
+        self.rows: dict[type, tuple | None] = {}
+
+    def flush(self) -> None:
+        self.out.write("".join(self.pieces))
+        self.pieces = []
+        self.size = 0
+
+    def put(self, text: str) -> None:
+        self.pieces.append(text)
+        self.size += len(text)
+        if self.size > 1 << 18:
+            self.flush()
+
+    def value(self, value: Any, level: int) -> None:
+        if isinstance(value, dict):
+            if not value:
+                self.put("{}")
+                return
+            pad = "\n" + "  " * (level + 1)
+            first = True
+            for key, item in value.items():
+                self.put(("{" if first else ",") + pad + _json_key(key) + ": ")
+                first = False
+                if isinstance(key, str) and (key.endswith("bytes") or key in BYTE_MAPS):
+                    item = _integral(item)
+                self.value(item, level + 1)
+            self.put("\n" + "  " * level + "}")
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                self.put("[]")
+                return
+            pad = "\n" + "  " * (level + 1)
+            compact = len(value) > _LONG_LIST
+            for n, item in enumerate(value):
+                self.put(("[" if n == 0 else ",") + pad)
+                if compact:
+                    self.put(json.dumps(self.plain(item)))
+                else:
+                    self.value(item, level + 1)
+            self.put("\n" + "  " * level + "]")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            self.value(self.plain(value), level)
+        else:
+            self.put(json.dumps(value))
+
+    def plain(self, item: Any) -> Any:
+        """An item of a long list as JSON data, byte fields as integers."""
+        kind = type(item)
+        known = self.rows.get(kind)
+        if known is None:
+            known = self.rows[kind] = _row_kind(kind)
+        if known is None:
+            return integer_bytes(item)
+        names, get, byte_names, scalar = known
+        if not scalar:
+            return integer_bytes(dataclasses.asdict(item))  # nested: the general way
+        row = dict(zip(names, get(item), strict=True))
+        for name in byte_names:
+            if type(row[name]) is float:
+                row[name] = _integral(row[name])
+        return row
+
+
+def _row_kind(kind: type) -> tuple | None:
+    """(field names, their getter, byte fields, all fields scalar) of a dataclass type."""
+    if not dataclasses.is_dataclass(kind):
+        return None
+    found = dataclasses.fields(kind)
+    names = tuple(f.name for f in found)
+    nested = ("list", "dict", "Any", "tuple", "set")
+    scalar = all(
+        isinstance(f.type, str) and not any(word in f.type for word in nested) for f in found
+    )
+    return names, attrgetter(*names), tuple(n for n in names if n.endswith("bytes")), scalar
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return json.dumps(key)
+    return json.dumps({key: None})[1:-7]  # 1, 1.5, true, null as json.dumps writes keys
 
 
 def emit_json_read(args: argparse.Namespace, document: dict[str, Any]) -> None:
@@ -93,20 +193,38 @@ def text_file(path: str, flag: str, hint: str, strict: bool = True) -> None:
     (logs may hold a stray non-UTF-8 byte and are still worth reading)."""
     if path == "-":
         return
+    # read in blocks: a 100 MB log is checked without being held (or copied) whole
+    decoder = codecs.getincrementaldecoder("utf-8")() if strict else None
+    blank = True
+    where = -1
+    offset = 0
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                if offset == 0 and block[:2] == b"\x1f\x8b":
+                    return  # gzip: the doctor reads compressed logs itself
+                blank = blank and not block.strip()
+                if (nul := block.find(b"\x00")) >= 0:
+                    where = offset + nul
+                    break
+                if decoder is not None:
+                    held = len(decoder.getstate()[0])  # a character cut at the last block
+                    try:
+                        decoder.decode(block)
+                    except UnicodeDecodeError as exc:
+                        where = offset - held + exc.start
+                        decoder = None
+                        break
+                offset += len(block)
+            if decoder is not None and where < 0:
+                try:
+                    decoder.decode(b"", final=True)
+                except UnicodeDecodeError as exc:
+                    where = offset - len(exc.object) + exc.start
     except OSError as exc:
         raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}") from None
-    if not data.strip():
+    if blank and where < 0:
         raise ConfigError(f"{flag} {path} is empty; {hint}")
-    if data[:2] == b"\x1f\x8b":
-        return  # gzip: the doctor reads compressed logs itself
-    where = data.find(b"\x00")
-    if strict and where < 0:
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            where = exc.start
     if where >= 0:
         raise ConfigError(f"{flag} {path} is not text (binary data at byte {where}); {hint}")
 
@@ -299,13 +417,21 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     if est is not None and est.layers:
         which = " (the stage with the highest total)" if est.stage_total_bytes else ""
         line += (
-            f"; per rank of pipeline stage {est.stage}{which}: layers {est.layers[0]}-"
-            f"{est.layers[-1]}, {est.micro_batches_in_flight:g} micro-batch"
+            f"; per rank of pipeline stage {est.stage}{which}: {_layer_span(est.layers)}, "
+            f"{est.micro_batches_in_flight:g} micro-batch"
             f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
         )
     print(line)
     for note in cfg.assumptions:
         print(f"assumed: {note}")
+
+
+def _layer_span(layers: Sequence[int]) -> str:
+    """`layers 0-7`, or under virtual pipelining `8 layers (0, 4, 8, ..., 28)`."""
+    if list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    shown = ", ".join(map(str, layers[:3])) + (f", ..., {layers[-1]}" if len(layers) > 3 else "")
+    return f"{len(layers)} layers ({shown})"
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:

@@ -11,6 +11,7 @@ from ..config import (
     SPEC_HELP,
     ConfigError,
 )
+from ..gpus import GPUS, gpu_names
 from .commands import (
     cmd_ablate,
     cmd_doctor,
@@ -42,6 +43,16 @@ def add_recompute_arg(parser: argparse.ArgumentParser, what: str) -> None:
         action="extend",
         type=spec_arg,
         help=f"{what}Repeatable: every --recompute adds its specs. {SPEC_HELP}",
+    )
+
+
+def add_version_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--megatron-core-version",
+        metavar="X.Y",
+        help="the Megatron-Core version the run uses (else what the config says; unknown: "
+        "settings broken in any version are avoided, e.g. full:uniform:N with N not dividing "
+        "a pipeline chunk's layers before 0.17)",
     )
 
 
@@ -86,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict",
         action="store_true",
-        help="also apply the rules only Megatron-LM's command line enforces",
+        help="also apply the rules only Megatron-LM's command line enforces, and warn about "
+        "settings broken on the Megatron-Core version or ignored by Megatron",
     )
+    add_version_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_validate)
 
@@ -146,14 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="the cheapest recompute setting that fits a GPU")
     add_model_args(p)
     add_override_args(p)
-    p.add_argument(
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument(
         "--gpu-memory-gb",
         type=positive_float,
-        required=True,
         metavar="X",
-        help="memory per GPU in GiB as the GPU reports it (torch.cuda.mem_get_info's total: "
-        "about 79.1 for an 80 GB H100, not 80)",
+        help="memory per GPU in GiB as the GPU reports it (torch.cuda.mem_get_info's total, "
+        "the 'total capacity' of PyTorch's OOM message: about 79.1 for an H100 80GB, not 80)",
     )
+    budget.add_argument(
+        "--gpu",
+        choices=gpu_names(),
+        metavar="NAME",
+        help="a GPU whose reported memory is known: "
+        + ", ".join(f"{g.name} ({g.usable_gib:g} GiB)" for g in GPUS.values()),
+    )
+    add_version_arg(p)
     p.add_argument(
         "--safety-margin",
         type=float,

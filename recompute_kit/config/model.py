@@ -136,6 +136,12 @@ class ParallelConfig:
     # DeepSpeed ZeRO / FSDP sharding of model states over DP: 0 none, 1 optimizer states,
     # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).
     zero_stage: int = 0
+    use_torch_fsdp2: bool = False  # PyTorch FSDP2 does the sharding (fp32 shards, see memory)
+    # Model states on the host: the optimizer's (DeepSpeed offload_optimizer, Megatron's
+    # optimizer_cpu_offload, FSDP's CPU offload) and the parameters' (DeepSpeed offload_param,
+    # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.
+    optimizer_offload: bool = False
+    param_offload: bool = False
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
@@ -200,6 +206,9 @@ class Config:
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     # What was assumed because a source (a config file) left it out; said in every output.
     assumptions: list[str] = field(default_factory=list, compare=False)
+    # The Megatron-Core version the run uses ("0.13", "core_r0.13.0"), when an input or a flag
+    # says it; None: unknown, and version-dependent checks assume the strictest.
+    megatron_core_version: str | None = field(default=None, compare=False)
 
     def replace(self, **flat: Any) -> Config:
         """A copy with some flat Megatron keys changed (`replace(seq_length=4096)`)."""
@@ -208,6 +217,7 @@ class Config:
             dataclasses.replace(self.parallel),
             dataclasses.replace(self.recompute),
             list(self.assumptions),
+            self.megatron_core_version,
         )
         for key, value in flat.items():
             section = _SECTION_OF_KEY.get(key)
@@ -230,7 +240,9 @@ class Config:
             fine_grained_activation_offloading=self.recompute.fine_grained_activation_offloading,
             offload_modules=list(self.recompute.offload_modules),
         )
-        return Config(self.model, self.parallel, rc, list(self.assumptions))
+        return Config(
+            self.model, self.parallel, rc, list(self.assumptions), self.megatron_core_version
+        )
 
     def to_flat(self) -> dict[str, Any]:
         flat: dict[str, Any] = {}

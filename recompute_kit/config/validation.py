@@ -16,6 +16,7 @@ from .model import (
     ParallelConfig,
     RecomputeConfig,
 )
+from .versions import ignored_settings, known_broken, parse_version
 
 # Megatron's messages verbatim.
 # Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
@@ -171,7 +172,9 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
 
     _check_cuda_graphs(m, r)
 
-    # Rules 26-28: only Megatron-LM's argument parser enforces these.
+    # Rules 26-28: only Megatron-LM's argument parser enforces these. Then the warnings of
+    # config/versions.py: settings broken on the run's Megatron-Core version (unknown: the
+    # strictest) and settings Megatron ignores.
     if strict:
         if r.distribute_saved_activations:
             if p.tensor_model_parallel_size <= 1:
@@ -192,6 +195,9 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
             raise ConfigError(
                 "recompute method is not yet supported for selective recomputing granularity"
             )
+        # Not refused by Megatron, but broken on the run's version or not acted on as written.
+        warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
+        warnings += ignored_settings(cfg)
 
     if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
         raise ConfigError("Bias in Moe is only supported when ETP==1")

@@ -111,9 +111,10 @@ class Diagnosis:
     dropped: list[dict[str, str]] = field(default_factory=list)
     verdict: Any = None  # doctor/verdict.py's Verdict: diagnosed | needs_evidence | out_of_scope
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, rows: bool = True) -> dict[str, Any]:
+        """`rows=False`: see `Evidence.to_json` (for a streaming writer)."""
         out = {
-            "evidence": self.evidence.to_json(),
+            "evidence": self.evidence.to_json(rows),
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "assumptions": self.assumptions,

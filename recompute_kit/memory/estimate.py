@@ -32,9 +32,10 @@ from ..config import (
     format_spec,
     full_recompute_chunks,
 )
-from .flops import recompute_flops_fraction
+from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
-from .model_states import model_state_bytes
+from .model_states import model_states
+from .overheads import MOE_IMBALANCE, overhead_terms
 
 MASK_BYTES = 1  # bool dropout masks
 STAT_BYTES = 4  # fp32 norm statistics
@@ -52,13 +53,26 @@ class Estimate:
     grads_bytes: int
     optimizer_bytes: int
     total_bytes: int  # weights + grads + optimizer + peak activations
-    recompute_flops_fraction: float
+    recompute_flops_fraction: float  # executed FLOPs of this stage's rank (memory/flops.py)
+    model_recompute_flops_fraction: float = 0.0  # the same in model FLOPs (full s x s)
     offloaded_bytes: int = 0  # activations sent to host per micro-batch
     layer_kinds: dict[str, dict] = field(default_factory=dict)
     stage: int = 0  # the pipeline stage this estimate is for
     layers: list[int] = field(default_factory=list)  # its transformer layers (0-based)
     micro_batches_in_flight: float = 1.0  # activations held at the schedule's peak
     stage_total_bytes: list[int] = field(default_factory=list)  # every stage, when searched
+    # Model-state sharding (memory/model_states.py) and what is neither activations nor model
+    # states (memory/overheads.py): named terms with stated defaults, outside total_bytes.
+    sharding: str = "megatron"
+    cuda_context_bytes: int = 0
+    nccl_buffers_bytes: int = 0
+    moe_imbalance_factor: float = 1.0
+    moe_imbalance_bytes: int = 0
+    dispatcher_buffers_bytes: int = 0
+    gathered_params_bytes: int = 0
+    overhead_bytes: int = 0
+    total_with_overheads_bytes: int = 0  # total_bytes + overhead_bytes
+    overhead_assumptions: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -511,9 +525,11 @@ def estimate(
     training: bool = True,
     engine: str = "megatron",
     stage: int | None = None,
+    moe_imbalance: float = MOE_IMBALANCE,
 ) -> Estimate:
     """Estimate per-rank memory of one training step under `config` (its recompute settings)
-    on one pipeline stage: `stage`, or (None) the stage with the highest total."""
+    on one pipeline stage: `stage`, or (None) the stage with the highest total.
+    `moe_imbalance` scales the experts' token copies (memory/overheads.py; 1.0 balanced)."""
     m, p = config.model, config.parallel
     check_divisible(config)
     B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)
@@ -522,6 +538,8 @@ def estimate(
         raise ConfigError(f"--stage must be in 0..{len(layout) - 1}, got {stage}")
     stages = range(len(layout)) if stage is None else [stage]
     results = [_stage_estimate(config, B, training, engine, s, layout) for s in stages]
+    for e in results:
+        _add_overheads(e, config, B, moe_imbalance)
     best = max(results, key=lambda e: e.total_bytes)
     if stage is None:
         best.stage_total_bytes = [e.total_bytes for e in results]
@@ -579,7 +597,8 @@ def _stage_estimate(
     if stored:
         modules["layer_inputs"] = stored / n_layers
 
-    weights, grads, optimizer = model_state_bytes(config, stage, engine)
+    states = model_states(config, stage, engine)
+    weights, grads, optimizer = states.weights, states.grads, states.optimizer
     return Estimate(
         recompute=format_spec(rc),
         per_layer_activation_bytes=layer_total / n_layers,
@@ -590,12 +609,39 @@ def _stage_estimate(
         grads_bytes=grads,
         optimizer_bytes=optimizer,
         total_bytes=round(weights + grads + optimizer + peak),
-        recompute_flops_fraction=recompute_flops_fraction(config),
+        recompute_flops_fraction=recompute_flops_fraction(config, stage),
+        model_recompute_flops_fraction=model_recompute_flops_fraction(config, stage),
         offloaded_bytes=round(offloaded * in_flight),
         stage=stage,
         layers=layers,
         micro_batches_in_flight=in_flight,
+        sharding=states.mode,
+        gathered_params_bytes=states.gathered_params,
     )
+
+
+def _add_overheads(e: Estimate, config: Config, B: int, moe_imbalance: float) -> None:
+    """The named overhead terms of memory/overheads.py and total_with_overheads_bytes."""
+    m, p = config.model, config.parallel
+    moe_stage = any(m.is_moe_layer(n) for n in e.layers)
+    experts = (e.modules.get("experts", 0.0) + e.modules.get("moe_act", 0.0)) * max(
+        len(e.layers), 1
+    )
+    x = _shape(m, p, B)
+    gathered = x.tokens / x.sp * p.etp * p.expert_model_parallel_size
+    terms = overhead_terms(
+        config,
+        e.sharding,
+        e.gathered_params_bytes,
+        experts * e.micro_batches_in_flight,
+        gathered,
+        moe_stage,
+        B,
+        moe_imbalance,
+    )
+    for key, value in terms.items():
+        setattr(e, key, value)
+    e.total_with_overheads_bytes = e.total_bytes + e.overhead_bytes
 
 
 def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int, x, m) -> float:

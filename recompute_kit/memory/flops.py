@@ -7,15 +7,34 @@ Conventions:
   adds, residual adds, the causal mask, the router's top-k) and the MoE dispatch/combine
   gathers and scatters are ignored, as in the paper's Appendix A and in
   `torch.utils.flop_counter.FlopCounterMode`;
-* causal masking is not exploited: QK^T and attention-over-V cost the full s x s, as Megatron
-  and the paper count them (and as the unfused backend really computes them);
 * embedding lookups are free; the output layer (logits) costs 2·b·s·h·v;
 * a backward pass costs twice its forward (gradients of the inputs and of the weights), so a
   training step is 3 x forward, plus whatever recomputation re-runs in backward.
 
-Numbers are for one micro-batch (b = micro_batch_size, s = seq_length) on the whole model, on
-one device: tensor/pipeline/expert parallelism split the same work across ranks. Every count
-here equals what `FlopCounterMode` counts when the reference layers run (see tests/test_flops.py).
+Two counts, named by the `executed` flag of every function:
+
+* model FLOPs (`executed=False`, the default of the counting functions): causal attention costs
+  the full s x s (QK^T and attention-over-V over every query/key pair), as Korthikanti et al.
+  (2022, Appendix A) count it and as Megatron-LM's `num_floating_point_operations` did up to
+  core_r0.11.0. It is what the `unfused` backend really computes (a full `baddbmm`, then the
+  mask). Megatron-LM core_r0.12.0 and later halve the causal attention term in that function
+  ("causal mask (only half of the mask is non-zero)", megatron/training/training.py): its
+  logged TFLOP/s then counts attention like the executed count below;
+* executed FLOPs (`executed=True`): what the kernels do. The flash / fused (cuDNN) / auto
+  backends skip the key blocks above the diagonal, so the two s x s matmuls cost half
+  (FlashAttention's `flops(..., causal)` in benchmarks/benchmark_flash_attention.py divides by
+  2), and their backward recomputes QK^T inside the kernel: 2.5 x its forward, not 2 x (the
+  same function's `mode="bwd"`). `unfused` executes the model count.
+
+Step-time predictions ("+x% step time", the planner's ranking, the CLI's
+`recompute_flops_fraction`) use executed FLOPs; `model_recompute_flops_fraction` keeps the
+model convention.
+
+Numbers are for one micro-batch (b = micro_batch_size, s = seq_length) of the whole model, or
+of one pipeline stage (`stage=`: the layers of its virtual chunks, plus the logits on the last
+stage), on one device: tensor/context/expert parallelism split the same work across the ranks
+of a stage, so fractions are per rank. Every model count equals what `FlopCounterMode` counts
+when the reference layers run (see tests/test_flops.py).
 
 Symbols: T = b·s tokens, h hidden, a heads, g KV groups, d head dim, f ffn hidden, v vocab,
 L layers, E experts, k router top-k.
@@ -23,7 +42,18 @@ L layers, E experts, k router top-k.
 
 from __future__ import annotations
 
-from ..config import Config, ModelConfig, RecomputeConfig
+from ..config import Config, ModelConfig, RecomputeConfig, full_recompute_chunks
+from .layout import pipeline_layout
+
+# Attention backends whose causal kernels skip the masked half (Megatron's `attention_backend`
+# values; `auto` picks TE's flash or fused kernel on a GPU).
+CAUSAL_SKIPPING_BACKENDS = ("flash", "fused", "auto")
+FLASH_BACKWARD_FACTOR = 2.5  # flash/fused attention backward / forward (QK^T recomputed)
+
+
+def skips_masked_half(model: ModelConfig) -> bool:
+    """Whether the attention kernel skips the masked half of causal attention."""
+    return model.attention_backend in CAUSAL_SKIPPING_BACKENDS
 
 
 def _matmul(tokens: int, d_in: int, d_out: int) -> float:
@@ -37,7 +67,7 @@ def _mlp_flops(tokens: int, hidden: int, ffn: int, swiglu: bool) -> float:
     return _matmul(tokens, hidden, fc1_out) + _matmul(tokens, ffn, hidden)
 
 
-def _attention_flops(m: ModelConfig) -> dict[str, float]:
+def _attention_flops(m: ModelConfig, executed: bool) -> dict[str, float]:
     """MHA/GQA attention, or multi-latent attention (MLA)."""
     b, s, h, a = m.micro_batch_size, m.seq_length, m.hidden_size, m.num_attention_heads
     tokens = b * s
@@ -64,21 +94,25 @@ def _attention_flops(m: ModelConfig) -> dict[str, float]:
         # GQA K/V are expanded to all a heads before the two batched matmuls.
         flops["core_attn"] = 2 * (2.0 * b * a * s * s * d)
         flops["proj"] = _matmul(tokens, a * d, h)
+    if executed and skips_masked_half(m):
+        flops["core_attn"] /= 2  # only the key blocks on and below the diagonal
     return flops
 
 
-def layer_forward_flops(model: ModelConfig, moe_layer: bool) -> dict[str, float]:
+def layer_forward_flops(
+    model: ModelConfig, moe_layer: bool, executed: bool = False
+) -> dict[str, float]:
     """Forward FLOPs of one transformer layer for one micro-batch, per module.
 
     Keys: `qkv` (QKV projection; MLA: the down projections), `mla_up_proj` (MLA only),
     `core_attn`, `proj`, then `mlp` on a dense layer, or `router`, `experts`, `moe_act` (0:
     elementwise) and `shared_experts` (when the model has them) on an MoE layer. Norms are
-    elementwise and not listed.
+    elementwise and not listed. `executed`: causal attention as the backend runs it.
     """
     m = model
     tokens = m.micro_batch_size * m.seq_length
     h = m.hidden_size
-    flops = _attention_flops(m)
+    flops = _attention_flops(m, executed)
     if not moe_layer:
         flops["mlp"] = _mlp_flops(tokens, h, m.ffn_size, m.swiglu)
         return flops
@@ -93,11 +127,31 @@ def layer_forward_flops(model: ModelConfig, moe_layer: bool) -> dict[str, float]
     return flops
 
 
-def _layer_totals(model: ModelConfig) -> list[float]:
+def _layer_kinds(model: ModelConfig, executed: bool) -> tuple[dict, dict]:
+    """Per-module forward FLOPs of a dense and of an MoE layer ({} without experts)."""
+    dense = layer_forward_flops(model, moe_layer=False, executed=executed)
+    moe = {}
+    if model.num_moe_experts:
+        moe = layer_forward_flops(model, moe_layer=True, executed=executed)
+    return dense, moe
+
+
+def _layer_totals(model: ModelConfig, executed: bool = False) -> list[float]:
     """Forward FLOPs of each layer, in order (dense and MoE layers differ)."""
-    dense = sum(layer_forward_flops(model, moe_layer=False).values())
-    moe = sum(layer_forward_flops(model, moe_layer=True).values()) if model.num_moe_experts else 0
+    dense, moe = (sum(kind.values()) for kind in _layer_kinds(model, executed))
     return [moe if model.is_moe_layer(i) else dense for i in range(model.num_layers)]
+
+
+def _chunks(config: Config, stage: int | None) -> list[list[int]]:
+    """The layer numbers of each virtual-pipeline chunk of `stage` (None: of every stage), as
+    the memory model lays them out (`layout.pipeline_layout`)."""
+    layout = pipeline_layout(config.model, config.parallel)
+    stages = range(len(layout)) if stage is None else [stage]
+    return [chunk for k in stages for chunk in layout[k]]
+
+
+def _has_logits(config: Config, stage: int | None) -> bool:
+    return stage is None or stage == config.parallel.pipeline_model_parallel_size - 1
 
 
 def output_layer_flops(model: ModelConfig) -> float:
@@ -105,26 +159,41 @@ def output_layer_flops(model: ModelConfig) -> float:
     return _matmul(model.micro_batch_size * model.seq_length, model.hidden_size, model.vocab_size)
 
 
-def model_forward_flops(config: Config) -> float:
-    """Forward FLOPs of the whole model for one micro-batch: all layers plus the logits."""
-    return sum(_layer_totals(config.model)) + output_layer_flops(config.model)
+def model_forward_flops(config: Config, stage: int | None = None, executed: bool = False) -> float:
+    """Forward FLOPs for one micro-batch: all layers (of `stage`) plus the logits (on the last
+    stage)."""
+    totals = _layer_totals(config.model, executed)
+    if stage is None:
+        layers = sum(totals)
+    else:
+        layers = sum(totals[n] for chunk in _chunks(config, stage) for n in chunk)
+    return layers + (output_layer_flops(config.model) if _has_logits(config, stage) else 0.0)
 
 
-def step_flops(config: Config) -> float:
-    """Model FLOPs of one training step for one micro-batch: forward + backward (2 x forward)."""
-    return 3.0 * model_forward_flops(config)
+def step_flops(config: Config, stage: int | None = None, executed: bool = False) -> float:
+    """FLOPs of one training step for one micro-batch (of the whole model, or of `stage`),
+    without recomputation: forward + backward (2 x forward). Executed on a flash/fused
+    backend, attention's backward is 2.5 x its forward instead."""
+    total = 3.0 * model_forward_flops(config, stage, executed)
+    m = config.model
+    if executed and skips_masked_half(m):
+        layers = m.num_layers if stage is None else sum(map(len, _chunks(config, stage)))
+        attn = _attention_flops(m, executed=True)["core_attn"]
+        total += (FLASH_BACKWARD_FACTOR - 2.0) * attn * layers
+    return total
 
 
-def _selective_recompute_flops(model: ModelConfig, rc: RecomputeConfig) -> float:
-    """Forward FLOPs re-run in backward by the selected modules, summed over the layers."""
-    dense = layer_forward_flops(model, moe_layer=False)
-    moe = layer_forward_flops(model, moe_layer=True) if model.num_moe_experts else {}
-    num_moe = model.num_moe_layers
-    num_dense = model.num_layers - num_moe
+def _selective_recompute_flops(
+    model: ModelConfig, rc: RecomputeConfig, layers: list[int], executed: bool
+) -> float:
+    """Forward FLOPs re-run in backward by the selected modules, summed over `layers`."""
+    dense, moe = _layer_kinds(model, executed)
+    num_moe = sum(1 for n in layers if model.is_moe_layer(n))
+    num_dense = len(layers) - num_moe
     total = 0.0
     for module in ("core_attn", "mla_up_proj"):  # present on every layer (or on none)
         if rc.selects(module):
-            total += dense.get(module, 0.0) * model.num_layers
+            total += dense.get(module, 0.0) * len(layers)
     if rc.selects("mlp"):  # dense layers only: 'mlp' is a no-op on MoE layers
         total += dense["mlp"] * num_dense
     if rc.selects("moe"):  # the whole MoE layer: router, experts and shared experts
@@ -140,44 +209,60 @@ def _selective_recompute_flops(model: ModelConfig, rc: RecomputeConfig) -> float
     return total
 
 
-def recompute_flops(config: Config) -> float:
-    """Extra forward FLOPs that recomputation re-runs during backward, for one micro-batch.
+def recompute_flops(config: Config, stage: int | None = None, executed: bool = False) -> float:
+    """Extra forward FLOPs that recomputation re-runs during backward, for one micro-batch, on
+    the whole model or on pipeline stage `stage`.
 
-    selective: the recomputed modules' forward on every layer they apply to; full uniform (any
-    N): every layer once; full block N: the first min(N, L/p) layers of every pipeline stage,
-    as Megatron applies it (with p = 1, the first N layers of the model). Offloading costs no
-    FLOPs.
+    selective: the recomputed modules' forward on every layer they apply to. full: Megatron
+    applies `recompute_method`/`recompute_num_layers` per TransformerBlock, i.e. per virtual
+    pipeline chunk (`TransformerBlock._checkpointed_forward` loops over
+    `num_layers_per_pipeline_rank = len(self.layers)`, the chunk's layers: megatron-core 0.16.1
+    megatron/core/transformer/transformer_block.py L326, L532-L560): block N re-runs the first
+    min(N, chunk) layers of EVERY chunk, uniform re-runs every layer once whatever N (the last
+    group of a chunk is clamped). The chunks are the memory model's
+    (`config.full_recompute_chunks` over `layout.pipeline_layout`). Offloading costs no FLOPs.
     """
     model, rc = config.model, config.recompute
     if rc.recompute_granularity is None:
         return 0.0
     if rc.recompute_granularity == "selective":
-        return _selective_recompute_flops(model, rc)
+        if stage is None:
+            layers = list(range(model.num_layers))
+        else:
+            layers = [n for chunk in _chunks(config, stage) for n in chunk]
+        return _selective_recompute_flops(model, rc, layers, executed)
     if rc.recompute_granularity != "full":
         raise ValueError(f"unknown recompute_granularity {rc.recompute_granularity!r}")
-    layers = _layer_totals(model)
-    if rc.recompute_method == "uniform":
-        return sum(layers)  # every chunk of N layers is re-run once
-    if rc.recompute_method == "block":
-        stages = config.parallel.pipeline_model_parallel_size
-        per_stage = len(layers) // stages
-        n = min(rc.recompute_num_layers or 1, per_stage)
-        return sum(sum(layers[k * per_stage : k * per_stage + n]) for k in range(stages))
-    raise ValueError(
-        f"full recompute needs recompute_method uniform or block, got {rc.recompute_method!r}"
-    )
+    if rc.recompute_method not in ("uniform", "block"):
+        raise ValueError(
+            f"full recompute needs recompute_method uniform or block, got {rc.recompute_method!r}"
+        )
+    totals = _layer_totals(model, executed)
+    total = 0.0
+    for chunk in _chunks(config, stage):
+        for start, end, checkpointed in full_recompute_chunks(rc, len(chunk)):
+            if checkpointed:
+                total += sum(totals[n] for n in chunk[start:end])
+    return total
 
 
-def recompute_flops_fraction(config: Config) -> float:
-    """Recompute FLOPs as a fraction of the model FLOPs of a step (the CLI's
+def recompute_flops_fraction(config: Config, stage: int | None = None) -> float:
+    """Executed recompute FLOPs over the executed FLOPs of a step without recompute, for the
+    whole model or one pipeline stage: the predicted step-time increase (the CLI's
     `recompute_flops_fraction`)."""
-    return recompute_flops(config) / step_flops(config)
+    return recompute_flops(config, stage, executed=True) / step_flops(config, stage, executed=True)
 
 
-def hardware_flops_per_step(config: Config) -> float:
-    """FLOPs the hardware executes in one training step for one micro-batch: model FLOPs plus
-    recomputation."""
-    return step_flops(config) + recompute_flops(config)
+def model_recompute_flops_fraction(config: Config, stage: int | None = None) -> float:
+    """The same fraction in the model-FLOPs convention (full s x s attention; the CLI's
+    `model_recompute_flops_fraction`)."""
+    return recompute_flops(config, stage) / step_flops(config, stage)
+
+
+def hardware_flops_per_step(config: Config, executed: bool = False) -> float:
+    """FLOPs of one training step for one micro-batch with recomputation: model FLOPs plus
+    recomputation (`executed`: as the kernels run them)."""
+    return step_flops(config, executed=executed) + recompute_flops(config, executed=executed)
 
 
 # --------------------------------------------------------------------------------------------

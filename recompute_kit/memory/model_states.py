@@ -1,8 +1,58 @@
 """Weights, gradients and optimizer states per rank: parameter counts by kind, their split over
-TP/PP/EP/ETP and the data-parallel sharding of gradients and Adam states (Megatron's layout,
-checked against Megatron-Core's own modules in tests/test_megatron_parity.py)."""
+TP/PP/EP/ETP and the data-parallel sharding of gradients and Adam states, in four sharding modes
+(`SHARDING_MODES`; Megatron's layout checked against Megatron-Core's own modules in
+tests/test_megatron_parity.py, DeepSpeed's against its own estimator in
+tests/test_model_states_sharding.py).
+
+Bytes per parameter (16-bit mixed precision; fp32 training in brackets), Adam:
+
+=============== ============ ============ ===================== =================================
+mode            weights      gradients    optimizer             sharded over DP x CP at
+=============== ============ ============ ===================== =================================
+megatron        2 [4]        4 [4] fp32   12 [8] fp32 master    optimizer with the distributed
+                                          + m + v               optimizer (zero_stage 0)
+megatron_fsdp   2 [4]        4 [4]        12 [8]                zero_stage 1 optimizer, 2 + grads,
+                                                                3 + weights
+zero            2 [4]        2 [4] 16-bit 12 [8]                the same (DeepSpeed ZeRO 1/2/3)
+fsdp2           4 fp32       4 fp32       8 m + v (no master)   the same (zero_stage 3 in
+                                                                torchtitan / NeMo-RL DTensor)
+=============== ============ ============ ===================== =================================
+
+* megatron: Megatron-Core's DDP keeps fp32 main gradients (`grad_reduce_in_fp32`, the
+  param-and-grad buffer) and its optimizer an fp32 master copy plus Adam's m and v
+  (megatron/core/optimizer/distrib_optimizer.py).
+* megatron_fsdp: Megatron-FSDP (`--use-megatron-fsdp`, data_parallel_sharding_strategy optim /
+  optim_grads / optim_grads_params = zero_stage 1/2/3) runs Megatron's DistributedOptimizer
+  (Megatron-LM megatron/training/arguments.py turns use_distributed_optimizer on for
+  Megatron-FSDP v1), so it keeps Megatron's dtypes; zero_stage 1 equals the distributed optimizer.
+* zero: DeepSpeed ZeRO (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py at 0.19.8): 16-bit
+  params and gradients, fp32 master params + m + v = 12 B in the optimizer (the ZeRO paper's
+  2 + 2 + 12 = 16 B/param). offload_optimizer puts the optimizer states (and, from stage 2, the
+  gradient partition) on the host; offload_param (stage 3 only) the parameters. Two transient
+  terms complete DeepSpeed's own `estimate_zero{2,3}_model_states_mem_needs` (`ModelStates`):
+  the fp32 gradient partition built for the optimizer step (4 B/param / DP; "4_grads_32bit" in
+  stage_1_and_2.py) and, at stage 3, the gathered largest layer (4 B/param: "2 bytes fp16
+  params are gathered and 2 bytes fp16 grads are computed", docs/code-docs/source/memory.rst).
+  DeepSpeed publishes no stage-1 estimator: stage 1 keeps whole 16-bit gradients. At stage 3
+  without offload its estimator counts 18 B/param / N where these terms make 20 (16-bit params
+  and grads, 12 B optimizer, the step's 4 B fp32 grads): it leaves one gradient copy out; the
+  persistent 16 B / N is the ZeRO paper's, and the step's transient is not in the estimate.
+* fsdp2: PyTorch FSDP2 `fully_shard` with torchtitan's MixedPrecisionPolicy (param_dtype bf16 for
+  compute, reduce_dtype fp32): the sharded parameters stay fp32 (the bf16 copy is gathered per
+  unit and freed), gradients are reduced to fp32 shards and Adam keeps m and v (no master copy:
+  the parameters are fp32). CPUOffloadPolicy (torchtitan enable_cpu_offload) moves parameters,
+  gradients and optimizer states to the host. Chosen by `use_torch_fsdp2` (the reader sets it
+  for torchtitan, NeMo-RL's DTensor policy and Megatron-Bridge / Megatron-LM's FSDP2 flags); at
+  stage 3 it totals 16 B/param / DP like `zero`, with another split.
+
+Dense parameters shard over DP x CP, expert parameters over the expert-data-parallel ranks
+(TP x CP x DP / (ETP x EP)) in every mode. Optimizer offload takes the optimizer states off the
+GPU in every mode (Megatron's optimizer_cpu_offload with offload fraction 1).
+"""
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
 
 from ..config import Config, ModelConfig
 from .layout import pipeline_layout
@@ -56,7 +106,14 @@ def padded_vocab_size(m: ModelConfig, t: int) -> int:
 
 def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
     """Parameters one rank of `stage` holds in Megatron-Core: `dense` (sharded over TP, some
-    replicated) and `expert` (sharded over EP and expert-TP).
+    replicated) and `expert` (sharded over EP and expert-TP)."""
+    parts = _rank_parameters(config, stage)
+    return {"dense": parts["dense"], "expert": parts["expert"]}
+
+
+def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
+    """rank_parameters, and `largest_layer`: the most one transformer layer of the stage holds
+    on the rank (dense + expert; the unit FSDP gathers).
 
     TP shards the column-parallel layers (QKV, fc1) with their biases and the row-parallel ones
     (proj, fc2) without theirs; norms, row-parallel biases, the learned position embedding and
@@ -95,17 +152,21 @@ def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
             attention += 2 * d * (2 if m.normalization == "LayerNorm" else 1)
     layers = [n for chunk in pipeline_layout(m, p)[stage] for n in chunk]
     dense = expert = 0.0
+    largest_layer = 0.0
     for n in layers:
-        dense += 2 * norm + attention
+        layer_dense, layer_expert = 2 * norm + attention, 0.0
         if not m.is_moe_layer(n):
-            dense += mlp(m.ffn_size, t)
-            continue
-        dense += m.num_moe_experts * h  # the router, replicated
-        if m.moe_shared_expert_intermediate_size:
-            dense += mlp(m.moe_shared_expert_intermediate_size, t)
-        f = m.moe_ffn_size
-        per_expert = (h * f * width + bias * f * width + f * h) / etp + bias * h
-        expert += per_expert * m.num_moe_experts / ep
+            layer_dense += mlp(m.ffn_size, t)
+        else:
+            layer_dense += m.num_moe_experts * h  # the router, replicated
+            if m.moe_shared_expert_intermediate_size:
+                layer_dense += mlp(m.moe_shared_expert_intermediate_size, t)
+            f = m.moe_ffn_size
+            per_expert = (h * f * width + bias * f * width + f * h) / etp + bias * h
+            layer_expert = per_expert * m.num_moe_experts / ep
+        dense += layer_dense
+        expert += layer_expert
+        largest_layer = max(largest_layer, layer_dense + layer_expert)
     vocab = padded_vocab_size(m, t)
     if stage == 0:
         dense += vocab * h / t
@@ -115,22 +176,70 @@ def rank_parameters(config: Config, stage: int = 0) -> dict[str, float]:
         dense += norm
         if not (m.share_embeddings_and_output_weights and stage == 0):
             dense += vocab * h / t
-    return {"dense": dense, "expert": expert}
+    return {"dense": dense, "expert": expert, "largest_layer": largest_layer}
 
 
-def model_state_bytes(
-    config: Config, stage: int = 0, engine: str = "megatron"
-) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer states) bytes on one rank of `stage`.
+SHARDING_MODES = ("megatron", "megatron_fsdp", "zero", "fsdp2")
 
-    Mixed precision as in Megatron: 16-bit weights, fp32 main gradients, Adam with an fp32
-    master copy and two moments (12 B/param). In fp32: 4 B weights, 4 B gradients, 8 B moments.
-    The distributed optimizer shards the optimizer states of dense parameters over the
-    data-parallel ranks (context-parallel ones included: DP x CP) and those of expert
-    parameters over the expert-data-parallel ranks (TP x CP x DP / (ETP x EP)).
-    `engine="reference"` counts the kit's own layers: every parameter divided by TP, no vocab
-    padding (their parameter count is checked against the layers)."""
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes on one rank. `weights`, `grads` and `optimizer` persist through the
+    step (what `model_state_bytes` returns); the two transient terms do not:
+    `step_fp32_grads` lives only in DeepSpeed's optimizer step (after the activations are
+    freed) and `gathered_params` is the unsharded working set of a stage-3 mode during forward
+    and backward (an overhead term of the estimate)."""
+
+    mode: str
+    weights: int
+    grads: int
+    optimizer: int
+    step_fp32_grads: int = 0
+    gathered_params: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sharding_mode(config: Config) -> str:
+    """The sharding mode the Config says: `megatron` without a ZeRO stage (the distributed
+    optimizer or none), `megatron_fsdp` with a stage and Megatron's distributed optimizer,
+    `fsdp2` where the reader saw PyTorch FSDP2 (torchtitan, NeMo-RL's DTensor policy,
+    Megatron-Bridge's use_torch_fsdp2), `zero` with a stage otherwise (DeepSpeed ZeRO)."""
+    p = config.parallel
+    if not p.zero_stage:
+        return "megatron"
+    if p.use_torch_fsdp2:
+        return "fsdp2"
+    return "megatron_fsdp" if p.use_distributed_optimizer else "zero"
+
+
+def _largest_module(m: ModelConfig, t: int) -> float:
+    """The most parameters one module holds directly in a Hugging Face model (DeepSpeed's
+    `model_to_params`: `m.parameters(recurse=False)` of every module): the embedding or output
+    head, one attention projection, one MLP or expert projection (gate, up and down are
+    separate Linears there), divided by TP."""
+    h = m.hidden_size
+    sizes = [m.vocab_size * h, h * m.ffn_size]
+    if m.multi_latent_attention:
+        dq = m.qk_head_dim + m.qk_pos_emb_head_dim
+        sizes += [h * m.num_attention_heads * dq, m.kv_lora_rank * m.num_attention_heads * dq]
+    else:
+        sizes.append(h * m.num_attention_heads * m.head_dim)
+    if m.num_moe_experts:
+        sizes.append(h * m.moe_ffn_size)
+    return max(sizes) / t
+
+
+def model_states(
+    config: Config, stage: int = 0, engine: str = "megatron", sharding: str | None = None
+) -> ModelStates:
+    """Model states on one rank of `stage` under `sharding` (None: `sharding_mode(config)`),
+    byte counts as in the module docstring."""
     m, p = config.model, config.parallel
+    mode = sharding or sharding_mode(config)
+    if mode not in SHARDING_MODES:
+        raise ValueError(f"unknown sharding mode {mode!r} (one of {', '.join(SHARDING_MODES)})")
     if engine == "reference":
         counts = parameter_counts(m)
         t, pp, ep = (
@@ -140,16 +249,70 @@ def model_state_bytes(
         )
         dense = counts["layers"] / (t * pp) + counts["embedding"] / t
         dense += counts["head"] / t if pp == 1 else 0.0
-        params = {"dense": dense, "expert": counts["experts"] / (ep * pp)}
+        params = {
+            "dense": dense,
+            "expert": counts["experts"] / (ep * pp),
+            "largest_layer": (counts["layers"] / t + counts["experts"] / ep) / m.num_layers,
+        }
     else:
-        params = rank_parameters(config, stage)
+        params = _rank_parameters(config, stage)
     half = m.bf16 or m.fp16
-    weight_b, grad_b, optim_b = (2, 4, 12) if half else (4, 4, 8)
-    on_rank = params["dense"] + params["expert"]
-    if p.use_distributed_optimizer:
-        dp_cp = p.data_parallel_size * p.context_parallel_size
-        edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
-        optimizer = optim_b * (params["dense"] / dp_cp + params["expert"] / edp)
+    if mode == "fsdp2":
+        weight_b, grad_b, optim_b = 4, 4, 8
+    elif mode == "zero":
+        weight_b, grad_b, optim_b = (2, 2, 12) if half else (4, 4, 8)
     else:
-        optimizer = optim_b * on_rank
-    return round(on_rank * weight_b), round(on_rank * grad_b), round(optimizer)
+        weight_b, grad_b, optim_b = (2, 4, 12) if half else (4, 4, 8)
+    level = (1 if p.use_distributed_optimizer else 0) if mode == "megatron" else p.zero_stage
+    dp_cp = p.data_parallel_size * p.context_parallel_size
+    edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
+
+    def held(bytes_per_param: int, sharded: bool) -> float:
+        if not sharded:
+            return bytes_per_param * (params["dense"] + params["expert"])
+        return bytes_per_param * (params["dense"] / dp_cp + params["expert"] / edp)
+
+    weights = held(weight_b, level >= 3)
+    grads = held(grad_b, level >= 2)
+    optimizer = held(optim_b, level >= 1)
+    step = held(4, level >= 1) if mode == "zero" and half else 0.0
+    if p.optimizer_offload:
+        optimizer = step = 0.0
+        if mode in ("zero", "fsdp2") and level >= 2:
+            grads = 0.0  # the gradient partition is copied to the host's fp32 buffers
+    if p.param_offload and level >= 3 and mode in ("zero", "fsdp2"):
+        weights = 0.0
+        if mode == "fsdp2":
+            grads = 0.0  # CPUOffloadPolicy: gradients go to the host with the parameters
+    gathered = 0.0
+    if level >= 3 and mode != "megatron":
+        if mode == "zero":
+            unit = _largest_module(m, p.tensor_model_parallel_size)
+        else:  # FSDP units: a transformer layer, or the embedding / output head
+            vocab = padded_vocab_size(m, p.tensor_model_parallel_size)
+            unit = max(
+                params["largest_layer"], vocab * m.hidden_size / p.tensor_model_parallel_size
+            )
+        # the unit's params gathered in the compute dtype and its gradients before the
+        # reduce-scatter: 2 + 2 B in 16-bit (DeepSpeed's largest_layer_memory factor)
+        gathered = 2 * (2 if half else 4) * unit
+    return ModelStates(
+        mode, round(weights), round(grads), round(optimizer), round(step), round(gathered)
+    )
+
+
+def model_state_bytes(
+    config: Config, stage: int = 0, engine: str = "megatron", sharding: str | None = None
+) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes on one rank of `stage`: the persistent
+    terms of `model_states` (the module docstring gives the bytes of each sharding mode).
+
+    Megatron (zero_stage 0) as always: 16-bit weights, fp32 main gradients, Adam with an fp32
+    master copy and two moments (12 B/param); in fp32 4 B weights, 4 B gradients, 8 B moments.
+    The distributed optimizer shards the optimizer states of dense parameters over the
+    data-parallel ranks (context-parallel ones included: DP x CP) and those of expert
+    parameters over the expert-data-parallel ranks (TP x CP x DP / (ETP x EP)).
+    `engine="reference"` counts the kit's own layers: every parameter divided by TP, no vocab
+    padding (their parameter count is checked against the layers)."""
+    s = model_states(config, stage, engine, sharding)
+    return s.weights, s.grads, s.optimizer

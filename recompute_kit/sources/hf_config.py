@@ -699,6 +699,21 @@ def key_for(field: str) -> str:
 # model ids
 
 
+def _nearest(model_id: str) -> str:
+    """`, or --model X` for the registered model whose id is closest (another release of the
+    same family and size), said as a suggestion to check, never used silently."""
+    import difflib
+
+    from .registry import list_models
+
+    ids = [i for i, _ in list_models()]
+    # another release of a registered model: Qwen/Qwen3-4B-Instruct-2507 -> Qwen/Qwen3-4B
+    releases = [i for i in ids if model_id.lower().startswith(i.lower() + "-")]
+    close = releases or difflib.get_close_matches(model_id, ids, n=1, cutoff=0.8)
+    best = max(close, key=len) if close else None
+    return f", or --model {best} if it has the same architecture" if best else ""
+
+
 def read_model_id(model_id: str) -> Reading:
     """A Hugging Face model id: the registry first, else `config.json` (only that file) from the
     Hub through huggingface_hub's cache (offline from the cache when the network fails)."""
@@ -729,8 +744,9 @@ def read_model_id(model_id: str) -> Reading:
             errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     if path is None:
         raise ConfigError(
-            f"{model_id}: could not get its config.json from the Hugging Face Hub or its cache "
-            f"({errors[-1]}); pass the config.json path instead"
+            f"{model_id}: not in the registry, and its config.json could not be had from the "
+            f"Hugging Face Hub or its cache ({errors[-1].split(':')[0]}); pass the config.json "
+            f"path{_nearest(model_id)}"
         )
     try:
         with open(path, encoding="utf-8") as handle:

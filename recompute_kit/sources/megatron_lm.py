@@ -37,7 +37,7 @@ from .reading import (
     Origin,
     Reading,
 )
-from .shell import Field, parse_script, unresolved_names
+from .shell import Field, parse_script, shown, unresolved_names
 
 FRAMEWORKS = ("megatron-lm",)
 FORMAT_SCRIPT = "Megatron-LM launch script"
@@ -199,6 +199,7 @@ _FLAG_TELLS = re.compile(
 )
 
 
+_HF_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name, not a path
 _HYDRA_SECTION_KEYS = re.compile(
     r"(?:^|\s)[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|mixed_precision)"
     r"\.\w+="
@@ -425,7 +426,8 @@ def _interpret(args: list[Arg], path: str, reading: Reading) -> None:
         elif flag in SPECIAL_FLAGS:
             continue
         else:
-            reading.unused[flag] = arg.values[0] if len(arg.values) == 1 else (arg.values or True)
+            values = [shown(v) for v in arg.values]
+            reading.unused[flag] = values[0] if len(values) == 1 else (values or True)
 
     _special(last, path, reading, value_of, setv)
 
@@ -464,6 +466,11 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
             )
             reading.unused["--vocab-size"] = vocab.values[0] if vocab.values else None
 
+    tok_model = get("--tokenizer-model")
+    tok_id = value_of(tok_model) if tok_model else None
+    if tok_type == "HuggingFaceTokenizer" and tok_id and _HF_ID.fullmatch(tok_id):
+        reading.tokenizer, reading.tokenizer_origin = tok_id, _origin(path, tok_model)
+
     if (padded := get("--padded-vocab-size")) and "vocab_size" not in reading:
         # no flag of Megatron-LM's parser (its argument dump prints padded_vocab_size): pastes
         # carry it, and it is the size the embedding and logits have
@@ -487,6 +494,13 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
         reading.unused["--no-position-embedding"] = True
     if a := get("--attention-backend"):
         setv("attention_backend", a, _backend, _backend_note(a))
+        spec = get("--spec")
+        if _backend_note(a) and not (spec and spec.values and spec.values[0] == "local"):
+            reading.warnings.append(
+                f"{path}:{a.line}: --attention-backend local without --spec local: Megatron-LM "
+                "refuses it ('--attention-backend local is only supported with --spec local', "
+                "arguments.py validate_args)"
+            )
     if a := get("--use-flash-attn"):
         reading.unused["--use-flash-attn"] = True
         reading.warnings.append(

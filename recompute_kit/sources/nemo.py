@@ -601,12 +601,10 @@ def _read_model(fv: FileValues) -> None:
     )
     tok_lib = fv.raw((m, "tokenizer", "library"))
     tok_type = fv.raw((m, "tokenizer", "type"))
-    if "vocab_size" in fv.reading:
-        pass
-    elif tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
-        fv.reading.warnings.append(
-            f"{fv.where((m, 'tokenizer', 'type'))}: the vocabulary is the tokenizer's "
-            f"({tok_type}); vocab_size is not read from this file"
+    if tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
+        fv.reading.tokenizer = tok_type
+        fv.reading.tokenizer_origin = Origin(
+            FROM_FILE, fv.where((m, "tokenizer", "type")), "model.tokenizer.type"
         )
 
     # mcore_customization_config: passed straight to the TransformerConfig (setattr, last).

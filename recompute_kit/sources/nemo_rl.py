@@ -296,6 +296,7 @@ def _read_dtensor(fv: FileValues) -> None:
         where,
         "DTensor policy: FSDP2 shards parameters, gradients and optimizer states",
     )
+    fv.set("use_torch_fsdp2", True, where, "DTensor policy: PyTorch FSDP2")
     fv.take("tensor_model_parallel_size", (*d, "tensor_parallel_size"), int)
     fv.take("context_parallel_size", (*d, "context_parallel_size"), int)
     fv.take("sequence_parallel", (*d, "sequence_parallel"), bool)

@@ -15,13 +15,11 @@ from typing import Any
 from ..config import CONFIG_KEYS
 
 # Values a reading may carry beyond the Config's fields: how the job is launched and sharded.
+# (optimizer_offload / param_offload are Config fields now: ParallelConfig.)
 EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
     "global_batch_size",
-    "optimizer_offload",  # optimizer states on the host (DeepSpeed offload_optimizer, ...)
-    "param_offload",
     "use_megatron_fsdp",
-    "use_torch_fsdp2",
     "mtp_num_layers",
     "megatron_core_version",
 )
@@ -85,6 +83,10 @@ class Reading:
     model_name_origin: Origin | None = None
     # Keys the input sets that recompute-kit does not use, as written (reported, not dropped).
     unused: dict[str, Any] = field(default_factory=dict)
+    # A Hugging Face id whose tokenizer the run uses (`--tokenizer-model`, NeMo's
+    # `tokenizer.type`): its model's config gives the vocabulary when nothing else does.
+    tokenizer: str | None = None
+    tokenizer_origin: Origin | None = None
 
     def set(self, key: str, value: Any, origin: Origin, overwrite: bool = True) -> None:
         """Record `key = value` from `origin`. overwrite=False keeps a value already set."""
@@ -124,6 +126,23 @@ class Reading:
 # The values a per-rank memory estimate depends on. After resolving, each has an origin:
 # read, the model's config, the framework's default, derived, or an assumption said aloud.
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads")
+# What a model's config.json decides (not the training run): never assumed without a model.
+ARCHITECTURE_KEYS = frozenset(
+    {
+        "num_query_groups",
+        "kv_channels",
+        "ffn_hidden_size",
+        "vocab_size",
+        "normalization",
+        "swiglu",
+        "add_bias_linear",
+        "share_embeddings_and_output_weights",
+        "position_embedding_type",
+        "qk_layernorm",
+        "num_moe_experts",
+        "multi_latent_attention",
+    }
+)
 MEMORY_KEYS = (
     *SHAPE_KEYS,
     "num_query_groups",

@@ -10,16 +10,15 @@ values the framework derives, and last the assumptions, each named with the key 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import CONFIG_KEYS, Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
-from ..config.validation import expert_layout_problem
+from ..config import CONFIG_KEYS, Config, ConfigError
 from . import formats, megatron_core
 from .reading import (
+    ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
     FROM_ASSUMED,
     FROM_DEFAULT,
@@ -32,6 +31,7 @@ from .reading import (
     Origin,
     Reading,
 )
+from .semantics import derive_layout, normalize
 
 # What recompute-kit assumes when nothing says it (said aloud, with the key that sets it):
 # Megatron-Core's own defaults, except where a training run of a large model plainly differs
@@ -130,6 +130,8 @@ def merge(readings: Sequence[Reading]) -> Reading:
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
+        if reading.tokenizer:
+            merged.tokenizer, merged.tokenizer_origin = reading.tokenizer, reading.tokenizer_origin
         if reading.model_name:  # a later input names the model the run uses
             if merged.model_name not in (None, reading.model_name):
                 merged.warnings.append(
@@ -172,6 +174,14 @@ def resolve(
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     merged = merge(readings)
+    if model and readings[0].model_name and merged.model_name != readings[0].model_name:
+        # --model is the user's explicit choice for the shape: it wins over a file's model
+        merged.warnings = [w for w in merged.warnings if not w.startswith("conflict: the model")]
+        merged.warnings.append(
+            f"the shape is {readings[0].model_name}'s (--model); the files name {merged.model_name}"
+        )
+        merged.model_name = readings[0].model_name
+        merged.model_name_origin = readings[0].model_name_origin
     for key, value in (overrides or {}).items():
         flag = "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
@@ -181,11 +191,12 @@ def resolve(
         if require_shape:
             raise
         merged.warnings.append(str(exc))
+    _add_tokenizer_vocabulary(merged)
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)
-    _normalize(merged)
-    _derive_layout(merged, overrides or {}, strict=require_shape)
+    normalize(merged)
+    derive_layout(merged, overrides or {}, strict=require_shape)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
@@ -198,6 +209,30 @@ def resolve(
     return Resolved(_to_config(merged), merged, described)
 
 
+def _add_tokenizer_vocabulary(reading: Reading) -> None:
+    """A run that names its Hugging Face tokenizer has that model's vocabulary (the registry's
+    config.json vocab_size: the embedding's rows, which Megatron pads further)."""
+    if "vocab_size" in reading or not reading.tokenizer:
+        return
+    from . import registry
+
+    model = registry.model_reading(reading.tokenizer)
+    if model is None or "vocab_size" not in model:
+        reading.warnings.append(
+            f"the vocabulary is the tokenizer's ({reading.tokenizer}), not in the registry: "
+            "vocab_size is not read"
+        )
+        return
+    where = reading.tokenizer_origin.describe() if reading.tokenizer_origin else ""
+    reading.set(
+        "vocab_size",
+        model.values["vocab_size"],
+        dataclasses.replace(
+            model.origins["vocab_size"], note=f"the tokenizer the run names ({where})"
+        ),
+    )
+
+
 def _add_model_shape(reading: Reading) -> None:
     """The named model's public config fills what the inputs leave out (never overrides)."""
     if reading.model_name is None or all(k in reading for k in SHAPE_KEYS):
@@ -207,109 +242,6 @@ def _add_model_shape(reading: Reading) -> None:
     model = hf_config.read_model_id(reading.model_name)
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
-
-
-def _normalize(reading: Reading) -> None:
-    """Values in the form Megatron-Core itself normalises them to (TransformerConfig's
-    __post_init__), so that every framework's spelling validates the same way; a null for a
-    field that cannot be null (a serialized ConfigContainer's `offload_modules: null`) is the
-    field's default."""
-    defaults = Config().to_flat()
-    for key in list(reading.values):
-        if reading.values[key] is None and key in _NOT_NULL:
-            origin = reading.origins[key]
-            note = f"null: Megatron-Core's default {defaults[key]!r}"
-            reading.set(key, defaults[key], dataclasses.replace(origin, note=note))
-    for key in ("recompute_modules", "offload_modules"):
-        value = reading.get(key)
-        if isinstance(value, str):  # "core_attn,mlp", "[`core_attn`, `mlp`]" as pasted
-            items = [v.strip("`'\" ") for v in re.split(r"[\s,]+", value.strip("[]() "))]
-            origin = reading.origins[key]
-            note = f"{value!r} read as a list"
-            reading.set(key, [v for v in items if v], dataclasses.replace(origin, note=note))
-    scope = reading.get("cuda_graph_scope")
-    if scope is None and "cuda_graph_scope" in reading:
-        scope = []
-    if isinstance(scope, str):  # "attn,mlp"; "full" (deprecated) = the whole layer = []
-        scope = [s.strip().rsplit(".", 1)[-1] for s in scope.split(",") if s.strip()]
-    if isinstance(scope, list) and scope != reading.get("cuda_graph_scope"):
-        origin = reading.origins["cuda_graph_scope"]
-        scope = [] if scope == ["full"] else scope
-        reading.set(
-            "cuda_graph_scope",
-            scope,
-            dataclasses.replace(origin, note=origin.note or "as Megatron-Core normalises it"),
-        )
-
-
-# Config fields whose type has no None (a null in a file means the default).
-_NOT_NULL = frozenset(
-    f.name
-    for cls in (ModelConfig, ParallelConfig, RecomputeConfig)
-    for f in dataclasses.fields(cls)
-    if "None" not in str(f.type)
-)
-
-
-def _derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> None:
-    """Megatron's rules every framework shares: SP needs TP > 1; DP = world / (TP x PP x CP);
-    the expert layout (EP x ETP) must divide TP x CP x DP. A layout the world cannot hold is
-    refused (strict) or, when only reading, said as a warning with DP left undecided."""
-    tp = reading.get("tensor_model_parallel_size") or 1
-    if reading.get("sequence_parallel") and tp == 1:
-        if "sequence_parallel" in overrides:
-            return  # asked for explicitly: validation raises Megatron's own error
-        origin = reading.origins["sequence_parallel"]
-        reading.set(
-            "sequence_parallel",
-            False,
-            dataclasses.replace(origin, note="turned off: sequence parallelism needs TP > 1"),
-        )
-        reading.warnings.append(
-            f"sequence_parallel ({origin.describe()}) with TP=1: turned off, as Megatron-LM "
-            "and NeMo do"
-        )
-    world = reading.get("world_size")
-    cp = reading.get("context_parallel_size") or 1
-    model_parallel = tp * (reading.get("pipeline_model_parallel_size") or 1) * cp
-    problem = None
-    if world:
-        dp = world // model_parallel
-        if world % model_parallel:
-            problem = (
-                f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
-                f"divisible by TP x PP x CP = {model_parallel}"
-            )
-        elif "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
-            problem = (
-                f"data_parallel_size {reading.get('data_parallel_size')} does not match a world "
-                f"of {world} GPUs / (TP x PP x CP = {model_parallel}) = {dp}"
-            )
-        else:
-            problem = _expert_layout_problem(reading, tp * cp * dp)
-        if problem is None:
-            reading.derive(
-                "data_parallel_size", dp, f"world size {world} / (TP x PP x CP = {model_parallel})"
-            )
-    elif reading.get("data_parallel_size"):
-        problem = _expert_layout_problem(reading, tp * cp * reading.get("data_parallel_size"))
-    if problem is not None:
-        if strict:
-            raise ConfigError(problem)
-        reading.warnings.append(f"{problem}: this layout cannot run as written")
-        dp_origin = reading.origins.get("data_parallel_size")
-        if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
-            del reading.values["data_parallel_size"], reading.origins["data_parallel_size"]
-
-
-def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:
-    if not reading.get("num_moe_experts"):
-        return None
-    tp = reading.get("tensor_model_parallel_size") or 1
-    cp = reading.get("context_parallel_size") or 1
-    etp = reading.get("expert_tensor_parallel_size") or tp
-    ep = reading.get("expert_model_parallel_size") or 1
-    return expert_layout_problem(tp, cp, dense_ranks // (tp * cp), ep, etp)
 
 
 def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str]]) -> None:
@@ -336,15 +268,21 @@ def _needed_keys(reading: Reading) -> list[str]:
         keys += MOE_KEYS
     if reading.get("multi_latent_attention"):
         keys += MLA_KEYS
-    if reading.get("recompute_granularity"):
-        keys += RECOMPUTE_KEYS
+    granularity = reading.get("recompute_granularity")
+    if granularity == "selective":  # (Megatron ignores the modules under full, and the
+        keys.append("recompute_modules")  # method and layer count under selective)
+    elif granularity == "full":
+        keys += [k for k in RECOMPUTE_KEYS if k != "recompute_modules"]
     return keys
 
 
 def _assume_the_rest(reading: Reading, framework: Any) -> None:
+    shapeless = not all(reading.get(k) for k in SHAPE_KEYS)
     for key in _needed_keys(reading):
         if key in reading or key not in ASSUMED_VALUES:
             continue
+        if shapeless and key in ARCHITECTURE_KEYS:
+            continue  # no model: its architecture is not guessed either
         reading.set(
             key,
             ASSUMED_VALUES[key],
@@ -403,4 +341,6 @@ def _to_config(reading: Reading) -> Config:
         for key, origin in reading.origins.items()
         if origin.kind == FROM_ASSUMED
     ]
+    version = reading.values.get("megatron_core_version")
+    cfg.megatron_core_version = None if version is None else str(version)
     return cfg

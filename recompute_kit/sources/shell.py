@@ -60,6 +60,11 @@ def unresolved(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
 
+def shown(text: str) -> str:
+    """Text as a person reads it: an unresolved value as `${NAME}` (as the script wrote it)."""
+    return _MARK_RE.sub(lambda m: "${" + m.group(1) + "}", text)
+
+
 def unresolved_names(text: str) -> list[str]:
     """The unresolved variables inside an expanded text (empty: fully resolved)."""
     return _MARK_RE.findall(text)

@@ -56,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="diagnose.py",
         description=__doc__.split("\n\n")[0],
-        epilog="Example: diagnose.py --log train.log --config config.yaml --gpu-memory-gb 80",
+        epilog="Example: diagnose.py --log train.log --config train.sh overrides.yaml "
+        "--gpu-memory-gb 79.1",
     )
     p.add_argument(
         "--log",
@@ -68,7 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="YAML/JSON config, Megatron-LM command line or Hydra overrides",
+        nargs="+",
+        help="the config files the run uses, as they are (several at once: a launch script, "
+        "a recipe or YAML, overrides, a DeepSpeed JSON), or a pasted command line",
     )
     p.add_argument(
         "--experiments",
@@ -95,7 +98,9 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
     out = ["doctor", "--json"]
     for log in args.log:
         out += ["--log", log]
-    for flag in ("config", "experiments", "memory_stats", "snapshot"):
+    if args.config:
+        out += ["--config", *args.config]
+    for flag in ("experiments", "memory_stats", "snapshot"):
         value = getattr(args, flag)
         if value:
             out += ["--" + flag.replace("_", "-"), value]
@@ -117,6 +122,18 @@ def condense(doc: dict) -> dict:
         "sources": ev.get("sources", []),
         "notes": (ev.get("notes") or [])[:10],
     }
+    read = ev.get("read")
+    if read:  # what the shared reader read from --config, in short: check the assumptions
+        evidence["read"] = {
+            "framework": read.get("framework"),
+            "model_name": read.get("model_name"),
+            "assumed": {
+                k: {"value": read["config"].get(k), "set_with": s.get("key")}
+                for k, s in read.get("sources", {}).items()
+                if s.get("from") == "assumed"
+            },
+            "warnings": read.get("warnings", [])[:10],
+        }
     return {
         "ok": True,
         "top": findings[0] if findings else None,

@@ -11,15 +11,29 @@ A candidate (one recompute setting) is a success only if all of these hold:
               and the verdict is "incomplete", not "success").
 
 Input (FILE, format by extension): recompute-kit's ablation results.jsonl, or your own rows as
-JSONL, a JSON list (or {"rows": [...]}) or CSV with a header. Fields per row (one row per
-candidate and rank): recompute (or spec/name), rank (default 0), status ("oom" marks an OOM),
-peak_reserved_bytes | peak_reserved_gib, peak_allocated_bytes | peak_allocated_gib |
-peak_memory_bytes, tflops | tflops_per_gpu, step_time_s, loss. GiB = 2^30 bytes.
+JSONL, a JSON list (or {"rows": [...]}), CSV with a header or a Markdown table (.md); and/or
+Megatron training logs (--log SPEC=FILE, one run each, repeatable: their iteration lines).
+Fields per row (one row per candidate and rank, or per iteration): recompute (or spec/name),
+rank (default 0), status ("oom" marks an OOM), peak_reserved_bytes | peak_reserved_gib,
+peak_allocated_bytes | peak_allocated_gib | peak_memory_bytes, tflops | tflops_per_gpu,
+step_time_s | step_time_ms, loss; for repeats and per-iteration tables also iteration (or
+step), run (run_id/repeat/trial/seed), profiler (a flag: that iteration was profiled), host
+(node), date, global_batch_size, seq_length. GiB = 2^30 bytes.
+
+Speed is judged with its noise (recompute_kit/runstats.py): per run, warm-up iterations (until
+the step time settles, or --warmup N) and profiled iterations are dropped and the median and
+IQR taken; a setting is the median of its repeats, its noise the range of their medians (one
+run: its IQR); repeats far from the others are outliers, and runs that differ in host, date,
+profiler, batch or sequence are confounders. The throughput check passes or fails only when
+the whole noise band is on one side of the threshold, else it is null ("within noise"), and
+`rerun` names the re-run that would decide.
 
 Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"recompute",
 "ranks", "binding_rank", "max_peak_reserved_gib", "max_peak_allocated_gib", "tflops",
 "vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "verdict",
-"reasons"}], "recommended"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
+"reasons", "speed": {runs, median, low, high, noise, runs_detail, comparison}}],
+"recommended", "recommendation": {recompute, decided, why}, "outliers", "confounders",
+"rerun"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
 input. Standard library only: needs no torch.
 """
 
@@ -28,11 +42,33 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit of this skill folder
+
+from recompute_kit.runstats import RERUN, compare, judge_runs, split_runs, summarize_run
+
 GIB = 2**30
+
+
+def _markdown_rows(text: str) -> list[dict]:
+    """The rows of the Markdown tables in `text` (header row, separator, rows)."""
+    lines = [line.strip() for line in text.splitlines()]
+    rows: list[dict] = []
+    i = 0
+    while i < len(lines) - 1:
+        sep = lines[i + 1].replace("|", "").replace(":", "").replace("-", "").strip()
+        if lines[i].startswith("|") and "-" in lines[i + 1] and not sep:
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip("|").split("|")]
+                rows.append(dict(zip(header, cells, strict=False)))
+                i += 1
+        else:
+            i += 1
+    return rows
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -40,6 +76,8 @@ def load_rows(path: Path) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return [dict(r) for r in csv.DictReader(text.splitlines())]
+    if suffix in (".md", ".markdown"):
+        return _markdown_rows(text)
     if suffix == ".json":
         doc = json.loads(text)
         rows = doc.get("rows", doc.get("results")) if isinstance(doc, dict) else doc
@@ -61,12 +99,31 @@ def number(row: dict, *keys: str, scale: float = 1.0) -> float | None:
     return None
 
 
+def _key(row: dict, *keys: str):
+    """The first of `keys` the row has (headers compared without case, spaces or dashes)."""
+    folded = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in row.items()}
+    for key in keys:
+        value = folded.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on", "y", "x", "profiled")
+
+
 def normalise(row: dict) -> dict:
-    name = row.get("recompute") or row.get("spec") or row.get("name")
+    row = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in row.items()}
+    name = row.get("recompute") or row.get("spec") or row.get("name") or row.get("setting")
     if name is None:
         raise ValueError(f"row without a recompute/spec/name field: {row}")
     rank = row.get("rank")
     status = str(row.get("status") or row.get("result") or "").lower()
+    iteration = _key(row, "iteration", "iter", "step")
+    step_ms = number(row, "step_time_ms", "elapsed_ms", "iteration_time_ms")
+    step_s = number(row, "step_time_s", "step_time")
+    profiler = _key(row, "profiler", "profiling", "profile", "profiled")
     return {
         "recompute": str(name),
         "rank": int(float(rank)) if rank not in (None, "") else 0,
@@ -75,10 +132,64 @@ def normalise(row: dict) -> dict:
         or number(row, "peak_reserved_gib", scale=GIB),
         "allocated": number(row, "peak_allocated_bytes", "peak_memory_bytes")
         or number(row, "peak_allocated_gib", scale=GIB),
-        "tflops": number(row, "tflops", "tflops_per_gpu"),
-        "step": number(row, "step_time_s"),
-        "loss": number(row, "loss"),
+        "tflops": number(row, "tflops", "tflops_per_gpu", "tflop/s/gpu"),
+        "step": step_s if step_s is not None else (step_ms / 1000 if step_ms else None),
+        "loss": number(row, "loss", "lm_loss"),
+        "iteration": int(float(iteration)) if iteration is not None else None,
+        "run": _key(row, "run", "run_id", "repeat", "trial", "seed"),
+        "profiler": _flag(profiler) if profiler is not None else None,
+        "host": _key(row, "host", "hostname", "node", "nodes", "node_list"),
+        "date": _key(row, "date", "day", "started"),
+        "global_batch_size": _key(row, "global_batch_size", "gbs"),
+        "seq_length": _key(row, "seq_length", "seq_len", "sequence_length"),
     }
+
+
+def load_log(spec: str) -> list[dict]:
+    """Rows from a Megatron training log given as SPEC=FILE: one per iteration line, the
+    profiler window from the arguments it printed (--profile-step-start/end)."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"--log wants SPEC=FILE, not {spec!r}")
+    from recompute_kit.doctor.evidence import parse_log_file
+
+    ev = parse_log_file(path)
+    cfg = ev.config
+    window = None
+    if str(cfg.get("profile", "")).lower() in ("true", "1") or cfg.get("profile") is True:
+        try:
+            window = (int(cfg["profile_step_start"]), int(cfg["profile_step_end"]))
+        except (KeyError, TypeError, ValueError):
+            window = None
+    rows = []
+    for it in ev.iterations:
+        if it.elapsed_ms is None and it.tflops_per_gpu is None:
+            continue
+        rows.append(
+            {
+                "recompute": name,
+                "rank": 0,
+                "oom": False,
+                "reserved": None,
+                "allocated": None,
+                "tflops": it.tflops_per_gpu,
+                "step": it.elapsed_ms / 1000 if it.elapsed_ms else None,
+                "loss": it.loss,
+                "iteration": it.iteration,
+                "run": path,
+                "profiler": None,
+                "profile_window": window,
+                "host": None,
+                "date": None,
+                "global_batch_size": it.global_batch_size,
+                "seq_length": cfg.get("seq_length"),
+            }
+        )
+    if ev.oom:
+        rows.append({**(rows[-1] if rows else {}), "recompute": name, "oom": True, "run": path})
+    if not rows:
+        raise ValueError(f"{path}: no iteration lines with a step time or TFLOP/s")
+    return rows
 
 
 def load_verify(path: Path) -> dict[str, bool]:
@@ -90,14 +201,41 @@ def load_verify(path: Path) -> dict[str, bool]:
     return out
 
 
-def speed(rows: list[dict]) -> tuple[float | None, str]:
-    tflops = [r["tflops"] for r in rows if r["tflops"] is not None]
-    if tflops:
-        return statistics.median(tflops), "tflops"
-    steps = [r["step"] for r in rows if r["step"]]
-    if steps:
-        return 1.0 / statistics.median(steps), "1/step_time"
-    return None, ""
+def speed(
+    name: str, rows: list[dict], warmup: int | None, kind: str | None = None
+) -> tuple[list[dict], str]:
+    """Per-run statistics of one setting's speed (TFLOP/s, else step time) and the kind."""
+    if kind is None:
+        kind = "tflops" if any(r["tflops"] is not None for r in rows) else "step"
+    out = []
+    for n, run in enumerate(split_runs(rows)):
+        ranked = run
+        if any(r["iteration"] is not None for r in run):
+            low = min(r["rank"] for r in run)
+            ranked = sorted((r for r in run if r["rank"] == low), key=lambda r: r["iteration"] or 0)
+        samples = [
+            {"value": r[kind], "iteration": r["iteration"], "profiler": r["profiler"]}
+            for r in ranked
+            if r[kind] is not None and not r["oom"]
+        ]
+        if not samples:
+            continue
+        stats = summarize_run(samples, warmup, run[0].get("profile_window"))
+        if stats.get("median") is None:
+            continue
+        first = run[0]
+        label = first["run"] if first["run"] is not None else f"run {n + 1}"
+        if first["run"] is None and first["host"]:
+            label = f"{label} on {first['host']}"
+        extra = {
+            f: first[f] for f in ("host", "date", "global_batch_size", "seq_length") if first[f]
+        }
+        if len(samples) == 1 and any(r["profiler"] for r in run):
+            extra["profiler"] = "on"  # a summary measured under the profiler: not droppable
+        elif any(r["profiler"] is not None for r in run):
+            extra["profiler"] = "off"  # (profiled iterations are dropped)
+        out.append({"setting": name, "run": str(label), **stats, **extra})
+    return out, ("tflops" if kind == "tflops" else "1/step_time")
 
 
 def judge(rows: list[dict], args: argparse.Namespace) -> dict:
@@ -107,9 +245,31 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
     golden = args.golden if args.golden is not None else next(iter(groups), None)
     if golden is not None and golden not in groups and args.golden_tflops is None:
         raise ValueError(f"golden {golden!r} is not among the rows: {', '.join(groups)}")
-    golden_speed, golden_kind = (
-        (args.golden_tflops, "tflops") if args.golden_tflops else speed(groups.get(golden, []))
+    golden_rows = groups.get(golden, [])
+    kind = (
+        "tflops"
+        if args.golden_tflops or any(r["tflops"] is not None for r in golden_rows)
+        else "step"
     )
+    all_runs: list[dict] = []
+    dropped_runs: list[dict] = []
+    for name, group in groups.items():
+        runs, _ = speed(name, group, args.warmup, kind)
+        clean = [r for r in runs if r.get("profiler") != "on"]
+        if clean and len(clean) < len(runs):  # summaries measured under the profiler
+            dropped_runs += [
+                {"setting": name, "run": r["run"], "why": "measured with the profiler on"}
+                for r in runs
+                if r.get("profiler") == "on"
+            ]
+            runs = clean
+        all_runs += runs
+    reference = None
+    if args.golden_tflops:
+        value = args.golden_tflops
+        reference = {"runs": 1, "median": value, "low": value, "high": value, "noise": "given"}
+    measured = judge_runs(all_runs, golden, kind == "tflops", reference)
+    kind_name = "tflops" if kind == "tflops" else "1/step_time"
     golden_loss = {r["rank"]: r["loss"] for r in groups.get(golden, []) if r["loss"] is not None}
     verified = load_verify(args.verify) if args.verify else {}
     usable = args.budget_gib * GIB * (1 - args.margin) if args.budget_gib else None
@@ -147,21 +307,40 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
                     f"rank {worst} peaks at {over[worst] / GIB:.2f} GiB > "
                     f"{usable / GIB:.2f} GiB usable ({args.margin:.0%} margin)"
                 )
-        value, kind = speed(group)
-        vs = None
+        stats = measured["settings"].get(name, {})
+        comparison = stats.get("comparison") or {}
+        value = stats.get("median")
+        vs = comparison.get("change")
         if name == golden:
             checks["throughput"] = True
-        elif value is None or golden_speed is None:
+        elif value is None or vs is None:
             checks["throughput"] = None
             reasons.append("no TFLOP/s or step time to compare with golden")
-        elif kind != golden_kind:
+        elif comparison.get("confounded"):
             checks["throughput"] = None
-            reasons.append(f"speed recorded as {kind} here but {golden_kind} for golden")
-        else:
-            vs = value / golden_speed - 1
+            reasons.append(f"throughput not judged: {comparison['why']}")
+        elif comparison.get("noise_measured") is False or "noise" not in stats:
+            # single summary values: judged on the values, the noise unknown
             checks["throughput"] = vs >= -args.threshold
             if not checks["throughput"]:
                 reasons.append(f"{vs:+.1%} vs golden, beyond -{args.threshold:.0%}: regression")
+            reasons.append("judged on single values: the run-to-run noise is not measured")
+        else:
+            low, high = comparison["change_low"], comparison["change_high"]
+            if low >= -args.threshold:
+                checks["throughput"] = True
+            elif high < -args.threshold:
+                checks["throughput"] = False
+                reasons.append(
+                    f"{vs:+.1%} vs golden ({low:+.1%} to {high:+.1%} with the noise), beyond "
+                    f"-{args.threshold:.0%}: regression"
+                )
+            else:
+                checks["throughput"] = None
+                reasons.append(
+                    f"{vs:+.1%} vs golden is within noise of the -{args.threshold:.0%} "
+                    f"threshold ({low:+.1%} to {high:+.1%}): {measured['rerun']}"
+                )
         losses = {r["rank"]: r["loss"] for r in group if r["loss"] is not None}
         diffs = [
             abs(v - golden_loss[k]) / max(abs(golden_loss[k]), 1e-12)
@@ -199,6 +378,12 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
                 "max_peak_reserved_gib": round(max(reserved) / GIB, 3) if reserved else None,
                 "max_peak_allocated_gib": round(max(allocated) / GIB, 3) if allocated else None,
                 "tflops": value if kind == "tflops" else None,
+                "speed": {
+                    **{k: v for k, v in stats.items() if k != "comparison"},
+                    "kind": kind_name,
+                    "comparison": comparison or None,
+                    "runs_detail": [r for r in all_runs if r["setting"] == name],
+                },
                 "vs_golden_pct": None if vs is None else round(100 * vs, 2),
                 "loss_rel_diff": rel,
                 "checks": checks,
@@ -208,6 +393,26 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         )
     winners = [c for c in out if c["verdict"] == "success"]
     best = max(winners, key=lambda c: c["vs_golden_pct"] or 0.0) if winners else None
+    recommendation = None
+    if best is not None:
+        ties = [
+            c["recompute"]
+            for c in winners
+            if c is not best
+            and not compare(
+                measured["settings"].get(c["recompute"], {}),
+                measured["settings"].get(best["recompute"], {}),
+                kind == "tflops",
+            )["decided"]
+        ]
+        if ties:
+            why = (
+                f"'{best['recompute']}' is not faster than {', '.join(map(repr, ties))} beyond "
+                f"the noise: all pass the contract; {RERUN} to choose on speed"
+            )
+        else:
+            why = f"'{best['recompute']}' passes the contract"
+        recommendation = {"recompute": best["recompute"], "within_noise_of": ties, "why": why}
     return {
         "ok": True,
         "budget_gib": args.budget_gib,
@@ -216,6 +421,12 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         "threshold": args.threshold,
         "candidates": out,
         "recommended": best["recompute"] if best else None,
+        "recommendation": recommendation,
+        "outliers": measured["outliers"],
+        "confounders": measured["confounders"],
+        "dropped_runs": dropped_runs,
+        "rerun": measured["rerun"],
+        "speed_kind": kind_name if groups else None,
     }
 
 
@@ -225,7 +436,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="Example: judge.py runs/abl/results.jsonl --budget-gib 80 --golden selective:",
     )
-    p.add_argument("file", type=Path, help="results.jsonl, or rows as .jsonl/.json/.csv")
+    p.add_argument(
+        "file", type=Path, nargs="?", help="results.jsonl, or rows as .jsonl/.json/.csv/.md"
+    )
+    p.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="SPEC=FILE",
+        help="a Megatron training log of one run of SPEC (repeatable: repeats, settings)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        help="iterations to drop at the start of each run (default: until the step time settles)",
+    )
     p.add_argument("--budget-gib", type=float, help="GPU memory per rank in GiB (80 for H100)")
     p.add_argument("--margin", type=float, default=0.10, help="kept free (default 0.10)")
     p.add_argument("--golden", help="the reference recompute spec (default: the first row's)")
@@ -250,12 +475,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     try:
-        rows = [normalise(r) for r in load_rows(args.file)]
+        if args.file is None and not args.log:
+            raise ValueError("give a results FILE or --log SPEC=FILE")
+        rows = [normalise(r) for r in load_rows(args.file)] if args.file else []
+        for spec in args.log:
+            rows += load_log(spec)
         if not rows:
             raise ValueError("no rows")
         doc = judge(rows, args)
     except (OSError, ValueError, json.JSONDecodeError) as exc:
-        json.dump({"ok": False, "error": f"{args.file}: {exc}"}, sys.stdout)
+        json.dump({"ok": False, "error": f"{args.file or 'judge'}: {exc}"}, sys.stdout)
         sys.stdout.write("\n")
         return 1
     json.dump(doc, sys.stdout, indent=2)

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="plan.py",
         description=__doc__.split("\n\n")[0],
-        epilog="Example: plan.py --model llama3-70b --gpu-memory-gb 80 --tp 8 --pp 4 --sp "
+        epilog="Example: plan.py --model llama3-70b --gpu-memory-gb 79.1 --tp 8 --pp 4 --sp "
         "--seq-length 8192 --format megatron-lm. Other options: see `rk.py plan --help`.",
     )
     p.add_argument("--top", type=int, default=8, help="rows of 'fitting' to keep (default 8)")

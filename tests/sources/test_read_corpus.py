@@ -9,7 +9,12 @@ from reader_corpus import cases, score
 
 from recompute_kit.config import ConfigError
 from recompute_kit.sources import formats
-from recompute_kit.sources.reading import MEMORY_KEYS, ORIGIN_KINDS, SHAPE_KEYS
+from recompute_kit.sources.reading import (
+    ARCHITECTURE_KEYS,
+    MEMORY_KEYS,
+    ORIGIN_KINDS,
+    SHAPE_KEYS,
+)
 from recompute_kit.sources.resolve import resolve
 
 CASES = cases()
@@ -35,8 +40,8 @@ def test_every_memory_value_has_an_origin(case):
     resolved = resolve(case.inputs, model=case.expect.get("model"), require_shape=False)
     origins = resolved.reading.origins
     missing = [k for k in MEMORY_KEYS if k not in origins]
-    if resolved.config is None:  # the shape alone may be missing: it is never assumed
-        missing = [k for k in missing if k not in SHAPE_KEYS]
+    if resolved.config is None:  # no model: its shape and architecture are never assumed
+        missing = [k for k in missing if k not in SHAPE_KEYS and k not in ARCHITECTURE_KEYS]
     assert not missing, missing
     assert all(o.kind in ORIGIN_KINDS for o in origins.values())
     if resolved.config is None:  # no shape: the commands that need one refuse it in one line

@@ -49,6 +49,8 @@ def _short_log_text(log: str, stdin_text: str | None) -> str:
         text = stdin_text or ""
         return text if len(text) <= MAX_TABLE_SCAN_BYTES else ""
     try:
+        if Path(log).stat().st_size > MAX_TABLE_SCAN_BYTES:
+            return ""  # (not read to find out: a 100 MB log is streamed once, by the parser)
         with open(log, "rb") as fh:
             blob = fh.read(MAX_TABLE_SCAN_BYTES + 1)
     except OSError:

@@ -28,6 +28,17 @@ EXPERIMENT_KEYS = (
     "oom_rank",
     "result",
 )
+# Columns of repeated runs and per-iteration tables (aggregated by `_aggregate_runs`)
+_RUN_KEYS = (
+    "run",
+    "iteration",
+    "step_time_ms",
+    "host",
+    "date",
+    "profiler",
+    "global_batch_size",
+    "seq_length",
+)
 _OOM_MARK_RE = re.compile(r"\bOOM\b(?:[^)\]|]*?\brank\s*(\d+))?", re.I)
 _MEM_UNIT_RE = re.compile(r"(?<![a-z])(gib|gb|mib|mb|kib|kb|bytes|b)(?![a-z])")
 
@@ -58,6 +69,23 @@ def _experiment_column(header: str) -> tuple[str, str | None]:
         return "recompute_method", None
     if h in ("num layers", "recompute num layers"):
         return "recompute_num_layers", None
+    if h in ("run id", "repeat", "trial", "seed", "run no", "run #"):
+        return "run", None
+    if re.search(r"\b(?:step|iter(?:ation)?) ?time\b|time per iter|elapsed time", h):
+        unit = re.search(r"\((ms|s|sec)\)|\b(ms|s|sec)$", h)
+        return "step_time_ms", (unit.group(1) or unit.group(2)) if unit else "?"
+    if h in ("iteration", "iter", "step", "global step"):
+        return "iteration", None
+    if h in ("host", "hostname", "node", "nodes", "node list"):
+        return "host", None
+    if h in ("date", "day", "started"):
+        return "date", None
+    if h in ("profiler", "profiling", "profiled", "profile"):
+        return "profiler", None
+    if h in ("global batch size", "gbs"):
+        return "global_batch_size", None
+    if h in ("seq length", "seq len", "sequence length"):
+        return "seq_length", None
     if "tflop" in h or h in ("throughput", "tflops per gpu"):
         return "tflops_per_gpu", None
     if "golden" in h or h.startswith("vs ") or h in ("vs baseline", "delta"):
@@ -103,6 +131,25 @@ def _fraction(value: Any) -> float | None:
     return float(number / 100) if "%" in s else float(number)
 
 
+def _milliseconds(value: Any, unit: str | None) -> float | None:
+    """A step time in ms: the cell's own unit ("42.21 s", "744 ms"), else the column's; a
+    column without one ("Step time") holds ms from 50 up (Megatron prints ms), else seconds."""
+    if isinstance(value, str):
+        own = re.search(r"\d\s*(ms|s|sec|secs|seconds?)\s*$", value.strip(), re.I)
+        number = _float(value)
+        if own is not None:
+            unit = "ms" if own.group(1).lower() == "ms" else "s"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        return None
+    if number is None:
+        return None
+    if unit in (None, "?"):
+        unit = "ms" if number >= 50 else "s"
+    return number if unit == "ms" else number * 1000.0
+
+
 def _normalise_experiment(row: dict[str, Any], units: dict[str, str | None]) -> dict[str, Any]:
     """Normalise one result row in place (keys from `_experiment_column`)."""
     out = {key: None for key in EXPERIMENT_KEYS}
@@ -129,6 +176,13 @@ def _normalise_experiment(row: dict[str, Any], units: dict[str, str | None]) -> 
         out["peak_memory_bytes"] = round(peak * scale)
     tflops = row.get("tflops_per_gpu")
     out["tflops_per_gpu"] = _float(tflops) if isinstance(tflops, str) else tflops
+    if "step_time_ms" in row:
+        out["step_time_ms"] = _milliseconds(row["step_time_ms"], units.get("step_time_ms"))
+    if "iteration" in row:
+        it = row["iteration"]
+        out["iteration"] = _int(str(it)) if not isinstance(it, int) else it
+    if "profiler" in row:
+        out["profiler"] = str(row["profiler"]).strip().lower() in ("1", "true", "yes", "on", "y")
     out["vs_golden"] = _fraction(row.get("vs_golden"))
     status = row.get("status")
     result = row.get("result", status)
@@ -188,8 +242,15 @@ def _experiment_spec(row: dict[str, Any]) -> str | None:
 
 def _experiments_from_rows(header: list[str], rows: Iterable[list[str]]) -> list[dict[str, Any]]:
     columns = [_experiment_column(h) for h in header]
+    names = [k for k, _ in columns if k in ("name", "recompute", "recompute_modules")]
+    if len(names) > 1 and "run" in [h.strip().lower() for h in header]:
+        # "run" beside a name or spec column numbers the repeats
+        columns = [
+            ("run", None) if h.strip().lower() == "run" else c
+            for h, c in zip(header, columns, strict=True)
+        ]
     keys = {key for key, _ in columns}
-    metrics = {"tflops_per_gpu", "peak_memory_bytes", "vs_golden", "result", "oom"}
+    metrics = {"tflops_per_gpu", "peak_memory_bytes", "vs_golden", "result", "oom", "step_time_ms"}
     if not keys & metrics or len(keys & {*metrics, "name", "recompute", "recompute_modules"}) < 2:
         return []  # not a results table (e.g. a module or symptom table)
     units = {key: unit for key, unit in columns if unit}
@@ -267,7 +328,9 @@ def _experiments_from_json(rows: Iterable[Any]) -> list[dict[str, Any]]:
         units: dict[str, str | None] = {}
         for key, value in raw.items():
             norm, unit = _experiment_column(str(key))
-            if (norm in EXPERIMENT_KEYS and norm not in row) or norm.startswith("recompute_"):
+            if (
+                (norm in EXPERIMENT_KEYS or norm in _RUN_KEYS) and norm not in row
+            ) or norm.startswith("recompute_"):
                 row[norm] = value
                 if unit:
                     units[norm] = unit
@@ -275,6 +338,96 @@ def _experiments_from_json(rows: Iterable[Any]) -> list[dict[str, Any]]:
         if "status" in raw:
             row["status"] = raw["status"]
         out.append(_normalise_experiment(row, units))
+    return out
+
+
+def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeated runs (a run column) and per-iteration rows (an iteration column) as one row
+    per setting, judged with their noise (recompute_kit/runstats.py): warm-up and profiled
+    iterations dropped, the setting's value the median of its runs' medians, `vs_golden` from
+    it, and `measured`: the runs, the noise band, the comparison with the golden setting
+    (`decided`, `why`), outliers, confounders and the re-run that would decide. Other tables
+    are returned as they are."""
+    if not any(r.get("iteration") is not None or r.get("run") is not None for r in rows):
+        return rows
+    from ...runstats import judge_runs, split_runs, summarize_run
+
+    by_setting: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_setting.setdefault(str(r.get("recompute") or r.get("name")), []).append(r)
+    kind = "tflops_per_gpu" if any(r.get("tflops_per_gpu") for r in rows) else "step_time_ms"
+    runs: list[dict[str, Any]] = []
+    for setting, group in by_setting.items():
+        for n, run in enumerate(split_runs(group), start=1):
+            samples = [
+                {
+                    "value": r.get(kind),
+                    "iteration": r.get("iteration"),
+                    "profiler": r.get("profiler"),
+                }
+                for r in sorted(run, key=lambda r: r.get("iteration") or 0)
+                if isinstance(r.get(kind), (int, float)) and not r.get("oom")
+            ]
+            stats = summarize_run(samples) if samples else {}
+            first = run[0]
+            extra = {
+                f: first[f]
+                for f in ("host", "date", "global_batch_size", "seq_length")
+                if first.get(f) not in (None, "")
+            }
+            if len(samples) == 1 and first.get("profiler"):
+                extra["profiler"] = "on"
+            elif any("profiler" in r for r in run):
+                extra["profiler"] = "off"
+            label = str(first["run"]) if first.get("run") is not None else f"run {n}"
+            runs.append({"setting": setting, "run": label, **stats, **extra})
+    # summaries measured under the profiler leave the comparison while other repeats remain
+    profiled = {(r["setting"], r["run"]) for r in runs if r.get("profiler") == "on"}
+    for key in list(profiled):
+        if not any(
+            r["setting"] == key[0] and (r["setting"], r["run"]) not in profiled for r in runs
+        ):
+            profiled.discard(key)
+    compared = [r for r in runs if (r["setting"], r["run"]) not in profiled]
+    names = list(by_setting)
+    golden = next(
+        (n for n in names if n == "none" or re.search(r"golden|baseline|no recompute", n, re.I)),
+        names[0] if names else None,
+    )
+    measured = judge_runs(compared, golden, kind == "tflops_per_gpu")
+    measured.update(
+        golden=golden,
+        metric=kind,
+        dropped_runs=[
+            {"setting": s, "run": r, "why": "measured with the profiler on"}
+            for s, r in sorted(profiled)
+        ],
+    )
+    out = []
+    for setting, group in by_setting.items():
+        stats = measured["settings"].get(setting, {})
+        comparison = stats.get("comparison") or {}
+        row = dict(group[0])
+        for key in ("iteration", "run", "profiler", "host", "date"):  # per run: in `measured`
+            row.pop(key, None)
+        row[kind] = stats.get("median")
+        peaks = [r["peak_memory_bytes"] for r in group if r.get("peak_memory_bytes")]
+        row["peak_memory_bytes"] = max(peaks) if peaks else None
+        row["oom"] = any(r.get("oom") for r in group)
+        if comparison.get("change") is not None:  # (a per-run vs-golden column is one run's)
+            row["vs_golden"] = round(comparison["change"], 4)
+        row["within_noise"] = setting != golden and not comparison.get("decided", False)
+        row["measured"] = {
+            **{k: v for k, v in stats.items() if k != "comparison"},
+            "comparison": comparison or None,
+            "runs_detail": [r for r in runs if r["setting"] == setting],
+        }
+        out.append(row)
+    if out:
+        out[0]["measured_summary"] = {
+            k: measured[k]
+            for k in ("golden", "metric", "outliers", "confounders", "rerun", "dropped_runs")
+        }
     return out
 
 
@@ -288,9 +441,13 @@ def parse_experiments(text: str, name: str = "") -> list[dict[str, Any]]:
     `~704` is 704.0, `58.8 (OOM rank0)` in a `(GB)` column is 58.8e9 bytes and an OOM on rank 0.
     Never raises; unreadable text gives []."""
     try:
-        return _parse_experiments(text, name)
+        rows = _parse_experiments(text, name)
     except Exception:  # never raise on garbage
         return []
+    try:
+        return _aggregate_runs(rows)
+    except Exception:  # rows that do not aggregate are kept as they are
+        return rows
 
 
 def _parse_experiments(text: str, name: str) -> list[dict[str, Any]]:

@@ -574,7 +574,7 @@ def parse_log(text: str) -> Evidence:
 
 
 def parse_log_file(path: str | Path) -> Evidence:
-    """Parse a training log file, streamed in 1 MiB chunks (gzip if it ends in .gz).
+    """Parse a training log file, streamed in 256 KiB chunks (gzip if it ends in .gz).
 
     Raises EvidenceError (one line) if the file cannot be opened."""
     path = Path(path)

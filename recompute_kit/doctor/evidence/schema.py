@@ -4,7 +4,8 @@ or removed), and the limits that keep memory bounded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 
@@ -45,7 +46,7 @@ class OOMEvent:
     context: list[str] = field(default_factory=list)  # unread lines just before it (see ErrorEvent)
 
 
-@dataclass
+@dataclass(slots=True)  # a 100 MB log holds hundreds of thousands
 class Iteration:
     """One training-progress line (Megatron-LM, Megatron-Bridge or NeMo)."""
 
@@ -62,7 +63,7 @@ class Iteration:
     max_memory_reserved_bytes: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class MemoryReport:
     """A memory report line (Megatron's report_memory and friends); bytes."""
 
@@ -125,8 +126,15 @@ class Evidence:
     # `recompute-kit read --json` prints it: config, sources, warnings, inputs. None: no file.
     read: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self, rows: bool = True) -> dict[str, Any]:
+        """The evidence as a JSON document. `rows=False` leaves `iterations` and `memory` as
+        their dataclass instances (scalar fields only) for a streaming writer to turn into
+        objects one at a time (the CLI's `emit_json`): a 100 MB log's rows are then never all
+        held as dicts."""
+        out = asdict(replace(self, iterations=[], memory=[]))
+        out["iterations"] = self.iterations if not rows else [row_json(r) for r in self.iterations]
+        out["memory"] = self.memory if not rows else [row_json(r) for r in self.memory]
+        return out
 
     def merge(self, other: Evidence) -> Evidence:
         """Combine evidence from several inputs (later config keys win)."""
@@ -147,6 +155,21 @@ class Evidence:
             facts=_merge_facts(self.facts, other.facts),
             read=other.read or self.read,
         )
+
+
+_ROW_FIELDS: dict[type, tuple[tuple[str, ...], Any]] = {}
+
+
+def row_json(row: Iteration | MemoryReport) -> dict[str, Any]:
+    """A row of scalar fields (an iteration line, a memory report) as a dict, faster than
+    `asdict` (no deep copy: the values are numbers and strings)."""
+    kind = type(row)
+    known = _ROW_FIELDS.get(kind)
+    if known is None:
+        names = tuple(f.name for f in fields(kind))
+        known = _ROW_FIELDS[kind] = (names, attrgetter(*names))
+    names, get = known
+    return dict(zip(names, get(row), strict=True))
 
 
 def _merge_facts(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict:

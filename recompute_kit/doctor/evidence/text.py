@@ -103,7 +103,7 @@ _EXC_SEARCH_RE = re.compile(
 )
 
 
-def _iter_file_lines(raw: IO[bytes], chunk_size: int = 1 << 20) -> Iterator[str]:
+def _iter_file_lines(raw: IO[bytes], chunk_size: int = 1 << 18) -> Iterator[str]:
     """Decoded lines of a binary stream, read in chunks; \\r and \\r\\n end lines too. A line
     longer than MAX_LINE_CHARS is cut and the rest of it skipped, so memory stays bounded."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

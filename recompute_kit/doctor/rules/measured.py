@@ -390,3 +390,65 @@ def _selective_ooms(ctx: Context) -> Match | None:
         f"The paste says selective recompute ran out of memory ('{said[:160]}'): the layers' "
         "inputs to the linear layers are still kept; recomputing whole layers frees them.",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RK237: repeated / per-iteration measurements that do not decide (evidence/experiments.py's
+# aggregation, recompute_kit/runstats.py's statistics)
+# --------------------------------------------------------------------------------------------
+
+
+@rule(
+    "RK237",
+    "Measured: the difference is within noise or confounded; a re-run decides",
+    "recompute_overhead",
+    symptom="Repeated runs or per-iteration step times of two recompute settings differ by less "
+    "than their spread, or the settings ran on different nodes / dates / under the profiler "
+    "/ at another batch or sequence",
+    cause="Run-to-run and node-to-node variation (a slow node, a thermally throttled GPU, a "
+    "profiler window, warm-up) can be as large as what recompute costs: a median of per-run "
+    "medians taken over such runs decides nothing",
+    confirm="Compare each setting's per-run medians and IQRs (warm-up and profiled iterations "
+    "dropped): the bands overlap, or a setting's runs all share a node the other's do not",
+    fix="Re-run the settings interleaved (A B A B ..., at least 3 repeats each) on the same "
+    "nodes, with the profiler off and the same global batch and sequence length, and compare "
+    "per-iteration step times after warm-up",
+)
+def _measured_within_noise(ctx: Context) -> Match | None:
+    rows = [r for r in ctx.evidence.experiments if isinstance(r.get("measured"), dict)]
+    summary = next((r["measured_summary"] for r in rows if r.get("measured_summary")), None)
+    if not rows or summary is None:
+        return None
+    undecided = [
+        r
+        for r in rows
+        if r.get("within_noise")
+        and (r["measured"].get("comparison") or {}).get("change") is not None
+    ]
+    shown = [c["note"] for c in summary.get("confounders") or []]
+    outliers = [
+        f"run {o['run']} of '{o['setting']}' is {o['off_by']:+.0%} from its other repeats"
+        for o in summary.get("outliers") or []
+    ]
+    dropped = [
+        f"run {d['run']} of '{d['setting']}': {d['why']}" for d in summary.get("dropped_runs") or []
+    ]
+    if not undecided:
+        return None
+    worst = min(undecided, key=lambda r: r["measured"]["comparison"]["change"])
+    said = "; ".join(
+        f"'{r.get('recompute') or r.get('name')}' vs '{summary['golden']}': "
+        f"{r['measured']['comparison']['why']}"
+        for r in undecided[:3]
+    )
+    extra = "".join(
+        f" {label}: {'; '.join(items)}."
+        for label, items in (("Confounders", shown), ("Outliers", outliers), ("Left out", dropped))
+        if items
+    )
+    confounded = (worst["measured"].get("comparison") or {}).get("confounded")
+    return Match(
+        0.6 if confounded or len(undecided) == len(rows) - 1 else 0.5,
+        f"The measurements do not decide: {said}.{extra}",
+        fix=f"No recompute change on this evidence: {summary['rerun']}",
+    )

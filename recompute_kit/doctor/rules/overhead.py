@@ -16,8 +16,19 @@ def _regressions(ctx: Context, threshold: float = -0.10):
     return [
         r
         for r in ctx.evidence.experiments
-        if r.get("vs_golden") is not None and r["vs_golden"] <= threshold and not r.get("oom")
+        if r.get("vs_golden") is not None
+        and r["vs_golden"] <= threshold
+        and not r.get("oom")
+        and not r.get("within_noise")  # repeats that do not decide it (RK237 says so)
     ]
+
+
+def _bands_overlap(a: dict, b: dict) -> bool:
+    """Two aggregated rows whose noise bands (evidence/experiments.py's `measured`) overlap."""
+    ma, mb = a.get("measured") or {}, b.get("measured") or {}
+    if ma.get("low") is None or mb.get("low") is None:
+        return False
+    return ma["low"] <= mb["high"] and mb["low"] <= ma["high"]
 
 
 @rule(
@@ -76,6 +87,8 @@ def _double(ctx: Context) -> Match | None:
     both = [r for r in rows if set(r.get("recompute_modules") or []) == {"mlp", "core_attn"}]
     for a in alone:
         for b in both:
+            if _bands_overlap(a, b):
+                continue  # within the noise of their repeats
             if (
                 a.get("tflops_per_gpu")
                 and b.get("tflops_per_gpu")

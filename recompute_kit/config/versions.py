@@ -1,0 +1,105 @@
+"""Megatron-Core versions: which recompute settings a version runs wrongly, and the settings
+Megatron accepts but ignores or reinterprets (`validate --strict` warns; `plan` never proposes
+a known-broken one).
+
+An unknown version is treated as the strictest: every setting broken in some supported version
+counts as broken.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import Config, ConfigError
+from .pipeline_layout import pipeline_layout
+
+# Megatron-Core clamps the last chunk of full/uniform recompute from 0.17 on (PR #3562,
+# `end = min(i + k, L)` in megatron/core/recompute.py; shared/reference/megatron-recompute.md
+# section 2.1). Before it, `custom(layer_idx, layer_idx + recompute_num_layers)` in
+# transformer_block.py's `_checkpointed_forward` reaches `self._get_layer(index)` past the last
+# layer of the chunk: IndexError (NVIDIA/Megatron-LM#2294; the doctor's rule RK064).
+UNIFORM_CLAMP_VERSION = (0, 17)
+
+_VERSION_RE = re.compile(r"(?:core_)?[rv]?(\d+)\.(\d+)(?:\.(\d+))?", re.I)
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """`0.16.1`, `core_r0.13.0`, `core_v0.12.0`, `v0.17.0rc1`, `0.13` -> (major, minor);
+    None for None. Raises ConfigError on text that names no version."""
+    if text is None:
+        return None
+    m = _VERSION_RE.search(str(text).strip())
+    if not m:
+        raise ConfigError(
+            f"megatron-core version {text!r} is not a version (write it as X.Y, e.g. 0.16)"
+        )
+    return int(m.group(1)), int(m.group(2))
+
+
+def describe_version(version: tuple[int, int] | None) -> str:
+    return "unknown (the strictest is assumed)" if version is None else f"{version[0]}.{version[1]}"
+
+
+def chunk_layer_counts(cfg: Config) -> list[int]:
+    """Transformer layers of every (virtual) pipeline chunk: what Megatron's full recompute
+    counts `recompute_num_layers` in (each chunk is its own TransformerBlock)."""
+    return [len(chunk) for stage in pipeline_layout(cfg.model, cfg.parallel) for chunk in stage]
+
+
+def known_broken(cfg: Config, version: tuple[int, int] | None) -> list[str]:
+    """Why the recompute settings of `cfg` fail on Megatron-Core `version` (None: unknown, the
+    strictest), one line each; empty when none is known."""
+    r = cfg.recompute
+    if r.recompute_granularity != "full" or r.recompute_method != "uniform":
+        return []
+    n = r.recompute_num_layers
+    if not n or n < 1 or (version is not None and version >= UNIFORM_CLAMP_VERSION):
+        return []
+    try:
+        counts = chunk_layer_counts(cfg)
+    except ConfigError:
+        return []  # the layout itself is refused elsewhere
+    bad = sorted({c for c in counts if c % n})
+    if not bad:
+        return []
+    return [
+        f"full:uniform:{n} on Megatron-Core {describe_version(version)}: a (virtual) pipeline "
+        f"chunk of {bad[0]} layers is not a multiple of recompute_num_layers {n}, so the last "
+        "uniform group runs past the last layer (IndexError before 0.17, which clamps it: "
+        f"PR #3562); use an N that divides {_divides(counts)} or Megatron-Core >= 0.17"
+    ]
+
+
+def ignored_settings(cfg: Config) -> list[str]:
+    """Settings Megatron accepts but does not act on as written, one line each."""
+    r, out = cfg.recompute, []
+    n = r.recompute_num_layers
+    if r.recompute_granularity == "full" and n:
+        try:
+            most = max(chunk_layer_counts(cfg), default=0)
+        except ConfigError:
+            most = 0
+        if most and n > most:
+            vpp = cfg.parallel.virtual_pipeline_model_parallel_size
+            per = "virtual pipeline chunk" if vpp and vpp > 1 else "pipeline stage"
+            out.append(
+                f"recompute_num_layers {n} is larger than the {most} layers of any {per} "
+                "(Megatron counts it per chunk of a stage's TransformerBlock): with block it "
+                f"acts as {most}"
+                + (
+                    ", with uniform it runs past the last layer before 0.17"
+                    if r.recompute_method == "uniform"
+                    else ""
+                )
+            )
+    if r.recompute_granularity == "full" and r.recompute_modules not in (None, ["core_attn"]):
+        out.append(
+            f"recompute_modules {r.recompute_modules} is set while recompute_granularity is "
+            "full: Megatron ignores recompute_modules then (it recomputes whole layers)"
+        )
+    return out
+
+
+def _divides(counts: list[int]) -> str:
+    sizes = sorted(set(counts))
+    return f"{sizes[0]} layers" if len(sizes) == 1 else "every chunk size " + str(sizes)

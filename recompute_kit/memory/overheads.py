@@ -1,0 +1,104 @@
+"""Memory on a training GPU that is neither activations nor model states, as named terms with
+stated defaults: the estimate's `total_bytes` leaves them out, `total_with_overheads_bytes` adds
+them (memory/estimate.py).
+
+* CUDA context: ~300-500 MiB per process and device with lazy module loading (CUDA >= 11.7,
+  `CUDA_MODULE_LOADING=LAZY`, the CUDA C++ Programming Guide's "Lazy Loading"), over 1 GiB
+  before it; the doctor's rules use the same figure (doctor/rules/outside_allocator.py). Default
+  512 MiB, the top of that range (cuBLAS / cuDNN workspaces come on top of it).
+* NCCL buffers: NCCL allocates per communicator and channel (NCCL_BUFFSIZE 4 MiB per channel
+  and protocol; "the memory usage is linearly tied to the number of channels",
+  https://github.com/NVIDIA/nccl/issues/986). Measured outside PyTorch on 8 x H100: 1.06 GB
+  with the communicators of a collective set up, 4.34 GB once an all-to-all has connected
+  every peer pair (https://github.com/NVIDIA/nccl/issues/1685; one allreduce communicator
+  ~1.6 GB in https://github.com/NVIDIA/nccl/issues/864). Default 1 GiB on a rank of a
+  multi-GPU job, 3 GiB more with expert parallelism (the dispatcher's all-to-all or
+  all-gather over EP connects every peer); none on one GPU.
+* MoE routing imbalance: the estimate sizes the experts' token copies with balanced routing
+  (T x k per rank). A factor f (a measured max/mean of tokens per rank, or Megatron's
+  moe_expert_capacity_factor, the most a token-dropping run lets an expert take) scales those
+  saved copies and the expert activations by f: (f - 1) x those bytes. Default 1.0 (balanced;
+  said in the assumptions, since dropless routing has no bound).
+* Dispatcher buffers: Megatron's default allgather dispatcher gathers the hidden states of the
+  expert-tensor x expert-parallel group (T x ETP x EP rows of h) before it keeps this rank's
+  picks; that buffer (and its gradient's in backward) lives during one MoE layer at a time, on
+  top of what the layer saves. None without EP x ETP > 1 (nothing to gather).
+* Gathered parameters: a ZeRO-3 / FSDP run gathers a unit's parameters (and computes its
+  unsharded gradients) during forward and backward (model_states.ModelStates.gathered_params).
+"""
+
+from __future__ import annotations
+
+from ..config import Config
+
+MIB = 2**20
+GIB = 2**30
+CUDA_CONTEXT_BYTES = 512 * MIB
+NCCL_BYTES = 1 * GIB
+NCCL_EXPERT_PARALLEL_BYTES = 3 * GIB
+MOE_IMBALANCE = 1.0
+
+
+def overhead_terms(
+    config: Config,
+    sharding: str,
+    gathered_params: int,
+    expert_activation_bytes: float,
+    gathered_tokens: float,
+    moe_stage: bool,
+    dtype_bytes: int,
+    moe_imbalance: float = MOE_IMBALANCE,
+) -> dict:
+    """The named terms for one pipeline stage, and what each assumes.
+
+    `expert_activation_bytes`: what the stage keeps of the experts' token copies and expert
+    activations at the schedule's peak (all micro-batches in flight); `gathered_tokens`: the
+    token rows the allgather dispatcher gathers for one MoE layer (T x ETP x EP)."""
+    p = config.parallel
+    if moe_imbalance < 1.0:
+        raise ValueError(f"the MoE routing imbalance factor is at least 1.0, got {moe_imbalance}")
+    ranks = (
+        p.data_parallel_size
+        * p.tensor_model_parallel_size
+        * p.pipeline_model_parallel_size
+        * p.context_parallel_size
+    )
+    ep_group = p.expert_model_parallel_size * p.etp
+    nccl = 0 if ranks == 1 else NCCL_BYTES
+    if moe_stage and p.expert_model_parallel_size > 1:
+        nccl += NCCL_EXPERT_PARALLEL_BYTES
+    imbalance = round((moe_imbalance - 1.0) * expert_activation_bytes) if moe_stage else 0
+    dispatcher = (
+        round(dtype_bytes * gathered_tokens * config.model.hidden_size)
+        if moe_stage and ep_group > 1
+        else 0
+    )
+    terms = {
+        "cuda_context_bytes": CUDA_CONTEXT_BYTES,
+        "nccl_buffers_bytes": nccl,
+        "moe_imbalance_factor": moe_imbalance,
+        "moe_imbalance_bytes": imbalance,
+        "dispatcher_buffers_bytes": dispatcher,
+        "gathered_params_bytes": gathered_params,
+    }
+    said = [
+        f"CUDA context {CUDA_CONTEXT_BYTES // MIB} MiB per process (lazy module loading)",
+        (
+            f"NCCL buffers {nccl / GIB:g} GiB (1 GiB per multi-GPU rank, +3 GiB with EP > 1; "
+            "NVIDIA/nccl#1685 measured)"
+            if nccl
+            else "no NCCL buffers (one GPU)"
+        ),
+    ]
+    if moe_stage:
+        said.append(
+            f"MoE routing imbalance factor {moe_imbalance:g}"
+            + (" (balanced routing)" if moe_imbalance == 1.0 else "")
+        )
+        if dispatcher:
+            said.append("allgather dispatcher: one MoE layer's gathered hidden states")
+    if gathered_params:
+        said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
+    terms["overhead_assumptions"] = said
+    terms["overhead_bytes"] = CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params
+    return terms

@@ -1,0 +1,286 @@
+"""Choose recompute settings under a per-GPU memory budget.
+
+Every valid candidate (`search.py`: no recompute, every combination of the model's recompute
+modules, full uniform/block for every N, activation offloading where Megatron allows it; never
+a setting broken on the run's Megatron-Core version) is estimated; the ones whose per-rank total
+(weights + gradients + optimizer + peak activations) fits the budget after a safety margin are
+ranked: those that clear the estimate's error band (`margins.py`) first, then by the compute
+that recomputation adds, offloading last (its cost is PCIe traffic the FLOP model cannot
+price). Near-ties are reported with the reason to pick one; every pipeline stage's total is
+shown and the binding stage named (`stages.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config import Config, ConfigError, RecomputeConfig
+from ..config.versions import describe_version, parse_version
+from ..export import render
+from ..memory.estimate import Estimate, estimate
+from .margins import TIE_FLOPS, Band, error_band, tie_reason
+from .search import candidates
+from .stages import Stage, binding_reason, stage_table
+
+__all__ = ["Candidate", "Plan", "candidates", "explain", "plan"]
+
+GIB = 2**30
+
+
+@dataclass
+class Candidate:
+    estimate: Estimate
+    recompute: RecomputeConfig
+    fits: bool
+    offload: str  # "" or a short description of the offloading it adds
+    band: Band | None = None  # the estimate's error band on this path
+    usable_bytes: int = 0
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Usable memory (budget less the safety margin) minus the estimate's total."""
+        return self.usable_bytes - self.estimate.total_bytes
+
+    @property
+    def clears_band(self) -> bool:
+        return self.band is not None and self.headroom_bytes >= self.band.total_bytes
+
+    def to_json(self) -> dict:
+        return {
+            **self.estimate.to_json(),
+            "fits": self.fits,
+            "offload": self.offload or None,
+            "headroom_bytes": self.headroom_bytes,
+            "error_band_bytes": self.band.total_bytes if self.band else None,
+            "clears_error_band": self.clears_band,
+        }
+
+
+@dataclass
+class Plan:
+    budget_bytes: int
+    usable_bytes: int
+    candidates: list[Candidate]
+    best: Candidate
+    explanation: str
+    rendered: str
+    stages: list[Stage] = dataclasses.field(default_factory=list)  # the best's, every stage
+    binding: str = ""  # which stage binds and why
+    ties: list[dict] = dataclasses.field(default_factory=list)
+    excluded: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (spec, why)
+    megatron_core_version: str = ""  # as used: "0.16" or "unknown (the strictest ...)"
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.best.headroom_bytes
+
+    @property
+    def error_band(self) -> Band:
+        assert self.best.band is not None
+        return self.best.band
+
+
+def plan(
+    config: Config,
+    gpu_memory_gb: float,
+    safety_margin: float = 0.1,
+    fmt: str = "megatron-bridge",
+    stage: int | None = None,
+    megatron_core_version: str | None = None,
+) -> Plan:
+    """Estimate every candidate, mark what fits, pick the cheapest that clears the estimate's
+    error band. `megatron_core_version` (else the config's; None: unknown, the strictest)
+    decides which settings are known to be broken. Raises ConfigError (one line) when the
+    budget is impossible or nothing fits, saying by how much."""
+    if gpu_memory_gb <= 0:
+        raise ConfigError(f"--gpu-memory-gb must be positive, got {gpu_memory_gb:g}")
+    if not 0 <= safety_margin < 1:
+        raise ConfigError(f"--safety-margin must be in [0, 1), got {safety_margin:g}")
+    version = parse_version(megatron_core_version or config.megatron_core_version)
+    budget = int(gpu_memory_gb * GIB)
+    usable = int(budget * (1 - safety_margin))
+    found = []
+    excluded: list[tuple[str, str]] = []
+    for rc, offload in candidates(config, version, excluded):
+        # Candidates bring their own offloading; the setup keeps distribute_saved_activations.
+        keep = config.recompute.distribute_saved_activations
+        candidate = Config(
+            config.model,
+            config.parallel,
+            dataclasses.replace(rc, distribute_saved_activations=keep),
+        )
+        try:
+            candidate.validate()
+        except ConfigError:
+            continue  # e.g. modules the model does not have
+        est = estimate(candidate, stage=stage)
+        found.append(
+            Candidate(
+                est,
+                candidate.recompute,
+                est.total_bytes <= usable,
+                offload,
+                error_band(candidate, est),
+                usable,
+            )
+        )
+    fitting = sorted(
+        (c for c in found if c.fits),
+        # a cheaper setting only when it clears the band too; among equal costs (elementwise
+        # recompute costs no matmul FLOPs) fewer recomputed modules first
+        key=lambda c: (
+            bool(c.offload),
+            not c.clears_band,
+            c.estimate.recompute_flops_fraction,
+            _units(c.recompute),
+            c.estimate.total_bytes,
+        ),
+    )
+    if not fitting:
+        smallest = min(found, key=lambda c: c.estimate.total_bytes)
+        need = smallest.estimate.total_bytes
+        raise ConfigError(
+            f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
+            f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
+            f"{need / GIB:.1f} GiB per rank, {(need - usable) / GIB:.1f} GiB too much; add "
+            "parallelism (--tp/--pp/--cp/--ep), the distributed optimizer, or shorten the sequence"
+        )
+    best = fitting[0]
+    layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
+    chosen = Config(config.model, config.parallel, best.recompute)
+    stages = stage_table(chosen, usable)
+    ties = _ties(best, fitting)
+    return Plan(
+        budget_bytes=budget,
+        usable_bytes=usable,
+        candidates=fitting + [c for c in found if not c.fits],
+        best=best,
+        explanation=explain(best, found, usable, ties, excluded, version),
+        rendered=render(best.recompute, fmt, num_layers=layers),
+        stages=stages,
+        binding=binding_reason(stages),
+        ties=ties,
+        excluded=excluded,
+        megatron_core_version=describe_version(version),
+    )
+
+
+def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict]:
+    """Candidates that clear the band at a recompute cost within TIE_FLOPS of the best's,
+    with the reason to pick one of the two. Offloading is never a tie (its cost is not FLOPs)."""
+    if best.offload or not best.clears_band or best.band is None:
+        return []
+    near = [
+        c
+        for c in fitting
+        if c is not best
+        and not c.offload
+        and c.clears_band
+        and abs(c.estimate.recompute_flops_fraction - best.estimate.recompute_flops_fraction)
+        < TIE_FLOPS
+    ]
+    # the most different in memory first: those are the choices worth a word
+    near.sort(key=lambda c: c.estimate.total_bytes)
+    return [
+        {
+            "recompute": c.estimate.recompute,
+            "recompute_flops_fraction": c.estimate.recompute_flops_fraction,
+            "total_bytes": c.estimate.total_bytes,
+            "headroom_bytes": c.headroom_bytes,
+            "reason": tie_reason(
+                best.estimate.recompute,
+                best.estimate,
+                c.estimate.recompute,
+                c.estimate,
+                best.band.total_bytes,
+            ),
+        }
+        for c in near[:most]
+    ]
+
+
+def _units(rc: RecomputeConfig) -> int:
+    if rc.recompute_granularity == "selective":
+        return len(rc.modules)
+    return 0 if rc.recompute_granularity is None else 100
+
+
+def _name(c: Candidate) -> str:
+    return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
+
+
+def explain(
+    best: Candidate,
+    found: list[Candidate],
+    usable: int,
+    ties: list[dict] | None = None,
+    excluded: list[tuple[str, str]] | None = None,
+    version: tuple[int, int] | None = None,
+) -> str:
+    """One paragraph: why this candidate, with the numbers."""
+    e = best.estimate
+    none = next((c for c in found if c.estimate.recompute == "none" and not c.offload), None)
+    parts = [
+        f"{_name(best)} fits: {e.total_bytes / GIB:.1f} GiB per rank of {usable / GIB:.1f} GiB "
+        f"usable (weights {e.weights_bytes / GIB:.1f}, gradients {e.grads_bytes / GIB:.1f}, "
+        f"optimizer {e.optimizer_bytes / GIB:.1f}, activations at peak "
+        f"{e.peak_activation_bytes / GIB:.1f} GiB)."
+    ]
+    if best.band is not None:
+        b = best.band
+        parts.append(
+            f"Headroom {best.headroom_bytes / GIB:.2f} GiB against an error band of "
+            f"{b.total_bytes / GIB:.2f} GiB ({b.activation_fraction:.0%} of the activations "
+            f"on the {b.path} path, {b.activation_bytes / GIB:.2f}, plus the CUDA context and "
+            f"workspaces, {(b.cuda_context_bytes + b.workspace_bytes) / GIB:.2f})"
+            + (
+                "."
+                if best.clears_band
+                else ": it fits only within the band, no setting clears it; measure before "
+                "relying on it."
+            )
+        )
+    if none is not None and none is not best:
+        state = "fits too" if none.fits else "does not fit"
+        parts.append(
+            f"Without recompute the peak would be {none.estimate.total_bytes / GIB:.1f} GiB, "
+            f"which {state}."
+        )
+    parts.append(
+        f"Recomputation adds {e.recompute_flops_fraction:.1%} to the step's FLOPs"
+        + (
+            "; it is the cheapest setting that clears the band."
+            if not best.offload
+            else "; offloading is chosen only because no recompute-only setting fits."
+        )
+    )
+    cheaper = [
+        c
+        for c in found
+        if not c.offload
+        and c.estimate.recompute_flops_fraction < e.recompute_flops_fraction
+        and not (c.fits and c.clears_band)
+    ]
+    if cheaper:
+        miss = min(cheaper, key=lambda c: c.estimate.total_bytes)
+        short = miss.estimate.total_bytes + (miss.band.total_bytes if miss.band else 0) - usable
+        parts.append(
+            f"The closest cheaper setting, {_name(miss)}, "
+            + (
+                f"fits only within its error band (headroom {miss.headroom_bytes / GIB:.2f} GiB)."
+                if miss.fits
+                else f"misses by {(miss.estimate.total_bytes - usable) / GIB:.1f} GiB"
+                f" ({short / GIB:.1f} GiB with its band)."
+            )
+        )
+    for tie in ties or []:
+        parts.append(f"Near-tie: {tie['recompute']} ({tie['reason']}).")
+    if excluded:
+        specs = ", ".join(spec for spec, _ in excluded)
+        parts.append(
+            f"Not proposed on Megatron-Core {describe_version(version)}: {specs} (the last "
+            "uniform group would run past the last layer before 0.17; --megatron-core-version "
+            "0.17 or later allows them)."
+        )
+    return " ".join(parts)

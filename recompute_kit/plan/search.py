@@ -1,0 +1,81 @@
+"""The candidates `plan` estimates: every setting Megatron-Core can express for this model.
+
+* no recompute, and the empty selective list (the control);
+* every combination of the recompute modules that act on the model (`applicable_modules`):
+  with 7 modules that is 127 sets, about 1 ms each to estimate;
+* full recompute, uniform and block, for every N up to the layers of the largest (virtual)
+  pipeline chunk (Megatron counts N per chunk; a larger N repeats the largest);
+* layer-level CPU offloading (no PP), and fine-grained activation offloading of the heavy
+  modules with the light ones recomputed (Megatron's documented pairing).
+
+Settings broken on the run's Megatron-Core version (`config/versions.py`; unknown means the
+strictest) are left out and listed, with the reason, in what `candidates` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from ..config import (
+    Config,
+    ConfigError,
+    RecomputeConfig,
+    applicable_modules,
+    format_spec,
+    parse_spec,
+)
+from ..config.versions import chunk_layer_counts, known_broken
+
+
+def module_sets(config: Config) -> list[list[str]]:
+    """Every non-empty combination of the modules that act on this model, smallest first."""
+    modules = applicable_modules(config)
+    return [list(c) for r in range(1, len(modules) + 1) for c in itertools.combinations(modules, r)]
+
+
+def candidates(
+    config: Config,
+    version: tuple[int, int] | None = None,
+    excluded: list[tuple[str, str]] | None = None,
+) -> list[tuple[RecomputeConfig, str]]:
+    """(recompute settings, offload description) for every candidate worth estimating. The
+    settings left out because they are broken on Megatron-Core `version` (None: unknown, the
+    strictest) are appended to `excluded` as (spec, why)."""
+    m, p = config.model, config.parallel
+    try:
+        most = max(chunk_layer_counts(config), default=1)
+    except ConfigError:
+        most = m.num_layers // p.pipeline_model_parallel_size
+    rcs = [RecomputeConfig(), parse_spec("selective:")]
+    rcs += [RecomputeConfig("selective", recompute_modules=s) for s in module_sets(config)]
+    rcs += [
+        RecomputeConfig("full", recompute_method=method, recompute_num_layers=n)
+        for method in ("uniform", "block")
+        for n in range(1, most + 1)
+    ]
+    out: list[tuple[RecomputeConfig, str]] = []
+    for rc in rcs:
+        broken = known_broken(config.with_recompute(rc), version)
+        if broken:
+            if excluded is not None:
+                excluded.append((format_spec(rc), broken[0]))
+        else:
+            out.append((rc, ""))
+    layers = m.num_layers // p.pipeline_model_parallel_size
+    if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
+        for n in sorted({1, layers // 2, layers - 1} - {0}):
+            rc = dataclasses.replace(
+                RecomputeConfig(), cpu_offloading=True, cpu_offloading_num_layers=n
+            )
+            out.append((rc, f"cpu_offloading_num_layers={n}"))
+    # Megatron's documented pairing: recompute the light modules, offload the heavy ones.
+    modules = ["core_attn", "attn_proj"] + (["expert_fc1"] if m.num_moe_experts else [])
+    light = ["layernorm"] + (["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else [])
+    rc = dataclasses.replace(
+        parse_spec("selective:" + ",".join(light)),
+        fine_grained_activation_offloading=True,
+        offload_modules=modules,
+    )
+    out.append((rc, "offload_modules=" + ",".join(modules)))
+    return out

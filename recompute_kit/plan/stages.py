@@ -1,0 +1,104 @@
+"""Every pipeline stage's total for one setting, and which stage binds and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Config
+from ..memory.estimate import Estimate, estimate
+
+GIB = 2**30
+
+
+@dataclass
+class Stage:
+    stage: int
+    layers: list[int]
+    moe_layers: int
+    micro_batches_in_flight: float
+    embedding: bool
+    output_and_loss: bool
+    peak_activation_bytes: int
+    model_state_bytes: int  # weights + gradients + optimizer states
+    total_bytes: int
+    headroom_bytes: int  # usable memory minus total (negative: over)
+
+    def to_json(self) -> dict:
+        return {
+            "stage": self.stage,
+            "layers": [self.layers[0], self.layers[-1]] if self.layers else [],
+            "num_layers": len(self.layers),
+            "moe_layers": self.moe_layers,
+            "micro_batches_in_flight": self.micro_batches_in_flight,
+            "embedding": self.embedding,
+            "output_and_loss": self.output_and_loss,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "model_state_bytes": self.model_state_bytes,
+            "total_bytes": self.total_bytes,
+            "headroom_bytes": self.headroom_bytes,
+        }
+
+
+def stage_table(config: Config, usable: int) -> list[Stage]:
+    """One row per pipeline stage for `config`'s recompute setting."""
+    pp = config.parallel.pipeline_model_parallel_size
+    rows = []
+    for s in range(pp):
+        e: Estimate = estimate(config, stage=s)
+        rows.append(
+            Stage(
+                stage=s,
+                layers=list(e.layers),
+                moe_layers=sum(config.model.is_moe_layer(n) for n in e.layers),
+                micro_batches_in_flight=e.micro_batches_in_flight,
+                embedding=s == 0,
+                output_and_loss=s == pp - 1,
+                peak_activation_bytes=e.peak_activation_bytes,
+                model_state_bytes=e.weights_bytes + e.grads_bytes + e.optimizer_bytes,
+                total_bytes=e.total_bytes,
+                headroom_bytes=usable - e.total_bytes,
+            )
+        )
+    return rows
+
+
+def binding_reason(rows: list[Stage]) -> str:
+    """Which stage binds (the highest total) and why, against the other stages."""
+    b = max(rows, key=lambda r: r.total_bytes)
+    if len(rows) == 1:
+        return (
+            f"stage 0 (the only one) holds {len(b.layers)} layers, the embedding, the output "
+            "layer and the loss"
+        )
+    others = [r for r in rows if r is not b]
+    runner = max(others, key=lambda r: r.total_bytes)
+    why = []
+    most_layers = max(len(r.layers) for r in rows)
+    layer_part = f"{len(b.layers)} layers"
+    if len(b.layers) == most_layers and any(len(r.layers) < most_layers for r in others):
+        layer_part += " (the most of any stage)"
+    why.append(
+        f"{layer_part} x {b.micro_batches_in_flight:g} micro-batch"
+        f"{'' if b.micro_batches_in_flight == 1 else 'es'} in flight "
+        f"({b.peak_activation_bytes / GIB:.1f} GiB of activations at peak"
+        + (
+            ", the most micro-batches of any stage"
+            if b.micro_batches_in_flight > max(r.micro_batches_in_flight for r in others)
+            else ""
+        )
+        + ")"
+    )
+    if b.embedding:
+        why.append("the embedding")
+    if b.output_and_loss:
+        why.append("the output layer and the loss (the logits)")
+    states = f"model states {b.model_state_bytes / GIB:.1f} GiB"
+    if b.moe_layers:
+        states += f" (expert weights of {b.moe_layers} MoE layer{'s' if b.moe_layers > 1 else ''})"
+    why.append(states)
+    return (
+        f"stage {b.stage} binds at {b.total_bytes / GIB:.2f} GiB: "
+        + ", ".join(why)
+        + f"; next is stage {runner.stage} at {runner.total_bytes / GIB:.2f} GiB "
+        f"({(b.total_bytes - runner.total_bytes) / GIB:.2f} GiB less)"
+    )

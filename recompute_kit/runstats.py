@@ -1,0 +1,325 @@
+"""Statistics of measured runs: is the difference between two settings larger than the noise?
+
+Standard library only (the skill's judge.py imports it without torch). Used by
+`skill/scripts/judge.py` and by the doctor's experiment reader (doctor/evidence/experiments.py).
+
+The model: a *setting* (a recompute spec) is measured by one or more *runs* (repeats); a run is
+a series of per-iteration values (step time in ms, or a throughput) or, when only a summary was
+kept, one value. For each run:
+
+* warm-up is dropped: the first `warmup` iterations when given, else the leading iterations
+  until the value settles within `SETTLE` of the median of the run's second half (compilation,
+  allocator growth, data-loader start), at most half of the run;
+* profiler windows are dropped: iterations flagged by a profiler column, or inside a window
+  (`--profile-step-start`..`--profile-step-end` of Megatron's arguments);
+* what is left gives the run's median and IQR.
+
+Settings are compared with their spread: the range of their repeats' medians (between-run
+noise) or, for a single run, its IQR (within-run noise; a single run cannot show node-to-node
+variation, and says so). A difference is *decided* only when the two settings' noise bands do
+not overlap and the difference is at least `MIN_EFFECT`; a run whose median lies far from its
+setting's other repeats is an *outlier* (shown, and left out of the comparison when at least
+two repeats remain); runs that differ in host/node, date, profiler or batch/sequence are
+*confounders* (shown; when they line up with the settings the comparison is not decided).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+SETTLE = 0.05  # warm-up ends where a value is within 5% of the steady median
+MIN_EFFECT = 0.01  # differences under 1% are never called, whatever the noise
+OUTLIER = 0.10  # a repeat this far (relative) from the other repeats' median is an outlier
+CONFOUNDER_FIELDS = ("host", "node", "date", "profiler", "global_batch_size", "seq_length")
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default) of non-empty `values`."""
+    data = sorted(values)
+    pos = (len(data) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def median_iqr(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, q1, q3)."""
+    return statistics.median(values), quantile(values, 0.25), quantile(values, 0.75)
+
+
+def warmup_length(values: Sequence[float], warmup: int | None = None) -> tuple[int, str]:
+    """How many leading values are warm-up, and why."""
+    if warmup is not None:
+        n = max(0, min(warmup, len(values)))
+        return n, f"the first {n} iteration(s) (--warmup)" if n else ""
+    if len(values) < 4:
+        return 0, ""
+    steady = statistics.median(values[len(values) // 2 :])
+    n = 0
+    while n < len(values) // 2 and abs(values[n] - steady) > SETTLE * abs(steady):
+        n += 1
+    if not n:
+        return 0, ""
+    return n, (
+        f"the first {n} iteration(s): until the value settles within {SETTLE:.0%} of the "
+        f"steady median {steady:.4g}"
+    )
+
+
+def summarize_run(
+    samples: Sequence[dict[str, Any]],
+    warmup: int | None = None,
+    profile_window: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One run's statistics from its samples: {"value", "iteration" (optional), "profiler"
+    (optional: a flag)}, in iteration order. A single sample is a run summary: kept as is."""
+    values = [s for s in samples if s.get("value") is not None]
+    out: dict[str, Any] = {"iterations": len(values), "dropped": []}
+    if len(values) > 1:
+        n, why = warmup_length([s["value"] for s in values], warmup)
+        if n:
+            out["dropped"].append({"what": "warm-up", "count": n, "why": why})
+        values = values[n:]
+        lo, hi = profile_window or (None, None)
+
+        def profiled(s: dict[str, Any]) -> bool:
+            it = s.get("iteration")
+            window = lo is not None and it is not None and lo <= it <= hi  # type: ignore[operator]
+            return bool(s.get("profiler")) or window
+
+        flagged = [s for s in values if profiled(s)]
+        if flagged:
+            why = (
+                f"iterations {lo}-{hi}: the profiler window"
+                if profile_window
+                else "iterations flagged by the profiler column"
+            )
+            out["dropped"].append({"what": "profiler", "count": len(flagged), "why": why})
+            values = [s for s in values if not profiled(s)]
+    kept = [s["value"] for s in values]
+    out["kept"] = len(kept)
+    if kept:
+        med, q1, q3 = median_iqr(kept)
+        out.update(median=med, q1=q1, q3=q3, iqr=q3 - q1)
+    return out
+
+
+def split_runs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One setting's rows as runs: by their `run` value; else per-iteration rows (an
+    `iteration` value) start a new run where the iteration number goes back, per rank, host and
+    date; else summary rows of one rank are repeats (rows of different ranks are one run)."""
+    runs: dict[Any, list[dict[str, Any]]] = {}
+    counters: dict[Any, int] = {}
+    last: dict[Any, int] = {}
+    for r in rows:
+        if r.get("run") is not None:
+            key: Any = ("run", str(r["run"]))
+        elif r.get("iteration") is not None:
+            where = (r.get("rank"), r.get("host"), r.get("date"))
+            if where in last and r["iteration"] <= last[where]:
+                counters[where] = counters.get(where, 0) + 1
+            last[where] = r["iteration"]
+            key = ("it", r.get("host"), r.get("date"), counters.get(where, 0))
+        else:
+            n = counters.get(("summary", r.get("rank")), 0)
+            counters[("summary", r.get("rank"))] = n + 1
+            key = ("summary", n)
+        runs.setdefault(key, []).append(r)
+    return list(runs.values())
+
+
+def _describe(field: str, by_setting: dict[str, set]) -> str:
+    parts = [f"{name}: {', '.join(sorted(map(str, vals)))}" for name, vals in by_setting.items()]
+    return f"{field} differs ({'; '.join(parts)})"
+
+
+def confounders(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fields (host, node, date, profiler, batch, sequence) that differ between the runs
+    compared; `aligned`: every setting saw one value and the settings' values differ, so the
+    field and the setting cannot be told apart."""
+    runs = list(runs)
+    out = []
+    for field in CONFOUNDER_FIELDS:
+        by_setting: dict[str, set] = {}
+        for r in runs:
+            value = r.get(field)
+            if value not in (None, ""):
+                by_setting.setdefault(r["setting"], set()).add(str(value))
+        seen = set().union(*by_setting.values()) if by_setting else set()
+        if len(seen) < 2:
+            continue
+        aligned = all(len(v) == 1 for v in by_setting.values()) and len(by_setting) > 1
+        out.append(
+            {
+                "field": field,
+                "values": {k: sorted(v) for k, v in by_setting.items()},
+                "aligned": aligned,
+                "note": _describe(field, by_setting),
+            }
+        )
+    return out
+
+
+def outliers(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeats of one setting whose median is more than OUTLIER (relative) from the median of
+    that setting's other repeats on the same node (needs three or more to say which is off)."""
+    out = []
+    by_setting: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("median") is not None:
+            # repeats on another node are a confounder, not an outlier: compared per node
+            where = str(r.get("host") or r.get("node") or "")
+            by_setting.setdefault((r["setting"], where), []).append(r)
+    for (setting, _), group in by_setting.items():
+        if len(group) < 3:
+            continue
+        for r in group:
+            others = statistics.median(o["median"] for o in group if o is not r)
+            if others and abs(r["median"] / others - 1) > OUTLIER:
+                out.append(
+                    {
+                        "setting": setting,
+                        "run": r.get("run"),
+                        "median": r["median"],
+                        "others_median": others,
+                        "off_by": r["median"] / others - 1,
+                    }
+                )
+    return out
+
+
+def setting_stats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A setting's value (median of its repeats' medians) and noise band: the range of the
+    repeats' medians, or one run's IQR."""
+    meds = [r["median"] for r in runs if r.get("median") is not None]
+    if not meds:
+        return {"runs": len(runs), "median": None}
+    out: dict[str, Any] = {"runs": len(meds), "median": statistics.median(meds)}
+    if len(meds) > 1:
+        out.update(low=min(meds), high=max(meds), noise="between repeats")
+    else:
+        one = next(r for r in runs if r.get("median") is not None)
+        if one.get("kept", 1) > 1:
+            out.update(low=one["q1"], high=one["q3"], noise="within one run (IQR)")
+        else:
+            out.update(low=meds[0], high=meds[0], noise="none: one summary value")
+    return out
+
+
+def compare(base: dict[str, Any], arm: dict[str, Any], higher_is_better: bool) -> dict[str, Any]:
+    """The arm against the base: `change` (+: the arm is better), the band of changes the two
+    settings' noise allows (`change_low`..`change_high`), `decided` (the band excludes no change
+    and the change is at least MIN_EFFECT) and `why`."""
+    if base.get("median") is None or arm.get("median") is None or not base["median"]:
+        return {"change": None, "decided": False, "why": "no value to compare"}
+
+    def rel(a: float, b: float) -> float:
+        return a / b - 1 if higher_is_better else b / a - 1
+
+    change = rel(arm["median"], base["median"])
+    ends = [rel(arm["low"], base["high"]), rel(arm["high"], base["low"])]
+    unknown = [s["noise"] for s in (base, arm) if s.get("noise", "").startswith("none")]
+    out = {
+        "change": change,
+        "change_low": min(ends),
+        "change_high": max(ends),
+        "noise_measured": not unknown,
+    }
+    if abs(change) < MIN_EFFECT:
+        return {**out, "decided": False, "why": f"{change:+.1%}: under {MIN_EFFECT:.0%}"}
+    if unknown:
+        why = f"{change:+.1%} from a single run's value: its run-to-run noise is not measured"
+        return {**out, "decided": False, "why": why}
+    if out["change_low"] <= 0 <= out["change_high"]:
+        why = (
+            f"{change:+.1%} is within noise: {arm['low']:.4g}-{arm['high']:.4g} "
+            f"({arm['noise']}) overlaps {base['low']:.4g}-{base['high']:.4g} ({base['noise']})"
+        )
+        return {**out, "decided": False, "why": why}
+    why = f"{change:+.1%}, beyond the noise ({arm['noise']}; {base['noise']})"
+    return {**out, "decided": True, "why": why}
+
+
+def _same_hosts(
+    runs: Sequence[dict[str, Any]], golden: str | None, name: str
+) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """When the golden and the arm ran on several nodes and share some, the runs on the shared
+    nodes (a same-node comparison); None when there is nothing to restrict."""
+
+    def host(r: dict[str, Any]) -> str:
+        return str(r.get("host") or r.get("node") or "")
+
+    mine = [r for r in runs if r["setting"] in (golden, name)]
+    a = {host(r) for r in mine if r["setting"] == golden} - {""}
+    b = {host(r) for r in mine if r["setting"] == name} - {""}
+    shared = a & b
+    if not shared or (a | b) == shared:
+        return None
+    return sorted(shared), [r for r in mine if host(r) in shared]
+
+
+RERUN = (
+    "re-run the settings interleaved (A B A B ..., at least 3 repeats each) on the same nodes, "
+    "with the profiler off and the same global batch and sequence length, and compare "
+    "per-iteration step times after warm-up"
+)
+
+
+def judge_runs(
+    runs: Sequence[dict[str, Any]],
+    golden: str | None,
+    higher_is_better: bool,
+    reference: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Settings compared with the golden one. `runs`: dicts with "setting", "run" and a
+    `summarize_run` result (plus confounder fields). Returns {"settings": {name: stats and
+    the comparison}, "outliers", "confounders", "rerun" (None when every comparison is
+    decided)}. `reference`: the golden's stats when it is a given number, not a run."""
+    flagged = outliers(runs)
+    off = {(o["setting"], o["run"]) for o in flagged}
+    kept = [r for r in runs if (r["setting"], r.get("run")) not in off]
+    # an outlier is left out only while two repeats of its setting remain
+    for o in flagged:
+        if sum(1 for r in kept if r["setting"] == o["setting"]) < 2:
+            kept.extend(r for r in runs if (r["setting"], r.get("run")) == (o["setting"], o["run"]))
+    found = confounders(kept)
+    aligned = [c for c in found if c["aligned"]]
+    settings: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["setting"] for r in runs):
+        settings[name] = setting_stats([r for r in kept if r["setting"] == name])
+    base = reference if reference is not None else settings.get(golden)  # type: ignore[arg-type]
+    undecided = False
+    for name, stats in settings.items():
+        if name == golden or base is None:
+            continue
+        verdict = compare(base, stats, higher_is_better)
+        same = _same_hosts(kept, golden, name) if reference is None else None
+        if same is not None:
+            hosts, pair = same
+            base_same = setting_stats([r for r in pair if r["setting"] == golden])
+            arm_same = setting_stats([r for r in pair if r["setting"] == name])
+            verdict = compare(base_same, arm_same, higher_is_better)
+            verdict["same_hosts"] = hosts
+            verdict["why"] += f" (runs on the node(s) both ran on: {', '.join(hosts)})"
+        verdict["confounded"] = False
+        mine = [c for c in aligned if {name, golden} <= set(c["values"])]
+        if mine and verdict.get("change") is not None:
+            verdict.update(
+                decided=False,
+                confounded=True,
+                why=f"{verdict['why']}, but confounded: " + "; ".join(c["note"] for c in mine),
+            )
+        stats["comparison"] = verdict
+        undecided = undecided or not verdict["decided"]
+        if stats["runs"] < 2 or base["runs"] < 2:
+            stats.setdefault("notes", []).append(
+                "one run: node-to-node and run-to-run noise are not measured"
+            )
+    return {
+        "settings": settings,
+        "outliers": flagged,
+        "confounders": found,
+        "rerun": RERUN if undecided else None,
+    }

@@ -1,0 +1,116 @@
+"""Megatron's rules that hold whatever framework wrote the config, applied to a merged reading:
+values in the form Megatron-Core normalises them to, and the parallel layout (SP needs TP > 1,
+DP from the world size, the expert layout)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
+from ..config.validation import expert_layout_problem
+from .reading import Reading
+
+
+def normalize(reading: Reading) -> None:
+    """Values in the form Megatron-Core itself normalises them to (TransformerConfig's
+    __post_init__), so that every framework's spelling validates the same way; a null for a
+    field that cannot be null (a serialized ConfigContainer's `offload_modules: null`) is the
+    field's default."""
+    defaults = Config().to_flat()
+    for key in list(reading.values):
+        if reading.values[key] is None and key in _NOT_NULL:
+            origin = reading.origins[key]
+            note = f"null: Megatron-Core's default {defaults[key]!r}"
+            reading.set(key, defaults[key], dataclasses.replace(origin, note=note))
+    for key in ("recompute_modules", "offload_modules"):
+        value = reading.get(key)
+        if isinstance(value, str):  # "core_attn,mlp", "[`core_attn`, `mlp`]" as pasted
+            items = [v.strip("`'\" ") for v in re.split(r"[\s,]+", value.strip("[]() "))]
+            origin = reading.origins[key]
+            note = f"{value!r} read as a list"
+            reading.set(key, [v for v in items if v], dataclasses.replace(origin, note=note))
+    scope = reading.get("cuda_graph_scope")
+    if scope is None and "cuda_graph_scope" in reading:
+        scope = []
+    if isinstance(scope, str):  # "attn,mlp"; "full" (deprecated) = the whole layer = []
+        scope = [s.strip().rsplit(".", 1)[-1] for s in scope.split(",") if s.strip()]
+    if isinstance(scope, list) and scope != reading.get("cuda_graph_scope"):
+        origin = reading.origins["cuda_graph_scope"]
+        scope = [] if scope == ["full"] else scope
+        reading.set(
+            "cuda_graph_scope",
+            scope,
+            dataclasses.replace(origin, note=origin.note or "as Megatron-Core normalises it"),
+        )
+
+
+# Config fields whose type has no None (a null in a file means the default).
+_NOT_NULL = frozenset(
+    f.name
+    for cls in (ModelConfig, ParallelConfig, RecomputeConfig)
+    for f in dataclasses.fields(cls)
+    if "None" not in str(f.type)
+)
+
+
+def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> None:
+    """Megatron's rules every framework shares: SP needs TP > 1; DP = world / (TP x PP x CP);
+    the expert layout (EP x ETP) must divide TP x CP x DP. A layout the world cannot hold is
+    refused (strict) or, when only reading, said as a warning with DP left undecided."""
+    tp = reading.get("tensor_model_parallel_size") or 1
+    if reading.get("sequence_parallel") and tp == 1:
+        if "sequence_parallel" in overrides:
+            return  # asked for explicitly: validation raises Megatron's own error
+        origin = reading.origins["sequence_parallel"]
+        reading.set(
+            "sequence_parallel",
+            False,
+            dataclasses.replace(origin, note="turned off: sequence parallelism needs TP > 1"),
+        )
+        reading.warnings.append(
+            f"sequence_parallel ({origin.describe()}) with TP=1: turned off, as Megatron-LM "
+            "and NeMo do"
+        )
+    world = reading.get("world_size")
+    cp = reading.get("context_parallel_size") or 1
+    model_parallel = tp * (reading.get("pipeline_model_parallel_size") or 1) * cp
+    problem = None
+    if world:
+        dp = world // model_parallel
+        if world % model_parallel:
+            problem = (
+                f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
+                f"divisible by TP x PP x CP = {model_parallel}"
+            )
+        elif "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
+            problem = (
+                f"data_parallel_size {reading.get('data_parallel_size')} does not match a world "
+                f"of {world} GPUs / (TP x PP x CP = {model_parallel}) = {dp}"
+            )
+        else:
+            problem = _expert_layout_problem(reading, tp * cp * dp)
+        if problem is None:
+            reading.derive(
+                "data_parallel_size", dp, f"world size {world} / (TP x PP x CP = {model_parallel})"
+            )
+    elif reading.get("data_parallel_size"):
+        problem = _expert_layout_problem(reading, tp * cp * reading.get("data_parallel_size"))
+    if problem is not None:
+        if strict:
+            raise ConfigError(problem)
+        reading.warnings.append(f"{problem}: this layout cannot run as written")
+        dp_origin = reading.origins.get("data_parallel_size")
+        if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
+            del reading.values["data_parallel_size"], reading.origins["data_parallel_size"]
+
+
+def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:
+    if not reading.get("num_moe_experts"):
+        return None
+    tp = reading.get("tensor_model_parallel_size") or 1
+    cp = reading.get("context_parallel_size") or 1
+    etp = reading.get("expert_tensor_parallel_size") or tp
+    ep = reading.get("expert_model_parallel_size") or 1
+    return expert_layout_problem(tp, cp, dense_ranks // (tp * cp), ep, etp)

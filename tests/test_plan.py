@@ -1,0 +1,184 @@
+"""The planner (issue #20): every module combination, Megatron-Core version awareness, error
+bands and near-ties, every pipeline stage, and budgets as the GPU reports them."""
+
+from __future__ import annotations
+
+import pytest
+
+from recompute_kit.config import ConfigError, RecomputeConfig, applicable_modules, parse_spec
+from recompute_kit.config.versions import known_broken, parse_version
+from recompute_kit.gpus import GPUS
+from recompute_kit.plan import plan
+from recompute_kit.plan.margins import LOCAL_BAND, TE_BAND
+from recompute_kit.plan.search import candidates
+from recompute_kit.presets import get_preset
+
+GIB = 2**30
+
+
+def deepseek_v3():
+    # README's example: `plan --model deepseek-v3 --pp 16 --dp 64 --first-stage-layers 1
+    # --last-stage-layers 4 --distributed-optimizer`
+    return (
+        get_preset("deepseek-v3")
+        .config()
+        .replace(
+            pipeline_model_parallel_size=16,
+            data_parallel_size=64,
+            num_layers_in_first_pipeline_stage=1,
+            num_layers_in_last_pipeline_stage=4,
+            use_distributed_optimizer=True,
+        )
+    )
+
+
+def test_every_module_combination_is_searched():
+    cfg = deepseek_v3()
+    n = len(applicable_modules(cfg))
+    assert n == 7
+    specs = {
+        tuple(rc.recompute_modules)
+        for rc, off in candidates(cfg)
+        if rc.recompute_granularity == "selective" and not off and rc.recompute_modules
+    }
+    assert len(specs) == 2**n - 1  # was only singles, pairs and all seven: 7 + 21 + 1 = 29
+    assert ("layernorm", "moe_act", "mla_up_proj") in specs
+
+
+def test_deepseek_v3_triple_is_tried_and_ranked():
+    """Issue #20: at 4k the plan picked mla_up_proj alone and never tried
+    mla_up_proj, moe_act, layernorm at the same cost. Before this change the best was
+    selective:moe_act at 71.1 of 72.0 GiB usable (0.9 GiB, inside any error band)."""
+    p = plan(deepseek_v3(), 80)
+    by_name = {c.estimate.recompute: c for c in p.candidates if not c.offload}
+    triple = by_name["selective:layernorm,moe_act,mla_up_proj"]
+    alone = by_name["selective:mla_up_proj"]
+    assert triple.estimate.total_bytes < alone.estimate.total_bytes - 6 * GIB
+    assert triple.estimate.recompute_flops_fraction == alone.estimate.recompute_flops_fraction
+    assert p.best.clears_band
+    assert p.best.estimate.recompute != "selective:moe_act"  # 0.9 GiB under the line
+    assert by_name["selective:moe_act"].fits and not by_name["selective:moe_act"].clears_band
+    # the triple is reported as a near-tie with the reason to pick it
+    tie = next(t for t in p.ties if t["recompute"] == triple.estimate.recompute)
+    assert "more headroom" in tie["reason"]
+
+
+def test_version_parsing():
+    assert parse_version("0.16.1") == (0, 16)
+    assert parse_version("core_r0.13.0") == (0, 13)
+    assert parse_version("core_v0.12.0") == (0, 12)
+    assert parse_version("v0.17.0rc1") == (0, 17)
+    assert parse_version(None) is None
+    with pytest.raises(ConfigError):
+        parse_version("latest")
+
+
+def test_uniform_not_dividing_is_broken_before_0_17():
+    """Megatron-Core 0.16.1's transformer_block.py `_checkpointed_forward` calls
+    `custom(layer_idx, layer_idx + recompute_num_layers)` without clamping (IndexError past the
+    last layer); 0.17 clamps (PR #3562, shared/reference/megatron-recompute.md section 2.1)."""
+    cfg = get_preset("llama3-70b").config().replace(pipeline_model_parallel_size=4)  # 20/stage
+    assert known_broken(cfg.with_recompute("full:uniform:7"), (0, 13))
+    assert known_broken(cfg.with_recompute("full:uniform:7"), None)  # unknown: strictest
+    assert not known_broken(cfg.with_recompute("full:uniform:7"), (0, 17))
+    assert not known_broken(cfg.with_recompute("full:uniform:5"), (0, 13))
+    assert not known_broken(cfg.with_recompute("full:block:7"), (0, 13))
+    # per virtual chunk: VPP 2 gives chunks of 10 layers, so 4 breaks and 5 does not
+    vpp = cfg.replace(virtual_pipeline_model_parallel_size=2)
+    assert known_broken(vpp.with_recompute("full:uniform:4"), (0, 16))
+    assert not known_broken(vpp.with_recompute("full:uniform:5"), (0, 16))
+
+
+def test_plan_never_proposes_broken_uniform():
+    cfg = get_preset("llama3-70b").config().replace(pipeline_model_parallel_size=4)
+    p = plan(cfg, 79.1, megatron_core_version="0.13")
+    names = {c.estimate.recompute for c in p.candidates}
+    assert "full:uniform:7" not in names and "full:uniform:5" in names
+    assert "full:uniform:7" in {spec for spec, _ in p.excluded}
+    newer = plan(cfg, 79.1, megatron_core_version="0.17")
+    assert "full:uniform:7" in {c.estimate.recompute for c in newer.candidates}
+    assert not newer.excluded
+    # the version from the config (the reader) counts when no flag is given
+    cfg.megatron_core_version = "0.17.0"
+    assert not plan(cfg, 79.1).excluded
+
+
+def test_validate_strict_warns():
+    cfg = get_preset("llama3-70b").config().replace(pipeline_model_parallel_size=4)
+    broken = cfg.with_recompute("full:uniform:7")
+    assert not any("uniform" in w for w in broken.validate())  # only --strict
+    assert any("runs past the last layer" in w for w in broken.validate(strict=True))
+    broken.megatron_core_version = "0.17"
+    assert not any("runs past" in w for w in broken.validate(strict=True))
+    big = cfg.with_recompute("full:block:30")  # 20 layers per stage
+    assert any("larger than the 20 layers" in w for w in big.validate(strict=True))
+    ignored = cfg.with_recompute(
+        RecomputeConfig("full", "uniform", 1, recompute_modules=["mlp", "layernorm"])
+    )
+    assert any("Megatron ignores recompute_modules" in w for w in ignored.validate(strict=True))
+    assert not any("ignores" in w for w in cfg.with_recompute("full:uniform:1").validate(True))
+
+
+def test_error_band_by_path():
+    cfg = deepseek_v3()
+    te = plan(cfg, 79.1)
+    assert te.error_band.path == "transformer_engine"
+    assert te.error_band.activation_fraction == TE_BAND
+    local = plan(cfg.replace(transformer_impl="local"), 79.1)
+    assert local.error_band.activation_fraction == LOCAL_BAND
+    b = local.error_band
+    assert b.activation_bytes == round(LOCAL_BAND * local.best.estimate.peak_activation_bytes)
+    assert b.total_bytes == b.activation_bytes + b.cuda_context_bytes + b.workspace_bytes
+    assert local.headroom_bytes == local.usable_bytes - local.best.estimate.total_bytes
+
+
+def test_every_stage_and_the_binding_one():
+    p = plan(deepseek_v3(), 79.1)
+    assert len(p.stages) == 16
+    top = max(p.stages, key=lambda s: s.total_bytes)
+    assert top.total_bytes == p.best.estimate.total_bytes  # the best is the binding stage's
+    assert [s.total_bytes for s in p.stages] == p.best.estimate.stage_total_bytes
+    assert p.binding.startswith(f"stage {top.stage} binds")
+    assert "micro-batches in flight" in p.binding and "MoE layers" in p.binding
+    assert p.stages[0].embedding and p.stages[-1].output_and_loss
+
+
+def test_gpu_table_is_gib_as_reported():
+    assert GPUS["h100-80gb"].usable_gib < 80  # what the GPU reports, not the name's 80 GB
+    assert GPUS["h200"].usable_gib == pytest.approx(139.8)
+    assert all(g.source for g in GPUS.values())
+
+
+def test_uniform_spec_still_parses_for_any_n():
+    assert parse_spec("full:uniform:7").recompute_num_layers == 7
+
+
+def test_cli_plan_gpu_and_version(capsys):
+    import json
+
+    from recompute_kit.cli.parser import main
+
+    args = ["plan", "--model", "llama3-70b", "--pp", "4", "--gpu", "h100-80gb", "--json"]
+    assert main([*args, "--megatron-core-version", "core_r0.13.0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget_bytes"] == int(79.1 * GIB)
+    assert doc["gpu"]["name"] == "h100-80gb" and doc["megatron_core_version"] == "0.13"
+    assert "full:uniform:7" in {e["recompute"] for e in doc["excluded"]}
+    assert len(doc["stages"]) == 4 and doc["binding_stage"]["reason"]
+    for key in ("headroom_bytes", "error_band_bytes", "error_band", "ties", "best"):
+        assert key in doc
+
+
+def test_cli_validate_strict_reads_the_version(tmp_path, capsys):
+    from recompute_kit.cli.parser import main
+
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+        "--seq-length 4096 --micro-batch-size 1 --recompute-granularity full "
+        "--recompute-method uniform --recompute-num-layers 7\n"
+    )
+    main(["validate", str(script), "--strict"])
+    assert "runs past the last layer" in capsys.readouterr().out
+    main(["validate", str(script), "--strict", "--megatron-core-version", "0.17"])
+    assert "runs past the last layer" not in capsys.readouterr().out
