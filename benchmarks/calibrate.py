@@ -18,7 +18,9 @@ import tempfile
 from pathlib import Path
 
 from recompute_kit.doctor.calibration import BANDS, PRIOR_WEIGHT, TABLE, UNDECIDED_CAP, fit
-from recompute_kit.doctor.corpus import load_cases, run_case, split_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scoring tools
+from corpus_scoring import load_cases, run_case, split_of
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "cases"
 COMMAND = "python benchmarks/calibrate.py"

@@ -20,7 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from recompute_kit.doctor.corpus import format_table, score, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scoring tools
+from corpus_scoring import format_table, score, table
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "cases"
 

@@ -234,7 +234,7 @@ def test_labels_are_what_the_rule_proposes():
 
 
 def test_benchmark_reports_decidable_and_thin_apart():
-    from recompute_kit.doctor.corpus import CaseResult, format_table, table
+    from corpus_scoring import CaseResult, format_table, table
 
     def case(decidable, verdict, ok, collect_decides=False, conf=0.9):
         r = CaseResult("x", "u", "dev", "fragmentation", "fragmentation", "RK001", ok, ok)

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from .engine import diagnose
-from .evidence import collect
+from recompute_kit.doctor.engine import diagnose
+from recompute_kit.doctor.evidence import collect
 
 REQUIRED_KEYS = ("id", "source", "artefacts", "expected_category", "fix_names")
 
@@ -82,7 +82,7 @@ def _fix_text(finding) -> str:
 
 
 def run_case(case: dict[str, Any], workdir: Path, calibrated: bool = True) -> CaseResult:
-    from .verdict import COLLECT_FOR
+    from recompute_kit.doctor.verdict import COLLECT_FOR
 
     expected = case["expected_category"]
     split = split_of(case["source"])
@@ -113,7 +113,7 @@ def run_case(case: dict[str, Any], workdir: Path, calibrated: bool = True) -> Ca
         result.in_top3 = any(f.category == expected for f in diagnosis.findings[:3])
         result.confidence = top.confidence
         result.raw_confidence = top.raw_confidence
-        from .verdict import decides
+        from recompute_kit.doctor.verdict import decides
 
         result.decided = decides(top.category, verdict.deciding_evidence)
     return result
