@@ -25,6 +25,7 @@ from .commands import (
     cmd_validate,
     cmd_verify,
 )
+from .levers import add_lever_args
 from .common import (
     FORMATS,
     add_model_args,
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
     p.add_argument("--top", type=positive_int, default=12, help="rows of the table (default 12)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_lever_args(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("ablate", help="run a grid of recompute settings: throughput, memory")
