@@ -25,7 +25,6 @@ from .commands import (
     cmd_validate,
     cmd_verify,
 )
-from .levers import add_lever_args
 from .common import (
     FORMATS,
     add_model_args,
@@ -34,6 +33,7 @@ from .common import (
     positive_int,
     spec_arg,
 )
+from .levers import add_lever_args
 
 
 def add_recompute_arg(parser: argparse.ArgumentParser, what: str) -> None:
