@@ -396,6 +396,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     gpu = GPUS[args.gpu] if args.gpu else None
     gib = gpu.usable_gib if gpu else args.gpu_memory_gb
     version = args.megatron_core_version or cfg.megatron_core_version
+    if args.levers:
+        from .levers import cmd_levers
+
+        return cmd_levers(args, cfg, gib, version)
     try:
         result = plan(cfg, gib, args.safety_margin, args.format, args.stage, version)
     except ConfigError as exc:
