@@ -185,9 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        default="megatron-bridge",
         choices=FORMATS,
-        help="the config snippet to print (default megatron-bridge)",
+        help="the config snippet to print (default: the inputs' framework's: megatron-lm, nemo "
+        "or torchtitan; megatron-bridge otherwise)",
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
     p.add_argument("--top", type=positive_int, default=12, help="rows of the table (default 12)")
