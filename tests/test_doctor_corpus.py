@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
+from corpus_scoring import format_table, load_cases, score, split_of, table
 
-from recompute_kit.doctor.corpus import format_table, load_cases, score, split_of, table
 from recompute_kit.doctor.rules import CATEGORIES
 
 CASES = Path(__file__).parent / "corpus" / "cases"
@@ -171,7 +171,7 @@ def test_one_thread_rules_stay_silent_on_other_categories():
 
 
 def test_table_counts_top3_and_confidence_bands():
-    from recompute_kit.doctor.corpus import CaseResult
+    from corpus_scoring import CaseResult
 
     def case(ok, top3, confidence):
         got = "fragmentation" if ok else ("activation_memory" if confidence else None)

@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from corpus_scoring import load_case, run_case
+from paste_variants import VARIANTS, robustness, summarize
 
-from recompute_kit.doctor.corpus import load_case, run_case
 from recompute_kit.doctor.evidence import clean_line, parse_log
 from recompute_kit.doctor.evidence.unwrap import unwrap
-from recompute_kit.doctor.paste_variants import VARIANTS, robustness, summarize
 
 CASES = Path(__file__).parent / "corpus" / "cases"
 

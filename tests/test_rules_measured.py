@@ -106,8 +106,7 @@ CASES_DIR = Path(__file__).parent / "corpus" / "cases"
 def corpus_text(case_id: str) -> str:
     """The verbatim artefacts of a development corpus case (never a held-out one)."""
     import yaml
-
-    from recompute_kit.doctor.corpus import split_of
+    from corpus_scoring import split_of
 
     case = yaml.safe_load((CASES_DIR / f"{case_id}.yaml").read_text(encoding="utf-8"))
     assert split_of(case["source"]) == "dev", case_id

@@ -23,10 +23,10 @@ def test_rk083_names_zero3_only_when_the_paste_does():
     assert "ZeRO-3" not in f.title.split("(")[0]  # the title hedges: "(ZeRO-3)" as the example
     # with DeepSpeed ZeRO's frames in the paste it names them, at full confidence
     g = get(run(text("fr-zero3-metadata-minicpmv")), "RK083")
-    assert g.confidence == 0.9 and "'deepspeed'" in g.evidence
+    assert g.raw_confidence == 0.9 and "'deepspeed'" in g.evidence
     # with zero_stage 3 in the pasted launch command
     h = get(run(text("fr-zero3-metadata-openrlhf")), "RK083")
-    assert h.confidence == 0.9 and "ZeRO stage 3" in h.evidence
+    assert h.raw_confidence == 0.9 and "ZeRO stage 3" in h.evidence
 
 
 # RK001: "enough free memory exists, but in pieces" is false when the reserved-but-unallocated
@@ -43,7 +43,7 @@ def test_rk001_no_enough_memory_claim_when_slack_is_below_the_request():
     # slack above the request still reads as fragmentation
     # https://github.com/NVIDIA/Megatron-LM/issues/60: 9.10 GiB cached against 2.29 GiB
     g = get(run(text("mlm-60")), "RK001")
-    assert "enough free memory exists" in g.evidence and g.confidence == 0.9
+    assert "enough free memory exists" in g.evidence and g.raw_confidence == 0.9
 
 
 # RK003: "this process has 17179869184.00 GiB memory in use" (2**64 bytes) on an 8 GiB GPU is a

@@ -62,7 +62,7 @@ def test_rk101_no_gpu_count_invented():
     # the same model with the count given keeps its numbers
     # https://github.com/OpenRLHF/OpenRLHF/issues/698 ("deepspeed --num_gpus 1", an 80 GB A100)
     g = get(run(text("fd-openrlhf-698-adam-offload")), "RK101")
-    assert "on 1 GPU(s)" in g.evidence and g.confidence == 0.9
+    assert "on 1 GPU(s)" in g.evidence and g.raw_confidence == 0.9
 
 
 # RK650: the allowed values a message lists are values, not the caller's arguments.

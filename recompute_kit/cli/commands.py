@@ -18,10 +18,12 @@ from ..presets import PRESETS
 from ..units import byte_unit, in_unit
 from .common import (
     config_from_args,
+    default_format,
     emit_json,
     emit_json_read,
     format_table,
     input_name,
+    layer_span,
     layout_of,
     note_inapplicable,
     print_layout,
@@ -204,7 +206,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..memory.estimate import estimate
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, shows_layout=True)
     cfg.validate()
     results, rejected = [], []
     specs = specs_for(cfg, args)
@@ -272,7 +274,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_measure(args: argparse.Namespace) -> int:
     from ..memory.measure import measure, measure_fake
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, shows_layout=True)
     cfg.validate()
     if args.engine == "megatron":
         return measure_with_megatron(cfg, args)
@@ -391,13 +393,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..gpus import GPUS
     from ..plan import plan
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, shows_layout=True)
     cfg.validate()
     gpu = GPUS[args.gpu] if args.gpu else None
     gib = gpu.usable_gib if gpu else args.gpu_memory_gb
     version = args.megatron_core_version or cfg.megatron_core_version
+    if args.levers:
+        from .levers import cmd_levers
+
+        return cmd_levers(args, cfg, gib, version)
     try:
-        result = plan(cfg, gib, args.safety_margin, args.format, args.stage, version)
+        result = plan(cfg, gib, args.safety_margin, default_format(args), args.stage, version)
     except ConfigError as exc:
         if args.json:  # a document even when nothing fits: scripts read stdout
             emit_json_read(
@@ -492,7 +498,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             [
                 (
                     s.stage,
-                    f"{s.layers[0]}-{s.layers[-1]}" if s.layers else "-",
+                    layer_span(s.layers, word=""),
                     s.moe_layers,
                     f"{s.micro_batches_in_flight:g}",
                     in_unit(s.peak_activation_bytes, scale, 2),
@@ -600,6 +606,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from ..sources.summary import summary_lines
 
         for line in summary_lines(reading_from_json(evidence.read), evidence.read["inputs"]):
+            print(line)
+        print()
+    if diagnosis.verdict is not None:  # the verdict leads (doctor/verdict.py)
+        for line in diagnosis.verdict.lines():
             print(line)
         print()
     print(diagnosis.summary)

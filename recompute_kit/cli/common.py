@@ -265,7 +265,9 @@ def shape_only(args: argparse.Namespace) -> bool:
     return bool(args.model) and not (args.model in PRESETS and PRESETS[args.model].runnable)
 
 
-def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") -> Config:
+def config_from_args(
+    args: argparse.Namespace, default_model: str = "tiny-gpt", shows_layout: bool = False
+) -> Config:
     """The Config a command works on: a runnable preset, or what the shared reader
     (`recompute_kit.sources`) reads from the config files and / or a model id, with the
     command's overrides; the reader's summary (what was read, assumed) is printed."""
@@ -279,7 +281,8 @@ def config_from_args(args: argparse.Namespace, default_model: str = "tiny-gpt") 
 
     resolved = resolve(args.config or [], model=model, overrides=override_values(args))
     out = sys.stderr if getattr(args, "json", False) else sys.stdout
-    for line in summary_lines(resolved.reading, resolved.inputs):
+    # (a command that prints its layout prints the assumptions there, once)
+    for line in summary_lines(resolved.reading, resolved.inputs, assumptions=not shows_layout):
         print(line, file=out)
     args.resolved = resolved  # for commands that report what was read in their JSON
     return resolved.config
@@ -417,7 +420,7 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     if est is not None and est.layers:
         which = " (the stage with the highest total)" if est.stage_total_bytes else ""
         line += (
-            f"; per rank of pipeline stage {est.stage}{which}: {_layer_span(est.layers)}, "
+            f"; per rank of pipeline stage {est.stage}{which}: {layer_span(est.layers)}, "
             f"{est.micro_batches_in_flight:g} micro-batch"
             f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
         )
@@ -426,12 +429,30 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         print(f"assumed: {note}")
 
 
-def _layer_span(layers: Sequence[int]) -> str:
+def layer_span(layers: Sequence[int], word: str = "layers ") -> str:
     """`layers 0-7`, or under virtual pipelining `8 layers (0, 4, 8, ..., 28)`."""
+    if not layers:
+        return "-"
     if list(layers) == list(range(layers[0], layers[-1] + 1)):
-        return f"layers {layers[0]}-{layers[-1]}"
+        return f"{word}{layers[0]}-{layers[-1]}"
     shown = ", ".join(map(str, layers[:3])) + (f", ..., {layers[-1]}" if len(layers) > 3 else "")
     return f"{len(layers)} layers ({shown})"
+
+
+# The config snippet `plan` prints by default: the format of the framework the inputs use.
+FORMAT_OF_FRAMEWORK = {
+    "megatron-lm": "megatron-lm",
+    "nemo1": "nemo",
+    "torchtitan": "torchtitan",
+}
+
+
+def default_format(args: argparse.Namespace) -> str:
+    if args.format:
+        return args.format
+    resolved = getattr(args, "resolved", None)
+    framework = resolved.reading.framework if resolved is not None else None
+    return FORMAT_OF_FRAMEWORK.get(framework, "megatron-bridge")
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:

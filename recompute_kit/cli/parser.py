@@ -33,6 +33,7 @@ from .common import (
     positive_int,
     spec_arg,
 )
+from .levers import add_lever_args
 
 
 def add_recompute_arg(parser: argparse.ArgumentParser, what: str) -> None:
@@ -184,13 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        default="megatron-bridge",
         choices=FORMATS,
-        help="the config snippet to print (default megatron-bridge)",
+        help="the config snippet to print (default: the inputs' framework's: megatron-lm, nemo "
+        "or torchtitan; megatron-bridge otherwise)",
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
     p.add_argument("--top", type=positive_int, default=12, help="rows of the table (default 12)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_lever_args(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("ablate", help="run a grid of recompute settings: throughput, memory")

@@ -10,15 +10,19 @@ rule fired, so they never outrank a specific finding.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
 from ..memory.estimate import estimate
+from .calibration import calibrate
 from .evidence import Evidence
 from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
+from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
+from .verdict import decides, judge, present
 
 
 def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Context:
@@ -108,8 +112,13 @@ def _estimate(ctx: Context) -> None:
             ctx.plan_error = str(exc)
 
 
-def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosis:
-    """Evaluate every rule over the evidence; findings ranked by confidence, best first."""
+def diagnose(
+    evidence: Evidence, gpu_memory_gb: float | None = None, calibrated: bool = True
+) -> Diagnosis:
+    """Evaluate every rule over the evidence; findings ranked by confidence, best first, those
+    that explain the symptom the user states ahead (doctor/symptoms.py); confidences calibrated
+    (doctor/calibration.py, `calibrated=False` keeps the rules' raw ones) and the verdict
+    (doctor/verdict.py) given."""
     ctx = build_context(evidence, gpu_memory_gb)
     found: list[tuple[Finding, tuple[str, ...]]] = []
     for fallback in (False, True):  # default readings only when nothing specific fired
@@ -137,8 +146,20 @@ def diagnose(evidence: Evidence, gpu_memory_gb: float | None = None) -> Diagnosi
     findings, ruled_out = _reconcile(ctx, findings, slack)
     dropped += ruled_out
     findings.sort(key=lambda f: (-f.confidence, f.rule))
+    findings = rank_by_symptom(findings, evidence.facts.get("log", {}).get("symptoms", []))
+    kinds = present(ctx)
+    for f in findings:
+        f.raw_confidence = f.confidence
+        if calibrated:
+            f.confidence = calibrate(f.confidence, f.category, decides(f.category, kinds))
+    for above, f in itertools.pairwise(findings):
+        # the table is of top findings: one ranked lower is no likelier than the one above it
+        f.confidence = min(f.confidence, above.confidence)
     check_patches(ctx, findings)  # framework keys, never already set, never raises the peak
-    return Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
+    verdict = judge(ctx, findings)
+    diagnosis = Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
+    diagnosis.verdict = verdict
+    return diagnosis
 
 
 MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")

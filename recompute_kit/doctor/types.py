@@ -94,6 +94,8 @@ class Finding:
     confidence: float
     references: list[str]
     evidence: str  # two or three sentences citing the input's numbers
+    # the rule's own confidence; `confidence` is its calibrated value (doctor/calibration.py)
+    raw_confidence: float | None = None
     # The patch as checked by doctor/patches.py (after the rules ran): the framework the inputs
     # show (None: unknown), the patch in that framework's own keys (None: unknown framework),
     # and what the check did ({"keys", "dropped": [{key, value, reason}], "notes", estimate}).
@@ -113,16 +115,20 @@ class Diagnosis:
     assumptions: list[str]
     # findings the evidence rules out: {"rule": id, "reason": why}
     dropped: list[dict[str, str]] = field(default_factory=list)
+    verdict: Any = None  # doctor/verdict.py's Verdict: diagnosed | needs_evidence | out_of_scope
 
     def to_json(self, rows: bool = True) -> dict[str, Any]:
         """`rows=False`: see `Evidence.to_json` (for a streaming writer)."""
-        return {
+        out = {
             "evidence": self.evidence.to_json(rows),
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "assumptions": self.assumptions,
             "dropped": self.dropped,
         }
+        if self.verdict is not None:  # verdict, verdict_why, deciding_evidence, collect, ...
+            out.update(self.verdict.to_json())
+        return out
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ values the framework derives, and last the assumptions, each named with the key 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,10 +284,11 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
             continue
         if shapeless and key in ARCHITECTURE_KEYS:
             continue  # no model: its architecture is not guessed either
+        value, note = ASSUMED_VALUES[key], ""
+        if key == "data_parallel_size":
+            value, note = _smallest_data_parallel(reading)
         reading.set(
-            key,
-            ASSUMED_VALUES[key],
-            Origin(FROM_ASSUMED, "recompute-kit", _key_for(framework, key)),
+            key, value, Origin(FROM_ASSUMED, "recompute-kit", _key_for(framework, key), note)
         )
     # The remaining fields take Megatron-Core's own defaults (the dataclasses hold them), said
     # as such. Never the shape: the dataclasses' shape is a tiny test model's, and a reading
@@ -295,6 +297,21 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
             reading.set(key, defaults[key], Origin(FROM_DEFAULT, MCORE))
+
+
+def _smallest_data_parallel(reading: Reading) -> tuple[int, str]:
+    """With no world size: DP 1, or the smallest DP the expert layout can be built on (EP x
+    expert-TP must divide TP x CP x DP)."""
+    if not reading.get("num_moe_experts"):
+        return 1, ""
+    tp = reading.get("tensor_model_parallel_size") or 1
+    cp = reading.get("context_parallel_size") or 1
+    experts = (reading.get("expert_model_parallel_size") or 1) * (
+        reading.get("expert_tensor_parallel_size") or tp
+    )
+    dp = experts // math.gcd(experts, tp * cp)
+    note = f"the smallest the expert layout allows (EP x expert TP = {experts})" if dp > 1 else ""
+    return dp, note
 
 
 _NEVER_DEFAULTED = frozenset(
@@ -337,7 +354,8 @@ def _to_config(reading: Reading) -> Config:
     values = {k: v for k, v in reading.values.items() if k in CONFIG_KEYS}
     cfg = Config().replace(**values)
     cfg.assumptions = [
-        f"{key} = {reading.values[key]!r} (nothing says it; set {origin.key})"
+        f"{key} = {reading.values[key]!r} (nothing says it"
+        f"{': ' + origin.note if origin.note else ''}; set {origin.key})"
         for key, origin in reading.origins.items()
         if origin.kind == FROM_ASSUMED
     ]

@@ -17,24 +17,25 @@ _KIND_WORDS = {
 }
 
 
-def summary_lines(reading: Reading, inputs: list[dict[str, str]]) -> list[str]:
+def summary_lines(
+    reading: Reading, inputs: list[dict[str, str]], assumptions: bool = True
+) -> list[str]:
     """A few lines: the inputs and their formats, how many memory-relevant values came from
-    where, every assumption with the key that sets it, and the warnings."""
+    where, every assumption with the key that sets it (unless the caller prints them with the
+    layout), and the warnings."""
     names = ", ".join(f"{i['path']} ({i['format']})" for i in inputs)
     lines = [f"read: {names}; framework {reading.framework or 'unknown'}"]
     if reading.model_name:
         lines[0] += f"; model {reading.model_name}"
-    counts = Counter(
-        reading.origins[k].kind for k in MEMORY_KEYS if k in reading.origins
-    )
+    counts = Counter(reading.origins[k].kind for k in MEMORY_KEYS if k in reading.origins)
     parts = [f"{counts[k]} {w}" for k, w in _KIND_WORDS.items() if counts[k]]
     if parts:
         lines.append(f"  memory-relevant values: {', '.join(parts)}")
     for key, origin in reading.origins.items():
-        if origin.kind == FROM_ASSUMED:
+        if assumptions and origin.kind == FROM_ASSUMED:
             lines.append(
-                f"  assumed: {key} = {_show(reading.values[key])} (nothing says it; set "
-                f"{origin.key})"
+                f"  assumed: {key} = {_show(reading.values[key])} (nothing says it"
+                f"{': ' + origin.note if origin.note else ''}; set {origin.key})"
             )
     lines += [f"  warning: {w}" for w in reading.warnings]
     return lines

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from .engine import diagnose
-from .evidence import collect
+from recompute_kit.doctor.engine import diagnose
+from recompute_kit.doctor.evidence import collect
 
 REQUIRED_KEYS = ("id", "source", "artefacts", "expected_category", "fix_names")
 
@@ -47,6 +47,11 @@ class CaseResult:
     in_top3: bool = False  # the expected category among the first three findings
     confidence: float | None = None  # the top finding's
     error: str = ""  # the crash, when the doctor raised
+    decidable: bool | None = None  # the case's label: its paste alone decides (None: unlabelled)
+    verdict: str | None = None  # diagnosed | needs_evidence | out_of_scope
+    collect_decides: bool = False  # `collect` names an artefact that decides the expected category
+    raw_confidence: float | None = None  # the top finding's, before calibration
+    decided: bool = False  # the input decides the top finding's category (doctor/verdict.py)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -76,10 +81,13 @@ def _fix_text(finding) -> str:
     return (finding.fix + " " + json.dumps(finding.config_patch, default=str)).lower()
 
 
-def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
+def run_case(case: dict[str, Any], workdir: Path, calibrated: bool = True) -> CaseResult:
+    from recompute_kit.doctor.verdict import COLLECT_FOR
+
     expected = case["expected_category"]
     split = split_of(case["source"])
     result = CaseResult(case["id"], case["source"], split, expected, None, "-", False, False)
+    result.decidable = case.get("decidable")
     try:
         log = workdir / f"{case['id']}.log"
         log.write_text(str(case["artefacts"]), encoding="utf-8")
@@ -87,10 +95,15 @@ def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
         if case.get("config"):
             config = workdir / f"{case['id']}.config"
             config.write_text(str(case["config"]), encoding="utf-8")
-        diagnosis = diagnose(collect(logs=[str(log)], config=str(config) if config else None))
+        evidence = collect(logs=[str(log)], config=str(config) if config else None)
+        diagnosis = diagnose(evidence, calibrated=calibrated)
     except Exception as exc:  # a crash is a result to report, not a reason to stop scoring
         result.error = f"{type(exc).__name__}: {exc}"
         return result
+    verdict = diagnosis.verdict
+    result.verdict = verdict.verdict
+    deciders = set(COLLECT_FOR.get(expected, ()))
+    result.collect_decides = any(c["id"] in deciders for c in verdict.collect)
     if diagnosis.findings:
         top = diagnosis.findings[0]
         result.got, result.rule = top.category, top.rule
@@ -99,13 +112,17 @@ def run_case(case: dict[str, Any], workdir: Path) -> CaseResult:
         result.fix_ok = any(str(name).lower() in text for name in case["fix_names"])
         result.in_top3 = any(f.category == expected for f in diagnosis.findings[:3])
         result.confidence = top.confidence
+        result.raw_confidence = top.raw_confidence
+        from recompute_kit.doctor.verdict import decides
+
+        result.decided = decides(top.category, verdict.deciding_evidence)
     return result
 
 
-def score(directory: Path) -> list[CaseResult]:
+def score(directory: Path, calibrated: bool = True) -> list[CaseResult]:
     cases = load_cases(directory)
     with tempfile.TemporaryDirectory() as tmp:
-        return [run_case(case, Path(tmp)) for case in cases]
+        return [run_case(case, Path(tmp), calibrated) for case in cases]
 
 
 # Bands of the top finding's confidence: how often the doctor is right when it is this sure.
@@ -143,8 +160,41 @@ def table(results: list[CaseResult]) -> dict[str, Any]:
                 bands[_band(r.confidence)]["n"] += 1
                 bands[_band(r.confidence)]["category_ok"] += r.category_ok
         out[f"{split}_by_confidence"] = bands
+        out[f"{split}_verdict"] = verdict_table([r for r in results if r.split == split])
     out["crashes"] = [f"{r.id}: {r.error}" for r in results if r.error]
     return out
+
+
+def verdict_table(results: list[CaseResult]) -> dict[str, Any]:
+    """Decidable and thin cases apart: decidable top-1 (and how many were `diagnosed`, and
+    right when diagnosed); thin cases answered `needs_evidence` with a `collect` item that
+    decides the expected category; confident findings (>= 0.85) right."""
+    dec = [r for r in results if r.decidable]
+    thin = [r for r in results if r.decidable is False]
+    diagnosed = [r for r in results if r.verdict == "diagnosed"]
+    confident = [r for r in results if r.confidence is not None and r.confidence >= 0.85]
+    return {
+        "decidable": {
+            "n": len(dec),
+            "top1": sum(r.category_ok for r in dec),
+            "diagnosed": sum(r.verdict == "diagnosed" for r in dec),
+        },
+        "thin": {
+            "n": len(thin),
+            "needs_evidence": sum(r.verdict == "needs_evidence" for r in thin),
+            "needs_evidence_deciding_collect": sum(
+                r.verdict == "needs_evidence" and r.collect_decides for r in thin
+            ),
+            "diagnosed": sum(r.verdict == "diagnosed" for r in thin),
+            "out_of_scope": sum(r.verdict == "out_of_scope" for r in thin),
+        },
+        "diagnosed": {"n": len(diagnosed), "right": sum(r.category_ok for r in diagnosed)},
+        "confident": {"n": len(confident), "right": sum(r.category_ok for r in confident)},
+    }
+
+
+def _share(k: int, n: int) -> str:
+    return f"{k}/{n} ({k / n:.0%})" if n else "0/0"
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -163,10 +213,34 @@ def format_table(summary: dict[str, Any]) -> str:
                 f" {row['in_top3']:>4} ({row['in_top3'] / n:4.0%}) {row['silent']:>8}"
             )
     for split in ("dev", "held_out"):
-        lines.append(f"{split}, top-1 right by the top finding's confidence:")
+        lines.append(f"{split}, reliability: top-1 right by the top finding's confidence band:")
         for band, row in summary[f"{split}_by_confidence"].items():
             share = f"({row['category_ok'] / row['n']:4.0%})" if row["n"] else ""
             lines.append(f"  {band:28} {row['n']:>4} {row['category_ok']:>4} {share}")
+    for split in ("dev", "held_out"):
+        v = summary.get(f"{split}_verdict")
+        if not v:
+            continue
+        d, t = v["decidable"], v["thin"]
+        lines.append(f"{split}, verdicts (decidable / thin from the cases' `decidable` labels):")
+        lines.append(f"  decidable cases, top-1 right        {_share(d['top1'], d['n'])}")
+        lines.append(f"  decidable cases, diagnosed           {_share(d['diagnosed'], d['n'])}")
+        lines.append(
+            f"  thin cases, needs_evidence           {_share(t['needs_evidence'], t['n'])}"
+        )
+        lines.append(
+            "  thin, needs_evidence + deciding collect "
+            f"{_share(t['needs_evidence_deciding_collect'], t['n'])}"
+        )
+        lines.append(f"  thin cases, diagnosed anyway         {_share(t['diagnosed'], t['n'])}")
+        lines.append(
+            f"  diagnosed verdicts right             "
+            f"{_share(v['diagnosed']['right'], v['diagnosed']['n'])}"
+        )
+        lines.append(
+            f"  confident findings (>= 0.85) right   "
+            f"{_share(v['confident']['right'], v['confident']['n'])}"
+        )
     lines.append(f"crashes: {len(summary['crashes'])}")
     lines.extend(f"  {c}" for c in summary["crashes"])
     return "\n".join(lines)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .corpus import load_cases, run_case, split_of
-from .evidence.oom import looks_like_oom
-from .evidence.text import _EXC_SEARCH_RE
+from corpus_scoring import load_cases, run_case, split_of
+
+from recompute_kit.doctor.evidence.oom import looks_like_oom
+from recompute_kit.doctor.evidence.text import _EXC_SEARCH_RE
 
 # The first line of the error part of a paste: a traceback header, an exception line, an OOM.
 _ERROR_LINE_RE = re.compile(

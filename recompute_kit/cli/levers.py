@@ -1,0 +1,180 @@
+"""`plan --levers`: the memory levers beside recompute, ranked by predicted step time."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, ConfigError
+from ..units import byte_unit, in_unit
+from .common import emit_json_read, format_table, layout_of
+
+GIB = 2**30
+
+
+def add_lever_args(p: argparse.ArgumentParser) -> None:
+    # (no import of the planner here: the parser is built for every command; the defaults
+    # live in recompute_kit/plan/step_time.py and are applied in cmd_levers)
+    g = p.add_argument_group(
+        "levers (--levers: context/pipeline parallelism, VPP, micro-batch, "
+        "uneven stages, offloading, distributed optimizer, with step times)"
+    )
+    g.add_argument(
+        "--levers",
+        action="store_true",
+        help="weigh the other memory levers beside recompute in one step-time model "
+        "(recompute_kit/plan/step_time.py) and print them ranked",
+    )
+    g.add_argument(
+        "--tflops-per-gpu",
+        type=float,
+        default=None,
+        metavar="X",
+        help="executed TFLOP/s each GPU sustains (default 400: an assumption, ~40%% of an H100 "
+        "SXM's dense BF16 peak); a measured step overrides it",
+    )
+    g.add_argument(
+        "--host-link",
+        metavar="LINK",
+        help="the GPU-host link that offloading uses: pcie5 (64 GB/s per direction, the "
+        "default), pcie4 (32), nvlink-c2c (450, GH200), or GB/s per direction",
+    )
+    g.add_argument(
+        "--cp-link-gbps",
+        type=float,
+        metavar="X",
+        help="GB/s per direction of the context-parallel ring (default 450: NVLink 4 on H100 SXM)",
+    )
+    g.add_argument(
+        "--global-batch-size",
+        type=int,
+        metavar="N",
+        help="global batch (default: the config's; it sets the micro-batches per step)",
+    )
+    g.add_argument(
+        "--measured-step-seconds",
+        type=float,
+        metavar="X",
+        help="a step time measured on the config as given: calibrates the TFLOP/s",
+    )
+    g.add_argument(
+        "--measured-log",
+        metavar="FILE",
+        help="a Megatron-LM log of the config as given: its iteration lines calibrate the TFLOP/s",
+    )
+
+
+def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str | None) -> int:
+    from ..plan.levers import levers
+    from ..plan.step_log import measured_step_seconds
+    from ..plan.step_time import (
+        DEFAULT_CP_LINK_GBPS,
+        DEFAULT_HOST_LINK,
+        DEFAULT_TFLOPS,
+        Hardware,
+        calibrate_tflops,
+        host_link_gbps,
+        micro_batches_per_step,
+    )
+
+    gbs = args.global_batch_size
+    resolved = getattr(args, "resolved", None)
+    if gbs is None and resolved is not None:
+        gbs = resolved.reading.get("global_batch_size")
+    hw = Hardware(
+        args.tflops_per_gpu or DEFAULT_TFLOPS,
+        host_link_gbps(args.host_link or DEFAULT_HOST_LINK),
+        args.cp_link_gbps or DEFAULT_CP_LINK_GBPS,
+    )
+    calibration: dict[str, Any] | None = None
+    measured, source = args.measured_step_seconds, "--measured-step-seconds"
+    if args.measured_log:
+        measured, used = measured_step_seconds(Path(args.measured_log).read_text(errors="replace"))
+        source = f"{args.measured_log}: median of {used} iteration lines"
+    if measured is not None:
+        table = levers(cfg, gib, args.safety_margin, hw, gbs, version)  # for gbs and offload
+        micro = micro_batches_per_step(table.current.config, table.global_batch_size)
+        from ..plan.levers import _offloaded_per_stage
+
+        tflops = calibrate_tflops(
+            table.current.config, micro, hw, measured, _offloaded_per_stage(cfg)
+        )
+        calibration = {
+            "measured_step_seconds": measured,
+            "source": source,
+            "tflops_per_gpu": tflops,
+            "instead_of": hw.tflops_per_gpu,
+        }
+        hw = dataclasses.replace(hw, tflops_per_gpu=tflops)
+    table = levers(cfg, gib, args.safety_margin, hw, gbs, version)
+    fits = any(r.fits for r in table.rows)
+    if args.json:
+        emit_json_read(
+            args,
+            {
+                "fits": fits,
+                "layout": layout_of(cfg),
+                "assumptions": cfg.assumptions,
+                "megatron_core_version": version,
+                "calibration": calibration,
+                "levers": table.to_json(),
+            },
+        )
+    else:
+        _print(table, calibration)
+    if not fits:
+        raise ConfigError(
+            f"no lever fits in {gib:g} GiB ({table.usable_bytes / GIB:.1f} GiB usable): add GPUs "
+            "(tensor or data parallelism) or shorten the sequence"
+        )
+    return 0
+
+
+def _print(table: Any, calibration: dict | None) -> None:
+    rows = table.rows
+    unit, scale = byte_unit([r.estimate.total_bytes for r in rows])
+    print(
+        format_table(
+            [
+                "lever",
+                "setting",
+                f"peak ({unit})",
+                "stage",
+                "fits",
+                "step (s)",
+                "vs current",
+                "adds",
+            ],
+            [
+                (
+                    r.lever,
+                    r.setting,
+                    in_unit(r.estimate.total_bytes, scale, 2),
+                    r.estimate.stage,
+                    ("yes" if r.clears_band else "in band") if r.fits else "no",
+                    f"{r.step.seconds:.3g}",
+                    f"{r.relative:.3f}",
+                    r.adds,
+                )
+                for r in rows
+            ],
+        )
+    )
+    hw = table.hardware
+    print(
+        f"\nstep time = (m + (pp-1)/vpp) x the slowest stage's micro-batch (executed FLOPs at "
+        f"{hw.tflops_per_gpu:.4g} TFLOP/s per GPU, + exposed CP ring at {hw.cp_link_gbps:g} "
+        f"GB/s, + exposed offload at {hw.host_link_gbps:g} GB/s); global batch "
+        f"{table.global_batch_size}; usable {table.usable_bytes / GIB:.1f} GiB per GPU; "
+        "'peak' is the binding stage's total. The model: recompute_kit/plan/step_time.py."
+    )
+    if calibration:
+        print(
+            f"calibrated: {calibration['measured_step_seconds']:.4g} s measured ("
+            f"{calibration['source']}) -> {calibration['tflops_per_gpu']:.4g} TFLOP/s per GPU "
+            f"(instead of {calibration['instead_of']:g})"
+        )
+    for note in table.notes:
+        print(f"note: {note}")

@@ -1,0 +1,306 @@
+"""The verdict: does the evidence decide, and if not, what would.
+
+`diagnosed`: the top finding's category is decided by an artefact in the input (what decides
+which category is `DECIDED_BY` below) and its calibrated confidence is at least `DIAGNOSED_AT`.
+`needs_evidence`: the paste does not decide; the findings are hypotheses, labelled possible, and
+`collect` names the artefacts or commands that would decide between them, chosen per competing
+category (`COLLECT_FOR`). `out_of_scope`: host RAM, a data loader's worker, or inference /
+serving with no training step in sight: the kit's estimates are of a training step's GPU memory.
+
+What counts as deciding evidence (the same rule labels the corpus cases decidable, from the
+paste alone; benchmarks/label_decidable.py):
+
+* a full OOM message: the request and the GPU's capacity, with free or reserved/allocated sizes;
+* a config with a model shape the estimator could split (activations vs model states);
+* a memory table: Megatron's memory reports or theoretical footprint, torch.cuda.memory_stats(),
+  a memory snapshot, or nvidia-smi's process table;
+* a measurement: an ablation table or iteration lines with times;
+* a traceback: an exception or warning with the frames it came from;
+* a framework's validation error (ValueError, AssertionError, ...) stating the constraint broken
+  (`ValueError: ... recompute_method must be "block" or "uniform"`), or a config that
+  Megatron's validation (run by the kit) rejects: these decide invalid_config.
+
+Any other bare exception line, prose, or an OOM title without its numbers decides nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .types import Context, Finding
+
+DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
+
+# The artefacts or commands that decide, by id: what to collect and how.
+COLLECT: dict[str, str] = {
+    "oom_message": "the full OOM message, every line from 'CUDA out of memory. Tried to "
+    "allocate' to the end (the request, the GPU's capacity, free, allocated and reserved sizes)",
+    "memory_summary": "print(torch.cuda.memory_summary()) at the failure (in an except "
+    "torch.cuda.OutOfMemoryError block), or a snapshot: torch.cuda.memory._record_memory_history()"
+    " then torch.cuda.memory._dump_snapshot('snap.pickle') -> recompute-kit doctor --snapshot",
+    "resolved_config": "the resolved config the framework prints at start-up (Megatron's "
+    "'arguments' dump, NeMo/Hydra's resolved YAML, Hugging Face TrainingArguments) with the model "
+    "shape, parallel sizes and recompute settings -> recompute-kit doctor --config",
+    "nvidia_smi": "nvidia-smi (its process table) during the run, just before the failing step",
+    "expandable": "the same step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "traceback": "the full traceback, every frame from 'Traceback (most recent call last)' to "
+    "the exception line",
+    "versions": "the versions in use (pip list | grep -iE 'torch|transformers|megatron|nemo|"
+    "deepspeed|accelerate|peft|vllm') and the last version that worked",
+    "timings": "a few iteration lines (time per step) of the same run with and without the "
+    "change, on the same nodes, after warm-up",
+    "memory_by_step": "torch.cuda.max_memory_allocated() after one step with recompute on and "
+    "one with it off (or Megatron's memory report lines of each)",
+    "warning_context": "the full warning with its source line, and a few iteration lines after "
+    "it (does training go on?)",
+}
+
+# Per category: the artefacts that would decide it (the first ones first).
+COLLECT_FOR: dict[str, tuple[str, ...]] = {
+    "fragmentation": ("oom_message", "expandable", "memory_summary"),
+    "other_processes": ("nvidia_smi", "oom_message"),
+    "non_pytorch_memory": ("oom_message", "nvidia_smi", "memory_summary"),
+    "allocation_exceeds_device": ("oom_message", "traceback"),
+    "genuine_pressure": ("oom_message", "resolved_config", "memory_summary"),
+    "activation_memory": ("resolved_config", "oom_message", "memory_summary"),
+    "model_state_memory": ("resolved_config", "oom_message", "memory_summary"),
+    "logits_memory": ("traceback", "resolved_config", "oom_message"),
+    "recompute_no_effect": ("resolved_config", "memory_by_step"),
+    "recompute_overhead": ("timings", "resolved_config"),
+    "invalid_config": ("resolved_config", "traceback"),
+    "checkpoint_api_misuse": ("traceback", "versions"),
+    "nondeterministic_recompute": ("traceback", "versions"),
+    "framework_bug": ("traceback", "versions"),
+    "informational": ("warning_context",),
+}
+
+# Per category: the kinds of deciding evidence (see `present`) that decide it.
+_MEMORY = ("full_oom", "shape", "memory_table", "traceback")
+DECIDED_BY: dict[str, tuple[str, ...]] = {
+    "fragmentation": ("full_oom", "memory_table"),
+    "other_processes": ("full_oom", "memory_table"),
+    "non_pytorch_memory": ("full_oom", "memory_table"),
+    "allocation_exceeds_device": ("full_oom",),
+    "genuine_pressure": _MEMORY,
+    "activation_memory": _MEMORY,
+    "model_state_memory": _MEMORY,
+    "logits_memory": _MEMORY,
+    "recompute_no_effect": ("shape", "memory_table", "measurement"),
+    "recompute_overhead": ("measurement",),
+    "invalid_config": ("validation_message", "config_rejected", "traceback", "shape"),
+    "checkpoint_api_misuse": ("traceback",),
+    "nondeterministic_recompute": ("traceback",),
+    "framework_bug": ("traceback",),
+    "informational": ("traceback",),
+}
+# The memory categories need the OOM's numbers plus one artefact that splits the memory.
+_NEEDS_OOM = {"genuine_pressure", "activation_memory", "model_state_memory", "logits_memory"}
+
+
+def full_oom(ctx: Context) -> bool:
+    """An OOM message with its numbers: the request, the capacity, and free or reserved."""
+    for oom in ctx.evidence.oom:
+        sizes = (oom.free_bytes, oom.reserved_bytes, oom.allocated_bytes, oom.process_bytes)
+        if oom.requested_bytes and oom.total_bytes and any(s is not None for s in sizes):
+            return True
+    return False
+
+
+def present(ctx: Context) -> dict[str, str]:
+    """The deciding evidence in the input, by kind, with what it is."""
+    ev = ctx.evidence
+    out: dict[str, str] = {}
+    if full_oom(ctx):
+        out["full_oom"] = "an OOM message with its sizes"
+    if ctx.estimate is not None:
+        out["shape"] = "a config with a model shape the estimator split"
+    if ev.memory or ev.memory_stats or ev.snapshot or ev.theoretical_memory or ev.gpu_processes:
+        out["memory_table"] = (
+            "a memory table (memory reports, memory stats, a snapshot or nvidia-smi)"
+        )
+    timed = [it for it in ev.iterations if getattr(it, "elapsed_ms", None)]
+    if ev.experiments or len(timed) >= 2:
+        out["measurement"] = "measured runs (an ablation table or timed iteration lines)"
+    if any(e.frames for e in ev.errors):
+        out["traceback"] = "a traceback with its frames"
+    if any(_is_validation(e) for e in ev.errors):
+        out["validation_message"] = "a framework's validation error stating the constraint broken"
+    if ctx.config_error:
+        out["config_rejected"] = "the config, which Megatron's validation rejects"
+    return out
+
+
+# A framework's own validation error: an exception (not a warning) of a validation type whose
+# message states the constraint a setting breaks ("... must be ...", "... not supported with ...").
+_VALIDATION_TYPES = ("ValueError", "AssertionError", "ConfigError", "ValidationError")
+_CONSTRAINT = re.compile(
+    r"\b(?:must|cannot|can ?not|not supported|only supported|does not (?:support|work)|"
+    r"not compatible|needs to be|should be|not (?:in|one of)|invalid|only)\b",
+    re.I,
+)
+
+
+def _is_validation(e) -> bool:
+    return (
+        e.kind == "exception"
+        and e.type.split(".")[-1] in _VALIDATION_TYPES
+        and bool(_CONSTRAINT.search(e.message))
+    )
+
+
+def decides(category: str, kinds: dict[str, str] | set[str]) -> bool:
+    """Whether the deciding evidence present decides this category."""
+    have = set(kinds)
+    if category in _NEEDS_OOM:
+        with_oom = "full_oom" in have and bool(have & {"shape", "memory_table", "traceback"})
+        return with_oom or ("shape" in have and "memory_table" in have)
+    return bool(have & set(DECIDED_BY.get(category, ())))
+
+
+# Out of scope: the failure is not a training step's GPU memory or recompute.
+_HOST_RAM = re.compile(
+    r"DefaultCPUAllocator: (?:can't|not enough memory)|std::bad_alloc|Cannot allocate memory|"
+    r"\bout of memory: Killed process|oom-kill|killed by the OOM killer|host memory",
+    re.I,
+)
+_DATA_LOADER = re.compile(
+    r"DataLoader worker \(pid[^)]*\) (?:is killed|exited unexpectedly)|"
+    r"pin[_ ]memory thread|_worker_loop|dataloader worker",
+    re.I,
+)
+_INFERENCE = re.compile(
+    r"\bvllm/|\bsglang/|text_generation_server|/generation/utils\.py|\.generate\("
+)
+_TRAINING = re.compile(
+    r"backward|optimizer|\.step\(|trainer|train_step|training|checkpoint|forward_backward|"
+    r"recompute|accelerate|deepspeed|grpo|ppo|rollout|actor",
+    re.I,
+)
+
+
+def scope(ctx: Context, findings: list[Finding]) -> str | None:
+    """'host_ram', 'data_loader' or 'inference' when the failure is out of the kit's scope."""
+    ev = ctx.evidence
+    text = "\n".join(
+        f"{e.type}: {e.message}\n{e.details}\n" + "\n".join(e.frames) for e in ev.errors
+    )
+    if not ev.oom and _DATA_LOADER.search(text):  # the more specific reading first
+        return "data_loader"
+    if findings and findings[0].rule == "RK660":  # the host's RAM, not the GPU's
+        return "host_ram"
+    if ev.oom:
+        return None
+    if _HOST_RAM.search(text):
+        return "host_ram"
+    trained = ev.iterations or ev.experiments or ctx.granularity or _TRAINING.search(text)
+    if _INFERENCE.search(text) and not trained:
+        return "inference"
+    return None
+
+
+_SCOPE_WHY = {
+    "host_ram": "the host's (CPU) RAM ran out, not the GPU's: the kit estimates GPU memory",
+    "data_loader": "a data loader worker failed: not the training step's GPU memory",
+    "inference": "an inference / serving run with no training step: the kit estimates training",
+}
+
+
+@dataclass
+class Verdict:
+    verdict: str  # diagnosed | needs_evidence | out_of_scope
+    why: str
+    deciding_evidence: list[str] = field(default_factory=list)  # the kinds present
+    hypotheses: list[dict[str, Any]] = field(default_factory=list)
+    collect: list[dict[str, Any]] = field(default_factory=list)
+    scope: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "verdict_why": self.why,
+            "deciding_evidence": self.deciding_evidence,
+            "hypotheses": self.hypotheses,
+            "collect": self.collect,
+            "scope": self.scope,
+        }
+
+    def lines(self) -> list[str]:
+        """The human output's head: the verdict, then what to collect when it asks."""
+        out = [f"verdict: {self.verdict} - {self.why}"]
+        if self.verdict == "needs_evidence":
+            if self.hypotheses:
+                out.append("possible (not decided by the input):")
+                out += [
+                    f"  {h['category']} ({h['rule']}, {h['confidence']:.0%}): {h['title']}"
+                    for h in self.hypotheses
+                ]
+            out.append("collect, to decide:")
+            out += [f"  - {c['what']}" for c in self.collect]
+        return out
+
+
+def collect_for(categories: list[str], have: set[str]) -> list[dict[str, Any]]:
+    """The artefacts that would decide between the competing categories, each with the
+    categories it decides, in the categories' order; those already given are left out."""
+    given = {
+        "oom_message": "full_oom" in have,
+        "resolved_config": "shape" in have,
+        "memory_summary": "memory_table" in have,
+        "nvidia_smi": "memory_table" in have,
+        "traceback": "traceback" in have,
+        "timings": "measurement" in have,
+    }
+    items: dict[str, list[str]] = {}
+    for cat in categories:
+        for item in COLLECT_FOR.get(cat, ()):
+            if given.get(item):
+                continue
+            items.setdefault(item, [])
+            if cat not in items[item]:
+                items[item].append(cat)
+    return [{"id": k, "what": COLLECT[k], "decides": v} for k, v in items.items()]
+
+
+# Without a hypothesis: the artefacts that decide most categories.
+_DEFAULT_COMPETING = ["genuine_pressure", "fragmentation", "other_processes", "framework_bug"]
+
+
+def judge(ctx: Context, findings: list[Finding]) -> Verdict:
+    """The verdict on ranked, calibrated findings."""
+    kinds = present(ctx)
+    have = list(kinds)
+    where = scope(ctx, findings)
+    if where:
+        return Verdict("out_of_scope", _SCOPE_WHY[where], have, scope=where)
+    top = findings[0] if findings else None
+    if top and top.confidence >= DIAGNOSED_AT and decides(top.category, kinds):
+        why = (
+            f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
+            + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
+        )
+        return Verdict("diagnosed", why, have)
+    hypotheses = [
+        {
+            "rule": f.rule,
+            "category": f.category,
+            "title": f.title,
+            "confidence": f.confidence,
+            "label": "possible",
+        }
+        for f in findings[:5]
+    ]
+    competing = list(dict.fromkeys(f.category for f in findings[:3])) or _DEFAULT_COMPETING
+    items = collect_for(competing, set(have))
+    if not items:  # everything those categories need was given: ask for the next deciders
+        items = collect_for(competing, set())
+    if top is None:
+        why = "no finding: the input shows no known pattern"
+    elif not decides(top.category, kinds):
+        why = f"nothing in the input decides {top.category}" + (
+            f" (it has {', '.join(kinds[k] for k in have)})" if have else " (prose or a bare line)"
+        )
+    else:
+        why = f"{top.category} decided by the input but only {top.confidence:.0%} likely"
+    return Verdict("needs_evidence", why, have, hypotheses, items)

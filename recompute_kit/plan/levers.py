@@ -1,0 +1,324 @@
+"""The memory levers beside recompute, each with its per-rank memory and its step time.
+
+At a fixed number of GPUs (tp x pp x cp x dp) and a fixed global batch, `levers` tries, one
+change at a time from the run as given:
+
+* recompute: the cheapest setting `plan` picks on the current layout;
+* context x pipeline parallelism: every (cp, pp) whose product divides the GPUs left after TP
+  (data parallel takes the rest), e.g. CP4 x PP4 against CP8 x PP2;
+* virtual pipeline stages (VPP) for the current PP;
+* micro-batch size (fewer micro-batches per step: a larger bubble; the same memory law);
+* uneven pipeline stages (`num_layers_in_first/last_pipeline_stage`);
+* activation offloading (the planner's offloading candidates), priced by the host link;
+* the distributed optimizer, when the run does not use it.
+
+Each is estimated by the memory model (`memory/estimate.py`, every stage; the binding stage's
+total is reported) and timed by `step_time.py`. A layout that does not fit with the run's own
+recompute setting gets the cheapest recompute setting that fits it (`plan`), said in the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..config import Config, ConfigError
+from ..config.validation import check_expert_layout
+from ..memory.estimate import Estimate, estimate
+from .margins import error_band
+from .search import candidates
+from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
+
+GIB = 2**30
+MAX_SPLIT = 16  # largest CP and PP sizes tried
+MAX_VPP = 8
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+UNEVEN_SPAN = 4  # first/last stage layers tried: the even share minus 0..4, plus 1
+UNEVEN_KEEP = 3  # uneven splits listed (the fastest that fit)
+
+
+@dataclass
+class Lever:
+    lever: str
+    setting: str
+    config: Config
+    estimate: Estimate
+    fits: bool
+    clears_band: bool
+    step: StepTime
+    adds: str
+    recompute_added: str = ""  # the recompute setting `plan` added so that the layout fits
+    baseline_seconds: float = 0.0
+
+    @property
+    def relative(self) -> float:
+        return self.step.seconds / self.baseline_seconds if self.baseline_seconds else 1.0
+
+    def to_json(self) -> dict:
+        p = self.config.parallel
+        return {
+            "lever": self.lever,
+            "setting": self.setting,
+            "recompute": self.estimate.recompute,
+            "recompute_added": self.recompute_added or None,
+            "tensor_model_parallel_size": p.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+            "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+            "context_parallel_size": p.context_parallel_size,
+            "data_parallel_size": p.data_parallel_size,
+            "micro_batch_size": self.config.model.micro_batch_size,
+            "num_layers_in_first_pipeline_stage": p.num_layers_in_first_pipeline_stage,
+            "num_layers_in_last_pipeline_stage": p.num_layers_in_last_pipeline_stage,
+            "use_distributed_optimizer": p.use_distributed_optimizer,
+            "binding_stage": self.estimate.stage,
+            "peak_bytes": self.estimate.total_bytes,
+            "stage_total_bytes": self.estimate.stage_total_bytes,
+            "fits": self.fits,
+            "clears_error_band": self.clears_band,
+            "step_seconds": self.step.seconds,
+            "step_vs_current": self.relative,
+            "step_time": self.step.to_json(),
+            "adds": self.adds,
+        }
+
+
+@dataclass
+class LeverTable:
+    rows: list[Lever]
+    current: Lever
+    hardware: Hardware
+    global_batch_size: int
+    usable_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "hardware": self.hardware.to_json(),
+            "global_batch_size": self.global_batch_size,
+            "usable_bytes": self.usable_bytes,
+            "current": self.current.to_json(),
+            "rows": [r.to_json() for r in self.rows],
+            "notes": self.notes,
+        }
+
+
+def _world(config: Config) -> int:
+    p = config.parallel
+    return (
+        p.tensor_model_parallel_size
+        * p.pipeline_model_parallel_size
+        * p.context_parallel_size
+        * p.data_parallel_size
+    )
+
+
+def _adds(config: Config, step: StepTime) -> str:
+    """What the setting costs beside compute, in a few words."""
+    parts = []
+    if step.bubble_fraction:
+        parts.append(f"bubble {step.bubble_fraction:.1%}")
+    if config.parallel.context_parallel_size > 1:
+        parts.append(f"CP ring exposed {step.cp_exposed_s:.3g} s")
+    if step.offload_exposed_s or any(s.offload_transfer_s for s in step.stages):
+        slow = step.stages[step.slowest_stage]
+        parts.append(
+            f"offload {slow.offload_transfer_s * 1e3:.3g} ms/micro-batch each way, exposed "
+            f"{step.offload_exposed_s:.3g} s"
+        )
+    return ", ".join(parts) or "-"
+
+
+def _offloaded_per_stage(config: Config) -> list[float]:
+    """Bytes one micro-batch sends to the host, per stage (the estimate's `offloaded_bytes`
+    is what is on the host at the peak: per micro-batch x micro-batches in flight)."""
+    rc = config.recompute
+    if not (rc.cpu_offloading or rc.fine_grained_activation_offloading):
+        return []
+    out = []
+    for s in range(config.parallel.pipeline_model_parallel_size):
+        e = estimate(config, stage=s)
+        out.append(e.offloaded_bytes / e.micro_batches_in_flight)
+    return out
+
+
+def _evaluate(
+    lever: str,
+    setting: str,
+    config: Config,
+    gbs: int,
+    hw: Hardware,
+    usable: int,
+    gib: float,
+    margin: float,
+    version: str | None,
+    fallback: str = "if-needed",
+) -> Lever | None:
+    """One row, or None when Megatron cannot run the setting (validation, divisibility).
+    `fallback`: when to take `plan`'s cheapest recompute setting for this layout ("never",
+    "if-needed": only when the run's own does not fit, "always")."""
+    try:
+        config.validate()
+        check_expert_layout(config)
+        est = estimate(config)
+        micro = micro_batches_per_step(config, gbs)
+    except ConfigError:
+        return None
+    if micro < config.parallel.pipeline_model_parallel_size:
+        return None  # fewer micro-batches than stages: the pipeline never fills
+    added = ""
+    if fallback == "always" or (fallback == "if-needed" and est.total_bytes > usable):
+        from . import plan  # (this package)
+
+        try:
+            best = plan(config, gib, margin, stage=None, megatron_core_version=version).best
+            config = Config(config.model, config.parallel, best.recompute, config.assumptions)
+            est = best.estimate
+            added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
+        except ConfigError:  # nothing fits: show the layout at full recompute of every layer
+            config = config.with_recompute("full:uniform:1")
+            est = estimate(config)
+            added = "full:uniform:1 (nothing fits)"
+    step = step_time(config, micro, hw, _offloaded_per_stage(config))
+    band = error_band(config, est)
+    return Lever(
+        lever,
+        setting + (f", recompute {added}" if added else ""),
+        config,
+        est,
+        est.total_bytes <= usable,
+        est.total_bytes + band.total_bytes <= usable,
+        step,
+        _adds(config, step),
+        added,
+    )
+
+
+def _splits(config: Config) -> list[tuple[int, int, int]]:
+    """(cp, pp, dp) at the same GPU count and TP, other than the current."""
+    p = config.parallel
+    rest = _world(config) // p.tensor_model_parallel_size
+    out = []
+    for cp in (2**i for i in range(5)):
+        for pp in range(1, MAX_SPLIT + 1):
+            if cp > MAX_SPLIT or rest % (cp * pp):
+                continue
+            if (cp, pp) != (p.context_parallel_size, p.pipeline_model_parallel_size):
+                out.append((cp, pp, rest // (cp * pp)))
+    return out
+
+
+def levers(
+    config: Config,
+    gpu_memory_gb: float,
+    safety_margin: float = 0.1,
+    hw: Hardware | None = None,
+    global_batch_size: int | None = None,
+    megatron_core_version: str | None = None,
+) -> LeverTable:
+    """Every lever's row, ranked: fits and clears the error band first, then fits, then by
+    predicted step time (those that do not fit: by peak memory)."""
+    hw = hw or Hardware()
+    usable = int(int(gpu_memory_gb * GIB) * (1 - safety_margin))
+    m, p = config.model, config.parallel
+    notes = []
+    if global_batch_size is None:
+        global_batch_size = (
+            m.micro_batch_size * p.data_parallel_size * 4 * max(p.pipeline_model_parallel_size, 2)
+        )
+        notes.append(
+            f"global batch unknown: assumed {global_batch_size} (4 x max(pp, 2) micro-batches "
+            "per data-parallel rank); give --global-batch-size"
+        )
+    args = (global_batch_size, hw, usable, gpu_memory_gb, safety_margin, megatron_core_version)
+    current = _evaluate("current", "as given", config, *args, fallback="never")
+    if current is None:
+        raise ConfigError(
+            f"the run as given is not a valid layout for a global batch of {global_batch_size}"
+        )
+    rows: list[Lever | None] = [current]
+    rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
+    layout_fixed = bool(p.pipeline_model_parallel_layout)
+    if not layout_fixed:
+        for cp, pp, dp in _splits(config):
+            c = config.replace(
+                context_parallel_size=cp,
+                pipeline_model_parallel_size=pp,
+                data_parallel_size=dp,
+                virtual_pipeline_model_parallel_size=(
+                    p.virtual_pipeline_model_parallel_size
+                    if pp == p.pipeline_model_parallel_size
+                    else None
+                ),
+                num_layers_in_first_pipeline_stage=None,
+                num_layers_in_last_pipeline_stage=None,
+            )
+            rows.append(_evaluate("cp x pp", f"cp={cp} pp={pp} dp={dp}", c, *args))
+    pp = p.pipeline_model_parallel_size
+    if pp > 1 and not layout_fixed:
+        for v in range(1, MAX_VPP + 1):
+            if v != (p.virtual_pipeline_model_parallel_size or 1):
+                c = config.replace(virtual_pipeline_model_parallel_size=v if v > 1 else None)
+                rows.append(_evaluate("vpp", f"vpp={v}", c, *args))
+        rows += _uneven(config, args)
+    for b in MICRO_BATCH_SIZES:
+        if b != m.micro_batch_size:
+            c = config.replace(micro_batch_size=b)
+            rows.append(_evaluate("micro-batch", f"micro_batch_size={b}", c, *args))
+    for rc, offload in candidates(config):
+        if offload:
+            c = Config(m, p, dataclasses.replace(rc), config.assumptions)
+            row = _evaluate(
+                "offload", f"{offload} + {c.recompute.spec}", c, *args, fallback="never"
+            )
+            rows.append(row)
+    if not p.use_distributed_optimizer and p.data_parallel_size > 1:
+        c = config.replace(use_distributed_optimizer=True)
+        row = _evaluate("distributed optimizer", "use_distributed_optimizer", c, *args)
+        if row is not None:
+            row.adds = (
+                "0 s: reduce-scatter + all-gather move the bytes of the all-reduce they replace"
+                + ("" if row.adds == "-" else ", " + row.adds)
+            )
+        rows.append(row)
+    found = [r for r in rows if r is not None]
+    for r in found:
+        r.baseline_seconds = current.step.seconds
+    found.sort(
+        key=lambda r: (
+            not r.fits,
+            not r.clears_band,
+            r.step.seconds if r.fits else r.estimate.total_bytes,
+        )
+    )
+    return LeverTable(found, current, hw, global_batch_size, usable, notes)
+
+
+def _uneven(config: Config, args: tuple) -> list[Lever]:
+    """The fastest uneven first/last stage splits that fit (or the smallest, if none fits)."""
+    p = config.parallel
+    pp, layers = p.pipeline_model_parallel_size, config.model.num_layers
+    base = layers // pp
+    found = []
+    for first in range(max(base - UNEVEN_SPAN, 1), base + 2):
+        for last in range(max(base - UNEVEN_SPAN, 1), base + 2):
+            rest = layers - first - last
+            if pp == 2 and rest:
+                continue
+            if pp > 2 and (rest < pp - 2 or rest % (pp - 2)):
+                continue
+            cur = (p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage)
+            if (first, last) == cur or (
+                cur == (None, None) and first == last == base and layers % pp == 0
+            ):
+                continue
+            c = config.replace(
+                num_layers_in_first_pipeline_stage=first,
+                num_layers_in_last_pipeline_stage=last,
+            )
+            row = _evaluate("uneven stages", f"first={first} last={last}", c, *args)
+            if row is not None:
+                found.append(row)
+    fit = sorted((r for r in found if r.fits), key=lambda r: r.step.seconds)
+    if fit:
+        return fit[:UNEVEN_KEEP]
+    return sorted(found, key=lambda r: r.estimate.total_bytes)[:1]

@@ -1,0 +1,288 @@
+"""One step-time model for every memory lever the planner weighs (`plan --levers`).
+
+A step of one pipeline stage's rank is its compute plus what a lever adds that compute does not
+hide. Every term, with its source or marked as an assumption:
+
+* **Compute**: the stage's executed FLOPs per micro-batch (`memory/flops.py`: `step_flops` +
+  `recompute_flops`, `executed=True`: causal attention halved on flash/fused backends,
+  recomputation included) split over the stage's tensor x context parallel ranks, at
+  `tflops_per_gpu` executed TFLOP/s. DEFAULT_TFLOPS = 400 is an ASSUMPTION: about 40% of an
+  H100 SXM's 989 dense BF16 TFLOP/s (NVIDIA H100 datasheet); Megatron-LM's README reports up
+  to 47% MFU on H100 clusters. A measured step time calibrates it (`calibrate_tflops`). The
+  efficiency is the same for every lever: a smaller micro-batch's lower kernel efficiency, TP
+  communication and MoE token dispatch are NOT modelled (the levers here do not change TP/EP).
+  Expert loads are taken as balanced.
+* **Pipeline bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
+  on GPU Clusters Using Megatron-LM", Sec. 2.2): 1F1B idles (pp - 1) micro-batch slots, the
+  interleaved schedule (pp - 1) / vpp; with m micro-batches per step (global batch / (micro
+  batch x data parallel)) the bubble fraction is (pp - 1) / (vpp x m). The slowest stage sets
+  the pace (uneven stages): step = (m + (pp - 1) / vpp) x t_slowest, t the per-micro-batch
+  time of a stage's rank. Point-to-point activation sends between stages: not modelled.
+* **Context parallelism**: Megatron's CP (Transformer Engine's `AttnFuncWithCPAndKVP2P`) passes
+  each rank's K and V block around a ring: cp - 1 sends per layer forward, each of
+  b x (s/cp) x (K + V width per TP rank) elements; backward passes K, V and their gradients,
+  twice the forward's bytes; a layer whose attention is recomputed runs the forward ring again.
+  Each send overlaps the attention of the block in hand, so per layer only
+  max(0, transfer - attention compute) is exposed (forward and backward apart). Bandwidth
+  `cp_link_gbps`, default 450 GB/s per direction: NVLink 4 on H100 SXM (900 GB/s bidirectional,
+  NVIDIA H100 datasheet), i.e. an ASSUMPTION that the CP group sits inside one NVLink domain.
+* **Activation offloading**: the bytes a micro-batch sends to the host (the estimator's
+  `offloaded_bytes` / micro-batches in flight) go device->host during forward and come back
+  during backward, on a side stream: exposed = max(0, bytes / link - forward compute) +
+  max(0, bytes / link - backward compute), i.e. the transfer is taken to overlap fully with
+  the compute of its own pass (an optimistic ASSUMPTION). Links (per direction, theoretical):
+  PCIe 5.0 x16 64 GB/s and PCIe 4.0 x16 32 GB/s (PCI-SIG: 32 / 16 GT/s x 16 lanes, 128b/130b),
+  NVLink-C2C 450 GB/s on GH200 (NVIDIA GH200 datasheet: 900 GB/s bidirectional).
+* **Distributed optimizer**: it replaces the gradient all-reduce by a reduce-scatter plus a
+  parameter all-gather, the same bytes on the wire (a ring all-reduce IS a reduce-scatter then
+  an all-gather; Megatron-LM docs, distrib_optimizer.md), overlapped with backward/forward by
+  --overlap-grad-reduce/--overlap-param-gather: it costs 0 s here. Data-parallel communication
+  is left out of the model altogether (the same for every lever at a fixed world size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config import Config, ConfigError, full_recompute_chunks
+from ..memory.flops import (
+    FLASH_BACKWARD_FACTOR,
+    layer_forward_flops,
+    model_forward_flops,
+    recompute_flops,
+    skips_masked_half,
+    step_flops,
+)
+from ..memory.layout import pipeline_layout
+
+GB = 1e9  # link bandwidths are decimal GB/s, as vendors quote them
+DEFAULT_TFLOPS = 400.0  # ASSUMPTION: ~40% of H100 SXM's 989 dense BF16 TFLOP/s
+DEFAULT_CP_LINK_GBPS = 450.0  # NVLink 4 on H100 SXM, per direction (NVIDIA H100 datasheet)
+# Host links, GB/s per direction (theoretical).
+HOST_LINKS = {
+    "pcie5": (
+        64.0,
+        "PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b, ~63 GB/s per direction (PCI-SIG)",
+    ),
+    "pcie4": (32.0, "PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b, ~31.5 GB/s per direction"),
+    "nvlink-c2c": (450.0, "NVLink-C2C on GH200: 900 GB/s bidirectional (NVIDIA GH200 datasheet)"),
+}
+DEFAULT_HOST_LINK = "pcie5"
+
+
+def host_link_gbps(text: str) -> float:
+    """A host link by name (pcie5, pcie4, nvlink-c2c) or as GB/s per direction ("128")."""
+    name = text.strip().lower()
+    if name in HOST_LINKS:
+        return HOST_LINKS[name][0]
+    try:
+        value = float(name.removesuffix("gbps").removesuffix("gb/s"))
+    except ValueError:
+        raise ConfigError(
+            f"--host-link must be one of {', '.join(HOST_LINKS)} or GB/s, got {text!r}"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"--host-link must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Hardware:
+    tflops_per_gpu: float = DEFAULT_TFLOPS  # executed TFLOP/s each GPU sustains
+    host_link_gbps: float = HOST_LINKS[DEFAULT_HOST_LINK][0]
+    cp_link_gbps: float = DEFAULT_CP_LINK_GBPS
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def bubble_fraction(pp: int, vpp: int, micro_batches: int) -> float:
+    """Idle time of the pipeline over its busy time: (pp - 1) / (vpp x m) (Narayanan et al.
+    2021, Sec. 2.2.1-2.2.2)."""
+    return (pp - 1) / (max(vpp, 1) * micro_batches)
+
+
+def micro_batches_per_step(config: Config, global_batch_size: int) -> int:
+    """m = global batch / (micro batch x data parallel); Megatron requires it to divide."""
+    per = config.model.micro_batch_size * config.parallel.data_parallel_size
+    if global_batch_size % per:
+        raise ConfigError(
+            f"global batch {global_batch_size} is not divisible by micro batch "
+            f"{config.model.micro_batch_size} x data parallel {config.parallel.data_parallel_size}"
+        )
+    return global_batch_size // per
+
+
+def cp_exchange_bytes(config: Config, dtype_bytes: int | None = None) -> int:
+    """Bytes one rank sends around the context-parallel ring for ONE layer's forward, one
+    micro-batch: (cp - 1) x b x (s / cp) x (K + V width on this TP rank) x dtype. Backward
+    sends twice this (K, V and their gradients); 0 without CP. dtype: the training dtype's."""
+    m, p = config.model, config.parallel
+    if dtype_bytes is None:
+        dtype_bytes = 2 if (m.bf16 or m.fp16) else 4
+    cp, tp = p.context_parallel_size, p.tensor_model_parallel_size
+    if cp == 1:
+        return 0
+    if m.multi_latent_attention:  # K and V per head after the up projection
+        width = m.num_attention_heads * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim)
+        width //= tp
+    else:
+        width = 2 * max(m.kv_groups // tp, 1) * m.head_dim  # GQA groups are replicated if < tp
+    return (cp - 1) * m.micro_batch_size * (m.seq_length // cp) * width * dtype_bytes
+
+
+def offload_exposed_seconds(
+    bytes_per_micro_batch: float, link_gbps: float, forward_s: float, backward_s: float
+) -> tuple[float, float]:
+    """(transfer seconds one way, exposed seconds per micro-batch): device->host during the
+    forward, host->device during the backward, each hidden up to its pass's compute."""
+    one_way = bytes_per_micro_batch / (link_gbps * GB)
+    return one_way, max(0.0, one_way - forward_s) + max(0.0, one_way - backward_s)
+
+
+def _attention_recomputed_layers(config: Config, stage: int) -> int:
+    """Layers of `stage` whose forward attention (and its CP ring) runs again in backward."""
+    rc = config.recompute
+    chunks = pipeline_layout(config.model, config.parallel)[stage]
+    if rc.selects("core_attn"):
+        return sum(map(len, chunks))
+    if rc.recompute_granularity == "full":
+        return sum(
+            end - start
+            for chunk in chunks
+            for start, end, ck in full_recompute_chunks(rc, len(chunk))
+            if ck
+        )
+    return 0
+
+
+@dataclass
+class StageTime:
+    stage: int
+    compute_s: float  # per micro-batch, this stage's rank
+    cp_exposed_s: float
+    cp_transfer_s: float
+    offload_exposed_s: float
+    offload_transfer_s: float  # one way
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.cp_exposed_s + self.offload_exposed_s
+
+
+@dataclass
+class StepTime:
+    seconds: float
+    micro_batches: int
+    bubble_fraction: float
+    compute_s: float  # m x the slowest stage's compute
+    bubble_s: float
+    cp_exposed_s: float  # m x the slowest stage's
+    offload_exposed_s: float
+    slowest_stage: int
+    stages: list[StageTime]
+
+    def to_json(self) -> dict:
+        return {
+            "seconds": self.seconds,
+            "micro_batches": self.micro_batches,
+            "bubble_fraction": self.bubble_fraction,
+            "compute_seconds": self.compute_s,
+            "bubble_seconds": self.bubble_s,
+            "cp_exposed_seconds": self.cp_exposed_s,
+            "offload_exposed_seconds": self.offload_exposed_s,
+            "slowest_stage": self.slowest_stage,
+        }
+
+
+def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float = 0.0) -> StageTime:
+    """Per-micro-batch time of one rank of `stage` (`offloaded_bytes`: what one micro-batch
+    sends to the host on this stage)."""
+    m, p = config.model, config.parallel
+    ranks = p.tensor_model_parallel_size * p.context_parallel_size
+    rate = hw.tflops_per_gpu * 1e12
+    flops = step_flops(config, stage, executed=True) + recompute_flops(config, stage, executed=True)
+    compute = flops / ranks / rate
+    forward = model_forward_flops(config, stage, executed=True) / ranks / rate
+    backward = compute - forward
+    cp_exposed = cp_transfer = 0.0
+    fwd_bytes = cp_exchange_bytes(config)
+    if fwd_bytes:
+        layers = sum(map(len, pipeline_layout(m, p)[stage]))
+        again = _attention_recomputed_layers(config, stage)
+        attn = layer_forward_flops(m, moe_layer=False, executed=True)["core_attn"] / ranks / rate
+        t_fwd = fwd_bytes / (hw.cp_link_gbps * GB)
+        t_bwd = 2 * t_fwd
+        attn_bwd = attn * (FLASH_BACKWARD_FACTOR if skips_masked_half(m) else 2.0)
+        cp_transfer = (layers + again) * t_fwd + layers * t_bwd
+        cp_exposed = (layers + again) * max(0.0, t_fwd - attn) + layers * max(0.0, t_bwd - attn_bwd)
+    off_transfer, off_exposed = (0.0, 0.0)
+    if offloaded_bytes:
+        off_transfer, off_exposed = offload_exposed_seconds(
+            offloaded_bytes, hw.host_link_gbps, forward, backward
+        )
+    return StageTime(stage, compute, cp_exposed, cp_transfer, off_exposed, off_transfer)
+
+
+def step_time(
+    config: Config,
+    micro_batches: int,
+    hw: Hardware,
+    offloaded_bytes: list[float] | None = None,
+) -> StepTime:
+    """The step: (m + (pp - 1) / vpp) x the slowest stage's per-micro-batch time.
+    `offloaded_bytes`: per stage, what one micro-batch sends to the host."""
+    p = config.parallel
+    pp, vpp = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
+    off = offloaded_bytes or [0.0] * pp
+    stages = [stage_time(config, s, hw, off[s]) for s in range(pp)]
+    slow = max(stages, key=lambda t: t.seconds)
+    bubble = bubble_fraction(pp, vpp, micro_batches)
+    busy = micro_batches * slow.seconds
+    return StepTime(
+        seconds=busy * (1 + bubble),
+        micro_batches=micro_batches,
+        bubble_fraction=bubble,
+        compute_s=micro_batches * slow.compute_s,
+        bubble_s=busy * bubble,
+        cp_exposed_s=micro_batches * slow.cp_exposed_s,
+        offload_exposed_s=micro_batches * slow.offload_exposed_s,
+        slowest_stage=slow.stage,
+        stages=stages,
+    )
+
+
+def calibrate_tflops(
+    config: Config,
+    micro_batches: int,
+    hw: Hardware,
+    measured_seconds: float,
+    offloaded_bytes: list[float] | None = None,
+) -> float:
+    """The executed TFLOP/s per GPU at which the model's step time of `config` equals the
+    measured one (bisection: the predicted step never grows with the rate, since exposed
+    transfer = transfer - compute shrinks slower than compute). Raises ConfigError when the
+    measurement is below what the transfers alone take."""
+    if measured_seconds <= 0:
+        raise ConfigError(f"--measured-step-seconds must be positive, got {measured_seconds:g}")
+
+    def at(tflops: float) -> float:
+        h = dataclasses.replace(hw, tflops_per_gpu=tflops)
+        return step_time(config, micro_batches, h, offloaded_bytes).seconds
+
+    lo, hi = 1e-6, 1e9
+    if at(hi) > measured_seconds:
+        raise ConfigError(
+            f"a measured step of {measured_seconds:g} s is faster than the model's transfers "
+            "alone on this config: check the config the step was measured on"
+        )
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        if at(mid) > measured_seconds:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-12:
+            break
+    return (lo * hi) ** 0.5

@@ -1,0 +1,259 @@
+"""The doctor's verdict (doctor/verdict.py), calibrated confidence (doctor/calibration.py),
+the symptom the user states (doctor/symptoms.py) and the corpus's decidable labels.
+
+Pastes are verbatim from the threads named beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recompute_kit.doctor import calibration, symptoms
+from recompute_kit.doctor.engine import diagnose
+from recompute_kit.doctor.evidence import collect
+from recompute_kit.doctor.types import Finding
+from recompute_kit.doctor.verdict import COLLECT, COLLECT_FOR, DECIDED_BY
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "tests" / "corpus" / "cases"
+
+# https://github.com/huggingface/sentence-transformers/issues/527 : a full OOM message whose
+# sizes say another process holds the GPU (0 bytes reserved by PyTorch, 43 MiB free of 14.76 GiB)
+OTHER_PROCESS = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 90.00 MiB (GPU 0; 14.76 GiB total "
+    "capacity; 0 bytes already allocated; 43.44 MiB free; 0 bytes reserved in total by PyTorch)\n"
+)
+# https://github.com/NVIDIA-NeMo/Automodel/pull/1975 : the OOM message without a config
+OOM_ONLY = (
+    "[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.34 GiB.\n"
+    "         GPU 5 has a total capacity of 79.11 GiB of which 2.59 GiB is free.\n"
+    "         ... this process has 76.51 GiB memory in use.\n"
+)
+# https://github.com/verl-project/verl/issues/224 : host RAM held by rollout workers
+HOST_RAM = """I tested qwen7b on single node with 8*A800 80g and 96g memory and got OOM.
+There were 8 rollout processes and each consumed 11G memory:
+```
+PID     MEM(GB) COMMAND
+40126   11.20   ray::WorkerDict.actor_rollout_generate_sequences
+40125   11.17   ray::WorkerDict.actor_rollout_generate_sequences
+40032   11.17   ray::WorkerDict.actor_rollout_generate_sequences
+39907   0.54    ray::main_task
+```
+"""
+THIN = "recompute has no effect, memory is the same. RuntimeError: CUDA out of memory.\n"
+
+
+def run(tmp_path: Path, text: str, **kw):
+    log = tmp_path / "paste.log"
+    log.write_text(text, encoding="utf-8")
+    return diagnose(collect(logs=[str(log)]), **kw)
+
+
+def test_full_message_that_decides_is_diagnosed(tmp_path):
+    d = run(tmp_path, OTHER_PROCESS)
+    doc = d.to_json()
+    assert doc["verdict"] == "diagnosed", doc["verdict_why"]
+    assert d.findings[0].category == "other_processes"
+    assert "full_oom" in doc["deciding_evidence"] and doc["collect"] == []
+    assert d.findings[0].confidence >= 0.85
+
+
+def test_thin_paste_needs_evidence_with_what_would_decide(tmp_path):
+    doc = run(tmp_path, THIN).to_json()
+    assert doc["verdict"] == "needs_evidence"
+    assert doc["deciding_evidence"] == []
+    assert all(h["label"] == "possible" for h in doc["hypotheses"])
+    assert doc["hypotheses"][0]["category"] == "recompute_no_effect"
+    ids = [c["id"] for c in doc["collect"]]
+    # chosen per competing category: the config and recompute on/off for no-effect first
+    assert ids[:2] == ["resolved_config", "memory_by_step"]
+    assert "oom_message" in ids and "timings" not in ids
+
+
+def test_oom_sizes_alone_do_not_split_memory_and_ask_for_the_config(tmp_path):
+    doc = run(tmp_path, OOM_ONLY).to_json()
+    assert doc["verdict"] == "needs_evidence"
+    ids = [c["id"] for c in doc["collect"]]
+    assert "resolved_config" in ids and "oom_message" not in ids  # the message was given
+
+
+def test_host_ram_is_out_of_scope(tmp_path):
+    doc = run(tmp_path, HOST_RAM).to_json()
+    assert doc["verdict"] == "out_of_scope" and doc["scope"] == "host_ram"
+
+
+def test_data_loader_worker_is_out_of_scope(tmp_path):
+    # https://github.com/pytorch/pytorch/issues/8976 (the error as PyTorch words it)
+    text = "RuntimeError: DataLoader worker (pid 4138) is killed by signal: Killed.\n"
+    doc = run(tmp_path, text).to_json()
+    assert doc["verdict"] == "out_of_scope" and doc["scope"] == "data_loader"
+
+
+def test_every_category_has_what_decides_it_and_what_to_collect():
+    from recompute_kit.doctor.rules import CATEGORIES
+
+    assert set(CATEGORIES) == set(COLLECT_FOR) == set(DECIDED_BY)
+    assert all(item in COLLECT for items in COLLECT_FOR.values() for item in items)
+
+
+def test_human_output_leads_with_the_verdict(tmp_path):
+    log = tmp_path / "paste.log"
+    log.write_text(THIN, encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", "doctor", "--log", str(log)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert out.startswith("verdict: needs_evidence")
+    assert "collect, to decide:" in out.split("\n\n")[0]
+
+
+# ----- calibration -------------------------------------------------------------------------
+
+
+def test_undecided_finding_is_capped_and_raw_kept(tmp_path):
+    d = run(tmp_path, THIN)
+    top = d.findings[0]
+    assert top.raw_confidence == 0.7 and top.confidence <= calibration.UNDECIDED_CAP
+    raw = run(tmp_path, THIN, calibrated=False).findings[0]
+    assert raw.confidence == raw.raw_confidence == 0.7
+
+
+def test_confidences_never_rise_down_the_ranking(tmp_path):
+    # https://github.com/huggingface/peft/issues/137-style paste: the use_reentrant warning under
+    # lost gradients (PyTorch's own warning texts)
+    text = (
+        "/usr/local/lib/python3.10/site-packages/torch/utils/checkpoint.py:464: UserWarning: "
+        "torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly. In "
+        "version 2.4 we will raise an exception if use_reentrant is not passed. "
+        "use_reentrant=False is recommended, but if you need to preserve the current default "
+        "behavior, you can pass use_reentrant=True. Refer to docs for more details on the "
+        "differences between the two variants.\n"
+        "/usr/local/lib/python3.10/site-packages/torch/utils/checkpoint.py:91: UserWarning: "
+        "None of the inputs have requires_grad=True. Gradients will be None\n"
+    )
+    conf = [f.confidence for f in run(tmp_path, text).findings]
+    assert len(conf) >= 2 and conf == sorted(conf, reverse=True)
+
+
+def test_calibration_table_is_from_the_development_split_with_its_date_and_command():
+    doc = json.loads(calibration.TABLE.read_text())
+    assert doc["split"] == "dev" and doc["command"] == "python benchmarks/calibrate.py"
+    assert doc["produced"] and doc["table"]
+    for rows in doc["table"].values():
+        p = [r["p"] for r in rows]
+        assert p == sorted(p)  # non-decreasing in the raw confidence
+
+
+def test_fit_pools_small_groups_and_is_monotone():
+    pts = [("fragmentation", True, 0.9, False)] + [("x", True, 0.6, True)] * 10
+    table = calibration.fit(pts)
+    frag = [r["p"] for r in table["fragmentation|decided"]]
+    assert frag == sorted(frag) and 0.3 < frag[-1] < 1.0  # one miss does not make it 0
+    assert calibration.calibrate(0.95, "fragmentation", False, {"table": table}) <= 0.6
+
+
+# ----- the stated symptom ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "symptom"),
+    [
+        ("Activation checkpointing has no effect on memory", "recompute_no_effect"),
+        ("recompute_granularity does not reduce memory at all", "recompute_no_effect"),
+        ("training is 30% slower since upgrading to 0.9", "slower"),
+        ("pydantic ValidationError: 1 validation error for Config", "validation_error"),
+        ("the LoRA grads are None after backward", "grads_none"),
+        ("lora_B.default.weight.grad=None", "grads_none"),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB", None),
+    ],
+)
+def test_stated_symptoms(text, symptom):
+    assert symptoms.stated(text) == ([symptom] if symptom else [])
+
+
+def _finding(rule, category, confidence):
+    return Finding(rule, category, "t", "s", "c", "c", "f", {}, confidence, [], "e")
+
+
+def test_symptom_ranks_the_categories_that_explain_it_first():
+    found = [
+        _finding("RK672", "informational", 0.95),
+        _finding("RK087", "activation_memory", 0.7),
+        _finding("RK149", "checkpoint_api_misuse", 0.6),
+    ]
+    ranked = symptoms.rank(found, symptoms.stated("after backward the grads are None"))
+    assert [f.rule for f in ranked] == ["RK149", "RK672", "RK087"]
+    assert symptoms.rank(found, []) == found
+
+
+def test_stated_symptom_reaches_the_ranking(tmp_path, monkeypatch):
+    # the user says recompute does nothing: the engine hands that to symptoms.rank
+    seen = []
+    real = symptoms.rank
+
+    def spy(findings, stated):
+        seen.append(stated)
+        return real(findings, stated)
+
+    monkeypatch.setattr("recompute_kit.doctor.engine.rank_by_symptom", spy)
+    d = run(tmp_path, "We set recompute_granularity: full but it has no effect.\n" + OOM_ONLY)
+    assert d.evidence.facts["log"]["symptoms"] == ["recompute_no_effect"]
+    assert seen == [["recompute_no_effect"]]
+
+
+# ----- the corpus's decidable labels -------------------------------------------------------
+
+
+def test_every_case_is_labelled_decidable_with_a_reason():
+    for path in sorted(CASES.glob("*.yaml")):
+        case = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert isinstance(case.get("decidable"), bool), path.name
+        assert case.get("decidable_why"), path.name
+        assert case["decidable_why"].startswith("thin") != case["decidable"], path.name
+
+
+def test_labels_are_what_the_rule_proposes():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "label_decidable.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout == "", out.stdout  # no case whose label differs from the rule's proposal
+
+
+def test_benchmark_reports_decidable_and_thin_apart():
+    from corpus_scoring import CaseResult, format_table, table
+
+    def case(decidable, verdict, ok, collect_decides=False, conf=0.9):
+        r = CaseResult("x", "u", "dev", "fragmentation", "fragmentation", "RK001", ok, ok)
+        r.decidable, r.verdict, r.collect_decides, r.confidence = (
+            decidable,
+            verdict,
+            collect_decides,
+            conf,
+        )
+        return r
+
+    results = [
+        case(True, "diagnosed", True),
+        case(True, "needs_evidence", False, conf=0.5),
+        case(False, "needs_evidence", False, True, 0.5),
+        case(False, "needs_evidence", False, False, 0.5),
+    ]
+    v = table(results)["dev_verdict"]
+    assert v["decidable"] == {"n": 2, "top1": 1, "diagnosed": 1}
+    assert v["thin"]["needs_evidence"] == 2 and v["thin"]["needs_evidence_deciding_collect"] == 1
+    assert v["confident"] == {"n": 1, "right": 1}
+    assert "thin, needs_evidence + deciding collect 1/2 (50%)" in format_table(table(results))

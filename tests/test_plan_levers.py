@@ -1,0 +1,212 @@
+"""`plan --levers` (issue #20, deliver 5): the step-time model's pieces, each pinned by numbers
+derived by hand here, and the lever table end to end on a real config from the corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.cli import main
+from recompute_kit.config import Config, ConfigError, ModelConfig, ParallelConfig
+from recompute_kit.plan.levers import levers
+from recompute_kit.plan.step_log import iteration_seconds, measured_step_seconds
+from recompute_kit.plan.step_time import (
+    Hardware,
+    bubble_fraction,
+    calibrate_tflops,
+    cp_exchange_bytes,
+    host_link_gbps,
+    micro_batches_per_step,
+    offload_exposed_seconds,
+    step_time,
+)
+
+CORPUS = Path(__file__).parent / "sources" / "corpus" / "megatron_lm"
+MFLOPS = 1e-6  # TFLOP/s: 1e6 FLOP/s, so seconds read as MFLOPs
+
+# The tiny model below, by hand (unfused attention: executed = model FLOPs; tokens T = b*s = 64):
+#   qkv   2*T*h*3h          = 2*64*64*192         = 1,572,864
+#   attn  2*(2*b*a*s*s*d)   = 2*(2*2*4*32*32*16)  =   524,288
+#   proj  2*T*h*h           = 2*64*64*64          =   524,288
+#   mlp   2*T*h*f + 2*T*f*h = 2 * 2*64*64*256     = 4,194,304
+#   one layer                                     = 6,815,744
+#   logits 2*T*h*v          = 2*64*64*128         = 1,048,576
+LAYER = 6_815_744
+LOGITS = 1_048_576
+ATTN = 524_288
+
+
+def tiny(**parallel) -> Config:
+    model = ModelConfig(
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=256,
+        seq_length=32,
+        micro_batch_size=2,
+        vocab_size=128,
+        attention_backend="unfused",
+    )
+    return Config(model, ParallelConfig(**parallel))
+
+
+def test_bubble_is_pp_minus_one_over_vpp_times_m():
+    # Narayanan et al. 2021, Sec. 2.2: (p - 1) / m, and / v interleaved
+    assert bubble_fraction(4, 1, 16) == 3 / 16
+    assert bubble_fraction(4, 2, 16) == 3 / 32
+    assert bubble_fraction(1, 1, 16) == 0
+
+
+def test_step_is_m_plus_bubble_slots_times_the_slowest_stage():
+    cfg = tiny(pipeline_model_parallel_size=2, data_parallel_size=2)
+    hw = Hardware(tflops_per_gpu=MFLOPS)
+    # stage 1 holds layers 2-3 and the logits: 3 x (2 x LAYER + LOGITS) FLOPs per micro-batch
+    slow = 3 * (2 * LAYER + LOGITS) / 1e6
+    m = micro_batches_per_step(cfg, 32)  # 32 / (2 x 2)
+    assert m == 8
+    t = step_time(cfg, m, hw)
+    assert t.slowest_stage == 1
+    assert t.seconds == pytest.approx((8 + 1) * slow, rel=1e-12)
+    assert t.bubble_s == pytest.approx(slow, rel=1e-12)
+    vpp = step_time(cfg.replace(virtual_pipeline_model_parallel_size=2), m, hw)
+    assert vpp.seconds == pytest.approx((8 + 0.5) * slow, rel=1e-12)
+
+
+def test_offload_time_is_bytes_over_the_link_less_the_overlapped_pass():
+    assert host_link_gbps("pcie5") == 64.0
+    assert host_link_gbps("pcie4") == 32.0
+    assert host_link_gbps("nvlink-c2c") == 450.0
+    assert host_link_gbps("100") == 100.0
+    with pytest.raises(ConfigError):
+        host_link_gbps("usb")
+    # 64 GB each way over PCIe 5: 1 s; forward 0.5 s hides half of it, backward 2 s all of it
+    one_way, exposed = offload_exposed_seconds(64e9, 64.0, 0.5, 2.0)
+    assert one_way == pytest.approx(1.0)
+    assert exposed == pytest.approx(0.5)
+    # the same bytes over NVLink-C2C: 64/450 s, hidden
+    one_way, exposed = offload_exposed_seconds(64e9, 450.0, 0.5, 2.0)
+    assert one_way == pytest.approx(64 / 450)
+    assert exposed == 0.0
+
+
+def test_cp_ring_volume():
+    # Llama-3-8B shape at 128k, CP4 x TP2, bf16: (cp-1) x b x s/cp x (K+V: 2 x 8/2 groups x 128)
+    m = ModelConfig(
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_query_groups=8,
+        kv_channels=128,
+        seq_length=131072,
+        micro_batch_size=1,
+        bf16=True,
+    )
+    p = ParallelConfig(context_parallel_size=4, tensor_model_parallel_size=2)
+    assert cp_exchange_bytes(Config(m, p)) == 3 * 32768 * 1024 * 2
+    assert cp_exchange_bytes(Config(m, ParallelConfig())) == 0
+    # MLA: all heads' K (128 + 64) and V (128), over TP 8
+    mla = ModelConfig(
+        num_layers=4,
+        hidden_size=7168,
+        num_attention_heads=128,
+        multi_latent_attention=True,
+        kv_lora_rank=512,
+        qk_head_dim=128,
+        qk_pos_emb_head_dim=64,
+        v_head_dim=128,
+        seq_length=4096,
+        micro_batch_size=1,
+        bf16=True,
+    )
+    p = ParallelConfig(context_parallel_size=2, tensor_model_parallel_size=8)
+    assert cp_exchange_bytes(Config(mla, p)) == 1 * 2048 * (128 * 320 // 8) * 2
+
+
+def test_cp_ring_exposes_what_attention_does_not_hide():
+    cfg = tiny(context_parallel_size=2)
+    # per layer forward: 1 x b x s/2 x (2 x 4 heads x 16) x 4 B = 16,384 B; at 1e-6 GB/s
+    # (1000 B/s): 16.384 s forward, 32.768 s backward; attention on one of 2 ranks:
+    # 524,288 / 2 FLOPs = 0.262144 s forward, 2 x that backward (unfused)
+    assert cp_exchange_bytes(cfg) == 16_384
+    hw = Hardware(tflops_per_gpu=MFLOPS, cp_link_gbps=1e-6)
+    fwd, bwd = 16.384 - ATTN / 2 / 1e6, 32.768 - 2 * ATTN / 2 / 1e6
+    t = step_time(cfg, 1, hw)
+    assert t.cp_exposed_s == pytest.approx(4 * (fwd + bwd), rel=1e-12)
+    # recomputing attention runs the forward ring again on every layer
+    again = step_time(cfg.with_recompute("selective:core_attn"), 1, hw)
+    assert again.cp_exposed_s == pytest.approx(4 * (2 * fwd + bwd), rel=1e-12)
+    # a fast link hides it all
+    assert step_time(cfg, 1, Hardware(tflops_per_gpu=MFLOPS)).cp_exposed_s == 0
+
+
+def test_calibration_recovers_the_rate_from_a_measured_step():
+    cfg = tiny(data_parallel_size=2)
+    flops = 3 * (4 * LAYER + LOGITS)  # one micro-batch, no pipeline, no transfers
+    m = micro_batches_per_step(cfg, 16)  # 16 / (2 x 2)
+    assert m == 4
+    tflops = calibrate_tflops(cfg, m, Hardware(), 2.0)
+    assert tflops == pytest.approx(4 * flops / 2.0 / 1e12, rel=1e-9)
+    piped = tiny(pipeline_model_parallel_size=2)
+    slow = 3 * (2 * LAYER + LOGITS)
+    tflops = calibrate_tflops(piped, 8, Hardware(), 3.0)
+    assert tflops == pytest.approx((8 + 1) * slow / 3.0 / 1e12, rel=1e-9)
+
+
+def test_iteration_lines_give_the_measured_step():
+    log = "\n".join(
+        f" [2025-01-01] iteration {i:>8}/    1000 | consumed samples: {i * 8} | elapsed time "
+        f"per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): 400.1 |"
+        for i, ms in ((1, 9000.0), (2, 2100.0), (3, 2000.0), (4, 2050.0), (5, 1990.0))
+    )
+    assert iteration_seconds(log)[0] == (1, 9.0)
+    # the first two are warm-up; median of 2.0, 2.05, 1.99
+    assert measured_step_seconds(log) == (2.0, 3)
+    with pytest.raises(ConfigError):
+        measured_step_seconds("no iterations here")
+
+
+def test_uneven_vpp_and_distributed_optimizer_rows():
+    cfg = tiny(pipeline_model_parallel_size=2, data_parallel_size=2)
+    table = levers(cfg, 1.0, global_batch_size=32)
+    kinds = {r.lever for r in table.rows}
+    assert {"current", "cp x pp", "vpp", "uneven stages", "micro-batch"} <= kinds
+    assert "distributed optimizer" in kinds
+    dist = next(r for r in table.rows if r.lever == "distributed optimizer")
+    assert dist.step.seconds == table.current.step.seconds  # same bytes: no time
+    assert dist.estimate.optimizer_bytes < table.current.estimate.optimizer_bytes
+    uneven = [r for r in table.rows if r.lever == "uneven stages"]
+    assert all(
+        r.config.parallel.num_layers_in_first_pipeline_stage
+        + r.config.parallel.num_layers_in_last_pipeline_stage
+        == 4
+        for r in uneven
+    )
+
+
+def test_cli_levers_on_llama3_8b_at_128k(capsys):
+    script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
+    args = ["plan", "--config", str(script), "--seq-length", "131072", "--gpu-memory-gb", "139"]
+    assert main([*args, "--levers", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    table = doc["levers"]
+    assert table["global_batch_size"] == 128  # read from the script
+    rows = table["rows"]
+    kinds = {r["lever"] for r in rows}
+    assert {"current", "recompute", "cp x pp", "micro-batch", "offload"} <= kinds
+    current = table["current"]
+    assert current["step_vs_current"] == 1.0 and not current["fits"]
+    # 8 GPUs at 128k: only context parallelism fits the 8B; CP8 is ranked first and its
+    # time says what recompute it needs
+    best = rows[0]
+    assert best["fits"] and best["lever"] == "cp x pp"
+    assert best["context_parallel_size"] == 8 and best["data_parallel_size"] == 1
+    assert best["step_time"]["micro_batches"] == 128
+    assert all(r["fits"] is False for r in rows if r["lever"] == "micro-batch")
+    ranked = [r["step_seconds"] for r in rows if r["fits"] and r["clears_error_band"]]
+    assert ranked == sorted(ranked)
+    # the table in text, with the calibration from a measured step on the config as given
+    assert main([*args, "--levers", "--measured-step-seconds", "900"]) == 0
+    out = capsys.readouterr().out
+    assert "cp=8 pp=1 dp=1" in out and "calibrated: 900 s measured" in out
