@@ -23,10 +23,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="every wrong value")
     parser.add_argument(
-        "--blind",
-        action="store_true",
-        help="only the files whose expectations were written "
-        "without looking at the reader (`blind: true`)",
+        "--blind", action="store_true", help="only the files whose expectations were written "
+        "without looking at the reader (`blind: true`)"
     )
     args = parser.parse_args()
     table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -51,10 +49,8 @@ def main() -> int:
         for i, v in enumerate((files, right, expected, whole)):
             totals[split][i] += v
     for split, (files, right, expected, whole) in sorted(totals.items()):
-        print(
-            f"| **all** | {split} | {files} | {whole} | {right}/{expected} "
-            f"({100 * right / max(expected, 1):.1f}%) |"
-        )
+        print(f"| **all** | {split} | {files} | {whole} | {right}/{expected} "
+              f"({100 * right / max(expected, 1):.1f}%) |")
     return 0
 
 

@@ -173,10 +173,8 @@ def test_notebook_shows_its_plots_in_jupyterlab(lab, name, tmp_path):
             page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
             pngs = "img[src^='data:image/png']"
             wait_until(
-                lambda: (
-                    page.locator(pngs).count() >= plots_expected
-                    or page.locator(".jp-OutputArea-output[data-mime-type$='error']").count() > 0
-                ),
+                lambda: page.locator(pngs).count() >= plots_expected
+                or page.locator(".jp-OutputArea-output[data-mime-type$='error']").count() > 0,
                 server,
                 f"{plots_expected} plots on the page",
                 limit=150,

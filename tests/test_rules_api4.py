@@ -59,7 +59,9 @@ def test_r8a_rk600_fsdp_checkpoint_wrapper_regression_names_manual_wrapping():
     assert f.rule == "RK600" and f.category == "framework_bug"
     assert "configure_sharded_model" in f.fix and "checkpoint_wrapper" in f.fix
     # without FSDP named, the regression's fix says nothing about wrapping
-    no_fsdp = text("r8a-lightning16435-fsdp-wrapper").replace("fsdp", "ddp").replace("FSDP", "DDP")
+    no_fsdp = text("r8a-lightning16435-fsdp-wrapper").replace("fsdp", "ddp").replace(
+        "FSDP", "DDP"
+    )
     g = top(run(no_fsdp))
     assert g.rule == "RK600" and "configure_sharded_model" not in g.fix
 

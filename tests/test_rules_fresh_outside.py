@@ -41,11 +41,9 @@ def test_fresh_rk003_context_sized_share_of_a_small_gpu():
 
 def test_fresh_rk003_context_rung_stays_below_pressure():
     # the same message with 3.3 of 4 GiB allocated is pressure first, not the context
-    body = (
-        text("fo-mygirlgpt-11-non-pytorch-4gb")
-        .replace("2.58 GiB is allocated", "3.30 GiB is allocated")
-        .replace("has 3.44 GiB", "has 4.10 GiB")
-    )
+    body = text("fo-mygirlgpt-11-non-pytorch-4gb").replace(
+        "2.58 GiB is allocated", "3.30 GiB is allocated"
+    ).replace("has 3.44 GiB", "has 4.10 GiB")
     d = run(body)
     assert top(d).category == "genuine_pressure"
 

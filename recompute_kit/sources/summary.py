@@ -24,7 +24,9 @@ def summary_lines(reading: Reading, inputs: list[dict[str, str]]) -> list[str]:
     lines = [f"read: {names}; framework {reading.framework or 'unknown'}"]
     if reading.model_name:
         lines[0] += f"; model {reading.model_name}"
-    counts = Counter(reading.origins[k].kind for k in MEMORY_KEYS if k in reading.origins)
+    counts = Counter(
+        reading.origins[k].kind for k in MEMORY_KEYS if k in reading.origins
+    )
     parts = [f"{counts[k]} {w}" for k, w in _KIND_WORDS.items() if counts[k]]
     if parts:
         lines.append(f"  memory-relevant values: {', '.join(parts)}")

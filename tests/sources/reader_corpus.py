@@ -43,10 +43,8 @@ def cases() -> list[Case]:
     for expect_path in sorted(CORPUS.glob("*/*.expect.yaml")):
         stem = expect_path.name[: -len(".expect.yaml")]
         artefacts = [
-            p
-            for p in expect_path.parent.iterdir()
-            if p.name != expect_path.name
-            and not p.name.endswith(".expect.yaml")
+            p for p in expect_path.parent.iterdir()
+            if p.name != expect_path.name and not p.name.endswith(".expect.yaml")
             and (p.stem == stem or p.name == stem)
         ]
         if len(artefacts) != 1:

@@ -25,6 +25,10 @@ def _artefact(expect: Path) -> Path:
     return found
 
 
+
+
+
+
 # --- Hydra overrides ---------------------------------------------------------------------------
 # https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/10feab50f643fd47115e72be4c6721b4dfd43e36/scripts/training/run_recipe.py
 # "-sl, --seq_length LENGTH  dataset.seq_length=LENGTH ... the runner synchronizes model.seq_length"

@@ -58,8 +58,7 @@ def test_each_file_is_read_as_its_framework(case):
     reading = module.read(case.path.read_text(), str(case.path))
     assert reading.framework == case.expect["framework"]
     unlined = [
-        key
-        for key, o in reading.origins.items()
+        key for key, o in reading.origins.items()
         if o.kind == "file" and not o.where.rsplit(":", 1)[-1].isdigit()
     ]
     assert not unlined, f"values read without their line: {unlined}"

@@ -22,6 +22,10 @@ def _artefact(expect: Path) -> Path:
     return expect.with_name(expect.name.replace(".expect.yaml", ".json"))
 
 
+
+
+
+
 def test_format_dispatch_picks_hf_config():
     path = CORPUS / "meta-llama--Meta-Llama-3.1-8B.config.json"
     assert best_format(path.read_text(), str(path)) is hf_config

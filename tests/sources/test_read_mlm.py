@@ -14,11 +14,17 @@ from recompute_kit.sources.shell import parse_script
 CORPUS = Path(__file__).parent / "corpus" / "megatron_lm"
 
 
+
+
 def _read(path: Path):
     text = path.read_text()
     reading = megatron_lm.read(text, str(path))
     megatron_lm.apply_defaults(reading)
     return reading
+
+
+
+
 
 
 # --- focused semantics -------------------------------------------------------------------

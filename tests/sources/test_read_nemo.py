@@ -39,6 +39,10 @@ def _read(module, path: Path):
     return reading
 
 
+
+
+
+
 def _nemo1(tmp_path: Path, text: str):
     path = tmp_path / "cfg.yaml"
     path.write_text(text)

@@ -26,7 +26,7 @@ def hostile_files(marker: Path) -> dict[str, str]:
             "#!/bin/bash\n"
             f"TP=$({touch})\n"
             f"PP=`{touch}`\n"
-            f'eval "{touch}"\n'
+            f"eval \"{touch}\"\n"
             f"source <({touch})\n"
             "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 64 \\\n"
             "    --num-attention-heads 4 --tensor-model-parallel-size $TP\n"
@@ -38,7 +38,7 @@ def hostile_files(marker: Path) -> dict[str, str]:
         "nemo.yaml": (
             "trainer:\n  devices: 8\nmodel:\n  num_layers: 4\n  hidden_size: 64\n"
             "  num_attention_heads: 4\n  encoder_seq_length: ${oc.env:HOME}\n"
-            f'  micro_batch_size: ${{eval:\'__import__("os").system("{touch}")\'}}\n'
+            f"  micro_batch_size: ${{eval:'__import__(\"os\").system(\"{touch}\")'}}\n"
         ),
         "config.json": (
             '{"model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig"}, '
@@ -46,7 +46,8 @@ def hostile_files(marker: Path) -> dict[str, str]:
             '"hidden_size": 64, "num_attention_heads": 4}'
         ),
         "train.toml": (
-            f'[model]\nname = "llama3"\nflavor = "debugmodel"\n[job]\ndump_folder = "$({touch})"\n'
+            '[model]\nname = "llama3"\nflavor = "debugmodel"\n'
+            f'[job]\ndump_folder = "$({touch})"\n'
         ),
     }
 
