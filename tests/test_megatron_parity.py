@@ -337,3 +337,97 @@ def test_cli_measures_a_full_size_rank_shapes_only(capsys):
     doc = json.loads(capsys.readouterr().out)
     (row,) = doc["measurements"]
     assert row["pp_rank"] == 1 and len(row["saved_per_layer"]) == 20
+
+
+# ---- The output layer and the loss ------------------------------------------------------------
+
+
+def edge_mismatches(configs, dtype: str) -> list[str]:
+    """Every edge role (embedding, final norm, output layer, loss) of every rank whose
+    estimate differs from what Megatron-Core saved there."""
+    from recompute_kit.memory.estimate import edge_bytes
+
+    bad = []
+    for config, ranks in zip(configs, engine.measure_many(configs, dtype), strict=True):
+        m, p, B = config.model, config.parallel, 2 if dtype == "bf16" else 4
+        expected = edge_bytes(m, p, B)
+        if dtype == "bf16" and m.normalization == "LayerNorm":
+            # torch's LayerNorm keeps bf16 statistics on a CPU, fp32 on CUDA (cpu_artefacts)
+            tokens = m.seq_length * m.micro_batch_size
+            tokens //= p.tensor_model_parallel_size if p.sequence_parallel else 1
+            expected["final_norm"] -= 2 * 2 * tokens
+        expected["other"] = 0
+        for rank in ranks:
+            for role, value in expected.items():
+                got = rank.edge_roles[role]
+                if got != value:
+                    bad.append(
+                        f"fusion={m.cross_entropy_loss_fusion} {dtype} rank {rank.rank} {role}: "
+                        f"Megatron-Core saved {got} B, the estimate says {value:.0f} B"
+                    )
+    return bad
+
+
+ROPE_RMS = GPT.replace(normalization="RMSNorm", swiglu=True, position_embedding_type="rope")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_output_layer_and_loss_tp1(dtype):
+    """The vocab-parallel cross-entropy, unfused and fused (native), keeps an fp32 softmax of
+    the padded vocabulary, the out-of-range mask and the shifted targets, in either dtype
+    (megatron/core/tensor_parallel/cross_entropy.py, `ctx.save_for_backward`); the output
+    layer its input; the final norm and the embedding what their torch ops keep."""
+    configs = [
+        GPT.replace(cross_entropy_loss_fusion=fused, vocab_size=200)  # padded to 256
+        for fused in (False, True)
+    ]
+    configs.append(ROPE_RMS.replace(cross_entropy_loss_fusion=True))
+    assert edge_mismatches(configs, dtype) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_output_layer_and_loss_tp2(dtype):
+    """TP 2 with SP: the output layer keeps its sequence-sharded input (it gathers the
+    sequence itself); the loss keeps [s, b, v/2]; the embedding its shifted ids and mask."""
+    tp2 = dict(tensor_model_parallel_size=2, sequence_parallel=True)
+    configs = [GPT.replace(cross_entropy_loss_fusion=f, **tp2) for f in (False, True)]
+    assert edge_mismatches(configs, dtype) == []
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_loss_transient_matches_megatron(dtype, fused):
+    """What the loss adds while it runs, measured around Megatron-Core's own
+    compute_language_model_loss: the 16-bit logits beside their fp32 copy in the forward, the
+    gradient cast to the logits' dtype in backward (unfused), or to bf16 and back (fused). The
+    estimate leaves out per-token bookkeeping (the loss, row indices, max and sums: under 32 B
+    per token); the old estimate's two fp32 gradients (8 B per logit) are far above."""
+    from recompute_kit.memory.estimate import loss_bytes
+
+    config = GPT.replace(vocab_size=1024, cross_entropy_loss_fusion=fused)
+    measured = engine.measure_loss(config, dtype)
+    saved, transient = loss_bytes(config.model, config.parallel, 2 if dtype == "bf16" else 4)
+    assert measured["saved"] == saved
+    tokens = config.model.seq_length * config.model.micro_batch_size
+    assert transient <= measured["transient"] <= transient + 32 * tokens
+
+
+def test_loss_region_of_llama31_8b_at_64k():
+    """Issue #20: Llama-3.1-8B at 64k, TP 4 + SP, bf16: the loss region (saved + transient)
+    is 1.5 fp32 copies of the logits (11.8 GiB), not three (23.5 GiB); TE's fused
+    cross-entropy keeps the bf16 logits only; Hugging Face's upcast keeps three."""
+    from recompute_kit.memory.estimate import loss_bytes
+
+    base = get_preset("llama3-8b").config()
+    config = base.replace(seq_length=65536, tensor_model_parallel_size=4, sequence_parallel=True)
+    m, p = config.model, config.parallel
+    assert m.micro_batch_size == 1 and m.vocab_size == 128256
+    logits = 65536 * 128512 / 4  # Megatron pads 128,256 to a multiple of 128 x TP
+    assert sum(loss_bytes(m, p, 2)) == 6 * logits + 9 * 65536
+    te = config.replace(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    assert loss_bytes(te.model, p, 2) == (2 * logits + 8 * 65536 + 12 * 4 * 65536, 0.0)
+    hf = config.replace(loss_implementation="hf")
+    assert sum(loss_bytes(hf.model, p, 2)) == 12 * 65536 * 128256 / 4 + 8 * 65536 + 4
+    with pytest.raises(ConfigError, match="Transformer Engine"):
+        engine.measure_loss(te, "bf16")

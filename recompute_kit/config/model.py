@@ -33,6 +33,8 @@ OFFLOAD_MODULES = (
     "moe_act",
 )
 ATTENTION_BACKENDS = ("unfused", "flash", "fused", "auto")
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+LOSS_IMPLEMENTATIONS = ("megatron", "hf", "torchtitan")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 
@@ -72,6 +74,14 @@ class ModelConfig:
     qk_layernorm: bool = False
     make_vocab_size_divisible_by: int = 128  # Megatron-LM pads the vocabulary to this x TP
     attention_backend: str = "unfused"
+    # The loss. Megatron-Core's TransformerConfig fields (Megatron-LM: --cross-entropy-loss-fusion,
+    # --cross-entropy-fusion-impl): the unfused and the native fused vocab-parallel
+    # cross-entropy keep an fp32 softmax of the logits; TE's keeps the logits in their own
+    # dtype. `loss_implementation` is the framework whose loss runs: "megatron", or "hf" /
+    # "torchtitan" (torch's cross_entropy on logits upcast to fp32); the readers set it.
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: str = "native"  # "native" | "te"
+    loss_implementation: str = "megatron"  # "megatron" | "hf" | "torchtitan"
     bf16: bool = False
     fp16: bool = False
     # Mixture of experts

@@ -60,6 +60,10 @@ class RankMeasurement:
     # The groups the distributed optimizer shards over: dense parameters over data parallel
     # with context parallel, expert parameters over expert data parallel.
     optimizer_shards: dict[str, int] = field(default_factory=dict)
+    # Outside the layers: `embedding` (first stage), and on the last stage `final_norm`, the
+    # `output` layer (its input) and the `loss` (the cross-entropy's saves, attributed to the
+    # GPTModel itself: compute_language_model_loss is not a module); `other` is the rest.
+    edge_roles: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -350,7 +354,18 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         # code and run here.
         bias_activation_fusion=m.bias_activation_fusion,
         attention_softmax_in_fp32=True,
+        # The loss: unfused, or the native fused cross-entropy (torch code, compiled by
+        # Megatron's jit_fuser); TE's needs Transformer Engine.
+        cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=m.cross_entropy_fusion_impl,
     )
+    if m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl == "te":
+        raise ConfigError(
+            "cross_entropy_fusion_impl=te needs Transformer Engine, which does not run on a "
+            "CPU: measure the native fused or the unfused cross-entropy"
+        )
+    if m.loss_implementation != "megatron":
+        raise ConfigError("the Megatron-Core reference runs Megatron's loss (loss_implementation)")
     if m.multi_latent_attention:
         kwargs["rope_type"] = "rope"
     if m.num_moe_experts:
@@ -469,7 +484,7 @@ def measure_rank(
                 "the Megatron-Core reference runs the local layer spec (unfused attention) "
                 "without Transformer Engine: set attention_backend=unfused"
             )
-        saved_per_layer, roles, total = [], [], 0
+        saved_per_layer, roles, total, edges = [], [], 0, {}
         for v, (model, layers) in enumerate(zip(models, chunks, strict=True)):
             if not layers:
                 continue
@@ -477,6 +492,8 @@ def measure_rank(
             saved_per_layer += saved.per_layer()
             roles += [saved.layer_roles(i) for i in range(len(layers))]
             total += saved.total_bytes
+            for role, n in _edge_roles(saved).items():
+                edges[role] = edges.get(role, 0) + n
         return RankMeasurement(
             rank=dist.get_rank(),
             pp_rank=stage,
@@ -486,6 +503,7 @@ def measure_rank(
             saved_total_bytes=total,
             parameters=sum(params.values()),
             parameters_by_kind=params,
+            edge_roles=edges,
             optimizer_shards={
                 "dense": ps.get_data_parallel_world_size(with_context_parallel=True),
                 "expert": ps.get_expert_data_parallel_world_size(),
@@ -500,6 +518,21 @@ def measure_rank(
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
         get_moe_layer_wise_logging_tracker().clear()
+
+
+_EDGE_MODULES = {  # role -> Megatron's module path in GPTModel
+    "embedding": "embedding",
+    "final_norm": "decoder.final_layernorm",
+    "output": "output_layer",
+}
+
+
+def _edge_roles(saved) -> dict[str, int]:
+    """Bytes saved outside the transformer layers, per role (RankMeasurement.edge_roles)."""
+    out = {role: saved.by_prefix(path) for role, path in _EDGE_MODULES.items()}
+    out["loss"] = saved.by_module.get("", 0)
+    out["other"] = saved.total_bytes - sum(saved.per_layer()) - sum(out.values())
+    return out
 
 
 def _forward(model, config: Config, first: bool, device: str, training: bool = True):
@@ -650,3 +683,76 @@ def _rank_main(rank, world, port, configs, dtype, seed, training, out_dir) -> No
         (Path(out_dir) / f"{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
         raise
     (Path(out_dir) / f"{rank}.json").write_text(json.dumps([r.to_json() for r in results]))
+
+
+# --------------------------------------------------------------------------------------------
+# The loss region alone: saved bytes and what it adds while it runs
+# --------------------------------------------------------------------------------------------
+
+
+def measure_loss(config: Config, dtype: str = "bf16", seed: int = 0) -> dict[str, int]:
+    """Megatron-Core's loss (`GPTModel.compute_language_model_loss`, with the config's
+    cross_entropy_loss_fusion / cross_entropy_fusion_impl) on this rank's logits
+    [s, b, padded vocab] in `dtype`, one process (TP 1): `saved`, what it keeps for backward;
+    `after_forward`, the bytes alive once it returned (saved, the loss and its per-token
+    bookkeeping); `transient`, the most its forward (from the logits on) and backward (down
+    to the logits' gradient) hold above `after_forward`."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    from ..memory.measure import LiveTensorTracker, track_saved_tensors
+
+    m = config.model
+    transformer_config_kwargs(config, dtype)  # the same refusals as a model measurement
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    ps.initialize_model_parallel(create_gloo_process_groups=False)
+    try:
+        torch.manual_seed(seed)
+        torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        vocab = padded_vocab_size(m, 1)
+        shape = (m.seq_length, m.micro_batch_size, vocab)
+        leaf = torch.randn(shape, dtype=torch_dtype).requires_grad_()
+        labels = torch.randint(0, m.vocab_size, (m.micro_batch_size, m.seq_length))
+        # compute_language_model_loss reads only the config's two fields and the TP group.
+        module = _LossOnly(
+            config=_LossConfig(m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl),
+            pg_collection=_TpOnly(ps.get_tensor_model_parallel_group()),
+        )
+        live = LiveTensorTracker()
+        with live, track_saved_tensors(torch.nn.Module()) as saved:
+            logits = leaf.clone()  # the output layer's logits (their storage counts)
+            loss = LanguageModule.compute_language_model_loss(module, labels, logits)
+            del logits
+        after = live.live_bytes
+        forward_peak = live.peak_bytes
+        live.peak_bytes = 0
+        with live:
+            loss.float().sum().backward()
+        return {
+            "saved": saved.total_bytes,
+            "after_forward": after,
+            "transient": max(forward_peak, live.peak_bytes) - after,
+        }
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@dataclass
+class _LossConfig:
+    cross_entropy_loss_fusion: bool
+    cross_entropy_fusion_impl: str
+
+
+@dataclass
+class _TpOnly:
+    tp: Any
+
+
+@dataclass
+class _LossOnly:
+    config: _LossConfig
+    pg_collection: _TpOnly

@@ -34,7 +34,7 @@ from ..config import (
 )
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
-from .model_states import model_states
+from .model_states import model_states, padded_vocab_size
 from .overheads import MOE_IMBALANCE, overhead_terms
 
 MASK_BYTES = 1  # bool dropout masks
@@ -460,18 +460,90 @@ OFFLOAD_ROLES = {  # offload unit -> (role, share of that role)
 }
 
 
-def edge_bytes(m: ModelConfig, p: ParallelConfig, dtype_bytes: int, training: bool = True) -> dict:
-    """What the embedding (first stage) and the output head and loss (last stage) keep."""
+def edge_bytes(
+    m: ModelConfig,
+    p: ParallelConfig,
+    dtype_bytes: int,
+    training: bool = True,
+    engine: str = "megatron",
+) -> dict:
+    """What the embedding (first stage) and the output head and loss (last stage) keep: as
+    Megatron-Core 0.16.1 keeps them (engine "megatron", checked against it in
+    tests/test_megatron_parity.py), or the kit's reference layers ("reference")."""
     x = _shape(m, p, dtype_bytes)
     tokens = x.tokens
     mask = MASK_BYTES * x.sbh / x.sp if training and m.hidden_dropout > 0 else 0.0
+    megatron = engine == "megatron" and m.loss_implementation == "megatron"
+    ids = INDEX_BYTES * tokens  # the token ids the lookup keeps
+    norm = x.B * x.sbh / x.sp + _norm_stats(m, tokens / x.sp)
+    if megatron:
+        # Vocab-parallel (TP > 1) the lookup keeps its own copy of the ids shifted to this
+        # rank's vocabulary range and the out-of-range mask (VocabParallelEmbedding.forward).
+        # Learned positions keep the position ids: Megatron-LM's `arange(s).expand_as(tokens)`
+        # (one row of storage), a [b, s/cp] copy once CP slices it.
+        ids += MASK_BYTES * tokens if x.t > 1 else 0.0
+        if m.position_embedding_type == "learned_absolute":
+            ids += INDEX_BYTES * (x.s_kv if p.context_parallel_size == 1 else tokens)
+        if m.transformer_impl == "local" and m.normalization == "RMSNorm":
+            # torch's RMSNorm keeps an fp32 copy of its input and its fp32 output
+            norm = 2 * STAT_BYTES * x.sbh / x.sp + _norm_stats(m, tokens / x.sp)
     return {
-        "embedding": INDEX_BYTES * tokens + mask,  # token ids, embedding dropout mask
-        "final_norm": x.B * x.sbh / x.sp + _norm_stats(m, tokens / x.sp),
-        "output": x.B * x.sbh / x.sp,  # the output layer's input
-        # fp32 log-softmax of the logits (vocab-parallel), labels, a scalar
-        "loss": STAT_BYTES * tokens * m.vocab_size / x.t + INDEX_BYTES * tokens + 4,
+        "embedding": ids + mask,  # token (and position) ids, embedding dropout mask
+        "final_norm": norm,
+        "output": x.B * x.sbh / x.sp,  # the output layer's input (sequence-sharded with SP)
+        "loss": loss_bytes(m, p, dtype_bytes, engine)[0],
     }
+
+
+def loss_bytes(
+    m: ModelConfig, p: ParallelConfig, dtype_bytes: int, engine: str = "megatron"
+) -> tuple[float, float]:
+    """(saved, transient): what the loss keeps for backward on a last-stage rank, and the most
+    it adds on top of that while it runs (forward or backward). The logits are the output
+    layer's [s/cp, b, v/t] in the activation dtype (the layer gathers SP's sequence first).
+
+    Megatron-Core 0.16.1 (`GPTModel.compute_language_model_loss`):
+    * unfused `vocab_parallel_cross_entropy` and the native fused one
+      (cross_entropy_loss_fusion, fusions/fused_cross_entropy.py) keep the same tensors
+      (tensor_parallel/cross_entropy.py, `ctx.save_for_backward(exp_logits, target_mask,
+      masked_target_1d)`): the softmax in fp32 over the padded vocabulary ([s, b, v/t], an
+      fp32 copy of 16-bit logits, the logits themselves in place when they are fp32), the
+      bool out-of-range mask and the int64 shifted targets. The 16-bit logits live beside
+      their fp32 copy in the forward; the gradient is made in place in the softmax and cast
+      to the logits' dtype (unfused: only if 16-bit; fused: always to bf16, then autograd
+      casts it to the logits' dtype).
+    * TE's (cross_entropy_fusion_impl "te", transformer_engine/pytorch/cross_entropy.py) writes
+      the gradient into the logits in place and keeps them in their own dtype, the int64
+      targets and its fp32 (max, sum, target logit) per row, gathered over TP.
+    Hugging Face (`ForCausalLMLoss`), torchtitan (`cross_entropy_loss`) and the kit's reference
+    layers run torch's cross_entropy on logits upcast to fp32: log_softmax keeps its fp32
+    output, nll_loss the int64 targets and its fp32 total weight; the 16-bit logits and their
+    fp32 copy live in the forward, and backward holds two fp32 gradients (of the
+    log-softmax's output and of its input)."""
+    x = _shape(m, p, dtype_bytes)
+    B, tokens, t = x.B, x.tokens, x.t
+    impl = m.loss_implementation
+    if impl not in ("megatron", "hf", "torchtitan"):
+        raise ConfigError(f"loss_implementation must be megatron, hf or torchtitan, got {impl!r}")
+    if impl != "megatron" or engine != "megatron":
+        logits = tokens * m.vocab_size / t  # no vocabulary padding outside Megatron
+        saved = STAT_BYTES * logits + INDEX_BYTES * tokens + STAT_BYTES
+        upcast = STAT_BYTES * logits if B < STAT_BYTES else 0.0
+        return saved, max(B * logits + upcast, 2 * STAT_BYTES * logits)
+    logits = tokens * padded_vocab_size(m, t) / t
+    fusion = m.cross_entropy_fusion_impl if m.cross_entropy_loss_fusion else None
+    if fusion not in (None, "native", "te"):
+        raise ConfigError(
+            f"cross_entropy_fusion_impl must be native or te, got {m.cross_entropy_fusion_impl!r}"
+        )
+    if fusion == "te":
+        saved = B * logits + INDEX_BYTES * tokens + 3 * STAT_BYTES * tokens * t
+        return saved, 0.0
+    saved = STAT_BYTES * logits + (MASK_BYTES + INDEX_BYTES) * tokens
+    copy = B * logits if B < STAT_BYTES else 0.0  # the 16-bit logits beside the fp32 copy
+    # fused: the bf16 gradient, then autograd's cast to the logits' dtype
+    cast = 2 * logits + (B * logits if B != 2 else 0.0)
+    return saved, max(copy, cast if fusion == "native" else copy)
 
 
 def check_divisible(config: Config) -> None:
@@ -557,7 +629,7 @@ def _stage_estimate(
     moe = [m.is_moe_layer(n) for n in layers]
     roles = [layer_activation_bytes(m, rc, p, B, k, training, engine) for k in moe]
     plain = [layer_activation_bytes(m, RecomputeConfig(), p, B, k, training, engine) for k in moe]
-    edges = edge_bytes(m, p, B, training)
+    edges = edge_bytes(m, p, B, training, engine)
     head = edges["final_norm"] + edges["output"] + edges["loss"] if stage == pp - 1 else 0.0
     embedding = edges["embedding"] if stage == 0 else 0.0
 
@@ -586,7 +658,10 @@ def _stage_estimate(
 
     in_flight = micro_batches_in_flight(p, stage)
     activation = micro * in_flight
-    transient = _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head, moe)
+    loss_transient = loss_bytes(m, p, B, engine)[1] if stage == pp - 1 else 0.0
+    transient = _backward_transient(
+        m, rc, x, chunks, roles, plain, kept, layer_input, head, moe, loss_transient
+    )
     peak = activation + transient
 
     modules: dict[str, float] = {}
@@ -665,7 +740,9 @@ def _offloaded(rc: RecomputeConfig, roles: dict[str, float], layer: int, x, m) -
 # --------------------------------------------------------------------------------------------
 
 
-def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head, moe) -> float:
+def _backward_transient(
+    m, rc, x, chunks, roles, plain, kept, layer_input, head, moe, loss_transient=0.0
+) -> float:
     """The largest extra backward needs on top of everything saved at the end of the forward.
 
     Backward walks the layers last to first and frees each layer's saved tensors once it has
@@ -673,10 +750,9 @@ def _backward_transient(m, rc, x, chunks, roles, plain, kept, layer_input, head,
     backward. At each layer the extra is the rematerialised activations (a full-recompute
     chunk's layers all at once; a selective unit's internals) plus gradient workspace.
     """
-    # The first moment of backward (last stage only): the fp32 gradients of the log-softmax
-    # output and of its input, [tokens, vocab] each.
-    vocab = x.tokens * m.vocab_size / x.t
-    best = 2 * STAT_BYTES * vocab if head else 0.0
+    # The loss (last stage only): what it adds while it runs (loss_bytes), at the end of the
+    # forward or the first moment of backward.
+    best = loss_transient
     freed = head  # saved bytes backward has already released
     for start, end, checkpointed in reversed(chunks):
         if checkpointed:  # the whole chunk comes back at once, then its last layer's backward

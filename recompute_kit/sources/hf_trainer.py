@@ -483,6 +483,12 @@ def apply_defaults(reading: Reading) -> None:
         "sdpa: a fused attention kernel",
     )
     d("transformer_impl", "local", "Hugging Face models", "torch modules, no Transformer Engine")
+    d(
+        "loss_implementation",
+        "hf",
+        "Hugging Face models",
+        "ForCausalLMLoss: torch cross_entropy on logits upcast to fp32",
+    )
     where = f"{'LLaMA-Factory' if kind == FORMAT_LF else 'transformers'} (no model parallelism)"
     for key in (
         "tensor_model_parallel_size",

@@ -100,6 +100,7 @@ VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "--fp8-recipe": ("fp8_recipe", _str),
     "--cuda-graph-impl": ("cuda_graph_impl", _str),
     "--mtp-num-layers": ("mtp_num_layers", _int),
+    "--cross-entropy-fusion-impl": ("cross_entropy_fusion_impl", _str),
 }
 # store_true flags -> (field, value)
 BOOL_FLAGS: dict[str, tuple[str, Any]] = {
@@ -118,6 +119,7 @@ BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--use-torch-fsdp2": ("use_torch_fsdp2", True),
     "--distribute-saved-activations": ("distribute_saved_activations", True),
     "--moe-layer-recompute": ("moe_layer_recompute", True),
+    "--cross-entropy-loss-fusion": ("cross_entropy_loss_fusion", True),
     "--fine-grained-activation-offloading": ("fine_grained_activation_offloading", True),
     "--optimizer-cpu-offload": ("optimizer_offload", True),
     "--account-for-embedding-in-pipeline-split": ("account_for_embedding_in_pipeline_split", True),

@@ -689,6 +689,12 @@ def apply_defaults(reading: Reading) -> None:
         where,
         "torch nn modules (RMSNorm, Linear), no Transformer Engine",
     )
+    d(
+        "loss_implementation",
+        "torchtitan",
+        where,
+        "cross_entropy_loss: torch cross_entropy on logits upcast to fp32",
+    )
     for key in (
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
