@@ -71,10 +71,10 @@ def test_tp1_on_a_preset_with_sp_turns_it_off():
 def test_every_command_refuses_an_expert_layout_the_same_way():
     lines = set()
     for command in (["estimate"], ["measure"], ["plan", "--gpu-memory-gb", "79"]):
-        proc = cli(*command, "--model", "tiny-moe", "--ep", "8", "--dp", "4")
+        proc = cli(*command, "--model", "tiny-moe", "--ep", "4", "--dp", "2")
         assert proc.returncode == 1, command
         lines.add(proc.stderr.strip())
     assert lines == {
-        "recompute-kit: error: EP 8 x expert TP 1 does not divide the 4 ranks of TP 1 x CP 1 x "
-        "DP 4 in each pipeline stage"
+        "recompute-kit: error: EP 4 x expert TP 1 does not divide the 2 ranks of TP 1 x CP 1 x "
+        "DP 2 in each pipeline stage"
     }
