@@ -263,7 +263,9 @@ def layer_activation_bytes(
             kept_inputs = (q_bytes if _q_is_copied(m, t) else 0.0) + q_bytes + 2 * k_bytes
             roles["qkv"] += kept_inputs + _norm_stats(m, qk_heads)
             if m.transformer_impl == "local" and m.normalization == "RMSNorm":
-                roles["qkv"] += q_bytes + k_bytes
+                # in fp32 whatever the activation dtype (measured: bf16 keeps 2 B more per
+                # element of q and k than the activation dtype would)
+                roles["qkv"] += (q_bytes + k_bytes) * STAT_BYTES / B
         expanded_gone = False
         heads_out = a * d
 
@@ -272,10 +274,14 @@ def layer_activation_bytes(
         core = q_bytes + k_bytes  # the normed q and k; v's storage is kept by the k norm
     elif sel("core_attn"):
         core = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
-        if megatron and not m.multi_latent_attention and _q_is_copied(m, t):
-            # Megatron splits the fused QKV output per query group: with GQA, q is a copy and
-            # k, v are views that keep the whole QKV output alive in the checkpoint.
-            core += q_bytes
+        if megatron and not m.multi_latent_attention:
+            # Megatron splits the fused QKV output per query group into views: v (and k, q
+            # when nothing replaces them) keeps the whole QKV output alive in the checkpoint.
+            # q is a new tensor when it is copied (GQA) or rotated, k when it is rotated: RoPE
+            # (unfused or fused) returns new tensors, and the checkpoint keeps those too
+            # (megatron-core 0.16.1, measured per tensor: Llama-3-70B TP8 keeps 2q + 2k + v).
+            rope = m.position_embedding_type == "rope"
+            core += (q_bytes if _q_is_copied(m, t) or rope else 0.0) + (k_bytes if rope else 0.0)
     elif m.attention_backend == "unfused":
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_stored + v_stored
         probs = B * scores * (2 if attn_dropout else 1) + (
@@ -432,12 +438,18 @@ def _megatron_moe_layer_bytes(
         roles["moe_act"] = B * picks * f_e * (2 if m.swiglu else 1)
     else:
         # The activation x probability: fused SwiGLU keeps fc1's output, unfused keeps the
-        # SwiGLU intermediates and the unscaled output; fc2 keeps the scaled output. The
-        # local spec's grouped GEMM experts (legacy GroupedMLP) always run the fused function.
-        fused = m.bias_activation_fusion or (m.moe_grouped_gemm and m.transformer_impl == "local")
-        roles["moe_act"] = _megatron_act_internal(m, picks, f_e, B, fused) + (
-            0.0 if fused and m.swiglu else B * picks * f_e
-        )
+        # SwiGLU intermediates and the unscaled output; fc2 keeps the scaled output.
+        if m.moe_grouped_gemm and m.transformer_impl == "local":
+            # The local spec's grouped GEMM experts (legacy GroupedMLP, experts.py) run
+            # `activation(x) * probs` as one torch.compile'd function (jit_fuser): it keeps
+            # its input, fc1's output, whatever the activation (inductor recomputes GeLU in
+            # backward), and fc2 keeps its output (measured: GeLU keeps 2, not 3, copies).
+            roles["moe_act"] = B * picks * f_e * ((2 if m.swiglu else 1) + 1)
+        else:
+            fused = m.bias_activation_fusion
+            roles["moe_act"] = _megatron_act_internal(m, picks, f_e, B, fused) + (
+                0.0 if fused and m.swiglu else B * picks * f_e
+            )
     f_s = m.moe_shared_expert_intermediate_size
     if f_s and not sel("shared_experts"):
         roles["shared_experts"] = _megatron_act_internal(m, x.tokens, f_s / x.t, B)

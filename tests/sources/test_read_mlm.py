@@ -207,3 +207,12 @@ def test_parse_script_expands_arrays_and_strings():
     (launch,) = script.launches
     assert [f.text for f in launch.args] == ["--x", "1", "--y", "2", "--z", "3"]
     assert [f.line for f in launch.args][:4] == [1, 1, 2, 2]
+
+
+def test_cross_entropy_loss_fusion_flags():
+    """Megatron-LM's --cross-entropy-loss-fusion / --cross-entropy-fusion-impl (arguments.py)
+    are Megatron-Core's cross_entropy_loss_fusion / cross_entropy_fusion_impl."""
+    reading = _args(BASE + "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te")
+    assert reading.get("cross_entropy_loss_fusion") is True
+    assert reading.get("cross_entropy_fusion_impl") == "te"
+    assert _args(BASE).get("cross_entropy_loss_fusion") in (None, False)

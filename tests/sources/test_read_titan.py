@@ -239,3 +239,11 @@ def test_bad_yaml_and_unsafe_tags_are_config_errors():
 def test_hf_sniff():
     assert hf_trainer.sniff('{"architectures": ["LlamaForCausalLM"]}', "config.json") == 0
     assert hf_trainer.sniff('{"zero_optimization": {"stage": 3}}', "ds.json") >= 80
+
+
+def test_hf_and_torchtitan_runs_use_their_own_loss():
+    """Hugging Face's ForCausalLMLoss and torchtitan's cross_entropy_loss upcast the logits to
+    fp32 (memory/estimate.py loss_bytes): the readers say whose loss runs."""
+    for module, name in ((torchtitan, "torchtitan"), (hf_trainer, "hf")):
+        _, paths = CORPUS[module.__name__.rsplit(".", 1)[1]]
+        assert _read(module, paths[0]).get("loss_implementation") == name
