@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -150,11 +151,35 @@ MFU_MODELS = {
     ),
     "moe-scaled": SCALED["moe-scaled"],
     "mla-scaled": SCALED["mla-scaled"],
+    # Mixtral-class width (8 experts, top-2, FFN 14336) so the experts' GEMMs fill the GPU
+    "moe-4096": (
+        "tiny-moe",
+        dict(
+            num_layers=2,
+            moe_layer_freq=[1, 1],
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_query_groups=8,
+            ffn_hidden_size=14336,
+            seq_length=4096,
+            micro_batch_size=1,
+            vocab_size=32000,
+            num_moe_experts=8,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=14336,
+            moe_shared_expert_intermediate_size=None,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention_backend="flash",
+            bf16=True,
+        ),
+    ),
 }
 MFU_SPECS = {
     "gpt-4096": ["none", "selective", "selective:mlp", "full:uniform:1"],
     "moe-scaled": SPECS["moe-scaled"],
     "mla-scaled": SPECS["mla-scaled"],
+    "moe-4096": ["none", "selective:moe_act", "selective:moe", "full:uniform:1"],
 }
 
 
@@ -170,7 +195,7 @@ def memory_section() -> list[dict]:
         for spec in SPECS[name]:
             c = cfg.with_recompute(spec)
             m = measure(c, device="cuda", dtype="bf16")
-            e = estimate(c, dtype_bytes=2)
+            e = estimate(c, dtype_bytes=2, engine="reference")  # the kit's own layers
             rows.append(
                 {
                     "model": name,
@@ -181,6 +206,9 @@ def memory_section() -> list[dict]:
                     "estimated_peak_bytes": e.peak_activation_bytes,
                     "saved_ratio": e.activation_bytes / m.activation_bytes,
                     "peak_ratio": e.peak_activation_bytes / m.peak_activation_bytes,
+                    # Megatron-Core's engine (TE / local spec) as the kit estimates it, for the
+                    # difference between the reference layers and the Megatron path
+                    "estimated_megatron_saved_bytes": estimate(c, dtype_bytes=2).activation_bytes,
                     "measured_modules": m.modules,
                     "estimated_modules": e.modules,
                 }
@@ -295,7 +323,12 @@ def mfu_section(
     """MFU per model and recompute spec against a measured bf16 matmul ceiling, and each
     spec's step-time overhead against the FLOP model's prediction, with the spread over rounds
     (per-round ratio to that round's `none`)."""
-    from recompute_kit.memory.flops import layer_forward_flops
+    from recompute_kit.memory.flops import (
+        layer_forward_flops,
+        model_recompute_flops_fraction,
+        recompute_flops,
+        step_flops,
+    )
 
     dtype = torch.bfloat16
     ceiling = matmul_ceiling(device, dtype, ceiling_size)
@@ -308,7 +341,9 @@ def mfu_section(
         for spec in specs:
             median = statistics.median(times[spec])
             ratios = [t / n - 1 for t, n in zip(times[spec], times["none"], strict=True)]
-            tp = throughput(cfg.with_recompute(spec), median, ceiling)
+            c = cfg.with_recompute(spec)
+            tp = throughput(c, median, ceiling)
+            executed = step_flops(c, executed=True) + recompute_flops(c, executed=True)
             rows.append(
                 {
                     "model": name,
@@ -321,13 +356,16 @@ def mfu_section(
                     "overhead_min": min(ratios),
                     "overhead_max": max(ratios),
                     "overhead_predicted": tp.predicted_overhead,
+                    "overhead_predicted_model_flops": model_recompute_flops_fraction(c),
+                    "executed_utilisation": executed / median / 1e12 / ceiling,
                 }
             )
             r = rows[-1]
             print(
                 f"{name:12s} {spec:36s} {1e3 * median:8.1f} ms MFU {tp.mfu:6.1%} overhead "
                 f"{r['overhead_median']:+.1%} [{r['overhead_min']:+.1%}, "
-                f"{r['overhead_max']:+.1%}] predicted {tp.predicted_overhead:+.1%}",
+                f"{r['overhead_max']:+.1%}] predicted {tp.predicted_overhead:+.1%} "
+                f"executed/ceiling {r['executed_utilisation']:.1%}",
                 flush=True,
             )
         if cfg.model.num_moe_experts:
@@ -459,9 +497,9 @@ def markdown(results: dict) -> str:
             f"### MFU and overhead vs the FLOP model (bf16; matmul ceiling "
             f"{mfu['ceiling_tflops']:.1f} TFLOP/s measured; {mfu['rounds']} interleaved rounds)",
             "",
-            "| model | recompute | step (ms) | model TFLOP/s | MFU | overhead median [min, max] "
-            "| predicted (FLOPs) |",
-            "|---|---|---|---|---|---|---|",
+            "| model | recompute | step (ms) | model TFLOP/s | MFU | executed FLOP/s / ceiling "
+            "| overhead median [min, max] | predicted (executed FLOPs) | predicted (model FLOPs) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in mfu["rows"]:
             over = (
@@ -470,9 +508,16 @@ def markdown(results: dict) -> str:
                 else "-"
             )
             pred = f"{r['overhead_predicted']:+.1%}" if "overhead_predicted" in r else "-"
+            pred_model = (
+                f"{r['overhead_predicted_model_flops']:+.1%}"
+                if "overhead_predicted_model_flops" in r
+                else "-"
+            )
+            used = f"{r['executed_utilisation']:.1%}" if "executed_utilisation" in r else "-"
             lines.append(
                 f"| {r['model']} | {r['recompute']} | {1e3 * r['step_time_s']:.1f} "
-                f"| {r['model_tflops']:.1f} | {r['mfu']:.1%} | {over} | {pred} |"
+                f"| {r['model_tflops']:.1f} | {r['mfu']:.1%} | {used} | {over} | {pred} "
+                f"| {pred_model} |"
             )
     for key in ("errors",):
         for err in results.get(key, []):
@@ -485,6 +530,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="gpu_results.json and gpu_results.md")
     parser.add_argument("--work", default="/tmp/recompute-kit-gpu", help="ablation folders")
     parser.add_argument("--sections", default="memory,timing,oom,mfu", help="which to run")
+    parser.add_argument("--rounds", type=int, default=7, help="MFU section rounds")
     args = parser.parse_args()
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -493,14 +539,14 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
-        "command": "PYTHONPATH=. python3 benchmarks/gpu.py --out DIR",
+        "command": "PYTHONPATH=. python3 benchmarks/gpu.py --out DIR " + " ".join(sys.argv[1:]),
         "errors": [],
     }
     for section, fn in (
         ("memory", memory_section),
         ("timing", lambda: timing_section(work)),
         ("oom", lambda: oom_section(work)),
-        ("mfu", mfu_section),
+        ("mfu", lambda: mfu_section(rounds=args.rounds)),
     ):
         if section not in args.sections.split(","):
             continue
