@@ -238,3 +238,86 @@ def test_offload_flags_reach_the_config():
     assert not {"optimizer_offload", "param_offload"} & set(EXTRA_KEYS)
     cfg = Config().replace(zero_stage=3, optimizer_offload=True, param_offload=True)
     assert cfg.parallel.optimizer_offload and cfg.parallel.param_offload
+
+
+# -- PyTorch AMP (Hugging Face Trainer without DeepSpeed) and pure 16-bit -----------------------
+
+
+def test_amp_keeps_fp32_weights_grads_and_moments_without_a_master_copy():
+    # The Trainer's bf16 without DeepSpeed is torch.autocast over fp32 weights: 4 + 4 + 8 B/param
+    # (Megatron's dtypes, counted before, made it 2 + 4 + 12 = 18), plus autocast's bf16 copy of
+    # every weight (2 B/param) held through forward and backward.
+    cfg = gemma(dp=1, param_precision="amp")
+    n = rank_parameters(cfg)["dense"]
+    states = model_states(cfg)
+    assert (states.weights, states.grads, states.optimizer) == (4 * n, 4 * n, 8 * n)
+    assert states.gathered_params == 2 * n
+    e = estimate(cfg, dtype_bytes=2)
+    assert e.gathered_params_bytes == 2 * n
+    assert any("autocast" in said for said in e.overhead_assumptions)
+
+
+def test_pure_bf16_keeps_16_bit_weights_grads_and_moments():
+    cfg = gemma(dp=1, param_precision="pure")
+    n = rank_parameters(cfg)["dense"]
+    assert model_state_bytes(cfg) == (2 * n, 2 * n, 4 * n)
+    assert model_states(cfg).gathered_params == 0
+
+
+def test_amp_with_fsdp_full_shard_shards_fp32_states_and_gathers_one_unit():
+    cfg = gemma(dp=8, param_precision="amp", zero_stage=3)
+    n = rank_parameters(cfg)["dense"]
+    assert model_state_bytes(cfg) == (4 * n // 8, 4 * n // 8, 8 * n // 8)
+    assert model_states(cfg).gathered_params < 2 * n // 4  # one unit, not every weight
+
+
+def test_unknown_param_precision_is_one_clear_error():
+    from recompute_kit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="param_precision 'fp8' is not one of"):
+        model_states(gemma(param_precision="fp8"))
+
+
+def test_amp_bytes_are_what_torch_holds():
+    """Measured: a small fp32 model trained the AMP way (autocast bf16, AdamW) holds 4 B/param
+    of weights, 4 of gradients, 8 of Adam moments, and saves a bf16 copy of every weight for
+    backward (the 2 B/param transient of `param_precision="amp"`)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    n = sum(p.numel() for p in model.parameters())
+    weights = {p.data_ptr() for p in model.parameters()}
+    saved_copies = 0
+
+    def pack(t):
+        nonlocal saved_copies
+        matrix = t.dim() == 2 and set(t.shape) == {64, 256}
+        if t.dtype == torch.bfloat16 and matrix and t.data_ptr() not in weights:
+            saved_copies += t.numel() * t.element_size()
+        return t
+
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 64, requires_grad=True)  # as from an embedding: every weight is saved
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        loss = model(x).float().square().mean()
+    loss.backward()
+    optimizer.step()
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    weight_bytes = nbytes(p for p in model.parameters())
+    grad_bytes = nbytes(p.grad for p in model.parameters())
+    moment_bytes = nbytes(v for s in optimizer.state.values() for v in s.values() if v.dim() > 0)
+    cfg = gemma(dp=1, param_precision="amp")
+    kit = model_states(cfg)
+    per_param = rank_parameters(cfg)["dense"]
+    assert weight_bytes / n == kit.weights / per_param == 4
+    assert grad_bytes / n == kit.grads / per_param == 4
+    assert moment_bytes / n == kit.optimizer / per_param == 8
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    assert saved_copies == 2 * matrices  # bf16 copies of the weight matrices

@@ -147,6 +147,11 @@ class ParallelConfig:
     # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).
     zero_stage: int = 0
     use_torch_fsdp2: bool = False  # PyTorch FSDP2 does the sharding (fp32 shards, see memory)
+    # Where the 16-bit copy lives (memory/model_states.py): "fp32_master" 16-bit weights and an
+    # fp32 master copy in the optimizer (Megatron, DeepSpeed); "amp" fp32 weights autocast to
+    # 16-bit (PyTorch AMP: Hugging Face Trainer without DeepSpeed); "pure" 16-bit weights,
+    # gradients and optimizer states, no master copy (LLaMA-Factory pure_bf16).
+    param_precision: str = "fp32_master"
     # Model states on the host: the optimizer's (DeepSpeed offload_optimizer, Megatron's
     # optimizer_cpu_offload, FSDP's CPU offload) and the parameters' (DeepSpeed offload_param,
     # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.

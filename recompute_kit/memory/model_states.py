@@ -45,6 +45,14 @@ fsdp2           4 fp32       4 fp32       8 m + v (no master)   the same (zero_s
   for torchtitan, NeMo-RL's DTensor policy and Megatron-Bridge / Megatron-LM's FSDP2 flags); at
   stage 3 it totals 16 B/param / DP like `zero`, with another split.
 
+`param_precision` (ParallelConfig) changes the 16-bit rows: "amp" (PyTorch autocast over fp32
+weights: the Hugging Face Trainer's bf16 / fp16 without DeepSpeed, FSDP1's mixed precision)
+keeps 4 B weights, 4 B gradients and 8 B Adam moments, no master copy, plus autocast's 16-bit
+copy of every weight it casts (cached for the forward and saved by the matmuls for backward:
+2 B/param of the unsharded weights, a transient term); "pure" (LLaMA-Factory `pure_bf16`:
+16-bit weights and a torch optimizer whose states take the parameters' dtype) keeps
+2 + 2 + 4 B.
+
 Dense parameters shard over DP x CP, expert parameters over the expert-data-parallel ranks
 (TP x CP x DP / (ETP x EP)) in every mode. Optimizer offload takes the optimizer states off the
 GPU in every mode (Megatron's optimizer_cpu_offload with offload fraction 1).
@@ -54,7 +62,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..config import Config, ModelConfig
+from ..config import Config, ConfigError, ModelConfig
 from .layout import pipeline_layout
 
 
@@ -180,6 +188,7 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
 
 
 SHARDING_MODES = ("megatron", "megatron_fsdp", "zero", "fsdp2")
+PARAM_PRECISIONS = ("fp32_master", "amp", "pure")
 
 
 @dataclass(frozen=True)
@@ -257,12 +266,19 @@ def model_states(
     else:
         params = _rank_parameters(config, stage)
     half = m.bf16 or m.fp16
-    if mode == "fsdp2":
+    precision = p.param_precision
+    if precision not in PARAM_PRECISIONS:
+        raise ConfigError(
+            f"param_precision {precision!r} is not one of {', '.join(PARAM_PRECISIONS)}"
+        )
+    if mode == "fsdp2" or precision == "amp" or not half:
         weight_b, grad_b, optim_b = 4, 4, 8
+    elif precision == "pure":
+        weight_b, grad_b, optim_b = 2, 2, 4
     elif mode == "zero":
-        weight_b, grad_b, optim_b = (2, 2, 12) if half else (4, 4, 8)
+        weight_b, grad_b, optim_b = 2, 2, 12
     else:
-        weight_b, grad_b, optim_b = (2, 4, 12) if half else (4, 4, 8)
+        weight_b, grad_b, optim_b = 2, 4, 12
     level = (1 if p.use_distributed_optimizer else 0) if mode == "megatron" else p.zero_stage
     dp_cp = p.data_parallel_size * p.context_parallel_size
     edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
@@ -285,6 +301,10 @@ def model_states(
         if mode == "fsdp2":
             grads = 0.0  # CPUOffloadPolicy: gradients go to the host with the parameters
     gathered = 0.0
+    if precision == "amp" and half and level < 3:
+        # autocast caches a 16-bit copy of every weight it casts for the whole forward, and
+        # the matmuls save those copies for backward: all of this rank's weights at the peak
+        gathered = 2 * (params["dense"] + params["expert"])
     if level >= 3 and mode != "megatron":
         if mode == "zero":
             unit = _largest_module(m, p.tensor_model_parallel_size)

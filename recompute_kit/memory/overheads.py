@@ -24,7 +24,9 @@ them (memory/estimate.py).
   picks; that buffer (and its gradient's in backward) lives during one MoE layer at a time, on
   top of what the layer saves. None without EP x ETP > 1 (nothing to gather).
 * Gathered parameters: a ZeRO-3 / FSDP run gathers a unit's parameters (and computes its
-  unsharded gradients) during forward and backward (model_states.ModelStates.gathered_params).
+  unsharded gradients) during forward and backward; a PyTorch AMP run (fp32 weights) holds
+  autocast's 16-bit copy of each weight through forward and backward
+  (model_states.ModelStates.gathered_params).
 """
 
 from __future__ import annotations
@@ -97,8 +99,10 @@ def overhead_terms(
         )
         if dispatcher:
             said.append("allgather dispatcher: one MoE layer's gathered hidden states")
-    if gathered_params:
+    if gathered_params and p.zero_stage >= 3 and sharding != "megatron":
         said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
+    elif gathered_params:
+        said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
     terms["overhead_assumptions"] = said
     terms["overhead_bytes"] = CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params
     return terms

@@ -233,11 +233,11 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
             reading.set(key, _bool(src, key, take(key)), src.origin(key))
     if data.get("pure_bf16") is True and not reading.get("fp16"):  # LLaMA-Factory
         take("pure_bf16")
-        reading.set(
-            "bf16",
-            True,
-            src.origin("pure_bf16", note="bf16 weights without fp32 master copies (LLaMA-Factory)"),
+        origin = src.origin(
+            "pure_bf16", note="bf16 weights without fp32 master copies (LLaMA-Factory)"
         )
+        reading.set("bf16", True, origin)
+        reading.set("param_precision", "pure", origin)
     for key, note in (
         ("cutoff_len", "LLaMA-Factory truncates each sample to cutoff_len"),
         ("max_seq_length", "TRL's deprecated name of max_length: the longest sample kept"),
@@ -476,6 +476,28 @@ def apply_defaults(reading: Reading) -> None:
     d("bf16", False, f"transformers' default ({TRAINING_ARGS})")
     d("fp16", False, f"transformers' default ({TRAINING_ARGS})")
     d("fp8", None, f"transformers' default ({TRAINING_ARGS})")
+    stage = reading.origins.get("zero_stage")
+    deepspeed = (
+        "deepspeed" in reading.unused
+        or FORMAT_DS in reading.format
+        or (stage is not None and "zero_optimization" in stage.key)
+    )
+    if deepspeed:
+        d(
+            "param_precision",
+            "fp32_master",
+            "DeepSpeed's mixed precision",
+            "16-bit weights and gradients, fp32 master copy in the optimizer",
+        )
+    elif reading.get("bf16") or reading.get("fp16"):
+        # without DeepSpeed the Trainer's bf16 / fp16 is torch.autocast over fp32 weights
+        # (and FSDP's mixed precision keeps fp32 flat parameters)
+        d(
+            "param_precision",
+            "amp",
+            f"transformers' default ({TRAINING_ARGS})",
+            "bf16/fp16 without DeepSpeed: torch autocast, fp32 weights, gradients and Adam states",
+        )
     d(
         "attention_backend",
         "flash",

@@ -210,6 +210,24 @@ def test_hf_trainer_and_trl_defaults_differ():
     assert trl.get("seq_length") == 1024
 
 
+def test_precision_of_the_weights_follows_the_trainer():
+    # Without DeepSpeed the Trainer's bf16 is torch.autocast over fp32 weights; DeepSpeed keeps
+    # 16-bit weights and an fp32 master copy; LLaMA-Factory's pure_bf16 keeps no master copy.
+    amp = _hf("model_name_or_path: m/x\nbf16: true\nper_device_train_batch_size: 1\n")
+    assert amp.get("param_precision") == "amp"
+    assert amp.origins["param_precision"].kind == "default"
+    fp32 = _hf("model_name_or_path: m/x\nper_device_train_batch_size: 1\n")
+    assert "param_precision" not in fp32  # fp32 training: every mode holds 4 + 4 + 8 B
+    ds = _hf('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}', "ds.json")
+    assert ds.get("param_precision") == "fp32_master"
+    # pure_bf16: true as in https://github.com/hiyouga/LLaMA-Factory/blob/
+    # ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30/examples/extras/galore/llama3_full_sft.yaml
+    pure = _hf("model_name_or_path: m/x\ncutoff_len: 8\npure_bf16: true\n")
+    assert pure.get("param_precision") == "pure" and pure.get("bf16") is True
+    named = _hf("model_name_or_path: m/x\nbf16: true\ndeepspeed: ds_z3.json\n")
+    assert named.get("param_precision") == "fp32_master"  # the JSON is named, not beside it
+
+
 def test_attention_backends():
     r = _hf("model_name_or_path: m/x\ncutoff_len: 8\nflash_attn: disabled\n")
     assert r.get("attention_backend") == "unfused"
