@@ -3,6 +3,7 @@ and the named overhead terms of the estimate (memory/overheads.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -225,6 +226,60 @@ def test_moe_imbalance_and_dispatcher_terms():
     assert balanced.nccl_buffers_bytes == 4 * GIB  # 1 GiB + 3 GiB for EP's all-to-all peers
     with pytest.raises(ValueError):
         estimate(cfg, moe_imbalance=0.5)
+
+
+def test_expert_capacity_factor_bounds_the_expert_tokens():
+    # Token dropping (moe_expert_capacity_factor) caps every expert at factor x its balanced
+    # share: the estimate's imbalance term takes the factor, exactly so with padding.
+    m = ModelConfig(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        ffn_hidden_size=512,
+        vocab_size=1024,
+        seq_length=128,
+        micro_batch_size=1,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=256,
+        bf16=True,
+    )
+    parallel = ParallelConfig(data_parallel_size=2, expert_model_parallel_size=2)
+    balanced = estimate(Config(m, parallel))
+    experts = (balanced.modules["experts"] + balanced.modules["moe_act"]) * 2
+    capped = estimate(Config(dataclasses.replace(m, moe_expert_capacity_factor=1.25), parallel))
+    assert capped.moe_imbalance_factor == 1.25
+    assert capped.moe_imbalance_bytes == round(0.25 * experts)
+    assert any("at most 1.25" in s for s in capped.overhead_assumptions)
+    padded = dataclasses.replace(
+        m, moe_expert_capacity_factor=0.5, moe_pad_expert_input_to_capacity=True
+    )
+    below = estimate(Config(padded, parallel))
+    assert below.moe_imbalance_bytes == round(-0.5 * experts)  # half the balanced share
+    assert any("exactly 0.5" in s for s in below.overhead_assumptions)
+    # a measured factor passed by the caller wins over the configured capacity
+    assert (
+        estimate(
+            Config(dataclasses.replace(m, moe_expert_capacity_factor=1.25), parallel),
+            moe_imbalance=2.0,
+        ).moe_imbalance_factor
+        == 2.0
+    )
+
+
+def test_capacity_flags_are_read_from_a_megatron_lm_script(tmp_path):
+    from recompute_kit.sources.resolve import resolve
+
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+        "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
+        "--num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 1.0 "
+        "--moe-pad-expert-input-to-capacity --vocab-size 1024\n"
+    )
+    config = resolve([str(script)]).config
+    assert config.model.moe_expert_capacity_factor == 1.0
+    assert config.model.moe_pad_expert_input_to_capacity is True
 
 
 def test_offload_flags_reach_the_config():

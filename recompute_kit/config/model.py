@@ -93,6 +93,10 @@ class ModelConfig:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
     moe_shared_expert_intermediate_size: int | None = None
     moe_grouped_gemm: bool = False
+    # Token dropping: an expert takes at most factor x its balanced share of tokens (None:
+    # dropless); padding fills every expert to that capacity (memory/overheads.py).
+    moe_expert_capacity_factor: float | None = None
+    moe_pad_expert_input_to_capacity: bool = False
     moe_shared_expert_overlap: bool = False
     # Multi-latent attention
     multi_latent_attention: bool = False

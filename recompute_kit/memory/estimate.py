@@ -35,7 +35,7 @@ from ..config import (
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
 from .model_states import model_states, padded_vocab_size
-from .overheads import MOE_IMBALANCE, overhead_terms
+from .overheads import overhead_terms
 
 MASK_BYTES = 1  # bool dropout masks
 STAT_BYTES = 4  # fp32 norm statistics
@@ -609,11 +609,12 @@ def estimate(
     training: bool = True,
     engine: str = "megatron",
     stage: int | None = None,
-    moe_imbalance: float = MOE_IMBALANCE,
+    moe_imbalance: float | None = None,
 ) -> Estimate:
     """Estimate per-rank memory of one training step under `config` (its recompute settings)
     on one pipeline stage: `stage`, or (None) the stage with the highest total.
-    `moe_imbalance` scales the experts' token copies (memory/overheads.py; 1.0 balanced)."""
+    `moe_imbalance` scales the experts' token copies (memory/overheads.py; None: the config's
+    moe_expert_capacity_factor where it sets one, else 1.0, balanced)."""
     m, p = config.model, config.parallel
     check_divisible(config)
     B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)
@@ -707,7 +708,9 @@ def _stage_estimate(
     )
 
 
-def _add_overheads(e: Estimate, config: Config, B: int, moe_imbalance: float) -> None:
+def _add_overheads(
+    e: Estimate, config: Config, B: int, moe_imbalance: float | None
+) -> None:
     """The named overhead terms of memory/overheads.py and total_with_overheads_bytes."""
     m, p = config.model, config.parallel
     moe_stage = any(m.is_moe_layer(n) for n in e.layers)

@@ -16,9 +16,11 @@ them (memory/estimate.py).
   all-gather over EP connects every peer); none on one GPU.
 * MoE routing imbalance: the estimate sizes the experts' token copies with balanced routing
   (T x k per rank). A factor f (a measured max/mean of tokens per rank, or Megatron's
-  moe_expert_capacity_factor, the most a token-dropping run lets an expert take) scales those
-  saved copies and the expert activations by f: (f - 1) x those bytes. Default 1.0 (balanced;
-  said in the assumptions, since dropless routing has no bound).
+  moe_expert_capacity_factor, the most a token-dropping run lets an expert take: exactly that
+  with moe_pad_expert_input_to_capacity, and below 1.0 where the factor is) scales those saved
+  copies and the expert activations by f: (f - 1) x those bytes. Default: the capacity factor
+  where the config sets one, else 1.0 (balanced; said in the assumptions, since dropless
+  routing has no bound).
 * Dispatcher buffers: Megatron's default allgather dispatcher gathers the hidden states of the
   expert-tensor x expert-parallel group (T x ETP x EP rows of h) before it keeps this rank's
   picks; that buffer (and its gradient's in backward) lives during one MoE layer at a time, on
@@ -49,15 +51,18 @@ def overhead_terms(
     gathered_tokens: float,
     moe_stage: bool,
     dtype_bytes: int,
-    moe_imbalance: float = MOE_IMBALANCE,
+    moe_imbalance: float | None = None,
 ) -> dict:
     """The named terms for one pipeline stage, and what each assumes.
 
     `expert_activation_bytes`: what the stage keeps of the experts' token copies and expert
     activations at the schedule's peak (all micro-batches in flight); `gathered_tokens`: the
     token rows the allgather dispatcher gathers for one MoE layer (T x ETP x EP)."""
-    p = config.parallel
-    if moe_imbalance < 1.0:
+    p, m = config.parallel, config.model
+    capacity = m.moe_expert_capacity_factor
+    if moe_imbalance is None:
+        moe_imbalance = capacity if capacity is not None else MOE_IMBALANCE
+    elif moe_imbalance < 1.0:
         raise ValueError(f"the MoE routing imbalance factor is at least 1.0, got {moe_imbalance}")
     ranks = (
         p.data_parallel_size
@@ -93,10 +98,23 @@ def overhead_terms(
         ),
     ]
     if moe_stage:
-        said.append(
-            f"MoE routing imbalance factor {moe_imbalance:g}"
-            + (" (balanced routing)" if moe_imbalance == 1.0 else "")
-        )
+        if capacity is not None and moe_imbalance == capacity:
+            bound = "exactly" if m.moe_pad_expert_input_to_capacity else "at most"
+            said.append(
+                f"MoE expert capacity: each expert takes {bound} {capacity:g} x its balanced "
+                "share of tokens (moe_expert_capacity_factor"
+                + (", moe_pad_expert_input_to_capacity)" if bound == "exactly" else ")")
+            )
+        else:
+            said.append(
+                f"MoE routing imbalance factor {moe_imbalance:g}"
+                + (
+                    " (balanced routing; dropless: no bound, set moe_expert_capacity_factor "
+                    "or pass a measured factor)"
+                    if moe_imbalance == 1.0
+                    else ""
+                )
+            )
         if dispatcher:
             said.append("allgather dispatcher: one MoE layer's gathered hidden states")
     if gathered_params and p.zero_stage >= 3 and sharding != "megatron":

@@ -414,6 +414,7 @@ _MODEL_BOOL = (
     "multi_latent_attention",
     "moe_grouped_gemm",
     "moe_shared_expert_overlap",
+    "moe_pad_expert_input_to_capacity",
     "cpu_offloading",
     "apply_rope_fusion",
     "bias_activation_fusion",
@@ -421,7 +422,12 @@ _MODEL_BOOL = (
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
 )
-_MODEL_FLOAT = ("hidden_dropout", "attention_dropout", "moe_aux_loss_coeff")
+_MODEL_FLOAT = (
+    "hidden_dropout",
+    "attention_dropout",
+    "moe_aux_loss_coeff",
+    "moe_expert_capacity_factor",
+)
 _MODEL_STR = ("position_embedding_type", "moe_router_score_function")
 # Megatron-Core fields NeMo 1.x sets itself (config_mapping / model_specific_configs), whatever
 # a same-named model key says.
