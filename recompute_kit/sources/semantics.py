@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
 from ..config.validation import expert_layout_problem
-from .reading import Reading
+from .reading import FROM_DERIVED, Origin, Reading
 
 
 def normalize(reading: Reading) -> None:
@@ -76,6 +76,18 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
     world = reading.get("world_size")
     cp = reading.get("context_parallel_size") or 1
     model_parallel = tp * (reading.get("pipeline_model_parallel_size") or 1) * cp
+    asked_dp = overrides.get("data_parallel_size")
+    if world and asked_dp and asked_dp * model_parallel != world and "world_size" not in overrides:
+        # recompute-kit's own --dp is the user's word about the run (a launch script's node
+        # count often comes from the scheduler's environment, unset here): the world follows it
+        was = reading.origins["world_size"].describe()
+        world = asked_dp * model_parallel
+        reading.set(
+            "world_size",
+            world,
+            Origin(FROM_DERIVED, f"--dp {asked_dp} x TP x PP x CP = {model_parallel}"),
+        )
+        reading.warnings.append(f"--dp {asked_dp} replaces the world size of {was}: {world} GPUs")
     problem = None
     if world:
         dp = world // model_parallel

@@ -40,6 +40,18 @@ def test_a_world_that_cannot_hold_the_layout_is_refused_or_warned(tmp_path):
     assert read.reading.origins["data_parallel_size"].kind == "assumed"
 
 
+def test_dp_asked_on_the_command_line_sets_the_world(tmp_path):
+    # A launch script's node count often comes from the scheduler (NNODES=${SLURM_NNODES:-1}),
+    # unset where recompute-kit reads it: the user's --dp decides the world, said aloud.
+    path = script(tmp_path, nodes=1)
+    with pytest.raises(ConfigError, match="does not match a world of 8 GPUs"):
+        resolve([path], overrides={"data_parallel_size": 2, "world_size": 8})
+    resolved = resolve([path], overrides={"data_parallel_size": 4})
+    assert resolved.config.parallel.data_parallel_size == 4
+    assert resolved.reading.get("world_size") == 32  # 4 x TP4 x PP2
+    assert any("--dp 4 replaces the world size" in w for w in resolved.reading.warnings)
+
+
 def test_sequence_parallel_at_tp1_from_a_file_is_turned_off(tmp_path):
     resolved = resolve([script(tmp_path, tp=1)])
     assert resolved.config.parallel.sequence_parallel is False
