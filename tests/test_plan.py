@@ -182,3 +182,17 @@ def test_cli_validate_strict_reads_the_version(tmp_path, capsys):
     assert "runs past the last layer" in capsys.readouterr().out
     main(["validate", str(script), "--strict", "--megatron-core-version", "0.17"])
     assert "runs past the last layer" not in capsys.readouterr().out
+
+
+def test_when_nothing_clears_the_band_the_most_headroom_is_picked():
+    cfg = deepseek_v3()
+    roomy = plan(cfg, 200.0, safety_margin=0.0)
+    smallest = min(roomy.candidates, key=lambda c: c.estimate.total_bytes)
+    # a budget where the smallest candidate fits with half its error band to spare
+    budget = (smallest.estimate.total_bytes + smallest.band.total_bytes // 2) / GIB
+    tight = plan(cfg, budget, safety_margin=0.0)
+    fitting = [c for c in tight.candidates if c.fits]
+    assert fitting and not any(c.clears_band for c in fitting)
+    assert tight.best.headroom_bytes == max(c.headroom_bytes for c in fitting if not c.offload)
+    assert "no setting clears it" in tight.explanation
+    assert "cheapest setting that clears the band" not in tight.explanation

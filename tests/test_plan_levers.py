@@ -185,6 +185,13 @@ def test_uneven_vpp_and_distributed_optimizer_rows():
     )
 
 
+def test_a_global_batch_the_layout_cannot_split_says_why():
+    # NeMo Launcher's mixtral_8x22b.yaml ships global_batch_size: 1 for 48 nodes
+    cfg = tiny(pipeline_model_parallel_size=2, data_parallel_size=2)
+    with pytest.raises(ConfigError, match="global batch 3 is not divisible by micro batch"):
+        levers(cfg, 1.0, global_batch_size=3)
+
+
 def test_cli_levers_on_llama3_8b_at_128k(capsys):
     script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
     args = ["plan", "--config", str(script), "--seq-length", "131072", "--gpu-memory-gb", "139"]

@@ -15,6 +15,32 @@ from .model import ConfigError, ModelConfig, ParallelConfig
 _MAX_SYMBOLS = 1_000_000
 
 
+_SYMBOL_OF_LAYER = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+
+
+def layout_from_stages(stages: list) -> str:
+    """The string form of a layout given as Megatron's other spelling, a list of virtual
+    stages of layer-type names (`[["embedding", "decoder"], ..., ["decoder", "loss"]]`,
+    LayerType's names, as Megatron-Bridge YAMLs write it)."""
+    if not isinstance(stages, (list, tuple)) or not all(
+        isinstance(stage, (list, tuple)) for stage in stages
+    ):
+        raise ConfigError(
+            f"pipeline_model_parallel_layout must be a string or a list of lists, got {stages!r}"
+        )
+    text = []
+    for stage in stages:
+        names = [str(name).rsplit(".", 1)[-1].lower() for name in stage]  # LayerType.decoder
+        unknown = sorted({n for n in names if n not in _SYMBOL_OF_LAYER})
+        if unknown:
+            raise ConfigError(
+                f"pipeline_model_parallel_layout: unknown layer type {unknown[0]!r} "
+                f"(one of {', '.join(_SYMBOL_OF_LAYER)})"
+            )
+        text.append("".join(_SYMBOL_OF_LAYER[n] for n in names))
+    return "|".join(text)
+
+
 def expand_layout(text: str) -> list[str]:
     """The virtual stages of a layout, each as its expanded symbols (`["Et", "tt", ..., "mL"]`).
     Raises ConfigError (one line) on a malformed layout."""

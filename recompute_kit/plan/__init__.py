@@ -137,6 +137,9 @@ def plan(
             c.estimate.total_bytes,
         ),
     )
+    if fitting and not any(c.clears_band for c in fitting):
+        # nothing clears the band: the most headroom is the least risk
+        fitting.sort(key=lambda c: (bool(c.offload), -c.headroom_bytes))
     if not fitting:
         smallest = min(found, key=lambda c: c.estimate.total_bytes)
         need = smallest.estimate.total_bytes
@@ -250,9 +253,11 @@ def explain(
     parts.append(
         f"Recomputation adds {e.recompute_flops_fraction:.1%} to the step's FLOPs"
         + (
-            "; it is the cheapest setting that clears the band."
-            if not best.offload
-            else "; offloading is chosen only because no recompute-only setting fits."
+            "; offloading is chosen only because no recompute-only setting fits."
+            if best.offload
+            else "; it is the cheapest setting that clears the band."
+            if best.band is None or best.clears_band
+            else "; it is the setting that comes closest to clearing the band."
         )
     )
     cheaper = [

@@ -229,6 +229,10 @@ def levers(
             f"global batch unknown: assumed {global_batch_size} (4 x max(pp, 2) micro-batches "
             "per data-parallel rank); give --global-batch-size"
         )
+    try:
+        micro_batches_per_step(config, global_batch_size)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: the run as given cannot step (--global-batch-size)") from None
     args = (global_batch_size, hw, usable, gpu_memory_gb, safety_margin, megatron_core_version)
     current = _evaluate("current", "as given", config, *args, fallback="never")
     if current is None:

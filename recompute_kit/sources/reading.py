@@ -116,11 +116,22 @@ class Reading:
             "framework": self.framework,
             "format": self.format,
             "model_name": self.model_name,
-            "config": dict(self.values),
+            "config": _jsonable(self.values),
             "sources": {k: o.to_json() for k, o in self.origins.items()},
             "warnings": list(self.warnings),
-            "unused": dict(self.unused),
+            "unused": _jsonable(self.unused),
         }
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON data: a value a reader could not resolve (a variable, an expression) as its text."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 # The values a per-rank memory estimate depends on. After resolving, each has an origin:

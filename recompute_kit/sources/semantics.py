@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
+from ..config.pipeline_layout import layout_from_stages
 from ..config.validation import expert_layout_problem
 from .reading import FROM_DERIVED, Origin, Reading
 
@@ -31,6 +32,12 @@ def normalize(reading: Reading) -> None:
             origin = reading.origins[key]
             note = f"{value!r} read as a list"
             reading.set(key, [v for v in items if v], dataclasses.replace(origin, note=note))
+    layout = reading.get("pipeline_model_parallel_layout")
+    if isinstance(layout, (list, tuple)):  # Megatron's list-of-stages spelling
+        origin = reading.origins["pipeline_model_parallel_layout"]
+        text = layout_from_stages(layout)
+        note = "a list of stages, written as Megatron's layout string"
+        reading.set("pipeline_model_parallel_layout", text, dataclasses.replace(origin, note=note))
     scope = reading.get("cuda_graph_scope")
     if scope is None and "cuda_graph_scope" in reading:
         scope = []

@@ -210,3 +210,18 @@ def test_sniff() -> None:
     assert bridge.sniff((CORPUS / "bridge_llama3_8b.py").read_text(), "llama3_8b.py") > 50
     assert bridge.sniff("print('hi')\n", "x.py") == 0
     assert bridge.sniff("a: 1\n", "x.yaml") == 0
+
+
+def test_a_layout_written_as_a_list_of_stages_is_megatrons_layout_string():
+    # Megatron-Bridge serializes pipeline_model_parallel_layout as lists of LayerType names
+    # (Megatron-Core's PipelineParallelLayerLayout takes a str or such a list).
+    from recompute_kit.config.pipeline_layout import layout_from_stages
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "bridge"
+    resolved = resolve([str(path / "blind2_deepseek_v3_pretrain_gb200_nvfp4_v1.yaml")])
+    layout = resolved.config.parallel.pipeline_model_parallel_layout
+    assert layout == "Etttt|" + "tttt|" * 14 + "tmL"
+    assert layout_from_stages([["embedding", "decoder"], ["LayerType.decoder", "loss"]]) == "Et|tL"
+    with pytest.raises(ConfigError, match="unknown layer type 'encoder'"):
+        layout_from_stages([["embedding", "encoder"]])

@@ -64,3 +64,28 @@ def test_every_command_reads_the_same(name):
         assert layout == {k: want[k] for k in layout}, command
     doctor = run("doctor", "--config", path)
     assert {k: doctor["evidence"]["read"]["config"][k] for k in want} == want
+
+
+def test_json_carries_values_the_reader_could_not_resolve():
+    # A recipe sets a key from a variable (`cfg.model.seq_length = seq_length`): the reader
+    # leaves it unresolved, and every command's JSON still writes (the text of the value).
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recompute_kit.cli",
+            "plan",
+            "--config",
+            str(CORPUS / "bridge" / "bridge_llama3_8b.py"),
+            "--gpu",
+            "h100-80gb",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert any("<unresolved" in json.dumps(v) for v in doc["read"]["unused"].values())
