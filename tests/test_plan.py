@@ -196,3 +196,14 @@ def test_when_nothing_clears_the_band_the_most_headroom_is_picked():
     assert tight.best.headroom_bytes == max(c.headroom_bytes for c in fitting if not c.offload)
     assert "no setting clears it" in tight.explanation
     assert "cheapest setting that clears the band" not in tight.explanation
+
+
+def test_nothing_fits_on_assumed_layout_says_the_assumption(capsys):
+    from pathlib import Path
+
+    from recompute_kit.cli import main
+
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "llama3_8b.toml"
+    assert main(["plan", "--config", str(toml), "--gpu", "h100-80gb"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing fits" in err and "rests on assumed values: data_parallel_size = 1" in err

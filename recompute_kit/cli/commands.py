@@ -30,6 +30,7 @@ from .common import (
     shape_only,
     specs_for,
     text_file,
+    with_layout_assumptions,
 )
 
 
@@ -405,6 +406,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = plan(cfg, gib, args.safety_margin, default_format(args), args.stage, version)
     except ConfigError as exc:
+        exc = with_layout_assumptions(exc, cfg)
         if args.json:  # a document even when nothing fits: scripts read stdout
             emit_json_read(
                 args,
@@ -417,7 +419,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "assumptions": cfg.assumptions,
                 },
             )
-        raise
+        raise exc from None
     if args.json:
         emit_json_read(
             args,

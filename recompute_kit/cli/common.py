@@ -479,3 +479,24 @@ def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
                 "modules, so they recompute nothing here",
                 file=sys.stderr,
             )
+
+
+# Assumed values that decide what fits per rank: a refusal resting on them says so.
+_LAYOUT_ASSUMPTIONS = (
+    "data_parallel_size",
+    "zero_stage",
+    "use_distributed_optimizer",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+)
+
+
+def with_layout_assumptions(exc: ConfigError, cfg: Config) -> ConfigError:
+    """`exc` with the layout assumptions it rests on (`nothing fits` on an assumed DP of 1 is
+    a question about the world size, not advice to add parallelism)."""
+    said = [a for a in cfg.assumptions if a.split(" ", 1)[0] in _LAYOUT_ASSUMPTIONS]
+    if not said:
+        return exc
+    return ConfigError(f"{exc}. This rests on assumed values: " + "; ".join(said))

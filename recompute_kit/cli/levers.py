@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import Config, ConfigError
 from ..units import byte_unit, in_unit
-from .common import emit_json_read, format_table, layout_of
+from .common import emit_json_read, format_table, layout_of, with_layout_assumptions
 
 GIB = 2**30
 
@@ -125,9 +125,12 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     else:
         _print(table, calibration)
     if not fits:
-        raise ConfigError(
-            f"no lever fits in {gib:g} GiB ({table.usable_bytes / GIB:.1f} GiB usable): add GPUs "
-            "(tensor or data parallelism) or shorten the sequence"
+        raise with_layout_assumptions(
+            ConfigError(
+                f"no lever fits in {gib:g} GiB ({table.usable_bytes / GIB:.1f} GiB usable): add "
+                "GPUs (tensor or data parallelism) or shorten the sequence"
+            ),
+            cfg,
         )
     return 0
 

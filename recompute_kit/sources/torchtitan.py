@@ -723,12 +723,18 @@ def apply_defaults(reading: Reading) -> None:
             reading.derive(
                 "data_parallel_size", dp, "WORLD_SIZE / (TP x PP x CP) (shard -1 = the rest)"
             )
-            if "zero_stage" not in reading:
-                reading.derive(
-                    "zero_stage",
-                    3 if dp * cp > 1 else 0,
-                    "FSDP2 shards over dp_shard x cp when > 1",
-                )
+    dp = reading.get("data_parallel_size")
+    if dp and "zero_stage" not in reading:  # data_parallel_shard_degree -1: every DP rank
+        how = "FSDP2 shards over dp_shard x cp when > 1 (dp_shard -1: the data-parallel ranks)"
+        reading.derive("zero_stage", 3 if dp * cp > 1 else 0, how)
+        if dp * cp > 1:
+            reading.derive("use_torch_fsdp2", True, how)
+    d(
+        "param_precision",
+        "amp",
+        where,
+        "fp32 parameters; bf16 compute through FSDP2's MixedPrecisionPolicy or autocast",
+    )
     d("use_distributed_optimizer", False, where, "FSDP2 sharding is zero_stage")
     d("cpu_offloading", False, where)
     d("fine_grained_activation_offloading", False, where)

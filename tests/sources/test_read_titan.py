@@ -121,6 +121,20 @@ def test_titan_shard_minus_one_uses_the_world_size_when_known():
     assert r.get("sequence_parallel") is True  # TP always shards the norms' sequence
     r = _tt(parallelism="tensor_parallel_degree = 8")
     assert "data_parallel_size" not in r and "zero_stage" not in r
+    assert r.get("param_precision") == "amp"  # torchtitan keeps fp32 parameters
+
+
+def test_titan_default_shard_with_dp_from_the_command_line_is_fsdp2(tmp_path):
+    # dp_shard -1 (the default) shards over every data-parallel rank: recompute-kit's --dp 8
+    # decides the world the TOML leaves open, and FSDP2 follows from it.
+    from recompute_kit.sources.resolve import resolve
+
+    toml = HERE / "corpus" / "torchtitan" / "llama3_8b.toml"
+    resolved = resolve([str(toml)], overrides={"data_parallel_size": 8})
+    p = resolved.config.parallel
+    assert (p.zero_stage, p.use_torch_fsdp2, p.param_precision) == (3, True, "amp")
+    alone = resolve([str(toml)])
+    assert any(a.startswith("zero_stage = 0") for a in alone.config.assumptions)
 
 
 def test_titan_precision_and_fp8():
