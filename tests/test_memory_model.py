@@ -228,3 +228,18 @@ def test_pipeline_layout_string_places_layers_per_virtual_stage():
     short = cfg.replace(pipeline_model_parallel_layout="E|(tt|)*30mL")
     with pytest.raises(ConfigError, match="places 60 transformer layers, the model has 61"):
         layers_per_stage(short.model, short.parallel)
+
+
+@pytest.mark.parametrize("ffn_over_h", [3, 4, 8])
+@pytest.mark.parametrize("t", [2, 8])
+def test_megatron_lm_theoretical_memory_formula(ffn_over_h, t):
+    # Megatron-LM megatron/training/theoretical_memory_usage.py compute_activation_memory
+    # (Table 2 with TP + SP and selective recompute, any FFN width): per layer
+    # s*b*h*(18 + 4*ffn/h) / t bytes; the kit adds the norms' fp32 statistics it leaves out.
+    cfg = GPT3.replace(
+        ffn_hidden_size=ffn_over_h * h, tensor_model_parallel_size=t, sequence_parallel=True
+    ).with_recompute("selective")
+    formula = sbh * (18 + 4 * ffn_over_h) / t
+    assert estimate(cfg).per_layer_activation_bytes == pytest.approx(
+        formula + LN_STATS / t, rel=1e-12
+    )
