@@ -120,22 +120,6 @@ def _fallback_notice(ctx: Context) -> Match | None:
     )
 
 
-rule(
-    "RK158",
-    "NCCL_CUMEM_ENABLE=0 warning from vLLM: expected",
-    "informational",
-    symptom="WARNING '[env_override.py] NCCL_CUMEM_ENABLE is set to 0, skipping override. "
-    "This may increase memory overhead with cudagraph+allreduce'",
-    cause="The launcher sets NCCL_CUMEM_ENABLE=0 on purpose (NCCL's cuMem allocations break "
-    "weight sync / sleep mode between trainer and vLLM); vLLM notes it keeps the setting",
-    confirm="The environment sets NCCL_CUMEM_ENABLE=0 deliberately (RL trainers do)",
-    fix="Ignore it (an expected warning); only if memory is short with CUDA graphs + "
-    "all-reduce, try NCCL_CUMEM_ENABLE=1 where the colocated engine allows it",
-    patch={"code": "no change: NCCL_CUMEM_ENABLE=0 is intended (expected warning)"},
-    refs=("https://github.com/NVIDIA/nccl/issues/1234",),
-)(on_message("NCCL_CUMEM_ENABLE is set to 0", confidence=0.7))
-
-
 @rule(
     "RK159",
     "'Checkpointing has no effect' read from the wrong number",
