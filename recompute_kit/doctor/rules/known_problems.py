@@ -156,11 +156,10 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 def _version_said(ctx: Context, library: str | None) -> str | None:
     """The library's version as the paste states it ("torch 2.3.1", "pytorch version 2.5")."""
-    said = fact(ctx, "version_said")
-    if not library or not said:
+    said = fact(ctx, "versions_said") or {}
+    if not library or not isinstance(said, dict):
         return None
-    lib, version = said
-    return version if lib.lower().replace("_", "-") == library else None
+    return said.get(library)  # "pytorch 2.5" is said as torch (evidence/versions.py)
 
 
 def load(text: str | None = None) -> list[KnownProblem]:
