@@ -11,9 +11,19 @@ import dataclasses
 
 import pytest
 import yaml
-from rule_helpers import SOURCES, covers, ids, run, text, top
+from rule_helpers import (
+    SOURCES,
+    covers,
+    ids,
+    run,
+    text,
+    top,
+)
 
-from recompute_kit.doctor.rules import CATEGORIES, RULES
+from recompute_kit.doctor.rules import (
+    CATEGORIES,
+    RULES,
+)
 from recompute_kit.doctor.rules.known_problems import KNOWN_PROBLEMS, TABLE, load
 
 # Row id -> verbatim snippets (tests/data/rules/<name>.txt) that fire it.
@@ -130,3 +140,61 @@ def test_the_table_ships_as_package_data():
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert TABLE in pyproject
+
+
+# ---- the table's rows, one or more tests each (moved from the round-named modules) ----
+
+
+# =============================================================================================
+# RK094: ZeRO-2 reduces a shared weight's gradient twice under the reentrant checkpoint
+# =============================================================================================
+
+
+@covers("RK094")
+def test_fresh_rk094_one_layer_reused_six_times_under_zero2():
+    # https://github.com/deepspeedai/DeepSpeed/issues/2103 (one layer's weights reused by six
+    # checkpointed layers; "AssertionError: The parameter 97 has already been reduced")
+    f = top(run(text("fr-reduced-twice-weight-sharing-ds")))
+    assert f.rule == "RK094" and f.category == "checkpoint_api_misuse"
+    assert "share the weight" in f.fix
+    assert f.config_patch["zero_optimization"] == {"stage": 1}
+
+
+@covers("RK094")
+def test_rk094_parameter_reduced_twice_deepspeed():
+    f = top(run(text("i12-piccolo-8")))
+    assert f.rule == "RK094" and f.category == "checkpoint_api_misuse"
+    assert f.config_patch["zero_optimization"] == {"stage": 1}
+
+
+@covers("RK096")
+def test_rk096_te_fp8_recompute_keyerror():
+    f = top(run(text("i12-te-3284")))
+    assert f.rule == "RK096" and f.category == "nondeterministic_recompute"
+    assert "fp8_autocast" in f.fix
+
+
+@covers("RK154")
+def test_rk154_max_split_with_expandable_segments():
+    # pytorch#123548: PYTORCH_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True.
+    f = top(run(text("i13-pt-123548")))
+    assert f.rule == "RK154" and f.category == "framework_bug"
+    assert f.config_patch == {"env": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}}
+
+
+@covers("RK155")
+def test_rk155_checkpoint_on_xpu_hits_the_cuda_path():
+    # pytorch#128478: test_gradient_checkpointing - RuntimeError: PyTorch was compiled without
+    # CUDA support.
+    f = top(run(text("i13-pt-128478")))
+    assert f.rule == "RK155" and f.category == "framework_bug"
+    assert "DefaultDeviceType" in f.fix and "upgrade torch" in f.fix.lower()
+
+
+@covers("RK158")
+def test_rk158_nccl_cumem_warning_from_vllm():
+    # open-instruct PR #838: vLLM's "WARNING 07-29 15:39:27 [env_override.py:17] ..." line.
+    d = run(text("i13-open-instruct-838"))
+    assert d.evidence.errors[0].frames == ["env_override.py:17"]
+    f = top(d)
+    assert f.rule == "RK158" and f.category == "informational"
