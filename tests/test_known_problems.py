@@ -35,6 +35,7 @@ SIGNATURE_TEXTS: dict[str, tuple[str, ...]] = {
     "RK154": ("i13-pt-123548",),
     "RK155": ("i13-pt-128478",),
     "RK158": ("i13-open-instruct-838",),
+    "RK104": ("i12-llamafactory-1916",),
 }
 
 
@@ -198,3 +199,15 @@ def test_rk158_nccl_cumem_warning_from_vllm():
     assert d.evidence.errors[0].frames == ["env_override.py:17"]
     f = top(d)
     assert f.rule == "RK158" and f.category == "informational"
+
+
+@covers("RK104")
+def test_rk104_old_checkpointing_format_warning_is_informational():
+    d = run(text("i12-llamafactory-1916"))
+    assert d.evidence.errors and d.evidence.errors[0].kind == "warning"
+    f = top(d)
+    assert f.rule == "RK104" and f.category == "informational" and f.config_patch
+    # https://github.com/hiyouga/LlamaFactory/issues/1916: the notice alone is informational;
+    # the same notice beside a real OOM (pytorch#16417's message) is not the run's problem
+    d = run(text("i12-llamafactory-1916") + "\n" + text("oom-pt-16417-comment"))
+    assert "RK104" not in ids(d)

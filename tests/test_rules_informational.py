@@ -50,14 +50,6 @@ def test_fresh_rk156_old_use_reentrant_notice_alone():
     assert "use_reentrant" in str(f.config_patch)
 
 
-@covers("RK104")
-def test_rk104_old_checkpointing_format_warning_is_informational():
-    d = run(text("i12-llamafactory-1916"))
-    assert d.evidence.errors and d.evidence.errors[0].kind == "warning"
-    f = top(d)
-    assert f.rule == "RK104" and f.category == "informational" and f.config_patch
-
-
 @covers("RK156")
 def test_rk156_old_use_reentrant_notice_alone():
     # ChatGLM / LLaVA-Llama-3#4's first warning alone (the older wording).

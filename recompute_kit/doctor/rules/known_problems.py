@@ -112,6 +112,10 @@ class KnownProblem:
     def _error_match(self, ctx: Context) -> Match | None:
         sig = self.row["signature"]
         facts = [f for f in sig.get("where_or_facts", ()) if fact(ctx, f)]
+        if sig.get("alone") and (
+            ctx.oom or any(e.kind == "exception" for e in ctx.evidence.errors)
+        ):
+            return None  # a notice that only matters where nothing failed
         for e in ctx.evidence.errors:
             if self.error_type is not None and not self.error_type.search(e.type):
                 continue
