@@ -1,7 +1,9 @@
 """Where each text in tests/data/rules/ comes from: file name (without .txt) -> URL, with a note
 where the text was joined or cut. `test_rules.py` checks that every data file has an entry;
 `rule_helpers.text` refuses a file without one. New rounds of pastes add one
-`SOURCES.update({...})` block each, at the end.
+`SOURCES.update({...})` block each, at the end. The blocks name the collection round that
+added them (round "fresh_memory", ...); the tests themselves are grouped by rule module
+(tests/test_rules_<module>.py, tests/test_known_problems.py for the known-problems table).
 """
 
 TC = "https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/megatron/core/transformer/transformer_config.py#L1884-L2030"
@@ -169,7 +171,7 @@ SOURCES = {
     "i26-openrlhf-384": "https://github.com/OpenRLHF/OpenRLHF/issues/384",
     "i26-openrlhf-392": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
     "i26-openrlhf-392-config": "https://github.com/OpenRLHF/OpenRLHF/issues/392",
-    # fresh pastes for the memory families (tests/test_rules_fresh_memory.py): threads that are
+    # fresh pastes for the memory families (round "fresh_memory"): threads that are
     # neither corpus cases nor the rules' own sources
     "fm-colossalai-3509-optimizer-step": "https://github.com/hpcaitech/ColossalAI/issues/3509",
     "fm-semseg-60-eval-no-grad": "https://github.com/hszhao/semseg/issues/60",
@@ -188,7 +190,7 @@ SOURCES = {
 }
 
 # fresh public pastes for the recompute families (checkpoint API, recompute that differs or
-# does not act, validation, framework bugs, overhead): tests/test_rules_fresh_recompute.py
+# does not act, validation, framework bugs, overhead): round "fresh_recompute"
 SOURCES.update(
     {
         "fr-ddp-ready-twice-focalnet": "https://github.com/microsoft/FocalNet/issues/4",
@@ -215,7 +217,7 @@ SOURCES.update(
 
 
 # fresh public pastes for the Megatron families (validation messages, argument checks,
-# measured recompute cost): tests/test_rules_fresh_megatron.py
+# measured recompute cost): round "fresh_megatron"
 SOURCES.update(
     {
         "fg-uniform-remainder-mlm1807": "https://github.com/NVIDIA/Megatron-LM/issues/1807",
@@ -227,7 +229,7 @@ SOURCES.update(
         "fg-ep-tp-sp-launcher309": "https://github.com/NVIDIA/NeMo-Framework-Launcher/pull/309",
     }
 )
-# fresh pastes that carry little, for the default readings: tests/test_rules_fresh_defaults.py
+# fresh pastes that carry little, for the default readings: round "fresh_defaults"
 SOURCES.update(
     {
         "fd-cvrecipes-561-4gb": "https://github.com/microsoft/computervision-recipes/issues/561",
@@ -245,7 +247,7 @@ SOURCES.update(
 )
 
 # fresh public pastes by category (framework bugs, overhead, no effect, recompute that
-# differs): tests/test_rules_fresh_categories_a.py
+# differs): round "fresh_categories_a"
 SOURCES.update(
     {
         "fa-nd-kvcache-qwen2-pt155171": "https://github.com/pytorch/pytorch/issues/155171",
@@ -262,7 +264,7 @@ SOURCES.update(
 
 # fresh public pastes by memory category (model states, fragmentation, logits, one allocation
 # larger than the GPU, other processes, memory outside PyTorch):
-# tests/test_rules_fresh_categories_b.py
+# round "fresh_categories_b"
 SOURCES.update(
     {
         "fb-ds-3208-1p3b-adam-14gb": "https://github.com/deepspeedai/DeepSpeed/issues/3208",
@@ -281,7 +283,7 @@ SOURCES.update(
 )
 
 # fresh public pastes of framework bugs on recompute / offload / sharding paths:
-# tests/test_rules_fresh_bugs.py
+# round "fresh_bugs"
 SOURCES.update(
     {
         "fx-ds-1499-dp-process-group": "https://github.com/deepspeedai/DeepSpeed/issues/1499",
@@ -294,7 +296,7 @@ SOURCES.update(
 )
 # fresh public pastes for model states and genuine memory pressure (weights, gradients and
 # optimizer states that do not fit; a job that needs more memory than the GPU has):
-# tests/test_rules_fresh_states.py
+# round "fresh_states"
 SOURCES.update(
     {
         "fs-hf13329-gptj6b-a100-40g": "https://github.com/huggingface/transformers/issues/13329",
@@ -309,7 +311,7 @@ SOURCES.update(
 
 # fresh public pastes for logits memory (an OOM in the loss / lm_head / fp32 logits of a large
 # vocabulary) and recompute overhead (step times with and without checkpointing):
-# tests/test_rules_fresh_logits_overhead.py
+# round "fresh_logits_overhead"
 SOURCES.update(
     {
         "fl-automodel-2609-logits-float-48gib": "https://github.com/NVIDIA-NeMo/Automodel/pull/2609",
@@ -323,7 +325,7 @@ SOURCES.update(
 )
 
 # fresh public pastes for model states / genuine pressure / allocations larger than the
-# device (second round): tests/test_rules_fresh_states2.py
+# device (second round): round "fresh_states2"
 SOURCES.update(
     {
         "fq-dllm9-8b-zero2-2xa100-40g": "https://github.com/ZHZisZZ/dllm/issues/9",
@@ -337,7 +339,7 @@ SOURCES.update(
 )
 
 # freshlo2: more fresh pastes for logits memory and recompute overhead:
-# tests/test_rules_fresh_logits2.py
+# round "fresh_logits2"
 SOURCES.update(
     {
         "fz-msswift-6966-logits-float-49g": "https://github.com/modelscope/ms-swift/issues/6966",
@@ -354,7 +356,7 @@ SOURCES.update(
 )
 
 # fresh public pastes for other processes, memory outside PyTorch and fragmentation:
-# tests/test_rules_fresh_outside.py
+# round "fresh_outside"
 SOURCES.update(
     {
         "fo-pt-3477-gpu0-full-other-process": "https://github.com/pytorch/pytorch/issues/3477",
@@ -367,7 +369,7 @@ SOURCES.update(
 
 # fresh public pastes of framework bugs, second round (leaks that grow step after step, a
 # release that worked and the next that fails, features failing only together):
-# tests/test_rules_fresh_bugs2.py
+# round "fresh_bugs2"
 SOURCES.update(
     {
         "fy-pt-166790-conv3d-cudnn-workspace-after-upgrade": "https://github.com/pytorch/pytorch/issues/166790",
@@ -381,7 +383,7 @@ SOURCES.update(
 )
 
 # fresh public pastes for checkpoint API misuse, recompute that differs, recompute that does
-# not act and recompute argument checks (second round): tests/test_rules_fresh_recompute2.py
+# not act and recompute argument checks (second round): round "fresh_recompute2"
 SOURCES.update(
     {
         "fn-ckpt-metadata-sam3lora": "https://github.com/Sompote/SAM3_LoRA/issues/10",
@@ -394,7 +396,7 @@ SOURCES.update(
 )
 
 # fresh public pastes written in Chinese around (or instead of) the English error, read through
-# evidence/cjk.py: tests/test_rules_fresh_cjk.py
+# evidence/cjk.py: round "fresh_cjk"
 SOURCES.update(
     {
         "fh-udtransnet-21-grows-until-oom": "https://github.com/McGregorWwww/UDTransNet/issues/21",
@@ -409,7 +411,7 @@ SOURCES.update(
     }
 )
 
-# precision audit (tests/test_rules_precision.py): the dev corpus case's paste, verbatim
+# precision audit (round "precision"): the dev corpus case's paste, verbatim
 SOURCES.update(
     {
         "fa-prec-opixray-5-slack-below-request": "https://github.com/OPIXray-author/OPIXray/issues/5",
@@ -417,7 +419,7 @@ SOURCES.update(
 )
 
 # fresh public pastes of model states with the settings said in prose and on command lines
-# (ZeRO stage, offload, adapters, GPUs): tests/test_rules_fresh_settings.py
+# (ZeRO stage, offload, adapters, GPUs): round "fresh_settings"
 SOURCES.update(
     {
         "fk-fastchat1193-vicuna7b-4xv100-zero3": "https://github.com/lm-sys/FastChat/issues/1193",
@@ -431,7 +433,7 @@ SOURCES.update(
 )
 
 # the boundary between genuine pressure (a vision workload too big for the GPU) and activation
-# memory (checkpointing declined, eager attention scores): tests/test_rules_pressure.py; the
+# memory (checkpointing declined, eager attention scores): round "pressure"; the
 # dev corpus cases' pastes, verbatim
 SOURCES.update(
     {
@@ -447,7 +449,7 @@ SOURCES.update(
     }
 )
 
-# several models of an RLHF run per GPU; ranks on GPU 0: tests/test_rules_states3.py
+# several models of an RLHF run per GPU; ranks on GPU 0: round "states3"
 SOURCES.update(
     {
         "r6s-openrlhf277-ppo13b-prose": "https://github.com/OpenRLHF/OpenRLHF/issues/277",
@@ -456,7 +458,7 @@ SOURCES.update(
     }
 )
 
-# user-input rejections told from library bugs (RK650, RK420): tests/test_rules_api3.py
+# user-input rejections told from library bugs (RK650, RK420): round "api3"
 SOURCES.update(
     {
         "r6a-pt152752-ckpt-seq-segments": "https://github.com/pytorch/pytorch/issues/152752",
@@ -478,7 +480,7 @@ SOURCES.update(
     }
 )
 
-# Gemini placement (RK670), tokenizer length warning (RK671): tests/test_rules_states4.py
+# Gemini placement (RK670), tokenizer length warning (RK671): round "states4"
 SOURCES.update(
     {
         "r8s-unsloth382-token-overflow": "https://github.com/unslothai/unsloth/issues/382",
@@ -488,7 +490,7 @@ SOURCES.update(
 )
 
 # host RAM, selective recompute that OOMs, vocabulary-sized loss buffers (RK660, RK661, RK262):
-# tests/test_rules_pressure2.py
+# round "pressure2"
 SOURCES.update(
     {
         "r8p-verl224-rollout-host-ram": "https://github.com/verl-project/verl/issues/224",
@@ -500,7 +502,7 @@ SOURCES.update(
 
 # ZeRO-3 model moved whole before sharding (RK691), an upgrade "from A to B" regression
 # (RK600), a recompute call passing an argument in another parameter's slot (RK690):
-# tests/test_rules_sample4a.py
+# round "sample4a"
 SOURCES.update(
     {
         "r10a-deepspeed2497-module-to-device": "https://github.com/deepspeedai/DeepSpeed/issues/2497",
@@ -510,7 +512,7 @@ SOURCES.update(
 )
 
 # memory budget and speed (RK700), another kernel in the recompute (RK701), a reentrant
-# checkpoint's output cycle (RK702): tests/test_rules_sample4b.py
+# checkpoint's output cycle (RK702): round "sample4b"
 SOURCES.update(
     {
         "r10b-pt149258-memory-budget-speed": "https://github.com/pytorch/pytorch/issues/149258",

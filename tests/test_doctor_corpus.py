@@ -48,15 +48,15 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # The corpus then grew by 12 cases (f_*: 4 dev, 8 held-out; no rule written for them): on 215
 # cases dev 104/123 = 84.6%, 108/123 = 87.8%; held-out 29/92 = 31.5%, 32/92 = 34.8% (the held-out
 # fix floor back to 0.30: the corpus changed, not the rules).
-# After the rounds that checked rules on fresh real pastes (tests/test_rules_fresh_*.py) and
+# After the rounds that checked rules on fresh real pastes (rounds "fresh_*") and
 # the robustness to cut pastes: dev 104/123 = 84.6%, 109/123 = 88.6%; held-out 33/92 = 35.9%,
 # 34/92 = 37.0%.
 # The corpus then grew by an unbiased sample of 26 cases (g_*, h_*, i_*: taken in search order,
 # not chosen by category; 16 dev, 10 held-out; no rule written for them): on 241 cases dev
 # 108/139 = 77.7%, 112/139 = 80.6%; held-out 39/102 = 38.2%, 35/102 = 34.3% (dev floors and the
 # held-out fix floor lowered by 5 points: the corpus changed, not the rules).
-# After the genuine-pressure / activation-memory boundary (RK630-RK632, tests/
-# test_rules_pressure.py): dev 113/139 = 81.3%, 116/139 = 83.5%; held-out 39/102, 35/102.
+# After the genuine-pressure / activation-memory boundary (RK630-RK632, round "pressure"):
+# dev 113/139 = 81.3%, 116/139 = 83.5%; held-out 39/102, 35/102.
 # r6api (RK650-RK653: rejected input told from a library bug, checkpoint API readings): dev
 # 113/139 = 81.3%, 117/139 = 84.2%; held-out 39/102, 35/102 (unchanged).
 # r8state (RK670 Gemini placement, RK671 tokenizer length warning, RK672 use_reentrant warning

@@ -1,136 +1,190 @@
-"""Rules RK050-RK077: Megatron's validation messages; the PyTorch / Hugging Face checkpoint API."""
+"""Tests of the rules in recompute_kit/doctor/rules/validation.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 
 from __future__ import annotations
 
-import pytest
 from rule_helpers import (
-    LLAMA3_8B_SELECTIVE,
-    LLAMA3_70B_MLM_1031,
-    MIXTRAL_8X7B_MLP,
     cites,
     covers,
+    get,
     ids,
     intended_patch,
     run,
-    spec_patch,
     text,
     top,
 )
 
-from recompute_kit.doctor.engine import diagnose
-from recompute_kit.doctor.evidence import (
-    ErrorEvent,
-    Evidence,
-)
+from recompute_kit.doctor.evidence.measured import _recompute_side
 
 # =============================================================================================
-# RK050-RK064: Megatron's validation messages
+# RK097: Megatron's argument checks, with or without their frames, in every version's wording
 # =============================================================================================
 
-VALIDATION_CASES = [
-    # (rule, data file, expected patch or None) - the tc-measured-* blocks are Megatron's
-    # messages measured on core_v0.14.0 and main (real-formats.md, TransformerConfig).
-    ("RK050", "tc-measured-full-no-method", spec_patch("full", "uniform", 1)),
-    ("RK051", "tc-measured-full-no-num-layers", spec_patch("full", "uniform", 1)),
-    ("RK052", "tc-measured-selective-with-num-layers", None),
-    ("RK053", "tc-measured-full-bad-method", None),
-    ("RK053", "tc-measured-bad-granularity", None),
-    ("RK054", "tc-measured-selective-bad-module", None),
-    ("RK055", "tc-measured-moe-act-without-grouped-gemm", {"moe_grouped_gemm": True}),
-    ("RK056", "tc-measured-mla-up-proj-without-mla", None),
-    ("RK057", "tc-measured-shared-experts-with-overlap", {"moe_shared_expert_overlap": False}),
-    ("RK058", "mlm-rule17-delayed-scaling", {"fp8_recipe": "tensorwise"}),
-    ("RK059", "tc-measured-cpu-offload-with-recompute", {"cpu_offloading": False}),
-    ("RK060", "tc-measured-distribute-saved-with-sp", {"distribute_saved_activations": False}),
-    ("RK060", "mlm-rule27-distribute-saved", {"distribute_saved_activations": False}),
-    ("RK061", "mlm-rule20-fine-grained-offloading", None),
-    ("RK062", "mlm-rule29-cuda-graphs", {"cuda_graph_impl": "none"}),
-    ("RK062", "mbridge-skill-cuda-graph", {"cuda_graph_impl": "none"}),
-    (
-        "RK063",
-        "tc-measured-moe-layer-recompute-with-full",
-        spec_patch("selective", None, None, ["moe"]),
-    ),
-]
+
+@covers("RK097")
+def test_fresh_rk097_title_and_cut_validate_args_frame():
+    # https://github.com/modelscope/ms-swift/issues/5737: the message only in the issue title
+    # (older wording "pipeline-model-parallel size"), the traceback cut after validate_args.
+    f = top(run(text("fg-pp-divisible-swift5737")))
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    assert "num_layers_in_first_pipeline_stage" in f.config_patch
 
 
-@pytest.mark.parametrize("rule_id, name, patch", VALIDATION_CASES)
-@covers(*sorted({c[0] for c in VALIDATION_CASES}))
-def test_megatron_validation_message(rule_id, name, patch):
-    d = run(text(name))
+@covers("RK097")
+def test_fresh_rk097_model_construction_check():
+    # https://github.com/NVIDIA-BioNeMo/bionemo-recipes/issues/784: the check raised from
+    # get_num_layers_to_build (transformer_block.py), underscores in the setting's name.
+    f = top(run(text("fg-pp-divisible-bionemo784")))
+    assert f.rule == "RK097" and "pipeline_model_parallel_size" in f.evidence
+    assert "num_layers_in_last_pipeline_stage" in f.config_patch
+
+
+@covers("RK097")
+def test_fresh_rk097_new_wording_states_values():
+    # https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5884: newer wording with the values
+    # ("num_layers=60 should be divisible by config.pipeline_model_parallel_size=8"), no config:
+    # the uneven split is computed from the message's numbers (the PR set first/last stages).
+    f = top(run(text("fg-pp-divisible-mbridge5884")))
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    first = f.config_patch["num_layers_in_first_pipeline_stage"]
+    last = f.config_patch["num_layers_in_last_pipeline_stage"]
+    assert first + last + 6 * (60 // 8) == 60
+
+
+@covers("RK097")
+def test_fresh_rk097_sequence_parallel_message_without_frames():
+    # https://github.com/NVIDIA/NeMo-Framework-Launcher/pull/309: the ValueError quoted in a
+    # PR ("When using expert parallelism and tensor parallelism, sequence parallelism must be
+    # used"); the PR's fix enables sequence parallelism.
+    f = top(run(text("fg-ep-tp-sp-launcher309")))
+    assert f.rule == "RK097" and f.config_patch == {"sequence_parallel": True}
+
+
+def test_rk097_not_on_a_requirement_about_no_parallel_setting():
+    # A requirement that names no parallel setting is not Megatron's argument check.
+    f = run("AssertionError: batch must be a dict of tensors")
+    assert "RK097" not in [x.rule for x in f.findings]
+
+
+# =============================================================================================
+# RK064: the uniform recompute loop runs past the last layer, reported in words
+# =============================================================================================
+
+
+@covers("RK064")
+def test_fresh_rk064_reported_in_words():
+    # https://github.com/NVIDIA/Megatron-LM/issues/1807: "List out of range" when
+    # num_layers_per_pipeline_rank % recompute_num_layers != 0, no traceback; fixed upstream by
+    # clamping the chunk (Megatron-Core >= 0.17).
+    f = top(run(text("fg-uniform-remainder-mlm1807")))
+    assert f.rule == "RK064" and f.category == "framework_bug"
+    assert "megatron-core" in f.config_patch["command"]
+
+
+def test_rk064_not_on_an_out_of_range_without_the_remainder():
+    report = "IndexError: list index out of range\nin the data loader, recompute_num_layers = 2"
+    assert "RK064" not in [x.rule for x in run(report).findings]
+
+
+def test_recompute_side_reads_the_recompute_switch():
+    assert _recompute_side("C. non-overlap baseline — overlap off, recompute on") is True
+    assert _recompute_side("A. overlap on, recompute off (context)") is False
+    assert _recompute_side("no recompute") is False
+    assert _recompute_side("1 card+recompute") is True
+
+
+@covers("RK097")
+def test_rk097_megatron_validate_args_moe_tp_needs_sp():
+    d = run(
+        text("i12-rocm-megatron-85"),
+        config=text("i12-rocm-megatron-85-config"),
+        config_name="launch.sh",
+    )
+    assert d.evidence.config["tensor_model_parallel_size"] == 2
     f = top(d)
-    assert f.rule == rule_id and f.category == "invalid_config"
-    assert f.raw_confidence == 0.95  # the rule's own; calibrated: test_doctor_verdict.py
-    assert d.to_json()["verdict"] == "diagnosed"  # Megatron's own message decides
-    # the evidence quotes Megatron's message
-    message = next(e.message for e in d.evidence.errors)
-    assert message[:60] in f.evidence
-    if patch is not None:  # (entries the run already has are left out of config_patch)
-        assert intended_patch(f) == patch
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    assert f.config_patch == {"sequence_parallel": True}
+    assert "sequence_parallel" in f.evidence
 
 
-CONFIG_CASES = [
-    # (rule, config text, name, quoted message) - configs Megatron would reject, caught
-    # before a run by the kit's own validation (Megatron's messages).
-    (
-        "RK050",
-        "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
-        "  recompute_granularity: full\n  recompute_num_layers: 1\n",
-        "bridge.yaml",
-        'recompute_method must be "block" or "uniform"',
-    ),
-    (
-        "RK055",
-        "model.num_layers=32 model.hidden_size=4096 model.num_attention_heads=32 "
-        "model.num_moe_experts=8 model.moe_router_topk=2 model.recompute_granularity=selective "
-        "model.recompute_modules=[moe_act,layernorm]",
-        "overrides.txt",
-        "only supported with moe_grouped_gemm",
-    ),
-    (
-        "RK058",
-        "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
-        "  num_moe_experts: 64\n  moe_grouped_gemm: true\n  fp8: hybrid\n  fp8_recipe: delayed\n"
-        "  recompute_granularity: selective\n  recompute_modules: [moe_act, layernorm]\n",
-        "fp8.yaml",
-        "Delayed scaling does not support",
-    ),
-    (
-        "RK059",
-        "torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
-        "--cpu-offloading-num-layers 8 --recompute-activations",
-        "train.sh",
-        "CPU offloading does not work when activation recomputation is enabled",
-    ),
-    (
-        "RK061",
-        "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
-        "  cpu_offloading: true\n  cpu_offloading_num_layers: 4\n"
-        "  fine_grained_activation_offloading: true\n  offload_modules: [core_attn]\n",
-        "offload.yaml",
-        "cannot be enabled with cpu_offloading",
-    ),
-]
+def test_validate_args_frame_cut_from_its_file_line_is_evidence():
+    # slime's paste starts mid-frame ('Megatron-LM/megatron/training/arguments.py", line 561').
+    f = top(run(text("i12-slime-1486")))
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    assert "num_layers_in_first_pipeline_stage" in f.config_patch
 
 
-@pytest.mark.parametrize("rule_id, config, name, quoted", CONFIG_CASES)
-@covers(*sorted({c[0] for c in CONFIG_CASES}))
-def test_megatron_validation_of_a_config(rule_id, config, name, quoted):
-    d = run(config=config, config_name=name)
-    f = top(d)
-    assert f.rule == rule_id and f.category == "invalid_config"
-    assert f.raw_confidence == 0.9
-    assert d.to_json()["verdict"] == "diagnosed"  # the kit ran Megatron's validation
-    assert f.evidence.startswith("Megatron would reject this config")
-    cites(f, quoted)
+@covers("RK150")
+def test_rk150_nemo_null_method_with_full_granularity():
+    yaml_text = (
+        "model:\n"
+        + text("nemo-megatron-gpt-config-ac").replace(
+            "activations_checkpoint_granularity: null", "activations_checkpoint_granularity: full"
+        )
+        + "  recompute_method: block\n  recompute_num_layers: 4\n"
+    )
+    f = top(run(config=yaml_text))
+    assert f.rule == "RK150" and f.category == "invalid_config"
+    assert f.config_patch == {
+        "activations_checkpoint_method": "block",
+        "activations_checkpoint_num_layers": 4,
+    }
 
 
-@covers("RK050", "RK051", "RK052", "RK053", "RK054", "RK055", "RK056", "RK057")
-def test_validation_rules_silent_on_valid_configs():
-    # Megatron-LM#1031's full/uniform/5 and the 8B selective launcher are valid.
-    for cfg in (LLAMA3_70B_MLM_1031, LLAMA3_8B_SELECTIVE, MIXTRAL_8X7B_MLP):
-        d = run(config=cfg, config_name="x.sh", gpu_memory_gb=80)
-        assert not [f for f in d.findings if f.category == "invalid_config"], ids(d)
+@covers("RK151")
+def test_rk151_script_assert_forbids_fsdp_with_checkpointing():
+    # DMD2#52: `assert not (train_args.fsdp and train_args.gradient_checkpointing), ...`
+    f = top(run(text("i13-dmd2-52")))
+    assert f.rule == "RK151" and f.category == "invalid_config"
+    assert f.config_patch == {"fsdp": False}
+
+
+def test_rk151_not_on_pytorchs_internal_checkpoint_assert():
+    # unsloth-zoo PR #1001 (https://github.com/unslothai/unsloth-zoo/pull/1001), a dev case of
+    # nondeterministic_recompute: "AssertionError: Something went unexpectedly wrong in
+    # activation checkpoint." is torch.utils.checkpoint's own assert, not a script forbidding
+    # two options together.
+    d = run(text("i12-unslothzoo-1001"))
+    assert "RK151" not in ids(d)
+
+
+@covers("RK152")
+def test_rk152_traceback_cut_in_the_uniform_chunk_loop():
+    # NeMo Speech PR #12517: Hyena's _checkpointed_forward -> te_checkpoint, cut.
+    f = top(run(text("i13-nemo-speech-12517")))
+    assert f.rule == "RK152" and f.category == "invalid_config"
+    assert f.config_patch == {"recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def test_rk152_cut_traceback_needs_the_chunk_loop():
+    # The same NeMo traceback cut one line earlier, before the loop's source line
+    # (`custom(layer_idx, layer_idx + self.config.recompute_num_layers)`): a traceback cut in
+    # _checkpointed_forward alone (an OOM or a shape error in the recompute could end it) does
+    # not name chunks of recompute_num_layers.
+    head = "\n".join(text("i13-nemo-speech-12517").splitlines()[:4])
+    assert "_checkpointed_forward" in head and "recompute_num_layers" not in head
+    assert "RK152" not in ids(run(head))
+
+
+def test_rk152_config_with_a_non_dividing_recompute_num_layers():
+    # Megatron-LM#2294's config: 24 layers, uniform 7 -> 6 is the largest divisor below 7.
+    # Its IndexError in Megatron's own loop stays RK064's (fixed upstream) first.
+    d = run(text("mlm-2294-error"), config=text("mlm-2294-config"))
+    f = get(d, "RK152")
+    # uniform is already set: the patch changes only the layer count
+    assert f.config_patch == {"recompute_num_layers": 6}
+    assert intended_patch(f) == {"recompute_method": "uniform", "recompute_num_layers": 6}
+    assert "not a multiple of recompute_num_layers 7" in f.evidence
+    assert top(d).rule == "RK064"
+
+
+@covers("RK153")
+def test_rk153_deepspeed_contiguous_checkpointing_index_error():
+    # pytorch-lightning#20329: IndexError in partition_activations (the line cut at "IndexErro").
+    f = top(run(text("i13-lightning-20329")))
+    assert f.rule == "RK153" and f.category == "invalid_config"
+    assert "number_checkpoints" in f.config_patch["activation_checkpointing"]
 
 
 @covers("RK064")
@@ -158,96 +212,3 @@ def test_rk064_not_for_an_index_error_in_a_data_loader():
     d = run(text("ppuu-21"))
     assert d.evidence.errors and d.evidence.errors[0].type == "IndexError"
     assert "RK064" not in ids(d)
-
-
-# =============================================================================================
-# RK070-RK077: PyTorch / Hugging Face checkpoint API
-# =============================================================================================
-
-SELECTIVE_DEFAULT = {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
-CHECKPOINT_CASES = [
-    ("RK070", "ckpt-local-grad-reentrant", "checkpoint_api_misuse", {"use_reentrant": False}),
-    ("RK071", "ckpt-local-no-input-grad", "checkpoint_api_misuse", {"use_reentrant": False}),
-    # The warning alone (no error): usually harmless (frozen blocks, no_grad), RK099 says so.
-    (
-        "RK099",
-        "bnb-182",
-        "informational",
-        {"gradient_checkpointing_kwargs": {"use_reentrant": False}},
-    ),
-    # the use_reentrant warning alone (PyTorch >= 2.4 wording): informational, RK672 (RK072
-    # reads it only beside a failure)
-    (
-        "RK672",
-        "ckpt-local-use-reentrant-missing",
-        "informational",
-        {"gradient_checkpointing_kwargs": {"use_reentrant": False}},
-    ),
-    ("RK073", "ckpt-local-kwargs-reentrant", "checkpoint_api_misuse", {"use_reentrant": False}),
-    ("RK074", "ckpt-local-ddp", "checkpoint_api_misuse", {"use_reentrant": False}),
-    (
-        "RK075",
-        "ckpt-local-metadata",
-        "nondeterministic_recompute",
-        {"code": "torch.utils.checkpoint.set_checkpoint_debug_enabled(True)"},
-    ),
-    (
-        "RK077",
-        "chatglm-tuning-56",
-        "invalid_config",
-        {"command": "pip install -U transformers"},
-    ),
-    (
-        "RK077",
-        "transformers-17464",
-        "invalid_config",
-        {"command": "pip install -U transformers"},
-    ),
-    ("RK081", "roformer-39", "framework_bug", SELECTIVE_DEFAULT),
-    ("RK081", "nemo-speech-14241", "framework_bug", SELECTIVE_DEFAULT),
-    (
-        "RK082",
-        "mbridge-2684",
-        "invalid_config",
-        {"cpu_offloading_activations": True, "cpu_offloading_weights": False},
-    ),
-]
-
-
-@pytest.mark.parametrize("rule_id, name, category, patch", CHECKPOINT_CASES)
-@covers(*sorted({c[0] for c in CHECKPOINT_CASES}))
-def test_message_rules(rule_id, name, category, patch):
-    d = run(text(name))
-    f = top(d)
-    assert f.rule == rule_id and f.category == category
-    assert f.config_patch == patch
-    assert f.evidence.startswith('The log says: "')
-    first = d.evidence.errors[0]
-    assert first.message[:50] in f.evidence
-
-
-@covers("RK070", "RK071", "RK072", "RK073", "RK074", "RK075", "RK077", "RK081", "RK082")
-def test_message_rules_silent_on_an_oom():
-    # None of the message rules fires on a plain OOM (real-formats.md oom-pt-16417-comment).
-    d = run(text("oom-pt-16417-comment"))
-    message_rules = {c[0] for c in CHECKPOINT_CASES} | {c[0] for c in VALIDATION_CASES}
-    assert not message_rules & set(ids(d))
-
-
-@covers("RK076")
-def test_rk076_use_cache_warning_through_the_parser():
-    # transformers logs this warning as a bare line (logger.warning_once); the parser knows it.
-    # https://github.com/OEvortex/unsloth/issues/18: the warning behind a tqdm bar.
-    assert "RK076" in ids(run(text("unsloth-18")))
-
-
-@covers("RK076")
-def test_rk076_use_cache_warning_as_an_event():
-    # The same verbatim message (unsloth#18), handed over as the warning event it is.
-    line = text("unsloth-18").strip()
-    message = line[line.index("`use_cache") :]
-    d = diagnose(Evidence(errors=[ErrorEvent("WARNING", message, kind="warning")]))
-    f = top(d)
-    assert f.rule == "RK076" and f.category == "informational"
-    assert f.config_patch == {"use_cache": False}
-    cites(f, "`use_cache=True` is incompatible with gradient checkpointing")

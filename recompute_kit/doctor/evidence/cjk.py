@@ -9,7 +9,7 @@ line that holds one of the common Chinese technical phrasings, one line with the
 wording; the original text stays as it was (a parser that reads the Chinese still sees it) and
 a text without CJK characters comes back unchanged (the same object).
 
-The phrase list was derived from real issue threads (tests/test_rules_fresh_cjk.py names them):
+The phrase list was derived from real issue threads (tests/rule_sources.py, round "fresh_cjk"):
 memory running out (显存不足 / 爆显存 / 显存溢出 / OOM了 / 显存...爆了), slowdowns (变慢 / 速度慢 /
 慢20% / 吞吐下降), recomputation (重计算 / 重算 / 激活值重计算) and gradient checkpointing
 (梯度检查点), leaks and growth (显存泄漏 / 显存一直增长 / 持续上涨), loading (加载模型时),

@@ -129,7 +129,8 @@ def scan_versions(text: str) -> dict:
     """`release_regression` ((library, good, bad, line)): the paste says one release works and
     another fails or takes more memory (library "" when not named), in prose or in a table
     comparing releases; `version_said`
-    ((library, version)); `cudnn_said` (cuDNN or a convolution named);
+    ((library, version), the first stated); `versions_said` ({library: version}, each library's
+    first); `cudnn_said` (cuDNN or a convolution named);
     `together_prose` (lines saying features fail only when combined)."""
     facts: dict = {}
     good: tuple[str, str, str] | None = None
@@ -152,8 +153,10 @@ def scan_versions(text: str) -> dict:
                     bad = (*rel, line[:200])
             if bad is None and (m := _DEV_BRANCH_RE.search(line)):
                 bad = ("", m.group(1).lower(), line[:200])
-        if "version_said" not in facts and (v := _VERSION_SAID_RE.search(line)):
-            facts["version_said"] = (v.group(1).lower(), v.group(2).rstrip("."))
+        for v in _VERSION_SAID_RE.finditer(line):
+            said = (v.group(1).lower(), v.group(2).rstrip("."))
+            facts.setdefault("version_said", said)  # the first one, as before
+            facts.setdefault("versions_said", {}).setdefault(*said)  # each library's first
         if _CUDNN_RE.search(line):
             facts["cudnn_said"] = True
         if _TOGETHER_RE.search(line):

@@ -3,7 +3,9 @@
 A check looks at the `Context` (evidence plus what the kit derived from it) and returns a
 `Match` - how sure it is and two or three sentences citing the input's numbers - or None.
 Rules live in one module per family of categories (as ruff groups its rules by linter) and
-register themselves with `registry.rule`; importing this package loads them all.
+register themselves with `registry.rule`; importing this package loads them all. Known
+framework bugs are rows of a data table (doctor/known_problems.yaml), matched by one engine
+(rules/known_problems.py) and registered as rules the same way.
 `recompute-kit rules` prints the catalog; its Markdown is the skill's troubleshooting table.
 """
 
@@ -18,6 +20,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     general,
     in_words,
     informational,
+    known_problems,
     measured,
     memory,
     model_states,

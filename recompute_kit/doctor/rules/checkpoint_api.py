@@ -413,24 +413,6 @@ def _backward_twice(ctx: Context) -> Match | None:
 
 
 rule(
-    "RK094",
-    "Gradient reduced twice: ZeRO / DDP hooks with reentrant checkpointing",
-    "checkpoint_api_misuse",
-    symptom="AssertionError 'The parameter N has already been reduced. Gradient computed "
-    "twice for this partition' (DeepSpeed ZeRO-2) with gradient checkpointing",
-    cause="The reentrant checkpoint runs a second backward per block, so a parameter used in "
-    "several blocks (shared weights) fires its gradient hook more than once",
-    confirm="Turn gradient checkpointing off for one step: the assertion goes",
-    fix="use_reentrant=False (one backward), or ZeRO stage 1 (no per-parameter reduce "
-    "hooks), or stop checkpointing the blocks that share the weight",
-    patch={
-        "zero_optimization": {"stage": 1},
-        "gradient_checkpointing_kwargs": {"use_reentrant": False},
-    },
-    refs=("https://github.com/deepspeedai/DeepSpeed/issues/988",),
-)(on_message("has already been reduced", "Gradient computed twice for this partition"))
-
-rule(
     "RK095",
     "ctx.saved_tensors unpacked twice in a checkpointed custom Function",
     "checkpoint_api_misuse",
@@ -443,31 +425,6 @@ rule(
     patch={"code": "saved = ctx.saved_tensors  # once, at the top of backward"},
     refs=(PT_CKPT,),
 )(on_message("Unpack is being triggered for a tensor that was already unpacked once"))
-
-
-@rule(
-    "RK096",
-    "FP8 state differs between forward and recompute (Transformer Engine)",
-    "nondeterministic_recompute",
-    symptom="KeyError 'global_fp8_buffer_pos_fwd_recompute' (or other *_recompute FP8 keys) "
-    "in Transformer Engine's checkpoint",
-    cause="The checkpointed callable opens its own fp8_autocast: FP8 is off at checkpoint "
-    "entry and on inside, so the forward skips the FP8 stash the recompute restores",
-    confirm="The checkpointed function enters te.fp8_autocast itself",
-    fix="Enter fp8_autocast outside the checkpointed callable (te.checkpoint reads the FP8 "
-    "state at entry), or upgrade Transformer Engine",
-    patch={"code": "with te.fp8_autocast(enabled=True, fp8_recipe=recipe): te.checkpoint(fn, x)"},
-    refs=("https://github.com/NVIDIA/TransformerEngine/pull/3284",),
-)
-def _fp8_recompute_key(ctx: Context) -> Match | None:
-    for e in ctx.evidence.errors:
-        if e.type.endswith("KeyError") and "fp8" in e.message and "recompute" in e.message:
-            return Match(
-                0.85,
-                f"KeyError {e.message}: Transformer Engine's FP8 recompute "
-                "stash was not written in the forward.",
-            )
-    return None
 
 
 @rule(

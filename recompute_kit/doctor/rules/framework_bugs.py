@@ -10,7 +10,6 @@ from .registry import (
     fact,
     gib,
     is_megatron,
-    on_message,
     patch_for,
     rule,
     zero_stage,
@@ -49,38 +48,6 @@ def _moe_full_leak(ctx: Context) -> Match | None:
             f"{gib(reports[-1].max_allocated_bytes)} with MoE + full recompute.",
         )
     return None
-
-
-rule(
-    "RK081",
-    "Full recompute crashes on multi-RoPE models (Gemma 3/4, multimodal)",
-    "framework_bug",
-    symptom="TypeError/ValueError about tuples in save_for_backward with recompute "
-    "granularity full on Gemma-3/4 or multi-axis RoPE models",
-    cause="A tuple of RoPE tensors was passed through the checkpoint; save_for_backward "
-    "stores tensors only",
-    confirm="The traceback passes through tensor_parallel/random.py",
-    fix="Upgrade Megatron-Core (PR #5324/#6519) or use selective recompute",
-    refs=("https://github.com/NVIDIA/Megatron-LM/issues/5323",),
-    patch={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
-)(
-    on_message(
-        "save_for_backward can only save variables, but argument", "only Tensors should be given"
-    )
-)
-
-rule(
-    "RK082",
-    "TransformerEngine CPU offloading without a target",
-    "invalid_config",
-    symptom="ValueError: 'CPU Offloading is enabled while it is not mentioned what to "
-    "offload (weights/activations)'",
-    cause="cpu_offloading is on but cpu_offloading_activations and _weights are both off",
-    confirm="Check cpu_offloading_activations / cpu_offloading_weights in the config",
-    fix="Set cpu_offloading_activations=True (and cpu_offloading_weights=False)",
-    patch={"cpu_offloading_activations": True, "cpu_offloading_weights": False},
-    refs=("https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/2684",),
-)(on_message("it is not mentioned what to offload"))
 
 
 @rule(
@@ -209,70 +176,6 @@ def _recompute_type_error(ctx: Context) -> Match | None:
             0.85,
             f'{e.type}: "{e.message[:160]}" is raised in the recompute path ("{hit}").',
             config_patch=patch,
-        )
-    return None
-
-
-@rule(
-    "RK154",
-    "max_split_size_mb together with expandable_segments: reserved memory keeps growing",
-    "framework_bug",
-    symptom="PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) sets both max_split_size_mb and "
-    "expandable_segments:True; reserved memory grows step after step while allocated stays "
-    "flat, until the device is full",
-    cause="A known interaction in PyTorch's caching allocator: the max_split_size_mb filter "
-    "in get_free_block keeps expandable segments from being reused, so new ones are mapped",
-    confirm="Run with either option alone: reserved memory stays flat",
-    fix="Use expandable_segments:True alone (drop max_split_size_mb); it solves the "
-    "fragmentation max_split_size_mb was set for",
-    patch={"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
-    refs=("https://github.com/pytorch/pytorch/issues/123548",),
-)
-def _split_and_expandable(ctx: Context) -> Match | None:
-    for name, value in ctx.evidence.env.items():
-        v = value.replace(" ", "")
-        if "max_split_size_mb" in v and "expandable_segments:True" in v:
-            rest = ",".join(p for p in v.split(",") if p and not p.startswith("max_split_size_mb"))
-            return Match(
-                0.75,
-                f"{name}={value} sets both options; PyTorch's allocator then maps new "
-                "expandable segments instead of reusing them (reserved grows).",
-                config_patch={"env": {name: rest or "expandable_segments:True"}},
-            )
-    return None
-
-
-NO_CUDA = ("compiled without CUDA support", "not compiled with CUDA enabled")
-
-
-@rule(
-    "RK155",
-    "Checkpointing on a non-CUDA device takes the CUDA path",
-    "framework_bug",
-    symptom="RuntimeError 'PyTorch was compiled without CUDA support' / 'Torch not compiled "
-    "with CUDA enabled' from gradient checkpointing on XPU, NPU, MPS or CPU builds",
-    cause="torch.utils.checkpoint inferred the device of the saved RNG state (CPU tensors, "
-    "no device) as CUDA and called into torch.cuda in backward (fixed in PyTorch 2.4, "
-    "_infer_device_type)",
-    confirm="The failure is in the backward of a checkpointed block, on a build without CUDA",
-    fix="Upgrade torch (>= 2.4); meanwhile set the device type explicitly: "
-    "torch.utils.checkpoint.DefaultDeviceType.set_device_type('xpu')",
-    patch={"command": "pip install -U torch  # >= 2.4"},
-    refs=("https://github.com/pytorch/pytorch/pull/128671",),
-)
-def _cuda_path_off_cuda(ctx: Context) -> Match | None:
-    for e in ctx.evidence.errors:
-        if not any(w in e.message for w in NO_CUDA):
-            continue
-        where = " ".join([*e.frames, *e.context, e.message]).lower()
-        mentioned = fact(ctx, "mentions") or []
-        if "checkpoint" not in where and not mentioned:
-            continue
-        return Match(
-            0.8,
-            f'"{e.type}: {e.message[:120]}" with gradient checkpointing in play'
-            + (f" ('{mentioned[0][:100]}')" if mentioned else "")
-            + ": the checkpoint's RNG handling assumed a CUDA device.",
         )
     return None
 

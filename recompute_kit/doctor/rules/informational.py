@@ -36,33 +36,6 @@ def _headroom(ctx: Context) -> Match | None:
     )
 
 
-@rule(
-    "RK104",
-    "Old gradient-checkpointing format of a remote-code model (Hugging Face)",
-    "informational",
-    symptom="'You are using an old version of the checkpointing format that is deprecated (We "
-    "will also silently ignore `gradient_checkpointing_kwargs` ...)'",
-    cause="The model's own modeling file (trust_remote_code) still defines "
-    "_set_gradient_checkpointing(module, value); transformers falls back to it, so "
-    "checkpointing works but gradient_checkpointing_kwargs (use_reentrant) are ignored",
-    confirm="The model is loaded with trust_remote_code and its modeling file defines "
-    "_set_gradient_checkpointing",
-    fix="No fix needed for memory: checkpointing is on. To pass use_reentrant, update the "
-    "modeling file to the new format (its _set_gradient_checkpointing takes "
-    "enable/gradient_checkpointing_func)",
-    patch={
-        "code": "no change needed; optional: update _set_gradient_checkpointing in the "
-        "model's modeling file"
-    },
-    refs=("https://github.com/hiyouga/LlamaFactory/issues/1916",),
-)
-def _old_checkpointing_format(ctx: Context) -> Match | None:
-    found = on_message("old version of the checkpointing format", confidence=0.7)(ctx)
-    if found is None or ctx.oom or any(e.kind == "exception" for e in ctx.evidence.errors):
-        return None
-    return found
-
-
 def _quiet(ctx: Context) -> bool:
     """No failure in the evidence: no OOM and no exception line."""
     return not ctx.oom and not any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
@@ -118,22 +91,6 @@ def _fallback_notice(ctx: Context) -> Match | None:
         fix="No fix needed: the run works on the slower path"
         + (f"; upgrade {lib.lower()} when a release covers this case" if lib else ""),
     )
-
-
-rule(
-    "RK158",
-    "NCCL_CUMEM_ENABLE=0 warning from vLLM: expected",
-    "informational",
-    symptom="WARNING '[env_override.py] NCCL_CUMEM_ENABLE is set to 0, skipping override. "
-    "This may increase memory overhead with cudagraph+allreduce'",
-    cause="The launcher sets NCCL_CUMEM_ENABLE=0 on purpose (NCCL's cuMem allocations break "
-    "weight sync / sleep mode between trainer and vLLM); vLLM notes it keeps the setting",
-    confirm="The environment sets NCCL_CUMEM_ENABLE=0 deliberately (RL trainers do)",
-    fix="Ignore it (an expected warning); only if memory is short with CUDA graphs + "
-    "all-reduce, try NCCL_CUMEM_ENABLE=1 where the colocated engine allows it",
-    patch={"code": "no change: NCCL_CUMEM_ENABLE=0 is intended (expected warning)"},
-    refs=("https://github.com/NVIDIA/nccl/issues/1234",),
-)(on_message("NCCL_CUMEM_ENABLE is set to 0", confidence=0.7))
 
 
 @rule(

@@ -1,9 +1,24 @@
-"""RK640 (several models of an RLHF run on every GPU) and RK645 (ranks creating CUDA contexts
-on GPU 0), on verbatim real pastes (sources in rule_helpers.SOURCES)."""
+"""Tests of the rules in recompute_kit/doctor/rules/in_words.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 
 from __future__ import annotations
 
 from rule_helpers import covers, ids, run, text, top
+
+
+@covers("RK501")
+def test_fb_allocation_larger_than_any_gpu_stated_in_words():
+    # https://github.com/hpcaitech/Open-Sora/issues/70: expand_mask_4d "will try to allocate
+    # 720gb" at ~200k sequence length: a dense 4-d mask no GPU holds
+    f = top(run(text("fb-opensora-70-mask-720gb")))
+    assert f.rule == "RK501" and f.category == "allocation_exceeds_device"
+    assert f.config_patch == {"attn_implementation": "flash_attention_2"}
+
+
+def test_fb_allocation_in_words_that_fits_a_gpu_is_not_rk501():
+    d = run("When the sequence length ~ 8k this will try to allocate 40gb.")
+    assert "RK501" not in [f.rule for f in d.findings]
 
 
 @covers("RK640")
@@ -37,20 +52,3 @@ def test_r6s_ppo_small_model_fits():
     cmd = text("r6s-openrlhf277-ppo13b-cmd").replace("codellama_13b", "codellama_1b")
     prose = text("r6s-openrlhf277-ppo13b-prose").replace("codellama-13b", "codellama-1b")
     assert "RK640" not in ids(run(prose, config=cmd, config_name="run.sh"))
-
-
-@covers("RK645")
-def test_r6s_ranks_context_on_device0():
-    # https://github.com/pytorch/pytorch/issues/135279: "Each non-0 rank is occupying ~ 1GB
-    # memory on GPU 0." with torch.cuda.set_device commented out
-    d = run(text("r6s-pt135279-ranks-device0"))
-    f = top(d)
-    assert f.rule == "RK645" and f.category == "other_processes"
-    assert "non-0 rank" in f.evidence and "commented out" in f.evidence
-    assert "set_device" in f.fix and "CUDA_VISIBLE_DEVICES" in f.fix
-    assert "LOCAL_RANK" in f.config_patch["code"]
-
-
-def test_r6s_set_device_called_without_symptom_is_silent():
-    code = text("r6s-pt135279-ranks-device0").split("\n", 2)[2].replace("#torch", "torch")
-    assert "RK645" not in ids(run(code))

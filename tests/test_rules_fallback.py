@@ -1,0 +1,202 @@
+"""Tests of the rules in recompute_kit/doctor/rules/fallback.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
+
+from __future__ import annotations
+
+from rule_helpers import (
+    cites,
+    covers,
+    ids,
+    run,
+    text,
+    top,
+)
+
+from recompute_kit.doctor.evidence import (
+    parse_config,
+)
+
+# =============================================================================================
+# RK170-RK171: default readings when no specific rule fires. Texts are tests/data/rules/i17-*
+# (and two i13 ones), verbatim from dev corpus cases (URLs in SOURCES); "[... cut by corpus ...]"
+# marks where the case's author cut the thread's text.
+# =============================================================================================
+
+
+@covers("RK170")
+def test_rk170_llamafactory_command_halves_the_batch_and_keeps_the_global_one():
+    # https://github.com/hiyouga/LlamaFactory/issues/922: only the launch command is pasted;
+    # maintainer: one over-long sample blew up the GPU, reduce the batch size.
+    d = run(text("i13-llamafactory-922"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory" and len(d.findings) == 1
+    assert f.config_patch == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
+    assert f.evidence.startswith("Default reading")
+    cites(f, "per_device_train_batch_size = 4", "gradient_accumulation_steps = 4", "LoRA")
+    cites(f, "LlamaFactory's default: on")  # checkpointing absent: on in LlamaFactory
+    assert f.fix.startswith("Activation memory, cheapest change first: 1. ")
+    assert "2. cap the tokens per sample (cutoff_len" in f.fix
+
+
+@covers("RK170")
+def test_rk170_checkpointing_switched_off_in_the_config_under_its_own_key():
+    # https://github.com/NVIDIA-NeMo/Automodel/pull/2585: "CUDA OOM" in a results table, and a
+    # config with distributed.activation_checkpointing false; the merged fix turns it on.
+    d = run(text("i17-automodel-2585"), config=text("i17-automodel-2585-config"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert f.config_patch == {"distributed.activation_checkpointing": True}
+    cites(f, "CUDA OOM", "(off)")
+    # the table's header names the switch (comparing on with off): not a state of the run
+    d = run(text("i17-automodel-2585"))
+    assert top(d).config_patch == {"activation_checkpointing": True}
+    assert "CUDA OOM" in top(d).evidence
+
+
+@covers("RK170")
+def test_rk170_plain_argparse_flags_batch_first_and_checkpointing_absent_is_off():
+    # https://github.com/openai/improved-diffusion/issues/3: TRAIN_FLAGS="--lr 1e-4
+    # --batch_size 4"; maintainer: try --microbatch or --use-checkpoint.
+    d = run(text("i17-improved-diffusion-3"))
+    f = top(d)
+    assert f.rule == "RK170" and f.config_patch == {"batch_size": 2}
+    cites(f, "batch_size = 4", "gradient checkpointing: not in the paste (off")
+    assert "global batch halves unless the script accumulates" in f.fix
+    assert "2. activation (gradient) checkpointing" in f.fix
+
+
+@covers("RK170")
+def test_rk170_names_the_sequence_caps_the_paste_sets():
+    # https://github.com/THUDM/slime/issues/1450: the rollout length caps; the OOM came from a
+    # sample longer than rollout_max_context_len that SFT rollout did not truncate.
+    d = run(config=text("i17-slime-1450-config"), config_name="run.sh")
+    f = top(d)
+    assert f.rule == "RK170"
+    cites(f, "rollout_max_context_len = 8192", "no OOM message pasted")
+    assert "rollout_max_context_len 8192 -> 4096" in f.fix and f.config_patch
+
+
+@covers("RK171")
+def test_rk171_full_fine_tune_at_batch_1_with_zero3_offloads_the_optimizer():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977: full fine-tuning of Llama-3-8B with
+    # ds_z3_config.json OOMs on 3090s, ds_z3_offload_config.json runs (maintainer: normal).
+    d = run(text("i13-llamafactory-5977"))
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory" and len(d.findings) == 1
+    assert f.config_patch == {"deepspeed": "examples/deepspeed/ds_z3_offload_config.json"}
+    cites(f, "~8.0B parameters", "per_device_train_batch_size = 1", "ZeRO stage 3")
+    cites(f, "119.21 GiB", "does not count the GPUs")
+    assert "finetuning_type: lora" in f.fix and "recompute cannot free" in f.fix
+
+
+@covers("RK171")
+def test_rk171_model_size_unnamed_but_batch_1_and_checkpointing_on():
+    # https://github.com/Alpha-VLLM/LLaMA2-Accessory/issues/26: --batch_size 1 --checkpointing
+    # --model_parallel_size 2 on 2 GPUs; maintainer: optimizer states of a full fine-tune need
+    # more GPUs, or parameter-efficient tuning.
+    d = run(text("i17-llama2-accessory-26"))
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory"
+    assert f.config_patch == {"model_parallel_size": 4, "nproc_per_node": 4}
+    cites(f, "batch_size = 1", "checkpointing = True (on)", "full training assumed")
+    assert "LoRA" in f.fix
+
+
+def test_default_readings_only_when_nothing_else_fires():
+    # https://github.com/NVIDIA-NeMo/Automodel/pull/1975: a real OOM message makes RK087 fire;
+    # with LlamaFactory#922's command added the default readings stay silent.
+    d = run(text("i12-automodel-1975") + "\n" + text("i13-llamafactory-922"))
+    assert d.findings and not {"RK170", "RK171"} & set(ids(d))
+    # https://github.com/pytorch/pytorch/issues/116928: a memory summary saying
+    # "CUDA OOMs: 0" is no OOM, and it has no training knobs: no RK170/RK171; its peak is read
+    # by the memory-figures default reading RK265 alone
+    assert ids(run(text("i17-mistral-116928-summary"))) == ["RK265"]
+    # real-formats.md oom-pt-16417-title: 9.28 GiB free yet OOM: no knob reading either; the
+    # driver reading (RK421) alone
+    assert ids(run(text("oom-pt-16417-title"))) == ["RK421"]
+
+
+@covers("RK170", "RK171")
+def test_batch_1_with_checkpointing_disabled_is_still_an_activation_reading():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977's YAML with LlamaFactory's switch
+    # disable_gradient_checkpointing set: activations still have room, so RK170 (not RK171)
+    # and the first step is the framework's own key.
+    d = run(text("i13-llamafactory-5977"), config="disable_gradient_checkpointing: true\n")
+    f = top(d)
+    assert f.rule == "RK170" and "RK171" not in ids(d)
+    assert f.config_patch == {"disable_gradient_checkpointing": False}
+    cites(f, "disable_gradient_checkpointing = True (off)")
+
+
+# Generic memory findings (RK087, RK005, RK004, RK102) in the paste's own knobs
+# (rules/knob_advice.py); launch scripts whose flags sit in shell variables.
+# =============================================================================================
+
+
+def test_megatron_example_script_flags_in_quoted_shell_variables():
+    # NVIDIA/Megatron-LM examples/pretrain_gpt_distributed.sh, verbatim (SOURCES): every flag
+    # sits in a quoted, backslash-continued variable (GPT_ARGS="..."), expanded on the torchrun
+    # line as $GPT_ARGS; GPUS_PER_NODE=8 is expanded inside DISTRIBUTED_ARGS.
+    script = text("i22-mlm-pretrain-gpt-distributed")
+    for flat in (parse_config(script, "pretrain_gpt_distributed.sh"), run(script).evidence.config):
+        assert flat["micro_batch_size"] == 8 and flat["global_batch_size"] == 64
+        assert flat["num_layers"] == 24 and flat["seq_length"] == 1024 and flat["fp16"] is True
+        assert flat["nproc_per_node"] == 8 and flat["split"] == "949,50,1"
+    # The default reading then names the script's own knob with its value.
+    f = top(run(config=script, config_name="pretrain_gpt_distributed.sh"))
+    assert f.rule == "RK170" and "micro_batch_size = 8" in f.evidence
+    assert f.config_patch == {"micro_batch_size": 4}
+
+
+# ---- RK170: the knobs of a pasted script's constants ----------------------------------------
+
+
+@covers("RK170")
+def test_fresh_rk170_micro_batch_size_in_pasted_constants():
+    # https://github.com/Lightning-AI/lit-llama/issues/286: "still get OOM, on v100 32GB";
+    # lantiga: batch_size does not change memory under gradient accumulation,
+    # micro_batch_size does
+    f = top(run(text("fd-litllama-286-micro-batch")))
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert f.config_patch == {"micro_batch_size": 1}
+    assert "micro_batch_size = 2" in f.evidence
+    # micro_batch_size alone does not make a script Megatron (no global_batch_size next to it)
+    assert "Megatron" not in f.fix
+
+
+@covers("RK170")
+def test_rk170_sharded_states_small_on_the_stated_gpu_and_eager_attention():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/384: DPO of glm-4-9b with ZeRO-3,
+    # micro_train_batch_size 1 and gradient checkpointing on "A100-80Gx8"; the fix was
+    # --flash_attn. ZeRO-3 over 8 GPUs leaves ~17 GiB of states per 80 GiB GPU: activations.
+    d = run(text("i26-openrlhf-384"))
+    f = top(d)
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert d.evidence.facts["log"]["gpu_prose"]["count"] == 8
+    cites(f, "~9.0B parameters", "16.76 GiB per GPU")
+    assert "flash_attn" in f.fix and "max_len 2048 -> 1024" in f.fix
+
+
+@covers("RK171", "RK100")
+def test_rk171_states_of_a_model_named_in_prose_not_a_separate_inference_engine():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/392: "16B模型", zero_stage 3 over
+    # actor_num_gpus_per_node 4; maintainer: without Adam offload a large model OOMs. vLLM
+    # runs on engines of its own (vllm_num_engines): no colocated-engine reading.
+    d = run(text("i26-openrlhf-392"), config=text("i26-openrlhf-392-config"), config_name="run.sh")
+    assert "RK100" not in ids(d)
+    f = top(d)
+    assert f.rule == "RK171" and f.category == "model_state_memory"
+    cites(f, "~16.0B parameters", "59.60 GiB per GPU over 4 GPU(s)")
+    assert "offload_optimizer" in f.fix
+    # ref_reward_offload offloads the frozen models, not the actor's optimizer
+    assert "offload on" not in f.evidence
+
+
+@covers("RK170")
+def test_r6p_rk170_names_the_batch_key_when_the_paste_sets_none():
+    # https://github.com/unslothai/unsloth/issues/1418: "I think it's just due to excessive
+    # batch size." (the paste sets no batch)
+    f = top(run(text("r6p-unsloth-1418-batch")))
+    assert f.rule == "RK170" and f.category == "activation_memory"
+    assert "batch_size" in f.fix and "not set in the paste" in f.fix

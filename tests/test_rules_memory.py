@@ -1,0 +1,550 @@
+"""Tests of the rules in recompute_kit/doctor/rules/memory.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rule_helpers import (
+    LLAMA3_70B_32K,
+    LLAMA3_70B_TP8_NO_DISTOPT,
+    LLAMA31_8B_128K,
+    QWEN25_7B_32K,
+    cites,
+    covers,
+    get,
+    ids,
+    run,
+    spec_patch,
+    text,
+    top,
+)
+
+from recompute_kit.doctor.engine import Diagnosis, build_context
+from recompute_kit.doctor.evidence import (
+    collect,
+)
+from recompute_kit.doctor.evidence.code import scan_snippets
+from recompute_kit.doctor.evidence.measured import recompute_cost_prose, vocab_memory_prose
+from recompute_kit.doctor.evidence.signals import scan_signals
+from recompute_kit.doctor.rules import (
+    gib,
+)
+
+# =============================================================================================
+# Rules added for the scenario corpus: their inputs are the corpus's real cases
+# (tests/scenarios/*.yaml, each with its source URL in the file)
+# =============================================================================================
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def scenario(name: str) -> Diagnosis:
+    import yaml
+
+    case = yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
+    return run(
+        case.get("log") or "",
+        config=case.get("config"),
+        config_name=case.get("config_name") or "config.yaml",
+        experiments=case.get("experiments"),
+        gpu_memory_gb=case.get("gpu_memory_gb"),
+    )
+
+
+NO_GRAD = {"code": "with torch.no_grad():  # around the evaluation loop"}
+
+
+def _write(body: str):
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "train.log"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+LLAMA3_8B_TP4_8K = """\
+num_layers: 32
+hidden_size: 4096
+num_attention_heads: 32
+num_query_groups: 8
+ffn_hidden_size: 14336
+gated_linear_unit: true
+normalization: RMSNorm
+seq_length: 8192
+micro_batch_size: 1
+padded_vocab_size: 128256
+share_embeddings_and_output_weights: false
+position_embedding_type: rope
+add_bias_linear: false
+bias_activation_fusion: true
+apply_rope_fusion: true
+hidden_dropout: 0.0
+attention_dropout: 0.0
+tensor_model_parallel_size: 4
+sequence_parallel: true
+data_parallel_size: 8
+use_distributed_optimizer: true
+bf16: true
+"""
+
+
+@covers("RK087")
+def test_rk087_names_the_scripts_knobs_and_patches_them():
+    # A real training OOM (https://github.com/NVIDIA-NeMo/Automodel/pull/1975: 4.34 GiB
+    # request, 2.59 GiB free) with the Megatron-LM example script as the config: the finding
+    # names micro_batch_size = 8, patches it and Megatron's own recompute key, and relates
+    # the change to the request.
+    d = run(
+        text("i12-automodel-1975"),
+        config=text("i22-mlm-pretrain-gpt-distributed"),
+        config_name="pretrain_gpt_distributed.sh",
+    )
+    f = get(d, "RK087")
+    assert f.config_patch == {"micro_batch_size": 4, "recompute_granularity": "selective"}
+    cites(f, "micro_batch_size = 8", "seq_length = 1024", "1.75 GiB", "2.17 GiB")
+    assert "micro_batch_size 8 -> 4" in f.fix and "selective" in f.fix
+    assert "halve micro_batch_size" in f.fix  # the rule's own fix text is kept
+
+
+@covers("RK014")
+def test_rk014_oom_with_gradient_checkpointing_off():
+    # TRL: gradient_checkpointing defaults to off; OOM on Mistral-7B.
+    f = top(scenario("act_trl_gradient_checkpointing_default_off"))
+    assert f.rule == "RK014" and f.category == "activation_memory"
+    cites(f, "gradient_checkpointing")
+
+
+@covers("RK015")
+def test_rk015_selective_oom_full_fits():
+    # Megatron-Bridge PR #5506 (Gemma-4 VL): selective OOMs, full/uniform/1 fits.
+    f = top(scenario("act_mbridge_gemma4_vl_selective_oom"))
+    assert f.rule == "RK015" and f.category == "activation_memory"
+    assert f.config_patch["recompute_granularity"] == "full"
+
+
+@covers("RK016")
+def test_rk016_oom_in_the_logits():
+    # Megatron-LM#92: vocab-parallel cross-entropy on output.float().
+    f = top(scenario("logits_megatron_large_vocab_ce"))
+    assert f.rule == "RK016" and f.category == "logits_memory"
+    cites(f, "post_language_model_processing")
+
+
+@covers("RK017")
+def test_rk017_oom_while_building_the_model():
+    # ms-swift#9191: OOM inside build_module -> GroupedLinear.__init__.
+    f = top(scenario("ms_msswift_glm5_oom_at_model_build"))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+
+
+@covers("RK017", "RK110")
+def test_fb_zero2_oom_initialising_adam_states():
+    # https://github.com/deepspeedai/DeepSpeed/issues/237: ZeRO-2 OOM in
+    # initialize_optimizer_states (exp_avg zeros_like): the optimizer states do not fit
+    f = top(run(text("fb-ds-237-zero2-init-optimizer-states")))
+    assert f.category == "model_state_memory"
+
+
+# ---- RK016: the OOM in the loss over a vocabulary ------------------------------------------
+
+
+@covers("RK016")
+def test_fresh_rk016_fused_ce_zeros_like_over_151936_vocab():
+    # https://github.com/mgmalek/efficient_cross_entropy/issues/9: a 17.37 GiB request in the
+    # fused projection + cross-entropy's forward, in_feat [30688, 151936]: the loss's own
+    # [tokens, vocab] buffer (chunk more: n_loop_iters)
+    f = top(run(text("fd-effce-9-logits-zeros-like")))
+    assert f.rule == "RK016" and f.category == "logits_memory"
+
+
+@covers("RK016")
+def test_fresh_logits_oom_in_cross_entropy_loss_frame():
+    # https://github.com/linkedin/Liger-Kernel/pull/47: a pytest OOM raised in
+    # torch._C._nn.cross_entropy_loss. Right before this round.
+    f = top(run(text("fz-liger-47-ce-oom-test")))
+    assert f.rule == "RK016" and f.category == "logits_memory"
+    assert "cross-entropy" in f.fix
+
+
+@covers("RK620")
+def test_fresh_logits_memory_blamed_on_128k_vocab_in_words():
+    # https://github.com/facebookresearch/advprompter/issues/1: "insufficient memory since
+    # Llama3 has much larger vocab_size (128K)"; the maintainer's fix processes the batch in
+    # chunks (num_chunks=2). Before: no finding.
+    f = top(run(text("fz-advprompter-1-llama3-vocab-chunks")))
+    assert f.rule == "RK620" and f.category == "logits_memory"
+    assert "chunks" in f.fix and "128K" in f.evidence
+
+
+@covers("RK620")
+def test_fresh_logits_chunked_ce_for_250k_vocab():
+    # https://github.com/EvolvingLMMs-Lab/LongVA/pull/19: chunk-by-chunk cross entropy for a
+    # 250K vocabulary, peak memory 43G -> 8G. Before: no finding.
+    f = top(run(text("fz-longva-19-chunked-ce")))
+    assert f.category == "logits_memory" and "chunks" in f.fix
+
+
+@covers("RK620")
+def test_fresh_logits_128k_vocab_1gib_per_sequence():
+    # https://github.com/allenai/open-instruct/pull/777: "for a 128k vocab size and 4k seqlen,
+    # bfloat16 logits cost 1 GiB * batch_size". Before: no finding.
+    f = top(run(text("fz-openinstruct-777-logits-refs")))
+    assert f.category == "logits_memory" and "use_liger_kernel" in f.fix
+
+
+def test_vocab_memory_prose_needs_a_large_vocab_and_memory():
+    assert vocab_memory_prose(["a 128k vocab size costs memory"])[0]["vocab"] == 128_000
+    assert vocab_memory_prose(["vocab_size=151936, peak 40 GiB"])[0]["vocab"] == 151_936
+    assert not vocab_memory_prose(["a 128k vocab size trains fast"])  # no memory named
+    assert not vocab_memory_prose(["an 8k vocab, out of memory"])  # not a large vocabulary
+
+
+def test_recompute_cost_prose_reads_slow_words_factors_and_faster_without():
+    lines = [
+        "gradient checkpointing is very slow on 8 GPUs",
+        "",
+        "activation checkpointing: throughput drops by a factor of 3",
+        "",
+        "20% faster without activation checkpointing",
+        "",
+        "gradient checkpointing showed no noticeable slowdown",
+        "",
+        "training is very slow",  # no checkpointing named
+    ]
+    got = [c["ratio"] for c in recompute_cost_prose(lines)]
+    assert got == [3.0, 1.2, None]
+
+
+@covers("RK016")
+def test_fresh_logits_oom_said_in_a_title_above_loss_frames():
+    # https://github.com/hiyouga/LlamaFactory/issues/10367: the title says "报错oom", the
+    # frames end in loss_function -> cross_entropy; no exception line. Before: RK420 (a torch
+    # bug, default reading). The OOM word after CJK text now counts as an OOM mention.
+    f = top(run(text("fl-llamafactory-10367-ce-frames")))
+    assert f.rule == "RK016" and f.category == "logits_memory"
+    assert "cross-entropy" in f.fix
+
+
+# ---- RK086: evaluation without torch.no_grad ----------------------------------------------
+
+
+@covers("RK086")
+def test_fresh_rk086_thcudacheck_oom_with_frames_cut_in_evaluate():
+    # https://github.com/facebookarchive/loop/issues/57: memory jumps "in validation step";
+    # "THCudaCheck FAIL ... error=2 : out of memory" and a traceback cut after `in evaluate`
+    # (no exception line). The fix in such threads: evaluate under torch.no_grad().
+    d = run(text("fm-loop-57-eval"))
+    f = top(d)
+    assert f.rule == "RK086" and f.category == "activation_memory"
+    assert "'in evaluate'" in f.evidence  # read from the frames, not only from the prose
+    assert f.config_patch == NO_GRAD
+    assert "no_grad" in f.fix
+
+
+def test_fresh_thcudacheck_out_of_memory_is_an_oom_event():
+    # https://github.com/facebookarchive/loop/issues/57: PyTorch 0.4's THC wording
+    ev = collect(logs=[str(_write(text("fm-loop-57-eval")))])
+    assert ev.oom and ev.oom[0].generation == "thc_runtime_error"
+    assert ev.oom[0].line.startswith("THCudaCheck FAIL")
+
+
+@covers("RK086")
+def test_fresh_rk086_prose_out_of_memory_after_validation():
+    # https://github.com/hszhao/semseg/issues/60: "out of memory" occurs after validation; the
+    # loop runs model.eval() and output = model(input) with no no_grad (the reporter's fix:
+    # "with torch.no_grad():" around the forward). A sentence that suggests no_grad is not code
+    # that uses it.
+    f = top(run(text("fm-semseg-60-eval-no-grad")))
+    assert f.rule == "RK086" and f.category == "activation_memory"
+    assert f.config_patch == NO_GRAD
+
+
+@covers("RK086")
+def test_fresh_rk086_prose_validation_memory_grows_thc_error():
+    # https://github.com/skorch-dev/skorch/issues/218: "cuda runtime error (2) : out of memory",
+    # narrowed down to the validation step where memory grows per batch; the maintainers wrapped
+    # validation_step in torch.no_grad (PR #219). Evaluation explains the growth: RK086, not
+    # the generic leak reading.
+    d = run(text("fm-skorch-218-validation"))
+    f = top(d)
+    assert f.rule == "RK086" and f.config_patch == NO_GRAD
+    assert "RK266" not in [x.rule for x in d.findings]
+
+
+def test_fresh_rk086_prose_needs_no_no_grad_in_code():
+    # Mutation guard for the prose reading: the same semseg text with the forward under
+    # torch.no_grad() in code is not an evaluation-without-no_grad finding.
+    pasted = text("fm-semseg-60-eval-no-grad").replace(
+        "        output = model(input)",
+        "        with torch.no_grad():\n            output = model(input)",
+    )
+    assert "RK086" not in [f.rule for f in run(pasted).findings]
+    facts = scan_snippets(pasted)
+    assert facts.get("no_grad_code")
+
+
+def test_fresh_memory_growth_prose_needs_steps():
+    # a memory figure that rose once is not growth over steps
+    assert "memory_growth_prose" not in scan_snippets("The memory increased to 20 GB.\n")
+    assert scan_snippets("GPU memory keeps increasing every iteration until OOM\n").get(
+        "memory_growth_prose"
+    )
+
+
+def test_fresh_rk086_evaluation_or_training_is_not_evaluation():
+    # https://github.com/phil-bergmann/tracking_wo_bnw/issues/57: "launch evaluation or training
+    # processes" does not place the OOM in evaluation
+    assert "eval_memory_prose" not in scan_snippets(text("fm-tracking-57-gpus-held"))
+    assert "eval_memory_prose" not in scan_snippets("CUDA OOM during evaluation or training\n")
+    assert scan_snippets("CUDA OOM during evaluation\n").get("eval_memory_prose")
+
+
+# ---- RK017: the OOM while the model is loaded -----------------------------------------------
+
+
+@covers("RK017")
+def test_fresh_rk017_oom_raised_at_the_from_pretrained_line():
+    # https://github.com/QwenLM/Qwen-VL/issues/26: the traceback's one frame is the script's
+    # `model = AutoModelForCausalLM.from_pretrained(..., device_map="cuda", bf16=True)` on a
+    # 16 GB GPU; the maintainers: the model needs about 23 GB, use the Int4 checkpoint.
+    f = top(run(text("fm-qwenvl-26-load-oom")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert f.config_patch["load_in_4bit"] is True
+    assert "Int4" in f.fix and "from_pretrained" in f.evidence
+
+
+@covers("RK017")
+def test_fresh_rk017_cuda_after_device_map_auto():
+    # https://github.com/InternLM/InternLM/issues/79: "The error happens when executing"
+    # `from_pretrained(..., device_map="auto", ...).cuda()`: the .cuda() puts every layer the
+    # map spread over 8 GPUs back on GPU 0.
+    f = top(run(text("fm-internlm-79-device-map-cuda")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert "no .cuda()" in f.config_patch["code"]
+    assert f.fix.startswith("Drop the .cuda()")
+
+
+def test_fresh_rk017_needs_the_load_named_as_the_failing_site():
+    # the same code, without the sentence that places the OOM at it and with an OOM from a
+    # later line, is no loading finding
+    pasted = text("fm-internlm-79-device-map-cuda").replace("The error happens when executing", "")
+    assert "RK017" not in [f.rule for f in run(pasted).findings]
+
+
+def test_fresh_rk017_cites_the_model_load_not_the_tokenizer():
+    # InternLM/InternLM#79's text without the trailing .cuda(): the general loading reading,
+    # quoting the model's from_pretrained line (the tokenizer's comes first in the paste)
+    pasted = text("fm-internlm-79-device-map-cuda").replace(
+        "trust_remote_code=True).cuda()", "trust_remote_code=True)"
+    )
+    f = top(run(pasted))
+    assert f.rule == "RK017" and "AutoModelForCausalLM" in f.evidence
+    assert f.config_patch["device_map"] == "auto"
+
+
+@covers("RK017")
+def test_fresh_settings_mellama9_oom_while_loading():
+    # https://github.com/BIDS-Xu-Lab/Me-LLaMA/issues/9: "It trows `out of memory error` while
+    # loading the model" after from_pretrained(...).to(device) of a 13B on 24 GB: the weights.
+    f = top(run(text("fq-mellama9-13b-load-24gb")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert f.config_patch.get("load_in_4bit") is True
+    assert "half precision" in f.fix
+
+
+@covers("RK017")
+def test_fresh_rk017_not_enough_to_load_the_model():
+    # https://github.com/shikiw/OPERA/issues/36: "CUDA error: out of memory" on an A6000 with
+    # 48 GB, "Is 48 GB not enough to load the model?"; the maintainer: load_in_8bit /
+    # load_in_4bit at model initialization.
+    f = top(run(text("fs-opera36-llava-a6000-48gb")))
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert f.config_patch.get("load_in_8bit") is True
+    assert "load_in_8bit" in f.fix
+
+
+def test_fresh_rk017_load_fit_prose_needs_the_words():
+    # Mutation guard: without the sentence about loading, the OPERA paste is no load reading.
+    pasted = text("fs-opera36-llava-a6000-48gb").replace(
+        "Is 48 GB not enough to load the model?", "Any idea?"
+    )
+    assert top(run(pasted)).rule != "RK017"
+    assert "load_fit_prose" in scan_signals(["The model does not fit on my GPU"])
+    assert "load_fit_prose" not in scan_signals(["the model loads fine"])
+
+
+# =============================================================================================
+# RK010-RK013: which memory dominates, with a model shape
+# =============================================================================================
+
+
+@covers("RK010")
+def test_rk010_activations_dominate_llama3_70b_at_64k():
+    # Llama-3-70B, TP8 PP4 DP4 (torchrun 8 x 16) at 64k context without recompute, and the
+    # H200 OOM of real-formats.md oom-msswift-9191 (139.81 GiB device). (At 32k the script fits
+    # that GPU once read as Megatron-LM runs it: bias-SwiGLU fused, DP 4 for the optimizer.)
+    config = LLAMA3_70B_32K.replace("32768", "65536")
+    d = run(text("oom-msswift-9191"), config=config, config_name="pretrain.sh")
+    f = top(d)
+    assert f.rule == "RK010" and f.category == "activation_memory"
+    ctx = build_context(d.evidence)
+    e = ctx.estimate
+    cites(f, gib(e.peak_activation_bytes), "'none'")
+    cites(f, gib(e.weights_bytes + e.grads_bytes + e.optimizer_bytes))
+    # the patch is the planner's choice for this GPU, and the evidence names it
+    best = ctx.best.estimate.recompute
+    cites(f, f"'{best}'")
+    assert f.config_patch["recompute_granularity"] in ("selective", "full")
+    assert f.config_patch != spec_patch(None)
+    assert e.peak_activation_bytes > e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+
+
+@covers("RK010")
+def test_rk010_recompute_makes_it_fit_though_states_are_larger():
+    # The real 23.65 GiB OOM of pytorch/pytorch#16417 with Llama-3-8B on TP4 at 8k: model
+    # states outweigh activations, yet the rank does not fit without recompute and does with
+    # it. The shape was given: the finding must not fall back to RK005's "without a model
+    # shape" advice.
+    d = run(text("oom-pt-16417-comment"), config=LLAMA3_8B_TP4_8K, config_name="l8b.yaml")
+    f = top(d)
+    assert f.rule == "RK010" and f.category == "activation_memory"
+    ctx = build_context(d.evidence)
+    e = ctx.estimate
+    assert e.peak_activation_bytes < e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    assert e.total_bytes > ctx.gpu_bytes
+    cites(f, gib(e.total_bytes), "23.65 GiB", f"'{ctx.best.estimate.recompute}'")
+    assert f.config_patch["recompute_granularity"] in ("selective", "full")
+    assert "RK005" not in ids(d)
+
+
+@covers("RK010")
+def test_rk010_needs_an_oom():
+    # The same config without an OOM is a plan, not a diagnosis.
+    d = run(config=LLAMA3_70B_32K, config_name="pretrain.sh", gpu_memory_gb=141)
+    assert "RK010" not in ids(d)
+
+
+@covers("RK011")
+def test_rk011_model_states_dominate_without_the_distributed_optimizer():
+    # Llama-3-70B on TP8 alone, Adam states unsharded, and the real H200 OOM
+    # (oom-msswift-9191): recompute cannot help.
+    d = run(text("oom-msswift-9191"), config=LLAMA3_70B_TP8_NO_DISTOPT, config_name="x.sh")
+    f = top(d)
+    assert f.rule == "RK011" and f.category == "model_state_memory"
+    assert f.config_patch == {"use_distributed_optimizer": True}
+    e = build_context(d.evidence).estimate
+    cites(f, gib(e.weights_bytes), gib(e.grads_bytes), gib(e.optimizer_bytes), "139.81 GiB")
+
+
+@covers("RK011")
+def test_rk011_not_when_states_are_small():
+    # Llama-3-70B TP8 PP4 with the distributed optimizer: states are a minority of the GPU.
+    d = run(text("oom-msswift-9191"), config=LLAMA3_70B_32K, config_name="pretrain.sh")
+    assert "RK011" not in ids(d)
+
+
+@covers("RK012")
+def test_rk012_logits_of_a_large_vocabulary_at_32k():
+    # Qwen2.5-7B (152064 vocabulary) at 32k tokens on TP2, 80 GiB GPUs.
+    d = run(config=QWEN25_7B_32K, config_name="qwen25_7b.yaml", gpu_memory_gb=80)
+    f = get(d, "RK012")
+    assert f.category == "logits_memory"
+    cites(f, "32768 tokens x 152064", "9.28 GiB")  # 4 B x 32768 x 152064 / TP2
+    assert f.config_patch == {"cross_entropy_loss_fusion": True}
+
+
+@covers("RK012")
+def test_rk012_not_for_a_short_sequence():
+    # The same model at 4k: 1.16 GiB of fp32 logits per rank is no concern on 80 GiB.
+    short = QWEN25_7B_32K.replace("seq_length: 32768", "seq_length: 4096")
+    assert "RK012" not in ids(run(config=short, config_name="q.yaml", gpu_memory_gb=80))
+
+
+@covers("RK013")
+def test_rk013_even_full_recompute_does_not_fit():
+    # Llama-3.1-8B at 128k context without context parallelism, full recompute on, and the
+    # real H200 OOM (oom-msswift-9191).
+    d = run(text("oom-msswift-9191"), config=LLAMA31_8B_128K, config_name="l8b.yaml")
+    f = get(d, "RK013")
+    assert f.category == "model_state_memory"
+    assert top(d).category == "model_state_memory"
+    cites(f, "Nothing fits in 139.81 GiB")
+    assert "RK010" not in ids(d)  # superseded
+
+
+@covers("RK013")
+def test_rk013_needs_an_oom():
+    d = run(config=LLAMA31_8B_128K, config_name="l8b.yaml", gpu_memory_gb=141)
+    assert "RK013" not in ids(d)
+
+
+# =============================================================================================
+# RK085-RK100 (issue 12): partial pastes, frames as evidence, recompute silently off, checkpoint
+# errors, numbers-derived fixes. Texts are tests/data/rules/i12-*.txt, verbatim from the URLs
+# in SOURCES; those from the corpus (tests/corpus/cases) are all in its development split, and
+# "[... cut by corpus ...]" marks where the case's author cut the thread's text.
+# =============================================================================================
+
+
+@covers("RK086")
+def test_rk086_oom_in_validate_without_no_grad():
+    d = run(text("i12-imgcap-57"))
+    f = top(d)
+    assert f.rule == "RK086" and f.category == "activation_memory"
+    assert "validate" in f.evidence and "no_grad" in f.fix and f.config_patch
+
+
+@covers("RK087")
+def test_rk087_bare_training_oom_gets_numbers_and_a_patch():
+    d = run(text("i12-automodel-1975"))
+    f = top(d)
+    assert f.rule == "RK087" and f.category == "activation_memory"
+    cites(f, "4.34 GiB", "2.59 GiB", "79.11 GiB")
+    assert f.config_patch.get("gradient_checkpointing") is True
+    assert "seq_length" in f.evidence
+
+
+@covers("RK088")
+def test_rk088_step_peaks_far_above_rest():
+    d = run(text("i12-automodel-2634"))
+    f = top(d)
+    assert f.rule == "RK088"
+    cites(f, "73.94 GiB", "10.33 GiB", "63.61 GiB")
+    assert f.config_patch
+
+
+def test_call_chain_pasted_before_the_oom_is_evidence():
+    # NeMo-RL's issue pastes the call chain as "-> f (file:line)" lines, then the OOM line.
+    d = run(text("i12-nemorl-2871"))
+    assert any("get_next_token_logprobs_from_logits" in line for line in d.evidence.oom[0].context)
+    f = top(d)
+    assert f.rule == "RK016" and f.category == "logits_memory"
+
+
+@covers("RK691")
+def test_r10a_zero3_module_moved_whole_before_partitioning():
+    # https://github.com/deepspeedai/DeepSpeed/issues/2497: ZeRO-3 + offload OOMs at
+    # `self.module.to(self.device)`; the maintainer points to deepspeed.zero.Init
+    d = run(text("r10a-deepspeed2497-module-to-device"))
+    f = top(d)
+    assert f.rule == "RK691" and f.category == "model_state_memory"
+    assert "self.module.to(self.device)" in f.evidence
+    assert "deepspeed.zero.Init" in f.fix
+    assert f.config_patch["zero_init"] is True
+
+
+def test_r10a_whole_move_without_sharding_or_oom_is_silent():
+    paste = text("r10a-deepspeed2497-module-to-device")
+    no_shard = paste.replace("Zero (Stage-3 + offload)", "plain DDP").replace(
+        "as deepspeed requires", "as it requires"
+    )
+    assert "RK691" not in ids(run(no_shard))
+    calm = (
+        paste.replace("I got OOM error", "I got an error")
+        .replace(" whose parameter size is larger than GPU memory capacity", "")
+        .replace("that's where the OOM occurs", "that's where it fails")
+    )
+    assert "RK691" not in ids(run(calm))

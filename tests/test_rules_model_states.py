@@ -1,0 +1,427 @@
+"""Tests of the rules in recompute_kit/doctor/rules/model_states.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
+
+from __future__ import annotations
+
+from rule_helpers import (
+    GIB,
+    cites,
+    covers,
+    get,
+    ids,
+    run,
+    text,
+    top,
+)
+
+from recompute_kit.doctor.evidence.settings_prose import scan_settings
+from recompute_kit.doctor.evidence.signals import scan_signals
+
+
+def _said(line: str) -> dict:
+    found = scan_settings([line]).get("settings_prose", {})
+    return {k: v for k, v in found.items() if k != "lines"}
+
+
+@covers("RK500")
+def test_fb_named_size_with_adam_fills_the_gpu_by_default():
+    # https://github.com/deepspeedai/DeepSpeed/issues/3208: "the little 1.3b" OOMs on a
+    # 14.56 GiB GPU; the maintainer: weights + grads + Adam states need ~18 GB (offload / ZeRO)
+    f = top(run(text("fb-ds-3208-1p3b-adam-14gb")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "assuming full training" in f.evidence and "offload" in f.fix
+    assert f.config_patch["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+def test_fb_named_size_default_reading_stays_silent_when_states_are_small_or_not_adam():
+    # the same OOM message with a model whose 16 bytes/param are a small share of the GPU, or
+    # with LoRA / inference named: no default model-state reading
+    oom = text("fb-ds-3208-1p3b-adam-14gb").splitlines()[1]
+    for prose in (
+        "so the little 0.3b need how much memory ?",
+        "so the little 1.3b with LoRA need how much memory ?",
+        "so inference with the little 1.3b need how much memory ?",
+    ):
+        d = run(oom + "\n" + prose)
+        assert "RK500" not in [f.rule for f in d.findings], prose
+
+
+# ---- RK101: a full fine-tune whose states exceed the GPU ------------------------------------
+
+
+@covers("RK101")
+def test_fresh_rk101_llama3_8b_zero2_one_gpu_adam_offload():
+    # https://github.com/OpenRLHF/OpenRLHF/issues/698: batch 1, max_len 128, checkpointing on,
+    # ZeRO-2 on one A100 80GB, OOM in the optimizer step; hijkzzz: "use --adam_offload"
+    f = top(run(text("fd-openrlhf-698-adam-offload")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+# ---- RK110: the OOM in the optimizer step -------------------------------------------------
+
+
+@covers("RK110")
+def test_fresh_rk110_hybrid_adam_state_allocation():
+    # https://github.com/hpcaitech/ColossalAI/issues/3509: the OOM is raised where HybridAdam
+    # creates state['exp_avg'] (torch.zeros_like) inside optimizer.step of a ZeRO optimizer.
+    f = top(run(text("fm-colossalai-3509-optimizer-step")))
+    assert f.rule == "RK110" and f.category == "model_state_memory"
+    assert "optimizer step" in f.evidence
+    assert "ZeRO" in f.fix or "offload" in f.fix
+
+
+# ---- the reader ------------------------------------------------------------------------------
+
+
+def test_settings_zero_stage_spellings():
+    for line, stage in (
+        ("ZeRO stage: 2 (with CPU offload)", 2),
+        ("I use deepspeed Zero-2 following instructions", 2),
+        ("Also tried deep speed stage 3.", 3),
+        ("change --deepspeed parameter to configs/ds_config_zero2.json", 2),
+        ("--deepspeed examples/deepspeed/ds_z3_config.json", 3),
+        ("torchrun train.py --zero_stage 3", 3),
+        ("zero3 + qlora + 4bit", 3),
+    ):
+        assert _said(line).get("zero_stage") == stage, line
+
+
+def test_settings_asked_or_negated_are_not_in_use():
+    # a question or a proposal names a setting not in use
+    assert "zero_stage" not in _said("Would you recommend switching to ZeRO-3 for 2x A100?")
+    assert "zero_stage" not in _said("should I use zero3 instead?")
+    assert "adapters" not in _said("full fine-tuning without LoRA on 8 GPUs")
+    assert _said("使用lora微调baichuan2-7b-base").get("adapters") is True  # CJK next to it
+
+
+def test_settings_offload_adapters_flags_and_gpus():
+    said = _said(
+        "deepspeed --num_gpus 8 train.py --use_lora --lora_r 8 --per_device_train_batch_size 4 "
+        "--max_seq_length 2048 --gradient_checkpointing False --adam_offload"
+    )
+    assert said["adapters"] is True and said["micro_batch"] == 4 and said["seq_len"] == 2048
+    assert said["gradient_checkpointing"] is False and said["offload_optimizer"] is True
+    assert _said("offload_optimizer=True, offload_parameters=False")["offload_param"] is False
+    assert _said("QLoRA with load_in_4bit")["quant_bits"] == 4
+    assert _said("GPUs: 2× NVIDIA A100 (40GB each)") == {"gpu_count": 2, "gpu_bytes": 40 * GIB}
+    assert _said("2 16G A4000") == {"gpu_count": 2, "gpu_bytes": 16 * GIB}
+    assert _said("我是用了8张T4 bs=1") == {"gpu_count": 8, "gpu_bytes": 16 * GIB}
+    assert _said("8 x 3090")["gpu_count"] == 8
+    # an OOM message's sizes are not the GPU's
+    assert "gpu_bytes" not in _said("Tried to allocate 20 GiB (GPU 0; 79 GiB total capacity")
+
+
+# ---- the previous round's pastes, now read as model states -----------------------------------
+
+
+@covers("RK101")
+def test_fresh_settings_dllm9_zero2_offload_8b_on_2x_a100_40g():
+    # https://github.com/ZHZisZZ/dllm/issues/9: LLaDA-8B, "ZeRO stage: 2 (with CPU offload)",
+    # 2x A100 40GB, OOM asking 14.9 GiB "during ZeRO optimizer state initialization" (= 8B x
+    # 4 bytes / 2 GPUs, an fp32 partition); the reporter asks about ZeRO-3: one step up.
+    f = top(run(text("fq-dllm9-8b-zero2-2xa100-40g")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch["zero_optimization"]["stage"] == 3
+    assert f.config_patch["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert "ZeRO stage 2 and the optimizer offloaded" in f.evidence
+    assert "shard of the model states" in f.evidence and "2 GPU(s)" in f.evidence
+
+
+@covers("RK101")
+def test_fresh_settings_litllama397_deepspeed_optimizer_offload():
+    # https://github.com/Lightning-AI/lit-llama/issues/397: full fine-tuning of llama-7b with
+    # DeepSpeedStrategy(offload_optimizer=True) on 4 A100 40g; the 6.28 GiB request is 6.7B x
+    # 4 bytes / 4 GPUs: model states (ZeRO-3 / parameter offload next), not activations.
+    f = top(run(text("fq-litllama397-7b-deepspeed-offload")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch["zero_optimization"]["stage"] == 3
+    assert "ZeRO-3" in f.fix and "offload_param" in f.fix
+
+
+@covers("RK101")
+def test_fresh_settings_lmflow213_lora_zero2_on_2x16g():
+    # https://github.com/OptimalScale/LMFlow/issues/213: --use_lora and --deepspeed
+    # configs/ds_config_zero2.json, llama 7B on 2 16G A4000: 13 GiB of frozen weights on each.
+    f = top(run(text("fq-lmflow213-llama7b-2x16g")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+    assert "LoRA" in f.evidence and "6.52 GiB" in f.evidence  # 7B x 2 bytes / 2 GPUs
+
+
+# ---- fresh pastes ----------------------------------------------------------------------------
+
+
+@covers("RK101")
+def test_fresh_settings_fastchat1193_zero3_7b_on_4x_v100_32g():
+    # https://github.com/lm-sys/FastChat/issues/1193: VICUNA-7b on 4*v100(32G), OOM with
+    # micro-batch 1, "Also tried deep speed stage 3": ZeRO-3 keeps 26 GiB of states per GPU;
+    # the step up is optimizer offload (the thread: a DeepSpeed offload config works).
+    f = top(run(text("fk-fastchat1193-vicuna7b-4xv100-zero3")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch == {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    }
+    assert "ZeRO stage 3" in f.evidence and "32.00 GiB GPU" in f.evidence
+
+
+@covers("RK101")
+def test_fresh_settings_llamafactory260_zero2_7b_on_8x_v100_32g():
+    # https://github.com/hiyouga/LlamaFactory/issues/260: full fine-tuning of BaiChuan-7B on
+    # 8 V100 32G with "deepspeed Zero-2" still OOMs; the maintainer: 7B full tuning needs about
+    # 240 GB (ZeRO-2 on 3 x 80 GB): on 32 GB cards ZeRO-3 is the next step.
+    f = top(run(text("fk-llamafactory260-baichuan7b-8xv100-zero2")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+    assert "ZeRO stage 2 on 8 GPU(s)" in f.evidence and "ZeRO-3 over 8 GPU(s)" in f.evidence
+
+
+@covers("RK101")
+def test_fresh_settings_baichuan2_162_lora_on_3x_v100_16g():
+    # https://github.com/baichuan-inc/Baichuan2/issues/162: "使用lora微调baichuan2-7b-base，
+    # 3*V100（16G），还是OOM": 13 GiB of frozen fp16 weights on each 16G card; the thread's
+    # remedy is QLoRA (4-bit frozen weights).
+    f = top(run(text("fk-baichuan2-162-lora-3xv100-16g")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert "LoRA without ZeRO-3" in f.evidence and "3 GPU(s)" in f.evidence
+    assert "QLoRA" in f.fix and "ZeRO-3" in f.fix
+
+
+@covers("RK101")
+def test_fresh_settings_llamafactory3880_qlora_70b_zero3_on_8_t4():
+    # https://github.com/hiyouga/LlamaFactory/issues/3880: "zero3 + qlora + 4bit" for llama3
+    # 70b on 8张T4 still OOMs: ZeRO-3 leaves 4-bit weights whole (35 GB per 16 GB card); the
+    # maintainer points to the FSDP + QLoRA example.
+    f = top(run(text("fk-llamafactory3880-qlora-70b-8xt4-zero3")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch["fsdp"] == "full_shard auto_wrap"
+    assert "FSDP + QLoRA" in f.fix and "16.00 GiB GPU" in f.evidence
+
+
+# ---- mutation guards -------------------------------------------------------------------------
+
+
+def test_fresh_settings_mutation_stage_said_as_a_question_only():
+    # the dllm paste without its stated stage and offload: the question about ZeRO-3 alone is
+    # no stage in use, so the per-rank count is not ZeRO-2-with-offload's
+    pasted = text("fq-dllm9-8b-zero2-2xa100-40g")
+    pasted = pasted.replace("ZeRO stage: 2 (with CPU offload)", "Precision check done")
+    pasted = pasted.replace("ZeRO-2 with CPU offload (still OOM)", "(still OOM)")
+    f = top(run(pasted))
+    assert not (f.rule == "RK101" and "ZeRO stage 2" in f.evidence)
+
+
+def test_fresh_settings_mutation_lora_negated():
+    # "without lora" on the Baichuan2 paste: no adapters, so no LoRA reading
+    pasted = text("fk-baichuan2-162-lora-3xv100-16g").replace("使用lora微调", "without lora, 微调")
+    f = top(run(pasted))
+    assert "LoRA without ZeRO-3" not in f.evidence
+
+
+def test_fresh_settings_mutation_full_precision_qlora_is_sharded():
+    # the same 70B paste without 4-bit: ZeRO-3 shards bf16 frozen weights (70B x 2 / 8 GPUs
+    # = 16.3 GiB, still above a T4) and the step is not FSDP + QLoRA
+    pasted = text("fk-llamafactory3880-qlora-70b-8xt4-zero3")
+    pasted = pasted.replace("qlora", "lora").replace("4bit", "bf16")
+    f = top(run(pasted))
+    assert f.config_patch.get("fsdp") is None
+
+
+@covers("RK500")
+def test_fresh_rk500_gptj6b_fp16_on_a100_40gb():
+    # https://github.com/huggingface/transformers/issues/13329: run_clm.py on GPT-J-6B with
+    # --fp16 on "single GPU A100 (40Gb)" -> OOM; 6B x 16 bytes of mixed-precision Adam states
+    # do not fit 40 GB (the thread's remedy: DeepSpeed ZeRO with CPU offload / more memory).
+    f = top(run(text("fs-hf13329-gptj6b-a100-40g")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "40.00 GiB GPU" in f.evidence  # "A100 (40Gb)" read as the GPU's size
+    assert f.config_patch["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+def test_fresh_gpu_prose_lowercase_gb_and_with():
+    # "A100 (40Gb)" (transformers#13329) and "A6000 with 48 GB memory" (OPERA#36)
+    assert scan_signals(["single GPU A100 (40Gb)"])["gpu_prose"]["bytes"] == 40 * 2**30
+    assert scan_signals(["a A6000 with 48 GB memory"])["gpu_prose"]["bytes"] == 48 * 2**30
+    assert "gpu_prose" not in scan_signals(["an A100 with 2 GPUs"])
+
+
+@covers("RK500")
+def test_fresh_rk500_gptj6b_no_gpu_named():
+    # https://github.com/mallorbc/Finetune_LLMs/issues/23: "finetune GPT-j-6b", an OOM of
+    # 394 MiB, batch size 1 tried; the answer: the GPU is not large enough. 6B x 16 bytes
+    # exceeds even an 80 GB GPU, so no GPU size is needed to say model states.
+    f = top(run(text("fs-finetunellms23-gptj6b")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "no GPU named" in f.evidence
+    assert f.config_patch
+
+
+def test_fresh_rk500_no_gpu_needs_training_words():
+    # Mutation guard: the same paste without the training words is not a model-states reading
+    # (inference of a 6B model fits an 80 GB GPU).
+    pasted = text("fs-finetunellms23-gptj6b").replace("finetune", "run")
+    pasted = pasted.replace("gradient_accumulation_steps=4", "")
+    assert top(run(pasted)).rule != "RK500"
+
+
+@covers("RK500")
+def test_fresh_rk500_baichuan7b_full_on_one_a100_80g():
+    # https://github.com/hiyouga/LlamaFactory/issues/94: full fine-tuning baichuan-7b on one
+    # A100 80G OOMs (with deepspeed too); the maintainer: 3 x 80G with DeepSpeed ZeRO-2.
+    f = top(run(text("fs-lf94-baichuan7b-a100-80g")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "ZeRO" in f.fix
+
+
+@covers("RK101")
+def test_fresh_rk101_baichuan13b_full_ddp_8_gpus():
+    # https://github.com/hiyouga/LlamaFactory/issues/713: full fine-tuning Baichuan-13B on 8
+    # A800 with accelerate MULTI_GPU (no DeepSpeed) OOMs at batch size 1; the answer: DeepSpeed
+    # ZeRO stage-3 (with CPU offload if needed).
+    f = top(run(text("fs-lf713-baichuan13b-full-ddp")))
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+
+
+def test_fresh_gptj_without_size_is_pressure_not_states():
+    # https://github.com/EricFillion/happy-transformer/issues/287: "fine tuning GPTJ" on an
+    # A100 (39.59 GiB, 36.94 allocated); the maintainer: DeepSpeed ZeRO-2 on several GPUs. The
+    # paste names no model size, so the doctor cannot count the states: a known miss (it reads
+    # genuine pressure, the neighbouring category).
+    f = top(run(text("fs-happytr287-gptj-a100")))
+    assert f.category == "genuine_pressure"
+
+
+def test_fresh_baichuan13b_8_gpus_reduce_batch():
+    # https://github.com/hiyouga/LlamaFactory/issues/811: full fine-tuning baichuan-13b-chat on
+    # 8 x A800 80G OOMs; the maintainer: reduce the batch size. The doctor's fix names it.
+    f = top(run(text("fs-lf811-baichuan13b-8xa800")))
+    assert "micro_batch_size" in f.fix or "batch" in f.evidence
+
+
+@covers("RK500")
+def test_fresh_rk500_llama7b_full_without_peft_on_a100_80g():
+    # https://github.com/meta-llama/llama-cookbook/issues/413: "finetune the llama-7b model
+    # without any PEFT and Quantization" on one A100-SXM4-80GB -> CUDA OOM; 6.7B x 16 bytes of
+    # mixed-precision Adam states exceed 80 GB (remedy: FSDP over several GPUs / PEFT).
+    f = top(run(text("fq-cookbook413-llama7b-full-a100-80g")))
+    assert f.rule == "RK500" and f.category == "model_state_memory"
+    assert "offload_optimizer" in f.config_patch["zero_optimization"]
+    assert "ZeRO-3 / FSDP" in f.fix and "LoRA" in f.fix
+
+
+def test_fresh_negated_adapters_are_not_a_way_of_keeping_states():
+    # "without any PEFT and Quantization" (llama-cookbook#413) says full fine-tuning
+    said = scan_signals(["finetune the llama-7b model without any PEFT and Quantization on X"])
+    assert "not_full_training" not in said
+    # named without a negation it still is one, and a later clause still counts
+    assert "not_full_training" in scan_signals(["finetune llama-7b with PEFT and Quantization"])
+    assert "not_full_training" in scan_signals(["no OOM before, then I added LoRA adapters"])
+    assert "not_full_training" in scan_signals(["without packing, we use QLoRA"])
+
+
+def test_fresh_negated_adapters_mutation_guard():
+    # Mutation guard: the same paste saying it uses PEFT is no model-states reading.
+    pasted = text("fq-cookbook413-llama7b-full-a100-80g").replace("without any PEFT", "with PEFT")
+    assert top(run(pasted)).rule != "RK500"
+
+
+@covers("RK101")
+def test_rk101_13b_full_fine_tuning_with_zero2_on_4_gpus():
+    d = run(
+        text("i12-llamafactory-1158"),
+        config=text("i12-llamafactory-1158-config"),
+        config_name="train.sh",
+    )
+    f = top(d)
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    # 13e9 x (2 + 14/4) bytes = 66.59 GiB of states per GPU on a 79.35 GiB GPU; ZeRO-3: 48.43
+    cites(f, "13.0B", "ZeRO stage 2 on 4 GPU(s)", "66.59 GiB", "79.35 GiB", "48.43 GiB")
+    assert f.config_patch == {"zero_optimization": {"stage": 3}}
+
+
+# RK101: a launch command with no GPU, no GPU count and no OOM: no "over 1 GPU(s)" plan (a
+# count the paste does not give) and no full confidence.
+@covers("RK101")
+def test_rk101_no_gpu_count_invented():
+    # https://github.com/hiyouga/LlamaFactory/issues/2379: the command alone (Mixtral 8x7B LoRA)
+    f = get(run(text("i13-llamafactory-2379")), "RK101")
+    assert "1 GPU(s)" not in f.evidence and "GPU count not in the paste" in f.evidence
+    assert f.confidence <= 0.6 and "if the run uses one" in f.evidence
+    # the same model with the count given keeps its numbers
+    # https://github.com/OpenRLHF/OpenRLHF/issues/698 ("deepspeed --num_gpus 1", an 80 GB A100)
+    g = get(run(text("fd-openrlhf-698-adam-offload")), "RK101")
+    assert "on 1 GPU(s)" in g.evidence and g.raw_confidence == 0.9
+
+
+@covers("RK110")
+def test_rk110_source_line_of_adam_pasted_before_the_oom():
+    # https://github.com/hiyouga/LlamaFactory/issues/1221: only Adam's source line ("denom =
+    # (exp_avg_sq.sqrt() ...") precedes the OOM (kept as its context). The maintainer: ZeRO-2
+    # needs 80G; the reporter ran with ZeRO-3.
+    d = run(text("i12-llamafactory-1221"))
+    f = top(d)
+    assert f.rule == "RK110" and f.category == "model_state_memory"
+    assert "exp_avg_sq" in f.evidence
+    cites(f, "3.14 GiB", "28.28 GiB", "31.75 GiB")
+    assert "ZeRO-3" in f.fix and f.config_patch == {"zero_optimization": {"stage": 3}}
+    assert {"rule": "RK036", "reason": "superseded by RK110"} in d.dropped
+
+
+@covers("RK110")
+def test_rk110_not_for_an_oom_outside_the_optimizer():
+    # pytorch#35901's OOM (no optimizer frame) and a real traceback through the loss
+    # (Megatron-LM#92): not the optimizer step.
+    assert "RK110" not in ids(run(text("i12-pt-35901")))
+    assert "RK110" not in ids(run(text("mlm-92")))
+
+
+@covers("RK101")
+def test_rk101_lora_under_ddp_replicates_weights_above_any_80gb_gpu():
+    # https://github.com/hiyouga/LlamaFactory/issues/2379: Mixtral-8x7B LoRA on 8 GPUs with
+    # accelerate's MULTI_GPU (DDP, no ZeRO); no OOM message and no GPU size pasted. The
+    # maintainer: launch with DeepSpeed ZeRO-3.
+    d = run(text("i13-llamafactory-2379"), config=text("i13-llamafactory-2379-config"))
+    assert d.evidence.config["finetuning_type"] == "lora"  # read from the pasted command
+    f = top(d)
+    assert f.rule == "RK101" and f.category == "model_state_memory"
+    cites(f, "56.0B", "8 GPU(s)", "104.31 GiB", "80.00 GiB")
+    assert f.config_patch == {"zero_optimization": {"stage": 3}} and "ZeRO-3" in f.fix
+
+
+@covers("RK101")
+def test_rk101_not_when_zero3_and_the_gpu_count_are_unknown():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977: full fine-tuning of Llama-3-8B with
+    # ds_z3_config.json, pasted YAML only: ZeRO-3 shards over GPUs the paste does not count, so
+    # no per-GPU figure can be claimed.
+    d = run(text("i13-llamafactory-5977"))
+    assert d.evidence.config["deepspeed"].endswith("ds_z3_config.json")
+    assert "RK101" not in ids(d)
+
+
+@covers("RK670")
+def test_r8s_gemini_auto_placement_oom():
+    # https://github.com/hpcaitech/ColossalAI/issues/2246: OPT-30B with GeminiDDP,
+    # PLACEMENT_POLICY = 'auto' OOMs; the maintainer: "I suggest you use CPU for large model"
+    d = run(text("r8s-colossalai2246-gemini-auto"))
+    f = top(d)
+    assert f.rule == "RK670" and f.category == "model_state_memory"
+    assert "'auto'" in f.evidence and "PLACEMENT_POLICY = 'auto'" in f.evidence
+    assert f.config_patch == {"placement_policy": "cpu"}
+    assert "placement_policy='cpu'" in f.fix
+
+
+def test_r8s_gemini_cpu_placement_or_no_oom_is_silent():
+    paste = text("r8s-colossalai2246-gemini-auto")
+    # already on 'cpu': nothing to move off the GPU
+    assert "RK670" not in ids(
+        run(paste.replace("PLACEMENT_POLICY = 'auto'", "PLACEMENT_POLICY = 'cpu'"))
+    )
+    # no OOM said
+    calm = paste.replace("I got OOM when BS is lager than 8 in using GeminiDDP.", "").replace(
+        " and get OOM errors", ""
+    )
+    assert "RK670" not in ids(run(calm))
+    # a placement policy of something that is not Gemini
+    assert "RK670" not in ids(run(paste.replace("GeminiDDP", "our trainer")))

@@ -1,0 +1,164 @@
+"""Tests of the rules in recompute_kit/doctor/rules/outside_allocator.py, one or more per rule, on
+verbatim real text (tests/data/rules/, each file's URL in tests/rule_sources.py and in a
+comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
+
+from __future__ import annotations
+
+from rule_helpers import (
+    cites,
+    covers,
+    ids,
+    run,
+    text,
+    top,
+)
+
+
+@covers("RK481")
+def test_fb_cuda_overhead_beyond_the_allocator_cache():
+    # https://github.com/pytorch/pytorch/issues/28394: 2 MB cached but ~1 GB used on the GPU:
+    # the CUDA context (maintainers: lazy loading in later CUDA)
+    f = top(run(text("fb-pt-28394-cuda-overhead")))
+    assert f.rule == "RK481" and f.category == "non_pytorch_memory"
+    assert f.config_patch == {"env": {"CUDA_MODULE_LOADING": "LAZY"}}
+
+
+@covers("RK481")
+def test_fb_driver_memory_not_counted_by_max_memory_allocated():
+    # https://github.com/facebookresearch/maskrcnn-benchmark/issues/182 (fmassa): memory of
+    # the CUDA driver is not counted in torch.cuda.max_memory_allocated()
+    f = top(run(text("fb-maskrcnn-182-driver-memory")))
+    assert f.rule == "RK481" and f.category == "non_pytorch_memory"
+
+
+@covers("RK480")
+def test_fb_fragmentation_reserved_growing_over_time():
+    # https://github.com/meta-pytorch/torchtune/issues/2830 (maintainer): fragmentation,
+    # reserved memory growing over time; try expandable_segments:True
+    f = top(run(text("fb-torchtune-2830-reserved-growing")))
+    assert f.rule == "RK480" and f.category == "fragmentation"
+    assert "expandable_segments" in f.fix
+
+
+@covers("RK480")
+def test_fb_fragmentation_split_remainder_pinned():
+    # https://github.com/vllm-project/vllm/pull/41268: a split block's free remainder pinned by
+    # the live tensor; fixed with max_split_size_mb (expandable_segments in #41158)
+    f = top(run(text("fb-vllm-pr41268-split-remainder")))
+    assert f.rule == "RK480" and f.category == "fragmentation"
+    assert "max_split_size_mb" in f.fix
+
+
+def test_fb_pytorch_tip_alone_is_not_fragmentation_in_words():
+    # the OOM message's own "to avoid fragmentation" tip is not the thread naming it
+    d = run(text("fb-neurolens-2-grid-sampler-55gib"))
+    assert "RK480" not in [f.rule for f in d.findings]
+
+
+@covers("RK360")
+def test_fb_gpu_consumed_by_another_process_without_an_oom():
+    # https://github.com/sgl-project/sglang/issues/465: a misspelled CUDA_VISIBLE_DEVICES left
+    # the server on "a GPU that was consumed already"
+    f = top(run(text("fb-sglang-465-gpu-consumed")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert "CUDA_VISIBLE_DEVICES" in f.config_patch["env"]
+
+
+def test_fb_gpu_memory_used_up_is_not_another_process():
+    # memory used up by this job's own tensors is not the GPU taken by someone else
+    d = run("The GPU memory is already used up by the model after two steps.")
+    assert "RK360" not in [f.rule for f in d.findings]
+
+
+@covers("RK360")
+def test_fresh_rk360_gpus_full_with_no_process_listed():
+    # https://github.com/phil-bergmann/tracking_wo_bnw/issues/57: "CUDA error: out of memory";
+    # the maintainer asked whether something else runs on the GPU; gpustat shows GPUs 0, 1, 4,
+    # 5 full and 2, 3, 6, 7 empty while nvidia-smi lists no process. Run on an idle GPU.
+    f = top(run(text("fm-tracking-57-gpus-held")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert f.config_patch == {"env": {"CUDA_VISIBLE_DEVICES": "2"}}
+    assert "GPU 0, 1, 4, 5" in f.evidence
+
+
+@covers("RK360")
+def test_fresh_rk360_another_code_on_gpu0_in_words():
+    # https://github.com/yinboc/DGP/issues/16: "I run another code on GPU0"; the script's own
+    # --gpu resets CUDA_VISIBLE_DEVICES (the maintainer: choose the GPU with --gpu).
+    f = top(run(text("fm-dgp-16-another-code")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    assert "CUDA_VISIBLE_DEVICES" in f.config_patch["env"]
+    assert "--gpu" in f.fix
+
+
+@covers("RK360")
+def test_fresh_rk360_already_a_training_in_gpu0():
+    # https://github.com/open-mmlab/mmdetection/issues/3020: GPU 0 is out of memory "because
+    # there is already a training in GPU 0"
+    f = top(run(text("fm-mmdet-3020-gpu0-busy")))
+    assert f.rule == "RK360" and f.category == "other_processes"
+
+
+def test_fresh_rk360_needs_an_oom_and_a_full_gpu():
+    # the same gpustat rows without an OOM, or with no GPU over 90%, are no finding
+    rows = text("fm-tracking-57-gpus-held").split("\n", 1)[1]
+    assert "RK360" not in [f.rule for f in run(rows).findings]
+    light = text("fm-tracking-57-gpus-held").replace("15836 / 16130", "1836 / 16130")
+    light = light.replace("15825 / 16130", "1825 / 16130").replace("15718", "1718")
+    light = light.replace("15682", "1682")
+    assert "RK360" not in [f.rule for f in run(light).findings]
+    # full GPUs next to an OOM, with processes listed (or nothing said): this job's own usage
+    listed = text("fm-tracking-57-gpus-held").replace(
+        "and nvidia-smi shows that no processes on GPU were launched\n", ""
+    )
+    assert "RK360" not in [f.rule for f in run(listed).findings]
+
+
+# =============================================================================================
+# RK220: nvidia-smi shows more than PyTorch holds (rules/outside_allocator.py)
+# =============================================================================================
+
+
+@covers("RK220")
+def test_rk220_smi_above_torch_counters_is_the_cuda_context():
+    # https://github.com/pytorch/pytorch/issues/28113 (dev corpus case): torch says 0, nvidia-smi
+    # 200+ to 700+ MB; maintainer: "That is the size of the CUDA context."
+    d = run(text("i22-pt-28113"))
+    f = top(d)
+    assert f.rule == "RK220" and f.category == "non_pytorch_memory"
+    cites(f, "667.57 MiB", "0.00 MiB", "700+mb")
+    assert "CUDA context" in f.fix and "mem_get_info" in f.confirm
+    assert f.config_patch == {"env": {"CUDA_MODULE_LOADING": "LAZY"}}
+
+
+@covers("RK220")
+def test_rk220_memory_fraction_does_not_cap_the_context():
+    # https://github.com/pytorch/pytorch/issues/107667 (dev corpus case): a 100MB cap with
+    # set_per_process_memory_fraction, 430MB in nvidia-smi; ptrblck: the CUDA context.
+    d = run(text("i22-pt-107667"))
+    f = top(d)
+    assert f.rule == "RK220"
+    cites(f, "410.08 MiB", "95.37 MiB", "314.71 MiB", "set_per_process_memory_fraction")
+    assert "never the context" in f.fix
+
+
+def test_rk220_not_for_gigabytes_over_memory_allocated_alone():
+    # https://github.com/pytorch/pytorch/issues/37250: memory_allocated() 0 after `del model`,
+    # nvidia-smi 12433MiB; the answer there is the allocator's cache (max_memory_reserved is
+    # close to nvidia-smi), not memory outside it.
+    d = run(text("i22-pt-37250"))
+    facts = d.evidence.facts["log"]
+    assert facts["smi_bytes"] == 12433 * 2**20  # the device row, not the 81920MiB total
+    assert "torch_bytes" not in facts  # "it shows `0`" names no PyTorch counter on its line
+    assert "RK220" not in ids(d)
+    # Said on one line, the gap is still gigabytes over memory_allocated alone: not RK220.
+    d = run(text("i22-pt-37250").replace("it shows `0`.", "torch.cuda.memory_allocated() shows 0."))
+    assert d.evidence.facts["log"]["torch_bytes"] == 0 and "RK220" not in ids(d)
+
+
+@covers("RK100")
+def test_rk100_vllm_cumem_oom():
+    d = run(text("i12-nemorl-3280"))
+    assert d.evidence.oom and d.evidence.oom[0].generation == "cuda_error"
+    f = top(d)
+    assert f.rule == "RK100" and "gpu_memory_utilization" in f.config_patch
