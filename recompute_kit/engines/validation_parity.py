@@ -41,6 +41,7 @@ VERSION_NOTES = {
     "rule22": "v0.19 rejects offloading moe_act/expert_fc1 with 'moe' recompute; 0.16.1 accepts",
     "gdn_norm_out": "v0.19 message (gdn_norm_out is a known module); 0.16.1: 'Invalid choices'",
     "allowed_set": "v0.19's allowed recompute_modules include gdn_norm_out",
+    "rule22_first": "the kit stops at v0.19's rule 22; 0.16.1 has none and refuses later",
 }
 
 INVALID_MODULE_NAMES = ("attn", "moe_layer", "gdn_norm_out", "core_attention", "mlp ")
@@ -221,7 +222,7 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
         return dict(
             cuda_graph_impl=impl,
             cuda_graph_scope=scope,
-            cpu_offloading=rng.random() < 0.1,
+            cpu_offloading=rng.random() < 0.15,
             cpu_offloading_num_layers=1,
             pipeline_model_parallel_size=1,
             virtual_pipeline_model_parallel_size=None,
@@ -267,8 +268,8 @@ def _model_axes(rng: random.Random, flat: dict[str, Any]) -> dict[str, Any]:
     if flat.get("num_moe_experts"):
         out.update(
             num_moe_experts=rng.choice((1, 2, 4, 8)),
-            moe_router_topk=rng.choice((1, 1, 2, 4, 8)),
-            moe_router_score_function=rng.choice(("softmax", "sigmoid")),
+            moe_router_topk=rng.choice((1, 1, 1, 2, 4, 8)),
+            moe_router_score_function=rng.choice(("softmax", "softmax", "sigmoid")),
             moe_layer_freq=rng.choice((1, 2, 3, [1, 0] * (flat["num_layers"] // 2), [0, 1])),
             add_bias_linear=rng.random() < 0.3,
             expert_model_parallel_size=rng.choice((1, 2, 4)),
@@ -308,7 +309,7 @@ def _cross(rng: random.Random, flat: dict[str, Any]) -> dict[str, Any]:
             cuda_graph_impl=rng.choice(("local", "transformer_engine")),
             cuda_graph_scope=rng.sample(CUDA_GRAPH_SCOPE_CHOICES, rng.choice((0, 1, 1, 2))),
         )
-    if rng.random() < 0.4:
+    if rng.random() < 0.25:
         out.update(
             fp8=rng.choice(("e4m3", "hybrid")),
             fp8_recipe=rng.choice(("delayed", "tensorwise", "mxfp8", "blockwise")),
@@ -324,19 +325,20 @@ def _uneven_pipeline(rng: random.Random) -> dict[str, Any]:
     """Uneven first/last stages and the embedding/loss counted as a layer, with and without
     VPP, and full recompute whose recompute_num_layers is below, at and above the layers of a
     virtual chunk."""
-    pp = rng.choice((2, 3, 4))
+    pp = rng.choice((2, 3, 4, 4))
     vpp = rng.choice((None, None, 2, 3))
-    layers = rng.choice((4, 6, 7, 8, 10, 12, 16))
+    layers = rng.choice((4, 6, 7, 8, 10, 12, 14, 16))
     out: dict[str, Any] = dict(
         num_layers=layers,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
     )
     if rng.random() < 0.6:
+        counts = (0, 1, 2, 3, 4, vpp or 1, 2 * (vpp or 1))  # multiples of VPP reach the middle
         if rng.random() < 0.7:
-            out["num_layers_in_first_pipeline_stage"] = rng.choice((0, 1, 2, 3, 4))
+            out["num_layers_in_first_pipeline_stage"] = rng.choice(counts)
         if rng.random() < 0.7:
-            out["num_layers_in_last_pipeline_stage"] = rng.choice((0, 1, 2, 3, 4))
+            out["num_layers_in_last_pipeline_stage"] = rng.choice(counts)
     if rng.random() < 0.5:
         out["account_for_embedding_in_pipeline_split"] = rng.random() < 0.7
         out["account_for_loss_in_pipeline_split"] = rng.random() < 0.7
@@ -445,6 +447,17 @@ def _moe_recomputed(flat: dict[str, Any]) -> bool:
     return granularity == "selective" and "moe" in modules
 
 
+def _offloads_inside_recomputed_moe(flat: dict[str, Any]) -> bool:
+    """v0.19's rule 22: fine-grained offloading of moe_act/expert_fc1 while 'moe' is
+    recomputed (0.16.1 accepts it)."""
+    offload_inside_moe = {"moe_act", "expert_fc1"} & set(flat.get("offload_modules", []))
+    return bool(
+        flat.get("fine_grained_activation_offloading")
+        and offload_inside_moe
+        and _moe_recomputed(flat)
+    )
+
+
 def _category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
     category, note = _rule_category(flat, megatron)
     if category == "counted" and megatron.accepted:
@@ -459,13 +472,7 @@ def _category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
 def _rule_category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
     if megatron.depends_on:
         return "te_cuda", f"Megatron asks {megatron.depends_on}"
-    offload_inside_moe = {"moe_act", "expert_fc1"} & set(flat.get("offload_modules", []))
-    if (
-        megatron.accepted
-        and flat.get("fine_grained_activation_offloading")
-        and offload_inside_moe
-        and _moe_recomputed(flat)
-    ):
+    if megatron.accepted and _offloads_inside_recomputed_moe(flat):
         return "version", VERSION_NOTES["rule22"]
     num = flat.get("recompute_num_layers")
     if (
@@ -493,6 +500,8 @@ def compare(configs: list[tuple[str, dict[str, Any]]]) -> ParityReport:
         if category == "counted" and rejected_by_both and _invalid_modules(megatron):
             modules = flat.get("recompute_modules") or []
             note = VERSION_NOTES["gdn_norm_out" if "gdn_norm_out" in modules else "allowed_set"]
+        elif category == "counted" and rejected_by_both and _offloads_inside_recomputed_moe(flat):
+            note = VERSION_NOTES["rule22_first"]
         report.outcomes.append(Outcome(name, flat, megatron, kit, category, note))
     return report
 
