@@ -75,6 +75,7 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 f"false when sequence parallel is enabled: {p.sequence_parallel}"
             )
 
+    modules_as_written = r.recompute_modules  # (before rule 10 fills in the default)
     # Rule 10: the default module list.
     if r.recompute_modules is None:
         r.recompute_modules = ["core_attn"]
@@ -210,7 +211,7 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
             )
         # Not refused by Megatron, but broken on the run's version or not acted on as written.
         warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
-        warnings += ignored_settings(cfg)
+        warnings += ignored_settings(cfg, modules_as_written)
 
     # Not a Megatron rule, but the layers must be able to run the config.
     problem = layer_shape_problem(m)
