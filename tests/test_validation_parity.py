@@ -319,3 +319,18 @@ def test_verdicts_agree_on_a_larger_grid():
     big = compare(generate_configs(8000, seed=1))
     assert len(big.counted) > 7000
     assert not big.disagreements, _describe(big.disagreements)
+
+
+def test_pipeline_layout_with_other_split_settings_is_refused_like_megatron():
+    layout = "Et|tt|tt|tL"
+    for other in (
+        dict(num_layers_in_first_pipeline_stage=1),
+        dict(account_for_loss_in_pipeline_split=True),
+    ):
+        flat = dict(num_layers=6, pipeline_model_parallel_size=4, bf16=True, **other)
+        megatron = _megatron_accepts(flat, pipeline_model_parallel_layout=layout)
+        assert megatron.startswith("pipeline_model_parallel_layout cannot be set")
+        assert kit_verdict(dict(flat, pipeline_model_parallel_layout=layout)).message == megatron
+    flat = dict(num_layers=6, pipeline_model_parallel_size=4, bf16=True)
+    assert _megatron_accepts(flat, pipeline_model_parallel_layout=layout) is True
+    assert kit_verdict(dict(flat, pipeline_model_parallel_layout=layout)) == Verdict(True)
