@@ -1,7 +1,7 @@
 """Validation parity table: generated configs through Megatron-Core's TransformerConfig and
 `recompute-kit validate`.
 
-    python benchmarks/validation_parity.py [--configs 600] [--seed 0] [--list]
+    python benchmarks/validation_parity.py [--configs 1100] [--seed 0] [--list]
 
 Prints configs generated, counted, excluded (outcome depends on Transformer Engine / CUDA),
 version-changed (verdict differs between the installed Megatron-Core and the v0.19 rule the kit
@@ -78,7 +78,7 @@ def listing(report: ParityReport) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", type=int, default=600)
+    parser.add_argument("--configs", type=int, default=1100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--list", action="store_true", help="list excluded configs and messages")
     args = parser.parse_args()

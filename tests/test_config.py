@@ -534,3 +534,19 @@ def test_spec_lists_keep_multi_module_specs_together():
         parse_spec_list("none,bogus")
     with pytest.raises(ConfigError):
         parse_spec_list([1, 2])
+
+
+# ---- validate --strict: settings Megatron ignores -------------------------------------------
+
+
+def test_strict_warns_about_recompute_modules_written_with_full_granularity():
+    full = dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=1)
+    ignored = "Megatron ignores recompute_modules"
+    # Written out, even as Megatron's default list: Megatron ignores it under full.
+    written = cfg(recompute_modules=["core_attn"], **full).validate(strict=True)
+    assert any(ignored in w and "['core_attn']" in w for w in written)
+    # Left out (validation fills in the default itself) or empty: nothing to say.
+    assert not any(ignored in w for w in cfg(**full).validate(strict=True))
+    assert not any(ignored in w for w in cfg(recompute_modules=[], **full).validate(strict=True))
+    # Not strict: no such warning.
+    assert not any(ignored in w for w in cfg(recompute_modules=["mlp"], **full).validate())

@@ -90,6 +90,10 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
     moe_layer_freq: int | list[int] = 1  # N: every N-th layer is MoE; list: 1 = MoE, 0 = dense
     moe_router_score_function: str = "softmax"  # "softmax" | "sigmoid"
+    # Megatron refuses top-1 softmax routing unless the softmax comes before the top-k (or
+    # the router is sinkhorn): a softmax over one expert has no gradient.
+    moe_router_pre_softmax: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"  # Megatron's default; "sinkhorn", "none", ...
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
     moe_shared_expert_intermediate_size: int | None = None
     moe_grouped_gemm: bool = False

@@ -120,8 +120,11 @@ def parse_spec_list(specs: str | list[str] | tuple[str, ...]) -> list[str]:
             if not token:
                 continue
             # (never after `selective:` alone: that is the empty control, complete as it is)
-            if token in RECOMPUTE_MODULES and items and items[-1].startswith("selective:") and (
-                items[-1] != "selective:"
+            if (
+                token in RECOMPUTE_MODULES
+                and items
+                and items[-1].startswith("selective:")
+                and (items[-1] != "selective:")
             ):
                 items[-1] = f"{items[-1]},{token}"
             else:

@@ -75,6 +75,7 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 f"false when sequence parallel is enabled: {p.sequence_parallel}"
             )
 
+    modules_as_written = r.recompute_modules  # (before rule 10 fills in the default)
     # Rule 10: the default module list.
     if r.recompute_modules is None:
         r.recompute_modules = ["core_attn"]
@@ -170,6 +171,19 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 f"{offload_inside_moe} from --offload-modules."
             )
 
+    _check_pipeline_split(m.num_layers, p)
+    if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
+        raise ConfigError("Bias in Moe is only supported when ETP==1")
+    if (
+        m.num_moe_experts is not None
+        and m.moe_router_topk == 1
+        and m.moe_router_score_function == "softmax"
+        and not m.moe_router_pre_softmax
+        and m.moe_router_load_balancing_type != "sinkhorn"
+    ):
+        # A softmax over the one selected expert is 1 everywhere: its gradient is zero.
+        raise ConfigError("Please use --moe-router-pre-softmax when topk is 1.")
+
     _check_cuda_graphs(m, r)
 
     # Rules 26-28: only Megatron-LM's argument parser enforces these. Then the warnings of
@@ -197,13 +211,12 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
             )
         # Not refused by Megatron, but broken on the run's version or not acted on as written.
         warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
-        warnings += ignored_settings(cfg)
-
-    if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
-        raise ConfigError("Bias in Moe is only supported when ETP==1")
+        warnings += ignored_settings(cfg, modules_as_written)
 
     # Not a Megatron rule, but the layers must be able to run the config.
-    _check_shapes(m)
+    problem = layer_shape_problem(m)
+    if problem:
+        raise ConfigError(problem)
     if g == "full" and r.recompute_num_layers is not None and r.recompute_num_layers < 1:
         raise ConfigError(
             f"recompute_num_layers must be at least 1 for full recompute, got "
@@ -338,6 +351,101 @@ def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
         raise ConfigError("hidden dropout is not supported with graphed MLP/MoE recomputation.")
 
 
+def _check_pipeline_split(num_layers: int, p: ParallelConfig) -> None:
+    """Megatron-Core 0.16.1's checks of uneven first/last pipeline stages and of the embedding
+    or loss counted as a layer, with and without VPP (its messages verbatim, missing spaces
+    included). Megatron checks the total against the pipeline size only through these
+    settings: an even split of num_layers is left to Megatron-LM's argument parser."""
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    embedding, loss = (
+        p.account_for_embedding_in_pipeline_split,
+        p.account_for_loss_in_pipeline_split,
+    )
+    vpp = p.virtual_pipeline_model_parallel_size
+    if (first is not None or last is not None) and (embedding or loss):
+        raise ConfigError(
+            "num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be"
+            "set at the same time with account_for_embedding_in_pipeline_split"
+            "and account_for_loss_in_pipeline_split"
+        )
+    if p.pipeline_model_parallel_layout is not None:
+        # (embedding/loss with uneven stages was refused above, so only these can conflict)
+        if first is not None or last is not None or embedding or loss:
+            raise ConfigError(
+                "pipeline_model_parallel_layout cannot be set with other pipeline layout "
+                f"arguments. self.num_layers_in_first_pipeline_stage={first!r}, "
+                f"self.num_layers_in_last_pipeline_stage={last!r}, "
+                f"self.account_for_embedding_in_pipeline_split={embedding!r}, "
+                f"self.account_for_loss_in_pipeline_split={loss!r}."
+            )
+        return
+    if first is not None or last is not None:
+        _check_uneven_stages(num_layers, p.pipeline_model_parallel_size, first, last, vpp)
+    elif embedding or loss:
+        layers = num_layers + embedding + loss
+        pp = p.pipeline_model_parallel_size
+        if vpp is None:
+            if layers % pp:
+                raise ConfigError(
+                    f"number of middle layers: {layers} must be divisible by "
+                    f"middle pipeline_model_parallel_size {pp}"
+                )
+            return
+        if layers % pp:
+            raise ConfigError(
+                f"num_layers: {layers} after enableaccount_for_embedding_in_pipeline_split or "
+                "account_for_loss_in_pipeline_split must be divisibleby "
+                f"pipeline_model_parallel_size {pp}"
+            )
+        if (layers // pp) % vpp:
+            raise ConfigError(
+                f"number of layers on each pipeline rank: {layers // pp}(after enable "
+                "account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_split) "
+                f"must be divisible byvirtual_pipeline_model_parallel_size{vpp}"
+            )
+
+
+def _check_uneven_stages(
+    layers: int, stages: int, first: int | None, last: int | None, vpp: int | None
+) -> None:
+    for where, count in (("first", first), ("last", last)):
+        if count is None:
+            continue
+        if count <= 0:
+            raise ConfigError(f"num_layers_in_{where}_pipeline_stage must be larger than 0")
+        if vpp is not None and count % vpp:
+            raise ConfigError(
+                f"number of layers at {where} stage: {count}must be divisible by virtual "
+                f"pipelineparallel degree {vpp}"
+            )
+        layers -= count
+        stages -= 1
+    if bool(layers) != bool(stages):
+        raise ConfigError(
+            f"Mismatch: {layers} middle layers remaining but {stages} middle PP stages available."
+        )
+    if stages and layers % stages:
+        raise ConfigError(
+            f"number of layers at middle stage: {layers} must be divisible bythe middle "
+            f"pipeline model parallel size {stages}"
+        )
+    if stages and vpp is not None and (layers // stages) % vpp:
+        raise ConfigError(
+            f"number of layers on each middle pipeline rank:{layers // stages} must be "
+            f"divisible by virtualpipeline parallel degree {vpp}"
+        )
+
+
+def layer_shape_problem(m: ModelConfig) -> str | None:
+    """Why the kit's layers cannot run the model's shapes (not Megatron-Core rules: its
+    TransformerConfig accepts these and fails later, or never runs them), or None."""
+    try:
+        _check_shapes(m)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def _check_shapes(m: ModelConfig) -> None:
     for key in (
         "num_layers",
@@ -349,12 +457,15 @@ def _check_shapes(m: ModelConfig) -> None:
     ):
         if getattr(m, key) < 1:
             raise ConfigError(f"{key} must be positive, got {getattr(m, key)}")
-    if m.hidden_size % m.num_attention_heads:
+    # Attention sizes come from kv_channels when it is set (Megatron's and the layers'
+    # head_dim), and MLA's from its own head dims; it has no query groups either.
+    mla = m.multi_latent_attention
+    if not mla and m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         raise ConfigError(
             f"hidden_size ({m.hidden_size}) must be divisible by num_attention_heads "
             f"({m.num_attention_heads})"
         )
-    if m.num_attention_heads % m.kv_groups:
+    if not mla and m.num_attention_heads % m.kv_groups:
         raise ConfigError(
             f"num_attention_heads ({m.num_attention_heads}) must be divisible by "
             f"num_query_groups ({m.kv_groups})"

@@ -70,9 +70,15 @@ def known_broken(cfg: Config, version: tuple[int, int] | None) -> list[str]:
     ]
 
 
-def ignored_settings(cfg: Config) -> list[str]:
-    """Settings Megatron accepts but does not act on as written, one line each."""
+def ignored_settings(cfg: Config, modules_as_written: list[str] | None = None) -> list[str]:
+    """Settings Megatron accepts but does not act on as written, one line each.
+    `modules_as_written`: recompute_modules as the input gave it (validation fills in the
+    default ["core_attn"] before this runs); None: the config's own list, where ["core_attn"]
+    may be that default and is not reported."""
     r, out = cfg.recompute, []
+    modules = modules_as_written
+    if modules is None and r.recompute_modules != ["core_attn"]:
+        modules = r.recompute_modules
     n = r.recompute_num_layers
     if r.recompute_granularity == "full" and n:
         try:
@@ -92,9 +98,9 @@ def ignored_settings(cfg: Config) -> list[str]:
                     else ""
                 )
             )
-    if r.recompute_granularity == "full" and r.recompute_modules not in (None, ["core_attn"]):
+    if r.recompute_granularity == "full" and modules:
         out.append(
-            f"recompute_modules {r.recompute_modules} is set while recompute_granularity is "
+            f"recompute_modules {modules} is set while recompute_granularity is "
             "full: Megatron ignores recompute_modules then (it recomputes whole layers)"
         )
     return out

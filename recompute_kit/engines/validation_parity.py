@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import OFFLOAD_MODULES, RECOMPUTE_MODULES
+from ..config.validation import layer_shape_problem
 from .megatron_validation import Verdict, kit_config, kit_verdict, megatron_verdict
 
 # Rules of the newer Megatron-Core that the kit follows (shared/reference/megatron-recompute.md
@@ -40,6 +41,7 @@ VERSION_NOTES = {
     "rule22": "v0.19 rejects offloading moe_act/expert_fc1 with 'moe' recompute; 0.16.1 accepts",
     "gdn_norm_out": "v0.19 message (gdn_norm_out is a known module); 0.16.1: 'Invalid choices'",
     "allowed_set": "v0.19's allowed recompute_modules include gdn_norm_out",
+    "rule22_first": "the kit stops at v0.19's rule 22; 0.16.1 has none and refuses later",
 }
 
 INVALID_MODULE_NAMES = ("attn", "moe_layer", "gdn_norm_out", "core_attention", "mlp ")
@@ -55,6 +57,8 @@ FAMILIES = (
     "cuda_graph",
     "moe_layer_recompute",
     "pipeline_layers",
+    "cross",
+    "uneven_pipeline",
 )
 
 
@@ -218,7 +222,7 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
         return dict(
             cuda_graph_impl=impl,
             cuda_graph_scope=scope,
-            cpu_offloading=rng.random() < 0.1,
+            cpu_offloading=rng.random() < 0.15,
             cpu_offloading_num_layers=1,
             pipeline_model_parallel_size=1,
             virtual_pipeline_model_parallel_size=None,
@@ -243,11 +247,115 @@ def _family(rng: random.Random, family: str, flat: dict[str, Any]) -> dict[str, 
             recompute_method=rng.choice(("uniform", "block")),
             recompute_num_layers=rng.choice((None, None, 1, 2, 0)),
         )
+    if family == "cross":
+        return dict(_model_axes(rng, flat), **_cross(rng, flat))
+    if family == "uneven_pipeline":
+        return _uneven_pipeline(rng)
     raise ValueError(f"unknown family {family!r}")
 
 
-def generate_configs(n: int = 600, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
-    """`n` named flat configs; family i % 9 for the i-th (all families equally often)."""
+def _model_axes(rng: random.Random, flat: dict[str, Any]) -> dict[str, Any]:
+    """Head, group and MoE/MLA shapes beyond the other families' fixed ones: uneven head
+    sizes, GQA groups that do not divide the heads, top-1 and top-k above the expert count,
+    moe_layer_freq lists, expert TP/EP, MoE biases, odd rotary widths."""
+    out: dict[str, Any] = dict(
+        hidden_size=rng.choice((64, 64, 96, 60)),
+        num_attention_heads=rng.choice((4, 8, 8, 6)),
+        num_query_groups=rng.choice((None, 1, 2, 3, 4, 8)),
+    )
+    if rng.random() < 0.25:
+        out["kv_channels"] = rng.choice((8, 16))
+    if flat.get("num_moe_experts"):
+        out.update(
+            num_moe_experts=rng.choice((1, 2, 4, 8)),
+            moe_router_topk=rng.choice((1, 1, 1, 2, 4, 8)),
+            moe_router_score_function=rng.choice(("softmax", "softmax", "sigmoid")),
+            moe_layer_freq=rng.choice((1, 2, 3, [1, 0] * (flat["num_layers"] // 2), [0, 1])),
+            add_bias_linear=rng.random() < 0.3,
+            expert_model_parallel_size=rng.choice((1, 2, 4)),
+            expert_tensor_parallel_size=rng.choice((None, 1, 2)),
+        )
+    if flat.get("multi_latent_attention"):
+        out.update(
+            kv_lora_rank=rng.choice((16, 32)),
+            qk_head_dim=rng.choice((16, 32)),
+            qk_pos_emb_head_dim=rng.choice((8, 16, 7)),
+            v_head_dim=rng.choice((16, 32)),
+        )
+    return out
+
+
+def _cross(rng: random.Random, flat: dict[str, Any]) -> dict[str, Any]:
+    """Every axis drawn independently: recompute x fine-grained offloading x CUDA graphs x fp8
+    x layer offloading x distributed activations, on the dense/MoE/MLA model already drawn."""
+    layers, pp = flat["num_layers"], flat["pipeline_model_parallel_size"]
+    out: dict[str, Any] = rng.choice(
+        (
+            dict(),
+            _selective(rng),
+            _any_recompute(rng, layers),
+            _granularity(rng, layers, pp),
+            dict(recompute_granularity="selective", recompute_modules=["moe"]),
+            dict(moe_layer_recompute=True),
+        )
+    )
+    if rng.random() < 0.5:
+        offload = rng.sample(OFFLOAD_MODULES, rng.randint(1, 3))
+        if rng.random() < 0.1:
+            offload.append(rng.choice(INVALID_OFFLOAD_NAMES))
+        out.update(fine_grained_activation_offloading=True, offload_modules=offload)
+    if rng.random() < 0.5:
+        out.update(
+            cuda_graph_impl=rng.choice(("local", "transformer_engine")),
+            cuda_graph_scope=rng.sample(CUDA_GRAPH_SCOPE_CHOICES, rng.choice((0, 1, 1, 2))),
+        )
+    if rng.random() < 0.25:
+        out.update(
+            fp8=rng.choice(("e4m3", "hybrid")),
+            fp8_recipe=rng.choice(("delayed", "tensorwise", "mxfp8", "blockwise")),
+        )
+    if rng.random() < 0.1:
+        out.update(cpu_offloading=True, cpu_offloading_num_layers=rng.choice((0, 1, layers)))
+    if rng.random() < 0.15:
+        out.update(distribute_saved_activations=True)
+    return out
+
+
+def _uneven_pipeline(rng: random.Random) -> dict[str, Any]:
+    """Uneven first/last stages and the embedding/loss counted as a layer, with and without
+    VPP, and full recompute whose recompute_num_layers is below, at and above the layers of a
+    virtual chunk."""
+    pp = rng.choice((2, 3, 4, 4))
+    vpp = rng.choice((None, None, 2, 3))
+    layers = rng.choice((4, 6, 7, 8, 10, 12, 14, 16))
+    out: dict[str, Any] = dict(
+        num_layers=layers,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+    )
+    if rng.random() < 0.6:
+        counts = (0, 1, 2, 3, 4, vpp or 1, 2 * (vpp or 1))  # multiples of VPP reach the middle
+        if rng.random() < 0.7:
+            out["num_layers_in_first_pipeline_stage"] = rng.choice(counts)
+        if rng.random() < 0.7:
+            out["num_layers_in_last_pipeline_stage"] = rng.choice(counts)
+    if rng.random() < 0.5:
+        out["account_for_embedding_in_pipeline_split"] = rng.random() < 0.7
+        out["account_for_loss_in_pipeline_split"] = rng.random() < 0.7
+    per_chunk = max(layers // (pp * (vpp or 1)), 1)
+    if rng.random() < 0.7:
+        out.update(
+            recompute_granularity="full",
+            recompute_method=rng.choice(("uniform", "block")),
+            recompute_num_layers=rng.choice((1, per_chunk, per_chunk + 1, layers // pp, layers)),
+        )
+    else:
+        out.update(_selective(rng))
+    return out
+
+
+def generate_configs(n: int = 1100, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    """`n` named flat configs; family i % len(FAMILIES) for the i-th (all equally often)."""
     rng = random.Random(seed)
     configs = []
     for i in range(n):
@@ -339,16 +447,32 @@ def _moe_recomputed(flat: dict[str, Any]) -> bool:
     return granularity == "selective" and "moe" in modules
 
 
-def _category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
-    if megatron.depends_on:
-        return "te_cuda", f"Megatron asks {megatron.depends_on}"
+def _offloads_inside_recomputed_moe(flat: dict[str, Any]) -> bool:
+    """v0.19's rule 22: fine-grained offloading of moe_act/expert_fc1 while 'moe' is
+    recomputed (0.16.1 accepts it)."""
     offload_inside_moe = {"moe_act", "expert_fc1"} & set(flat.get("offload_modules", []))
-    if (
-        megatron.accepted
-        and flat.get("fine_grained_activation_offloading")
+    return bool(
+        flat.get("fine_grained_activation_offloading")
         and offload_inside_moe
         and _moe_recomputed(flat)
-    ):
+    )
+
+
+def _category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
+    category, note = _rule_category(flat, megatron)
+    if category == "counted" and megatron.accepted:
+        problem = layer_shape_problem(kit_config(flat).model)
+        if problem:
+            # Megatron's TransformerConfig accepts the shape and fails (or computes something
+            # else) only when it builds or runs the layers.
+            return "kit_only", f"the kit's layers cannot run it: {problem}"
+    return category, note
+
+
+def _rule_category(flat: dict[str, Any], megatron: Verdict) -> tuple[str, str]:
+    if megatron.depends_on:
+        return "te_cuda", f"Megatron asks {megatron.depends_on}"
+    if megatron.accepted and _offloads_inside_recomputed_moe(flat):
         return "version", VERSION_NOTES["rule22"]
     num = flat.get("recompute_num_layers")
     if (
@@ -376,6 +500,8 @@ def compare(configs: list[tuple[str, dict[str, Any]]]) -> ParityReport:
         if category == "counted" and rejected_by_both and _invalid_modules(megatron):
             modules = flat.get("recompute_modules") or []
             note = VERSION_NOTES["gdn_norm_out" if "gdn_norm_out" in modules else "allowed_set"]
+        elif category == "counted" and rejected_by_both and _offloads_inside_recomputed_moe(flat):
+            note = VERSION_NOTES["rule22_first"]
         report.outcomes.append(Outcome(name, flat, megatron, kit, category, note))
     return report
 
