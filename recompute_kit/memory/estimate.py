@@ -32,6 +32,7 @@ from ..config import (
     format_spec,
     full_recompute_chunks,
 )
+from . import torchtitan as titan
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
 from .model_states import model_states, padded_vocab_size
@@ -168,7 +169,16 @@ def _megatron_act_internal(
 # --------------------------------------------------------------------------------------------
 
 
-ENGINES = ("megatron", "reference")
+ENGINES = ("megatron", "reference", "torchtitan")
+
+
+def activation_engine(m: ModelConfig, engine: str) -> str:
+    """The engine whose saves are counted: a run the reader found to be torchtitan's (its
+    loss_implementation, set by sources/torchtitan.py) is counted as torchtitan keeps it
+    (memory/torchtitan.py), unless the caller asked for another than Megatron's default."""
+    if engine == "megatron" and m.loss_implementation == "torchtitan":
+        return "torchtitan"
+    return engine
 
 
 def layer_activation_bytes(
@@ -184,10 +194,15 @@ def layer_activation_bytes(
     selective part of `rc` applied (full recompute is applied by the caller).
 
     `engine` is the implementation whose saves are counted: "megatron" (Megatron-Core, with
-    `m.transformer_impl` and its fusion flags; checked against the real engine) or "reference"
-    (recompute-kit's own layers; checked against them)."""
+    `m.transformer_impl` and its fusion flags; checked against the real engine), "reference"
+    (recompute-kit's own layers; checked against them) or "torchtitan" (its dense blocks,
+    memory/torchtitan.py; other blocks as Megatron's)."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == "torchtitan":
+        if titan.applies(m, moe_layer):
+            return titan.block_bytes(m, rc, p, dtype_bytes)
+        engine = "megatron"
     megatron = engine == "megatron"
     x = _shape(m, p, dtype_bytes)
     B, t, sp = x.B, x.t, x.sp
@@ -481,7 +496,10 @@ def edge_bytes(
 ) -> dict:
     """What the embedding (first stage) and the output head and loss (last stage) keep: as
     Megatron-Core 0.16.1 keeps them (engine "megatron", checked against it in
-    tests/test_megatron_parity.py), or the kit's reference layers ("reference")."""
+    tests/test_megatron_parity.py), the kit's reference layers ("reference") or torchtitan
+    ("torchtitan", memory/torchtitan.py)."""
+    if engine == "torchtitan":
+        return titan.edge_bytes(m, p, dtype_bytes, loss_bytes(m, p, dtype_bytes, engine)[0])
     x = _shape(m, p, dtype_bytes)
     tokens = x.tokens
     mask = MASK_BYTES * x.sbh / x.sp if training and m.hidden_dropout > 0 else 0.0
@@ -617,6 +635,7 @@ def estimate(
     moe_expert_capacity_factor where it sets one, else 1.0, balanced)."""
     m, p = config.model, config.parallel
     check_divisible(config)
+    engine = activation_engine(m, engine)
     B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)
     layout = pipeline_layout(m, p)
     if stage is not None and not 0 <= stage < len(layout):
