@@ -207,3 +207,23 @@ def test_nothing_fits_on_assumed_layout_says_the_assumption(capsys):
     assert main(["plan", "--config", str(toml), "--gpu", "h100-80gb"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "nothing fits" in err and "rests on assumed values: data_parallel_size = 1" in err
+
+
+def test_torchtitan_runs_get_torchtitans_own_modes_and_their_cost():
+    from pathlib import Path
+
+    from recompute_kit.config import format_spec
+    from recompute_kit.memory.flops import recompute_flops_fraction
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "llama3_8b.toml"
+    cfg = resolve([str(toml)], overrides={"data_parallel_size": 8}).config
+    specs = [format_spec(rc) for rc, offload in candidates(cfg) if not offload]
+    selective = [s for s in specs if s.startswith("selective")]
+    assert len(selective) == 1  # the per-op policy: one mode, not 2^n module sets
+    blocks = sorted(int(s.rsplit(":", 1)[1]) for s in specs if s.startswith("full:block"))
+    assert blocks == sorted({32 // k for k in range(2, 33)})  # every k-th block of 32
+    assert all(offload == "" for _, offload in candidates(cfg))  # no activation offloading
+    # the per-op policy re-runs wk, wo and w3 of every block: not free
+    op = cfg.with_recompute(selective[0])
+    assert 0.08 < recompute_flops_fraction(op) < 0.15

@@ -191,6 +191,18 @@ def _selective_recompute_flops(
     num_moe = sum(1 for n in layers if model.is_moe_layer(n))
     num_dense = len(layers) - num_moe
     total = 0.0
+    if model.loss_implementation == "torchtitan" and not model.multi_latent_attention:
+        # torchtitan's per-op policy (memory/torchtitan.py) recomputes every second matmul of
+        # a dense block's forward: wk, wo and w3 (wq, wv, w1 and w2 are cached)
+        tokens = model.micro_batch_size * model.seq_length
+        h, d = model.hidden_size, model.head_dim
+        per_layer = (
+            _matmul(tokens, h, model.kv_groups * d)
+            + _matmul(tokens, model.num_attention_heads * d, h)
+            + _matmul(tokens, h, model.ffn_size)
+        )
+        total += per_layer * num_dense
+        num_dense = 0  # (MoE layers: Megatron's modules below)
     for module in ("core_attn", "mla_up_proj"):  # present on every layer (or on none)
         if rc.selects(module):
             total += dense.get(module, 0.0) * len(layers)

@@ -8,6 +8,10 @@
 * layer-level CPU offloading (no PP), and fine-grained activation offloading of the heavy
   modules with the light ones recomputed (Megatron's documented pairing).
 
+A torchtitan run (the reader's loss_implementation) gets torchtitan's own modes: none, the
+per-op selective policy ("op", one candidate: memory/torchtitan.py counts it), full and every
+k-th block (full uniform/block here; rendered as torchtitan's nearest option).
+
 Settings broken on the run's Megatron-Core version (`config/versions.py`; unknown means the
 strictest) are left out and listed, with the reason, in what `candidates` returns.
 """
@@ -47,13 +51,28 @@ def candidates(
         most = max(chunk_layer_counts(config), default=1)
     except ConfigError:
         most = m.num_layers // p.pipeline_model_parallel_size
-    rcs = [RecomputeConfig(), parse_spec("selective:")]
-    rcs += [RecomputeConfig("selective", recompute_modules=s) for s in module_sets(config)]
-    rcs += [
-        RecomputeConfig("full", recompute_method=method, recompute_num_layers=n)
-        for method in ("uniform", "block")
-        for n in range(1, most + 1)
-    ]
+    titan = m.loss_implementation == "torchtitan"
+    if titan:  # torchtitan's modes: none, per-op selective ("op"), full, every k-th block
+        rcs = [RecomputeConfig(), RecomputeConfig("selective", recompute_modules=["layernorm"])]
+    else:
+        rcs = [RecomputeConfig(), parse_spec("selective:")]
+        rcs += [RecomputeConfig("selective", recompute_modules=s) for s in module_sets(config)]
+    if titan:
+        # full, and every k-th block: floor(layers / k) blocks of each stage (block N counts
+        # the same number of layers; sources/torchtitan.py layer_ac)
+        stage_layers = m.num_layers // p.pipeline_model_parallel_size
+        counts = sorted({stage_layers // k for k in range(2, stage_layers + 1)} - {0})
+        rcs.append(RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1))
+        rcs += [
+            RecomputeConfig("full", recompute_method="block", recompute_num_layers=n)
+            for n in counts
+        ]
+    else:
+        rcs += [
+            RecomputeConfig("full", recompute_method=method, recompute_num_layers=n)
+            for method in ("uniform", "block")
+            for n in range(1, most + 1)
+        ]
     out: list[tuple[RecomputeConfig, str]] = []
     for rc in rcs:
         broken = known_broken(config.with_recompute(rc), version)
@@ -62,6 +81,8 @@ def candidates(
                 excluded.append((format_spec(rc), broken[0]))
         else:
             out.append((rc, ""))
+    if titan:  # no activation offloading in torchtitan
+        return out
     layers = m.num_layers // p.pipeline_model_parallel_size
     if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
         for n in sorted({1, layers // 2, layers - 1} - {0}):

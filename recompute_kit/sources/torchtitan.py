@@ -618,8 +618,14 @@ def _read_activation_checkpoint(
             reading.warnings.append(
                 f"{toml.path}: torchtitan per-op selective AC saves matmul, attention and "
                 "reduce-scatter outputs but recomputes every second matmul and all elementwise "
-                f"ops; Megatron can only express the norms{' and MoE activations' if moe else ''} "
-                "of it, so the estimate keeps more than the run"
+                "ops: the estimate counts dense blocks as torchtitan keeps them "
+                "(memory/torchtitan.py)"
+                + (
+                    "; MoE blocks as Megatron's norms and MoE-activation recompute, which keeps "
+                    "more than the run"
+                    if moe
+                    else ""
+                )
             )
         elif option.isdigit():
             method, layers, note = layer_ac(int(option), n_layers, pp)
