@@ -92,7 +92,7 @@ def test_flash_attention_keeps_its_own_output_above_micro_batch_one():
     est = estimate(cfg).per_layer_activation_bytes
     assert est == pytest.approx(te_dense_layer_bytes(cfg, flash_copy=True), rel=1e-12)
     fused = estimate(cfg.replace(attention_backend="fused")).per_layer_activation_bytes
-    m, t, sp, T = _dims(cfg)
+    m, t, _sp, T = _dims(cfg)
     assert est - fused == B * T * m.num_attention_heads * m.head_dim / t
 
 
@@ -123,8 +123,10 @@ def test_te_path_is_megatron_lm_theoretical_formula():
                 assert got == pytest.approx(formula + norm_stats + extra, rel=1e-12), (t, spec)
 
 
-MIXTRAL = get_preset("mixtral-8x7b").config().replace(
-    pipeline_model_parallel_size=1, expert_model_parallel_size=8
+MIXTRAL = (
+    get_preset("mixtral-8x7b")
+    .config()
+    .replace(pipeline_model_parallel_size=1, expert_model_parallel_size=8)
 )
 
 
@@ -156,13 +158,11 @@ def test_moe_grouped_gemm_experts_equal_grouped_linear_saves():
     # output and the permuted probabilities (experts.py weighted_bias_swiglu_impl), GroupedLinear
     # fc2 keeps its input. With `moe_act` the activation's output is recomputed for fc2.
     cfg = MIXTRAL
-    m, t, sp, T = _dims(cfg)
+    m, _t, sp, T = _dims(cfg)
     picks = T / sp * m.moe_router_topk  # balanced: every rank's share of token copies
     f = m.moe_ffn_size
     for spec, fc2_input in (("none", B * picks * f), ("selective:moe_act", 0.0)):
-        roles = layer_activation_bytes(
-            m, cfg.with_recompute(spec).recompute, cfg.parallel, B, True
-        )
+        roles = layer_activation_bytes(m, cfg.with_recompute(spec).recompute, cfg.parallel, B, True)
         assert roles["experts"] == B * picks * m.hidden_size + B * picks
         assert roles["moe_act"] == 2 * B * picks * f + fc2_input
 
@@ -173,7 +173,7 @@ def test_mla_input_norm_is_a_module_under_te():
     # fused into linear_fc1. Old code: no norm recomputed on any dense TE layer.
     cfg = get_preset("deepseek-v3").config()
     m = cfg.model
-    _, t, sp, T = _dims(cfg)
+    _, _t, sp, T = _dims(cfg)
     dense = not m.is_moe_layer(0)
     assert dense
     rc = cfg.with_recompute("selective:layernorm").recompute
@@ -189,7 +189,7 @@ def test_reference_layers_keep_sdpa_output_and_its_copy():
     # the kit's reference layers run torch's SDPA, whose [b, a, s, d] output is saved by the
     # kernel and transposed into a new tensor for the projection (two storages).
     cfg = LLAMA8
-    m, t, sp, T = _dims(cfg)
+    m, _t, _sp, T = _dims(cfg)
     a, g, d = m.num_attention_heads, m.kv_groups, m.head_dim
     ref = estimate(cfg, engine="reference").modules
     lse = 4 * m.micro_batch_size * a * m.seq_length

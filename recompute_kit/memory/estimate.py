@@ -734,9 +734,7 @@ def _stage_estimate(
     )
 
 
-def _add_overheads(
-    e: Estimate, config: Config, B: int, moe_imbalance: float | None
-) -> None:
+def _add_overheads(e: Estimate, config: Config, B: int, moe_imbalance: float | None) -> None:
     """The named overhead terms of memory/overheads.py and total_with_overheads_bytes."""
     m, p = config.model, config.parallel
     moe_stage = any(m.is_moe_layer(n) for n in e.layers)
