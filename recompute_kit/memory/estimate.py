@@ -37,6 +37,13 @@ from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
 from .model_states import model_states, padded_vocab_size
 from .overheads import overhead_terms
+from .te_saves import (
+    attention_norm_fused,
+    attention_output_shared,
+    mlp_norm_fused,
+    norm_recomputed,
+    te_spec,
+)
 
 MASK_BYTES = 1  # bool dropout masks
 STAT_BYTES = 4  # fp32 norm statistics
@@ -214,26 +221,36 @@ def layer_activation_bytes(
     def sel(module: str) -> bool:
         return rc.selects(module) and (training or module not in training_only)
 
-    norm_recompute = sel("layernorm")
-    if megatron and m.transformer_impl == "transformer_engine" and not moe_layer:
-        # TE fuses a dense layer's norms into the next linear (LayerNormLinear): Megatron
-        # builds no separate norm to recompute, so `layernorm` changes nothing there.
-        norm_recompute = False
+    # TE fuses a norm into the next linear (LayerNormLinear) where Megatron's TE spec builds no
+    # norm module of its own: `layernorm` recomputes only the norms that are modules
+    # (memory/te_saves.py, from TE's and Megatron's source).
+    attn_fused = megatron and attention_norm_fused(m)
+    mlp_fused = megatron and mlp_norm_fused(m, moe_layer)
+    attn_norm_recompute = norm_recomputed(attn_fused, sel("layernorm"))
+    mlp_norm_recompute = norm_recomputed(mlp_fused, sel("layernorm"))
+    # A dense TE layer's `mlp` checkpoint takes the residual stream (pre_mlp_layernorm is an
+    # IdentityOp): the fused norm runs inside it and keeps nothing outside.
+    mlp_norm_inside = mlp_fused and sel("mlp") and not moe_layer
     hidden_dropout = training and m.hidden_dropout > 0
     attn_dropout = training and m.attention_dropout > 0
-    norm_out = 0.0 if norm_recompute else B * x.sbh / sp  # a norm output saved by its consumer
+    # a norm output saved by its consumer
+    attn_norm_out = 0.0 if attn_norm_recompute else B * x.sbh / sp
+    norm_out = 0.0 if mlp_norm_recompute else B * x.sbh / sp
     roles: dict[str, float] = {}
 
     # The two norms: their input (kept by the discarding checkpoint too) and fp32 statistics;
     # torch's RMSNorm (Megatron's local spec) also keeps its normalized input for the weight.
-    stats = 0.0 if norm_recompute else _norm_stats(m, x.tokens / sp)
-    norm_in = B * x.sbh / sp
     local_rms = megatron and m.transformer_impl == "local" and m.normalization == "RMSNorm"
-    if local_rms and not norm_recompute:
-        # torch's RMSNorm computes on an fp32 copy of its input and keeps it with its fp32
-        # normalized output (the 16-bit input itself is kept only by a norm checkpoint).
-        norm_in = 2 * STAT_BYTES * x.sbh / sp
-    roles["layernorm"] = 2 * (norm_in + stats)
+
+    def norm_bytes(recomputed: bool) -> float:
+        if local_rms and not recomputed:
+            # torch's RMSNorm computes on an fp32 copy of its input and keeps it with its fp32
+            # normalized output (the 16-bit input itself is kept only by a norm checkpoint).
+            return 2 * STAT_BYTES * x.sbh / sp + _norm_stats(m, x.tokens / sp)
+        return B * x.sbh / sp + (0.0 if recomputed else _norm_stats(m, x.tokens / sp))
+
+    mlp_norm = 0.0 if mlp_norm_inside else norm_bytes(mlp_norm_recompute)
+    roles["layernorm"] = norm_bytes(attn_norm_recompute) + mlp_norm
 
     # Attention.
     a = m.num_attention_heads
@@ -242,7 +259,7 @@ def layer_activation_bytes(
         q_bytes = k_bytes = B * x.tokens * a * dq / t
         v_bytes = B * x.tokens * a * dv / t
         k_stored, v_stored = k_bytes, v_bytes
-        roles["qkv"] = norm_out  # the down projections' input
+        roles["qkv"] = attn_norm_out  # the down projections' input
         if megatron and m.transformer_impl == "local":
             roles["mla_up_proj"] = _megatron_local_mla_latents(m, x, sel("mla_up_proj"))
         else:
@@ -263,7 +280,7 @@ def layer_activation_bytes(
         q_bytes = B * x.tokens * a * d / t
         k_bytes = v_bytes = B * x.tokens * g * d / t  # un-expanded
         k_stored = v_stored = B * x.tokens * a * d / t  # expanded for the unfused path
-        roles["qkv"] = norm_out
+        roles["qkv"] = attn_norm_out
         if megatron and m.position_embedding_type == "rope" and not m.apply_rope_fusion:
             # Unfused RoPE computes cos and sin of the rotary angles for q and for k and keeps
             # them ([s, 1, 1, d] in the activation dtype); the fused kernel keeps only the
@@ -310,14 +327,23 @@ def layer_activation_bytes(
     else:  # flash: q, k, v, output and the fp32 log-sum-exp
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_bytes + v_bytes
         lse = STAT_BYTES * x.b * (a / t) * x.s
-        core = qkv_kept + B * x.tokens * heads_out / t + lse + (16 if attn_dropout else 0)
+        # TE's fused attention saves the output linear_proj saves (one storage, counted in
+        # proj); flash-attn through TE keeps its own copy when the micro-batch is above 1.
+        shared = megatron and attention_output_shared(m, x.b)
+        out = 0.0 if shared else B * x.tokens * heads_out / t
+        # TE keeps the rng state (2 x int64) with or without dropout (cuDNN's aux tensors,
+        # fused_attn_f16_arbitrary_seqlen.cu:1128-1131; flash-attn returns it always).
+        rng = 16 if attn_dropout or (megatron and te_spec(m)) else 0
+        core = qkv_kept + out + lse + rng
     roles["core_attn"] = core
     roles["proj"] = B * x.tokens * heads_out / t
     roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0
 
     # Feed-forward.
     if not moe_layer:
-        if sel("mlp"):
+        if mlp_norm_inside:
+            roles["mlp"] = B * x.sbh / sp  # the checkpoint's input: the residual stream
+        elif sel("mlp"):
             roles["mlp"] = norm_out  # the checkpoint's input
         elif megatron:
             roles["mlp"] = norm_out + _megatron_act_internal(m, x.tokens, m.ffn_size / t, B)
@@ -727,9 +753,7 @@ def _stage_estimate(
     )
 
 
-def _add_overheads(
-    e: Estimate, config: Config, B: int, moe_imbalance: float | None
-) -> None:
+def _add_overheads(e: Estimate, config: Config, B: int, moe_imbalance: float | None) -> None:
     """The named overhead terms of memory/overheads.py and total_with_overheads_bytes."""
     m, p = config.model, config.parallel
     moe_stage = any(m.is_moe_layer(n) for n in e.layers)
@@ -826,7 +850,8 @@ _ATTENTION_UNITS = {
     "layernorm": ("qkv",),
 }
 _FFN_UNITS = {
-    "mlp": ("mlp",),
+    # a fused norm inside the mlp checkpoint comes back with it (TE spec)
+    "mlp": ("mlp", "layernorm"),
     "moe": ("mlp", "router", "experts", "moe_act", "shared_experts"),
     "moe_act": ("moe_act", "experts"),
     "shared_experts": ("shared_experts",),
