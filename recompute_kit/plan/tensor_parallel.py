@@ -51,17 +51,19 @@ def next_tensor_parallel(
     gpus: int | None = None,
     gpus_per_node: int = GPUS_PER_NODE,
     more_gpus: bool = False,
+    world_known: bool = True,
 ) -> TensorParallelStep:
     """The smallest TP above the current one that Megatron accepts for this model and that the
     run's GPUs hold, up to one node. With `config` its shape and layout decide (`gpus`, when
     given, is the world size); else `current`, `heads`, `query_groups` and `gpus` as known.
     `more_gpus`: where the run's GPUs hold no larger TP, the smallest that more GPUs would
-    (data parallel kept), with the GPUs it needs."""
+    (data parallel kept), with the GPUs it needs. `world_known=False`: the config's data-
+    parallel size is an assumption, so its world size bounds nothing (one node does)."""
     if config is not None:
         p = config.parallel
         current = p.tensor_model_parallel_size
         others = p.pipeline_model_parallel_size * p.context_parallel_size
-        world = gpus or current * others * p.data_parallel_size
+        world = gpus or (current * others * p.data_parallel_size if world_known else None)
     else:
         current, others, world = current or 1, 1, gpus
     if current >= gpus_per_node:

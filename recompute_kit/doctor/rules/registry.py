@@ -239,16 +239,23 @@ def tensor_parallel_patch(ctx: Context, gpus: int | None = None) -> tuple[dict[s
         value = ctx.cfg.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    assumed = (sources.get("data_parallel_size") or {}).get("from") == "assumed"
     step = next_tensor_parallel(
         ctx.config,
         current=number("tensor_model_parallel_size") or 1,
         heads=number("num_attention_heads"),
         query_groups=number("num_query_groups"),
         gpus=gpus,
+        world_known=not assumed,  # an assumed DP says nothing of the run's GPUs
+        more_gpus=True,  # the step that fits may need GPUs the run does not have: said so
     )
+    # said as Megatron-LM's flag: the fix's words are then written in the framework's own key
+    # (doctor/fix_words.py), as the patch is
+    words = step.words.replace("tensor_model_parallel_size", "--tensor-model-parallel-size")
     if step.value is None:
-        return {}, step.words
-    return {"tensor_model_parallel_size": step.value}, step.words
+        return {}, words
+    return {"tensor_model_parallel_size": step.value}, words
 
 
 def zero_stage(ctx: Context) -> int | None:
