@@ -24,49 +24,9 @@ ROOT = Path(__file__).parent
 CORPUS = ROOT / "sources" / "corpus"
 OOM = ROOT / "data" / "rules" / "i12-automodel-1975.txt"
 
+# LLaMA-Factory's examples/train_full/llama3_full_sft.yaml, verbatim:
 # https://github.com/hiyouga/LLaMA-Factory/blob/03da9a79170eb80307a19a35ef1c3891dbfe53ef/examples/train_full/llama3_full_sft.yaml
-LLAMA3_FULL_SFT = """\
-### model
-model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
-trust_remote_code: true
-
-### method
-stage: sft
-do_train: true
-finetuning_type: full
-deepspeed: examples/deepspeed/ds_z3_config.json  # choices: [ds_z0_config.json, ds_z2_config.json, ds_z3_config.json]
-
-### dataset
-dataset: identity,alpaca_en_demo
-template: llama3
-cutoff_len: 2048
-max_samples: 1000
-overwrite_cache: true
-preprocessing_num_workers: 16
-
-### output
-output_dir: saves/llama3-8b/full/sft
-logging_steps: 10
-save_steps: 500
-plot_loss: true
-overwrite_output_dir: true
-
-### train
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 2
-learning_rate: 1.0e-5
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-ddp_timeout: 180000000
-
-### eval
-# val_size: 0.1
-# per_device_eval_batch_size: 1
-# eval_strategy: steps
-# eval_steps: 500
-"""
+LLAMA3_FULL_SFT = (ROOT / "data" / "advice" / "llama3_full_sft.yaml").read_text(encoding="utf-8")
 # Megatron-LM flags: `--tensor-model-parallel-size`, `--use-distributed-optimizer`, ...
 MEGATRON_FLAG = re.compile(r"(?<![\w-])--(?:[a-z0-9]+-)+[a-z0-9]+")
 RECOMPUTE_KIT_FLAGS = {"--gpu-memory-gb"}  # the kit's own command line, not a setting
@@ -151,8 +111,9 @@ def test_model_parallel_advice_never_repeats_the_current_gpu_count(tmp_path):
     import yaml
 
     case = yaml.safe_load(
-        (ROOT / "corpus" / "cases" / "c_llama2_accessory_26_13b_full_ft_optimizer_states.yaml")
-        .read_text(encoding="utf-8")
+        (
+            ROOT / "corpus" / "cases" / "c_llama2_accessory_26_13b_full_ft_optimizer_states.yaml"
+        ).read_text(encoding="utf-8")
     )
     for gpus, tp in ((2, 2), (64, 8), (64, 4)):
         text = (
