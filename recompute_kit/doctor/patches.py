@@ -32,6 +32,7 @@ from typing import Any
 
 from ..config import CONFIG_KEYS, ConfigError
 from ..memory.estimate import estimate
+from .fix_words import fix_in_framework_keys
 from .types import GIB, Context, Finding
 
 # Patch entries that are actions, not config keys: passed through unchanged.
@@ -186,6 +187,10 @@ def check_patches(ctx: Context, findings: list[Finding]) -> None:
             _check(ctx, f, framework, current, where)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # odd pasted values
             f.patch_check = {"keys": None, "dropped": [], "notes": [f"not checked: {exc}"]}
+        # the words name the same keys as the patch (doctor/fix_words.py)
+        f.fix, swapped = fix_in_framework_keys(framework, f.fix, ctx)
+        if swapped:
+            f.patch_check["fix_keys"] = swapped
 
 
 def _framework(ctx: Context) -> str | None:
@@ -428,14 +433,6 @@ def _estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, s
 
 def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dict[str, Any]:
     """The patch in `framework`'s own keys (actions kept as they are)."""
-    from ..sources.formats import framework_module
-
-    module = framework_module(framework)
-    table = PATCH_KEYS.get(framework, {})
-    if framework == "nemo2":
-        table = PATCH_KEYS["megatron-bridge"]
-    if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
-        table = {**table, "recompute_modules": None}
     out: dict[str, Any] = {}
     for key, value in list(patch.items()):
         if not is_mcore(key):
@@ -444,18 +441,28 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
         if framework == "megatron-core":
             out[key] = value
             continue
-        if key in table:
-            target = table[key]
-        else:
-            target = module.key_for(key) if module is not None else key
-            if target == key:
-                target = None  # the framework's reader knows no key of its own for it
+        target = framework_key(framework, key, ctx)
         if target is None or not _is_key(target):
             how = f" (set through {target})" if target else ""
             drop(key, value, f"{framework} has no key that sets {key}{how}")
             continue
         out.update(_value_for(framework, key, target, value, ctx, patch))
     return out
+
+
+def framework_key(framework: str, key: str, ctx: Context) -> str | None:
+    """The key (or, where `key_for` gives prose, the words) that sets the Megatron-Core field
+    `key` in `framework`; None where the framework has none."""
+    from ..sources.formats import framework_module
+
+    table = PATCH_KEYS.get("megatron-bridge" if framework == "nemo2" else framework, {})
+    if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
+        table = {**table, "recompute_modules": None}
+    if key in table:
+        return table[key]
+    module = framework_module(framework)
+    target = module.key_for(key) if module is not None else key
+    return None if target == key else target  # the reader knows no key of its own for it
 
 
 def _dtensor(ctx: Context) -> bool:

@@ -21,14 +21,22 @@ paste alone; benchmarks/label_decidable.py):
   Megatron's validation (run by the kit) rejects: these decide invalid_config.
 
 Any other bare exception line, prose, or an OOM title without its numbers decides nothing.
+
+A finding that rests on the estimate (its rule does not fire without the config's estimate)
+is decided by the config only as far as the config says the values the estimate needs: where
+the shared reader ASSUMED a memory-relevant input (its origin `assumed`: the ZeRO stage of a
+DeepSpeed JSON that is not there, the launcher's world size), the verdict is `needs_evidence`
+and `collect` asks first for the file or key that sets each assumed value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from .types import Context, Finding
 
 DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
@@ -263,6 +271,62 @@ def collect_for(categories: list[str], have: set[str]) -> list[dict[str, Any]]:
     return [{"id": k, "what": COLLECT[k], "decides": v} for k, v in items.items()]
 
 
+def assumed_inputs(ctx: Context) -> list[dict[str, Any]]:
+    """The memory-relevant inputs of the estimate that no input says (the shared reader's
+    origin `assumed`), each with its assumed value and the key that would set it. The data-
+    parallel size counts only where something may shard over it (a ZeRO stage or the
+    distributed optimizer that is on or itself assumed): else per-rank memory is the same at
+    any DP."""
+    read = ctx.evidence.read or {}
+    sources, values = read.get("sources") or {}, read.get("config") or {}
+    assumed = {
+        key: src
+        for key, src in sources.items()
+        if isinstance(src, dict) and src.get("from") == FROM_ASSUMED and key in MEMORY_KEYS
+    }
+    sharded = (
+        "zero_stage" in assumed
+        or "use_distributed_optimizer" in assumed
+        or bool(values.get("zero_stage"))
+        or bool(values.get("use_distributed_optimizer"))
+    )
+    out = []
+    for key, src in assumed.items():
+        if key == "data_parallel_size" and not sharded:
+            continue
+        out.append({"key": key, "value": values.get(key), "set_by": src.get("key") or key})
+    return out
+
+
+def rests_on_estimate(ctx: Context, finding: Finding) -> bool:
+    """Whether the finding's rule fires only with the config's estimate (asked again with the
+    config, estimate and plan taken away)."""
+    if ctx.config is None and ctx.estimate is None:
+        return False
+    from .rules import RULES  # (the catalog imports the helpers this module shares)
+
+    rule = next((r for r in RULES if r.id == finding.rule), None)
+    if rule is None:
+        return False
+    bare = dataclasses.replace(ctx, config=None, estimate=None, best=None, plan_error=None)
+    try:
+        again = rule.check(bare)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
+        return True  # it needs what was taken away
+    return again is None
+
+
+def collect_assumed(ctx: Context, assumed: list[dict[str, Any]], cats: list[str]) -> dict:
+    """The collect item that decides an estimate resting on assumed values: each key that sets
+    one, and the files the reader was told of but could not find."""
+    missing = [w for w in (ctx.evidence.read or {}).get("warnings") or [] if "not found" in str(w)]
+    keys = "; ".join(f"{a['set_by']} (assumed {a['key']} = {a['value']!r})" for a in assumed)
+    what = f"the values the estimate assumed, from the file or key that sets each: {keys}"
+    if missing:
+        what += ". Not found: " + "; ".join(missing)
+    return {"id": "assumed_inputs", "what": what, "decides": cats, "keys": assumed}
+
+
 # Without a hypothesis: the artefacts that decide most categories.
 _DEFAULT_COMPETING = ["genuine_pressure", "fragmentation", "other_processes", "framework_bug"]
 
@@ -275,12 +339,15 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     if where:
         return Verdict("out_of_scope", _SCOPE_WHY[where], have, scope=where)
     top = findings[0] if findings else None
+    assumed: list[dict[str, Any]] = []
     if top and top.confidence >= DIAGNOSED_AT and decides(top.category, kinds):
-        why = (
-            f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
-            + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
-        )
-        return Verdict("diagnosed", why, have)
+        assumed = assumed_inputs(ctx) if rests_on_estimate(ctx, top) else []
+        if not assumed:
+            why = (
+                f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
+                + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
+            )
+            return Verdict("diagnosed", why, have)
     hypotheses = [
         {
             "rule": f.rule,
@@ -295,8 +362,16 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
+    if assumed:
+        items.insert(0, collect_assumed(ctx, assumed, competing))
     if top is None:
         why = "no finding: the input shows no known pattern"
+    elif assumed:
+        said = ", ".join(f"{a['key']} = {a['value']!r}" for a in assumed)
+        why = (
+            f"{top.category} ({top.rule}, {top.confidence:.0%}) rests on the estimate, and the "
+            f"estimate assumes {said}: no input says it"
+        )
     elif not decides(top.category, kinds):
         why = f"nothing in the input decides {top.category}" + (
             f" (it has {', '.join(kinds[k] for k in have)})" if have else " (prose or a bare line)"

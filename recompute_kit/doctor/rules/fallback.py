@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ...plan.tensor_parallel import next_tensor_parallel
 from ..types import Context, Match
 from .defaults import exception_without_oom
 from .knobs import Knobs, read_knobs
@@ -220,13 +221,33 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
     for key in _MP_KEYS:
         value = ctx.cfg.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            # a TP Megatron accepts for the model, within the run's GPUs and one node
+            # (plan/tensor_parallel.py); none: the step says why and the next lever is named
             gpus = _gpu_count(ctx)
-            patch: dict[str, Any] = {key: value * 2}
-            words = f"{key} {value} -> {value * 2} (more GPUs share the optimizer states"
-            if gpus:
-                patch["nproc_per_node"] = max(gpus, value * 2)
-                words += f"; nproc_per_node {gpus} -> {patch['nproc_per_node']}"
-            return patch, words + ")"
+            step = next_tensor_parallel(
+                ctx.config,
+                current=value,
+                heads=_int(ctx.cfg.get("num_attention_heads")),
+                query_groups=_int(ctx.cfg.get("num_query_groups")),
+                gpus=gpus,
+                more_gpus=True,
+            )
+            if step.value is not None:
+                patch: dict[str, Any] = {key: step.value}
+                words = f"{key} {value} -> {step.value}"
+                nproc = _int(ctx.cfg.get("nproc_per_node"))
+                if step.gpus_needed and nproc == gpus:  # one node: the launcher's count grows
+                    patch["nproc_per_node"] = step.gpus_needed
+                    words += f" and nproc_per_node {nproc} -> {step.gpus_needed}"
+                elif step.gpus_needed:
+                    words += f" on {step.gpus_needed} GPUs instead of {gpus}"
+                return patch, f"{words} (more GPUs share the model states: {step.why})"
+            patch, said = _shard_step(k)
+            return patch, f"{said} ({key} {value} stays: {step.why})"
+    return _shard_step(k)
+
+
+def _shard_step(k: Knobs) -> tuple[dict[str, Any], str]:
     if k.fsdp:
         return (
             {"fsdp": "full_shard auto_wrap offload"},
@@ -236,6 +257,10 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
         {"zero_optimization": {"stage": 3}},
         "shard the model states: DeepSpeed ZeRO-3 (zero_optimization.stage 3) or FSDP",
     )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _lora_step(k: Knobs) -> str | None:

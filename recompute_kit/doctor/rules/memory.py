@@ -22,6 +22,7 @@ from .registry import (
     parse_spec_safe,
     patch_for,
     rule,
+    tensor_parallel_patch,
     where_raised,
     zero_stage,
 )
@@ -163,12 +164,19 @@ def _logits(ctx: Context) -> Match | None:
     "candidate misses",
     fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the sequence",
     supersedes=("RK010", "RK005"),
-    patch={"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x the current>"},
+    patch={"use_distributed_optimizer": True},
 )
 def _nothing_fits(ctx: Context) -> Match | None:
     if not ctx.plan_error or not (ctx.oom or ctx.says("out of memory")):
         return None
-    return Match(0.8, ctx.plan_error[0].upper() + ctx.plan_error[1:] + ".")
+    tp, words = tensor_parallel_patch(ctx)
+    return Match(
+        0.8,
+        ctx.plan_error[0].upper() + ctx.plan_error[1:] + ".",
+        config_patch={"use_distributed_optimizer": True, **tp},
+        fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the "
+        f"sequence; {words}",
+    )
 
 
 LOGITS_WORDS = (
@@ -248,7 +256,7 @@ _DISPATCH_THEN_MOVE_RE = re.compile(
     "loaded checkpoint, half precision or quantized weights (8-bit / 4-bit) and "
     "device_map='auto' across GPUs",
     supersedes=("RK005", "RK001", "RK010", "RK102"),
-    patch={"tensor_model_parallel_size": "<2x the current>", "use_distributed_optimizer": True},
+    patch={"use_distributed_optimizer": True},
 )
 def _oom_at_build(ctx: Context) -> Match | None:
     if ctx.evidence.iterations:
@@ -256,10 +264,14 @@ def _oom_at_build(ctx: Context) -> Match | None:
     for e in oom_errors(ctx):
         tail = " ".join(e.frames[-6:]).lower()
         if any(w in tail for w in BUILD_WORDS):
+            tp, words = tensor_parallel_patch(ctx)
             return Match(
                 0.85,
                 f"The OOM is raised while constructing the model "
                 f"('{e.frames[-1] if e.frames else ''}').",
+                config_patch={**tp, "use_distributed_optimizer": True},
+                fix="More tensor/pipeline/expert parallelism, FSDP, or a smaller model per GPU; "
+                f"{words}",
             )
     if not (ctx.oom or oom_errors(ctx)):
         return None

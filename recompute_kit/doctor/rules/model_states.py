@@ -8,7 +8,15 @@ import re
 from dataclasses import dataclass
 
 from ..types import Context, Match
-from .registry import fact, gib, is_megatron, oom_errors, rule, zero_stage
+from .registry import (
+    fact,
+    gib,
+    is_megatron,
+    oom_errors,
+    rule,
+    tensor_parallel_patch,
+    zero_stage,
+)
 
 # "Baichuan2-13B-Chat", "Meta-Llama-3-8B-Instruct", "Mixtral-8x7B": billions of parameters.
 _PARAMS_RE = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
@@ -518,10 +526,11 @@ def _default_adam_states(ctx: Context) -> Match | None:
         plan = f"even weights and gradients take {gib(kept)}: ZeRO-3 with parameter offload"
     against = f"the {gib(gpu)} GPU" if stated else f"the {gib(gpu)} of an A100/H100 (no GPU named)"
     if is_megatron(ctx):  # Megatron's own keys: shard the optimizer state, split the model
-        patch = {"use_distributed_optimizer": True, "tensor_model_parallel_size": "<2x current>"}
+        tp, words = tensor_parallel_patch(ctx, _gpu_count(ctx))
+        patch = {"use_distributed_optimizer": True, **tp}
         plan = (
             "shard the optimizer state (--use-distributed-optimizer) and split the model "
-            "(--tensor-model-parallel-size / --pipeline-model-parallel-size)"
+            f"(--tensor-model-parallel-size / --pipeline-model-parallel-size): {words}"
         )
     fix = None
     if is_megatron(ctx):

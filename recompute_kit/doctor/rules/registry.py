@@ -200,8 +200,18 @@ def all_frames(ctx: Context) -> str:
     return " ".join(where_raised(e) for e in ctx.evidence.errors)
 
 
+_MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
+
+
 def is_megatron(ctx: Context) -> bool:
-    """Megatron-LM / NeMo / Megatron-Bridge, from the config's keys or the frames."""
+    """Megatron-LM / NeMo / Megatron-Bridge: the framework the shared reader names for the
+    config files, else from the config's keys or the frames. (The reader writes every config
+    in Megatron-Core's field names, so its keys say nothing of the framework.)"""
+    read = ctx.evidence.read or {}
+    if read.get("framework") in _MEGATRON_RUNS:
+        return True
+    if read.get("framework") in ("hf-trainer", "torchtitan"):
+        return False
     keys = ("recompute_", "tensor_model_parallel", "pipeline_model_parallel", "num_moe_experts")
     if any(k.startswith(keys) for k in ctx.cfg):
         return True
@@ -218,6 +228,34 @@ def more_recompute_patch(ctx: Context) -> tuple[dict[str, Any], str]:
         {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
         "activation (gradient) checkpointing: gradient_checkpointing=True, use_reentrant=False",
     )
+
+
+def tensor_parallel_patch(ctx: Context, gpus: int | None = None) -> tuple[dict[str, Any], str]:
+    """The next tensor-parallel size as a patch and words: one Megatron accepts for the model,
+    within the run's GPUs and one node (plan/tensor_parallel.py), or no patch and why not."""
+    from ...plan.tensor_parallel import next_tensor_parallel
+
+    def number(key: str) -> int | None:
+        value = ctx.cfg.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    assumed = (sources.get("data_parallel_size") or {}).get("from") == "assumed"
+    step = next_tensor_parallel(
+        ctx.config,
+        current=number("tensor_model_parallel_size") or 1,
+        heads=number("num_attention_heads"),
+        query_groups=number("num_query_groups"),
+        gpus=gpus,
+        world_known=not assumed,  # an assumed DP says nothing of the run's GPUs
+        more_gpus=True,  # the step that fits may need GPUs the run does not have: said so
+    )
+    # said as Megatron-LM's flag: the fix's words are then written in the framework's own key
+    # (doctor/fix_words.py), as the patch is
+    words = step.words.replace("tensor_model_parallel_size", "--tensor-model-parallel-size")
+    if step.value is None:
+        return {}, words
+    return {"tensor_model_parallel_size": step.value}, words
 
 
 def zero_stage(ctx: Context) -> int | None:

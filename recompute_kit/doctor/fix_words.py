@@ -1,0 +1,81 @@
+"""A finding's fix text in the keys of the framework the inputs show.
+
+Rules write their fix prose once, with Megatron-LM's flags (`--use-distributed-optimizer`,
+`--recompute-granularity`). Where the shared reader says the run is another framework (NeMo
+1.x / 2.0, Megatron-Bridge, NeMo-RL, torchtitan, the Hugging Face Trainer), each such flag is
+written as the key that sets the same field there, found by the patch machinery's own lookup
+(`patches.framework_key`: PATCH_KEYS, else the framework reader's `key_for`), so the words and
+the patch name the same keys. A flag may stand for more than one field (Megatron-LM's
+`--use-distributed-optimizer` is its ZeRO-1 too: megatron_lm.key_for("zero_stage")); the first
+field the framework has a key for is taken. Where it has none, the words say so instead of
+naming a flag the framework does not read. Flags that are no Megatron-LM setting
+(recompute-kit's own `--gpu-memory-gb`, a launcher's `--nproc_per_node`) are left as written.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from ..config import CONFIG_KEYS
+from .types import Context
+
+# `--flag-name` as a word of its own (not inside a path or a longer option)
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b")
+
+
+@cache
+def _flag_fields() -> dict[str, tuple[tuple[str, Any], ...]]:
+    """Megatron-LM flag -> ((field, value set by the flag or None), ...), the flag's own field
+    first, then the fields whose Megatron-LM spelling names the flag too."""
+    from ..sources import megatron_lm
+    from ..sources.reading import EXTRA_KEYS
+    from .patches import _MCORE_EXTRA
+
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for flag, (field, value) in megatron_lm.BOOL_FLAGS.items():
+        out.setdefault(flag, []).append((field, value))
+    for flag, (field, _conv) in megatron_lm.VALUE_FLAGS.items():
+        out.setdefault(flag, []).append((field, None))
+    for field in (*CONFIG_KEYS, *_MCORE_EXTRA, *EXTRA_KEYS):
+        for flag in _FLAG.findall(megatron_lm.key_for(field)):
+            if all(f != field for f, _ in out.get(flag, ())):
+                out.setdefault(flag, []).append((field, None))
+    return {flag: tuple(fields) for flag, fields in out.items()}
+
+
+def _words_for(framework: str, flag: str, ctx: Context) -> str | None:
+    """What `flag` is in `framework`'s keys (None: the flag is no Megatron-LM setting)."""
+    from .patches import _is_key, _value_for, framework_key
+
+    fields = _flag_fields().get(flag)
+    if not fields:
+        return None
+    if framework == "megatron-core":
+        return fields[0][0]
+    for field, value in fields:
+        target = framework_key(framework, field, ctx)
+        if target is None:
+            continue
+        if value is not None and _is_key(target):  # a switch: the key with the value it sets
+            ((key, said),) = _value_for(framework, field, target, value, ctx, {}).items()
+            return f"{key}: {str(said).lower() if isinstance(said, bool) else said}"
+        return target
+    return f"{fields[0][0]} (no {framework} key sets it)"
+
+
+def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tuple[str, dict]:
+    """The fix with each Megatron-LM flag written in `framework`'s keys, and {flag: words}."""
+    if framework is None or framework == "megatron-lm" or "--" not in fix:
+        return fix, {}
+    done: dict[str, str] = {}
+
+    def swap(m: re.Match) -> str:
+        words = _words_for(framework, m.group(0), ctx)
+        if words is None:
+            return m.group(0)
+        done[m.group(0)] = words
+        return words
+
+    return _FLAG.sub(swap, fix), done
