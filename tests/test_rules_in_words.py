@@ -52,3 +52,21 @@ def test_r6s_ppo_small_model_fits():
     cmd = text("r6s-openrlhf277-ppo13b-cmd").replace("codellama_13b", "codellama_1b")
     prose = text("r6s-openrlhf277-ppo13b-prose").replace("codellama-13b", "codellama-1b")
     assert "RK640" not in ids(run(prose, config=cmd, config_name="run.sh"))
+
+
+def test_rk640_openrlhf_placement_is_not_advised_for_a_nemo_rl_config():
+    # NeMo-RL places its policy / reference itself: a GRPO config of it with an OOM must not get
+    # OpenRLHF's --actor_num_gpus_per_node advice (a skill trial found it did).
+    from pathlib import Path
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo_rl"
+    name = "dpo-llama3.1-8b-instruct-4n8g-megatrontp2pp2-quick.yaml"
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
+        "total capacity of 79.11 GiB of which 1.02 GiB is free. Including non-PyTorch memory, "
+        "this process has 78.08 GiB memory in use. Of the allocated memory 74.12 GiB is "
+        "allocated by PyTorch, and 2.31 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    d = run(oom, config=(corpus / name).read_text(), config_name=name)
+    assert "RK640" not in ids(d)
+    assert not any("--actor_num_gpus_per_node" in f.fix for f in d.findings)

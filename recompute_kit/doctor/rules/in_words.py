@@ -118,6 +118,19 @@ def _role_params(ctx: Context, role: str, actor: float) -> float:
     return actor  # not named: the actor's size (critic and reward start from the same base)
 
 
+# Frameworks that place an RL run's models themselves (NeMo-RL colocates policy and
+# generation by its own cluster config; Megatron and torchtitan train one model): the
+# OpenRLHF-style count and advice of RK640 do not describe them.
+_OWN_RL_PLACEMENT = (
+    "nemo-rl",
+    "megatron-lm",
+    "megatron-bridge",
+    "megatron-core",
+    "nemo1",
+    "torchtitan",
+)
+
+
 @rule(
     "RK640",
     "Several models of an RLHF run share each GPU: actor, critic, reference, reward",
@@ -143,6 +156,8 @@ def _rlhf_models_per_gpu(ctx: Context) -> Match | None:
     run = _rlhf(ctx)
     found = _actor(ctx)
     if run is None or found is None:
+        return None
+    if (ctx.evidence.read or {}).get("framework") in _OWN_RL_PLACEMENT:
         return None
     actor, name = found
     algo = run["algo"]
