@@ -548,3 +548,26 @@ def test_r10a_whole_move_without_sharding_or_oom_is_silent():
         .replace("that's where the OOM occurs", "that's where it fails")
     )
     assert "RK691" not in ids(run(calm))
+
+
+def test_oom_on_a_bridge_config_keeps_its_modules_and_lists_fragmentation():
+    # A skill trial: the DeepSeek-V3 Bridge dry-run config (recompute_modules [mla_up_proj, mlp])
+    # with an OOM whose 2.31 GiB reserved-but-unallocated exceeds the 1.75 GiB request.
+    from pathlib import Path
+
+    name = "deepseek_v3_pretrain_h100_fp8_sc_v1.yaml"
+    config = (Path(__file__).parent / "sources" / "corpus" / "bridge" / name).read_text()
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
+        "total capacity of 79.11 GiB of which 1.02 GiB is free. Including non-PyTorch memory, "
+        "this process has 78.08 GiB memory in use. Of the allocated memory 74.12 GiB is "
+        "allocated by PyTorch, and 2.31 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    d = run(oom, config=config, config_name=name)
+    rk010 = next(f for f in d.findings if f.rule == "RK010")
+    # the fix recomputes more: it never drops the mla_up_proj the run recomputes
+    assert "mla_up_proj" in rk010.config_patch["recompute_modules"]
+    # free memory in pieces, more than the request: listed (the free thing to try), not ruled out
+    assert "RK001" in ids(d)
+    # the config file's own text does not count as someone blaming the vocabulary
+    assert "RK620" not in ids(d)

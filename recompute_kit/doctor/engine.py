@@ -107,9 +107,28 @@ def _estimate(ctx: Context) -> None:
     ctx.estimate = estimate(ctx.config)
     if ctx.gpu_bytes:
         try:
-            ctx.best = plan(ctx.config, ctx.gpu_bytes / GIB).best
+            ctx.best = _keeping_current(plan(ctx.config, ctx.gpu_bytes / GIB), ctx.config)
         except ConfigError as exc:
             ctx.plan_error = str(exc)
+
+
+def _keeping_current(result, config: Config):
+    """The planner's best among the settings that recompute at least what the run does (an
+    OOM's fix never drops a module the run recomputes); the overall best when none fits."""
+    rc = config.recompute
+    if rc.recompute_granularity != "selective":
+        return result.best
+    current = set(rc.modules)
+    for c in result.candidates:  # ranked: fitting (clearing the band first), cheapest first
+        if not c.fits:
+            break
+        every_layer = c.recompute.recompute_method == "uniform"  # (block N leaves layers out)
+        if every_layer or (
+            c.recompute.recompute_granularity == "selective"
+            and current <= set(c.recompute.modules)
+        ):
+            return c
+    return result.best
 
 
 def diagnose(
@@ -189,12 +208,12 @@ def _reconcile(
     for f in findings:
         if f.rule == "RK001" and memory and slack is not None and oom is not None:
             req, total = oom.requested_bytes or 0, oom.total_bytes or 0
-            if slack < 2 * req and slack < 0.1 * total:
+            if slack < req and slack < 0.1 * total:  # a sliver, not enough even in one piece
                 dropped.append(
                     {
                         "rule": f.rule,
                         "reason": f"fragmentation ruled out: {slack / GIB:.2f} GiB reserved but "
-                        f"unallocated is under twice the {req / GIB:.2f} GiB request and under 10% "
+                        f"unallocated is less than the {req / GIB:.2f} GiB request and under 10% "
                         f"of the GPU, while {memory[0].rule} explains the OOM",
                     }
                 )

@@ -65,7 +65,7 @@ def _activations(ctx: Context) -> Match | None:
         spec, why = (
             candidate_spec(ctx.best),
             (
-                "the planner's cheapest setting that fits "
+                "the planner's cheapest setting that fits and keeps what the run recomputes "
                 f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
@@ -548,7 +548,9 @@ def _step_peaks(ctx: Context) -> Match | None:
     patch={"use_liger_kernel": True},
 )
 def _vocab_blamed(ctx: Context) -> Match | None:
-    found = list(fact(ctx, "vocab_memory_prose") or [])
+    found = list(fact(ctx, "vocab_memory_prose", "log") or [])
+    if not ctx.evidence.read:  # a config the reader read is settings, not someone's words
+        found += fact(ctx, "vocab_memory_prose", "config") or []
     if not found:
         return None
     top = found[0]
