@@ -25,7 +25,11 @@ Formats (`FORMATS`):
   chosen with a ``selective | full | memory-budget | none`` subcommand, and the every-k-th-layer
   option is gone); the mode names are unchanged.
 
-Every rendering starts with ``# recompute-kit: <spec>`` (all four formats use ``#`` comments).
+* ``hf-trainer``      - ``gradient_checkpointing: true | false`` of the Hugging Face Trainer (TRL,
+  LLaMA-Factory's ``disable_gradient_checkpointing``): every decoder layer or none, so only
+  none and full:uniform:1 are exact; other settings are rendered as "on" with a comment.
+
+Every rendering starts with ``# recompute-kit: <spec>`` (every format uses ``#`` comments).
 Sources: shared/reference/megatron-recompute.md and pytorch-checkpointing-and-memory.md section 4.
 """
 
@@ -37,7 +41,7 @@ from typing import Any
 
 from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
 
-FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer")
 
 # YAML words that load back as the same string (not null/true/false/numbers).
 _PLAIN_WORD = re.compile(
@@ -363,9 +367,32 @@ def _torchtitan_offload_notes(rc: RecomputeConfig) -> list[str]:
     return notes
 
 
+def _render_hf_trainer(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """The Trainer (and TRL / LLaMA-Factory) checkpoints every decoder layer or none."""
+    core = _core(rc)
+    g = core["recompute_granularity"]
+    off = g is None or (g == "selective" and not core["recompute_modules"])
+    exact = off or (
+        g == "full" and core["recompute_method"] == "uniform" and core["recompute_num_layers"] == 1
+    )
+    notes = [
+        "# Hugging Face TrainingArguments / TRL YAML (LLaMA-Factory: disable_gradient_"
+        f"checkpointing: {str(off).lower()})"
+    ]
+    if not exact:
+        notes += [
+            f"# Approximate: the Trainer checkpoints every decoder layer or none; "
+            f"{format_spec(rc)} has",
+            "# no equivalent. On (every layer, like full:uniform:1) saves at least as much.",
+        ]
+    notes += [line.replace("torchtitan", "the Trainer") for line in _torchtitan_offload_notes(rc)]
+    return [*notes, f"gradient_checkpointing: {str(not off).lower()}"]
+
+
 _RENDERERS = {
     "megatron-bridge": _render_bridge,
     "megatron-lm": _render_megatron_lm,
     "nemo": _render_nemo,
     "torchtitan": _render_torchtitan,
+    "hf-trainer": _render_hf_trainer,
 }

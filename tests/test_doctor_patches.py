@@ -135,8 +135,12 @@ def test_nemo_rl_gets_its_own_checkpointing_key_not_gradient_checkpointing():
 def test_bridge_gets_cross_entropy_fusion_not_liger():
     # Megatron-Bridge Llama-3 70B SFT recipe: RK620 used to patch use_liger_kernel (a Hugging
     # Face / Liger key); Bridge's own fused cross entropy is model.cross_entropy_loss_fusion,
-    # which this recipe already sets (line 298): no patch, and the fix says so.
-    d = doctor("bridge/blind_llama3_70b_sft_gb200_fp8_mx_v1.yaml")
+    # which this recipe already sets (line 298): no patch, and the fix says so. The prose
+    # blaming the vocabulary is a real paste (tests/rule_sources.py), not the config's text.
+    d = doctor(
+        "bridge/blind_llama3_70b_sft_gb200_fp8_mx_v1.yaml",
+        Path(__file__).parent / "data" / "rules" / "fz-advprompter-1-llama3-vocab-chunks.txt",
+    )
     f = finding(d, "RK620")
     assert "use_liger_kernel" not in f.config_patch and not f.patch_keys
     assert any("megatron-bridge's own setting" in n for n in f.patch_check["notes"])

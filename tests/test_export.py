@@ -102,7 +102,8 @@ def test_unknown_format_is_a_one_line_config_error():
     with pytest.raises(ConfigError) as exc:
         render(parse_spec("none"), "deepspeed")
     assert str(exc.value) == (
-        "unknown format 'deepspeed'; choose from megatron-bridge, megatron-lm, nemo, torchtitan"
+        "unknown format 'deepspeed'; choose from megatron-bridge, megatron-lm, nemo, torchtitan, "
+        "hf-trainer"
     )
     assert "\n" not in str(exc.value)
 
@@ -368,3 +369,33 @@ def test_torchtitan_block_exact_option():
     text = render(parse_spec("full:block:2"), "torchtitan", num_layers=8)
     assert run_torchtitan(text) == {"mode": "selective", "selective_ac_option": "4"}
     assert torchtitan_checkpointed_layers(run_torchtitan(text), 8) == {4, 8}
+
+
+def test_hf_trainer_is_gradient_checkpointing_on_or_off():
+    on = render(parse_spec("full:uniform:1"), "hf-trainer")
+    assert on.splitlines()[-1] == "gradient_checkpointing: true"
+    assert "disable_gradient_checkpointing: false" in on and "Approximate" not in on
+    off = render(parse_spec("none"), "hf-trainer")
+    assert off.splitlines()[-1] == "gradient_checkpointing: false"
+    assert "disable_gradient_checkpointing: true" in off
+    approx = render(parse_spec("selective:mlp"), "hf-trainer")
+    assert approx.splitlines()[-1] == "gradient_checkpointing: true" and "Approximate" in approx
+
+
+def test_plan_for_a_trainer_run_offers_what_the_trainer_can_do():
+    # A skill trial: LLaMA-Factory got selective:layernorm / full:block:N in Bridge syntax.
+    from pathlib import Path
+
+    from recompute_kit.config import format_spec
+    from recompute_kit.plan.search import candidates
+    from recompute_kit.sources.resolve import resolve
+
+    yaml_file = (
+        Path(__file__).parent
+        / "sources"
+        / "corpus"
+        / "hf_trainer"
+        / "blind_llama3_fp8_deepspeed_sft.yaml"
+    )
+    cfg = resolve([str(yaml_file)], overrides={"data_parallel_size": 8}).config
+    assert [format_spec(rc) for rc, _ in candidates(cfg)] == ["none", "full:uniform:1"]

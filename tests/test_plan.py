@@ -9,7 +9,7 @@ from recompute_kit.config import ConfigError, RecomputeConfig, applicable_module
 from recompute_kit.config.versions import known_broken, parse_version
 from recompute_kit.gpus import GPUS
 from recompute_kit.plan import plan
-from recompute_kit.plan.margins import LOCAL_BAND, TE_BAND
+from recompute_kit.plan.margins import LOCAL_BAND, TE_BAND, planned_bytes
 from recompute_kit.plan.search import candidates
 from recompute_kit.presets import get_preset
 
@@ -132,7 +132,7 @@ def test_error_band_by_path():
     b = local.error_band
     assert b.activation_bytes == round(LOCAL_BAND * local.best.estimate.peak_activation_bytes)
     assert b.total_bytes == b.activation_bytes + b.cuda_context_bytes + b.workspace_bytes
-    assert local.headroom_bytes == local.usable_bytes - local.best.estimate.total_bytes
+    assert local.headroom_bytes == local.usable_bytes - planned_bytes(local.best.estimate)
 
 
 def test_every_stage_and_the_binding_one():
@@ -190,9 +190,9 @@ def test_cli_validate_strict_reads_the_version(tmp_path, capsys):
 def test_when_nothing_clears_the_band_the_most_headroom_is_picked():
     cfg = deepseek_v3()
     roomy = plan(cfg, 200.0, safety_margin=0.0)
-    smallest = min(roomy.candidates, key=lambda c: c.estimate.total_bytes)
+    smallest = min(roomy.candidates, key=lambda c: planned_bytes(c.estimate))
     # a budget where the smallest candidate fits with half its error band to spare
-    budget = (smallest.estimate.total_bytes + smallest.band.total_bytes // 2) / GIB
+    budget = (planned_bytes(smallest.estimate) + smallest.band.total_bytes // 2) / GIB
     tight = plan(cfg, budget, safety_margin=0.0)
     fitting = [c for c in tight.candidates if c.fits]
     assert fitting and not any(c.clears_band for c in fitting)
@@ -230,3 +230,18 @@ def test_torchtitan_runs_get_torchtitans_own_modes_and_their_cost():
     # the per-op policy re-runs wk, wo and w3 of every block: not free
     op = cfg.with_recompute(selective[0])
     assert 0.08 < recompute_flops_fraction(op) < 0.15
+
+
+def test_named_overheads_count_against_the_usable_memory():
+    # A skill trial: headroom was usable minus total_bytes while the estimate's own MoE terms
+    # (allgather dispatcher buffers, expert capacity) sat outside both the margin and the band.
+    cfg = deepseek_v3().replace(moe_expert_capacity_factor=1.5)
+    p = plan(cfg, 79.1)
+    c = next(c for c in p.candidates if c.estimate.moe_imbalance_bytes > 0)
+    e = c.estimate
+    assert e.dispatcher_buffers_bytes > 0
+    assert c.headroom_bytes == p.usable_bytes - e.total_bytes - e.moe_imbalance_bytes - (
+        e.dispatcher_buffers_bytes + e.gathered_params_bytes
+    )
+    assert c.fits == (c.headroom_bytes >= 0)
+    assert "counted against the usable memory" in p.explanation

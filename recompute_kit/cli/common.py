@@ -23,7 +23,7 @@ from ..config.validation import check_expert_layout
 from ..presets import PRESETS, get_preset
 from ..units import BYTE_MAPS, _integral, integer_bytes
 
-FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan")  # export.FORMATS
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer")  # export.FORMATS
 
 
 # --------------------------------------------------------------------------------------------
@@ -444,6 +444,7 @@ FORMAT_OF_FRAMEWORK = {
     "megatron-lm": "megatron-lm",
     "nemo1": "nemo",
     "torchtitan": "torchtitan",
+    "hf-trainer": "hf-trainer",
 }
 
 

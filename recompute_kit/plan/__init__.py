@@ -19,7 +19,7 @@ from ..config import Config, ConfigError, RecomputeConfig
 from ..config.versions import describe_version, parse_version
 from ..export import render
 from ..memory.estimate import Estimate, estimate
-from .margins import TIE_FLOPS, Band, error_band, tie_reason
+from .margins import TIE_FLOPS, Band, error_band, planned_bytes, tie_reason
 from .search import candidates
 from .stages import Stage, binding_reason, stage_table
 
@@ -39,8 +39,9 @@ class Candidate:
 
     @property
     def headroom_bytes(self) -> int:
-        """Usable memory (budget less the safety margin) minus the estimate's total."""
-        return self.usable_bytes - self.estimate.total_bytes
+        """Usable memory (budget less the safety margin) minus what the run holds
+        (margins.planned_bytes: the estimate's total and its named terms)."""
+        return self.usable_bytes - planned_bytes(self.estimate)
 
     @property
     def clears_band(self) -> bool:
@@ -119,7 +120,7 @@ def plan(
             Candidate(
                 est,
                 candidate.recompute,
-                est.total_bytes <= usable,
+                planned_bytes(est) <= usable,
                 offload,
                 error_band(candidate, est),
                 usable,
@@ -230,6 +231,17 @@ def explain(
         f"optimizer {e.optimizer_bytes / GIB:.1f}, activations at peak "
         f"{e.peak_activation_bytes / GIB:.1f} GiB)."
     ]
+    beside = {
+        "MoE routing imbalance / capacity": e.moe_imbalance_bytes,
+        "dispatcher buffers": e.dispatcher_buffers_bytes,
+        "gathered or autocast weight copies": e.gathered_params_bytes,
+    }
+    if any(beside.values()):
+        parts.append(
+            "Beside them, counted against the usable memory: "
+            + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in beside.items() if v)
+            + "."
+        )
     if best.band is not None:
         b = best.band
         parts.append(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..config import Config, ConfigError
 from ..config.validation import check_expert_layout
 from ..memory.estimate import Estimate, estimate
-from .margins import error_band
+from .margins import error_band, planned_bytes
 from .search import candidates
 from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
 
@@ -166,7 +166,7 @@ def _evaluate(
     if micro < config.parallel.pipeline_model_parallel_size:
         return None  # fewer micro-batches than stages: the pipeline never fills
     added = ""
-    if fallback == "always" or (fallback == "if-needed" and est.total_bytes > usable):
+    if fallback == "always" or (fallback == "if-needed" and planned_bytes(est) > usable):
         from . import plan  # (this package)
 
         try:
@@ -185,8 +185,8 @@ def _evaluate(
         setting + (f", recompute {added}" if added else ""),
         config,
         est,
-        est.total_bytes <= usable,
-        est.total_bytes + band.total_bytes <= usable,
+        planned_bytes(est) <= usable,
+        planned_bytes(est) + band.total_bytes <= usable,
         step,
         _adds(config, step),
         added,

@@ -13,14 +13,18 @@ that the estimate leaves out:
   5-40%, so the band is a stated one, not a measured one.
 * weights, gradients and optimizer states: 0 (parameter counts equal Megatron-Core's on every
   rank, tests/test_megatron_parity.py).
-* the CUDA context, 500 MiB per process (the upper end of the 300-500 MiB that CUDA >= 11.7
-  with lazy loading takes; doctor rule outside_allocator.py), and GEMM workspaces, 64 MiB
+* the CUDA context, memory/overheads.py's CUDA_CONTEXT_BYTES per process (CUDA >= 11.7 with
+  lazy loading takes 300-500 MiB; doctor rule outside_allocator.py), and GEMM workspaces, 64 MiB
   (PyTorch's cuBLAS workspace on Hopper, `:4096:8` = 32 MiB, plus Transformer Engine's 32 MiB
   cuBLASLt workspace).
 
-The allocator's fragmentation and NCCL's buffers stay in `--safety-margin`. A candidate
-"clears the band" when its total plus the band fits the usable memory; the planner prefers a
-cheaper setting only when it clears the band too.
+The allocator's fragmentation and NCCL's buffers stay in `--safety-margin`. The estimate's
+other named terms beside the tensors it counts (memory/overheads.py: the MoE routing
+imbalance or expert capacity, the allgather dispatcher's buffers, a ZeRO-3 / FSDP unit's
+gathered parameters or autocast's weight copies) are memory the run holds: they count
+against the usable memory (`planned_bytes`). A candidate "clears the band" when that plus the
+band fits the usable memory; the planner prefers a cheaper setting only when it clears the
+band too.
 """
 
 from __future__ import annotations
@@ -29,16 +33,27 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..memory.estimate import Estimate
+from ..memory.overheads import CUDA_CONTEXT_BYTES
 
 MIB = 2**20
 LOCAL_BAND = 0.01
 TE_BAND = 0.10
-CUDA_CONTEXT_BYTES = 500 * MIB
 WORKSPACE_BYTES = 64 * MIB
 # Two candidates whose recompute costs differ by less than this share of the step's FLOPs are
 # a near-tie (the kit's choice, not a measurement: half a percent of a step is within the
 # run-to-run spread of step times one would compare them by).
 TIE_FLOPS = 0.005
+
+
+def planned_bytes(est: Estimate) -> int:
+    """What the run holds per rank against the usable memory: the estimate's total plus its
+    named terms that neither the safety margin nor the band covers (module docstring)."""
+    return (
+        est.total_bytes
+        + est.moe_imbalance_bytes
+        + est.dispatcher_buffers_bytes
+        + est.gathered_params_bytes
+    )
 
 
 @dataclass(frozen=True)

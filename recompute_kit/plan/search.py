@@ -8,7 +8,8 @@
 * layer-level CPU offloading (no PP), and fine-grained activation offloading of the heavy
   modules with the light ones recomputed (Megatron's documented pairing).
 
-A torchtitan run (the reader's loss_implementation) gets torchtitan's own modes: none, the
+A Hugging Face Trainer run (the reader's loss_implementation "hf") gets gradient checkpointing
+on (every layer: full:uniform:1) or off. A torchtitan run gets torchtitan's own modes: none, the
 per-op selective policy ("op", one candidate: memory/torchtitan.py counts it), full and every
 k-th block (full uniform/block here; rendered as torchtitan's nearest option).
 
@@ -51,6 +52,11 @@ def candidates(
         most = max(chunk_layer_counts(config), default=1)
     except ConfigError:
         most = m.num_layers // p.pipeline_model_parallel_size
+    if m.loss_implementation == "hf":  # the Trainer: gradient checkpointing on or off
+        return [
+            (RecomputeConfig(), ""),
+            (RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1), ""),
+        ]
     titan = m.loss_implementation == "torchtitan"
     if titan:  # torchtitan's modes: none, per-op selective ("op"), full, every k-th block
         rcs = [RecomputeConfig(), RecomputeConfig("selective", recompute_modules=["layernorm"])]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..memory.estimate import Estimate, estimate
+from .margins import planned_bytes
 
 GIB = 2**30
 
@@ -56,7 +57,7 @@ def stage_table(config: Config, usable: int) -> list[Stage]:
                 peak_activation_bytes=e.peak_activation_bytes,
                 model_state_bytes=e.weights_bytes + e.grads_bytes + e.optimizer_bytes,
                 total_bytes=e.total_bytes,
-                headroom_bytes=usable - e.total_bytes,
+                headroom_bytes=usable - planned_bytes(e),
             )
         )
     return rows
