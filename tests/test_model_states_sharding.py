@@ -376,3 +376,29 @@ def test_amp_bytes_are_what_torch_holds():
     assert moment_bytes / n == kit.optimizer / per_param == 8
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
     assert saved_copies == 2 * matrices  # bf16 copies of the weight matrices
+
+
+def test_a_measured_imbalance_from_the_command_line(capsys):
+    # A skill trial: the overheads said "pass a measured factor" and no command took one.
+    import json
+    from pathlib import Path
+
+    from recompute_kit.cli import main
+
+    script = (
+        Path(__file__).parent
+        / "sources"
+        / "corpus"
+        / "megatron_lm"
+        / "blind_mixtral_8x7b_distributed.sh"
+    )
+    args = ["estimate", "--config", str(script), "--dp", "8", "--json"]
+    assert main([*args, "--moe-imbalance", "1.5"]) == 0
+    skewed = json.loads(capsys.readouterr().out)["estimates"][0]
+    assert main(args) == 0
+    balanced = json.loads(capsys.readouterr().out)["estimates"][0]
+    experts = skewed["moe_imbalance_bytes"]
+    assert skewed["moe_imbalance_factor"] == 1.5 and experts > 0
+    assert balanced["moe_imbalance_bytes"] == 0
+    assert main([*args, "--moe-imbalance", "0.5"]) == 1  # one line, no traceback
+    assert "at least 1.0" in capsys.readouterr().err

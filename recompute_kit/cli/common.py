@@ -306,6 +306,7 @@ OVERRIDES = {
     "account_for_embedding": "account_for_embedding_in_pipeline_split",
     "account_for_loss": "account_for_loss_in_pipeline_split",
     "attention": "attention_backend",
+    "moe_imbalance": "moe_routing_imbalance",
 }
 
 
@@ -351,6 +352,13 @@ def add_override_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="pipeline stage to report (default: the stage with the highest total)",
+    )
+    group.add_argument(
+        "--moe-imbalance",
+        type=float,
+        metavar="F",
+        help="measured MoE routing imbalance, max / mean tokens per expert rank (>= 1): sizes "
+        "the experts' token copies (default: the capacity factor, else balanced)",
     )
     group.add_argument(
         "--attention",

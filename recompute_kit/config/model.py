@@ -101,6 +101,9 @@ class ModelConfig:
     # dropless); padding fills every expert to that capacity (memory/overheads.py).
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool = False
+    # recompute-kit's own key: a measured routing imbalance (max / mean tokens per expert rank)
+    # that sizes the experts' token copies of a dropless run (memory/overheads.py)
+    moe_routing_imbalance: float | None = None
     moe_shared_expert_overlap: bool = False
     # Multi-latent attention
     multi_latent_attention: bool = False

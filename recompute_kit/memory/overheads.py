@@ -18,8 +18,9 @@ them (memory/estimate.py).
   (T x k per rank). A factor f (a measured max/mean of tokens per rank, or Megatron's
   moe_expert_capacity_factor, the most a token-dropping run lets an expert take: exactly that
   with moe_pad_expert_input_to_capacity, and below 1.0 where the factor is) scales those saved
-  copies and the expert activations by f: (f - 1) x those bytes. Default: the capacity factor
-  where the config sets one, else 1.0 (balanced; said in the assumptions, since dropless
+  copies and the expert activations by f: (f - 1) x those bytes. Default: a measured factor
+  (`moe_routing_imbalance`, `--moe-imbalance`), else the capacity factor where the config sets
+  one, else 1.0 (balanced; said in the assumptions, since dropless
   routing has no bound).
 * Dispatcher buffers: Megatron's default allgather dispatcher gathers the hidden states of the
   expert-tensor x expert-parallel group (T x ETP x EP rows of h) before it keeps this rank's
@@ -33,7 +34,7 @@ them (memory/estimate.py).
 
 from __future__ import annotations
 
-from ..config import Config
+from ..config import Config, ConfigError
 
 MIB = 2**20
 GIB = 2**30
@@ -61,9 +62,14 @@ def overhead_terms(
     p, m = config.parallel, config.model
     capacity = m.moe_expert_capacity_factor
     if moe_imbalance is None:
+        moe_imbalance = m.moe_routing_imbalance
+    if moe_imbalance is None:
         moe_imbalance = capacity if capacity is not None else MOE_IMBALANCE
     elif moe_imbalance < 1.0:
-        raise ValueError(f"the MoE routing imbalance factor is at least 1.0, got {moe_imbalance}")
+        raise ConfigError(
+            "the MoE routing imbalance factor (--moe-imbalance) is at least 1.0, "
+            f"got {moe_imbalance}"
+        )
     ranks = (
         p.data_parallel_size
         * p.tensor_model_parallel_size
