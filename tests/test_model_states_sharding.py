@@ -199,8 +199,8 @@ def test_estimate_keeps_total_bytes_and_adds_named_overheads():
         assert key in doc
 
 
-def test_moe_imbalance_and_dispatcher_terms():
-    m = ModelConfig(
+def small_moe() -> ModelConfig:
+    return ModelConfig(
         num_layers=2,
         hidden_size=256,
         num_attention_heads=4,
@@ -213,6 +213,10 @@ def test_moe_imbalance_and_dispatcher_terms():
         moe_ffn_hidden_size=256,
         bf16=True,
     )
+
+
+def test_moe_imbalance_and_dispatcher_terms():
+    m = small_moe()
     cfg = Config(m, ParallelConfig(data_parallel_size=2, expert_model_parallel_size=2))
     balanced = estimate(cfg)
     assert balanced.moe_imbalance_factor == 1.0 and balanced.moe_imbalance_bytes == 0
@@ -231,19 +235,7 @@ def test_moe_imbalance_and_dispatcher_terms():
 def test_expert_capacity_factor_bounds_the_expert_tokens():
     # Token dropping (moe_expert_capacity_factor) caps every expert at factor x its balanced
     # share: the estimate's imbalance term takes the factor, exactly so with padding.
-    m = ModelConfig(
-        num_layers=2,
-        hidden_size=256,
-        num_attention_heads=4,
-        ffn_hidden_size=512,
-        vocab_size=1024,
-        seq_length=128,
-        micro_batch_size=1,
-        num_moe_experts=4,
-        moe_router_topk=2,
-        moe_ffn_hidden_size=256,
-        bf16=True,
-    )
+    m = small_moe()
     parallel = ParallelConfig(data_parallel_size=2, expert_model_parallel_size=2)
     balanced = estimate(Config(m, parallel))
     experts = (balanced.modules["experts"] + balanced.modules["moe_act"]) * 2
