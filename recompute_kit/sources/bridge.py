@@ -430,7 +430,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             dist_opt.append((v, e))
         elif sec == "optimizer" and key == "optimizer_cpu_offload":
             _set(reading, "optimizer_offload", v, _origin(path, e))
-        elif sec == "optimizer" and key in ("use_precision_aware_optimizer", "store_param_remainders"):
+        elif sec == "optimizer" and key in _OPTIMIZER_FLAG_KEYS:
             _set(reading, key, v, _origin(path, e))
         elif sec == "optimizer" and key in _OPTIMIZER_DTYPE_KEYS:
             _set_dtype(reading, key, v, _origin(path, e))
@@ -520,6 +520,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
 # MixedPrecisionConfig's fields that recompute-kit uses; setup() copies each onto the model /
 # optimizer / DDP config that has a field of that name.
 _PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "grad_reduce_in_fp32")
+_OPTIMIZER_FLAG_KEYS = ("use_precision_aware_optimizer", "store_param_remainders")
 # OptimizerConfig's precision-aware optimizer dtypes (torch dtypes in a serialized config)
 _OPTIMIZER_DTYPE_KEYS = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
 _DTYPE_NAMES = {

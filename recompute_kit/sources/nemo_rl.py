@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ..config import ConfigError
+from .bridge import dtype_name
 from .nemo import (
     NEMO_RL_RESOLVERS,
     FileValues,
@@ -26,7 +27,6 @@ from .nemo import (
     moe_mla_recompute_defaults,
     resolve_interpolations,
 )
-from .bridge import dtype_name
 from .reading import KNOWN_KEYS, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
@@ -361,7 +361,9 @@ def apply_defaults(reading: Reading) -> None:
             yml,
             "megatron_cfg.distributed_data_parallel_config.grad_reduce_in_fp32",
         )
-        opt_default = "Megatron-Core's OptimizerConfig default (NeMo-RL passes megatron_cfg.optimizer)"
+        opt_default = (
+            "Megatron-Core's OptimizerConfig default (NeMo-RL passes megatron_cfg.optimizer)"
+        )
         reading.default("use_precision_aware_optimizer", True, yml, "megatron_cfg.optimizer")
         for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
             reading.default(key, "fp32", opt_default)

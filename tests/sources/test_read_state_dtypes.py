@@ -47,7 +47,8 @@ def test_bridge_optimizer_dtypes_and_dispatcher():
     res = resolve([str(DSV3)])
     r = res.reading
     assert r.get("use_precision_aware_optimizer") is True
-    assert _where(r, "use_precision_aware_optimizer").endswith(":694 optimizer.use_precision_aware_optimizer")
+    flag = "optimizer.use_precision_aware_optimizer"
+    assert _where(r, "use_precision_aware_optimizer").endswith(f":694 {flag}")
     # `exp_avg_dtype: {_call_: false, _target_: torch.bfloat16}` (lines 644-649)
     assert (r.get("exp_avg_dtype"), r.get("exp_avg_sq_dtype")) == ("bf16", "bf16")
     assert _where(r, "exp_avg_dtype").endswith(":644 optimizer.exp_avg_dtype")
