@@ -115,6 +115,9 @@ class ModelConfig:
     # Low precision and CUDA graphs (validated against recompute; not executed by the layers)
     fp8: str | None = None
     fp8_recipe: str = "tensorwise"
+    # The MoE token dispatcher ("allgather", Megatron's default; "alltoall"; "flex"): it decides
+    # the dispatcher's buffers (memory/overheads.py models allgather's only).
+    moe_token_dispatcher_type: str = "allgather"
     cuda_graph_impl: str = "none"
     cuda_graph_scope: list[str] = field(default_factory=list)
 
@@ -168,6 +171,20 @@ class ParallelConfig:
     # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.
     optimizer_offload: bool = False
     param_offload: bool = False
+    # Megatron's gradient and optimizer dtypes (memory/model_states.py, "megatron" and
+    # "megatron_fsdp" modes). DistributedDataParallelConfig.grad_reduce_in_fp32: main gradients
+    # in fp32, else in the parameters' dtype (Megatron-Core's default False; Megatron-LM turns it
+    # on for --bf16 unless --grad-reduce-in-bf16 or --main-grads-dtype bf16, the default here).
+    grad_reduce_in_fp32: bool = True
+    # OptimizerConfig's precision-aware optimizer (TE FusedAdam, distributed optimizer only):
+    # the master copy and Adam's moments in these dtypes ("fp32", "bf16", "fp16", "fp8");
+    # without it all three are fp32. store_param_remainders keeps a bf16 run's fp32 master
+    # copy as the 16 bits bf16 leaves out (int16) where TE's FusedAdam holds the master copy.
+    use_precision_aware_optimizer: bool = False
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    store_param_remainders: bool = True
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None

@@ -10,17 +10,21 @@ Bytes per parameter (16-bit mixed precision; fp32 training in brackets), Adam:
 mode            weights      gradients    optimizer             sharded over DP x CP at
 =============== ============ ============ ===================== =================================
 megatron        2 [4]        4 [4] fp32   12 [8] fp32 master    optimizer with the distributed
-                                          + m + v               optimizer (zero_stage 0)
-megatron_fsdp   2 [4]        4 [4]        12 [8]                zero_stage 1 optimizer, 2 + grads,
+                             (2 without   + m + v (fewer with   optimizer (zero_stage 0)
+                             grad_reduce_ the precision-aware
+                             in_fp32)     optimizer's dtypes)
+megatron_fsdp   2 [4]        as megatron  as megatron           zero_stage 1 optimizer, 2 + grads,
                                                                 3 + weights
 zero            2 [4]        2 [4] 16-bit 12 [8]                the same (DeepSpeed ZeRO 1/2/3)
 fsdp2           4 fp32       4 fp32       8 m + v (no master)   the same (zero_stage 3 in
                                                                 torchtitan / NeMo-RL DTensor)
 =============== ============ ============ ===================== =================================
 
-* megatron: Megatron-Core's DDP keeps fp32 main gradients (`grad_reduce_in_fp32`, the
-  param-and-grad buffer) and its optimizer an fp32 master copy plus Adam's m and v
-  (megatron/core/optimizer/distrib_optimizer.py).
+* megatron: Megatron-Core's DDP keeps fp32 main gradients with `grad_reduce_in_fp32` (the
+  param-and-grad buffer; Megatron-LM's bf16 default), else 16-bit ones, and its optimizer an
+  fp32 master copy plus Adam's m and v (megatron/core/optimizer/distrib_optimizer.py), or,
+  with `use_precision_aware_optimizer`, those in `main_params_dtype`, `exp_avg_dtype` and
+  `exp_avg_sq_dtype` (`megatron_state_bytes`).
 * megatron_fsdp: Megatron-FSDP (`--use-megatron-fsdp`, data_parallel_sharding_strategy optim /
   optim_grads / optim_grads_params = zero_stage 1/2/3) runs Megatron's DistributedOptimizer
   (Megatron-LM megatron/training/arguments.py turns use_distributed_optimizer on for
@@ -240,6 +244,48 @@ def _largest_module(m: ModelConfig, t: int) -> float:
     return max(sizes) / t
 
 
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def _dtype_bytes(name: str, key: str) -> int:
+    if name not in DTYPE_BYTES:
+        raise ConfigError(f"{key} {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def megatron_state_bytes(config: Config) -> tuple[int, int]:
+    """(gradient, optimizer) bytes per parameter of a 16-bit Megatron run (modes "megatron" and
+    "megatron_fsdp"), from Megatron-Core 0.16.1's own rules:
+
+    * gradients: DistributedDataParallel allocates the main-gradient buffer in fp32 when
+      `grad_reduce_in_fp32`, else in the parameter's dtype (distributed_data_parallel.py:
+      `torch.float if grad_reduce_in_fp32 else param.dtype`).
+    * optimizer: Adam's exp_avg and exp_avg_sq and the master copy. Without the
+      precision-aware optimizer all are fp32 (OptimizerConfig asserts it). With it
+      (`use_precision_aware_optimizer`) the moments take `exp_avg_dtype` / `exp_avg_sq_dtype`;
+      the master copy is TE FusedAdam's in `main_params_dtype` unless an fp8 recipe other than
+      "delayed" runs with fp32 main params and no CPU offload, where the distributed optimizer
+      keeps its own fp32 copy (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8).
+      TE's copy of a bf16 run with fp32 main params and `store_param_remainders` is the int16
+      remainder, 2 B (distrib_optimizer.py: `init_shard(torch.int16)`)."""
+    m, p = config.model, config.parallel
+    grad_b = 4 if p.grad_reduce_in_fp32 else 2
+    if not p.use_precision_aware_optimizer:
+        return grad_b, 12
+    main = _dtype_bytes(p.main_params_dtype, "main_params_dtype")
+    moments = _dtype_bytes(p.exp_avg_dtype, "exp_avg_dtype")
+    moments += _dtype_bytes(p.exp_avg_sq_dtype, "exp_avg_sq_dtype")
+    te_master = (
+        p.main_params_dtype != "fp32"
+        or not m.fp8
+        or m.fp8_recipe == "delayed"
+        or p.optimizer_offload
+    )
+    if te_master and main == 4 and m.bf16 and p.store_param_remainders:
+        main = 2
+    return grad_b, main + moments
+
+
 def model_states(
     config: Config, stage: int = 0, engine: str = "megatron", sharding: str | None = None
 ) -> ModelStates:
@@ -278,7 +324,7 @@ def model_states(
     elif mode == "zero":
         weight_b, grad_b, optim_b = 2, 2, 12
     else:
-        weight_b, grad_b, optim_b = 2, 4, 12
+        weight_b, grad_b, optim_b = 2, *megatron_state_bytes(config)
     level = (1 if p.use_distributed_optimizer else 0) if mode == "megatron" else p.zero_stage
     dp_cp = p.data_parallel_size * p.context_parallel_size
     edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)

@@ -25,7 +25,10 @@ them (memory/estimate.py).
 * Dispatcher buffers: Megatron's default allgather dispatcher gathers the hidden states of the
   expert-tensor x expert-parallel group (T x ETP x EP rows of h) before it keeps this rank's
   picks; that buffer (and its gradient's in backward) lives during one MoE layer at a time, on
-  top of what the layer saves. None without EP x ETP > 1 (nothing to gather).
+  top of what the layer saves. None without EP x ETP > 1 (nothing to gather). The alltoall and
+  flex (DeepEP / HybridEP) dispatchers (`moe_token_dispatcher_type`) exchange only the routed
+  tokens through their own communication buffers; those are not modelled (said in the
+  assumptions), so their term is 0.
 * Gathered parameters: a ZeRO-3 / FSDP run gathers a unit's parameters (and computes its
   unsharded gradients) during forward and backward; a PyTorch AMP run (fp32 weights) holds
   autocast's 16-bit copy of each weight through forward and backward
@@ -81,9 +84,10 @@ def overhead_terms(
     if moe_stage and p.expert_model_parallel_size > 1:
         nccl += NCCL_EXPERT_PARALLEL_BYTES
     imbalance = round((moe_imbalance - 1.0) * expert_activation_bytes) if moe_stage else 0
+    allgather = m.moe_token_dispatcher_type == "allgather"
     dispatcher = (
         round(dtype_bytes * gathered_tokens * config.model.hidden_size)
-        if moe_stage and ep_group > 1
+        if moe_stage and ep_group > 1 and allgather
         else 0
     )
     terms = {
@@ -123,6 +127,11 @@ def overhead_terms(
             )
         if dispatcher:
             said.append("allgather dispatcher: one MoE layer's gathered hidden states")
+        elif not allgather and ep_group > 1:
+            said.append(
+                f"{m.moe_token_dispatcher_type} dispatcher (moe_token_dispatcher_type): its "
+                "communication buffers are not modelled"
+            )
     if gathered_params and p.zero_stage >= 3 and sharding != "megatron":
         said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
     elif gathered_params:

@@ -397,7 +397,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
                 else:
                     name, note = _attention_backend(v)
                     reading.set(key, name, _origin(path, e, note))
-            elif key in ("bf16", "fp16", "fp8"):
+            elif key in _PRECISION_KEYS:
                 precision.append((key, v, e))
             elif key == "hf_model_id" and isinstance(v, str):
                 set_model_name(reading, v, _origin(path, e))
@@ -430,6 +430,12 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             dist_opt.append((v, e))
         elif sec == "optimizer" and key == "optimizer_cpu_offload":
             _set(reading, "optimizer_offload", v, _origin(path, e))
+        elif sec == "optimizer" and key in _OPTIMIZER_FLAG_KEYS:
+            _set(reading, key, v, _origin(path, e))
+        elif sec == "optimizer" and key in _OPTIMIZER_DTYPE_KEYS:
+            _set_dtype(reading, key, v, _origin(path, e))
+        elif sec == "ddp" and key == "grad_reduce_in_fp32":
+            precision.append((key, v, e))
         elif sec == "ddp" and key == "data_parallel_sharding_strategy":
             sharding = (v, e)
         elif sec in ("dist", "ddp") and key in ("use_megatron_fsdp", "use_torch_fsdp2"):
@@ -440,7 +446,7 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
         elif sec == "mixed_precision":
             if key == "":
                 precision.extend(_precision_name(v, e))
-            elif key in ("bf16", "fp16", "fp8"):
+            elif key in _PRECISION_KEYS:
                 precision.append((key, v, e))
             elif key == "dtype":  # a shorthand some override examples use
                 precision.extend(_precision_name(f"{v}_mixed", e))
@@ -448,13 +454,17 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
                 reading.unused[e.written] = v
         else:
             reading.unused[e.written] = v
-    # precision: mixed_precision overwrites the model's same-named fields
-    precision.sort(key=lambda t: t[2].section == "mixed_precision")  # stable: model first
+    # precision: MixedPrecisionConfig.setup (training/mixed_precision.py) overwrites the
+    # same-named fields of the model, optimizer and DDP configs with its own, so its line wins
+    precision.sort(key=lambda t: t[2].section == "mixed_precision")  # stable: model/ddp first
     for key, v, e in precision:
         if isinstance(v, Unresolved):
             _set(reading, key, v, _origin(path, e))
         elif key == "fp8":
             reading.set("fp8", _fp8(v), _origin(path, e))
+        elif key == "fp8_recipe":
+            if v is not None:
+                reading.set("fp8_recipe", str(v), _origin(path, e))
         else:
             reading.set(
                 key, bool(v), _origin(path, e, "" if isinstance(v, bool) else f"{e.written}: {v}")
@@ -507,6 +517,47 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
         _set(reading, "seq_length", pick[0], _origin(path, pick[1]))
 
 
+# MixedPrecisionConfig's fields that recompute-kit uses; setup() copies each onto the model /
+# optimizer / DDP config that has a field of that name.
+_PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "grad_reduce_in_fp32")
+_OPTIMIZER_FLAG_KEYS = ("use_precision_aware_optimizer", "store_param_remainders")
+# OptimizerConfig's precision-aware optimizer dtypes (torch dtypes in a serialized config)
+_OPTIMIZER_DTYPE_KEYS = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+_DTYPE_NAMES = {
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "uint8": "fp8",  # Megatron-LM's map_dtype spells fp8 moments as torch.uint8
+    "fp8": "fp8",
+}
+
+
+def dtype_name(v: Any) -> str | None:
+    """`{_target_: torch.bfloat16}`, `torch.bfloat16`, `bf16` -> "bf16" (None: not a dtype)."""
+    if isinstance(v, dict):
+        v = v.get("_target_")
+    if not isinstance(v, str):
+        return None
+    name = v.strip().removeprefix("torch.").lower()
+    return _DTYPE_NAMES.get(name, "fp8" if name.startswith("float8") else None)
+
+
+def _set_dtype(reading: Reading, key: str, v: Any, origin: Origin) -> None:
+    if isinstance(v, Unresolved):
+        _set(reading, key, v, origin)
+        return
+    name = dtype_name(v)
+    if name is None:
+        reading.warnings.append(f"{origin.where} {origin.key} = {v!r}: not a dtype, left unset")
+        return
+    reading.set(key, name, origin)
+
+
 def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
     """`bf16_mixed`, `bf16-mixed`, `fp16_mixed`, `bf16_with_fp8_..._mixed` (training/mixed_precision.py)."""  # noqa: E501
     if v is None:
@@ -515,15 +566,34 @@ def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
         return [("bf16", v, e)]
     if isinstance(v, dict):
         out = []
-        for k in ("bf16", "fp16", "fp8"):
+        for k in _PRECISION_KEYS:
             if k in v:
                 out.append((k, v[k], e))
         return out
     s = str(v).lower().replace("-", "_")
-    out = [("bf16", s.startswith("bf16"), e), ("fp16", s.startswith("fp16"), e)]
-    if "fp8" in s or "mxfp8" in s:
+    # bf16_mixed and the recipes built on it reduce gradients in fp32, fp16_mixed's in fp16
+    out = [
+        ("bf16", s.startswith("bf16"), e),
+        ("fp16", s.startswith("fp16"), e),
+        ("grad_reduce_in_fp32", s.startswith("bf16"), e),
+    ]
+    if "fp8" in s:
         out.append(("fp8", "hybrid", e))
+        for part, recipe in _RECIPE_OF_NAME:
+            if part in s:
+                out.append(("fp8_recipe", recipe, e))
+                break
     return out
+
+
+# The fp8 recipe each named MixedPrecisionConfig sets (training/mixed_precision.py).
+_RECIPE_OF_NAME = (
+    ("delayed_scaling", "delayed"),
+    ("mxfp8", "mxfp8"),
+    ("nanov2_bf16_with_fp8_current_scaling", "blockwise"),
+    ("current_scaling", "tensorwise"),
+    ("subchannel_scaling", "blockwise"),
+)
 
 
 def set_model_name(reading: Reading, name: str, origin: Origin) -> None:
@@ -603,6 +673,19 @@ _RECIPE_KEYS = (
 )
 
 
+# Gradient and optimizer-state dtypes when the file leaves them out: Megatron-Core's
+# DistributedDataParallelConfig / OptimizerConfig defaults, which Bridge's ddp and optimizer
+# sections subclass (a mixed_precision section overrides grad_reduce_in_fp32, read before).
+_STATE_DTYPE_DEFAULTS = (
+    ("grad_reduce_in_fp32", False, "DistributedDataParallelConfig.grad_reduce_in_fp32"),
+    ("use_precision_aware_optimizer", False, "OptimizerConfig.use_precision_aware_optimizer"),
+    ("main_params_dtype", "fp32", "OptimizerConfig.main_params_dtype"),
+    ("exp_avg_dtype", "fp32", "OptimizerConfig.exp_avg_dtype"),
+    ("exp_avg_sq_dtype", "fp32", "OptimizerConfig.exp_avg_sq_dtype"),
+    ("store_param_remainders", True, "OptimizerConfig.store_param_remainders"),
+)
+
+
 def apply_defaults(reading: Reading) -> None:
     nemo = reading.framework == NEMO2
     fw = "NeMo 2.0" if nemo else "Megatron-Bridge"
@@ -636,6 +719,9 @@ def apply_defaults(reading: Reading) -> None:
         if named and key == "seq_length" and not model_class:
             continue  # AutoBridge: max_position_embeddings of the HF config
         reading.default(key, value, f"{fw}'s default ({where_cls})")
+    if not on_recipe:  # (over a recipe these are the recipe's; Config's defaults stand)
+        for key, value, where in _STATE_DTYPE_DEFAULTS:
+            reading.default(key, value, f"{fw}'s default ({where})")
     if skipped:
         reading.warnings.append(
             f"{', '.join(skipped)}: set by the recipe ({on_recipe}) these overrides apply to, not read here"  # noqa: E501
@@ -728,6 +814,13 @@ _KEY_SECTION = {
     "data_parallel_size": "(WORLD_SIZE // (TP*PP*CP))",
     "swiglu": "model.gated_linear_unit + model.activation_func",
     "optimizer_offload": "optimizer.optimizer_cpu_offload",
+    "grad_reduce_in_fp32": "mixed_precision.grad_reduce_in_fp32 (over ddp.grad_reduce_in_fp32)",
+    "fp8_recipe": "mixed_precision.fp8_recipe (over model.fp8_recipe)",
+    "use_precision_aware_optimizer": "optimizer.use_precision_aware_optimizer",
+    "main_params_dtype": "optimizer.main_params_dtype",
+    "exp_avg_dtype": "optimizer.exp_avg_dtype",
+    "exp_avg_sq_dtype": "optimizer.exp_avg_sq_dtype",
+    "store_param_remainders": "optimizer.store_param_remainders",
 }
 
 

@@ -102,6 +102,13 @@ VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "--cuda-graph-impl": ("cuda_graph_impl", _str),
     "--mtp-num-layers": ("mtp_num_layers", _int),
     "--cross-entropy-fusion-impl": ("cross_entropy_fusion_impl", _str),
+    "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", _str),
+    # precision-aware optimizer dtypes (choices fp32 / fp16 / bf16 / fp8, the kit's names)
+    "--main-params-dtype": ("main_params_dtype", _str),
+    "--exp-avg-dtype": ("exp_avg_dtype", _str),
+    "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", _str),
+    # arguments.py: bf16 main grads leave accumulate_allreduce_grads_in_fp32 off
+    "--main-grads-dtype": ("grad_reduce_in_fp32", lambda v: v == "fp32"),
 }
 # store_true flags -> (field, value)
 BOOL_FLAGS: dict[str, tuple[str, Any]] = {
@@ -123,6 +130,9 @@ BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--moe-layer-recompute": ("moe_layer_recompute", True),
     "--cross-entropy-loss-fusion": ("cross_entropy_loss_fusion", True),
     "--fine-grained-activation-offloading": ("fine_grained_activation_offloading", True),
+    "--grad-reduce-in-bf16": ("grad_reduce_in_fp32", False),
+    "--accumulate-allreduce-grads-in-fp32": ("grad_reduce_in_fp32", True),
+    "--use-precision-aware-optimizer": ("use_precision_aware_optimizer", True),
     "--optimizer-cpu-offload": ("optimizer_offload", True),
     "--account-for-embedding-in-pipeline-split": ("account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("account_for_loss_in_pipeline_split", True),
@@ -752,6 +762,18 @@ def apply_defaults(reading: Reading) -> None:
     d("bf16", False, DEFAULT_WHERE, "fp32 parameters unless --bf16 / --fp16")
     d("fp16", False, DEFAULT_WHERE)
     d("fp8", None, DEFAULT_WHERE)
+    d(
+        "grad_reduce_in_fp32",
+        v("bf16") is True,
+        DEFAULT_WHERE,
+        "accumulate_allreduce_grads_in_fp32: on for --bf16 unless --grad-reduce-in-bf16, "
+        "off otherwise",
+    )
+    d("use_precision_aware_optimizer", False, DEFAULT_WHERE)
+    d("store_param_remainders", True, "Megatron-Core's OptimizerConfig default (no flag)")
+    for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        d(key, "fp32", DEFAULT_WHERE)
+    d("moe_token_dispatcher_type", "allgather", DEFAULT_WHERE)
     d("num_moe_experts", None, DEFAULT_WHERE)
     d("multi_latent_attention", False, DEFAULT_WHERE)
     for key in (

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ..config import ConfigError
+from .bridge import dtype_name
 from .nemo import (
     NEMO_RL_RESOLVERS,
     FileValues,
@@ -251,6 +252,15 @@ def _read_megatron(fv: FileValues) -> None:
         fraction = fv.get(*opt, "optimizer_offload_fraction")
         note = f"optimizer_offload_fraction {fraction}" if offload else ""
         fv.set("optimizer_offload", offload, (*opt, "optimizer_cpu_offload"), note)
+    # setup.py passes megatron_cfg.optimizer to OptimizerConfig and this to DDP's config
+    fv.take("use_precision_aware_optimizer", (*opt, "use_precision_aware_optimizer"), bool)
+    fv.take("store_param_remainders", (*opt, "store_param_remainders"), bool)
+    for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        dtype = dtype_name(fv.get(*opt, key))
+        if dtype is not None:
+            fv.set(key, dtype, (*opt, key))
+    ddp = (*m, "distributed_data_parallel_config", "grad_reduce_in_fp32")
+    fv.take("grad_reduce_in_fp32", ddp, bool)
 
     fine = fv.get(*m, "fine_grained_activation_offloading", kind=bool)
     if fine is not None:
@@ -345,6 +355,19 @@ def apply_defaults(reading: Reading) -> None:
         )
         reading.default("zero_stage", 0, "Megatron backend: no ZeRO/FSDP sharding")
         reading.default("optimizer_offload", False, yml)
+        reading.default(
+            "grad_reduce_in_fp32",
+            False,
+            yml,
+            "megatron_cfg.distributed_data_parallel_config.grad_reduce_in_fp32",
+        )
+        opt_default = (
+            "Megatron-Core's OptimizerConfig default (NeMo-RL passes megatron_cfg.optimizer)"
+        )
+        reading.default("use_precision_aware_optimizer", True, yml, "megatron_cfg.optimizer")
+        for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            reading.default(key, "fp32", opt_default)
+        reading.default("store_param_remainders", True, opt_default)
         reading.default(
             "recompute_granularity", None, yml, "megatron_cfg.activation_checkpointing false"
         )
