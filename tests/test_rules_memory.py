@@ -564,9 +564,9 @@ def test_oom_on_a_bridge_config_keeps_its_modules_and_lists_fragmentation():
         "allocated by PyTorch, and 2.31 GiB is reserved by PyTorch but unallocated.\n"
     )
     d = run(oom, config=config, config_name=name)
-    rk010 = next(f for f in d.findings if f.rule == "RK010")
-    # the fix recomputes more: it never drops the mla_up_proj the run recomputes
-    assert "mla_up_proj" in rk010.config_patch["recompute_modules"]
+    # no fix recomputes less: none drops the mla_up_proj the run recomputes
+    for f in d.findings:
+        assert "mla_up_proj" in f.config_patch.get("recompute_modules", ["mla_up_proj"]), f.rule
     # free memory in pieces, more than the request: listed (the free thing to try), not ruled out
     assert "RK001" in ids(d)
     # the config file's own text does not count as someone blaming the vocabulary

@@ -60,6 +60,9 @@ def _activations(ctx: Context) -> Match | None:
     )
     if not (dominate or rescued):
         return None
+    current = format_spec(parse_spec_safe(ctx))
+    if ctx.best is not None and not ctx.best.offload and _same(ctx.best.recompute, ctx):
+        return None  # the run's own setting fits by the estimate: more recompute is no answer
     spec, why = next_step(ctx)
     if ctx.best is not None:
         spec, why = (
@@ -69,7 +72,6 @@ def _activations(ctx: Context) -> Match | None:
                 f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
-    current = format_spec(parse_spec_safe(ctx))
     if dominate:
         said = (
             f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
@@ -85,6 +87,16 @@ def _activations(ctx: Context) -> Match | None:
     return Match(
         0.85 if dominate else 0.75, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec)
     )
+
+
+def _same(rc, ctx: Context) -> bool:
+    """Whether `rc` is the run's own recompute setting (module order aside)."""
+    run = parse_spec_safe(ctx)
+    return (rc.recompute_granularity, rc.recompute_method, rc.recompute_num_layers) == (
+        run.recompute_granularity,
+        run.recompute_method,
+        run.recompute_num_layers,
+    ) and set(rc.modules) == set(run.modules)
 
 
 @rule(
