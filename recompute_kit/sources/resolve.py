@@ -62,7 +62,8 @@ class Resolved:
 
     config: Config | None  # None only when asked not to require a shape and none was given
     reading: Reading
-    inputs: list[dict[str, str]] = field(default_factory=list)  # [{"path", "format"}]
+    # [{"path", "format"}], and {"parent_of": input} for a parent file an input inherits
+    inputs: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
@@ -128,6 +129,8 @@ def merge(readings: Sequence[Reading]) -> Reading:
                         f"conflict: {key} is {merged.values[key]!r} in {before.describe()} "
                         f"and {value!r} in {origin.describe()}: the later input's value is used"
                     )
+            if origin.kind == FROM_DEFAULT and merged.origins.get(key, origin).kind != FROM_DEFAULT:
+                continue  # a default a reader filled never hides what another input wrote
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
@@ -172,6 +175,11 @@ def resolve(
         reading, what = read_input(item)
         readings.append(reading)
         described.append({"path": item, "format": what})
+        # the parents a file inherits from (NeMo-RL's `defaults:`) were read too
+        described += [
+            {"path": parent, "format": f"the defaults: parent of {item}", "parent_of": item}
+            for parent in getattr(reading, "parents", ())
+        ]
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     merged = merge(readings)
