@@ -23,6 +23,7 @@ from .reading import (
     FROM_ARGUMENT,
     FROM_ASSUMED,
     FROM_DEFAULT,
+    FROM_DERIVED,
     FROM_FILE,
     MEMORY_KEYS,
     MLA_KEYS,
@@ -206,6 +207,7 @@ def resolve(
         framework.apply_defaults(merged)
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
+    _assumed_if_the_world_is(merged)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
@@ -216,6 +218,17 @@ def resolve(
         return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
     return Resolved(_to_config(merged), merged, described)
+
+
+def _assumed_if_the_world_is(reading: Reading) -> None:
+    """A DP derived from an assumed world size (a launch script's node count that is an
+    environment variable's default) is an assumption too, set by what sets the world."""
+    world, dp = reading.origins.get("world_size"), reading.origins.get("data_parallel_size")
+    if world is None or dp is None or world.kind != FROM_ASSUMED or dp.kind != FROM_DERIVED:
+        return
+    note = f"{dp.where}; the world size is assumed: {world.note}"
+    dp_value = reading.values["data_parallel_size"]
+    reading.set("data_parallel_size", dp_value, Origin(FROM_ASSUMED, world.where, world.key, note))
 
 
 def _add_tokenizer_vocabulary(reading: Reading) -> None:
