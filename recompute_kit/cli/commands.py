@@ -26,6 +26,7 @@ from .common import (
     layer_span,
     layout_of,
     note_inapplicable,
+    override_values,
     print_layout,
     shape_only,
     specs_for,
@@ -104,7 +105,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines
 
-    resolved = resolve(args.config_file, model=args.model)
+    try:
+        resolved = resolve(args.config_file, model=args.model, overrides=override_values(args))
+    except ConfigError as exc:
+        if args.json:  # a document even when the layout is refused: scripts read stdout
+            emit_json(
+                {
+                    "valid": False,
+                    "errors": [str(exc)],
+                    "warnings": [],
+                    "normalized": None,
+                    "read": None,
+                }
+            )
+        raise
     cfg = resolved.config
     if args.megatron_core_version:
         cfg.megatron_core_version = args.megatron_core_version

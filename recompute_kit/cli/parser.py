@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also apply the rules only Megatron-LM's command line enforces, and warn about "
         "settings broken on the Megatron-Core version or ignored by Megatron",
     )
+    add_override_args(p)  # the layout as estimate / plan take it (--dp for a scheduler's nodes)
     add_version_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_validate)

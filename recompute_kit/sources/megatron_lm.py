@@ -30,6 +30,7 @@ import yaml
 from ..config import ConfigError
 from ..config.pipeline_layout import expand_layout
 from .reading import (
+    FROM_ASSUMED,
     FROM_FILE,
     MLA_KEYS,
     MOE_KEYS,
@@ -37,7 +38,7 @@ from .reading import (
     Origin,
     Reading,
 )
-from .shell import Field, parse_script, shown, unresolved_names
+from .shell import Field, Launch, parse_script, shown, unresolved_names
 
 FRAMEWORKS = ("megatron-lm",)
 FORMAT_SCRIPT = "Megatron-LM launch script"
@@ -278,11 +279,7 @@ def read(text: str, path: str) -> Reading:
                 )
             fields = launch.args
             if launch.world_size:
-                reading.set(
-                    "world_size",
-                    launch.world_size,
-                    Origin(FROM_FILE, f"{path}:{launch.world_size_line}", launch.world_size_key),
-                )
+                reading.set("world_size", launch.world_size, _world_size_origin(launch, path))
         else:
             fields, names = _flags_in_variables(script.variables)
             if not fields:
@@ -294,6 +291,18 @@ def read(text: str, path: str) -> Reading:
         args = _args_from_fields(fields, path, reading)
     _interpret(args, path, reading)
     return reading
+
+
+def _world_size_origin(launch: Launch, path: str) -> Origin:
+    """Read from the script, or, where the node or GPU count is the default of an environment
+    variable the script does not set (`NNODES=${SLURM_NNODES:-"1"}`), assumed: the user's
+    environment is never read, and the default is only what the script falls back to."""
+    where = f"{path}:{launch.world_size_line}"
+    if not launch.world_size_rests_on:
+        return Origin(FROM_FILE, where, launch.world_size_key)
+    envs = " or ".join(dict.fromkeys(r.env for r in launch.world_size_rests_on))
+    defaults = "; ".join(r.describe() for r in launch.world_size_rests_on)
+    return Origin(FROM_ASSUMED, where, f"{envs} or --dp", f"{defaults}; {launch.world_size_key}")
 
 
 def _flags_in_variables(variables: dict[str, object]) -> tuple[list[Field], list[str]]:

@@ -5,8 +5,11 @@ Semantics: NVIDIA-NeMo/RL @ 7ea279ab: `nemo_rl/utils/config.py` (`defaults:` inh
 `policy.megatron_cfg.*` sets on the Megatron-Core config), the DTensor (FSDP2) policy for
 `policy.dtensor_cfg.*`. Defaults: `examples/configs/grpo_math_1B.yaml`.
 
-`defaults:` parents are read when the parent file is found (its path relative to this file,
-else a copy of the same name beside it); otherwise a warning says their values are not read.
+`defaults:` parents are read from where NeMo-RL reads them (relative to the file that names
+them); a copy of the same name beside the file only with a warning saying so. A parent not found
+is a warning naming the path, and the keys the files leave out take the defaults of the base
+config of the algorithm the parent's name says (sft.yaml's for an SFT recipe), never another
+algorithm's. `InheritingReading.parents` lists the parents read (`read`'s inputs).
 """
 
 from __future__ import annotations
@@ -58,11 +61,25 @@ def sniff(text: str, path: str) -> int:
 # defaults: inheritance (nemo_rl/utils/config.py load_config_with_inheritance)
 
 
+class InheritingReading(Reading):
+    """A NeMo-RL reading, with the `defaults:` parents it read (`read`'s inputs list them)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.parents: list[str] = []  # every parent file read, nearest first
+
+
 def _load_chain(
-    text: str, path: str, reading: Reading, depth: int = 0, seen: tuple[str, ...] = ()
+    text: str,
+    path: str,
+    reading: InheritingReading,
+    missing: list[str],
+    depth: int = 0,
+    seen: tuple[str, ...] = (),
 ) -> tuple[dict, list[tuple[str, dict, dict[Path, int]]]]:
     """The merged data of `path` and its parents, and the files' (path, data, lines), most
-    specific first (where a key was written: the first file that has it)."""
+    specific first (where a key was written: the first file that has it). Parents named but
+    not read go to `missing` (their names as written), in the order NeMo-RL merges them."""
     data, lines = load_yaml(text, path)
     data = copy.deepcopy(data)
     parents = data.pop("defaults", None)
@@ -75,16 +92,33 @@ def _load_chain(
         raise ConfigError(
             f"{path}:{lines.get(('defaults',), 1)}: defaults must be a file name or a list of them"
         )
+    where = f"{path}:{lines.get(('defaults',), 1)}"
     base: dict = {}
     chain: list[tuple[str, dict, dict[Path, int]]] = []
     for parent in parents:
-        found = _find_parent(path, parent)
+        named = _parent_path(path, parent)
+        found = named if os.path.isfile(named) else None
+        if found is None:
+            beside = os.path.join(os.path.dirname(path), os.path.basename(parent))
+            if os.path.isfile(beside) and os.path.abspath(beside) != os.path.abspath(path):
+                found = beside
+                reading.warnings.append(
+                    f"{where}: defaults {parent!r} names {os.path.normpath(named)}, which does "
+                    f"not exist; read {os.path.normpath(beside)} (beside this file) in its "
+                    "place: it is not the path named, and NeMo-RL itself would not find the "
+                    "parent"
+                )
         if found is None or depth >= _MAX_DEPTH or os.path.abspath(found) in seen:
-            why = "not found beside it" if found is None else "an inheritance loop or too deep"
+            missing.append(parent)
+            why = (
+                f"{os.path.normpath(named)} does not exist"
+                if found is None
+                else "an inheritance loop or too deep"
+            )
             reading.warnings.append(
-                f"{path}:{lines.get(('defaults',), 1)}: defaults {parent!r}: {why}; the parent's "
-                "values are not read (keys this file leaves out fall back to NeMo-RL's "
-                "defaults here)"
+                f"{where}: defaults {parent!r}: {why}; the parent's values are not read (keys "
+                f"this file leaves out take {_base_words(parent)}); put the parent at that "
+                "path to read it"
             )
             continue
         try:
@@ -92,8 +126,10 @@ def _load_chain(
                 parent_text = fh.read()
         except OSError as exc:
             raise ConfigError(f"{found}: cannot read the parent config ({exc.strerror})") from None
+        found = os.path.normpath(found)
+        reading.parents.append(found)
         parent_data, parent_chain = _load_chain(
-            parent_text, found, reading, depth + 1, (*seen, os.path.abspath(path))
+            parent_text, found, reading, missing, depth + 1, (*seen, os.path.abspath(path))
         )
         base = _merge_with_override(base, parent_data)
         chain = parent_chain + chain  # later parents win over earlier ones
@@ -101,12 +137,12 @@ def _load_chain(
     return merged, own + chain
 
 
-def _find_parent(path: str, parent: str) -> str | None:
-    here = os.path.dirname(path)
-    for candidate in (os.path.join(here, parent), os.path.join(here, os.path.basename(parent))):
-        if os.path.isfile(candidate):
-            return os.path.normpath(candidate)
-    return None
+def _parent_path(path: str, parent: str) -> str:
+    """Where NeMo-RL looks for a parent: relative to the directory of the file that names it,
+    unless absolute (nemo_rl/utils/config.py resolve_path: `config_path.parent / default`)."""
+    if parent.startswith("/"):
+        return parent
+    return os.path.join(os.path.dirname(path), parent)
 
 
 def _merge_with_override(base: dict, override: dict) -> dict:
@@ -130,11 +166,129 @@ def _deep_merge(base: Any, over: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# The base configs NeMo-RL's recipes start from (examples/configs/*.yaml @ 7ea279ab: the root
+# files, with no `defaults:` of their own) and the values recompute-kit reads from them: a
+# parent that is not found stands in by its algorithm's base, never another algorithm's.
+
+_BASE_VALUES: dict[str, dict[str, Any]] = {
+    # policy.max_total_sequence_length, policy.train_micro_batch_size; megatron_cfg's TP, PP,
+    # CP, EP, expert TP, SP (None: the base leaves it out); dtensor_cfg's TP, CP, SP,
+    # activation_checkpointing. Every base: bfloat16, 1 node x 1 GPU, distributed optimizer.
+    "sft": {"seq": 1024, "mbs": 1, "mg": (1, 1, 1, 1, 1, False), "dt": (1, 1, False, False)},
+    "dpo": {"seq": 1024, "mbs": 2, "mg": (2, 1, 1, 1, 1, True), "dt": (1, 1, False, False)},
+    "grpo_math_1B": {
+        "seq": 512,
+        "mbs": 4,
+        "mg": (1, 1, 1, 1, 1, False),
+        "dt": (1, 1, False, False),
+    },
+    "ppo_math_1B": {
+        "seq": 16384,
+        "mbs": 4,
+        "mg": (1, 1, 1, 1, 1, False),
+        "dt": (1, 1, False, False),
+    },
+    "rm": {"seq": 8192, "mbs": 1, "mg": (2, 2, 1, None, None, False), "dt": (1, 1, False, False)},
+    "distillation_math": {
+        "seq": 8192,
+        "mbs": 1,
+        "mg": (2, 2, 2, 1, 1, False),
+        "dt": (2, 2, False, True),
+    },
+}
+# A config's file name says its algorithm (examples/configs/*.yaml, recipes/llm/*.yaml).
+_ALGORITHM_OF_NAME = (
+    (re.compile(r"distillation|xtoken"), "distillation_math"),
+    (re.compile(r"^sft"), "sft"),
+    (re.compile(r"^dpo"), "dpo"),
+    (re.compile(r"^ppo"), "ppo_math_1B"),
+    (re.compile(r"^rm(?:[_.\-]|$)"), "rm"),
+    (re.compile(r"grpo|gdpo|prorl|dapo"), "grpo_math_1B"),
+)
+# The top-level section a file without parents trains with.
+_ALGORITHM_OF_SECTION = {
+    "sft": "sft",
+    "dpo": "dpo",
+    "grpo": "grpo_math_1B",
+    "ppo": "ppo_math_1B",
+    "rm": "rm",
+    "distillation": "distillation_math",
+}
+
+
+def _base_of_name(name: str) -> str | None:
+    stem = os.path.basename(name).lower()
+    for pattern, base in _ALGORITHM_OF_NAME:
+        if pattern.search(stem):
+            return base
+    return None
+
+
+def _base_words(parent: str) -> str:
+    base = _base_of_name(parent)
+    if base is None:
+        return "recompute-kit's assumptions: the name says no algorithm recompute-kit knows"
+    return f"NeMo-RL's examples/configs/{base}.yaml defaults"
+
+
+def _apply_base(reading: Reading, base: str, why: str) -> None:
+    """The base config's values for the keys nothing read sets."""
+    v = _BASE_VALUES[base]
+    where = f"NeMo-RL's examples/configs/{base}.yaml ({why})"
+    reading.default("seq_length", v["seq"], where, "policy.max_total_sequence_length")
+    reading.default("micro_batch_size", v["mbs"], where, "policy.train_micro_batch_size")
+    reading.default("bf16", True, where, "policy.precision bfloat16")
+    reading.default("fp16", False, where, "policy.precision bfloat16")
+    reading.default("world_size", 1, where, "cluster 1 node x 1 GPU")
+    if reading.format == MEGATRON:
+        keys = (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+            "expert_tensor_parallel_size",
+            "sequence_parallel",
+        )
+        for key, value in zip(keys, v["mg"], strict=True):
+            if value is not None:
+                reading.default(key, value, where, f"megatron_cfg.{key}")
+        return
+    tp, cp, sp, ckpt = v["dt"]
+    reading.default("tensor_model_parallel_size", tp, where, "dtensor_cfg.tensor_parallel_size")
+    reading.default("context_parallel_size", cp, where, "dtensor_cfg.context_parallel_size")
+    reading.default("sequence_parallel", sp, where, "dtensor_cfg.sequence_parallel")
+    note = f"dtensor_cfg.activation_checkpointing {str(ckpt).lower()}"
+    reading.default("recompute_granularity", "full" if ckpt else None, where, note)
+    if ckpt:
+        reading.default("recompute_method", "uniform", where, note)
+        reading.default("recompute_num_layers", 1, where, note)
+
+
+def _stand_in_for_parents(
+    reading: Reading, path: str, data: dict, has_parents: bool, missing: list[str]
+) -> None:
+    """Keys the files leave out: a missing parent's algorithm base (the last one named wins,
+    as NeMo-RL merges them), or for a file without parents its own algorithm's base."""
+    for parent in reversed(missing):
+        base = _base_of_name(parent)
+        if base is not None:
+            _apply_base(reading, base, f"the base of {parent!r}, which is not read")
+    if has_parents:
+        return
+    base = _base_of_name(path)
+    if base is None:
+        base = next((b for s, b in _ALGORITHM_OF_SECTION.items() if s in data), None)
+    if base is not None:
+        _apply_base(reading, base, "the base of this file's algorithm")
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def read(text: str, path: str) -> Reading:
-    reading = Reading(framework="nemo-rl")
-    merged, sources = _load_chain(text, path, reading)
+    reading = InheritingReading(framework="nemo-rl")
+    missing: list[str] = []
+    merged, sources = _load_chain(text, path, reading, missing)
     resolved, unresolved = resolve_interpolations(merged, NEMO_RL_RESOLVERS)
     fv = FileValues(reading, resolved, sources, unresolved)
     policy = resolved.get("policy")
@@ -197,6 +351,7 @@ def read(text: str, path: str) -> Reading:
             "the policy trains on fewer GPUs than the cluster (generation.colocated.resources); "
             "world_size counts the whole cluster"
         )
+    _stand_in_for_parents(reading, path, merged, len(sources) > 1 or bool(missing), missing)
     fv.record_unused()
     return reading
 
@@ -330,8 +485,8 @@ def _read_dtensor(fv: FileValues) -> None:
 def apply_defaults(reading: Reading) -> None:
     yml = "NeMo-RL's default (examples/configs/grpo_math_1B.yaml)"
     mcore = "Megatron-Core's TransformerConfig default"
-    reading.default("seq_length", 512, yml, "policy.max_total_sequence_length")
-    reading.default("micro_batch_size", 4, yml, "policy.train_micro_batch_size")
+    # seq_length and micro_batch_size differ by algorithm (sft 1024 x 1, grpo 512 x 4): the
+    # reader fills them from the base of the algorithm it knows, else they are assumed
     reading.default("bf16", True, yml, "policy.precision bfloat16")
     reading.default("fp16", False, yml, "policy.precision bfloat16")
     reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")

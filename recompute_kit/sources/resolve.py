@@ -23,6 +23,7 @@ from .reading import (
     FROM_ARGUMENT,
     FROM_ASSUMED,
     FROM_DEFAULT,
+    FROM_DERIVED,
     FROM_FILE,
     MEMORY_KEYS,
     MLA_KEYS,
@@ -62,7 +63,8 @@ class Resolved:
 
     config: Config | None  # None only when asked not to require a shape and none was given
     reading: Reading
-    inputs: list[dict[str, str]] = field(default_factory=list)  # [{"path", "format"}]
+    # [{"path", "format"}], and {"parent_of": input} for a parent file an input inherits
+    inputs: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
@@ -128,6 +130,8 @@ def merge(readings: Sequence[Reading]) -> Reading:
                         f"conflict: {key} is {merged.values[key]!r} in {before.describe()} "
                         f"and {value!r} in {origin.describe()}: the later input's value is used"
                     )
+            if origin.kind == FROM_DEFAULT and merged.origins.get(key, origin).kind != FROM_DEFAULT:
+                continue  # a default a reader filled never hides what another input wrote
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
@@ -172,6 +176,11 @@ def resolve(
         reading, what = read_input(item)
         readings.append(reading)
         described.append({"path": item, "format": what})
+        # the parents a file inherits from (NeMo-RL's `defaults:`) were read too
+        described += [
+            {"path": parent, "format": f"the defaults: parent of {item}", "parent_of": item}
+            for parent in getattr(reading, "parents", ())
+        ]
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     merged = merge(readings)
@@ -198,6 +207,7 @@ def resolve(
         framework.apply_defaults(merged)
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
+    _assumed_if_the_world_is(merged)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
@@ -208,6 +218,17 @@ def resolve(
         return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
     return Resolved(_to_config(merged), merged, described)
+
+
+def _assumed_if_the_world_is(reading: Reading) -> None:
+    """A DP derived from an assumed world size (a launch script's node count that is an
+    environment variable's default) is an assumption too, set by what sets the world."""
+    world, dp = reading.origins.get("world_size"), reading.origins.get("data_parallel_size")
+    if world is None or dp is None or world.kind != FROM_ASSUMED or dp.kind != FROM_DERIVED:
+        return
+    note = f"{dp.where}; the world size is assumed: {world.note}"
+    dp_value = reading.values["data_parallel_size"]
+    reading.set("data_parallel_size", dp_value, Origin(FROM_ASSUMED, world.where, world.key, note))
 
 
 def _add_tokenizer_vocabulary(reading: Reading) -> None:

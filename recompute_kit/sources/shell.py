@@ -16,6 +16,7 @@ NotImplementedError), which every Megatron-LM example uses, so the words are lex
 from __future__ import annotations
 
 import ast
+import dataclasses
 import operator
 import re
 import shlex
@@ -326,12 +327,30 @@ def _merge_lits(parts: list[Part]) -> list[Part]:
 Segs = list[tuple[str, int]]
 
 
+@dataclass(frozen=True)
+class EnvDefault:
+    """A value that rests on the default of an environment variable the script does not set
+    (`NNODES=${SLURM_NNODES:-"1"}`): `via` the script's variable that took it (NNODES)."""
+
+    env: str
+    default: str
+    line: int
+    via: str = ""
+
+    def describe(self) -> str:
+        said = f"${{{self.env}:-{self.default}}} (line {self.line})"
+        head = f"{self.via} = {self.default}: " if self.via else f"{self.default}: "
+        return f"{head}the default of {said}"
+
+
 @dataclass
 class Field:
     """One word of a command after expansion, with the line it was written on."""
 
     text: str
     line: int
+    # the environment defaults the word's value rests on (the environment is never read)
+    rests_on: tuple[EnvDefault, ...] = ()
 
     @property
     def unresolved(self) -> list[str]:
@@ -349,6 +368,7 @@ class Launch:
     world_size: int | None = None
     world_size_line: int = 0
     world_size_key: str = ""
+    world_size_rests_on: tuple[EnvDefault, ...] = ()  # environment defaults it rests on
 
 
 @dataclass
@@ -399,6 +419,11 @@ class _Interp:
         self.launches: list[Launch] = []
         self.steps = 0
         self.passes_args_line = 0
+        # the environment defaults each variable's value rests on, and those the expansion in
+        # progress has taken (collected word by word)
+        self.rests_on: dict[str, tuple[EnvDefault, ...]] = {}
+        self._taken: list[EnvDefault] = []
+        self._field_rests: list[tuple[EnvDefault, ...]] = []
 
     # -- expansion
     def _param(self, expr: str, line: int, quoted: bool) -> Segs | list[Field]:
@@ -436,6 +461,8 @@ class _Interp:
             if op.endswith(("-", "=")):
                 if empty:
                     out = self._expand_text(word, line)
+                    if value is None and not _MARK_RE.search(_segs_text(out)):
+                        self._taken.append(EnvDefault(name, shown(_segs_text(out)), line))
                     if op.endswith("=") and name.isidentifier():
                         self.vars[name] = out
                     return out
@@ -445,6 +472,7 @@ class _Interp:
                 return [(unresolved(name), line)]
         if value is None:
             return [(unresolved("$" + name if name[0].isdigit() else name), line)]
+        self._taken += self.rests_on.get(name, ())
         # A value that is wholly one unresolved marker is named after this variable.
         text = _segs_text(value)
         if _MARK_RE.fullmatch(text):
@@ -471,6 +499,7 @@ class _Interp:
         def sub(m: re.Match[str]) -> str:
             name = m.group(1) or m.group(2) or m.group(3)
             value = self.vars.get(name)
+            self._taken += self.rests_on.get(name, ())
             text = _segs_text(value) if isinstance(value, list) and not _is_fields(value) else None
             if text is None or not re.fullmatch(r"\s*-?\d+\s*", text):
                 names.append(name)
@@ -487,9 +516,10 @@ class _Interp:
 
     def expand(self, word: Word, split: bool = True) -> list[Field]:
         out: list[Field] = []
-        for segs in self._expand(word, split):
+        fields = self._expand(word, split)
+        for segs, rests_on in zip(fields, self._field_rests, strict=True):
             line = next((ln for t, ln in segs if t.strip()), segs[0][1] if segs else word.line)
-            out.append(Field("".join(t for t, _ in segs), line))
+            out.append(Field("".join(t for t, _ in segs), line, rests_on))
         return out
 
     def expand_segs(self, word: Word) -> Segs:
@@ -498,18 +528,22 @@ class _Interp:
         return fields[0] if fields else []
 
     def _expand(self, word: Word, split: bool) -> list[Segs]:
+        """The word's fields; `self._field_rests` gets the environment defaults each rests on."""
         fields: list[Segs] = []
+        rests: list[list[EnvDefault]] = []
         cur: Segs = []
+        cur_rests: list[EnvDefault] = []
         cur_quoted = False
         started = False
 
         def flush() -> None:
-            nonlocal cur, cur_quoted, started
+            nonlocal cur, cur_quoted, started, cur_rests
             if started and (cur or cur_quoted):
                 fields.append(cur)
-            cur, cur_quoted, started = [], False, False
+                rests.append(cur_rests)
+            cur, cur_quoted, started, cur_rests = [], False, False, []
 
-        def add_split(segs: Segs) -> None:
+        def add_split(segs: Segs, taken: tuple[EnvDefault, ...]) -> None:
             nonlocal started
             for text, line in segs:
                 pieces = re.split(r"([ \t\n]+)", text)
@@ -520,6 +554,7 @@ class _Interp:
                         flush()
                     else:
                         cur.append((piece, line))
+                        cur_rests.extend(taken)
                         started = True
 
         for part in word.parts:
@@ -528,16 +563,19 @@ class _Interp:
                 started = True
                 cur_quoted = cur_quoted or part.quoted
                 continue
+            mark = len(self._taken)
             if part.kind == "param":
                 value = self._param(part.text, part.line, part.quoted)
             elif part.kind == "arith":
                 value = self._arith(part.text, part.line)
             else:
                 value = [(unresolved(f"$({part.text.strip()[:40]})"), part.line)]
+            taken = tuple(self._taken[mark:])
             if (not value and "[@]" in part.text) or ("[*]" in part.text and not value):
                 continue  # an empty array: no word at all
             if value and _is_fields(value):  # an array's elements
                 elems: list[Field] = value  # type: ignore[assignment]
+                self._taken += [r for elem in elems for r in elem.rests_on]
                 for k, elem in enumerate(elems):
                     if k:
                         if part.quoted or not split:
@@ -546,23 +584,26 @@ class _Interp:
                             flush()
                     if part.quoted or not split:
                         cur.append((elem.text, elem.line))
+                        cur_rests.extend(elem.rests_on)
                         started = True
                         cur_quoted = cur_quoted or part.quoted
                     else:
-                        add_split([(elem.text, elem.line)])
+                        add_split([(elem.text, elem.line)], elem.rests_on)
                 if part.quoted:
                     started = True
                 continue
             segs: Segs = value  # type: ignore[assignment]
             if part.quoted or not split:
                 cur.extend(segs)
+                cur_rests.extend(taken)
                 started = True
                 cur_quoted = cur_quoted or part.quoted
             else:
-                add_split(segs)
+                add_split(segs, taken)
         if not split:
             started = True
         flush()
+        self._field_rests = [tuple(dict.fromkeys(r)) for r in rests]
         return fields
 
     def expand_words(self, words: list[Word]) -> list[Field]:
@@ -742,6 +783,7 @@ class _Interp:
         if first == "unset":
             for w in rest[1:]:
                 self.vars.pop(_literal(w) or "", None)
+                self.rests_on.pop(_literal(w) or "", None)
             return
         if first in ("source", "."):
             self.warnings.append(
@@ -764,15 +806,24 @@ class _Interp:
             else:
                 self.vars[name] = new
             return
+        mark = len(self._taken)
         segs: Segs = self.expand_segs(value_word) if value_word is not None else []
+        taken = tuple(
+            dict.fromkeys(
+                r if r.via else dataclasses.replace(r, via=name) for r in self._taken[mark:]
+            )
+        )
+        del self._taken[mark:]
         old = self.vars.get(name)
         if append and old is not None:
             if _is_fields(old):
                 line = value_word.line if value_word is not None else 0
-                self.vars[name] = [*old, Field(_segs_text(segs), line)]  # type: ignore[misc]
+                self.vars[name] = [*old, Field(_segs_text(segs), line, taken)]  # type: ignore[misc]
                 return
             segs = list(old) + segs  # type: ignore[arg-type]
+            taken = (*self.rests_on.get(name, ()), *taken)
         self.vars[name] = segs
+        self.rests_on[name] = taken
 
     def _maybe_launch(self, fields: list[Field], line: int) -> None:
         """Record a command that runs a training program (pretrain_*.py, train*.py, or any
@@ -1045,13 +1096,20 @@ def _int(text: str) -> int | None:
 
 def _opt(words: list[Field], names: tuple[str, ...]) -> tuple[str, int, str] | None:
     """The value of a launcher option (`--nnodes 2`, `--nnodes=2`), its line and name."""
+    found = _opt_field(words, names)
+    return (found[0].text, found[0].line, found[1]) if found else None
+
+
+def _opt_field(words: list[Field], names: tuple[str, ...]) -> tuple[Field, str] | None:
+    """The value of a launcher option as its field (with what it rests on), and the name."""
     found = None
     for k, f in enumerate(words):
         for name in names:
             if f.text == name and k + 1 < len(words):
-                found = (words[k + 1].text, f.line, name)
+                value = words[k + 1]
+                found = (Field(value.text, f.line, value.rests_on), name)
             elif f.text.startswith(name + "="):
-                found = (f.text[len(name) + 1 :], f.line, name)
+                found = (Field(f.text[len(name) + 1 :], f.line, f.rests_on), name)
     return found
 
 
@@ -1070,6 +1128,14 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
         nnodes_v = _int(nnodes[0]) if nnodes else 1
         if nproc_v is not None and nnodes_v is not None:
             launch.world_size = nproc_v * nnodes_v
+            launch.world_size_rests_on = tuple(
+                dict.fromkeys(
+                    r
+                    for found in (nproc, nnodes)
+                    if found
+                    for r in _opt_field(words, (found[2],))[0].rests_on  # type: ignore[index]
+                )
+            )
             where = nproc or nnodes
             launch.world_size_line = where[1] if where else launch.line
             launch.world_size_key = " x ".join(x[2] for x in (nproc, nnodes) if x) or "torchrun"

@@ -1,0 +1,104 @@
+"""NeMo-RL `defaults:` parents, found where NeMo-RL finds them, on real recipes.
+
+The rule: NeMo-RL resolves a parent relative to the directory of the file that names it
+(https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/utils/config.py
+`resolve_path(base_dir, default)` with `base_dir = config_path.parent`). The recipe
+tests/sources/corpus/nemo_rl/blind_sft-llama3.1-70b-8n8g-tp4pp2-long-megatron.yaml
+(https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/recipes/llm/sft-llama3.1-70b-8n8g-tp4pp2-long-megatron.yaml)
+starts `defaults: ../../sft.yaml` and leaves out policy.train_micro_batch_size, which its
+parent sft.yaml sets to 1 (GRPO's base, grpo_math_1B.yaml, says 4).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from recompute_kit.sources.resolve import resolve
+
+CORPUS = Path(__file__).parent / "corpus" / "nemo_rl"
+SFT_RECIPE = CORPUS / "blind_sft-llama3.1-70b-8n8g-tp4pp2-long-megatron.yaml"
+DPO_RECIPE = CORPUS / "dpo-llama3.1-8b-instruct-4n8g-megatrontp2pp2-quick.yaml"
+
+
+def _read(*paths: Path):
+    return resolve([str(p) for p in paths], require_shape=False)
+
+
+def test_recipe_alone_takes_its_named_parents_defaults_not_grpos(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    shutil.copy(SFT_RECIPE, recipe)
+    r = _read(recipe)
+    reading = r.reading
+    assert reading.get("micro_batch_size") == 1  # sft.yaml's, not grpo_math_1B.yaml's 4
+    origin = reading.origins["micro_batch_size"].describe()
+    assert "examples/configs/sft.yaml" in origin and "grpo" not in origin
+    expected = str((tmp_path / "../../sft.yaml").resolve())
+    missing = [w for w in reading.warnings if "'../../sft.yaml'" in w]
+    assert len(missing) == 1 and expected in missing[0] and "does not exist" in missing[0]
+    assert [i["path"] for i in r.inputs] == [str(recipe)]  # no parent was read
+
+
+def test_a_dpo_recipe_alone_takes_dpo_defaults(tmp_path):
+    # dpo-llama3.1-8b-instruct-4n8g-megatrontp2pp2-quick.yaml
+    # (https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/recipes/llm/dpo-llama3.1-8b-instruct-4n8g-megatrontp2pp2-quick.yaml)
+    # `defaults: ../../dpo.yaml`, Megatron backend, writes only PP 2: TP and SP are dpo.yaml's
+    # (megatron_cfg TP 2, sequence_parallel true; grpo_math_1B.yaml's: 1, false)
+    recipe = tmp_path / "recipe.yaml"
+    shutil.copy(DPO_RECIPE, recipe)
+    reading = _read(recipe).reading
+    assert reading.get("tensor_model_parallel_size") == 2
+    assert reading.get("sequence_parallel") is True
+    assert "examples/configs/dpo.yaml" in reading.origins["sequence_parallel"].describe()
+
+
+def test_parent_at_the_named_path_is_read_silently_and_listed(tmp_path):
+    recipe = tmp_path / "recipes" / "llm" / "recipe.yaml"
+    recipe.parent.mkdir(parents=True)
+    shutil.copy(SFT_RECIPE, recipe)
+    shutil.copy(CORPUS / "sft.yaml", tmp_path / "sft.yaml")
+    r = _read(recipe)
+    assert r.reading.get("micro_batch_size") == 1
+    assert r.reading.origins["micro_batch_size"].where == f"{tmp_path / 'sft.yaml'}:40"
+    assert not [w for w in r.reading.warnings if "defaults" in w]
+    assert r.inputs[1] == {
+        "path": str(tmp_path / "sft.yaml"),
+        "format": f"the defaults: parent of {recipe}",
+        "parent_of": str(recipe),
+    }
+    assert r.to_json()["inputs"] == r.inputs
+
+
+def test_parent_found_only_beside_the_recipe_is_read_with_a_warning(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    shutil.copy(SFT_RECIPE, recipe)
+    shutil.copy(CORPUS / "sft.yaml", tmp_path / "sft.yaml")
+    r = _read(recipe)
+    assert r.reading.get("micro_batch_size") == 1
+    (warning,) = [w for w in r.reading.warnings if "'../../sft.yaml'" in w]
+    assert str(tmp_path / "sft.yaml") in warning and "not the path named" in warning
+    assert [i["path"] for i in r.inputs] == [str(recipe), str(tmp_path / "sft.yaml")]
+
+
+def test_a_nested_chain_lists_every_parent(tmp_path):
+    # grpo_math_8B_megatron.yaml -> grpo_math_1B_megatron.yaml -> grpo_math_1B.yaml, side by
+    # side as in examples/configs
+    for name in ("grpo_math_8B_megatron.yaml", "grpo_math_1B_megatron.yaml", "grpo_math_1B.yaml"):
+        shutil.copy(CORPUS / name, tmp_path / name)
+    r = _read(tmp_path / "grpo_math_8B_megatron.yaml")
+    assert [i["path"] for i in r.inputs[1:]] == [
+        str(tmp_path / "grpo_math_1B_megatron.yaml"),
+        str(tmp_path / "grpo_math_1B.yaml"),
+    ]
+    assert not [w for w in r.reading.warnings if "defaults" in w]
+
+
+def test_a_default_never_hides_what_an_earlier_input_wrote(tmp_path):
+    # the parent given as an input of its own, the recipe's named parent missing: the value
+    # sft.yaml writes stays the file's, not the stand-in default's
+    recipe = tmp_path / "a" / "recipe.yaml"
+    recipe.parent.mkdir()
+    shutil.copy(SFT_RECIPE, recipe)
+    reading = _read(CORPUS / "sft.yaml", recipe).reading
+    assert reading.origins["micro_batch_size"].kind == "file"
+    assert reading.origins["micro_batch_size"].where.endswith("sft.yaml:40")

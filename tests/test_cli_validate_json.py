@@ -1,0 +1,52 @@
+"""`validate --json` prints one JSON document also when the layout is refused, and takes the
+layout overrides estimate / plan take (--dp for a node count the script leaves to SLURM).
+
+The file: tests/sources/corpus/megatron_lm/blind_mixtral_8x7b_distributed.sh
+(https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/examples/mixtral/train_mixtral_8x7b_distributed.sh):
+TP 1, PP 4, EP 8 on GPUS_PER_NODE=8 x NNODES=${SLURM_NNODES:-"1"}: DP 2 cannot hold EP 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+MIXTRAL = (
+    Path(__file__).parent
+    / "sources"
+    / "corpus"
+    / "megatron_lm"
+    / ("blind_mixtral_8x7b_distributed.sh")
+)
+RK = [sys.executable, "-m", "recompute_kit.cli"]
+
+
+def _validate(*extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [*RK, "validate", str(MIXTRAL), "--strict", "--json", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_a_refused_layout_is_a_json_document():
+    proc = _validate()
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] is False and "EP 8" in doc["errors"][0]
+    assert "EP 8" in proc.stderr  # the one line for a person, as before
+
+
+def test_dp_override_gives_the_world_the_layout_needs():
+    proc = _validate("--dp", "16")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] is True
+    assert doc["read"]["config"]["world_size"] == 64  # DP 16 x TP 1 x PP 4
+    assert doc["normalized"]["data_parallel_size"] == 16
