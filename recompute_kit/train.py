@@ -135,6 +135,10 @@ def train(config, args) -> int:
                 flush=True,
             )
     if world > 1:
+        # every rank done with its last allreduce, and DDP's reducer gone, before the group
+        # is torn down (gloo aborts a process whose peer destroys it mid-collective)
+        dist.barrier()
+        del model, optimizer
         dist.destroy_process_group()
     return 0
 
