@@ -245,3 +245,27 @@ def test_named_overheads_count_against_the_usable_memory():
     )
     assert c.fits == (c.headroom_bytes >= 0)
     assert "counted against the usable memory" in p.explanation
+
+
+def test_offloading_beyond_the_hosts_memory_does_not_fit():
+    # Llama-3-70B at 128k on TP8 alone: offloading 79 layers' activations would put about
+    # 350 GB per GPU in host memory (a DGX H100 has 256 GiB per GPU): not a setting that fits.
+    from recompute_kit.plan.margins import HOST_MEMORY_PER_GPU_BYTES
+
+    cfg = (
+        get_preset("llama3-70b")
+        .config()
+        .replace(
+            seq_length=131072,
+            tensor_model_parallel_size=8,
+            pipeline_model_parallel_size=1,
+            sequence_parallel=True,
+            data_parallel_size=32,
+            use_distributed_optimizer=True,
+        )
+    )
+    p = plan(cfg, 1000.0)  # device memory is no limit here: only the host's is
+    offloads = [c for c in p.candidates if c.offload.startswith("cpu_offloading")]
+    big = [c for c in offloads if c.estimate.offloaded_bytes > HOST_MEMORY_PER_GPU_BYTES]
+    assert big and not any(c.fits for c in big)
+    assert any(c.fits for c in offloads if c not in big)

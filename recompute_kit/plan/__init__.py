@@ -19,7 +19,7 @@ from ..config import Config, ConfigError, RecomputeConfig
 from ..config.versions import describe_version, parse_version
 from ..export import render
 from ..memory.estimate import Estimate, estimate
-from .margins import TIE_FLOPS, Band, error_band, planned_bytes, tie_reason
+from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
 from .search import candidates
 from .stages import Stage, binding_reason, stage_table
 
@@ -120,7 +120,7 @@ def plan(
             Candidate(
                 est,
                 candidate.recompute,
-                planned_bytes(est) <= usable,
+                planned_bytes(est) <= usable and fits_host(est),
                 offload,
                 error_band(candidate, est),
                 usable,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..config import Config, ConfigError
 from ..config.validation import check_expert_layout
 from ..memory.estimate import Estimate, estimate
-from .margins import error_band, planned_bytes
+from .margins import HOST_MEMORY_PER_GPU_BYTES, error_band, fits_host, planned_bytes
 from .search import candidates
 from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
 
@@ -185,10 +185,16 @@ def _evaluate(
         setting + (f", recompute {added}" if added else ""),
         config,
         est,
-        planned_bytes(est) <= usable,
-        planned_bytes(est) + band.total_bytes <= usable,
+        planned_bytes(est) <= usable and fits_host(est),
+        planned_bytes(est) + band.total_bytes <= usable and fits_host(est),
         step,
-        _adds(config, step),
+        _adds(config, step)
+        + (
+            ""
+            if fits_host(est)
+            else f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU (more than "
+            f"{HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
+        ),
         added,
     )
 

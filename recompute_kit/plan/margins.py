@@ -45,6 +45,18 @@ WORKSPACE_BYTES = 64 * MIB
 TIE_FLOPS = 0.005
 
 
+# Host memory a GPU's offloaded activations may take: a DGX H100 has 2 TiB of system memory
+# for 8 GPUs (256 GiB each); 32 GiB of each share is left to the OS, data loading and the
+# pinned staging buffers. An assumption, said where an offloading setting is refused for it.
+HOST_MEMORY_PER_GPU_BYTES = 224 * 2**30
+
+
+def fits_host(est: Estimate) -> bool:
+    """Whether the activations the setting offloads (all micro-batches in flight) fit the
+    host memory of one GPU's share (HOST_MEMORY_PER_GPU_BYTES)."""
+    return est.offloaded_bytes <= HOST_MEMORY_PER_GPU_BYTES
+
+
 def planned_bytes(est: Estimate) -> int:
     """What the run holds per rank against the usable memory: the estimate's total plus its
     named terms that neither the safety margin nor the band covers (module docstring)."""
