@@ -556,3 +556,17 @@ def test_judge_applies_the_contract(tmp_path):
     )
     doc = json.loads(run([*args, "--verify", str(verify)]).stdout)
     assert doc["recommended"] == "selective:mlp"
+
+
+def test_plan_script_takes_a_gpu_name_and_reports_margins_and_stages():
+    # A skill trial: plan.py insisted on --gpu-memory-gb and dropped the headroom, error band
+    # and binding stage that `plan` reports.
+    cfg = REPO / "skill/evals/files/qwen3_30b_a3b_16k.yaml"
+    proc = run(
+        [sys.executable, str(SCRIPTS / "plan.py"), "--config", str(cfg), "--gpu", "h100-80gb"],
+        timeout=120,
+    )
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["budget_gib"] == 79.1
+    assert doc["best"]["headroom_gib"] is not None and doc["best"]["error_band_gib"] > 0
+    assert doc["binding_stage"] and len(doc["stage_total_gib"]) >= 1

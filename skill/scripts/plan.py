@@ -2,14 +2,20 @@
 """The cheapest recompute setting that fits a GPU: `recompute-kit plan --json`, condensed.
 
 Every option after the script's own is passed to `recompute-kit plan` unchanged: the model
-(--model PRESET or --config FILE), --gpu-memory-gb X (required), --seq-length, --micro-batch-size,
+(--model PRESET or --config FILE), the budget (--gpu-memory-gb X or --gpu NAME, e.g. h100-80gb;
+one is required), --seq-length, --micro-batch-size, --moe-imbalance F,
 --tp/--pp/--vpp/--cp/--ep/--etp/--dp, --sp/--no-sp, --distributed-optimizer, --stage N,
 --attention unfused|flash|fused|auto,
---dtype, --safety-margin F (default 0.1), --format megatron-bridge|megatron-lm|nemo|torchtitan.
+--dtype, --safety-margin F (default 0.1), --megatron-core-version X.Y,
+--format megatron-bridge|megatron-lm|nemo|torchtitan|hf-trainer; --levers (and its
+--host-link, --global-batch-size, --measured-log ...) returns `recompute-kit plan --levers
+--json`'s document as it is, under "levers".
 Prints one JSON document on stdout:
 
   {"ok": true, "fits": true, "best": {recompute, total_gib, peak_activation_gib, weights_gib,
-   grads_gib, optimizer_gib, recompute_flops_pct, ...}, "explanation": "...",
+   grads_gib, optimizer_gib, recompute_flops_pct, headroom_gib, error_band_gib,
+   clears_error_band, ...}, "explanation": "...", "binding_stage": "<which stage binds, why>",
+   "stage_total_gib": [per pipeline stage], "assumptions": [...],
    "rendered": "<config to paste>", "usable_gib": ..., "fitting": [top --top rows that fit,
    cheapest first], "not_fitting_closest": [...], "candidates": N}
 
@@ -44,6 +50,9 @@ def row(c: dict) -> dict:
         "grads_gib": gib(c["grads_bytes"]),
         "optimizer_gib": gib(c["optimizer_bytes"]),
         "recompute_flops_pct": round(100 * c["recompute_flops_fraction"], 2),
+        "headroom_gib": gib(c.get("headroom_bytes")),
+        "error_band_gib": gib(c.get("error_band_bytes")),
+        "clears_error_band": c.get("clears_error_band"),
     }
 
 
@@ -57,17 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=8, help="rows of 'fitting' to keep (default 8)")
     p.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
     args, rest = p.parse_known_args(argv)
-    if "--gpu-memory-gb" not in " ".join(rest):
+    if not any(a.split("=")[0] in ("--gpu-memory-gb", "--gpu") for a in rest):
         p.error(
-            "--gpu-memory-gb X is required (GiB per GPU as the GPU reports it: about 79.1 for "
-            "an 80 GB H100)"
+            "--gpu-memory-gb X or --gpu NAME is required (GiB per GPU as the GPU reports it: "
+            "about 79.1 for an 80 GB H100, or --gpu h100-80gb)"
         )
     result = run_cli(["plan", *rest, "--json"], timeout=args.timeout)
-    if result.get("rc") == 1 and "nothing fits" in result.get("stderr", ""):
+    if result.get("rc") == 1 and "fits" in result.get("stderr", ""):  # nothing / no lever fits
         return emit({"ok": True, "fits": False, "error": cli_error(result)}, 1)
     if result.get("rc") != 0:
         return emit({"ok": False, "error": cli_error(result), "python": result.get("python")}, 1)
     doc = json.loads(result["stdout"])
+    if "levers" in doc:
+        return emit({"ok": True, **doc})
     candidates = doc.get("candidates", [])
     fitting = [row(c) for c in candidates if c.get("fits")]
     missing = sorted(
@@ -79,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             "fits": True,
             "best": row(doc["best"]),
             "explanation": doc.get("explanation"),
+            "binding_stage": (doc.get("binding_stage") or {}).get("reason"),
+            "stage_total_gib": [gib(st["total_bytes"]) for st in doc.get("stages", [])],
+            "assumptions": doc.get("assumptions", []),
             "rendered": doc.get("rendered"),
             "budget_gib": gib(doc.get("budget_bytes")),
             "usable_gib": gib(doc.get("usable_bytes")),
