@@ -3,6 +3,8 @@ bands and near-ties, every pipeline stage, and budgets as the GPU reports them."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from recompute_kit.config import ConfigError, RecomputeConfig, applicable_modules, parse_spec
@@ -269,3 +271,18 @@ def test_offloading_beyond_the_hosts_memory_does_not_fit():
     big = [c for c in offloads if c.estimate.offloaded_bytes > HOST_MEMORY_PER_GPU_BYTES]
     assert big and not any(c.fits for c in big)
     assert any(c.fits for c in offloads if c not in big)
+
+
+def test_torchtitan_selective_specs_are_said_to_be_one_mode(capsys):
+    from pathlib import Path
+
+    from recompute_kit.cli import main
+
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "llama3_70b.toml"
+    args = ["estimate", "--config", str(toml), "--dp", "8"]
+    assert main([*args, "--recompute", "selective", "selective:mlp", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "torchtitan has one selective mode" in err
+    rows = json.loads(out)["estimates"]
+    assert rows[0]["total_bytes"] == rows[1]["total_bytes"]
+    assert rows[0]["recompute_flops_fraction"] == rows[1]["recompute_flops_fraction"]

@@ -473,6 +473,14 @@ def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
 
 
 def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
+    selective = [s for s in specs if parse_spec(s).recompute_granularity == "selective"]
+    if cfg.model.loss_implementation == "torchtitan" and len(selective) > 1:
+        print(
+            f"recompute-kit: note: {', '.join(selective)}: torchtitan has one selective mode "
+            "(per-op, selective_ac_option \"op\"), and each is counted as it",
+            file=sys.stderr,
+        )
+        return
     present = set(applicable_modules(cfg))
     for spec in specs:
         rc = parse_spec(spec)
