@@ -202,10 +202,11 @@ def _selective_recompute_flops(
             + _matmul(tokens, h, model.ffn_size)
         )
         total += per_layer * num_dense
-        num_dense = 0  # (MoE layers: Megatron's modules below)
-    for module in ("core_attn", "mla_up_proj"):  # present on every layer (or on none)
-        if rc.selects(module):
-            total += dense.get(module, 0.0) * len(layers)
+        num_dense = 0  # attention outputs are cached; MoE layers: Megatron's modules below
+    else:
+        for module in ("core_attn", "mla_up_proj"):  # on every layer (or on none)
+            if rc.selects(module):
+                total += dense.get(module, 0.0) * len(layers)
     if rc.selects("mlp"):  # dense layers only: 'mlp' is a no-op on MoE layers
         total += dense["mlp"] * num_dense
     if rc.selects("moe"):  # the whole MoE layer: router, experts and shared experts
