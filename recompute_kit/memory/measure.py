@@ -316,6 +316,13 @@ def run_step(model: nn.Module, tokens: Tensor, labels: Tensor, seed: int = 0):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     if cuda:
+        # cuBLAS takes a workspace from the caching allocator at each thread's first matmul
+        # (forward here, backward in autograd's device thread): take both before the peak is
+        # reset, or the first step measured pays them (32 MiB each on an H100)
+        dtype = next(model.parameters()).dtype
+        warm = torch.ones(8, 8, device=device, dtype=dtype, requires_grad=True)
+        (warm @ warm).sum().backward()
+        del warm
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
