@@ -497,9 +497,14 @@ def test_rk005_pytorch_allocations_fill_the_gpu():
 
 @covers("RK005")
 def test_rk005_superseded_when_the_model_shape_explains_it():
-    # The same OOM with a Llama-3-70B 32k config: the activation finding replaces RK005.
-    d = run(text("oom-msswift-9191"), config=LLAMA3_70B_32K, config_name="pretrain.sh")
+    # The same OOM (a 139.8 GiB GPU) with a Llama-3-70B config whose estimate exceeds it
+    # (64k: 202.7 GiB per rank without recompute): the activation finding replaces RK005.
+    # At 32k the estimate (110.9 GiB) fits that GPU, and RK010 rightly says nothing.
+    config = LLAMA3_70B_32K.replace("32768", "65536")
+    d = run(text("oom-msswift-9191"), config=config, config_name="pretrain.sh")
     assert "RK010" in ids(d) and "RK005" not in ids(d)
+    d32 = run(text("oom-msswift-9191"), config=LLAMA3_70B_32K, config_name="pretrain.sh")
+    assert "RK010" not in ids(d32)
 
 
 @covers("RK006")

@@ -107,7 +107,9 @@ def _estimate(ctx: Context) -> None:
     ctx.estimate = estimate(ctx.config)
     if ctx.gpu_bytes:
         try:
-            ctx.best = _keeping_current(plan(ctx.config, ctx.gpu_bytes / GIB), ctx.config)
+            result = plan(ctx.config, ctx.gpu_bytes / GIB)
+            ctx.best = result.best
+            ctx.best_keeping = _keeping_current(result, ctx.config)
         except ConfigError as exc:
             ctx.plan_error = str(exc)
 

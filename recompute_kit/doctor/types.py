@@ -30,6 +30,8 @@ class Context:
     gpu_bytes: int | None = None  # from --gpu-memory-gb or the OOM's total capacity
     estimate: Estimate | None = None  # the current setting, per rank
     best: Any = None  # the planner's best candidate when a budget is known
+    # the planner's best among those recomputing at least what the run does (an OOM's fix)
+    best_keeping: Any = None
     plan_error: str | None = None  # why nothing fits, when nothing does
     assumptions: list[str] = field(default_factory=list)
 

@@ -53,23 +53,24 @@ def _activations(ctx: Context) -> Match | None:
     # Activations need not dominate for recompute to be the fix: the planner says a
     # recompute setting fits where the current one does not.
     rescued = (
-        ctx.best is not None
+        ctx.best_keeping is not None
         and ctx.gpu_bytes is not None
         and e.total_bytes > ctx.gpu_bytes
-        and ctx.best.estimate.recompute != e.recompute
+        and ctx.best_keeping.estimate.recompute != e.recompute
     )
     if not (dominate or rescued):
         return None
     current = format_spec(parse_spec_safe(ctx))
-    if ctx.best is not None and not ctx.best.offload and _same(ctx.best.recompute, ctx):
+    keeping = ctx.best_keeping
+    if keeping is not None and not keeping.offload and _same(keeping.recompute, ctx):
         return None  # the run's own setting fits by the estimate: more recompute is no answer
     spec, why = next_step(ctx)
-    if ctx.best is not None:
+    if ctx.best_keeping is not None:
         spec, why = (
-            candidate_spec(ctx.best),
+            candidate_spec(ctx.best_keeping),
             (
                 "the planner's cheapest setting that fits and keeps what the run recomputes "
-                f"({ctx.best.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
+                f"({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
     if dominate:
