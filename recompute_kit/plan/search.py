@@ -39,6 +39,23 @@ def module_sets(config: Config) -> list[list[str]]:
     return [list(c) for r in range(1, len(modules) + 1) for c in itertools.combinations(modules, r)]
 
 
+def _torchtitan_settings(config: Config) -> list[RecomputeConfig]:
+    """torchtitan's modes: none, the per-op selective policy ("op"; memory/torchtitan.py counts
+    any selective setting as it), full, and every k-th block: floor(layers / k) blocks of each
+    stage, which Megatron's block N counts the same (sources/torchtitan.py layer_ac)."""
+    stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
+    counts = sorted({stage_layers // k for k in range(2, stage_layers + 1)} - {0})
+    return [
+        RecomputeConfig(),
+        RecomputeConfig("selective", recompute_modules=["layernorm"]),
+        RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1),
+        *(
+            RecomputeConfig("full", recompute_method="block", recompute_num_layers=n)
+            for n in counts
+        ),
+    ]
+
+
 def candidates(
     config: Config,
     version: tuple[int, int] | None = None,
@@ -58,22 +75,11 @@ def candidates(
             (RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1), ""),
         ]
     titan = m.loss_implementation == "torchtitan"
-    if titan:  # torchtitan's modes: none, per-op selective ("op"), full, every k-th block
-        rcs = [RecomputeConfig(), RecomputeConfig("selective", recompute_modules=["layernorm"])]
+    if titan:
+        rcs = _torchtitan_settings(config)
     else:
         rcs = [RecomputeConfig(), parse_spec("selective:")]
         rcs += [RecomputeConfig("selective", recompute_modules=s) for s in module_sets(config)]
-    if titan:
-        # full, and every k-th block: floor(layers / k) blocks of each stage (block N counts
-        # the same number of layers; sources/torchtitan.py layer_ac)
-        stage_layers = m.num_layers // p.pipeline_model_parallel_size
-        counts = sorted({stage_layers // k for k in range(2, stage_layers + 1)} - {0})
-        rcs.append(RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1))
-        rcs += [
-            RecomputeConfig("full", recompute_method="block", recompute_num_layers=n)
-            for n in counts
-        ]
-    else:
         rcs += [
             RecomputeConfig("full", recompute_method=method, recompute_num_layers=n)
             for method in ("uniform", "block")
