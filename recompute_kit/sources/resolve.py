@@ -208,6 +208,13 @@ def resolve(
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
     _assumed_if_the_world_is(merged)
+    if merged.get("mtp_num_layers"):
+        mtp = merged.get("mtp_num_layers")
+        merged.warnings.append(
+            f"mtp_num_layers {mtp} ({merged.origins['mtp_num_layers'].describe()}): "
+            "multi-token-prediction layers are not in the estimate; the pipeline stage that "
+            f"holds them keeps {mtp} more layer(s) and their output logits"
+        )
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:

@@ -25,10 +25,6 @@ def _artefact(expect: Path) -> Path:
     return found
 
 
-
-
-
-
 # --- Hydra overrides ---------------------------------------------------------------------------
 # https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/10feab50f643fd47115e72be4c6721b4dfd43e36/scripts/training/run_recipe.py
 # "-sl, --seq_length LENGTH  dataset.seq_length=LENGTH ... the runner synchronizes model.seq_length"
@@ -225,3 +221,11 @@ def test_a_layout_written_as_a_list_of_stages_is_megatrons_layout_string():
     assert layout_from_stages([["embedding", "decoder"], ["LayerType.decoder", "loss"]]) == "Et|tL"
     with pytest.raises(ConfigError, match="unknown layer type 'encoder'"):
         layout_from_stages([["embedding", "encoder"]])
+
+
+def test_mtp_layers_the_estimate_leaves_out_are_said():
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "bridge" / "deepseek_v3_pretrain_h100_fp8_sc_v1.yaml"
+    warnings = resolve([str(path)]).reading.warnings
+    assert any(w.startswith("mtp_num_layers 1 (") and "not in the estimate" in w for w in warnings)
