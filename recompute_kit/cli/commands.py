@@ -529,7 +529,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"binding: {result.binding}")
     if gpu is not None:
         print(f"budget: {gpu.name}, {gpu.usable_gib:g} GiB as the GPU reports it ({gpu.source})")
-    print(f"Megatron-Core version: {result.megatron_core_version}")
+    if cfg.model.loss_implementation == "megatron":  # (not a Trainer or torchtitan run)
+        print(f"Megatron-Core version: {result.megatron_core_version}")
     print()
     print_layout(cfg, result.best.estimate)
     print(f"\n{result.explanation}\n\n{result.rendered}", end="")
