@@ -114,7 +114,9 @@ _DSV3_DEBUG = {
 # 40 heads, 8 KV heads; dense FFN 4*5120 -> 2/3 -> x1.2 -> multiple of 2048 = 16384; each expert
 # and the one shared expert: the same / (top_k 1 + 1 shared) -> 8192; top-1; MoE on every
 # `interleave_moe_layer_step`-th layer (16E: 1; 128E: the default 2, layers 1, 3, 5, ...).
-# The vocabulary comes from the tokenizer at run time (not in the TOML): left to the resolver.
+# Routing: sigmoid scores (MoEArgs score_func "sigmoid", top-1). The vocabulary comes from the
+# tokenizer at run time (hf_assets_path): Llama 4's, 202048 (meta-llama/Llama-4-Scout-17B-16E
+# and -Maverick-17B-128E config.json, text_config.vocab_size).
 _LLAMA4 = {
     "num_layers": 48,
     "hidden_size": 5120,
@@ -130,6 +132,8 @@ _LLAMA4 = {
     "qk_layernorm": False,
     "multi_latent_attention": False,
     "moe_router_topk": 1,
+    "moe_router_score_function": "sigmoid",
+    "vocab_size": 202048,
     "moe_ffn_hidden_size": 8192,
     "moe_shared_expert_intermediate_size": 8192,
     "moe_grouped_gemm": True,

@@ -14,17 +14,11 @@ from recompute_kit.sources.shell import parse_script
 CORPUS = Path(__file__).parent / "corpus" / "megatron_lm"
 
 
-
-
 def _read(path: Path):
     text = path.read_text()
     reading = megatron_lm.read(text, str(path))
     megatron_lm.apply_defaults(reading)
     return reading
-
-
-
-
 
 
 # --- focused semantics -------------------------------------------------------------------
@@ -216,3 +210,16 @@ def test_cross_entropy_loss_fusion_flags():
     assert reading.get("cross_entropy_loss_fusion") is True
     assert reading.get("cross_entropy_fusion_impl") == "te"
     assert _args(BASE).get("cross_entropy_loss_fusion") in (None, False)
+
+
+def test_router_flags_of_the_deepseek2_lite_script_are_read():
+    # https://github.com/NVIDIA/Megatron-LM/blob/988ffe34b775265066da6a6a58e09e8cc6d832f7/
+    # examples/deepseek2_lite/train_deepseek2_lite_h100_fp8.sh lines 125 and 130
+    from pathlib import Path
+
+    from recompute_kit.sources.resolve import resolve
+
+    script = Path(__file__).parent / "corpus" / "megatron_lm" / "train_deepseek2_lite_h100_fp8.sh"
+    m = resolve([str(script)]).config.model
+    assert m.moe_router_pre_softmax is True
+    assert m.moe_router_load_balancing_type == "seq_aux_loss"

@@ -41,10 +41,6 @@ def _read(module, path: Path):
     return reading
 
 
-
-
-
-
 # -- torchtitan -------------------------------------------------------------------------------
 
 BASE = """
@@ -279,3 +275,16 @@ def test_hf_and_torchtitan_runs_use_their_own_loss():
     for module, name in ((torchtitan, "torchtitan"), (hf_trainer, "hf")):
         _, paths = CORPUS[module.__name__.rsplit(".", 1)[1]]
         assert _read(module, paths[0]).get("loss_implementation") == name
+
+
+def test_llama4_flavor_has_its_vocabulary_and_sigmoid_routing():
+    # A skill trial: Llama 4 Scout was planned with an assumed 32000-token vocabulary (its
+    # tokenizer has 202048) and refused by the softmax top-1 rule (Llama 4 routes by sigmoid).
+    from recompute_kit.sources.resolve import resolve
+
+    toml = HERE / "corpus" / "torchtitan" / "blind_llama4_17bx16e.toml"
+    resolved = resolve([str(toml)], overrides={"data_parallel_size": 8})
+    m = resolved.config.model
+    assert m.vocab_size == 202048 and m.moe_router_score_function == "sigmoid"
+    assert not any(a.startswith("vocab_size") for a in resolved.config.assumptions)
+    resolved.config.validate()  # no "--moe-router-pre-softmax when topk is 1"
