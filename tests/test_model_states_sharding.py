@@ -394,3 +394,12 @@ def test_a_measured_imbalance_from_the_command_line(capsys):
     assert balanced["moe_imbalance_bytes"] == 0
     assert main([*args, "--moe-imbalance", "0.5"]) == 1  # one line, no traceback
     assert "at least 1.0" in capsys.readouterr().err
+
+
+def test_the_layout_line_names_the_sharding(capsys):
+    from recompute_kit.cli.common import print_layout
+
+    print_layout(gemma(zero_stage=3))
+    assert "ZeRO stage 3" in capsys.readouterr().out
+    print_layout(gemma(use_distributed_optimizer=True))
+    assert "distributed optimizer on" in capsys.readouterr().out

@@ -423,8 +423,17 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     parts += [f"CP{p.context_parallel_size}", f"DP{p.data_parallel_size}"]
     if cfg.model.num_moe_experts:
         parts += [f"EP{p.expert_model_parallel_size}", f"ETP{p.etp}"]
-    opt = "on" if p.use_distributed_optimizer else "off"
-    line = f"layout: {' '.join(parts)}, distributed optimizer {opt}"
+    from ..memory.model_states import sharding_mode
+
+    mode = sharding_mode(cfg)
+    if mode == "megatron":
+        states = f"distributed optimizer {'on' if p.use_distributed_optimizer else 'off'}"
+    else:
+        name = {"zero": "ZeRO", "fsdp2": "FSDP2", "megatron_fsdp": "Megatron-FSDP"}[mode]
+        states = f"{name} stage {p.zero_stage}" + (
+            " (optimizer offload)" if p.optimizer_offload else ""
+        )
+    line = f"layout: {' '.join(parts)}, {states}"
     if est is not None and est.layers:
         which = " (the stage with the highest total)" if est.stage_total_bytes else ""
         line += (

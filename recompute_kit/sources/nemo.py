@@ -417,6 +417,7 @@ _MODEL_BOOL = (
     "moe_pad_expert_input_to_capacity",
     "cpu_offloading",
     "apply_rope_fusion",
+    "cross_entropy_loss_fusion",
     "bias_activation_fusion",
     "masked_softmax_fusion",
     "account_for_embedding_in_pipeline_split",

@@ -397,3 +397,14 @@ def test_no_environment_is_read(monkeypatch, tmp_path):
     r = _rl(path)
     # not the environment's 7; the file names no algorithm, so no base's default either
     assert "micro_batch_size" not in r.values
+
+
+def test_nemo_cross_entropy_loss_fusion_is_read():
+    # NeMo-Framework-Launcher llama2_70b.yaml line 129 (a TransformerConfig field NeMo 1.x
+    # passes by name); a skill trial saw it reported as the default False
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "nemo" / "blind_launcher_llama2_70b.yaml"
+    resolved = resolve([str(path)])
+    assert resolved.config.model.cross_entropy_loss_fusion is True
+    assert resolved.reading.origins["cross_entropy_loss_fusion"].where.endswith(":129")
