@@ -570,3 +570,4 @@ def test_plan_script_takes_a_gpu_name_and_reports_margins_and_stages():
     assert doc["ok"] and doc["budget_gib"] == 79.1
     assert doc["best"]["headroom_gib"] is not None and doc["best"]["error_band_gib"] > 0
     assert doc["binding_stage"] and len(doc["stage_total_gib"]) >= 1
+    assert isinstance(doc["warnings"], list)  # the reader's warnings reach the user

@@ -15,7 +15,7 @@ Prints one JSON document on stdout:
   {"ok": true, "fits": true, "best": {recompute, total_gib, peak_activation_gib, weights_gib,
    grads_gib, optimizer_gib, recompute_flops_pct, headroom_gib, error_band_gib,
    clears_error_band, ...}, "explanation": "...", "binding_stage": "<which stage binds, why>",
-   "stage_total_gib": [per pipeline stage], "assumptions": [...],
+   "stage_total_gib": [per pipeline stage], "assumptions": [...], "warnings": [the reader's],
    "rendered": "<config to paste>", "usable_gib": ..., "fitting": [top --top rows that fit,
    cheapest first], "not_fitting_closest": [...], "candidates": N}
 
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "binding_stage": (doc.get("binding_stage") or {}).get("reason"),
             "stage_total_gib": [gib(st["total_bytes"]) for st in doc.get("stages", [])],
             "assumptions": doc.get("assumptions", []),
+            "warnings": (doc.get("read") or {}).get("warnings", []),
             "rendered": doc.get("rendered"),
             "budget_gib": gib(doc.get("budget_bytes")),
             "usable_gib": gib(doc.get("usable_bytes")),
