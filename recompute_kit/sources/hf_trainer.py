@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .reading import Origin, Reading
+from .reading import FROM_DERIVED, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("hf-trainer",)
 
@@ -316,12 +316,20 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
             f"{src.path}: quantization_bit {data['quantization_bit']}: a quantized frozen base "
             "model (QLoRA) is not counted"
         )
-    dtype = data.get("torch_dtype", data.get("dtype"))
+    key = "torch_dtype" if "torch_dtype" in data else "dtype"
+    dtype = data.get(key)
     if not lf and dtype in ("bfloat16", "float16"):
-        reading.warnings.append(
-            f"{src.path}: torch_dtype {dtype}: the model is loaded in {dtype}, so the Trainer "
-            f"keeps no fp32 master weights and the optimizer states are in {dtype}; Megatron "
-            "counts fp32 master weights and states"
+        # A model loaded in 16-bit trains in 16-bit: no fp32 master weights, AdamW states in
+        # the parameters' dtype. DeepSpeed (named here or read beside) keeps its own fp32
+        # master copy: apply_defaults undoes this then.
+        reading.set(
+            "param_precision",
+            "pure",
+            src.origin(
+                key,
+                note=f"the model is loaded in {dtype}: 16-bit weights, gradients "
+                "and optimizer states",
+            ),
         )
     optim = str(data.get("optim", ""))
     if "8bit" in optim or "4bit" in optim:
@@ -482,6 +490,13 @@ def apply_defaults(reading: Reading) -> None:
         or FORMAT_DS in reading.format
         or (stage is not None and "zero_optimization" in stage.key)
     )
+    said = reading.origins.get("param_precision")
+    if deepspeed and said is not None and said.key in ("torch_dtype", "dtype"):
+        reading.set(
+            "param_precision",
+            "fp32_master",
+            Origin(FROM_DERIVED, "DeepSpeed keeps an fp32 master copy of a 16-bit model"),
+        )
     if deepspeed:
         d(
             "param_precision",

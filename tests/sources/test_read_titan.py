@@ -238,6 +238,22 @@ def test_precision_of_the_weights_follows_the_trainer():
     assert named.get("param_precision") == "fp32_master"  # the JSON is named, not beside it
 
 
+def test_a_16_bit_model_trains_in_16_bit_unless_deepspeed_keeps_a_master_copy():
+    # alignment-handbook zephyr-7b-beta SFT recipe (torch_dtype: bfloat16, line 4): the Trainer
+    # alone keeps bf16 weights, gradients and AdamW states; DeepSpeed keeps an fp32 master copy
+    # (a skill trial saw a warning say the first while the numbers counted the second).
+    from recompute_kit.sources.resolve import resolve
+
+    recipe = HERE / "corpus" / "hf_trainer" / "zephyr-7b-beta_sft_config_full.yaml"
+    ds = HERE / "corpus" / "hf_trainer" / "ds_z3_config.json"
+    model = {"data_parallel_size": 8}
+    alone = resolve([str(recipe)], model="mistralai/Mistral-7B-v0.3", overrides=model)
+    assert alone.config.parallel.param_precision == "pure"
+    assert alone.reading.origins["param_precision"].key == "torch_dtype"
+    both = resolve([str(recipe), str(ds)], model="mistralai/Mistral-7B-v0.3", overrides=model)
+    assert both.config.parallel.param_precision == "fp32_master"
+
+
 def test_attention_backends():
     r = _hf("model_name_or_path: m/x\ncutoff_len: 8\nflash_attn: disabled\n")
     assert r.get("attention_backend") == "unfused"
