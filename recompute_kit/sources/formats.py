@@ -33,6 +33,7 @@ FORMAT_MODULES = (
     "nemo_rl",
     "torchtitan",
     "hf_trainer",
+    "accelerate",
     "hf_config",
     "megatron_core",
 )

@@ -488,7 +488,10 @@ def apply_defaults(reading: Reading) -> None:
     deepspeed = (
         "deepspeed" in reading.unused
         or FORMAT_DS in reading.format
-        or (stage is not None and "zero_optimization" in stage.key)
+        or (
+            stage is not None
+            and ("zero_optimization" in stage.key or stage.key.startswith("deepspeed_config"))
+        )
     )
     said = reading.origins.get("param_precision")
     if deepspeed and said is not None and said.key in ("torch_dtype", "dtype"):

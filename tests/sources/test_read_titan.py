@@ -304,3 +304,27 @@ def test_llama4_flavor_has_its_vocabulary_and_sigmoid_routing():
     assert m.vocab_size == 202048 and m.moe_router_score_function == "sigmoid"
     assert not any(a.startswith("vocab_size") for a in resolved.config.assumptions)
     resolved.config.validate()  # no "--moe-router-pre-softmax when topk is 1"
+
+
+def test_an_accelerate_config_beside_the_recipe_shards_the_run(tmp_path):
+    # alignment-handbook's accelerate configs (tests/sources/corpus/hf_trainer/accelerate_*.yaml)
+    # are how its recipes get ZeRO-3 / FSDP; a skill trial could not read them.
+    from recompute_kit.config import ConfigError
+    from recompute_kit.sources.resolve import resolve
+
+    corpus = HERE / "corpus" / "hf_trainer"
+    recipe = str(corpus / "zephyr-7b-beta_sft_config_full.yaml")
+    model = "mistralai/Mistral-7B-v0.3"
+    fsdp = resolve([recipe, str(corpus / "accelerate_fsdp.yaml")], model=model).config.parallel
+    assert (fsdp.zero_stage, fsdp.data_parallel_size, fsdp.param_precision) == (3, 8, "pure")
+    ds = resolve([recipe, str(corpus / "accelerate_deepspeed_zero3.yaml")], model=model)
+    p = ds.config.parallel
+    assert (p.zero_stage, p.optimizer_offload, p.param_offload) == (3, True, True)
+    assert p.param_precision == "fp32_master"  # DeepSpeed keeps its fp32 master copy
+    bad = tmp_path / "accel.yaml"
+    bad.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 8\n"
+        "fsdp_config:\n  fsdp_sharding_strategy: SOMETHING\nmixed_precision: bf16\n"
+    )
+    with pytest.raises(ConfigError, match="fsdp_sharding_strategy 'SOMETHING' is not known"):
+        resolve([str(bad)], model=model)
