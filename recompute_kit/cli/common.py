@@ -247,7 +247,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         help="the files you train with, as they are, several at once (later ones win): "
         "Megatron-LM scripts or YAMLs, Megatron-Bridge / NeMo YAMLs or recipes, NeMo-RL "
-        "YAML, torchtitan TOML, HF config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON",
+        "YAML, torchtitan TOML, HF config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON, "
+        "Accelerate config YAML",
     )
 
 
