@@ -218,3 +218,19 @@ def model_reading(name: str) -> Reading | None:
     reading.model_name = model_id
     reading.model_name_origin = Origin("model", "recompute-kit model registry", name)
     return reading
+
+
+def named_in(text: str) -> str | None:
+    """A registered model whose name's parts all appear among `text`'s (a file name such as
+    `qwen3_moe_30b_a3b_pretrain_override_example`: Qwen/Qwen3-30B-A3B), for a suggestion only;
+    the longest such name, None when none or several equally long match."""
+    words = set(re.split(r"[^a-z0-9.]+", text.lower()))
+    found: list[tuple[int, str]] = []
+    for model_id, _ in list_models():
+        parts = [w for w in re.split(r"[^a-z0-9.]+", model_id.split("/")[-1].lower()) if w]
+        if parts and all(part in words for part in parts):
+            found.append((len(parts), model_id))
+    found.sort(reverse=True)
+    if not found or (len(found) > 1 and found[0][0] == found[1][0]):
+        return None
+    return found[0][1]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
-from . import formats, megatron_core
+from . import formats, megatron_core, registry
 from .reading import (
     ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
@@ -105,7 +105,7 @@ def read_input(item: str) -> tuple[Reading, str]:
         raise ConfigError(f"{item} is not a file")
     if looks_like_path:
         raise ConfigError(f"cannot read {item}: No such file or directory")
-    from . import hf_config, registry
+    from . import hf_config
 
     if "/" not in item and registry.model_reading(item) is None:
         raise ConfigError(
@@ -285,9 +285,12 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
             "(`recompute-kit models`) and its config.json could not be had; pass its "
             f"config.json beside the files, or set {keys}"
         )
+    named = registry.named_in(" ".join(Path(d["path"]).stem for d in described))
+    example = named or "meta-llama/Llama-3.1-8B"
     raise ConfigError(
         f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
-        "the model (--model meta-llama/Llama-3.1-8B, a registry name, or its config.json)"
+        f"the model (--model {example}, a registry name, or its config.json)"
+        + (f"; the file name suggests {named}" if named else "")
     )
 
 

@@ -229,3 +229,16 @@ def test_mtp_layers_the_estimate_leaves_out_are_said():
     path = Path(__file__).parent / "corpus" / "bridge" / "deepseek_v3_pretrain_h100_fp8_sc_v1.yaml"
     warnings = resolve([str(path)]).reading.warnings
     assert any(w.startswith("mtp_num_layers 1 (") and "not in the estimate" in w for w in warnings)
+
+
+def test_an_override_file_without_a_model_suggests_the_one_its_name_says():
+    # A skill trial: the Qwen3-30B-A3B override example was told to try --model
+    # meta-llama/Llama-3.1-8B. The name is only a suggestion: nothing is read from it.
+    from recompute_kit.sources.registry import named_in
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "bridge"
+    name = "qwen3_moe_30b_a3b_pretrain_override_example.yaml"
+    with pytest.raises(ConfigError, match="the file name suggests Qwen/Qwen3-30B-A3B"):
+        resolve([str(path / name)])
+    assert named_in("train_and_eval") is None
