@@ -111,6 +111,9 @@ VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", _str),
     # arguments.py: bf16 main grads leave accumulate_allreduce_grads_in_fp32 off
     "--main-grads-dtype": ("grad_reduce_in_fp32", lambda v: v == "fp32"),
+    # Megatron-FSDP's own main-gradient buffer dtype (DistributedDataParallelConfig
+    # megatron_fsdp_main_grads_dtype)
+    "--megatron-fsdp-main-grads-dtype": ("grad_reduce_in_fp32", lambda v: v == "fp32"),
 }
 # store_true flags -> (field, value)
 BOOL_FLAGS: dict[str, tuple[str, Any]] = {

@@ -223,3 +223,17 @@ def test_router_flags_of_the_deepseek2_lite_script_are_read():
     m = resolve([str(script)]).config.model
     assert m.moe_router_pre_softmax is True
     assert m.moe_router_load_balancing_type == "seq_aux_loss"
+
+
+def test_megatron_fsdp_main_grads_dtype_sets_the_gradient_dtype(tmp_path):
+    # NVIDIA/Megatron-LM@d98e8a64 examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh line 152:
+    # `--megatron-fsdp-main-grads-dtype bf16` (megatron_fsdp_main_grads_dtype): 2 B gradients
+    from recompute_kit.sources.resolve import resolve
+
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+        "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --bf16 "
+        "--vocab-size 1024 --use-megatron-fsdp --megatron-fsdp-main-grads-dtype bf16\n"
+    )
+    assert resolve([str(script)]).config.parallel.grad_reduce_in_fp32 is False
