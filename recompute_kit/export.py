@@ -298,7 +298,7 @@ def _render_torchtitan(rc: RecomputeConfig, num_layers: int | None) -> list[str]
             ]
     else:
         mode, option = _block_to_torchtitan(core["recompute_num_layers"], num_layers, notes)
-    notes += _torchtitan_offload_notes(rc)
+    notes += _unexported_notes(rc, "torchtitan")
     form = [
         "# torchtitan JobConfig TOML (before its 2026 config refactor, which selects the mode as",
         "# a subcommand and dropped the every-k-th-layer selective_ac_option).",
@@ -347,22 +347,23 @@ def _block_to_torchtitan(n: int, layers: int | None, notes: list[str]) -> tuple[
     return "selective", str(k)
 
 
-def _torchtitan_offload_notes(rc: RecomputeConfig) -> list[str]:
+def _unexported_notes(rc: RecomputeConfig, framework: str) -> list[str]:
+    """Comments for the Megatron settings `framework` has no key for."""
     notes = []
     if rc.distribute_saved_activations:
         notes.append(
-            "# distribute_saved_activations: no torchtitan equivalent (Megatron shards the saved "
-            "layer inputs across TP ranks); not exported"
+            f"# distribute_saved_activations: no {framework} equivalent (Megatron shards the "
+            "saved layer inputs across TP ranks); not exported"
         )
     if rc.cpu_offloading:
         notes.append(
-            f"# cpu_offloading ({rc.cpu_offloading_num_layers} layers): torchtitan has no "
+            f"# cpu_offloading ({rc.cpu_offloading_num_layers} layers): {framework} has no "
             "activation CPU-offloading key; not exported"
         )
     if rc.fine_grained_activation_offloading:
         notes.append(
-            f"# fine_grained_activation_offloading ({', '.join(rc.offload_modules)}): torchtitan "
-            "has no equivalent key; not exported"
+            f"# fine_grained_activation_offloading ({', '.join(rc.offload_modules)}): "
+            f"{framework} has no equivalent key; not exported"
         )
     return notes
 
@@ -385,7 +386,7 @@ def _render_hf_trainer(rc: RecomputeConfig, num_layers: int | None) -> list[str]
             f"{format_spec(rc)} has",
             "# no equivalent. On (every layer, like full:uniform:1) saves at least as much.",
         ]
-    notes += [line.replace("torchtitan", "the Trainer") for line in _torchtitan_offload_notes(rc)]
+    notes += _unexported_notes(rc, "the Trainer")
     return [*notes, f"gradient_checkpointing: {str(not off).lower()}"]
 
 
