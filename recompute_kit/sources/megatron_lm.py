@@ -226,6 +226,13 @@ _HYDRA_SECTION_KEYS = re.compile(
 )
 
 
+# Only flags (and their values), one per line, no command: "--seq-length 8192\n--num-layers 32"
+_FLAG_LIST = re.compile(
+    r"\A(?:[ \t]*(?:--[A-Za-z][\w-]*(?:[ \t=][^\n\\]*)?)?[ \t]*\n)*"
+    r"[ \t]*--[A-Za-z][\w-]*(?:[ \t=][^\n\\]*)?\s*\Z"
+)
+
+
 def sniff(text: str, path: str) -> int:
     lower = path.lower()
     tells = len(set(_FLAG_TELLS.findall(text)))
@@ -267,6 +274,10 @@ def read(text: str, path: str) -> Reading:
         reading = Reading(framework="megatron-lm", format=FORMAT_YAML)
         args = _yaml_args(text, path, reading)
     else:
+        if _FLAG_LIST.match(text):
+            # arguments pasted one per line without backslashes: one argument list (line
+            # numbers kept by continuing each line)
+            text = re.sub(r"[ \t]*\n(?=[ \t]*--[A-Za-z])", " \\\n", text)
         script = parse_script(text, path)
         is_script = "\n" in text.strip() or text.startswith("#!")
         reading = Reading(

@@ -237,3 +237,24 @@ def test_megatron_fsdp_main_grads_dtype_sets_the_gradient_dtype(tmp_path):
         "--vocab-size 1024 --use-megatron-fsdp --megatron-fsdp-main-grads-dtype bf16\n"
     )
     assert resolve([str(script)]).config.parallel.grad_reduce_in_fp32 is False
+
+
+def test_flags_pasted_one_per_line_are_one_argument_list():
+    # The argument list as users paste it into issues, one flag per line and no backslashes
+    # (verbatim from https://github.com/NVIDIA/Megatron-LM/issues/818); read as one command
+    # it was 13 "commands" of which the first was read and the shape lost.
+    text = (
+        "    --use-mcore-models\n    --seq-length 8192\n    --num-layers 32\n"
+        "    --hidden-size 4096\n    --ffn-hidden-size 14336\n    --num-attention-heads 32\n"
+        "    --swiglu\n    --untie-embeddings-and-output-weights\n"
+        "    --normalization 'RMSNorm'\n"
+    )
+    r = _args(text)
+    assert (r.get("num_layers"), r.get("hidden_size"), r.get("ffn_hidden_size")) == (
+        32,
+        4096,
+        14336,
+    )
+    assert r.get("seq_length") == 8192 and r.get("normalization") == "RMSNorm"
+    assert r.origins["hidden_size"].where == "args.txt:4"
+    assert not any("training commands" in w for w in r.warnings)
