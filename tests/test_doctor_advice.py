@@ -58,6 +58,18 @@ def test_zero_stage_assumed_for_a_missing_deepspeed_json_is_no_diagnosis(tmp_pat
     assert d.to_json()["collect"][0]["id"] == "assumed_inputs"
 
 
+def test_assumed_inputs_are_asked_for_below_the_diagnosed_confidence_too(tmp_path, monkeypatch):
+    # The same run with the finding calibrated below DIAGNOSED_AT: what the estimate assumed is
+    # still what would decide it, so it still leads `collect` (not a generic artefact list).
+    from recompute_kit.doctor import engine
+
+    monkeypatch.setattr(engine, "calibrate", lambda raw, category, decided: 0.7)
+    (tmp_path / "llama3_full_sft.yaml").write_text(LLAMA3_FULL_SFT, encoding="utf-8")
+    v = doctor(str(tmp_path / "llama3_full_sft.yaml")).verdict
+    assert v.verdict == "needs_evidence" and "assumes" in v.why
+    assert v.collect[0]["id"] == "assumed_inputs"
+
+
 def test_the_same_run_with_its_deepspeed_json_is_diagnosed(tmp_path):
     # The control: the same example with ZeRO stage 0 given by the JSON the YAML names (its own
     # comment lists ds_z0_config.json; the JSON is LLaMA-Factory's, verbatim:

@@ -340,9 +340,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         return Verdict("out_of_scope", _SCOPE_WHY[where], have, scope=where)
     top = findings[0] if findings else None
     assumed: list[dict[str, Any]] = []
-    if top and top.confidence >= DIAGNOSED_AT and decides(top.category, kinds):
+    if top and decides(top.category, kinds):
         assumed = assumed_inputs(ctx) if rests_on_estimate(ctx, top) else []
-        if not assumed:
+        if not assumed and top.confidence >= DIAGNOSED_AT:
             why = (
                 f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
                 + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
