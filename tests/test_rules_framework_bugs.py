@@ -346,3 +346,12 @@ def test_r10a_upgrade_from_to_reads_as_regression():
     # no failure said: no regression
     calm = text("r10a-deepspeed7116-upgrade-from-to").replace("encounters OOM", "runs")
     assert "RK600" not in ids(run(calm))
+
+
+def test_a_release_on_a_warnings_timeline_is_not_the_installed_one():
+    # PyTorch's own warning (reproduced with torch 2.13, tests/data/rules/
+    # ckpt-local-use-reentrant-missing.txt) names "PyTorch 2.9" as the release that will raise:
+    # not the user's version, which would make a known problem's fixed_in decide wrongly
+    warning = text("ckpt-local-use-reentrant-missing")
+    assert "versions_said" not in scan_versions(warning)
+    assert scan_versions(warning + "\nI am on torch 2.3.1\n")["versions_said"] == {"torch": "2.3.1"}

@@ -63,6 +63,11 @@ _VERSION_SAID_RE = re.compile(
     r"(?:is\s*)?:?\s*|==\s*|\s)v?(\d+\.\d+[\w.+]*)",
     re.I,
 )
+# A release named as a point on a timeline, not the one installed: "Starting in PyTorch 2.9"
+_TIMELINE_RE = re.compile(
+    r"\b(?:starting|beginning|as of|since|until|before|after)\s+(?:in\s+|with\s+|from\s+)?$",
+    re.I,
+)
 # Features failing only together: "using X together with Y", "only get this when I use X with
 # Y", "without it, the error goes away"
 _TOGETHER_RE = re.compile(
@@ -154,6 +159,8 @@ def scan_versions(text: str) -> dict:
             if bad is None and (m := _DEV_BRANCH_RE.search(line)):
                 bad = ("", m.group(1).lower(), line[:200])
         for v in _VERSION_SAID_RE.finditer(line):
+            if _TIMELINE_RE.search(line[: v.start()]):
+                continue  # "Starting in PyTorch 2.9, ... will raise": a warning's timeline
             said = (v.group(1).lower(), v.group(2).rstrip("."))
             facts.setdefault("version_said", said)  # the first one, as before
             facts.setdefault("versions_said", {}).setdefault(*said)  # each library's first

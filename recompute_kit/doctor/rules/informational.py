@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..types import Context, Match
 from .knobs import read_knobs
-from .registry import fact, gib, on_message, patch_for, rule
+from .registry import fact, gib, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # When nothing is wrong
@@ -39,28 +39,6 @@ def _headroom(ctx: Context) -> Match | None:
 def _quiet(ctx: Context) -> bool:
     """No failure in the evidence: no OOM and no exception line."""
     return not ctx.oom and not any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
-
-
-@rule(
-    "RK156",
-    "use_reentrant notice alone (PyTorch < 2.4 wording): nothing to fix",
-    "informational",
-    symptom="UserWarning 'torch.utils.checkpoint: please pass in use_reentrant=True or "
-    "use_reentrant=False explicitly. The default value of use_reentrant will be updated to "
-    "be False in the future', with training running",
-    cause="Older PyTorch announces the coming change of default; the run uses the reentrant "
-    "checkpoint as before (often printed once, at the first step)",
-    confirm="The loss falls and no error follows the warning",
-    fix="No fix needed; to silence it (and be ready for PyTorch >= 2.9, which raises) pass "
-    "use_reentrant explicitly: gradient_checkpointing_kwargs={'use_reentrant': False}",
-    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
-    refs=("https://docs.pytorch.org/docs/stable/checkpoint.html",),
-)
-def _old_reentrant_notice(ctx: Context) -> Match | None:
-    found = on_message(
-        "please pass in use_reentrant=True or use_reentrant=False explicitly", confidence=0.55
-    )(ctx)
-    return found if found is not None and _quiet(ctx) else None
 
 
 @rule(
@@ -162,32 +140,3 @@ def _token_overflow(ctx: Context) -> Match | None:
         f"if you feed the ids to the model yourself, tokenize with truncation=True, "
         f"max_length={over['max']}",
     )
-
-
-@rule(
-    "RK672",
-    "use_reentrant warning alone (PyTorch >= 2.4 wording): nothing fails",
-    "informational",
-    symptom="UserWarning 'torch.utils.checkpoint: the use_reentrant parameter should be "
-    "passed explicitly. In version 2.4 / 2.5 we will raise an exception ...' (or 'Starting in "
-    "PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception'), with "
-    "training running",
-    cause="PyTorch asks callers to choose the checkpoint variant; without the argument it "
-    "still uses the reentrant one and only warns; the announced exception was never "
-    "introduced (the version in the text moved from 2.4 to 2.5 to 2.9, and PyTorch 2.15 still "
-    "warns)",
-    confirm="The loss is logged after the warning and no exception follows",
-    fix="No fix needed for memory or results; pass use_reentrant explicitly to silence it and "
-    "be safe from the announced error: gradient_checkpointing_kwargs={'use_reentrant': False} "
-    "(Hugging Face) or checkpoint(fn, *args, use_reentrant=False)",
-    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
-    refs=("https://github.com/pytorch/pytorch/pull/193720",),
-    supersedes=("RK072",),
-)
-def _new_reentrant_notice(ctx: Context) -> Match | None:
-    found = on_message("the use_reentrant parameter should be passed explicitly", confidence=0.6)(
-        ctx
-    )
-    if found is None or not _quiet(ctx) or fact(ctx, "oom_mentions"):
-        return None
-    return found

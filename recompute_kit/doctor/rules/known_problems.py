@@ -113,7 +113,9 @@ class KnownProblem:
         sig = self.row["signature"]
         facts = [f for f in sig.get("where_or_facts", ()) if fact(ctx, f)]
         if sig.get("alone") and (
-            ctx.oom or any(e.kind == "exception" for e in ctx.evidence.errors)
+            ctx.oom
+            or fact(ctx, "oom_mentions")
+            or any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
         ):
             return None  # a notice that only matters where nothing failed
         for e in ctx.evidence.errors:
