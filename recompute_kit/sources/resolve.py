@@ -321,6 +321,8 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
         reading.set(
             key, value, Origin(FROM_ASSUMED, "recompute-kit", _key_for(framework, key), note)
         )
+    if reading.framework == "torchtitan":
+        _shard_over_the_assumed_data_parallel(reading, framework)
     # The remaining fields take Megatron-Core's own defaults (the dataclasses hold them), said
     # as such. Never the shape: the dataclasses' shape is a tiny test model's, and a reading
     # without one stays without one.
@@ -328,6 +330,24 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
             reading.set(key, defaults[key], Origin(FROM_DEFAULT, MCORE))
+
+
+def _shard_over_the_assumed_data_parallel(reading: Reading, framework: Any) -> None:
+    """torchtitan's data_parallel_shard_degree -1 (its default) shards over every data-parallel
+    rank: with the DP assumed, the ZeRO stage assumed follows it (FSDP2, stage 3, when DP x CP
+    > 1), as it would from a given world size (sources/torchtitan.py)."""
+    dp, stage = reading.origins.get("data_parallel_size"), reading.origins.get("zero_stage")
+    if dp is None or stage is None or stage.kind != FROM_ASSUMED:
+        return
+    cp = reading.get("context_parallel_size") or 1
+    if reading.get("data_parallel_size") * cp <= 1:
+        return
+    itself = ", itself assumed" if dp.kind == FROM_ASSUMED else ""
+    note = f"dp_shard -1 shards over the data-parallel size {reading.get('data_parallel_size')}"
+    note += itself
+    key = _key_for(framework, "zero_stage")
+    reading.set("zero_stage", 3, Origin(FROM_ASSUMED, "recompute-kit", key, note))
+    reading.set("use_torch_fsdp2", True, Origin(FROM_ASSUMED, "recompute-kit", key, note))
 
 
 def _smallest_data_parallel(reading: Reading) -> tuple[int, str]:

@@ -330,3 +330,16 @@ def test_an_accelerate_config_beside_the_recipe_shards_the_run(tmp_path):
     )
     with pytest.raises(ConfigError, match="fsdp_sharding_strategy 'SOMETHING' is not known"):
         resolve([str(bad)], model=model)
+
+
+def test_titan_default_shard_follows_an_assumed_data_parallel_size():
+    # torchtitan's deepseek_v3_16b.toml: EP 8 and dp_shard -1, the world left to the launcher.
+    # The smallest DP the expert layout allows (8) is assumed; dp_shard -1 shards over it, so
+    # the ZeRO stage assumed is FSDP2's 3 (was 0: 8 data-parallel ranks holding whole states).
+    from recompute_kit.sources.resolve import resolve
+
+    resolved = resolve([str(HERE / "corpus" / "torchtitan" / "deepseek_v3_16b.toml")])
+    p = resolved.config.parallel
+    assert (p.data_parallel_size, p.zero_stage, p.use_torch_fsdp2) == (8, 3, True)
+    said = [a for a in resolved.config.assumptions if a.startswith("zero_stage = 3")]
+    assert said and "data_parallel_shard_degree" in said[0]
