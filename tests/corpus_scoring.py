@@ -52,6 +52,9 @@ class CaseResult:
     collect_decides: bool = False  # `collect` names an artefact that decides the expected category
     raw_confidence: float | None = None  # the top finding's, before calibration
     decided: bool = False  # the input decides the top finding's category (doctor/verdict.py)
+    # the input holds the evidence that decides the EXPECTED category, by the doctor's own rule
+    # (doctor/verdict.py `decides`): e.g. an OOM message alone does not say which tensors
+    expected_decidable: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -102,6 +105,9 @@ def run_case(case: dict[str, Any], workdir: Path, calibrated: bool = True) -> Ca
         return result
     verdict = diagnosis.verdict
     result.verdict = verdict.verdict
+    from recompute_kit.doctor.verdict import decides as _decides
+
+    result.expected_decidable = _decides(expected, verdict.deciding_evidence)
     deciders = set(COLLECT_FOR.get(expected, ()))
     result.collect_decides = any(c["id"] in deciders for c in verdict.collect)
     if diagnosis.findings:
@@ -173,11 +179,16 @@ def verdict_table(results: list[CaseResult]) -> dict[str, Any]:
     thin = [r for r in results if r.decidable is False]
     diagnosed = [r for r in results if r.verdict == "diagnosed"]
     confident = [r for r in results if r.confidence is not None and r.confidence >= 0.85]
+    by_rule = [r for r in results if r.expected_decidable]
     return {
         "decidable": {
             "n": len(dec),
             "top1": sum(r.category_ok for r in dec),
             "diagnosed": sum(r.verdict == "diagnosed" for r in dec),
+        },
+        "evidence_decides_expected": {
+            "n": len(by_rule),
+            "top1": sum(r.category_ok for r in by_rule),
         },
         "thin": {
             "n": len(thin),
@@ -225,6 +236,8 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"{split}, verdicts (decidable / thin from the cases' `decidable` labels):")
         lines.append(f"  decidable cases, top-1 right        {_share(d['top1'], d['n'])}")
         lines.append(f"  decidable cases, diagnosed           {_share(d['diagnosed'], d['n'])}")
+        e = v["evidence_decides_expected"]
+        lines.append(f"  evidence decides expected, top-1     {_share(e['top1'], e['n'])}")
         lines.append(
             f"  thin cases, needs_evidence           {_share(t['needs_evidence'], t['n'])}"
         )
