@@ -1,6 +1,7 @@
 """The CLI through its JSON and its exit codes; bad input gives one line, never a traceback."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -526,3 +527,71 @@ def test_a_spec_megatron_refuses_is_skipped_among_others():
     assert doc["rejected"][0]["recompute"] == "selective:mla_up_proj"
     assert "mla_up_proj" in proc.stderr
     run("estimate", "--model", "tiny-moe", "--recompute", "selective:mla_up_proj", check_rc=1)
+
+
+def _doctor_layout(*extra: str, log_lines: str = "") -> dict:
+    """The doctor on Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh (TP1 PP4
+    EP8; its world is 8 x SLURM_NNODES, unset here) and an OOM message."""
+    script = (
+        DATA.parent / "sources" / "corpus" / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
+    )
+    log = log_lines + (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 3 has a "
+        "total capacity of 79.11 GiB of which 412.00 MiB is free. Including non-PyTorch memory, "
+        "this process has 78.69 GiB memory in use. Of the allocated memory 75.20 GiB is "
+        "allocated by PyTorch, and 1.52 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recompute_kit.cli",
+            "doctor",
+            "--log",
+            "-",
+            "--config",
+            str(script),
+            "--json",
+            *extra,
+        ],
+        input=log,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_doctor_takes_the_world_from_dp_or_from_megatrons_printed_layout():
+    # A launch script leaves the node count to the scheduler: --dp (as estimate and plan take
+    # it) or the log's own line (megatron/training/arguments.py prints it at start-up) sets it.
+    alone = _doctor_layout()
+    assert alone["evidence"]["read"]["config"]["world_size"] == 8  # SLURM_NNODES unset
+    by_flag = _doctor_layout("--dp", "16")
+    printed = _doctor_layout(
+        log_lines="using world size: 64, data-parallel size: 16, context-parallel size: 1, "
+        "hierarchical context-parallel sizes: None, tensor-model-parallel size: 1, "
+        "pipeline-model-parallel size: 4\n"
+    )
+    for doc in (by_flag, printed):
+        read = doc["evidence"]["read"]["config"]
+        assert (read["data_parallel_size"], read["world_size"]) == (16, 64)
+    assert any(
+        "using world size" in n or "prints the layout" in n for n in printed["evidence"]["notes"]
+    )
+    # the 8-GPU reading cannot hold EP 8 x PP 4 and says so; the given layouts can
+    assert any("cannot run as written" in w for w in alone["evidence"]["read"]["warnings"])
+    for doc in (by_flag, printed):
+        assert not any("cannot run" in w for w in doc["evidence"]["read"]["warnings"])
+
+
+def test_doctor_layout_flags_need_a_config():
+    proc = subprocess.run(
+        [sys.executable, "-m", "recompute_kit.cli", "doctor", "--log", "-", "--dp", "8"],
+        input="x\n",
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "give --config" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

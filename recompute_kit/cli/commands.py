@@ -596,6 +596,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         text_file(path, "--log", log_hint, strict=False)
     if stdin_text is not None and not stdin_text.strip():
         raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
+    if override_values(args) and not args.config:
+        raise ConfigError(
+            "--dp, --tp, --seq-length, ... set the layout and shape of the --config files: "
+            "give --config FILE (the launch script or recipe the run uses)"
+        )
     for path in args.config or []:
         text_file(
             path,
@@ -611,6 +616,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             args.memory_stats,
             args.snapshot,
             stdin_text=stdin_text,
+            overrides=override_values(args),
         )
     except EvidenceError as exc:
         raise ConfigError(str(exc)) from None

@@ -311,7 +311,9 @@ OVERRIDES = {
 }
 
 
-def add_override_args(parser: argparse.ArgumentParser) -> None:
+def add_override_args(parser: argparse.ArgumentParser, stage: bool = True) -> None:
+    """The shape and layout overrides; `stage=False` leaves out --stage (a command that
+    reports no single stage)."""
     group = parser.add_argument_group("overrides (Megatron keys of the model/config)")
     group.add_argument("--seq-length", type=int, metavar="S")
     group.add_argument("--micro-batch-size", type=int, metavar="B")
@@ -348,12 +350,13 @@ def add_override_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what
         )
-    group.add_argument(
-        "--stage",
-        type=int,
-        metavar="N",
-        help="pipeline stage to report (default: the stage with the highest total)",
-    )
+    if stage:
+        group.add_argument(
+            "--stage",
+            type=int,
+            metavar="N",
+            help="pipeline stage to report (default: the stage with the highest total)",
+        )
     group.add_argument(
         "--moe-imbalance",
         type=float,

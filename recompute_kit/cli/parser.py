@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         nargs="+",
         help="the config files you train with, any format `recompute-kit read` takes "
-        "(several at once), or a pasted command line / Hydra overrides",
+        "(several at once); a pasted command line or Hydra overrides go in a file",
     )
     p.add_argument(
         "--experiments",
@@ -294,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU size in GiB when no OOM message says it",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    # the layout a launch script leaves to the scheduler (--dp), as estimate and plan take it
+    add_override_args(p, stage=False)
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("rules", help="the doctor's rule catalog")

@@ -6,9 +6,15 @@ stdin), the config (YAML/JSON, a Megatron-LM command line or Hydra overrides), a
 table (the kit's results.jsonl, CSV or Markdown), torch.cuda.memory_stats() JSON, or a memory
 snapshot pickle. Prints one JSON document on stdout:
 
-  {"ok": true, "top": {...first finding...}, "findings": [{rule, category, title, confidence,
-   evidence, cause, confirm, fix, config_patch, references}], "summary": "...",
-   "assumptions": [...], "evidence": {"oom": [...], "counts": {...}, "sources": [...]}}
+  {"ok": true, "verdict": "diagnosed | needs_evidence | out_of_scope", "verdict_why": "...",
+   "collect": [{id, what, decides}], "top": {...first finding...}, "findings": [{rule,
+   category, title, confidence, evidence, cause, confirm, fix, config_patch, references}],
+   "summary": "...", "assumptions": [...], "evidence": {"oom": [...], "counts": {...},
+   "sources": [...]}}
+
+Lead with the verdict: `diagnosed` (the evidence decides the top finding), `needs_evidence`
+(the findings are possible; `collect` names what would decide them: ask the user for it) or
+`out_of_scope`.
 
 Findings are ranked, best first; `category` says what kind of problem it is (fragmentation,
 activation_memory, model_state_memory, recompute_overhead, invalid_config, ...). --full adds the
@@ -52,6 +58,18 @@ OOM_KEYS = (
 )
 
 
+LAYOUT_FLAGS = {
+    "dp": "data parallel size",
+    "tp": "tensor parallel size",
+    "pp": "pipeline parallel size",
+    "cp": "context parallel size",
+    "ep": "expert parallel size",
+    "etp": "expert tensor parallel size",
+    "seq-length": "sequence length",
+    "micro-batch-size": "micro-batch size",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="diagnose.py",
@@ -71,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         nargs="+",
         help="the config files the run uses, as they are (several at once: a launch script, "
-        "a recipe or YAML, overrides, a DeepSpeed JSON), or a pasted command line",
+        "a recipe or YAML, overrides, a DeepSpeed JSON); a pasted command line goes in a file",
     )
     p.add_argument(
         "--experiments",
@@ -86,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="X",
         help="GPU size in GiB when no OOM message says it",
     )
+    layout = p.add_argument_group(
+        "the layout the --config files leave to the launcher (a scheduler's node count), as "
+        "plan.py takes it; a log that prints Megatron's 'using world size' line gives it too"
+    )
+    for flag, what in LAYOUT_FLAGS.items():
+        layout.add_argument(f"--{flag}", type=int, metavar="N", help=what)
     p.add_argument("--full", action="store_true", help="also include the doctor's full JSON")
     p.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     args = p.parse_args(argv)
@@ -106,6 +130,10 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
             out += ["--" + flag.replace("_", "-"), value]
     if args.gpu_memory_gb is not None:
         out += ["--gpu-memory-gb", str(args.gpu_memory_gb)]
+    for flag in LAYOUT_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            out += [f"--{flag}", str(value)]
     return out
 
 
@@ -136,6 +164,11 @@ def condense(doc: dict) -> dict:
         }
     return {
         "ok": True,
+        # the verdict leads: diagnosed, needs_evidence (then `collect` says what decides it)
+        # or out_of_scope
+        "verdict": doc.get("verdict"),
+        "verdict_why": doc.get("verdict_why"),
+        "collect": doc.get("collect", []),
         "top": findings[0] if findings else None,
         "findings": findings,
         "summary": doc.get("summary"),

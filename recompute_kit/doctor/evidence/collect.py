@@ -94,7 +94,19 @@ def _scan_env(text: str) -> dict[str, str]:
     return parser.ev.env
 
 
-def _read_config_files(paths: list[str]) -> Evidence:
+# The parallel layout Megatron prints (its argument dump, its `using world size` line): what
+# the run ran with, where a launch script leaves the world to the scheduler's environment.
+PRINTED_LAYOUT_KEYS = (
+    "world_size",
+    "data_parallel_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+)
+
+
+def _read_config_files(paths: list[str], overrides: dict | None = None) -> Evidence:
     """The config files through the shared reader, as every command reads them: its values
     (what the files and the named model say, with the framework's semantics) win over the
     paste reader's for the keys both know; what it cannot read is a note, never an error."""
@@ -102,7 +114,7 @@ def _read_config_files(paths: list[str]) -> Evidence:
     from ...sources.resolve import resolve
 
     try:
-        resolved = resolve(paths, require_shape=False)
+        resolved = resolve(paths, require_shape=False, overrides=overrides or None)
     except ConfigError as exc:
         return Evidence(notes=[f"config: {exc}"])
     reading = resolved.reading
@@ -121,9 +133,13 @@ def collect(
     memory_stats: str | None = None,
     snapshot: str | None = None,
     stdin_text: str | None = None,
+    overrides: dict | None = None,
 ) -> Evidence:
     """All the evidence from the given paths ("-" reads `stdin_text`), merged in this order:
     logs, config (YAML/JSON or a plain-text command line), experiments, memory stats, snapshot.
+    `overrides` (Megatron keys: the command line's --dp, --tp, ...) win over the config files,
+    and the parallel layout the log prints (Megatron's arguments) wins over what the files
+    leave to the launcher.
 
     Raises EvidenceError with one line (`cannot read log 'x': No such file or directory`) when
     a file cannot be read, and for unsafe or corrupt snapshots. Unparsable content is noted."""
@@ -160,7 +176,7 @@ def collect(
     # (an empty file was said above; the shared reader reads the others)
     files = [c for c in configs if c != "-" and Path(c).stat().st_size]
     if files:
-        evidence = evidence.merge(_read_config_files(files))
+        evidence = evidence.merge(_read_config_files(files, _layout(evidence, overrides)))
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)
         label = "<stdin>" if experiments == "-" else experiments
@@ -186,3 +202,13 @@ def collect(
         label = "<stdin>" if snapshot == "-" else snapshot
         evidence = evidence.merge(Evidence(snapshot=summary, sources=[f"snapshot:{label}"]))
     return evidence
+
+
+def _layout(evidence: Evidence, overrides: dict | None) -> dict:
+    """The overrides for the config files: the log's printed layout, then the command line's."""
+    printed = evidence.facts.get("args_dump") or {}
+    layout = {k: printed[k] for k in PRINTED_LAYOUT_KEYS if isinstance(printed.get(k), int)}
+    if layout:
+        said = ", ".join(f"{k} {v}" for k, v in layout.items())
+        evidence.notes.append(f"the log prints the layout Megatron ran with ({said}): it is used")
+    return {**layout, **(overrides or {})}

@@ -381,8 +381,10 @@ class _LogParser(ProgressLines):
             self._tqdm(text)
             return
         if "using world size" in text:
+            printed = self.ev.facts.setdefault("args_dump", {})
             for key, value in world_sizes(text).items():
                 self.ev.config.setdefault(key, value)
+                printed.setdefault(key, value)  # what Megatron ran with (collect.py)
             return
         if text.startswith("|") and " memory " in text:
             if (m := _SUMMARY_ROW_RE.match(text.strip())) is not None:
