@@ -568,6 +568,9 @@ def test_doctor_takes_the_world_from_dp_or_from_megatrons_printed_layout():
     # it) or the log's own line (megatron/training/arguments.py prints it at start-up) sets it.
     alone = _doctor_layout()
     assert alone["evidence"]["read"]["config"]["world_size"] == 8  # SLURM_NNODES unset
+    # ... which cannot hold EP 8 x PP 4: the DP assumed for it says the world it takes
+    dp_note = alone["evidence"]["read"]["sources"]["data_parallel_size"]["note"]
+    assert "the world of 8 GPUs given cannot hold it: it takes 32" in dp_note
     by_flag = _doctor_layout("--dp", "16")
     printed = _doctor_layout(
         log_lines="using world size: 64, data-parallel size: 16, context-parallel size: 1, "

@@ -362,6 +362,10 @@ def _smallest_data_parallel(reading: Reading) -> tuple[int, str]:
     )
     dp = experts // math.gcd(experts, tp * cp)
     note = f"the smallest the expert layout allows (EP x expert TP = {experts})" if dp > 1 else ""
+    world, pp = reading.get("world_size"), reading.get("pipeline_model_parallel_size") or 1
+    if dp > 1 and world and world != dp * tp * cp * pp:
+        # say it with the DP: a world of 8 beside DP 8 x PP 4 reads as a contradiction
+        note += f"; the world of {world} GPUs given cannot hold it: it takes {dp * tp * cp * pp}"
     return dp, note
 
 
