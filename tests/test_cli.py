@@ -598,3 +598,28 @@ def test_doctor_layout_flags_need_a_config():
     )
     assert proc.returncode != 0 and "give --config" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_validate_warns_about_ignored_modules_only_when_the_input_sets_them(tmp_path):
+    # Megatron-LM's examples/mixtral script with full recompute added (the kit's own advice):
+    # recompute_modules is then Megatron's default ['core_attn'], which full recompute ignores
+    # silently; only modules the script itself sets are worth a warning.
+    src = DATA.parent / "sources" / "corpus" / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
+    text = src.read_text()
+    flags = (
+        "    --recompute-granularity full --recompute-method block --recompute-num-layers 3 \\\n"
+    )
+    assert "MODEL_ARGS=(\n" in text
+    full = tmp_path / "full.sh"
+    full.write_text(text.replace("MODEL_ARGS=(\n", "MODEL_ARGS=(\n" + flags.replace(" \\", ""), 1))
+    explicit = tmp_path / "explicit.sh"
+    explicit.write_text(
+        text.replace(
+            "MODEL_ARGS=(\n", "MODEL_ARGS=(\n" + flags.replace(" \\", " --recompute-modules mlp"), 1
+        )
+    )
+    ignored = "Megatron ignores recompute_modules"
+    out = run("validate", str(full), "--strict", "--dp", "8", check_rc=0)
+    assert "full:block:3" in out.stdout and ignored not in out.stdout + out.stderr
+    out = run("validate", str(explicit), "--strict", "--dp", "8", check_rc=0)
+    assert ignored in out.stdout + out.stderr

@@ -102,6 +102,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ..sources.reading import FROM_ASSUMED, FROM_DEFAULT
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines
 
@@ -129,7 +130,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(line)
     errors: list[str] = []
     try:
-        warnings += cfg.validate(strict=args.strict)
+        modules = resolved.reading.origins.get("recompute_modules")
+        given = modules is not None and modules.kind not in (FROM_DEFAULT, FROM_ASSUMED)
+        warnings += cfg.validate(strict=args.strict, modules_given=given)
     except ConfigError as exc:
         errors.append(str(exc))
     if args.json:

@@ -293,12 +293,14 @@ class Config:
             flat.update(dataclasses.asdict(section))
         return flat
 
-    def validate(self, strict: bool = False) -> list[str]:
+    def validate(self, strict: bool = False, modules_given: bool = True) -> list[str]:
         """Raise `ConfigError` on the first rule broken; return warnings. Normalises in place
-        (`recompute_modules=None` becomes `["core_attn"]`, as in Megatron)."""
+        (`recompute_modules=None` becomes `["core_attn"]`, as in Megatron). `modules_given`:
+        False when recompute_modules is Megatron's default, not the input's (then a full
+        recompute is not warned about ignoring it)."""
         from .validation import validate  # (imports this module)
 
-        return validate(self, strict=strict)
+        return validate(self, strict=strict, modules_given=modules_given)
 
 
 _SECTION_OF_KEY: dict[str, str] = {

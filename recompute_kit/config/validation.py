@@ -24,7 +24,7 @@ from .versions import ignored_settings, known_broken, parse_version
 # and 22 (offloading inside a recomputed MoE) follow the newer v0.19.
 
 
-def validate(cfg: Config, strict: bool = False) -> list[str]:
+def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> list[str]:
     m, p, r = cfg.model, cfg.parallel, cfg.recompute
     warnings: list[str] = []
     _check_types(cfg)
@@ -75,7 +75,8 @@ def validate(cfg: Config, strict: bool = False) -> list[str]:
                 f"false when sequence parallel is enabled: {p.sequence_parallel}"
             )
 
-    modules_as_written = r.recompute_modules  # (before rule 10 fills in the default)
+    # (before rule 10 fills in the default; a default the reader filled in is not written)
+    modules_as_written = r.recompute_modules if modules_given else None
     # Rule 10: the default module list.
     if r.recompute_modules is None:
         r.recompute_modules = ["core_attn"]
