@@ -49,10 +49,11 @@ def selective_specs(config) -> list[str]:
     ]
 
 
-def mismatches(configs, dtype: str, training: bool = True) -> list[str]:
-    """Every layer of every config whose estimate is off by more than TOLERANCE."""
+def mismatches(configs, dtype: str, training: bool = True, measured=None) -> list[str]:
+    """Every layer of every config whose estimate is off by more than TOLERANCE (`measured`:
+    engine.measure_many's result for them, measured here when None)."""
     bad = []
-    measured = engine.measure_many(configs, dtype, training=training)
+    measured = measured or engine.measure_many(configs, dtype, training=training)
     for config, ranks in zip(configs, measured, strict=True):
         per_layer: dict[int, list[int]] = defaultdict(list)
         for rank in ranks:
@@ -485,8 +486,9 @@ def mtp_mismatches(configs, dtype: str, training: bool = True) -> list[str]:
     from recompute_kit.memory.estimate import edge_bytes
     from recompute_kit.memory.mtp import mtp_activation_bytes, mtp_layer_is_moe, mtp_location
 
-    bad = mismatches(configs, dtype, training)
-    for config, ranks in zip(configs, engine.measure_many(configs, dtype, training=training)):
+    measured = engine.measure_many(configs, dtype, training=training)
+    bad = mismatches(configs, dtype, training, measured)
+    for config, ranks in zip(configs, measured, strict=True):
         m, p, rc = config.model, config.parallel, config.recompute
         B, layout = 2 if dtype == "bf16" else 4, pipeline_layout(config.model, config.parallel)
         edges = edge_bytes(m, p, B, training)
@@ -558,3 +560,36 @@ def test_mtp_dense(dtype):
     configs = [GPT.replace(mtp_num_layers=1).with_recompute(s) for s in MTP_SPECS]
     configs.append(ROPE_RMS.replace(mtp_num_layers=2).with_recompute("selective:core_attn"))
     assert mtp_mismatches(configs, dtype) == []
+
+
+def test_mtp_moe():
+    """The MTP layer is built from the spec of the last decoder layer on its stage (Megatron-LM's
+    gpt_builders): a MoE layer after tiny-moe's last MoE layer, a dense one after a dense
+    last layer; its router, experts and aux loss as the decoder's, here in bf16."""
+    moe = MOE.replace(mtp_num_layers=1)
+    configs = [moe.with_recompute(s) for s in ("none", "selective:moe", "full:uniform:1")]
+    configs.append(moe.replace(moe_layer_freq=[1, 1, 1, 0]).with_recompute("selective:mlp"))
+    assert mtp_mismatches(configs, "bf16") == []
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["untied", "tied"])
+def test_mtp_on_the_last_pipeline_stage(shared):
+    """PP 2: MTP runs on the last stage, which also keeps its own copy of the embedding
+    (tied or not: gpt_model.py, 'MTP need embedding layer in mtp process stage'); the first
+    stage keeps none of it. Parameters per rank exact."""
+    pp2 = GPT.replace(
+        mtp_num_layers=1,
+        pipeline_model_parallel_size=2,
+        share_embeddings_and_output_weights=shared,
+    )
+    configs = [pp2.with_recompute(s) for s in ("selective:core_attn", "full:uniform:1")]
+    assert mtp_mismatches(configs, "fp32") == []
+
+
+@pytest.mark.slow
+def test_mtp_tp2_sequence_parallel():
+    """TP 2 with SP: the MTP lookup is vocab-parallel (shifted ids and mask), its norms and
+    eh_proj input sequence-sharded, eh_proj's output gathered then scattered again."""
+    tp2 = GPT.replace(mtp_num_layers=1, tensor_model_parallel_size=2, sequence_parallel=True)
+    configs = [tp2.with_recompute(s) for s in ("none", "selective:layernorm", "full:uniform:1")]
+    assert mtp_mismatches(configs, "fp32") == []

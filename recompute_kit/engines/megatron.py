@@ -323,6 +323,22 @@ def _cpu_as_current_device(device: str = "cpu"):
         torch.cuda.current_device = saved
 
 
+@contextlib.contextmanager
+def _tensor_cuda_stays_put():
+    """13. A stage that keeps a copy of the embedding (the last one, with tied weights or
+    with MTP) moves it with `weight.data.cuda()` before the all-reduce that makes both copies
+    equal (LanguageModule.setup_embeddings_and_output_layer): while a model is built here,
+    `.cuda()` leaves a tensor where it is (values only; nothing measured depends on them)."""
+    import torch
+
+    saved = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = saved
+
+
 # --------------------------------------------------------------------------------------------
 # The kit's config as Megatron's TransformerConfig
 # --------------------------------------------------------------------------------------------
@@ -496,7 +512,7 @@ def measure_rank(
         vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
         # Built on `device`; the forward then runs as on a GPU: a tensor made without a
         # device (e.g. core attention's mask type) is a host tensor, not counted.
-        with torch.device(device):
+        with torch.device(device), _tensor_cuda_stays_put():
             models = [build_model(config, dtype, v if vpp else None) for v in range(len(chunks))]
         if dtype == "bf16":  # what Megatron's Float16Module does to the model it wraps
             models = [model.bfloat16() for model in models]

@@ -7,7 +7,9 @@ Per MTP layer and micro-batch, on that stage:
   first stage's lookup keeps, except that the rolled position ids are a whole [b, s] tensor;
 * enorm (on that embedding) and hnorm (on the previous depth's hidden states) keep what a norm
   keeps; their concatenation [s, b, 2h] is the input eh_proj keeps;
-* one transformer layer, with the selective recompute of the decoder's layers;
+* one transformer layer, with the selective recompute of the decoder's layers; with sequence
+  parallelism its input is a view of eh_proj's gathered output, so what saves that input
+  keeps the whole [s, b, h] (measured: the local spec's input norm);
 * the MTP final norm keeps what a norm keeps;
 * the output layer keeps its input: the main output layer and each MTP depth's read slices of
   one concatenation of the 1 + D hidden states, so the output's input grows by D copies;
@@ -92,6 +94,9 @@ def mtp_activation_bytes(
         layer_rc = RecomputeConfig() if rc.recompute_granularity == "full" else rc
         roles = layer_activation_bytes(m, layer_rc, p, dtype_bytes, moe_layer, training)
         layer = 3 * edges["final_norm"] + 2 * hidden + sum(roles.values())
+        # With SP the layer's input is a slice of eh_proj's gathered [s, b, h] output
+        # (scatter_to_sequence_parallel_region returns a view): what saves it keeps all of it.
+        layer += hidden * (p.tensor_model_parallel_size - 1) if p.sequence_parallel else 0.0
     loss = edges["loss"] + 2 * STAT_BYTES * tokens + STAT_BYTES
     return {
         "mtp_embedding": depth * embedding,
