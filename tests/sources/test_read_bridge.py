@@ -244,9 +244,10 @@ def test_mtp_layers_are_in_the_estimate_of_the_stage_that_holds_them():
     added = with_mtp.activation_bytes - without.activation_bytes
     assert added == pytest.approx(per_micro_batch * with_mtp.micro_batches_in_flight, abs=1)
     assert without.mtp_bytes == {} and estimate(config, stage=0).mtp_bytes == {}
-    extra = rank_parameters(config, last)["expert"] - rank_parameters(
-        config.replace(mtp_num_layers=None), last
-    )["expert"]
+    extra = (
+        rank_parameters(config, last)["expert"]
+        - rank_parameters(config.replace(mtp_num_layers=None), last)["expert"]
+    )
     assert extra > 0  # DeepSeek-V3's last layer is MoE, so is its MTP layer
 
 
