@@ -49,10 +49,11 @@ def selective_specs(config) -> list[str]:
     ]
 
 
-def mismatches(configs, dtype: str, training: bool = True) -> list[str]:
-    """Every layer of every config whose estimate is off by more than TOLERANCE."""
+def mismatches(configs, dtype: str, training: bool = True, measured=None) -> list[str]:
+    """Every layer of every config whose estimate is off by more than TOLERANCE (`measured`:
+    engine.measure_many's result for them, measured here when None)."""
     bad = []
-    measured = engine.measure_many(configs, dtype, training=training)
+    measured = measured or engine.measure_many(configs, dtype, training=training)
     for config, ranks in zip(configs, measured, strict=True):
         per_layer: dict[int, list[int]] = defaultdict(list)
         for rank in ranks:
@@ -473,3 +474,122 @@ def test_grouped_gemm_gelu_experts_and_bf16_qk_norms_ep2():
         ep2.replace(qk_layernorm=True).with_recompute("selective:layernorm,moe_act"),
     ]
     assert mismatches(configs, "bf16") == []
+
+
+# ---- Multi-token prediction ---------------------------------------------------------------------
+
+
+def mtp_mismatches(configs, dtype: str, training: bool = True) -> list[str]:
+    """Every rank's edge roles (embedding, final norm, output layer, loss) and its MTP block
+    against memory/mtp.py, the decoder layers against layer_activation_bytes, parameters per
+    rank; exact bytes (the CPU artefacts of cpu_artefacts taken off)."""
+    from recompute_kit.memory.estimate import edge_bytes
+    from recompute_kit.memory.mtp import mtp_activation_bytes, mtp_layer_is_moe, mtp_location
+
+    measured = engine.measure_many(configs, dtype, training=training)
+    bad = mismatches(configs, dtype, training, measured)
+    for config, ranks in zip(configs, measured, strict=True):
+        m, p, rc = config.model, config.parallel, config.recompute
+        B, layout = 2 if dtype == "bf16" else 4, pipeline_layout(config.model, config.parallel)
+        edges = edge_bytes(m, p, B, training)
+        where = mtp_location(m, p)
+        moe = mtp_layer_is_moe(m, layout[where[0]][where[1]])
+        mtp = mtp_activation_bytes(config, B, edges, moe, training)
+        checkpointed = training and rc.recompute_granularity == "full"
+        checkpointed = checkpointed and rc.recompute_method == "uniform"
+        # Under full recompute the MTP layer runs without selective recompute.
+        plain = config.with_recompute("none") if rc.recompute_granularity == "full" else config
+        artefact = cpu_artefacts(plain, dtype, training, False)
+        norm_artefact = 0
+        if dtype == "bf16" and m.normalization == "LayerNorm":
+            tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+            tokens //= p.tensor_model_parallel_size if p.sequence_parallel else 1
+            norm_artefact = -2 * 2 * tokens  # per norm (cpu_artefacts)
+        for rank in ranks:
+            last, here = rank.pp_rank == len(layout) - 1, rank.pp_rank == where[0]
+            expected = {
+                "embedding": edges["embedding"] * (rank.pp_rank == 0),
+                "final_norm": (edges["final_norm"] + norm_artefact) * last,
+                "output": edges["output"] * last,
+                "loss": edges["loss"] * last,
+                "mtp": 0.0,
+                # the decoder's full-recompute checkpoints keep their inputs (TransformerBlock)
+                "other": edges["output"] * stored_inputs(config, rank.pp_rank, training),
+            }
+            if here:
+                depth = m.mtp_num_layers
+                expected["embedding"] += mtp["mtp_embedding"]
+                expected["output"] += mtp["mtp_output"]
+                expected["loss"] += mtp["mtp_loss"]
+                inside = 0 if checkpointed else artefact + 3 * norm_artefact
+                expected["mtp"] = mtp["mtp_layers"] + depth * inside
+            for role, value in expected.items():
+                got = rank.edge_roles.get(role, 0)
+                if got != value:
+                    bad.append(
+                        f"mtp {rc.spec} {dtype} rank {rank.rank} {role}: Megatron-Core saved "
+                        f"{got} B, the estimate says {value:.0f} B"
+                    )
+    return bad
+
+
+def stored_inputs(config, stage: int, training: bool) -> int:
+    """Full-recompute checkpoints of the decoder on `stage` (one saved input each)."""
+    chunks = pipeline_layout(config.model, config.parallel)[stage]
+    return sum(
+        ck
+        for chunk in chunks
+        for _, _, ck in full_recompute_chunks(config.recompute, len(chunk), training)
+    )
+
+
+MTP_SPECS = [
+    "none",
+    "selective:core_attn",
+    "selective:mlp,layernorm",
+    "full:uniform:1",
+    "full:block:2",
+]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_mtp_dense(dtype):
+    """Multi-token prediction (mtp_num_layers 1 and 2) on a dense GPT, one rank: the MTP
+    block's lookup, norms, eh_proj input, transformer layer and final norm, the output layer's
+    grown input and the extra loss, under selective and full recompute (memory/mtp.py)."""
+    configs = [GPT.replace(mtp_num_layers=1).with_recompute(s) for s in MTP_SPECS]
+    configs.append(ROPE_RMS.replace(mtp_num_layers=2).with_recompute("selective:core_attn"))
+    assert mtp_mismatches(configs, dtype) == []
+
+
+def test_mtp_moe():
+    """The MTP layer is built from the spec of the last decoder layer on its stage (Megatron-LM's
+    gpt_builders): a MoE layer after tiny-moe's last MoE layer, a dense one after a dense
+    last layer; its router, experts and aux loss as the decoder's, here in bf16."""
+    moe = MOE.replace(mtp_num_layers=1)
+    configs = [moe.with_recompute(s) for s in ("none", "selective:moe", "full:uniform:1")]
+    configs.append(moe.replace(moe_layer_freq=[1, 1, 1, 0]).with_recompute("selective:mlp"))
+    assert mtp_mismatches(configs, "bf16") == []
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["untied", "tied"])
+def test_mtp_on_the_last_pipeline_stage(shared):
+    """PP 2: MTP runs on the last stage, which also keeps its own copy of the embedding
+    (tied or not: gpt_model.py, 'MTP need embedding layer in mtp process stage'); the first
+    stage keeps none of it. Parameters per rank exact."""
+    pp2 = GPT.replace(
+        mtp_num_layers=1,
+        pipeline_model_parallel_size=2,
+        share_embeddings_and_output_weights=shared,
+    )
+    configs = [pp2.with_recompute(s) for s in ("selective:core_attn", "full:uniform:1")]
+    assert mtp_mismatches(configs, "fp32") == []
+
+
+@pytest.mark.slow
+def test_mtp_tp2_sequence_parallel():
+    """TP 2 with SP: the MTP lookup is vocab-parallel (shifted ids and mask), its norms and
+    eh_proj input sequence-sharded, eh_proj's output gathered then scattered again."""
+    tp2 = GPT.replace(mtp_num_layers=1, tensor_model_parallel_size=2, sequence_parallel=True)
+    configs = [tp2.with_recompute(s) for s in ("none", "selective:layernorm", "full:uniform:1")]
+    assert mtp_mismatches(configs, "fp32") == []

@@ -105,6 +105,9 @@ class ModelConfig:
     # that sizes the experts' token copies of a dropless run (memory/overheads.py)
     moe_routing_imbalance: float | None = None
     moe_shared_expert_overlap: bool = False
+    # Multi-token prediction (Megatron-Core's mtp_num_layers; HF num_nextn_predict_layers):
+    # MTP layers after the decoder, on the stage that holds the loss (memory/mtp.py).
+    mtp_num_layers: int | None = None
     # Multi-latent attention
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None

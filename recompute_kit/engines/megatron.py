@@ -62,7 +62,8 @@ class RankMeasurement:
     optimizer_shards: dict[str, int] = field(default_factory=dict)
     # Outside the layers: `embedding` (first stage), and on the last stage `final_norm`, the
     # `output` layer (its input) and the `loss` (the cross-entropy's saves, attributed to the
-    # GPTModel itself: compute_language_model_loss is not a module); `other` is the rest.
+    # GPTModel itself: compute_language_model_loss is not a module); `mtp`, the
+    # multi-token-prediction block's modules (on its stage); `other` is the rest.
     edge_roles: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -322,6 +323,22 @@ def _cpu_as_current_device(device: str = "cpu"):
         torch.cuda.current_device = saved
 
 
+@contextlib.contextmanager
+def _tensor_cuda_stays_put():
+    """13. A stage that keeps a copy of the embedding (the last one, with tied weights or
+    with MTP) moves it with `weight.data.cuda()` before the all-reduce that makes both copies
+    equal (LanguageModule.setup_embeddings_and_output_layer): while a model is built here,
+    `.cuda()` leaves a tensor where it is (values only; nothing measured depends on them)."""
+    import torch
+
+    saved = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = saved
+
+
 # --------------------------------------------------------------------------------------------
 # The kit's config as Megatron's TransformerConfig
 # --------------------------------------------------------------------------------------------
@@ -368,6 +385,8 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         raise ConfigError("the Megatron-Core reference runs Megatron's loss (loss_implementation)")
     if m.multi_latent_attention:
         kwargs["rope_type"] = "rope"
+    if m.mtp_num_layers:
+        kwargs["mtp_num_layers"] = m.mtp_num_layers
     if m.num_moe_experts:
         kwargs.update(
             # With the local spec: the legacy GroupedMLP, which Megatron runs in bf16 only.
@@ -405,6 +424,26 @@ def _layer_spec(config: Config, tc, vp_stage: int | None):
     )
 
 
+def _mtp_block_spec(config: Config, tc, spec, vp_stage: int | None):
+    """The multi-token-prediction block as Megatron-LM's gpt_builders builds it: each MTP layer
+    wraps the spec of this stage's last decoder layer (a MoE layer's spec when the stage has
+    no decoder layer and the model has experts); None on stages without MTP."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_mtp_block_spec,
+    )
+
+    if not config.model.mtp_num_layers:
+        return None
+    if hasattr(spec, "layer_specs") and not spec.layer_specs:
+        spec = get_gpt_decoder_block_spec(
+            dataclasses.replace(tc, moe_layer_freq=1),
+            use_transformer_engine=False,
+            normalization=config.model.normalization,
+        ).layer_specs[-1]
+    return get_gpt_mtp_block_spec(tc, spec, use_transformer_engine=False, vp_stage=vp_stage)
+
+
 def build_model(config: Config, dtype: str, vp_stage: int | None = None):
     """Megatron-Core's GPTModel (this rank's part) for a kit config."""
     from megatron.core import parallel_state as ps
@@ -414,9 +453,11 @@ def build_model(config: Config, dtype: str, vp_stage: int | None = None):
 
     kind = MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig
     tc = kind(**transformer_config_kwargs(config, dtype))
+    spec = _layer_spec(config, tc, vp_stage)
     return GPTModel(
         config=tc,
-        transformer_layer_spec=_layer_spec(config, tc, vp_stage),
+        transformer_layer_spec=spec,
+        mtp_block_spec=_mtp_block_spec(config, tc, spec, vp_stage),
         vocab_size=padded_vocab_size(config.model, config.parallel.tensor_model_parallel_size),
         max_sequence_length=config.model.seq_length,
         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -471,7 +512,7 @@ def measure_rank(
         vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
         # Built on `device`; the forward then runs as on a GPU: a tensor made without a
         # device (e.g. core attention's mask type) is a host tensor, not counted.
-        with torch.device(device):
+        with torch.device(device), _tensor_cuda_stays_put():
             models = [build_model(config, dtype, v if vpp else None) for v in range(len(chunks))]
         if dtype == "bf16":  # what Megatron's Float16Module does to the model it wraps
             models = [model.bfloat16() for model in models]
@@ -518,12 +559,18 @@ def measure_rank(
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
         get_moe_layer_wise_logging_tracker().clear()
+        # So is the MTP loss tracker, sized by the first model's mtp_num_layers.
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        MTPLossLoggingHelper.tracker.clear()
 
 
 _EDGE_MODULES = {  # role -> Megatron's module path in GPTModel
     "embedding": "embedding",
     "final_norm": "decoder.final_layernorm",
     "output": "output_layer",
+    "mtp": "mtp",  # the MTP block's own modules; its lookup is `embedding`'s, its logits the
+    # output layer's, its loss the model's
 }
 
 
@@ -561,7 +608,9 @@ def _forward(model, config: Config, first: bool, device: str, training: bool = T
     # On a CPU host and device are one: there every saved tensor counts.
     counted = None if device == "cpu" else device
     with track_saved_tensors(model, inputs=(causal,), device=counted) as saved:
-        out = model(tokens, positions, attention_mask=causal, labels=tokens)
+        # Megatron-LM passes the data's fp32 loss mask (MTP rolls and keeps it).
+        loss_mask = torch.ones(tokens.shape, dtype=torch.float32, device=device)
+        out = model(tokens, positions, attention_mask=causal, labels=tokens, loss_mask=loss_mask)
     if device != "meta":
         out.float().sum().backward()
     return saved

@@ -36,6 +36,7 @@ from . import torchtitan as titan
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import micro_batches_in_flight, pipeline_layout
 from .model_states import model_states, padded_vocab_size
+from .mtp import mtp_activation_bytes, mtp_layer_is_moe, mtp_location
 from .overheads import overhead_terms
 from .te_saves import (
     attention_norm_fused,
@@ -81,6 +82,9 @@ class Estimate:
     overhead_bytes: int = 0
     total_with_overheads_bytes: int = 0  # total_bytes + overhead_bytes
     overhead_assumptions: list[str] = field(default_factory=list)
+    # Multi-token prediction on this stage, per micro-batch, by part (memory/mtp.py); inside
+    # activation_bytes. Empty on stages without MTP.
+    mtp_bytes: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -690,6 +694,8 @@ def _stage_estimate(
     edges = edge_bytes(m, p, B, training, engine)
     head = edges["final_norm"] + edges["output"] + edges["loss"] if stage == pp - 1 else 0.0
     embedding = edges["embedding"] if stage == 0 else 0.0
+    mtp = _mtp_bytes(config, B, training, engine, stage, layout, edges)
+    head += sum(mtp.values())  # backward passes the MTP block right after the loss
 
     layer_input = B * x.sbh / x.sp  # what a full-recompute chunk stores
     if rc.distribute_saved_activations and not p.sequence_parallel:
@@ -750,7 +756,20 @@ def _stage_estimate(
         micro_batches_in_flight=in_flight,
         sharding=states.mode,
         gathered_params_bytes=states.gathered_params,
+        mtp_bytes=mtp,
     )
+
+
+def _mtp_bytes(config, B, training, engine, stage, layout, edges) -> dict[str, float]:
+    """The MTP block's saves (memory/mtp.py) on the stage that holds it; Megatron's engine
+    only (the others build no MTP layers)."""
+    where = mtp_location(config.model, config.parallel)
+    if where is None or where[0] != stage or engine != "megatron":
+        return {}
+    if config.model.loss_implementation != "megatron":
+        return {}
+    moe = mtp_layer_is_moe(config.model, layout[stage][where[1]])
+    return mtp_activation_bytes(config, B, edges, moe, training)
 
 
 def _add_overheads(e: Estimate, config: Config, B: int, moe_imbalance: float | None) -> None:

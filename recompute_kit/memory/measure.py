@@ -60,11 +60,12 @@ class SavedActivations:
         return out
 
     def per_layer(self) -> list[int]:
-        """Bytes saved inside each transformer layer, in layer order."""
+        """Bytes saved inside each transformer layer, in layer order (the decoder's: the
+        layers of Megatron's multi-token-prediction block, `mtp.layers.N`, are not)."""
         layers = {
             int(m.group(1)): n
             for key, n in self.top_level().items()
-            if (m := re.search(r"\.layers\.(\d+)$", key))
+            if (m := re.search(r"\.layers\.(\d+)$", key)) and not key.startswith("mtp.")
         }
         return [layers[i] for i in sorted(layers)]
 

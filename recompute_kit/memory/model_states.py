@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass
 
 from ..config import Config, ConfigError, ModelConfig
 from .layout import pipeline_layout
+from .mtp import mtp_layer_is_moe, mtp_location
 
 
 def parameter_counts(m: ModelConfig) -> dict[str, int]:
@@ -162,12 +163,18 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
         attention = (h * qkv + bias * qkv + a * d * h) / t + bias * h
         if m.qk_layernorm:
             attention += 2 * d * (2 if m.normalization == "LayerNorm" else 1)
-    layers = [n for chunk in pipeline_layout(m, p)[stage] for n in chunk]
+    layout = pipeline_layout(m, p)
+    layers = [n for chunk in layout[stage] for n in chunk]
+    mtp = mtp_location(m, p)
+    mtp_here = mtp is not None and mtp[0] == stage and m.loss_implementation == "megatron"
+    kinds = [m.is_moe_layer(n) for n in layers]
+    if mtp_here:  # each MTP layer holds one transformer layer (memory/mtp.py)
+        kinds += [mtp_layer_is_moe(m, layout[stage][mtp[1]])] * m.mtp_num_layers
     dense = expert = 0.0
     largest_layer = 0.0
-    for n in layers:
+    for moe_layer in kinds:
         layer_dense, layer_expert = 2 * norm + attention, 0.0
-        if not m.is_moe_layer(n):
+        if not moe_layer:
             layer_dense += mlp(m.ffn_size, t)
         else:
             layer_dense += m.num_moe_experts * h  # the router, replicated
@@ -180,11 +187,14 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
         expert += layer_expert
         largest_layer = max(largest_layer, layer_dense + layer_expert)
     vocab = padded_vocab_size(m, t)
-    if stage == 0:
+    if mtp_here:
+        # enorm, hnorm and the final norm; eh_proj [2h -> h], column-parallel, no bias
+        dense += m.mtp_num_layers * (3 * norm + 2 * h * h / t)
+    if stage == 0 or mtp_here:  # the MTP stage keeps its own copy of the embedding
         dense += vocab * h / t
         if m.position_embedding_type == "learned_absolute":
             dense += m.seq_length * h  # replicated on every TP rank
-    if stage == len(pipeline_layout(m, p)) - 1:
+    if stage == len(layout) - 1:
         dense += norm
         if not (m.share_embeddings_and_output_weights and stage == 0):
             dense += vocab * h / t

@@ -208,12 +208,15 @@ def resolve(
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
     _assumed_if_the_world_is(merged)
-    if merged.get("mtp_num_layers"):
+    if merged.get("mtp_num_layers") and merged.get("loss_implementation", "megatron") != (
+        "megatron"
+    ):
+        # Megatron's engine counts MTP on its stage (memory/mtp.py); the others build none.
         mtp = merged.get("mtp_num_layers")
         merged.warnings.append(
             f"mtp_num_layers {mtp} ({merged.origins['mtp_num_layers'].describe()}): "
-            "multi-token-prediction layers are not in the estimate; the pipeline stage that "
-            f"holds them keeps {mtp} more layer(s) and their output logits"
+            f"multi-token-prediction layers are not in the estimate: only Megatron-Core builds "
+            f"them, this run's loss is {merged.get('loss_implementation')}'s"
         )
     try:
         _check_shape(merged, framework, described)

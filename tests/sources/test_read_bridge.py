@@ -223,12 +223,32 @@ def test_a_layout_written_as_a_list_of_stages_is_megatrons_layout_string():
         layout_from_stages([["embedding", "encoder"]])
 
 
-def test_mtp_layers_the_estimate_leaves_out_are_said():
+def test_mtp_layers_are_in_the_estimate_of_the_stage_that_holds_them():
+    """DeepSeek-V3's Bridge recipe sets mtp_num_layers 1: the config carries it, the stage
+    that holds the loss (here the layout's `tmL` stage) counts the MTP block and its
+    parameters, and nothing says MTP is left out (it was, with a warning)."""
+    from recompute_kit.memory.estimate import estimate
+    from recompute_kit.memory.model_states import rank_parameters
     from recompute_kit.sources.resolve import resolve
 
     path = Path(__file__).parent / "corpus" / "bridge" / "deepseek_v3_pretrain_h100_fp8_sc_v1.yaml"
-    warnings = resolve([str(path)]).reading.warnings
-    assert any(w.startswith("mtp_num_layers 1 (") and "not in the estimate" in w for w in warnings)
+    resolved = resolve([str(path)])
+    assert not any("not in the estimate" in w for w in resolved.reading.warnings)
+    config = resolved.config
+    assert config.model.mtp_num_layers == 1
+    last = config.parallel.pipeline_model_parallel_size - 1
+    with_mtp = estimate(config, stage=last)
+    without = estimate(config.replace(mtp_num_layers=None), stage=last)
+    assert set(with_mtp.mtp_bytes) == {"mtp_embedding", "mtp_layers", "mtp_output", "mtp_loss"}
+    per_micro_batch = sum(with_mtp.mtp_bytes.values())
+    added = with_mtp.activation_bytes - without.activation_bytes
+    assert added == pytest.approx(per_micro_batch * with_mtp.micro_batches_in_flight, abs=1)
+    assert without.mtp_bytes == {} and estimate(config, stage=0).mtp_bytes == {}
+    extra = (
+        rank_parameters(config, last)["expert"]
+        - rank_parameters(config.replace(mtp_num_layers=None), last)["expert"]
+    )
+    assert extra > 0  # DeepSeek-V3's last layer is MoE, so is its MTP layer
 
 
 def test_an_override_file_without_a_model_suggests_the_one_its_name_says():
