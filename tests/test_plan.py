@@ -247,6 +247,10 @@ def test_named_overheads_count_against_the_usable_memory():
     )
     assert c.fits == (c.headroom_bytes >= 0)
     assert "counted against the usable memory" in p.explanation
+    # the usable memory says what it keeps aside (a trial compared the estimate's NCCL and
+    # context overheads against the whole GPU and read the plan's headroom as double-counted)
+    kept = (79.1 * 2**30 - p.usable_bytes) / 2**30
+    assert "79.1 GiB less the safety margin" in p.explanation and f"{kept:.1f} GiB" in p.explanation
 
 
 def test_offloading_beyond_the_hosts_memory_does_not_fit():

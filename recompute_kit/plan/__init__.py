@@ -160,7 +160,7 @@ def plan(
         usable_bytes=usable,
         candidates=fitting + [c for c in found if not c.fits],
         best=best,
-        explanation=explain(best, found, usable, ties, excluded, version),
+        explanation=explain(best, found, usable, ties, excluded, version, budget),
         rendered=render(best.recompute, fmt, num_layers=layers),
         stages=stages,
         binding=binding_reason(stages),
@@ -221,13 +221,20 @@ def explain(
     ties: list[dict] | None = None,
     excluded: list[tuple[str, str]] | None = None,
     version: tuple[int, int] | None = None,
+    budget: int | None = None,
 ) -> str:
     """One paragraph: why this candidate, with the numbers."""
     e = best.estimate
     none = next((c for c in found if c.estimate.recompute == "none" and not c.offload), None)
     parts = [
         f"{_name(best)} fits: {e.total_bytes / GIB:.1f} GiB per rank of {usable / GIB:.1f} GiB "
-        f"usable (weights {e.weights_bytes / GIB:.1f}, gradients {e.grads_bytes / GIB:.1f}, "
+        + (
+            f"usable ({budget / GIB:.1f} GiB less the safety margin that keeps the allocator's "
+            f"fragmentation and NCCL's buffers, {(budget - usable) / GIB:.1f} GiB; "
+            if budget
+            else "usable ("
+        )
+        + f"weights {e.weights_bytes / GIB:.1f}, gradients {e.grads_bytes / GIB:.1f}, "
         f"optimizer {e.optimizer_bytes / GIB:.1f}, activations at peak "
         f"{e.peak_activation_bytes / GIB:.1f} GiB)."
     ]
