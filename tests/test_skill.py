@@ -584,7 +584,10 @@ def test_diagnose_leads_with_the_verdict_and_passes_the_layout(tmp_path):
     alone = json.loads(run(argv, env=env, cwd=tmp_path).stdout)
     assert alone["verdict"] in ("diagnosed", "needs_evidence", "out_of_scope")
     assert alone["verdict_why"] and alone["verdict"] == alone["doctor"]["verdict"]
-    assert alone["collect"] == alone["doctor"]["collect"]
+    assert [c["id"] for c in alone["collect"]] == [c["id"] for c in alone["doctor"]["collect"]]
+    # the kit's commands as the agent runs them (recompute-kit is not on its PATH)
+    said = json.dumps([alone["findings"], alone["collect"]])
+    assert "recompute-kit " not in said and "skill/scripts/rk.py " in said
     dp16 = json.loads(run([*argv, "--dp", "16"], env=env, cwd=tmp_path).stdout)
     read = dp16["doctor"]["evidence"]["read"]["config"]
     assert (read["data_parallel_size"], read["world_size"]) == (16, 64)

@@ -137,8 +137,19 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _in_skill_words(value):
+    """The kit's commands as the skill runs them: `recompute-kit validate` is `rk.py validate`
+    here (recompute-kit is not on the agent's PATH)."""
+    if isinstance(value, str):
+        return value.replace("recompute-kit ", "python3 skill/scripts/rk.py ")
+    return value
+
+
 def condense(doc: dict) -> dict:
-    findings = [{k: f.get(k) for k in FINDING_KEYS if k in f} for f in doc.get("findings", [])]
+    findings = [
+        {k: _in_skill_words(f.get(k)) for k in FINDING_KEYS if k in f}
+        for f in doc.get("findings", [])
+    ]
     ev = doc.get("evidence", {})
     evidence = {
         "oom": [{k: o.get(k) for k in OOM_KEYS} for o in ev.get("oom", [])][:8],
@@ -168,7 +179,9 @@ def condense(doc: dict) -> dict:
         # or out_of_scope
         "verdict": doc.get("verdict"),
         "verdict_why": doc.get("verdict_why"),
-        "collect": doc.get("collect", []),
+        "collect": [
+            {k: _in_skill_words(v) for k, v in item.items()} for item in doc.get("collect", [])
+        ],
         "top": findings[0] if findings else None,
         "findings": findings,
         "summary": doc.get("summary"),
