@@ -33,6 +33,7 @@ FORMAT_MODULES = (
     "nemo_rl",
     "torchtitan",
     "hf_trainer",
+    "hf_launch",
     "accelerate",
     "hf_config",
     "megatron_core",

@@ -189,14 +189,37 @@ def read(text: str, path: str) -> Reading:
         raise ConfigError(f"{path}: not valid YAML ({first})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a trainer YAML must be a mapping of keys to values")
-    if any(k in data for k in _LF_KEYS):
-        kind = FORMAT_LF
-    elif any(k in data for k in _TRL_KEYS):
-        kind = FORMAT_TRL
-    else:
-        kind = FORMAT_HF
-    reading = Reading(framework="hf-trainer", format=kind)
+    reading = Reading(framework="hf-trainer", format=_kind(data))
     _read_yaml(data, _Src(text, path, "yaml"), reading)
+    return reading
+
+
+def _kind(data: dict[str, Any]) -> str:
+    if any(k in data for k in _LF_KEYS):
+        return FORMAT_LF
+    if any(k in data for k in _TRL_KEYS):
+        return FORMAT_TRL
+    return FORMAT_HF
+
+
+class _ArgSrc(_Src):
+    """Trainer arguments on a command line: each key's origin is its flag's line."""
+
+    def __init__(self, path: str, lines: dict[str, int]) -> None:
+        super().__init__("", path, "args")
+        self.lines = lines
+
+    def origin(self, *keys: str, note: str = "") -> Origin:
+        line = self.lines.get(keys[0])
+        where = f"{self.path}:{line}" if line else self.path
+        return Origin("file", where, "--" + keys[0], note)
+
+
+def read_arguments(data: dict[str, Any], path: str, lines: dict[str, int]) -> Reading:
+    """The trainer's arguments as a launch command gives them (`--per_device_train_batch_size
+    2 --bf16`, sources/hf_launch.py): read as the same keys in a YAML would be."""
+    reading = Reading(framework="hf-trainer", format=_kind(data))
+    _read_yaml(data, _ArgSrc(path, lines), reading)
     return reading
 
 

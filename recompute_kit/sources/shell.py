@@ -1113,6 +1113,30 @@ def _opt_field(words: list[Field], names: tuple[str, ...]) -> tuple[Field, str] 
     return found
 
 
+def _launcher_world_size(launch: Launch, words: list[Field], texts: list[str]) -> None:
+    """The deepspeed launcher's GPUs (`--num_gpus N` x `--num_nodes M`, or the devices of
+    `--include host:0,1,2,3`) and `accelerate launch --num_processes N` (every process of the
+    job; a --hostfile or an accelerate config file is not followed)."""
+    if "accelerate" in texts:
+        found = _opt(words, ("--num_processes", "--num-processes"))
+        if found and (n := _int(found[0])):
+            launch.world_size, launch.world_size_line, launch.world_size_key = n, *found[1:]
+        return
+    gpus = _opt(words, ("--num_gpus", "--num-gpus"))
+    nodes = _opt(words, ("--num_nodes", "--num-nodes"))
+    include = _opt(words, ("--include", "-i"))
+    if gpus and (n := _int(gpus[0])):
+        m = _int(nodes[0]) if nodes else 1
+        if m:
+            launch.world_size, launch.world_size_line = n * m, gpus[1]
+            launch.world_size_key = " x ".join(x[2] for x in (gpus, nodes) if x)
+    elif include and ":" in include[0]:
+        # "localhost:4,5,6,7" or "worker-0:0,1@worker-1:0,1": the devices listed
+        hosts = [h.split(":", 1)[1] for h in include[0].split("@") if ":" in h]
+        launch.world_size = sum(len([d for d in h.split(",") if d]) for h in hosts)
+        launch.world_size_line, launch.world_size_key = include[1], include[2]
+
+
 def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
     """GPUs in the job: torchrun / torch.distributed.launch nproc-per-node x nnodes, or srun /
     #SBATCH tasks (each task one rank)."""
@@ -1139,6 +1163,9 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
             where = nproc or nnodes
             launch.world_size_line = where[1] if where else launch.line
             launch.world_size_key = " x ".join(x[2] for x in (nproc, nnodes) if x) or "torchrun"
+        return
+    if "deepspeed" in texts or "accelerate" in texts:
+        _launcher_world_size(launch, words, texts)
         return
     # srun (and #SBATCH): one rank per task
     tasks = _opt(words, ("--ntasks", "-n"))

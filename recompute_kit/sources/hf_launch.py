@@ -1,0 +1,139 @@
+"""Launch commands of Hugging Face stacks: `llamafactory-cli train cfg.yaml`, `torchrun ...
+train.py cfg.yaml`, `deepspeed --include localhost:0,1 train.py --model_name_or_path ... --bf16`,
+`accelerate launch --num_processes 8 train.py ...`.
+
+The world size is the launcher's (torchrun, deepspeed, accelerate: sources/shell.py; for
+llamafactory-cli the NPROC_PER_NODE x NNODES it is run with); the training settings are the
+trainer config the command names (read by sources/hf_trainer.py, found beside the script) or
+the command's own `--key value` arguments (HfArgumentParser's: the same keys as the YAML). A
+Megatron-LM or torchtitan launch is not this reader's (their readers claim it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+from . import hf_trainer
+from .reading import Origin, Reading
+from .shell import parse_script
+
+FRAMEWORKS: tuple[str, ...] = ()  # its readings are hf-trainer's (hf_trainer.py owns them)
+
+_LAUNCHER = re.compile(
+    r"(?m)^[^#\n]*\b(?:llamafactory-cli\s+train|torchrun|deepspeed|accelerate\s+launch|"
+    r"python3?\s+-m\s+torch\.distributed\.(?:run|launch))\b"
+)
+_NOT_OURS = re.compile(r"\bpretrain_\w+\.py\b|\btorchtitan\b|--num-layers\b|--hidden-size\b")
+_TRAINER_ARGS = re.compile(r"--(?:model_name_or_path|per_device_train_batch_size|deepspeed)\b")
+_CONFIG_ARG = re.compile(r"\S+\.(?:ya?ml|json)\b")
+# `NPROC_PER_NODE=8 NNODES=2 llamafactory-cli train cfg.yaml` (also exported before it)
+_LF_COMMAND = re.compile(r"(?m)^(?P<env>(?:\s*\w+=\S*)*)\s*llamafactory-cli\s+train\s+(?P<cfg>\S+)")
+_ENV = re.compile(r"(?m)(?:^|\s)(?:export\s+)?(NPROC_PER_NODE|NNODES)=(\d+)\b")
+
+
+def sniff(text: str, path: str) -> int:
+    if path.lower().endswith((".yaml", ".yml", ".json", ".toml")) or _NOT_OURS.search(text):
+        return 0
+    if not _LAUNCHER.search(text):
+        return 0
+    return 75 if _CONFIG_ARG.search(text) or _TRAINER_ARGS.search(text) else 0
+
+
+def read(text: str, path: str) -> Reading:
+    # a pasted command whose continuation backslashes were lost: the flag lines are its words
+    joined = re.sub(r"[ \t]*\n(?=[ \t]*--[A-Za-z])", " \\\n", text)
+    if (lf := _LF_COMMAND.search(joined)) is not None:
+        line = joined.count("\n", 0, lf.start("cfg")) + 1
+        reading = _trainer_file(lf.group("cfg"), path, line)
+        reading.format = f"launch command, {reading.format}"
+        _llamafactory_world(reading, joined, path, line)
+        return reading
+    script = parse_script(joined, path)
+    if not script.launches:
+        raise ConfigError(f"{path}: no training command found (torchrun, deepspeed, accelerate)")
+    launch = script.launches[0]
+    words = [f.text for f in launch.args]
+    # the trainer config is a positional argument (`train.py cfg.yaml`), not a flag's value
+    # (`--deepspeed ds_config.json` is read by the trainer reader as the YAML's key would be)
+    named = next(
+        (
+            f
+            for k, f in enumerate(launch.args)
+            if _CONFIG_ARG.fullmatch(f.text) and not (k and words[k - 1].startswith("--"))
+        ),
+        None,
+    )
+    if named is not None:
+        reading = _trainer_file(named.text, path, named.line)
+    else:
+        reading = _trainer_flags(launch.args, path)
+    reading.warnings += script.warnings
+    reading.format = f"launch command, {reading.format}"
+    if launch.world_size:
+        where = Origin("file", f"{path}:{launch.world_size_line}", launch.world_size_key)
+        reading.set("world_size", launch.world_size, where)
+    elif words:
+        reading.warnings.append(
+            f"{path}: the launcher's GPU count is not on the command line (a hostfile, an "
+            "accelerate config or the environment sets it): give --dp"
+        )
+    return reading
+
+
+def _trainer_file(name: str, path: str, line: int) -> Reading:
+    """The trainer config the command names, read beside the script (or as given)."""
+    found = next((p for p in (Path(path).parent / name, Path(name)) if p.is_file()), None)
+    if found is None:
+        raise ConfigError(
+            f"{path}:{line}: the command trains with {name}, which is not beside the script: "
+            "give that file to --config too"
+        )
+    return hf_trainer.read(found.read_text(encoding="utf-8"), str(found))
+
+
+def _trainer_flags(args: list, path: str) -> Reading:
+    """`--key value` / `--flag` arguments (HfArgumentParser's), each origin on its line."""
+    data: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    i = 0
+    while i < len(args):
+        word, line = args[i].text, args[i].line
+        i += 1
+        if not word.startswith("--"):
+            continue
+        key, eq, value = word[2:].partition("=")
+        if not eq:  # a bare flag (--bf16, --do_train) is true
+            takes = i < len(args) and not args[i].text.startswith("--")
+            value, i = (args[i].text, i + 1) if takes else ("true", i)
+        try:
+            data[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            data[key] = value
+        lines[key] = line
+    if not data:
+        raise ConfigError(f"{path}: the training command has no trainer arguments to read")
+    return hf_trainer.read_arguments(data, path, lines)
+
+
+def _llamafactory_world(reading: Reading, text: str, path: str, line: int) -> None:
+    """llamafactory-cli runs torchrun with NPROC_PER_NODE x NNODES processes when they are set
+    (FORCE_TORCHRUN or more than one GPU); unset, it is one process per visible GPU."""
+    env = {
+        m.group(1): (int(m.group(2)), text.count("\n", 0, m.start()) + 1)
+        for m in _ENV.finditer(text)
+    }
+    if "NPROC_PER_NODE" not in env:
+        reading.warnings.append(
+            f"{path}:{line}: llamafactory-cli without NPROC_PER_NODE uses every visible GPU: "
+            "give --dp"
+        )
+        return
+    nproc, at = env["NPROC_PER_NODE"]
+    nodes = env.get("NNODES", (1, at))[0]
+    key = "NPROC_PER_NODE" + (" x NNODES" if "NNODES" in env else "")
+    reading.set("world_size", nproc * nodes, Origin("file", f"{path}:{at}", key))

@@ -1,0 +1,69 @@
+"""Launch commands of Hugging Face stacks (sources/hf_launch.py): the world size from the
+launcher, the trainer settings from the config it names or from its own arguments."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from recompute_kit.sources.resolve import resolve
+
+HERE = Path(__file__).parent
+HF = HERE / "corpus" / "hf_trainer"
+# The launch command pasted in https://github.com/hiyouga/LlamaFactory/issues/1158, verbatim
+# (its line continuations lost in the paste: each flag on its own line).
+DS_1158 = HERE.parent / "data" / "launch" / "llamafactory_1158_deepspeed.sh"
+
+
+def _beside(tmp_path: Path, command: str) -> Path:
+    """LLaMA-Factory's examples/train_full/qwen3_full_sft.yaml and its DeepSpeed JSON
+    (tests/sources/corpus/hf_trainer) beside a launch script."""
+    for name in ("qwen3_full_sft.yaml", "ds_z3_config.json"):
+        shutil.copy(HF / name, tmp_path / name)
+    (tmp_path / "examples" / "deepspeed").mkdir(parents=True)
+    shutil.copy(HF / "ds_z3_config.json", tmp_path / "examples" / "deepspeed" / "ds_z3_config.json")
+    script = tmp_path / "train.sh"
+    script.write_text(command)
+    return script
+
+
+def test_llamafactory_cli_takes_the_world_from_nproc_per_node(tmp_path):
+    script = _beside(
+        tmp_path,
+        "FORCE_TORCHRUN=1 NNODES=2 NPROC_PER_NODE=8 llamafactory-cli train qwen3_full_sft.yaml\n",
+    )
+    r = resolve([str(script)], require_shape=False).reading
+    assert r.get("world_size") == 16 and r.origins["world_size"].key == "NPROC_PER_NODE x NNODES"
+    assert r.get("data_parallel_size") == 16
+    assert r.origins["micro_batch_size"].where.startswith(str(tmp_path / "qwen3_full_sft.yaml"))
+    assert r.get("recompute_granularity") == "full"  # LLaMA-Factory checkpoints by default
+
+
+def test_torchrun_with_the_trainer_yaml(tmp_path):
+    script = _beside(
+        tmp_path, "#!/bin/bash\ntorchrun --nproc_per_node 4 src/train.py qwen3_full_sft.yaml\n"
+    )
+    r = resolve([str(script)], require_shape=False).reading
+    assert (r.get("world_size"), r.get("data_parallel_size")) == (4, 4)
+    assert r.origins["world_size"].where == f"{script}:2"
+
+
+def test_deepspeed_command_with_trainer_arguments_of_issue_1158():
+    r = resolve([str(DS_1158)], require_shape=False).reading
+    # deepspeed --include localhost:4,5,6,7: four GPUs
+    assert (r.get("world_size"), r.get("data_parallel_size")) == (4, 4)
+    assert r.get("seq_length") == 1536 and r.origins["seq_length"].key == "--cutoff_len"
+    assert r.get("micro_batch_size") == 1 and r.get("bf16") is True
+    assert r.format.startswith("launch command, LLaMA-Factory")  # --stage / --finetuning_type
+    # --deepspeed ds_config.json is a flag's value, not the trainer config; the JSON is not
+    # beside the paste, so its ZeRO stage is an assumption said with the key that sets it
+    assert r.origins["zero_stage"].kind == "assumed"
+    assert r.model_name == "/home/work/record/llm_models/Baichuan2-13B-Chat"
+
+
+def test_a_megatron_launch_is_not_claimed():
+    from recompute_kit.sources import hf_launch
+
+    megatron = "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64\n"
+    assert hf_launch.sniff(megatron, "run.sh") == 0
+    assert hf_launch.sniff("deepspeed --num_gpus 8 train.py --deepspeed ds.json\n", "run.sh") > 0
