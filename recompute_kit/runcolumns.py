@@ -75,7 +75,25 @@ ITERATION_NAMES = (
     "step number",
 )
 # time columns that are not one iteration's step time
-_NOT_STEP_TIME = {"interval", "std", "stdev", "total", "wall", "timestamp", "data", "estimated"}
+_NOT_STEP_TIME = {
+    "interval",
+    "std",
+    "stdev",
+    "total",
+    "wall",
+    "timestamp",
+    "data",
+    "estimated",
+    "forward",
+    "backward",
+    "optimizer",
+    "save",
+    "load",
+    "checkpoint",
+    "eval",
+}
+# "checkpoint ..." columns that are not a checkpointing on/off flag
+_NOT_A_FLAG = {"path", "dir", "interval", "save", "load", "every", "size", "time", "memory", "mem"}
 _NOT_PEAK = {"estimated", "estimate", "budget", "free", "total", "capacity", "limit", "fraction"}
 ON = ("1", "true", "yes", "on", "y", "t", "enabled")
 OFF = ("0", "false", "no", "off", "n", "f", "disabled", "none")
@@ -135,14 +153,11 @@ def classify(header: str) -> Column | None:
         return None
     if name in SETTING_NAMES:
         return Column(header, "setting", priority=SETTING_NAMES.index(name))
-    if {"checkpointing", "checkpoint", "ckpt"} & set(words) and not {
-        "path",
-        "dir",
-        "interval",
-        "save",
-        "load",
-        "every",
-    } & set(words):
+    if (
+        {"checkpointing", "checkpoint", "ckpt"} & set(words)
+        and not _NOT_A_FLAG & set(words)
+        and not (MEMORY_UNITS.keys() | TIME_UNITS.keys()) & set(words)
+    ):
         return Column(header, "checkpointing")
     if name in RUN_NAMES:
         return Column(header, "run", priority=RUN_NAMES.index(name))

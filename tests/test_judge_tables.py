@@ -59,7 +59,16 @@ def test_column_names_users_log_and_their_units():
     for header, (key, scale) in cases.items():
         col = classify(header)
         assert col is not None and (col.key, col.scale) == (key, scale), header
-    for header in ("step_time_interval_s", "memory_budget_gb", "loss scale", "it/s", "lr"):
+    for header in (
+        "step_time_interval_s",
+        "memory_budget_gb",
+        "loss scale",
+        "it/s",
+        "lr",
+        "checkpoint size (GB)",
+        "save checkpoint time",
+        "forward time (ms)",
+    ):
         col = classify(header)
         assert col is None or col.key not in ("step", "reserved", "allocated", "loss"), header
     cmap = read_columns(["run", "iter_time", "lr"], [{"run": "a", "iter_time": "812", "lr": "1"}])

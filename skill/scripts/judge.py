@@ -13,27 +13,38 @@ A candidate (one recompute setting) is a success only if all of these hold:
 Input (FILE, format by extension): recompute-kit's ablation results.jsonl, or your own rows as
 JSONL, a JSON list (or {"rows": [...]}), CSV with a header or a Markdown table (.md); and/or
 Megatron training logs (--log SPEC=FILE, one run each, repeatable: their iteration lines).
-Fields per row (one row per candidate and rank, or per iteration): recompute (or spec/name),
-rank (default 0), status ("oom" marks an OOM), peak_reserved_bytes | peak_reserved_gib,
-peak_allocated_bytes | peak_allocated_gib | peak_memory_bytes, tflops | tflops_per_gpu,
-step_time_s | step_time_ms, loss; for repeats and per-iteration tables also iteration (or
-step), run (run_id/repeat/trial/seed), profiler (a flag: that iteration was profiled), host
-(node), date, global_batch_size, seq_length. GiB = 2^30 bytes.
+Columns are read by the names users log, units from the name (recompute_kit/runcolumns.py):
+the setting: recompute | spec | name (or run alone; a boolean gradient_checkpointing /
+activation_checkpointing column, or true/false in the setting column, is `full` on and `none`
+off); rank (default 0); status ("oom" marks an OOM) or oom; peak memory: *reserved* (e.g.
+peak_reserved_bytes, max_reserved_gib) else allocated / peak memory (peak_allocated_mib,
+"peak memory (bytes)"), in bytes/KiB/MiB/GiB (binary) or KB/MB/GB (SI) from the name; tflops
+(tflops_per_gpu, TFLOP/s/GPU); step time (time_ms, step_time_s, "elapsed time per iteration
+(ms)", iter_time, seconds; no unit in the name: ms from 50 up, said); loss; for repeats and
+per-iteration tables also iteration (iter, step), run (run_id/repeat/trial/seed), profiler (a
+flag: that iteration was profiled), host (node), date, global_batch_size, seq_length.
+GiB = 2^30 bytes. What was assumed, and the columns not used, are listed in `input_notes`; a
+table with no setting column is refused in one line, a row without a setting skipped and said.
 
-Speed is judged with its noise (recompute_kit/runstats.py): per run, warm-up iterations (until
-the step time settles, or --warmup N) and profiled iterations are dropped and the median and
+Speed is judged with its noise (recompute_kit/runstats.py): per run, warm-up iterations (read
+from the data: leading iterations slower than the run's steady median by 3 x 1.4826 x MAD and
+2%, at most half the run; or --warmup N) and profiled iterations are dropped and the median and
 IQR taken; a setting is the median of its repeats, its noise the range of their medians (one
-run: its IQR); repeats far from the others are outliers, and runs that differ in host, date,
-profiler, batch or sequence are confounders. The throughput check passes or fails only when
-the whole noise band is on one side of the threshold, else it is null ("within noise"), and
-`rerun` names the re-run that would decide.
+run: its IQR); repeats far from the others, or much noisier (IQR 3x their repeats'), are
+outliers, and runs that differ in host, date, profiler, batch or sequence are confounders. The
+throughput check passes or fails only when the whole noise band is on one side of the
+threshold, else it is null ("within noise"), and `rerun` names the re-run that would decide.
+A golden that does not fit (OOM, or over the budget) is infeasible (`baseline`): the settings
+that fit are compared among themselves, against the fastest, and `recommendation` names it with
+its spread (decided only beyond the noise), saying which checks are still open.
 
 Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"recompute",
 "ranks", "binding_rank", "max_peak_reserved_gib", "max_peak_allocated_gib", "tflops",
 "vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "verdict",
-"reasons", "speed": {runs, median, low, high, noise, runs_detail, comparison}}],
-"recommended", "recommendation": {recompute, decided, why}, "outliers", "confounders",
-"rerun"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
+"reasons", "speed": {runs, median, low, high, noise, kind, unit, better, runs_detail,
+comparison}}], "recommended", "recommendation": {recompute, decided, within_noise_of,
+passes_contract, why}, "baseline", "outliers", "confounders", "rerun", "speed_kind",
+"speed_unit", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
 input. Standard library only: needs no torch.
 """
 
