@@ -157,6 +157,7 @@ def test_summary_ablation_with_an_infeasible_golden_reads_tflops():
     assert rec["decided"] is False and "interleaved" in rec["why"]
     assert doc["baseline"]["compared_among"] == ["full:block:3", "selective:moe"]
     assert doc["recommended"] is None  # the loss check is still open: said in the why
+    assert c["selective:moe"]["checks"]["throughput"] is None  # -10.3%, one value each
     assert "unchecked: loss" in rec["why"]
 
 

@@ -328,6 +328,10 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         elif comparison.get("confounded"):
             checks["throughput"] = None
             reasons.append(f"throughput not judged: {comparison['why']}")
+        elif against != golden and comparison.get("noise_measured") is False:
+            # against a peer, not a golden's bar: a single value decides nothing
+            checks["throughput"] = None
+            reasons.append(f"{vs:+.1%} vs {bar}: {comparison['why']}")
         elif comparison.get("noise_measured") is False or "noise" not in stats:
             # single summary values: judged on the values, the noise unknown
             checks["throughput"] = vs >= -args.threshold
