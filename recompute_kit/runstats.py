@@ -7,9 +7,10 @@ The model: a *setting* (a recompute spec) is measured by one or more *runs* (rep
 a series of per-iteration values (step time in ms, or a throughput) or, when only a summary was
 kept, one value. For each run:
 
-* warm-up is dropped: the first `warmup` iterations when given, else the leading iterations
-  until the value settles within `SETTLE` of the median of the run's second half (compilation,
-  allocator growth, data-loader start), at most half of the run;
+* warm-up is dropped: the first `warmup` iterations when given, else, read from the data, the
+  leading iterations slower than the run's steady state (median of its second half) by more
+  than K_MAD robust sigmas (1.4826 x MAD) and SETTLE (compilation, allocator growth,
+  data-loader start), at most half of the run;
 * profiler windows are dropped: iterations flagged by a profiler column, or inside a window
   (`--profile-step-start`..`--profile-step-end` of Megatron's arguments);
 * what is left gives the run's median and IQR.
@@ -18,9 +19,10 @@ Settings are compared with their spread: the range of their repeats' medians (be
 noise) or, for a single run, its IQR (within-run noise; a single run cannot show node-to-node
 variation, and says so). A difference is *decided* only when the two settings' noise bands do
 not overlap and the difference is at least `MIN_EFFECT`; a run whose median lies far from its
-setting's other repeats is an *outlier* (shown, and left out of the comparison when at least
-two repeats remain); runs that differ in host/node, date, profiler or batch/sequence are
-*confounders* (shown; when they line up with the settings the comparison is not decided).
+setting's other repeats, or whose spread (IQR) is NOISY times theirs, is an *outlier* (shown,
+and left out of the comparison when at least two repeats remain); runs that differ in
+host/node, date, profiler or batch/sequence are *confounders* (shown; when they line up with
+the settings the comparison is not decided).
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-SETTLE = 0.05  # warm-up ends where a value is within 5% of the steady median
+K_MAD = 3.0  # warm-up: leading values more than 3 robust sigmas slower than the steady median
+SIGMA_PER_MAD = 1.4826  # MAD x this is the standard deviation of normal noise
+SETTLE = 0.02  # ... and at least 2% slower (a run with almost no spread)
+MAX_WARMUP = 0.5  # warm-up is at most half of a run
 MIN_EFFECT = 0.01  # differences under 1% are never called, whatever the noise
 OUTLIER = 0.10  # a repeat this far (relative) from the other repeats' median is an outlier
+NOISY = 3.0  # a repeat whose IQR is this many times its repeats' is an outlier (a noisy run)
+NOISY_FLOOR = 0.02  # ... when that IQR is also at least 2% of its median
 CONFOUNDER_FIELDS = ("host", "node", "date", "profiler", "global_batch_size", "seq_length")
 
 
@@ -49,22 +56,41 @@ def median_iqr(values: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(values), quantile(values, 0.25), quantile(values, 0.75)
 
 
-def warmup_length(values: Sequence[float], warmup: int | None = None) -> tuple[int, str]:
-    """How many leading values are warm-up, and why."""
+def warmup_length(
+    values: Sequence[float], warmup: int | None = None, higher_is_better: bool | None = None
+) -> tuple[int, str]:
+    """How many leading values are warm-up, and why: read from the data, the leading values
+    slower than the run's steady state (the median of its second half) by more than K_MAD
+    robust sigmas (1.4826 x its MAD) and SETTLE, at most MAX_WARMUP of the run.
+    `higher_is_better`: True for a throughput (slow is low), False for a step time (slow is
+    high), None: either side."""
     if warmup is not None:
         n = max(0, min(warmup, len(values)))
         return n, f"the first {n} iteration(s) (--warmup)" if n else ""
     if len(values) < 4:
         return 0, ""
-    steady = statistics.median(values[len(values) // 2 :])
+    tail = values[len(values) // 2 :]
+    steady = statistics.median(tail)
+    mad = statistics.median(abs(v - steady) for v in tail)
+    band = max(K_MAD * SIGMA_PER_MAD * mad, SETTLE * abs(steady))
+
+    def slow(v: float) -> bool:
+        if higher_is_better is None:
+            return abs(v - steady) > band
+        return v < steady - band if higher_is_better else v > steady + band
+
+    cap = int(len(values) * MAX_WARMUP)
     n = 0
-    while n < len(values) // 2 and abs(values[n] - steady) > SETTLE * abs(steady):
+    while n < cap and slow(values[n]):
         n += 1
     if not n:
         return 0, ""
+    side = "off" if higher_is_better is None else "below" if higher_is_better else "above"
+    capped = f" (capped at {MAX_WARMUP:.0%} of the run)" if n == cap else ""
     return n, (
-        f"the first {n} iteration(s): until the value settles within {SETTLE:.0%} of the "
-        f"steady median {steady:.4g}"
+        f"the first {n} iteration(s){capped}: {side} the steady median {steady:.4g} by more "
+        f"than {band:.3g} ({K_MAD:g} x 1.4826 x MAD of the run's second half, at least "
+        f"{SETTLE:.0%})"
     )
 
 
@@ -72,13 +98,14 @@ def summarize_run(
     samples: Sequence[dict[str, Any]],
     warmup: int | None = None,
     profile_window: tuple[int, int] | None = None,
+    higher_is_better: bool | None = None,
 ) -> dict[str, Any]:
     """One run's statistics from its samples: {"value", "iteration" (optional), "profiler"
     (optional: a flag)}, in iteration order. A single sample is a run summary: kept as is."""
     values = [s for s in samples if s.get("value") is not None]
     out: dict[str, Any] = {"iterations": len(values), "dropped": []}
     if len(values) > 1:
-        n, why = warmup_length([s["value"] for s in values], warmup)
+        n, why = warmup_length([s["value"] for s in values], warmup, higher_is_better)
         if n:
             out["dropped"].append({"what": "warm-up", "count": n, "why": why})
         values = values[n:]
@@ -163,8 +190,10 @@ def confounders(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def outliers(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repeats of one setting whose median is more than OUTLIER (relative) from the median of
-    that setting's other repeats on the same node (needs three or more to say which is off)."""
+    """Repeats of one setting (on one node) that are off: a median more than OUTLIER (relative)
+    from the median of the other repeats' (needs three or more to say which is off), or a spread
+    (IQR) more than NOISY times the other repeats' and at least NOISY_FLOOR of its median (a
+    noisy run: two repeats suffice, the spread says which)."""
     out = []
     by_setting: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
@@ -173,20 +202,37 @@ def outliers(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             where = str(r.get("host") or r.get("node") or "")
             by_setting.setdefault((r["setting"], where), []).append(r)
     for (setting, _), group in by_setting.items():
-        if len(group) < 3:
-            continue
         for r in group:
-            others = statistics.median(o["median"] for o in group if o is not r)
-            if others and abs(r["median"] / others - 1) > OUTLIER:
-                out.append(
-                    {
-                        "setting": setting,
-                        "run": r.get("run"),
-                        "median": r["median"],
-                        "others_median": others,
-                        "off_by": r["median"] / others - 1,
-                    }
+            others = [o for o in group if o is not r]
+            if not others:
+                continue
+            med = statistics.median(o["median"] for o in others)
+            entry = {
+                "setting": setting,
+                "run": r.get("run"),
+                "median": r["median"],
+                "others_median": med,
+                "off_by": r["median"] / med - 1 if med else None,
+            }
+            if len(group) >= 3 and med and abs(r["median"] / med - 1) > OUTLIER:
+                entry["why"] = f"its median is {r['median'] / med - 1:+.1%} from its repeats'"
+                out.append(entry)
+                continue
+            spreads = [o["iqr"] for o in others if o.get("kept", 0) >= 4 and "iqr" in o]
+            if r.get("kept", 0) < 4 or "iqr" not in r or not spreads:
+                continue
+            typical = statistics.median(spreads)
+            if r["iqr"] > NOISY * typical and r["iqr"] >= NOISY_FLOOR * abs(r["median"]):
+                ratio = f"{r['iqr'] / typical:.1f}x" if typical else "far above"
+                entry.update(
+                    iqr=r["iqr"],
+                    others_iqr=typical,
+                    why=(
+                        f"noisy run: its IQR {r['iqr']:.4g} is {ratio} its repeats' "
+                        f"{typical:.4g} (over {NOISY:g}x)"
+                    ),
                 )
+                out.append(entry)
     return out
 
 

@@ -236,6 +236,30 @@ def test_doctor_keeps_a_regression_that_clears_the_noise(tmp_path):
     assert "RK033" in rules and "RK237" not in rules
 
 
+@covers("RK237")
+def test_doctor_reads_a_checkpointing_flag_and_names_a_noisy_repeat(tmp_path):
+    """A user's own log (`run,gradient_checkpointing,step,time_ms`): the flag is the setting
+    (on: full, off: none), `time_ms` the step time; a repeat with spikes is shown as a noisy
+    run beside the within-noise verdict (the doctor read 4 unrelated rows before)."""
+    from recompute_kit.doctor.evidence import collect
+
+    rows = ["run,gradient_checkpointing,step,time_ms"]
+    for label, flag, base in (
+        ("on_a", "true", 1005),
+        ("on_b", "true", 1008),
+        ("off_a", "false", 1000),
+    ):
+        rows += [f"{label},{flag},{it},{base + it % 3}" for it in range(1, 25)]
+    spikes = {5: 1900, 9: 1700, 13: 1950, 17: 1600, 21: 1800}
+    rows += [f"off_b,false,{it},{spikes.get(it, 1020 + it % 5 * 9)}" for it in range(1, 25)]
+    table = tmp_path / "steps.csv"
+    table.write_text("\n".join(rows) + "\n")
+    ev = collect(experiments=str(table))
+    assert {r["recompute"] for r in ev.experiments} == {"full", "none"}
+    top = get(diagnose(ev), "RK237")
+    assert "noisy run" in top.evidence and "off_b" in top.evidence
+
+
 # RK230: a time column moves the other way from throughput: 557 -> 1458 ms is not "time -61.8%".
 @covers("RK230")
 def test_rk230_time_column_reads_as_time_up():

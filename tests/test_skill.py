@@ -546,7 +546,12 @@ def test_judge_applies_the_contract(tmp_path):
     verdicts = {c["recompute"]: c["verdict"] for c in doc["candidates"]}
     assert verdicts["none"] == "fail"  # 12.01 GiB reserved > 10.8 usable
     assert verdicts["selective:mlp"] == "incomplete"  # fits, -7%, loss not yet shown
-    assert verdicts["full:uniform:1"] == "fail"  # fits, but a throughput regression
+    # 'none' does not fit: no regression is called against it (issue #21 item 6); the settings
+    # that fit are compared with the fastest of them, 'selective:mlp' (-13.8% from one value
+    # each: the run-to-run noise is not measured, so the check stays open)
+    assert doc["baseline"]["feasible"] is False
+    assert doc["baseline"]["reference"] == "selective:mlp"
+    assert verdicts["full:uniform:1"] == "incomplete"
     assert doc["recommended"] is None
     verify = tmp_path / "verify.json"
     verify.write_text(

@@ -13,27 +13,38 @@ A candidate (one recompute setting) is a success only if all of these hold:
 Input (FILE, format by extension): recompute-kit's ablation results.jsonl, or your own rows as
 JSONL, a JSON list (or {"rows": [...]}), CSV with a header or a Markdown table (.md); and/or
 Megatron training logs (--log SPEC=FILE, one run each, repeatable: their iteration lines).
-Fields per row (one row per candidate and rank, or per iteration): recompute (or spec/name),
-rank (default 0), status ("oom" marks an OOM), peak_reserved_bytes | peak_reserved_gib,
-peak_allocated_bytes | peak_allocated_gib | peak_memory_bytes, tflops | tflops_per_gpu,
-step_time_s | step_time_ms, loss; for repeats and per-iteration tables also iteration (or
-step), run (run_id/repeat/trial/seed), profiler (a flag: that iteration was profiled), host
-(node), date, global_batch_size, seq_length. GiB = 2^30 bytes.
+Columns are read by the names users log, units from the name (recompute_kit/runcolumns.py):
+the setting: recompute | spec | name (or run alone; a boolean gradient_checkpointing /
+activation_checkpointing column, or true/false in the setting column, is `full` on and `none`
+off); rank (default 0); status ("oom" marks an OOM) or oom; peak memory: *reserved* (e.g.
+peak_reserved_bytes, max_reserved_gib) else allocated / peak memory (peak_allocated_mib,
+"peak memory (bytes)"), in bytes/KiB/MiB/GiB (binary) or KB/MB/GB (SI) from the name; tflops
+(tflops_per_gpu, TFLOP/s/GPU); step time (time_ms, step_time_s, "elapsed time per iteration
+(ms)", iter_time, seconds; no unit in the name: ms from 50 up, said); loss; for repeats and
+per-iteration tables also iteration (iter, step), run (run_id/repeat/trial/seed), profiler (a
+flag: that iteration was profiled), host (node), date, global_batch_size, seq_length.
+GiB = 2^30 bytes. What was assumed, and the columns not used, are listed in `input_notes`; a
+table with no setting column is refused in one line, a row without a setting skipped and said.
 
-Speed is judged with its noise (recompute_kit/runstats.py): per run, warm-up iterations (until
-the step time settles, or --warmup N) and profiled iterations are dropped and the median and
+Speed is judged with its noise (recompute_kit/runstats.py): per run, warm-up iterations (read
+from the data: leading iterations slower than the run's steady median by 3 x 1.4826 x MAD and
+2%, at most half the run; or --warmup N) and profiled iterations are dropped and the median and
 IQR taken; a setting is the median of its repeats, its noise the range of their medians (one
-run: its IQR); repeats far from the others are outliers, and runs that differ in host, date,
-profiler, batch or sequence are confounders. The throughput check passes or fails only when
-the whole noise band is on one side of the threshold, else it is null ("within noise"), and
-`rerun` names the re-run that would decide.
+run: its IQR); repeats far from the others, or much noisier (IQR 3x their repeats'), are
+outliers, and runs that differ in host, date, profiler, batch or sequence are confounders. The
+throughput check passes or fails only when the whole noise band is on one side of the
+threshold, else it is null ("within noise"), and `rerun` names the re-run that would decide.
+A golden that does not fit (OOM, or over the budget) is infeasible (`baseline`): the settings
+that fit are compared among themselves, against the fastest, and `recommendation` names it with
+its spread (decided only beyond the noise), saying which checks are still open.
 
 Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"recompute",
 "ranks", "binding_rank", "max_peak_reserved_gib", "max_peak_allocated_gib", "tflops",
 "vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "verdict",
-"reasons", "speed": {runs, median, low, high, noise, runs_detail, comparison}}],
-"recommended", "recommendation": {recompute, decided, why}, "outliers", "confounders",
-"rerun"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
+"reasons", "speed": {runs, median, low, high, noise, kind, unit, better, runs_detail,
+comparison}}], "recommended", "recommendation": {recompute, decided, within_noise_of,
+passes_contract, why}, "baseline", "outliers", "confounders", "rerun", "speed_kind",
+"speed_unit", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
 input. Standard library only: needs no torch.
 """
 
@@ -42,11 +53,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit of this skill folder
 
+from recompute_kit.runcolumns import read_table
 from recompute_kit.runstats import RERUN, compare, judge_runs, split_runs, summarize_run
 
 GIB = 2**30
@@ -85,64 +98,6 @@ def load_rows(path: Path) -> list[dict]:
             raise ValueError("a .json file must hold a list of rows or {'rows': [...]}")
         return rows
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def number(row: dict, *keys: str, scale: float = 1.0) -> float | None:
-    for key in keys:
-        value = row.get(key)
-        if value in (None, "", "-", "null"):
-            continue
-        try:
-            return float(value) * scale
-        except (TypeError, ValueError):
-            continue
-    return None
-
-
-def _key(row: dict, *keys: str):
-    """The first of `keys` the row has (headers compared without case, spaces or dashes)."""
-    folded = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in row.items()}
-    for key in keys:
-        value = folded.get(key)
-        if value not in (None, ""):
-            return value
-    return None
-
-
-def _flag(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on", "y", "x", "profiled")
-
-
-def normalise(row: dict) -> dict:
-    row = {str(k).strip().lower().replace(" ", "_").replace("-", "_"): v for k, v in row.items()}
-    name = row.get("recompute") or row.get("spec") or row.get("name") or row.get("setting")
-    if name is None:
-        raise ValueError(f"row without a recompute/spec/name field: {row}")
-    rank = row.get("rank")
-    status = str(row.get("status") or row.get("result") or "").lower()
-    iteration = _key(row, "iteration", "iter", "step")
-    step_ms = number(row, "step_time_ms", "elapsed_ms", "iteration_time_ms")
-    step_s = number(row, "step_time_s", "step_time")
-    profiler = _key(row, "profiler", "profiling", "profile", "profiled")
-    return {
-        "recompute": str(name),
-        "rank": int(float(rank)) if rank not in (None, "") else 0,
-        "oom": "oom" in status or "out of memory" in status,
-        "reserved": number(row, "peak_reserved_bytes")
-        or number(row, "peak_reserved_gib", scale=GIB),
-        "allocated": number(row, "peak_allocated_bytes", "peak_memory_bytes")
-        or number(row, "peak_allocated_gib", scale=GIB),
-        "tflops": number(row, "tflops", "tflops_per_gpu", "tflop/s/gpu"),
-        "step": step_s if step_s is not None else (step_ms / 1000 if step_ms else None),
-        "loss": number(row, "loss", "lm_loss"),
-        "iteration": int(float(iteration)) if iteration is not None else None,
-        "run": _key(row, "run", "run_id", "repeat", "trial", "seed"),
-        "profiler": _flag(profiler) if profiler is not None else None,
-        "host": _key(row, "host", "hostname", "node", "nodes", "node_list"),
-        "date": _key(row, "date", "day", "started"),
-        "global_batch_size": _key(row, "global_batch_size", "gbs"),
-        "seq_length": _key(row, "seq_length", "seq_len", "sequence_length"),
-    }
 
 
 def load_log(spec: str) -> list[dict]:
@@ -220,7 +175,9 @@ def speed(
         ]
         if not samples:
             continue
-        stats = summarize_run(samples, warmup, run[0].get("profile_window"))
+        stats = summarize_run(
+            samples, warmup, run[0].get("profile_window"), higher_is_better=kind == "tflops"
+        )
         if stats.get("median") is None:
             continue
         first = run[0]
@@ -238,6 +195,47 @@ def speed(
     return out, ("tflops" if kind == "tflops" else "1/step_time")
 
 
+def fit_check(group: list[dict], usable: float | None, margin: float) -> tuple[bool | None, str]:
+    """Whether a setting fits (its OOMs, else its peaks against the usable memory), and why."""
+    peaks = {r["rank"]: r["reserved"] or r["allocated"] for r in group}
+    known = {k: v for k, v in peaks.items() if v is not None}
+    if any(r["oom"] for r in group):
+        return False, f"OOM on rank(s) {sorted({r['rank'] for r in group if r['oom']})}"
+    if usable is None:
+        return None, "no --budget-gib: fit not judged"
+    if not known:
+        return None, "no peak memory recorded"
+    over = {k: v for k, v in known.items() if v > usable}
+    if not over:
+        return True, ""
+    worst = max(over, key=over.get)
+    return False, (
+        f"rank {worst} peaks at {over[worst] / GIB:.2f} GiB > {usable / GIB:.2f} GiB usable "
+        f"({margin:.0%} margin)"
+    )
+
+
+def speed_kind(groups: dict[str, list[dict]], golden: str | None, given: float | None) -> str:
+    """TFLOP/s when the golden recorded it (or one is given), step time when it recorded that;
+    a golden with neither (it did not run): TFLOP/s when any setting recorded it."""
+    golden_rows = groups.get(golden, []) if golden is not None else []
+    if given or any(r["tflops"] is not None for r in golden_rows):
+        return "tflops"
+    if any(r["step"] is not None for r in golden_rows):
+        return "step"
+    rows = [r for g in groups.values() for r in g]
+    return "tflops" if any(r["tflops"] is not None for r in rows) else "step"
+
+
+def _band(name: str, stats: dict, unit: str) -> str:
+    if stats.get("median") is None:
+        return f"'{name}': no speed recorded"
+    if str(stats.get("noise", "none")).startswith("none"):
+        return f"'{name}' {stats['median']:.4g} {unit} (one value: its noise is not measured)"
+    band = f"{stats['low']:.4g}-{stats['high']:.4g}"
+    return f"'{name}' {stats['median']:.4g} {unit} ({band}, {stats['noise']})"
+
+
 def judge(rows: list[dict], args: argparse.Namespace) -> dict:
     groups: dict[str, list[dict]] = {}
     for row in rows:
@@ -245,12 +243,9 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
     golden = args.golden if args.golden is not None else next(iter(groups), None)
     if golden is not None and golden not in groups and args.golden_tflops is None:
         raise ValueError(f"golden {golden!r} is not among the rows: {', '.join(groups)}")
-    golden_rows = groups.get(golden, [])
-    kind = (
-        "tflops"
-        if args.golden_tflops or any(r["tflops"] is not None for r in golden_rows)
-        else "step"
-    )
+    kind = speed_kind(groups, golden, args.golden_tflops)
+    higher = kind == "tflops"
+    unit = "TFLOP/s" if higher else "s"
     all_runs: list[dict] = []
     dropped_runs: list[dict] = []
     for name, group in groups.items():
@@ -268,11 +263,32 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
     if args.golden_tflops:
         value = args.golden_tflops
         reference = {"runs": 1, "median": value, "low": value, "high": value, "noise": "given"}
-    measured = judge_runs(all_runs, golden, kind == "tflops", reference)
-    kind_name = "tflops" if kind == "tflops" else "1/step_time"
+    measured = judge_runs(all_runs, golden, higher, reference)
+    kind_name = "tflops" if higher else "step_time_s"
+    usable = args.budget_gib * GIB * (1 - args.margin) if args.budget_gib else None
+    fits = {name: fit_check(group, usable, args.margin) for name, group in groups.items()}
+
+    # A golden that does not fit cannot be the bar: the settings that fit are compared among
+    # themselves, against the fastest of them
+    baseline = None
+    against = golden
+    used = measured
+    if golden in fits and fits[golden][0] is False:
+        fitting = [
+            n
+            for n in groups
+            if fits[n][0] is not False and measured["settings"].get(n, {}).get("median")
+        ]
+        baseline = {"recompute": golden, "feasible": False, "why": fits[golden][1]}
+        if fitting:
+            pick = max if higher else min
+            against = pick(fitting, key=lambda n: measured["settings"][n]["median"])
+            used = judge_runs([r for r in all_runs if r["setting"] in fitting], against, higher)
+            baseline.update(compared_among=fitting, reference=against)
+        else:
+            baseline.update(compared_among=[], reference=None)
     golden_loss = {r["rank"]: r["loss"] for r in groups.get(golden, []) if r["loss"] is not None}
     verified = load_verify(args.verify) if args.verify else {}
-    usable = args.budget_gib * GIB * (1 - args.margin) if args.budget_gib else None
 
     out = []
     for name, group in groups.items():
@@ -283,47 +299,44 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         peaks = {r["rank"]: r["reserved"] or r["allocated"] for r in group}
         known = {k: v for k, v in peaks.items() if v is not None}
         binding = max(known, key=known.get) if known else None
-        if any(r["oom"] for r in group):
-            checks["fits"] = False
-            ranks = sorted({r["rank"] for r in group if r["oom"]})
-            reasons.append(f"OOM on rank(s) {ranks}")
-        elif usable is None:
-            checks["fits"] = None
-            reasons.append("no --budget-gib: fit not judged")
-        elif not known:
-            checks["fits"] = None
-            reasons.append("no peak memory recorded")
-        else:
-            if len(reserved) < len(group):
-                reasons.append(
-                    "peak reserved not recorded on every rank: judged on allocated; "
-                    "record torch.cuda.max_memory_reserved()"
-                )
-            over = {k: v for k, v in known.items() if v > usable}
-            checks["fits"] = not over
-            if over:
-                worst = max(over, key=over.get)
-                reasons.append(
-                    f"rank {worst} peaks at {over[worst] / GIB:.2f} GiB > "
-                    f"{usable / GIB:.2f} GiB usable ({args.margin:.0%} margin)"
-                )
-        stats = measured["settings"].get(name, {})
+        checks["fits"], why_fit = fits[name]
+        if why_fit:
+            reasons.append(why_fit)
+        if checks["fits"] and len(reserved) < len(group):
+            reasons.append(
+                "peak reserved not recorded on every rank: judged on allocated; "
+                "record torch.cuda.max_memory_reserved()"
+            )
+        stats = used["settings"].get(name) or measured["settings"].get(name, {})
         comparison = stats.get("comparison") or {}
+        if comparison and against != golden:
+            comparison = {**comparison, "against": against}
+        to_golden = (measured["settings"].get(name, {}).get("comparison") or {}).get("change")
         value = stats.get("median")
         vs = comparison.get("change")
+        bar = "golden" if against == golden else f"'{against}'"
         if name == golden:
             checks["throughput"] = True
+        elif name == against:
+            checks["throughput"] = True
+            reasons.append(
+                f"the fastest of the settings that fit (golden '{golden}' does not: infeasible)"
+            )
         elif value is None or vs is None:
             checks["throughput"] = None
-            reasons.append("no TFLOP/s or step time to compare with golden")
+            reasons.append(f"no TFLOP/s or step time to compare with {bar}")
         elif comparison.get("confounded"):
             checks["throughput"] = None
             reasons.append(f"throughput not judged: {comparison['why']}")
+        elif against != golden and comparison.get("noise_measured") is False:
+            # against a peer, not a golden's bar: a single value decides nothing
+            checks["throughput"] = None
+            reasons.append(f"{vs:+.1%} vs {bar}: {comparison['why']}")
         elif comparison.get("noise_measured") is False or "noise" not in stats:
             # single summary values: judged on the values, the noise unknown
             checks["throughput"] = vs >= -args.threshold
             if not checks["throughput"]:
-                reasons.append(f"{vs:+.1%} vs golden, beyond -{args.threshold:.0%}: regression")
+                reasons.append(f"{vs:+.1%} vs {bar}, beyond -{args.threshold:.0%}: regression")
             reasons.append("judged on single values: the run-to-run noise is not measured")
         else:
             low, high = comparison["change_low"], comparison["change_high"]
@@ -332,14 +345,14 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
             elif high < -args.threshold:
                 checks["throughput"] = False
                 reasons.append(
-                    f"{vs:+.1%} vs golden ({low:+.1%} to {high:+.1%} with the noise), beyond "
+                    f"{vs:+.1%} vs {bar} ({low:+.1%} to {high:+.1%} with the noise), beyond "
                     f"-{args.threshold:.0%}: regression"
                 )
             else:
                 checks["throughput"] = None
                 reasons.append(
-                    f"{vs:+.1%} vs golden is within noise of the -{args.threshold:.0%} "
-                    f"threshold ({low:+.1%} to {high:+.1%}): {measured['rerun']}"
+                    f"{vs:+.1%} vs {bar} is within noise of the -{args.threshold:.0%} "
+                    f"threshold ({low:+.1%} to {high:+.1%}): {used['rerun'] or RERUN}"
                 )
         losses = {r["rank"]: r["loss"] for r in group if r["loss"] is not None}
         diffs = [
@@ -369,6 +382,7 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
             verdict = "success"
         else:
             verdict = "incomplete"
+        tflops = [r["tflops"] for r in group if r["tflops"] is not None and not r["oom"]]
         out.append(
             {
                 "recompute": name,
@@ -377,42 +391,30 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
                 "binding_rank": binding,
                 "max_peak_reserved_gib": round(max(reserved) / GIB, 3) if reserved else None,
                 "max_peak_allocated_gib": round(max(allocated) / GIB, 3) if allocated else None,
-                "tflops": value if kind == "tflops" else None,
+                "tflops": value if higher else (statistics.median(tflops) if tflops else None),
                 "speed": {
                     **{k: v for k, v in stats.items() if k != "comparison"},
                     "kind": kind_name,
+                    "unit": unit,
+                    "better": "higher" if higher else "lower",
                     "comparison": comparison or None,
                     "runs_detail": [r for r in all_runs if r["setting"] == name],
                 },
-                "vs_golden_pct": None if vs is None else round(100 * vs, 2),
+                "vs_golden_pct": None if to_golden is None else round(100 * to_golden, 2),
                 "loss_rel_diff": rel,
                 "checks": checks,
                 "verdict": verdict,
                 "reasons": reasons,
             }
         )
-    winners = [c for c in out if c["verdict"] == "success"]
-    best = max(winners, key=lambda c: c["vs_golden_pct"] or 0.0) if winners else None
-    recommendation = None
-    if best is not None:
-        ties = [
-            c["recompute"]
-            for c in winners
-            if c is not best
-            and not compare(
-                measured["settings"].get(c["recompute"], {}),
-                measured["settings"].get(best["recompute"], {}),
-                kind == "tflops",
-            )["decided"]
-        ]
-        if ties:
-            why = (
-                f"'{best['recompute']}' is not faster than {', '.join(map(repr, ties))} beyond "
-                f"the noise: all pass the contract; {RERUN} to choose on speed"
-            )
-        else:
-            why = f"'{best['recompute']}' passes the contract"
-        recommendation = {"recompute": best["recompute"], "within_noise_of": ties, "why": why}
+    recommended, recommendation = recommend(out, used, golden, baseline, higher, unit)
+    if baseline is not None:
+        among = [_band(n, used["settings"].get(n, {}), unit) for n in baseline["compared_among"]]
+        baseline["note"] = f"golden '{golden}' does not fit ({baseline['why']}): infeasible; " + (
+            f"compared among the settings that fit, against the fastest: {'; '.join(among)}"
+            if among
+            else "no setting that fits recorded a speed"
+        )
     return {
         "ok": True,
         "budget_gib": args.budget_gib,
@@ -420,14 +422,95 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         "golden": golden,
         "threshold": args.threshold,
         "candidates": out,
-        "recommended": best["recompute"] if best else None,
+        "recommended": recommended,
         "recommendation": recommendation,
+        "baseline": baseline,
         "outliers": measured["outliers"],
         "confounders": measured["confounders"],
         "dropped_runs": dropped_runs,
-        "rerun": measured["rerun"],
+        "rerun": used["rerun"] if baseline is not None else measured["rerun"],
         "speed_kind": kind_name if groups else None,
+        "speed_unit": unit if groups else None,
     }
+
+
+def recommend(
+    out: list[dict],
+    measured: dict,
+    golden: str | None,
+    baseline: dict | None,
+    higher: bool,
+    unit: str,
+) -> tuple[str | None, dict | None]:
+    """The recommended setting (it passes the contract) and the recommendation: decided only
+    when it is faster than the other passing settings beyond the noise. With an infeasible
+    golden, the fastest setting that fits is named even while a check is still open, saying
+    which."""
+    winners = [c for c in out if c["verdict"] == "success"]
+    if baseline is not None and baseline.get("reference"):
+        winners = [
+            c
+            for c in out
+            if c["recompute"] in baseline["compared_among"]
+            # the throughput check is against the fastest of them: ranked, not a veto
+            and c["checks"]["fits"] is not False
+            and c["checks"]["loss"] is not False
+        ]
+    if not winners:
+        return None, None
+    settings = measured["settings"]
+
+    def pace(c: dict) -> float:
+        med = settings.get(c["recompute"], {}).get("median")
+        if med is None:
+            return float("-inf")
+        return med if higher else -med
+
+    if baseline is None:
+        best = max(winners, key=lambda c: c["vs_golden_pct"] or 0.0)
+    else:
+        best = max(winners, key=pace)
+    ties = [
+        c["recompute"]
+        for c in winners
+        if c is not best
+        and not compare(
+            settings.get(c["recompute"], {}), settings.get(best["recompute"], {}), higher
+        )["decided"]
+    ]
+    open_checks = [k for k, v in best["checks"].items() if v is None]
+    if ties:
+        why = (
+            f"'{best['recompute']}' is not faster than {', '.join(map(repr, ties))} beyond "
+            f"the noise: all pass the contract; {RERUN} to choose on speed"
+        )
+    else:
+        why = f"'{best['recompute']}' passes the contract"
+    if baseline is not None:
+        others = [c["recompute"] for c in winners if c is not best]
+        lead = f"golden '{golden}' does not fit ({baseline['why']}): infeasible; "
+        if not others:
+            why = lead + f"'{best['recompute']}' is the only setting that fits and passes"
+        elif ties:
+            why = (
+                lead + f"among the settings that fit, '{best['recompute']}' is the fastest but "
+                f"within noise of {', '.join(map(repr, ties))}: {RERUN}"
+            )
+        else:
+            why = lead + f"'{best['recompute']}' is the fastest setting that fits, beyond the noise"
+        why += f" ({_band(best['recompute'], settings.get(best['recompute'], {}), unit)})"
+        if open_checks:
+            why += f"; still unchecked: {', '.join(open_checks)}"
+            if "loss" in open_checks:
+                why += " (run `recompute-kit verify` and pass --verify FILE)"
+    recommendation = {
+        "recompute": best["recompute"],
+        "decided": not ties,
+        "within_noise_of": ties,
+        "passes_contract": best["verdict"] == "success",
+        "why": why,
+    }
+    return (best["recompute"] if best["verdict"] == "success" else None), recommendation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,12 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.file is None and not args.log:
             raise ValueError("give a results FILE or --log SPEC=FILE")
-        rows = [normalise(r) for r in load_rows(args.file)] if args.file else []
+        rows, notes = read_table(load_rows(args.file)) if args.file else ([], [])
         for spec in args.log:
             rows += load_log(spec)
         if not rows:
             raise ValueError("no rows")
         doc = judge(rows, args)
+        doc["input_notes"] = notes
     except (OSError, ValueError, json.JSONDecodeError) as exc:
         json.dump({"ok": False, "error": f"{args.file or 'judge'}: {exc}"}, sys.stdout)
         sys.stdout.write("\n")

@@ -11,6 +11,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ...config import ConfigError, format_spec, parse_spec
+from ...runcolumns import classify, is_on
 from .text import _NUMBER_RE, _float, _int, parse_size
 
 # --------------------------------------------------------------------------------------------
@@ -46,6 +47,11 @@ _MEM_UNIT_RE = re.compile(r"(?<![a-z])(gib|gb|mib|mb|kib|kb|bytes|b)(?![a-z])")
 def _experiment_column(header: str) -> tuple[str, str | None]:
     """The normalised key for a column header, and the unit of a memory column."""
     h = " ".join(header.replace("_", " ").strip().lower().split())
+    col = classify(header)  # the names users log (runcolumns.py): flags and unit suffixes
+    if col is not None and col.key == "checkpointing":
+        return "recompute", None  # gradient_checkpointing true/false: full / none
+    if col is not None and col.key == "step" and col.unit is not None:
+        return "step_time_ms", "ms" if col.scale == 1e-3 else "s" if col.scale == 1.0 else "?"
     if h in (
         "experiment",
         "exp",
@@ -217,6 +223,9 @@ def _normalise_experiment(row: dict[str, Any], units: dict[str, str | None]) -> 
 def _experiment_spec(row: dict[str, Any]) -> str | None:
     """The recompute spec string of a row: given, or derived from granularity/modules."""
     given = row.get("recompute")
+    flag = is_on(given) if given is not None and str(given).strip().lower() != "none" else None
+    if flag is not None:  # a checkpointing flag: on is full recompute of every layer
+        return "full" if flag else "none"
     if isinstance(given, str) and given.strip():
         try:
             return format_spec(parse_spec(given.strip()))  # "selective:core_attn" -> "selective"
@@ -368,7 +377,9 @@ def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 for r in sorted(run, key=lambda r: r.get("iteration") or 0)
                 if isinstance(r.get(kind), (int, float)) and not r.get("oom")
             ]
-            stats = summarize_run(samples) if samples else {}
+            stats = (
+                summarize_run(samples, higher_is_better=kind == "tflops_per_gpu") if samples else {}
+            )
             first = run[0]
             extra = {
                 f: first[f]

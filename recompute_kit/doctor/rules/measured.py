@@ -427,7 +427,9 @@ def _measured_within_noise(ctx: Context) -> Match | None:
     ]
     shown = [c["note"] for c in summary.get("confounders") or []]
     outliers = [
-        f"run {o['run']} of '{o['setting']}' is {o['off_by']:+.0%} from its other repeats"
+        f"run {o['run']} of '{o['setting']}': {o['why']}"
+        if o.get("why")
+        else f"run {o['run']} of '{o['setting']}' is {o['off_by']:+.0%} from its other repeats"
         for o in summary.get("outliers") or []
     ]
     dropped = [
