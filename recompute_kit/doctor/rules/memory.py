@@ -15,6 +15,7 @@ from .registry import (
     candidate_spec,
     fact,
     gib,
+    is_megatron,
     more_recompute_patch,
     next_step,
     oom_errors,
@@ -46,9 +47,16 @@ from .registry import (
 )
 def _activations(ctx: Context) -> Match | None:
     e = ctx.estimate
-    if e is None or not (ctx.oom or ctx.says("out of memory")):
+    if e is None:
+        return None
+    seen = bool(ctx.oom or ctx.says("out of memory"))
+    # No OOM pasted: the estimate above the GPU's memory is the OOM it predicts (a config
+    # that fits is a plan, not a diagnosis).
+    predicted = not seen and bool(ctx.gpu_bytes) and e.total_bytes > ctx.gpu_bytes
+    if not (seen or predicted):
         return None
     state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    layers, edges = activation_split(e)
     dominate = e.peak_activation_bytes >= state
     # Activations need not dominate for recompute to be the fix: the planner says a
     # recompute setting fits where the current one does not.
@@ -73,10 +81,15 @@ def _activations(ctx: Context) -> Match | None:
                 f"({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
+    if whole_layers_only(ctx) and not spec.startswith("full"):
+        # the Trainer (and NeMo-RL's DTensor path) checkpoint whole layers: no module choice
+        spec, why = "full:uniform:1", "activation checkpointing of every layer (whole layers)"
     if dominate:
         said = (
             f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
-            f"{gib(state)} of weights, gradients and optimizer states under '{current}'."
+            f"{gib(state)} of weights, gradients and optimizer states under '{current}'"
+            f" ({gib(layers)} in the transformer layers, which recompute acts on; "
+            f"{gib(edges)} in the embedding, logits and loss, which it does not touch)."
         )
     else:
         said = (
@@ -85,9 +98,36 @@ def _activations(ctx: Context) -> Match | None:
             f"{gib(e.peak_activation_bytes)}) against the {gib(ctx.gpu_bytes)} GPU; "
             f"recompute closes the gap."
         )
-    return Match(
-        0.85 if dominate else 0.75, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec)
-    )
+    if predicted:
+        said += (
+            f" No OOM was pasted: the estimate's {gib(e.total_bytes)} exceeds the "
+            f"{gib(ctx.gpu_bytes)} GPU, so the run would run out of memory."
+        )
+    # the logits (recompute does not touch them) outweigh the layers: RK012's lever leads
+    conf = 0.85 if dominate else 0.75
+    if edges > layers:
+        conf -= 0.3
+    elif predicted:
+        conf -= 0.15  # a prediction by the estimate, not an OOM seen
+    return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec))
+
+
+def activation_split(e) -> tuple[float, float]:
+    """(the transformer layers' activations, the rest of the activation peak: embedding,
+    output layer, logits and loss, backward's transients) per rank, by the estimate's split:
+    recompute frees only the first."""
+    layers = e.per_layer_activation_bytes * len(e.layers) * e.micro_batches_in_flight
+    layers = min(layers, e.peak_activation_bytes)
+    return layers, e.peak_activation_bytes - layers
+
+
+def whole_layers_only(ctx: Context) -> bool:
+    """The run's framework checkpoints whole layers only (the Hugging Face Trainer, NeMo-RL on
+    its DTensor backend): no selective recompute by module."""
+    read = ctx.evidence.read or {}
+    framework = read.get("framework")
+    dtensor = bool((read.get("config") or {}).get("use_torch_fsdp2"))
+    return framework == "hf-trainer" or (framework == "nemo-rl" and dtensor)
 
 
 def _same(rc, ctx: Context) -> bool:
@@ -160,10 +200,37 @@ def _logits(ctx: Context) -> Match | None:
     )
     if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
         return None
-    return Match(
-        0.8 if hit else 0.55,
+    said = (
         f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
-        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}.",
+        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}."
+    )
+    conf = 0.8 if hit else 0.55
+    if not hit and ctx.estimate is not None:
+        # the estimate's split decides which activations dominate: transformer layers that
+        # keep more than the logits make recompute the first lever (RK010), this the second
+        layers, _ = activation_split(ctx.estimate)
+        if layers > 3 * logits:
+            conf = 0.45
+            said += (
+                f" The transformer layers keep more ({gib(layers)} by the estimate): this is "
+                "the second lever after recompute."
+            )
+    return Match(conf, said, fix=fused_loss_fix(ctx))
+
+
+def fused_loss_fix(ctx: Context) -> str:
+    """RK012/RK016's fix in the run's terms: Megatron's fused / vocab-parallel cross-entropy
+    and tensor parallelism where it is Megatron; elsewhere a fused linear cross-entropy (the
+    flag is written as the framework's key by doctor/fix_words.py, or said to have none)."""
+    if is_megatron(ctx):
+        return (
+            "Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
+            "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism"
+        )
+    return (
+        "Never hold the full fp32 logits: a fused linear cross-entropy that computes the loss "
+        "in chunks (--cross-entropy-loss-fusion), or a smaller micro-batch or sequence; "
+        "recompute of transformer layers does not touch the logits"
     )
 
 
@@ -235,15 +302,24 @@ def _oom_in_logits(ctx: Context) -> Match | None:
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
-            return Match(0.9, f"The OOM is raised under '{frame}'.")
+            return Match(0.9, f"The OOM is raised under '{frame}'.", fix=_fused_fix(ctx))
     # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
     # "... 报错oom" above frames that end in the loss)
     if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
         where = oom_where(ctx) + " " + all_frames(ctx)
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
-            return Match(0.8, f"The pasted traceback runs through '{hit}' next to the OOM.")
+            return Match(
+                0.8,
+                f"The pasted traceback runs through '{hit}' next to the OOM.",
+                fix=_fused_fix(ctx),
+            )
     return None
+
+
+def _fused_fix(ctx: Context) -> str | None:
+    """RK016's fix: its own words for Megatron runs, the framework-neutral ones elsewhere."""
+    return None if is_megatron(ctx) else fused_loss_fix(ctx)
 
 
 # Calls that load or place a model's weights, as a traceback's source line or a quoted line
@@ -362,8 +438,13 @@ def _checkpointing_off(ctx: Context) -> Match | None:
         return None
     for key, value in ctx.cfg.items():
         name = key.rsplit(".", 1)[-1]
-        if value is False and any(name == k or name.startswith(k) for k in OFF_KEYS):
-            return Match(0.75, f"The config sets {key} = false and training ran out of memory.")
+        # a switch that turns it off by its own name (LLaMA-Factory's
+        # disable_gradient_checkpointing: true) says the same as gradient_checkpointing: false
+        inverted = name.removeprefix("disable_").removeprefix("no_")
+        off = value is False or (value is True and inverted != name)
+        if off and any(inverted == k or inverted.startswith(k) for k in OFF_KEYS):
+            said = "false" if value is False else "true"
+            return Match(0.75, f"The config sets {key} = {said} and training ran out of memory.")
     return None
 
 
