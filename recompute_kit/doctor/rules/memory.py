@@ -84,6 +84,8 @@ def _activations(ctx: Context) -> Match | None:
     if whole_layers_only(ctx) and not spec.startswith("full"):
         # the Trainer (and NeMo-RL's DTensor path) checkpoint whole layers: no module choice
         spec, why = "full:uniform:1", "activation checkpointing of every layer (whole layers)"
+    if spec == current:
+        return None  # already the most recompute there is: no step left (RK013 when nothing fits)
     if dominate:
         said = (
             f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
@@ -106,7 +108,7 @@ def _activations(ctx: Context) -> Match | None:
     # the logits (recompute does not touch them) outweigh the layers: RK012's lever leads
     conf = 0.85 if dominate else 0.75
     if edges > layers:
-        conf -= 0.3
+        conf -= 0.35
     elif predicted:
         conf -= 0.15  # a prediction by the estimate, not an OOM seen
     return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec))
