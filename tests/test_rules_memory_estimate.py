@@ -117,3 +117,38 @@ def test_rk012_in_plain_trainer_keys_and_none_for_torchtitan(tmp_path):
     g = _finding(diagnose(collect(logs=[], config=[str(titan)]), 80.0), "RK012")
     assert not g.patch_keys and "no torchtitan key sets it" in g.fix
     assert [x["key"] for x in g.patch_check["dropped"]] == ["cross_entropy_loss_fusion"]
+
+
+def test_rk088_patches_the_configs_own_checkpointing_switch():
+    # NeMo-RL's SFT recipe (tests/sources/corpus/nemo_rl/sft.yaml, DTensor backend enabled)
+    # with the real per-step peaks of https://github.com/NVIDIA-NeMo/Automodel/issues/2634
+    # (tests/data/rules/i12-automodel-2634.txt): the switch is
+    # policy.dtensor_cfg.activation_checkpointing; a bare activation_checkpointing is a key
+    # NeMo-RL does not read.
+    log = Path(__file__).parent / "data" / "rules" / "i12-automodel-2634.txt"
+    d = diagnose(collect(logs=[str(log)], config=[str(CORPUS / "nemo_rl" / "sft.yaml")]), None)
+    f = _finding(d, "RK088")
+    assert f.config_patch == {"policy.dtensor_cfg.activation_checkpointing": True}
+    assert f.patch_keys == {"policy.dtensor_cfg.activation_checkpointing": True}
+
+
+def test_framework_keys_of_one_family_are_translated_for_another():
+    # LLaMA-Factory's and NeMo 1.x's own switches in a patch for another framework become that
+    # framework's setting (doctor/patches.py _foreign_to_mcore), never a key it ignores.
+    from recompute_kit.doctor.patches import _foreign_to_mcore, in_llama_factory_keys
+
+    assert _foreign_to_mcore("disable_gradient_checkpointing", True) == {
+        "recompute_granularity": None
+    }
+    assert _foreign_to_mcore("enable_liger_kernel", True) == {"cross_entropy_loss_fusion": True}
+    assert _foreign_to_mcore("activations_checkpoint_granularity", "full") == {
+        "recompute_granularity": "full"
+    }
+    keys = {
+        "gradient_checkpointing": True,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    }
+    assert in_llama_factory_keys(keys) == {
+        "disable_gradient_checkpointing": False,
+        "use_reentrant_gc": False,
+    }

@@ -81,6 +81,11 @@ OWNED_KEYS: dict[str, tuple[str, ...]] = {
     "adam_offload": ("openrlhf",),
     "ref_reward_offload": ("openrlhf",),
     "placement_policy": ("colossalai",),
+    # NeMo 1.x's recompute keys (model.activations_checkpoint_*): Megatron-Core's recompute_*
+    # everywhere else
+    "activations_checkpoint_granularity": ("nemo1",),
+    "activations_checkpoint_method": ("nemo1",),
+    "activations_checkpoint_num_layers": ("nemo1",),
     "logprob_chunk_size": ("nemo-rl",),
     "defer_fp32_logits": ("nemo-rl",),
 }
@@ -255,8 +260,12 @@ def _foreign_to_mcore(key: str, value: Any) -> dict[str, Any] | None:
                 "recompute_num_layers": 1,
             }
         return {"recompute_granularity": None}
-    if key == "use_liger_kernel" and value is True:
+    if key in ("use_liger_kernel", "enable_liger_kernel") and value is True:
         return {"cross_entropy_loss_fusion": True}
+    if key == "disable_gradient_checkpointing" and isinstance(value, bool):
+        return _foreign_to_mcore("gradient_checkpointing", not value)
+    if key.startswith("activations_checkpoint_"):  # NeMo 1.x: the same fields, renamed
+        return {"recompute_" + key.removeprefix("activations_checkpoint_"): value}
     if key == "per_device_train_batch_size" and isinstance(value, int):
         return {"micro_batch_size": value}
     return None

@@ -616,10 +616,14 @@ def _step_peaks(ctx: Context) -> Match | None:
     if peak < 3 * rest:
         return None
     patch, words = more_recompute_patch(ctx)
-    if ctx.cfg.get("activation_checkpointing") is False or any(
-        k.endswith("activation_checkpointing") for k in ctx.cfg
-    ):
-        patch = {"activation_checkpointing": True}
+    # the config's own switch, under its own (dotted) name: NeMo-RL's
+    # policy.dtensor_cfg.activation_checkpointing is no bare activation_checkpointing
+    # (of the section the run enables, where the config has one per backend)
+    owns = [k for k in ctx.cfg if k.endswith("activation_checkpointing")]
+    enabled = [k for k in owns if ctx.cfg.get(k.rsplit(".", 1)[0] + ".enabled") is True]
+    own = (enabled or owns or [None])[0]
+    if own is not None:
+        patch = {own: True}
     return Match(
         0.8,
         f"Steps peak at {gib(peak)} while {gib(rest)} is held between steps: about "
