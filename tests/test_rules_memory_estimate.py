@@ -17,6 +17,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rule_helpers import run, text
+
 from recompute_kit.doctor.engine import build_context, diagnose
 from recompute_kit.doctor.evidence import collect
 from recompute_kit.doctor.rules.memory import activation_split
@@ -152,3 +154,12 @@ def test_framework_keys_of_one_family_are_translated_for_another():
         "disable_gradient_checkpointing": False,
         "use_reentrant_gc": False,
     }
+
+
+def test_rk016_with_the_framework_unknown_names_each_frameworks_key():
+    # https://github.com/hiyouga/LlamaFactory/issues/10367: the cross-entropy frames alone,
+    # no config: the framework is unknown, so the fix names the fused loss in each framework's
+    # key rather than Megatron's alone (the patch stays in Megatron-Core names, labelled).
+    f = _finding(run(text("fl-llamafactory-10367-ce-frames")), "RK016")
+    assert f.patch_framework is None and not f.patch_keys
+    assert "use_liger_kernel" in f.fix and "enable_liger_kernel" in f.fix

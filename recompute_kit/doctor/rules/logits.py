@@ -66,10 +66,18 @@ def fused_loss_fix(ctx: Context) -> str:
             "Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
             "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism"
         )
+    # framework unknown: no key of one framework named as if it were the run's
+    known = (ctx.evidence.read or {}).get("framework") is not None
+    how = (
+        "--cross-entropy-loss-fusion"
+        if known
+        else "Liger's fused linear cross-entropy: use_liger_kernel in the Hugging Face Trainer, "
+        "enable_liger_kernel in LLaMA-Factory; Megatron's cross_entropy_loss_fusion"
+    )
     return (
         "Never hold the full fp32 logits: a fused linear cross-entropy that computes the loss "
-        "in chunks (--cross-entropy-loss-fusion), or a smaller micro-batch or sequence; "
-        "recompute of transformer layers does not touch the logits"
+        f"in chunks ({how}), or a smaller micro-batch or sequence; recompute of transformer "
+        "layers does not touch the logits"
     )
 
 

@@ -1,6 +1,5 @@
-"""With a model shape or a traceback: which memory dominates (activations, model states; the
-logits are rules/logits.py),
-and the next recompute step.
+"""With a model shape or a traceback: which memory dominates (activations or model states; the
+logits are rules/logits.py), and the next recompute step.
 """
 
 from __future__ import annotations
