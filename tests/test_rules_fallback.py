@@ -85,7 +85,7 @@ def test_rk171_full_fine_tune_at_batch_1_with_zero3_offloads_the_optimizer():
     f = top(d)
     assert f.rule == "RK171" and f.category == "model_state_memory" and len(d.findings) == 1
     assert f.config_patch == {"deepspeed": "examples/deepspeed/ds_z3_offload_config.json"}
-    cites(f, "~8.0B parameters", "per_device_train_batch_size = 1", "ZeRO stage 3")
+    cites(f, "about 8B parameters", "per_device_train_batch_size = 1", "ZeRO stage 3")
     cites(f, "119.21 GiB", "does not count the GPUs")
     assert "finetuning_type: lora" in f.fix and "recompute cannot free" in f.fix
 
@@ -174,7 +174,7 @@ def test_rk170_sharded_states_small_on_the_stated_gpu_and_eager_attention():
     f = top(d)
     assert f.rule == "RK170" and f.category == "activation_memory"
     assert d.evidence.facts["log"]["gpu_prose"]["count"] == 8
-    cites(f, "~9.0B parameters", "16.76 GiB per GPU")
+    cites(f, "about 9B parameters", "16.76 GiB per GPU")
     assert "flash_attn" in f.fix and "max_len 2048 -> 1024" in f.fix
 
 
@@ -187,7 +187,7 @@ def test_rk171_states_of_a_model_named_in_prose_not_a_separate_inference_engine(
     assert "RK100" not in ids(d)
     f = top(d)
     assert f.rule == "RK171" and f.category == "model_state_memory"
-    cites(f, "~16.0B parameters", "59.60 GiB per GPU over 4 GPU(s)")
+    cites(f, "about 16B parameters", "59.60 GiB per GPU over 4 GPU(s)")
     assert "offload_optimizer" in f.fix
     # ref_reward_offload offloads the frozen models, not the actor's optimizer
     assert "offload on" not in f.evidence

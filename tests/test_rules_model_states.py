@@ -337,8 +337,20 @@ def test_rk101_13b_full_fine_tuning_with_zero2_on_4_gpus():
     f = top(d)
     assert f.rule == "RK101" and f.category == "model_state_memory"
     # 13e9 x (2 + 14/4) bytes = 66.59 GiB of states per GPU on a 79.35 GiB GPU; ZeRO-3: 48.43
-    cites(f, "13.0B", "ZeRO stage 2 on 4 GPU(s)", "66.59 GiB", "79.35 GiB", "48.43 GiB")
+    cites(f, "ZeRO stage 2 (assumed) on 4 GPU(s)", "66.59 GiB", "79.35 GiB", "48.43 GiB")
     assert f.config_patch == {"zero_optimization": {"stage": 3}}
+    # The count is the name's "13B" (Baichuan2-13B has ~13.9B): said as the name's, and the
+    # 12.94 GiB request is near 13e9 x 4 B / 4 = 12.11 GiB, not equal to it.
+    cites(f, "about 13B parameters by its name", "12.94 GiB against 13B (by its name)")
+    cites(f, "= 12.11 GiB")
+    assert "12.94 GiB = " not in f.evidence and "13.0B" not in f.evidence
+    # --deepspeed ds_config.json was never shown: the stage is an assumption, said once with
+    # the key that sets it, and no second finding says "no ZeRO stage named" against it
+    stated = [a for a in d.assumptions if "ZeRO stage 2 assumed" in a]
+    assert len(stated) == 1 and "zero_optimization.stage" in stated[0]
+    assert "ds_config.json" in stated[0]
+    assert "RK500" not in ids(d)
+    assert not any("no ZeRO stage" in g.evidence for g in d.findings)
 
 
 # RK101: a launch command with no GPU, no GPU count and no OOM: no "over 1 GPU(s)" plan (a
@@ -386,7 +398,7 @@ def test_rk101_lora_under_ddp_replicates_weights_above_any_80gb_gpu():
     assert d.evidence.config["finetuning_type"] == "lora"  # read from the pasted command
     f = top(d)
     assert f.rule == "RK101" and f.category == "model_state_memory"
-    cites(f, "56.0B", "8 GPU(s)", "104.31 GiB", "80.00 GiB")
+    cites(f, "56B parameters by its name", "8 GPU(s)", "104.31 GiB", "80.00 GiB")
     assert f.config_patch == {"zero_optimization": {"stage": 3}} and "ZeRO-3" in f.fix
 
 

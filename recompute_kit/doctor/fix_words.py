@@ -47,7 +47,7 @@ def _flag_fields() -> dict[str, tuple[tuple[str, Any], ...]]:
 
 def _words_for(framework: str, flag: str, ctx: Context) -> str | None:
     """What `flag` is in `framework`'s keys (None: the flag is no Megatron-LM setting)."""
-    from .patches import _is_key, _value_for, framework_key
+    from .patches import _is_key, _value_for, framework_key, in_llama_factory_keys, llama_factory
 
     fields = _flag_fields().get(flag)
     if not fields:
@@ -58,9 +58,13 @@ def _words_for(framework: str, flag: str, ctx: Context) -> str | None:
         target = framework_key(framework, field, ctx)
         if target is None:
             continue
+        lf = framework == "hf-trainer" and llama_factory(ctx)
         if value is not None and _is_key(target):  # a switch: the key with the value it sets
-            ((key, said),) = _value_for(framework, field, target, value, ctx, {}).items()
+            keys = _value_for(framework, field, target, value, ctx, {})
+            ((key, said),) = (in_llama_factory_keys(keys) if lf else keys).items()
             return f"{key}: {str(said).lower() if isinstance(said, bool) else said}"
+        if lf and _is_key(target):  # LLaMA-Factory's own name for the Trainer's key
+            return next(iter(in_llama_factory_keys({target: True})), target)
         return target
     return f"{fields[0][0]} (no {framework} key sets it)"
 

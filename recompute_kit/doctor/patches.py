@@ -70,6 +70,9 @@ OWNED_KEYS: dict[str, tuple[str, ...]] = {
     "per_device_train_batch_size": _HF,
     "gradient_accumulation_steps": _HF,
     "use_liger_kernel": _HF,
+    "enable_liger_kernel": _HF,
+    "disable_gradient_checkpointing": _HF,
+    "use_reentrant_gc": _HF,
     "cutoff_len": _HF,
     "max_seq_length": _HF,
     "zero_optimization": _HF,  # a DeepSpeed JSON (read with the Trainer's)
@@ -78,6 +81,11 @@ OWNED_KEYS: dict[str, tuple[str, ...]] = {
     "adam_offload": ("openrlhf",),
     "ref_reward_offload": ("openrlhf",),
     "placement_policy": ("colossalai",),
+    # NeMo 1.x's recompute keys (model.activations_checkpoint_*): Megatron-Core's recompute_*
+    # everywhere else
+    "activations_checkpoint_granularity": ("nemo1",),
+    "activations_checkpoint_method": ("nemo1",),
+    "activations_checkpoint_num_layers": ("nemo1",),
     "logprob_chunk_size": ("nemo-rl",),
     "defer_fp32_logits": ("nemo-rl",),
 }
@@ -165,6 +173,18 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "cross_entropy_loss_fusion": "use_liger_kernel",
     },
 }
+# LLaMA-Factory (read as "hf-trainer": it parses the Trainer's arguments) switches a few of
+# them by keys of its own (hiyouga/LLaMA-Factory @ ff6d4d12 src/llamafactory/hparams/
+# model_args.py: `disable_gradient_checkpointing`, `use_reentrant_gc`, `enable_liger_kernel`):
+# Trainer key -> (LLaMA-Factory key, how the value is written there).
+LLAMA_FACTORY_KEYS: dict[str, tuple[str, Any]] = {
+    "gradient_checkpointing": ("disable_gradient_checkpointing", lambda v: not v),
+    "gradient_checkpointing_kwargs": (
+        "use_reentrant_gc",
+        lambda v: v.get("use_reentrant") if isinstance(v, dict) else None,
+    ),
+    "use_liger_kernel": ("enable_liger_kernel", lambda v: v),
+}
 # Frameworks that read Megatron-Core's own recompute_modules (selective recompute by module).
 _MODULE_AWARE = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo-rl")
 # Categories whose point may be to recompute less, and what the patch then trades.
@@ -240,8 +260,12 @@ def _foreign_to_mcore(key: str, value: Any) -> dict[str, Any] | None:
                 "recompute_num_layers": 1,
             }
         return {"recompute_granularity": None}
-    if key == "use_liger_kernel" and value is True:
+    if key in ("use_liger_kernel", "enable_liger_kernel") and value is True:
         return {"cross_entropy_loss_fusion": True}
+    if key == "disable_gradient_checkpointing" and isinstance(value, bool):
+        return _foreign_to_mcore("gradient_checkpointing", not value)
+    if key.startswith("activations_checkpoint_"):  # NeMo 1.x: the same fields, renamed
+        return {"recompute_" + key.removeprefix("activations_checkpoint_"): value}
     if key == "per_device_train_batch_size" and isinstance(value, int):
         return {"micro_batch_size": value}
     return None
@@ -330,6 +354,8 @@ def _check(
             )
     else:
         f.patch_keys = _translate(framework, patch, ctx, drop)
+        if framework == "hf-trainer" and llama_factory(ctx):
+            f.patch_keys = in_llama_factory_keys(f.patch_keys, check)
         check["keys"] = framework if f.patch_keys else None
     f.config_patch = patch
     _say(f, check)
@@ -463,6 +489,34 @@ def framework_key(framework: str, key: str, ctx: Context) -> str | None:
     module = framework_module(framework)
     target = module.key_for(key) if module is not None else key
     return None if target == key else target  # the reader knows no key of its own for it
+
+
+def llama_factory(ctx: Context) -> bool:
+    """The Trainer run is LLaMA-Factory's (the shared reader read a LLaMA-Factory YAML)."""
+    from ..sources.hf_trainer import FORMAT_LF
+
+    return FORMAT_LF in str((ctx.evidence.read or {}).get("format") or "")
+
+
+def in_llama_factory_keys(keys: dict[str, Any], check: dict[str, Any] | None = None) -> dict:
+    """A Trainer patch with the keys LLaMA-Factory switches by its own name written so."""
+    out: dict[str, Any] = {}
+    for key, value in keys.items():
+        if key not in LLAMA_FACTORY_KEYS:
+            out[key] = value
+            continue
+        own, spell = LLAMA_FACTORY_KEYS[key]
+        said = spell(value)
+        if said is None:  # no LLaMA-Factory key says this value: left out, said so
+            if check is not None:
+                check["dropped"].append(
+                    {"key": key, "value": value, "reason": "LLaMA-Factory has no key for it"}
+                )
+            continue
+        out[own] = said
+        if check is not None:
+            check["notes"].append(f"{key}: {value!r} is LLaMA-Factory's {own}: {said!r}")
+    return out
 
 
 def _dtensor(ctx: Context) -> bool:

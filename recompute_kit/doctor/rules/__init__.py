@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     in_words,
     informational,
     known_problems,
+    logits,
     measured,
     memory,
     model_states,

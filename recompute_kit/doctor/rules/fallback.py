@@ -24,6 +24,7 @@ from .model_states import (
     StateCount,
     _gpu_count,
     model_state_count,
+    size_words,
     stated_gpu_bytes,
 )
 from .registry import fact, gib, more_recompute_patch, oom_errors, rule
@@ -275,7 +276,7 @@ def _knob_list(ctx: Context, k: Knobs, count: StateCount | None) -> str:
     """The knobs the paste sets, with values, and what the absent ones mean."""
     parts = []
     if count is not None:
-        parts.append(f"model {count.name} (~{count.params / 1e9:.1f}B parameters)")
+        parts.append(f"model {count.name} ({size_words(count.params, count.name, ctx)})")
     if k.batch:
         parts.append(f"{k.batch[0]} = {k.batch[1]}")
     else:

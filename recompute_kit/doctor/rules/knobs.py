@@ -255,7 +255,13 @@ def _read_checkpointing(ctx: Context, k: Knobs, by_leaf: dict[str, tuple[str, An
             return
     granularity = cfg.get("recompute_granularity")
     if granularity is not None or "recompute_granularity" in cfg:
-        k.ckpt_key, k.ckpt = "recompute_granularity", granularity is not None
+        # the shared reader writes the file's switch in Megatron-Core's name: the advice names
+        # the switch the file has (gradient_checkpointing: false), not recompute_granularity
+        source = ((ctx.evidence.read or {}).get("sources") or {}).get("recompute_granularity")
+        own = source.get("key") if isinstance(source, dict) else None
+        leaf = own.rsplit(".", 1)[-1] if isinstance(own, str) else None
+        key = own if leaf in (*CKPT_KEYS, *_DISABLE_CKPT) else "recompute_granularity"
+        k.ckpt_key, k.ckpt = key, granularity is not None
         return
     for name in CKPT_KEYS:
         if name in by_leaf:

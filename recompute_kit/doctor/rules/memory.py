@@ -1,5 +1,5 @@
-"""With a model shape or a traceback: which memory dominates (activations, model states, logits),
-and the next recompute step.
+"""With a model shape or a traceback: which memory dominates (activations or model states; the
+logits are rules/logits.py), and the next recompute step.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .registry import (
     patch_for,
     rule,
     tensor_parallel_patch,
-    where_raised,
     zero_stage,
 )
 
@@ -46,9 +45,16 @@ from .registry import (
 )
 def _activations(ctx: Context) -> Match | None:
     e = ctx.estimate
-    if e is None or not (ctx.oom or ctx.says("out of memory")):
+    if e is None:
+        return None
+    seen = bool(ctx.oom or ctx.says("out of memory"))
+    # No OOM pasted: the estimate above the GPU's memory is the OOM it predicts (a config
+    # that fits is a plan, not a diagnosis).
+    predicted = not seen and bool(ctx.gpu_bytes) and e.total_bytes > ctx.gpu_bytes
+    if not (seen or predicted):
         return None
     state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    layers, edges = activation_split(e)
     dominate = e.peak_activation_bytes >= state
     # Activations need not dominate for recompute to be the fix: the planner says a
     # recompute setting fits where the current one does not.
@@ -73,10 +79,17 @@ def _activations(ctx: Context) -> Match | None:
                 f"({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
+    if whole_layers_only(ctx) and not spec.startswith("full"):
+        # the Trainer (and NeMo-RL's DTensor path) checkpoint whole layers: no module choice
+        spec, why = "full:uniform:1", "activation checkpointing of every layer (whole layers)"
+    if spec == current:
+        return None  # already the most recompute there is: no step left (RK013 when nothing fits)
     if dominate:
         said = (
             f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
-            f"{gib(state)} of weights, gradients and optimizer states under '{current}'."
+            f"{gib(state)} of weights, gradients and optimizer states under '{current}'"
+            f" ({gib(layers)} in the transformer layers, which recompute acts on; "
+            f"{gib(edges)} in the embedding, logits and loss, which it does not touch)."
         )
     else:
         said = (
@@ -85,9 +98,36 @@ def _activations(ctx: Context) -> Match | None:
             f"{gib(e.peak_activation_bytes)}) against the {gib(ctx.gpu_bytes)} GPU; "
             f"recompute closes the gap."
         )
-    return Match(
-        0.85 if dominate else 0.75, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec)
-    )
+    if predicted:
+        said += (
+            f" No OOM was pasted: the estimate's {gib(e.total_bytes)} exceeds the "
+            f"{gib(ctx.gpu_bytes)} GPU, so the run would run out of memory."
+        )
+    # the logits (recompute does not touch them) outweigh the layers: RK012's lever leads
+    conf = 0.85 if dominate else 0.75
+    if edges > layers:
+        conf -= 0.35
+    elif predicted:
+        conf -= 0.15  # a prediction by the estimate, not an OOM seen
+    return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec))
+
+
+def activation_split(e) -> tuple[float, float]:
+    """(the transformer layers' activations, the rest of the activation peak: embedding,
+    output layer, logits and loss, backward's transients) per rank, by the estimate's split:
+    recompute frees only the first."""
+    layers = e.per_layer_activation_bytes * len(e.layers) * e.micro_batches_in_flight
+    layers = min(layers, e.peak_activation_bytes)
+    return layers, e.peak_activation_bytes - layers
+
+
+def whole_layers_only(ctx: Context) -> bool:
+    """The run's framework checkpoints whole layers only (the Hugging Face Trainer, NeMo-RL on
+    its DTensor backend): no selective recompute by module."""
+    read = ctx.evidence.read or {}
+    framework = read.get("framework")
+    dtensor = bool((read.get("config") or {}).get("use_torch_fsdp2"))
+    return framework == "hf-trainer" or (framework == "nemo-rl" and dtensor)
 
 
 def _same(rc, ctx: Context) -> bool:
@@ -132,42 +172,6 @@ def _model_states(ctx: Context) -> Match | None:
 
 
 @rule(
-    "RK012",
-    "The logits and loss need the memory",
-    "logits_memory",
-    symptom="OOM at the output layer or loss; a large vocabulary with a long sequence",
-    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full on the "
-    "last pipeline stage; recompute of transformer layers does not touch them",
-    confirm="4 x tokens x vocab / TP bytes (recompute-kit estimate shows it under the loss); "
-    "the OOM's request often equals one such tensor",
-    fix="Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
-    "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism",
-    patch={"cross_entropy_loss_fusion": True},
-    refs=("NVIDIA-NeMo/Megatron-Bridge PR #5508",),
-)
-def _logits(ctx: Context) -> Match | None:
-    cfg = ctx.config
-    if cfg is None or not ctx.gpu_bytes:
-        return None
-    m, p = cfg.model, cfg.parallel
-    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
-    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
-    oom = ctx.oom
-    hit = (
-        oom is not None
-        and oom.requested_bytes
-        and abs(oom.requested_bytes - logits) < 0.05 * logits
-    )
-    if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
-        return None
-    return Match(
-        0.8 if hit else 0.55,
-        f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
-        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}.",
-    )
-
-
-@rule(
     "RK013",
     "Even full recompute does not fit",
     "model_state_memory",
@@ -192,17 +196,6 @@ def _nothing_fits(ctx: Context) -> Match | None:
     )
 
 
-LOGITS_WORDS = (
-    "cross_entropy",
-    "log_softmax",
-    "logits",
-    "logprob",
-    "log_prob",
-    "lm_head",
-    "output_layer",
-    "post_language_model_processing",
-    "vocab_parallel",
-)
 BUILD_WORDS = (
     "build_module",
     "__init__",
@@ -213,37 +206,6 @@ BUILD_WORDS = (
     "model_provider",
     "provide(",
 )
-
-
-@rule(
-    "RK016",
-    "The OOM happens in the logits / loss",
-    "logits_memory",
-    symptom="The OOM traceback runs through the output layer, logits, log-softmax or cross-entropy",
-    cause="[tokens x vocab] tensors (logits, their fp32 copy, log-probabilities, gradients) "
-    "are the largest single allocations of an LLM step",
-    confirm="The failing frames name the loss / logits; the requested size is about tokens "
-    "x vocab x 4 bytes",
-    fix="Fused or chunked cross-entropy (no full fp32 logits), vocab-parallel loss, a "
-    "smaller micro-batch or sequence; recompute of transformer layers does not help",
-    patch={"cross_entropy_loss_fusion": True},
-    supersedes=("RK004", "RK002", "RK005", "RK001"),
-)
-def _oom_in_logits(ctx: Context) -> Match | None:
-    for e in oom_errors(ctx):
-        where = where_raised(e)
-        hit = next((w for w in LOGITS_WORDS if w in where), None)
-        if hit:
-            frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
-            return Match(0.9, f"The OOM is raised under '{frame}'.")
-    # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
-    # "... 报错oom" above frames that end in the loss)
-    if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
-        where = oom_where(ctx) + " " + all_frames(ctx)
-        hit = next((w for w in LOGITS_WORDS if w in where), None)
-        if hit:
-            return Match(0.8, f"The pasted traceback runs through '{hit}' next to the OOM.")
-    return None
 
 
 # Calls that load or place a model's weights, as a traceback's source line or a quoted line
@@ -362,8 +324,13 @@ def _checkpointing_off(ctx: Context) -> Match | None:
         return None
     for key, value in ctx.cfg.items():
         name = key.rsplit(".", 1)[-1]
-        if value is False and any(name == k or name.startswith(k) for k in OFF_KEYS):
-            return Match(0.75, f"The config sets {key} = false and training ran out of memory.")
+        # a switch that turns it off by its own name (LLaMA-Factory's
+        # disable_gradient_checkpointing: true) says the same as gradient_checkpointing: false
+        inverted = name.removeprefix("disable_").removeprefix("no_")
+        off = value is False or (value is True and inverted != name)
+        if off and any(inverted == k or inverted.startswith(k) for k in OFF_KEYS):
+            said = "false" if value is False else "true"
+            return Match(0.75, f"The config sets {key} = {said} and training ran out of memory.")
     return None
 
 
@@ -533,48 +500,19 @@ def _step_peaks(ctx: Context) -> Match | None:
     if peak < 3 * rest:
         return None
     patch, words = more_recompute_patch(ctx)
-    if ctx.cfg.get("activation_checkpointing") is False or any(
-        k.endswith("activation_checkpointing") for k in ctx.cfg
-    ):
-        patch = {"activation_checkpointing": True}
+    # the config's own switch, under its own (dotted) name: NeMo-RL's
+    # policy.dtensor_cfg.activation_checkpointing is no bare activation_checkpointing
+    # (of the section the run enables, where the config has one per backend)
+    owns = [k for k in ctx.cfg if k.endswith("activation_checkpointing")]
+    enabled = [k for k in owns if ctx.cfg.get(k.rsplit(".", 1)[0] + ".enabled") is True]
+    own = (enabled or owns or [None])[0]
+    if own is not None:
+        patch = {own: True}
     return Match(
         0.8,
         f"Steps peak at {gib(peak)} while {gib(rest)} is held between steps: about "
         f"{gib(peak - rest)} per step is activations. Next step: {words}.",
         config_patch=patch,
-    )
-
-
-@rule(
-    "RK620",
-    "Memory blamed on a large vocabulary",
-    "logits_memory",
-    symptom="The paste blames the memory (an OOM, 'insufficient memory', a peak, a size) on a "
-    "large vocabulary ('vocab_size (128K)', '250K vocab', 'a 128k vocab ... 1 GiB * "
-    "batch_size') without a traceback or a sized tensor",
-    cause="The logits are tokens x vocabulary: with a 128K-256K vocabulary they (and their "
-    "fp32 copy and gradient) outgrow a layer's activations; recompute does not touch them",
-    confirm="tokens x vocab x 2 (bf16) or 4 (fp32) bytes against the peak; the peak drops by "
-    "about that much with a fused / chunked cross-entropy",
-    fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel), the loss "
-    "computed in chunks of the batch / sequence, or a smaller micro-batch",
-    patch={"use_liger_kernel": True},
-)
-def _vocab_blamed(ctx: Context) -> Match | None:
-    found = list(fact(ctx, "vocab_memory_prose", "log") or [])
-    if not ctx.evidence.read:  # a config the reader read is settings, not someone's words
-        found += fact(ctx, "vocab_memory_prose", "config") or []
-    if not found:
-        return None
-    top = found[0]
-    vocab = top["vocab"]
-    return Match(
-        0.6,
-        f"The paste ties the memory to a {vocab // 1000}K vocabulary ('{top['line'][:160]}'): "
-        f"every 1,000 tokens hold {gib(1000 * vocab * 4)} of fp32 logits.",
-        fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel / "
-        "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
-        "(a chunk count of 2 or more), or a smaller micro-batch",
     )
 
 

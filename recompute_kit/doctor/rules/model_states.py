@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..types import Context, Match
 from .registry import (
+    assume,
     fact,
     gib,
     is_megatron,
@@ -72,6 +73,18 @@ def _model_params(ctx: Context) -> tuple[float, str] | None:
     return None
 
 
+def _by_name(name: str, ctx: Context) -> bool:
+    """Whether `name` is a model name or path from the config (the size read off it)."""
+    return any(ctx.cfg.get(k) == name for k in MODEL_NAME_KEYS)
+
+
+def size_words(params: float, name: str, ctx: Context) -> str:
+    """The parameter count as its source gives it: a model's name rounds ("13B" of a 13.9B
+    Baichuan2), so a count from the name is said as the name's size, never as a measured one."""
+    size = f"about {params / 1e9:.3g}B parameters"
+    return f"{size} by its name" if _by_name(name, ctx) else size
+
+
 def said(ctx: Context) -> dict:
     """Settings stated in prose and on command lines (evidence/settings_prose.py): ZeRO stage,
     offload, adapters, GPUs."""
@@ -123,6 +136,9 @@ class StateCount:
     per_gpu: float  # bytes of model states per GPU (a lower bound when gpus is None)
     offload_optimizer: bool = False  # optimizer states (and fp32 master) on the CPU
     offload_param: bool = False  # parameters on the CPU too (ZeRO-3 only)
+    # the ZeRO stage is no input's value (a DeepSpeed config named but not shown): why it is
+    # taken as `stage`, with the key that sets it; None where an input gives the stage
+    stage_assumed: str | None = None
 
     @property
     def zero3_per_gpu(self) -> float:
@@ -157,9 +173,17 @@ def model_state_count(ctx: Context) -> StateCount | None:
     lora = str(ctx.cfg.get("finetuning_type", "")).lower() in ("lora", "qlora")
     if not ctx.cfg.get("finetuning_type"):  # the command line's own flag wins over words
         lora = bool(stated.get("adapters"))  # --use_lora, "QLoRA" said in prose
+    assumed = None
     if stage is None:  # DeepSpeed's (and Lightning's DeepSpeedStrategy's) usual stage is 2;
         # optimizer offload needs a ZeRO stage
         stage = 2 if ctx.cfg.get("deepspeed") or stated.get("offload_optimizer") else 0
+        if stage:
+            named = ctx.cfg.get("deepspeed")
+            place = f"the DeepSpeed config {named}" if isinstance(named, str) else "no input"
+            assumed = (
+                f"ZeRO stage 2 assumed: {place} was not shown, and its "
+                "zero_optimization.stage sets it"
+            )
     frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
     bits = ctx.cfg.get("quantization_bit")
     if isinstance(bits, int) and bits in (4, 8):
@@ -188,6 +212,7 @@ def model_state_count(ctx: Context) -> StateCount | None:
         params * bytes_per_param,
         offload_opt,
         offload_param,
+        assumed,
     )
 
 
@@ -243,7 +268,7 @@ def next_state_step(count: StateCount) -> tuple[dict, str, float]:
     fix="The smallest ZeRO stage that fits (ZeRO-3 shards everything over the GPUs), then CPU "
     "offload of optimizer states; activation recompute cannot free model states",
     patch={"zero_optimization": {"stage": 3}},
-    supersedes=("RK005", "RK087", "RK010"),
+    supersedes=("RK005", "RK087", "RK010", "RK500"),
 )
 def _states_by_model_size(ctx: Context) -> Match | None:
     oom = bool(ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"))
@@ -278,6 +303,8 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         patch = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
         plan = f"even ZeRO-3 over {gpus} GPU(s) needs {gib(z3)}: offload the optimizer to CPU"
     kind = "LoRA (frozen weights)" if lora else f"full fine-tuning with ZeRO stage {stage}"
+    if count.stage_assumed and not lora:
+        kind += " (assumed)"
     if count.offload_optimizer and not lora:
         kind += " and the optimizer offloaded to CPU"
     if not lora and stage == 0:
@@ -288,7 +315,7 @@ def _states_by_model_size(ctx: Context) -> Match | None:
         kind = "LoRA without ZeRO-3 (every GPU holds all frozen weights)"
     against = f"the {gib(gpu)} GPU" if stated_gpu_bytes(ctx) else f"the {gib(gpu)} of an A100/H100"
     shard_words = (
-        f" The failed request ({shard}) is itself a shard of the model states." if (shard) else ""
+        f" The failed request ({shard}) is about one shard of the model states." if shard else ""
     )
     where, conf = f"on {gpus} GPU(s)", 0.9 if per_gpu >= gpu else 0.85
     if not counted:  # "over 1 GPU(s)" would be a count the paste does not give
@@ -301,9 +328,12 @@ def _states_by_model_size(ctx: Context) -> Match | None:
             " The paste shows no OOM, no GPU and no GPU count: this is the model's size alone"
             " against an 80 GiB GPU, if the run uses one."
         )
+    if count.stage_assumed:  # one assumption, said once, with the key that sets it
+        assume(ctx, count.stage_assumed)
+        shard_words += f" {count.stage_assumed}."
     return Match(
         conf,  # states alone above capacity: this leads
-        f"{name} has about {params / 1e9:.1f}B parameters; {kind} {where} keeps "
+        f"{name} has {size_words(params, name, ctx)}; {kind} {where} keeps "
         f"about {gib(per_gpu)} of model states per GPU against {against}; {plan}."
         f"{shard_words}",
         config_patch=patch,
@@ -330,15 +360,18 @@ def _states_by_model_size(ctx: Context) -> Match | None:
 def _state_sized_request(ctx: Context, count: StateCount) -> str | None:
     """The OOM's failed request is one model-state tensor: the parameters times 2 (bf16) or 4
     (fp32) bytes, whole or split over the GPUs (ZeRO's flat partitions), within 8% (a name's
-    "7B" may be 6.7B)."""
+    "7B" may be 6.7B). Said as a closeness with both numbers, never as an equality."""
     req = ctx.oom.requested_bytes if ctx.oom is not None else None
     if not req or not count.gpus:
         return None
     for nbytes, what in ((4, "fp32"), (2, "bf16/fp16")):
         for parts in {1, count.gpus}:
-            if abs(req - count.params * nbytes / parts) <= 0.08 * req:
+            tensor = count.params * nbytes / parts
+            if abs(req - tensor) <= 0.08 * req:
                 split = f" / {parts} GPUs" if parts > 1 else ""
-                return f"{gib(req)} = {count.params / 1e9:.1f}B x {nbytes} bytes ({what}){split}"
+                size = f"{count.params / 1e9:.3g}B"
+                size += " (by its name)" if _by_name(count.name, ctx) else ""
+                return f"{gib(req)} against {size} x {nbytes} bytes ({what}){split} = {gib(tensor)}"
     return None
 
 
@@ -457,7 +490,19 @@ def optimizer_shard_step(ctx: Context) -> tuple[dict, str]:
 
 # Config keys that name how the model states are kept: with any of them the byte count is
 # RK101's (or not a default reading at all).
-_STATE_KEY_WORDS = ("zero", "fsdp", "offload", "lora", "peft", "quant", "load_in_", "optim")
+# A DeepSpeed config named (`--deepspeed ds_config.json`) is ZeRO with its stage unread: RK101
+# counts it, with the stage said as an assumption.
+_STATE_KEY_WORDS = (
+    "zero",
+    "fsdp",
+    "offload",
+    "lora",
+    "peft",
+    "quant",
+    "load_in_",
+    "optim",
+    "deepspeed",
+)
 
 
 def _trains(ctx: Context) -> bool:
@@ -542,7 +587,7 @@ def _default_adam_states(ctx: Context) -> Match | None:
         )
     return Match(
         0.65 if states >= gpu else 0.6,
-        f"{name} has about {params / 1e9:.1f}B parameters; assuming full training with "
+        f"{name} has {size_words(params, name, ctx)}; assuming full training with "
         f"mixed-precision Adam (16 bytes per parameter; no ZeRO stage, offload or adapters "
         f"named), its model states alone take about {gib(states)} against "
         f"{against} ({states / gpu:.0%}) before any activation; {plan}.",

@@ -173,6 +173,13 @@ def fact(ctx: Context, key: str, source: str | None = None) -> Any:
     return found
 
 
+def assume(ctx: Context, words: str) -> None:
+    """An assumption a finding rests on (a value no input gives, with the key that sets it),
+    listed once in the diagnosis's assumptions however many findings rest on it."""
+    if words not in ctx.assumptions:
+        ctx.assumptions.append(words)
+
+
 def oom_errors(ctx: Context):
     return [
         e

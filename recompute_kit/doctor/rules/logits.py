@@ -1,0 +1,167 @@
+"""The logits and the loss: [tokens x vocab] tensors that recompute of transformer layers does
+not touch (RK012 by the estimate, RK016 by the OOM's frames, RK620 by the paste's words), and
+their fix in the run's own keys.
+"""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .memory import activation_split
+from .registry import all_frames, fact, gib, is_megatron, oom_errors, oom_where, rule, where_raised
+
+
+@rule(
+    "RK012",
+    "The logits and loss need the memory",
+    "logits_memory",
+    symptom="OOM at the output layer or loss; a large vocabulary with a long sequence",
+    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full on the "
+    "last pipeline stage; recompute of transformer layers does not touch them",
+    confirm="4 x tokens x vocab / TP bytes (recompute-kit estimate shows it under the loss); "
+    "the OOM's request often equals one such tensor",
+    fix="Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
+    "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism",
+    patch={"cross_entropy_loss_fusion": True},
+    refs=("NVIDIA-NeMo/Megatron-Bridge PR #5508",),
+)
+def _logits(ctx: Context) -> Match | None:
+    cfg = ctx.config
+    if cfg is None or not ctx.gpu_bytes:
+        return None
+    m, p = cfg.model, cfg.parallel
+    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
+    oom = ctx.oom
+    hit = (
+        oom is not None
+        and oom.requested_bytes
+        and abs(oom.requested_bytes - logits) < 0.05 * logits
+    )
+    if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
+        return None
+    said = (
+        f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
+        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}."
+    )
+    conf = 0.8 if hit else 0.55
+    if not hit and ctx.estimate is not None:
+        # the estimate's split decides which activations dominate: transformer layers that
+        # keep more than the logits make recompute the first lever (RK010), this the second
+        layers, _ = activation_split(ctx.estimate)
+        if layers > 3 * logits:
+            conf = 0.45
+            said += (
+                f" The transformer layers keep more ({gib(layers)} by the estimate): this is "
+                "the second lever after recompute."
+            )
+    return Match(conf, said, fix=fused_loss_fix(ctx))
+
+
+def fused_loss_fix(ctx: Context) -> str:
+    """RK012/RK016's fix in the run's terms: Megatron's fused / vocab-parallel cross-entropy
+    and tensor parallelism where it is Megatron; elsewhere a fused linear cross-entropy (the
+    flag is written as the framework's key by doctor/fix_words.py, or said to have none)."""
+    if is_megatron(ctx):
+        return (
+            "Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
+            "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism"
+        )
+    # framework unknown: no key of one framework named as if it were the run's
+    known = (ctx.evidence.read or {}).get("framework") is not None
+    how = (
+        "--cross-entropy-loss-fusion"
+        if known
+        else "Liger's fused linear cross-entropy: use_liger_kernel in the Hugging Face Trainer, "
+        "enable_liger_kernel in LLaMA-Factory; Megatron's cross_entropy_loss_fusion"
+    )
+    return (
+        "Never hold the full fp32 logits: a fused linear cross-entropy that computes the loss "
+        f"in chunks ({how}), or a smaller micro-batch or sequence; recompute of transformer "
+        "layers does not touch the logits"
+    )
+
+
+LOGITS_WORDS = (
+    "cross_entropy",
+    "log_softmax",
+    "logits",
+    "logprob",
+    "log_prob",
+    "lm_head",
+    "output_layer",
+    "post_language_model_processing",
+    "vocab_parallel",
+)
+
+
+@rule(
+    "RK016",
+    "The OOM happens in the logits / loss",
+    "logits_memory",
+    symptom="The OOM traceback runs through the output layer, logits, log-softmax or cross-entropy",
+    cause="[tokens x vocab] tensors (logits, their fp32 copy, log-probabilities, gradients) "
+    "are the largest single allocations of an LLM step",
+    confirm="The failing frames name the loss / logits; the requested size is about tokens "
+    "x vocab x 4 bytes",
+    fix="Fused or chunked cross-entropy (no full fp32 logits), vocab-parallel loss, a "
+    "smaller micro-batch or sequence; recompute of transformer layers does not help",
+    patch={"cross_entropy_loss_fusion": True},
+    supersedes=("RK004", "RK002", "RK005", "RK001"),
+)
+def _oom_in_logits(ctx: Context) -> Match | None:
+    for e in oom_errors(ctx):
+        where = where_raised(e)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
+            return Match(0.9, f"The OOM is raised under '{frame}'.", fix=_fused_fix(ctx))
+    # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
+    # "... 报错oom" above frames that end in the loss)
+    if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
+        where = oom_where(ctx) + " " + all_frames(ctx)
+        hit = next((w for w in LOGITS_WORDS if w in where), None)
+        if hit:
+            return Match(
+                0.8,
+                f"The pasted traceback runs through '{hit}' next to the OOM.",
+                fix=_fused_fix(ctx),
+            )
+    return None
+
+
+def _fused_fix(ctx: Context) -> str | None:
+    """RK016's fix: its own words for Megatron runs, the framework-neutral ones elsewhere."""
+    return None if is_megatron(ctx) else fused_loss_fix(ctx)
+
+
+@rule(
+    "RK620",
+    "Memory blamed on a large vocabulary",
+    "logits_memory",
+    symptom="The paste blames the memory (an OOM, 'insufficient memory', a peak, a size) on a "
+    "large vocabulary ('vocab_size (128K)', '250K vocab', 'a 128k vocab ... 1 GiB * "
+    "batch_size') without a traceback or a sized tensor",
+    cause="The logits are tokens x vocabulary: with a 128K-256K vocabulary they (and their "
+    "fp32 copy and gradient) outgrow a layer's activations; recompute does not touch them",
+    confirm="tokens x vocab x 2 (bf16) or 4 (fp32) bytes against the peak; the peak drops by "
+    "about that much with a fused / chunked cross-entropy",
+    fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel), the loss "
+    "computed in chunks of the batch / sequence, or a smaller micro-batch",
+    patch={"use_liger_kernel": True},
+)
+def _vocab_blamed(ctx: Context) -> Match | None:
+    found = list(fact(ctx, "vocab_memory_prose", "log") or [])
+    if not ctx.evidence.read:  # a config the reader read is settings, not someone's words
+        found += fact(ctx, "vocab_memory_prose", "config") or []
+    if not found:
+        return None
+    top = found[0]
+    vocab = top["vocab"]
+    return Match(
+        0.6,
+        f"The paste ties the memory to a {vocab // 1000}K vocabulary ('{top['line'][:160]}'): "
+        f"every 1,000 tokens hold {gib(1000 * vocab * 4)} of fp32 logits.",
+        fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel / "
+        "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
+        "(a chunk count of 2 or more), or a smaller micro-batch",
+    )

@@ -1,0 +1,165 @@
+"""RK010 / RK012 / RK014 (rules/memory.py) on real Trainer configs read by the shared reader,
+where the estimate's per-module split decides which memory dominates.
+
+The files are the reader corpus's verbatim copies (tests/sources/corpus/, each URL in its
+NAME.expect.yaml):
+- hf_trainer/qwen3_full_sft.yaml: https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30/examples/train_full/qwen3_full_sft.yaml
+- hf_trainer/ds_z3_config.json: the same commit's examples/deepspeed/ds_z3_config.json
+- hf_trainer/accelerate_deepspeed_zero3.yaml: https://github.com/huggingface/alignment-handbook/blob/22dde3b75dab6996273b25787834603ed02dcadf/recipes/accelerate_configs/deepspeed_zero3.yaml
+- hf_config/Qwen--Qwen3-8B.config.json: https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/aic-core/src/aiconfigurator_core/model_configs/Qwen--Qwen3-8B_config.json
+- hf_trainer/zephyr-7b-beta_sft_config_full.yaml, torchtitan/blind2_llama3_8b-8xb200-8k.toml
+edited as a user of a skill trial did (Qwen3-8B at 8k tokens, 2 per GPU, 8 processes, and
+`disable_gradient_checkpointing: true`, LLaMA-Factory's switch, hparams/model_args.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rule_helpers import run, text
+
+from recompute_kit.doctor.engine import build_context, diagnose
+from recompute_kit.doctor.evidence import collect
+from recompute_kit.doctor.rules.memory import activation_split
+
+CORPUS = Path(__file__).parent / "sources" / "corpus"
+
+
+def _lf_run(tmp: Path, *, checkpointing_off: bool = True, gpu_memory_gb: float = 79.1):
+    sft = (CORPUS / "hf_trainer" / "qwen3_full_sft.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        ("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-8B"),
+        ("examples/deepspeed/ds_z3_config.json", "ds_z3_config.json"),
+        ("cutoff_len: 2048", "cutoff_len: 8192"),
+        ("per_device_train_batch_size: 1", "per_device_train_batch_size: 2"),
+    ):
+        assert old in sft
+        sft = sft.replace(old, new)
+    if checkpointing_off:
+        sft = sft.replace("### train\n", "### train\ndisable_gradient_checkpointing: true\n")
+    (tmp / "sft.yaml").write_text(sft, encoding="utf-8")
+    shutil.copy(CORPUS / "hf_trainer" / "ds_z3_config.json", tmp / "ds_z3_config.json")
+    accel = (CORPUS / "hf_trainer" / "accelerate_deepspeed_zero3.yaml").read_text()
+    (tmp / "accel.yaml").write_text(accel.replace("num_processes: 1", "num_processes: 8"))
+    shutil.copy(CORPUS / "hf_config" / "Qwen--Qwen3-8B.config.json", tmp / "config.json")
+    files = [str(tmp / n) for n in ("sft.yaml", "ds_z3_config.json", "accel.yaml", "config.json")]
+    return diagnose(collect(logs=[], config=files), gpu_memory_gb)
+
+
+def _finding(d, rule: str):
+    found = [f for f in d.findings if f.rule == rule]
+    assert found, [(f.rule, f.confidence) for f in d.findings]
+    return found[0]
+
+
+def test_rk010_leads_for_a_trainer_run_with_checkpointing_off_and_no_oom(tmp_path):
+    # No log: the estimate (~194 GiB, ~179 GiB of it activations) exceeds the 79.1 GiB GPU.
+    # The old doctor gave only RK012 (the logits, ~28 GiB) and never named checkpointing.
+    d = _lf_run(tmp_path)
+    assert d.evidence.read["framework"] == "hf-trainer"
+    f = d.findings[0]
+    assert f.rule == "RK010" and f.category == "activation_memory"
+    e = build_context(d.evidence, 79.1).estimate
+    layers, edges = activation_split(e)
+    assert layers > 3 * edges and e.total_bytes > 79.1 * 2**30
+    assert "No OOM was pasted" in f.evidence and "'full:uniform:1'" in f.evidence
+    # LLaMA-Factory switches checkpointing by its own key: the patch turns it back on there
+    assert f.patch_keys == {"disable_gradient_checkpointing": False}
+    # the logits finding is there, after it, and in LLaMA-Factory's key for Liger
+    g = _finding(d, "RK012")
+    assert d.findings.index(g) > 0 and g.raw_confidence < f.raw_confidence
+    assert g.patch_keys == {"enable_liger_kernel": True}
+    assert "enable_liger_kernel: true" in g.fix
+    assert "cross_entropy_loss_fusion" not in g.fix and "TransformerEngine" not in g.fix
+
+
+def test_rk010_says_nothing_when_checkpointing_makes_it_fit(tmp_path):
+    # Mutation guard: the same run with checkpointing on (LLaMA-Factory's default) is a plan,
+    # not a predicted OOM.
+    d = _lf_run(tmp_path, checkpointing_off=False)
+    assert "RK010" not in [f.rule for f in d.findings]
+
+
+def test_rk014_reads_an_inverted_switch(tmp_path):
+    # The real OOM of https://github.com/hiyouga/LlamaFactory/issues/1221 with the run above:
+    # `disable_gradient_checkpointing: true` is checkpointing off, patched back in its own key.
+    log = Path(__file__).parent / "data" / "rules" / "i12-llamafactory-1221.txt"
+    _lf_run(tmp_path)
+    files = [str(tmp_path / n) for n in ("sft.yaml", "ds_z3_config.json", "accel.yaml")]
+    d = diagnose(collect(logs=[str(log)], config=files), None)
+    f = _finding(d, "RK014")
+    assert "disable_gradient_checkpointing = true" in f.evidence
+    assert f.patch_keys == {"disable_gradient_checkpointing": False}
+
+
+def test_rk012_in_plain_trainer_keys_and_none_for_torchtitan(tmp_path):
+    # A plain Trainer YAML (alignment-handbook's zephyr SFT recipe) with checkpointing off:
+    # the Trainer's own keys, never LLaMA-Factory's or Megatron's.
+    zephyr = (CORPUS / "hf_trainer" / "zephyr-7b-beta_sft_config_full.yaml").read_text()
+    (tmp_path / "z.yaml").write_text(
+        zephyr.replace("gradient_checkpointing: true", "gradient_checkpointing: false")
+    )
+    d = diagnose(collect(logs=[], config=[str(tmp_path / "z.yaml")]), 80.0)
+    f = d.findings[0]
+    assert "gradient_checkpointing: true (activation checkpointing)" in f.fix
+    assert "recompute_granularity" not in f.fix
+    # with a model shape beside it (Qwen3-8B's config.json) the estimate puts the logits above
+    # the layers' activations (checkpointing on): RK012 leads, in the Trainer's Liger key, and
+    # RK010 has no step left to give
+    qwen = CORPUS / "hf_config" / "Qwen--Qwen3-8B.config.json"
+    zephyr_path = CORPUS / "hf_trainer" / "zephyr-7b-beta_sft_config_full.yaml"
+    d = diagnose(collect(logs=[], config=[str(zephyr_path), str(qwen)]), 80.0)
+    f = d.findings[0]
+    assert f.rule == "RK012" and f.patch_keys == {"use_liger_kernel": True}
+    assert "use_liger_kernel: true" in f.fix and "TransformerEngine" not in f.fix
+    assert "RK010" not in [g.rule for g in d.findings]
+    # torchtitan has no fused-loss key: RK012 keeps its words and drops its patch, saying so
+    titan = CORPUS / "torchtitan" / "blind2_llama3_8b-8xb200-8k.toml"
+    g = _finding(diagnose(collect(logs=[], config=[str(titan)]), 80.0), "RK012")
+    assert not g.patch_keys and "no torchtitan key sets it" in g.fix
+    assert [x["key"] for x in g.patch_check["dropped"]] == ["cross_entropy_loss_fusion"]
+
+
+def test_rk088_patches_the_configs_own_checkpointing_switch():
+    # NeMo-RL's SFT recipe (tests/sources/corpus/nemo_rl/sft.yaml, DTensor backend enabled)
+    # with the real per-step peaks of https://github.com/NVIDIA-NeMo/Automodel/issues/2634
+    # (tests/data/rules/i12-automodel-2634.txt): the switch is
+    # policy.dtensor_cfg.activation_checkpointing; a bare activation_checkpointing is a key
+    # NeMo-RL does not read.
+    log = Path(__file__).parent / "data" / "rules" / "i12-automodel-2634.txt"
+    d = diagnose(collect(logs=[str(log)], config=[str(CORPUS / "nemo_rl" / "sft.yaml")]), None)
+    f = _finding(d, "RK088")
+    assert f.config_patch == {"policy.dtensor_cfg.activation_checkpointing": True}
+    assert f.patch_keys == {"policy.dtensor_cfg.activation_checkpointing": True}
+
+
+def test_framework_keys_of_one_family_are_translated_for_another():
+    # LLaMA-Factory's and NeMo 1.x's own switches in a patch for another framework become that
+    # framework's setting (doctor/patches.py _foreign_to_mcore), never a key it ignores.
+    from recompute_kit.doctor.patches import _foreign_to_mcore, in_llama_factory_keys
+
+    assert _foreign_to_mcore("disable_gradient_checkpointing", True) == {
+        "recompute_granularity": None
+    }
+    assert _foreign_to_mcore("enable_liger_kernel", True) == {"cross_entropy_loss_fusion": True}
+    assert _foreign_to_mcore("activations_checkpoint_granularity", "full") == {
+        "recompute_granularity": "full"
+    }
+    keys = {
+        "gradient_checkpointing": True,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    }
+    assert in_llama_factory_keys(keys) == {
+        "disable_gradient_checkpointing": False,
+        "use_reentrant_gc": False,
+    }
+
+
+def test_rk016_with_the_framework_unknown_names_each_frameworks_key():
+    # https://github.com/hiyouga/LlamaFactory/issues/10367: the cross-entropy frames alone,
+    # no config: the framework is unknown, so the fix names the fused loss in each framework's
+    # key rather than Megatron's alone (the patch stays in Megatron-Core names, labelled).
+    f = _finding(run(text("fl-llamafactory-10367-ce-frames")), "RK016")
+    assert f.patch_framework is None and not f.patch_keys
+    assert "use_liger_kernel" in f.fix and "enable_liger_kernel" in f.fix
