@@ -35,6 +35,7 @@ Their cost, beside the memory the estimate gives (`memory/model_states.py`):
 from __future__ import annotations
 
 import dataclasses
+
 from ..config import Config
 from ..memory.model_states import rank_parameters
 from .margins import HOST_MEMORY_PER_GPU_BYTES
@@ -146,7 +147,7 @@ def micro_batch_setting(keys: dict[str, str], micro: int, gbs: int, dp: int) -> 
     return f"{keys['micro_batch']}={micro} {keys['accumulation']}={gbs // (micro * dp)}"
 
 
-def with_host_link(step, seconds: float):  # noqa: ANN001, ANN201 - StepTime, from step_time
+def with_host_link(step, seconds: float):
     """The step with `seconds` of host-link time exposed."""
     if not seconds:
         return step
