@@ -283,6 +283,11 @@ def levers(
 
         keys = TRAINER_KEYS.get(trainer_format, TRAINER_KEYS["hf-trainer"])
         rows += _trainer_rows(config, args, keys, sharding_backend)
+        notes.append(
+            "a Hugging Face Trainer run: no tensor, pipeline or context parallelism and no "
+            "distributed optimizer there; its levers are checkpointing, the micro-batch and "
+            "how model states are sharded and offloaded (recompute_kit/plan/trainer_levers.py)"
+        )
         return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
     layout_fixed = bool(p.pipeline_model_parallel_layout)

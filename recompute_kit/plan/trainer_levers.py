@@ -18,7 +18,8 @@ Their cost, beside the memory the estimate gives (`memory/model_states.py`):
 
 * host memory: what the GPU no longer holds, on the host per GPU: the fp32 master copy and Adam
   moments (12 B/param of the shard) and the fp32 gradients the CPU optimizer steps on (4 B),
-  plus the 16-bit parameter shard with parameter offload (2 B). It must fit
+  plus the 16-bit parameter shard with parameter offload (2 B); FSDP's offload holds 16 B
+  (fp32 parameters, gradients and Adam moments) and is counted as these 18 B. It must fit
   `margins.HOST_MEMORY_PER_GPU_BYTES` (an assumption, said in the row).
 * host-link time per step, counted as exposed in the step time (DeepSpeed's CPU optimizer step
   runs after backward, and a parameter fetched from the host is needed before its layer runs):
@@ -95,7 +96,8 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
     out = []
     if backend == "fsdp":
         for stage, name in FSDP_STRATEGY.items():
-            for offload in (False, True):
+            # transformers FSDPOption: "offload" only with full_shard or shard_grad_op
+            for offload in (False, True) if stage else (False,):
                 if (stage, offload, offload) == current:
                     continue
                 words = f"fsdp: {name}" + (" offload" if offload else "")
