@@ -94,6 +94,7 @@ def test_trainer_levers_are_the_trainers_own(capsys):
     both = next(
         r for r in rows if r["setting"].endswith("offload_optimizer cpu, offload_param cpu")
     )
+    assert both["zero_stage"] == 3 and both["optimizer_offload"] and both["param_offload"]
     current = table["current"]
     # parameters on the host: less GPU memory, and a host-link cost counted in the step time
     assert both["peak_bytes"] < current["peak_bytes"]
