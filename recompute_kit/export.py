@@ -28,6 +28,14 @@ Formats (`FORMATS`):
 * ``hf-trainer``      - ``gradient_checkpointing: true | false`` of the Hugging Face Trainer (TRL,
   LLaMA-Factory's ``disable_gradient_checkpointing``): every decoder layer or none, so only
   none and full:uniform:1 are exact; other settings are rendered as "on" with a comment.
+* ``llama-factory``   - the same two states in LLaMA-Factory's own key,
+  ``disable_gradient_checkpointing: false | true``. LLaMA-Factory turns checkpointing on itself
+  (``model/model_utils/checkpointing.py``: ``if not model_args.disable_gradient_checkpointing:
+  model.gradient_checkpointing_enable(...)``, hparams/model_args.py default False), so the
+  Trainer's ``gradient_checkpointing: false`` does not turn it off there.
+
+`TRAINER_KEYS` names each Hugging Face stack's own keys for the settings the planner changes
+(checkpointing, micro-batch, accumulation, sequence length, Liger kernels).
 
 Every rendering starts with ``# recompute-kit: <spec>`` (every format uses ``#`` comments).
 Sources: shared/reference/megatron-recompute.md and pytorch-checkpointing-and-memory.md section 4.
@@ -41,7 +49,30 @@ from typing import Any
 
 from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
 
-FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer")
+FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer", "llama-factory")
+
+# Each Hugging Face stack's keys, as its source names them:
+# transformers TrainingArguments (v4.57.1 training_args.py: gradient_checkpointing,
+# per_device_train_batch_size, gradient_accumulation_steps, use_liger_kernel; the sequence
+# length is TRL SFTConfig's max_length) and LLaMA-Factory (hiyouga/LLaMA-Factory @ ff6d4d12
+# hparams/model_args.py: disable_gradient_checkpointing, enable_liger_kernel; data_args.py:
+# cutoff_len; the batch keys are the Trainer's, its Seq2SeqTrainingArguments).
+TRAINER_KEYS: dict[str, dict[str, str]] = {
+    "hf-trainer": {
+        "checkpointing": "gradient_checkpointing",
+        "micro_batch": "per_device_train_batch_size",
+        "accumulation": "gradient_accumulation_steps",
+        "seq_length": "max_length",
+        "liger": "use_liger_kernel",
+    },
+    "llama-factory": {
+        "checkpointing": "disable_gradient_checkpointing",
+        "micro_batch": "per_device_train_batch_size",
+        "accumulation": "gradient_accumulation_steps",
+        "seq_length": "cutoff_len",
+        "liger": "enable_liger_kernel",
+    },
+}
 
 # YAML words that load back as the same string (not null/true/false/numbers).
 _PLAIN_WORD = re.compile(
@@ -390,10 +421,22 @@ def _render_hf_trainer(rc: RecomputeConfig, num_layers: int | None) -> list[str]
     return [*notes, f"gradient_checkpointing: {str(not off).lower()}"]
 
 
+def _render_llama_factory(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """LLaMA-Factory's disable_gradient_checkpointing: the inverse of the Trainer's key."""
+    lines = _render_hf_trainer(rc, num_layers)
+    on = lines[-1] == "gradient_checkpointing: true"
+    notes = [
+        "# LLaMA-Factory YAML: checkpointing is on unless disable_gradient_checkpointing is true",
+        "# (the Trainer's gradient_checkpointing: false does not turn it off there)",
+    ]
+    return [*notes, *lines[1:-1], f"disable_gradient_checkpointing: {str(not on).lower()}"]
+
+
 _RENDERERS = {
     "megatron-bridge": _render_bridge,
     "megatron-lm": _render_megatron_lm,
     "nemo": _render_nemo,
     "torchtitan": _render_torchtitan,
     "hf-trainer": _render_hf_trainer,
+    "llama-factory": _render_llama_factory,
 }

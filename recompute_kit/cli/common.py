@@ -23,7 +23,14 @@ from ..config.validation import check_expert_layout
 from ..presets import PRESETS, get_preset
 from ..units import BYTE_MAPS, _integral, integer_bytes
 
-FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer")  # export.FORMATS
+FORMATS = (  # export.FORMATS
+    "megatron-bridge",
+    "megatron-lm",
+    "nemo",
+    "torchtitan",
+    "hf-trainer",
+    "llama-factory",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,8 +441,11 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         states = f"distributed optimizer {'on' if p.use_distributed_optimizer else 'off'}"
     else:
         name = {"zero": "ZeRO", "fsdp2": "FSDP2", "megatron_fsdp": "Megatron-FSDP"}[mode]
+        from ..plan.trainer_levers import offloaded_words
+
+        offloaded = offloaded_words(bool(p.optimizer_offload), bool(p.param_offload))
         states = f"{name} stage {p.zero_stage}" + (
-            " (optimizer offload)" if p.optimizer_offload else ""
+            f" ({offloaded} offloaded to the host)" if offloaded else ""
         )
     line = f"layout: {' '.join(parts)}, {states}"
     if est is not None and est.layers:
@@ -474,6 +484,8 @@ def default_format(args: argparse.Namespace) -> str:
         return args.format
     resolved = getattr(args, "resolved", None)
     framework = resolved.reading.framework if resolved is not None else None
+    if framework == "hf-trainer" and "LLaMA-Factory" in resolved.reading.format:
+        return "llama-factory"  # its own checkpointing key (export.py)
     return FORMAT_OF_FRAMEWORK.get(framework, "megatron-bridge")
 
 

@@ -83,6 +83,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     resolved = getattr(args, "resolved", None)
     if gbs is None and resolved is not None:
         gbs = resolved.reading.get("global_batch_size")
+    trainer = _trainer_options(args, resolved)
     hw = Hardware(
         args.tflops_per_gpu or DEFAULT_TFLOPS,
         host_link_gbps(args.host_link or DEFAULT_HOST_LINK),
@@ -94,7 +95,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         measured, used = measured_step_seconds(Path(args.measured_log).read_text(errors="replace"))
         source = f"{args.measured_log}: median of {used} iteration lines"
     if measured is not None:
-        table = levers(cfg, gib, args.safety_margin, hw, gbs, version)  # for gbs and offload
+        table = levers(cfg, gib, args.safety_margin, hw, gbs, version, **trainer)  # gbs, offload
         micro = micro_batches_per_step(table.current.config, table.global_batch_size)
         from ..plan.levers import _offloaded_per_stage
 
@@ -108,7 +109,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
             "instead_of": hw.tflops_per_gpu,
         }
         hw = dataclasses.replace(hw, tflops_per_gpu=tflops)
-    table = levers(cfg, gib, args.safety_margin, hw, gbs, version)
+    table = levers(cfg, gib, args.safety_margin, hw, gbs, version, **trainer)
     fits = any(r.fits for r in table.rows)
     if args.json:
         emit_json_read(
@@ -133,6 +134,19 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
             cfg,
         )
     return 0
+
+
+def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
+    """For a Hugging Face Trainer run: whose keys name its levers (LLaMA-Factory's or the
+    Trainer's: --format, else the YAML read) and whether it shards with FSDP or DeepSpeed."""
+    from .common import default_format
+
+    fmt = default_format(args)
+    out = {"trainer_format": fmt if fmt in ("hf-trainer", "llama-factory") else "hf-trainer"}
+    stage = resolved.reading.origins.get("zero_stage") if resolved is not None else None
+    if stage is not None and "fsdp" in f"{stage.key} {stage.note}".lower():
+        out["sharding_backend"] = "fsdp"
+    return out
 
 
 def _print(table: Any, calibration: dict | None) -> None:

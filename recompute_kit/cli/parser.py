@@ -187,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         choices=FORMATS,
-        help="the config snippet to print (default: the inputs' framework's: megatron-lm, nemo "
-        "or torchtitan; megatron-bridge otherwise)",
+        help="the config snippet to print (default: the framework the inputs were read as: "
+        "megatron-lm, nemo, torchtitan, hf-trainer, or llama-factory for a LLaMA-Factory YAML; "
+        "megatron-bridge otherwise)",
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="training dtype")
     p.add_argument("--top", type=positive_int, default=12, help="rows of the table (default 12)")

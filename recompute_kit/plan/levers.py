@@ -12,6 +12,11 @@ change at a time from the run as given:
 * activation offloading (the planner's offloading candidates), priced by the host link;
 * the distributed optimizer, when the run does not use it.
 
+A Hugging Face Trainer run (TRL, LLaMA-Factory) has none of Megatron's parallelism levers: it
+gets its own (`trainer_levers.py`): gradient checkpointing on or off, the micro-batch with the
+accumulation steps at the same global batch, and the ZeRO stage / FSDP strategy with optimizer
+and parameter offloading, each named in the framework's own keys (export.TRAINER_KEYS).
+
 Each is estimated by the memory model (`memory/estimate.py`, every stage; the binding stage's
 total is reported) and timed by `step_time.py`. A layout that does not fit with the run's own
 recompute setting gets the cheapest recompute setting that fits it (`plan`), said in the row.
@@ -28,6 +33,14 @@ from ..memory.estimate import Estimate, estimate
 from .margins import HOST_MEMORY_PER_GPU_BYTES, error_band, fits_host, planned_bytes
 from .search import candidates
 from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
+from .trainer_levers import (
+    checkpointing_setting,
+    is_trainer_run,
+    micro_batch_setting,
+    sharding_cost,
+    sharding_settings,
+    with_host_link,
+)
 
 GIB = 2**30
 MAX_SPLIT = 16  # largest CP and PP sizes tried
@@ -70,6 +83,9 @@ class Lever:
             "num_layers_in_first_pipeline_stage": p.num_layers_in_first_pipeline_stage,
             "num_layers_in_last_pipeline_stage": p.num_layers_in_last_pipeline_stage,
             "use_distributed_optimizer": p.use_distributed_optimizer,
+            "zero_stage": p.zero_stage,
+            "optimizer_offload": p.optimizer_offload,
+            "param_offload": p.param_offload,
             "binding_stage": self.estimate.stage,
             "peak_bytes": self.estimate.total_bytes,
             "stage_total_bytes": self.estimate.stage_total_bytes,
@@ -152,10 +168,12 @@ def _evaluate(
     margin: float,
     version: str | None,
     fallback: str = "if-needed",
+    keys: dict[str, str] | None = None,
 ) -> Lever | None:
     """One row, or None when Megatron cannot run the setting (validation, divisibility).
     `fallback`: when to take `plan`'s cheapest recompute setting for this layout ("never",
     "if-needed": only when the run's own does not fit, "always")."""
+    was_on = config.recompute.recompute_granularity is not None
     try:
         config.validate()
         check_expert_layout(config)
@@ -180,21 +198,33 @@ def _evaluate(
             added = "full:uniform:1 (nothing fits)"
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     band = error_band(config, est)
+    host_ok = fits_host(est)
+    adds = _adds(config, step) + (
+        ""
+        if host_ok
+        else f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU (more than "
+        f"{HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
+    )
+    shown = f", recompute {added}" if added else ""
+    if is_trainer_run(config):
+        seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps)
+        step = with_host_link(step, seconds)
+        host_ok = host_ok and trainer_host_ok
+        adds = words or "-"
+        if added and keys is not None:
+            on = config.recompute.recompute_granularity is not None
+            unchanged = on == was_on
+            shown = "" if unchanged else f", {checkpointing_setting(keys, on)}"
+            shown += " (nothing fits)" if "nothing fits" in added else ""
     return Lever(
         lever,
-        setting + (f", recompute {added}" if added else ""),
+        setting + shown,
         config,
         est,
-        planned_bytes(est) <= usable and fits_host(est),
-        planned_bytes(est) + band.total_bytes <= usable and fits_host(est),
+        planned_bytes(est) <= usable and host_ok,
+        planned_bytes(est) + band.total_bytes <= usable and host_ok,
         step,
-        _adds(config, step)
-        + (
-            ""
-            if fits_host(est)
-            else f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU (more than "
-            f"{HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
-        ),
+        adds,
         added,
     )
 
@@ -220,9 +250,14 @@ def levers(
     hw: Hardware | None = None,
     global_batch_size: int | None = None,
     megatron_core_version: str | None = None,
+    trainer_format: str = "hf-trainer",
+    sharding_backend: str = "deepspeed",
 ) -> LeverTable:
     """Every lever's row, ranked: fits and clears the error band first, then fits, then by
-    predicted step time (those that do not fit: by peak memory)."""
+    predicted step time (those that do not fit: by peak memory). A Hugging Face Trainer run
+    gets its own levers (`_trainer_rows`), named in `trainer_format`'s keys
+    (export.TRAINER_KEYS: "hf-trainer" or "llama-factory"), its sharding as `sharding_backend`
+    ("deepspeed" or "fsdp") writes it."""
     hw = hw or Hardware()
     usable = int(int(gpu_memory_gb * GIB) * (1 - safety_margin))
     m, p = config.model, config.parallel
@@ -246,6 +281,17 @@ def levers(
             f"the run as given is not a valid layout for a global batch of {global_batch_size}"
         )
     rows: list[Lever | None] = [current]
+    if is_trainer_run(config):
+        from ..export import TRAINER_KEYS
+
+        keys = TRAINER_KEYS.get(trainer_format, TRAINER_KEYS["hf-trainer"])
+        rows += _trainer_rows(config, args, keys, sharding_backend)
+        notes.append(
+            "a Hugging Face Trainer run: no tensor, pipeline or context parallelism and no "
+            "distributed optimizer there; its levers are checkpointing, the micro-batch and "
+            "how model states are sharded and offloaded (recompute_kit/plan/trainer_levers.py)"
+        )
+        return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
     layout_fixed = bool(p.pipeline_model_parallel_layout)
     if not layout_fixed:
@@ -290,6 +336,17 @@ def levers(
                 + ("" if row.adds == "-" else ", " + row.adds)
             )
         rows.append(row)
+    return _ranked(rows, current, hw, global_batch_size, usable, notes)
+
+
+def _ranked(
+    rows: list[Lever | None],
+    current: Lever,
+    hw: Hardware,
+    global_batch_size: int,
+    usable: int,
+    notes: list[str],
+) -> LeverTable:
     found = [r for r in rows if r is not None]
     for r in found:
         r.baseline_seconds = current.step.seconds
@@ -301,6 +358,35 @@ def levers(
         )
     )
     return LeverTable(found, current, hw, global_batch_size, usable, notes)
+
+
+def _trainer_rows(
+    config: Config, args: tuple, keys: dict[str, str], backend: str
+) -> list[Lever | None]:
+    """The Hugging Face Trainer's levers (trainer_levers.py), in the framework's keys."""
+    rows: list[Lever | None] = []
+    on = config.recompute.recompute_granularity is not None
+    other = config.with_recompute("none" if on else "full:uniform:1")
+    rows.append(
+        _evaluate(
+            "gradient checkpointing",
+            checkpointing_setting(keys, not on),
+            other,
+            *args,
+            fallback="never",
+            keys=keys,
+        )
+    )
+    gbs, dp = args[0], config.parallel.data_parallel_size
+    for b in MICRO_BATCH_SIZES:
+        setting = micro_batch_setting(keys, b, gbs, dp)
+        if b != config.model.micro_batch_size and setting:
+            c = config.replace(micro_batch_size=b)
+            rows.append(_evaluate("micro-batch", setting, c, *args, keys=keys))
+    lever = "FSDP sharding" if backend == "fsdp" else "ZeRO stage / offload"
+    for setting, c in sharding_settings(config, backend):
+        rows.append(_evaluate(lever, setting, c, *args, keys=keys))
+    return rows
 
 
 def _uneven(config: Config, args: tuple) -> list[Lever]:

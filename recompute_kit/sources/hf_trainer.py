@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .reading import FROM_DERIVED, Origin, Reading
+from .reading import FROM_ARGUMENT, FROM_DERIVED, FROM_FILE, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("hf-trainer",)
 
@@ -68,6 +68,7 @@ _DS_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_
 _KEY_FOR = {
     "seq_length": "cutoff_len (LLaMA-Factory) / max_length (TRL)",
     "micro_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
     "bf16": "bf16",
     "fp16": "fp16",
     "zero_stage": "deepspeed (zero_optimization.stage)",
@@ -248,9 +249,12 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
             raise ConfigError(f"{src.path}: model_name_or_path = {model!r} is not a model id")
         reading.model_name = model
         reading.model_name_origin = src.origin("model_name_or_path")
-    if "per_device_train_batch_size" in data:
-        key = "per_device_train_batch_size"
-        reading.set("micro_batch_size", _int(src, key, take(key)), src.origin(key))
+    for key, field in (
+        ("per_device_train_batch_size", "micro_batch_size"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ):
+        if key in data:
+            reading.set(field, _int(src, key, take(key)), src.origin(key))
     for key in ("bf16", "fp16"):
         if data.get(key) is not None:
             reading.set(key, _bool(src, key, take(key)), src.origin(key))
@@ -462,6 +466,7 @@ def _read_deepspeed(
                     unused[f"{name}.{key}"] = value
     for key, field in (
         ("train_micro_batch_size_per_gpu", "micro_batch_size"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
         ("train_batch_size", "global_batch_size"),
     ):
         handled.add(key)
@@ -479,9 +484,30 @@ def _read_deepspeed(
     for key, value in zero.items():
         if key not in ("stage", "offload_optimizer", "offload_param"):
             unused[f"zero_optimization.{key}"] = value
+    # "auto" says nothing of its own: the Trainer fills it from its arguments
+    # (transformers integrations/deepspeed.py, HfTrainerDeepSpeedConfig.fill_match), so it is
+    # never reported as a value, and never hides the Trainer YAML's key of the same name.
+    unused = {key: value for key, value in unused.items() if not _auto(value)}
     first = ".".join((*prefix, unused_prefix)).strip(".")
     for key, value in unused.items():
         reading.unused[f"{first}.{key}" if first else key] = value
+
+
+def _derive_global_batch(reading: Reading) -> None:
+    """The Trainer's global batch: per_device_train_batch_size x gradient_accumulation_steps x
+    the world size (DeepSpeed's train_batch_size "auto" is filled so), once the data-parallel
+    size is given (a file's world size or --dp): never from an assumed one."""
+    dp = reading.origins.get("data_parallel_size")
+    mbs, gas = reading.get("micro_batch_size"), reading.get("gradient_accumulation_steps")
+    if dp is None or dp.kind not in (FROM_FILE, FROM_ARGUMENT, FROM_DERIVED) or not mbs:
+        return
+    dp_size = reading.get("data_parallel_size")
+    reading.derive(
+        "global_batch_size",
+        mbs * gas * dp_size,
+        f"per_device_train_batch_size {mbs} x gradient_accumulation_steps {gas} x "
+        f"data-parallel size {dp_size}",
+    )
 
 
 # -- defaults --------------------------------------------------------------------------------
@@ -567,6 +593,8 @@ def apply_defaults(reading: Reading) -> None:
         reading.derive(
             "data_parallel_size", world, "the world size: every rank is a data-parallel replica"
         )
+    d("gradient_accumulation_steps", 1, f"transformers' default ({TRAINING_ARGS})")
+    _derive_global_batch(reading)
     d("use_distributed_optimizer", False, where, "ZeRO / FSDP sharding is zero_stage")
     if "zero_stage" not in reading and "deepspeed" not in reading.unused:
         d(

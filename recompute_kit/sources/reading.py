@@ -19,6 +19,9 @@ from ..config import CONFIG_KEYS
 EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
     "global_batch_size",
+    # Hugging Face Trainer's gradient_accumulation_steps: with the micro-batch and DP it gives
+    # the global batch (the Trainer does not name the global batch itself)
+    "gradient_accumulation_steps",
     "use_megatron_fsdp",
     "mtp_num_layers",
     "megatron_core_version",

@@ -1,0 +1,167 @@
+"""The memory levers a Hugging Face Trainer run has (TRL, LLaMA-Factory; DeepSpeed or FSDP).
+
+The Trainer has no tensor, pipeline or context parallelism and no Megatron distributed optimizer
+(LLaMA-Factory's and TRL's YAMLs are TrainingArguments plus their own keys): its levers are
+gradient checkpointing on or off (`search.candidates`), the per-device micro-batch at the same
+global batch (gradient_accumulation_steps takes the rest), and how model states are sharded
+and offloaded:
+
+* DeepSpeed: ``zero_optimization.stage`` 0-3, ``offload_optimizer.device: cpu`` (ZeRO-Offload,
+  stages 1-3) and ``offload_param.device: cpu`` (ZeRO-Infinity, stage 3 only: DeepSpeed docs,
+  "offload_param ... Valid only with stage 3").
+* FSDP (``fsdp: full_shard | shard_grad_op | no_shard`` + ``offload``; Accelerate's
+  fsdp_sharding_strategy / fsdp_offload_params): the three strategies are ZeRO 3 / 2 / 0, and
+  CPU offload moves the parameters, their gradients and the optimizer step to the host together
+  (torch FSDP CPUOffload(offload_params=True)).
+
+Their cost, beside the memory the estimate gives (`memory/model_states.py`):
+
+* host memory: what the GPU no longer holds, on the host per GPU: the fp32 master copy and Adam
+  moments (12 B/param of the shard) and the fp32 gradients the CPU optimizer steps on (4 B),
+  plus the 16-bit parameter shard with parameter offload (2 B); FSDP's offload holds 16 B
+  (fp32 parameters, gradients and Adam moments) and is counted as these 18 B. It must fit
+  `margins.HOST_MEMORY_PER_GPU_BYTES` (an assumption, said in the row).
+* host-link time per step, counted as exposed in the step time (DeepSpeed's CPU optimizer step
+  runs after backward, and a parameter fetched from the host is needed before its layer runs):
+  optimizer offload sends the shard's 16-bit gradients down and gets its 16-bit parameters back
+  (2 B/param each way); parameter offload fetches the 16-bit shard for every forward and
+  backward (and the recompute forward with checkpointing on), at `Hardware.host_link_gbps`.
+  The CPU Adam step itself is NOT modelled: on a real host it adds more.
+* ZeRO stage 3 / full_shard all-gathers the parameters in forward and backward: 3 x the
+  parameter bytes on the data-parallel links against DDP's all-reduce 2 x (ZeRO paper, Rajbhandari
+  et al. 2020, Sec. 7); data-parallel traffic is outside the step-time model (`step_time.py`),
+  so that is said in words, not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import Config
+from ..memory.model_states import rank_parameters
+from .margins import HOST_MEMORY_PER_GPU_BYTES
+
+GIB = 2**30
+GB = 1e9
+FSDP_STRATEGY = {3: "full_shard", 2: "shard_grad_op", 0: "no_shard"}
+
+
+def is_trainer_run(config: Config) -> bool:
+    """A Hugging Face Trainer run: the reader's loss_implementation "hf" (sources/hf_trainer.py)."""
+    return config.model.loss_implementation == "hf"
+
+
+def offloaded_words(optimizer: bool, params: bool) -> str:
+    """What a sharded run offloads to the host, in words ('' for nothing)."""
+    parts = ["optimizer"] * optimizer + ["parameters"] * params
+    return " and ".join(parts)
+
+
+def _shard_params(config: Config) -> float:
+    p = config.parallel
+    parts = rank_parameters(config)
+    return (parts["dense"] + parts["expert"]) / max(p.data_parallel_size, 1)
+
+
+def host_bytes(config: Config) -> int:
+    """Host memory per GPU that the run's offloading takes (module docstring)."""
+    p, half = config.parallel, config.model.bf16 or config.model.fp16
+    n = _shard_params(config)
+    out = 0.0
+    if p.optimizer_offload and p.zero_stage >= 1:
+        out += (12 + 4) * n if half else 12 * n
+    if p.param_offload and p.zero_stage >= 3:
+        out += (2 if half else 4) * n
+    return round(out)
+
+
+def host_link_seconds(config: Config, host_link_gbps: float) -> float:
+    """Host-link seconds per step of the run's offloading (module docstring), per direction."""
+    p, m = config.parallel, config.model
+    n, b = _shard_params(config), 2 if (m.bf16 or m.fp16) else 4
+    moved = 0.0
+    if p.optimizer_offload and p.zero_stage >= 1:
+        moved += b * n  # gradients down, parameters up: each way in parallel
+    if p.param_offload and p.zero_stage >= 3:
+        passes = 3 if config.recompute.recompute_granularity == "full" else 2
+        moved += passes * b * n
+    return moved / (host_link_gbps * GB)
+
+
+def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
+    """(setting as the framework writes it, config) for every sharding / offload other than the
+    run's. backend: "fsdp" or "deepspeed"."""
+    p = config.parallel
+    current = (p.zero_stage, bool(p.optimizer_offload), bool(p.param_offload))
+    out = []
+    if backend == "fsdp":
+        for stage, name in FSDP_STRATEGY.items():
+            # transformers FSDPOption: "offload" only with full_shard or shard_grad_op
+            for offload in (False, True) if stage else (False,):
+                if (stage, offload, offload) == current:
+                    continue
+                words = f"fsdp: {name}" + (" offload" if offload else "")
+                c = config.replace(zero_stage=stage, optimizer_offload=offload)
+                out.append((words, c.replace(param_offload=offload)))
+        return out
+    for stage in (0, 1, 2, 3):
+        for opt in (False, True) if stage >= 1 else (False,):
+            for par in (False, True) if stage == 3 and opt else (False,):
+                if (stage, opt, par) == current:
+                    continue
+                words = f"zero_optimization.stage {stage}"
+                if opt:
+                    words += ", offload_optimizer cpu"
+                if par:
+                    words += ", offload_param cpu"
+                c = config.replace(zero_stage=stage, optimizer_offload=opt)
+                out.append((words, c.replace(param_offload=par)))
+    return out
+
+
+def sharding_cost(config: Config, host_link_gbps: float) -> tuple[float, str, bool]:
+    """(exposed host-link seconds per step, what the setting costs in words, fits the host)."""
+    p = config.parallel
+    parts = []
+    if p.zero_stage >= 3:
+        parts.append("ZeRO-3 parameter all-gathers: 1.5x DDP's data-parallel traffic, not timed")
+    seconds = host_link_seconds(config, host_link_gbps)
+    host = host_bytes(config)
+    fits = host <= HOST_MEMORY_PER_GPU_BYTES
+    what = offloaded_words(
+        bool(p.optimizer_offload and p.zero_stage >= 1),
+        bool(p.param_offload and p.zero_stage >= 3),
+    )
+    if what:
+        parts.append(
+            f"{what} on the host: {host / GIB:.1f} GiB of host memory per GPU"
+            + ("" if fits else f" (more than {HOST_MEMORY_PER_GPU_BYTES / GIB:.0f} GiB)")
+            + f", host link {seconds:.3g} s/step, CPU Adam not timed"
+        )
+    return seconds, ", ".join(parts), fits
+
+
+def micro_batch_setting(keys: dict[str, str], micro: int, gbs: int, dp: int) -> str | None:
+    """The framework's keys for a micro-batch at the same global batch, or None where the
+    accumulation steps would not be whole."""
+    if gbs % (micro * dp):
+        return None
+    return f"{keys['micro_batch']}={micro} {keys['accumulation']}={gbs // (micro * dp)}"
+
+
+def with_host_link(step, seconds: float):
+    """The step with `seconds` of host-link time exposed."""
+    if not seconds:
+        return step
+    return dataclasses.replace(
+        step,
+        seconds=step.seconds + seconds,
+        offload_exposed_s=step.offload_exposed_s + seconds,
+    )
+
+
+def checkpointing_setting(keys: dict[str, str], on: bool) -> str:
+    """Gradient checkpointing in the framework's own key (LLaMA-Factory's is a disable flag)."""
+    key = keys["checkpointing"]
+    value = not on if key.startswith("disable_") else on
+    return f"{key}={str(value).lower()}"

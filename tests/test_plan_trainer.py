@@ -1,0 +1,120 @@
+"""A Hugging Face Trainer / LLaMA-Factory run planned in its own framework's terms.
+
+Real files: hiyouga/LLaMA-Factory @ ff6d4d12 examples/train_full/qwen3_full_sft.yaml and
+examples/deepspeed/ds_z3_config.json, ds_z3_offload_config.json (tests/sources/corpus/hf_trainer,
+URLs in their .expect.yaml), Qwen/Qwen3-8B's config.json (tests/sources/corpus/hf_config).
+LLaMA-Factory turns gradient checkpointing on itself unless `disable_gradient_checkpointing`
+(src/llamafactory/model/model_utils/checkpointing.py @ ff6d4d12, lines 184-195); DeepSpeed's
+"auto" is filled from the Trainer's arguments (transformers integrations/deepspeed.py
+fill_match)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.cli import main
+from recompute_kit.config import parse_spec
+from recompute_kit.export import render
+from recompute_kit.plan.levers import levers
+from recompute_kit.sources.resolve import resolve
+
+HERE = Path(__file__).parent / "sources" / "corpus"
+YAML = str(HERE / "hf_trainer" / "qwen3_full_sft.yaml")  # per_device 1, accumulation 2
+Z3 = str(HERE / "hf_trainer" / "ds_z3_config.json")  # every batch key "auto"
+Z3_OFFLOAD = str(HERE / "hf_trainer" / "ds_z3_offload_config.json")
+QWEN3 = str(HERE / "hf_config" / "Qwen--Qwen3-8B.config.json")
+
+
+def _plan_json(capsys, *extra: str) -> dict:
+    args = ["plan", "--config", YAML, Z3, QWEN3, "--dp", "8", "--gpu", "h100-80gb", *extra]
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_deepspeed_auto_never_overrides_the_trainer_yaml(capsys):
+    # the JSON given beside the YAML (as the trial did) came later and its "auto" won
+    assert main(["read", YAML, Z3, QWEN3, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["gradient_accumulation_steps"] == 2
+    assert doc["sources"]["gradient_accumulation_steps"]["key"] == "gradient_accumulation_steps"
+    assert "auto" not in doc["unused"].values()
+
+
+def test_global_batch_is_the_trainers_product_once_dp_is_given():
+    r = resolve([YAML, Z3, QWEN3], overrides={"data_parallel_size": 8})
+    assert r.reading.get("global_batch_size") == 1 * 2 * 8
+    assert r.reading.origins["global_batch_size"].kind == "derived"
+    # without a DP nothing is derived from an assumed one
+    assert resolve([YAML, Z3, QWEN3]).reading.get("global_batch_size") is None
+
+
+def test_llama_factory_yaml_gets_llama_factorys_checkpointing_key(capsys):
+    doc = _plan_json(capsys, "--seq-length", "4096")
+    lines = [x for x in doc["rendered"].splitlines() if not x.startswith("#")]
+    assert lines in (
+        ["disable_gradient_checkpointing: true"],
+        ["disable_gradient_checkpointing: false"],
+    )
+    # --format still gives the Trainer's key
+    doc = _plan_json(capsys, "--seq-length", "4096", "--format", "hf-trainer")
+    assert doc["rendered"].splitlines()[-1].startswith("gradient_checkpointing: ")
+
+
+def test_help_names_the_default_it_uses(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps at hyphens
+    assert "hf-trainer,orllama-factoryforaLLaMA-FactoryYAML" in help_text
+
+
+def test_llama_factory_render_is_the_inverse_flag():
+    off = render(parse_spec("none"), "llama-factory").splitlines()
+    on = render(parse_spec("full:uniform:1"), "llama-factory").splitlines()
+    assert off[-1] == "disable_gradient_checkpointing: true"
+    assert on[-1] == "disable_gradient_checkpointing: false"
+    approx = render(parse_spec("selective:core_attn"), "llama-factory").splitlines()
+    assert approx[-1] == "disable_gradient_checkpointing: false"
+    assert any("Approximate" in x for x in approx)
+
+
+def test_trainer_levers_are_the_trainers_own(capsys):
+    doc = _plan_json(capsys, "--levers")
+    table = doc["levers"]
+    assert table["global_batch_size"] == 16  # 1 x 2 x 8
+    assert not any("global batch unknown" in n for n in table["notes"])
+    rows = table["rows"]
+    kinds = {r["lever"] for r in rows}
+    assert kinds == {"current", "gradient checkpointing", "micro-batch", "ZeRO stage / offload"}
+    settings = {r["setting"] for r in rows}
+    assert "disable_gradient_checkpointing=true" in settings  # LLaMA-Factory's key
+    assert "per_device_train_batch_size=2 gradient_accumulation_steps=1" in settings
+    both = next(
+        r for r in rows if r["setting"].endswith("offload_optimizer cpu, offload_param cpu")
+    )
+    assert both["zero_stage"] == 3 and both["optimizer_offload"] and both["param_offload"]
+    current = table["current"]
+    # parameters on the host: less GPU memory, and a host-link cost counted in the step time
+    assert both["peak_bytes"] < current["peak_bytes"]
+    assert both["step_seconds"] > current["step_seconds"]
+    assert "host memory per GPU" in both["adds"] and "CPU Adam not timed" in both["adds"]
+    stage0 = next(r for r in rows if r["setting"].startswith("zero_optimization.stage 0"))
+    assert stage0["peak_bytes"] > current["peak_bytes"]
+
+
+def test_fsdp_backend_names_fsdp_strategies():
+    cfg = resolve([YAML, Z3, QWEN3], overrides={"data_parallel_size": 8}).config
+    table = levers(cfg, 79.1, global_batch_size=16, sharding_backend="fsdp")
+    sharding = [r.setting for r in table.rows if r.lever == "FSDP sharding"]
+    assert "fsdp: full_shard offload" in sharding and "fsdp: shard_grad_op" in sharding
+    assert all(s.startswith("fsdp: ") for s in sharding)
+    assert not any(s.startswith("fsdp: no_shard offload") for s in sharding)  # FSDPOption
+
+
+def test_layout_says_what_is_offloaded(capsys):
+    args = ["estimate", "--config", YAML, Z3_OFFLOAD, QWEN3, "--dp", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO stage 3 (optimizer and parameters offloaded to the host)" in out
