@@ -336,8 +336,12 @@ def test_rk101_13b_full_fine_tuning_with_zero2_on_4_gpus():
     )
     f = top(d)
     assert f.rule == "RK101" and f.category == "model_state_memory"
-    # 13e9 x (2 + 14/4) bytes = 66.59 GiB of states per GPU on a 79.35 GiB GPU; ZeRO-3: 48.43
-    cites(f, "ZeRO stage 2 (assumed) on 4 GPU(s)", "66.59 GiB", "79.35 GiB", "48.43 GiB")
+    # The launch command is read by the shared reader (sources/hf_launch.py): 4 GPUs from
+    # --include localhost:4,5,6,7, and the unseen ds_config.json's stage assumed at DeepSpeed's
+    # default, 0; the rule takes that one assumption: 13e9 x 16 B = 193.72 GiB per GPU on a
+    # 79.35 GiB GPU; ZeRO-3 over 4: 48.43
+    cites(f, "without ZeRO (DDP replicates everything) on 4 GPU(s)", "193.72 GiB", "79.35 GiB")
+    cites(f, "48.43 GiB")
     assert f.config_patch == {"zero_optimization": {"stage": 3}}
     # The count is the name's "13B" (Baichuan2-13B has ~13.9B): said as the name's, and the
     # 12.94 GiB request is near 13e9 x 4 B / 4 = 12.11 GiB, not equal to it.
@@ -346,7 +350,8 @@ def test_rk101_13b_full_fine_tuning_with_zero2_on_4_gpus():
     assert "12.94 GiB = " not in f.evidence and "13.0B" not in f.evidence
     # --deepspeed ds_config.json was never shown: the stage is an assumption, said once with
     # the key that sets it, and no second finding says "no ZeRO stage named" against it
-    stated = [a for a in d.assumptions if "ZeRO stage 2 assumed" in a]
+    stated = [a for a in d.assumptions if "ZeRO stage 0 assumed" in a]
+    assert d.evidence.read["config"]["zero_stage"] == 0  # the reader's, the same one
     assert len(stated) == 1 and "zero_optimization.stage" in stated[0]
     assert "ds_config.json" in stated[0]
     assert "RK500" not in ids(d)

@@ -174,14 +174,18 @@ def model_state_count(ctx: Context) -> StateCount | None:
     if not ctx.cfg.get("finetuning_type"):  # the command line's own flag wins over words
         lora = bool(stated.get("adapters"))  # --use_lora, "QLoRA" said in prose
     assumed = None
-    if stage is None:  # DeepSpeed's (and Lightning's DeepSpeedStrategy's) usual stage is 2;
-        # optimizer offload needs a ZeRO stage
-        stage = 2 if ctx.cfg.get("deepspeed") or stated.get("offload_optimizer") else 0
-        if stage:
-            named = ctx.cfg.get("deepspeed")
+    if stage is None:
+        named = ctx.cfg.get("deepspeed")
+        by_reader = ((ctx.evidence.read or {}).get("config") or {}).get("zero_stage")
+        if named and isinstance(by_reader, int):
+            stage = by_reader  # the shared reader's assumption (DeepSpeed's default): one, not two
+        else:  # DeepSpeed's (and Lightning's DeepSpeedStrategy's) usual stage is 2; optimizer
+            # offload needs a ZeRO stage
+            stage = 2 if named or stated.get("offload_optimizer") else 0
+        if named or stated.get("offload_optimizer"):
             place = f"the DeepSpeed config {named}" if isinstance(named, str) else "no input"
             assumed = (
-                f"ZeRO stage 2 assumed: {place} was not shown, and its "
+                f"ZeRO stage {stage} assumed: {place} was not shown, and its "
                 "zero_optimization.stage sets it"
             )
     frozen = 2.0  # bytes per frozen (LoRA) parameter: bf16/fp16 weights
