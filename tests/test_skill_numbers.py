@@ -133,3 +133,16 @@ def test_no_layout_the_estimator_refuses_is_quoted(text):
     # Moonlight's layout in moe-mla.md names its expert TP: with ETP = TP 2, EP 8 x 2 does not
     # divide the 8 ranks of TP 2 x DP 4 and the estimator refuses it
     assert "TP2 EP8 DP4" not in text
+
+
+def test_the_plan_quoted_for_qwen3():
+    argv = [sys.executable, "-m", "recompute_kit.cli", "plan", *QWEN, "--gpu-memory-gb", "79.1"]
+    proc = subprocess.run([*argv, "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    said = doc["explanation"]
+    assert doc["best"]["recompute"] == "selective:moe" and "`selective:moe`" in MOE_MLA
+    closest = said[said.index("The closest cheaper setting") :].split(" (")[0]
+    # "misses by" is the candidate's planned bytes over the usable memory: never negative
+    assert "misses by -" not in said
+    quoted(MOE_MLA, closest)

@@ -288,14 +288,16 @@ def explain(
     ]
     if cheaper:
         miss = min(cheaper, key=lambda c: c.estimate.total_bytes)
-        short = miss.estimate.total_bytes + (miss.band.total_bytes if miss.band else 0) - usable
+        # by what it misses: its planned bytes (the estimate and the overheads that count
+        # against the usable memory) over the usable memory, i.e. minus its headroom
+        over = -miss.headroom_bytes
+        short = over + (miss.band.total_bytes if miss.band else 0)
         parts.append(
             f"The closest cheaper setting, {_name(miss)}, "
             + (
                 f"fits only within its error band (headroom {miss.headroom_bytes / GIB:.2f} GiB)."
                 if miss.fits
-                else f"misses by {(miss.estimate.total_bytes - usable) / GIB:.1f} GiB"
-                f" ({short / GIB:.1f} GiB with its band)."
+                else f"misses by {over / GIB:.2f} GiB ({short / GIB:.1f} GiB with its band)."
             )
         )
     for tie in ties or []:
