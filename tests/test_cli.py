@@ -623,3 +623,29 @@ def test_validate_warns_about_ignored_modules_only_when_the_input_sets_them(tmp_
     assert "full:block:3" in out.stdout and ignored not in out.stdout + out.stderr
     out = run("validate", str(explicit), "--strict", "--dp", "8", check_rc=0)
     assert ignored in out.stdout + out.stderr
+
+
+def test_estimate_rows_of_different_stages_say_their_stage():
+    # a skill trial: the table said "per rank of pipeline stage 1" while a row was stage 0's
+    out = run(
+        "estimate",
+        "--model",
+        "deepseek-v3",
+        "--pp",
+        "16",
+        "--dp",
+        "64",
+        "--ep",
+        "8",
+        "--first-stage-layers",
+        "1",
+        "--last-stage-layers",
+        "4",
+        "--recompute",
+        "none",
+        "full:uniform:1",
+        check_rc=0,
+    ).stdout
+    header, _, first, second = out.splitlines()[:4]
+    assert header.split()[1] == "stage" and first.split()[1] != second.split()[1]
+    assert "per rank of pipeline stage" not in out and "column stage" in out

@@ -254,10 +254,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         )
         return 0
     unit, scale = byte_unit([e.total_bytes for e in results])
+    # each row is its own worst stage: where they differ, the table says which
+    stages = len({e.stage for e in results}) > 1
     print(
         format_table(
             [
                 "recompute",
+                *(["stage"] if stages else []),
                 f"act/layer ({unit})",
                 f"activations ({unit})",
                 f"peak act ({unit})",
@@ -270,6 +273,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             [
                 (
                     e.recompute,
+                    *([str(e.stage)] if stages else []),
                     in_unit(e.per_layer_activation_bytes, scale),
                     in_unit(e.activation_bytes, scale),
                     in_unit(e.peak_activation_bytes, scale),
@@ -284,7 +288,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         )
     )
     print()
-    print_layout(cfg, results[0])
+    print_layout(cfg, None if stages else results[0])
+    if stages:
+        print("per rank of the stage with each row's highest total (column stage); --stage N")
     print("bytes per module and layer, every stage's total: --json")
     return 0
 
