@@ -300,8 +300,21 @@ def test_rk035_oom_on_different_ranks():
     # events carry the fields of real-formats.md oom-msswift-9191 on ranks 0 and 97.
     base = parse_log(text("oom-msswift-9191")).oom[0]
     other = OOMEvent(**{**base.__dict__, "rank": 0})
-    f = get(diagnose(Evidence(oom=[other, base])), "RK035")
-    cites(f, "[0, 97]")
+    pp4 = {"pipeline_model_parallel_size": 4, "world_size": 128}
+    f = get(diagnose(Evidence(oom=[other, base], config=pp4)), "RK035")
+    cites(f, "[0, 97]")  # stages 0 and 3 of 4 (32 ranks each)
+
+
+@covers("RK035")
+def test_rk035_not_for_ranks_of_one_job_without_stages_said():
+    # A skill trial: https://github.com/meta-pytorch/torchtune/issues/2071, ranks 3 and 5 of an
+    # FSDP job OOM with the same numbers in one run; nothing says there are pipeline stages.
+    base = parse_log(text("oom-msswift-9191")).oom[0]
+    other = OOMEvent(**{**base.__dict__, "rank": 0})
+    assert "RK035" not in ids(diagnose(Evidence(oom=[other, base])))
+    # ... and two ranks of one stage (ranks 0 and 97 of a 256-GPU PP2 job: both stage 0)
+    same = {"pipeline_model_parallel_size": 2, "world_size": 256}
+    assert "RK035" not in ids(diagnose(Evidence(oom=[other, base], config=same)))
 
 
 @covers("RK035")

@@ -201,11 +201,19 @@ def _uniform_groups(ctx: Context) -> Match | None:
     refs=("Megatron-Bridge perf-activation-recompute triage",),
 )
 def _moved_rank(ctx: Context) -> Match | None:
-    if ctx.cfg.get("pipeline_model_parallel_size") == 1:
-        return None  # no pipeline stages: data-parallel replicas simply all OOM at once
+    pp = ctx.cfg.get("pipeline_model_parallel_size")
+    if not isinstance(pp, int) or pp < 2:
+        # no pipeline stages, or none the input says: ranks of one job (data-parallel
+        # replicas, FSDP shards) simply all OOM at once; several ranks are no moved stage
+        return None
     ranks = [o.rank for o in ctx.evidence.oom if o.rank is not None]
     if len(set(ranks)) < 2:
         return None
+    world = ctx.cfg.get("world_size")
+    if isinstance(world, int) and world >= pp and world % pp == 0:
+        per_stage = world // pp  # Megatron's default order puts PP outermost (tp-cp-ep-dp-pp)
+        if len({r // per_stage for r in ranks}) < 2:
+            return None  # the ranks are of one pipeline stage
     n = ctx.cfg.get("recompute_num_layers") or 1
     return Match(
         0.55,
