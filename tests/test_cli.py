@@ -649,3 +649,32 @@ def test_estimate_rows_of_different_stages_say_their_stage():
     header, _, first, second = out.splitlines()[:4]
     assert header.split()[1] == "stage" and first.split()[1] != second.split()[1]
     assert "per rank of pipeline stage" not in out and "column stage" in out
+
+
+def test_doctor_estimates_the_pipeline_stage_of_the_rank_that_ran_out(tmp_path):
+    # [rankN] of PyTorch's OOM message: with PP 4 over 32 GPUs (DP 8), Megatron's default order
+    # puts 8 ranks in a stage, so rank 25 is stage 3 and rank 3 stage 0 (a trial: the doctor
+    # described stage 0 for an OOM on the last stage)
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.evidence import collect
+
+    script = DATA.parent / "sources/corpus/megatron_lm/blind_mixtral_8x7b_distributed.sh"
+
+    def context(rank: int):
+        log = tmp_path / f"rank{rank}.log"
+        log.write_text(
+            f"[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "896.00 MiB. GPU 1 has a total capacity of 79.11 GiB of which 412.00 MiB is free.\n"
+        )
+        ev = collect([str(log)], [str(script)], overrides={"data_parallel_size": 8})
+        return build_context(ev)
+
+    for rank, stage in ((25, 3), (3, 0)):
+        ctx = context(rank)
+        assert ctx.estimate.stage == stage
+        assert any(f"rank {rank}: pipeline stage {stage} of 4" in n for n in ctx.evidence.notes)
+    beyond = context(40)  # beyond the 32 ranks: said, and the stage with the highest total
+    assert any("beyond the 32 ranks" in n for n in beyond.evidence.notes)
+    from recompute_kit.memory.estimate import estimate
+
+    assert beyond.estimate.stage == estimate(beyond.config).stage  # the highest total's

@@ -104,7 +104,8 @@ def _config_for_estimate(flat: dict[str, Any]) -> tuple[Config | None, list[str]
 def _estimate(ctx: Context) -> None:
     from ..plan import plan
 
-    ctx.estimate = estimate(ctx.config)
+    ctx.oom_stage = _stage_of_the_oom(ctx)
+    ctx.estimate = estimate(ctx.config, stage=ctx.oom_stage)
     if ctx.gpu_bytes:
         try:
             result = plan(ctx.config, ctx.gpu_bytes / GIB)
@@ -112,6 +113,32 @@ def _estimate(ctx: Context) -> None:
             ctx.best_keeping = _keeping_current(result, ctx.config)
         except ConfigError as exc:
             ctx.plan_error = str(exc)
+
+
+def _stage_of_the_oom(ctx: Context) -> int | None:
+    """The pipeline stage of the rank the OOM names (`[rank250]:`): Megatron's default order
+    (tp-cp-ep-dp-pp) puts the pipeline outermost, so stage = rank // (world / PP). None (the
+    stage with the highest total) without stages, a rank, or with ranks of several stages."""
+    p = ctx.config.parallel
+    pp = p.pipeline_model_parallel_size
+    ranks = {o.rank for o in ctx.evidence.oom if o.rank is not None}
+    if pp < 2 or not ranks:
+        return None
+    per_stage = p.tensor_model_parallel_size * p.context_parallel_size * p.data_parallel_size
+    stages = {r // per_stage for r in ranks}
+    if len(stages) != 1 or max(ranks) >= per_stage * pp:
+        if max(ranks) >= per_stage * pp:
+            ctx.evidence.notes.append(
+                f"the OOM names rank {max(ranks)}, beyond the {per_stage * pp} ranks of the "
+                "config's layout: the estimate is of the stage with the highest total"
+            )
+        return None
+    stage = stages.pop()
+    ctx.evidence.notes.append(
+        f"the OOM is on rank {min(ranks)}: pipeline stage {stage} of {pp} (Megatron's default "
+        f"order, the pipeline outermost: {per_stage} ranks a stage); the estimate is that stage's"
+    )
+    return stage
 
 
 def _keeping_current(result, config: Config):
@@ -126,8 +153,7 @@ def _keeping_current(result, config: Config):
             break
         every_layer = c.recompute.recompute_method == "uniform"  # (block N leaves layers out)
         if every_layer or (
-            c.recompute.recompute_granularity == "selective"
-            and current <= set(c.recompute.modules)
+            c.recompute.recompute_granularity == "selective" and current <= set(c.recompute.modules)
         ):
             return c
     return result.best

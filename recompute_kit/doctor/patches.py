@@ -450,7 +450,8 @@ def _estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, s
         return None, None
     try:
         cfg.validate()
-        return estimate(cfg).total_bytes, None
+        # the same stage as the estimate before: the OOM's, else each side's highest
+        return estimate(cfg, stage=ctx.oom_stage).total_bytes, None
     except ConfigError as exc:
         return None, str(exc).splitlines()[0][:200]
     except (ValueError, ZeroDivisionError, TypeError, AttributeError):

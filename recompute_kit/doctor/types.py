@@ -29,6 +29,7 @@ class Context:
     config_error: str | None = None  # Megatron's validation message for the given config
     gpu_bytes: int | None = None  # from --gpu-memory-gb or the OOM's total capacity
     estimate: Estimate | None = None  # the current setting, per rank
+    oom_stage: int | None = None  # the pipeline stage of the rank the OOM names (engine.py)
     best: Any = None  # the planner's best candidate when a budget is known
     # the planner's best among those recomputing at least what the run does (an OOM's fix)
     best_keeping: Any = None
