@@ -190,7 +190,21 @@ def _render_bridge(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
         # refuses an offload with neither (Megatron-Bridge#2684).
         settings["cpu_offloading_activations"] = True
         settings["cpu_offloading_weights"] = False
-    return [f"cfg.model.{key} = {_py(value)}" for key, value in settings.items()]
+    lines = [f"cfg.model.{key} = {_py(value)}" for key, value in settings.items()]
+    # the same as the Hydra-style overrides a recipe's launch script takes (OmegaConf dotlist)
+    overrides = " ".join(_hydra(f"model.{key}", value) for key, value in settings.items())
+    return [*lines, f"# or as overrides: {overrides}"]
+
+
+def _hydra(key: str, value: Any) -> str:
+    """`model.x=value` in OmegaConf's dotlist syntax, shell-quoted where it has brackets."""
+    if isinstance(value, list):
+        return f"'{key}=[{','.join(map(str, value))}]'"
+    if value is None:
+        return f"{key}=null"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    return f"{key}={value}"
 
 
 # --------------------------------------------------------------------------------------------

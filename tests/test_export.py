@@ -176,6 +176,21 @@ def test_megatron_bridge_lines():
     assert "cfg.model.recompute_granularity = None" in render(parse_spec("none"), "megatron-bridge")
 
 
+@pytest.mark.parametrize(("spec", "offload"), CASES)
+def test_megatron_bridge_override_line_is_the_same_settings(spec, offload):
+    # The `# or as overrides:` line, as a shell passes it to a recipe's Hydra / OmegaConf
+    # dotlist (Megatron-Bridge's scripts take `model.x=value` overrides): the same values
+    # as the Python lines above it.
+    from omegaconf import OmegaConf
+
+    rc = make(spec, offload)
+    text = render(rc, "megatron-bridge")
+    line = next(ln for ln in text.splitlines() if ln.startswith("# or as overrides: "))
+    dotlist = shlex.split(line.removeprefix("# or as overrides: "))
+    from_hydra = OmegaConf.to_container(OmegaConf.from_dotlist(dotlist))["model"]
+    assert from_hydra == vars(run_bridge(text))
+
+
 # ---- Megatron-LM -------------------------------------------------------------------------------
 
 

@@ -65,6 +65,9 @@ LAYOUT_FLAGS = {
     "cp": "context parallel size",
     "ep": "expert parallel size",
     "etp": "expert tensor parallel size",
+    "vpp": "virtual pipeline size",
+    "first-stage-layers": "layers on the first pipeline stage",
+    "last-stage-layers": "layers on the last pipeline stage",
     "seq-length": "sequence length",
     "micro-batch-size": "micro-batch size",
 }
