@@ -170,7 +170,9 @@ _KEY_FOR = {
     "context_parallel_size": "[parallelism] context_parallel_degree",
     "expert_model_parallel_size": "[parallelism] expert_parallel_degree",
     "expert_tensor_parallel_size": "[parallelism] expert_tensor_parallel_degree",
-    "data_parallel_size": "[parallelism] data_parallel_shard_degree",
+    # its default -1 takes the ranks the launcher's world leaves: the world decides it
+    "data_parallel_size": "the launcher's world size (NGPU / torchrun --nproc_per_node x "
+    "--nnodes) that data_parallel_shard_degree -1 fills, or --dp",
     "zero_stage": "[parallelism] data_parallel_shard_degree",
     "world_size": "the launcher's WORLD_SIZE (torchrun --nnodes x --nproc_per_node)",
     "recompute_granularity": "[activation_checkpoint] mode",

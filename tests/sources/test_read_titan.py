@@ -343,3 +343,13 @@ def test_titan_default_shard_follows_an_assumed_data_parallel_size():
     assert (p.data_parallel_size, p.zero_stage, p.use_torch_fsdp2) == (8, 3, True)
     said = [a for a in resolved.config.assumptions if a.startswith("zero_stage = 3")]
     assert said and "data_parallel_shard_degree" in said[0]
+
+
+def test_titan_assumed_data_parallel_names_the_world_that_decides_it():
+    # a skill trial: "set [parallelism] data_parallel_shard_degree" for a file that sets it to
+    # -1 (the rest of the world): the launcher's world size is what is missing
+    from recompute_kit.sources.resolve import resolve
+
+    resolved = resolve([str(HERE / "corpus" / "torchtitan" / "llama3_70b.toml")])
+    [said] = [a for a in resolved.config.assumptions if a.startswith("data_parallel_size = ")]
+    assert "NGPU" in said and "--dp" in said and "-1 fills" in said
