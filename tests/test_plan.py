@@ -4,6 +4,7 @@ bands and near-ties, every pipeline stage, and budgets as the GPU reports them."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -290,3 +291,19 @@ def test_torchtitan_selective_specs_are_said_to_be_one_mode(capsys):
     rows = json.loads(out)["estimates"]
     assert rows[0]["total_bytes"] == rows[1]["total_bytes"]
     assert rows[0]["recompute_flops_fraction"] == rows[1]["recompute_flops_fraction"]
+
+
+def test_nothing_fits_names_the_frameworks_own_levers():
+    # a skill trial: torchtitan's llama3_70b.toml on 16 GPUs was told to use "the distributed
+    # optimizer" (Megatron's; FSDP2 already shards the optimizer) and never local_batch_size
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "llama3_70b.toml"
+    titan = resolve([str(toml)], overrides={"data_parallel_size": 2}).config
+    with pytest.raises(ConfigError) as err:
+        plan(titan, 79.1)
+    said = str(err.value)
+    assert "local_batch_size" in said and "distributed optimizer" not in said
+    with pytest.raises(ConfigError) as err:
+        plan(get_preset("llama3-70b").config(), 10)
+    assert "the distributed optimizer" in str(err.value)

@@ -147,8 +147,8 @@ def plan(
         raise ConfigError(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
-            f"{need / GIB:.1f} GiB per rank, {(need - usable) / GIB:.1f} GiB too much; add "
-            "parallelism (--tp/--pp/--cp/--ep), the distributed optimizer, or shorten the sequence"
+            f"{need / GIB:.1f} GiB per rank, {(need - usable) / GIB:.1f} GiB too much; "
+            + _what_else(config)
         )
     best = fitting[0]
     layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
@@ -212,6 +212,23 @@ def _units(rc: RecomputeConfig) -> int:
 
 def _name(c: Candidate) -> str:
     return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
+
+
+# Beyond recompute, in the framework's own terms (the levers `plan --levers` prices).
+_WHAT_ELSE = {
+    "megatron": "add parallelism (--tp/--pp/--cp/--ep), the distributed optimizer, or shorten "
+    "the sequence (`plan --levers` prices them)",
+    "hf": "shard the model states (DeepSpeed ZeRO-3 / FSDP, then CPU offload), lower "
+    "per_device_train_batch_size (raising gradient_accumulation_steps) or the sequence length "
+    "(`plan --levers` prices them)",
+    "torchtitan": "raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs, or "
+    "lower local_batch_size (keeping global_batch_size) or seq_len (`plan --levers` prices "
+    "them)",
+}
+
+
+def _what_else(config: Config) -> str:
+    return _WHAT_ELSE.get(config.model.loss_implementation, _WHAT_ELSE["megatron"])
 
 
 def explain(
