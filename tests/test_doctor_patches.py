@@ -257,3 +257,24 @@ def test_recompute_step_keeps_the_modules_the_run_recomputes():
     modules = rk010.config_patch["recompute_modules"]
     assert {"mla_up_proj", "mlp"} <= set(modules), modules
     assert "keeps what the run recomputes" in rk010.evidence
+
+
+def test_a_paste_without_config_is_patched_in_the_keys_its_frames_name(tmp_path: Path):
+    # https://github.com/pytorch/torchtitan/issues/439 (the corpus case's paste, verbatim):
+    # no config given, but the traceback runs through torchtitan/parallelisms/: the patch is
+    # written in torchtitan's keys ([activation_checkpoint] mode), not the Trainer's
+    # gradient_checkpointing (a skill trial saw Megatron / HF keys for torchtitan pastes)
+    import yaml
+
+    case = (
+        ROOT / "corpus" / "cases" / "a_torchtitan_439_checkpointpolicy_importerror_old_torch.yaml"
+    )
+    log = tmp_path / "paste.log"
+    log.write_text(yaml.safe_load(case.read_text())["artefacts"])
+    d = diagnose(collect(logs=[str(log)]))
+    f = d.findings[0]
+    assert f.patch_framework == "torchtitan"
+    assert (
+        "activation_checkpoint.mode" in f.patch_keys
+        and "gradient_checkpointing" not in f.patch_keys
+    )

@@ -11,7 +11,9 @@ patch is shown it must not hurt:
    in `patch_keys`, the framework in `patch_framework`. A key that belongs to another framework
    (Liger's `use_liger_kernel` for a Megatron-Bridge run, `gradient_checkpointing` for NeMo-RL)
    is translated where the framework has the same setting and dropped, with the reason,
-   where it has none. Where the framework is unknown the patch stays in Megatron-Core names,
+   where it has none. With no config read, the framework a traceback runs through (its frames:
+   torchtitan/, megatron/bridge/, transformers/trainer.py, ...) is used. Where the framework is
+   unknown the patch stays in Megatron-Core names,
    labelled so (`patch_check["keys"] == "megatron-core"`), and says the framework is unknown.
 2. It never re-sets what the inputs already have: entries whose value the read config
    (file, named model or the framework's default) already holds are dropped, with where that
@@ -216,7 +218,31 @@ def check_patches(ctx: Context, findings: list[Finding]) -> None:
 def _framework(ctx: Context) -> str | None:
     read = ctx.evidence.read or {}
     name = read.get("framework")
-    return name if name in FRAMEWORKS else None
+    if name in FRAMEWORKS:
+        return name
+    return framework_of_frames(ctx)
+
+
+# A traceback's frames name the framework that ran where no config was given: its package's
+# path (most specific first; megatron/core alone runs under several frameworks: not decided).
+_FRAMEWORK_FRAMES = (
+    ("/torchtitan/", "torchtitan"),
+    ("/megatron/bridge/", "megatron-bridge"),
+    ("/nemo_rl/", "nemo-rl"),
+    ("/nemo/collections/llm/", "nemo2"),
+    ("/nemo/collections/nlp/", "nemo1"),
+    ("/megatron/training/", "megatron-lm"),
+    ("pretrain_gpt.py", "megatron-lm"),
+    ("/transformers/trainer.py", "hf-trainer"),
+    ("/trl/trainer/", "hf-trainer"),
+    ("/llamafactory/", "hf-trainer"),
+)
+
+
+def framework_of_frames(ctx: Context) -> str | None:
+    """The framework whose package the traceback runs through, or None."""
+    frames = " ".join(" ".join(e.frames) for e in ctx.evidence.errors).replace("\\", "/")
+    return next((name for part, name in _FRAMEWORK_FRAMES if part in frames), None)
 
 
 def _current(ctx: Context) -> tuple[dict[str, Any], dict[str, str]]:
