@@ -278,3 +278,15 @@ def test_a_paste_without_config_is_patched_in_the_keys_its_frames_name(tmp_path:
         "activation_checkpoint.mode" in f.patch_keys
         and "gradient_checkpointing" not in f.patch_keys
     )
+
+
+def test_adding_moe_does_not_keep_the_moe_act_it_covers():
+    # Megatron-LM's MLA + MoE functional-test config recomputes [layernorm mla_up_proj mlp
+    # moe_act]; on a 16 GiB budget the next step recomputes the whole MoE layer, which covers
+    # moe_act: the patch is the planner's setting, not it with a redundant moe_act beside moe
+    # (a skill trial got [..., moe, moe_act, ...] from the doctor and [..., moe, ...] from plan)
+    d = doctor("megatron_lm/blind_ft_moe_mla_selective_recompute.yaml", gpu_memory_gb=16)
+    f = finding(d, "RK010")
+    mods = set(f.config_patch["recompute_modules"])
+    assert "moe" in mods and "moe_act" not in mods
+    assert {"layernorm", "mla_up_proj", "mlp"} <= mods  # nothing else the run recomputes dropped

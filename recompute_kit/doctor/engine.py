@@ -115,6 +115,15 @@ def _estimate(ctx: Context) -> None:
             ctx.plan_error = str(exc)
 
 
+def _covered(modules: list[str]) -> set[str]:
+    """The modules a selective list recomputes: `moe` checkpoints the whole MoE layer, its
+    expert activation and shared experts included (listing them beside it changes nothing)."""
+    out = set(modules)
+    if "moe" in out:
+        out |= {"moe_act", "shared_experts"}
+    return out
+
+
 def _stage_of_the_oom(ctx: Context) -> int | None:
     """The pipeline stage of the rank the OOM names (`[rank250]:`): Megatron's default order
     (tp-cp-ep-dp-pp) puts the pipeline outermost, so stage = rank // (world / PP). None (the
@@ -153,7 +162,8 @@ def _keeping_current(result, config: Config):
             break
         every_layer = c.recompute.recompute_method == "uniform"  # (block N leaves layers out)
         if every_layer or (
-            c.recompute.recompute_granularity == "selective" and current <= set(c.recompute.modules)
+            c.recompute.recompute_granularity == "selective"
+            and current <= _covered(c.recompute.modules)
         ):
             return c
     return result.best
