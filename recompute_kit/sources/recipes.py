@@ -32,7 +32,7 @@ from typing import Any
 from ..config import ConfigError
 from . import bridge_common
 from .bridge import BRIDGE, MODEL_CLASSES, NEMO2, Entry, Unresolved, apply_entries, set_model_name
-from .reading import FROM_FILE, Origin, Reading
+from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
 from .recipe_eval import fold
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns the defaults
@@ -226,9 +226,10 @@ class _Reader:
     # walking --------------------------------------------------------------------------------
     def visit(self, fn: ast.FunctionDef, env: dict[str, Any]) -> Any:
         """Read `fn`'s body; its return value when that is known."""
-        if fn.name in self.stack or len(self.stack) > 20:
+        key = f"{self.path}::{fn.name}"  # (a function may share its name with another file's)
+        if key in self.stack or len(self.stack) > 20:
             return Unresolved(f"{fn.name}()")
-        self.stack.append(fn.name)
+        self.stack.append(key)
         try:
             self.block(fn.body, env, returns=True)
         except _Returned as ret:
@@ -462,6 +463,12 @@ class _Reader:
                 other = _Reader(tree, str(found), parent=self)
                 if name in other.funcs:
                     return self.enter(other, other.funcs[name], node, env)
+                if name in other.imports and len(self.stack) < 20:  # re-exported: follow on
+                    self.stack.append(f"import {name}")
+                    try:
+                        return other.imported(name, node, env)
+                    finally:
+                        self.stack.pop()
         if module == bridge_common.COMMON_MODULE and name in bridge_common.HELPERS:
             keys = []
             for section, key, v, hline in bridge_common.HELPERS[name]:
@@ -575,6 +582,9 @@ def read(text: str, path: str) -> Reading:
         reader.visit(entry, reader.params(entry))
         reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe {entry.name}()"
     apply_entries(reading, reader.entries, file_path)
+    for key, o in list(reading.origins.items()):
+        if o.where.startswith(bridge_common.COMMON_URL):  # the helper as Bridge ships it, not
+            reading.origins[key] = Origin(FROM_DEFAULT, o.where, o.key, o.note)  # the user's file
     reading.warnings.extend(reader.warnings)
     if reader.helpers:
         left = [k for k in _LEFT_TO_DEFAULTS if k not in reading]

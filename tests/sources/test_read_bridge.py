@@ -331,6 +331,22 @@ def test_a_helper_beside_the_file_is_followed_and_one_not_found_is_named(tmp_pat
     assert r.values["grad_reduce_in_fp32"] is True and r.values["bf16"] is True
     assert r.values["tensor_model_parallel_size"] == 4
     assert not any("not beside" in w for w in r.warnings)
+    # re-exported under another name, called from a function of the same name as the recipe
+    (recipes / "fam" / "alias.py").write_text(
+        "from megatron.bridge.recipes.fam.model import model_pretrain_8gpu_config as model_cfg\n"
+    )
+    perf = tmp_path / "src" / "megatron" / "bridge" / "perf" / "model.py"
+    perf.parent.mkdir(parents=True)
+    perf.write_text(
+        "from megatron.bridge.recipes.fam.alias import model_cfg\n"
+        "def model_pretrain_8gpu_config() -> ConfigContainer:\n"
+        "    cfg = model_cfg()\n"
+        "    cfg.model.pipeline_model_parallel_size = 2\n"
+        "    return cfg\n"
+    )
+    r = bridge.read(perf.read_text(), str(perf))
+    assert r.values["tensor_model_parallel_size"] == 4 and r.values["micro_batch_size"] == 3
+    assert r.values["pipeline_model_parallel_size"] == 2
     # a helper that is neither in the file, beside it nor known: each key left to defaults named
     lone = tmp_path / "lone.py"
     lone.write_text(recipe.read_text().replace("recipes.common", "recipes.elsewhere"))
