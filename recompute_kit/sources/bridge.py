@@ -147,6 +147,8 @@ class Entry:
     value: Any
     line: int
     written: str  # the key as written (`model.seq_length`, `-tp`, `cfg.model.seq_length`)
+    where: str = ""  # `file:line` when not the file read (a recipe helper in another file)
+    note: str = ""  # how the value was worked out, when not written as it is
 
 
 class Unresolved:
@@ -164,7 +166,7 @@ class Unresolved:
 
 
 def sniff(text: str, path: str) -> int:
-    low = path.lower()
+    low = path.partition("::")[0].lower()  # recipe.py::function names one recipe of a file
     if low.endswith(".py"):
         if re.search(
             r"\b(ConfigContainer|ModelProvider|AutoBridge|MegatronStrategy|nemo_run|run\.Config)\b",
@@ -207,7 +209,7 @@ def json_sections(text: str) -> bool:
 
 
 def read(text: str, path: str) -> Reading:
-    if path.lower().endswith(".py"):
+    if path.partition("::")[0].lower().endswith(".py"):
         from . import recipes
 
         return recipes.read(text, path)
@@ -318,7 +320,8 @@ def read_yaml(text: str, path: str) -> Reading:
 
 
 def _origin(path: str, e: Entry, note: str = "") -> Origin:
-    return Origin(FROM_FILE, f"{path}:{e.line}" if e.line else path, e.written, note)
+    where = e.where or (f"{path}:{e.line}" if e.line else path)
+    return Origin(FROM_FILE, where, e.written, note or e.note)
 
 
 def _as_bool(v: Any) -> Any:
@@ -686,6 +689,17 @@ _STATE_DTYPE_DEFAULTS = (
 )
 
 
+# Over a recipe not read: Bridge's recipes build on recipes/common.py's _pretrain_common, whose
+# ddp.grad_reduce_in_fp32=True (and bf16_mixed) differs from Megatron-Core's DDP default False.
+_RECIPE_STATE_DEFAULTS = {
+    "grad_reduce_in_fp32": (
+        True,
+        "Megatron-Bridge's _pretrain_common (recipes/common.py ddp.grad_reduce_in_fp32, "
+        "mixed_precision bf16_mixed)",
+    ),
+}
+
+
 def apply_defaults(reading: Reading) -> None:
     nemo = reading.framework == NEMO2
     fw = "NeMo 2.0" if nemo else "Megatron-Bridge"
@@ -719,9 +733,12 @@ def apply_defaults(reading: Reading) -> None:
         if named and key == "seq_length" and not model_class:
             continue  # AutoBridge: max_position_embeddings of the HF config
         reading.default(key, value, f"{fw}'s default ({where_cls})")
-    if not on_recipe:  # (over a recipe these are the recipe's; Config's defaults stand)
-        for key, value, where in _STATE_DTYPE_DEFAULTS:
+    for key, value, where in _STATE_DTYPE_DEFAULTS:
+        if not on_recipe:
             reading.default(key, value, f"{fw}'s default ({where})")
+        elif not nemo:  # the recipe's, not read: what Bridge's recipes start from, said so
+            value, where = _RECIPE_STATE_DEFAULTS.get(key, (value, f"Megatron-Core {where}"))
+            reading.default(key, value, f"{where}; the recipe ({on_recipe}) may set another")
     if skipped:
         reading.warnings.append(
             f"{', '.join(skipped)}: set by the recipe ({on_recipe}) these overrides apply to, not read here"  # noqa: E501

@@ -10,19 +10,30 @@ and the keyword arguments its calls pass to the file's other functions, module c
 `AutoBridge.from_hf_pretrained("org/name")` / `hf_path="..."` and provider / NeMo config classes
 (model names). Anything that is not a literal is left unset with a warning naming it.
 
+Recipes that start from a shared helper (`cfg = _pretrain_common()` then `cfg.model.<key> =
+...`, Megatron-Bridge's recipes since 2026): the helper is followed into the file's own functions,
+into `megatron/bridge/recipes/common.py` when it is beside the file, or else into the values of
+`bridge_common.py` (with a warning). Simple expressions are evaluated (`recipe_eval.py`: lists,
+arithmetic, `if` tests on values already read, the file's functions' return values), so a layout
+built by the file's own function is read; what cannot be evaluated is a warning naming the key.
+
 A file with several recipes: `path::function` selects one; otherwise the first pretraining recipe
-(`pretrain_config`, `pretrain_recipe`, `*_pretrain_config`) is read, with a warning.
+(`pretrain_config`, `pretrain_recipe`, `*_pretrain_config`, else the first of the file's
+`__all__`, else the first function returning a ConfigContainer) is read, with a warning.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from . import bridge_common
 from .bridge import BRIDGE, MODEL_CLASSES, NEMO2, Entry, Unresolved, apply_entries, set_model_name
-from .reading import FROM_FILE, Origin, Reading
+from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
+from .recipe_eval import fold
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns the defaults
 
@@ -81,10 +92,56 @@ def _dotted(node: ast.AST) -> str:
         return "<expr>"
 
 
+class _Section:
+    """The value of `cfg.model` (or `cfg.ddp`, ...): passed to a function, its attributes are
+    that section's keys (`model_cfg.pipeline_model_parallel_size`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Returned(Exception):
+    """A `return` (or `raise`) ends the function being read."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _imports(tree: ast.Module) -> dict[str, tuple[str, int, str]]:
+    """Names imported with `from M import f [as g]` -> (module, level, f)."""
+    out: dict[str, tuple[str, int, str]] = {}
+    for n in tree.body:
+        if isinstance(n, ast.ImportFrom):
+            for alias in n.names:
+                out[alias.asname or alias.name] = (n.module or "", n.level, alias.name)
+    return out
+
+
+def _module_file(path: str, module: str, level: int) -> Path | None:
+    """The file of `module` beside `path`: relative to its folder (`from ..common import`), or
+    under one of its parent folders (`megatron/bridge/recipes/common.py` in a checkout)."""
+    here = Path(path).resolve().parent
+    rel = Path(*module.split(".")) if module else Path()
+    if level:
+        base = here
+        for _ in range(level - 1):
+            base = base.parent
+        candidates = [base / rel]
+    else:
+        candidates = [d / rel for d in (here, *here.parents)]
+        candidates += [d / "src" / rel for d in here.parents]
+    for c in candidates:
+        f = c.with_suffix(".py") if module else c / "__init__.py"
+        if f.is_file():
+            return f
+    return None
+
+
 class _Reader:
-    def __init__(self, tree: ast.Module, path: str) -> None:
+    def __init__(self, tree: ast.Module, path: str, parent: _Reader | None = None) -> None:
         self.path = path
         self.funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        self.imports = _imports(tree)
         self.consts: dict[str, Any] = {}
         for n in tree.body:
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
@@ -98,6 +155,14 @@ class _Reader:
         self.world: dict[str, tuple[Any, int, str]] = {}
         self.models: list[tuple[str, int, str]] = []
         self.stack: list[str] = []
+        self.warnings: list[str] = []
+        # (section, key) -> the value read so far: what `cfg.model.x` / `if cfg.model.x:` see
+        self.state: dict[tuple[str, str], Any] = {}
+        self.calls: dict[tuple[int, int], Any] = {}  # (call node, env) read -> its value
+        self.helpers: list[str] = []  # helpers neither in the file nor found beside it
+        if parent is not None:  # a helper's file: what it sets goes to the same recipe
+            for name in ("entries", "world", "models", "stack", "warnings", "state", "helpers"):
+                setattr(self, name, getattr(parent, name))
 
     # values ---------------------------------------------------------------------------------
     def value(self, node: ast.AST, env: dict[str, Any]) -> Any:
@@ -110,10 +175,41 @@ class _Reader:
                 return env[node.id]
             if node.id in self.consts:
                 return self.consts[node.id]
-        if isinstance(node, ast.Call) and _name(node.func) in KNOWN_CALLS:
-            section, _key, v = KNOWN_CALLS[_name(node.func)]
-            if section == "mixed_precision":
-                return v
+            return Unresolved(node.id)
+        if isinstance(node, ast.Attribute):
+            return self.attribute_value(node, env)
+        if isinstance(node, ast.Call):
+            fname = _name(node.func)
+            if fname in KNOWN_CALLS:
+                section, _key, v = KNOWN_CALLS[fname]
+                if section == "mixed_precision":
+                    return v
+            if fname in self.funcs and isinstance(node.func, ast.Name):
+                return self.call(node, env)
+            if fname == "getattr" and len(node.args) == 3:  # getattr(model_cfg, "key", default)
+                obj, key = self.value(node.args[0], env), self.value(node.args[1], env)
+                if isinstance(obj, _Section) and isinstance(key, str):
+                    return self.state.get((obj.name, key), Unresolved(_dotted(node)))
+        return fold(node, lambda n: self.value(n, env))
+
+    def section_of(self, parts: list[str], env: dict[str, Any]) -> tuple[str, list[str]]:
+        """`cfg.model.x` / `model_cfg.x` (model_cfg bound to cfg.model) -> ("model", ["x"])."""
+        if parts[0] in env and isinstance(env[parts[0]], _Section):
+            return env[parts[0]].name, parts[1:]
+        for i in range(len(parts) - 1, 0, -1):
+            if parts[i] in _SECTION_WORDS:
+                return _SECTION_WORDS[parts[i]], parts[i + 1 :]
+        return "", parts
+
+    def attribute_value(self, node: ast.Attribute, env: dict[str, Any]) -> Any:
+        parts = _dotted(node).split(".")
+        if parts[0] == "torch" and len(parts) == 2:
+            return _dotted(node)  # a dtype, `torch.bfloat16` (bridge.dtype_name reads it)
+        section, rest = self.section_of(parts, env)
+        if section and not rest:
+            return _Section(section)
+        if section and len(rest) == 1:
+            return self.state.get((section, rest[0]), Unresolved(_dotted(node)))
         return Unresolved(_dotted(node))
 
     def params(self, fn: ast.FunctionDef) -> dict[str, Any]:
@@ -128,22 +224,57 @@ class _Reader:
         return env
 
     # walking --------------------------------------------------------------------------------
-    def visit(self, fn: ast.FunctionDef, env: dict[str, Any]) -> None:
-        if fn.name in self.stack:
-            return
-        self.stack.append(fn.name)
-        for stmt in fn.body:
-            self.statement(stmt, env)
-        self.stack.pop()
+    def visit(self, fn: ast.FunctionDef, env: dict[str, Any]) -> Any:
+        """Read `fn`'s body; its return value when that is known."""
+        key = f"{self.path}::{fn.name}"  # (a function may share its name with another file's)
+        if key in self.stack or len(self.stack) > 20:
+            return Unresolved(f"{fn.name}()")
+        self.stack.append(key)
+        try:
+            self.block(fn.body, env, returns=True)
+        except _Returned as ret:
+            return ret.value
+        finally:
+            self.stack.pop()
+        return None
+
+    def block(self, body: list[ast.stmt], env: dict[str, Any], returns: bool) -> None:
+        for stmt in body:
+            try:
+                self.statement(stmt, env)
+            except _Returned:
+                if returns:
+                    raise
 
     def statement(self, stmt: ast.stmt, env: dict[str, Any]) -> None:
         if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
             return
+        if isinstance(stmt, (ast.Return, ast.Raise)):
+            value = getattr(stmt, "value", None) if isinstance(stmt, ast.Return) else None
+            for node in ast.walk(value) if value is not None else ():
+                if isinstance(node, ast.Call):
+                    self.call(node, env)
+            raise _Returned(
+                Unresolved("raise")
+                if isinstance(stmt, ast.Raise)
+                else (None if value is None else self.value(value, env))
+            )
+        if isinstance(stmt, ast.If):
+            test = self.value(stmt.test, env)
+            if not isinstance(test, Unresolved):  # a test on values already read decides
+                self.block(stmt.body if test else stmt.orelse, env, returns=True)
+                return
         if isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
-            # the recipe's branches: read the body (the common path), not the test
-            for sub in getattr(stmt, "body", []):
-                self.statement(sub, env)
+            # an undecided branch: read the body (the common path), not the test; a `return`
+            # in it does not end the function (the other path goes on)
+            self.block(
+                getattr(stmt, "body", []), env, returns=isinstance(stmt, (ast.With, ast.Try))
+            )
             return
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            names = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+            if names:  # `cfg = helper()`: the config the recipe builds on
+                stmt.value._assigned = names[0]  # type: ignore[attr-defined]
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 self.call(node, env)
@@ -170,7 +301,11 @@ class _Reader:
             return
         key = parts[-1]
         section = ""
+        if parts[0] in env and isinstance(env[parts[0]], _Section) and len(parts) == 2:
+            section = env[parts[0]].name  # model_cfg.x = ..., model_cfg bound to cfg.model
         for word in reversed(parts[1:-1]):
+            if section:
+                break
             if word in _SECTION_WORDS:
                 section = _SECTION_WORDS[word]
                 break
@@ -182,13 +317,11 @@ class _Reader:
             else:
                 return
         v = self.value(value, env)
-        if (
-            isinstance(value, ast.Call)
-            and isinstance(v, Unresolved)
-            and section != "mixed_precision"
-        ):
+        if isinstance(value, ast.Call) and isinstance(v, Unresolved):
             callee = _name(value.func)
-            if (
+            if callee in CLASS_SECTIONS:
+                return  # cfg.mixed_precision = MixedPrecisionConfig(...): its call was read
+            if section != "mixed_precision" and (
                 callee in self.funcs
                 or callee in CLASS_SECTIONS
                 or callee in MODEL_CLASSES
@@ -196,20 +329,42 @@ class _Reader:
                 or "Provider" in callee
             ):
                 return  # a constructed object: its call was read
+        if isinstance(v, _Section):
+            return  # cfg.model = other_cfg.model: not a value
         self.add(section, key, v, line, _dotted(target))
 
-    def add(self, section: str, key: str, v: Any, line: int, written: str) -> None:
+    def add(
+        self,
+        section: str,
+        key: str,
+        v: Any,
+        line: int,
+        written: str,
+        where: str = "",
+        note: str = "",
+    ) -> None:
+        self.state[(section, key)] = v
+        where = where or (f"{self.path}:{line}" if line else self.path)
         if section == "trainer":
             if key in ("devices", "num_nodes"):
                 self.world[key] = (v, line, written)
             elif key == "plugins":
-                self.entries.append(Entry("mixed_precision", "", v, line, written))
+                self.entries.append(Entry("mixed_precision", "", v, line, written, where))
             return
-        self.entries.append(Entry(section, key, v, line, written))
+        self.entries.append(Entry(section, key, v, line, written, where, note))
 
-    def call(self, node: ast.Call, env: dict[str, Any]) -> None:
+    def call(self, node: ast.Call, env: dict[str, Any]) -> Any:
+        """Read what a call sets (once per call and function visit); its value when known."""
+        memo = (id(node), id(env))
+        if memo not in self.calls:
+            self.calls[memo] = Unresolved(_dotted(node))  # (a call within its own arguments)
+            self.calls[memo] = self.read_call(node, env)
+        return self.calls[memo]
+
+    def read_call(self, node: ast.Call, env: dict[str, Any]) -> Any:
         fname = _name(node.func)
         line = node.lineno
+        where = f"{self.path}:{line}"
         for kw in node.keywords:
             if kw.arg == "hf_path":
                 v = self.value(kw.value, env)
@@ -223,35 +378,39 @@ class _Reader:
         if fname in KNOWN_CALLS:
             section, key, v = KNOWN_CALLS[fname]
             if section != "mixed_precision":
-                self.entries.append(Entry(section, key, v, line, f"{fname}()"))
-            return
-        if fname in self.funcs:  # the file's own function: read it with the arguments passed
-            callee = self.funcs[fname]
-            bound = self.params(callee)
-            names = [a.arg for a in callee.args.posonlyargs + callee.args.args]
-            for a, arg in zip(names, node.args, strict=False):
-                bound[a] = self.value(arg, env)
-            for kw in node.keywords:
-                if kw.arg:
-                    bound[kw.arg] = self.value(kw.value, env)
-            self.visit(callee, bound)
-            return
+                self.entries.append(Entry(section, key, v, line, f"{fname}()", where))
+            return None
+        if fname == bridge_common.FLEX_CALL and len(node.args) >= 2:
+            self.flex_dispatcher(node, env)
+            return None
+        if fname in self.funcs and isinstance(node.func, ast.Name):
+            # the file's own function: read it with the arguments passed
+            return self.enter(self, self.funcs[fname], node, env)
+        if (
+            fname in self.imports
+            and isinstance(node.func, ast.Name)
+            and fname
+            not in (
+                *CLASS_SECTIONS,
+                *MODEL_CLASSES,
+                "ConfigContainer",
+            )
+        ):
+            return self.imported(fname, node, env)
         cls = fname
         if fname in ("Config", "Partial") and node.args:
             cls = _name(node.args[0])
         if cls == "ConfigContainer":
             for kw in node.keywords:
                 if kw.arg == "mixed_precision":
-                    self.entries.append(
-                        Entry(
-                            "mixed_precision",
-                            "",
-                            self.value(kw.value, env),
-                            line,
-                            "ConfigContainer(mixed_precision=)",
-                        )
+                    self.add(
+                        "mixed_precision",
+                        "",
+                        self.value(kw.value, env),
+                        line,
+                        "ConfigContainer(mixed_precision=)",
                     )
-            return
+            return None
         section = CLASS_SECTIONS.get(cls)
         if section is None and cls.endswith("DataModule"):
             section = "dataset"
@@ -266,7 +425,7 @@ class _Reader:
             if cls in MODEL_CLASSES:
                 self.models.append((cls, line, cls))
         if section is None:
-            return
+            return None
         for kw in node.keywords:
             if kw.arg is None:
                 continue
@@ -275,6 +434,70 @@ class _Reader:
             if isinstance(kw.value, ast.Name) and not isinstance(v, Unresolved):
                 written = f"{cls}({kw.arg}={kw.value.id})"
             self.add(section, kw.arg, v, line, written)
+        return None
+
+    def enter(
+        self, owner: _Reader, fn: ast.FunctionDef, node: ast.Call, env: dict[str, Any]
+    ) -> Any:
+        """Read `fn` (a function of `owner`'s file) called by `node` here, with its arguments."""
+        bound = owner.params(fn)
+        names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        for a, arg in zip(names, node.args, strict=False):
+            bound[a] = self.value(arg, env)
+        for kw in node.keywords:
+            if kw.arg:
+                bound[kw.arg] = self.value(kw.value, env)
+        return owner.visit(fn, bound)
+
+    def imported(self, fname: str, node: ast.Call, env: dict[str, Any]) -> Any:
+        """`cfg = _pretrain_common()` imported from another file: that file's function when it
+        is beside this one, else Bridge's recipes/common.py as recompute-kit knows it."""
+        module, level, name = self.imports[fname]
+        found = _module_file(self.path, module, level)
+        if found is not None:
+            try:
+                tree = ast.parse(found.read_text(encoding="utf-8"), filename=str(found))
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                tree = None
+            if tree is not None:
+                other = _Reader(tree, str(found), parent=self)
+                if name in other.funcs:
+                    return self.enter(other, other.funcs[name], node, env)
+                if name in other.imports and len(self.stack) < 20:  # re-exported: follow on
+                    self.stack.append(f"import {name}")
+                    try:
+                        return other.imported(name, node, env)
+                    finally:
+                        self.stack.pop()
+        if module == bridge_common.COMMON_MODULE and name in bridge_common.HELPERS:
+            keys = []
+            for section, key, v, hline in bridge_common.HELPERS[name]:
+                written = f"{name}() {section}.{key}" if key else f"{name}() {section}"
+                url = f"{bridge_common.COMMON_URL}#L{hline}"
+                self.add(section, key, v, hline, written, where=url)
+                keys.append(f"{section}.{key}={v}" if key else f"{section}={v}")
+            self.warnings.append(
+                f"{self.path}:{node.lineno}: {name}() is in {module}, not beside this file: "
+                f"read as Megatron-Bridge {bridge_common.COMMON_COMMIT[:7]} sets it "
+                f"({', '.join(keys)}); another Bridge version may set other values"
+            )
+        elif isinstance(getattr(node, "_assigned", None), str):
+            self.helpers.append(f"{fname}() ({module or '.'}) at {self.path}:{node.lineno}")
+        return None
+
+    def flex_dispatcher(self, node: ast.Call, env: dict[str, Any]) -> None:
+        target, backend = self.value(node.args[0], env), self.value(node.args[1], env)
+        if not isinstance(target, _Section) or target.name != "model":
+            return
+        if isinstance(backend, Unresolved):
+            self.add("model", "moe_token_dispatcher_type", backend, node.lineno, _dotted(node))
+        elif backend in bridge_common.FLEX_BACKENDS:
+            note = bridge_common.FLEX_NOTE.format(backend=backend)
+            for key, v in (
+                ("moe_token_dispatcher_type", "flex"),
+                ("moe_shared_expert_overlap", False),
+            ):
+                self.add("model", key, v, node.lineno, _dotted(node), note=note)
 
 
 def _select(
@@ -289,6 +512,11 @@ def _select(
             raise ConfigError(f"{path}: no function {selector!r} in the recipe")
         return funcs[selector]
     entries = [f for f in funcs.values() if _ENTRY_RE.search(f.name)]
+    if not entries:  # named otherwise (deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config)
+        entries = [funcs[n] for n in _exported(tree) if n in funcs] or [
+            f for f in funcs.values() if _returns_config(f)
+        ]
+        entries.sort(key=lambda f: "pretrain" not in f.name)  # stable: pretraining first
     if not entries:
         return None
     if len(entries) > 1:
@@ -297,6 +525,43 @@ def _select(
             f"{entries[0].name} (select another with {path}::NAME)"
         )
     return entries[0]
+
+
+def _exported(tree: ast.Module) -> list[str]:
+    """The names in the file's `__all__`, in order."""
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets
+        ):
+            try:
+                names = ast.literal_eval(n.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return []
+            return (
+                [x for x in names if isinstance(x, str)] if isinstance(names, list | tuple) else []
+            )
+    return []
+
+
+def _returns_config(fn: ast.FunctionDef) -> bool:
+    return fn.returns is not None and _name(fn.returns) == "ConfigContainer"
+
+
+# What a recipe decides that its helper set when the helper could not be read.
+_LEFT_TO_DEFAULTS = (
+    "seq_length",
+    "micro_batch_size",
+    "bf16",
+    "fp16",
+    "use_distributed_optimizer",
+    "grad_reduce_in_fp32",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "sequence_parallel",
+    "recompute_granularity",
+)
 
 
 def read(text: str, path: str) -> Reading:
@@ -317,6 +582,16 @@ def read(text: str, path: str) -> Reading:
         reader.visit(entry, reader.params(entry))
         reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe {entry.name}()"
     apply_entries(reading, reader.entries, file_path)
+    for key, o in list(reading.origins.items()):
+        if o.where.startswith(bridge_common.COMMON_URL):  # the helper as Bridge ships it, not
+            reading.origins[key] = Origin(FROM_DEFAULT, o.where, o.key, o.note)  # the user's file
+    reading.warnings.extend(reader.warnings)
+    if reader.helpers:
+        left = [k for k in _LEFT_TO_DEFAULTS if k not in reading]
+        reading.warnings.append(
+            f"{'; '.join(reader.helpers)}: not found beside the file, what it sets is not read"
+            + (f"; left to Megatron-Bridge's defaults: {', '.join(left)}" if left else "")
+        )
     for name, line, written in reader.models:
         set_model_name(reading, name, Origin(FROM_FILE, f"{file_path}:{line}", written))
     if "devices" in reader.world:

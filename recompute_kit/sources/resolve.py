@@ -84,6 +84,8 @@ def read_input(item: str) -> tuple[Reading, str]:
     """One input: a file (any known format) or a model id / registry name."""
     path = Path(item)
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
+    if "::" in item and not path.is_file() and Path(item.partition("::")[0]).is_file():
+        path = Path(item.partition("::")[0])  # recipe.py::function: one recipe of several
     if path.is_file():
         try:
             data = path.read_bytes()

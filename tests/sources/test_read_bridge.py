@@ -262,3 +262,148 @@ def test_an_override_file_without_a_model_suggests_the_one_its_name_says():
     with pytest.raises(ConfigError, match="the file name suggests Qwen/Qwen3-30B-A3B"):
         resolve([str(path / name)])
     assert named_in("train_and_eval") is None
+
+
+# --- recipes built on a shared helper (Megatron-Bridge 2026) ----------------------------------
+# https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py
+# (verbatim in the corpus): `cfg = _pretrain_common()` (recipes/common.py), then
+# `cfg.model.tensor_model_parallel_size = 2`, ...; recipe functions named `*_h100_bf16_config`.
+DEEPSEEK_H100 = CORPUS / "bridge_deepseek_v3_h100_recipes.py"
+
+
+def test_a_recipe_named_in_the_file_is_read_by_its_attribute_assignments() -> None:
+    from recompute_kit.sources.resolve import resolve
+
+    name = "deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config"
+    r = resolve([f"{DEEPSEEK_H100}::{name}"], require_shape=False).reading
+    v = r.values
+    assert (v["tensor_model_parallel_size"], v["pipeline_model_parallel_size"]) == (2, 8)
+    assert (v["expert_model_parallel_size"], v["sequence_parallel"]) == (32, True)
+    # L360-362: full / uniform / 1, each with its line
+    assert (v["recompute_granularity"], v["recompute_method"], v["recompute_num_layers"]) == (
+        "full",
+        "uniform",
+        1,
+    )
+    assert r.origins["recompute_granularity"].where.endswith(
+        "bridge_deepseek_v3_h100_recipes.py:360"
+    )
+    assert v["moe_grouped_gemm"] is True  # L355
+    # L323 -> the file's own layout function, layout_map[(8, 1)] (L56)
+    assert (
+        v["pipeline_model_parallel_layout"]
+        == "E" + "t" * 8 + "|" + "t" * 8 * 1 + ("|" + "t" * 8) * 5 + "|tttttmL"
+    )
+    assert v["moe_token_dispatcher_type"] == "flex"  # L328 hybridep, L410 apply_flex_...
+    # L373 grad_reduce_in_fp32=False, L380-382 bf16 moments
+    assert v["grad_reduce_in_fp32"] is False
+    assert (v["exp_avg_dtype"], v["exp_avg_sq_dtype"]) == ("bf16", "bf16")
+    # _pretrain_common is not beside the file: its values are said to come from a pinned copy
+    helper = [w for w in r.warnings if "_pretrain_common()" in w]
+    assert helper and "micro_batch_size=2" in helper[0] and "067f987" in helper[0]
+    assert v["micro_batch_size"] == 1  # the recipe's L334 wins over the helper's 2
+
+
+def test_a_helper_beside_the_file_is_followed_and_one_not_found_is_named(tmp_path: Path) -> None:
+    recipes = tmp_path / "src" / "megatron" / "bridge" / "recipes"
+    (recipes / "fam").mkdir(parents=True)
+    (recipes / "common.py").write_text(
+        "def _pretrain_common() -> ConfigContainer:\n"
+        "    cfg = ConfigContainer(\n"
+        "        train=TrainingConfig(micro_batch_size=3),\n"
+        "        ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=False),\n"
+        "        mixed_precision='bf16_mixed',\n"
+        "    )\n"
+        "    return cfg\n"
+    )
+    recipe = recipes / "fam" / "model.py"
+    recipe.write_text(
+        "from megatron.bridge.recipes.common import _pretrain_common\n"
+        "def model_pretrain_8gpu_config() -> ConfigContainer:\n"
+        "    cfg = _pretrain_common()\n"
+        "    cfg.model.tensor_model_parallel_size = 4\n"
+        "    return cfg\n"
+    )
+    r = bridge.read(recipe.read_text(), str(recipe))
+    assert r.values["micro_batch_size"] == 3
+    assert r.origins["micro_batch_size"].where == f"{(recipes / 'common.py').resolve()}:3"
+    # bf16_mixed's grad_reduce_in_fp32 overwrites the DDP config's (MixedPrecisionConfig.setup)
+    assert r.values["grad_reduce_in_fp32"] is True and r.values["bf16"] is True
+    assert r.values["tensor_model_parallel_size"] == 4
+    assert not any("not beside" in w for w in r.warnings)
+    # re-exported under another name, called from a function of the same name as the recipe
+    (recipes / "fam" / "alias.py").write_text(
+        "from megatron.bridge.recipes.fam.model import model_pretrain_8gpu_config as model_cfg\n"
+    )
+    perf = tmp_path / "src" / "megatron" / "bridge" / "perf" / "model.py"
+    perf.parent.mkdir(parents=True)
+    perf.write_text(
+        "from megatron.bridge.recipes.fam.alias import model_cfg\n"
+        "def model_pretrain_8gpu_config() -> ConfigContainer:\n"
+        "    cfg = model_cfg()\n"
+        "    cfg.model.pipeline_model_parallel_size = 2\n"
+        "    return cfg\n"
+    )
+    r = bridge.read(perf.read_text(), str(perf))
+    assert r.values["tensor_model_parallel_size"] == 4 and r.values["micro_batch_size"] == 3
+    assert r.values["pipeline_model_parallel_size"] == 2
+    # a helper that is neither in the file, beside it nor known: each key left to defaults named
+    lone = tmp_path / "lone.py"
+    lone.write_text(recipe.read_text().replace("recipes.common", "recipes.elsewhere"))
+    r = bridge.read(lone.read_text(), str(lone))
+    (w,) = [w for w in r.warnings if "not found beside the file" in w]
+    assert "_pretrain_common()" in w and "micro_batch_size" in w and "seq_length" in w
+
+
+def test_recipe_expressions_are_evaluated_not_run(tmp_path: Path) -> None:
+    text = (
+        "def _layout(pp, vp=None):\n"
+        "    last = ['decoder'] * 2 + ['loss']\n"
+        "    table = {(2, 1): [['embedding'] + ['decoder'] * 2, last]}\n"
+        "    return table[(pp, 1 if vp is None else vp)]\n"
+        "def set_layout(model_cfg, layout=None):\n"
+        "    if layout is not None:\n"
+        "        model_cfg.pipeline_model_parallel_layout = layout\n"
+        "        return\n"
+        "    model_cfg.pipeline_model_parallel_layout = _layout(\n"
+        "        model_cfg.pipeline_model_parallel_size or 1,\n"
+        "        getattr(model_cfg, 'virtual_pipeline_model_parallel_size', 1))\n"
+        "def small_pretrain_4gpu_config(use_cp: bool = False) -> ConfigContainer:\n"
+        "    cfg = make_cfg()\n"
+        "    tp = 2\n"
+        "    cfg.model.tensor_model_parallel_size = tp * 2\n"
+        "    cfg.model.pipeline_model_parallel_size = 2\n"
+        "    cfg.model.virtual_pipeline_model_parallel_size = None\n"
+        "    set_layout(cfg.model)\n"
+        "    if use_cp:\n"
+        "        cfg.model.context_parallel_size = 8\n"
+        "    else:\n"
+        "        cfg.model.context_parallel_size = 1\n"
+        "    cfg.model.num_layers = len([0] * 10**12)\n"
+        "    cfg.model.expert_model_parallel_size = 2 ** 10 ** 10\n"
+        "    cfg.model.seq_length = compute_seq()\n"
+        "    return cfg\n"
+    )
+    r = bridge.read(text, str(tmp_path / "r.py"))
+    assert r.values["tensor_model_parallel_size"] == 4
+    assert r.values["pipeline_model_parallel_layout"] == [
+        ["embedding", "decoder", "decoder"],
+        ["decoder", "decoder", "loss"],
+    ]
+    assert r.origins["pipeline_model_parallel_layout"].where.endswith("r.py:9")
+    assert r.values["context_parallel_size"] == 1  # the parameter's default decides the branch
+    for key in ("num_layers", "expert_model_parallel_size", "seq_length"):
+        assert key not in r.values
+        assert any(f"cfg.model.{key} = " in w and "not a literal" in w for w in r.warnings)
+
+
+def test_over_a_recipe_not_read_grad_reduce_is_bridges_helper_value_said_so() -> None:
+    # DDP's grad_reduce_in_fp32 defaults to False in Megatron-Core
+    # (megatron/core/distributed/distributed_data_parallel_config.py); True is Bridge's
+    # _pretrain_common (recipes/common.py L82 @067f987) and bf16_mixed.
+    line = "run_recipe.py --recipe deepseek_v3_pretrain_config model.tensor_model_parallel_size=2"
+    r = bridge.read(line, "cmd.sh")
+    bridge.apply_defaults(r)
+    assert r.values["grad_reduce_in_fp32"] is True
+    where = r.origins["grad_reduce_in_fp32"].where
+    assert "_pretrain_common" in where and "TransformerConfig" not in where

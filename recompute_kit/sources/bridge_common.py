@@ -1,0 +1,68 @@
+"""Megatron-Bridge's shared recipe helpers (`recipes/common.py`) and the helpers whose effect on
+the model config a recipe relies on, for when the recipe file is read alone.
+
+Recipes written `cfg = _pretrain_common(); cfg.model.tensor_model_parallel_size = 2; ...` start
+from what the helper builds. When `megatron/bridge/recipes/common.py` is beside the file (a
+checkout), recipes.py reads it; when it is not (a single copied file), the values below stand in
+for it, each with the line of the pinned commit that sets it, and a warning says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMMON_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
+COMMON_URL = (
+    f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMON_COMMIT}/"
+    "src/megatron/bridge/recipes/common.py"
+)
+COMMON_MODULE = "megatron.bridge.recipes.common"
+
+# helper -> [(section, key, value, line in common.py @ COMMON_COMMIT)]: the fields recompute-kit
+# reads. The optimizer comes from distributed_fused_adam_with_cosine_annealing (use_distributed_
+# optimizer=True, recipes/utils/optimizer_utils.py); mixed_precision="bf16_mixed" reduces
+# gradients in fp32 (training/mixed_precision.py), as ddp.grad_reduce_in_fp32=True also says.
+HELPERS: dict[str, list[tuple[str, str, Any, int]]] = {
+    "_pretrain_common": [
+        ("optimizer", "use_distributed_optimizer", True, 53),
+        ("train", "global_batch_size", 32, 66),
+        ("train", "micro_batch_size", 2, 67),
+        ("ddp", "grad_reduce_in_fp32", True, 82),
+        ("ddp", "data_parallel_sharding_strategy", "optim_grads_params", 86),
+        ("ddp", "use_distributed_optimizer", True, 87),
+        ("dataset", "seq_length", 4096, 95),
+        ("mixed_precision", "", "bf16_mixed", 130),
+    ],
+    "_sft_common": [
+        ("optimizer", "use_distributed_optimizer", True, 169),
+        ("train", "global_batch_size", 128, 183),
+        ("train", "micro_batch_size", 1, 184),
+        ("ddp", "grad_reduce_in_fp32", True, 196),
+        ("dataset", "seq_length", 2048, 200),  # default_squad_config(seq_length=2048), line 161
+        ("mixed_precision", "", "bf16_mixed", 230),
+    ],
+    "_peft_common": [
+        ("optimizer", "use_distributed_optimizer", True, 268),
+        ("train", "global_batch_size", 128, 282),
+        ("train", "micro_batch_size", 1, 283),
+        ("ddp", "grad_reduce_in_fp32", True, 295),
+        ("dataset", "seq_length", 2048, 299),  # default_squad_config(seq_length=2048), line 260
+        ("mixed_precision", "", "bf16_mixed", 329),
+    ],
+}
+
+# apply_flex_dispatcher_backend(model_cfg, backend) (training/flex_dispatcher_backend.py @
+# COMMON_COMMIT): for an MoE model and backend "deepep" / "hybridep" it sets
+# moe_token_dispatcher_type = "flex" (and moe_shared_expert_overlap = False); on a GPU the
+# backend does not support (DeepEP: other than Ampere, Hopper, B200/B300; HybridEP: other than
+# compute capability 8-10) it falls back to "alltoall".
+FLEX_CALL = "apply_flex_dispatcher_backend"
+FLEX_BACKENDS = ("deepep", "hybridep")
+FLEX_URL = (
+    f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMON_COMMIT}/"
+    "src/megatron/bridge/training/flex_dispatcher_backend.py"
+)
+FLEX_NOTE = (
+    "apply_flex_dispatcher_backend({backend}): flex on Ampere/Hopper/B200/B300 GPUs "
+    "(alltoall where the backend is unsupported)"
+)
