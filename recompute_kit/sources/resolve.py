@@ -55,6 +55,11 @@ ASSUMED_VALUES: dict[str, Any] = {
     "recompute_modules": None,
 }
 MCORE = "Megatron-Core's TransformerConfig default"
+# Fields whose fallback is not a TransformerConfig default, said as what it is.
+_DEFAULT_LABEL = {
+    "grad_reduce_in_fp32": "Megatron-LM's default for a bf16 run (accumulate_allreduce_grads_"
+    "in_fp32; Megatron-Core's DistributedDataParallelConfig default is False)",
+}
 
 
 @dataclass
@@ -334,7 +339,7 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     defaults = Config().to_flat()
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
-            reading.set(key, defaults[key], Origin(FROM_DEFAULT, MCORE))
+            reading.set(key, defaults[key], Origin(FROM_DEFAULT, _DEFAULT_LABEL.get(key, MCORE)))
 
 
 def _shard_over_the_assumed_data_parallel(reading: Reading, framework: Any) -> None:
