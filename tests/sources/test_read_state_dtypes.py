@@ -126,9 +126,7 @@ def test_grad_reduce_fallback_is_not_called_a_transformer_config_default():
     # a skill trial: grad_reduce_in_fp32 = True was labelled "Megatron-Core's TransformerConfig
     # default"; it is a DistributedDataParallelConfig field whose default is False (True is
     # Megatron-LM's for a bf16 run)
-    from recompute_kit.sources.resolve import resolve
-
-    toml = Path(__file__).parent / "corpus" / "torchtitan" / "llama3_8b.toml"
+    toml = CORPUS / "torchtitan" / "llama3_8b.toml"
     origin = resolve([str(toml)]).reading.origins["grad_reduce_in_fp32"]
     assert "TransformerConfig" not in origin.describe()
     assert "DistributedDataParallelConfig default is False" in origin.describe()
