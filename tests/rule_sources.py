@@ -209,6 +209,8 @@ SOURCES.update(
         "issues/126",
         "fr-kwargs-use-reentrant-memotr": "https://github.com/MCG-NJU/MeMOTR/issues/15",
         "fr-use-reentrant-old-kohya": "https://github.com/bmaltais/kohya_ss/issues/2481",
+        # the paste of the PR's description from its metadata lines on (CheckpointError cut)
+        "ds-8148-zero3-empty-recompute-header-cut": "https://github.com/deepspeedai/DeepSpeed/pull/8148",
         "fr-reduced-twice-weight-sharing-ds": "https://github.com/deepspeedai/DeepSpeed/issues/2103",
         "fr-eval-mode-ppo-trl": "https://github.com/huggingface/trl/issues/1066",
         "fr-rng-dropout-pidm": "https://github.com/ankanbhunia/PIDM/pull/66",

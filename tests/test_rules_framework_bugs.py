@@ -355,3 +355,14 @@ def test_a_release_on_a_warnings_timeline_is_not_the_installed_one():
     warning = text("ckpt-local-use-reentrant-missing")
     assert "versions_said" not in scan_versions(warning)
     assert scan_versions(warning + "\nI am on torch 2.3.1\n")["versions_said"] == {"torch": "2.3.1"}
+
+
+@covers("RK083")
+def test_rk083_reads_the_metadata_lines_of_a_paste_cut_after_the_error_line():
+    # https://github.com/deepspeedai/DeepSpeed/pull/8148 (ZeRO-3 with activation checkpointing
+    # and frozen parameters): the paste starts at the per-tensor metadata lines, the
+    # CheckpointError line cut off; the empty recomputed shapes still name the mechanism
+    d = run(text("ds-8148-zero3-empty-recompute-header-cut"))
+    f = top(d)
+    assert f.rule == "RK083" and f.category == "framework_bug"
+    cites(f, "shape [0] where the forward saved [128]")

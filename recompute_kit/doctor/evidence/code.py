@@ -273,7 +273,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     with checkpointing / recompute turned on), `ac_loss` ({"on": mean, "off": mean,
     "column": header}), `mentions` (lines naming gradient
     / activation checkpointing), `debug_ops` ({"forward": [...], "recompute": [...]}: the op
-    lists of torch.utils.checkpoint's debug mode, "aten.topk"),
+    lists of torch.utils.checkpoint's debug mode, "aten.topk"), `recompute_metadata` (its
+    "saved metadata: {'shape': ...}" / "recomputed metadata: ..." lines, header cut or not),
     `recompute_flags` (Megatron-LM flags on a pasted command line, flat keys),
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `out_of_range_lines` (lines reporting an index / list out of range, in prose too),
@@ -448,6 +449,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
     ops = _debug_ops(lines)
     if ops:
         facts["debug_ops"] = ops
+    # torch.utils.checkpoint's per-tensor report, also where the CheckpointError line is cut
+    metadata = [ln for ln in lines if "metadata: {'shape'" in ln]
+    if metadata:
+        facts["recompute_metadata"] = metadata[:40]
     if last_eval >= 0:
         facts["eval_after_train"] = last_eval > last_train
     config = _json_sections(lines)

@@ -66,8 +66,12 @@ def _moe_full_leak(ctx: Context) -> Match | None:
     patch={"gradient_checkpointing_kwargs": {"use_reentrant": True}},
 )
 def _zero3_released(ctx: Context) -> Match | None:
-    for e in ctx.evidence.errors:
-        text = " ".join(f"{e.message} {e.details or ''}".split())
+    # the metadata lines of each error, and of a paste cut after the CheckpointError line
+    # (torch prints them on their own lines: they still are the checkpoint's own report)
+    texts = [f"{e.message} {e.details or ''}" for e in ctx.evidence.errors]
+    texts.append(" ".join(fact(ctx, "recompute_metadata", "log") or []))
+    for raw in texts:
+        text = " ".join(raw.split())
         # "recomputed metadata: {'shape': torch.Size([0]), ...", or pasted shorter as
         # "saved {'shape': [1024]} vs recomputed {'shape': [0]}"
         if _EMPTY_RECOMPUTE_RE.search(text):
