@@ -678,3 +678,42 @@ def test_doctor_estimates_the_pipeline_stage_of_the_rank_that_ran_out(tmp_path):
     from recompute_kit.memory.estimate import estimate
 
     assert beyond.estimate.stage == estimate(beyond.config).stage  # the highest total's
+
+
+def test_doctor_shows_the_patch_in_the_runs_own_keys(tmp_path):
+    # a skill trial: a LLaMA-Factory run got `use_liger_kernel` (the Trainer's key) shown while
+    # the checked patch held LLaMA-Factory's `enable_liger_kernel`
+    import shutil
+
+    src = DATA.parent / "sources" / "corpus" / "hf_trainer"
+    for name in ("qwen3_full_sft.yaml", "ds_z3_config.json"):
+        shutil.copy(src / name, tmp_path / name)
+    (tmp_path / "examples" / "deepspeed").mkdir(parents=True)
+    shutil.copy(src / "ds_z3_config.json", tmp_path / "examples" / "deepspeed")
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "FORCE_TORCHRUN=1 NPROC_PER_NODE=4 llamafactory-cli train qwen3_full_sft.yaml\n"
+    )
+    log = DATA / "rules" / "i12-automodel-1975.txt"
+    out = run(
+        "doctor", "--log", str(log), "--config", str(script), "--gpu-memory-gb", "39.4", check_rc=0
+    )
+    doc = json.loads(
+        run(
+            "doctor",
+            "--log",
+            str(log),
+            "--config",
+            str(script),
+            "--gpu-memory-gb",
+            "39.4",
+            "--json",
+            check_rc=0,
+        ).stdout
+    )
+    differ = [
+        f for f in doc["findings"] if f["patch_keys"] and f["patch_keys"] != f["config_patch"]
+    ]
+    assert differ, [f["config_patch"] for f in doc["findings"]]
+    for f in differ:
+        assert f"patch:    {json.dumps(f['patch_keys'])} (in the run's own keys)" in out.stdout

@@ -590,6 +590,7 @@ def test_diagnose_leads_with_the_verdict_and_passes_the_layout(tmp_path):
     assert alone["verdict"] in ("diagnosed", "needs_evidence", "out_of_scope")
     assert alone["verdict_why"] and alone["verdict"] == alone["doctor"]["verdict"]
     assert [c["id"] for c in alone["collect"]] == [c["id"] for c in alone["doctor"]["collect"]]
+    assert all("patch_keys" in f and "patch_framework" in f for f in alone["findings"])
     # the kit's commands as the agent runs them (recompute-kit is not on its PATH)
     said = json.dumps([alone["findings"], alone["collect"]])
     assert "recompute-kit " not in said and "skill/scripts/rk.py " in said

@@ -651,8 +651,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  cause:    {f.cause}")
         print(f"  confirm:  {f.confirm}")
         print(f"  fix:      {f.fix}")
-        if f.config_patch:
-            print(f"  patch:    {json.dumps(f.config_patch)}")
+        # in the keys of the framework the inputs show (doctor/patches.py), where known
+        shown = f.patch_keys or f.config_patch
+        if shown:
+            own = " (in the run's own keys)" if f.patch_keys and shown != f.config_patch else ""
+            print(f"  patch:    {json.dumps(shown)}{own}")
     for note in diagnosis.assumptions + evidence.notes:
         print(f"note: {note}", file=sys.stderr)
     return 0

@@ -40,6 +40,8 @@ FINDING_KEYS = (
     "confirm",
     "fix",
     "config_patch",
+    "patch_keys",  # the patch in the keys of the framework the inputs show: apply this one
+    "patch_framework",
     "references",
 )
 OOM_KEYS = (
