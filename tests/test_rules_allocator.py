@@ -688,3 +688,19 @@ def test_rk004_ipex_per_allocation_limit():
     f = top(d)
     assert f.rule == "RK004"
     cites(f, "6.85 GiB", "4.00 GiB")
+
+
+@covers("RK001")
+def test_rk001_small_slack_finishes_the_check_with_the_free_memory():
+    # a skill trial (THUDM/slime#1951's numbers): 20.79 GiB reserved-but-unallocated is less
+    # than the 29.39 GiB request, but with the 19.41 GiB free it covers it: say so, do not
+    # leave "only if" to the reader; with too little free, fragmentation is not a reading
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 29.39 GiB. GPU 0 has a "
+        "total capacity of 139.81 GiB of which {free} GiB is free. Including non-PyTorch "
+        "memory, this process has 120.38 GiB memory in use. Of the allocated memory 98.83 GiB "
+        "is allocated by PyTorch, and 20.79 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    f = get(run(oom.format(free="19.41")), "RK001")
+    cites(f, "covers the request", "fragmentation is possible here")
+    assert "RK001" not in ids(run(oom.format(free="1.41")))

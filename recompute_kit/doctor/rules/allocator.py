@@ -89,11 +89,24 @@ def _fragmentation(ctx: Context) -> Match | None:
     if slack < req:
         # Less than the request: even in one piece the cached memory would not have served
         # it. Only with the device's free memory next to it could expandable segments help.
+        free = oom.free_bytes
+        if free is None:
+            together = (
+                "fragmentation matters here only if that and the device's free memory "
+                "together cover the request (the message does not say what is free)."
+            )
+        elif slack + free >= req:
+            together = (
+                f"with the {gib(free)} free on the device it covers the request "
+                f"({gib(slack + free)}): expandable segments can join them, so fragmentation "
+                "is possible here."
+            )
+        else:
+            return None  # even with the free memory it does not cover the request
         return Match(
             0.25,
             f"{gib(slack)} is reserved by PyTorch but unallocated, less than the failed "
-            f"request of {gib(req)}: not enough on its own even in one piece; fragmentation "
-            "matters here only if that and the device's free memory together cover the request.",
+            f"request of {gib(req)}: not enough on its own even in one piece; {together}",
         )
     confidence = 0.9 if fragmentation_worth_the_name(slack, req, total) else 0.45
     return Match(
