@@ -717,3 +717,25 @@ def test_doctor_shows_the_patch_in_the_runs_own_keys(tmp_path):
     assert differ, [f["config_patch"] for f in doc["findings"]]
     for f in differ:
         assert f"patch:    {json.dumps(f['patch_keys'])} (in the run's own keys)" in out.stdout
+
+
+def test_doctor_takes_the_models_shape_from_model(tmp_path):
+    # a skill trial: `read` said "use --model Qwen/Qwen3-4B" for a model id offline, but the
+    # doctor had no --model, so it never had the shape and could not estimate
+    import shutil
+
+    src = DATA.parent / "sources" / "corpus" / "hf_trainer"
+    yaml_text = (src / "qwen3_full_sft.yaml").read_text()
+    (tmp_path / "sft.yaml").write_text(
+        yaml_text.replace(
+            "model_name_or_path: Qwen/Qwen3-4B-Instruct-2507", "model_name_or_path: /data/my-model"
+        )
+    )
+    (tmp_path / "examples" / "deepspeed").mkdir(parents=True)
+    shutil.copy(src / "ds_z3_config.json", tmp_path / "examples" / "deepspeed")
+    log = DATA / "rules" / "i12-automodel-1975.txt"
+    args = ["doctor", "--log", str(log), "--config", str(tmp_path / "sft.yaml"), "--json"]
+    without = json.loads(run(*args, check_rc=0).stdout)["evidence"]["read"]["config"]
+    assert not without.get("num_layers")
+    read = json.loads(run(*args, "--model", "qwen3-8b", check_rc=0).stdout)["evidence"]["read"]
+    assert read["config"]["num_layers"] == 36 and read["config"]["hidden_size"] == 4096

@@ -605,10 +605,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         text_file(path, "--log", log_hint, strict=False)
     if stdin_text is not None and not stdin_text.strip():
         raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
-    if override_values(args) and not args.config:
+    if (override_values(args) or args.model) and not args.config:
         raise ConfigError(
-            "--dp, --tp, --seq-length, ... set the layout and shape of the --config files: "
-            "give --config FILE (the launch script or recipe the run uses)"
+            "--model, --dp, --tp, --seq-length, ... complete the --config files: give --config "
+            "FILE (the launch script or recipe the run uses)"
         )
     for path in args.config or []:
         text_file(
@@ -626,6 +626,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             args.snapshot,
             stdin_text=stdin_text,
             overrides=override_values(args),
+            model=args.model,
         )
     except EvidenceError as exc:
         raise ConfigError(str(exc)) from None

@@ -502,7 +502,7 @@ def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
     if cfg.model.loss_implementation == "torchtitan" and len(selective) > 1:
         print(
             f"recompute-kit: note: {', '.join(selective)}: torchtitan has one selective mode "
-            "(per-op, selective_ac_option \"op\"), and each is counted as it",
+            '(per-op, selective_ac_option "op"), and each is counted as it',
             file=sys.stderr,
         )
         return

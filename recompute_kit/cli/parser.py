@@ -295,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU size in GiB when no OOM message says it",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model's shape where the --config files give none (a preset, a registered "
+        "model, a Hugging Face id or a config.json), as estimate and plan take it",
+    )
     # the layout a launch script leaves to the scheduler (--dp), as estimate and plan take it
     add_override_args(p, stage=False)
     p.set_defaults(func=cmd_doctor)

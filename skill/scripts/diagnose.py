@@ -115,6 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     for flag, what in LAYOUT_FLAGS.items():
         layout.add_argument(f"--{flag}", type=int, metavar="N", help=what)
+    layout.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model's shape where the --config files give none (a Hugging Face id, a "
+        "preset or a config.json)",
+    )
     p.add_argument("--full", action="store_true", help="also include the doctor's full JSON")
     p.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     args = p.parse_args(argv)
@@ -135,7 +141,7 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
             out += ["--" + flag.replace("_", "-"), value]
     if args.gpu_memory_gb is not None:
         out += ["--gpu-memory-gb", str(args.gpu_memory_gb)]
-    for flag in LAYOUT_FLAGS:
+    for flag in (*LAYOUT_FLAGS, "model"):
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             out += [f"--{flag}", str(value)]

@@ -106,7 +106,9 @@ PRINTED_LAYOUT_KEYS = (
 )
 
 
-def _read_config_files(paths: list[str], overrides: dict | None = None) -> Evidence:
+def _read_config_files(
+    paths: list[str], overrides: dict | None = None, model: str | None = None
+) -> Evidence:
     """The config files through the shared reader, as every command reads them: its values
     (what the files and the named model say, with the framework's semantics) win over the
     paste reader's for the keys both know; what it cannot read is a note, never an error."""
@@ -114,7 +116,7 @@ def _read_config_files(paths: list[str], overrides: dict | None = None) -> Evide
     from ...sources.resolve import resolve
 
     try:
-        resolved = resolve(paths, require_shape=False, overrides=overrides or None)
+        resolved = resolve(paths, model=model, require_shape=False, overrides=overrides or None)
     except ConfigError as exc:
         return Evidence(notes=[f"config: {exc}"])
     reading = resolved.reading
@@ -134,10 +136,12 @@ def collect(
     snapshot: str | None = None,
     stdin_text: str | None = None,
     overrides: dict | None = None,
+    model: str | None = None,
 ) -> Evidence:
     """All the evidence from the given paths ("-" reads `stdin_text`), merged in this order:
     logs, config (YAML/JSON or a plain-text command line), experiments, memory stats, snapshot.
-    `overrides` (Megatron keys: the command line's --dp, --tp, ...) win over the config files,
+    `overrides` (Megatron keys: the command line's --dp, --tp, ...) win over the config files
+    (and `model`, a model id or preset, gives the shape where they give none),
     and the parallel layout the log prints (Megatron's arguments) wins over what the files
     leave to the launcher.
 
@@ -176,7 +180,8 @@ def collect(
     # (an empty file was said above; the shared reader reads the others)
     files = [c for c in configs if c != "-" and Path(c).stat().st_size]
     if files:
-        evidence = evidence.merge(_read_config_files(files, _layout(evidence, overrides)))
+        layout = _layout(evidence, overrides)
+        evidence = evidence.merge(_read_config_files(files, layout, model))
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)
         label = "<stdin>" if experiments == "-" else experiments
