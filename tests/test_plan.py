@@ -307,3 +307,18 @@ def test_nothing_fits_names_the_frameworks_own_levers():
     with pytest.raises(ConfigError) as err:
         plan(get_preset("llama3-70b").config(), 10)
     assert "the distributed optimizer" in str(err.value)
+
+
+def test_plan_json_carries_the_estimates_moe_caveats():
+    # a skill trial: plan.py said `assumptions: []` and "fits" for a dropless MoE run whose
+    # estimate assumes balanced routing (no bound without a capacity factor)
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "recompute_kit.cli", "plan", "--model", "qwen3-30b-a3b"]
+    argv += ["--gpu-memory-gb", "79.1", "--tp", "2", "--ep", "8", "--dp", "8", "--sp"]
+    argv += ["--distributed-optimizer", "--seq-length", "16384", "--json"]
+    doc = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    said = " ".join(doc["assumptions"])
+    assert "balanced routing" in said and "dropless" in said
+    assert "NCCL buffers" not in said  # the safety margin's, said in the explanation

@@ -449,7 +449,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             {
                 "fits": True,
                 "layout": layout_of(cfg, result.best.estimate),
-                "assumptions": cfg.assumptions,
+                # the config's, then what the chosen estimate itself assumes (dropless MoE
+                # routing balanced, a dispatcher's buffers not modelled, ...); the CUDA context
+                # and NCCL's buffers are the plan's band and safety margin (its explanation)
+                "assumptions": [
+                    *cfg.assumptions,
+                    *(
+                        a
+                        for a in result.best.estimate.overhead_assumptions
+                        if not a.startswith(("CUDA context", "NCCL buffers"))
+                    ),
+                ],
                 "budget_bytes": result.budget_bytes,
                 "usable_bytes": result.usable_bytes,
                 "gpu": None
