@@ -828,7 +828,8 @@ _KEY_SECTION = {
     "use_torch_fsdp2": "dist.use_torch_fsdp2",
     "zero_stage": "ddp.data_parallel_sharding_strategy",
     "world_size": "torchrun --nproc_per_node x --nnodes",
-    "data_parallel_size": "(WORLD_SIZE // (TP*PP*CP))",
+    "data_parallel_size": "the world size (torchrun --nproc_per_node x --nnodes) over "
+    "TP*PP*CP, or --dp",
     "swiglu": "model.gated_linear_unit + model.activation_func",
     "optimizer_offload": "optimizer.optimizer_cpu_offload",
     "grad_reduce_in_fp32": "mixed_precision.grad_reduce_in_fp32 (over ddp.grad_reduce_in_fp32)",

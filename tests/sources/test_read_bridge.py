@@ -407,3 +407,13 @@ def test_over_a_recipe_not_read_grad_reduce_is_bridges_helper_value_said_so() ->
     assert r.values["grad_reduce_in_fp32"] is True
     where = r.origins["grad_reduce_in_fp32"].where
     assert "_pretrain_common" in where and "TransformerConfig" not in where
+
+
+def test_an_assumed_data_parallel_size_names_dp():
+    # a skill trial: the assumption named `(WORLD_SIZE // (TP*PP*CP))` and not the kit's --dp
+    from recompute_kit.sources.resolve import resolve
+
+    recipe = Path(__file__).parent / "corpus" / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
+    r = resolve([str(recipe)], require_shape=False)
+    [said] = [a for a in r.config.assumptions if a.startswith("data_parallel_size")]
+    assert "--dp" in said and "--nproc_per_node" in said
