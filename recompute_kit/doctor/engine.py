@@ -134,13 +134,14 @@ def _stage_of_the_oom(ctx: Context) -> int | None:
     if pp < 2 or not ranks:
         return None
     per_stage = p.tensor_model_parallel_size * p.context_parallel_size * p.data_parallel_size
+    if max(ranks) >= per_stage * pp:
+        ctx.evidence.notes.append(
+            f"the OOM names rank {max(ranks)}, beyond the {per_stage * pp} ranks of the "
+            "config's layout: the estimate is of the stage with the highest total"
+        )
+        return None
     stages = {r // per_stage for r in ranks}
-    if len(stages) != 1 or max(ranks) >= per_stage * pp:
-        if max(ranks) >= per_stage * pp:
-            ctx.evidence.notes.append(
-                f"the OOM names rank {max(ranks)}, beyond the {per_stage * pp} ranks of the "
-                "config's layout: the estimate is of the stage with the highest total"
-            )
+    if len(stages) != 1:
         return None
     stage = stages.pop()
     ctx.evidence.notes.append(

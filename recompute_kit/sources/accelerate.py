@@ -19,9 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
 from ..config import ConfigError
+from .hf_trainer import yaml_mapping
 from .reading import Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ()  # (the Trainer's: hf_trainer.py owns the defaults)
@@ -62,13 +61,7 @@ def _origin(text: str, path: str, *keys: str, note: str = "") -> Origin:
 
 
 def read(text: str, path: str) -> Reading:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "parse error"
-        raise ConfigError(f"{path}: not valid YAML ({first})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: an Accelerate config must be a mapping of keys to values")
+    data = yaml_mapping(text, path, "an Accelerate config")
     reading = Reading(framework="hf-trainer", format=FORMAT)
     kind = str(data.get("distributed_type", "NO")).upper()
     where = lambda *keys, note="": _origin(text, path, *keys, note=note)  # noqa: E731

@@ -32,7 +32,7 @@ _NOT_OURS = re.compile(r"\bpretrain_\w+\.py\b|\btorchtitan\b|--num-layers\b|--hi
 _TRAINER_ARGS = re.compile(r"--(?:model_name_or_path|per_device_train_batch_size|deepspeed)\b")
 _CONFIG_ARG = re.compile(r"\S+\.(?:ya?ml|json)\b")
 # `NPROC_PER_NODE=8 NNODES=2 llamafactory-cli train cfg.yaml` (also exported before it)
-_LF_COMMAND = re.compile(r"(?m)^(?P<env>(?:\s*\w+=\S*)*)\s*llamafactory-cli\s+train\s+(?P<cfg>\S+)")
+_LF_COMMAND = re.compile(r"(?m)^(?:\s*\w+=\S*)*\s*llamafactory-cli\s+train\s+(?P<cfg>\S+)")
 _ENV = re.compile(r"(?m)(?:^|\s)(?:export\s+)?(NPROC_PER_NODE|NNODES)=(\d+)\b")
 
 
@@ -121,8 +121,9 @@ def _trainer_flags(args: list, path: str) -> Reading:
 
 
 def _llamafactory_world(reading: Reading, text: str, path: str, line: int) -> None:
-    """llamafactory-cli runs torchrun with NPROC_PER_NODE x NNODES processes when they are set
-    (FORCE_TORCHRUN or more than one GPU); unset, it is one process per visible GPU."""
+    """llamafactory-cli runs torchrun (with FORCE_TORCHRUN, or more than one GPU) with
+    NPROC_PER_NODE x NNODES processes, NPROC_PER_NODE defaulting to the visible GPUs
+    (hiyouga/LLaMA-Factory src/llamafactory/cli.py)."""
     env = {
         m.group(1): (int(m.group(2)), text.count("\n", 0, m.start()) + 1)
         for m in _ENV.finditer(text)

@@ -183,16 +183,22 @@ def read(text: str, path: str) -> Reading:
         reading = Reading(framework="hf-trainer", format=FORMAT_DS)
         _read_deepspeed(data, _Src(text, path, "json"), reading)
         return reading
+    data = yaml_mapping(text, path, "a trainer YAML")
+    reading = Reading(framework="hf-trainer", format=_kind(data))
+    _read_yaml(data, _Src(text, path, "yaml"), reading)
+    return reading
+
+
+def yaml_mapping(text: str, path: str, what: str) -> dict[str, Any]:
+    """The YAML file's mapping (yaml.safe_load); ConfigError with one line otherwise."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "parse error"
         raise ConfigError(f"{path}: not valid YAML ({first})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a trainer YAML must be a mapping of keys to values")
-    reading = Reading(framework="hf-trainer", format=_kind(data))
-    _read_yaml(data, _Src(text, path, "yaml"), reading)
-    return reading
+        raise ConfigError(f"{path}: {what} must be a mapping of keys to values")
+    return data
 
 
 def _kind(data: dict[str, Any]) -> str:
