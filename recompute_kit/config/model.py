@@ -117,7 +117,7 @@ class ModelConfig:
     v_head_dim: int = 128
     # Low precision and CUDA graphs (validated against recompute; not executed by the layers)
     fp8: str | None = None
-    fp8_recipe: str = "tensorwise"
+    fp8_recipe: str = "delayed"  # Megatron-Core TransformerConfig's default
     # The MoE token dispatcher ("allgather", Megatron's default; "alltoall"; "flex"): it decides
     # the dispatcher's buffers (memory/overheads.py models allgather's only).
     moe_token_dispatcher_type: str = "allgather"

@@ -258,3 +258,15 @@ def test_flags_pasted_one_per_line_are_one_argument_list():
     assert r.get("seq_length") == 8192 and r.get("normalization") == "RMSNorm"
     assert r.origins["hidden_size"].where == "args.txt:4"
     assert not any("training commands" in w for w in r.warnings)
+
+
+def test_fp8_without_a_recipe_is_megatron_cores_delayed_scaling():
+    # Megatron-Core's TransformerConfig.fp8_recipe defaults to "delayed" (0.16.1 and main);
+    # Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh gives --fp8-format hybrid with
+    # --fp8-param-gather and no --fp8-recipe, which Megatron-LM allows only with delayed
+    # scaling (megatron/training/arguments.py). The kit's default was "tensorwise".
+    from recompute_kit.sources.resolve import resolve
+
+    r = resolve([str(CORPUS / "blind_llama3_8b_h100_fp8.sh")]).reading
+    assert r.get("fp8") == "hybrid" and r.get("fp8_recipe") == "delayed"
+    assert "TransformerConfig" in r.origins["fp8_recipe"].describe()
