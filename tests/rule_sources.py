@@ -522,3 +522,21 @@ SOURCES.update(
         "r10b-nemorl1676-cudnn-attention-metadata": "https://github.com/NVIDIA-NeMo/RL/pull/1676",
     }
 )
+
+# Round "stated": symptoms said in words only (the threads' titles or first sentences),
+# for the readings of rules/stated.py
+SOURCES.update(
+    {
+        "stated-lora-120-grads-none": "https://github.com/microsoft/LoRA/issues/120",
+        "stated-cloneofsimo-26-no-updates": "https://github.com/cloneofsimo/lora/issues/26",
+        "stated-guided-diffusion-167-diverge": "https://github.com/openai/guided-diffusion/issues/167",
+        "stated-pt-77030-hangs": "https://github.com/pytorch/pytorch/issues/77030",
+        "stated-llamafactory-6232-no-change": "https://github.com/hiyouga/LlamaFactory/issues/6232",
+        "stated-pt-147449-cannot-reduce": "https://github.com/pytorch/pytorch/issues/147449",
+        "stated-bagel-139-oom-saving": "https://github.com/ByteDance-Seed/Bagel/issues/139 (title)",
+        "stated-ao-2445-slow": "https://github.com/pytorch/ao/issues/2445 (title)",
+        "stated-homura-16-grows": "https://github.com/moskomule/homura/issues/16",
+        "stated-guided-diffusion-167-title": "https://github.com/openai/guided-diffusion/issues/167",
+        "stated-dingo-60-grows": "https://github.com/dingo-gw/dingo/issues/60",
+    }
+)

@@ -20,6 +20,7 @@ from .evidence import Evidence
 from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
+from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
 from .verdict import decides, judge, present
@@ -183,7 +184,7 @@ def diagnose(
         if fallback and found:
             break
         for rule in RULES:
-            if rule.fallback != fallback:
+            if rule.fallback != fallback or rule.reads_stated:
                 continue
             match = rule.check(ctx)
             if match is None:
@@ -204,7 +205,9 @@ def diagnose(
     findings, ruled_out = _reconcile(ctx, findings, slack)
     dropped += ruled_out
     findings.sort(key=lambda f: (-f.confidence, f.rule))
-    findings = rank_by_symptom(findings, evidence.facts.get("log", {}).get("symptoms", []))
+    stated = evidence.facts.get("log", {}).get("symptoms", [])
+    findings += _stated_readings(ctx, findings, stated)
+    findings = rank_by_symptom(findings, stated)
     kinds = present(ctx)
     for f in findings:
         f.raw_confidence = f.confidence
@@ -218,6 +221,17 @@ def diagnose(
     diagnosis = Diagnosis(evidence, findings, _summary(ctx, findings), ctx.assumptions, dropped)
     diagnosis.verdict = verdict
     return diagnosis
+
+
+def _stated_readings(ctx: Context, findings: list[Finding], stated: list[str]) -> list[Finding]:
+    """The readings of the symptoms the user states that no finding explains (rules/stated.py):
+    a possible cause each, so that a paste with a symptom and no artefact is never silent."""
+    unexplained = [s for s in stated if not any(f.category in explaining([s]) for f in findings)]
+    out = []
+    for rule in RULES:
+        if rule.reads_stated in unexplained and (match := rule.check(ctx)) is not None:
+            out.append(rule.finding(match))
+    return out
 
 
 MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")

@@ -7,7 +7,11 @@ reads the sentence, and the engine puts the findings whose category explains the
 ahead of the others (their order among themselves, by confidence, is kept). A finding outside
 the symptom's categories still shows, after them: the artefacts may say something else too.
 
-Only plain phrases are matched, case-insensitive; nothing here fires a finding.
+Where no finding explains a stated symptom, the engine asks the rules that read it
+(rules/stated.py): the symptom's likeliest cause, as a possible one, and what would decide it.
+
+Only plain phrases are matched (English and Chinese), case-insensitive; nothing here fires a
+finding.
 """
 
 from __future__ import annotations
@@ -25,30 +29,64 @@ class Symptom:
     id: str
     pattern: re.Pattern[str]
     categories: tuple[str, ...]  # the categories that explain it, the likeliest first
+    # where the line alone is not enough: what the paste must also say somewhere
+    context: re.Pattern[str] | None = None
 
 
+_CKPT = (
+    r"(?:recompute|recomputation|re-computation|activation[ -_]?checkpointing|gradient[ -_]?"
+    r"checkpointing|gradient_checkpointing|activation[ -_]?recompute|checkpointing|"
+    r"(?:gradient|activation)[ -_]checkpoint\b|"
+    r"\bckpt\b|梯度检查点|重计算|激活重计算|梯度检查)"
+)
 _NEG = r"(?:has|had|have|makes?|made|with|shows?|showed)\s+(?:no|zero|little)"
+# a memory figure that did not move: "memory does not decrease", "same memory", 显存没有减少
+_MEM_SAME = (
+    r"(?:memory|vram|显存|内存)[^.\n]{0,30}?(?:does(?:n'?t| not)|did(?:n'?t| not)|not|never|"
+    r"no|barely|hardly)\s+(?:\w+\s+){0,2}(?:decrease|drop|reduce|change|go(?:es)? down|"
+    r"lower|move|improve)|(?:memory|vram|peak)[^.\n]{0,20}?\b(?:is|was|are|were|stays?|"
+    r"stayed|remains?|remained)\s+(?:still\s+|exactly\s+)?(?:the\s+)?same|"
+    r"显存[^。\n]{0,12}?(?:没有|没|并未|未|不)(?:减少|降低|下降|变化|变)|"
+    r"(?:没有|没|不)(?:起作用|效果|用)|无效"
+)
 SYMPTOMS: tuple[Symptom, ...] = (
     Symptom(
         "recompute_no_effect",
         re.compile(
-            r"(?:recompute|recomputation|activation[ -]checkpointing|gradient[ -]checkpointing|"
-            r"checkpointing)[^.\n]{0,40}?(?:"
+            _CKPT
+            + r"[^.\n。]{0,60}?(?:"
             + _NEG
-            + r"\s+(?:effect|difference|impact)|does(?:n'?t| not)\s+(?:\w+\s+){0,2}"
-            r"(?:work|reduce|help|change|save|lower|take effect)|is\s+ignored|"
+            + r"\s+(?:effect|difference|impact)|(?:does(?:n'?t| not)|can(?:not|'t))\s+"
+            r"(?:\w+\s+){0,2}(?:work|reduce|help|change|save|lower|take effect)|is\s+ignored|"
             r"(?:has|had)\s+no\s+effect|not\s+(?:taking|take)\s+effect|"
-            r"does\s+nothing|no\s+memory\s+sav)",
+            r"does\s+nothing|no\s+memory\s+sav|"
+            + _MEM_SAME
+            + r")|(?:memory|vram|peak)[^.\n]{0,20}?\b(?:is|was|stays?|remains?)\s+(?:still\s+)?"
+            r"(?:the\s+)?same\b[^.\n]{0,40}?" + _CKPT,
             re.I,
         ),
         ("recompute_no_effect", "invalid_config", "framework_bug"),
     ),
+    Symptom(  # "no improvement" / "the same as before" in a paste about checkpointing
+        "recompute_no_effect",
+        re.compile(
+            r"\b(?:not|n't|no|never|without)\s+(?:\w+\s+){0,3}?(?:improvement|difference|"
+            r"saving|reduction|change)s?\b|\bsame\s+(?:\w+\s+){0,3}?as\s+(?:before|without)\b",
+            re.I,
+        ),
+        ("recompute_no_effect", "invalid_config", "framework_bug"),
+        context=re.compile(_CKPT, re.I),
+    ),
     Symptom(
         "slower",
         re.compile(
-            r"\b(?:slower|slow(?:ed)?\s+down|slowdown|regress(?:ed|ion)\s+in\s+(?:speed|"
-            r"throughput)|throughput\s+(?:dropped|drops|decreased))\b[^.\n]{0,40}?"
-            r"\b(?:since|after|when|with|once)\b",
+            r"\b(?:slower|slow(?:ed|s)?\s+down|slowdown|takes?\s+(?:much\s+)?longer|"
+            r"regress(?:ed|ion)\s+in\s+(?:speed|throughput)|(?:throughput|tokens?/s|"
+            r"samples?/s|it/s|tflops|mfu)\s+(?:\w+\s+){0,2}(?:dropped|drops|decreased|fell|"
+            r"went down|is lower|lower))\b[^.\n]{0,60}?\b(?:since|after|when|with|once|by)\b|"
+            + _CKPT
+            + r"[^.\n。]{0,40}?(?:\bslow|overhead)|"
+            r"(?:变慢|速度(?:慢|下降|降低)|慢了很多|慢了)",
             re.I,
         ),
         ("recompute_overhead", "framework_bug"),
@@ -61,18 +99,94 @@ SYMPTOMS: tuple[Symptom, ...] = (
     Symptom(
         "grads_none",
         re.compile(
-            r"\b(?:grads?|gradients?|\.grad)\s+(?:are|is|were|was|=+|becomes?|became)\s*None\b"
-            r"|\bgrad(?:ient)?s?\s*=\s*None\b|\bno\s+grad(?:ient)?s?\s+(?:for|flow)",
+            r"\b(?:grads?|gradients?|\.grad)\s+(?:are|is|were|was|=+|becomes?|became|all|"
+            r"are\s+all|were\s+all|remain|stay|will\s+be)\s*(?:all\s+)?['\"`]?None\b"
+            r"|\b(?:weights?|parameters?|params|adapters?|lora\w*)\s+(?:\w+\s+){0,2}(?:are\s+|is\s+)?"
+            r"(?:not|never)\s+(?:being\s+)?updat|\bprevents?\s+(?:\w+\s+){0,3}updates\b"
+            r"|\bgrad(?:ient)?s?\s*=\s*None\b|\bno\s+grad(?:ient)?s?\s+(?:for|flow)|"
+            r"\bNone\s+grad(?:ient)?s?\b|梯度(?:为|是)?\s*(?:None|空)",
             re.I,
         ),
         ("checkpoint_api_misuse", "framework_bug"),
     ),
+    Symptom(
+        "diverges_with_recompute",
+        re.compile(
+            r"\b(?:loss|grad(?:ient)?s?|outputs?|results?)\b[^.\n]{0,40}?\b(?:nan|inf|diverg\w*|"
+            r"differ\w*|mismatch\w*|not (?:the )?same|not deterministic)\b[^.\n]{0,60}?"
+            + _CKPT
+            + r"|"
+            + _CKPT
+            + r"[^.\n]{0,60}?\b(?:loss|grad(?:ient)?s?|outputs?)\b[^.\n]{0,40}?\b(?:nan|inf|"
+            r"diverg\w*|differ\w*|mismatch\w*)\b",
+            re.I,
+        ),
+        ("nondeterministic_recompute", "framework_bug", "checkpoint_api_misuse"),
+    ),
+    Symptom(
+        "hangs_with_recompute",
+        re.compile(
+            r"\b(?:hangs?|hanging|hung|stuck|deadlocks?|freez\w*)\b[^.\n]{0,60}?"
+            + _CKPT
+            + r"|"
+            + _CKPT
+            + r"[^.\n]{0,60}?\b(?:hangs?|hanging|hung|stuck|deadlocks?|freez\w*)\b",
+            re.I,
+        ),
+        ("framework_bug", "checkpoint_api_misuse"),
+    ),
+    Symptom(
+        "memory_grows",
+        re.compile(
+            r"\b(?:memory|ram|vram|consumption|usage)\s+(?:\w+\s+){0,3}?(?:(?:keeps?|gradually|"
+            r"slowly|steadily|continually|continuously|constantly|seems)\s+(?:and\s+)?)+"
+            r"(?:\w+\s+)?(?:grow\w*|increas\w*|climb\w*|creep\w*|ris(?:e|es|ing))|"
+            r"\bmemory\s+(?:\w+\s+){0,2}(?:grow\w*|increas\w*|climb\w*|creep\w*)"
+            r"\s+(?:\w+\s+){0,2}(?:every|each|per|over|after|with each)\s+(?:\w+\s+)?"
+            r"(?:step|iteration|iter|epoch|batch)|\bmemory\s+leak",
+            re.I,
+        ),
+        ("framework_bug", "fragmentation"),
+    ),
+    Symptom(
+        "oom_loading_or_saving",
+        re.compile(
+            r"\b(?:oom|out of memory)\b[^.\n]{0,40}?\b(?:when|while|during|at|on)\s+"
+            r"(?:\w+\s+){0,2}(?:load\w*|resum\w*|sav\w*|export\w*|convert\w*)\b|"
+            r"(?:保存|加载|读取|载入|导出)[^。\n]{0,12}?(?:OOM|显存不足|爆显存|out of memory)",
+            re.I,
+        ),
+        ("model_state_memory", "framework_bug"),
+    ),
 )
+
+
+# Not the user's report: a code comment, a negation ("# not a real memory leak"), a tool's own
+# warning line (torch's "None of the inputs have requires_grad=True. Gradients will be None")
+_NOT_SAID = re.compile(
+    r"^\s*(?:#|//)|\bnot\s+(?:a\s+)?(?:real\s+|true\s+)?memory\s+leak|Warning\b|\bwarn\(|"
+    r"None of the inputs have requires_grad",
+    re.I,
+)
+
+
+def quotes(text: str) -> dict[str, str]:
+    """Per stated symptom (in table order), the first line that states it, trimmed, for a
+    finding's evidence; code comments and negations are skipped."""
+    out: dict[str, str] = {}
+    lines = [x for x in text.splitlines() if not _NOT_SAID.search(x)]
+    for s in SYMPTOMS:
+        if s.id in out or (s.context and not any(s.context.search(x) for x in lines)):
+            continue
+        line = next((x for x in lines if s.pattern.search(x)), None)
+        if line is not None:
+            out[s.id] = line.strip()[:200]
+    return out
 
 
 def stated(text: str) -> list[str]:
     """The ids of the symptoms the text states, in table order."""
-    return [s.id for s in SYMPTOMS if s.pattern.search(text)]
+    return list(quotes(text))
 
 
 def explaining(symptom_ids: list[str]) -> tuple[str, ...]:

@@ -156,6 +156,7 @@ class Rule:
     references: tuple[str, ...] = ()
     supersedes: tuple[str, ...] = ()  # generic rules this one makes redundant when both fire
     fallback: bool = False  # a default reading: asked only when no other rule fired
+    reads_stated: str | None = None  # a stated symptom's reading: asked when nothing explains it
 
     def finding(self, match: Match) -> Finding:
         return Finding(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ...sources.fragments import parse_config_with_notes
-from ..symptoms import stated as stated_symptoms
+from ..symptoms import quotes as symptom_quotes
 from .cjk import translate_cjk
 from .code import MAX_SNIPPET_BYTES, scan_snippets
 from .experiments import parse_experiments
@@ -74,9 +74,10 @@ def _snippets(text: str, source: str) -> Evidence:
     pasted into a log become config keys (a given config file overrides them)."""
     facts = {**scan_snippets(text), **scan_versions(text)} if len(text) <= MAX_SNIPPET_BYTES else {}
     if source == "log" and len(text) <= MAX_SNIPPET_BYTES:
-        symptoms = stated_symptoms(text)  # what the user says is wrong (doctor/symptoms.py)
-        if symptoms:
-            facts["symptoms"] = symptoms
+        said = symptom_quotes(text)  # what the user says is wrong (doctor/symptoms.py)
+        if said:
+            facts["symptoms"] = list(said)
+            facts["symptom_lines"] = said
     part = Evidence()
     if facts:
         part.facts = {source: facts}

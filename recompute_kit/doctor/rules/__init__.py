@@ -31,6 +31,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     outside_allocator,
     overhead,
     reported,
+    stated,
     validation,
     workloads,
 )

@@ -47,9 +47,11 @@ def rule(
     refs: tuple[str, ...] = (),
     supersedes: tuple[str, ...] = (),
     fallback: bool = False,
+    reads_stated: str | None = None,
 ):
     """Register a check function as a rule. A `fallback` rule is a default reading: the engine
-    asks it only when no other rule fired."""
+    asks it only when no other rule fired. A `reads_stated` rule reads a symptom the user
+    states (doctor/symptoms.py): the engine asks it only when no finding explains that one."""
     assert category in CATEGORIES, category
 
     def register(check: Callable[[Context], Match | None]):
@@ -67,6 +69,7 @@ def rule(
                 refs,
                 supersedes,
                 fallback,
+                reads_stated,
             )
         )
         return check

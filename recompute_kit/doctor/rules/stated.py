@@ -1,0 +1,161 @@
+"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK807).
+
+"Checkpointing made it slower", "memory does not go down with recompute", "the LoRA grads are
+None", "it hangs with activation checkpointing": a thread often says only that. Each rule here
+reads one stated symptom (doctor/symptoms.py) and names its likeliest cause as a possible one,
+with what would decide it; the engine asks them only where no finding already explains the
+symptom, so they never outrank a reading of the artefacts. They patch nothing: a guess is not
+a change to make, and the verdict stays `needs_evidence` (calibration caps an undecided finding).
+"""
+
+from __future__ import annotations
+
+from ..types import Context, Match
+from .registry import fact, rule
+
+# A stated symptom alone is a guess between its categories (symptoms.py lists them).
+STATED_CONFIDENCE = 0.4
+
+
+def _said(ctx: Context, symptom: str) -> Match | None:
+    line = (fact(ctx, "symptom_lines") or {}).get(symptom)
+    if not line:
+        return None
+    return Match(
+        STATED_CONFIDENCE,
+        f"The report says '{line}'; nothing pasted shows the cause, so this is the likeliest "
+        "reading of that sentence, not a diagnosis.",
+    )
+
+
+@rule(
+    "RK800",
+    "Stated: recompute / checkpointing does not lower memory",
+    "recompute_no_effect",
+    symptom="The report says activation checkpointing or recompute has no effect on memory, "
+    "with no config or memory figures that show why",
+    cause="The setting never reaches the model that runs (a config key the framework ignores, "
+    "a flag set after the model is built, a role or worker that drops it), or what it "
+    "recomputes holds little memory (core attention under flash attention, layernorm only)",
+    confirm="Print the resolved config the framework uses and check the recompute keys there; "
+    "check model.is_gradient_checkpointing / the printed arguments on the built model; "
+    "compare torch.cuda.max_memory_allocated() for one step with it on and off",
+    fix="Set the key the framework reads (Megatron: recompute_granularity / "
+    "recompute_modules; Hugging Face: gradient_checkpointing) before the model is built, and "
+    "recompute something that holds memory (full recompute, or mlp / moe_act modules)",
+    reads_stated="recompute_no_effect",
+)
+def _no_effect(ctx: Context) -> Match | None:
+    return _said(ctx, "recompute_no_effect")
+
+
+@rule(
+    "RK801",
+    "Stated: training is slower with recompute / checkpointing",
+    "recompute_overhead",
+    symptom="The report says the run got slower with checkpointing on (or since a change), "
+    "with no timings that show by how much",
+    cause="Recompute re-runs the forward of each checkpointed block in the backward: full "
+    "recompute of every layer adds about one forward pass (~1.3x the step); more when blocks "
+    "are recomputed twice (nested checkpoints) or the model is small and memory-bound",
+    confirm="Time a few steps with checkpointing on and off at the same batch (interleaved); "
+    "if the slowdown came with an upgrade, time both versions",
+    fix="Recompute less: selective recompute or fewer checkpointed layers "
+    "(recompute_num_layers, a checkpointing interval), or none where the run fits without it",
+    reads_stated="slower",
+)
+def _slower(ctx: Context) -> Match | None:
+    return _said(ctx, "slower")
+
+
+@rule(
+    "RK802",
+    "Stated: gradients are None under checkpointing",
+    "checkpoint_api_misuse",
+    symptom="The report says parameters' gradients are None (LoRA adapters, a frozen base) "
+    "with checkpointing on",
+    cause="Reentrant checkpointing (use_reentrant=True) only backpropagates through a segment "
+    "whose inputs require grad; with a frozen embedding no input does, so the adapters inside "
+    "get no gradient",
+    confirm="Check use_reentrant and whether the checkpointed block's input requires grad "
+    "(print hidden_states.requires_grad inside the block)",
+    fix="Use non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': "
+    "False}) or make the inputs require grad (model.enable_input_require_grads())",
+    reads_stated="grads_none",
+)
+def _grads_none(ctx: Context) -> Match | None:
+    return _said(ctx, "grads_none")
+
+
+@rule(
+    "RK803",
+    "Stated: loss or gradients differ (NaN) with checkpointing",
+    "nondeterministic_recompute",
+    symptom="The report says the loss or gradients differ, diverge or turn NaN when "
+    "checkpointing is on",
+    cause="The recomputed forward is not the forward that ran: random state (dropout) not "
+    "restored, a module whose behaviour depends on a call count or cache, or a different "
+    "code path (autocast, eval-mode switches) during recompute",
+    confirm="Run one step with checkpointing on and off from the same seed and compare the "
+    "gradients; set torch.utils.checkpoint's determinism_check / debug=True",
+    fix="Keep preserve_rng_state=True (the default), make the checkpointed function free of "
+    "side effects, and upgrade the framework if it is a known recompute bug",
+    reads_stated="diverges_with_recompute",
+)
+def _diverges(ctx: Context) -> Match | None:
+    return _said(ctx, "diverges_with_recompute")
+
+
+@rule(
+    "RK804",
+    "Stated: training hangs with checkpointing",
+    "framework_bug",
+    symptom="The report says training hangs or deadlocks with checkpointing on",
+    cause="A collective inside a checkpointed block runs in the forward but not in the "
+    "recompute on some rank (or in another order), or reentrant checkpointing interacts with "
+    "DDP / FSDP hooks; usually a framework bug fixed in a later version",
+    confirm="py-spy dump every rank while it hangs, with NCCL_DEBUG=INFO and "
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL; note the torch and framework versions",
+    fix="Use non-reentrant checkpointing (use_reentrant=False), wrap checkpointing outside "
+    "FSDP's own units, and upgrade the framework",
+    reads_stated="hangs_with_recompute",
+)
+def _hangs(ctx: Context) -> Match | None:
+    return _said(ctx, "hangs_with_recompute")
+
+
+@rule(
+    "RK805",
+    "Stated: memory grows step after step",
+    "framework_bug",
+    symptom="The report says memory keeps growing every step or speaks of a leak",
+    cause="Something keeps references from one step to the next: a reference cycle holding "
+    "saved tensors, a loss accumulated with its graph (total += loss instead of "
+    "loss.item()), a cache that grows; in frameworks, a known leak fixed in a later version",
+    confirm="Log torch.cuda.memory_allocated() after every step; a steady rise is a leak; "
+    "call gc.collect() after the step: if the rise stops, it is a reference cycle",
+    fix="Accumulate loss.item(), not the loss tensor; break the cycle (gc.collect() as a "
+    "test); upgrade the framework if it is a known leak",
+    reads_stated="memory_grows",
+)
+def _grows(ctx: Context) -> Match | None:
+    return _said(ctx, "memory_grows")
+
+
+@rule(
+    "RK806",
+    "Stated: out of memory while loading, resuming or saving",
+    "model_state_memory",
+    symptom="The report says the OOM happens while loading a model or checkpoint, resuming, "
+    "saving or exporting",
+    cause="Loading or saving holds a second copy of the model states on the GPU: a checkpoint "
+    "mapped to the GPU and kept after load_state_dict, a full (unsharded) state dict gathered "
+    "on one rank, optimizer states deep-copied on load",
+    confirm="The traceback's frames (load_state_dict, from_pretrained, state_dict gather); "
+    "torch.cuda.memory_allocated() before and after the load",
+    fix="Load to CPU (map_location='cpu') and free the loaded dict after load_state_dict; "
+    "save sharded state dicts (or offload the full one to CPU rank 0 only)",
+    reads_stated="oom_loading_or_saving",
+)
+def _loading(ctx: Context) -> Match | None:
+    return _said(ctx, "oom_loading_or_saving")

@@ -1,0 +1,111 @@
+"""Tests of the rules in recompute_kit/doctor/rules/stated.py (a symptom said in words, no
+artefact that explains it) and of the phrases doctor/symptoms.py reads, on verbatim real text
+(tests/data/rules/stated-*, each file's URL in tests/rule_sources.py and in a comment by the
+test). Texts, sources and the helpers: tests/rule_helpers.py."""
+
+from __future__ import annotations
+
+import pytest
+from rule_helpers import covers, ids, run, text, top
+
+from recompute_kit.doctor import symptoms
+from recompute_kit.doctor.rules.stated import STATED_CONFIDENCE
+
+
+def _reading(name: str, rule: str, category: str) -> None:
+    d = run(text(name))
+    f = top(d)
+    assert (f.rule, f.category) == (rule, category), [(g.rule, g.category) for g in d.findings]
+    assert f.raw_confidence == STATED_CONFIDENCE and f.config_patch == {}  # a guess patches nothing
+    assert d.verdict.verdict == "needs_evidence" and d.verdict.collect
+    # the evidence quotes the user's line that states it
+    assert any(line.strip()[:40] in f.evidence for line in text(name).splitlines() if line.strip())
+
+
+@covers("RK800")
+def test_no_change_in_memory_said_in_chinese():
+    # https://github.com/hiyouga/LlamaFactory/issues/6232 (title): memory unchanged before and
+    # after setting gradient_checkpointing
+    _reading("stated-llamafactory-6232-no-change", "RK800", "recompute_no_effect")
+
+
+@covers("RK800")
+def test_cannot_reduce_peak_memory():
+    # https://github.com/pytorch/pytorch/issues/147449 (title)
+    _reading("stated-pt-147449-cannot-reduce", "RK800", "recompute_no_effect")
+
+
+@covers("RK801")
+def test_checkpointing_makes_training_slow():
+    # https://github.com/pytorch/ao/issues/2445 (title)
+    _reading("stated-ao-2445-slow", "RK801", "recompute_overhead")
+
+
+@covers("RK802")
+def test_lora_weights_not_updated_with_checkpointing():
+    # https://github.com/cloneofsimo/lora/issues/26: "prevents LoRA weight updates"
+    _reading("stated-cloneofsimo-26-no-updates", "RK802", "checkpoint_api_misuse")
+
+
+def test_grads_none_said_next_to_what_explains_it_is_read_by_the_specific_rule():
+    # https://github.com/microsoft/LoRA/issues/120: "all gradients will be 'None'" with LoRA
+    # under checkpointing: RK149 reads the pattern itself; the stated reading stays away
+    d = run(text("stated-lora-120-grads-none"))
+    assert symptoms.stated(text("stated-lora-120-grads-none")) == ["grads_none"]
+    assert top(d).category == "checkpoint_api_misuse" and "RK802" not in ids(d)
+
+
+@covers("RK803")
+def test_loss_diverges_with_checkpointing_and_dropout():
+    # https://github.com/openai/guided-diffusion/issues/167 (title); the body names the cause
+    # (the RNG state not restored), which RK147 reads
+    _reading("stated-guided-diffusion-167-title", "RK803", "nondeterministic_recompute")
+    d = run(text("stated-guided-diffusion-167-diverge"))
+    assert top(d).category == "nondeterministic_recompute" and "RK803" not in ids(d)
+
+
+@covers("RK804")
+def test_hangs_with_activation_checkpointing():
+    # https://github.com/pytorch/pytorch/issues/77030 (lessw2020's summary of three runs)
+    _reading("stated-pt-77030-hangs", "RK804", "framework_bug")
+
+
+@covers("RK805")
+def test_memory_grows_slowly():
+    # https://github.com/dingo-gw/dingo/issues/60; moskomule/homura#16 says it too ("memory
+    # consumption gradually and slowly grows"), which RK266 reads
+    _reading("stated-dingo-60-grows", "RK805", "framework_bug")
+    assert symptoms.stated(text("stated-homura-16-grows")) == ["memory_grows"]
+
+
+@covers("RK806")
+def test_oom_while_saving_a_checkpoint_said_in_chinese():
+    # https://github.com/ByteDance-Seed/Bagel/issues/139 (title): OOM when saving the ckpt
+    _reading("stated-bagel-139-oom-saving", "RK806", "model_state_memory")
+
+
+def test_a_finding_that_explains_the_symptom_keeps_the_reading_away():
+    # the artefact (RK075's CheckpointError) explains "the loss differs with checkpointing":
+    # the stated reading is not added beside it
+    d = run(
+        "The loss differs when I enable gradient checkpointing.\n"
+        "torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: Recomputed values for "
+        "the following tensors have different metadata than during the forward pass.\n"
+    )
+    assert "RK803" not in ids(d) and top(d).category == "nondeterministic_recompute"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # a tool's warning, not the user's words (torch.utils.checkpoint's UserWarning)
+        "UserWarning: None of the inputs have requires_grad=True. Gradients will be None",
+        "None of the inputs have requires_grad=True. Gradients will be None",
+        # a code comment and a negation (pytorch/pytorch#84413's reproducer)
+        "# gc.collect() # with gc.collect is ok - not real memory leak, only a cyclic reference",
+        # an expectation, not an observation (huggingface/transformers#26221)
+        "gradient checkpointing should make (top) and (bottom) use the same memory",
+    ],
+)
+def test_what_is_not_a_stated_symptom(line):
+    assert symptoms.stated(line) == []
