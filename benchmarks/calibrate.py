@@ -35,7 +35,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_case(c, Path(tmp), calibrated=False) for c in dev]
     points = [
-        (r.got, r.decided, r.raw_confidence, r.category_ok)
+        (r.got, r.decided, r.raw_confidence, r.category_ok, r.rule)
         for r in results
         if r.got is not None and r.raw_confidence is not None
     ]

@@ -154,11 +154,30 @@ def test_calibration_table_is_from_the_development_split_with_its_date_and_comma
 
 
 def test_fit_pools_small_groups_and_is_monotone():
-    pts = [("fragmentation", True, 0.9, False)] + [("x", True, 0.6, True)] * 10
+    pts = [("fragmentation", True, 0.9, False, "RK001")] + [("x", True, 0.6, True, "RKx")] * 10
     table = calibration.fit(pts)
     frag = [r["p"] for r in table["fragmentation|decided"]]
     assert frag == sorted(frag) and 0.3 < frag[-1] < 1.0  # one miss does not make it 0
     assert calibration.calibrate(0.95, "fragmentation", False, {"table": table}) <= 0.6
+
+
+def test_a_rule_with_a_miss_of_its_own_is_less_sure_than_its_category():
+    # one category, two rules: RKa right 6 times in 6, RKb wrong once in 2 at the same band
+    pts = [("fragmentation", True, 0.9, True, "RKa")] * 6 + [
+        ("fragmentation", True, 0.9, True, "RKb"),
+        ("fragmentation", True, 0.9, False, "RKb"),
+    ]
+    doc = {"table": calibration.fit(pts)}
+    cat = calibration.calibrate(0.9, "fragmentation", True, doc)
+    assert calibration.calibrate(0.9, "fragmentation", True, doc, rule="RKb") < cat < 0.9
+    assert calibration.calibrate(0.9, "fragmentation", True, doc, rule="RKa") >= cat
+    # a rule the split never saw takes its category's row
+    assert calibration.calibrate(0.9, "fragmentation", True, doc, rule="RKz") == cat
+
+
+def test_calibrated_confidence_is_rounded_down():
+    doc = {"table": {"c|decided": [{"n": 1, "right": 1, "p": 0.847}] * 4}}
+    assert calibration.calibrate(0.9, "c", True, doc) == 0.84  # never 0.85: not measured
 
 
 # ----- the stated symptom ------------------------------------------------------------------

@@ -212,7 +212,9 @@ def diagnose(
     for f in findings:
         f.raw_confidence = f.confidence
         if calibrated:
-            f.confidence = calibrate(f.confidence, f.category, decides(f.category, kinds))
+            f.confidence = calibrate(
+                f.confidence, f.category, decides(f.category, kinds), rule=f.rule
+            )
     for above, f in itertools.pairwise(findings):
         # the table is of top findings: one ranked lower is no likelier than the one above it
         f.confidence = min(f.confidence, above.confidence)
