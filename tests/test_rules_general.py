@@ -501,6 +501,27 @@ def test_r6p_rk632_eager_attention_scores_are_activations():
     assert "flex_attention" in f.config_patch["code"]
 
 
+@covers("RK632")
+def test_rk632_reads_the_softmax_over_eager_scores():
+    # https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758: a rich traceback whose
+    # failing line is `attention_probs = attention_scores.softmax(dim=-1)` (eager attention)
+    f = top(run(text("bnb-758-attention-softmax-oom")))
+    assert f.rule == "RK632" and f.category == "activation_memory"
+
+
+def test_rk632_patches_in_the_framework_the_frames_name():
+    # Hugging Face's eager attention line (transformers' modeling_llama.py, verbatim) failing
+    # in a Trainer run: the fix is the model's attn_implementation, not flex_attention code
+    log = (
+        '  File "/usr/local/lib/python3.10/site-packages/transformers/models/llama/'
+        'modeling_llama.py", line 350, in forward\n'
+        "    attn_weights = nn.functional.softmax(attn_weights, dim=-1, "
+        "dtype=torch.float32).to(query_states.dtype)\n" + text("bnb-758-attention-softmax-oom")
+    )
+    f = top(run(log))
+    assert f.rule == "RK632" and f.config_patch == {"attn_implementation": "sdpa"}
+
+
 def test_r6p_rk261_keeps_uncompiled_flex_attention():
     # https://github.com/pytorch/pytorch/issues/133206: flex_attention's own reference math
     # (working_precision) run uncompiled allocates the whole 48 GB score matrix at once

@@ -24,7 +24,11 @@ _SQUARE_WORDS = ("mask", "score", "attention", "attn", "materiali", "softmax", "
 # q @ k^T written out: the full score matrix of eager attention
 _SCORE_MATMUL_RE = re.compile(
     r"\b(?:q|query|queries|xq)\w*\s*@\s*(?:k|key|keys|xk)\w*\.(?:transpose|mT|T\b)"
-    r"|(?:matmul|bmm|einsum)\s*\(\s*(?:q|query|xq)\w*\s*,\s*(?:k|key|xk)\w*\.transpose",
+    r"|(?:matmul|bmm|einsum)\s*\(\s*(?:q|query|xq)\w*\s*,\s*(?:k|key|xk)\w*\.transpose"
+    # the softmax over the scores eager attention keeps (HF's eager_attention_forward, timm's
+    # attn.softmax) and Megatron's unfused core attention (baddbmm of query and key)
+    r"|\b(?:attn|attention|scores?)\w*\s*=\s*[\w.]*softmax\(\s*(?:attn|attention|scores?)\w*"
+    r"|\b(?:attn|attention|scores?)\w*\.softmax\(|baddbmm\([^)\n]*query",
     re.I,
 )
 # a vocabulary-sized dimension: 30k-300k entries (LLM vocabularies), not a hidden size
@@ -292,7 +296,7 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             for m in _SQUARED_RE.finditer(line):
                 if int(m.group(1)) >= 4096:
                     facts.setdefault("square_dims", []).append((int(m.group(1)), _q(line)))
-        if ("@" in line or "matmul" in low or "bmm" in low or "einsum" in low) and (
+        if ("@" in line or any(w in low for w in ("matmul", "bmm", "einsum", "softmax"))) and (
             _SCORE_MATMUL_RE.search(line)
         ):
             facts.setdefault("score_matmul", []).append(_q(line))

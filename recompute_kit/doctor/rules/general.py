@@ -306,10 +306,16 @@ def _eager_scores(ctx: Context) -> Match | None:
     matmul = fact(ctx, "score_matmul") or []
     if not matmul or fact(ctx, "square_dims") or _uncompiled_flex(ctx, matmul):
         return None
+    patch = None  # flex_attention's fix (the rule's patch) unless the frames name a framework
+    if is_megatron(ctx):
+        patch = {"attention_backend": "flash"}
+    elif "transformers/" in all_frames(ctx) or "modeling_" in all_frames(ctx):
+        patch = {"attn_implementation": "sdpa"}
     return Match(
         0.6,
         f"The failing line computes the full score matrix ('{matmul[0][:140]}'): eager "
         "attention keeps [batch, heads, seq, seq] scores per layer, the square of the sequence.",
+        config_patch=patch,
     )
 
 
