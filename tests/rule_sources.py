@@ -538,6 +538,7 @@ SOURCES.update(
         "stated-homura-16-grows": "https://github.com/moskomule/homura/issues/16",
         "stated-guided-diffusion-167-title": "https://github.com/openai/guided-diffusion/issues/167",
         "stated-dingo-60-grows": "https://github.com/dingo-gw/dingo/issues/60",
+        "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
     }
 )

@@ -49,13 +49,14 @@ def _flex(pattern: str, flags: int = re.I) -> re.Pattern[str]:
 _OOM_START_RE = re.compile(
     r"(?:CUDA|HIP|XPU|NPU)\s?out\s?of\s?memory|(?i:CUDA error: out of memory)|OutOfMemoryError"
     r"|Cuda failure \d+ 'out of memory'|Triton Error \[CUDA\]: out of memory"
+    r"|NCCL WARN Failed to CUDA calloc(?: async)? \d+ bytes"
     r"|(?i:cuda\s?runtime\s?error\s?\(2\)\s?:\s?out\s?of\s?memory)"
     r"|THCudaCheck FAIL file=\S+ line=\d+ error=2 : out of memory"
     r"|(?:^|(?<=[\s:.!]))Tried to allocate (?:more than )?\d"
 )
 _OOM_VALID_RE = re.compile(
     r"(?:cuda|hip|xpu|npu)outofmemory|cudaerror:outofmemory|outofmemoryerror:|triedtoallocate"
-    r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory"
+    r"|cudafailure\d+'outofmemory'|tritonerror\[cuda\]:outofmemory|ncclwarnfailedtocudacalloc"
     r"|cudaruntimeerror\(2\):outofmemory|thcudacheckfail\S{0,200}error=2:outofmemory"
 )
 _OOM_FIELDS: dict[str, re.Pattern[str]] = {
@@ -154,7 +155,7 @@ def _oom_generation(compact: str) -> str:
     lower = compact.lower()
     if "cudaerror:outofmemory" in lower:
         return "cuda_error"
-    if "cudafailure" in lower and "'outofmemory'" in lower:
+    if ("cudafailure" in lower and "'outofmemory'" in lower) or "failedtocudacalloc" in lower:
         return "nccl_cuda_failure"
     if "tritonerror[cuda]:outofmemory" in lower:
         return "triton_cuda"
@@ -237,7 +238,7 @@ def _held_elsewhere(event: OOMEvent) -> int | None:
 def looks_like_oom(text: str) -> bool:
     """Whether a line starts (or is part of the head of) an out-of-memory message."""
     # "emory" covers "out of memory", "OutOfMemory" and "Out of memory" in one scan.
-    if "emory" in text or "Tried to allocate" in text:
+    if "emory" in text or "Tried to allocate" in text or "CUDA calloc" in text:
         return _OOM_START_RE.search(text) is not None
     return False
 

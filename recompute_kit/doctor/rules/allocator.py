@@ -410,6 +410,7 @@ LIBRARY_OOM = (
     "CUDNN_STATUS_ALLOC_FAILED",
     "cudaErrorMemoryAllocation",
     "CUDA_ERROR_OUT_OF_MEMORY",  # the driver API's name (Triton, CuPy, JAX)
+    "Failed to CUDA calloc",  # NCCL's own buffers ("NCCL WARN Failed to CUDA calloc async")
     # ROCm: the same libraries hipified
     "HIPBLAS_STATUS_ALLOC_FAILED",
     "hipErrorOutOfMemory",
@@ -442,8 +443,8 @@ def _library_oom(ctx: Context) -> Match | None:
                 ),
                 None,
             )
-            if library or (o.backend and o.backend not in ("cuda", "hip")):
-                hit = f"{library or o.backend} out of memory"
+            if library:  # (HIP, XPU and NPU messages are PyTorch's own allocators, like CUDA's)
+                hit = f"{library} out of memory"
                 break
     if hit is None:
         return None
