@@ -59,8 +59,10 @@ def run(
     config_name: str = "config.yaml",
     experiments: str | None = None,
     gpu_memory_gb: float | None = None,
+    overrides: dict | None = None,
 ) -> Diagnosis:
-    """The doctor as the CLI runs it: files through `collect`, then `diagnose`."""
+    """The doctor as the CLI runs it: files through `collect`, then `diagnose`; `overrides`
+    are the command line's layout flags (--dp 8: {"data_parallel_size": 8})."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         logs = []
@@ -78,6 +80,7 @@ def run(
             logs=logs,
             config=str(config_path) if config_path else None,
             experiments=str(experiments_path) if experiments_path else None,
+            overrides=overrides,
         )
     return diagnose(evidence, gpu_memory_gb)
 

@@ -63,7 +63,7 @@ def test_assumed_inputs_are_asked_for_below_the_diagnosed_confidence_too(tmp_pat
     # still what would decide it, so it still leads `collect` (not a generic artefact list).
     from recompute_kit.doctor import engine
 
-    monkeypatch.setattr(engine, "calibrate", lambda raw, category, decided: 0.7)
+    monkeypatch.setattr(engine, "calibrate", lambda raw, category, decided, rule=None: 0.7)
     (tmp_path / "llama3_full_sft.yaml").write_text(LLAMA3_FULL_SFT, encoding="utf-8")
     v = doctor(str(tmp_path / "llama3_full_sft.yaml")).verdict
     assert v.verdict == "needs_evidence" and "assumes" in v.why

@@ -103,6 +103,12 @@ def test_a_finding_that_explains_the_symptom_keeps_the_reading_away():
         "None of the inputs have requires_grad=True. Gradients will be None",
         # a code comment and a negation (pytorch/pytorch#84413's reproducer)
         "# gc.collect() # with gc.collect is ok - not real memory leak, only a cyclic reference",
+        # an exception's own text (huggingface/peft#313: DDP's message names checkpointing)
+        "> RuntimeError: Expected to mark a variable ready only once. This error is caused by "
+        "one of the following reasons: 1) Use of a module parameter outside the `forward` "
+        "function. 2) Reused parameters in multiple reentrant backward passes. For example, if "
+        "you use multiple `checkpoint` functions to wrap the same part of your model, ... no "
+        "change",
         # an expectation, not an observation (huggingface/transformers#26221)
         "gradient checkpointing should make (top) and (bottom) use the same memory",
     ],

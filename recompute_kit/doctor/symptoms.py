@@ -162,10 +162,11 @@ SYMPTOMS: tuple[Symptom, ...] = (
 
 
 # Not the user's report: a code comment, a negation ("# not a real memory leak"), a tool's own
-# warning line (torch's "None of the inputs have requires_grad=True. Gradients will be None")
+# warning or exception line (torch's "None of the inputs have requires_grad=True. Gradients
+# will be None", "RuntimeError: Expected to mark a variable ready only once ...")
 _NOT_SAID = re.compile(
     r"^\s*(?:#|//)|\bnot\s+(?:a\s+)?(?:real\s+|true\s+)?memory\s+leak|Warning\b|\bwarn\(|"
-    r"None of the inputs have requires_grad",
+    r"None of the inputs have requires_grad|^[>\s]*[\w.]*(?:Error|Exception)\b:",
     re.I,
 )
 

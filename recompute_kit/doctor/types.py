@@ -35,6 +35,7 @@ class Context:
     best_keeping: Any = None
     plan_error: str | None = None  # why nothing fits, when nothing does
     assumptions: list[str] = field(default_factory=list)
+    memo: dict[str, Any] = field(default_factory=dict)  # what several rules derive, made once
 
     @property
     def text(self) -> str:

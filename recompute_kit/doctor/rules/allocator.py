@@ -313,6 +313,8 @@ def _pressure(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not oom or not oom.allocated_bytes or not oom.total_bytes:
         return None
+    if ctx.plan_error:  # the estimate splits it and nothing fits: rules/nothing_fits.py, RK012
+        return None
     share = oom.allocated_bytes / oom.total_bytes
     if share < 0.8:
         return None
@@ -324,8 +326,16 @@ def _pressure(ctx: Context) -> Match | None:
         f"PyTorch had {gib(oom.allocated_bytes)} allocated of {gib(oom.total_bytes)} "
         f"({share:.0%}) when the OOM hit."
     )
+    e = ctx.estimate
+    split = (
+        "Without a model shape the split is unknown; activations are the usual term"
+        if e is None
+        else f"By the estimate of the config given, activations peak at "
+        f"{gib(e.peak_activation_bytes)} and weights, gradients and optimizer states take "
+        f"{gib(e.weights_bytes + e.grads_bytes + e.optimizer_bytes)}"
+    )
     fix = (
-        f"Without a model shape the split is unknown; activations are the usual term: "
+        f"{split}: "
         f"{words}, or halve the batch size (micro_batch_size) / sequence length or input size "
         "(activations scale linearly with them) and keep the effective batch with gradient "
         "accumulation. If the OOM is in the first optimizer step, shard the optimizer states "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..types import Context, Match
 from .memory import activation_split
+from .nothing_fits import largest_at_full_recompute, lever_patch
 from .registry import all_frames, fact, gib, is_megatron, oom_errors, oom_where, rule, where_raised
 
 
@@ -44,6 +45,17 @@ def _logits(ctx: Context) -> Match | None:
         f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}."
     )
     conf = 0.8 if hit else 0.55
+    largest = largest_at_full_recompute(ctx)
+    if largest is not None and largest[0] == "edges" and (ctx.oom or ctx.says("out of memory")):
+        # nothing fits even with full recompute, and the logits are what is left: they lead;
+        # the patch is the planner's lever that fits (a fused loss where the framework has one)
+        patch, words = lever_patch(ctx)
+        return Match(
+            0.85,
+            f"{said} {ctx.plan_error[0].upper() + ctx.plan_error[1:]}. {largest[1]}",
+            config_patch=patch or None,
+            fix=f"{fused_loss_fix(ctx)}; or {words}",
+        )
     if not hit and ctx.estimate is not None:
         # the estimate's split decides which activations dominate: transformer layers that
         # keep more than the logits make recompute the first lever (RK010), this the second

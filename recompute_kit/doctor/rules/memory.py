@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from ...config import format_spec
+from ...config import ConfigError, format_spec, parse_spec
+from ...memory.estimate import estimate
 from ..types import Context, Match
 from .knob_advice import knob_advice
 from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
@@ -53,6 +54,8 @@ def _activations(ctx: Context) -> Match | None:
     predicted = not seen and bool(ctx.gpu_bytes) and e.total_bytes > ctx.gpu_bytes
     if not (seen or predicted):
         return None
+    if ctx.plan_error and seen:
+        return None  # even full recompute does not fit: rules/nothing_fits.py and RK012 say why
     state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
     layers, edges = activation_split(e)
     dominate = e.peak_activation_bytes >= state
@@ -121,6 +124,42 @@ def activation_split(e) -> tuple[float, float]:
     return layers, e.peak_activation_bytes - layers
 
 
+TERMS = {
+    "states": "weights, gradients and optimizer states",
+    "layers": "the layers' saved inputs",
+    "edges": "the embedding, logits and loss",
+}
+
+
+def full_recompute_terms(ctx: Context) -> dict[str, float] | None:
+    """The smallest candidate's terms on the OOM's stage (full recompute of every layer), when
+    the planner found nothing that fits; None otherwise."""
+    if not ctx.plan_error or ctx.config is None:
+        return None
+    cfg = ctx.config
+    full = cfg.__class__(cfg.model, cfg.parallel, parse_spec("full:uniform:1"), cfg.assumptions)
+    try:
+        e = estimate(full, stage=ctx.oom_stage)
+    except (ConfigError, ValueError, ZeroDivisionError):
+        return None
+    layers, edges = activation_split(e)
+    return {
+        "states": e.weights_bytes + e.grads_bytes + e.optimizer_bytes,
+        "layers": layers,
+        "edges": edges,
+    }
+
+
+def largest_at_full_recompute(ctx: Context) -> tuple[str, str] | None:
+    """(the largest term's key, a sentence naming the terms) when nothing fits."""
+    terms = full_recompute_terms(ctx)
+    if terms is None:
+        return None
+    key = max(terms, key=terms.get)
+    parts = ", ".join(f"{TERMS[k]} {gib(v)}" for k, v in terms.items())
+    return key, f"With full recompute of every layer its largest term is {TERMS[key]} ({parts})."
+
+
 def whole_layers_only(ctx: Context) -> bool:
     """The run's framework checkpoints whole layers only (the Hugging Face Trainer, NeMo-RL on
     its DTensor backend): no selective recompute by module."""
@@ -161,38 +200,17 @@ def _model_states(ctx: Context) -> Match | None:
     share = state / ctx.gpu_bytes
     if share < 0.6:
         return None
-    # When the whole estimate fits, model states explain the memory but not the OOM.
+    # When the whole estimate fits, model states explain the memory but not the OOM; when
+    # nothing fits, they lead only if they are the largest term left at full recompute.
     explains_oom = e.total_bytes > 0.95 * ctx.gpu_bytes
+    largest = largest_at_full_recompute(ctx)
+    if largest is not None and largest[0] != "states":
+        explains_oom = False
     return Match(
         (0.85 if explains_oom else 0.5) if ctx.oom else 0.45,
         f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
         f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
         f"{gib(ctx.gpu_bytes)} GPU.",
-    )
-
-
-@rule(
-    "RK013",
-    "Even full recompute does not fit",
-    "model_state_memory",
-    symptom="OOM persists with full recompute (uniform, 1 layer)",
-    cause="Weights, gradients, optimizer states and one layer's activations exceed the GPU",
-    confirm="recompute-kit plan --gpu-memory-gb X exits 1 and says by how much the smallest "
-    "candidate misses",
-    fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the sequence",
-    supersedes=("RK010", "RK005"),
-    patch={"use_distributed_optimizer": True},
-)
-def _nothing_fits(ctx: Context) -> Match | None:
-    if not ctx.plan_error or not (ctx.oom or ctx.says("out of memory")):
-        return None
-    tp, words = tensor_parallel_patch(ctx)
-    return Match(
-        0.8,
-        ctx.plan_error[0].upper() + ctx.plan_error[1:] + ".",
-        config_patch={"use_distributed_optimizer": True, **tp},
-        fix="Add parallelism (TP/PP/CP/EP), the distributed optimizer, or shorten the "
-        f"sequence; {words}",
     )
 
 

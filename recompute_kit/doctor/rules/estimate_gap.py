@@ -1,0 +1,134 @@
+"""The OOM's own figures against the estimate of the config given (RK018, RK019).
+
+The allocator's message says what the failing rank held (allocated by PyTorch) and asked for
+(the request); the estimate says what that rank's settings need. Where the run needed clearly
+more than the estimate, advice drawn from the estimate alone ("the current setting fits") is
+wrong, and the gap itself is the finding: a dropless MoE whose expert ranks receive more than
+their balanced share of tokens (RK018, sized and planned for), or memory the config does not
+explain (RK019: the config is not what ran, or something outside the training step holds it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ...memory.estimate import estimate
+from ..types import GIB, Context, Match
+from .registry import candidate_spec, gib, patch_for, rule
+
+GAP_FLOOR = 2 * GIB  # below this (or 10% of the estimate) the gap is within the estimate's error
+GAP_SHARE = 0.10
+IMBALANCE_STEP = 0.25  # the imbalance planned for: the one that closes the gap, rounded up
+
+
+def observed_gap(ctx: Context) -> tuple[int, int, int] | None:
+    """(needed, estimated, gap) in bytes for the rank the OOM names: what PyTorch had
+    allocated plus the request, against the estimate's PyTorch-side total (activations,
+    model states, MoE and gathered-parameter buffers; the CUDA context and NCCL live outside
+    PyTorch's counters). None without both figures or when the gap is within the error."""
+    oom, e = ctx.oom, ctx.estimate
+    if oom is None or e is None or oom.allocated_bytes is None or not oom.requested_bytes:
+        return None
+    needed = oom.allocated_bytes + oom.requested_bytes
+    total = e.total_with_overheads_bytes or e.total_bytes
+    estimated = total - e.cuda_context_bytes - e.nccl_buffers_bytes
+    gap = needed - estimated
+    if gap < max(GAP_FLOOR, GAP_SHARE * estimated):
+        return None
+    return needed, estimated, gap
+
+
+def _dropless_moe(ctx: Context) -> bool:
+    m = ctx.config.model if ctx.config else None
+    return bool(m and m.num_moe_experts and m.moe_expert_capacity_factor is None)
+
+
+@rule(
+    "RK018",
+    "Dropless MoE: expert ranks receive more than their balanced share of tokens",
+    "activation_memory",
+    symptom="An OOM on an MoE run without a capacity factor whose allocated memory is well "
+    "above the estimate of its config (which assumes balanced routing)",
+    cause="Dropless routing lets one expert rank receive many times its share of tokens, "
+    "early in training above all; its expert activations (and their copies for the "
+    "backward) grow with the tokens it receives",
+    confirm="Log the tokens each expert rank receives (Megatron: --moe-per-layer-logging, "
+    "the router's tokens_per_expert) and max_memory_allocated per rank; the rank with the "
+    "most tokens is the one that fails",
+    fix="Recompute the expert activations (moe_act, then moe) planned for the imbalance seen "
+    "(recompute-kit plan --moe-imbalance F), or bound it with moe_expert_capacity_factor "
+    "(drops tokens: changes training)",
+    supersedes=("RK005", "RK087", "RK019"),
+)
+def _moe_imbalance(ctx: Context) -> Match | None:
+    found = observed_gap(ctx)
+    if found is None or not _dropless_moe(ctx) or ctx.estimate.moe_imbalance_bytes:
+        return None
+    needed, estimated, gap = found
+    # the expert activations one more balanced share adds (the estimate at imbalance 2)
+    per_share = estimate(ctx.config, stage=ctx.oom_stage, moe_imbalance=2.0).moe_imbalance_bytes
+    if per_share <= 0:
+        return None
+    factor = 1.0 + gap / per_share
+    ep = ctx.config.parallel.expert_model_parallel_size
+    if factor > max(2.0, ep):  # more than every token on one rank: not routing alone
+        return None
+    planned = math.ceil(factor / IMBALANCE_STEP) * IMBALANCE_STEP
+    said = (
+        f"The rank had {gib(needed - ctx.oom.requested_bytes)} allocated and asked for "
+        f"{gib(ctx.oom.requested_bytes)} more ({gib(needed)}); the estimate of its settings "
+        f"with balanced routing is {gib(estimated)}. The run is a dropless MoE (no "
+        f"moe_expert_capacity_factor): an expert rank receiving {factor:.2f}x its share of "
+        f"tokens explains the {gib(gap)} gap."
+    )
+    patch, words = _plan_for(ctx, planned)
+    return Match(0.6, f"{said} {words}", config_patch=patch)
+
+
+def _plan_for(ctx: Context, imbalance: float) -> tuple[dict | None, str]:
+    """The planner's cheapest setting at that imbalance (the rule's patch), in words."""
+    from ...config import ConfigError
+    from ...plan import plan
+    from ...plan.margins import planned_bytes
+
+    if not ctx.gpu_bytes:
+        return None, f"Plan for it: recompute-kit plan --moe-imbalance {imbalance:g}."
+    model = dataclasses.replace(ctx.config.model, moe_routing_imbalance=imbalance)
+    try:
+        best = plan(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB).best
+    except ConfigError as exc:
+        return None, f"Planned at imbalance {imbalance:g}: {exc}."
+    spec = candidate_spec(best)
+    return patch_for(spec), (
+        f"Planned at imbalance {imbalance:g} (recompute-kit plan --moe-imbalance "
+        f"{imbalance:g}): '{spec}' fits at {gib(planned_bytes(best.estimate))} per rank, "
+        f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
+    )
+
+
+@rule(
+    "RK019",
+    "The rank allocated much more than its config's estimate",
+    "genuine_pressure",
+    symptom="An OOM whose allocated memory is well above the estimate of the config given",
+    cause="The config given is not what ran (a flag overridden on the command line, a "
+    "different sequence length or micro-batch, packing), or something outside the training "
+    "step holds memory (evaluation or generation buffers, tensors kept across steps, a leak)",
+    confirm="Compare the arguments the framework prints at start-up with the config; take "
+    "torch.cuda.memory_summary() or a memory snapshot at the failure to see what holds it",
+    fix="Make the estimate describe the run (pass the printed arguments as the config), then "
+    "act on what the snapshot shows; advice drawn from this config's estimate alone is not "
+    "enough here",
+    supersedes=("RK005",),
+)
+def _unexplained_gap(ctx: Context) -> Match | None:
+    found = observed_gap(ctx)
+    if found is None:
+        return None
+    needed, estimated, gap = found
+    return Match(
+        0.45,
+        f"The rank needed {gib(needed)} (allocated plus the request) where the estimate of "
+        f"the config given is {gib(estimated)}: {gib(gap)} the config does not explain.",
+    )
