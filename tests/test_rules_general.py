@@ -201,24 +201,25 @@ def test_fresh_cjk_memory_grows_with_longer_samples_is_not_a_leak():
     assert f.category == "activation_memory"
 
 
-@pytest.mark.xfail(strict=True, reason="an update with no release named gives no regression")
+@covers("RK807")
 def test_fresh_cjk_oom_after_an_update_without_versions():
     # https://github.com/pkuliyi2015/multidiffusion-upscaler-for-automatic1111/issues/156:
     # "更新后，每次运行到98％-99％，稳定爆显存" (after the update it runs out of memory at 98-99%
     # every time); the author fixed it ("感谢作者修复"). Read: "after upgrading. out of memory.";
-    # the regression rules need the two releases. Before and after: RK170.
+    # the regression rules need the two releases. Before: RK170; now the stated update is
+    # read (RK807), as a possible cause.
     f = top(run(text("fh-multidiffusion-156-oom-after-update")))
-    assert f.category == "framework_bug"
+    assert f.category == "framework_bug" and f.rule == "RK807"
 
 
-@pytest.mark.xfail(strict=True, reason="'lora works, full fails' is not read as model states")
+@covers("RK808")
 def test_fresh_cjk_full_finetune_does_not_fit_one_gpu():
     # https://github.com/modelscope/ms-swift/issues/2282: "sft_type为lora的时候是正常的，
     # 改成full后报 ... CUDA out of memory" on one 80 GiB A800; the maintainer:
     # "单卡80GB 跑不起来的 要2卡" (one 80 GB GPU cannot run it, it needs 2 GPUs): model
-    # states. Before and after: RK005.
+    # states. Before: RK005; now the stated contrast is read (RK808).
     f = top(run(text("fh-swift-2282-full-oom")))
-    assert f.category == "model_state_memory"
+    assert f.category == "model_state_memory" and f.rule == "RK808"
 
 
 # =============================================================================================

@@ -109,6 +109,8 @@ def test_a_finding_that_explains_the_symptom_keeps_the_reading_away():
         "function. 2) Reused parameters in multiple reentrant backward passes. For example, if "
         "you use multiple `checkpoint` functions to wrap the same part of your model, ... no "
         "change",
+        # LoRA named as working, but no full fine-tune to contrast it with
+        "I use lora. Training is fine until step 300, then CUDA out of memory",
         # an expectation, not an observation (huggingface/transformers#26221)
         "gradient checkpointing should make (top) and (bottom) use the same memory",
     ],

@@ -29,8 +29,8 @@ class Symptom:
     id: str
     pattern: re.Pattern[str]
     categories: tuple[str, ...]  # the categories that explain it, the likeliest first
-    # where the line alone is not enough: what the paste must also say somewhere
-    context: re.Pattern[str] | None = None
+    # where the line alone is not enough: what the paste must also say somewhere (each one)
+    context: tuple[re.Pattern[str], ...] = ()
 
 
 _CKPT = (
@@ -49,6 +49,7 @@ _MEM_SAME = (
     r"显存[^。\n]{0,12}?(?:没有|没|并未|未|不)(?:减少|降低|下降|变化|变)|"
     r"(?:没有|没|不)(?:起作用|效果|用)|无效"
 )
+_OOM_OR_SLOW = re.compile(r"out of memory|\bOOM\b|OutOfMemory|显存|slower|变慢", re.I)
 SYMPTOMS: tuple[Symptom, ...] = (
     Symptom(
         "recompute_no_effect",
@@ -75,7 +76,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
             re.I,
         ),
         ("recompute_no_effect", "invalid_config", "framework_bug"),
-        context=re.compile(_CKPT, re.I),
+        context=(re.compile(_CKPT, re.I),),
     ),
     Symptom(
         "slower",
@@ -158,6 +159,27 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
         ("model_state_memory", "framework_bug"),
     ),
+    Symptom(  # "after the update it runs out of memory", "升级后爆显存"
+        "after_update",
+        re.compile(
+            r"\b(?:after|since)\s+(?:the\s+|an?\s+|my\s+)?(?:\w+\s+){0,2}?(?:update|upgrade|"
+            r"upgrading|updating|new\s+version|new\s+release)\b|(?:更新|升级)(?:了)?(?:后|之后|以后)",
+            re.I,
+        ),
+        ("framework_bug",),
+        context=(_OOM_OR_SLOW,),
+    ),
+    Symptom(  # "LoRA works, full fine-tuning runs out of memory"
+        "full_fails_lora_works",
+        re.compile(
+            r"(?<![A-Za-z])(?:q?lora|peft|adapter)(?![A-Za-z])[^.\n]{0,40}?(?:\bworks?\b|\bfine\b|"
+            r"\bok\b|正常|没问题|"
+            r"可以|能跑)",
+            re.I,
+        ),
+        ("model_state_memory",),
+        context=(re.compile(r"(?<![A-Za-z])full(?![A-Za-z])|全参|全量", re.I), _OOM_OR_SLOW),
+    ),
 )
 
 
@@ -177,7 +199,7 @@ def quotes(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     lines = [x for x in text.splitlines() if not _NOT_SAID.search(x)]
     for s in SYMPTOMS:
-        if s.id in out or (s.context and not any(s.context.search(x) for x in lines)):
+        if s.id in out or not all(any(c.search(x) for x in lines) for c in s.context):
             continue
         line = next((x for x in lines if s.pattern.search(x)), None)
         if line is not None:

@@ -159,3 +159,40 @@ def _grows(ctx: Context) -> Match | None:
 )
 def _loading(ctx: Context) -> Match | None:
     return _said(ctx, "oom_loading_or_saving")
+
+
+@rule(
+    "RK807",
+    "Stated: out of memory (or slower) since an update",
+    "framework_bug",
+    symptom="The report ties the OOM or slowdown to an update of the software, naming no "
+    "release the known-problems table or the regression rules could match",
+    cause="A framework release changed what the step holds (a regression, a changed default); "
+    "the same job ran before the update",
+    confirm="Run the same job on the version before and after the update (pip freeze of "
+    "both); the first version that fails narrows it to a release",
+    fix="Pin the last version that worked and report the regression upstream with both "
+    "versions; look for a default the release changed (its release notes)",
+    reads_stated="after_update",
+)
+def _after_update(ctx: Context) -> Match | None:
+    return _said(ctx, "after_update")
+
+
+@rule(
+    "RK808",
+    "Stated: LoRA fits, full fine-tuning runs out of memory",
+    "model_state_memory",
+    symptom="The report says the run works with LoRA (or another adapter) and runs out of "
+    "memory as a full fine-tune",
+    cause="A full fine-tune keeps gradients and optimizer states for every weight (about 16 "
+    "bytes per parameter with Adam in mixed precision) where LoRA keeps them for the adapters "
+    "only; the activations are about the same in both",
+    confirm="Weights x 16 bytes against the GPU: a 7B model's full fine-tune needs ~112 GB of "
+    "model states before activations",
+    fix="Shard the model states (DeepSpeed ZeRO-3 / FSDP over more GPUs), offload the "
+    "optimizer, or keep LoRA",
+    reads_stated="full_fails_lora_works",
+)
+def _full_fails(ctx: Context) -> Match | None:
+    return _said(ctx, "full_fails_lora_works")
