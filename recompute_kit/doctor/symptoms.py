@@ -31,6 +31,7 @@ class Symptom:
     categories: tuple[str, ...]  # the categories that explain it, the likeliest first
     # where the line alone is not enough: what the paste must also say somewhere (each one)
     context: tuple[re.Pattern[str], ...] = ()
+    in_messages: bool = False  # a tool's own error line states it too (a validation error)
 
 
 _CKPT = (
@@ -96,6 +97,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
         "validation_error",
         re.compile(r"\b(?:validation\s+error|ValidationError|failed\s+validation)\b", re.I),
         ("invalid_config",),
+        in_messages=True,
     ),
     Symptom(
         "grads_none",
@@ -197,8 +199,10 @@ def quotes(text: str) -> dict[str, str]:
     """Per stated symptom (in table order), the first line that states it, trimmed, for a
     finding's evidence; code comments and negations are skipped."""
     out: dict[str, str] = {}
-    lines = [x for x in text.splitlines() if not _NOT_SAID.search(x)]
+    every = text.splitlines()
+    said = [x for x in every if not _NOT_SAID.search(x)]
     for s in SYMPTOMS:
+        lines = every if s.in_messages else said
         if s.id in out or not all(any(c.search(x) for x in lines) for c in s.context):
             continue
         line = next((x for x in lines if s.pattern.search(x)), None)

@@ -358,7 +358,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         }
         for f in findings[:5]
     ]
-    competing = list(dict.fromkeys(f.category for f in findings[:3])) or _DEFAULT_COMPETING
+    competing = list(dict.fromkeys(f.category for f in findings[:3]))
+    if len(competing) < 2:  # one guess is no choice between causes: ask for the usual deciders
+        competing += [c for c in _DEFAULT_COMPETING if c not in competing]
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
