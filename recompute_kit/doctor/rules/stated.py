@@ -1,4 +1,4 @@
-"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK807).
+"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK808).
 
 "Checkpointing made it slower", "memory does not go down with recompute", "the LoRA grads are
 None", "it hangs with activation checkpointing": a thread often says only that. Each rule here
@@ -28,171 +28,155 @@ def _said(ctx: Context, symptom: str) -> Match | None:
     )
 
 
-@rule(
-    "RK800",
-    "Stated: recompute / checkpointing does not lower memory",
-    "recompute_no_effect",
-    symptom="The report says activation checkpointing or recompute has no effect on memory, "
-    "with no config or memory figures that show why",
-    cause="The setting never reaches the model that runs (a config key the framework ignores, "
-    "a flag set after the model is built, a role or worker that drops it), or what it "
-    "recomputes holds little memory (core attention under flash attention, layernorm only)",
-    confirm="Print the resolved config the framework uses and check the recompute keys there; "
-    "check model.is_gradient_checkpointing / the printed arguments on the built model; "
-    "compare torch.cuda.max_memory_allocated() for one step with it on and off",
-    fix="Set the key the framework reads (Megatron: recompute_granularity / "
-    "recompute_modules; Hugging Face: gradient_checkpointing) before the model is built, and "
-    "recompute something that holds memory (full recompute, or mlp / moe_act modules)",
-    reads_stated="recompute_no_effect",
+# One reading per stated symptom (doctor/symptoms.py's ids): the symptom's likeliest category,
+# and what decides it. Registered by `_register` below, each as its own rule.
+READINGS = (
+    dict(
+        id="RK800",
+        title="Stated: recompute / checkpointing does not lower memory",
+        category="recompute_no_effect",
+        symptom="The report says activation checkpointing or recompute has no effect on memory, "
+        "with no config or memory figures that show why",
+        cause="The setting never reaches the model that runs (a config key the framework ignores, "
+        "a flag set after the model is built, a role or worker that drops it), or what it "
+        "recomputes holds little memory (core attention under flash attention, layernorm only)",
+        confirm="Print the resolved config the framework uses and check the recompute keys there; "
+        "check model.is_gradient_checkpointing / the printed arguments on the built model; "
+        "compare torch.cuda.max_memory_allocated() for one step with it on and off",
+        fix="Set the key the framework reads (Megatron: recompute_granularity / "
+        "recompute_modules; Hugging Face: gradient_checkpointing) before the model is built, and "
+        "recompute something that holds memory (full recompute, or mlp / moe_act modules)",
+        reads_stated="recompute_no_effect",
+    ),
+    dict(
+        id="RK801",
+        title="Stated: training is slower with recompute / checkpointing",
+        category="recompute_overhead",
+        symptom="The report says the run got slower with checkpointing on (or since a change), "
+        "with no timings that show by how much",
+        cause="Recompute re-runs the forward of each checkpointed block in the backward: full "
+        "recompute of every layer adds about one forward pass (~1.3x the step); more when blocks "
+        "are recomputed twice (nested checkpoints) or the model is small and memory-bound",
+        confirm="Time a few steps with checkpointing on and off at the same batch (interleaved); "
+        "if the slowdown came with an upgrade, time both versions",
+        fix="Recompute less: selective recompute or fewer checkpointed layers "
+        "(recompute_num_layers, a checkpointing interval), or none where the run fits without it",
+        reads_stated="slower",
+    ),
+    dict(
+        id="RK802",
+        title="Stated: gradients are None under checkpointing",
+        category="checkpoint_api_misuse",
+        symptom="The report says parameters' gradients are None (LoRA adapters, a frozen base) "
+        "with checkpointing on",
+        cause="Reentrant checkpointing (use_reentrant=True) only backpropagates through a segment "
+        "whose inputs require grad; with a frozen embedding no input does, so the adapters inside "
+        "get no gradient",
+        confirm="Check use_reentrant and whether the checkpointed block's input requires grad "
+        "(print hidden_states.requires_grad inside the block)",
+        fix="Use non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': "
+        "False}) or make the inputs require grad (model.enable_input_require_grads())",
+        reads_stated="grads_none",
+    ),
+    dict(
+        id="RK803",
+        title="Stated: loss or gradients differ (NaN) with checkpointing",
+        category="nondeterministic_recompute",
+        symptom="The report says the loss or gradients differ, diverge or turn NaN when "
+        "checkpointing is on",
+        cause="The recomputed forward is not the forward that ran: random state (dropout) not "
+        "restored, a module whose behaviour depends on a call count or cache, or a different "
+        "code path (autocast, eval-mode switches) during recompute",
+        confirm="Run one step with checkpointing on and off from the same seed and compare the "
+        "gradients; set torch.utils.checkpoint's determinism_check / debug=True",
+        fix="Keep preserve_rng_state=True (the default), make the checkpointed function free of "
+        "side effects, and upgrade the framework if it is a known recompute bug",
+        reads_stated="diverges_with_recompute",
+    ),
+    dict(
+        id="RK804",
+        title="Stated: training hangs with checkpointing",
+        category="framework_bug",
+        symptom="The report says training hangs or deadlocks with checkpointing on",
+        cause="A collective inside a checkpointed block runs in the forward but not in the "
+        "recompute on some rank (or in another order), or reentrant checkpointing interacts with "
+        "DDP / FSDP hooks; usually a framework bug fixed in a later version",
+        confirm="py-spy dump every rank while it hangs, with NCCL_DEBUG=INFO and "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL; note the torch and framework versions",
+        fix="Use non-reentrant checkpointing (use_reentrant=False), wrap checkpointing outside "
+        "FSDP's own units, and upgrade the framework",
+        reads_stated="hangs_with_recompute",
+    ),
+    dict(
+        id="RK805",
+        title="Stated: memory grows step after step",
+        category="framework_bug",
+        symptom="The report says memory keeps growing every step or speaks of a leak",
+        cause="Something keeps references from one step to the next: a reference cycle holding "
+        "saved tensors, a loss accumulated with its graph (total += loss instead of "
+        "loss.item()), a cache that grows; in frameworks, a known leak fixed in a later version",
+        confirm="Log torch.cuda.memory_allocated() after every step; a steady rise is a leak; "
+        "call gc.collect() after the step: if the rise stops, it is a reference cycle",
+        fix="Accumulate loss.item(), not the loss tensor; break the cycle (gc.collect() as a "
+        "test); upgrade the framework if it is a known leak",
+        reads_stated="memory_grows",
+    ),
+    dict(
+        id="RK806",
+        title="Stated: out of memory while loading, resuming or saving",
+        category="model_state_memory",
+        symptom="The report says the OOM happens while loading a model or checkpoint, resuming, "
+        "saving or exporting",
+        cause="Loading or saving holds a second copy of the model states on the GPU: a checkpoint "
+        "mapped to the GPU and kept after load_state_dict, a full (unsharded) state dict gathered "
+        "on one rank, optimizer states deep-copied on load",
+        confirm="The traceback's frames (load_state_dict, from_pretrained, state_dict gather); "
+        "torch.cuda.memory_allocated() before and after the load",
+        fix="Load to CPU (map_location='cpu') and free the loaded dict after load_state_dict; "
+        "save sharded state dicts (or offload the full one to CPU rank 0 only)",
+        reads_stated="oom_loading_or_saving",
+    ),
+    dict(
+        id="RK807",
+        title="Stated: out of memory (or slower) since an update",
+        category="framework_bug",
+        symptom="The report ties the OOM or slowdown to an update of the software, naming no "
+        "release the known-problems table or the regression rules could match",
+        cause="A framework release changed what the step holds (a regression, a changed default); "
+        "the same job ran before the update",
+        confirm="Run the same job on the version before and after the update (pip freeze of "
+        "both); the first version that fails narrows it to a release",
+        fix="Pin the last version that worked and report the regression upstream with both "
+        "versions; look for a default the release changed (its release notes)",
+        reads_stated="after_update",
+    ),
+    dict(
+        id="RK808",
+        title="Stated: LoRA fits, full fine-tuning runs out of memory",
+        category="model_state_memory",
+        symptom="The report says the run works with LoRA (or another adapter) and runs out of "
+        "memory as a full fine-tune",
+        cause="A full fine-tune keeps gradients and optimizer states for every weight (about 16 "
+        "bytes per parameter with Adam in mixed precision) where LoRA keeps them for the adapters "
+        "only; the activations are about the same in both",
+        confirm="Weights x 16 bytes against the GPU: a 7B model's full fine-tune needs ~112 GB of "
+        "model states before activations",
+        fix="Shard the model states (DeepSpeed ZeRO-3 / FSDP over more GPUs), offload the "
+        "optimizer, or keep LoRA",
+        reads_stated="full_fails_lora_works",
+    ),
 )
-def _no_effect(ctx: Context) -> Match | None:
-    return _said(ctx, "recompute_no_effect")
 
 
-@rule(
-    "RK801",
-    "Stated: training is slower with recompute / checkpointing",
-    "recompute_overhead",
-    symptom="The report says the run got slower with checkpointing on (or since a change), "
-    "with no timings that show by how much",
-    cause="Recompute re-runs the forward of each checkpointed block in the backward: full "
-    "recompute of every layer adds about one forward pass (~1.3x the step); more when blocks "
-    "are recomputed twice (nested checkpoints) or the model is small and memory-bound",
-    confirm="Time a few steps with checkpointing on and off at the same batch (interleaved); "
-    "if the slowdown came with an upgrade, time both versions",
-    fix="Recompute less: selective recompute or fewer checkpointed layers "
-    "(recompute_num_layers, a checkpointing interval), or none where the run fits without it",
-    reads_stated="slower",
-)
-def _slower(ctx: Context) -> Match | None:
-    return _said(ctx, "slower")
+def _register(reading: dict) -> None:
+    symptom = reading["reads_stated"]
+
+    def check(ctx: Context) -> Match | None:
+        return _said(ctx, symptom)
+
+    fields = dict(reading)
+    rule(fields.pop("id"), fields.pop("title"), fields.pop("category"), **fields)(check)
 
 
-@rule(
-    "RK802",
-    "Stated: gradients are None under checkpointing",
-    "checkpoint_api_misuse",
-    symptom="The report says parameters' gradients are None (LoRA adapters, a frozen base) "
-    "with checkpointing on",
-    cause="Reentrant checkpointing (use_reentrant=True) only backpropagates through a segment "
-    "whose inputs require grad; with a frozen embedding no input does, so the adapters inside "
-    "get no gradient",
-    confirm="Check use_reentrant and whether the checkpointed block's input requires grad "
-    "(print hidden_states.requires_grad inside the block)",
-    fix="Use non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': "
-    "False}) or make the inputs require grad (model.enable_input_require_grads())",
-    reads_stated="grads_none",
-)
-def _grads_none(ctx: Context) -> Match | None:
-    return _said(ctx, "grads_none")
-
-
-@rule(
-    "RK803",
-    "Stated: loss or gradients differ (NaN) with checkpointing",
-    "nondeterministic_recompute",
-    symptom="The report says the loss or gradients differ, diverge or turn NaN when "
-    "checkpointing is on",
-    cause="The recomputed forward is not the forward that ran: random state (dropout) not "
-    "restored, a module whose behaviour depends on a call count or cache, or a different "
-    "code path (autocast, eval-mode switches) during recompute",
-    confirm="Run one step with checkpointing on and off from the same seed and compare the "
-    "gradients; set torch.utils.checkpoint's determinism_check / debug=True",
-    fix="Keep preserve_rng_state=True (the default), make the checkpointed function free of "
-    "side effects, and upgrade the framework if it is a known recompute bug",
-    reads_stated="diverges_with_recompute",
-)
-def _diverges(ctx: Context) -> Match | None:
-    return _said(ctx, "diverges_with_recompute")
-
-
-@rule(
-    "RK804",
-    "Stated: training hangs with checkpointing",
-    "framework_bug",
-    symptom="The report says training hangs or deadlocks with checkpointing on",
-    cause="A collective inside a checkpointed block runs in the forward but not in the "
-    "recompute on some rank (or in another order), or reentrant checkpointing interacts with "
-    "DDP / FSDP hooks; usually a framework bug fixed in a later version",
-    confirm="py-spy dump every rank while it hangs, with NCCL_DEBUG=INFO and "
-    "TORCH_DISTRIBUTED_DEBUG=DETAIL; note the torch and framework versions",
-    fix="Use non-reentrant checkpointing (use_reentrant=False), wrap checkpointing outside "
-    "FSDP's own units, and upgrade the framework",
-    reads_stated="hangs_with_recompute",
-)
-def _hangs(ctx: Context) -> Match | None:
-    return _said(ctx, "hangs_with_recompute")
-
-
-@rule(
-    "RK805",
-    "Stated: memory grows step after step",
-    "framework_bug",
-    symptom="The report says memory keeps growing every step or speaks of a leak",
-    cause="Something keeps references from one step to the next: a reference cycle holding "
-    "saved tensors, a loss accumulated with its graph (total += loss instead of "
-    "loss.item()), a cache that grows; in frameworks, a known leak fixed in a later version",
-    confirm="Log torch.cuda.memory_allocated() after every step; a steady rise is a leak; "
-    "call gc.collect() after the step: if the rise stops, it is a reference cycle",
-    fix="Accumulate loss.item(), not the loss tensor; break the cycle (gc.collect() as a "
-    "test); upgrade the framework if it is a known leak",
-    reads_stated="memory_grows",
-)
-def _grows(ctx: Context) -> Match | None:
-    return _said(ctx, "memory_grows")
-
-
-@rule(
-    "RK806",
-    "Stated: out of memory while loading, resuming or saving",
-    "model_state_memory",
-    symptom="The report says the OOM happens while loading a model or checkpoint, resuming, "
-    "saving or exporting",
-    cause="Loading or saving holds a second copy of the model states on the GPU: a checkpoint "
-    "mapped to the GPU and kept after load_state_dict, a full (unsharded) state dict gathered "
-    "on one rank, optimizer states deep-copied on load",
-    confirm="The traceback's frames (load_state_dict, from_pretrained, state_dict gather); "
-    "torch.cuda.memory_allocated() before and after the load",
-    fix="Load to CPU (map_location='cpu') and free the loaded dict after load_state_dict; "
-    "save sharded state dicts (or offload the full one to CPU rank 0 only)",
-    reads_stated="oom_loading_or_saving",
-)
-def _loading(ctx: Context) -> Match | None:
-    return _said(ctx, "oom_loading_or_saving")
-
-
-@rule(
-    "RK807",
-    "Stated: out of memory (or slower) since an update",
-    "framework_bug",
-    symptom="The report ties the OOM or slowdown to an update of the software, naming no "
-    "release the known-problems table or the regression rules could match",
-    cause="A framework release changed what the step holds (a regression, a changed default); "
-    "the same job ran before the update",
-    confirm="Run the same job on the version before and after the update (pip freeze of "
-    "both); the first version that fails narrows it to a release",
-    fix="Pin the last version that worked and report the regression upstream with both "
-    "versions; look for a default the release changed (its release notes)",
-    reads_stated="after_update",
-)
-def _after_update(ctx: Context) -> Match | None:
-    return _said(ctx, "after_update")
-
-
-@rule(
-    "RK808",
-    "Stated: LoRA fits, full fine-tuning runs out of memory",
-    "model_state_memory",
-    symptom="The report says the run works with LoRA (or another adapter) and runs out of "
-    "memory as a full fine-tune",
-    cause="A full fine-tune keeps gradients and optimizer states for every weight (about 16 "
-    "bytes per parameter with Adam in mixed precision) where LoRA keeps them for the adapters "
-    "only; the activations are about the same in both",
-    confirm="Weights x 16 bytes against the GPU: a 7B model's full fine-tune needs ~112 GB of "
-    "model states before activations",
-    fix="Shard the model states (DeepSpeed ZeRO-3 / FSDP over more GPUs), offload the "
-    "optimizer, or keep LoRA",
-    reads_stated="full_fails_lora_works",
-)
-def _full_fails(ctx: Context) -> Match | None:
-    return _said(ctx, "full_fails_lora_works")
+for _reading in READINGS:
+    _register(_reading)
