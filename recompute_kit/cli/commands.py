@@ -14,6 +14,7 @@ from ..config import (
     ConfigError,
     all_specs,
 )
+from ..export_layout import changed_settings
 from ..presets import PRESETS
 from ..units import byte_unit, in_unit
 from .common import (
@@ -23,6 +24,7 @@ from .common import (
     emit_json_read,
     format_table,
     input_name,
+    inputs_alone,
     layer_span,
     layout_of,
     note_inapplicable,
@@ -426,8 +428,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .levers import cmd_levers
 
         return cmd_levers(args, cfg, gib, version)
+    changes = changed_settings(cfg, inputs_alone(args), override_values(args))
     try:
-        result = plan(cfg, gib, args.safety_margin, default_format(args), args.stage, version)
+        result = plan(
+            cfg, gib, args.safety_margin, default_format(args), args.stage, version, changes
+        )
     except ConfigError as exc:
         exc = with_layout_assumptions(exc, cfg)
         if args.json:  # a document even when nothing fits: scripts read stdout
@@ -481,6 +486,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "best": result.best.to_json(),
                 "explanation": result.explanation,
                 "rendered": result.rendered,
+                # the layout and shape settings changed from the inputs (in `rendered` too)
+                "changed_settings": result.changes,
             },
         )
         return 0
