@@ -21,6 +21,13 @@ TITAN = CORPUS / "torchtitan" / "llama3_8b.toml"
 MIXTRAL = CORPUS / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
 
 
+def _table(text: str) -> tuple[str, str]:
+    """The header and first row of the table a command printed (after the reader's summary)."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("recompute "))
+    return lines[start], lines[start + 2]
+
+
 def _json(capsys, argv: list[str]) -> dict:
     assert main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -67,3 +74,61 @@ def test_plan_without_overrides_renders_no_layout(capsys):
     doc = _json(capsys, ["plan", "--model", "llama3-70b", "--gpu-memory-gb", "79.1"])
     assert doc["changed_settings"] == {}
     assert "parallel layout" not in doc["rendered"]
+
+
+def test_estimate_names_the_logits_and_loss(capsys):
+    # A skill trial: Llama-3.1-8B at 16k under torchtitan; the loss's fp32 logits bind, but no
+    # line of the output named them. torch's cross_entropy on fp32 logits keeps the fp32
+    # log-softmax (4 bytes x 16384 x 128256) and the int64 targets; backward holds two fp32
+    # gradients of the logits beside them (memory/estimate.py loss_bytes).
+    argv = ["estimate", "--config", str(TITAN), "--seq-length", "16384", "--dp", "8"]
+    e = _json(capsys, [*argv, "--recompute", "none"])["estimates"][0]
+    logits = 16384 * 128256
+    assert e["logits_shape"] == [16384, 128256]
+    assert e["loss_saved_bytes"] == 4 * logits + 8 * 16384 + 4
+    assert e["loss_transient_bytes"] == 2 * 4 * logits
+    assert e["loss_sets_peak"] is True
+    assert main([*argv, "--recompute", "none", "full:uniform:1"]) == 0
+    text = capsys.readouterr().out
+    assert "logits/loss (GiB)" in _table(text)[0]
+    line = next(x for x in text.splitlines() if x.startswith("logits / loss"))
+    assert "logits 16384 x 128256 per rank" in line
+    assert "keeps 7.83 GiB for backward" in line and "23.48 GiB at its peak" in line
+    assert line.endswith("it sets the peak of none, full:uniform:1")
+
+
+def test_estimate_text_shows_the_moe_imbalance_and_the_total_with_overheads(capsys):
+    # A skill trial: --moe-imbalance 1.75 printed the same table as 1.0 (the term was in the
+    # JSON only); the text must name it and the total with overheads.
+    argv = ["estimate", "--config", str(MIXTRAL), "--dp", "8"]
+    tables = {}
+    for factor in ("1.0", "1.75"):
+        doc = _json(capsys, [*argv, "--moe-imbalance", factor])["estimates"][0]
+        assert main([*argv, "--moe-imbalance", factor]) == 0
+        tables[factor] = (doc, capsys.readouterr().out)
+    doc, text = tables["1.75"]
+    assert doc["moe_imbalance_bytes"] > 0 and tables["1.0"][0]["moe_imbalance_bytes"] == 0
+    line = next(x for x in text.splitlines() if x.startswith("beside the total"))
+    assert f"MoE routing imbalance x1.75 {doc['moe_imbalance_bytes'] / 2**30:.2f} GiB" in line
+    assert f"total with overheads {doc['total_with_overheads_bytes'] / 2**30:.2f} GiB" in line
+    header, row = _table(text)
+    assert "total+overheads (GiB)" in header
+    assert f"{doc['total_with_overheads_bytes'] / 2**30:.3f}" in row.split()
+    assert "MoE routing imbalance" not in tables["1.0"][1]
+
+
+def test_plan_text_states_the_total_it_compares_with_the_budget(capsys):
+    # FSDP2 gathers a unit's weights beside the total: the plan compares total + that with the
+    # usable memory, and its text must say that figure, not the bare total.
+    argv = ["plan", "--config", str(TITAN), "--seq-length", "16384", "--cp", "4", "--dp", "2"]
+    argv += ["--gpu", "a100-40gb"]
+    doc = _json(capsys, argv)
+    best = doc["best"]
+    planned = best["total_bytes"] + best["gathered_params_bytes"]
+    assert best["gathered_params_bytes"] > 0
+    assert doc["usable_bytes"] - planned == best["headroom_bytes"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    header, row = _table(text)
+    assert "vs usable (GiB)" in header and f"{planned / 2**30:.2f}" in row.split()
+    assert f"fits: {planned / 2**30:.1f} GiB per rank" in text

@@ -253,8 +253,16 @@ def explain(
     """One paragraph: why this candidate, with the numbers."""
     e = best.estimate
     none = next((c for c in found if c.estimate.recompute == "none" and not c.offload), None)
+    planned = planned_bytes(e)
+    loss = e.loss_saved_bytes + e.loss_transient_bytes  # the loss's own peak
+    held = (
+        f"{planned / GIB:.1f} GiB per rank (its total, {e.total_bytes / GIB:.1f} GiB, and the "
+        f"terms beside it below: what is compared with the budget)"
+        if planned != e.total_bytes
+        else f"{e.total_bytes / GIB:.1f} GiB per rank"
+    )
     parts = [
-        f"{_name(best)} fits: {e.total_bytes / GIB:.1f} GiB per rank of {usable / GIB:.1f} GiB "
+        f"{_name(best)} fits: {held} of {usable / GIB:.1f} GiB "
         + (
             f"usable ({budget / GIB:.1f} GiB less the safety margin that keeps the allocator's "
             f"fragmentation and NCCL's buffers, {(budget - usable) / GIB:.1f} GiB; "
@@ -263,7 +271,14 @@ def explain(
         )
         + f"weights {e.weights_bytes / GIB:.1f}, gradients {e.grads_bytes / GIB:.1f}, "
         f"optimizer {e.optimizer_bytes / GIB:.1f}, activations at peak "
-        f"{e.peak_activation_bytes / GIB:.1f} GiB)."
+        f"{e.peak_activation_bytes / GIB:.1f} GiB"
+        + (
+            f", of which the logits and loss {loss / GIB:.1f} GiB"
+            f" (logits {' x '.join(map(str, e.logits_shape))} per rank)"
+            if e.logits_shape and e.loss_sets_peak
+            else ""
+        )
+        + ")."
     ]
     beside = {
         "MoE routing imbalance / capacity": e.moe_imbalance_bytes,
@@ -293,7 +308,7 @@ def explain(
     if none is not None and none is not best:
         state = "fits too" if none.fits else "does not fit"
         parts.append(
-            f"Without recompute the peak would be {none.estimate.total_bytes / GIB:.1f} GiB, "
+            f"Without recompute the peak would be {planned_bytes(none.estimate) / GIB:.1f} GiB, "
             f"which {state}."
         )
     parts.append(
