@@ -132,3 +132,17 @@ def test_plan_text_states_the_total_it_compares_with_the_budget(capsys):
     header, row = _table(text)
     assert "vs usable (GiB)" in header and f"{planned / 2**30:.2f}" in row.split()
     assert f"fits: {planned / 2**30:.1f} GiB per rank" in text
+
+
+def test_levers_leave_out_what_cannot_help_a_torchtitan_run(capsys):
+    # A skill trial: an FSDP2 (torchtitan) run that does not fit was offered the distributed
+    # optimizer (FSDP already shards the model states) and micro-batches 2/4/8 (more
+    # activations). They are left out, and one note says which and why.
+    argv = ["plan", "--config", str(TITAN), "--seq-length", "16384", "--dp", "8"]
+    table = _json(capsys, [*argv, "--gpu", "a100-40gb", "--levers"])["levers"]
+    assert table["current"]["fits"] is False
+    levers = {row["lever"] for row in table["rows"]}
+    assert "distributed optimizer" not in levers
+    assert all(row["micro_batch_size"] <= 1 for row in table["rows"])
+    (note,) = [n for n in table["notes"] if n.startswith("left out: ")]
+    assert "micro_batch_size 2/4/8" in note and "FSDP2 stage 3 already shards" in note
