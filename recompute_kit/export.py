@@ -48,6 +48,7 @@ import re
 from typing import Any
 
 from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
+from .export_layout import layout_lines
 
 FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer", "llama-factory")
 
@@ -80,11 +81,21 @@ _PLAIN_WORD = re.compile(
 )
 
 
-def render(recompute: RecomputeConfig, fmt: str, *, num_layers: int | None = None) -> str:
+def render(
+    recompute: RecomputeConfig,
+    fmt: str,
+    *,
+    num_layers: int | None = None,
+    layout: dict[str, Any] | None = None,
+    world_size: int = 0,
+) -> str:
     """The recompute (and offloading) settings of `recompute` in format `fmt` (see FORMATS).
 
     `num_layers` (transformer layers per pipeline stage) is only used by the torchtitan
-    rendering of ``full:block:N``, to pick the closest every-k-th-layer option. Raises
+    rendering of ``full:block:N``, to pick the closest every-k-th-layer option. `layout`: the
+    parallel layout and shape settings a plan changed from the inputs
+    (export_layout.changed_settings), written after the recompute settings in the same
+    format's keys; `world_size`: the GPUs that layout takes. Raises
     `ConfigError` (one line) for an unknown format or settings that cannot be exported.
     The result ends with a newline.
     """
@@ -93,6 +104,7 @@ def render(recompute: RecomputeConfig, fmt: str, *, num_layers: int | None = Non
     _check(recompute, num_layers)
     header = f"# recompute-kit: {format_spec(recompute)}"
     body = _RENDERERS[fmt](recompute, num_layers)
+    body += layout_lines(layout or {}, fmt, world_size)
     return "\n".join([header, *body]) + "\n"
 
 

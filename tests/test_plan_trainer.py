@@ -54,13 +54,19 @@ def test_global_batch_is_the_trainers_product_once_dp_is_given():
 def test_llama_factory_yaml_gets_llama_factorys_checkpointing_key(capsys):
     doc = _plan_json(capsys, "--seq-length", "4096")
     lines = [x for x in doc["rendered"].splitlines() if not x.startswith("#")]
-    assert lines in (
-        ["disable_gradient_checkpointing: true"],
-        ["disable_gradient_checkpointing: false"],
+    assert lines[0] in (
+        "disable_gradient_checkpointing: true",
+        "disable_gradient_checkpointing: false",
     )
+    # --seq-length changed the input's cutoff_len and --dp 8 the assumed world: the plan is
+    # for both and says so (the data-parallel size as the GPUs to launch on)
+    assert doc["changed_settings"] == {"data_parallel_size": 8, "seq_length": 4096}
+    assert lines[1:] == ["cutoff_len: 4096"]
+    assert "# data parallel: launch on 8 GPUs" in doc["rendered"]
     # --format still gives the Trainer's key
     doc = _plan_json(capsys, "--seq-length", "4096", "--format", "hf-trainer")
-    assert doc["rendered"].splitlines()[-1].startswith("gradient_checkpointing: ")
+    lines = [x for x in doc["rendered"].splitlines() if not x.startswith("#")]
+    assert lines[0].startswith("gradient_checkpointing: ") and lines[1:] == ["max_length: 4096"]
 
 
 def test_help_names_the_default_it_uses(capsys):

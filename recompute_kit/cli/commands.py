@@ -14,8 +14,11 @@ from ..config import (
     ConfigError,
     all_specs,
 )
+from ..export_layout import changed_settings
+from ..plan.margins import planned_bytes
 from ..presets import PRESETS
 from ..units import byte_unit, in_unit
+from .breakdown import loss_at_peak_bytes, loss_line, overhead_terms, overheads_line
 from .common import (
     config_from_args,
     default_format,
@@ -23,6 +26,7 @@ from .common import (
     emit_json_read,
     format_table,
     input_name,
+    inputs_alone,
     layer_span,
     layout_of,
     note_inapplicable,
@@ -268,6 +272,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 f"grads ({unit})",
                 f"optimizer ({unit})",
                 f"total ({unit})",
+                f"logits/loss ({unit})",
+                f"overheads ({unit})",
+                f"total+overheads ({unit})",
                 "recompute FLOPs (%)",
             ],
             [
@@ -281,12 +288,22 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     in_unit(e.grads_bytes, scale),
                     in_unit(e.optimizer_bytes, scale),
                     in_unit(e.total_bytes, scale),
+                    in_unit(loss_at_peak_bytes(e), scale) if e.logits_shape else "-",
+                    in_unit(e.overhead_bytes, scale),
+                    in_unit(e.total_with_overheads_bytes, scale),
                     f"{100 * e.recompute_flops_fraction:.2f}",
                 )
                 for e in results
             ],
         )
     )
+    # what the columns beyond the model states hold, named (cli/breakdown.py)
+    last = next((e for e in results if e.logits_shape), None)
+    if last is not None:
+        print(loss_line(last, [e.recompute for e in results if e.loss_sets_peak]))
+    same = len({tuple(overhead_terms(e).items()) for e in results}) == 1
+    for e in results[:1] if same else results:
+        print(overheads_line(e))
     print()
     print_layout(cfg, None if stages else results[0])
     if stages:
@@ -426,8 +443,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .levers import cmd_levers
 
         return cmd_levers(args, cfg, gib, version)
+    changes = changed_settings(cfg, inputs_alone(args), override_values(args))
     try:
-        result = plan(cfg, gib, args.safety_margin, default_format(args), args.stage, version)
+        result = plan(
+            cfg, gib, args.safety_margin, default_format(args), args.stage, version, changes
+        )
     except ConfigError as exc:
         exc = with_layout_assumptions(exc, cfg)
         if args.json:  # a document even when nothing fits: scripts read stdout
@@ -481,6 +501,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "best": result.best.to_json(),
                 "explanation": result.explanation,
                 "rendered": result.rendered,
+                # the layout and shape settings changed from the inputs (in `rendered` too)
+                "changed_settings": result.changes,
             },
         )
         return 0
@@ -493,6 +515,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "offload",
                 "fits",
                 f"total ({unit})",
+                f"vs usable ({unit})",
                 f"peak act ({unit})",
                 f"headroom ({unit})",
                 f"band ({unit})",
@@ -504,6 +527,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     c.offload or "-",
                     ("yes" if c.clears_band else "in band") if c.fits else "no",
                     in_unit(c.estimate.total_bytes, scale, 2),
+                    in_unit(planned_bytes(c.estimate), scale, 2),
                     in_unit(c.estimate.peak_activation_bytes, scale, 2),
                     in_unit(c.headroom_bytes, scale, 2),
                     in_unit(c.band.total_bytes, scale, 2) if c.band else "-",
@@ -516,6 +540,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     hidden = len(result.candidates) - len(shown)
     if hidden:
         print(f"({hidden} more candidates: --top N or --json)")
+    print(
+        f"vs usable: the total and the terms beside it (MoE imbalance, dispatcher buffers, "
+        f"gathered weight copies), compared with the usable {result.usable_bytes / 2**30:.1f} GiB "
+        f"(the budget, {result.budget_bytes / 2**30:.1f} GiB, less the safety margin, which "
+        "covers the CUDA context and NCCL's buffers with the band)"
+    )
     print(f"\nper pipeline stage, {result.best.estimate.recompute}:")
     unit, scale = byte_unit([s.total_bytes for s in result.stages])
     print(

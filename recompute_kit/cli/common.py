@@ -296,6 +296,20 @@ def config_from_args(
     return resolved.config
 
 
+def inputs_alone(args: argparse.Namespace) -> Config | None:
+    """The Config the inputs make without this command line's overrides (what `plan` compares
+    its layout with), or None when they make none on their own."""
+    model = getattr(args, "model", None)
+    try:
+        if not args.config and (model or "tiny-gpt") in PRESETS:
+            return get_preset(model or "tiny-gpt").config()
+        from ..sources.resolve import resolve
+
+        return resolve(args.config or [], model=model).config
+    except ConfigError:
+        return None  # e.g. the inputs leave the world size to --dp
+
+
 # CLI flag -> Megatron key, for the shape and parallelism overrides.
 OVERRIDES = {
     "seq_length": "seq_length",

@@ -85,6 +85,15 @@ class Estimate:
     # Multi-token prediction on this stage, per micro-batch, by part (memory/mtp.py); inside
     # activation_bytes. Empty on stages without MTP.
     mtp_bytes: dict[str, float] = field(default_factory=dict)
+    # The logits and loss on the last pipeline stage (loss_bytes), zero elsewhere: the logits'
+    # [rows, columns] per rank (tokens of a micro-batch, vocabulary / TP), what the loss keeps
+    # for backward (inside activation_bytes, every micro-batch in flight), the most it adds
+    # while it runs (inside peak_activation_bytes when loss_sets_peak: the step's peak is the
+    # loss's moment, not a layer's backward).
+    logits_shape: list[int] = field(default_factory=list)
+    loss_saved_bytes: int = 0
+    loss_transient_bytes: int = 0
+    loss_sets_peak: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -585,12 +594,11 @@ def loss_bytes(
     impl = m.loss_implementation
     if impl not in ("megatron", "hf", "torchtitan"):
         raise ConfigError(f"loss_implementation must be megatron, hf or torchtitan, got {impl!r}")
+    logits = tokens * logits_columns(m, p, engine)
     if impl != "megatron" or engine != "megatron":
-        logits = tokens * m.vocab_size / t  # no vocabulary padding outside Megatron
         saved = STAT_BYTES * logits + INDEX_BYTES * tokens + STAT_BYTES
         upcast = STAT_BYTES * logits if B < STAT_BYTES else 0.0
         return saved, max(B * logits + upcast, 2 * STAT_BYTES * logits)
-    logits = tokens * padded_vocab_size(m, t) / t
     fusion = m.cross_entropy_fusion_impl if m.cross_entropy_loss_fusion else None
     if fusion not in (None, "native", "te"):
         raise ConfigError(
@@ -604,6 +612,15 @@ def loss_bytes(
     # fused: the bf16 gradient, then autograd's cast to the logits' dtype
     cast = 2 * logits + (B * logits if B != 2 else 0.0)
     return saved, max(copy, cast if fusion == "native" else copy)
+
+
+def logits_columns(m: ModelConfig, p: ParallelConfig, engine: str = "megatron") -> float:
+    """The logits' columns on one rank: the vocabulary over TP, padded as Megatron pads it
+    (no padding outside Megatron's loss)."""
+    t = p.tensor_model_parallel_size
+    if m.loss_implementation != "megatron" or engine != "megatron":
+        return m.vocab_size / t
+    return padded_vocab_size(m, t) / t
 
 
 def check_divisible(config: Config) -> None:
@@ -757,7 +774,20 @@ def _stage_estimate(
         sharding=states.mode,
         gathered_params_bytes=states.gathered_params,
         mtp_bytes=mtp,
+        **_loss_terms(m, p, B, engine, stage == pp - 1, in_flight, loss_transient, transient),
     )
+
+
+def _loss_terms(m, p, B, engine, last, in_flight, loss_transient, transient) -> dict:
+    """Estimate's logits / loss fields for one stage (zero unless it holds the loss)."""
+    if not last:
+        return {}
+    return {
+        "logits_shape": [_shape(m, p, B).tokens, round(logits_columns(m, p, engine))],
+        "loss_saved_bytes": round(loss_bytes(m, p, B, engine)[0] * in_flight),
+        "loss_transient_bytes": round(loss_transient),
+        "loss_sets_peak": loss_transient > 0 and loss_transient >= transient,
+    }
 
 
 def _mtp_bytes(config, B, training, engine, stage, layout, edges) -> dict[str, float]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..config import Config, ConfigError, RecomputeConfig
 from ..config.versions import describe_version, parse_version
 from ..export import render
+from ..export_layout import world_size
 from ..memory.estimate import Estimate, estimate
 from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
 from .search import candidates
@@ -71,6 +72,8 @@ class Plan:
     ties: list[dict] = dataclasses.field(default_factory=list)
     excluded: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (spec, why)
     megatron_core_version: str = ""  # as used: "0.16" or "unknown (the strictest ...)"
+    # layout and shape settings (Megatron names) changed from the inputs; in `rendered` too
+    changes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def headroom_bytes(self) -> int:
@@ -89,10 +92,13 @@ def plan(
     fmt: str = "megatron-bridge",
     stage: int | None = None,
     megatron_core_version: str | None = None,
+    changes: dict | None = None,
 ) -> Plan:
     """Estimate every candidate, mark what fits, pick the cheapest that clears the estimate's
     error band. `megatron_core_version` (else the config's; None: unknown, the strictest)
-    decides which settings are known to be broken. Raises ConfigError (one line) when the
+    decides which settings are known to be broken. `changes`: the layout and shape settings
+    `config` changes from the inputs (export_layout.changed_settings: the command line's --cp,
+    --seq-length, ...), rendered with the recompute settings. Raises ConfigError (one line) when the
     budget is impossible or nothing fits, saying by how much."""
     if gpu_memory_gb <= 0:
         raise ConfigError(f"--gpu-memory-gb must be positive, got {gpu_memory_gb:g}")
@@ -151,6 +157,7 @@ def plan(
             + _what_else(config)
         )
     best = fitting[0]
+    changes = changes or {}
     layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     chosen = Config(config.model, config.parallel, best.recompute)
     stages = stage_table(chosen, usable)
@@ -161,7 +168,10 @@ def plan(
         candidates=fitting + [c for c in found if not c.fits],
         best=best,
         explanation=explain(best, found, usable, ties, excluded, version, budget),
-        rendered=render(best.recompute, fmt, num_layers=layers),
+        rendered=render(
+            best.recompute, fmt, num_layers=layers, layout=changes, world_size=world_size(config)
+        ),
+        changes=changes,
         stages=stages,
         binding=binding_reason(stages),
         ties=ties,
@@ -243,8 +253,16 @@ def explain(
     """One paragraph: why this candidate, with the numbers."""
     e = best.estimate
     none = next((c for c in found if c.estimate.recompute == "none" and not c.offload), None)
+    planned = planned_bytes(e)
+    loss = e.loss_saved_bytes + e.loss_transient_bytes  # the loss's own peak
+    held = (
+        f"{planned / GIB:.1f} GiB per rank (its total, {e.total_bytes / GIB:.1f} GiB, and the "
+        f"terms beside it below: what is compared with the budget)"
+        if planned != e.total_bytes
+        else f"{e.total_bytes / GIB:.1f} GiB per rank"
+    )
     parts = [
-        f"{_name(best)} fits: {e.total_bytes / GIB:.1f} GiB per rank of {usable / GIB:.1f} GiB "
+        f"{_name(best)} fits: {held} of {usable / GIB:.1f} GiB "
         + (
             f"usable ({budget / GIB:.1f} GiB less the safety margin that keeps the allocator's "
             f"fragmentation and NCCL's buffers, {(budget - usable) / GIB:.1f} GiB; "
@@ -253,7 +271,14 @@ def explain(
         )
         + f"weights {e.weights_bytes / GIB:.1f}, gradients {e.grads_bytes / GIB:.1f}, "
         f"optimizer {e.optimizer_bytes / GIB:.1f}, activations at peak "
-        f"{e.peak_activation_bytes / GIB:.1f} GiB)."
+        f"{e.peak_activation_bytes / GIB:.1f} GiB"
+        + (
+            f", of which the logits and loss {loss / GIB:.1f} GiB"
+            f" (logits {' x '.join(map(str, e.logits_shape))} per rank)"
+            if e.logits_shape and e.loss_sets_peak
+            else ""
+        )
+        + ")."
     ]
     beside = {
         "MoE routing imbalance / capacity": e.moe_imbalance_bytes,
@@ -283,7 +308,7 @@ def explain(
     if none is not None and none is not best:
         state = "fits too" if none.fits else "does not fit"
         parts.append(
-            f"Without recompute the peak would be {none.estimate.total_bytes / GIB:.1f} GiB, "
+            f"Without recompute the peak would be {planned_bytes(none.estimate) / GIB:.1f} GiB, "
             f"which {state}."
         )
     parts.append(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from ..config import Config, ConfigError
 from ..config.validation import check_expert_layout
 from ..memory.estimate import Estimate, estimate
+from ..memory.model_states import sharding_mode
 from .margins import HOST_MEMORY_PER_GPU_BYTES, error_band, fits_host, planned_bytes
 from .search import candidates
 from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
@@ -316,8 +317,16 @@ def levers(
                 c = config.replace(virtual_pipeline_model_parallel_size=v if v > 1 else None)
                 rows.append(_evaluate("vpp", f"vpp={v}", c, *args))
         rows += _uneven(config, args)
+    left_out = []  # levers that cannot help this run, said in one note
+    larger = [b for b in MICRO_BATCH_SIZES if b > m.micro_batch_size]
+    if larger and not current.fits:
+        # a larger micro-batch only adds activations: no help while the run does not fit
+        left_out.append(
+            f"micro_batch_size {'/'.join(map(str, larger))} (a larger micro-batch adds "
+            "activations and the run as given does not fit)"
+        )
     for b in MICRO_BATCH_SIZES:
-        if b != m.micro_batch_size:
+        if b != m.micro_batch_size and (current.fits or b < m.micro_batch_size):
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", f"micro_batch_size={b}", c, *args))
     for rc, offload in candidates(config):
@@ -327,7 +336,15 @@ def levers(
                 "offload", f"{offload} + {c.recompute.spec}", c, *args, fallback="never"
             )
             rows.append(row)
-    if not p.use_distributed_optimizer and p.data_parallel_size > 1:
+    states = sharding_mode(config)
+    if states != "megatron" and not p.use_distributed_optimizer:
+        # FSDP2 / ZeRO / Megatron-FSDP already shard the optimizer states over DP
+        name = {"fsdp2": "FSDP2", "zero": "ZeRO", "megatron_fsdp": "Megatron-FSDP"}[states]
+        left_out.append(
+            f"distributed optimizer ({name} stage {p.zero_stage} already shards the model "
+            "states over data parallel)"
+        )
+    elif not p.use_distributed_optimizer and p.data_parallel_size > 1:
         c = config.replace(use_distributed_optimizer=True)
         row = _evaluate("distributed optimizer", "use_distributed_optimizer", c, *args)
         if row is not None:
@@ -336,6 +353,8 @@ def levers(
                 + ("" if row.adds == "-" else ", " + row.adds)
             )
         rows.append(row)
+    if left_out:
+        notes.append("left out: " + "; ".join(left_out))
     return _ranked(rows, current, hw, global_batch_size, usable, notes)
 
 

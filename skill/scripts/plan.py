@@ -16,8 +16,11 @@ Prints one JSON document on stdout:
    grads_gib, optimizer_gib, recompute_flops_pct, headroom_gib, error_band_gib,
    clears_error_band, ...}, "explanation": "...", "binding_stage": "<which stage binds, why>",
    "stage_total_gib": [per pipeline stage], "assumptions": [...], "warnings": [the reader's],
-   "rendered": "<config to paste>", "usable_gib": ..., "fitting": [top --top rows that fit,
-   cheapest first], "not_fitting_closest": [...], "candidates": N}
+   "rendered": "<config to paste: the recompute setting, and the parallel layout / shape
+   the fit is for where the options changed them from the inputs>", "changed_settings":
+   {Megatron field: value, e.g. context_parallel_size: 4}, "usable_gib": ...,
+   "fitting": [top --top rows that fit, cheapest first], "not_fitting_closest": [...],
+   "candidates": N}
 
 When nothing fits: {"ok": true, "fits": false, "error": "<by how much the smallest misses>"}
 and exit 1 (as the CLI). Bad input: {"ok": false, "error": ...}, exit 1.
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             "assumptions": doc.get("assumptions", []),
             "warnings": (doc.get("read") or {}).get("warnings", []),
             "rendered": doc.get("rendered"),
+            "changed_settings": doc.get("changed_settings", {}),
             "budget_gib": gib(doc.get("budget_bytes")),
             "usable_gib": gib(doc.get("usable_bytes")),
             "fitting": fitting[: args.top],

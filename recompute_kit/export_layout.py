@@ -1,0 +1,268 @@
+"""Render the parallel layout and training shape a plan depends on, in a framework's own keys.
+
+A plan fits for one layout (`--cp 4 --dp 2`) and shape (`--seq-length`, `--micro-batch-size`);
+where these differ from what the inputs say, the rendered config must carry them, or the user
+launches the old layout with the new recompute setting and the fit is not the one planned.
+`changed_settings` picks them (Megatron-Core field names); `layout_lines` writes them for one
+format of `export.FORMATS`. A setting a framework has no key for is said in a comment.
+
+Keys, as each framework names them:
+* Megatron-LM: `megatron/training/arguments.py` (`--tensor-model-parallel-size`,
+  `--num-virtual-stages-per-pipeline-rank`, `--decoder-first-pipeline-num-layers`, ...). The
+  data-parallel size is no flag: WORLD_SIZE / (TP x PP x CP).
+* Megatron-Bridge: the model provider's TransformerConfig fields (`cfg.model.*`),
+  `cfg.train.micro_batch_size`, `cfg.dataset.seq_length` beside `cfg.model.seq_length` (Bridge
+  checks they are equal), `cfg.ddp.use_distributed_optimizer` and
+  `cfg.optimizer.use_distributed_optimizer`.
+* NeMo 1.x: `model.*` of the model config (`encoder_seq_length`); the distributed optimizer is
+  `model.optim.name: distributed_fused_adam`; DP is `trainer.devices x trainer.num_nodes` / the
+  model-parallel product.
+* torchtitan JobConfig: `[parallelism] *_degree` (`data_parallel_shard_degree`: FSDP over the
+  data-parallel ranks), `[training] seq_len / local_batch_size`.
+* Hugging Face Trainer / LLaMA-Factory (`export.TRAINER_KEYS`): micro-batch and sequence length;
+  data parallel is the number of processes the launcher starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .config import Config
+
+# The settings a plan's fit depends on beside recompute (Megatron-Core field names, in the
+# order they are written): the parallel layout, then the training shape.
+LAYOUT_FIELDS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "data_parallel_size",
+    "sequence_parallel",
+    "use_distributed_optimizer",
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "seq_length",
+    "micro_batch_size",
+    "attention_backend",
+)
+
+
+def setting(config: Config, key: str) -> Any:
+    """The value of one of LAYOUT_FIELDS in `config` (ETP None: it follows TP)."""
+    section = config.model if hasattr(config.model, key) else config.parallel
+    return getattr(section, key)
+
+
+def changed_settings(
+    planned: Config, given: Config | None, overridden: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The LAYOUT_FIELDS whose value in `planned` differs from `given` (the config the inputs
+    make on their own, without the command line's overrides). When the inputs alone make none
+    (`given` None: e.g. the shape comes only from --model), the `overridden` keys."""
+    # a dense model has no expert layout to write
+    keys = [k for k in LAYOUT_FIELDS if planned.model.num_moe_experts or "expert" not in k]
+    if given is None:
+        return {key: setting(planned, key) for key in keys if key in set(overridden)}
+    return {
+        key: setting(planned, key) for key in keys if setting(planned, key) != setting(given, key)
+    }
+
+
+def world_size(config: Config) -> int:
+    p = config.parallel
+    return (
+        p.data_parallel_size
+        * p.tensor_model_parallel_size
+        * p.pipeline_model_parallel_size
+        * p.context_parallel_size
+    )
+
+
+_MEGATRON_LM_FLAGS = {
+    "tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+    "context_parallel_size": "--context-parallel-size",
+    "expert_model_parallel_size": "--expert-model-parallel-size",
+    "expert_tensor_parallel_size": "--expert-tensor-parallel-size",
+    "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+    "seq_length": "--seq-length",
+    "micro_batch_size": "--micro-batch-size",
+    "attention_backend": "--attention-backend",
+}
+_MEGATRON_LM_SWITCHES = {
+    "sequence_parallel": "--sequence-parallel",
+    "use_distributed_optimizer": "--use-distributed-optimizer",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+}
+
+_HEADER = "# the parallel layout and shape this plan is for (changed from the inputs):"
+
+
+def _world_note(world: int, launcher: str) -> str:
+    return f"# data parallel: launch on {world} GPUs ({launcher})"
+
+
+def layout_lines(changes: dict[str, Any], fmt: str, world: int) -> list[str]:
+    """`changes` (changed_settings) as lines of format `fmt`; `world`: the GPUs the layout
+    takes (world_size). Empty when nothing changed."""
+    if not changes:
+        return []
+    return [_HEADER, *_WRITERS[fmt](changes, world)]
+
+
+def _megatron_lm(changes: dict[str, Any], world: int) -> list[str]:
+    flags, notes = [], []
+    for key, value in changes.items():
+        if key in _MEGATRON_LM_FLAGS:
+            if value is None:
+                notes.append(f"# drop {_MEGATRON_LM_FLAGS[key]} ({key} unset)")
+            else:
+                flags += [_MEGATRON_LM_FLAGS[key], str(value)]
+        elif key in _MEGATRON_LM_SWITCHES:
+            if value:
+                flags.append(_MEGATRON_LM_SWITCHES[key])
+            else:
+                notes.append(f"# drop {_MEGATRON_LM_SWITCHES[key]}")
+        elif key == "data_parallel_size":
+            notes.append(
+                _world_note(world, f"WORLD_SIZE = --nproc_per_node x --nnodes; DP {value}")
+            )
+    return notes + ([" ".join(flags)] if flags else [])
+
+
+def _python(value: Any) -> str:
+    return repr(value) if not isinstance(value, str) else f'"{value}"'
+
+
+def _bridge(changes: dict[str, Any], world: int) -> list[str]:
+    lines, notes = [], []
+    for key, value in changes.items():
+        if key == "data_parallel_size":
+            notes.append(_world_note(world, f"torchrun --nproc_per_node x --nnodes; DP {value}"))
+        elif key == "micro_batch_size":
+            lines.append(f"cfg.train.micro_batch_size = {value}")
+        elif key == "seq_length":
+            lines += [f"cfg.model.seq_length = {value}", f"cfg.dataset.seq_length = {value}"]
+        elif key == "use_distributed_optimizer":
+            lines += [
+                f"cfg.ddp.use_distributed_optimizer = {value}",
+                f"cfg.optimizer.use_distributed_optimizer = {value}",
+            ]
+        elif key == "attention_backend":
+            notes.append(
+                f"# attention backend {value}: cfg.model.attention_backend = AttnBackend.{value}"
+            )
+        else:
+            lines.append(f"cfg.model.{key} = {_python(value)}")
+    return notes + lines
+
+
+def _nemo(changes: dict[str, Any], world: int) -> list[str]:
+    """Keys inside the `model:` block the recompute rendering ends with."""
+    names = {"seq_length": "encoder_seq_length"}
+    lines, notes = [], []
+    for key, value in changes.items():
+        if key == "data_parallel_size":
+            notes.append(_world_note(world, f"trainer.devices x trainer.num_nodes; DP {value}"))
+        elif key == "use_distributed_optimizer":
+            name = "distributed_fused_adam" if value else "fused_adam"
+            lines += ["  optim:", f"    name: {name}"]
+        elif key == "attention_backend":
+            notes.append(f"# attention backend {value}: model.attention_backend (Megatron-Core)")
+        else:
+            shown = (
+                "null"
+                if value is None
+                else str(value).lower()
+                if isinstance(value, bool)
+                else value
+            )
+            lines.append(f"  {names.get(key, key)}: {shown}")
+    return notes + lines  # (the recompute rendering's `model:` block is last: they continue it)
+
+
+_TORCHTITAN_PARALLELISM = {
+    "tensor_model_parallel_size": "tensor_parallel_degree",
+    "pipeline_model_parallel_size": "pipeline_parallel_degree",
+    "context_parallel_size": "context_parallel_degree",
+    "expert_model_parallel_size": "expert_parallel_degree",
+    "expert_tensor_parallel_size": "expert_tensor_parallel_degree",
+    "data_parallel_size": "data_parallel_shard_degree",
+}
+_TORCHTITAN_TRAINING = {"seq_length": "seq_len", "micro_batch_size": "local_batch_size"}
+# What torchtitan sets otherwise, said where a Megatron setting has no key there.
+_TORCHTITAN_NONE = {
+    "sequence_parallel": "its TP plan shards the norms' sequence itself",
+    "use_distributed_optimizer": "FSDP2 already shards the optimizer states",
+    "virtual_pipeline_model_parallel_size": "set pipeline_parallel_schedule "
+    "(Interleaved1F1B) and pipeline_parallel_layers_per_stage",
+    "num_layers_in_first_pipeline_stage": "set module_fqns_per_model_part",
+    "num_layers_in_last_pipeline_stage": "set module_fqns_per_model_part",
+    "account_for_embedding_in_pipeline_split": "set module_fqns_per_model_part",
+    "account_for_loss_in_pipeline_split": "set module_fqns_per_model_part",
+    "attention_backend": "[model] flavor picks the attention",
+}
+
+
+def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
+    parallelism, training, notes = [], [], []
+    for key, value in changes.items():
+        if key in _TORCHTITAN_PARALLELISM:
+            parallelism.append(f"{_TORCHTITAN_PARALLELISM[key]} = {value}")
+            if key == "data_parallel_size":
+                notes += [
+                    f"# data_parallel_shard_degree {value}: FSDP over the data-parallel ranks,",
+                    f"# {world} GPUs in all (HSDP: data_parallel_replicate_degree x",
+                    f"# data_parallel_shard_degree = {value})",
+                ]
+        elif key in _TORCHTITAN_TRAINING:
+            training.append(f"{_TORCHTITAN_TRAINING[key]} = {value}")
+        else:
+            notes.append(
+                f"# {key} {value}: no torchtitan key ({_TORCHTITAN_NONE.get(key, 'not exported')})"
+            )
+    lines = notes
+    if parallelism:
+        lines += ["[parallelism]", *parallelism]
+    if training:
+        lines += ["[training]", *training]
+    return lines
+
+
+def _trainer(fmt: str):
+    def write(changes: dict[str, Any], world: int) -> list[str]:
+        from .export import TRAINER_KEYS  # (export imports this module)
+
+        keys = TRAINER_KEYS[fmt]
+        lines, notes = [], []
+        for key, value in changes.items():
+            if key == "micro_batch_size":
+                lines.append(f"{keys['micro_batch']}: {value}")
+            elif key == "seq_length":
+                lines.append(f"{keys['seq_length']}: {value}")
+            elif key == "data_parallel_size":
+                launcher = f"torchrun --nproc_per_node / accelerate num_processes; DP {value}"
+                notes.append(_world_note(world, launcher))
+            else:
+                notes.append(f"# {key} {value}: no Trainer key (the launcher or model sets it)")
+        return notes + lines
+
+    return write
+
+
+_WRITERS = {
+    "megatron-bridge": _bridge,
+    "megatron-lm": _megatron_lm,
+    "nemo": _nemo,
+    "torchtitan": _torchtitan,
+    "hf-trainer": _trainer("hf-trainer"),
+    "llama-factory": _trainer("llama-factory"),
+}

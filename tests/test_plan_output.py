@@ -1,0 +1,148 @@
+"""What `plan` and `estimate` print: the rendered config carries the layout the fit is for,
+and the text names the loss and the overheads the numbers include.
+
+Real inputs (verbatim, sources in their .expect.yaml): torchtitan's llama3_8b.toml
+(pytorch/torchtitan torchtitan/models/llama3/train_configs/llama3_8b.toml) and Megatron-LM's
+examples/mixtral/train_mixtral_8x7b_distributed.sh."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tomllib
+import yaml
+
+from recompute_kit.cli import main
+from recompute_kit.sources.resolve import resolve
+
+CORPUS = Path(__file__).parent / "sources" / "corpus"
+TITAN = CORPUS / "torchtitan" / "llama3_8b.toml"
+MIXTRAL = CORPUS / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
+
+
+def _table(text: str) -> tuple[str, str]:
+    """The header and first row of the table a command printed (after the reader's summary)."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("recompute "))
+    return lines[start], lines[start + 2]
+
+
+def _json(capsys, argv: list[str]) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_torchtitan_plan_renders_the_parallel_layout_it_fits_for(capsys, tmp_path):
+    # A skill trial: 8 x A100 40GB at 16k; the fit needs CP4 x DP2 but the TOML printed only
+    # [activation_checkpoint]: launched as written, the run is CP1 and does not fit.
+    layout = ["--seq-length", "16384", "--cp", "4", "--dp", "2", "--gpu", "a100-40gb"]
+    doc = _json(capsys, ["plan", "--config", str(TITAN), *layout, "--format", "torchtitan"])
+    assert doc["changed_settings"] == {
+        "context_parallel_size": 4,
+        "data_parallel_size": 2,
+        "seq_length": 16384,
+    }
+    toml = tomllib.loads(doc["rendered"])
+    assert toml["parallelism"] == {"context_parallel_degree": 4, "data_parallel_shard_degree": 2}
+    assert toml["training"] == {"seq_len": 16384}
+    # read back over the user's file, the kit's own reader gets the planned layout and setting
+    patch = tmp_path / "plan.toml"
+    patch.write_text(doc["rendered"])
+    cfg = resolve([str(TITAN), str(patch)]).config
+    assert (cfg.parallel.context_parallel_size, cfg.parallel.data_parallel_size) == (4, 2)
+    assert cfg.model.seq_length == 16384
+    assert cfg.recompute.spec == doc["best"]["recompute"]
+
+
+def test_megatron_plans_render_the_layout_in_each_formats_keys(capsys, tmp_path):
+    argv = ["plan", "--config", str(MIXTRAL), "--dp", "8", "--cp", "2"]
+    argv += ["--gpu-memory-gb", "79.1", "--format"]
+    lm = _json(capsys, [*argv, "megatron-lm"])
+    assert lm["changed_settings"] == {"context_parallel_size": 2, "data_parallel_size": 8}
+    flags = [line for line in lm["rendered"].splitlines() if not line.startswith("#")]
+    assert "--context-parallel-size 2" in " ".join(flags)
+    # TP1 x PP4 x CP2 x DP8: the world the launcher must start, said where no flag sets it
+    assert "launch on 64 GPUs" in lm["rendered"]
+    nemo = yaml.safe_load(_json(capsys, [*argv, "nemo"])["rendered"])
+    assert nemo["model"]["context_parallel_size"] == 2
+    bridge = _json(capsys, [*argv, "megatron-bridge"])["rendered"]
+    assert "cfg.model.context_parallel_size = 2" in bridge.splitlines()
+
+
+def test_plan_without_overrides_renders_no_layout(capsys):
+    doc = _json(capsys, ["plan", "--model", "llama3-70b", "--gpu-memory-gb", "79.1"])
+    assert doc["changed_settings"] == {}
+    assert "parallel layout" not in doc["rendered"]
+
+
+def test_estimate_names_the_logits_and_loss(capsys):
+    # A skill trial: Llama-3.1-8B at 16k under torchtitan; the loss's fp32 logits bind, but no
+    # line of the output named them. torch's cross_entropy on fp32 logits keeps the fp32
+    # log-softmax (4 bytes x 16384 x 128256) and the int64 targets; backward holds two fp32
+    # gradients of the logits beside them (memory/estimate.py loss_bytes).
+    argv = ["estimate", "--config", str(TITAN), "--seq-length", "16384", "--dp", "8"]
+    e = _json(capsys, [*argv, "--recompute", "none"])["estimates"][0]
+    logits = 16384 * 128256
+    assert e["logits_shape"] == [16384, 128256]
+    assert e["loss_saved_bytes"] == 4 * logits + 8 * 16384 + 4
+    assert e["loss_transient_bytes"] == 2 * 4 * logits
+    assert e["loss_sets_peak"] is True
+    assert main([*argv, "--recompute", "none", "full:uniform:1"]) == 0
+    text = capsys.readouterr().out
+    assert "logits/loss (GiB)" in _table(text)[0]
+    line = next(x for x in text.splitlines() if x.startswith("logits / loss"))
+    assert "logits 16384 x 128256 per rank" in line
+    assert "keeps 7.83 GiB for backward" in line and "23.48 GiB at its peak" in line
+    assert line.endswith("it sets the peak of none, full:uniform:1")
+
+
+def test_estimate_text_shows_the_moe_imbalance_and_the_total_with_overheads(capsys):
+    # A skill trial: --moe-imbalance 1.75 printed the same table as 1.0 (the term was in the
+    # JSON only); the text must name it and the total with overheads.
+    argv = ["estimate", "--config", str(MIXTRAL), "--dp", "8"]
+    tables = {}
+    for factor in ("1.0", "1.75"):
+        doc = _json(capsys, [*argv, "--moe-imbalance", factor])["estimates"][0]
+        assert main([*argv, "--moe-imbalance", factor]) == 0
+        tables[factor] = (doc, capsys.readouterr().out)
+    doc, text = tables["1.75"]
+    assert doc["moe_imbalance_bytes"] > 0 and tables["1.0"][0]["moe_imbalance_bytes"] == 0
+    line = next(x for x in text.splitlines() if x.startswith("beside the total"))
+    assert f"MoE routing imbalance x1.75 {doc['moe_imbalance_bytes'] / 2**30:.2f} GiB" in line
+    assert f"total with overheads {doc['total_with_overheads_bytes'] / 2**30:.2f} GiB" in line
+    header, row = _table(text)
+    assert "total+overheads (GiB)" in header
+    assert f"{doc['total_with_overheads_bytes'] / 2**30:.3f}" in row.split()
+    assert "MoE routing imbalance" not in tables["1.0"][1]
+
+
+def test_plan_text_states_the_total_it_compares_with_the_budget(capsys):
+    # FSDP2 gathers a unit's weights beside the total: the plan compares total + that with the
+    # usable memory, and its text must say that figure, not the bare total.
+    argv = ["plan", "--config", str(TITAN), "--seq-length", "16384", "--cp", "4", "--dp", "2"]
+    argv += ["--gpu", "a100-40gb"]
+    doc = _json(capsys, argv)
+    best = doc["best"]
+    planned = best["total_bytes"] + best["gathered_params_bytes"]
+    assert best["gathered_params_bytes"] > 0
+    assert doc["usable_bytes"] - planned == best["headroom_bytes"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    header, row = _table(text)
+    assert "vs usable (GiB)" in header and f"{planned / 2**30:.2f}" in row.split()
+    assert f"fits: {planned / 2**30:.1f} GiB per rank" in text
+
+
+def test_levers_leave_out_what_cannot_help_a_torchtitan_run(capsys):
+    # A skill trial: an FSDP2 (torchtitan) run that does not fit was offered the distributed
+    # optimizer (FSDP already shards the model states) and micro-batches 2/4/8 (more
+    # activations). They are left out, and one note says which and why.
+    argv = ["plan", "--config", str(TITAN), "--seq-length", "16384", "--dp", "8"]
+    table = _json(capsys, [*argv, "--gpu", "a100-40gb", "--levers"])["levers"]
+    assert table["current"]["fits"] is False
+    levers = {row["lever"] for row in table["rows"]}
+    assert "distributed optimizer" not in levers
+    assert all(row["micro_batch_size"] <= 1 for row in table["rows"])
+    (note,) = [n for n in table["notes"] if n.startswith("left out: ")]
+    assert "micro_batch_size 2/4/8" in note and "FSDP2 stage 3 already shards" in note
