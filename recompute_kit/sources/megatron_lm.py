@@ -31,7 +31,6 @@ from ..config import ConfigError
 from ..config.pipeline_layout import expand_layout
 from .reading import (
     FROM_ASSUMED,
-    FROM_DERIVED,
     FROM_FILE,
     MLA_KEYS,
     MOE_KEYS,
@@ -522,21 +521,17 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
             reading.unused["--vocab-size"] = vocab.values[0] if vocab.values else None
 
     if tok and tok_type in _TOKENIZER_VOCAB and "vocab_size" not in reading:
+        # still an assumption (the tokenizer.model file is not read), but the tokenizer type's:
+        # said with the line that names it
         size, whose = _TOKENIZER_VOCAB[tok_type]
-        tok_model_given = "the file --tokenizer-model names" if get("--tokenizer-model") else ""
         reading.set(
             "vocab_size",
             size,
             Origin(
-                FROM_DERIVED,
-                f"{path}:{tok.line}",
-                "--tokenizer-type",
-                f"{tok_type}: {whose}"
-                + (
-                    f" ({tok_model_given} holds them; another model file would differ)"
-                    if tok_model_given
-                    else ""
-                ),
+                FROM_ASSUMED,
+                f"{path}:{tok.line} --tokenizer-type {tok_type}",
+                "the tokenizer.model --tokenizer-model names",
+                f"{tok_type} is {whose}; another model file would differ",
             ),
         )
         reading.unused.pop("--tokenizer-type", None)

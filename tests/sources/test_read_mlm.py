@@ -280,13 +280,14 @@ def test_mixtral_tokenizer_model_is_the_scripts_argument_and_its_type_gives_the_
 
     path = Path(__file__).parent / "corpus" / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
     resolved = resolve([str(path)], require_shape=False)  # as `read` (its EP 8 needs 4 nodes)
-    [said] = [w for w in resolved.warnings if "--tokenizer-model" in w]
+    [said] = [w for w in resolved.warnings if "--tokenizer-model is given" in w]
     assert "set on line 16 to $2, the script's 2nd argument" in said
     assert "does not set" not in said
     vocab = resolved.reading.origins["vocab_size"]
     assert resolved.reading.get("vocab_size") == 32000
-    assert (vocab.kind, vocab.key, vocab.where) == ("derived", "--tokenizer-type", f"{path}:62")
-    assert "Llama2Tokenizer" in vocab.note and "--tokenizer-type" not in resolved.reading.unused
+    # still assumed (the tokenizer.model is not read), but as the tokenizer type's, at its line
+    assert (vocab.kind, vocab.where) == ("assumed", f"{path}:62 --tokenizer-type Llama2Tokenizer")
+    assert "32000 pieces" in vocab.note and "--tokenizer-type" not in resolved.reading.unused
 
 
 def test_an_unset_value_says_where_it_comes_from():
