@@ -83,7 +83,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines, table_rows
 
-    resolved = resolve(args.inputs, model=args.model, require_shape=False)
+    resolved = resolve(
+        args.inputs, model=args.model, overrides=override_values(args), require_shape=False
+    )
     if args.json:
         emit_json(resolved.to_json())
         return 0
@@ -139,6 +141,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         warnings += cfg.validate(strict=args.strict, modules_given=given)
     except ConfigError as exc:
         errors.append(str(exc))
+    if not args.json:  # the summary above said the assumptions already
+        warnings = [w for w in warnings if not w.startswith("assumed: ")]
     if args.json:
         emit_json(
             {

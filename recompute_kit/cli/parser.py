@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model ids",
     )
     p.add_argument("--model", metavar="NAME", help="a model id giving the shape")
+    add_override_args(p, stage=False)  # the layout as estimate / plan / doctor take it (--dp)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_read)
 

@@ -38,7 +38,7 @@ from .reading import (
     Origin,
     Reading,
 )
-from .shell import Field, Launch, parse_script, shown, unresolved_names
+from .shell import Field, Launch, parse_script, shown, unresolved_names, unset_because
 
 FRAMEWORKS = ("megatron-lm",)
 FORMAT_SCRIPT = "Megatron-LM launch script"
@@ -220,6 +220,14 @@ _FLAG_TELLS = re.compile(
 
 
 _HF_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name, not a path
+# --tokenizer-type -> (the vocabulary it brings, whose it is): a tokenizer type made for one
+# model's vocabulary. Megatron-Core builds Llama2Tokenizer as a SentencePiece tokenizer
+# (megatron/core/tokenizers/text/utils/build_tokenizer.py, SP_TOKENIZERS) of Llama 2's
+# tokenizer.model: 32000 pieces (meta-llama/Llama-2-7b-hf
+# config.json vocab_size, https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json).
+_TOKENIZER_VOCAB = {
+    "Llama2Tokenizer": (32000, "Llama 2's SentencePiece tokenizer.model, 32000 pieces"),
+}
 _HYDRA_SECTION_KEYS = re.compile(
     r"(?:^|\s)[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|mixed_precision)"
     r"\.\w+="
@@ -273,6 +281,7 @@ def read(text: str, path: str) -> Reading:
     if lower.endswith((".yaml", ".yml")):
         reading = Reading(framework="megatron-lm", format=FORMAT_YAML)
         args = _yaml_args(text, path, reading)
+        variables: dict[str, object] = {}
     else:
         if _FLAG_LIST.match(text):
             # arguments pasted one per line without backslashes: one argument list (line
@@ -305,7 +314,8 @@ def read(text: str, path: str) -> Reading:
                 + ", ".join(names)
             )
         args = _args_from_fields(fields, path, reading)
-    _interpret(args, path, reading)
+        variables = script.variables
+    _interpret(args, path, reading, variables)
     return reading
 
 
@@ -420,7 +430,10 @@ def _origin(path: str, arg: Arg, note: str = "") -> Origin:
     return Origin(FROM_FILE, f"{path}:{arg.line}", arg.flag, note)
 
 
-def _interpret(args: list[Arg], path: str, reading: Reading) -> None:
+def _interpret(
+    args: list[Arg], path: str, reading: Reading, variables: dict[str, object] | None = None
+) -> None:
+    """`variables`: the script's, to say why a flag's value is unknown ($2, unset)."""
     last: dict[str, Arg] = {}
     for arg in args:
         last[arg.flag] = arg  # argparse: the last one wins
@@ -432,9 +445,11 @@ def _interpret(args: list[Arg], path: str, reading: Reading) -> None:
             return None
         names = [n for v in arg.values for n in unresolved_names(v)]
         if names:
+            name = names[0]
+            shown_name = name if name.startswith("$") else f"${name}"
+            why = unset_because(name, variables or {})
             reading.warnings.append(
-                f"{path}:{arg.line}: {arg.flag} is given ${names[0].lstrip('$')}, which the "
-                "script does not set: the flag is not read"
+                f"{path}:{arg.line}: {arg.flag} is given {shown_name}, {why}: the flag is not read"
             )
             return None
         return arg.values[0]
@@ -504,6 +519,22 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
                 f"{tok_type}: the tokenizer's own vocabulary size is (not in this file)"
             )
             reading.unused["--vocab-size"] = vocab.values[0] if vocab.values else None
+
+    if tok and tok_type in _TOKENIZER_VOCAB and "vocab_size" not in reading:
+        # still an assumption (the tokenizer.model file is not read), but the tokenizer type's:
+        # said with the line that names it
+        size, whose = _TOKENIZER_VOCAB[tok_type]
+        reading.set(
+            "vocab_size",
+            size,
+            Origin(
+                FROM_ASSUMED,
+                f"{path}:{tok.line} --tokenizer-type {tok_type}",
+                "the tokenizer.model --tokenizer-model names",
+                f"{tok_type} is {whose}; another model file would differ",
+            ),
+        )
+        reading.unused.pop("--tokenizer-type", None)
 
     tok_model = get("--tokenizer-model")
     tok_id = value_of(tok_model) if tok_model else None

@@ -34,6 +34,7 @@ from .reading import (
     Reading,
 )
 from .semantics import derive_layout, normalize
+from .summary import assumption_text
 
 # What recompute-kit assumes when nothing says it (said aloud, with the key that sets it):
 # Megatron-Core's own defaults, except where a training run of a large model plainly differs
@@ -232,9 +233,22 @@ def resolve(
             raise
         merged.warnings.append(str(exc))
         _assume_the_rest(merged, framework)
+        _say_the_assumptions(merged)
         return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
+    _say_the_assumptions(merged)
     return Resolved(_to_config(merged), merged, described)
+
+
+def _say_the_assumptions(reading: Reading) -> None:
+    """Every value nothing says (an assumption: each is one the estimate needs) becomes a
+    warning too, naming the key or flag that sets it: a JSON reader sees it without walking
+    `sources`."""
+    for key, origin in reading.origins.items():
+        if origin.kind == FROM_ASSUMED:
+            text = assumption_text(key, reading.values[key], origin)
+            if text not in reading.warnings:
+                reading.warnings.append(text)
 
 
 def _assumed_if_the_world_is(reading: Reading) -> None:
@@ -336,10 +350,13 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     # The remaining fields take Megatron-Core's own defaults (the dataclasses hold them), said
     # as such. Never the shape: the dataclasses' shape is a tiny test model's, and a reading
     # without one stays without one.
+    # A framework that is not Megatron's (torchtitan) names these as recompute-kit's assumption.
     defaults = Config().to_flat()
+    unset = getattr(framework, "UNSET_DEFAULT", None)
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
-            reading.set(key, defaults[key], Origin(FROM_DEFAULT, _DEFAULT_LABEL.get(key, MCORE)))
+            label = unset or _DEFAULT_LABEL.get(key, MCORE)
+            reading.set(key, defaults[key], Origin(FROM_DEFAULT, label))
 
 
 def _shard_over_the_assumed_data_parallel(reading: Reading, framework: Any) -> None:

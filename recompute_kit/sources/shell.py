@@ -71,6 +71,29 @@ def unresolved_names(text: str) -> list[str]:
     return _MARK_RE.findall(text)
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def unset_because(name: str, variables: dict[str, object], depth: int = 0) -> str:
+    """Why the unresolved `name` has no value here, in words: the script's positional argument
+    (`TOKENIZER_MODEL=$2` -> "the script's 2nd argument"), a command's output, or a variable the
+    script never sets (the environment is never read)."""
+    if name.startswith("$") and name[1:].isdigit():
+        return f"the script's {_ordinal(int(name[1:]))} argument, unknown here"
+    if name.startswith("$("):
+        return f"the output of {name}, not run here"
+    value = variables.get(name)
+    if not isinstance(value, list) or not value or _is_fields(value) or depth > 8:
+        return "which the script does not set"
+    inner = _MARK_RE.fullmatch(_segs_text(value))
+    if inner is None or inner.group(1) == name:
+        return "which the script does not set"
+    source, line = inner.group(1), value[0][1]  # type: ignore[index]
+    shown_source = source if source.startswith("$") else f"${source}"
+    return f"set on line {line} to {shown_source}, " + unset_because(source, variables, depth + 1)
+
+
 class ShellError(ValueError):
     """The script cannot be lexed (an unterminated quote or expansion)."""
 

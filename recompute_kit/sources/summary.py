@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .reading import FROM_ASSUMED, MEMORY_KEYS, Reading
+from .reading import FROM_ASSUMED, MEMORY_KEYS, Origin, Reading
 
 _KIND_WORDS = {
     "file": "read from the inputs",
@@ -31,14 +31,21 @@ def summary_lines(
     parts = [f"{counts[k]} {w}" for k, w in _KIND_WORDS.items() if counts[k]]
     if parts:
         lines.append(f"  memory-relevant values: {', '.join(parts)}")
+    said = set()
     for key, origin in reading.origins.items():
-        if assumptions and origin.kind == FROM_ASSUMED:
-            lines.append(
-                f"  assumed: {key} = {_show(reading.values[key])} (nothing says it"
-                f"{': ' + origin.note if origin.note else ''}; set {origin.key})"
-            )
-    lines += [f"  warning: {w}" for w in reading.warnings]
+        if origin.kind == FROM_ASSUMED:
+            said.add(text := assumption_text(key, reading.values[key], origin))
+            if assumptions:
+                lines.append(f"  {text}")
+    # (resolve repeats each assumption among the warnings: said once above, or with the layout)
+    lines += [f"  warning: {w}" for w in reading.warnings if w not in said]
     return lines
+
+
+def assumption_text(key: str, value: Any, origin: Origin) -> str:
+    """`assumed: data_parallel_size = 1 (nothing says it; set --dp)`: an assumption, in words."""
+    note = f": {origin.note}" if origin.note else ""
+    return f"assumed: {key} = {_show(value)} (nothing says it{note}; set {origin.key})"
 
 
 def table_rows(reading: Reading) -> list[list[str]]:

@@ -23,16 +23,19 @@ import tomllib
 
 from ..config import ConfigError
 from .reading import FROM_MODEL, MOE_KEYS, Origin, Reading
+from .torchtitan_defaults import (
+    JOB_CONFIG,
+    PURE_BF16,
+    TT_BLOB,
+    UNSET_DEFAULT,
+    apply_defaults,
+    flavor_source,
+    layer_ac,
+)
+
+__all__ = ["UNSET_DEFAULT", "apply_defaults", "key_for", "read", "sniff"]
 
 FRAMEWORKS: tuple[str, ...] = ("torchtitan",)
-
-TT_COMMIT = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce"  # tag v0.2.2
-TT_BLOB = f"https://github.com/pytorch/torchtitan/blob/{TT_COMMIT}"
-JOB_CONFIG = "torchtitan/config/job_config.py @ v0.2.2"
-
-
-def flavor_source(name: str) -> str:
-    return f"{TT_BLOB}/torchtitan/models/{name}/__init__.py"
 
 
 # (name, flavor) -> (Hugging Face id of the same model, n_layers, MoE, attn_type), each read from
@@ -513,7 +516,7 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
             toml.origin(
                 sec,
                 "dtype",
-                "pure bf16: params, grads and optimizer states in bf16, no fp32 master copy",
+                PURE_BF16,
             ),
         )
         reading.warnings.append(
@@ -567,54 +570,35 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
         )
 
 
-def _ordinal(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def layer_ac(k: int, n_layers: int | None, pp: int) -> tuple[str, int | None, str]:
-    """torchtitan's selective_ac_option k (a block is fully checkpointed iff its 1-based count
-    % k == 0, `distributed/activation_checkpoint.py`) in Megatron terms: (method, num_layers,
-    note)."""
-    if k <= 1:
-        return "uniform", 1, "every block fully checkpointed"
-    per_stage = None if n_layers is None else (n_layers // pp) // k
-    return (
-        "block",
-        per_stage,
-        f"torchtitan checkpoints every {_ordinal(k)} block; Megatron's block method "
-        "checkpoints the same number of layers, the first ones of each stage",
-    )
-
-
 def _read_activation_checkpoint(
     toml: _Toml, reading: Reading, moe: bool, n_layers: int | None, pp: int
 ) -> None:
     sec = "activation_checkpoint"
-    if not toml.has(sec, "mode"):
-        if toml.has(sec, "selective_ac_option"):
-            toml.get(sec, "selective_ac_option")
-            reading.warnings.append(
-                f"{toml.path}: selective_ac_option without mode: read at apply_defaults"
-            )
-        return
-    mode = toml.get(sec, "mode")
+    has_option = toml.has(sec, "selective_ac_option")
+    if not toml.has(sec, "mode") and not has_option:
+        return  # apply_defaults: mode selective, selective_ac_option "2"
+    # selective_ac_option is read whatever the mode: under selective it decides what is
+    # recomputed (every k-th block, or per op); under none / full torchtitan ignores it
+    # (apply_ac reads it only when mode == "selective"), which the mode's origin says.
+    option = str(toml.get(sec, "selective_ac_option", "2")).strip()
+    mode = toml.get(sec, "mode", "selective")  # job_config.py's default mode
+    ignored = f"selective_ac_option {option!r} is ignored under mode {mode!r}" if has_option else ""
     if mode == "none":
-        reading.set("recompute_granularity", None, toml.origin(sec, "mode"))
+        note = "; ".join(x for x in ("no activation checkpointing", ignored) if x)
+        reading.set("recompute_granularity", None, toml.origin(sec, "mode", note))
     elif mode == "full":
-        reading.set(
-            "recompute_granularity",
-            "full",
-            toml.origin(sec, "mode", "every block fully checkpointed"),
-        )
+        note = "; ".join(x for x in ("every block fully checkpointed", ignored) if x)
+        reading.set("recompute_granularity", "full", toml.origin(sec, "mode", note))
         reading.set("recompute_method", "uniform", toml.origin(sec, "mode"))
         reading.set("recompute_num_layers", 1, toml.origin(sec, "mode"))
     elif mode == "selective":
-        option = str(toml.get(sec, "selective_ac_option", "2")).strip()
-        where = "selective_ac_option" if toml.has(sec, "selective_ac_option") else "mode"
+        where = "selective_ac_option" if has_option else "mode"
         if option == "op":
             modules = ["layernorm", "moe_act"] if moe else ["layernorm"]
             reading.set(
-                "recompute_granularity", "selective", toml.origin(sec, where, "per-op selective AC")
+                "recompute_granularity",
+                "selective",
+                toml.origin(sec, where, f"selective_ac_option {option!r}: per-op selective AC"),
             )
             reading.set(
                 "recompute_modules",
@@ -635,8 +619,9 @@ def _read_activation_checkpoint(
             )
         elif option.isdigit():
             method, layers, note = layer_ac(int(option), n_layers, pp)
-            reading.set("recompute_granularity", "full", toml.origin(sec, where, note))
-            reading.set("recompute_method", method, toml.origin(sec, where, note))
+            said = f"selective_ac_option {option!r}: {note}"
+            reading.set("recompute_granularity", "full", toml.origin(sec, where, said))
+            reading.set("recompute_method", method, toml.origin(sec, where, said))
             if layers is not None:
                 reading.set(
                     "recompute_num_layers",
@@ -674,108 +659,4 @@ def _read_compile(toml: _Toml, reading: Reading) -> None:
         reading.warnings.append(
             f"{toml.path}: torch.compile of the model fuses elementwise ops, so it keeps fewer "
             "activations than the eager layers recompute-kit counts"
-        )
-
-
-# -- defaults --------------------------------------------------------------------------------
-
-
-def apply_defaults(reading: Reading) -> None:
-    where = f"torchtitan's default ({JOB_CONFIG})"
-    d = reading.default
-    pp = reading.get("pipeline_model_parallel_size", 1) or 1
-    d("seq_length", 2048, where, "[training] seq_len")
-    d(
-        "micro_batch_size",
-        1 if pp > 1 else 8,
-        where,
-        "pipeline_parallel_microbatch_size" if pp > 1 else "[training] local_batch_size",
-    )
-    d("bf16", True, where, "mixed_precision_param bfloat16: fp32 params, bf16 compute")
-    d("fp16", False, where, "torchtitan has no fp16 training")
-    d("fp8", None, where, "no float8 converter")
-    d("attention_backend", "flash", where, "attn_type sdpa")
-    d(
-        "transformer_impl",
-        "local",
-        where,
-        "torch nn modules (RMSNorm, Linear), no Transformer Engine",
-    )
-    d(
-        "loss_implementation",
-        "torchtitan",
-        where,
-        "cross_entropy_loss: torch cross_entropy on logits upcast to fp32",
-    )
-    for key in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-    ):
-        d(key, 1, where)
-    if pp == 1:
-        d("virtual_pipeline_model_parallel_size", None, where, "no pipeline")
-    tp = reading.get("tensor_model_parallel_size")
-    cp = reading.get("context_parallel_size")
-    reading.derive(
-        "sequence_parallel",
-        tp > 1,
-        "torchtitan applies SequenceParallel to the norms whenever TP > 1 (no flag)",
-    )
-    world = reading.get("world_size")
-    if world and "data_parallel_size" not in reading:
-        if world % (tp * pp * cp):
-            reading.warnings.append(
-                f"world size {world} is not a multiple of TP x PP x CP = {tp * pp * cp}"
-            )
-        else:
-            dp = world // (tp * pp * cp)
-            reading.derive(
-                "data_parallel_size", dp, "WORLD_SIZE / (TP x PP x CP) (shard -1 = the rest)"
-            )
-    dp = reading.get("data_parallel_size")
-    if dp and "zero_stage" not in reading:  # data_parallel_shard_degree -1: every DP rank
-        how = "FSDP2 shards over dp_shard x cp when > 1 (dp_shard -1: the data-parallel ranks)"
-        reading.derive("zero_stage", 3 if dp * cp > 1 else 0, how)
-        if dp * cp > 1:
-            reading.derive("use_torch_fsdp2", True, how)
-    d(
-        "param_precision",
-        "amp",
-        where,
-        "fp32 parameters; bf16 compute through FSDP2's MixedPrecisionPolicy or autocast",
-    )
-    d("use_distributed_optimizer", False, where, "FSDP2 sharding is zero_stage")
-    d("cpu_offloading", False, where)
-    d("fine_grained_activation_offloading", False, where)
-    d("optimizer_offload", False, where, "[training] enable_cpu_offload")
-    d("param_offload", False, where, "[training] enable_cpu_offload")
-    explicit_mode = reading.unused.get("activation_checkpoint.mode")
-    if "recompute_granularity" not in reading and explicit_mode is None:
-        # [activation_checkpoint] mode "selective", selective_ac_option "2"
-        method, layers, note = layer_ac(2, reading.get("num_layers"), pp)
-        d(
-            "recompute_granularity",
-            "full",
-            where,
-            f"mode selective, selective_ac_option '2': {note}",
-        )
-        d("recompute_method", method, where, note)
-        if layers is not None:
-            reading.derive("recompute_num_layers", layers, f"num_layers / PP / 2 ({note})")
-    granularity = reading.get("recompute_granularity", "unset")
-    if granularity is None:
-        d("recompute_method", None, where, "no activation checkpointing")
-        d("recompute_num_layers", None, where, "no activation checkpointing")
-    elif granularity == "selective":
-        d("recompute_method", None, where, "selective")
-        d("recompute_num_layers", None, where, "selective")
-    if reading.get("num_moe_experts"):
-        d(
-            "moe_grouped_gemm",
-            True,
-            "torchtitan's default (MoEArgs.use_grouped_mm, "
-            f"{TT_BLOB}/torchtitan/models/moe/moe.py)",
         )

@@ -89,3 +89,18 @@ def test_json_carries_values_the_reader_could_not_resolve():
     assert "Traceback" not in proc.stderr
     doc = json.loads(proc.stdout)
     assert any("<unresolved" in json.dumps(v) for v in doc["read"]["unused"].values())
+
+
+def test_read_takes_the_layout_flags_the_other_commands_take():
+    # a skill trial: `read llama3_8b.toml --dp 8` was "unrecognized arguments" while estimate,
+    # plan and doctor take --dp; the world size a torchtitan TOML leaves to the launcher
+    path = str(CORPUS / "torchtitan" / "llama3_70b.toml")
+    doc = run("read", path, "--dp", "8", "--tp", "8")
+    assert (doc["config"]["data_parallel_size"], doc["config"]["tensor_model_parallel_size"]) == (
+        8,
+        8,
+    )
+    assert doc["sources"]["data_parallel_size"]["from"] == "argument"
+    assert not [w for w in doc["warnings"] if w.startswith("assumed: data_parallel_size")]
+    alone = run("read", path)
+    assert [w for w in alone["warnings"] if w.startswith("assumed: data_parallel_size")]

@@ -270,3 +270,33 @@ def test_fp8_without_a_recipe_is_megatron_cores_delayed_scaling():
     r = resolve([str(CORPUS / "blind_llama3_8b_h100_fp8.sh")]).reading
     assert r.get("fp8") == "hybrid" and r.get("fp8_recipe") == "delayed"
     assert "TransformerConfig" in r.origins["fp8_recipe"].describe()
+
+
+def test_mixtral_tokenizer_model_is_the_scripts_argument_and_its_type_gives_the_vocabulary():
+    # a skill trial on Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh (the
+    # corpus copy, URL in its .expect.yaml): TOKENIZER_MODEL=$2 was called "not set", and the
+    # vocabulary 32000 "assumed" beside an unused --tokenizer-type Llama2Tokenizer
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "megatron_lm" / "blind_mixtral_8x7b_distributed.sh"
+    resolved = resolve([str(path)], require_shape=False)  # as `read` (its EP 8 needs 4 nodes)
+    [said] = [w for w in resolved.warnings if "--tokenizer-model is given" in w]
+    assert "set on line 16 to $2, the script's 2nd argument" in said
+    assert "does not set" not in said
+    vocab = resolved.reading.origins["vocab_size"]
+    assert resolved.reading.get("vocab_size") == 32000
+    # still assumed (the tokenizer.model is not read), but as the tokenizer type's, at its line
+    assert (vocab.kind, vocab.where) == ("assumed", f"{path}:62 --tokenizer-type Llama2Tokenizer")
+    assert "32000 pieces" in vocab.note and "--tokenizer-type" not in resolved.reading.unused
+
+
+def test_an_unset_value_says_where_it_comes_from():
+    from recompute_kit.sources.shell import parse_script, unset_because
+
+    script = parse_script("A=$(cat f)\nB=$A\nC=$MYENV\nD=$3\n", "s.sh")
+    assert unset_because("B", script.variables) == (
+        "set on line 2 to $A, set on line 1 to $(cat f), the output of $(cat f), not run here"
+    )
+    assert unset_because("C", script.variables).endswith("$MYENV, which the script does not set")
+    assert unset_because("D", script.variables).endswith("the script's 3rd argument, unknown here")
+    assert unset_because("NEVER", script.variables) == "which the script does not set"

@@ -126,7 +126,13 @@ def test_grad_reduce_fallback_is_not_called_a_transformer_config_default():
     # a skill trial: grad_reduce_in_fp32 = True was labelled "Megatron-Core's TransformerConfig
     # default"; it is a DistributedDataParallelConfig field whose default is False (True is
     # Megatron-LM's for a bf16 run)
-    toml = CORPUS / "torchtitan" / "llama3_8b.toml"
-    origin = resolve([str(toml)]).reading.origins["grad_reduce_in_fp32"]
+    hf = CORPUS / "hf_trainer" / "blind_smollm3_sft.yaml"
+    origin = resolve([str(hf)], model="meta-llama/Llama-3.1-8B").reading.origins[
+        "grad_reduce_in_fp32"
+    ]
     assert "TransformerConfig" not in origin.describe()
     assert "DistributedDataParallelConfig default is False" in origin.describe()
+    # a torchtitan run reduces in fp32 by its own default, [training] mixed_precision_reduce
+    toml = CORPUS / "torchtitan" / "llama3_8b.toml"
+    origin = resolve([str(toml)]).reading.origins["grad_reduce_in_fp32"]
+    assert "Megatron" not in origin.describe() and "mixed_precision_reduce" in origin.describe()

@@ -353,3 +353,56 @@ def test_titan_assumed_data_parallel_names_the_world_that_decides_it():
     resolved = resolve([str(HERE / "corpus" / "torchtitan" / "llama3_70b.toml")])
     [said] = [a for a in resolved.config.assumptions if a.startswith("data_parallel_size = ")]
     assert "NGPU" in said and "--dp" in said and "-1 fills" in said
+
+
+# -- a skill trial on torchtitan's llama3_8b.toml (mode "none", selective_ac_option "op") -----
+
+AC_NONE = HERE.parent / "data" / "read" / "torchtitan_llama3_8b_ac_none.toml"  # README: URL
+
+
+def test_titan_selective_ac_option_is_read_and_reported_under_every_mode():
+    # it decides what is recomputed, so it is read (was listed "unused" under mode none) and
+    # its value said where the recompute setting is
+    reading = _read(torchtitan, AC_NONE)
+    assert "activation_checkpoint.selective_ac_option" not in reading.unused
+    origin = reading.origins["recompute_granularity"]
+    assert reading.get("recompute_granularity") is None
+    assert "selective_ac_option 'op' is ignored under mode 'none'" in origin.note
+    r = _tt(ac='mode = "selective"\nselective_ac_option = "op"')
+    assert "'op'" in r.origins["recompute_granularity"].note
+    r = _tt(ac='mode = "selective"\nselective_ac_option = "4"')
+    assert "'4'" in r.origins["recompute_method"].note
+
+
+def test_titan_selective_ac_option_without_mode_is_the_default_selective_mode():
+    # job_config.py: mode defaults to "selective", so a given option decides (was: every 2nd
+    # block, the option's own default, whatever it said)
+    r = _tt(ac='selective_ac_option = "op"')
+    assert r.get("recompute_granularity") == "selective"
+    assert r.get("recompute_modules") == ["layernorm"]
+
+
+def test_titan_assumed_data_parallel_is_a_warning_naming_what_sets_it():
+    from recompute_kit.sources.resolve import resolve
+
+    warnings = resolve([str(AC_NONE)]).warnings
+    [said] = [w for w in warnings if w.startswith("assumed: data_parallel_size = 1")]
+    assert "--dp" in said and "NGPU" in said
+    given = resolve([str(AC_NONE)], overrides={"data_parallel_size": 8})
+    assert not [w for w in given.warnings if "data_parallel_size" in w]
+    assert (given.reading.get("data_parallel_size"), given.reading.get("zero_stage")) == (8, 3)
+
+
+def test_titan_defaults_are_torchtitans_and_the_rest_an_assumption():
+    from recompute_kit.sources.resolve import resolve
+
+    origins = resolve([str(AC_NONE)]).reading.origins
+    for key, origin in origins.items():
+        if "Megatron" in origin.describe():  # only a value no torchtitan key sets
+            assert origin.where.startswith("assumed by recompute-kit"), key
+    reduce = origins["grad_reduce_in_fp32"].describe()
+    assert "mixed_precision_reduce" in reduce and "torchtitan" in reduce
+    for key in ("main_params_dtype", "exp_avg_dtype", "use_precision_aware_optimizer"):
+        assert "torch.optim" in origins[key].where, key
+    assert "fully_shard" in origins["use_torch_fsdp2"].note
+    assert origins["recompute_modules"].key == "[activation_checkpoint] mode"
