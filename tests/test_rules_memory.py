@@ -631,3 +631,4 @@ def test_torchtitan_16k_logits_lead_and_the_patch_is_the_planners_lever_in_its_k
     assert f.rule == "RK012" and f.category == "logits_memory"
     assert set(f.patch_keys) == {"parallelism.context_parallel_degree"}
     assert "plan --levers" in f.fix and "RK010" not in ids(d)
+    assert "RK087" not in ids(d)  # "without a model shape": there is one

@@ -453,6 +453,8 @@ def _training_oom(ctx: Context) -> Match | None:
     oom = ctx.oom
     if not (oom or oom_errors(ctx)):
         return None
+    if ctx.estimate is not None:
+        return None  # a model shape was given: the estimate's rules say which memory dominates
     if oom and oom.free_bytes and oom.requested_bytes and oom.free_bytes >= oom.requested_bytes:
         return None  # the device had room for the request: not a matter of what training keeps
     count = model_state_count(ctx)
