@@ -654,9 +654,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "--model, --dp, --tp, --seq-length, ... complete the --config files: give --config "
             "FILE (the launch script or recipe the run uses)"
         )
+    from ..sources.resolve import file_of
+
     for path in args.config or []:
         text_file(
-            path,
+            file_of(path),  # (recipe.py::function reads recipe.py)
             "--config",
             "give the config files you train with, or a Megatron command line",
             strict=False,

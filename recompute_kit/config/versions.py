@@ -98,6 +98,12 @@ def ignored_settings(cfg: Config, modules_as_written: list[str] | None = None) -
                     else ""
                 )
             )
+    if r.recompute_granularity is None and modules:
+        out.append(
+            f"recompute_modules {modules} is set while recompute_granularity is unset: "
+            "Megatron recomputes nothing then (it reads recompute_modules only under "
+            "selective); set recompute_granularity: selective"
+        )
     if r.recompute_granularity == "full" and modules:
         out.append(
             f"recompute_modules {modules} is set while recompute_granularity is "

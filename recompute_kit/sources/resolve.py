@@ -86,12 +86,17 @@ _FILE_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".sh", ".py", ".txt", ".cfg
 _HINT = "give the config files you train with, or a model id"
 
 
+def file_of(item: str) -> str:
+    """The file an input names: `recipe.py::function` (one recipe of several) is recipe.py."""
+    if "::" in item and not Path(item).is_file() and Path(item.partition("::")[0]).is_file():
+        return item.partition("::")[0]
+    return item
+
+
 def read_input(item: str) -> tuple[Reading, str]:
     """One input: a file (any known format) or a model id / registry name."""
-    path = Path(item)
+    path = Path(file_of(item))
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
-    if "::" in item and not path.is_file() and Path(item.partition("::")[0]).is_file():
-        path = Path(item.partition("::")[0])  # recipe.py::function: one recipe of several
     if path.is_file():
         try:
             data = path.read_bytes()

@@ -166,9 +166,11 @@ def collect(
             part.config = {**pasted, **part.config}
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
+    from ...sources.resolve import file_of
+
     configs = [config] if isinstance(config, str) else list(config or [])
     for one in configs:
-        text = _read_text(one, "config", stdin_text)
+        text = _read_text(file_of(one), "config", stdin_text)  # recipe.py::function: recipe.py
         flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
         label = "<stdin>" if one == "-" else one
         # what the file states, without comments (documentation, not evidence)
@@ -179,7 +181,7 @@ def collect(
         part.facts = _snippets(stated, "config").facts
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
-    files = [c for c in configs if c != "-" and Path(c).stat().st_size]
+    files = [c for c in configs if c != "-" and Path(file_of(c)).stat().st_size]
     if files:
         layout = _layout(evidence, overrides)
         evidence = evidence.merge(_read_config_files(files, layout, model))

@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (imported to register their rules)
     fallback,
     framework_bugs,
     general,
+    ignored,
     in_words,
     informational,
     known_problems,

@@ -148,7 +148,10 @@ class StateCount:
 
 def model_state_count(ctx: Context) -> StateCount | None:
     """The model states per GPU when the paste names the model's size and says full
-    fine-tuning or adapters (finetuning_type) or a ZeRO stage; else None (a guess)."""
+    fine-tuning or adapters (finetuning_type) or a ZeRO stage; else None (a guess). None
+    where the config gives a model shape: the estimate counts the states exactly."""
+    if ctx.estimate is not None:
+        return None
     found = _model_params(ctx)
     stated = said(ctx)
     model = stated.get("model")  # a name a CJK character touches: "lora微调baichuan2-7b"
