@@ -49,6 +49,9 @@ def test_moe_mla_patch_that_drops_recomputed_modules_is_not_shown():
     f = finding(d, "RK021")
     assert "recompute_modules" not in f.config_patch
     assert "would raise the estimated peak from" in f.fix and "(+4.38 GiB)" in f.fix
+    assert (
+        "No patch: the change (" in f.fix and "recompute_modules ['layernorm', 'moe_act']" in f.fix
+    )
     assert f.patch_check["peak_after_bytes"] > f.patch_check["peak_before_bytes"]
     current = {"layernorm", "mla_up_proj", "mlp", "moe_act"}
     for f in d.findings:  # no finding recomputes less than the run does
@@ -188,12 +191,13 @@ def test_unknown_framework_stays_in_megatron_core_names_and_says_so():
 
 def test_distributed_optimizer_already_set_is_not_patched():
     # NeMo 1.x Mixtral 8x22B launcher config sets optim.name: distributed_fused_adam (line 143).
+    # RK011's patch is the planner's first lever that fits (plan --levers), never the
+    # distributed optimizer the file already turns on.
     d = doctor("nemo/blind2_launcher_mixtral_8x22b.yaml")
+    for f in d.findings:
+        assert "use_distributed_optimizer" not in f.config_patch, f.rule
     f = finding(d, "RK011")
-    assert f.config_patch == {} and f.patch_check["already_set"]
-    assert (
-        "Already set in the inputs" in f.fix and "blind2_launcher_mixtral_8x22b.yaml:143" in f.fix
-    )
+    assert "plan --levers" in f.fix and f.config_patch
 
 
 def test_bridge_distributed_optimizer_already_set():

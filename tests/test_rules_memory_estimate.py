@@ -163,3 +163,52 @@ def test_rk016_with_the_framework_unknown_names_each_frameworks_key():
     f = _finding(run(text("fl-llamafactory-10367-ce-frames")), "RK016")
     assert f.patch_framework is None and not f.patch_keys
     assert "use_liger_kernel" in f.fix and "enable_liger_kernel" in f.fix
+
+
+# The OOM a skill trial used (PyTorch's wording, its figures) on a 23.64 GiB GPU
+OOM_4090 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {request}. GPU 2 has a "
+    "total capacity of 23.64 GiB of which 771.31 MiB is free. Including non-PyTorch memory, "
+    "this process has 22.87 GiB memory in use. Of the allocated memory 21.60 GiB is "
+    "allocated by PyTorch, and 846.13 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def _qwen3_8b_full_sft_on_4090s(tmp: Path, request: str):
+    """LLaMA-Factory full SFT of Qwen3-8B (cutoff_len 2048) under its own ZeRO-3 JSON on 4 GPUs
+    of 23.64 GiB (the corpus's real files), with the trial's OOM."""
+    sft = (CORPUS / "hf_trainer" / "qwen3_full_sft.yaml").read_text(encoding="utf-8")
+    sft = sft.replace("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-8B").replace(
+        "examples/deepspeed/ds_z3_config.json", "ds_z3_config.json"
+    )
+    (tmp / "sft.yaml").write_text(sft, encoding="utf-8")
+    shutil.copy(CORPUS / "hf_trainer" / "ds_z3_config.json", tmp / "ds_z3_config.json")
+    shutil.copy(CORPUS / "hf_config" / "Qwen--Qwen3-8B.config.json", tmp / "config.json")
+    (tmp / "oom.log").write_text(OOM_4090.format(request=request), encoding="utf-8")
+    files = [str(tmp / n) for n in ("sft.yaml", "ds_z3_config.json", "config.json")]
+    evidence = collect(
+        logs=[str(tmp / "oom.log")], config=files, overrides={"data_parallel_size": 4}
+    )
+    return diagnose(evidence)
+
+
+def test_rk011_full_finetune_on_4090s_patches_the_planners_deepspeed_lever(tmp_path):
+    # A skill trial's case (LLaMA-Factory full SFT, "LoRA works, full fails"). The states
+    # (~30 GiB per GPU) exceed the GPU; the OOM's 21.60 GiB allocated is below them (Adam's
+    # states come at the first optimizer step), which the finding now says. The old patch was
+    # Megatron's distributed optimizer (dropped as harmful, "No patch"); now the planner's
+    # first fitting lever, in DeepSpeed's own section.
+    d = _qwen3_8b_full_sft_on_4090s(tmp_path, "1002.00 MiB")
+    f = _finding(d, "RK011")
+    assert "are below them" in f.evidence and "first optimizer step" in f.evidence
+    zero = f.patch_keys["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu"} and "plan --levers" in f.fix
+    assert "No patch" not in f.fix and "use_distributed_optimizer" not in f.config_patch
+
+
+def test_rk012_says_when_the_request_is_also_the_embedding_weight(tmp_path):
+    # 2048 tokens x 151936 fp32 logits and the bf16 [151936 x 4096] weight are the same 1.16
+    # GiB (hidden = 2 x tokens): the request alone cannot say which it is
+    d = _qwen3_8b_full_sft_on_4090s(tmp_path, "1.16 GiB")
+    f = _finding(d, "RK012")
+    assert "embedding / output weight" in f.evidence and f.raw_confidence == 0.6

@@ -595,7 +595,10 @@ def _say(f: Finding, check: dict[str, Any]) -> None:
         got = "; ".join(f"{d['key']} {d['reason']}" for d in dropped)
         words.append(f"Already set in the inputs ({got}): no patch, nothing to change")
     elif check.get("harmful"):
-        words.append(f"No patch: the change {check['harmful']}")
+        change = ", ".join(
+            f"{d['key']} {d['value']!r}" for d in dropped if d["reason"].startswith("dropped")
+        )
+        words.append(f"No patch: the change ({change}) {check['harmful']}")
     elif left := [d for d in dropped if not d["reason"].startswith("already")]:
         words.append("Patch left out: " + "; ".join(f"{d['key']} ({d['reason']})" for d in left))
     trades = (*LOWERING_IS_THE_POINT.values(), _HEADROOM)

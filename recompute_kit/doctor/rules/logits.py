@@ -45,6 +45,16 @@ def _logits(ctx: Context) -> Match | None:
         f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}."
     )
     conf = 0.8 if hit else 0.55
+    weight = 2 * m.vocab_size * m.hidden_size / p.tensor_model_parallel_size
+    if hit and abs(oom.requested_bytes - weight) < 0.05 * weight:
+        # the same bytes as the 16-bit [vocab x hidden] embedding / output weight, which
+        # ZeRO-3 and FSDP gather whole: the request alone does not say which of the two it is
+        conf = 0.6
+        said += (
+            f" The request is also the size of the 16-bit [{m.vocab_size} x {m.hidden_size}] "
+            "embedding / output weight, which ZeRO-3 / FSDP gather whole: the traceback's "
+            "frames tell the two apart."
+        )
     largest = largest_at_full_recompute(ctx)
     if largest is not None and largest[0] == "edges" and (ctx.oom or ctx.says("out of memory")):
         # nothing fits even with full recompute, and the logits are what is left: they lead;

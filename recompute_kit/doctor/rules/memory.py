@@ -10,6 +10,7 @@ from ...config import ConfigError, format_spec, parse_spec
 from ...memory.estimate import estimate
 from ..types import Context, Match
 from .knob_advice import knob_advice
+from .lever_patch import lever_patch
 from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
@@ -179,6 +180,13 @@ def _same(rc, ctx: Context) -> bool:
     ) and set(rc.modules) == set(run.modules)
 
 
+_MODEL_STATES_FIX = (
+    "Shard the model states further (Megatron's distributed optimizer, DeepSpeed ZeRO-3, "
+    "FSDP), offload the optimizer states to the CPU, or add model parallelism; recompute only "
+    "reduces activations"
+)
+
+
 @rule(
     "RK011",
     "Model states dominate: recompute cannot fix this",
@@ -187,8 +195,7 @@ def _same(rc, ctx: Context) -> bool:
     cause="Too few ranks share the parameters and optimizer states",
     confirm="recompute-kit estimate --config CONFIG shows weights_bytes, grads_bytes and "
     "optimizer_bytes per rank",
-    fix="Use the distributed optimizer, more tensor/pipeline/expert parallelism, or FSDP; "
-    "recompute only reduces activations",
+    fix=_MODEL_STATES_FIX,
     patch={"use_distributed_optimizer": True},
     supersedes=("RK005",),
 )
@@ -206,12 +213,25 @@ def _model_states(ctx: Context) -> Match | None:
     largest = largest_at_full_recompute(ctx)
     if largest is not None and largest[0] != "states":
         explains_oom = False
-    return Match(
-        (0.85 if explains_oom else 0.5) if ctx.oom else 0.45,
+    said = (
         f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
         f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
-        f"{gib(ctx.gpu_bytes)} GPU.",
+        f"{gib(ctx.gpu_bytes)} GPU."
     )
+    conf = (0.85 if explains_oom else 0.5) if ctx.oom else 0.45
+    oom = ctx.oom
+    if oom and oom.allocated_bytes and state > oom.allocated_bytes + (oom.requested_bytes or 0):
+        # the OOM's own figure is below the states: they were not all there yet (Adam's are
+        # made at the first optimizer step) or the estimate assumes more than the run holds
+        conf = min(conf, 0.6)
+        said += (
+            f" The OOM's own figures ({gib(oom.allocated_bytes)} allocated) are below them: "
+            "they were not all on the GPU when it failed (optimizer states are made at the "
+            "first optimizer step), so the run fails there if not before."
+        )
+    patch, words = lever_patch(ctx) if explains_oom else ({}, "")
+    fix = None if not words else f"{_MODEL_STATES_FIX}; {words}"
+    return Match(conf, said, config_patch=patch if words else None, fix=fix)
 
 
 BUILD_WORDS = (

@@ -11,58 +11,10 @@ parallelism or a shorter sequence, the logits for a fused loss. The patch is the
 
 from __future__ import annotations
 
-from typing import Any
-
-from ...config import ConfigError
-from ..types import GIB, Context, Match
+from ..types import Context, Match
+from .lever_patch import lever_patch
 from .memory import largest_at_full_recompute
-from .registry import gib, patch_for, rule, tensor_parallel_patch
-
-
-def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
-    """The first row of `plan --levers` that fits, as a patch and words; else the next tensor
-    parallel size (which may need more GPUs), as before."""
-    row = _first_fitting_lever(ctx)
-    if row is None:
-        return tensor_parallel_patch(ctx)
-    cfg, new = ctx.config, row.config
-    patch: dict[str, Any] = {}
-    for key in (
-        "tensor_model_parallel_size",
-        "context_parallel_size",
-        "pipeline_model_parallel_size",
-        "virtual_pipeline_model_parallel_size",
-        "use_distributed_optimizer",
-    ):  # (data parallelism follows from the world size in every framework: no key to set)
-        if getattr(new.parallel, key) != getattr(cfg.parallel, key):
-            patch[key] = getattr(new.parallel, key)
-    if new.model.micro_batch_size != cfg.model.micro_batch_size:
-        patch["micro_batch_size"] = new.model.micro_batch_size
-    spec = row.estimate.recompute
-    if spec != cfg.recompute.spec:
-        patch.update({k: v for k, v in patch_for(spec).items() if v is not None})
-    words = (
-        f"the cheapest change that fits by `plan --levers` on the run's GPUs: {row.setting}"
-        + (f" with '{spec}'" if spec != cfg.recompute.spec else "")
-        + f" ({gib(row.estimate.total_bytes)} per rank, step {row.relative:.2f}x the current)"
-    )
-    return patch, words
-
-
-def _first_fitting_lever(ctx: Context):
-    from ...plan.levers import levers
-
-    if ctx.config is None or not ctx.gpu_bytes:
-        return None
-    if "first_fitting_lever" not in ctx.memo:  # three rules ask; the table is made once
-        try:
-            rows = levers(ctx.config, ctx.gpu_bytes / GIB).rows
-        except (ConfigError, ValueError, ZeroDivisionError):
-            rows = []
-        ctx.memo["first_fitting_lever"] = next(
-            (r for r in rows if r.fits and r.lever != "current"), None
-        )
-    return ctx.memo["first_fitting_lever"]
+from .registry import rule
 
 
 def _match(ctx: Context, mine: str, conf: float) -> Match | None:
@@ -75,7 +27,8 @@ def _match(ctx: Context, mine: str, conf: float) -> Match | None:
         return None
     patch, words = lever_patch(ctx)
     said = ctx.plan_error[0].upper() + ctx.plan_error[1:] + ". " + terms
-    return Match(conf, said, config_patch=patch or None, fix=f"{_FIX[mine]}; {words}")
+    # (an empty patch stays empty: the rule's default would be Megatron's distributed optimizer)
+    return Match(conf, said, config_patch=patch, fix=f"{_FIX[mine]}; {words}")
 
 
 _FIX = {

@@ -1,0 +1,79 @@
+"""The planner's cheapest lever that fits, as a doctor's patch: the first row of
+`plan --levers` (plan/levers.py) that fits, one ranking for the planner and the doctor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...config import ConfigError
+from ..types import GIB, Context
+from .registry import gib, patch_for, tensor_parallel_patch
+
+_LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "context_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "use_distributed_optimizer",
+)  # (data parallelism follows from the world size in every framework: no key to set)
+
+
+def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
+    """The first row of `plan --levers` that fits, as a patch and words; else the next tensor
+    parallel size (which may need more GPUs), as before."""
+    row = _first_fitting_lever(ctx)
+    if row is None:
+        return tensor_parallel_patch(ctx)
+    cfg, new = ctx.config, row.config
+    patch: dict[str, Any] = {}
+    for key in _LAYOUT_KEYS:
+        if getattr(new.parallel, key) != getattr(cfg.parallel, key):
+            patch[key] = getattr(new.parallel, key)
+    _deepspeed(ctx, new, patch)
+    if new.model.micro_batch_size != cfg.model.micro_batch_size:
+        patch["micro_batch_size"] = new.model.micro_batch_size
+    spec = row.estimate.recompute
+    if spec != cfg.recompute.spec:
+        patch.update({k: v for k, v in patch_for(spec).items() if v is not None})
+    words = (
+        f"the cheapest change that fits by `plan --levers` on the run's GPUs: {row.setting}"
+        + (f" with '{spec}'" if spec != cfg.recompute.spec else "")
+        + f" ({gib(row.estimate.total_bytes)} per rank, step {row.relative:.2f}x the current)"
+    )
+    return patch, words
+
+
+def _first_fitting_lever(ctx: Context):
+    from ...plan.levers import levers
+
+    if ctx.config is None or not ctx.gpu_bytes:
+        return None
+    if "first_fitting_lever" not in ctx.memo:  # three rules ask; the table is made once
+        try:
+            rows = levers(ctx.config, ctx.gpu_bytes / GIB).rows
+        except (ConfigError, ValueError, ZeroDivisionError):
+            rows = []
+        ctx.memo["first_fitting_lever"] = next(
+            (r for r in rows if r.fits and r.lever != "current"), None
+        )
+    return ctx.memo["first_fitting_lever"]
+
+
+def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:
+    """A ZeRO stage / offload lever as the DeepSpeed JSON's own section, where the run uses
+    DeepSpeed (a Trainer run with a `zero_optimization` section or a `deepspeed` file)."""
+    p, q = ctx.config.parallel, new.parallel
+    if (p.zero_stage, p.optimizer_offload, p.param_offload) == (
+        q.zero_stage,
+        q.optimizer_offload,
+        q.param_offload,
+    ):
+        return
+    if not (ctx.cfg.get("deepspeed") or any(k.startswith("zero_optimization") for k in ctx.cfg)):
+        return
+    section: dict[str, Any] = {"stage": q.zero_stage}
+    if q.optimizer_offload:
+        section["offload_optimizer"] = {"device": "cpu"}
+    if q.param_offload:
+        section["offload_param"] = {"device": "cpu"}
+    patch["zero_optimization"] = section
