@@ -35,6 +35,27 @@ def test_cannot_reduce_peak_memory():
     _reading("stated-pt-147449-cannot-reduce", "RK800", "recompute_no_effect")
 
 
+def test_checkpointing_never_enabled_on_a_code_path():
+    # https://github.com/sam-paech/auto-antislop/issues/3 (the reporter's first post as stored):
+    # "## 1. Gradient checkpointing is never enabled when `finetune_use_unsloth: false`" - a
+    # Markdown heading, not a code comment; and the adapters its code names (get_peft_model)
+    d = run(text("stated-antislop-3-never-enabled"))
+    f = top(d)
+    assert (f.rule, f.category) == ("RK800", "recompute_no_effect")
+    default = next(g for g in d.findings if g.rule == "RK170")
+    assert "full training assumed" not in default.evidence
+
+
+@covers("RK809")
+def test_enabling_checkpointing_raises_an_error():
+    # https://github.com/CStanKonrad/long_llama/issues/9: "when I fine-tune long_llama with
+    # gradient_checkpointing, it raises an error" (the maintainer added checkpointing support)
+    d = run(text("stated-longllama-9-error"))
+    _reading("stated-longllama-9-error", "RK809", "framework_bug")
+    # the paste says checkpointing is on: no finding patches it on again
+    assert all(not f.config_patch.get("gradient_checkpointing") for f in d.findings)
+
+
 @covers("RK801")
 def test_checkpointing_makes_training_slow():
     # https://github.com/pytorch/ao/issues/2445 (title)

@@ -61,7 +61,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             + r"\s+(?:effect|difference|impact)|(?:does(?:n'?t| not)|can(?:not|'t))\s+"
             r"(?:\w+\s+){0,2}(?:work|reduce|help|change|save|lower|take effect)|is\s+ignored|"
             r"(?:has|had)\s+no\s+effect|not\s+(?:taking|take)\s+effect|"
-            r"does\s+nothing|no\s+memory\s+sav|"
+            r"does\s+nothing|no\s+memory\s+sav|never\s+(?:\w+\s+){0,2}(?:enabled|applied|called|"
+            r"passed|used|reach\w*)|(?:silently\s+)?inert\b|"
             + _MEM_SAME
             + r")|(?:memory|vram|peak)[^.\n]{0,20}?\b(?:is|was|stays?|remains?)\s+(?:still\s+)?"
             r"(?:the\s+)?same\b[^.\n]{0,40}?" + _CKPT,
@@ -161,6 +162,18 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
         ("model_state_memory", "framework_bug"),
     ),
+    Symptom(  # "with gradient_checkpointing it raises an error"
+        "error_with_recompute",
+        re.compile(
+            _CKPT + r"[^.\n]{0,60}?\b(?:raises?|raised|throws?|threw|gives?|gave|got|hits?|fails?|"
+            r"failed|crash\w*)\b[^.\n]{0,20}?\b(?:an?\s+)?(?:error|exception|traceback)|"
+            # ("an error ... with X": a logger's "ERROR - ... with gradient checkpointing" is not)
+            r"\b(?:an?|the|this|same)\s+(?:error|exception)\b[^.\n]{0,40}?\b(?:with|when\s+"
+            r"(?:using|enabling|I\s+enable|turning\s+on))\s+(?:the\s+)?" + _CKPT,
+            re.I,
+        ),
+        ("framework_bug", "checkpoint_api_misuse"),
+    ),
     Symptom(  # "after the update it runs out of memory", "升级后爆显存"
         "after_update",
         re.compile(
@@ -185,11 +198,12 @@ SYMPTOMS: tuple[Symptom, ...] = (
 )
 
 
-# Not the user's report: a code comment, a negation ("# not a real memory leak"), a tool's own
-# warning or exception line (torch's "None of the inputs have requires_grad=True. Gradients
-# will be None", "RuntimeError: Expected to mark a variable ready only once ...")
+# Not the user's report: a code comment (a Markdown heading, "## 1. ...", is prose), a negation
+# ("# not a real memory leak"), a tool's own warning or exception line (torch's "None of the
+# inputs have requires_grad=True. Gradients will be None", "RuntimeError: Expected to mark a
+# variable ready only once ...")
 _NOT_SAID = re.compile(
-    r"^\s*(?:#|//)|\bnot\s+(?:a\s+)?(?:real\s+|true\s+)?memory\s+leak|Warning\b|\bwarn\(|"
+    r"^\s*(?:#(?!#)|//)|\bnot\s+(?:a\s+)?(?:real\s+|true\s+)?memory\s+leak|Warning\b|\bwarn\(|"
     r"None of the inputs have requires_grad|^[>\s]*[\w.]*(?:Error|Exception)\b:",
     re.I,
 )

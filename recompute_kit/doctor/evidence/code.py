@@ -39,6 +39,14 @@ _ON_RE = re.compile(
     r"|--(?:gradient|grad|activation)[-_]checkpointing(?:\s*=\s*(?:True|true|1))?(?=\s|$|\\)"
     r"|--checkpoint[-_]activations(?:\s*=\s*(?:True|true|1))?(?=\s|$|\\))"
 )
+# ... or said in prose: "fine-tune X with gradient_checkpointing", "checkpointing is enabled"
+# ("is never enabled" / "without gradient checkpointing" are not: no word may stand between)
+_PROSE_ON_RE = re.compile(
+    r"\b(?:with|using|enabled?|enabling|turned\s+on)\s+(?:the\s+)?(?:gradient|activation)"
+    r"[ _-]?checkpointing\b|\b(?:gradient|activation)[ _-]?checkpointing\s+(?:is|was)\s+"
+    r"(?:enabled|on|turned\s+on)\b",
+    re.I,
+)
 _OFF_RE = re.compile(
     r"\b(?:gradient_checkpointing|activation_checkpointing|checkpoint_activations|"
     r"grad_checkpointing)['\"]?\s*[:=]\s*(?:False|false|0|None|null)\b"
@@ -317,7 +325,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
         if "checkpoint" in lower:
             if re.search(r"(?:gradient|activation|grad)[ _-]?checkpoint", lower):
                 add("mentions", line)
-            if _ON_RE.search(line):
+            if _ON_RE.search(line) or _PROSE_ON_RE.search(line):
                 add("checkpointing_on", line)
             if _OFF_RE.search(line):
                 add("checkpointing_off", line)

@@ -64,7 +64,9 @@ _OFFLOAD_PARAM_RE = re.compile(
 )
 _ADAPTER_RE = re.compile(
     r"--use_lora\b|--use_peft\b|--lora_r\b|--lora_rank\b|--finetuning_type[\s=]+q?lora\b"
-    r"|--(?:train_)?type[\s=]+q?lora\b|\bq?lora\b|\bpeft\b|load_in_[48]bit",
+    r"|--(?:train_)?type[\s=]+q?lora\b|\bq?lora\b|\bpeft\b|load_in_[48]bit"
+    # in code: PEFT's own calls and the names a script gives its adapter config
+    r"|get_peft_model\s*\(|LoraConfig\s*\(|\blora_(?:cfg|config)\b|finetune_adapter",
     re.I | re.A,
 )
 _QUANT_RE = re.compile(

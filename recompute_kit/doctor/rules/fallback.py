@@ -155,8 +155,9 @@ def _attn_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
         return {"attn_implementation": "flash_attention_2"}, (
             "attn_implementation: flash_attention_2 (or sdpa)" + why
         )
-    return {"flash_attn": True}, (
-        "flash attention: the trainer's flash_attn flag (--flash_attn), or "
+    # no framework the paste shows: the words, and no key of one framework as a patch
+    return {}, (
+        "flash attention: the trainer's own switch (OpenRLHF's --flash_attn), or "
         "attn_implementation=flash_attention_2 / sdpa when loading the model" + why
     )
 

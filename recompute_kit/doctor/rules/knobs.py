@@ -244,6 +244,8 @@ def read_knobs(ctx: Context) -> Knobs:
         k.lora = ft in ("lora", "qlora", "oft", "freeze") if ft != "full" else False
     elif any(h in by_leaf for h in LORA_HINTS) or _as_bool(cfg.get("use_lora")):
         k.lora = True
+    elif (said := fact(ctx, "settings_prose")) and isinstance(said, dict) and said.get("adapters"):
+        k.lora = True  # adapters named in the paste's code or words (get_peft_model, --use_lora)
     return k
 
 

@@ -1,4 +1,4 @@
-"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK808).
+"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK809).
 
 "Checkpointing made it slower", "memory does not go down with recompute", "the LoRA grads are
 None", "it hangs with activation checkpointing": a thread often says only that. Each rule here
@@ -135,6 +135,22 @@ READINGS = (
         fix="Load to CPU (map_location='cpu') and free the loaded dict after load_state_dict; "
         "save sharded state dicts (or offload the full one to CPU rank 0 only)",
         reads_stated="oom_loading_or_saving",
+    ),
+    dict(
+        id="RK809",
+        title="Stated: enabling checkpointing raises an error",
+        category="framework_bug",
+        symptom="The report says turning gradient / activation checkpointing on makes the run "
+        "fail with an error, with no traceback that shows where",
+        cause="The model's code or the framework does not support checkpointing on this path "
+        "(a custom layer that keeps state or a cache between calls, a forward that takes "
+        "arguments the checkpoint wrapper does not pass on), or a version where it is broken",
+        confirm="The full traceback with checkpointing on; whether the model class sets "
+        "supports_gradient_checkpointing (Hugging Face) and the versions in use",
+        fix="Upgrade the model code / framework to a version that supports checkpointing for "
+        "this model, or checkpoint only the standard layers; report it upstream with the "
+        "traceback",
+        reads_stated="error_with_recompute",
     ),
     dict(
         id="RK807",
