@@ -14,7 +14,15 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .bridge import BRIDGE, ON_RECIPE, Entry, Unresolved, apply_entries, set_model_name
+from .bridge import (
+    BRIDGE,
+    ON_RECIPE,
+    UNKNOWN_RECIPE,
+    Entry,
+    Unresolved,
+    apply_entries,
+    set_model_name,
+)
 from .reading import FROM_FILE, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns megatron-bridge's defaults
@@ -108,7 +116,9 @@ def read(text: str, path: str) -> Reading:
                 raise ConfigError(f"{path}:{line}: {opt} needs a value")
             if opt in ("--recipe", "--model"):
                 recipe = raw
-                set_model_name(reading, raw, Origin(FROM_FILE, f"{path}:{line}", opt))
+                named_at = Origin(FROM_FILE, f"{path}:{line}", opt)
+                reading.recipe_origin = named_at  # type: ignore[attr-defined]
+                set_model_name(reading, raw, named_at)
             elif opt in _LAUNCHER_WORLD:
                 try:
                     world[opt.replace("-", "_").lstrip("_")] = (int(raw), line, opt)
@@ -166,5 +176,5 @@ def read(text: str, path: str) -> Reading:
     elif not entries and not reading.values:
         raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
     else:
-        reading.unused[ON_RECIPE] = "unknown recipe"
+        reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
     return reading

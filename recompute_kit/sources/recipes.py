@@ -26,12 +26,23 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
 from . import bridge_common
-from .bridge import BRIDGE, MODEL_CLASSES, NEMO2, Entry, Unresolved, apply_entries, set_model_name
+from .bridge import (
+    BRIDGE,
+    MODEL_CLASSES,
+    NEMO2,
+    ON_RECIPE,
+    UNKNOWN_RECIPE,
+    Entry,
+    Unresolved,
+    apply_entries,
+    set_model_name,
+)
 from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
 from .recipe_eval import fold
 
@@ -142,6 +153,12 @@ class _Reader:
         self.path = path
         self.funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         self.imports = _imports(tree)
+        self.import_lines = {
+            alias.asname or alias.name: n.lineno
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom)
+            for alias in n.names
+        }
         self.consts: dict[str, Any] = {}
         for n in tree.body:
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
@@ -460,7 +477,7 @@ class _Reader:
             except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
                 tree = None
             if tree is not None:
-                other = _Reader(tree, str(found), parent=self)
+                other = _Reader(tree, _shown(found), parent=self)
                 if name in other.funcs:
                     return self.enter(other, other.funcs[name], node, env)
                 if name in other.imports and len(self.stack) < 20:  # re-exported: follow on
@@ -500,31 +517,47 @@ class _Reader:
                 self.add("model", key, v, node.lineno, _dotted(node), note=note)
 
 
+def _recipe_names(tree: ast.Module, reader: _Reader) -> list[str]:
+    """The file's recipes, the one read by default first: its functions (and the names it
+    imports from another recipe module, `from .h100.qwen3_moe import x_config as
+    x_pretrain_config`) named as pretraining recipes are, then those of its `__all__`, else its
+    functions returning a ConfigContainer, pretraining first."""
+    known = [*reader.funcs, *_aliases(reader)]
+    named = [n for n in known if _ENTRY_RE.search(n)]
+    others = [n for n in _exported(tree) if n in known] or [
+        f.name for f in reader.funcs.values() if _returns_config(f)
+    ]
+    others.sort(key=lambda n: "pretrain" not in n)  # stable: pretraining first
+    return list(dict.fromkeys([*named, *others]))
+
+
+def _aliases(reader: _Reader) -> list[str]:
+    """Names the file imports from another recipe module (an alias of a recipe there)."""
+    return [
+        name
+        for name, (module, level, _) in reader.imports.items()
+        if level or re.match(r"megatron\.bridge\.recipes\.(?!utils\b|common\b)", module)
+    ]
+
+
 def _select(
-    tree: ast.Module,
-    funcs: dict[str, ast.FunctionDef],
-    selector: str | None,
-    path: str,
-    warnings: list[str],
-) -> ast.FunctionDef | None:
+    tree: ast.Module, reader: _Reader, selector: str | None, path: str, warnings: list[str]
+) -> str | None:
+    names = _recipe_names(tree, reader)
     if selector:
-        if selector not in funcs:
-            raise ConfigError(f"{path}: no function {selector!r} in the recipe")
-        return funcs[selector]
-    entries = [f for f in funcs.values() if _ENTRY_RE.search(f.name)]
-    if not entries:  # named otherwise (deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config)
-        entries = [funcs[n] for n in _exported(tree) if n in funcs] or [
-            f for f in funcs.values() if _returns_config(f)
-        ]
-        entries.sort(key=lambda f: "pretrain" not in f.name)  # stable: pretraining first
-    if not entries:
+        if selector not in reader.funcs and selector not in _aliases(reader):
+            listed = ", ".join(names) if names else "none found"
+            raise ConfigError(f"{path}: no recipe {selector!r} in the file (its recipes: {listed})")
+        return selector
+    if not names:
         return None
-    if len(entries) > 1:
+    if len(names) > 1:
         warnings.append(
-            f"{path}: {len(entries)} recipes ({', '.join(f.name for f in entries[:5])}...); read "
-            f"{entries[0].name} (select another with {path}::NAME)"
+            f"{path}: {len(names)} recipes and none named: read {names[0]} (name another with "
+            f"{path}::NAME, or give the launch command whose --recipe names it); the others: "
+            + ", ".join(names[1:])
         )
-    return entries[0]
+    return names[0]
 
 
 def _exported(tree: ast.Module) -> list[str]:
@@ -541,6 +574,32 @@ def _exported(tree: ast.Module) -> list[str]:
                 [x for x in names if isinstance(x, str)] if isinstance(names, list | tuple) else []
             )
     return []
+
+
+def _follow_alias(reader: _Reader, name: str) -> str:
+    """Read the recipe an imported name stands for (`from megatron.bridge.recipes.qwen.h100.
+    qwen3_moe import qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config as
+    qwen3_30b_a3b_pretrain_config`): its module found in the checkout the file is in."""
+    module, level, original = reader.imports[name]
+    found = _module_file(reader.path, module, level)
+    shown = f"{'.' * level}{module}.{original}"
+    if found is None:
+        raise ConfigError(
+            f"{reader.path}: {name} is {shown}, whose file is not in the checkout this file is "
+            f"in: give that recipe file (with ::{original})"
+        )
+    call = ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=[], keywords=[])
+    call.lineno = reader.import_lines.get(name, 0)
+    reader.imported(name, call, {})
+    return f"{_shown(found)}::{original}()"
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder when it is under it (as the user names files)."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _returns_config(fn: ast.FunctionDef) -> bool:
@@ -573,14 +632,21 @@ def read(text: str, path: str) -> Reading:
     nemo = bool(re.search(r"\bnemo_run\b|from nemo\b|import nemo\b|MegatronStrategy", text))
     reading = Reading(framework=NEMO2 if nemo else BRIDGE)
     reader = _Reader(tree, file_path)
-    entry = _select(tree, reader.funcs, selector or None, file_path, reading.warnings)
+    entry = _select(tree, reader, selector or None, file_path, reading.warnings)
+    kind = "NeMo 2.0" if nemo else "Megatron-Bridge"
     if entry is None:
         for stmt in tree.body:
             reader.statement(stmt, dict(reader.consts))
-        reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe (module level)"
+        reading.format = f"{kind} recipe (module level)"
+    elif entry in reader.funcs:
+        reader.visit(reader.funcs[entry], reader.params(reader.funcs[entry]))
+        reading.format = f"{kind} recipe {entry}()"
     else:
-        reader.visit(entry, reader.params(entry))
-        reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe {entry.name}()"
+        reading.format = f"{kind} recipe {entry}() = {_follow_alias(reader, entry)}"
+    # what a launch command's `--recipe NAME` can choose among (resolve.py, select_named)
+    reading.recipe_choices = [*reader.funcs, *_aliases(reader)]  # type: ignore[attr-defined]
+    reading.recipe_read = entry  # type: ignore[attr-defined]
+    reading.recipe_named = bool(selector)  # type: ignore[attr-defined]
     apply_entries(reading, reader.entries, file_path)
     for key, o in list(reading.origins.items()):
         if o.where.startswith(bridge_common.COMMON_URL):  # the helper as Bridge ships it, not
@@ -614,3 +680,46 @@ def read(text: str, path: str) -> Reading:
             f"{file_path}: no recipe settings found (no ConfigContainer, provider or run.Config calls)"  # noqa: E501
         )
     return reading
+
+
+def select_named(
+    items: list[str], readings: list[Reading], read: Callable[[str], tuple[Reading, str]]
+) -> dict[int, tuple[Reading, str]]:
+    """A launch command's `run_recipe.py --recipe NAME` (scripts/training/run_recipe.py) names
+    the recipe the run loads: a recipe file read beside it, with no `::NAME` of its own, is
+    read again at that function (as FILE::NAME reads it). Returns {index: (reading, format)} for
+    the inputs read again; a named recipe the file does not hold is a warning."""
+    named = [
+        (r.unused[ON_RECIPE], getattr(r, "recipe_origin", None))
+        for r in readings
+        if r.unused.get(ON_RECIPE) not in (None, UNKNOWN_RECIPE)
+    ]
+    again: dict[int, tuple[Reading, str]] = {}
+    for index, (item, reading) in enumerate(zip(items, readings, strict=True)):
+        choices = getattr(reading, "recipe_choices", None)
+        if choices is None:
+            continue
+        for name, origin in named:
+            by = origin.describe() if origin is not None else "the launch command"
+            if name == reading.recipe_read:  # type: ignore[attr-defined]
+                pass
+            elif reading.recipe_named:  # type: ignore[attr-defined]
+                reading.warnings.append(
+                    f"{item} reads recipe {reading.recipe_read}, {by} names {name}: the run "  # type: ignore[attr-defined]
+                    "loads the named one; these values are the file's"
+                )
+                continue
+            elif name in choices:
+                reading, what = read(f"{item}::{name}")
+                reading.warnings.insert(0, f"{item}: read {name}, the recipe {by} names")
+                again[index] = (reading, what)
+            else:
+                reading.warnings.append(
+                    f"{by} names recipe {name}, which {item} does not hold (its recipes: "
+                    f"{', '.join(choices)}): {reading.recipe_read} is read, not the run's recipe"  # type: ignore[attr-defined]
+                )
+                continue
+            for other in readings:  # the recipe the overrides apply on is read: its keys are
+                if other.unused.get(ON_RECIPE) == name:  # read, not left to it
+                    del other.unused[ON_RECIPE]
+    return again
