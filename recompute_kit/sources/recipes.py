@@ -17,16 +17,14 @@ into `megatron/bridge/recipes/common.py` when it is beside the file, or else int
 arithmetic, `if` tests on values already read, the file's functions' return values), so a layout
 built by the file's own function is read; what cannot be evaluated is a warning naming the key.
 
-A file with several recipes: `path::function` selects one; otherwise the first pretraining recipe
-(`pretrain_config`, `pretrain_recipe`, `*_pretrain_config`, else the first of the file's
-`__all__`, else the first function returning a ConfigContainer) is read, with a warning.
+Which recipe of a file with several is read (`path::function`, a launch command's `--recipe`,
+an alias imported from another recipe module): recipe_choice.py.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +34,13 @@ from .bridge import (
     BRIDGE,
     MODEL_CLASSES,
     NEMO2,
-    ON_RECIPE,
-    UNKNOWN_RECIPE,
     Entry,
     Unresolved,
     apply_entries,
     set_model_name,
 )
 from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
+from .recipe_choice import aliases, select
 from .recipe_eval import fold
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns the defaults
@@ -72,7 +69,6 @@ KNOWN_CALLS = {
     "fp16_mixed": ("mixed_precision", "", "fp16_mixed"),
     "fp16_mixed_plugin": ("mixed_precision", "", "fp16_mixed"),
 }
-_ENTRY_RE = re.compile(r"(^|_)pretrain_(config|recipe)$|^pretrain_config$|^pretrain_recipe$")
 _SECTION_WORDS = {
     "strategy": "strategy",
     "trainer": "trainer",
@@ -517,65 +513,6 @@ class _Reader:
                 self.add("model", key, v, node.lineno, _dotted(node), note=note)
 
 
-def _recipe_names(tree: ast.Module, reader: _Reader) -> list[str]:
-    """The file's recipes, the one read by default first: its functions (and the names it
-    imports from another recipe module, `from .h100.qwen3_moe import x_config as
-    x_pretrain_config`) named as pretraining recipes are, then those of its `__all__`, else its
-    functions returning a ConfigContainer, pretraining first."""
-    known = [*reader.funcs, *_aliases(reader)]
-    named = [n for n in known if _ENTRY_RE.search(n)]
-    others = [n for n in _exported(tree) if n in known] or [
-        f.name for f in reader.funcs.values() if _returns_config(f)
-    ]
-    others.sort(key=lambda n: "pretrain" not in n)  # stable: pretraining first
-    return list(dict.fromkeys([*named, *others]))
-
-
-def _aliases(reader: _Reader) -> list[str]:
-    """Names the file imports from another recipe module (an alias of a recipe there)."""
-    return [
-        name
-        for name, (module, level, _) in reader.imports.items()
-        if level or re.match(r"megatron\.bridge\.recipes\.(?!utils\b|common\b)", module)
-    ]
-
-
-def _select(
-    tree: ast.Module, reader: _Reader, selector: str | None, path: str, warnings: list[str]
-) -> str | None:
-    names = _recipe_names(tree, reader)
-    if selector:
-        if selector not in reader.funcs and selector not in _aliases(reader):
-            listed = ", ".join(names) if names else "none found"
-            raise ConfigError(f"{path}: no recipe {selector!r} in the file (its recipes: {listed})")
-        return selector
-    if not names:
-        return None
-    if len(names) > 1:
-        warnings.append(
-            f"{path}: {len(names)} recipes and none named: read {names[0]} (name another with "
-            f"{path}::NAME, or give the launch command whose --recipe names it); the others: "
-            + ", ".join(names[1:])
-        )
-    return names[0]
-
-
-def _exported(tree: ast.Module) -> list[str]:
-    """The names in the file's `__all__`, in order."""
-    for n in tree.body:
-        if isinstance(n, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets
-        ):
-            try:
-                names = ast.literal_eval(n.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return []
-            return (
-                [x for x in names if isinstance(x, str)] if isinstance(names, list | tuple) else []
-            )
-    return []
-
-
 def _follow_alias(reader: _Reader, name: str) -> str:
     """Read the recipe an imported name stands for (`from megatron.bridge.recipes.qwen.h100.
     qwen3_moe import qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config as
@@ -600,10 +537,6 @@ def _shown(path: Path) -> str:
         return str(path.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
-
-
-def _returns_config(fn: ast.FunctionDef) -> bool:
-    return fn.returns is not None and _name(fn.returns) == "ConfigContainer"
 
 
 # What a recipe decides that its helper set when the helper could not be read.
@@ -632,7 +565,7 @@ def read(text: str, path: str) -> Reading:
     nemo = bool(re.search(r"\bnemo_run\b|from nemo\b|import nemo\b|MegatronStrategy", text))
     reading = Reading(framework=NEMO2 if nemo else BRIDGE)
     reader = _Reader(tree, file_path)
-    entry = _select(tree, reader, selector or None, file_path, reading.warnings)
+    entry = select(tree, reader, selector or None, file_path, reading.warnings)
     kind = "NeMo 2.0" if nemo else "Megatron-Bridge"
     if entry is None:
         for stmt in tree.body:
@@ -644,7 +577,7 @@ def read(text: str, path: str) -> Reading:
     else:
         reading.format = f"{kind} recipe {entry}() = {_follow_alias(reader, entry)}"
     # what a launch command's `--recipe NAME` can choose among (resolve.py, select_named)
-    reading.recipe_choices = [*reader.funcs, *_aliases(reader)]  # type: ignore[attr-defined]
+    reading.recipe_choices = [*reader.funcs, *aliases(reader)]  # type: ignore[attr-defined]
     reading.recipe_read = entry  # type: ignore[attr-defined]
     reading.recipe_named = bool(selector)  # type: ignore[attr-defined]
     apply_entries(reading, reader.entries, file_path)
@@ -680,46 +613,3 @@ def read(text: str, path: str) -> Reading:
             f"{file_path}: no recipe settings found (no ConfigContainer, provider or run.Config calls)"  # noqa: E501
         )
     return reading
-
-
-def select_named(
-    items: list[str], readings: list[Reading], read: Callable[[str], tuple[Reading, str]]
-) -> dict[int, tuple[Reading, str]]:
-    """A launch command's `run_recipe.py --recipe NAME` (scripts/training/run_recipe.py) names
-    the recipe the run loads: a recipe file read beside it, with no `::NAME` of its own, is
-    read again at that function (as FILE::NAME reads it). Returns {index: (reading, format)} for
-    the inputs read again; a named recipe the file does not hold is a warning."""
-    named = [
-        (r.unused[ON_RECIPE], getattr(r, "recipe_origin", None))
-        for r in readings
-        if r.unused.get(ON_RECIPE) not in (None, UNKNOWN_RECIPE)
-    ]
-    again: dict[int, tuple[Reading, str]] = {}
-    for index, (item, reading) in enumerate(zip(items, readings, strict=True)):
-        choices = getattr(reading, "recipe_choices", None)
-        if choices is None:
-            continue
-        for name, origin in named:
-            by = origin.describe() if origin is not None else "the launch command"
-            if name == reading.recipe_read:  # type: ignore[attr-defined]
-                pass
-            elif reading.recipe_named:  # type: ignore[attr-defined]
-                reading.warnings.append(
-                    f"{item} reads recipe {reading.recipe_read}, {by} names {name}: the run "  # type: ignore[attr-defined]
-                    "loads the named one; these values are the file's"
-                )
-                continue
-            elif name in choices:
-                reading, what = read(f"{item}::{name}")
-                reading.warnings.insert(0, f"{item}: read {name}, the recipe {by} names")
-                again[index] = (reading, what)
-            else:
-                reading.warnings.append(
-                    f"{by} names recipe {name}, which {item} does not hold (its recipes: "
-                    f"{', '.join(choices)}): {reading.recipe_read} is read, not the run's recipe"  # type: ignore[attr-defined]
-                )
-                continue
-            for other in readings:  # the recipe the overrides apply on is read: its keys are
-                if other.unused.get(ON_RECIPE) == name:  # read, not left to it
-                    del other.unused[ON_RECIPE]
-    return again

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
-from . import formats, megatron_core, recipes, registry
+from . import formats, megatron_core, recipe_choice, registry
 from .reading import (
     ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
@@ -194,7 +194,7 @@ def resolve(
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     # a launch command's --recipe NAME chooses the function of a recipe file given beside it
-    for index, (reading, what) in recipes.select_named(items, readings, read_input).items():
+    for index, (reading, what) in recipe_choice.select_named(items, readings, read_input).items():
         readings[index] = reading
         next(d for d in described if d["path"] == items[index])["format"] = what
     merged = merge(readings)
