@@ -89,3 +89,24 @@ def test_an_alias_module_alone_is_one_error_and_json_gets_a_document(tmp_path, c
     out, err = capsys.readouterr()
     assert json.loads(out)["error"] in err
     assert "Traceback" not in err
+
+
+# Megatron-Bridge 067f987: GPTDatasetConfig.finalize() sets sequence_length from seq_length
+# (src/megatron/bridge/training/config.py:304); run_recipe.py copies dataset.seq_length into
+# model.seq_length after the overrides (scripts/training/run_recipe.py:484 then :515,
+# recipe_runner.py:471-487). The trial's command set the two keys that are reset.
+def test_overrides_bridge_resets_do_not_set_the_length_and_say_the_key_to_use(tmp_path):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH.rstrip("\n") + " model.seq_length=8192 dataset.sequence_length=8192\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("seq_length") == 4096  # the recipe's cfg.dataset.seq_length (L168)
+    assert r.origins["seq_length"].where.endswith("h100/qwen3_moe.py:168")
+    said = [w for w in r.warnings if "does not set the run's length" in w]
+    assert len(said) == 2 and all("use dataset.seq_length=8192" in w for w in said)
+    assert any(w.startswith(f"{launch}:1: dataset.sequence_length=8192") for w in said)
+    assert any("run_recipe.py copies dataset.seq_length" in w for w in said)
+    # the key Bridge reads sets it, and wins over model.seq_length (which is then synced)
+    launch.write_text(LAUNCH.rstrip("\n") + " model.seq_length=2048 -sl 8192\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("seq_length") == 8192
+    assert r.origins["seq_length"].key == "-sl"
