@@ -717,6 +717,10 @@ def apply_defaults(reading: Reading) -> None:
         )
     )
     on_recipe = reading.unused.get(ON_RECIPE)
+    if not nemo:
+        from .bridge_common import apply_provider_settings
+
+        apply_provider_settings(reading)
     model_class = reading.unused.get("(model class)")
     named = reading.model_name is not None
     defaults = _bridge_defaults()

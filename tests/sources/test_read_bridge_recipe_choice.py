@@ -110,3 +110,23 @@ def test_overrides_bridge_resets_do_not_set_the_length_and_say_the_key_to_use(tm
     r = resolve([str(H100), str(launch)], require_shape=False).reading
     assert r.get("seq_length") == 8192
     assert r.origins["seq_length"].key == "-sl"
+
+
+# Megatron-Bridge 067f987 src/megatron/bridge/models/qwen/qwen3_moe_bridge.py lines 64-65:
+#     provider.moe_router_load_balancing_type = "aux_loss"
+#     provider.moe_aux_loss_coeff = 1e-3
+# The recipe builds its model with AutoBridge.from_hf_pretrained("Qwen/Qwen3-30B-A3B")
+# .to_megatron_provider(), so these are the run's values, not TransformerConfig's 0.0.
+def test_the_model_bridge_provider_values_are_the_run_s_and_labelled_so(tmp_path):
+    r = resolve([str(H100), _launch(tmp_path)], require_shape=False).reading
+    assert r.get("moe_aux_loss_coeff") == 1e-3
+    origin = r.origins["moe_aux_loss_coeff"]
+    assert origin.where.endswith("src/megatron/bridge/models/qwen/qwen3_moe_bridge.py#L65")
+    assert "Qwen3MoEBridge.provider_bridge()" in origin.key
+    assert r.get("moe_router_load_balancing_type") == "aux_loss"
+    # a value an input writes wins over the provider's
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH.rstrip("\n") + " model.moe_aux_loss_coeff=0.01\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("moe_aux_loss_coeff") == 0.01
+    assert r.origins["moe_aux_loss_coeff"].where == f"{launch}:1"
