@@ -48,6 +48,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+# How many documents emit_json wrote on stdout: a --json command that fails before writing one
+# writes its error as one (cli/parser.py main), so a script reading stdout always gets JSON.
+documents_on_stdout = 0
+
+
 def emit_json(document: Any, stream: Any = None) -> None:
     """One JSON document on stdout; byte fields as integers (estimates carry fractions).
 
@@ -56,6 +61,8 @@ def emit_json(document: Any, stream: Any = None) -> None:
     one compact item per line, each item converted and encoded (by the C encoder) only when it
     is written, so the document is never held whole as text or as dicts."""
     out = stream if stream is not None else sys.stdout
+    global documents_on_stdout
+    documents_on_stdout += out is sys.stdout
     writer = _JsonWriter(out)
     writer.value(document, 0)
     writer.pieces.append("\n")

@@ -12,6 +12,7 @@ from ..config import (
     ConfigError,
 )
 from ..gpus import GPUS, gpu_names
+from . import common
 from .commands import (
     cmd_ablate,
     cmd_doctor,
@@ -324,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as exc:
         print(f"recompute-kit: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False) and not common.documents_on_stdout:
+            common.emit_json({"error": str(exc)})  # scripts read stdout: one document, always
         return 1
     except KeyboardInterrupt:
         print("recompute-kit: interrupted", file=sys.stderr)

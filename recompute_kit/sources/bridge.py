@@ -43,6 +43,7 @@ NEMO2 = "nemo2"
 # reading.unused key that marks a reading made of overrides applied on top of a recipe (its value
 # names the recipe, or says it is unknown): the recipe decides what the overrides leave out.
 ON_RECIPE = "(applied on top of recipe)"
+UNKNOWN_RECIPE = "unknown recipe"  # its value when the file names none
 
 _PROVIDER_URL = (
     "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/2afd2d34f7d7b2e84095af1a7fd7244902189ebc/"
@@ -173,6 +174,11 @@ def sniff(text: str, path: str) -> int:
             text,
         ):
             return 90
+        # a module of aliases (`from megatron.bridge.recipes.qwen.h100.qwen3_moe import
+        # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config as qwen3_30b_a3b_pretrain_config`)
+        alias = r"^from\s+megatron\.bridge\.recipes\.(?!utils\b|common\b)\S+\s+import"
+        if re.search(alias, text, re.M):
+            return 80
         # a snippet of a recipe: `cfg.model.recompute_granularity = "selective"`
         if re.search(r"^\s*\w+\.(model|train|ddp|optimizer|dataset)\.\w+\s*=", text, re.M):
             return 60
@@ -307,7 +313,7 @@ def read_yaml(text: str, path: str) -> Reading:
         reading.unused[key] = value
     apply_entries(reading, entries, path)
     if not complete:
-        reading.unused[ON_RECIPE] = "unknown recipe"
+        reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
         reading.warnings.append(
             f"{path}: a YAML of overrides, merged on top of a recipe: what it leaves out is the "
             "recipe's, not read here"
@@ -711,6 +717,10 @@ def apply_defaults(reading: Reading) -> None:
         )
     )
     on_recipe = reading.unused.get(ON_RECIPE)
+    if not nemo:
+        from .bridge_common import apply_provider_settings
+
+        apply_provider_settings(reading)
     model_class = reading.unused.get("(model class)")
     named = reading.model_name is not None
     defaults = _bridge_defaults()

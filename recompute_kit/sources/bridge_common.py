@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .reading import FROM_DEFAULT, Origin, Reading
+
 COMMON_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 COMMON_URL = (
     f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMON_COMMIT}/"
@@ -66,3 +68,64 @@ FLEX_NOTE = (
     "apply_flex_dispatcher_backend({backend}): flex on Ampere/Hopper/B200/B300 GPUs "
     "(alltoall where the backend is unsupported)"
 )
+
+# What the provider AutoBridge builds for a Hugging Face model sets beyond its config.json shape
+# (models/<family>/<name>_bridge.py provider_bridge(), @ COMMON_COMMIT): HF model_type ->
+# (file under src/megatron/bridge/models/, the method, [(field, value, line)]). A recipe's
+# `AutoBridge.from_hf_pretrained(id).to_megatron_provider()` starts from these, not from
+# Megatron-Core's TransformerConfig defaults.
+MODELS_URL = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMON_COMMIT}/src/megatron/bridge/models/"
+PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
+    "qwen3_moe": (
+        "qwen/qwen3_moe_bridge.py",
+        "Qwen3MoEBridge.provider_bridge()",
+        [
+            ("moe_grouped_gemm", True, 63),
+            ("moe_router_load_balancing_type", "aux_loss", 64),
+            ("moe_aux_loss_coeff", 1e-3, 65),
+            ("moe_token_dispatcher_type", "alltoall", 67),
+        ],
+    ),
+    "qwen3_next": (
+        "qwen/qwen3_next_bridge.py",
+        "Qwen3NextBridge.provider_bridge()",
+        [
+            ("moe_grouped_gemm", True, 69),
+            ("moe_aux_loss_coeff", 1e-3, 71),
+            ("moe_token_dispatcher_type", "alltoall", 73),
+        ],
+    ),
+}
+# Every model bridge maps these config.json keys onto the provider (MegatronModelBridge
+# .CONFIG_MAPPING, conversion/model_bridge.py lines 483-484 @ COMMON_COMMIT).
+CONFIG_MAPPING_FILE = "conversion/model_bridge.py"
+CONFIG_MAPPING = [
+    ("aux_loss_alpha", "moe_aux_loss_coeff", 483),
+    ("router_aux_loss_coef", "moe_aux_loss_coeff", 484),
+]
+
+
+def apply_provider_settings(reading: Reading) -> None:
+    """What the provider AutoBridge builds for the named Hugging Face model sets (its model
+    bridge's provider_bridge(), and the config.json keys every bridge maps): the run's value
+    where no input sets one, labelled with the Bridge line that sets it."""
+    from . import registry
+
+    if reading.model_name is None:
+        return
+    config = registry.model_config(reading.model_name)
+    if config is None:
+        return
+    found = PROVIDER_SETTINGS.get(str(config.get("model_type")))
+    if found is not None:
+        file, method, settings = found
+        for key, value, line in settings:
+            where = f"{MODELS_URL}{file}#L{line}"
+            origin = Origin(FROM_DEFAULT, where, f"{method} provider.{key}")
+            reading.set(key, value, origin, overwrite=False)
+    for hf_key, key, line in CONFIG_MAPPING:
+        if isinstance(config.get(hf_key), (int, float)) and not isinstance(config[hf_key], bool):
+            where = f"{MODELS_URL}{CONFIG_MAPPING_FILE}#L{line}"
+            note = f"{reading.model_name} config.json {hf_key}"
+            origin = Origin(FROM_DEFAULT, where, f"MegatronModelBridge.CONFIG_MAPPING {key}", note)
+            reading.set(key, float(config[hf_key]), origin, overwrite=False)

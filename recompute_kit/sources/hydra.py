@@ -14,7 +14,15 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .bridge import BRIDGE, ON_RECIPE, Entry, Unresolved, apply_entries, set_model_name
+from .bridge import (
+    BRIDGE,
+    ON_RECIPE,
+    UNKNOWN_RECIPE,
+    Entry,
+    Unresolved,
+    apply_entries,
+    set_model_name,
+)
 from .reading import FROM_FILE, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns megatron-bridge's defaults
@@ -77,6 +85,53 @@ def _line_of(text: str, token: str, start: int) -> tuple[int, int]:
     return text.count("\n", 0, at) + 1, at + len(token)
 
 
+# Megatron-Bridge 067f987 (since e28e1ca, 2026-07-15): the dataset's `seq_length` is the run's
+# length. GPTDatasetConfig.finalize() sets MCore's `sequence_length` from it
+# (src/megatron/bridge/training/config.py:304), and run_recipe.py, after the overrides
+# (scripts/training/run_recipe.py:484), copies it into model.seq_length
+# (run_recipe.py:515 -> scripts/training/recipe_runner.py:471-487,
+# sync_model_dataset_sequence_length); other launchers stop on a mismatch
+# (ConfigContainer.validate, training/config.py:1644).
+_BRIDGE_AT = "Megatron-Bridge 067f987"
+_FINALIZE = "src/megatron/bridge/training/config.py:304"
+_SYNC = "scripts/training/run_recipe.py:515 -> recipe_runner.py:486"
+_VALIDATE = "src/megatron/bridge/training/config.py:1644"
+
+
+def _the_length_that_runs(
+    entries: list[Entry], reading: Reading, path: str, run_recipe: bool
+) -> list[Entry]:
+    """Drop the sequence-length overrides Megatron-Bridge resets (`dataset.sequence_length`,
+    and `model.seq_length` without `dataset.seq_length`), each with a warning naming the key
+    that sets the length: the recipe's dataset.seq_length is what runs then."""
+    dataset_given = any(e.section == "dataset" and e.key == "seq_length" for e in entries)
+    kept = []
+    for e in entries:
+        use = f"use dataset.seq_length={e.value} (or -sl {e.value})"
+        if e.section == "dataset" and e.key == "sequence_length":
+            reading.unused[e.written] = e.value
+            reading.warnings.append(
+                f"{path}:{e.line}: {e.written}={e.value} does not set the run's length: "
+                f"GPTDatasetConfig.finalize() sets sequence_length from dataset.seq_length "
+                f"({_BRIDGE_AT} {_FINALIZE}); {use}"
+            )
+        elif e.section == "model" and e.key == "seq_length" and not dataset_given:
+            reading.unused[e.written] = e.value
+            how = (
+                f"run_recipe.py copies dataset.seq_length into it after the overrides "
+                f"({_BRIDGE_AT} {_SYNC})"
+                if run_recipe
+                else f"Megatron-Bridge stops when it differs from dataset.seq_length ({_VALIDATE})"
+            )
+            reading.warnings.append(
+                f"{path}:{e.line}: {e.written}={e.value} does not set the run's length: "
+                f"{how}; the recipe's dataset.seq_length runs; {use}"
+            )
+        else:
+            kept.append(e)
+    return kept
+
+
 def read(text: str, path: str) -> Reading:
     joined = re.sub(r"\\\r?\n", " ", text)
     try:
@@ -108,7 +163,9 @@ def read(text: str, path: str) -> Reading:
                 raise ConfigError(f"{path}:{line}: {opt} needs a value")
             if opt in ("--recipe", "--model"):
                 recipe = raw
-                set_model_name(reading, raw, Origin(FROM_FILE, f"{path}:{line}", opt))
+                named_at = Origin(FROM_FILE, f"{path}:{line}", opt)
+                reading.recipe_origin = named_at  # type: ignore[attr-defined]
+                set_model_name(reading, raw, named_at)
             elif opt in _LAUNCHER_WORLD:
                 try:
                     world[opt.replace("-", "_").lstrip("_")] = (int(raw), line, opt)
@@ -148,6 +205,7 @@ def read(text: str, path: str) -> Reading:
             else:
                 entries.append(Entry(section, key, _value(inline), line, dotted))
         i += 1
+    entries = _the_length_that_runs(entries, reading, path, "run_recipe.py" in text)
     apply_entries(reading, entries, path)
     if world:
         n = world.get("nproc_per_node")
@@ -166,5 +224,5 @@ def read(text: str, path: str) -> Reading:
     elif not entries and not reading.values:
         raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
     else:
-        reading.unused[ON_RECIPE] = "unknown recipe"
+        reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
     return reading

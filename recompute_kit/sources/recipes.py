@@ -17,9 +17,8 @@ into `megatron/bridge/recipes/common.py` when it is beside the file, or else int
 arithmetic, `if` tests on values already read, the file's functions' return values), so a layout
 built by the file's own function is read; what cannot be evaluated is a warning naming the key.
 
-A file with several recipes: `path::function` selects one; otherwise the first pretraining recipe
-(`pretrain_config`, `pretrain_recipe`, `*_pretrain_config`, else the first of the file's
-`__all__`, else the first function returning a ConfigContainer) is read, with a warning.
+Which recipe of a file with several is read (`path::function`, a launch command's `--recipe`,
+an alias imported from another recipe module): recipe_choice.py.
 """
 
 from __future__ import annotations
@@ -31,8 +30,17 @@ from typing import Any
 
 from ..config import ConfigError
 from . import bridge_common
-from .bridge import BRIDGE, MODEL_CLASSES, NEMO2, Entry, Unresolved, apply_entries, set_model_name
+from .bridge import (
+    BRIDGE,
+    MODEL_CLASSES,
+    NEMO2,
+    Entry,
+    Unresolved,
+    apply_entries,
+    set_model_name,
+)
 from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
+from .recipe_choice import aliases, select
 from .recipe_eval import fold
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns the defaults
@@ -61,7 +69,6 @@ KNOWN_CALLS = {
     "fp16_mixed": ("mixed_precision", "", "fp16_mixed"),
     "fp16_mixed_plugin": ("mixed_precision", "", "fp16_mixed"),
 }
-_ENTRY_RE = re.compile(r"(^|_)pretrain_(config|recipe)$|^pretrain_config$|^pretrain_recipe$")
 _SECTION_WORDS = {
     "strategy": "strategy",
     "trainer": "trainer",
@@ -142,6 +149,12 @@ class _Reader:
         self.path = path
         self.funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         self.imports = _imports(tree)
+        self.import_lines = {
+            alias.asname or alias.name: n.lineno
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom)
+            for alias in n.names
+        }
         self.consts: dict[str, Any] = {}
         for n in tree.body:
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
@@ -460,7 +473,7 @@ class _Reader:
             except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
                 tree = None
             if tree is not None:
-                other = _Reader(tree, str(found), parent=self)
+                other = _Reader(tree, _shown(found), parent=self)
                 if name in other.funcs:
                     return self.enter(other, other.funcs[name], node, env)
                 if name in other.imports and len(self.stack) < 20:  # re-exported: follow on
@@ -500,51 +513,30 @@ class _Reader:
                 self.add("model", key, v, node.lineno, _dotted(node), note=note)
 
 
-def _select(
-    tree: ast.Module,
-    funcs: dict[str, ast.FunctionDef],
-    selector: str | None,
-    path: str,
-    warnings: list[str],
-) -> ast.FunctionDef | None:
-    if selector:
-        if selector not in funcs:
-            raise ConfigError(f"{path}: no function {selector!r} in the recipe")
-        return funcs[selector]
-    entries = [f for f in funcs.values() if _ENTRY_RE.search(f.name)]
-    if not entries:  # named otherwise (deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config)
-        entries = [funcs[n] for n in _exported(tree) if n in funcs] or [
-            f for f in funcs.values() if _returns_config(f)
-        ]
-        entries.sort(key=lambda f: "pretrain" not in f.name)  # stable: pretraining first
-    if not entries:
-        return None
-    if len(entries) > 1:
-        warnings.append(
-            f"{path}: {len(entries)} recipes ({', '.join(f.name for f in entries[:5])}...); read "
-            f"{entries[0].name} (select another with {path}::NAME)"
+def _follow_alias(reader: _Reader, name: str) -> str:
+    """Read the recipe an imported name stands for (`from megatron.bridge.recipes.qwen.h100.
+    qwen3_moe import qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config as
+    qwen3_30b_a3b_pretrain_config`): its module found in the checkout the file is in."""
+    module, level, original = reader.imports[name]
+    found = _module_file(reader.path, module, level)
+    shown = f"{'.' * level}{module}.{original}"
+    if found is None:
+        raise ConfigError(
+            f"{reader.path}: {name} is {shown}, whose file is not in the checkout this file is "
+            f"in: give that recipe file (with ::{original})"
         )
-    return entries[0]
+    call = ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=[], keywords=[])
+    call.lineno = reader.import_lines.get(name, 0)
+    reader.imported(name, call, {})
+    return f"{_shown(found)}::{original}()"
 
 
-def _exported(tree: ast.Module) -> list[str]:
-    """The names in the file's `__all__`, in order."""
-    for n in tree.body:
-        if isinstance(n, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets
-        ):
-            try:
-                names = ast.literal_eval(n.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return []
-            return (
-                [x for x in names if isinstance(x, str)] if isinstance(names, list | tuple) else []
-            )
-    return []
-
-
-def _returns_config(fn: ast.FunctionDef) -> bool:
-    return fn.returns is not None and _name(fn.returns) == "ConfigContainer"
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder when it is under it (as the user names files)."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 # What a recipe decides that its helper set when the helper could not be read.
@@ -573,14 +565,21 @@ def read(text: str, path: str) -> Reading:
     nemo = bool(re.search(r"\bnemo_run\b|from nemo\b|import nemo\b|MegatronStrategy", text))
     reading = Reading(framework=NEMO2 if nemo else BRIDGE)
     reader = _Reader(tree, file_path)
-    entry = _select(tree, reader.funcs, selector or None, file_path, reading.warnings)
+    entry = select(tree, reader, selector or None, file_path, reading.warnings)
+    kind = "NeMo 2.0" if nemo else "Megatron-Bridge"
     if entry is None:
         for stmt in tree.body:
             reader.statement(stmt, dict(reader.consts))
-        reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe (module level)"
+        reading.format = f"{kind} recipe (module level)"
+    elif entry in reader.funcs:
+        reader.visit(reader.funcs[entry], reader.params(reader.funcs[entry]))
+        reading.format = f"{kind} recipe {entry}()"
     else:
-        reader.visit(entry, reader.params(entry))
-        reading.format = f"{'NeMo 2.0' if nemo else 'Megatron-Bridge'} recipe {entry.name}()"
+        reading.format = f"{kind} recipe {entry}() = {_follow_alias(reader, entry)}"
+    # what a launch command's `--recipe NAME` can choose among (resolve.py, select_named)
+    reading.recipe_choices = [*reader.funcs, *aliases(reader)]  # type: ignore[attr-defined]
+    reading.recipe_read = entry  # type: ignore[attr-defined]
+    reading.recipe_named = bool(selector)  # type: ignore[attr-defined]
     apply_entries(reading, reader.entries, file_path)
     for key, o in list(reading.origins.items()):
         if o.where.startswith(bridge_common.COMMON_URL):  # the helper as Bridge ships it, not

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
-from . import formats, megatron_core, registry
+from . import formats, megatron_core, recipe_choice, registry
 from .reading import (
     ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
@@ -180,14 +180,16 @@ def resolve(
     (`{"tensor_model_parallel_size": 4}`), into one Config. Raises ConfigError (one line),
     also when nothing gives the model's shape, unless require_shape=False (`read` shows
     what a DeepSpeed JSON or an overrides file says on its own: then `config` is None)."""
-    readings, described = [], []
+    readings, described, items = [], [], []
     if model:
         reading, what = read_input(model)
         readings.append(reading)
+        items.append(model)
         described.append({"path": model, "format": what})
     for item in inputs:
         reading, what = read_input(item)
         readings.append(reading)
+        items.append(item)
         described.append({"path": item, "format": what})
         # the parents a file inherits from (NeMo-RL's `defaults:`) were read too
         described += [
@@ -196,6 +198,10 @@ def resolve(
         ]
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
+    # a launch command's --recipe NAME chooses the function of a recipe file given beside it
+    for index, (reading, what) in recipe_choice.select_named(items, readings, read_input).items():
+        readings[index] = reading
+        next(d for d in described if d["path"] == items[index])["format"] = what
     merged = merge(readings)
     if model and readings[0].model_name and merged.model_name != readings[0].model_name:
         # --model is the user's explicit choice for the shape: it wins over a file's model

@@ -1,0 +1,125 @@
+"""Which recipe of a Python recipe file is read: the one `FILE::NAME` or a launch command's
+`run_recipe.py --recipe NAME` names, else the file's first pretraining recipe, with a warning
+listing the others. A recipe may be the file's own function or a name it imports from another
+recipe module (`recipes/qwen/qwen3_moe.py` aliases `recipes/qwen/h100/qwen3_moe.py`'s)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..config import ConfigError
+from .bridge import ON_RECIPE, UNKNOWN_RECIPE
+from .reading import Reading
+
+_ENTRY_RE = re.compile(r"(^|_)pretrain_(config|recipe)$|^pretrain_config$|^pretrain_recipe$")
+
+
+def recipe_names(tree: ast.Module, reader: Any) -> list[str]:
+    """The file's recipes, the one read by default first: its functions (and the names it
+    imports from another recipe module, `from .h100.qwen3_moe import x_config as
+    x_pretrain_config`) named as pretraining recipes are, then those of its `__all__`, else its
+    functions returning a ConfigContainer, pretraining first."""
+    known = [*reader.funcs, *aliases(reader)]
+    named = [n for n in known if _ENTRY_RE.search(n)]
+    others = [n for n in _exported(tree) if n in known] or [
+        f.name for f in reader.funcs.values() if _returns_config(f)
+    ]
+    others.sort(key=lambda n: "pretrain" not in n)  # stable: pretraining first
+    return list(dict.fromkeys([*named, *others]))
+
+
+def aliases(reader: Any) -> list[str]:
+    """Names the file imports from another recipe module (an alias of a recipe there)."""
+    return [
+        name
+        for name, (module, level, _) in reader.imports.items()
+        if level or re.match(r"megatron\.bridge\.recipes\.(?!utils\b|common\b)", module)
+    ]
+
+
+def select(
+    tree: ast.Module, reader: Any, selector: str | None, path: str, warnings: list[str]
+) -> str | None:
+    names = recipe_names(tree, reader)
+    if selector:
+        if selector not in reader.funcs and selector not in aliases(reader):
+            listed = ", ".join(names) if names else "none found"
+            raise ConfigError(f"{path}: no recipe {selector!r} in the file (its recipes: {listed})")
+        return selector
+    if not names:
+        return None
+    if len(names) > 1:
+        warnings.append(
+            f"{path}: {len(names)} recipes and none named: read {names[0]} (name another with "
+            f"{path}::NAME, or give the launch command whose --recipe names it); the others: "
+            + ", ".join(names[1:])
+        )
+    return names[0]
+
+
+def _exported(tree: ast.Module) -> list[str]:
+    """The names in the file's `__all__`, in order."""
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets
+        ):
+            try:
+                names = ast.literal_eval(n.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return []
+            return (
+                [x for x in names if isinstance(x, str)] if isinstance(names, list | tuple) else []
+            )
+    return []
+
+
+def _returns_config(fn: ast.FunctionDef) -> bool:
+    node = fn.returns
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name == "ConfigContainer"
+
+
+def select_named(
+    items: list[str], readings: list[Reading], read: Callable[[str], tuple[Reading, str]]
+) -> dict[int, tuple[Reading, str]]:
+    """A launch command's `run_recipe.py --recipe NAME` (scripts/training/run_recipe.py) names
+    the recipe the run loads: a recipe file read beside it, with no `::NAME` of its own, is
+    read again at that function (as FILE::NAME reads it). Returns {index: (reading, format)} for
+    the inputs read again; a named recipe the file does not hold is a warning."""
+    named = [
+        (r.unused[ON_RECIPE], getattr(r, "recipe_origin", None))
+        for r in readings
+        if r.unused.get(ON_RECIPE) not in (None, UNKNOWN_RECIPE)
+    ]
+    again: dict[int, tuple[Reading, str]] = {}
+    for index, (item, reading) in enumerate(zip(items, readings, strict=True)):
+        choices = getattr(reading, "recipe_choices", None)
+        if choices is None:
+            continue
+        for name, origin in named:
+            by = origin.describe() if origin is not None else "the launch command"
+            if name == reading.recipe_read:  # type: ignore[attr-defined]
+                pass
+            elif reading.recipe_named:  # type: ignore[attr-defined]
+                reading.warnings.append(
+                    f"{item} reads recipe {reading.recipe_read}, {by} names {name}: the run "  # type: ignore[attr-defined]
+                    "loads the named one; these values are the file's"
+                )
+                continue
+            elif name in choices:
+                reading, what = read(f"{item}::{name}")
+                reading.warnings.insert(0, f"{item}: read {name}, the recipe {by} names")
+                again[index] = (reading, what)
+            else:
+                reading.warnings.append(
+                    f"{by} names recipe {name}, which {item} does not hold (its recipes: "
+                    f"{', '.join(choices)}): {reading.recipe_read} is read, not the run's recipe"  # type: ignore[attr-defined]
+                )
+                continue
+            for other in readings:  # the recipe the overrides apply on is read: its keys are
+                if other.unused.get(ON_RECIPE) == name:  # read, not left to it
+                    del other.unused[ON_RECIPE]
+    return again

@@ -1,0 +1,132 @@
+"""Which Megatron-Bridge recipe a file with several is read as: the one a launch command's
+`run_recipe.py --recipe NAME` names, an alias module followed to the function it imports, and
+no silent choice. The recipe files are verbatim Megatron-Bridge 067f987 files where they sit in
+the checkout (tests/sources/corpus/bridge_checkout/README.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.cli.parser import main
+from recompute_kit.config import ConfigError
+from recompute_kit.sources.resolve import resolve
+
+CHECKOUT = Path(__file__).parent / "corpus" / "bridge_checkout"
+RECIPES = CHECKOUT / "src" / "megatron" / "bridge" / "recipes" / "qwen"
+H100 = RECIPES / "h100" / "qwen3_moe.py"  # 8 recipes, 235B pretraining first in __all__
+ALIASES = RECIPES / "qwen3_moe.py"  # qwen3_30b_a3b_pretrain_config = h100's 16-GPU recipe
+NAMED = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+# The skill trial's launch command (run_recipe.py's flags; its docstring, lines 65-66 at
+# 067f987, gives the same `--recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config`).
+LAUNCH = (
+    "torchrun --nnodes 2 --nproc_per_node 8 scripts/training/run_recipe.py --recipe "
+    f"{NAMED} --mode pretrain model.recompute_modules=[moe_act,layernorm]\n"
+)
+
+
+def _launch(tmp_path: Path) -> str:
+    path = tmp_path / "launch.sh"
+    path.write_text(LAUNCH)
+    return str(path)
+
+
+@pytest.mark.parametrize("launch_first", [False, True])
+def test_the_recipe_the_launch_command_names_is_the_function_read(tmp_path, launch_first):
+    launch = _launch(tmp_path)
+    inputs = [launch, str(H100)] if launch_first else [str(H100), launch]
+    r = resolve(inputs, require_shape=False).reading
+    # h100/qwen3_moe.py L168-170 in the 16-GPU recipe: seq 4096, TP 1, PP 1 (the 235B one,
+    # L246-249, sets TP 4, PP 16)
+    assert f"recipe {NAMED}()" in r.format
+    assert r.origins["pipeline_model_parallel_size"].where.endswith("qwen3_moe.py:170")
+    assert r.get("tensor_model_parallel_size") == 1
+    assert r.get("pipeline_model_parallel_size") == 1
+    assert r.model_name == "Qwen/Qwen3-30B-A3B"
+    assert any(f"read {NAMED}, the recipe" in w and "--recipe" in w for w in r.warnings)
+    assert not any("recipes and none named" in w for w in r.warnings)
+    # the recipe the overrides apply on is read: its keys are not "left to the recipe"
+    assert not any("these overrides apply to, not read here" in w for w in r.warnings)
+
+
+def test_a_file_of_several_recipes_and_no_name_says_which_and_lists_the_others():
+    r = resolve([str(H100)], require_shape=False).reading
+    said = [w for w in r.warnings if "recipes and none named" in w]
+    assert len(said) == 1
+    # every other recipe of the file's __all__ is listed, not five and "..."
+    for name in (
+        NAMED,
+        "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config",
+        "qwen3_30b_a3b_sft_8gpu_h100_bf16_config",
+        "qwen3_235b_a22b_peft_16gpu_h100_bf16_config",
+    ):
+        assert name in said[0]
+    assert "read qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config" in said[0]
+
+
+def test_an_alias_module_is_followed_to_the_function_it_imports():
+    r = resolve([f"{ALIASES}::qwen3_30b_a3b_pretrain_config"], require_shape=False).reading
+    assert r.format.endswith(f"h100/qwen3_moe.py::{NAMED}()")
+    where = r.origins["pipeline_model_parallel_size"].where
+    assert where.endswith("h100/qwen3_moe.py:170"), where
+    assert r.get("seq_length") == 4096
+    assert r.model_name == "Qwen/Qwen3-30B-A3B"
+    # no name: the first pretraining alias, the others listed
+    r = resolve([str(ALIASES)], require_shape=False).reading
+    assert "qwen3_30b_a3b_pretrain_config()" in r.format
+    assert any("the others: qwen3_235b_a22b_pretrain_config" in w for w in r.warnings)
+
+
+def test_an_alias_module_alone_is_one_error_and_json_gets_a_document(tmp_path, capsys):
+    alone = tmp_path / "qwen3_moe.py"
+    shutil.copy(ALIASES, alone)
+    with pytest.raises(ConfigError, match=f"::{NAMED}"):
+        resolve([str(alone)], require_shape=False)
+    assert main(["read", "--json", str(alone)]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"] in err
+    assert "Traceback" not in err
+
+
+# Megatron-Bridge 067f987: GPTDatasetConfig.finalize() sets sequence_length from seq_length
+# (src/megatron/bridge/training/config.py:304); run_recipe.py copies dataset.seq_length into
+# model.seq_length after the overrides (scripts/training/run_recipe.py:484 then :515,
+# recipe_runner.py:471-487). The trial's command set the two keys that are reset.
+def test_overrides_bridge_resets_do_not_set_the_length_and_say_the_key_to_use(tmp_path):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH.rstrip("\n") + " model.seq_length=8192 dataset.sequence_length=8192\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("seq_length") == 4096  # the recipe's cfg.dataset.seq_length (L168)
+    assert r.origins["seq_length"].where.endswith("h100/qwen3_moe.py:168")
+    said = [w for w in r.warnings if "does not set the run's length" in w]
+    assert len(said) == 2 and all("use dataset.seq_length=8192" in w for w in said)
+    assert any(w.startswith(f"{launch}:1: dataset.sequence_length=8192") for w in said)
+    assert any("run_recipe.py copies dataset.seq_length" in w for w in said)
+    # the key Bridge reads sets it, and wins over model.seq_length (which is then synced)
+    launch.write_text(LAUNCH.rstrip("\n") + " model.seq_length=2048 -sl 8192\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("seq_length") == 8192
+    assert r.origins["seq_length"].key == "-sl"
+
+
+# Megatron-Bridge 067f987 src/megatron/bridge/models/qwen/qwen3_moe_bridge.py lines 64-65:
+#     provider.moe_router_load_balancing_type = "aux_loss"
+#     provider.moe_aux_loss_coeff = 1e-3
+# The recipe builds its model with AutoBridge.from_hf_pretrained("Qwen/Qwen3-30B-A3B")
+# .to_megatron_provider(), so these are the run's values, not TransformerConfig's 0.0.
+def test_the_model_bridge_provider_values_are_the_run_s_and_labelled_so(tmp_path):
+    r = resolve([str(H100), _launch(tmp_path)], require_shape=False).reading
+    assert r.get("moe_aux_loss_coeff") == 1e-3
+    origin = r.origins["moe_aux_loss_coeff"]
+    assert origin.where.endswith("src/megatron/bridge/models/qwen/qwen3_moe_bridge.py#L65")
+    assert "Qwen3MoEBridge.provider_bridge()" in origin.key
+    assert r.get("moe_router_load_balancing_type") == "aux_loss"
+    # a value an input writes wins over the provider's
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH.rstrip("\n") + " model.moe_aux_loss_coeff=0.01\n")
+    r = resolve([str(H100), str(launch)], require_shape=False).reading
+    assert r.get("moe_aux_loss_coeff") == 0.01
+    assert r.origins["moe_aux_loss_coeff"].where == f"{launch}:1"
