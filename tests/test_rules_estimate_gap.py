@@ -24,10 +24,10 @@ SCRIPT = (
 ).read_text(encoding="utf-8")
 
 
-def _oom(allocated_gib: float, request_gib: float = 3.5) -> str:
+def _oom(allocated_gib: float, request_gib: float = 3.5, rank: int = 0) -> str:
     return (
-        f"[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {request_gib:.2f} "
-        "GiB. GPU 0 has a total capacity of 79.10 GiB of which 2.91 GiB is free. Including "
+        f"[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        f"{request_gib:.2f} GiB. GPU 0 has a total capacity of 79.10 GiB of which 2.91 GiB is free. Including "
         "non-PyTorch memory, this process has 76.18 GiB memory in use. Of the allocated memory "
         f"{allocated_gib:.2f} GiB is allocated by PyTorch, and 3.21 GiB is reserved by PyTorch "
         "but unallocated.\n"
@@ -66,7 +66,20 @@ def test_a_capacity_factor_bounds_the_experts_so_the_gap_stays_unexplained():
         "--moe-aux-loss-coeff 1e-2", "--moe-aux-loss-coeff 1e-2 --moe-expert-capacity-factor 1.0"
     )
     assert "--moe-expert-capacity-factor" in script
-    d = run(_oom(71.32), config=script, config_name="run.sh")
+    d = run(_oom(71.32), config=script, config_name="run.sh", gpu_memory_gb=79.1)
     assert "RK018" not in ids(d)
     f = next(f for f in d.findings if f.rule == "RK019")
     assert "the config does not explain" in f.evidence
+    # planned with the unexplained bytes set aside: a setting that fits the run as it behaved
+    assert "set aside" in f.evidence and f.config_patch.get("recompute_granularity")
+
+
+def test_no_logits_reading_for_a_rank_on_an_earlier_pipeline_stage():
+    # the script's logits are 4096 x 32000 fp32 = 0.49 GiB; an OOM of that size on rank 0
+    # (stage 0 of 4, which computes no logits) is not the logits (a skill trial's NeMo-RL run
+    # got "logits_memory" for a stage-0 rank); on rank 31 (the last stage) it may be
+    first = _run(_oom(60.0, request_gib=0.49, rank=0))
+    assert "RK012" not in ids(first)
+    last = _run(_oom(60.0, request_gib=0.49, rank=31))
+    assert any("the OOM is on rank 31: pipeline stage 3" in n for n in last.evidence.notes)
+    assert "RK012" in ids(last)

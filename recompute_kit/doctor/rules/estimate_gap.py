@@ -127,8 +127,35 @@ def _unexplained_gap(ctx: Context) -> Match | None:
     if found is None:
         return None
     needed, estimated, gap = found
+    patch, words = _plan_without(ctx, gap)
     return Match(
         0.45,
         f"The rank needed {gib(needed)} (allocated plus the request) where the estimate of "
-        f"the config given is {gib(estimated)}: {gib(gap)} the config does not explain.",
+        f"the config given is {gib(estimated)}: {gib(gap)} the config does not explain. "
+        f"{words}",
+        config_patch=patch,
+    )
+
+
+def _plan_without(ctx: Context, gap: int) -> tuple[dict, str]:
+    """The planner's cheapest setting with the unexplained bytes set aside (the GPU taken as
+    that much smaller): the patch that fits the run as it behaved, not as the config says."""
+    from ...config import ConfigError
+    from ...plan import plan
+    from ...plan.margins import planned_bytes
+
+    if not ctx.gpu_bytes or ctx.gpu_bytes <= gap:
+        return {}, "Find what holds it before planning (the snapshot or memory summary)."
+    budget = (ctx.gpu_bytes - gap) / GIB
+    try:
+        best = plan(ctx.config, budget).best
+    except ConfigError as exc:
+        return {}, f"With it set aside ({budget:.1f} GiB left) the planner says: {exc}."
+    spec = candidate_spec(best)
+    if spec == ctx.config.recompute.spec:
+        return {}, f"With it set aside ({budget:.1f} GiB left) the current setting still fits."
+    return patch_for(spec), (
+        f"Planned with it set aside ({budget:.1f} GiB left): '{spec}' at "
+        f"{gib(planned_bytes(best.estimate))} per rank, "
+        f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
     )

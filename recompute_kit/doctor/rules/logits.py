@@ -30,6 +30,9 @@ def _logits(ctx: Context) -> Match | None:
     if cfg is None or not ctx.gpu_bytes:
         return None
     m, p = cfg.model, cfg.parallel
+    last = p.pipeline_model_parallel_size - 1
+    if ctx.oom_stage is not None and ctx.oom_stage != last:
+        return None  # the OOM's rank is on an earlier pipeline stage: no logits there
     tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
     logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
     oom = ctx.oom
