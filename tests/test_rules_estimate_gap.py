@@ -29,8 +29,8 @@ def _oom(allocated_gib: float, request_gib: float = 3.5, rank: int = 0) -> str:
         f"[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
         f"{request_gib:.2f} GiB. GPU 0 has a total capacity of 79.10 GiB of which 2.91 GiB is "
         "free. Including non-PyTorch memory, this process has 76.18 GiB memory in use. Of the "
-        f"allocated memory {allocated_gib:.2f} GiB is allocated by PyTorch, and 3.21 GiB is reserved by PyTorch "
-        "but unallocated.\n"
+        f"allocated memory {allocated_gib:.2f} GiB is allocated by PyTorch, and 3.21 GiB is "
+        "reserved by PyTorch but unallocated.\n"
     )
 
 
