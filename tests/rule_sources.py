@@ -541,7 +541,6 @@ SOURCES.update(
         "stated-longllama-9-error": "https://github.com/CStanKonrad/long_llama/issues/9",
         "stated-antislop-3-never-enabled": "https://github.com/sam-paech/auto-antislop/issues/3",
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
-        "bridge-067f987d-qwen3_moe_h100.py": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
     }
 )

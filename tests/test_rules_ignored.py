@@ -1,21 +1,28 @@
 """Tests of recompute_kit/doctor/rules/ignored.py (settings the framework accepts and then does
 not act on), on Megatron-Bridge's own recipe file read through the shared reader.
 
-The recipe is verbatim (tests/data/rules/bridge-067f987d-qwen3_moe_h100.py.txt, URL in
-tests/rule_sources.py); the launch line is scripts/training/run_recipe.py's own flags with the
-Hydra override a skill trial's user added. The OOM is PyTorch's wording with that trial's
+The recipe is verbatim (tests/sources/corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/
+h100/qwen3_moe.py, Megatron-Bridge 067f987d, URL in that folder's README.md); the launch line
+is scripts/training/run_recipe.py's own flags with the Hydra override a skill trial's user
+added. The OOM is PyTorch's wording with that trial's
 figures (no public paste pairs this recipe with its OOM).
 """
 
 from __future__ import annotations
 
-from rule_helpers import covers, text
+from pathlib import Path
+
+from rule_helpers import covers
 
 from recompute_kit.config import config_from_dict
 from recompute_kit.doctor.engine import diagnose
 from recompute_kit.doctor.evidence import collect
 
 RECIPE = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+RECIPE_FILE = (
+    Path(__file__).parent
+    / "sources/corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
+)
 OOM = (
     "[rank12]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.25 GiB. GPU 4 "
     "has a total capacity of 79.11 GiB of which 1.37 GiB is free. Including non-PyTorch "
@@ -26,7 +33,7 @@ OOM = (
 
 def _doctor(tmp_path, overrides: str):
     recipe = tmp_path / "qwen3_moe.py"
-    recipe.write_text(text("bridge-067f987d-qwen3_moe_h100.py"), encoding="utf-8")
+    recipe.write_text(RECIPE_FILE.read_text(encoding="utf-8"), encoding="utf-8")
     launch = tmp_path / "launch.sh"
     launch.write_text(
         "torchrun --nnodes 2 --nproc_per_node 8 scripts/training/run_recipe.py "
