@@ -539,6 +539,11 @@ SOURCES.update(
         "stated-guided-diffusion-167-title": "https://github.com/openai/guided-diffusion/issues/167",
         "stated-dingo-60-grows": "https://github.com/dingo-gw/dingo/issues/60",
         "stated-longllama-9-error": "https://github.com/CStanKonrad/long_llama/issues/9",
+        "stated-ovdino-47-batch-no-help": "https://github.com/wanghao9610/OV-DINO/issues/47",
+        # (cut where the stored copy ends)
+        "msswift-2590-reentrant-warning-then-traceback": (
+            "https://github.com/modelscope/ms-swift/issues/2590"
+        ),
         "stated-antislop-3-never-enabled": "https://github.com/sam-paech/auto-antislop/issues/3",
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",

@@ -56,6 +56,23 @@ def test_enabling_checkpointing_raises_an_error():
     assert all(not f.config_patch.get("gradient_checkpointing") for f in d.findings)
 
 
+@covers("RK810")
+def test_a_smaller_batch_that_does_not_help_points_away_from_activations():
+    # https://github.com/wanghao9610/OV-DINO/issues/47: total_batch_size 16 -> 2 and "I still
+    # faced the CUDA out of memory problem"; the maintainer: freeze the text encoder (fewer
+    # trainable weights). Before: RK087 (activations, "halve the micro-batch") first.
+    _reading("stated-ovdino-47-batch-no-help", "RK810", "model_state_memory")
+    assert symptoms.stated("Reducing the batch size to 4 fixed the out of memory") == []
+
+
+def test_a_warning_notice_is_not_read_alone_beside_a_cut_traceback():
+    # https://github.com/modelscope/ms-swift/issues/2590: the use_reentrant UserWarning, then a
+    # [rank2] traceback cut before its exception line: something failed, so the known-problems
+    # notice "use_reentrant warning alone: nothing fails" (RK672) must not be said
+    d = run(text("msswift-2590-reentrant-warning-then-traceback"))
+    assert "RK672" not in ids(d)
+
+
 @covers("RK801")
 def test_checkpointing_makes_training_slow():
     # https://github.com/pytorch/ao/issues/2445 (title)

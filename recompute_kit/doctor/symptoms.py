@@ -174,6 +174,20 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
         ("framework_bug", "checkpoint_api_misuse"),
     ),
+    Symptom(  # "reducing the batch size didn't help", "even with batch size 1"
+        "batch_no_help",
+        re.compile(
+            r"\b(?:reduc\w*|lower\w*|decreas\w*|smaller|halv\w*|chang\w*)\s+(?:the\s+)?"
+            r"(?:\w+\s+)?(?:\w+_)?batch[ _-]?size\b[^.\n]{0,60}?\b(?:didn'?t|did\s+not|doesn'?t|"
+            r"does\s+not|won'?t|not|no)\s+(?:\w+\s+)?(?:help|work|fix|solve|change|matter|"
+            r"difference)|\beven\s+(?:with|at|using)\s+(?:a\s+)?(?:micro[ _-]?)?batch[ _-]?size"
+            r"\s*(?:of\s*|=\s*)?1\b|(?<![A-Za-z])batch[ _-]?size\b[^\n]{0,80}?\b\d+\s*"
+            r"(?:->|→|to)\s*\d+\b[^\n]{0,60}?\b(?:still|same)\b",
+            re.I,
+        ),
+        ("model_state_memory", "genuine_pressure"),
+        context=(_OOM_OR_SLOW,),
+    ),
     Symptom(  # "after the update it runs out of memory", "升级后爆显存"
         "after_update",
         re.compile(

@@ -115,7 +115,7 @@ class KnownProblem:
         if sig.get("alone") and (
             ctx.oom
             or fact(ctx, "oom_mentions")
-            or any(e.kind == "exception" and e.type for e in ctx.evidence.errors)
+            or any(e.kind == "exception" for e in ctx.evidence.errors)  # (a cut traceback too)
         ):
             return None  # a notice that only matters where nothing failed
         for e in ctx.evidence.errors:

@@ -1,4 +1,4 @@
-"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK809).
+"""Readings of a symptom the user states in words when no artefact explains it (RK800-RK810).
 
 "Checkpointing made it slower", "memory does not go down with recompute", "the LoRA grads are
 None", "it hangs with activation checkpointing": a thread often says only that. Each rule here
@@ -151,6 +151,20 @@ READINGS = (
         "this model, or checkpoint only the standard layers; report it upstream with the "
         "traceback",
         reads_stated="error_with_recompute",
+    ),
+    dict(
+        id="RK810",
+        title="Stated: a smaller batch does not help",
+        category="model_state_memory",
+        symptom="The report says the OOM stays with a smaller batch (or even at batch size 1)",
+        cause="What fills the GPU does not scale with the batch: weights, gradients and "
+        "optimizer states (trainable parameters that could be frozen, a model too large for "
+        "one GPU), or a fixed buffer; activations shrink with the batch",
+        confirm="torch.cuda.memory_allocated() after the model and optimizer are built, before "
+        "the first step: if it already fills most of the GPU, the model states are the term",
+        fix="Fewer trainable parameters (freeze parts, LoRA), shard the states (ZeRO-3 / FSDP "
+        "over more GPUs) or offload the optimizer; a smaller model or lower precision",
+        reads_stated="batch_no_help",
     ),
     dict(
         id="RK807",
