@@ -719,6 +719,22 @@ def test_doctor_shows_the_patch_in_the_runs_own_keys(tmp_path):
         assert f"patch:    {json.dumps(f['patch_keys'])} (in the run's own keys)" in out.stdout
 
 
+def test_doctor_labels_a_patch_without_a_framework_as_a_setting(tmp_path):
+    # A bare OOM message (PyTorch's wording, https://github.com/pytorch/pytorch/issues/16417
+    # form) and nothing that shows the framework: a patch is a setting in words, not a key to
+    # paste (a skill trial's agent pasted HF keys into a diffusers script).
+    log = tmp_path / "oom.log"
+    log.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 23.64 GiB of which 1.00 GiB is free. Including non-PyTorch memory, "
+        "this process has 22.60 GiB memory in use. Of the allocated memory 21.90 GiB is "
+        "allocated by PyTorch, and 300.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    out = run("doctor", "--log", str(log), check_rc=0).stdout
+    patched = [line for line in out.splitlines() if line.startswith("  patch:")]
+    assert patched and all("not a key: no input shows the framework" in p for p in patched)
+
+
 def test_doctor_takes_the_models_shape_from_model(tmp_path):
     # a skill trial: `read` said "use --model Qwen/Qwen3-4B" for a model id offline, but the
     # doctor had no --model, so it never had the shape and could not estimate

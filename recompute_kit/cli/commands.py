@@ -702,6 +702,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         shown = f.patch_keys or f.config_patch
         if shown:
             own = " (in the run's own keys)" if f.patch_keys and shown != f.config_patch else ""
+            if f.patch_keys is None and f.patch_framework is None:
+                own = " (the setting, not a key: no input shows the framework; see fix)"
             print(f"  patch:    {json.dumps(shown)}{own}")
     for note in diagnosis.assumptions + evidence.notes:
         print(f"note: {note}", file=sys.stderr)
