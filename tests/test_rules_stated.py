@@ -71,6 +71,10 @@ def test_a_warning_notice_is_not_read_alone_beside_a_cut_traceback():
     # notice "use_reentrant warning alone: nothing fails" (RK672) must not be said
     d = run(text("msswift-2590-reentrant-warning-then-traceback"))
     assert "RK672" not in ids(d)
+    # the warning beside a failure it may not explain is no confident finding, and the cut
+    # traceback is asked for whole
+    assert next(f for f in d.findings if f.rule == "RK072").raw_confidence < 0.5
+    assert d.verdict.collect[0]["id"] == "traceback"
 
 
 @covers("RK801")

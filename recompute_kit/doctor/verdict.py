@@ -364,6 +364,10 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
+    cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)
+    if cut and not any(i["id"] == "traceback" for i in items):  # frames, but no exception line
+        what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
+        items.insert(0, {"id": "traceback", "what": what, "decides": competing})
     if assumed:
         items.insert(0, collect_assumed(ctx, assumed, competing))
     if top is None:

@@ -91,6 +91,15 @@ def _reentrant_warning(ctx: Context) -> Match | None:
     use_reentrant=True or ...") counts only with a failure in the log (else RK151)."""
     new = on_message(RK072_NEW)(ctx)
     if new is not None:
+        cut = [
+            e for e in ctx.evidence.errors if e.kind == "exception" and not e.type
+        ]  # a traceback cut before its exception line: something failed, the paste hides what
+        if cut:
+            return Match(
+                0.45,
+                new.evidence + " A traceback beside it is cut before its exception line: the "
+                "warning alone does not say that the failure is the checkpoint's.",
+            )
         return new
     return on_message(RK072_OLD)(ctx) if _failing(ctx) else None
 
