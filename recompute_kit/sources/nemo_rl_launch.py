@@ -28,6 +28,15 @@ FRAMEWORKS: tuple[str, ...] = ()  # nemo_rl.py owns NeMo-RL's defaults
 # examples/run_grpo.py, examples/run_grpo_math.py (before NVIDIA-NeMo/RL 4b48248), run_dpo.py
 _SCRIPT = re.compile(r"(?:^|/)run_\w+\.py$")
 _COMMAND = re.compile(r"(?m)^[^#\n]*\b(?:python3?|uv\s+run)\b[^#\n]*\brun_\w+\.py\b")
+# a Megatron-LM / torchrun script that happens to run a run_*.py is not NeMo-RL's
+_NOT_OURS = re.compile(
+    r"--num-layers\b|--hidden-size\b|--tensor-model-parallel-size\b|\btorchrun\b"
+)
+# an override of a NeMo-RL config's top-level section (examples/configs/*.yaml)
+_SECTION_OVERRIDE = re.compile(
+    r"(?:^|\s)[+~]*(?:policy|cluster|grpo|dpo|sft|rm|ppo|distillation|loss_fn|checkpointing|"
+    r"logger|data|env)\.\w[\w.]*="
+)
 # the config each script loads without --config (examples/run_*.py @ 7ea279ab, the
 # `os.path.join(os.path.dirname(__file__), "configs", ...)` line of each)
 _DEFAULT_CONFIG = {
@@ -45,10 +54,11 @@ def sniff(text: str, path: str) -> int:
     if path.partition("::")[0].lower().endswith((".yaml", ".yml", ".json", ".toml", ".py")):
         return 0
     m = _COMMAND.search(text)
-    if m is None:
+    if m is None or _NOT_OURS.search(text):
         return 0
-    line = m.group(0)
-    return 85 if "--config" in line or re.search(r"\s[+~]?[a-z_]+\.\w[\w.]*=", text) else 70
+    if "examples/run_" in m.group(0) or _SECTION_OVERRIDE.search(text):
+        return 85
+    return 0
 
 
 def _commands(text: str) -> list[list[tuple[str, int]]]:
@@ -155,6 +165,8 @@ def read(text: str, path: str, extra: list[Override] = ()) -> Reading:
     while i < len(rest):
         word, line = rest[i]
         i += 1
+        if word in ("|", "||", "&&", ";", "&") or re.match(r"^\d?>|^<", word):
+            break  # the command ends (a pipe to tee, a redirection to a log)
         if word == "--config" or word.startswith("--config="):
             value = word.partition("=")[2] if "=" in word else None
             if value is None and i < len(rest):

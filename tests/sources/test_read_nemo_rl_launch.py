@@ -196,3 +196,18 @@ def test_override_without_a_config_or_after_another_format_is_one_line(tmp_path)
     toml = CORPUS / "torchtitan" / "blind2_llama3_8b-8xb200-8k.toml"
     with pytest.raises(ConfigError, match="is not one"):
         _read(str(toml), "training.seq_len=8192")
+
+
+def test_what_follows_the_command_is_not_an_override(repo):
+    launch = repo / "launch.sh"
+    launch.write_text(LINE.rstrip() + " 2>&1 | tee logs/run.log\n")
+    reading = _read(str(launch)).reading
+    assert reading.get("seq_length") == 8192
+    assert not [w for w in reading.warnings if "tee" in w or "2>&1" in w]
+
+
+def test_a_megatron_lm_script_is_not_a_nemo_rl_launch():
+    from recompute_kit.sources import nemo_rl_launch
+
+    text = "python run_pretrain.py --num-layers 32 --hidden-size 4096 --seq-length 4096\n"
+    assert nemo_rl_launch.sniff(text, "train.sh") == 0
