@@ -226,6 +226,13 @@ def read(text: str, path: str) -> Reading:
     return hydra.read(text, path)
 
 
+def read_with_overrides(text: str, path: str, words: list[str]) -> Reading:
+    """`FILE key=value ...` on recompute-kit's command line: Hydra-style overrides after it."""
+    from . import hydra
+
+    return hydra.apply_after(read(text, path), words, path)
+
+
 # ----------------------------------------------------------------------------------------------
 # YAML / JSON
 

@@ -20,6 +20,7 @@ and, for each framework it owns (`FRAMEWORKS` in that module, a tuple of names):
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -31,6 +32,7 @@ FORMAT_MODULES = (
     "bridge",
     "nemo",
     "nemo_rl",
+    "nemo_rl_launch",
     "torchtitan",
     "hf_trainer",
     "hf_launch",
@@ -84,8 +86,21 @@ def _syntax_error(text: str, path: str) -> str | None:
     return None
 
 
-def read_file_text(text: str, path: str) -> Reading:
+def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Reading:
+    """`overrides`: `key=value` words given after the file on recompute-kit's command line,
+    applied as the file's framework applies its command-line overrides (NeMo-RL, Megatron-Bridge
+    and their launch commands only: `read_with_overrides` of the format module)."""
     module = best_format(text, path)
+    if overrides and module is not None:
+        with_overrides = getattr(module, "read_with_overrides", None)
+        if with_overrides is None:
+            from ..config import ConfigError
+
+            raise ConfigError(
+                f"{overrides[0]}: a key=value override applies to the NeMo-RL or Megatron-Bridge "
+                f"config before it; {path} is not one (read as {module.__name__.rsplit('.')[-1]})"
+            )
+        return with_overrides(text, path, list(overrides))
     if module is None:
         from ..config import ConfigError
 

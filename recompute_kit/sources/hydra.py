@@ -23,7 +23,7 @@ from .bridge import (
     apply_entries,
     set_model_name,
 )
-from .reading import FROM_FILE, Origin, Reading
+from .reading import FROM_ARGUMENT, FROM_FILE, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ()  # bridge.py owns megatron-bridge's defaults
 
@@ -225,4 +225,20 @@ def read(text: str, path: str) -> Reading:
         raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
     else:
         reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
+    return reading
+
+
+def apply_after(reading: Reading, words: list[str], applies_to: str) -> Reading:
+    """`recompute-kit read FILE key=value ...`: the overrides given after a Megatron-Bridge
+    file, applied after it as Megatron-Bridge applies command-line overrides after the YAML /
+    recipe (training/utils/omegaconf_utils.py); each value's origin is the override."""
+    over = read("\n".join(shlex.quote(w) for w in words), "command line")
+    for key, value in over.values.items():
+        o = over.origins[key]
+        at = o.where.rpartition(":")[2]
+        word = words[int(at) - 1] if at.isdigit() and 0 < int(at) <= len(words) else o.key
+        note = f"override of {applies_to}" + (f"; {o.note}" if o.note else "")
+        reading.set(key, value, Origin(FROM_ARGUMENT, "command line", word, note))
+    reading.warnings += over.warnings
+    reading.unused.update({k: v for k, v in over.unused.items() if k != ON_RECIPE})
     return reading

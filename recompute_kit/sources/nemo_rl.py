@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from ..config import ConfigError
+from . import nemo_rl_overrides
 from .bridge import dtype_name
 from .nemo import (
     NEMO_RL_RESOLVERS,
@@ -30,6 +31,7 @@ from .nemo import (
     moe_mla_recompute_defaults,
     resolve_interpolations,
 )
+from .nemo_rl_overrides import Override
 from .reading import KNOWN_KEYS, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
@@ -285,13 +287,20 @@ def _stand_in_for_parents(
 # ---------------------------------------------------------------------------------------------
 
 
-def read(text: str, path: str) -> Reading:
+def read(
+    text: str, path: str, overrides: list[Override] = (), absent: str | None = None
+) -> Reading:
+    """`overrides`: a launch command's `key=value`s, applied after the `defaults:` chain and
+    before `${...}` is resolved (nemo_rl_overrides.py); `absent`: the config the command names
+    is not found: only the overrides are read, on the base its name says."""
     reading = InheritingReading(framework="nemo-rl")
-    missing: list[str] = []
-    merged, sources = _load_chain(text, path, reading, missing)
+    missing: list[str] = [absent] if absent else []
+    merged, sources = _load_chain(text, path, reading, missing) if not absent else ({}, [])
+    if overrides:
+        merged, sources = nemo_rl_overrides.apply(merged, sources, overrides, reading, not missing)
     resolved, unresolved = resolve_interpolations(merged, NEMO_RL_RESOLVERS)
     fv = FileValues(reading, resolved, sources, unresolved)
-    policy = resolved.get("policy")
+    policy = resolved.setdefault("policy", {}) if absent else resolved.get("policy")
     if not isinstance(policy, dict):
         raise ConfigError(f"{path}: a NeMo-RL config needs a `policy:` mapping")
     p = "policy"
@@ -353,7 +362,13 @@ def read(text: str, path: str) -> Reading:
         )
     _stand_in_for_parents(reading, path, merged, len(sources) > 1 or bool(missing), missing)
     fv.record_unused()
+    nemo_rl_overrides.label(reading, list(overrides))
     return reading
+
+
+def read_with_overrides(text: str, path: str, words: list[str]) -> Reading:
+    """`FILE key=value ...` on recompute-kit's command line: as the launch command gives them."""
+    return read(text, path, [Override(w, applies_to=path) for w in words])
 
 
 def _read_megatron(fv: FileValues) -> None:
@@ -491,7 +506,7 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("fp16", False, yml, "policy.precision bfloat16")
     reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")
     # several inputs read as "... + ...": the last one (the file that inherits) decides
-    if reading.format.rsplit(" + ", 1)[-1] == MEGATRON:
+    if reading.format.rsplit(" + ", 1)[-1].endswith(MEGATRON):  # also a launch command's
         for key in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",

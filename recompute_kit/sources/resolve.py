@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
 from . import formats, megatron_core, recipe_choice, registry
+from .nemo_rl_overrides import is_override
 from .reading import (
     ARCHITECTURE_KEYS,
     FROM_ARGUMENT,
@@ -93,8 +94,26 @@ def file_of(item: str) -> str:
     return item
 
 
-def read_input(item: str) -> tuple[Reading, str]:
-    """One input: a file (any known format) or a model id / registry name."""
+def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The inputs, each with the Hydra-style `key=value` items given after it (`read cfg.yaml
+    policy.max_total_sequence_length=8192`): overrides of the config before them."""
+    groups: list[tuple[str, list[str]]] = []
+    for item in inputs:
+        if is_override(item) and not Path(item).exists():
+            if not groups:
+                raise ConfigError(
+                    f"{item}: a key=value override applies to the config file before it; "
+                    "give that file first"
+                )
+            groups[-1][1].append(item)
+        else:
+            groups.append((item, []))
+    return groups
+
+
+def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
+    """One input: a file (any known format) or a model id / registry name; `overrides`: the
+    `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's)."""
     path = Path(file_of(item))
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
     if path.is_file():
@@ -112,8 +131,13 @@ def read_input(item: str) -> tuple[Reading, str]:
                 where = exc.start
         if where >= 0:
             raise ConfigError(f"{item} is not text (binary data at byte {where}); {_HINT}")
-        reading = formats.read_file_text(text, item)
+        reading = formats.read_file_text(text, item, overrides)
         return reading, reading.format or "config"
+    if overrides:
+        raise ConfigError(
+            f"{overrides[0]}: a key=value override applies to the NeMo-RL or Megatron-Bridge "
+            f"config file before it; {item} is not a file"
+        )
     if path.exists():
         raise ConfigError(f"{item} is not a file")
     if looks_like_path:
@@ -186,14 +210,23 @@ def resolve(
         readings.append(reading)
         items.append(model)
         described.append({"path": model, "format": what})
-    for item in inputs:
-        reading, what = read_input(item)
+    for item, given in with_overrides(inputs):
+        reading, what = read_input(item, given)
         readings.append(reading)
         items.append(item)
         described.append({"path": item, "format": what})
+        # `FILE key=value`: which input each override applied to
+        described += [{"path": o, "format": "override", "override_of": item} for o in given]
+        # the YAML a NeMo-RL launch command names (`--config`) was read too
+        if getattr(reading, "launched_config", None):
+            config = reading.launched_config
+            described.append(
+                {"path": config, "format": f"the --config of {item}", "config_of": item}
+            )
         # the parents a file inherits from (NeMo-RL's `defaults:`) were read too
+        child = getattr(reading, "launched_config", None) or item
         described += [
-            {"path": parent, "format": f"the defaults: parent of {item}", "parent_of": item}
+            {"path": parent, "format": f"the defaults: parent of {child}", "parent_of": item}
             for parent in getattr(reading, "parents", ())
         ]
     if not readings:
