@@ -38,7 +38,15 @@ from .reading import (
     Origin,
     Reading,
 )
-from .shell import Field, Launch, parse_script, shown, unresolved_names, unset_because
+from .shell import (
+    Field,
+    Launch,
+    parse_script,
+    sbatch_world_size,
+    shown,
+    unresolved_names,
+    unset_because,
+)
 
 FRAMEWORKS = ("megatron-lm",)
 FORMAT_SCRIPT = "Megatron-LM launch script"
@@ -313,6 +321,11 @@ def read(text: str, path: str) -> Reading:
                 f"{path}: no training command found; flags read from the variables "
                 + ", ".join(names)
             )
+            if (sized := sbatch_world_size(script.sbatch)) is not None:
+                # the command runs in a string the script hands to srun (bash -c "$CMD" in an
+                # sbatch heredoc): the job's size is its #SBATCH header's
+                world, line, key = sized
+                reading.set("world_size", world, Origin(FROM_FILE, f"{path}:{line}", key))
         args = _args_from_fields(fields, path, reading)
         variables = script.variables
     _interpret(args, path, reading, variables)

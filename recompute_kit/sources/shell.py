@@ -1088,6 +1088,19 @@ def _sbatch(text: str) -> dict[str, tuple[str, int]]:
     return out
 
 
+def sbatch_world_size(sbatch: dict[str, tuple[str, int]]) -> tuple[int, int, str] | None:
+    """The ranks an #SBATCH header asks for (one per task: --ntasks, else --nodes x
+    --ntasks-per-node), with its line and keys; None when it does not say."""
+    tasks = sbatch.get("--ntasks") or sbatch.get("-n")
+    if tasks and (n := _int(tasks[0])):
+        return n, tasks[1], "#SBATCH --ntasks"
+    nodes = sbatch.get("--nodes") or sbatch.get("-N")
+    per_node = sbatch.get("--ntasks-per-node")
+    if nodes and per_node and (a := _int(nodes[0])) and (b := _int(per_node[0])):
+        return a * b, per_node[1], "#SBATCH --nodes x --ntasks-per-node"
+    return None
+
+
 def parse_script(text: str, path: str) -> Script:
     """The training launches in a bash script, with its variables expanded symbolically."""
     interp = _Interp(path)

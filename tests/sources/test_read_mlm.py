@@ -300,3 +300,30 @@ def test_an_unset_value_says_where_it_comes_from():
     assert unset_because("C", script.variables).endswith("$MYENV, which the script does not set")
     assert unset_because("D", script.variables).endswith("the script's 3rd argument, unknown here")
     assert unset_because("NEVER", script.variables) == "which the script does not set"
+
+
+def test_the_world_size_of_a_command_run_by_srun_inside_an_sbatch_heredoc(tmp_path):
+    # Megatron-LM's Megatron-FSDP DeepSeek-V3 script (tests/data/read/README.md) builds the
+    # training command in TRAINING_CMD and runs `srun ... bash -x -c "${TRAINING_CMD}"` inside
+    # `sbatch <<EOF`, whose #SBATCH header says the job's size; a user fills its placeholders
+    # (a skill trial: 32 nodes x 8 tasks). Before, DP was assumed (8, the expert layout's least)
+    # and the states came out at 953 GiB per GPU.
+    real = (Path(__file__).parents[1] / "data/read/mlm_sbatch_mfsdp_deepseek_v3.sh").read_text()
+    text = real
+    for old, new in (
+        ("--nodes=your_own_num_nodes", "--nodes=32"),
+        ("--ntasks-per-node=your_own_tasks_per_node", "--ntasks-per-node=8"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "sbatch_mfsdp_deepseek_v3.sh"
+    path.write_text(text, encoding="utf-8")
+    reading = _read(path)
+    assert reading.values["world_size"] == 256
+    assert reading.origins["world_size"].key == "#SBATCH --nodes x --ntasks-per-node"
+    # with the placeholders left as they are, the header says no size: none read from it
+    path.write_text(real, encoding="utf-8")
+    placeholder = _read(path)
+    assert placeholder.origins.get("world_size") is None or (
+        placeholder.origins["world_size"].kind != "file"
+    )
