@@ -630,3 +630,25 @@ def test_torchtitan_16k_logits_lead_and_the_patch_is_the_planners_lever_in_its_k
     assert set(f.patch_keys) == {"parallelism.context_parallel_degree"}
     assert "plan --levers" in f.fix and "RK010" not in ids(d)
     assert "RK087" not in ids(d)  # "without a model shape": there is one
+
+
+def test_deepseek_v3_fsdp_script_predicted_nothing_fits_is_read_by_its_largest_term(tmp_path):
+    # Megatron-LM's Megatron-FSDP DeepSeek-V3 sbatch script (tests/data/read/README.md) on 32
+    # nodes x 8 GPUs of 79.1 GiB, with the recompute a skill trial's user tried (moe_act), no
+    # OOM pasted. Before: RK010 patched 'moe_act mla_up_proj' as "the planner's choice" while
+    # the planner found nothing that fits at micro-batch 4, and the verdict said Megatron's
+    # validation rejects the config (sequence parallelism at TP 1, which Megatron-LM drops).
+    text = (Path(__file__).parent / "data/read/mlm_sbatch_mfsdp_deepseek_v3.sh").read_text()
+    for old, new in (
+        ("--nodes=your_own_num_nodes", "--nodes=32"),
+        ("--ntasks-per-node=your_own_tasks_per_node", "--ntasks-per-node=8"),
+        ("--recompute-modules mlp moe mla_up_proj layernorm", "--recompute-modules moe_act"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    d = run(config=text, config_name="train.sh", gpu_memory_gb=79.1)
+    assert "RK010" not in ids(d)
+    f = top(d)
+    assert f.rule == "RK013" and "prediction" in f.evidence
+    assert f.patch_keys.get("--micro-batch-size") == 1 and "plan --levers" in f.fix
+    assert "validation rejects" not in d.verdict.why

@@ -33,13 +33,18 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
     elif ctx.oom and ctx.oom.total_bytes:
         ctx.gpu_bytes = ctx.oom.total_bytes
     flat = dict(evidence.config)
-    if flat.get("recompute_granularity") is not None or flat.get("cpu_offloading"):
+    read = _config_read_from_files(evidence)
+    # Megatron's validation of what the paste sets; where the shared reader read the files,
+    # its config is what runs (the framework's own adjustments applied: Megatron-LM drops
+    # sequence parallelism at TP 1) and it validated above
+    if read is None and (
+        flat.get("recompute_granularity") is not None or flat.get("cpu_offloading")
+    ):
         try:
             cfg, _ = config_from_dict(_known_keys(flat))
             cfg.validate()
         except ConfigError as exc:
             ctx.config_error = str(exc)
-    read = _config_read_from_files(evidence)
     if read is not None:  # the config files, read as every command reads them
         ctx.config, ctx.assumptions = read, list(read.assumptions)
         _estimate(ctx)

@@ -59,7 +59,7 @@ def _logits(ctx: Context) -> Match | None:
             "frames tell the two apart."
         )
     largest = largest_at_full_recompute(ctx)
-    if largest is not None and largest[0] == "edges" and (ctx.oom or ctx.says("out of memory")):
+    if largest is not None and largest[0] == "edges":
         # nothing fits even with full recompute, and the logits are what is left: they lead;
         # the patch is the planner's lever that fits (a fused loss where the framework has one)
         patch, words = lever_patch(ctx)

@@ -55,7 +55,7 @@ def _activations(ctx: Context) -> Match | None:
     predicted = not seen and bool(ctx.gpu_bytes) and e.total_bytes > ctx.gpu_bytes
     if not (seen or predicted):
         return None
-    if ctx.plan_error and seen:
+    if ctx.plan_error:
         return None  # even full recompute does not fit: rules/nothing_fits.py and RK012 say why
     state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
     layers, edges = activation_split(e)

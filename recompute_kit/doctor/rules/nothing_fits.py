@@ -20,13 +20,16 @@ from .registry import rule
 def _match(ctx: Context, mine: str, conf: float) -> Match | None:
     """The reading of rule `mine` when its term is the largest, with the planner's lever."""
     found = largest_at_full_recompute(ctx)
-    if found is None or not (ctx.oom or ctx.says("out of memory")):
+    if found is None:
         return None
     key, terms = found
     if key != mine:  # the largest term's own rule reads it (RK012 for the logits)
         return None
     patch, words = lever_patch(ctx)
     said = ctx.plan_error[0].upper() + ctx.plan_error[1:] + ". " + terms
+    if not (ctx.oom or ctx.says("out of memory")):  # the estimate's prediction, not an OOM seen
+        conf -= 0.15
+        said += " No OOM was pasted: this is the estimate's prediction for the GPU given."
     # (an empty patch stays empty: the rule's default would be Megatron's distributed optimizer)
     return Match(conf, said, config_patch=patch, fix=f"{_FIX[mine]}; {words}")
 
