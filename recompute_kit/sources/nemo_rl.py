@@ -32,7 +32,7 @@ from .nemo import (
     resolve_interpolations,
 )
 from .nemo_rl_overrides import Override
-from .reading import KNOWN_KEYS, Reading
+from .reading import KNOWN_KEYS, MODEL_PARALLEL_SIZES, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
 
@@ -243,14 +243,7 @@ def _apply_base(reading: Reading, base: str, why: str) -> None:
     reading.default("fp16", False, where, "policy.precision bfloat16")
     reading.default("world_size", 1, where, "cluster 1 node x 1 GPU")
     if reading.format == MEGATRON:
-        keys = (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-            "expert_model_parallel_size",
-            "expert_tensor_parallel_size",
-            "sequence_parallel",
-        )
+        keys = (*MODEL_PARALLEL_SIZES, "sequence_parallel")
         for key, value in zip(keys, v["mg"], strict=True):
             if value is not None:
                 reading.default(key, value, where, f"megatron_cfg.{key}")
@@ -507,13 +500,7 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")
     # several inputs read as "... + ...": the last one (the file that inherits) decides
     if reading.format.rsplit(" + ", 1)[-1].endswith(MEGATRON):  # also a launch command's
-        for key in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-            "expert_model_parallel_size",
-            "expert_tensor_parallel_size",
-        ):
+        for key in MODEL_PARALLEL_SIZES:
             reading.default(key, 1, yml)
         reading.default("virtual_pipeline_model_parallel_size", None, mcore)
         reading.default("sequence_parallel", False, yml)
@@ -586,11 +573,7 @@ _KEY_FOR = {
 
 
 _PARALLEL = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
+    *MODEL_PARALLEL_SIZES,
     "sequence_parallel",
     "recompute_modules",
     "fine_grained_activation_offloading",

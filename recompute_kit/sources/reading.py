@@ -157,6 +157,14 @@ ARCHITECTURE_KEYS = frozenset(
         "multi_latent_attention",
     }
 )
+# The model-parallel degrees (1 where a framework's file leaves one out), in Megatron's order.
+MODEL_PARALLEL_SIZES = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
 MEMORY_KEYS = (
     *SHAPE_KEYS,
     "num_query_groups",

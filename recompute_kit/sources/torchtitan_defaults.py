@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .reading import Reading
+from .reading import MODEL_PARALLEL_SIZES, Reading
 
 TT_COMMIT = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce"  # tag v0.2.2
 TT_BLOB = f"https://github.com/pytorch/torchtitan/blob/{TT_COMMIT}"
@@ -76,13 +76,7 @@ def apply_defaults(reading: Reading) -> None:
         where,
         "cross_entropy_loss: torch cross_entropy on logits upcast to fp32",
     )
-    for key in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-    ):
+    for key in MODEL_PARALLEL_SIZES:
         d(key, 1, where)
     if pp == 1:
         d("virtual_pipeline_model_parallel_size", None, where, "no pipeline")
