@@ -299,3 +299,34 @@ def test_adding_moe_does_not_keep_the_moe_act_it_covers():
     mods = set(f.config_patch["recompute_modules"])
     assert "moe" in mods and "moe_act" not in mods
     assert {"layernorm", "mla_up_proj", "mlp"} <= mods  # nothing else the run recomputes dropped
+
+
+def test_nemo_rl_fused_logprobs_key_is_named_with_what_refuses_it(tmp_path):
+    # NeMo-RL's GRPO 8B Megatron config (tests/data/nemo_rl_launch/, NVIDIA-NeMo/RL 7ea279ab)
+    # launched at 8192 tokens on PP 1, and an OOM of the fp32 logits' size (8192 x 128256 x 4
+    # = 3.91 GiB; PyTorch's wording with a skill trial's figures). The fused loss there is
+    # policy.megatron_cfg.use_fused_linear_logprobs, which GRPO refuses with sequence packing
+    # (on in this config): said, not patched. (Before: a model_overrides key NeMo-RL never reads.)
+    import shutil
+
+    shutil.copytree(
+        Path(__file__).parent / "data" / "nemo_rl_launch" / "examples", tmp_path / "examples"
+    )
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "uv run python examples/run_grpo_math.py --config "
+        "examples/configs/grpo_math_8B_megatron.yaml policy.max_total_sequence_length=8192 "
+        "policy.megatron_cfg.pipeline_model_parallel_size=1\n"
+    )
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 3 "
+        "has a total capacity of 79.11 GiB of which 2.02 GiB is free. Including non-PyTorch "
+        "memory, this process has 77.08 GiB memory in use. Of the allocated memory 68.44 GiB "
+        "is allocated by PyTorch, and 7.13 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    d = diagnose(collect(logs=[str(log)], config=str(launch)))
+    f = finding(d, "RK012")
+    reasons = " ".join(x["reason"] for x in f.patch_check["dropped"])
+    assert "policy.megatron_cfg.use_fused_linear_logprobs" in reasons
+    assert "sequence packing" in reasons and "model_overrides" not in reasons

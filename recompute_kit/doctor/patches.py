@@ -511,6 +511,8 @@ def framework_key(framework: str, key: str, ctx: Context) -> str | None:
     table = PATCH_KEYS.get("megatron-bridge" if framework == "nemo2" else framework, {})
     if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
         table = {**table, "recompute_modules": None}
+    if framework == "nemo-rl" and key == "cross_entropy_loss_fusion":
+        return _nemo_rl_fused_logprobs(ctx)
     if key in table:
         return table[key]
     module = framework_module(framework)
@@ -544,6 +546,25 @@ def in_llama_factory_keys(keys: dict[str, Any], check: dict[str, Any] | None = N
         if check is not None:
             check["notes"].append(f"{key}: {value!r} is LLaMA-Factory's {own}: {said!r}")
     return out
+
+
+def _nemo_rl_fused_logprobs(ctx: Context) -> str:
+    """NeMo-RL's fused loss: policy.megatron_cfg.use_fused_linear_logprobs (Megatron backend;
+    NVIDIA-NeMo/RL @ 7ea279ab nemo_rl/algorithms/grpo.py:657-677 refuses it with sequence
+    packing, nemo_rl/models/megatron/setup.py:883 with context parallelism and :1396 with
+    overlap_param_gather); said in words (no patch) where the run has one of those."""
+    key = f"{_NEMO_RL_MEGATRON}.use_fused_linear_logprobs"
+    unused = (ctx.evidence.read or {}).get("unused") or {}
+    blocked = [
+        why
+        for why, on in (
+            ("the DTensor backend (Megatron only)", _dtensor(ctx)),
+            ("sequence packing (GRPO refuses it)", unused.get("policy.sequence_packing.enabled")),
+            ("context parallelism", (ctx.cfg.get("context_parallel_size") or 1) > 1),
+        )
+        if on
+    ]
+    return key if not blocked else f"{key} once the run has no {' or '.join(blocked)}"
 
 
 def _dtensor(ctx: Context) -> bool:
