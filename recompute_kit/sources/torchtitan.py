@@ -176,7 +176,9 @@ _KEY_FOR = {
     # its default -1 takes the ranks the launcher's world leaves: the world decides it
     "data_parallel_size": "the launcher's world size (NGPU / torchrun --nproc_per_node x "
     "--nnodes) that data_parallel_shard_degree -1 fills, or --dp",
-    "zero_stage": "[parallelism] data_parallel_shard_degree",
+    # FSDP2 shards when dp_shard x cp > 1: with dp_shard -1, the world decides it too
+    "zero_stage": "[parallelism] data_parallel_shard_degree (at -1: the launcher's world size, "
+    "or --dp)",
     "world_size": "the launcher's WORLD_SIZE (torchrun --nnodes x --nproc_per_node)",
     "recompute_granularity": "[activation_checkpoint] mode",
     "recompute_method": "[activation_checkpoint] selective_ac_option",
