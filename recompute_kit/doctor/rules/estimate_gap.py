@@ -22,6 +22,20 @@ GAP_SHARE = 0.10
 IMBALANCE_STEP = 0.25  # the imbalance planned for: the one that closes the gap, rounded up
 
 
+def _before_first_step(ctx: Context) -> str:
+    """A caveat where the log shows no iteration: Adam's two moments (two thirds of the
+    optimizer's 12 bytes per parameter) are made at the first optimizer step, so an OOM before
+    it held less than the estimate counts and the gap is larger by up to that much."""
+    if ctx.evidence.iterations or ctx.estimate is None or not ctx.estimate.optimizer_bytes:
+        return ""
+    moments = ctx.estimate.optimizer_bytes * 2 // 3
+    return (
+        f" The log shows no finished iteration: if the OOM came before the first optimizer "
+        f"step, Adam's moments ({gib(moments)}) did not exist yet and the gap is larger by up "
+        "to that much."
+    )
+
+
 def observed_gap(ctx: Context) -> tuple[int, int, int] | None:
     """(needed, estimated, gap) in bytes for the rank the OOM names: what PyTorch had
     allocated plus the request, against the estimate's PyTorch-side total (activations,
@@ -80,7 +94,7 @@ def _moe_imbalance(ctx: Context) -> Match | None:
         f"{gib(ctx.oom.requested_bytes)} more ({gib(needed)}); the estimate of its settings "
         f"with balanced routing is {gib(estimated)}. The run is a dropless MoE (no "
         f"moe_expert_capacity_factor): an expert rank receiving {factor:.2f}x its share of "
-        f"tokens explains the {gib(gap)} gap."
+        f"tokens explains the {gib(gap)} gap.{_before_first_step(ctx)}"
     )
     patch, words = _plan_for(ctx, planned)
     return Match(0.6, f"{said} {words}", config_patch=patch)
@@ -131,8 +145,8 @@ def _unexplained_gap(ctx: Context) -> Match | None:
     return Match(
         0.45,
         f"The rank needed {gib(needed)} (allocated plus the request) where the estimate of "
-        f"the config given is {gib(estimated)}: {gib(gap)} the config does not explain. "
-        f"{words}",
+        f"the config given is {gib(estimated)}: {gib(gap)} the config does not explain."
+        f"{_before_first_step(ctx)} {words}",
         config_patch=patch,
     )
 
