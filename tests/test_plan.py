@@ -307,6 +307,16 @@ def test_nothing_fits_names_the_frameworks_own_levers():
     with pytest.raises(ConfigError) as err:
         plan(get_preset("llama3-70b").config(), 10)
     assert "the distributed optimizer" in str(err.value)
+    # levers the run has already used up are not offered (skill trials: torchtitan at batch 1,
+    # Megatron-FSDP with the distributed optimizer on)
+    one = titan.replace(micro_batch_size=1)
+    with pytest.raises(ConfigError) as err:
+        plan(one, 30)
+    assert "local_batch_size" not in str(err.value) and "shorten seq_len" in str(err.value)
+    sharded = get_preset("llama3-70b").config().replace(use_distributed_optimizer=True)
+    with pytest.raises(ConfigError) as err:
+        plan(sharded, 10)
+    assert "distributed optimizer" not in str(err.value)
 
 
 def test_plan_json_carries_the_estimates_moe_caveats():

@@ -232,13 +232,22 @@ _WHAT_ELSE = {
     "per_device_train_batch_size (raising gradient_accumulation_steps) or the sequence length "
     "(`plan --levers` prices them)",
     "torchtitan": "raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs, or "
-    "lower local_batch_size (keeping global_batch_size) or seq_len (`plan --levers` prices "
-    "them)",
+    "lower the per-rank batch ([training] local_batch_size; batch_size in older torchtitan) or "
+    "seq_len (`plan --levers` prices them)",
 }
 
 
 def _what_else(config: Config) -> str:
-    return _WHAT_ELSE.get(config.model.loss_implementation, _WHAT_ELSE["megatron"])
+    words = _WHAT_ELSE.get(config.model.loss_implementation, _WHAT_ELSE["megatron"])
+    if config.parallel.use_distributed_optimizer:  # not a lever the run has left
+        words = words.replace(", the distributed optimizer,", ",")
+    if config.model.micro_batch_size == 1:  # a batch of one cannot be lowered
+        words = words.replace(
+            ", or lower the per-rank batch ([training] local_batch_size; batch_size in older "
+            "torchtitan) or seq_len",
+            ", or shorten seq_len",
+        )
+    return words
 
 
 def explain(
