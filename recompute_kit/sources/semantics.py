@@ -11,7 +11,7 @@ from typing import Any
 from ..config import Config, ConfigError, ModelConfig, ParallelConfig, RecomputeConfig
 from ..config.pipeline_layout import layout_from_stages
 from ..config.validation import expert_layout_problem
-from .reading import FROM_DERIVED, Origin, Reading
+from .reading import FROM_ASSUMED, FROM_DERIVED, Origin, Reading
 
 
 def normalize(reading: Reading) -> None:
@@ -95,6 +95,13 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             Origin(FROM_DERIVED, f"--dp {asked_dp} x TP x PP x CP = {model_parallel}"),
         )
         reading.warnings.append(f"--dp {asked_dp} replaces the world size of {was}: {world} GPUs")
+    elif world and asked_dp and reading.origins["world_size"].kind == FROM_ASSUMED:
+        # the same world, now said by the user's --dp: no longer an assumption to ask about
+        reading.set(
+            "world_size",
+            world,
+            Origin(FROM_DERIVED, f"--dp {asked_dp} x TP x PP x CP = {model_parallel}"),
+        )
     problem = None
     if world:
         dp = world // model_parallel

@@ -327,3 +327,20 @@ def test_the_world_size_of_a_command_run_by_srun_inside_an_sbatch_heredoc(tmp_pa
     assert placeholder.origins.get("world_size") is None or (
         placeholder.origins["world_size"].kind != "file"
     )
+
+
+def test_dp_given_to_the_kit_settles_an_assumed_world_of_the_same_size(tmp_path):
+    # Megatron-LM's Mixtral script (the reader corpus's copy) on 4 nodes, NNODES from
+    # ${SLURM_NNODES:-4}: an assumed world of 32. With --dp 8 (TP1 PP4: 32 GPUs) the world is
+    # the user's word, not an assumption the estimate and diagnose keep asking for (a skill
+    # trial was told to "set SLURM_NNODES or --dp" after passing --dp 8).
+    from recompute_kit.sources.resolve import resolve
+
+    text = (CORPUS / "blind_mixtral_8x7b_distributed.sh").read_text()
+    path = tmp_path / "train.sh"
+    path.write_text(text.replace('SLURM_NNODES:-"1"', 'SLURM_NNODES:-"4"'), encoding="utf-8")
+    alone = resolve([str(path)]).reading
+    assert alone.values["world_size"] == 32 and alone.origins["world_size"].kind == "assumed"
+    given = resolve([str(path)], overrides={"data_parallel_size": 8}).reading
+    assert given.values["world_size"] == 32 and given.origins["world_size"].kind == "derived"
+    assert not any("assumed: world_size" in w for w in given.warnings)
