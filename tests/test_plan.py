@@ -332,3 +332,23 @@ def test_plan_json_carries_the_estimates_moe_caveats():
     said = " ".join(doc["assumptions"])
     assert "balanced routing" in said and "dropless" in said
     assert "NCCL buffers" not in said  # the safety margin's, said in the explanation
+
+
+def test_plan_json_says_the_total_it_compares_with_the_budget():
+    # a skill trial read best.total_gib (50.17) as what fits while the plan compared 66.17
+    # (the MoE imbalance beside the total): planned_bytes carries the compared figure
+    import dataclasses
+
+    cfg = get_preset("mixtral-8x7b").config().replace(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=4,
+        expert_model_parallel_size=8,
+        data_parallel_size=8,
+        use_distributed_optimizer=True,
+    )
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_routing_imbalance=2.0))
+    best = plan(cfg, 79.1).best.to_json()
+    assert best["moe_imbalance_bytes"] > 0
+    assert best["planned_bytes"] == best["total_bytes"] + best["moe_imbalance_bytes"] + (
+        best["dispatcher_buffers_bytes"] + best["gathered_params_bytes"]
+    )

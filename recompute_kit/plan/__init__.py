@@ -53,6 +53,9 @@ class Candidate:
             **self.estimate.to_json(),
             "fits": self.fits,
             "offload": self.offload or None,
+            # what is compared with the budget: total_bytes and the terms beside it (MoE
+            # imbalance, dispatcher buffers, gathered parameters: margins.planned_bytes)
+            "planned_bytes": planned_bytes(self.estimate),
             "headroom_bytes": self.headroom_bytes,
             "error_band_bytes": self.band.total_bytes if self.band else None,
             "clears_error_band": self.clears_band,

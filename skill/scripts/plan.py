@@ -12,7 +12,8 @@ one is required), --seq-length, --micro-batch-size, --moe-imbalance F,
 --json`'s document as it is, under "levers".
 Prints one JSON document on stdout:
 
-  {"ok": true, "fits": true, "best": {recompute, total_gib, peak_activation_gib, weights_gib,
+  {"ok": true, "fits": true, "best": {recompute, total_gib, planned_gib (total_gib and the
+   terms beside it the budget is compared with), peak_activation_gib, weights_gib,
    grads_gib, optimizer_gib, recompute_flops_pct, headroom_gib, error_band_gib,
    clears_error_band, ...}, "explanation": "...", "binding_stage": "<which stage binds, why>",
    "stage_total_gib": [per pipeline stage], "assumptions": [...], "warnings": [the reader's],
@@ -48,6 +49,8 @@ def row(c: dict) -> dict:
         "offload": c.get("offload"),
         "fits": c.get("fits"),
         "total_gib": gib(c["total_bytes"]),
+        # the total the budget is compared with (MoE imbalance, gathered parameters beside it)
+        "planned_gib": gib(c.get("planned_bytes", c["total_bytes"])),
         "peak_activation_gib": gib(c["peak_activation_bytes"]),
         "weights_gib": gib(c["weights_bytes"]),
         "grads_gib": gib(c["grads_bytes"]),
