@@ -339,12 +339,16 @@ def test_plan_json_says_the_total_it_compares_with_the_budget():
     # (the MoE imbalance beside the total): planned_bytes carries the compared figure
     import dataclasses
 
-    cfg = get_preset("mixtral-8x7b").config().replace(
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=4,
-        expert_model_parallel_size=8,
-        data_parallel_size=8,
-        use_distributed_optimizer=True,
+    cfg = (
+        get_preset("mixtral-8x7b")
+        .config()
+        .replace(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=4,
+            expert_model_parallel_size=8,
+            data_parallel_size=8,
+            use_distributed_optimizer=True,
+        )
     )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_routing_imbalance=2.0))
     best = plan(cfg, 79.1).best.to_json()
