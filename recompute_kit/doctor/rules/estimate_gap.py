@@ -102,21 +102,30 @@ def _moe_imbalance(ctx: Context) -> Match | None:
 
 def _plan_for(ctx: Context, imbalance: float) -> tuple[dict | None, str]:
     """The planner's cheapest setting at that imbalance (the rule's patch), in words."""
+    if not ctx.gpu_bytes:
+        return None, f"Plan for it: recompute-kit plan --moe-imbalance {imbalance:g}."
+    model = dataclasses.replace(ctx.config.model, moe_routing_imbalance=imbalance)
+    spec, said = _cheapest(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB)
+    how = f"Planned at imbalance {imbalance:g}"
+    if spec is None:
+        return None, f"{how}: {said}."
+    return patch_for(spec), f"{how} (recompute-kit plan --moe-imbalance {imbalance:g}): {said}"
+
+
+def _cheapest(config, budget_gb: float) -> tuple[str | None, str]:
+    """The planner's cheapest setting in `budget_gb`: (its spec, it in words), or (None, the
+    planner's one-line refusal)."""
     from ...config import ConfigError
     from ...plan import plan
     from ...plan.margins import planned_bytes
 
-    if not ctx.gpu_bytes:
-        return None, f"Plan for it: recompute-kit plan --moe-imbalance {imbalance:g}."
-    model = dataclasses.replace(ctx.config.model, moe_routing_imbalance=imbalance)
     try:
-        best = plan(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB).best
+        best = plan(config, budget_gb).best
     except ConfigError as exc:
-        return None, f"Planned at imbalance {imbalance:g}: {exc}."
+        return None, str(exc)
     spec = candidate_spec(best)
-    return patch_for(spec), (
-        f"Planned at imbalance {imbalance:g} (recompute-kit plan --moe-imbalance "
-        f"{imbalance:g}): '{spec}' fits at {gib(planned_bytes(best.estimate))} per rank, "
+    return spec, (
+        f"'{spec}' fits at {gib(planned_bytes(best.estimate))} per rank, "
         f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
     )
 
@@ -154,22 +163,12 @@ def _unexplained_gap(ctx: Context) -> Match | None:
 def _plan_without(ctx: Context, gap: int) -> tuple[dict, str]:
     """The planner's cheapest setting with the unexplained bytes set aside (the GPU taken as
     that much smaller): the patch that fits the run as it behaved, not as the config says."""
-    from ...config import ConfigError
-    from ...plan import plan
-    from ...plan.margins import planned_bytes
-
     if not ctx.gpu_bytes or ctx.gpu_bytes <= gap:
         return {}, "Find what holds it before planning (the snapshot or memory summary)."
     budget = (ctx.gpu_bytes - gap) / GIB
-    try:
-        best = plan(ctx.config, budget).best
-    except ConfigError as exc:
-        return {}, f"With it set aside ({budget:.1f} GiB left) the planner says: {exc}."
-    spec = candidate_spec(best)
+    spec, said = _cheapest(ctx.config, budget)
+    if spec is None:
+        return {}, f"With it set aside ({budget:.1f} GiB left) the planner says: {said}."
     if spec == ctx.config.recompute.spec:
         return {}, f"With it set aside ({budget:.1f} GiB left) the current setting still fits."
-    return patch_for(spec), (
-        f"Planned with it set aside ({budget:.1f} GiB left): '{spec}' at "
-        f"{gib(planned_bytes(best.estimate))} per rank, "
-        f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
-    )
+    return patch_for(spec), f"Planned with it set aside ({budget:.1f} GiB left): {said}"
