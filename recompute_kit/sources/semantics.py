@@ -5,6 +5,7 @@ DP from the world size, the expert layout)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -87,7 +88,8 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
     if world and asked_dp and asked_dp * model_parallel != world and "world_size" not in overrides:
         # recompute-kit's own --dp is the user's word about the run (a launch script's node
         # count often comes from the scheduler's environment, unset here): the world follows it
-        was = reading.origins["world_size"].describe()
+        origin = reading.origins["world_size"]
+        was = f"{reading.get('world_size')} ({origin.describe()})"
         world = asked_dp * model_parallel
         reading.set(
             "world_size",
@@ -125,7 +127,7 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
         problem = _expert_layout_problem(reading, tp * cp * reading.get("data_parallel_size"))
     if problem is not None:
         if strict:
-            raise ConfigError(problem)
+            raise ConfigError(problem + _world_hint(reading, tp * cp, model_parallel))
         reading.warnings.append(f"{problem}: this layout cannot run as written")
         dp_origin = reading.origins.get("data_parallel_size")
         if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
@@ -140,3 +142,24 @@ def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:
     etp = reading.get("expert_tensor_parallel_size") or tp
     ep = reading.get("expert_model_parallel_size") or 1
     return expert_layout_problem(tp, cp, dense_ranks // (tp * cp), ep, etp)
+
+
+def _world_hint(reading: Reading, dense_model_ranks: int, model_parallel: int) -> str:
+    """Where a refused layout rests on an assumed world size (a launch script's node count
+    left to the scheduler's environment): how to give the real one."""
+    origin = reading.origins.get("world_size")
+    if origin is None or origin.kind != FROM_ASSUMED:
+        return ""
+    said = origin.describe().removeprefix(f"{FROM_ASSUMED}: ")
+    hint = f"; the world size {reading.get('world_size')} is assumed ({said})"
+    if reading.get("num_moe_experts"):
+        tp = reading.get("tensor_model_parallel_size") or 1
+        experts = (reading.get("expert_model_parallel_size") or 1) * (
+            reading.get("expert_tensor_parallel_size") or tp
+        )
+        dp = experts // math.gcd(experts, dense_model_ranks)
+        return hint + (
+            f": give the run's data-parallel size with --dp (the smallest this expert layout "
+            f"allows is {dp}, {dp * model_parallel} GPUs)"
+        )
+    return hint + ": give the run's data-parallel size with --dp"

@@ -52,6 +52,31 @@ def test_dp_asked_on_the_command_line_sets_the_world(tmp_path):
     assert any("--dp 4 replaces the world size" in w for w in resolved.reading.warnings)
 
 
+def test_an_expert_layout_refused_on_an_assumed_world_says_how_to_give_it(tmp_path):
+    # Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh: NNODES=${SLURM_NNODES:-"1"},
+    # PP4 x EP8 cannot run on the default single node; the refusal names the assumption and
+    # the smallest --dp the expert layout allows
+    path = tmp_path / "train.sh"
+    path.write_text(
+        'NNODES=${SLURM_NNODES:-"1"}\n'
+        + SCRIPT.format(nodes="$NNODES", tp=1, extra="--pipeline-model-parallel-size 4")
+        .replace("--sequence-parallel", "--num-experts 8 --expert-model-parallel-size 8")
+    )
+    with pytest.raises(ConfigError) as err:
+        resolve([str(path)])
+    text = str(err.value)
+    assert "EP 8 x expert TP 1 does not divide" in text
+    assert "the world size 8 is assumed" in text and "SLURM_NNODES" in text
+    assert "smallest this expert layout allows is 8, 32 GPUs" in text
+    resolved = resolve([str(path)], overrides={"data_parallel_size": 16})
+    assert resolved.reading.get("world_size") == 64
+    # a world that is read, not assumed, gets no such hint
+    path.write_text(path.read_text().replace('${SLURM_NNODES:-"1"}', "1"))
+    with pytest.raises(ConfigError) as err:
+        resolve([str(path)])
+    assert "assumed" not in str(err.value)
+
+
 def test_sequence_parallel_at_tp1_from_a_file_is_turned_off(tmp_path):
     resolved = resolve([script(tmp_path, tp=1)])
     assert resolved.config.parallel.sequence_parallel is False
