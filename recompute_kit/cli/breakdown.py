@@ -48,6 +48,7 @@ def overhead_terms(e: Estimate) -> dict[str, int]:
         f"MoE routing imbalance x{e.moe_imbalance_factor:g}": e.moe_imbalance_bytes,
         "dispatcher buffers": e.dispatcher_buffers_bytes,
         "gathered / autocast weight copies": e.gathered_params_bytes,
+        "ZeRO gradient buckets / prefetch": e.zero_buffers_bytes,
         "CUDA context": e.cuda_context_bytes,
         "NCCL buffers": e.nccl_buffers_bytes,
     }

@@ -174,6 +174,12 @@ class ParallelConfig:
     # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.
     optimizer_offload: bool = False
     param_offload: bool = False
+    # DeepSpeed ZeRO's gradient bucket (zero_optimization.reduce_bucket_size, elements; None:
+    # not a DeepSpeed run) and its double buffering (overlap_comm; None: DeepSpeed's default,
+    # on at stage 3 only); stage 3 also gathers stage3_prefetch_bucket_size parameters ahead.
+    zero_reduce_bucket_size: int | None = None
+    zero_overlap_comm: bool | None = None
+    zero_prefetch_bucket_size: int | None = None
     # Megatron's gradient and optimizer dtypes (memory/model_states.py, "megatron" and
     # "megatron_fsdp" modes). DistributedDataParallelConfig.grad_reduce_in_fp32: main gradients
     # in fp32, else in the parameters' dtype (Megatron-Core's default False; Megatron-LM turns it

@@ -79,6 +79,7 @@ class Estimate:
     moe_imbalance_bytes: int = 0
     dispatcher_buffers_bytes: int = 0
     gathered_params_bytes: int = 0
+    zero_buffers_bytes: int = 0
     overhead_bytes: int = 0
     total_with_overheads_bytes: int = 0  # total_bytes + overhead_bytes
     overhead_assumptions: list[str] = field(default_factory=list)

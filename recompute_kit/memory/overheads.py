@@ -29,6 +29,14 @@ them (memory/estimate.py).
   flex (DeepEP / HybridEP) dispatchers (`moe_token_dispatcher_type`) exchange only the routed
   tokens through their own communication buffers; those are not modelled (said in the
   assumptions), so their term is 0.
+* ZeRO buffers: DeepSpeed's ZeRO keeps a gradient bucket of `reduce_bucket_size` elements in
+  the 16-bit dtype (contiguous_gradients, DeepSpeed's default): stages 1 and 2 allocate it at
+  each backward, twice with overlap_comm (deepspeed/runtime/zero/stage_1_and_2.py, backward:
+  "double buffers ... when overlap_comm is enabled"), stage 3 once for the run
+  (stage3.py, `__ipg_bucket_flat_buffer`), and stage 3 gathers up to
+  `stage3_prefetch_bucket_size` parameters ahead of the module in hand. DeepSpeed's defaults
+  are 5e8 and 5e7 elements; the Hugging Face Trainer fills "auto" with hidden^2 and
+  0.9 x hidden^2. The bucket's contiguous_gradients=false variant is not modelled.
 * Gathered parameters: a ZeRO-3 / FSDP run gathers a unit's parameters (and computes its
   unsharded gradients) during forward and backward; a PyTorch AMP run (fp32 weights) holds
   autocast's 16-bit copy of each weight through forward and backward
@@ -90,6 +98,7 @@ def overhead_terms(
         if moe_stage and ep_group > 1 and allgather
         else 0
     )
+    zero_buffers = _zero_buffer_bytes(config, sharding, dtype_bytes)
     terms = {
         "cuda_context_bytes": CUDA_CONTEXT_BYTES,
         "nccl_buffers_bytes": nccl,
@@ -97,6 +106,7 @@ def overhead_terms(
         "moe_imbalance_bytes": imbalance,
         "dispatcher_buffers_bytes": dispatcher,
         "gathered_params_bytes": gathered_params,
+        "zero_buffers_bytes": zero_buffers,
     }
     said = [
         f"CUDA context {CUDA_CONTEXT_BYTES // MIB} MiB per process (lazy module loading)",
@@ -136,6 +146,35 @@ def overhead_terms(
         said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
     elif gathered_params:
         said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
+    if zero_buffers:
+        said.append(_zero_buffer_words(config, zero_buffers))
     terms["overhead_assumptions"] = said
-    terms["overhead_bytes"] = CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params
+    terms["overhead_bytes"] = (
+        CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params + zero_buffers
+    )
     return terms
+
+
+def _zero_buffer_bytes(config: Config, sharding: str, dtype_bytes: int) -> int:
+    """DeepSpeed ZeRO's gradient bucket(s) and stage 3's prefetched parameters (module
+    docstring); 0 for any other sharding or where the bucket size is not known."""
+    p = config.parallel
+    if sharding != "zero" or p.zero_stage < 1 or p.zero_reduce_bucket_size is None:
+        return 0
+    stage3 = p.zero_stage >= 3
+    overlap = p.zero_overlap_comm if p.zero_overlap_comm is not None else stage3
+    buckets = 1 if stage3 or not overlap else 2
+    prefetch = (p.zero_prefetch_bucket_size or 0) if stage3 else 0
+    return dtype_bytes * (buckets * p.zero_reduce_bucket_size + prefetch)
+
+
+def _zero_buffer_words(config: Config, total: int) -> str:
+    p = config.parallel
+    stage3 = p.zero_stage >= 3
+    overlap = p.zero_overlap_comm if p.zero_overlap_comm is not None else stage3
+    words = f"ZeRO buffers {total / GIB:.2f} GiB: reduce_bucket_size {p.zero_reduce_bucket_size:,}"
+    if not stage3 and overlap:
+        words += " x 2 (overlap_comm double-buffers it)"
+    if stage3 and p.zero_prefetch_bucket_size:
+        words += f" + stage3_prefetch_bucket_size {p.zero_prefetch_bucket_size:,}"
+    return words + " elements, 16-bit"

@@ -296,6 +296,7 @@ def explain(
         "MoE routing imbalance / capacity": e.moe_imbalance_bytes,
         "dispatcher buffers": e.dispatcher_buffers_bytes,
         "gathered or autocast weight copies": e.gathered_params_bytes,
+        "ZeRO gradient buckets / prefetch": e.zero_buffers_bytes,
     }
     if any(beside.values()):
         parts.append(

@@ -21,7 +21,8 @@ that the estimate leaves out:
 The allocator's fragmentation and NCCL's buffers stay in `--safety-margin`. The estimate's
 other named terms beside the tensors it counts (memory/overheads.py: the MoE routing
 imbalance or expert capacity, the allgather dispatcher's buffers, a ZeRO-3 / FSDP unit's
-gathered parameters or autocast's weight copies) are memory the run holds: they count
+gathered parameters or autocast's weight copies, DeepSpeed ZeRO's gradient buckets) are
+memory the run holds: they count
 against the usable memory (`planned_bytes`). A candidate "clears the band" when that plus the
 band fits the usable memory; the planner prefers a cheaper setting only when it clears the
 band too.
@@ -65,6 +66,7 @@ def planned_bytes(est: Estimate) -> int:
         + est.moe_imbalance_bytes
         + est.dispatcher_buffers_bytes
         + est.gathered_params_bytes
+        + est.zero_buffers_bytes
     )
 
 

@@ -458,6 +458,7 @@ def _read_deepspeed(
             put(key, device != "none", origin("zero_optimization", section, "device", note=device))
             if key == "param_offload" and device != "none" and zero.get("stage") != 3:
                 reading.warnings.append(f"{src.path}: offload_param works only with ZeRO stage 3")
+    _read_zero_buffers(zero, src, reading, origin, put)
     for name, field in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
         section = data.get(name)
         handled.add(name)
@@ -488,7 +489,7 @@ def _read_deepspeed(
         if key not in handled:
             unused[key] = value
     for key, value in zero.items():
-        if key not in ("stage", "offload_optimizer", "offload_param"):
+        if key not in ("stage", "offload_optimizer", "offload_param", *ZERO_BUFFER_KEYS):
             unused[f"zero_optimization.{key}"] = value
     # "auto" says nothing of its own: the Trainer fills it from its arguments
     # (transformers integrations/deepspeed.py, HfTrainerDeepSpeedConfig.fill_match), so it is
@@ -497,6 +498,64 @@ def _read_deepspeed(
     first = ".".join((*prefix, unused_prefix)).strip(".")
     for key, value in unused.items():
         reading.unused[f"{first}.{key}" if first else key] = value
+
+
+# zero_optimization keys that size ZeRO's gradient bucket and parameter prefetch
+# (deepspeed/runtime/zero/config.py), the Config field each sets
+ZERO_BUFFER_KEYS = {
+    "reduce_bucket_size": "zero_reduce_bucket_size",
+    "stage3_prefetch_bucket_size": "zero_prefetch_bucket_size",
+    "overlap_comm": "zero_overlap_comm",
+}
+# "auto": the Trainer fills these from the model's hidden size h (transformers
+# integrations/deepspeed.py, trainer_config_finalize): h x h and, at stage 3, 0.9 x h x h
+AUTO_BUCKET_SHARE = {"zero_reduce_bucket_size": 1.0, "zero_prefetch_bucket_size": 0.9}
+
+
+def _read_zero_buffers(zero: dict[str, Any], src: _Src, reading: Reading, origin, put) -> None:
+    """ZeRO's bucket sizes (elements) and overlap_comm; "auto" is kept as such until the
+    model's hidden size is known (`_fill_auto_buckets`)."""
+    for key, field in ZERO_BUFFER_KEYS.items():
+        if key not in zero:
+            continue
+        value = zero[key]
+        at = origin("zero_optimization", key)
+        if field == "zero_overlap_comm":
+            put(field, _bool(src, f"zero_optimization.{key}", value), at)
+        elif _auto(value):
+            reading.set(field, "auto", at)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            if value != int(value):
+                raise ConfigError(f"{src.path}: zero_optimization.{key} = {value!r} is not whole")
+            put(field, int(value), at)
+        else:
+            raise ConfigError(
+                f"{src.path}: zero_optimization.{key} = {value!r} is not a number of elements"
+            )
+
+
+def _fill_auto_buckets(reading: Reading) -> None:
+    h = reading.get("hidden_size")
+    for field, share in AUTO_BUCKET_SHARE.items():
+        if reading.get(field) != "auto":
+            continue
+        origin = reading.origins[field]
+        if not h:
+            del reading.values[field], reading.origins[field]
+            reading.warnings.append(
+                f"{origin.describe()} = auto: the Trainer fills it from the model's hidden "
+                "size, which nothing gives here: the bucket is not counted"
+            )
+            continue
+        reading.set(
+            field,
+            int(share * h * h),
+            Origin(
+                FROM_DERIVED,
+                f"{origin.where} {origin.key} auto: the Trainer fills {share:g} x hidden_size^2 "
+                "(transformers integrations/deepspeed.py)",
+            ),
+        )
 
 
 def _derive_global_batch(reading: Reading) -> None:
@@ -610,6 +669,14 @@ def apply_defaults(reading: Reading) -> None:
             "no deepspeed / fsdp key: DDP, unless the launcher's accelerate config adds "
             "ZeRO or FSDP",
         )
+    if deepspeed:
+        _fill_auto_buckets(reading)
+        ds_config = "DeepSpeed's default (deepspeed/runtime/zero/config.py)"
+        d("zero_reduce_bucket_size", 500_000_000, ds_config, "reduce_bucket_size 5e8")
+        if (reading.get("zero_stage") or 0) >= 3:
+            d("zero_prefetch_bucket_size", 50_000_000, ds_config, "stage3_prefetch_bucket_size 5e7")
+        stage3 = (reading.get("zero_stage") or 0) >= 3
+        d("zero_overlap_comm", stage3, ds_config, "overlap_comm: on at stage 3 only")
     d("optimizer_offload", False, "DeepSpeed's default (offload_optimizer.device none)")
     d("param_offload", False, "DeepSpeed's default (offload_param.device none)")
     d("cpu_offloading", False, where)

@@ -441,7 +441,17 @@ def _smallest_data_parallel(reading: Reading) -> tuple[int, str]:
 
 
 _NEVER_DEFAULTED = frozenset(
-    {*SHAPE_KEYS, "seq_length", "micro_batch_size", "vocab_size", "attention_backend"}
+    {
+        *SHAPE_KEYS,
+        "seq_length",
+        "micro_batch_size",
+        "vocab_size",
+        "attention_backend",
+        # DeepSpeed's own (its reader gives DeepSpeed's defaults); other runs have none
+        "zero_reduce_bucket_size",
+        "zero_overlap_comm",
+        "zero_prefetch_bucket_size",
+    }
 )
 
 

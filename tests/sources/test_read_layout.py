@@ -59,8 +59,9 @@ def test_an_expert_layout_refused_on_an_assumed_world_says_how_to_give_it(tmp_pa
     path = tmp_path / "train.sh"
     path.write_text(
         'NNODES=${SLURM_NNODES:-"1"}\n'
-        + SCRIPT.format(nodes="$NNODES", tp=1, extra="--pipeline-model-parallel-size 4")
-        .replace("--sequence-parallel", "--num-experts 8 --expert-model-parallel-size 8")
+        + SCRIPT.format(nodes="$NNODES", tp=1, extra="--pipeline-model-parallel-size 4").replace(
+            "--sequence-parallel", "--num-experts 8 --expert-model-parallel-size 8"
+        )
     )
     with pytest.raises(ConfigError) as err:
         resolve([str(path)])
