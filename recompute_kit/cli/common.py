@@ -21,6 +21,7 @@ from ..config import (
 )
 from ..config.validation import check_expert_layout
 from ..presets import PRESETS, get_preset
+from ..sources.reading import OVERRIDE_FLAGS
 from ..units import BYTE_MAPS, _integral, integer_bytes
 
 FORMATS = (  # export.FORMATS
@@ -317,26 +318,8 @@ def inputs_alone(args: argparse.Namespace) -> Config | None:
         return None  # e.g. the inputs leave the world size to --dp
 
 
-# CLI flag -> Megatron key, for the shape and parallelism overrides.
-OVERRIDES = {
-    "seq_length": "seq_length",
-    "micro_batch_size": "micro_batch_size",
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "dp": "data_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-    "first_stage_layers": "num_layers_in_first_pipeline_stage",
-    "last_stage_layers": "num_layers_in_last_pipeline_stage",
-    "sp": "sequence_parallel",
-    "distributed_optimizer": "use_distributed_optimizer",
-    "account_for_embedding": "account_for_embedding_in_pipeline_split",
-    "account_for_loss": "account_for_loss_in_pipeline_split",
-    "attention": "attention_backend",
-    "moe_imbalance": "moe_routing_imbalance",
-}
+# CLI flag -> Megatron key, for the shape and parallelism overrides (sources/reading.py).
+OVERRIDES = OVERRIDE_FLAGS
 
 
 def add_override_args(parser: argparse.ArgumentParser, stage: bool = True) -> None:

@@ -341,7 +341,9 @@ def _world_size_origin(launch: Launch, path: str) -> Origin:
         return Origin(FROM_FILE, where, launch.world_size_key)
     envs = " or ".join(dict.fromkeys(r.env for r in launch.world_size_rests_on))
     defaults = "; ".join(r.describe() for r in launch.world_size_rests_on)
-    return Origin(FROM_ASSUMED, where, f"{envs} or --dp", f"{defaults}; {launch.world_size_key}")
+    # the scheduler sets these at launch; recompute-kit never reads the environment
+    key = f"--dp (at launch {envs} sets it; the environment is not read)"
+    return Origin(FROM_ASSUMED, where, key, f"{defaults}; {launch.world_size_key}")
 
 
 def _flags_in_variables(variables: dict[str, object]) -> tuple[list[Field], list[str]]:

@@ -208,3 +208,26 @@ MOE_KEYS = (
 )
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 RECOMPUTE_KEYS = ("recompute_method", "recompute_num_layers", "recompute_modules")
+
+
+# recompute-kit's command-line overrides (`--tp 4`: argparse dest -> Megatron key); the
+# reader names a value they set by its flag.
+OVERRIDE_FLAGS = {
+    "seq_length": "seq_length",
+    "micro_batch_size": "micro_batch_size",
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "dp": "data_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "first_stage_layers": "num_layers_in_first_pipeline_stage",
+    "last_stage_layers": "num_layers_in_last_pipeline_stage",
+    "sp": "sequence_parallel",
+    "distributed_optimizer": "use_distributed_optimizer",
+    "account_for_embedding": "account_for_embedding_in_pipeline_split",
+    "account_for_loss": "account_for_loss_in_pipeline_split",
+    "attention": "attention_backend",
+    "moe_imbalance": "moe_routing_imbalance",
+}

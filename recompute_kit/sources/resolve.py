@@ -29,6 +29,7 @@ from .reading import (
     MEMORY_KEYS,
     MLA_KEYS,
     MOE_KEYS,
+    OVERRIDE_FLAGS,
     RECOMPUTE_KEYS,
     SHAPE_KEYS,
     Origin,
@@ -245,7 +246,7 @@ def resolve(
         merged.model_name = readings[0].model_name
         merged.model_name_origin = readings[0].model_name_origin
     for key, value in (overrides or {}).items():
-        flag = "--" + key.replace("_", "-")
+        flag = _FLAG_OF.get(key) or "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
     try:
         _add_model_shape(merged)
@@ -282,6 +283,10 @@ def resolve(
     _assume_the_rest(merged, framework)
     _say_the_assumptions(merged)
     return Resolved(_to_config(merged), merged, described)
+
+
+# the recompute-kit flag that sets a key (`--dp`, not `--data-parallel-size`)
+_FLAG_OF = {key: "--" + dest.replace("_", "-") for dest, key in OVERRIDE_FLAGS.items()}
 
 
 def _say_the_assumptions(reading: Reading) -> None:

@@ -94,7 +94,7 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
         reading.set(
             "world_size",
             world,
-            Origin(FROM_DERIVED, f"--dp {asked_dp} x TP x PP x CP = {model_parallel}"),
+            Origin(FROM_DERIVED, f"--dp {asked_dp} x (TP x PP x CP = {model_parallel})"),
         )
         reading.warnings.append(f"--dp {asked_dp} replaces the world size of {was}: {world} GPUs")
     elif world and asked_dp and reading.origins["world_size"].kind == FROM_ASSUMED:
@@ -102,7 +102,7 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
         reading.set(
             "world_size",
             world,
-            Origin(FROM_DERIVED, f"--dp {asked_dp} x TP x PP x CP = {model_parallel}"),
+            Origin(FROM_DERIVED, f"--dp {asked_dp} x (TP x PP x CP = {model_parallel})"),
         )
     problem = None
     if world:
