@@ -5,6 +5,7 @@ and the overheads (memory/overheads.py) the plain total leaves out."""
 from __future__ import annotations
 
 from ..memory.estimate import Estimate
+from ..plan.margins import planned_bytes
 from ..units import byte_unit, in_unit
 
 
@@ -58,7 +59,13 @@ def overhead_terms(e: Estimate) -> dict[str, int]:
 def overheads_line(e: Estimate) -> str:
     """`total` + each overhead = total with overheads, for one estimate."""
     terms = ", ".join(f"{name} {_gib(value)}" for name, value in overhead_terms(e).items())
+    held = planned_bytes(e)
     return (
         f"beside the total ({e.recompute}): {terms or 'none'}; total with overheads "
-        f"{_gib(e.total_with_overheads_bytes)}"
+        f"{_gib(e.total_with_overheads_bytes)} (all of it against the GPU's memory). `plan` "
+        f"compares {_gib(held)} (the total"
+        + (" and the terms the run holds beside it" if held != e.total_bytes else "")
+        + ") with the GPU's memory less its safety margin (--safety-margin, 10%), which takes "
+        "the CUDA context, NCCL's buffers and the allocator's fragmentation: the same question, "
+        "two accountings"
     )
