@@ -547,5 +547,6 @@ SOURCES.update(
         "stated-antislop-3-never-enabled": "https://github.com/sam-paech/auto-antislop/issues/3",
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
+        "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
     }
 )

@@ -212,3 +212,45 @@ def test_rk064_not_for_an_index_error_in_a_data_loader():
     d = run(text("ppuu-21"))
     assert d.evidence.errors and d.evidence.errors[0].type == "IndexError"
     assert "RK064" not in ids(d)
+
+
+# =============================================================================================
+# RK065: the script's argument parser refused its command line (Megatron-LM's retired flags)
+# =============================================================================================
+
+
+@covers("RK065")
+def test_rk065_unrecognized_retired_recompute_flag_names_its_new_name():
+    # https://github.com/NVIDIA/Megatron-LM/issues/394: the README still used the 2021 flag
+    f = top(run(text("megatron-394-unrecognized-activations-checkpoint-method")))
+    assert f.rule == "RK065" and f.category == "invalid_config"
+    assert "--activations-checkpoint-method by --recompute-method" in f.fix
+    assert f.confidence >= 0.85  # argparse's error decides it
+
+
+@covers("RK065")
+def test_rk065_megatrons_exit_on_checkpoint_activations():
+    # megatron/training/arguments.py (Megatron-LM d98e8a64), verbatim: its exit for the flag
+    log = (
+        "--checkpoint-activations is no longer valid, use --recompute-activations, or, for "
+        "more control, --recompute-granularity and --recompute-method.\n"
+    )
+    f = top(run(log))
+    assert f.rule == "RK065" and "--recompute-activations" in f.fix
+
+
+@covers("RK065")
+def test_rk065_any_refused_flag_is_invalid_config_without_a_rename():
+    f = top(run("train.py: error: unrecognized arguments: --moe-expert-capcity-factor 1.0\n"))
+    assert f.rule == "RK065" and f.fix is not None and "Replace each refused flag" in f.fix
+
+
+@covers("RK065")
+def test_rk065_a_launch_script_with_retired_flags_and_no_log():
+    script = (
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 \\\n"
+        "  --num-attention-heads 16 --seq-length 2048 --micro-batch-size 4 --bf16 \\\n"
+        "  --checkpoint-activations --distribute-checkpointed-activations\n"
+    )
+    f = get(run(config=script, config_name="train.sh"), "RK065")
+    assert "--distribute-checkpointed-activations by --distribute-saved-activations" in f.fix

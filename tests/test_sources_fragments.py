@@ -48,3 +48,19 @@ def test_arg_dump_reads_as_the_log_parser():
     config, notes = parse_config_with_notes(DUMP)
     assert config == flat
     assert notes == ["read as a Megatron argument dump"]
+
+
+def test_a_flag_named_in_a_sentence_is_not_a_setting():
+    # Megatron-LM's own exit message (megatron/training/arguments.py) names flags in prose:
+    # "--recompute-granularity and" is not recompute_granularity = "and"
+    text = (
+        "--checkpoint-activations is no longer valid, use --recompute-activations, or, for "
+        "more control, --recompute-granularity and --recompute-method."
+    )
+    assert parse_config_with_notes(text)[0] == {}
+    assert parse_config_with_notes("--recompute-granularity full --recompute-method uniform")[
+        0
+    ] == {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+    }

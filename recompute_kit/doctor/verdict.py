@@ -150,7 +150,17 @@ _CONSTRAINT = re.compile(
 )
 
 
+# A command line the script's argument parser refuses (argparse prints "PROG: error: ..."
+# and exits), or Megatron-LM's exit on a flag it retired: the constraint is stated too.
+_REFUSED_ARGUMENTS = re.compile(
+    r"\berror: (?:unrecognized arguments|argument --|the following arguments are required)"
+    r"|--[\w-]+ is no longer valid, use"
+)
+
+
 def _is_validation(e) -> bool:
+    if _REFUSED_ARGUMENTS.search(e.message):
+        return True
     return (
         e.kind == "exception"
         and e.type.split(".")[-1] in _VALIDATION_TYPES

@@ -198,6 +198,8 @@ def _parse_command_line(
                     i += 1
                 while i < len(tokens) and tokens[i] in ("...", "…"):
                     i += 1
+            if not eq and _mentioned_in_prose(name, values):
+                continue  # "--checkpoint-activations is no longer valid, use ...": words
             _assign_flag(out, name, values)
             continue
         m = _HYDRA_RE.match(token)
@@ -223,6 +225,52 @@ def _parse_command_line(
                         tokens[i + 1 : i + 1] = inner
         i += 1
     return out
+
+
+# Words that follow a flag named in a sentence, never a flag's value on a command line.
+PROSE_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "if",
+        "in",
+        "is",
+        "it",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "the",
+        "then",
+        "this",
+        "that",
+        "to",
+        "use",
+        "was",
+        "were",
+        "when",
+        "which",
+        "with",
+    ]
+)
+
+
+def _mentioned_in_prose(name: str, values: list[str]) -> bool:
+    """A flag written in a sentence (a message or a post), not passed: it ends in
+    punctuation ("--recompute-method."), or the word after it is a function word ("and",
+    "is", "use")."""
+    if name[-1:] in ".,;:)!?":
+        return True
+    return bool(values) and values[0].lower().rstrip(",.;:") in PROSE_WORDS
 
 
 def _assign_flag(out: dict[str, Any], name: str, values: list[str]) -> None:

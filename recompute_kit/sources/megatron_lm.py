@@ -158,6 +158,19 @@ BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--fp8-e4m3": ("fp8", "e4m3"),  # legacy (pre-TE-recipe) flags
     "--fp8-hybrid": ("fp8", "hybrid"),
 }
+# Recompute flags Megatron-LM removed (renamed in 2022, commits cfd2e21 and bbab79f): its
+# argparse refuses them ("error: unrecognized arguments"), except --checkpoint-activations,
+# which it still parses only to exit with "--checkpoint-activations is no longer valid, use
+# --recompute-activations, or, for more control, --recompute-granularity and
+# --recompute-method." (megatron/training/arguments.py). Flag -> what replaced it.
+RENAMED_FLAGS = {
+    "--checkpoint-activations": "--recompute-activations (selective), or "
+    "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    "--activations-checkpoint-method": "--recompute-method",
+    "--activations-checkpoint-num-layers": "--recompute-num-layers",
+    "--checkpoint-num-layers": "--recompute-num-layers",
+    "--distribute-checkpointed-activations": "--distribute-saved-activations",
+}
 # Flags handled by hand below (read, then interpreted together).
 SPECIAL_FLAGS = (
     "--group-query-attention",
@@ -494,6 +507,12 @@ def _interpret(
             reading.set(field, value, _origin(path, arg))
         elif flag in SPECIAL_FLAGS:
             continue
+        elif flag in RENAMED_FLAGS:
+            reading.unused[flag] = [shown(v) for v in arg.values] or True
+            reading.warnings.append(
+                f"{path}:{arg.line}: {flag} is no longer a Megatron-LM flag: the run stops at "
+                f"argument parsing; it is now {RENAMED_FLAGS[flag]} (not read)"
+            )
         else:
             values = [shown(v) for v in arg.values]
             reading.unused[flag] = values[0] if len(values) == 1 else (values or True)

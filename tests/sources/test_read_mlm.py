@@ -9,6 +9,7 @@ import pytest
 from recompute_kit.config import ConfigError
 from recompute_kit.config.pipeline_layout import expand_layout
 from recompute_kit.sources import megatron_lm
+from recompute_kit.sources.resolve import resolve
 from recompute_kit.sources.shell import parse_script
 
 CORPUS = Path(__file__).parent / "corpus" / "megatron_lm"
@@ -344,3 +345,18 @@ def test_dp_given_to_the_kit_settles_an_assumed_world_of_the_same_size(tmp_path)
     given = resolve([str(path)], overrides={"data_parallel_size": 8}).reading
     assert given.values["world_size"] == 32 and given.origins["world_size"].kind == "derived"
     assert not any("assumed: world_size" in w for w in given.warnings)
+
+
+def test_retired_recompute_flags_are_said_with_their_new_names(tmp_path):
+    # Megatron-LM renamed them in 2022 (commits cfd2e21, bbab79f); argparse now refuses them,
+    # so a script passing them never starts: said, never silently dropped
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "python pretrain_gpt.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 \\\n"
+        "  --seq-length 2048 --micro-batch-size 4 --activations-checkpoint-method uniform \\\n"
+        "  --activations-checkpoint-num-layers 1\n"
+    )
+    r = resolve([str(script)], require_shape=False)
+    said = [w for w in r.warnings if "no longer a Megatron-LM flag" in w]
+    assert len(said) == 2 and "it is now --recompute-method" in said[0]
+    assert r.reading.get("recompute_method") is None  # not read as the new flag

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from ...sources.fragments import _from_mapping
+from ...sources.fragments import PROSE_WORDS, _from_mapping
 from ...sources.values import _canonical_key, _convert_value
 from .code_calls import scan_calls
 from .measured import scan_measured
@@ -389,6 +389,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("notices", line)
         if "--recompute-" in line:
             for flag, value in _RECOMPUTE_FLAG_RE.findall(line):
+                if value and value.split()[0].lower().rstrip(",.;:") in PROSE_WORDS:
+                    continue  # "... use --recompute-granularity and --recompute-method": words
                 key = _canonical_key(flag)
                 flags = facts.setdefault("recompute_flags", {})
                 if key == "recompute_activations":

@@ -32,6 +32,8 @@ _BARE_ERRORS = (
     "Unpack is being triggered for a tensor that was already unpacked once",
     "Recomputed values for the following tensors",  # torch.utils.checkpoint.CheckpointError
     "save_for_backward can only save variables",  # torch.autograd.Function's TypeError
+    "error: unrecognized arguments:",  # argparse, the script's name before it
+    "--checkpoint-activations is no longer valid",  # Megatron-LM's exit for the old flag
 )
 _BARE_ERRORS_RE = re.compile("|".join(re.escape(p) for p in _BARE_ERRORS))
 _WARN_RE = re.compile(rf"^(?:(\S.*?):(\d+): )?({_DOTTED}Warning): (.*)$")

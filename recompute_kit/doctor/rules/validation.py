@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ...sources.megatron_lm import RENAMED_FLAGS
 from ..types import Context, Match
 from .registry import fact, on_message, patch_for, rule
 
@@ -606,3 +607,58 @@ def _contiguous_without_count(ctx: Context) -> Match | None:
             }
         },
     )
+
+
+@rule(
+    "RK065",
+    "The training script refused its command line",
+    "invalid_config",
+    symptom="'error: unrecognized arguments: --...' from the script's argument parser, or "
+    "Megatron-LM's '--checkpoint-activations is no longer valid'; the run stops before a step",
+    cause="A flag the script's version does not define: a typo, a flag of another version, or "
+    "one of Megatron-LM's removed recompute flags (--checkpoint-activations, "
+    "--activations-checkpoint-method / -num-layers, --checkpoint-num-layers, "
+    "--distribute-checkpointed-activations: renamed --recompute-* in 2022)",
+    confirm="python pretrain_gpt.py --help | grep -- FLAG (the flag is absent); recompute-kit "
+    "read SCRIPT warns on the removed recompute flags",
+    fix="Replace each refused flag by its current name (--recompute-granularity, "
+    "--recompute-method, --recompute-num-layers, --distribute-saved-activations) or drop it",
+    refs=("megatron/training/arguments.py",),
+)
+def _refused_flags(ctx: Context) -> Match | None:
+    refused: list[str] = []
+    said = ""
+    for e in ctx.evidence.errors:
+        text = " ".join((f"{e.type}: {e.message}" if e.type else e.message).split())
+        if "unrecognized arguments:" in text:
+            refused += _FLAG_RE.findall(text.split("unrecognized arguments:", 1)[1])
+            said = said or text
+        elif "--checkpoint-activations is no longer valid" in text:
+            refused.append("--checkpoint-activations")
+            said = said or text
+    read = (ctx.evidence.read or {}).get("unused") or {}
+    in_files = [flag for flag in RENAMED_FLAGS if flag in read]
+    if not said and not in_files:
+        return None
+    renamed = [f for f in dict.fromkeys([*refused, *in_files]) if f in RENAMED_FLAGS]
+    fix = None
+    if renamed:
+        fix = (
+            "Replace "
+            + "; ".join(f"{f} by {RENAMED_FLAGS[f]}" for f in renamed)
+            + (" (Megatron-LM renamed its recompute flags in 2022)")
+        )
+    if said:
+        quoted = said if len(said) < 220 else said[:217] + "..."
+        return Match(
+            0.9, f'The log says: "{quoted}": the run stopped at argument parsing.', fix=fix
+        )
+    return Match(
+        0.85,
+        f"The launch script passes {', '.join(in_files)}, which Megatron-LM no longer defines: "
+        "it stops at argument parsing.",
+        fix=fix,
+    )
+
+
+_FLAG_RE = re.compile(r"--[A-Za-z0-9][\w-]*")
