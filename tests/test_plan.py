@@ -3,12 +3,19 @@ bands and near-ties, every pipeline stage, and budgets as the GPU reports them."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from recompute_kit.config import ConfigError, RecomputeConfig, applicable_modules, parse_spec
+from recompute_kit.config import (
+    Config,
+    ConfigError,
+    RecomputeConfig,
+    applicable_modules,
+    parse_spec,
+)
 from recompute_kit.config.versions import known_broken, parse_version
 from recompute_kit.gpus import GPUS
 from recompute_kit.plan import plan
@@ -317,6 +324,23 @@ def test_nothing_fits_names_the_frameworks_own_levers():
     with pytest.raises(ConfigError) as err:
         plan(sharded, 10)
     assert "distributed optimizer" not in str(err.value)
+    # a Hugging Face Trainer run already at ZeRO-3 and batch 1 (a skill trial: LLaMA-Factory
+    # with ds_z3_config.json was told to "shard the model states" and lower the batch)
+    hf = get_preset("llama3-70b").config()
+    hf = Config(
+        dataclasses.replace(hf.model, loss_implementation="hf", micro_batch_size=1),
+        dataclasses.replace(hf.parallel, zero_stage=3, data_parallel_size=8),
+        hf.recompute,
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(hf, 3)
+    said = str(err.value)
+    assert "shard the model states" not in said and "per_device_train_batch_size" not in said
+    assert "offload the optimizer states" in said
+    with pytest.raises(ConfigError) as err:
+        plan(hf.replace(zero_stage=2, micro_batch_size=2), 3)
+    said = str(err.value)
+    assert "shard the model states" in said and "per_device_train_batch_size" in said
 
 
 def test_plan_json_carries_the_estimates_moe_caveats():

@@ -227,30 +227,40 @@ def _name(c: Candidate) -> str:
     return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
 
 
-# Beyond recompute, in the framework's own terms (the levers `plan --levers` prices).
-_WHAT_ELSE = {
-    "megatron": "add parallelism (--tp/--pp/--cp/--ep), the distributed optimizer, or shorten "
-    "the sequence (`plan --levers` prices them)",
-    "hf": "shard the model states (DeepSpeed ZeRO-3 / FSDP, then CPU offload), lower "
-    "per_device_train_batch_size (raising gradient_accumulation_steps) or the sequence length "
-    "(`plan --levers` prices them)",
-    "torchtitan": "raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs, or "
-    "lower the per-rank batch ([training] local_batch_size; batch_size in older torchtitan) or "
-    "seq_len (`plan --levers` prices them)",
-}
-
-
+# Beyond recompute, in the framework's own terms (the levers `plan --levers` prices); each
+# only where the run has it left (a sharded run is not told to shard, a batch of one not to
+# shrink).
 def _what_else(config: Config) -> str:
-    words = _WHAT_ELSE.get(config.model.loss_implementation, _WHAT_ELSE["megatron"])
-    if config.parallel.use_distributed_optimizer:  # not a lever the run has left
-        words = words.replace(", the distributed optimizer,", ",")
-    if config.model.micro_batch_size == 1:  # a batch of one cannot be lowered
-        words = words.replace(
-            ", or lower the per-rank batch ([training] local_batch_size; batch_size in older "
-            "torchtitan) or seq_len",
-            ", or shorten seq_len",
-        )
-    return words
+    p, m = config.parallel, config.model
+    batch_left = m.micro_batch_size > 1
+    if m.loss_implementation == "hf":
+        parts = []
+        if p.zero_stage < 3:
+            parts.append("shard the model states (DeepSpeed ZeRO-3 / FSDP)")
+        if not p.optimizer_offload:
+            parts.append("offload the optimizer states to the CPU (offload_optimizer)")
+        elif p.zero_stage >= 3 and not p.param_offload:
+            parts.append("offload the parameters to the CPU (offload_param)")
+        if batch_left:
+            parts.append("lower per_device_train_batch_size (raising gradient_accumulation_steps)")
+        parts.append("shorten the sequence length")
+    elif m.loss_implementation == "torchtitan":
+        parts = ["raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs"]
+        if batch_left:
+            parts.append(
+                "lower the per-rank batch ([training] local_batch_size; batch_size in older "
+                "torchtitan)"
+            )
+        parts.append("shorten seq_len")
+    else:
+        parts = ["add parallelism (--tp/--pp/--cp/--ep)"]
+        if not p.use_distributed_optimizer:
+            parts.append("the distributed optimizer")
+        if batch_left:
+            parts.append("a smaller micro-batch")
+        parts.append("shorten the sequence")
+    listed = ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1]
+    return f"{listed} (`plan --levers` prices them)"
 
 
 def explain(

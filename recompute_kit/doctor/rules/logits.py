@@ -16,8 +16,9 @@ from .registry import all_frames, fact, gib, is_megatron, oom_errors, oom_where,
     "The logits and loss need the memory",
     "logits_memory",
     symptom="OOM at the output layer or loss; a large vocabulary with a long sequence",
-    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full on the "
-    "last pipeline stage; recompute of transformer layers does not touch them",
+    cause="The fp32 log-softmax of [tokens x vocab] and its gradient are kept in full where "
+    "the loss runs (the last pipeline stage, where there are several); recompute of "
+    "transformer layers does not touch them",
     confirm="4 x tokens x vocab / TP bytes (recompute-kit estimate shows it under the loss); "
     "the OOM's request often equals one such tensor",
     fix="Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
@@ -86,10 +87,13 @@ def fused_loss_fix(ctx: Context) -> str:
     """RK012/RK016's fix in the run's terms: Megatron's fused / vocab-parallel cross-entropy
     and tensor parallelism where it is Megatron; elsewhere a fused linear cross-entropy (the
     flag is written as the framework's key by doctor/fix_words.py, or said to have none)."""
+    # a batch of one cannot be lowered: then only the sequence is left to shorten
+    one = ctx.config is not None and ctx.config.model.micro_batch_size == 1
+    smaller = "a shorter sequence" if one else "a smaller micro-batch or sequence"
     if is_megatron(ctx):
         return (
             "Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
-            "cross_entropy_loss_fusion), a smaller micro-batch, or more tensor parallelism"
+            f"cross_entropy_loss_fusion), {smaller}, or more tensor parallelism"
         )
     # framework unknown: no key of one framework named as if it were the run's
     known = (ctx.evidence.read or {}).get("framework") is not None
@@ -101,8 +105,8 @@ def fused_loss_fix(ctx: Context) -> str:
     )
     return (
         "Never hold the full fp32 logits: a fused linear cross-entropy that computes the loss "
-        f"in chunks ({how}), or a smaller micro-batch or sequence; recompute of transformer "
-        "layers does not touch the logits"
+        f"in chunks ({how}), or {smaller}; recompute of transformer layers does not touch "
+        "the logits"
     )
 
 
