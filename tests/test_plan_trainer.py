@@ -93,7 +93,13 @@ def test_trainer_levers_are_the_trainers_own(capsys):
     assert not any("global batch unknown" in n for n in table["notes"])
     rows = table["rows"]
     kinds = {r["lever"] for r in rows}
-    assert kinds == {"current", "gradient checkpointing", "micro-batch", "ZeRO stage / offload"}
+    assert kinds == {
+        "current",
+        "gradient checkpointing",
+        "micro-batch",
+        "ZeRO stage / offload",
+        "fused loss",
+    }
     settings = {r["setting"] for r in rows}
     assert "disable_gradient_checkpointing=true" in settings  # LLaMA-Factory's key
     assert "per_device_train_batch_size=2 gradient_accumulation_steps=1" in settings

@@ -26,8 +26,14 @@ def loss_line(e: Estimate, specs_setting_peak: list[str] | None = None) -> str |
     if not e.logits_shape:
         return None
     rows, columns = e.logits_shape
+    shape = (
+        f"logits {rows} x {columns} per rank never held whole (a fused linear cross-entropy "
+        "computes them in chunks)"
+        if e.fused_linear_loss
+        else f"logits {rows} x {columns} per rank"
+    )
     line = (
-        f"logits / loss (stage {e.stage}, the last): logits {rows} x {columns} per rank; the loss "
+        f"logits / loss (stage {e.stage}, the last): {shape}; the loss "
         f"keeps {_gib(e.loss_saved_bytes)} for backward (in activations) and "
         + (
             f"adds {_gib(e.loss_transient_bytes)} while it runs: "

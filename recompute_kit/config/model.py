@@ -82,6 +82,10 @@ class ModelConfig:
     cross_entropy_loss_fusion: bool = False
     cross_entropy_fusion_impl: str = "native"  # "native" | "te"
     loss_implementation: str = "megatron"  # "megatron" | "hf" | "torchtitan"
+    # A fused linear cross-entropy outside Megatron (Liger's LigerFusedLinearCrossEntropyLoss:
+    # Hugging Face Trainer use_liger_kernel, LLaMA-Factory enable_liger_kernel): the loss is
+    # computed from the hidden states in chunks of tokens, so the full logits never exist.
+    fused_linear_cross_entropy: bool = False
     bf16: bool = False
     fp16: bool = False
     # Mixture of experts

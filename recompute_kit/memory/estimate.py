@@ -95,6 +95,7 @@ class Estimate:
     loss_saved_bytes: int = 0
     loss_transient_bytes: int = 0
     loss_sets_peak: bool = False
+    fused_linear_loss: bool = False  # Liger's fused linear cross-entropy: logits in chunks
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -596,6 +597,8 @@ def loss_bytes(
     if impl not in ("megatron", "hf", "torchtitan"):
         raise ConfigError(f"loss_implementation must be megatron, hf or torchtitan, got {impl!r}")
     logits = tokens * logits_columns(m, p, engine)
+    if impl != "megatron" and m.fused_linear_cross_entropy:
+        return _fused_linear_loss_bytes(m, tokens, B)
     if impl != "megatron" or engine != "megatron":
         saved = STAT_BYTES * logits + INDEX_BYTES * tokens + STAT_BYTES
         upcast = STAT_BYTES * logits if B < STAT_BYTES else 0.0
@@ -613,6 +616,20 @@ def loss_bytes(
     # fused: the bf16 gradient, then autograd's cast to the logits' dtype
     cast = 2 * logits + (B * logits if B != 2 else 0.0)
     return saved, max(copy, cast if fusion == "native" else copy)
+
+
+def _fused_linear_loss_bytes(m: ModelConfig, tokens: float, B: int) -> tuple[float, float]:
+    """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py):
+    forward computes the loss and both gradients chunk by chunk and keeps them for backward:
+    grad_input [tokens, hidden] in the activations' dtype, grad_weight [vocab, hidden] in the
+    output weight's (16-bit here: DeepSpeed's and LLaMA-Factory's; fp32 under autocast,
+    not told apart) and an fp32 loss per token; the transient is one [chunk, vocab] logits
+    tile, chunk = next_pow2(ceil(tokens / ceil(vocab / hidden))), about [tokens, hidden]."""
+    h, v = m.hidden_size, m.vocab_size
+    saved = B * tokens * h + B * v * h + STAT_BYTES * tokens
+    rows = -(-int(tokens) // -(-v // h))
+    chunk = min(1 << max(rows - 1, 0).bit_length(), int(tokens))
+    return saved, B * chunk * v
 
 
 def logits_columns(m: ModelConfig, p: ParallelConfig, engine: str = "megatron") -> float:
@@ -785,6 +802,7 @@ def _loss_terms(m, p, B, engine, last, in_flight, loss_transient, transient) -> 
         return {}
     return {
         "logits_shape": [_shape(m, p, B).tokens, round(logits_columns(m, p, engine))],
+        "fused_linear_loss": m.fused_linear_cross_entropy and m.loss_implementation != "megatron",
         "loss_saved_bytes": round(loss_bytes(m, p, B, engine)[0] * in_flight),
         "loss_transient_bytes": round(loss_transient),
         "loss_sets_peak": loss_transient > 0 and loss_transient >= transient,

@@ -289,8 +289,9 @@ def levers(
         rows += _trainer_rows(config, args, keys, sharding_backend)
         notes.append(
             "a Hugging Face Trainer run: no tensor, pipeline or context parallelism and no "
-            "distributed optimizer there; its levers are checkpointing, the micro-batch and "
-            "how model states are sharded and offloaded (recompute_kit/plan/trainer_levers.py)"
+            "distributed optimizer there; its levers are checkpointing, the micro-batch, "
+            "how model states are sharded and offloaded (recompute_kit/plan/trainer_levers.py) "
+            "and Liger's fused loss"
         )
         return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
@@ -405,6 +406,14 @@ def _trainer_rows(
     lever = "FSDP sharding" if backend == "fsdp" else "ZeRO stage / offload"
     for setting, c in sharding_settings(config, backend):
         rows.append(_evaluate(lever, setting, c, *args, keys=keys))
+    if not config.model.fused_linear_cross_entropy:
+        # Liger's fused linear cross-entropy: the full logits never exist (memory/estimate.py)
+        fused = dataclasses.replace(config.model, fused_linear_cross_entropy=True)
+        c = Config(fused, config.parallel, config.recompute, config.assumptions)
+        row = _evaluate("fused loss", f"{keys['liger']}: true", c, *args, keys=keys)
+        if row is not None:
+            row.adds = "pip install liger-kernel; for the model types Liger supports"
+        rows.append(row)
     return rows
 
 

@@ -316,6 +316,8 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     if data.get("deepspeed") is not None:
         _read_deepspeed_ref(take("deepspeed"), src, reading)
     _warn_model_states(data, src, reading, lf)
+    if "fused_linear_cross_entropy" in reading:
+        take("enable_liger_kernel" if lf else "use_liger_kernel")
     for key, value in data.items():
         if key not in handled:
             reading.unused[key] = value
@@ -367,11 +369,37 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
     optim = str(data.get("optim", ""))
     if "8bit" in optim or "4bit" in optim:
         reading.warnings.append(f"{src.path}: optim {optim}: low-bit optimizer states")
-    if data.get("use_liger_kernel") or data.get("enable_liger_kernel"):
-        reading.warnings.append(
-            f"{src.path}: Liger kernels fuse the norms, SwiGLU and the loss, keeping fewer "
-            "activations than counted"
+    _read_liger(data, src, reading, lf)
+
+
+def _read_liger(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> None:
+    """Liger kernels: the Trainer's use_liger_kernel and LLaMA-Factory's enable_liger_kernel
+    patch the model's loss into Liger's fused linear cross-entropy (no full logits); LLaMA-
+    Factory keeps the plain loss for stages that need the logits (all but pt and sft:
+    src/llamafactory/model/loader.py, require_logits). Their fused norms and SwiGLU are not
+    modelled (the layers' activations are counted as without them)."""
+    key = "enable_liger_kernel" if lf else "use_liger_kernel"
+    if not data.get(key):
+        return
+    stage = str(data.get("stage", "sft")) if lf else "sft"
+    if stage in ("pt", "sft"):
+        reading.set(
+            "fused_linear_cross_entropy",
+            True,
+            src.origin(
+                key,
+                note="Liger's fused linear cross-entropy (where Liger supports the model type)",
+            ),
         )
+    else:
+        reading.warnings.append(
+            f"{src.path}: {key} with stage {stage}: LLaMA-Factory keeps the full logits for it "
+            "(require_logits), only Liger's norms and SwiGLU apply"
+        )
+    reading.warnings.append(
+        f"{src.path}: {key}: Liger's fused norms and SwiGLU keep fewer activations than "
+        "counted (only its fused loss is modelled)"
+    )
 
 
 def _find_beside(ref: str, path: str) -> Path | None:
