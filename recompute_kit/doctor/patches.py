@@ -56,6 +56,7 @@ FRAMEWORKS = (
     "nemo-rl",
     "torchtitan",
     "hf-trainer",
+    "automodel",
 )
 # Megatron-Core fields the rules write that the kit's Config does not carry.
 _MCORE_EXTRA = (
@@ -161,6 +162,21 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "use_distributed_optimizer": None,  # FSDP2 shards the optimizer already
         "optimizer_offload": "training.enable_cpu_offload",
     },
+    # NeMo Automodel (sources/automodel.py): its key_for gives the rest, prose where none
+    "automodel": {
+        "recompute_granularity": "distributed.activation_checkpointing",
+        "recompute_method": None,  # every decoder layer, each one
+        "recompute_num_layers": None,
+        "recompute_modules": None,  # its selective AC is PyTorch's per-op policy
+        "use_distributed_optimizer": None,  # distributed.strategy fsdp2 shards it already
+        "micro_batch_size": "step_scheduler.local_batch_size",
+        "bf16": None,  # model.torch_dtype is the storage dtype, not mixed precision
+        "fp16": None,
+        "fp8": None,
+        "zero_stage": None,
+        "world_size": None,
+        "data_parallel_size": None,
+    },
     "hf-trainer": {
         "recompute_granularity": "gradient_checkpointing",
         "recompute_method": None,
@@ -196,7 +212,7 @@ LOWERING_IS_THE_POINT = {
     "invalid_config": "the setting Megatron-Core accepts costs memory",  # the current is refused
 }
 _IMPLIED = {"recompute_method": "uniform", "recompute_num_layers": 1}
-_WHOLE_LAYER = ("nemo-rl", "hf-trainer", "torchtitan")
+_WHOLE_LAYER = ("nemo-rl", "hf-trainer", "torchtitan", "automodel")
 _GRANULARITY_RANK = {None: 0, "selective": 1, "full": 2}
 
 
@@ -229,6 +245,7 @@ _FRAMEWORK_FRAMES = (
     ("/torchtitan/", "torchtitan"),
     ("/megatron/bridge/", "megatron-bridge"),
     ("/nemo_rl/", "nemo-rl"),
+    ("/nemo_automodel/", "automodel"),
     ("/nemo/collections/llm/", "nemo2"),
     ("/nemo/collections/nlp/", "nemo1"),
     ("/megatron/training/", "megatron-lm"),
@@ -599,6 +616,9 @@ def _value_for(
         return {target: {None: "none", "selective": "selective", "full": "full"}.get(value, value)}
     if framework == "hf-trainer" and key == "recompute_granularity":
         return {target: value is not None}
+    if framework == "automodel" and key == "recompute_granularity":
+        # true: every decoder layer checkpointed; "selective": PyTorch's per-op policy
+        return {target: "selective" if value == "selective" else value is not None}
     if framework == "megatron-lm" and key == "recompute_modules" and isinstance(value, list):
         return {target: " ".join(map(str, value))}
     if framework in ("nemo-rl",) and key in ("bf16", "fp16") and value:

@@ -33,6 +33,7 @@ FORMAT_MODULES = (
     "nemo",
     "nemo_rl",
     "nemo_rl_launch",
+    "automodel",
     "torchtitan",
     "hf_trainer",
     "hf_launch",
@@ -109,7 +110,8 @@ def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Readi
             raise ConfigError(error)
         raise ConfigError(
             f"{path}: not a training config recompute-kit can read (Megatron-LM script or "
-            "YAML, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, torchtitan TOML, "
+            "YAML, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, NeMo Automodel YAML, "
+            "torchtitan TOML, "
             "Hugging Face config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON)"
         )
     return module.read(text, path)
