@@ -93,6 +93,19 @@ def test_grad_dtype_changes_megatron_and_megatron_fsdp_modes_only():
     )
 
 
+def test_fsdp2_over_bf16_parameters_keeps_16_bit_states():
+    # NeMo Automodel with model.torch_dtype bfloat16 and torch.optim (no fp32 master copy):
+    # FSDP2 shards the bf16 parameters, gradients and Adam moments as they are: 2 + 2 + 4 B
+    fsdp2 = dict(data_parallel_size=4, zero_stage=3, use_torch_fsdp2=True)
+    fp32 = model_states(_cfg(**fsdp2))
+    pure = model_states(_cfg(param_precision="pure", **fsdp2))
+    assert (pure.weights * 2, pure.grads * 2, pure.optimizer * 2) == (
+        fp32.weights,
+        fp32.grads,
+        fp32.optimizer,
+    )
+
+
 def test_unknown_dtype_is_one_line():
     cfg = _cfg(use_precision_aware_optimizer=True, exp_avg_dtype="int4")
     with pytest.raises(ConfigError, match="exp_avg_dtype 'int4' is not one of"):

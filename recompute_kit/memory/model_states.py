@@ -327,7 +327,11 @@ def model_states(
         raise ConfigError(
             f"param_precision {precision!r} is not one of {', '.join(PARAM_PRECISIONS)}"
         )
-    if mode == "fsdp2" or precision == "amp" or not half:
+    if precision == "pure" and half:
+        # 16-bit parameters, gradients and Adam moments in every mode (FSDP2 shards bf16
+        # parameters as they are: NeMo Automodel with torch_dtype bfloat16 and torch.optim)
+        weight_b, grad_b, optim_b = 2, 2, 4
+    elif mode == "fsdp2" or precision == "amp" or not half:
         weight_b, grad_b, optim_b = 4, 4, 8
     elif precision == "pure":
         weight_b, grad_b, optim_b = 2, 2, 4

@@ -375,11 +375,6 @@ def _read_precision(fv: FileValues) -> None:
     fv.set("param_precision", "pure", p, PURE_BF16)
     for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
         fv.set(key, "bf16", p, "torch.optim states take the parameters' dtype")
-    fv.reading.warnings.append(
-        f"{fv.where(p)}: model.torch_dtype bfloat16 with torch.optim: parameters, gradients and "
-        "optimizer states are bf16 (no fp32 master copy); the FSDP2 model states are counted "
-        "as fp32 (4 + 4 + 8 B/param), so they are over-counted"
-    )
 
 
 def _read_loss(fv: FileValues) -> None:
