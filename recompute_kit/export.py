@@ -50,7 +50,15 @@ from typing import Any
 from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
 from .export_layout import layout_lines
 
-FORMATS = ("megatron-bridge", "megatron-lm", "nemo", "torchtitan", "hf-trainer", "llama-factory")
+FORMATS = (
+    "megatron-bridge",
+    "megatron-lm",
+    "nemo",
+    "torchtitan",
+    "hf-trainer",
+    "llama-factory",
+    "automodel",
+)
 
 # Each Hugging Face stack's keys, as its source names them:
 # transformers TrainingArguments (v4.57.1 training_args.py: gradient_checkpointing,
@@ -72,6 +80,16 @@ TRAINER_KEYS: dict[str, dict[str, str]] = {
         "accumulation": "gradient_accumulation_steps",
         "seq_length": "cutoff_len",
         "liger": "enable_liger_kernel",
+    },
+    # NeMo Automodel recipe YAMLs (NVIDIA-NeMo/Automodel @ 36044ad3, recipes/llm/train_ft.py,
+    # recipes/_dist_utils.py): the accumulation follows step_scheduler.global_batch_size over
+    # local_batch_size x DP, so only the micro-batch is written; no Liger key.
+    "automodel": {
+        "checkpointing": "distributed.activation_checkpointing",
+        "micro_batch": "step_scheduler.local_batch_size",
+        "accumulation": "",
+        "seq_length": "dataset.seq_length (packed_sequence.packed_sequence_size when packing)",
+        "liger": "",
     },
 }
 
@@ -458,6 +476,19 @@ def _render_llama_factory(rc: RecomputeConfig, num_layers: int | None) -> list[s
     return [*notes, *lines[1:-1], f"disable_gradient_checkpointing: {str(not on).lower()}"]
 
 
+def _render_automodel(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """NeMo Automodel checkpoints every decoder layer (activation_checkpointing: true) or none;
+    its "selective" is PyTorch's per-op policy, not Megatron's modules."""
+    lines = _render_hf_trainer(rc, num_layers)
+    on = lines[-1] == "gradient_checkpointing: true"
+    notes = [
+        "# NeMo Automodel recipe YAML: distributed.activation_checkpointing wraps every "
+        "decoder layer (true) or none",
+        *[n.replace("the Trainer", "Automodel") for n in lines[1:-1]],
+    ]
+    return [*notes, "distributed:", f"  activation_checkpointing: {str(on).lower()}"]
+
+
 _RENDERERS = {
     "megatron-bridge": _render_bridge,
     "megatron-lm": _render_megatron_lm,
@@ -465,4 +496,5 @@ _RENDERERS = {
     "torchtitan": _render_torchtitan,
     "hf-trainer": _render_hf_trainer,
     "llama-factory": _render_llama_factory,
+    "automodel": _render_automodel,
 }

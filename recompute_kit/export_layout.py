@@ -258,6 +258,30 @@ def _trainer(fmt: str):
     return write
 
 
+# NeMo Automodel's keys for the layout (recipes/_dist_utils.py, recipes/llm/train_ft.py)
+_AUTOMODEL_KEYS = {
+    "tensor_model_parallel_size": "distributed.tp_size",
+    "pipeline_model_parallel_size": "distributed.pp_size",
+    "context_parallel_size": "distributed.cp_size",
+    "expert_model_parallel_size": "distributed.ep_size",
+    "micro_batch_size": "step_scheduler.local_batch_size",
+}
+
+
+def _automodel(changes: dict[str, Any], world: int) -> list[str]:
+    lines, notes = [], []
+    for key, value in changes.items():
+        if key in _AUTOMODEL_KEYS:
+            lines.append(f"{_AUTOMODEL_KEYS[key]}: {value}")
+        elif key == "seq_length":
+            lines.append(f"dataset.seq_length: {value}  # packed_sequence_size when packing")
+        elif key == "data_parallel_size":
+            notes.append(_world_note(world, f"distributed.dp_size or the launcher; DP {value}"))
+        else:
+            notes.append(f"# {key} {value}: no Automodel key")
+    return notes + lines
+
+
 _WRITERS = {
     "megatron-bridge": _bridge,
     "megatron-lm": _megatron_lm,
@@ -265,4 +289,5 @@ _WRITERS = {
     "torchtitan": _torchtitan,
     "hf-trainer": _trainer("hf-trainer"),
     "llama-factory": _trainer("llama-factory"),
+    "automodel": _automodel,
 }

@@ -13,6 +13,7 @@ the doctor patched ddp.use_distributed_optimizer into an FSDP2 run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,20 @@ def test_a_recompute_patch_is_written_in_automodel_keys():
     patches._translate("automodel", {"use_distributed_optimizer": True}, ctx,
                        lambda k, v, why: drops.append(k))  # fmt: skip
     assert drops == ["use_distributed_optimizer"]
+
+
+def test_plan_writes_automodels_own_keys(capsys):
+    # the planner's snippet and levers for an Automodel run are in Automodel's keys, never
+    # Megatron-Bridge's (cfg.model.recompute_granularity was printed before)
+    from recompute_kit.cli import main
+
+    path = str(DATA / "automodel_qwen3_moe_30b_te_packed_sequence.yaml")
+    assert main(["plan", "--config", path, "--gpu", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "distributed:\n  activation_checkpointing: true" in out
+    assert "recompute_granularity" not in out.split("# recompute-kit:")[1]
+    assert main(["plan", "--config", path, "--gpu", "h100-80gb", "--levers", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    settings = {r["setting"] for r in rows}
+    assert "step_scheduler.local_batch_size=1" in settings
+    assert not any("zero_optimization" in s or "fsdp:" in s for s in settings)

@@ -480,6 +480,7 @@ FORMAT_OF_FRAMEWORK = {
     "nemo1": "nemo",
     "torchtitan": "torchtitan",
     "hf-trainer": "hf-trainer",
+    "automodel": "automodel",
 }
 
 

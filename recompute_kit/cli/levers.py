@@ -142,7 +142,11 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     from .common import default_format
 
     fmt = default_format(args)
-    out = {"trainer_format": fmt if fmt in ("hf-trainer", "llama-factory") else "hf-trainer"}
+    trainers = ("hf-trainer", "llama-factory", "automodel")
+    out = {"trainer_format": fmt if fmt in trainers else "hf-trainer"}
+    if fmt == "automodel":  # FSDP2 / Megatron-FSDP through distributed.strategy
+        out["sharding_backend"] = "automodel"
+        return out
     stage = resolved.reading.origins.get("zero_stage") if resolved is not None else None
     if stage is not None and "fsdp" in f"{stage.key} {stage.note}".lower():
         out["sharding_backend"] = "fsdp"

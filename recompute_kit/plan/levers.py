@@ -287,6 +287,12 @@ def levers(
 
         keys = TRAINER_KEYS.get(trainer_format, TRAINER_KEYS["hf-trainer"])
         rows += _trainer_rows(config, args, keys, sharding_backend)
+        if trainer_format == "automodel":
+            notes.append(
+                "a NeMo Automodel run: its levers here are checkpointing and the micro-batch; "
+                "its distributed.tp_size / cp_size / pp_size / ep_size are not tried"
+            )
+            return _ranked(rows, current, hw, global_batch_size, usable, notes)
         notes.append(
             "a Hugging Face Trainer run: no tensor, pipeline or context parallelism and no "
             "distributed optimizer there; its levers are checkpointing, the micro-batch, "
@@ -404,9 +410,10 @@ def _trainer_rows(
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", setting, c, *args, keys=keys))
     lever = "FSDP sharding" if backend == "fsdp" else "ZeRO stage / offload"
-    for setting, c in sharding_settings(config, backend):
+    # (Automodel shards through distributed.strategy, already FSDP2's full sharding: none)
+    for setting, c in sharding_settings(config, backend) if backend != "automodel" else ():
         rows.append(_evaluate(lever, setting, c, *args, keys=keys))
-    if not config.model.fused_linear_cross_entropy:
+    if not config.model.fused_linear_cross_entropy and keys["liger"]:
         # Liger's fused linear cross-entropy: the full logits never exist (memory/estimate.py)
         fused = dataclasses.replace(config.model, fused_linear_cross_entropy=True)
         c = Config(fused, config.parallel, config.recompute, config.assumptions)

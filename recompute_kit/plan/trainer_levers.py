@@ -146,6 +146,8 @@ def micro_batch_setting(keys: dict[str, str], micro: int, gbs: int, dp: int) -> 
     accumulation steps would not be whole."""
     if gbs % (micro * dp):
         return None
+    if not keys["accumulation"]:  # the framework derives it from its global batch
+        return f"{keys['micro_batch']}={micro}"
     return f"{keys['micro_batch']}={micro} {keys['accumulation']}={gbs // (micro * dp)}"
 
 
