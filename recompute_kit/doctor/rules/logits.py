@@ -174,7 +174,8 @@ def _fused_fix(ctx: Context) -> str | None:
     "fp32 copy and gradient) outgrow a layer's activations; recompute does not touch them",
     confirm="tokens x vocab x 2 (bf16) or 4 (fp32) bytes against the peak; the peak drops by "
     "about that much with a fused / chunked cross-entropy",
-    fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel), the loss "
+    fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel; LLaMA-"
+    "Factory enable_liger_kernel), the loss "
     "computed in chunks of the batch / sequence, or a smaller micro-batch",
     patch={"use_liger_kernel": True},
 )

@@ -157,8 +157,8 @@ def _logits_size(ctx: Context) -> Match | None:
         fix=f"The logits ({width}) are held whole: chunk the log-prob / loss computation over "
         f"the sequence ({chunk} tokens bounds the fp32 working set to about "
         f"{gib(chunk * top['vocab'] * 4)}) with the fp32 cast inside each chunk, or use a fused "
-        "linear-cross-entropy (use_liger_kernel) / keep only the logits needed "
-        "(logits_to_keep)",
+        "linear-cross-entropy (use_liger_kernel; LLaMA-Factory enable_liger_kernel) / keep "
+        "only the logits needed (logits_to_keep)",
     )
 
 
