@@ -341,7 +341,8 @@ def _shapes(ctx: Context) -> str:
     confirm="batch x tokens x vocab x 4 bytes against the peak; a fused linear cross-entropy "
     "makes the peak drop by about that much",
     fix="Never materialise the full logits: a fused cross entropy or fused linear cross-entropy "
-    "(use_liger_kernel; LLaMA-Factory enable_liger_kernel; Megatron cross_entropy_loss_fusion "
+    "(Liger's FusedLinearCrossEntropy: use_liger_kernel, LLaMA-Factory enable_liger_kernel; "
+    "Megatron cross_entropy_loss_fusion "
     "with cross_entropy_fusion_impl: te), chunked log-prob / loss "
     "computation, logits_to_keep (only the completion tokens), or a smaller micro-batch",
     patch={"use_liger_kernel": True},
