@@ -192,7 +192,11 @@ SYMPTOMS: tuple[Symptom, ...] = (
         "after_update",
         re.compile(
             r"\b(?:after|since)\s+(?:the\s+|an?\s+|my\s+)?(?:\w+\s+){0,2}?(?:update|upgrade|"
-            r"upgrading|updating|new\s+version|new\s+release)\b|(?:更新|升级)(?:了)?(?:后|之后|以后)",
+            r"upgrading|updating|new\s+version|new\s+release)\b|(?:更新|升级)(?:了)?(?:后|之后|以后)|"
+            # "After #1904 got merged, main is running into OOM": a change landed, same config
+            r"\b(?:after|since)\s+(?:PR\s*|pull\s+request\s+)?#\d+\s+(?:\w+\s+)?merged\b|"
+            r"\b(?:after|since)\s+(?:merging|pulling|rebasing\s+on)\s+(?:the\s+)?(?:latest|"
+            r"main|master|#\d+)",
             re.I,
         ),
         ("framework_bug",),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -735,6 +736,9 @@ def read_model_id(model_id: str) -> Reading:
     # The cache first: it answers offline at once (the Hub client retries a dead network for
     # tens of seconds), and a config.json fetched once is read the same way ever after.
     for local_only in (True,) if offline else (True, False):
+        if not local_only and not _hub_resolves():
+            errors.append("no network: the Hub's host does not resolve")
+            break  # (the Hub client would retry a dead network for about 25 s, logging each)
         try:
             path = hf_hub_download(
                 repo_id=model_id, filename="config.json", local_files_only=local_only
@@ -758,3 +762,17 @@ def read_model_id(model_id: str) -> Reading:
     reading.model_name = model_id
     reading.model_name_origin = Origin("argument", "model id", model_id)
     return reading
+
+
+def _hub_resolves() -> bool:
+    """Whether the Hub's host name resolves (HF_ENDPOINT, else huggingface.co): a machine
+    without a network (a cluster's compute node) is told at once, not after the retries."""
+    from urllib.parse import urlparse
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    host = urlparse(endpoint).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True

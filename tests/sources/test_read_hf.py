@@ -228,3 +228,26 @@ def test_model_id_without_huggingface_hub(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(ConfigError, match=r"recompute-kit\[hub\]"):
         hf_config.read_model_id("someone/unknown-model")
+
+
+def test_model_id_without_a_network_is_said_at_once(monkeypatch):
+    # a cluster's compute node has no network: the Hub client would retry for about 25 s,
+    # logging each try; a host name that does not resolve ends it before the first request
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub
+
+    calls = []
+
+    def fake(repo_id, filename, local_files_only=False, **_):
+        calls.append(local_files_only)
+        raise OSError("not cached")
+
+    def no_dns(*_args, **_kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
+    monkeypatch.setattr(hf_config.socket, "getaddrinfo", no_dns)
+    with pytest.raises(ConfigError, match="no network"):
+        hf_config.read_model_id("someone/not-cached")
+    assert calls == [True]  # the cache only: never the Hub
