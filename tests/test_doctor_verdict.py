@@ -189,6 +189,9 @@ def test_calibrated_confidence_is_rounded_down():
         ("Activation checkpointing has no effect on memory", "recompute_no_effect"),
         ("recompute_granularity does not reduce memory at all", "recompute_no_effect"),
         ("training is 30% slower since upgrading to 0.9", ("slower", "after_update")),
+        # https://github.com/NVIDIA-NeMo/Automodel/issues/1927 (a change landed, same config)
+        ("After #1904 got merged,  main is running into OOM while running it", "after_update"),
+        ("OOM since pulling the latest main", "after_update"),
         ("pydantic ValidationError: 1 validation error for Config", "validation_error"),
         ("ValidationError: 1 validation error for ConfigContainer", "validation_error"),
         ("the LoRA grads are None after backward", "grads_none"),
