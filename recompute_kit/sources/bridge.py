@@ -593,7 +593,11 @@ def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
         ("fp16", s.startswith("fp16"), e),
         ("grad_reduce_in_fp32", s.startswith("bf16"), e),
     ]
-    if "fp8" in s:
+    if "fp8" not in s:
+        # a named MixedPrecisionConfig is whole: its fp8 (None) overwrites the model's
+        # (training/mixed_precision.py update_config_with_precision_overrides)
+        out.append(("fp8", None, e))
+    else:
         out.append(("fp8", "hybrid", e))
         for part, recipe in _RECIPE_OF_NAME:
             if part in s:

@@ -123,3 +123,16 @@ def select_named(
                 if other.unused.get(ON_RECIPE) == name:  # read, not left to it
                     del other.unused[ON_RECIPE]
     return again
+
+
+def apply_on_the_read_recipe(readings: list[Reading]) -> None:
+    """An overrides file that names no recipe (`model.seq_length=8192 ...`, a YAML of
+    overrides) given after a recipe file applies on top of that recipe, as run_recipe.py
+    applies its overrides to the recipe it loads: what the overrides leave out is the recipe's
+    (read), not "set by an unknown recipe" (then assumed)."""
+    recipe_seen = False
+    for reading in readings:
+        if getattr(reading, "recipe_read", None):
+            recipe_seen = True
+        elif recipe_seen and reading.unused.get(ON_RECIPE) == UNKNOWN_RECIPE:
+            del reading.unused[ON_RECIPE]
