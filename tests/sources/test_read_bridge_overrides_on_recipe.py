@@ -85,3 +85,25 @@ def test_dataset_length_alone_outside_run_recipe_warns_of_the_assert(tmp_path):
     r = resolve([RECIPE, str(launch)], overrides={"data_parallel_size": 16}).reading
     assert r.get("seq_length") == 8192
     assert not any("without model.seq_length" in w for w in r.warnings)
+
+
+def test_overrides_given_before_the_recipe_still_apply_on_top_of_it(tmp_path):
+    path = tmp_path / "overrides.txt"
+    path.write_text(OVERRIDES_8K)
+    r = resolve([str(path), RECIPE], overrides={"data_parallel_size": 16}).reading
+    assert ON_RECIPE not in r.unused
+    assert r.get("seq_length") == 8192 and r.get("micro_batch_size") == 2  # not the recipe's
+    assert r.origins["micro_batch_size"].where == f"{path}:1"
+
+
+def test_a_yaml_of_overrides_beside_the_recipe_names_it(tmp_path):
+    path = tmp_path / "overrides.yaml"
+    path.write_text("model:\n  recompute_granularity: selective\ntrain:\n  micro_batch_size: 2\n")
+    r = resolve([RECIPE, str(path)], overrides={"data_parallel_size": 16}).reading
+    assert ON_RECIPE not in r.unused
+    assert not any("not read here" in w for w in r.warnings)
+    assert any(
+        "applied on top of recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config" in w
+        for w in r.warnings
+    )
+    assert r.get("fp8") is None and r.origins["fp8"].kind == FROM_FILE
