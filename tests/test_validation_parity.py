@@ -88,6 +88,13 @@ MEGATRON_RULES = (
 )
 
 
+# Megatron-Core 0.16.1 transformer_config.py:1792-1795: the assert's message is two string
+# literals on two lines without parentheses, so the second is a statement of its own and
+# Megatron prints the first alone; the kit says the whole sentence its source writes.
+MOE_ROUTER_CUT = "moe recompute is not supported with moe_router CUDA graph with: "
+MOE_ROUTER_WHOLE = MOE_ROUTER_CUT + "--cuda-graph-impl transformer_engine."
+
+
 @pytest.fixture(scope="module")
 def report():
     return compare(generate_configs(N_CONFIGS, SEED))
@@ -334,3 +341,22 @@ def test_pipeline_layout_with_other_split_settings_is_refused_like_megatron():
     flat = dict(num_layers=6, pipeline_model_parallel_size=4, bf16=True)
     assert _megatron_accepts(flat, pipeline_model_parallel_layout=layout) is True
     assert kit_verdict(dict(flat, pipeline_model_parallel_layout=layout)) == Verdict(True)
+
+
+def test_moe_router_message_is_whole():
+    """selective:moe under a transformer_engine moe_router CUDA graph (the Megatron-Bridge
+    Qwen3-30B-A3B 16-GPU H100 recipe's scope): Megatron refuses it and the kit says why in
+    full, not Megatron's cut text ending in "with: "."""
+    flat = dict(
+        num_layers=4,
+        num_moe_experts=4,
+        moe_grouped_gemm=True,
+        cuda_graph_impl="transformer_engine",
+        cuda_graph_scope=["moe_router", "moe_preprocess"],
+        recompute_granularity="selective",
+        recompute_modules=["moe"],
+    )
+    megatron = megatron_verdict(kit_config(flat))
+    assert not megatron.accepted and megatron.message == MOE_ROUTER_CUT
+    kit = kit_verdict(flat)
+    assert not kit.accepted and kit.message == MOE_ROUTER_WHOLE

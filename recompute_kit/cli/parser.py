@@ -321,11 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # this command's documents only: main() runs many times in one process (tests, notebooks)
+    written = common.documents_on_stdout
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"recompute-kit: error: {exc}", file=sys.stderr)
-        if getattr(args, "json", False) and not common.documents_on_stdout:
+        if getattr(args, "json", False) and common.documents_on_stdout == written:
             common.emit_json({"error": str(exc)})  # scripts read stdout: one document, always
         return 1
     except KeyboardInterrupt:

@@ -339,7 +339,11 @@ def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
     # A recompute region must lie wholly inside or outside a graph, and a graphed recompute
     # cannot draw random numbers (dropout).
     if impl == "transformer_engine" and "moe" in mods and "moe_router" in scope:
-        raise ConfigError("moe recompute is not supported with moe_router CUDA graph with: ")
+        # Megatron's message as its source writes it: the assert's second string literal
+        # ("--cuda-graph-impl transformer_engine.") is a statement of its own there
+        # (transformer_config.py:1792-1795 in 0.16.1), so Megatron prints the text cut after
+        # "with: "; the kit says it whole.
+        raise ConfigError(MOE_ROUTER_GRAPH_MESSAGE)
     whole = not scope or "full_iteration" in scope
     if m.attention_dropout != 0.0 and "core_attn" in mods and (whole or "attn" in scope):
         raise ConfigError(
@@ -350,6 +354,15 @@ def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
         or ("moe" in mods and (whole or "moe" in scope))
     ):
         raise ConfigError("hidden dropout is not supported with graphed MLP/MoE recomputation.")
+
+
+# Megatron-Core 0.16.1 transformer_config.py:1792-1795, its assert's two string literals whole
+# (Megatron prints the first alone: MOE_ROUTER_GRAPH_PRINTED).
+MOE_ROUTER_GRAPH_MESSAGE = (
+    "moe recompute is not supported with moe_router CUDA graph with: "
+    "--cuda-graph-impl transformer_engine."
+)
+MOE_ROUTER_GRAPH_PRINTED = "moe recompute is not supported with moe_router CUDA graph with: "
 
 
 def _check_pipeline_split(num_layers: int, p: ParallelConfig) -> None:

@@ -21,7 +21,7 @@ from ..export import render
 from ..export_layout import world_size
 from ..memory.estimate import Estimate, estimate
 from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
-from .search import candidates
+from .search import REFUSED, as_candidate, candidates, compact_specs
 from .stages import Stage, binding_reason, stage_table
 
 __all__ = ["Candidate", "Plan", "candidates", "explain", "plan"]
@@ -60,6 +60,15 @@ class Candidate:
             "error_band_bytes": self.band.total_bytes if self.band else None,
             "clears_error_band": self.clears_band,
         }
+
+
+class NothingFits(ConfigError):
+    """`plan` found no setting that fits; `smallest` is the candidate that needs the least
+    memory (one Megatron-Core accepts: `plan --levers` shows a layout at it)."""
+
+    def __init__(self, message: str, smallest: Candidate):
+        super().__init__(message)
+        self.smallest = smallest
 
 
 @dataclass
@@ -114,16 +123,8 @@ def plan(
     excluded: list[tuple[str, str]] = []
     for rc, offload in candidates(config, version, excluded):
         # Candidates bring their own offloading; the setup keeps distribute_saved_activations.
-        keep = config.recompute.distribute_saved_activations
-        candidate = Config(
-            config.model,
-            config.parallel,
-            dataclasses.replace(rc, distribute_saved_activations=keep),
-        )
-        try:
-            candidate.validate()
-        except ConfigError:
-            continue  # e.g. modules the model does not have
+        candidate = as_candidate(config, rc)
+        candidate.validate()  # candidates() keeps only what Megatron accepts (normalises it)
         est = estimate(candidate, stage=stage)
         found.append(
             Candidate(
@@ -150,14 +151,18 @@ def plan(
     if fitting and not any(c.clears_band for c in fitting):
         # nothing clears the band: the most headroom is the least risk
         fitting.sort(key=lambda c: (bool(c.offload), -c.headroom_bytes))
+    if not found:
+        refused = "; ".join(sorted({why for _, why in excluded}))
+        raise ConfigError(f"no recompute setting can run this layout: {refused}")
     if not fitting:
         smallest = min(found, key=lambda c: c.estimate.total_bytes)
         need = smallest.estimate.total_bytes
-        raise ConfigError(
+        raise NothingFits(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
             f"{need / GIB:.1f} GiB per rank, {(need - usable) / GIB:.1f} GiB too much; "
-            + _what_else(config)
+            + _what_else(config),
+            smallest,
         )
     best = fitting[0]
     changes = changes or {}
@@ -367,11 +372,28 @@ def explain(
         )
     for tie in ties or []:
         parts.append(f"Near-tie: {tie['recompute']} ({tie['reason']}).")
-    if excluded:
-        specs = ", ".join(spec for spec, _ in excluded)
-        parts.append(
-            f"Not proposed on Megatron-Core {describe_version(version)}: {specs} (the last "
-            "uniform group would run past the last layer before 0.17; --megatron-core-version "
-            "0.17 or later allows them)."
-        )
+    parts += not_proposed(excluded or [], version)
     return " ".join(parts)
+
+
+def not_proposed(excluded: list[tuple[str, str]], version: tuple[int, int] | None) -> list[str]:
+    """The settings left out, one sentence per reason: Megatron-Core's refusals (its message)
+    apart from the settings broken on the version."""
+    refused: dict[str, list[str]] = {}
+    broken = []
+    for spec, why in excluded:
+        if why.startswith(REFUSED):
+            refused.setdefault(why[len(REFUSED) :], []).append(spec)
+        else:
+            broken.append(spec)
+    out = [
+        f"Not proposed, Megatron-Core refuses them: {compact_specs(specs)} ({message})."
+        for message, specs in refused.items()
+    ]
+    if broken:
+        out.append(
+            f"Not proposed on Megatron-Core {describe_version(version)}: {', '.join(broken)} "
+            "(the last uniform group would run past the last layer before 0.17; "
+            "--megatron-core-version 0.17 or later allows them)."
+        )
+    return out

@@ -186,17 +186,23 @@ def _evaluate(
         return None  # fewer micro-batches than stages: the pipeline never fills
     added = ""
     if fallback == "always" or (fallback == "if-needed" and planned_bytes(est) > usable):
-        from . import plan  # (this package)
+        from . import NothingFits, plan  # (this package)
 
         try:
             best = plan(config, gib, margin, stage=None, megatron_core_version=version).best
-            config = Config(config.model, config.parallel, best.recompute, config.assumptions)
-            est = best.estimate
-            added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
-        except ConfigError:  # nothing fits: show the layout at full recompute of every layer
-            config = config.with_recompute("full:uniform:1")
-            est = estimate(config)
-            added = "full:uniform:1 (nothing fits)"
+            nothing_fits = False
+        except NothingFits as exc:
+            # the layout at the setting that needs the least memory among those Megatron
+            # accepts (plan's candidates; never a refused one such as full recompute beside a
+            # scoped CUDA graph): the row says it does not fit
+            best, nothing_fits = exc.smallest, True
+        except ConfigError:
+            return None  # no recompute setting Megatron accepts runs this layout
+        config = Config(config.model, config.parallel, best.recompute, config.assumptions)
+        est = best.estimate
+        added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
+        if nothing_fits:
+            added += " (nothing fits: the smallest setting Megatron accepts)"
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     band = error_band(config, est)
     host_ok = fits_host(est)

@@ -13,8 +13,10 @@ on (every layer: full:uniform:1) or off. A torchtitan run gets torchtitan's own 
 per-op selective policy ("op", one candidate: memory/torchtitan.py counts it), full and every
 k-th block (full uniform/block here; rendered as torchtitan's nearest option).
 
-Settings broken on the run's Megatron-Core version (`config/versions.py`; unknown means the
-strictest) are left out and listed, with the reason, in what `candidates` returns.
+Settings Megatron-Core refuses for this run (its TransformerConfig checks, `config.validate()`:
+e.g. full recompute beside a scoped CUDA graph) and settings broken on the run's Megatron-Core
+version (`config/versions.py`; unknown means the strictest) are left out and listed, with the
+reason, in what `candidates` returns: a refusal is listed as Megatron's, not as a version's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ from ..config import (
     parse_spec,
 )
 from ..config.versions import chunk_layer_counts, known_broken
+
+# The start of an `excluded` reason that is Megatron-Core's refusal (its message follows).
+REFUSED = "Megatron-Core refuses it: "
+
+
+def as_candidate(config: Config, rc: RecomputeConfig) -> Config:
+    """The run with `rc` as its recompute and offloading settings (a candidate brings its own
+    offloading); the setup keeps distribute_saved_activations."""
+    keep = config.recompute.distribute_saved_activations
+    return Config(
+        config.model,
+        config.parallel,
+        dataclasses.replace(rc, distribute_saved_activations=keep),
+        list(config.assumptions),
+        config.megatron_core_version,
+    )
 
 
 def module_sets(config: Config) -> list[list[str]]:
@@ -85,30 +103,71 @@ def candidates(
             for method in ("uniform", "block")
             for n in range(1, most + 1)
         ]
+    settings = [(rc, "") for rc in rcs]
+    if not titan:  # no activation offloading in torchtitan
+        layers = m.num_layers // p.pipeline_model_parallel_size
+        if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
+            for n in sorted({1, layers // 2, layers - 1} - {0}):
+                rc = dataclasses.replace(
+                    RecomputeConfig(), cpu_offloading=True, cpu_offloading_num_layers=n
+                )
+                settings.append((rc, f"cpu_offloading_num_layers={n}"))
+        # Megatron's documented pairing: recompute the light modules, offload the heavy ones.
+        modules = ["core_attn", "attn_proj"] + (["expert_fc1"] if m.num_moe_experts else [])
+        light = ["layernorm"] + (["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else [])
+        rc = dataclasses.replace(
+            parse_spec("selective:" + ",".join(light)),
+            fine_grained_activation_offloading=True,
+            offload_modules=modules,
+        )
+        settings.append((rc, "offload_modules=" + ",".join(modules)))
     out: list[tuple[RecomputeConfig, str]] = []
-    for rc in rcs:
-        broken = known_broken(config.with_recompute(rc), version)
+    for rc, offload in settings:
+        spec = format_spec(rc) + (f" + {offload}" if offload else "")
+        try:  # Megatron's own refusal first: it holds on every version
+            as_candidate(config, rc).validate()
+        except ConfigError as exc:
+            if excluded is not None:
+                excluded.append((spec, REFUSED + str(exc)))
+            continue
+        broken = known_broken(config.with_recompute(rc), version) if not offload else []
         if broken:
             if excluded is not None:
-                excluded.append((format_spec(rc), broken[0]))
+                excluded.append((spec, broken[0]))
         else:
-            out.append((rc, ""))
-    if titan:  # no activation offloading in torchtitan
-        return out
-    layers = m.num_layers // p.pipeline_model_parallel_size
-    if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
-        for n in sorted({1, layers // 2, layers - 1} - {0}):
-            rc = dataclasses.replace(
-                RecomputeConfig(), cpu_offloading=True, cpu_offloading_num_layers=n
-            )
-            out.append((rc, f"cpu_offloading_num_layers={n}"))
-    # Megatron's documented pairing: recompute the light modules, offload the heavy ones.
-    modules = ["core_attn", "attn_proj"] + (["expert_fc1"] if m.num_moe_experts else [])
-    light = ["layernorm"] + (["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else [])
-    rc = dataclasses.replace(
-        parse_spec("selective:" + ",".join(light)),
-        fine_grained_activation_offloading=True,
-        offload_modules=modules,
-    )
-    out.append((rc, "offload_modules=" + ",".join(modules)))
+            out.append((rc, offload))
     return out
+
+
+def compact_specs(specs: list[str]) -> str:
+    """Specs for a sentence: runs of full recompute N as ranges (full:uniform:1-47), the
+    selective sets that share modules as "the N selective sets with moe"."""
+    full: dict[str, list[int]] = {}
+    selective: list[list[str]] = []
+    rest = []
+    for spec in specs:
+        rc = parse_spec(spec.partition(" + ")[0])
+        if " + " in spec:
+            rest.append(spec)
+        elif rc.recompute_granularity == "full" and rc.recompute_num_layers:
+            full.setdefault(rc.recompute_method or "", []).append(rc.recompute_num_layers)
+        elif rc.recompute_granularity == "selective" and rc.recompute_modules:
+            selective.append(list(rc.recompute_modules))
+        else:
+            rest.append(spec)
+    out = []
+    shared = set.intersection(*map(set, selective)) if len(selective) > 2 else set()
+    if shared:
+        out.append(f"the {len(selective)} selective sets with {','.join(sorted(shared))}")
+    else:
+        out += ["selective:" + ",".join(s) for s in selective]
+    for method, counts in full.items():
+        counts = sorted(set(counts))
+        runs: list[list[int]] = []
+        for n in counts:
+            if runs and n == runs[-1][-1] + 1:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        out += [f"full:{method}:{r[0]}" + (f"-{r[-1]}" if len(r) > 1 else "") for r in runs]
+    return ", ".join(rest + out)

@@ -44,6 +44,11 @@ NEMO2 = "nemo2"
 # names the recipe, or says it is unknown): the recipe decides what the overrides leave out.
 ON_RECIPE = "(applied on top of recipe)"
 UNKNOWN_RECIPE = "unknown recipe"  # its value when the file names none
+# What a YAML of overrides says of the recipe under it (replaced where that recipe is read).
+YAML_ON_RECIPE = (
+    "a YAML of overrides, merged on top of a recipe: what it leaves out is the recipe's, "
+    "not read here"
+)
 
 _PROVIDER_URL = (
     "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/2afd2d34f7d7b2e84095af1a7fd7244902189ebc/"
@@ -321,10 +326,7 @@ def read_yaml(text: str, path: str) -> Reading:
     apply_entries(reading, entries, path)
     if not complete:
         reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
-        reading.warnings.append(
-            f"{path}: a YAML of overrides, merged on top of a recipe: what it leaves out is the "
-            "recipe's, not read here"
-        )
+        reading.warnings.append(f"{path}: {YAML_ON_RECIPE}")
     return reading
 
 
@@ -593,7 +595,11 @@ def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
         ("fp16", s.startswith("fp16"), e),
         ("grad_reduce_in_fp32", s.startswith("bf16"), e),
     ]
-    if "fp8" in s:
+    if "fp8" not in s:
+        # a named MixedPrecisionConfig is whole: its fp8 (None) overwrites the model's
+        # (training/mixed_precision.py update_config_with_precision_overrides)
+        out.append(("fp8", None, e))
+    else:
         out.append(("fp8", "hybrid", e))
         for part, recipe in _RECIPE_OF_NAME:
             if part in s:

@@ -103,31 +103,50 @@ def _the_length_that_runs(
 ) -> list[Entry]:
     """Drop the sequence-length overrides Megatron-Bridge resets (`dataset.sequence_length`,
     and `model.seq_length` without `dataset.seq_length`), each with a warning naming the key
-    that sets the length: the recipe's dataset.seq_length is what runs then."""
+    that sets the length: the recipe's dataset.seq_length is what runs then. Where the
+    launcher is not run_recipe.py (or not known), one of the two lengths set alone is a
+    warning too: a launcher without run_recipe.py's copy stops at ConfigContainer.validate's
+    assert."""
     dataset_given = any(e.section == "dataset" and e.key == "seq_length" for e in entries)
+    model_given = any(e.section == "model" and e.key == "seq_length" for e in entries)
+    copy = (
+        f"run_recipe.py copies dataset.seq_length into model.seq_length after the overrides "
+        f"({_BRIDGE_AT} {_SYNC}, sync_model_dataset_sequence_length)"
+    )
+    stop = (
+        f"a launcher that calls pretrain() without that copy stops before training at "
+        f"ConfigContainer.validate's assert model.seq_length == dataset.seq_length ({_VALIDATE})"
+    )
     kept = []
     for e in entries:
-        use = f"use dataset.seq_length={e.value} (or -sl {e.value})"
+        both = f"set dataset.seq_length={e.value} model.seq_length={e.value} together"
         if e.section == "dataset" and e.key == "sequence_length":
             reading.unused[e.written] = e.value
             reading.warnings.append(
                 f"{path}:{e.line}: {e.written}={e.value} does not set the run's length: "
                 f"GPTDatasetConfig.finalize() sets sequence_length from dataset.seq_length "
-                f"({_BRIDGE_AT} {_FINALIZE}); {use}"
+                f"({_BRIDGE_AT} {_FINALIZE}); {both} (or run_recipe.py's -sl {e.value})"
             )
         elif e.section == "model" and e.key == "seq_length" and not dataset_given:
             reading.unused[e.written] = e.value
-            how = (
-                f"run_recipe.py copies dataset.seq_length into it after the overrides "
-                f"({_BRIDGE_AT} {_SYNC})"
-                if run_recipe
-                else f"Megatron-Bridge stops when it differs from dataset.seq_length ({_VALIDATE})"
-            )
             reading.warnings.append(
-                f"{path}:{e.line}: {e.written}={e.value} does not set the run's length: "
-                f"{how}; the recipe's dataset.seq_length runs; {use}"
+                f"{path}:{e.line}: {e.written}={e.value} alone does not set the run's length: "
+                + (
+                    f"{copy}, so the recipe's dataset.seq_length runs (the length read here)"
+                    if run_recipe
+                    else f"{copy}, so the recipe's dataset.seq_length runs there (the length "
+                    f"read here); {stop}"
+                )
+                + f"; {both} (or run_recipe.py's -sl {e.value})"
             )
         else:
+            alone = e.section == "dataset" and e.key == "seq_length" and not model_given
+            if alone and not run_recipe:
+                reading.warnings.append(
+                    f"{path}:{e.line}: {e.written}={e.value} without model.seq_length: "
+                    f"{copy} (the length read here); {stop} (the recipe's model.seq_length "
+                    f"differs unless it is {e.value}); {both}"
+                )
             kept.append(e)
     return kept
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import ConfigError
-from .bridge import ON_RECIPE, UNKNOWN_RECIPE
+from .bridge import ON_RECIPE, UNKNOWN_RECIPE, YAML_ON_RECIPE
 from .reading import Reading
 
 _ENTRY_RE = re.compile(r"(^|_)pretrain_(config|recipe)$|^pretrain_config$|^pretrain_recipe$")
@@ -123,3 +123,28 @@ def select_named(
                 if other.unused.get(ON_RECIPE) == name:  # read, not left to it
                     del other.unused[ON_RECIPE]
     return again
+
+
+def apply_on_the_read_recipe(readings: list[Reading]) -> list[Reading]:
+    """An overrides file that names no recipe (`model.seq_length=8192 ...`, a YAML of
+    overrides) read beside a recipe file applies on top of that recipe, as run_recipe.py
+    applies its overrides to the recipe it loads: what the overrides leave out is the recipe's
+    (read), not "set by an unknown recipe" (then assumed). Returns the readings in the order
+    they apply (merge: the later wins): such overrides given before the recipe move after it."""
+    at = next((i for i, r in enumerate(readings) if getattr(r, "recipe_read", None)), None)
+    if at is None:
+        return list(readings)
+    name = readings[at].recipe_read  # type: ignore[attr-defined]
+    on_it = [i for i, r in enumerate(readings) if r.unused.get(ON_RECIPE) == UNKNOWN_RECIPE]
+    for i in on_it:
+        r = readings[i]
+        del r.unused[ON_RECIPE]
+        r.warnings = [
+            w.replace(YAML_ON_RECIPE, f"a YAML of overrides, applied on top of recipe {name}")
+            for w in r.warnings
+        ]
+    before = [i for i in on_it if i < at]  # given first, applied after the recipe all the same
+    order = [i for i in range(len(readings)) if i not in before]
+    where = order.index(at) + 1
+    order[where:where] = before
+    return [readings[i] for i in order]

@@ -236,7 +236,7 @@ def resolve(
     for index, (reading, what) in recipe_choice.select_named(items, readings, read_input).items():
         readings[index] = reading
         next(d for d in described if d["path"] == items[index])["format"] = what
-    merged = merge(readings)
+    merged = merge(recipe_choice.apply_on_the_read_recipe(readings))
     if model and readings[0].model_name and merged.model_name != readings[0].model_name:
         # --model is the user's explicit choice for the shape: it wins over a file's model
         merged.warnings = [w for w in merged.warnings if not w.startswith("conflict: the model")]

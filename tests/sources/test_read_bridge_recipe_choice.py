@@ -102,7 +102,8 @@ def test_overrides_bridge_resets_do_not_set_the_length_and_say_the_key_to_use(tm
     assert r.get("seq_length") == 4096  # the recipe's cfg.dataset.seq_length (L168)
     assert r.origins["seq_length"].where.endswith("h100/qwen3_moe.py:168")
     said = [w for w in r.warnings if "does not set the run's length" in w]
-    assert len(said) == 2 and all("use dataset.seq_length=8192" in w for w in said)
+    both = "set dataset.seq_length=8192 model.seq_length=8192 together"
+    assert len(said) == 2 and all(both in w for w in said)
     assert any(w.startswith(f"{launch}:1: dataset.sequence_length=8192") for w in said)
     assert any("run_recipe.py copies dataset.seq_length" in w for w in said)
     # the key Bridge reads sets it, and wins over model.seq_length (which is then synced)

@@ -1,0 +1,109 @@
+"""An overrides file read beside a Megatron-Bridge recipe applies on top of that recipe (the
+skill trial on the real Qwen3-30B-A3B 16-GPU H100 recipe), and the sequence-length overrides
+say what Megatron-Bridge does with them. The recipe is the verbatim Megatron-Bridge 067f987
+file (tests/sources/corpus/bridge_checkout/README.md); the overrides are the trial's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recompute_kit.sources.bridge import ON_RECIPE
+from recompute_kit.sources.reading import FROM_ASSUMED, FROM_FILE
+from recompute_kit.sources.resolve import resolve
+
+H100 = (
+    Path(__file__).parent
+    / "corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
+)
+RECIPE = f"{H100}::qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+# The trial's overrides.txt and overrides_8k.txt, verbatim.
+OVERRIDES = (
+    "model.seq_length=8192 model.recompute_granularity=selective "
+    "model.recompute_modules=[moe_act,layernorm] train.micro_batch_size=2\n"
+)
+OVERRIDES_8K = (
+    "model.seq_length=8192 dataset.seq_length=8192 model.recompute_granularity=selective "
+    "model.recompute_modules=[moe_act,layernorm] train.micro_batch_size=2\n"
+)
+
+
+def _read(tmp_path: Path, text: str, first: str = RECIPE):
+    path = tmp_path / "overrides.txt"
+    path.write_text(text)
+    return resolve([first, str(path)], overrides={"data_parallel_size": 16}).reading
+
+
+def test_overrides_after_a_recipe_apply_on_it_with_its_provenance(tmp_path):
+    r = _read(tmp_path, OVERRIDES)
+    assert ON_RECIPE not in r.unused  # was "unknown recipe" although the recipe was read
+    assert not any("unknown recipe" in w for w in r.warnings)
+    assert not any(w.startswith("assumed:") for w in r.warnings)
+    # bf16_mixed() at line 154 is a whole MixedPrecisionConfig: its fp8 is None
+    assert r.get("fp8") is None and r.origins["fp8"].kind == FROM_FILE
+    assert r.origins["fp8"].where.endswith("h100/qwen3_moe.py:154")
+    for key in ("cpu_offloading", "make_vocab_size_divisible_by", "store_param_remainders"):
+        assert r.origins[key].kind != FROM_ASSUMED, key
+        assert "the recipe (" not in r.origins[key].describe(), key
+    # the overrides still win where they speak
+    assert r.get("micro_batch_size") == 2
+    assert r.get("recompute_modules") == ["moe_act", "layernorm"]
+
+
+def test_model_seq_length_alone_says_both_outcomes_and_the_keys_that_set_it(tmp_path):
+    r = _read(tmp_path, OVERRIDES)
+    assert r.get("seq_length") == 4096  # what run_recipe.py runs: the recipe's dataset length
+    said = [w for w in r.warnings if "model.seq_length=8192 alone" in w]
+    assert len(said) == 1
+    w = said[0]
+    # Megatron-Bridge 067f987: run_recipe.py syncs (recipe_runner.py:471-487), other entry
+    # points reach ConfigContainer.validate's assert (training/config.py:1644) and stop
+    assert "sync_model_dataset_sequence_length" in w and "recipe_runner.py:486" in w
+    assert "stops before training at ConfigContainer.validate's assert" in w
+    assert "config.py:1644" in w
+    assert "set dataset.seq_length=8192 model.seq_length=8192 together" in w
+    assert "stops when it differs" not in w  # the old self-contradicting wording
+
+
+def test_both_lengths_set_together_are_the_run_length_without_a_warning(tmp_path):
+    r = _read(tmp_path, OVERRIDES_8K)
+    assert r.get("seq_length") == 8192
+    assert not any("model.seq_length=8192 together" in w for w in r.warnings)
+
+
+def test_dataset_length_alone_outside_run_recipe_warns_of_the_assert(tmp_path):
+    r = _read(tmp_path, "dataset.seq_length=8192 model.recompute_granularity=selective\n")
+    assert r.get("seq_length") == 8192  # run_recipe.py's outcome (it syncs the model)
+    said = [w for w in r.warnings if "without model.seq_length" in w]
+    assert len(said) == 1 and "ConfigContainer.validate's assert" in said[0]
+    assert "set dataset.seq_length=8192 model.seq_length=8192 together" in said[0]
+    # under run_recipe.py the sync makes it whole: nothing to say
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "python scripts/training/run_recipe.py dataset.seq_length=8192 "
+        "model.recompute_granularity=selective\n"
+    )
+    r = resolve([RECIPE, str(launch)], overrides={"data_parallel_size": 16}).reading
+    assert r.get("seq_length") == 8192
+    assert not any("without model.seq_length" in w for w in r.warnings)
+
+
+def test_overrides_given_before_the_recipe_still_apply_on_top_of_it(tmp_path):
+    path = tmp_path / "overrides.txt"
+    path.write_text(OVERRIDES_8K)
+    r = resolve([str(path), RECIPE], overrides={"data_parallel_size": 16}).reading
+    assert ON_RECIPE not in r.unused
+    assert r.get("seq_length") == 8192 and r.get("micro_batch_size") == 2  # not the recipe's
+    assert r.origins["micro_batch_size"].where == f"{path}:1"
+
+
+def test_a_yaml_of_overrides_beside_the_recipe_names_it(tmp_path):
+    path = tmp_path / "overrides.yaml"
+    path.write_text("model:\n  recompute_granularity: selective\ntrain:\n  micro_batch_size: 2\n")
+    r = resolve([RECIPE, str(path)], overrides={"data_parallel_size": 16}).reading
+    assert ON_RECIPE not in r.unused
+    assert not any("not read here" in w for w in r.warnings)
+    assert any(
+        "applied on top of recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config" in w
+        for w in r.warnings
+    )
+    assert r.get("fp8") is None and r.origins["fp8"].kind == FROM_FILE
