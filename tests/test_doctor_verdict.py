@@ -192,6 +192,13 @@ def test_calibrated_confidence_is_rounded_down():
         # https://github.com/NVIDIA-NeMo/Automodel/issues/1927 (a change landed, same config)
         ("After #1904 got merged,  main is running into OOM while running it", "after_update"),
         ("OOM since pulling the latest main", "after_update"),
+        # https://github.com/NVIDIA-NeMo/Automodel/issues/1986
+        (
+            "a legacy issue in the code and silently disabled activation checkpointing even "
+            "if enabled in the config",
+            "recompute_no_effect",
+        ),
+        ("gradient checkpointing is silently skipped for VLMs", "recompute_no_effect"),
         ("pydantic ValidationError: 1 validation error for Config", "validation_error"),
         ("ValidationError: 1 validation error for ConfigContainer", "validation_error"),
         ("the LoRA grads are None after backward", "grads_none"),
