@@ -548,5 +548,6 @@ SOURCES.update(
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
+        "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",
     }
 )

@@ -159,3 +159,11 @@ def test_a_finding_that_explains_the_symptom_keeps_the_reading_away():
 )
 def test_what_is_not_a_stated_symptom(line):
     assert symptoms.stated(line) == []
+
+
+@covers("RK811")
+def test_activation_memory_said_to_grow_with_the_sequence():
+    # https://github.com/pytorch/torchtitan/issues/678 (a planning question at 128k, no OOM):
+    # "the activation value memory increases significantly", "50G of activation value memory"
+    _reading("stated-torchtitan-678-activation-memory", "RK811", "activation_memory")
+    assert symptoms.stated("the activation memory is reduced by checkpointing") == []

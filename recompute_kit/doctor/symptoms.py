@@ -207,6 +207,17 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ("framework_bug",),
         context=(_OOM_OR_SLOW,),
     ),
+    Symptom(  # "the activation memory increases significantly", "50G of activation memory"
+        "activations_grow",
+        re.compile(
+            r"\bactivation(?:s|\s+values?)?(?:'s)?\s+memory\b[^.\n]{0,40}?\b(?:increas\w*|"
+            r"grow\w*|huge|large|big|high|dominat\w*|significant\w*|too\s+much|explod\w*|"
+            r"\d+(?:\.\d+)?\s*G(?:i?B)?\b)|\b\d+(?:\.\d+)?\s*G(?:i?B)?\s+of\s+activation|"
+            r"激活(?:值)?(?:的)?显存[^。\n]{0,12}?(?:增加|很大|太大|占用)",
+            re.I,
+        ),
+        ("activation_memory",),
+    ),
     Symptom(  # "LoRA works, full fine-tuning runs out of memory"
         "full_fails_lora_works",
         re.compile(

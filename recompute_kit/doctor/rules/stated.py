@@ -181,6 +181,22 @@ READINGS = (
         reads_stated="after_update",
     ),
     dict(
+        id="RK811",
+        title="Stated: the activations are what grows",
+        category="activation_memory",
+        symptom="The report says the activation memory is large or grows (with the sequence, "
+        "the batch), with no config or memory figures that size it",
+        cause="Activations scale with tokens per rank (sequence x micro-batch / context "
+        "parallelism) and with what each layer keeps for backward; the model states do not",
+        confirm="recompute-kit estimate --config CFG splits the per-rank peak into activations "
+        "and model states; the same step at half the sequence should free about half of the "
+        "activations",
+        fix="Recompute more (full recompute of some or all layers, or selective mlp / moe_act), "
+        "context parallelism for long sequences, a smaller micro-batch, or activation "
+        "offloading (`plan --levers` prices each)",
+        reads_stated="activations_grow",
+    ),
+    dict(
         id="RK808",
         title="Stated: LoRA fits, full fine-tuning runs out of memory",
         category="model_state_memory",
