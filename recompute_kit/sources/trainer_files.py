@@ -1,0 +1,57 @@
+"""Where a value of a Hugging Face Trainer YAML or DeepSpeed JSON sits (its line, its key path)
+and the typed reading of one value, shared by the trainer readers (hf_trainer.py,
+deepspeed_json.py): a value of the wrong type is one line naming the file and the key."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..config import ConfigError
+from .reading import Origin
+
+
+def _yaml_line(text: str, key: str) -> int | None:
+    match = re.search(rf"^{re.escape(key)}\s*:", text, re.M)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _json_line(text: str, keys: tuple[str, ...]) -> int | None:
+    """Line of the last of `keys`, each searched after the line of the one before."""
+    start = 0
+    for key in keys:
+        match = re.compile(rf'"{re.escape(key)}"\s*:').search(text, start)
+        if not match:
+            return None
+        start = match.end()
+    return text.count("\n", 0, start) + 1
+
+
+class _Src:
+    def __init__(self, text: str, path: str, kind: str) -> None:
+        self.text, self.path, self.kind = text, path, kind
+
+    def origin(self, *keys: str, note: str = "") -> Origin:
+        if self.kind == "json":
+            line = _json_line(self.text, keys)
+            key = ".".join(keys)
+        else:
+            line = _yaml_line(self.text, keys[0])
+            key = keys[0]
+        return Origin("file", f"{self.path}:{line}" if line else self.path, key, note)
+
+
+def _bool(src: _Src, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{src.path}: {key} = {value!r} is not true or false")
+
+
+def _int(src: _Src, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{src.path}: {key} = {value!r} is not an integer >= {minimum}")
+    return value
+
+
+def _auto(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == "auto"
