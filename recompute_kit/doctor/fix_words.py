@@ -31,7 +31,7 @@ def _flag_fields() -> dict[str, tuple[tuple[str, Any], ...]]:
     first, then the fields whose Megatron-LM spelling names the flag too."""
     from ..sources import megatron_lm
     from ..sources.reading import EXTRA_KEYS
-    from .patches import _MCORE_EXTRA
+    from .patch_keys import _MCORE_EXTRA
 
     out: dict[str, list[tuple[str, Any]]] = {}
     for flag, (field, value) in megatron_lm.BOOL_FLAGS.items():
