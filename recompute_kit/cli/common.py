@@ -24,16 +24,6 @@ from ..presets import PRESETS, get_preset
 from ..sources.reading import OVERRIDE_FLAGS
 from ..units import BYTE_MAPS, _integral, integer_bytes
 
-FORMATS = (  # export.FORMATS
-    "megatron-bridge",
-    "megatron-lm",
-    "nemo",
-    "torchtitan",
-    "hf-trainer",
-    "llama-factory",
-)
-
-
 # --------------------------------------------------------------------------------------------
 # Output helpers
 # --------------------------------------------------------------------------------------------

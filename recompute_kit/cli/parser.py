@@ -11,6 +11,7 @@ from ..config import (
     SPEC_HELP,
     ConfigError,
 )
+from ..export import FORMATS
 from ..gpus import GPUS, gpu_names
 from . import common
 from .commands import (
@@ -27,7 +28,6 @@ from .commands import (
     cmd_verify,
 )
 from .common import (
-    FORMATS,
     add_model_args,
     add_override_args,
     positive_float,
