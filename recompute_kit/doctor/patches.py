@@ -444,7 +444,9 @@ def _value_for(
         section = "policy.dtensor_cfg" if dtensor else _NEMO_RL_MEGATRON
         if value is None:
             return {f"{section}.activation_checkpointing": False}
-        if dtensor:
+        if dtensor or value == "full":
+            # full (uniform, one layer) is what activation_checkpointing alone turns on in
+            # every NeMo-RL; recompute_granularity exists from v0.7.0 (NVIDIA-NeMo/RL #2280)
             return {f"{section}.activation_checkpointing": True}
         return {f"{section}.activation_checkpointing": True, target: value}
     if framework == "torchtitan" and key == "recompute_granularity":
