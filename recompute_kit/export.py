@@ -58,6 +58,7 @@ FORMATS = (
     "hf-trainer",
     "llama-factory",
     "automodel",
+    "nemo-rl",
 )
 
 # Each Hugging Face stack's keys, as its source names them:
@@ -482,11 +483,64 @@ def _render_automodel(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     lines = _render_hf_trainer(rc, num_layers)
     on = lines[-1] == "gradient_checkpointing: true"
     notes = [
-        "# NeMo Automodel recipe YAML: distributed.activation_checkpointing wraps every "
-        "decoder layer (true) or none",
+        "# NeMo Automodel recipe YAML (dotted keys: nest each under its section): "
+        "distributed.activation_checkpointing wraps every decoder layer (true) or none",
         *[n.replace("the Trainer", "Automodel") for n in lines[1:-1]],
     ]
-    return [*notes, "distributed:", f"  activation_checkpointing: {str(on).lower()}"]
+    return [*notes, f"distributed.activation_checkpointing: {str(on).lower()}"]
+
+
+def _render_nemo_rl(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """NeMo-RL's Megatron policy: activation_checkpointing turns on full recompute of every
+    layer (uniform, 1: nemo_rl/models/megatron/setup.py); selective recompute by module is
+    recompute_granularity / recompute_modules from v0.7.0 (NVIDIA-NeMo/RL #2280). Its DTensor
+    policy checkpoints whole layers only (dtensor_cfg.activation_checkpointing)."""
+    core = _core(rc)
+    g = core["recompute_granularity"]
+    section = "policy.megatron_cfg"
+    lines = [
+        "# NeMo-RL YAML (dotted keys: nest each under its section; as Hydra overrides: key=value)"
+    ]
+    if g is None:
+        return [*lines, f"{section}.activation_checkpointing: false"]
+    whole = core["recompute_method"] == "uniform" and core["recompute_num_layers"] == 1
+    if g == "full" and not whole:
+        lines += [
+            f"# Approximate: NeMo-RL's full recompute is uniform, 1 layer; {format_spec(rc)} "
+            "has no key (it saves at least as much)"
+        ]
+    lines += _unexported_notes(rc, "NeMo-RL")
+    lines.append(f"{section}.activation_checkpointing: true")
+    if g == "selective":
+        modules = ", ".join(core["recompute_modules"])
+        lines += [
+            f"{section}.recompute_granularity: selective  # NeMo-RL >= 0.7.0",
+            f"{section}.recompute_modules: [{modules}]",
+        ]
+    lines.append(
+        "# DTensor policy instead: policy.dtensor_cfg.activation_checkpointing: true (whole layers)"
+    )
+    return lines
+
+
+# The config snippet a command prints by default: the format of the framework the inputs use
+# (the shared reader's `framework`; a LLaMA-Factory YAML has its own checkpointing key).
+FORMAT_OF_FRAMEWORK = {
+    "megatron-lm": "megatron-lm",
+    "nemo1": "nemo",
+    "torchtitan": "torchtitan",
+    "hf-trainer": "hf-trainer",
+    "automodel": "automodel",
+    "nemo-rl": "nemo-rl",
+}
+
+
+def format_for(framework: str | None, reading_format: str = "") -> str:
+    """The export format of a run the reader read as `framework` (its `format` text tells a
+    LLaMA-Factory YAML from the Trainer's); Megatron-Bridge's where none is known."""
+    if framework == "hf-trainer" and "LLaMA-Factory" in reading_format:
+        return "llama-factory"
+    return FORMAT_OF_FRAMEWORK.get(framework or "", "megatron-bridge")
 
 
 _RENDERERS = {
@@ -497,4 +551,5 @@ _RENDERERS = {
     "hf-trainer": _render_hf_trainer,
     "llama-factory": _render_llama_factory,
     "automodel": _render_automodel,
+    "nemo-rl": _render_nemo_rl,
 }

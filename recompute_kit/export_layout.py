@@ -265,7 +265,34 @@ _AUTOMODEL_KEYS = {
     "context_parallel_size": "distributed.cp_size",
     "expert_model_parallel_size": "distributed.ep_size",
     "micro_batch_size": "step_scheduler.local_batch_size",
+    "sequence_parallel": "distributed.sequence_parallel",
 }
+
+
+# NeMo-RL's keys for the layout (its Megatron policy; examples/configs/*.yaml)
+_NEMO_RL_KEYS = {
+    "tensor_model_parallel_size": "policy.megatron_cfg.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "policy.megatron_cfg.pipeline_model_parallel_size",
+    "context_parallel_size": "policy.megatron_cfg.context_parallel_size",
+    "expert_model_parallel_size": "policy.megatron_cfg.expert_model_parallel_size",
+    "sequence_parallel": "policy.megatron_cfg.sequence_parallel",
+    "micro_batch_size": "policy.train_micro_batch_size",
+    "seq_length": "policy.max_total_sequence_length",
+}
+
+
+def _nemo_rl(changes: dict[str, Any], world: int) -> list[str]:
+    lines, notes = [], []
+    for key, value in changes.items():
+        if key in _NEMO_RL_KEYS:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            lines.append(f"{_NEMO_RL_KEYS[key]}: {shown}")
+        elif key == "data_parallel_size":
+            launcher = f"cluster.num_nodes x cluster.gpus_per_node; DP {value}"
+            notes.append(_world_note(world, launcher))
+        else:
+            notes.append(f"# {key} {value}: no NeMo-RL key")
+    return notes + lines
 
 
 def _automodel(changes: dict[str, Any], world: int) -> list[str]:
@@ -274,7 +301,10 @@ def _automodel(changes: dict[str, Any], world: int) -> list[str]:
         if key in _AUTOMODEL_KEYS:
             lines.append(f"{_AUTOMODEL_KEYS[key]}: {value}")
         elif key == "seq_length":
-            lines.append(f"dataset.seq_length: {value}  # packed_sequence_size when packing")
+            lines.append(
+                f"packed_sequence.packed_sequence_size: {value}  "
+                "# dataset.seq_length if not packing"
+            )
         elif key == "data_parallel_size":
             notes.append(_world_note(world, f"distributed.dp_size or the launcher; DP {value}"))
         else:
@@ -290,4 +320,5 @@ _WRITERS = {
     "hf-trainer": _trainer("hf-trainer"),
     "llama-factory": _trainer("llama-factory"),
     "automodel": _automodel,
+    "nemo-rl": _nemo_rl,
 }

@@ -103,7 +103,7 @@ def test_unknown_format_is_a_one_line_config_error():
         render(parse_spec("none"), "deepspeed")
     assert str(exc.value) == (
         "unknown format 'deepspeed'; choose from megatron-bridge, megatron-lm, nemo, torchtitan, "
-        "hf-trainer, llama-factory, automodel"
+        "hf-trainer, llama-factory, automodel, nemo-rl"
     )
     assert "\n" not in str(exc.value)
 
@@ -414,3 +414,21 @@ def test_plan_for_a_trainer_run_offers_what_the_trainer_can_do():
     )
     cfg = resolve([str(yaml_file)], overrides={"data_parallel_size": 8}).config
     assert [format_spec(rc) for rc, _ in candidates(cfg)] == ["none", "full:uniform:1"]
+
+
+def test_nemo_rl_renders_its_own_keys():
+    # NeMo-RL: activation_checkpointing is full recompute of every layer (uniform, 1:
+    # nemo_rl/models/megatron/setup.py); module-level selective needs v0.7.0 (NVIDIA-NeMo/RL #2280)
+    full = render(parse_spec("full:uniform:1"), "nemo-rl")
+    assert "policy.megatron_cfg.activation_checkpointing: true" in full
+    assert "recompute_granularity" not in full and "Approximate" not in full
+    selective = render(parse_spec("selective:mlp,moe_act"), "nemo-rl")
+    assert "policy.megatron_cfg.recompute_modules: [mlp, moe_act]" in selective
+    assert "NeMo-RL >= 0.7.0" in selective
+    assert "activation_checkpointing: false" in render(parse_spec("none"), "nemo-rl")
+    assert "Approximate" in render(parse_spec("full:block:4"), "nemo-rl")
+
+
+def test_automodel_renders_dotted_keys():
+    out = render(parse_spec("full:uniform:1"), "automodel")
+    assert out.rstrip().endswith("distributed.activation_checkpointing: true")

@@ -380,3 +380,17 @@ def test_plan_json_says_the_total_it_compares_with_the_budget():
     assert best["planned_bytes"] == best["total_bytes"] + best["moe_imbalance_bytes"] + (
         best["dispatcher_buffers_bytes"] + best["gathered_params_bytes"]
     )
+
+
+def test_a_nemo_rl_plan_proposes_only_what_its_keys_say():
+    # NeMo-RL's full recompute is uniform, one layer (activation_checkpointing) and it has no
+    # offloading keys: full:block:N, full:uniform:N>1 and offloading are not candidates
+    cfg = get_preset("llama3-8b").config().replace(
+        seq_length=8192, data_parallel_size=8, use_distributed_optimizer=True
+    )
+    result = plan(cfg, 79.1, fmt="nemo-rl")
+    specs = {c.estimate.recompute for c in result.candidates} | {result.best.estimate.recompute}
+    fulls = {s for s in specs if s.startswith("full")}
+    assert fulls <= {"full:uniform:1"}
+    assert not any(c.offload for c in result.candidates)
+    assert "policy.megatron_cfg" in result.rendered

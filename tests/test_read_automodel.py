@@ -172,7 +172,7 @@ def test_plan_writes_automodels_own_keys(capsys):
     path = str(DATA / "automodel_qwen3_moe_30b_te_packed_sequence.yaml")
     assert main(["plan", "--config", path, "--gpu", "h100-80gb"]) == 0
     out = capsys.readouterr().out
-    assert "distributed:\n  activation_checkpointing: true" in out
+    assert "distributed.activation_checkpointing: true" in out
     assert "recompute_granularity" not in out.split("# recompute-kit:")[1]
     assert main(["plan", "--config", path, "--gpu", "h100-80gb", "--levers", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]

@@ -464,24 +464,15 @@ def layer_span(layers: Sequence[int], word: str = "layers ") -> str:
     return f"{len(layers)} layers ({shown})"
 
 
-# The config snippet `plan` prints by default: the format of the framework the inputs use.
-FORMAT_OF_FRAMEWORK = {
-    "megatron-lm": "megatron-lm",
-    "nemo1": "nemo",
-    "torchtitan": "torchtitan",
-    "hf-trainer": "hf-trainer",
-    "automodel": "automodel",
-}
-
-
 def default_format(args: argparse.Namespace) -> str:
     if args.format:
         return args.format
+    from ..export import format_for
+
     resolved = getattr(args, "resolved", None)
-    framework = resolved.reading.framework if resolved is not None else None
-    if framework == "hf-trainer" and "LLaMA-Factory" in resolved.reading.format:
-        return "llama-factory"  # its own checkpointing key (export.py)
-    return FORMAT_OF_FRAMEWORK.get(framework, "megatron-bridge")
+    if resolved is None:
+        return format_for(None)
+    return format_for(resolved.reading.framework, resolved.reading.format)
 
 
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:

@@ -121,7 +121,7 @@ def plan(
     usable = int(budget * (1 - safety_margin))
     found = []
     excluded: list[tuple[str, str]] = []
-    for rc, offload in candidates(config, version, excluded):
+    for rc, offload in candidates(config, version, excluded, fmt):
         # Candidates bring their own offloading; the setup keeps distribute_saved_activations.
         candidate = as_candidate(config, rc)
         candidate.validate()  # candidates() keeps only what Megatron accepts (normalises it)

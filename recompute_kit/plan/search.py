@@ -78,10 +78,13 @@ def candidates(
     config: Config,
     version: tuple[int, int] | None = None,
     excluded: list[tuple[str, str]] | None = None,
+    fmt: str = "megatron-bridge",
 ) -> list[tuple[RecomputeConfig, str]]:
     """(recompute settings, offload description) for every candidate worth estimating. The
     settings left out because they are broken on Megatron-Core `version` (None: unknown, the
-    strictest) are appended to `excluded` as (spec, why)."""
+    strictest) are appended to `excluded` as (spec, why). `fmt`: the framework the plan is
+    written for (export.FORMATS); NeMo-RL expresses full recompute only as uniform, one layer
+    (activation_checkpointing), and no offloading: only what its keys can say is a candidate."""
     m, p = config.model, config.parallel
     try:
         most = max(chunk_layer_counts(config), default=1)
@@ -103,8 +106,16 @@ def candidates(
             for method in ("uniform", "block")
             for n in range(1, most + 1)
         ]
+    nemo_rl = fmt == "nemo-rl"
+    if nemo_rl:
+        rcs = [
+            rc
+            for rc in rcs
+            if rc.recompute_granularity != "full"
+            or (rc.recompute_method, rc.recompute_num_layers) == ("uniform", 1)
+        ]
     settings = [(rc, "") for rc in rcs]
-    if not titan:  # no activation offloading in torchtitan
+    if not titan and not nemo_rl:  # no activation offloading in torchtitan or NeMo-RL
         layers = m.num_layers // p.pipeline_model_parallel_size
         if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
             for n in sorted({1, layers // 2, layers - 1} - {0}):
