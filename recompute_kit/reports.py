@@ -128,6 +128,7 @@ class Setup:
     config: Config
     name: str
     out_dir: Path
+    gpu_memory_gb: float | None = None  # the OOM notebook's budget (given or read)
 
 
 def _number(name: str, value: Any, positive: bool = True, optional: bool = False) -> None:
@@ -144,11 +145,15 @@ def load_setup(
     config_path: str | list[str] | None,
     out_dir: str,
     runnable: bool = False,
+    example: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Setup:
     """The model (a runnable preset, or the config files / model id through the shared reader)
-    with overrides, and a writable out_dir. What the reader read and assumed is shown.
-    runnable: the model is built and run here, so a named model must be a runnable preset."""
+    with overrides (the parameters given: None is "as the model or the files say"), and a
+    writable out_dir. What the reader read and assumed is shown.
+    runnable: the model is built and run here, so a named model must be a runnable preset.
+    example: the notebook's example sizes, used for the parameters left None only when no
+    config_path is given (never over a config file's values), and said aloud."""
     from .ablation import prepare_out_dir
 
     if (
@@ -168,6 +173,12 @@ def load_setup(
         )
 
     flat = {k: v for k, v in overrides.items() if v is not None}
+    if example and not config_path:
+        filled = {k: v for k, v in example.items() if flat.get(k) is None}
+        flat.update(filled)
+        if filled:
+            said = ", ".join(f"{k} {v}" for k, v in filled.items())
+            show_markdown(f"    example sizes (no config_path given): {said}")
     for key, value in flat.items():
         if key not in ("sequence_parallel", "use_distributed_optimizer"):
             _number(key, value)
@@ -193,6 +204,23 @@ def load_setup(
 # --------------------------------------------------------------------------------------------
 
 
+# The ablation notebook's sizes for a preset (no config_path): recompute's extra forward shows
+# in the timings of a CPU run of about a minute.
+ABLATION_EXAMPLE_SIZES = {"seq_length": 128, "micro_batch_size": 8}
+# The OOM notebook's example (no model, no config_path): Llama-3-8B on the example log's
+# 23.65 GiB GPU (EXAMPLE_OOM_MESSAGE), at this layout.
+EXAMPLE_OOM_MODEL = "llama3-8b"
+EXAMPLE_OOM_LAYOUT = {
+    "seq_length": 8192,
+    "tensor_model_parallel_size": 4,
+    "pipeline_model_parallel_size": 1,
+    "data_parallel_size": 8,
+    "sequence_parallel": True,
+    "use_distributed_optimizer": True,
+}
+EXAMPLE_GPU_GB = 23.65
+
+
 def oom_setup(
     model,
     config_path,
@@ -208,13 +236,20 @@ def oom_setup(
     gpu_memory_gb,
     recompute,
     out_dir,
+    error_log=None,
 ) -> Setup:
-    """Check every parameter of the OOM notebook; one ConfigError naming what is wrong."""
-    _number("gpu_memory_gb", gpu_memory_gb)
+    """Check every parameter of the OOM notebook; one ConfigError naming what is wrong. The
+    parameters left None are what the model or the config files say; with neither a model
+    nor a config_path, the example (EXAMPLE_OOM_MODEL at EXAMPLE_OOM_LAYOUT)."""
+    example = EXAMPLE_OOM_LAYOUT if not model and not config_path else None
+    if example:
+        model = EXAMPLE_OOM_MODEL
+        show_markdown(f"    example run (no model or config_path given): {model}")
     setup = load_setup(
         model,
         config_path,
         out_dir,
+        example=example,
         seq_length=seq_length,
         micro_batch_size=micro_batch_size,
         tensor_model_parallel_size=tp,
@@ -225,6 +260,7 @@ def oom_setup(
         sequence_parallel=sequence_parallel,
         use_distributed_optimizer=distributed_optimizer,
     )
+    setup.gpu_memory_gb = _gpu_memory(gpu_memory_gb, error_log, bool(example))
     if recompute:
         setup.config = setup.config.with_recompute(parse_spec(recompute))
         setup.config.validate()
@@ -232,6 +268,76 @@ def oom_setup(
 
     check_divisible(setup.config)
     return setup
+
+
+def _gpu_memory(gpu_memory_gb, error_log, example: bool) -> float:
+    """The budget: given, else the OOM message's total capacity, else the example's GPU."""
+    if gpu_memory_gb is not None:
+        _number("gpu_memory_gb", gpu_memory_gb)
+        return float(gpu_memory_gb)
+    ooms = read_error_log(error_log).oom
+    total = next((o.total_bytes for o in ooms if o.total_bytes), None)
+    if total:
+        show_markdown(f"    gpu_memory_gb {total / GIB:.2f}: the OOM message's total capacity")
+        return total / GIB
+    if example:
+        return EXAMPLE_GPU_GB
+    raise ConfigError(
+        "gpu_memory_gb is not given and the error log has no OOM message with the GPU's total "
+        "capacity: pass -p gpu_memory_gb X (GiB as the GPU reports it, about 79.1 for an H100)"
+    )
+
+
+def check_device(device: str) -> None:
+    """cpu, cuda or auto, checked with the other parameters (not when the proxy run starts)."""
+    if device not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"unknown device {device!r}; choose cpu, cuda or auto")
+
+
+def oom_evidence(error_log, config_path, setup: Setup, overrides: dict[str, Any]):
+    """The doctor's evidence as `recompute-kit doctor` collects it: the log, and the config
+    files through the shared reader (so patches are written in their framework's keys), with
+    the parameters given as overrides; a preset without files gives its flat config."""
+    from .doctor.evidence import Evidence, collect
+
+    log = read_error_log(error_log)
+    paths = [config_path] if isinstance(config_path, str) else list(config_path or [])
+    if not paths:
+        return log.merge(Evidence(config=config_keys(setup.config)))
+    return log.merge(collect(config=paths, overrides=overrides))
+
+
+def plan_format(evidence) -> str:
+    """The export format of the framework the config files were read as (export.format_for)."""
+    from .export import format_for
+
+    read = evidence.read or {}
+    return format_for(read.get("framework"), read.get("format") or "")
+
+
+def oom_overrides(tp, pp, cp, ep, dp, seq_length, micro_batch_size, sp, dist_opt, recompute):
+    """The OOM notebook's parameters as the Megatron keys a reader override sets (None: not
+    given, the files decide)."""
+    out = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "context_parallel_size": cp,
+        "expert_model_parallel_size": ep,
+        "data_parallel_size": dp,
+        "seq_length": seq_length,
+        "micro_batch_size": micro_batch_size,
+        "sequence_parallel": sp,
+        "use_distributed_optimizer": dist_opt,
+    }
+    if recompute:
+        rc = parse_spec(recompute)
+        out.update(
+            recompute_granularity=rc.recompute_granularity,
+            recompute_method=rc.recompute_method,
+            recompute_num_layers=rc.recompute_num_layers,
+            recompute_modules=rc.recompute_modules,
+        )
+    return {k: v for k, v in out.items() if v is not None or k.startswith("recompute_")}
 
 
 def _is_path(text: str) -> bool:
@@ -327,7 +433,11 @@ def verify_on_proxy(
         except ConfigError:
             continue
     setup = AblationSetup(cfg, preset, valid or ["none"], steps=steps, warmup=1, device=device)
-    return run_ablation(setup, out_dir / f"verify-{preset}", resume=True)
+    rows = run_ablation(setup, out_dir / f"verify-{preset}", resume=True)
+    for r in rows:  # a smoke run: whether it runs, not how fast (the ablation notebook times)
+        if r["result"] in ("faster", "slower", "Perf regression", "within noise"):
+            r["result"] = f"runs ({steps} steps: too few to judge speed)"
+    return rows
 
 
 def write_report(out_dir: Path, report: dict[str, Any], markdown: str) -> None:

@@ -55,16 +55,13 @@ def test_oom_notebook_reads_the_files_users_train_with(tmp_path):
     through the shared reader; the summary of what was read is shown."""
     corpus = Path(__file__).resolve().parent / "sources" / "corpus" / "nemo_rl"
     out_dir = tmp_path / "oom"
+    # only config_path and the budget: no default may be written over the file's values (a
+    # skill trial: the notebook's example layout replaced a torchtitan TOML's seq_len and TP)
     nb = run(
         "oom_diagnosis.ipynb",
         tmp_path,
-        model=None,
         config_path=[str(corpus / "grpo_math_8B_megatron.yaml")],
-        seq_length=None,
-        tp=None,
-        dp=None,
-        sequence_parallel=None,
-        distributed_optimizer=None,
+        gpu_memory_gb=79.1,
         run_verification=False,
         out_dir=str(out_dir),
     )
@@ -74,8 +71,18 @@ def test_oom_notebook_reads_the_files_users_train_with(tmp_path):
         for out in cell.get("outputs", [])
     )
     assert "read: " in shown and "framework nemo-rl" in shown
+    assert "example" not in shown.split("read: ")[0]
     report = json.loads((out_dir / "report.json").read_text())
-    assert report["findings"]
+    assert report["findings"] and report["verdict"]["verdict"]
+    from recompute_kit.sources.resolve import resolve
+
+    read = resolve([str(corpus / "grpo_math_8B_megatron.yaml")]).config
+    for key in ("seq_length", "tensor_model_parallel_size", "sequence_parallel"):
+        assert report["config"][key] == read.to_flat()[key], key
+    # patches in NeMo-RL's keys, the plan rendered in them (never Megatron-Bridge's cfg.model)
+    assert all(f["patch_framework"] in (None, "nemo-rl") for f in report["findings"])
+    rendered = report["plan"].get("rendered", "")
+    assert "cfg.model." not in rendered
 
 
 def test_ablation_notebook_writes_a_report(tmp_path):

@@ -155,12 +155,19 @@ def plan(
         refused = "; ".join(sorted({why for _, why in excluded}))
         raise ConfigError(f"no recompute setting can run this layout: {refused}")
     if not fitting:
-        smallest = min(found, key=lambda c: c.estimate.total_bytes)
-        need = smallest.estimate.total_bytes
+        smallest = min(found, key=lambda c: planned_bytes(c.estimate))
+        need = planned_bytes(smallest.estimate)
+        beside = need - smallest.estimate.total_bytes
+        held = (
+            f" (its total {smallest.estimate.total_bytes / GIB:.1f} GiB and "
+            f"{beside / GIB:.1f} GiB the run holds beside it)"
+            if beside
+            else ""
+        )
         raise NothingFits(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
-            f"{need / GIB:.1f} GiB per rank, {(need - usable) / GIB:.1f} GiB too much; "
+            f"{need / GIB:.1f} GiB per rank{held}, {(need - usable) / GIB:.1f} GiB too much; "
             + _what_else(config),
             smallest,
         )

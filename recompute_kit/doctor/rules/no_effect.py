@@ -356,7 +356,10 @@ def _nemo_null_granularity(ctx: Context) -> Match | None:
 def _layernorm_fused(ctx: Context) -> Match | None:
     if "layernorm" not in ctx.modules or ctx.is_moe or ctx.is_mla:
         return None
-    impl = str(ctx.cfg.get("transformer_impl") or "transformer_engine")
+    # the reader's whole config (its framework's defaults too: torchtitan and Hugging Face
+    # models run torch modules), else Megatron-Core's default, Transformer Engine
+    read = ctx.config.model.transformer_impl if ctx.config is not None else None
+    impl = str(ctx.cfg.get("transformer_impl") or read or "transformer_engine")
     if impl != "transformer_engine":
         return None
     # only the modules Megatron knows: a pasted prose line can run on after the flag
