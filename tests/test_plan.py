@@ -394,3 +394,31 @@ def test_a_nemo_rl_plan_proposes_only_what_its_keys_say():
     assert fulls <= {"full:uniform:1"}
     assert not any(c.offload for c in result.candidates)
     assert "policy.megatron_cfg" in result.rendered
+
+
+def test_the_steps_cost_is_the_slowest_stages():
+    # a skill trial (DeepSeek-V3, PP16 with three dense layers on the first stage): the plan
+    # ranked by the binding stage's recompute share (6.6%) while the all-MoE stages, which set
+    # the step, paid 19.3%; the step's cost is the slowest stage's
+    from recompute_kit.plan import step_cost
+
+    cfg = get_preset("deepseek-v3").config()
+    cfg = cfg.replace(
+        seq_length=8192,
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        pipeline_model_parallel_size=16,
+        num_layers_in_first_pipeline_stage=4,  # 3 dense + 1 MoE; 14 x 4 MoE; 1 last
+        num_layers_in_last_pipeline_stage=1,
+        expert_model_parallel_size=64,
+        data_parallel_size=32,
+        use_distributed_optimizer=True,
+    )
+    result = plan(cfg, 79.1)
+    clearing = [c for c in result.candidates if c.fits and c.clears_band and not c.offload]
+    assert result.best.step_cost == min(c.step_cost for c in clearing)
+    for c in clearing:
+        assert c.step_cost == pytest.approx(step_cost(cfg.with_recompute(c.recompute)))
+    # somewhere the binding stage's share and the step's differ: the plan says the step's
+    assert any(abs(c.step_cost - c.estimate.recompute_flops_fraction) > 0.01 for c in clearing)
+    assert f"adds {result.best.step_cost:.1%} to the step's FLOPs" in result.explanation

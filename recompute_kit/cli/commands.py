@@ -535,7 +535,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     in_unit(c.estimate.peak_activation_bytes, scale, 2),
                     in_unit(c.headroom_bytes, scale, 2),
                     in_unit(c.band.total_bytes, scale, 2) if c.band else "-",
-                    f"{100 * c.estimate.recompute_flops_fraction:.2f}",
+                    f"{100 * c.step_cost:.2f}",
                 )
                 for c in shown
             ],

@@ -37,6 +37,10 @@ class Candidate:
     offload: str  # "" or a short description of the offloading it adds
     band: Band | None = None  # the estimate's error band on this path
     usable_bytes: int = 0
+    # the step's recompute cost: with pipeline parallelism the slowest stage sets the step, so
+    # the extra executed FLOPs of the slowest stage over the slowest without recompute
+    # (`step_recompute_fraction`); the estimate's own fraction is its binding stage's
+    step_cost: float = 0.0
 
     @property
     def headroom_bytes(self) -> int:
@@ -56,6 +60,7 @@ class Candidate:
             # what is compared with the budget: total_bytes and the terms beside it (MoE
             # imbalance, dispatcher buffers, gathered parameters: margins.planned_bytes)
             "planned_bytes": planned_bytes(self.estimate),
+            "step_recompute_flops_fraction": self.step_cost,
             "headroom_bytes": self.headroom_bytes,
             "error_band_bytes": self.band.total_bytes if self.band else None,
             "clears_error_band": self.clears_band,
@@ -134,6 +139,7 @@ def plan(
                 offload,
                 error_band(candidate, est),
                 usable,
+                est.recompute_flops_fraction if stage is not None else step_cost(candidate),
             )
         )
     fitting = sorted(
@@ -143,7 +149,7 @@ def plan(
         key=lambda c: (
             bool(c.offload),
             not c.clears_band,
-            c.estimate.recompute_flops_fraction,
+            c.step_cost,
             _units(c.recompute),
             c.estimate.total_bytes,
         ),
@@ -206,8 +212,7 @@ def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict
         if c is not best
         and not c.offload
         and c.clears_band
-        and abs(c.estimate.recompute_flops_fraction - best.estimate.recompute_flops_fraction)
-        < TIE_FLOPS
+        and abs(c.step_cost - best.step_cost) < TIE_FLOPS
     ]
     # the most different in memory first: those are the choices worth a word
     near.sort(key=lambda c: c.estimate.total_bytes)
@@ -215,6 +220,7 @@ def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict
         {
             "recompute": c.estimate.recompute,
             "recompute_flops_fraction": c.estimate.recompute_flops_fraction,
+            "step_recompute_flops_fraction": c.step_cost,
             "total_bytes": c.estimate.total_bytes,
             "headroom_bytes": c.headroom_bytes,
             "reason": tie_reason(
@@ -223,10 +229,23 @@ def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict
                 c.estimate.recompute,
                 c.estimate,
                 best.band.total_bytes,
+                c.step_cost - best.step_cost,
             ),
         }
         for c in near[:most]
     ]
+
+
+def step_cost(config: Config) -> float:
+    """Recompute's extra executed FLOPs of the step: the slowest pipeline stage with
+    recompute over the slowest without (the step waits for the slowest stage)."""
+    from ..memory.flops import recompute_flops, step_flops
+
+    stages = range(config.parallel.pipeline_model_parallel_size)
+    base = [step_flops(config, s, executed=True) for s in stages]
+    extra = [recompute_flops(config, s, executed=True) for s in stages]
+    slowest = max(base)
+    return max(b + x for b, x in zip(base, extra, strict=True)) / slowest - 1 if slowest else 0.0
 
 
 def _units(rc: RecomputeConfig) -> int:
@@ -347,7 +366,14 @@ def explain(
             f"which {state}."
         )
     parts.append(
-        f"Recomputation adds {e.recompute_flops_fraction:.1%} to the step's FLOPs"
+        f"Recomputation adds {best.step_cost:.1%} to the step's FLOPs"
+        + (
+            f" (the slowest pipeline stage's; {e.recompute_flops_fraction:.1%} on the binding "
+            f"stage {e.stage})"
+            if len(e.stage_total_bytes) > 1
+            and abs(best.step_cost - e.recompute_flops_fraction) >= 5e-4
+            else ""
+        )
         + (
             "; offloading is chosen only because no recompute-only setting fits."
             if best.offload
@@ -359,9 +385,7 @@ def explain(
     cheaper = [
         c
         for c in found
-        if not c.offload
-        and c.estimate.recompute_flops_fraction < e.recompute_flops_fraction
-        and not (c.fits and c.clears_band)
+        if not c.offload and c.step_cost < best.step_cost and not (c.fits and c.clears_band)
     ]
     if cheaper:
         miss = min(cheaper, key=lambda c: c.estimate.total_bytes)

@@ -115,11 +115,15 @@ def error_band(config: Config, est: Estimate) -> Band:
     )
 
 
-def tie_reason(best_name: str, best, other_name: str, other, band_bytes: int) -> str:
+def tie_reason(
+    best_name: str, best, other_name: str, other, band_bytes: int, dflops: float | None = None
+) -> str:
     """Why to pick `best` over a near-tie `other`, or `other` over `best`. `best` and `other`
-    are Estimates; `band_bytes` the best's error band."""
+    are Estimates; `band_bytes` the best's error band; `dflops` the difference of the step's
+    recompute cost (else of the estimates' own stages)."""
     gib = 2**30
-    dflops = other.recompute_flops_fraction - best.recompute_flops_fraction
+    if dflops is None:
+        dflops = other.recompute_flops_fraction - best.recompute_flops_fraction
     room = best.total_bytes - other.total_bytes  # > 0: other leaves more headroom
     cost = (
         f"{dflops:+.2%} of the step's FLOPs"

@@ -55,7 +55,10 @@ def row(c: dict) -> dict:
         "weights_gib": gib(c["weights_bytes"]),
         "grads_gib": gib(c["grads_bytes"]),
         "optimizer_gib": gib(c["optimizer_bytes"]),
-        "recompute_flops_pct": round(100 * c["recompute_flops_fraction"], 2),
+        # the step's cost (the slowest pipeline stage's), else the binding stage's
+        "recompute_flops_pct": round(
+            100 * c.get("step_recompute_flops_fraction", c["recompute_flops_fraction"]), 2
+        ),
         "headroom_gib": gib(c.get("headroom_bytes")),
         "error_band_gib": gib(c.get("error_band_bytes")),
         "clears_error_band": c.get("clears_error_band"),
