@@ -710,9 +710,16 @@ def _nearest(model_id: str) -> str:
     ids = [i for i, _ in list_models()]
     # another release of a registered model: Qwen/Qwen3-4B-Instruct-2507 -> Qwen/Qwen3-4B
     releases = [i for i in ids if model_id.lower().startswith(i.lower() + "-")]
-    close = releases or difflib.get_close_matches(model_id, ids, n=1, cutoff=0.8)
+    # never another size: Llama-3.3-70B is nearer Meta-Llama-3.1-70B than Llama-3.2-1B
+    size = set(_SIZE_RE.findall(model_id.lower()))
+    same = [i for i in ids if not size or size & set(_SIZE_RE.findall(i.lower()))]
+    close = releases or difflib.get_close_matches(model_id, same, n=1, cutoff=0.6 if size else 0.8)
     best = max(close, key=len) if close else None
     return f", or --model {best} if it has the same architecture" if best else ""
+
+
+# a model size in an id: 70b, 1.5b, 8x7b, a3b (active parameters), 350m
+_SIZE_RE = re.compile(r"(?<![a-z0-9.])(?:\d+x)?\d+(?:\.\d+)?[bm](?![a-z0-9])")
 
 
 def read_model_id(model_id: str) -> Reading:

@@ -351,7 +351,7 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     if not missing:
         return
     names = ", ".join(d["path"] for d in described)
-    keys = ", ".join(_key_for(framework, k) for k in missing)
+    keys = ", ".join(dict.fromkeys(_key_for(framework, k) for k in missing))  # once each
     if reading.model_name:
         raise ConfigError(
             f"{names}: no model shape: the model {reading.model_name} is not in the registry "

@@ -251,3 +251,12 @@ def test_model_id_without_a_network_is_said_at_once(monkeypatch):
     with pytest.raises(ConfigError, match="no network"):
         hf_config.read_model_id("someone/not-cached")
     assert calls == [True]  # the cache only: never the Hub
+
+
+def test_the_nearest_registered_model_is_never_another_size():
+    # a skill trial: Llama-3.3-70B-Instruct was offered Llama-3.2-1B-Instruct "if it has the
+    # same architecture"; the registry's 70B is the one to name, and none where no size matches
+    said = hf_config._nearest("meta-llama/Llama-3.3-70B-Instruct")
+    assert "70B" in said and "1B" not in said
+    assert "Qwen/Qwen3-4B " in hf_config._nearest("Qwen/Qwen3-4B-Instruct-2507") + " "
+    assert hf_config._nearest("google/gemma-4-31B-it") == ""
