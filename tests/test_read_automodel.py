@@ -108,7 +108,7 @@ def test_llama70b_pipeline_microbatch_packed_sequence_and_te_fused_adam():
     # bf16 storage, but TE FusedAdam master_weights keeps fp32 master and Adam states
     assert r.get("param_precision") == "fp32_master"
     assert r.get("store_param_remainders") is True and r.get("exp_avg_dtype") == "fp32"
-    assert any("interleaved1f1b" in w for w in r.warnings)
+    assert r.unused["distributed.pipeline.pp_schedule"] == "interleaved1f1b"  # VPP: see below
 
 
 def test_selective_ddp_and_a_bad_value(tmp_path: Path):
@@ -179,3 +179,18 @@ def test_plan_writes_automodels_own_keys(capsys):
     settings = {r["setting"] for r in rows}
     assert "step_scheduler.local_batch_size=1" in settings
     assert not any("zero_optimization" in s or "fsdp:" in s for s in settings)
+
+
+def test_an_interleaved_schedule_gets_its_virtual_stages():
+    # NVIDIA-NeMo/Automodel llama_3_3_70b_instruct_squad.yaml: interleaved1f1b, layers_per_stage
+    # 4, pp_size 2: ceil(80 / 4) = 20 stages, 10 per rank (calculate_virtual_stages); the shape
+    # from the registry's Llama-3.1-70B (Llama-3.3-70B has the same architecture)
+    from recompute_kit.sources.resolve import resolve
+
+    r = resolve(
+        [str(DATA / "automodel_llama_3_3_70b_instruct_squad.yaml")],
+        model="meta-llama/Meta-Llama-3.1-70B",
+        overrides={"data_parallel_size": 2},
+    )
+    assert r.config.parallel.virtual_pipeline_model_parallel_size == 10
+    assert r.reading.origins["virtual_pipeline_model_parallel_size"].kind == "derived"

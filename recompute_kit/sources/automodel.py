@@ -209,12 +209,10 @@ def _read_distributed(fv: FileValues) -> int:
             )
         else:
             schedule = fv.get(d, "pipeline", "pp_schedule")
-            if isinstance(schedule, str) and "interleaved" in schedule.lower():
-                reading.warnings.append(
-                    f"{fv.where((d, 'pipeline', 'pp_schedule'))}: pipeline schedule "
-                    f"{schedule!r} puts several stages on each rank; the virtual-pipeline size "
-                    "is not derived from the YAML"
-                )
+            if isinstance(schedule, str) and _MULTI_STAGE.search(schedule):
+                # the virtual stages follow from the model's layer count, known only once the
+                # model's shape is read: apply_defaults derives them (`_virtual_stages`)
+                reading.unused["distributed.pipeline.pp_schedule"] = schedule
     _read_activation_checkpointing(fv, name)
     return pp
 
@@ -399,6 +397,49 @@ def _read_loss(fv: FileValues) -> None:
 # -- defaults --------------------------------------------------------------------------------
 
 
+# Schedules that put several stages on each pipeline rank (torch.distributed.pipelining's
+# interleaved, looped and zero-bubble schedules); 1F1B and GPipe put one.
+_MULTI_STAGE = re.compile(r"interleaved|looped|zero_?bubble|zbv", re.I)
+PIPELINING = "nemo_automodel/components/distributed/pipelining/functional.py"
+
+
+def _virtual_stages(reading: Reading) -> None:
+    """A multi-stage schedule's stages per rank (Automodel's calculate_virtual_stages):
+    ceil(layers / layers_per_stage) stages, rounded to a multiple of pp_size as
+    round_virtual_stages_to_pp_multiple says (else Automodel refuses), over pp_size ranks."""
+    schedule = reading.unused.get("distributed.pipeline.pp_schedule")
+    per = reading.unused.get("distributed.pipeline.layers_per_stage")
+    layers, pp = reading.get("num_layers"), reading.get("pipeline_model_parallel_size") or 1
+    if not schedule or "virtual_pipeline_model_parallel_size" in reading:
+        return
+    if not isinstance(per, int) or per < 1 or not layers:
+        reading.warnings.append(
+            f"distributed.pipeline.pp_schedule {schedule!r} puts several stages on each rank; "
+            "without distributed.pipeline.layers_per_stage (or the model's layer count) the "
+            "virtual-pipeline size is not derived"
+        )
+        return
+    stages = -(-layers // per)
+    rounding = reading.unused.get("distributed.pipeline.round_virtual_stages_to_pp_multiple")
+    if stages % pp:
+        if rounding == "up":
+            stages += pp - stages % pp
+        elif rounding == "down":
+            stages -= stages % pp
+        else:
+            reading.warnings.append(
+                f"{layers} layers / layers_per_stage {per} = {stages} stages, not a multiple "
+                f"of pp_size {pp}: Automodel refuses it ({PIPELINING} calculate_virtual_stages)"
+            )
+            return
+    reading.derive(
+        "virtual_pipeline_model_parallel_size",
+        stages // pp,
+        f"{schedule}: ceil({layers} layers / layers_per_stage {per}) = {stages} stages over "
+        f"pp_size {pp} ({PIPELINING} calculate_virtual_stages)",
+    )
+
+
 def apply_defaults(reading: Reading) -> None:
     """Automodel's defaults for what the YAML leaves out, each with the file that sets it."""
     d = reading.default
@@ -409,6 +450,8 @@ def apply_defaults(reading: Reading) -> None:
         d(key, 1, dist)
     if (reading.get("pipeline_model_parallel_size") or 1) == 1:
         d("virtual_pipeline_model_parallel_size", None, dist, "no pipeline")
+    else:
+        _virtual_stages(reading)
     d("micro_batch_size", 1, f"Automodel's default ({TRAIN_FT})", "step_scheduler.local_batch_size")
     d("zero_stage", 3, strategy, "FSDP2 fully_shard: parameters, gradients, optimizer sharded")
     if reading.get("zero_stage") == 3 and not reading.get("use_megatron_fsdp"):
