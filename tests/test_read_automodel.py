@@ -175,10 +175,14 @@ def test_plan_writes_automodels_own_keys(capsys):
     assert "distributed.activation_checkpointing: true" in out
     assert "recompute_granularity" not in out.split("# recompute-kit:")[1]
     assert main(["plan", "--config", path, "--gpu", "h100-80gb", "--levers", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
-    settings = {r["setting"] for r in rows}
-    assert "step_scheduler.local_batch_size=1" in settings
+    table = json.loads(capsys.readouterr().out)["levers"]
+    settings = {r["setting"] for r in table["rows"]}
+    # Automodel's layouts are tried (it has CP / PP), never the Trainer's ZeRO / FSDP keys
+    assert any(
+        s.startswith("cp x pp") for s in {r["lever"] + " " + r["setting"] for r in table["rows"]}
+    )
     assert not any("zero_optimization" in s or "fsdp:" in s for s in settings)
+    assert any("NeMo Automodel run" in n for n in table["notes"])
 
 
 def test_an_interleaved_schedule_gets_its_virtual_stages():

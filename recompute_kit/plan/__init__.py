@@ -268,10 +268,15 @@ def _what_else(config: Config) -> str:
         parts = []
         if p.zero_stage < 3:
             parts.append("shard the model states (DeepSpeed ZeRO-3 / FSDP)")
-        if not p.optimizer_offload:
-            parts.append("offload the optimizer states to the CPU (offload_optimizer)")
-        elif p.zero_stage >= 3 and not p.param_offload:
-            parts.append("offload the parameters to the CPU (offload_param)")
+        if p.use_torch_fsdp2 and not p.param_offload:  # FSDP2 offloads all states at once
+            parts.append(
+                "offload the model states to the CPU (FSDP2's CPUOffloadPolicy: Automodel "
+                "distributed.offload_policy)"
+            )
+        elif not p.use_torch_fsdp2 and not p.optimizer_offload:
+            parts.append("offload the optimizer states to the CPU (DeepSpeed offload_optimizer)")
+        elif not p.use_torch_fsdp2 and p.zero_stage >= 3 and not p.param_offload:
+            parts.append("offload the parameters to the CPU (DeepSpeed offload_param)")
         if batch_left:
             parts.append("lower per_device_train_batch_size (raising gradient_accumulation_steps)")
         parts.append("shorten the sequence length")

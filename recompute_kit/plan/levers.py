@@ -288,17 +288,19 @@ def levers(
             f"the run as given is not a valid layout for a global batch of {global_batch_size}"
         )
     rows: list[Lever | None] = [current]
-    if is_trainer_run(config):
+    # NeMo Automodel runs Hugging Face models with Megatron-like parallelism: the layout levers
+    automodel = trainer_format == "automodel"
+    if automodel:
+        notes.append(
+            "a NeMo Automodel run: the layouts are distributed.cp_size / pp_size (dp_size "
+            "follows), the micro-batch step_scheduler.local_batch_size "
+            "(distributed.pipeline.pp_microbatch_size under PP); no activation offloading"
+        )
+    if is_trainer_run(config) and not automodel:
         from ..export import TRAINER_KEYS
 
         keys = TRAINER_KEYS.get(trainer_format, TRAINER_KEYS["hf-trainer"])
         rows += _trainer_rows(config, args, keys, sharding_backend)
-        if trainer_format == "automodel":
-            notes.append(
-                "a NeMo Automodel run: its levers here are checkpointing and the micro-batch; "
-                "its distributed.tp_size / cp_size / pp_size / ep_size are not tried"
-            )
-            return _ranked(rows, current, hw, global_batch_size, usable, notes)
         notes.append(
             "a Hugging Face Trainer run: no tensor, pipeline or context parallelism and no "
             "distributed optimizer there; its levers are checkpointing, the micro-batch, "
@@ -342,7 +344,7 @@ def levers(
         if b != m.micro_batch_size and (current.fits or b < m.micro_batch_size):
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", f"micro_batch_size={b}", c, *args))
-    for rc, offload in candidates(config):
+    for rc, offload in candidates(config) if not automodel else ():
         if offload:
             c = Config(m, p, dataclasses.replace(rc), config.assumptions)
             row = _evaluate(
