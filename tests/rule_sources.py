@@ -549,5 +549,6 @@ SOURCES.update(
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
         "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",
+        "nemo-rl-2702-colocated-oom-at-setup": "https://github.com/NVIDIA-NeMo/RL/issues/2702",
     }
 )

@@ -4,9 +4,12 @@ comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rule_helpers import (
     cites,
     covers,
+    get,
     ids,
     run,
     text,
@@ -162,3 +165,25 @@ def test_rk100_vllm_cumem_oom():
     assert d.evidence.oom and d.evidence.oom[0].generation == "cuda_error"
     f = top(d)
     assert f.rule == "RK100" and "gpu_memory_utilization" in f.config_patch
+
+
+@covers("RK100")
+def test_rk100_nemo_rl_config_colocates_vllm_and_the_oom_is_at_setup():
+    # https://github.com/NVIDIA-NeMo/RL/issues/2702 (the reporter's log, cut where the thread
+    # is) with the config it names, examples/configs/grpo_math_1B_megatron.yaml and its
+    # defaults: parent grpo_math_1B.yaml (colocated vLLM, gpu_memory_utilization 0.6): the
+    # engine shares the GPU; the OOM is in setup, where checkpointing saves nothing
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    data = Path(__file__).parent / "data" / "rules" / "nemo-rl-2702-colocated-oom-at-setup.txt"
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo_rl"
+    evidence = collect(logs=[str(data)], config=str(corpus / "grpo_math_1B_megatron.yaml"))
+    d = diagnose(evidence, None)
+    assert "RK100" in ids(d)
+    f = get(d, "RK100")
+    assert "policy.generation.colocated.enabled" in f.evidence
+    assert set(f.patch_keys or f.config_patch) == {
+        "policy.generation.vllm_cfg.gpu_memory_utilization"
+    }
+    assert "RK014" not in ids(d)  # activation checkpointing cannot help before a step

@@ -347,6 +347,11 @@ def read(
             f"cluster.gpus_per_node {gpus or 1} x cluster.num_nodes {nodes or 1}",
         )
     colocated = fv.raw((p, "generation", "colocated", "enabled"))
+    if isinstance(colocated, bool):
+        fv.take("inference_colocated", (p, "generation", "colocated", "enabled"), bool)
+    if fv.get(p, "generation", "backend") in (None, "vllm"):
+        util = (p, "generation", "vllm_cfg", "gpu_memory_utilization")
+        fv.take("inference_gpu_memory_utilization", util, (float, int))
     if colocated is False:
         reading.warnings.append(
             f"{fv.where((p, 'generation', 'colocated', 'enabled'))}: generation is not colocated: "

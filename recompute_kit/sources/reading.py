@@ -25,6 +25,10 @@ EXTRA_KEYS = (
     "use_megatron_fsdp",
     "mtp_num_layers",
     "megatron_core_version",
+    # an inference engine sharing the trainer's GPUs (NeMo-RL's colocated vLLM generation):
+    # whether it is colocated and the GPU memory share it sizes its KV cache from
+    "inference_colocated",
+    "inference_gpu_memory_utilization",
 )
 KNOWN_KEYS = frozenset(CONFIG_KEYS) | frozenset(EXTRA_KEYS)
 

@@ -14,6 +14,7 @@ from .lever_patch import lever_patch
 from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
+    before_first_step,
     candidate_spec,
     fact,
     gib,
@@ -358,8 +359,8 @@ OFF_KEYS = (
     supersedes=("RK005",),
 )
 def _checkpointing_off(ctx: Context) -> Match | None:
-    if not (ctx.oom or oom_errors(ctx)):
-        return None
+    if not (ctx.oom or oom_errors(ctx)) or before_first_step(ctx):
+        return None  # (at setup there are no activations for checkpointing to save)
     for key, value in ctx.cfg.items():
         name = key.rsplit(".", 1)[-1]
         # a switch that turns it off by its own name (LLaMA-Factory's

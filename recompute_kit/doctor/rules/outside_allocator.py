@@ -109,11 +109,14 @@ def _inference_engine(ctx: Context) -> Match | None:
         [ctx.text, ctx.oom.line if ctx.oom else "", " ".join(map(str, ctx.cfg))]
     ).lower()
     hit = next((w for w in INFERENCE_WORDS if w in text), None)
+    read = ctx.cfg.get("inference_colocated")  # the config says so (NeMo-RL generation)
+    if read is True and hit is None:
+        hit = "vllm"
     if hit is None or not (ctx.oom or oom_errors(ctx) or "still in use" in text):
         return None
-    if hit in ("vllm", "sglang") and not _colocated(ctx, text):
+    if read is False or (hit in ("vllm", "sglang") and not read and not _colocated(ctx, text)):
         return None  # an engine on GPUs of its own (vllm_num_engines), not the trainer's
-    util = ctx.cfg.get("gpu_memory_utilization")
+    util = ctx.cfg.get("gpu_memory_utilization") or ctx.cfg.get("inference_gpu_memory_utilization")
     oom = ctx.oom
     if isinstance(util, float) and oom and oom.requested_bytes and oom.total_bytes:
         step = max(0.05, round(oom.requested_bytes / oom.total_bytes + 0.05, 2))
@@ -124,11 +127,15 @@ def _inference_engine(ctx: Context) -> Match | None:
         )
     else:
         patch, numbers = {"gpu_memory_utilization": 0.4}, ""
-    return Match(
-        0.8,
-        f"The evidence names an inference engine sharing the GPU ('{hit}').{numbers}",
-        config_patch=patch,
+    if read is not None:  # NeMo-RL's own key for the share
+        patch = {"policy.generation.vllm_cfg.gpu_memory_utilization": patch.popitem()[1]}
+    where = (
+        f"The config colocates vLLM generation with training (policy.generation.colocated."
+        f"enabled{f', gpu_memory_utilization {util}' if util else ''})"
+        if read
+        else f"The evidence names an inference engine sharing the GPU ('{hit}')"
     )
+    return Match(0.8, f"{where}.{numbers}", config_patch=patch)
 
 
 def _colocated(ctx: Context, text: str) -> bool:

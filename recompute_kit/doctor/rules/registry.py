@@ -210,6 +210,28 @@ def all_frames(ctx: Context) -> str:
     return " ".join(where_raised(e) for e in ctx.evidence.errors)
 
 
+# Frames of a run that has not reached its first step (model construction, loading,
+# conversion, a framework's setup) and frames of the step itself.
+_SETUP_FRAME = re.compile(
+    r" in (?:setup\w*|__init__|build_\w*|get_model|from_pretrained|load_\w*|convert\w*|"
+    r"import_\w*|initiali[sz]e\w*|init_\w*|model_provider|provide)\b"
+)
+_STEP_FRAME = re.compile(
+    r" in (?:forward\w*|backward|_?train\w*|step|_inner_training_loop|run_backward|"
+    r"\w*loss\w*|checkpoint\w*)\b"
+)
+
+
+def before_first_step(ctx: Context) -> bool:
+    """The failure comes before training's first step: no iteration line, and the frames
+    are a framework's setup (model construction, loading, conversion), none of a step's
+    forward or backward. Activations do not exist yet."""
+    if ctx.evidence.iterations:
+        return False
+    frames = all_frames(ctx)
+    return bool(_SETUP_FRAME.search(frames)) and not _STEP_FRAME.search(frames)
+
+
 _MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
 
 
