@@ -187,3 +187,19 @@ def test_rk100_nemo_rl_config_colocates_vllm_and_the_oom_is_at_setup():
         "policy.generation.vllm_cfg.gpu_memory_utilization"
     }
     assert "RK014" not in ids(d)  # activation checkpointing cannot help before a step
+
+
+def test_nemo_rl_environment_patches_go_to_the_policys_env_vars():
+    # NeMo-RL's workers take env vars from policy.megatron_cfg.env_vars (its
+    # docs/design-docs/env-vars.md); a bare environment variable would reach the colocated
+    # vLLM workers too, whose memory pool refuses expandable_segments (NVIDIA-NeMo/RL#2319)
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    data = Path(__file__).parent / "data" / "rules" / "nemo-rl-2702-colocated-oom-at-setup.txt"
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo_rl"
+    d = diagnose(collect(logs=[str(data)], config=str(corpus / "grpo_math_1B_megatron.yaml")), None)
+    env = [f.patch_keys for f in d.findings if f.patch_keys and "env" in str(f.patch_keys)]
+    assert env and all(
+        set(p) == {"policy.megatron_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"} for p in env
+    )

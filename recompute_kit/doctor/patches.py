@@ -340,6 +340,13 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
     """The patch in `framework`'s own keys (actions kept as they are)."""
     out: dict[str, Any] = {}
     for key, value in list(patch.items()):
+        if framework == "nemo-rl" and key == "env" and isinstance(value, dict):
+            # NeMo-RL's Ray workers take their environment from the policy's env_vars
+            # (docs/design-docs/env-vars.md): only the policy workers get it, never the
+            # colocated vLLM workers, whose memory pool refuses expandable_segments
+            section = "policy.dtensor_cfg" if _dtensor(ctx) else _NEMO_RL_MEGATRON
+            out.update({f"{section}.env_vars.{name}": v for name, v in value.items()})
+            continue
         if not is_mcore(key):
             out[key] = value  # an action, or a key of this framework's own
             continue
