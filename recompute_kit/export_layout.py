@@ -258,58 +258,56 @@ def _trainer(fmt: str):
     return write
 
 
+def _keyed(framework: str, keys: dict[str, str], launcher: str, comments: dict[str, str]):
+    """A writer of dotted `key: value` lines in a framework's keys (`keys`: Megatron name ->
+    the framework's key), `comments` after some of them, the world said through `launcher`."""
+
+    def write(changes: dict[str, Any], world: int) -> list[str]:
+        lines, notes = [], []
+        for key, value in changes.items():
+            if key in keys:
+                shown = str(value).lower() if isinstance(value, bool) else value
+                comment = f"  # {comments[key]}" if key in comments else ""
+                lines.append(f"{keys[key]}: {shown}{comment}")
+            elif key == "data_parallel_size":
+                notes.append(_world_note(world, f"{launcher}; DP {value}"))
+            else:
+                notes.append(f"# {key} {value}: no {framework} key")
+        return notes + lines
+
+    return write
+
+
 # NeMo Automodel's keys for the layout (recipes/_dist_utils.py, recipes/llm/train_ft.py)
-_AUTOMODEL_KEYS = {
-    "tensor_model_parallel_size": "distributed.tp_size",
-    "pipeline_model_parallel_size": "distributed.pp_size",
-    "context_parallel_size": "distributed.cp_size",
-    "expert_model_parallel_size": "distributed.ep_size",
-    "micro_batch_size": "step_scheduler.local_batch_size",
-    "sequence_parallel": "distributed.sequence_parallel",
-}
-
-
+_automodel = _keyed(
+    "Automodel",
+    {
+        "tensor_model_parallel_size": "distributed.tp_size",
+        "pipeline_model_parallel_size": "distributed.pp_size",
+        "context_parallel_size": "distributed.cp_size",
+        "expert_model_parallel_size": "distributed.ep_size",
+        "micro_batch_size": "step_scheduler.local_batch_size",
+        "sequence_parallel": "distributed.sequence_parallel",
+        "seq_length": "packed_sequence.packed_sequence_size",
+    },
+    "distributed.dp_size or the launcher",
+    {"seq_length": "dataset.seq_length if not packing"},
+)
 # NeMo-RL's keys for the layout (its Megatron policy; examples/configs/*.yaml)
-_NEMO_RL_KEYS = {
-    "tensor_model_parallel_size": "policy.megatron_cfg.tensor_model_parallel_size",
-    "pipeline_model_parallel_size": "policy.megatron_cfg.pipeline_model_parallel_size",
-    "context_parallel_size": "policy.megatron_cfg.context_parallel_size",
-    "expert_model_parallel_size": "policy.megatron_cfg.expert_model_parallel_size",
-    "sequence_parallel": "policy.megatron_cfg.sequence_parallel",
-    "micro_batch_size": "policy.train_micro_batch_size",
-    "seq_length": "policy.max_total_sequence_length",
-}
-
-
-def _nemo_rl(changes: dict[str, Any], world: int) -> list[str]:
-    lines, notes = [], []
-    for key, value in changes.items():
-        if key in _NEMO_RL_KEYS:
-            shown = str(value).lower() if isinstance(value, bool) else value
-            lines.append(f"{_NEMO_RL_KEYS[key]}: {shown}")
-        elif key == "data_parallel_size":
-            launcher = f"cluster.num_nodes x cluster.gpus_per_node; DP {value}"
-            notes.append(_world_note(world, launcher))
-        else:
-            notes.append(f"# {key} {value}: no NeMo-RL key")
-    return notes + lines
-
-
-def _automodel(changes: dict[str, Any], world: int) -> list[str]:
-    lines, notes = [], []
-    for key, value in changes.items():
-        if key in _AUTOMODEL_KEYS:
-            lines.append(f"{_AUTOMODEL_KEYS[key]}: {value}")
-        elif key == "seq_length":
-            lines.append(
-                f"packed_sequence.packed_sequence_size: {value}  "
-                "# dataset.seq_length if not packing"
-            )
-        elif key == "data_parallel_size":
-            notes.append(_world_note(world, f"distributed.dp_size or the launcher; DP {value}"))
-        else:
-            notes.append(f"# {key} {value}: no Automodel key")
-    return notes + lines
+_nemo_rl = _keyed(
+    "NeMo-RL",
+    {
+        "tensor_model_parallel_size": "policy.megatron_cfg.tensor_model_parallel_size",
+        "pipeline_model_parallel_size": "policy.megatron_cfg.pipeline_model_parallel_size",
+        "context_parallel_size": "policy.megatron_cfg.context_parallel_size",
+        "expert_model_parallel_size": "policy.megatron_cfg.expert_model_parallel_size",
+        "sequence_parallel": "policy.megatron_cfg.sequence_parallel",
+        "micro_batch_size": "policy.train_micro_batch_size",
+        "seq_length": "policy.max_total_sequence_length",
+    },
+    "cluster.num_nodes x cluster.gpus_per_node",
+    {},
+)
 
 
 _WRITERS = {
