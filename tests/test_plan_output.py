@@ -150,3 +150,16 @@ def test_levers_leave_out_what_cannot_help_a_torchtitan_run(capsys):
     assert all(row["micro_batch_size"] <= 1 for row in table["rows"])
     (note,) = [n for n in table["notes"] if n.startswith("left out: ")]
     assert "micro_batch_size 2/4/8" in note and "FSDP2 stage 3 already shards" in note
+
+
+def test_plan_names_a_layout_that_beats_costly_recompute(capsys):
+    # a skill trial: Megatron-LM's Mixtral script at 16k tokens got full:block:6 (+24% FLOPs)
+    # while `plan --levers` showed context parallelism fitting with no recompute, 0.7x the step;
+    # the plan says so where its pick costs (and `better_layout` carries it)
+    argv = ["plan", "--config", str(MIXTRAL), "--dp", "16", "--gpu", "h100-80gb"]
+    doc = _json(capsys, [*argv, "--seq-length", "16384"])
+    hint = doc["better_layout"]
+    assert hint and hint["lever"] == "cp x pp" and hint["step_vs_recompute_pick"] < 1
+    assert doc["best"]["step_recompute_flops_fraction"] > 0.02
+    # no hint where the pick costs nothing
+    assert _json(capsys, argv)["better_layout"] is None

@@ -434,6 +434,16 @@ def measure_with_megatron(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout_hint(args, cfg, gib, version, nothing_fits: bool = False) -> dict | None:
+    """`cli.levers.layout_hint` where the inputs allow it (not for a pipeline stage asked
+    for alone, where the levers' whole-step view does not apply)."""
+    if args.stage is not None:
+        return None
+    from .levers import layout_hint
+
+    return layout_hint(args, cfg, gib, version)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..gpus import GPUS
     from ..plan import plan
@@ -454,6 +464,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         exc = with_layout_assumptions(exc, cfg)
+        hint = _layout_hint(args, cfg, gib, version, nothing_fits=True)
+        if hint:
+            from .levers import hint_line
+
+            exc = ConfigError(f"{exc}; {hint_line(hint)}")
         if args.json:  # a document even when nothing fits: scripts read stdout
             emit_json_read(
                 args,
@@ -464,9 +479,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "candidates": [],
                     "layout": layout_of(cfg),
                     "assumptions": cfg.assumptions,
+                    "better_layout": hint,
                 },
             )
         raise exc from None
+    # recompute that costs, or offloading: a layout (`plan --levers`) may do better
+    costly = result.best.step_cost > 0.02 or bool(result.best.offload)
+    hint = _layout_hint(args, cfg, gib, version) if costly else None
     if args.json:
         emit_json_read(
             args,
@@ -507,6 +526,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "rendered": result.rendered,
                 # the layout and shape settings changed from the inputs (in `rendered` too)
                 "changed_settings": result.changes,
+                # the fastest lever beside recompute that beats the pick (`plan --levers`)
+                "better_layout": hint,
             },
         )
         return 0
@@ -587,6 +608,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     print_layout(cfg, result.best.estimate)
     print(f"\n{result.explanation}\n\n{result.rendered}", end="")
+    if hint:
+        from .levers import hint_line
+
+        print(f"\nnote: {hint_line(hint)}")
     return 0
 
 

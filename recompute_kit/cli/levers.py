@@ -136,6 +136,61 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     return 0
 
 
+def layout_hint(
+    args: argparse.Namespace, cfg: Config, gib: float, version: str | None
+) -> dict | None:
+    """The fastest lever beside recompute (`plan --levers`: a CP x PP split, VPP, the
+    micro-batch, ...) that fits, clears the band and beats the planner's recompute pick by
+    more than 2% of the step; None where none does (or the levers cannot be priced)."""
+    from ..plan.levers import levers
+
+    resolved = getattr(args, "resolved", None)
+    gbs = args.global_batch_size
+    if gbs is None and resolved is not None:
+        gbs = resolved.reading.get("global_batch_size")
+    try:
+        table = levers(
+            cfg, gib, args.safety_margin, None, gbs, version, **_trainer_options(args, resolved)
+        )
+    except ConfigError:
+        return None
+    pick = next((r for r in table.rows if r.lever == "recompute"), None)
+    if pick is None:
+        return None
+    better = [
+        r
+        for r in table.rows
+        if r.lever not in ("current", "recompute")
+        and r.fits
+        and r.clears_band
+        and (not pick.fits or r.step.seconds < 0.98 * pick.step.seconds)
+    ]
+    if not better:
+        return None
+    r = min(better, key=lambda r: r.step.seconds)
+    return {
+        "lever": r.lever,
+        "setting": r.setting,
+        "peak_bytes": r.estimate.total_bytes,
+        "step_vs_recompute_pick": r.step.seconds / pick.step.seconds if pick.step.seconds else None,
+        "recompute_pick_fits": pick.fits,
+    }
+
+
+def hint_line(hint: dict) -> str:
+    """The layout hint in words."""
+    faster = (
+        f", step {hint['step_vs_recompute_pick']:.2f}x the recompute pick's"
+        if hint["recompute_pick_fits"] and hint["step_vs_recompute_pick"]
+        else ""
+    )
+    return (
+        f"a layout does better: {hint['lever']} {hint['setting']} (peak "
+        f"{hint['peak_bytes'] / GIB:.1f} GiB{faster}; step times from the step-time model, "
+        "`plan --levers` prices every lever)"
+    )
+
+
 def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     """For a Hugging Face Trainer run: whose keys name its levers (LLaMA-Factory's or the
     Trainer's: --format, else the YAML read) and whether it shards with FSDP or DeepSpeed."""
@@ -187,7 +242,8 @@ def _print(table: Any, calibration: dict | None) -> None:
     print(
         f"\nstep time = (m + (pp-1)/vpp) x the slowest stage's micro-batch (executed FLOPs at "
         f"{hw.tflops_per_gpu:.4g} TFLOP/s per GPU, + exposed CP ring at {hw.cp_link_gbps:g} "
-        f"GB/s, + exposed offload at {hw.host_link_gbps:g} GB/s); global batch "
+        f"GB/s inside a node and {hw.internode_gbps:g} GB/s once TP x CP spans nodes, + exposed "
+        f"offload at {hw.host_link_gbps:g} GB/s); global batch "
         f"{table.global_batch_size}; usable {table.usable_bytes / GIB:.1f} GiB per GPU; "
         "'peak' is the binding stage's total. The model: recompute_kit/plan/step_time.py."
     )

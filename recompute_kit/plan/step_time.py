@@ -25,7 +25,10 @@ hide. Every term, with its source or marked as an assumption:
   Each send overlaps the attention of the block in hand, so per layer only
   max(0, transfer - attention compute) is exposed (forward and backward apart). Bandwidth
   `cp_link_gbps`, default 450 GB/s per direction: NVLink 4 on H100 SXM (900 GB/s bidirectional,
-  NVIDIA H100 datasheet), i.e. an ASSUMPTION that the CP group sits inside one NVLink domain.
+  NVIDIA H100 datasheet), while the TP x CP ranks fit one node (8 GPUs, the NVLink domain of a
+  DGX / HGX H100); a larger group's ring crosses nodes at `internode_gbps`, default 50 GB/s per
+  direction: one 400 Gb/s NDR InfiniBand adapter per GPU (ConnectX-7, the DGX H100's layout),
+  an ASSUMPTION for the ring's slowest hop.
 * **Activation offloading**: the bytes a micro-batch sends to the host (the estimator's
   `offloaded_bytes` / micro-batches in flight) go device->host during forward and come back
   during backward, on a side stream: exposed = max(0, bytes / link - forward compute) +
@@ -59,6 +62,8 @@ from ..memory.layout import pipeline_layout
 GB = 1e9  # link bandwidths are decimal GB/s, as vendors quote them
 DEFAULT_TFLOPS = 400.0  # ASSUMPTION: ~40% of H100 SXM's 989 dense BF16 TFLOP/s
 DEFAULT_CP_LINK_GBPS = 450.0  # NVLink 4 on H100 SXM, per direction (NVIDIA H100 datasheet)
+DEFAULT_INTERNODE_GBPS = 50.0  # 400 Gb/s NDR InfiniBand per GPU (ConnectX-7), per direction
+GPUS_PER_NODE = 8  # the NVLink domain of a DGX / HGX H100
 # Host links, GB/s per direction (theoretical).
 HOST_LINKS = {
     "pcie5": (
@@ -92,6 +97,7 @@ class Hardware:
     tflops_per_gpu: float = DEFAULT_TFLOPS  # executed TFLOP/s each GPU sustains
     host_link_gbps: float = HOST_LINKS[DEFAULT_HOST_LINK][0]
     cp_link_gbps: float = DEFAULT_CP_LINK_GBPS
+    internode_gbps: float = DEFAULT_INTERNODE_GBPS
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -212,7 +218,11 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         layers = sum(map(len, pipeline_layout(m, p)[stage]))
         again = _attention_recomputed_layers(config, stage)
         attn = layer_forward_flops(m, moe_layer=False, executed=True)["core_attn"] / ranks / rate
-        t_fwd = fwd_bytes / (hw.cp_link_gbps * GB)
+        # the ring's slowest hop: NVLink inside a node, the network once TP x CP spans nodes
+        link = (
+            hw.cp_link_gbps if ranks <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+        )
+        t_fwd = fwd_bytes / (link * GB)
         t_bwd = 2 * t_fwd
         attn_bwd = attn * (FLASH_BACKWARD_FACTOR if skips_masked_half(m) else 2.0)
         cp_transfer = (layers + again) * t_fwd + layers * t_bwd
