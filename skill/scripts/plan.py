@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--top", type=int, default=8, help="rows of 'fitting' to keep (default 8)")
     p.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
+    given = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(given):  # its own options, then every one it passes on
+        print(p.format_help())
+        print("Every option of `recompute-kit plan` is passed on:\n")
+        print(run_cli(["plan", "--help"], timeout=60).get("stdout", ""))
+        return 0
     args, rest = p.parse_known_args(argv)
     if not any(a.split("=")[0] in ("--gpu-memory-gb", "--gpu") for a in rest):
         p.error(
@@ -105,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             "warnings": (doc.get("read") or {}).get("warnings", []),
             "rendered": doc.get("rendered"),
             "changed_settings": doc.get("changed_settings", {}),
+            # a faster lever than this recompute setting (`--levers` prices them all)
+            "better_layout": doc.get("better_layout"),
             "budget_gib": gib(doc.get("budget_bytes")),
             "usable_gib": gib(doc.get("usable_bytes")),
             "fitting": fitting[: args.top],
