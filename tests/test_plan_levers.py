@@ -11,7 +11,6 @@ import pytest
 from recompute_kit.cli import main
 from recompute_kit.config import Config, ConfigError, ModelConfig, ParallelConfig
 from recompute_kit.plan.levers import levers
-from recompute_kit.presets import get_preset
 from recompute_kit.plan.step_log import iteration_seconds, measured_step_seconds
 from recompute_kit.plan.step_time import (
     Hardware,
@@ -23,6 +22,7 @@ from recompute_kit.plan.step_time import (
     offload_exposed_seconds,
     step_time,
 )
+from recompute_kit.presets import get_preset
 
 CORPUS = Path(__file__).parent / "sources" / "corpus" / "megatron_lm"
 MFLOPS = 1e-6  # TFLOP/s: 1e6 FLOP/s, so seconds read as MFLOPs
@@ -228,13 +228,16 @@ def test_a_cp_ring_across_nodes_runs_at_the_networks_speed():
     # that spans nodes passes its slowest hops over the network (50 GB/s per GPU assumed)
     from recompute_kit.plan.step_time import Hardware, stage_time
 
-    cfg = get_preset("llama3-8b").config().replace(
-        seq_length=131072, context_parallel_size=16, data_parallel_size=1
+    cfg = (
+        get_preset("llama3-8b")
+        .config()
+        .replace(seq_length=131072, context_parallel_size=16, data_parallel_size=1)
     )
     inside = stage_time(cfg, 0, Hardware(internode_gbps=450.0))
     across = stage_time(cfg, 0, Hardware())
     assert across.cp_transfer_s == pytest.approx(inside.cp_transfer_s * 9)  # 450 / 50
     eight = cfg.replace(context_parallel_size=8)  # one node: NVLink either way
-    assert stage_time(eight, 0, Hardware()).cp_transfer_s == stage_time(
-        eight, 0, Hardware(internode_gbps=450.0)
-    ).cp_transfer_s
+    assert (
+        stage_time(eight, 0, Hardware()).cp_transfer_s
+        == stage_time(eight, 0, Hardware(internode_gbps=450.0)).cp_transfer_s
+    )
