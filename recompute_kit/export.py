@@ -249,7 +249,10 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
     flags: list[str] = []
     g = core["recompute_granularity"]
     if g is None:
-        comments.append("# no recompute: omit --recompute-granularity")
+        comments.append(
+            "# no recompute: drop --recompute-granularity, --recompute-method, "
+            "--recompute-num-layers, --recompute-modules and --recompute-activations"
+        )
     else:
         flags += ["--recompute-granularity", g]
     if g == "selective":

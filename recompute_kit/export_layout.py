@@ -162,7 +162,22 @@ def _bridge(changes: dict[str, Any], world: int) -> list[str]:
             )
         else:
             lines.append(f"cfg.model.{key} = {_python(value)}")
+    # the same as the Hydra-style overrides a recipe's launch takes (the recompute lines' twin)
+    overrides = [
+        _hydra_pair(line.removeprefix("cfg."))
+        for line in lines
+        if line.startswith("cfg.") and " = " in line
+    ]
+    if overrides:
+        lines.append(f"# or as overrides: {' '.join(overrides)}")
     return notes + lines
+
+
+def _hydra_pair(assignment: str) -> str:
+    """`model.x = 2` -> `model.x=2` (None -> null, booleans lower-case)."""
+    key, value = assignment.split(" = ", 1)
+    value = {"None": "null", "True": "true", "False": "false"}.get(value, value.strip('"'))
+    return f"{key}={value}"
 
 
 def _nemo(changes: dict[str, Any], world: int) -> list[str]:

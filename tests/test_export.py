@@ -237,7 +237,8 @@ def test_megatron_lm_fragments():
     ]
     none = render(parse_spec("none"), "megatron-lm")
     assert body(none) == []
-    assert "# no recompute: omit --recompute-granularity" in none.splitlines()
+    # every recompute flag goes (a trial: the user's --recompute-method stayed in their script)
+    assert "drop --recompute-granularity, --recompute-method, --recompute-num-layers" in none
     offloaded = render(make("none", OFFLOADS["cpu-offload"]), "megatron-lm")
     assert body(offloaded) == ["--cpu-offloading --cpu-offloading-num-layers 2"]
 
@@ -432,3 +433,15 @@ def test_nemo_rl_renders_its_own_keys():
 def test_automodel_renders_dotted_keys():
     out = render(parse_spec("full:uniform:1"), "automodel")
     assert out.rstrip().endswith("distributed.activation_checkpointing: true")
+
+
+def test_bridge_layout_changes_come_as_overrides_too():
+    # a skill trial asked for Hydra overrides and got only `cfg.model.context_parallel_size = 2`
+    from recompute_kit.export_layout import layout_lines
+
+    lines = layout_lines({"context_parallel_size": 2, "seq_length": 8192}, "megatron-bridge", 16)
+    assert "cfg.model.context_parallel_size = 2" in lines
+    assert lines[-1] == (
+        "# or as overrides: model.context_parallel_size=2 model.seq_length=8192 "
+        "dataset.seq_length=8192"
+    )

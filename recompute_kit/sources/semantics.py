@@ -96,7 +96,10 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             world,
             Origin(FROM_DERIVED, f"--dp {asked_dp} x (TP x PP x CP = {model_parallel})"),
         )
-        reading.warnings.append(f"--dp {asked_dp} replaces the world size of {was}: {world} GPUs")
+        reading.warnings.append(
+            f"--dp {asked_dp} x (TP x PP x CP = {model_parallel}) sets the world size: {world} "
+            f"GPUs, instead of {was}"
+        )
     elif world and asked_dp and reading.origins["world_size"].kind == FROM_ASSUMED:
         # the same world, now said by the user's --dp: no longer an assumption to ask about
         reading.set(

@@ -49,7 +49,8 @@ def test_dp_asked_on_the_command_line_sets_the_world(tmp_path):
     resolved = resolve([path], overrides={"data_parallel_size": 4})
     assert resolved.config.parallel.data_parallel_size == 4
     assert resolved.reading.get("world_size") == 32  # 4 x TP4 x PP2
-    assert any("--dp 4 replaces the world size" in w for w in resolved.reading.warnings)
+    said = "--dp 4 x (TP x PP x CP = 8) sets the world size: 32"
+    assert any(said in w for w in resolved.reading.warnings)
 
 
 def test_an_expert_layout_refused_on_an_assumed_world_says_how_to_give_it(tmp_path):
