@@ -105,11 +105,11 @@ def _double(ctx: Context) -> Match | None:
 
 @rule(
     "RK032",
-    "Full recompute where selective would fit",
+    "Full recompute where a cheaper setting fits",
     "recompute_overhead",
     symptom="Step time ~30-40% above a no-recompute run; full recompute configured",
     cause="Full recompute re-runs every layer's forward; selective recompute of the right "
-    "modules often fits for a few percent",
+    "modules, or none, often fits for a few percent",
     confirm="recompute-kit plan --gpu-memory-gb X ranks the settings that fit by added FLOPs",
     fix="Switch to the planner's choice",
     refs=("arXiv:2205.05198 Table 4",),
