@@ -214,3 +214,49 @@ def test_rk012_says_when_the_request_is_also_the_embedding_weight(tmp_path):
     d = _qwen3_8b_full_sft_on_4090s(tmp_path, "1.16 GiB")
     f = _finding(d, "RK012")
     assert "embedding / output weight" in f.evidence and f.raw_confidence == 0.6
+
+
+def test_a_trainer_micro_batch_patch_keeps_the_global_batch(tmp_path):
+    # a skill trial: alignment-handbook's zephyr-7b-beta config_full.yaml at 8192 packed tokens
+    # with accelerate's ZeRO-3 on 8 GPUs; the doctor's patch lowered per_device_train_batch_size
+    # to 1 and said gradient_accumulation_steps=128 (a global batch of 1024, not the run's 128)
+    # while `plan --levers` said 16; the patch keeps the run's global batch
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
+    recipe = tmp_path / "config_full.yaml"
+    recipe.write_text(
+        (corpus / "zephyr-7b-beta_sft_config_full.yaml")
+        .read_text()
+        .replace("max_seq_length: 2048", "max_seq_length: 8192\npacking: true")
+    )
+    launcher = tmp_path / "zero3.yaml"
+    launcher.write_text(
+        (corpus / "accelerate_deepspeed_zero3.yaml")
+        .read_text()
+        .replace("device: cpu", "device: none")
+        .replace("num_processes: 1", "num_processes: 8")
+    )
+    # https://github.com/huggingface/trl/issues/824 (the reporter's OOM line, verbatim)
+    log = tmp_path / "oom.log"
+    log.write_text(
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB (GPU 1; "
+        "39.42 GiB total capacity; 37.39 GiB already allocated; 245.00 MiB free; 38.08 GiB "
+        "reserved in total by PyTorch)\n"
+    )
+    evidence = collect(
+        logs=[str(log)], config=[str(recipe), str(launcher)], model="mistralai/Mistral-7B-v0.3"
+    )
+    d = diagnose(evidence, 79.1)
+    gbs = evidence.read["config"]["global_batch_size"]
+    assert gbs == 128  # per_device_train_batch_size 16 x 8 GPUs x 1 step
+    patched = [
+        f.patch_keys or f.config_patch
+        for f in d.findings
+        if {"micro_batch_size", "per_device_train_batch_size"} & set(f.patch_keys or {})
+    ]
+    assert patched, [(f.rule, f.patch_keys) for f in d.findings]
+    for patch in patched:
+        micro = patch.get("per_device_train_batch_size", patch.get("micro_batch_size"))
+        assert micro * patch["gradient_accumulation_steps"] * 8 == gbs, patch

@@ -181,3 +181,30 @@ def test_op_sac_on_cpu_recomputes_attention():
     measured = _measure("selective", "op", 1, cpu_flash_as_cuda=False)
     sdpa = 2 * BATCH * SEQ * DIM + 4 * BATCH * SEQ * HEADS
     assert _estimated_layers("selective:layernorm", 1) - measured == sdpa
+
+
+def test_torchtitan_tp_must_divide_the_kv_heads():
+    # a skill trial: Llama 3 70B (8 KV heads) at TP 16 was planned as fitting; torchtitan shards
+    # wk / wv column-wise, so a TP rank holds whole KV heads (Megatron replicates them instead)
+    import dataclasses
+
+    from recompute_kit.config import ConfigError
+    from recompute_kit.memory.estimate import estimate
+    from recompute_kit.presets import get_preset
+
+    cfg = get_preset("llama3-70b").config()
+    titan = cfg.__class__(
+        dataclasses.replace(cfg.model, loss_implementation="torchtitan"),
+        dataclasses.replace(
+            cfg.parallel, tensor_model_parallel_size=16, pipeline_model_parallel_size=1
+        ),
+        cfg.recompute,
+    )
+    with pytest.raises(ConfigError, match="tensor_parallel_degree 16 must divide"):
+        estimate(titan)
+    megatron = titan.__class__(
+        dataclasses.replace(titan.model, loss_implementation="megatron"),
+        titan.parallel,
+        titan.recompute,
+    )
+    estimate(megatron)  # Megatron-Core replicates the 8 groups over TP 16

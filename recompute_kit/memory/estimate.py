@@ -664,6 +664,12 @@ def check_divisible(config: Config) -> None:
             f"num_attention_heads ({m.num_attention_heads}) is not divisible by tensor parallel "
             f"size {t}; pick a --tp that divides it"
         )
+    if m.loss_implementation == "torchtitan" and m.kv_groups % t:
+        # torchtitan shards wk / wv column-wise: each TP rank holds whole KV heads
+        raise ConfigError(
+            f"torchtitan shards the {m.kv_groups} KV heads over tensor parallelism: "
+            f"tensor_parallel_degree {t} must divide them"
+        )
     if not m.multi_latent_attention and m.kv_groups % t and t % m.kv_groups:
         raise ConfigError(
             f"num_query_groups ({m.kv_groups}) and tensor parallel size {t} must divide one another"

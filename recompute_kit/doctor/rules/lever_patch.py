@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import ConfigError
+from ...plan.trainer_levers import is_trainer_run
 from ..types import GIB, Context
 from .registry import gib, patch_for, tensor_parallel_patch
 
@@ -32,6 +33,10 @@ def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
     _deepspeed(ctx, new, patch)
     if new.model.micro_batch_size != cfg.model.micro_batch_size:
         patch["micro_batch_size"] = new.model.micro_batch_size
+        gbs, dp = ctx.memo.get("lever_global_batch"), new.parallel.data_parallel_size
+        if is_trainer_run(cfg) and gbs and not gbs % (new.model.micro_batch_size * dp):
+            # the same global batch: the accumulation takes what the micro-batch gives up
+            patch["gradient_accumulation_steps"] = gbs // (new.model.micro_batch_size * dp)
     spec = row.estimate.recompute
     if spec != cfg.recompute.spec:
         patch.update({k: v for k, v in patch_for(spec).items() if v is not None})
@@ -49,8 +54,15 @@ def _first_fitting_lever(ctx: Context):
     if ctx.config is None or not ctx.gpu_bytes:
         return None
     if "first_fitting_lever" not in ctx.memo:  # three rules ask; the table is made once
+        read = ctx.evidence.read or {}
+        gbs = (read.get("config") or {}).get("global_batch_size")  # the run's, as read
+        fmt = "llama-factory" if "LLaMA-Factory" in str(read.get("format")) else "hf-trainer"
         try:
-            rows = levers(ctx.config, ctx.gpu_bytes / GIB).rows
+            table = levers(
+                ctx.config, ctx.gpu_bytes / GIB, global_batch_size=gbs, trainer_format=fmt
+            )
+            rows = table.rows
+            ctx.memo["lever_global_batch"] = table.global_batch_size
         except (ConfigError, ValueError, ZeroDivisionError):
             rows = []
         ctx.memo["first_fitting_lever"] = next(
