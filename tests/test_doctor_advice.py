@@ -211,3 +211,25 @@ def test_megatron_lm_fix_keeps_its_flags():
     d = doctor(str(CORPUS / "megatron_lm" / "pretrain_gpt_distributed_with_mp.sh"))
     assert d.evidence.read["framework"] == "megatron-lm"
     assert all(not f.patch_check.get("fix_keys") for f in d.findings)
+
+
+def test_a_prose_paste_takes_its_model_and_layout_from_the_command_line(tmp_path, capsys):
+    # a skill trial: a thread names its model, GPUs and batch in words; --model and --dp were
+    # refused without a --config file, so the estimate could not see them
+    import json
+
+    from recompute_kit.cli import main
+
+    log = tmp_path / "post.txt"
+    log.write_text(
+        "I am fine-tuning Llama 3.1 8B with batch size 4 on 8 GPUs and get\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    argv = ["doctor", "--log", str(log), "--model", "meta-llama/Llama-3.1-8B", "--dp", "8"]
+    assert main([*argv, "--gpu-memory-gb", "79.1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    read = doc["evidence"]["read"]
+    assert read["config"]["num_layers"] == 32 and read["config"]["data_parallel_size"] == 8
+    # a layout flag without any model is still one clear line
+    assert main(["doctor", "--log", str(log), "--dp", "8"]) == 1
+    assert "--model NAME" in capsys.readouterr().err

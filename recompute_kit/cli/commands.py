@@ -674,10 +674,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         text_file(path, "--log", log_hint, strict=False)
     if stdin_text is not None and not stdin_text.strip():
         raise ConfigError(f"--log - (stdin) is empty; {log_hint}")
-    if (override_values(args) or args.model) and not args.config:
+    if override_values(args) and not (args.config or args.model):
         raise ConfigError(
-            "--model, --dp, --tp, --seq-length, ... complete the --config files: give --config "
-            "FILE (the launch script or recipe the run uses)"
+            "--dp, --tp, --seq-length, ... complete a model: give --config FILE (the launch "
+            "script or recipe the run uses) or --model NAME (a preset or Hugging Face id)"
         )
     from ..sources.resolve import file_of
 

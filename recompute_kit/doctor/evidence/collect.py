@@ -182,7 +182,7 @@ def collect(
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
     files = [c for c in configs if c != "-" and Path(file_of(c)).stat().st_size]
-    if files:
+    if files or model:  # (a model id alone gives the shape: a prose paste names its model)
         layout = _layout(evidence, overrides)
         evidence = evidence.merge(_read_config_files(files, layout, model))
     if experiments is not None:
