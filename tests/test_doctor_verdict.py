@@ -192,6 +192,8 @@ def test_calibrated_confidence_is_rounded_down():
         # https://github.com/NVIDIA-NeMo/Automodel/issues/1927 (a change landed, same config)
         ("After #1904 got merged,  main is running into OOM while running it", "after_update"),
         ("OOM since pulling the latest main", "after_update"),
+        # https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/1856 (title)
+        ("All FSDP jobs start to have OOM", "after_update"),
         # https://github.com/NVIDIA-NeMo/Automodel/issues/1986
         (
             "a legacy issue in the code and silently disabled activation checkpointing even "

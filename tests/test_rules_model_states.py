@@ -442,3 +442,16 @@ def test_r8s_gemini_cpu_placement_or_no_oom_is_silent():
     assert "RK670" not in ids(run(calm))
     # a placement policy of something that is not Gemini
     assert "RK670" not in ids(run(paste.replace("GeminiDDP", "our trainer")))
+
+
+def test_adapters_named_by_a_scripts_own_flags():
+    # https://github.com/deepspeedai/DeepSpeedExamples/issues/386 (the opening post): DeepSpeed-
+    # Chat's lora_dim / only_optimize_lora name a LoRA run; "explorative" is no adapter
+    said = _said("when using lora_dim=128 and gradient_checkpointing, training step1 runs well")
+    assert said.get("adapters") is True
+    assert _said("When I drop gradient_checkpointing to use only_optimize_lora, I got oom.").get(
+        "adapters"
+    )
+    assert not _said("an explorative run with exploration_rate 0.1 ran out of memory").get(
+        "adapters"
+    )

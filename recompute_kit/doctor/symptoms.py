@@ -201,7 +201,10 @@ SYMPTOMS: tuple[Symptom, ...] = (
             # "After #1904 got merged, main is running into OOM": a change landed, same config
             r"\b(?:after|since)\s+(?:PR\s*|pull\s+request\s+)?#\d+\s+(?:\w+\s+)?merged\b|"
             r"\b(?:after|since)\s+(?:merging|pulling|rebasing\s+on)\s+(?:the\s+)?(?:latest|"
-            r"main|master|#\d+)",
+            r"main|master|#\d+)|"
+            # "All FSDP jobs start to have OOM": jobs that ran now fail, the config unchanged
+            r"\b(?:all|every|our|the)\s+(?:\w+\s+){0,3}?(?:jobs?|runs?|recipes?|tests?)\s+"
+            r"(?:start(?:ed)?|began|begin)\s+to\s+(?:have|hit|get|see|run\s+into|fail)",
             re.I,
         ),
         ("framework_bug",),

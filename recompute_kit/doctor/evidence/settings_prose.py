@@ -65,6 +65,8 @@ _OFFLOAD_PARAM_RE = re.compile(
 _ADAPTER_RE = re.compile(
     r"--use_lora\b|--use_peft\b|--lora_r\b|--lora_rank\b|--finetuning_type[\s=]+q?lora\b"
     r"|--(?:train_)?type[\s=]+q?lora\b|\bq?lora\b|\bpeft\b|load_in_[48]bit"
+    # DeepSpeed-Chat's and other scripts' own names: lora_dim=128, only_optimize_lora
+    r"|\b(?:\w+_)?lora_(?:dim|r|rank|alpha|module_name)\b|\bonly_optimize_lora\b"
     # in code: PEFT's own calls and the names a script gives its adapter config
     r"|get_peft_model\s*\(|LoraConfig\s*\(|\blora_(?:cfg|config)\b|finetune_adapter",
     re.I | re.A,

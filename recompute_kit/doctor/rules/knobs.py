@@ -77,7 +77,16 @@ _CKPT_NAME_RE = re.compile(
     r"grad_checkpointing|checkpoint_activations|use_checkpoint|with_cp)\b"
 )
 DTYPE_KEYS = ("bf16", "fp16", "precision", "torch_dtype", "mixed_precision", "dtype", "half")
-LORA_HINTS = ("lora_r", "lora_rank", "lora_alpha", "lora_target", "use_peft", "peft_type")
+LORA_HINTS = (
+    "lora_r",
+    "lora_rank",
+    "lora_alpha",
+    "lora_target",
+    "lora_dim",  # DeepSpeed-Chat
+    "only_optimize_lora",
+    "use_peft",
+    "peft_type",
+)
 # The attention implementation under the frameworks' names (flash_attn: fa2 / --flash_attn,
 # attn_implementation, use_flash_attn(ention), attention_backend, sdpa / xformers switches).
 _ATTN_KEY_RE = re.compile(
