@@ -29,6 +29,9 @@ EXTRA_KEYS = (
     # whether it is colocated and the GPU memory share it sizes its KV cache from
     "inference_colocated",
     "inference_gpu_memory_utilization",
+    # the per-rank batch before a pipeline splits it into micro-batches (torchtitan's
+    # [training] local_batch_size): with the data-parallel size it gives the global batch
+    "local_batch_size",
 )
 KNOWN_KEYS = frozenset(CONFIG_KEYS) | frozenset(EXTRA_KEYS)
 

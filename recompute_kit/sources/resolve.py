@@ -261,6 +261,8 @@ def resolve(
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
     _assumed_if_the_world_is(merged)
+    if framework is not None and hasattr(framework, "derive_after_layout"):
+        framework.derive_after_layout(merged)  # what needs the data-parallel size
     if merged.get("mtp_num_layers") and merged.get("loss_implementation", "megatron") != (
         "megatron"
     ):

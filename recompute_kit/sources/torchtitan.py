@@ -22,7 +22,7 @@ from typing import Any
 import tomllib
 
 from ..config import ConfigError
-from .reading import FROM_MODEL, MOE_KEYS, Origin, Reading
+from .reading import FROM_ASSUMED, FROM_MODEL, MOE_KEYS, Origin, Reading
 from .torchtitan_defaults import (
     JOB_CONFIG,
     PURE_BF16,
@@ -490,6 +490,8 @@ def _read_training(toml: _Toml, reading: Reading, pp: int) -> None:
     seq = toml.int(sec, "seq_len")
     if seq is not None:
         reading.set("seq_length", seq, toml.origin(sec, "seq_len"))
+    if batch is not None:
+        reading.set("local_batch_size", batch, toml.origin(sec, batch_key, "per-rank batch"))
     gbs = toml.int(sec, "global_batch_size", minimum=-1)
     if gbs is not None and gbs > 0:
         reading.set("global_batch_size", gbs, toml.origin(sec, "global_batch_size"))
@@ -662,3 +664,19 @@ def _read_compile(toml: _Toml, reading: Reading) -> None:
             f"{toml.path}: torch.compile of the model fuses elementwise ops, so it keeps fewer "
             "activations than the eager layers recompute-kit counts"
         )
+
+
+def derive_after_layout(reading: Reading) -> None:
+    """torchtitan's global batch where the TOML leaves it -1 (its default): local_batch_size x
+    the data-parallel degree (one accumulation step; torchtitan/config/job_config.py)."""
+    local, dp = reading.get("local_batch_size"), reading.get("data_parallel_size")
+    origin = reading.origins.get("data_parallel_size")
+    if "global_batch_size" in reading or not local or not dp or origin is None:
+        return
+    if origin.kind == FROM_ASSUMED:  # never a global batch from an assumed world
+        return
+    reading.derive(
+        "global_batch_size",
+        local * dp,
+        f"global_batch_size -1: local_batch_size {local} x data-parallel degree {dp}",
+    )

@@ -406,3 +406,16 @@ def test_titan_defaults_are_torchtitans_and_the_rest_an_assumption():
         assert "torch.optim" in origins[key].where, key
     assert "fully_shard" in origins["use_torch_fsdp2"].note
     assert origins["recompute_modules"].key == "[activation_checkpoint] mode"
+
+
+def test_the_global_batch_left_to_torchtitan_is_local_times_data_parallel():
+    # torchtitan's global_batch_size -1 (its default) is local_batch_size x the data-parallel
+    # degree: a skill trial's levers assumed 512 (eight accumulation steps) for the 70B TOML
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "corpus" / "torchtitan" / "llama3_70b.toml"
+    r = resolve([str(toml)], overrides={"data_parallel_size": 8})
+    assert r.reading.get("global_batch_size") == 8 * r.reading.get("local_batch_size")
+    assert r.reading.origins["global_batch_size"].kind == "derived"
+    assumed = resolve([str(toml)])  # the world not given: no global batch made from a guess
+    assert "global_batch_size" not in assumed.reading
