@@ -229,8 +229,12 @@ _TORCHTITAN_NONE = {
 
 def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
     parallelism, training, notes = [], [], []
+    piped = (changes.get("pipeline_model_parallel_size") or 1) > 1
     for key, value in changes.items():
-        if key in _TORCHTITAN_PARALLELISM:
+        if key == "micro_batch_size" and piped:
+            # under PP the micro-batch is the pipeline's; the local batch stays as it is
+            parallelism.append(f"pipeline_parallel_microbatch_size = {value}")
+        elif key in _TORCHTITAN_PARALLELISM:
             parallelism.append(f"{_TORCHTITAN_PARALLELISM[key]} = {value}")
             if key == "data_parallel_size":
                 notes += [

@@ -241,3 +241,21 @@ def test_a_cp_ring_across_nodes_runs_at_the_networks_speed():
         stage_time(eight, 0, Hardware()).cp_transfer_s
         == stage_time(eight, 0, Hardware(internode_gbps=450.0)).cp_transfer_s
     )
+
+
+def test_lever_rows_carry_their_hand_over_in_the_frameworks_keys(capsys):
+    # a skill trial (torchtitan llama3_70b.toml at 32k on 64 GPUs): every row had to be re-run
+    # through plan --format torchtitan to get its TOML; the global batch was assumed 512 where
+    # torchtitan's -1 means local_batch_size x DP = 64; a PP row kept the local batch as its
+    # micro-batch (torchtitan splits it into pipeline_parallel_microbatch_size, default 1)
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "llama3_70b.toml"
+    argv = ["plan", "--config", str(toml), "--dp", "8", "--gpu", "h100-80gb"]
+    assert main([*argv, "--seq-length", "32768", "--levers", "--json"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    table = doc["levers"]
+    assert table["global_batch_size"] == 64 and doc["current_fits"] is False
+    cp = next(r for r in table["rows"] if r["setting"].startswith("cp=2 pp=1"))
+    assert "context_parallel_degree = 2" in cp["rendered"] and "seq_len = 32768" in cp["rendered"]
+    piped = next(r for r in table["rows"] if " pp=2 " in f" {r['setting']} ")
+    assert piped["micro_batch_size"] == 1
+    assert "pipeline_parallel_microbatch_size = 1" in piped["rendered"]

@@ -112,15 +112,19 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     table = levers(cfg, gib, args.safety_margin, hw, gbs, version, **trainer)
     fits = any(r.fits for r in table.rows)
     if args.json:
+        doc = table.to_json()
+        for row_doc, row in zip(doc["rows"], table.rows, strict=True):
+            row_doc["rendered"] = _rendered(args, cfg, row.config)  # the hand-over
         emit_json_read(
             args,
             {
                 "fits": fits,
+                "current_fits": table.current.fits,
                 "layout": layout_of(cfg),
                 "assumptions": cfg.assumptions,
                 "megatron_core_version": version,
                 "calibration": calibration,
-                "levers": table.to_json(),
+                "levers": doc,
             },
         )
     else:
@@ -134,6 +138,29 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
             cfg,
         )
     return 0
+
+
+def _rendered(args: argparse.Namespace, given: Config, row: Config) -> str | None:
+    """A lever row as the config snippet of the run's framework (`plan`'s `rendered`): its
+    recompute settings and what it changes of the layout; None where it cannot be written."""
+    from ..export import render
+    from ..export_layout import LAYOUT_FIELDS, changed_settings, setting, world_size
+    from .common import default_format, override_values
+
+    changes = changed_settings(row, given)
+    for key in override_values(args):  # the command line's --seq-length, --cp: changes too
+        if key in LAYOUT_FIELDS and key not in changes:
+            changes[key] = setting(row, key)
+    try:
+        return render(
+            row.recompute,
+            default_format(args),
+            num_layers=row.model.num_layers // row.parallel.pipeline_model_parallel_size,
+            layout=changes,
+            world_size=world_size(row),
+        )
+    except ConfigError:
+        return None
 
 
 def layout_hint(

@@ -310,6 +310,9 @@ def levers(
         return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
     layout_fixed = bool(p.pipeline_model_parallel_layout)
+    titan_splits_batch = (
+        m.loss_implementation == "torchtitan" and p.pipeline_model_parallel_size == 1
+    )
     if not layout_fixed:
         for cp, pp, dp in _splits(config):
             c = config.replace(
@@ -324,7 +327,13 @@ def levers(
                 num_layers_in_first_pipeline_stage=None,
                 num_layers_in_last_pipeline_stage=None,
             )
-            rows.append(_evaluate("cp x pp", f"cp={cp} pp={pp} dp={dp}", c, *args))
+            setting = f"cp={cp} pp={pp} dp={dp}"
+            if titan_splits_batch and pp > 1:
+                # torchtitan splits the local batch into pipeline_parallel_microbatch_size
+                # micro-batches (default 1); the local batch itself is unchanged
+                c = c.replace(micro_batch_size=1)
+                setting += " (pipeline_parallel_microbatch_size 1)"
+            rows.append(_evaluate("cp x pp", setting, c, *args))
     pp = p.pipeline_model_parallel_size
     if pp > 1 and not layout_fixed:
         for v in range(1, MAX_VPP + 1):
