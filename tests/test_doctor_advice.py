@@ -233,3 +233,20 @@ def test_a_prose_paste_takes_its_model_and_layout_from_the_command_line(tmp_path
     # a layout flag without any model is still one clear line
     assert main(["doctor", "--log", str(log), "--dp", "8"]) == 1
     assert "--model NAME" in capsys.readouterr().err
+
+
+def test_a_budget_that_is_not_the_gpu_that_failed_is_said(tmp_path):
+    # a skill trial passed --gpu-memory-gb 79.1 with a 39.42 GiB GPU's OOM message: the doctor
+    # used 79.1 silently
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import parse_log
+
+    # https://github.com/huggingface/trl/issues/824 (the reporter's OOM line)
+    oom = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB (GPU 1; "
+        "39.42 GiB total capacity; 37.39 GiB already allocated; 245.00 MiB free; 38.08 GiB "
+        "reserved in total by PyTorch)\n"
+    )
+    said = diagnose(parse_log(oom), 79.1).assumptions
+    assert any("79.1 GiB" in a and "39.42 GiB" in a for a in said)
+    assert not any("39.42" in a for a in diagnose(parse_log(oom), 39.42).assumptions)

@@ -30,6 +30,14 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
     ctx = Context(evidence)
     if gpu_memory_gb:
         ctx.gpu_bytes = int(gpu_memory_gb * GIB)
+        said = ctx.oom.total_bytes if ctx.oom else None
+        if said and abs(said - ctx.gpu_bytes) > 0.02 * said:
+            # the budget given is not the GPU that failed: said, so the numbers can be read
+            ctx.assumptions.append(
+                f"the GPU is taken as {gpu_memory_gb:g} GiB (--gpu-memory-gb) while the OOM "
+                f"message says its GPU has {said / GIB:.2f} GiB: the findings' figures are for "
+                "the GPU given"
+            )
     elif ctx.oom and ctx.oom.total_bytes:
         ctx.gpu_bytes = ctx.oom.total_bytes
     flat = dict(evidence.config)
@@ -46,10 +54,11 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
         except ConfigError as exc:
             ctx.config_error = str(exc)
     if read is not None:  # the config files, read as every command reads them
-        ctx.config, ctx.assumptions = read, list(read.assumptions)
+        ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
         _estimate(ctx)
     elif all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
-        ctx.config, ctx.assumptions = _config_for_estimate(flat)
+        ctx.config, assumed = _config_for_estimate(flat)
+        ctx.assumptions = [*ctx.assumptions, *assumed]
         if ctx.config is not None:
             _estimate(ctx)
     return ctx

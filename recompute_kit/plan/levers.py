@@ -202,7 +202,7 @@ def _evaluate(
         est = best.estimate
         added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
         if nothing_fits:
-            added += " (nothing fits: the smallest setting Megatron accepts)"
+            added += " (nothing fits: the least memory of any valid recompute setting)"
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     band = error_band(config, est)
     host_ok = fits_host(est)
