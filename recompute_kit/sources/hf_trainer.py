@@ -238,11 +238,26 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     ):
         if data.get(key) is not None and "seq_length" not in reading:
             reading.set("seq_length", _int(src, key, take(key)), src.origin(key, note=note))
-    if data.get("packing") is False and "seq_length" in reading:
-        reading.warnings.append(
-            f"{src.path}: packing false: batches are padded to their longest sample, so the "
-            "sequence length is an upper bound"
+    packing = data.get("packing", data.get("neat_packing"))  # TRL / LLaMA-Factory
+    if packing is not None and "seq_length" in reading:
+        take("packing" if "packing" in data else "neat_packing")
+        origin = reading.origins["seq_length"]
+        note = (
+            "packed: every row holds seq_length tokens, so the estimate is the run's"
+            if packing
+            else "not packed: rows are padded to the longest sample in the batch, so the "
+            "estimate is the worst case"
         )
+        reading.set(
+            "seq_length",
+            reading.get("seq_length"),
+            Origin(origin.kind, origin.where, origin.key, f"{origin.note}; {note}".strip("; ")),
+        )
+        if not packing:
+            reading.warnings.append(
+                f"{src.path}: packing false: batches are padded to their longest sample, so the "
+                "sequence length is an upper bound"
+            )
     # Gradient checkpointing: LLaMA-Factory turns it on itself unless disabled.
     if lf and "disable_gradient_checkpointing" in data:
         off = _bool(src, "disable_gradient_checkpointing", take("disable_gradient_checkpointing"))

@@ -22,10 +22,6 @@ def _artefact(expect: Path) -> Path:
     return expect.with_name(expect.name.replace(".expect.yaml", ".json"))
 
 
-
-
-
-
 def test_format_dispatch_picks_hf_config():
     path = CORPUS / "meta-llama--Meta-Llama-3.1-8B.config.json"
     assert best_format(path.read_text(), str(path)) is hf_config
@@ -260,3 +256,18 @@ def test_the_nearest_registered_model_is_never_another_size():
     assert "70B" in said and "1B" not in said
     assert "Qwen/Qwen3-4B " in hf_config._nearest("Qwen/Qwen3-4B-Instruct-2507") + " "
     assert hf_config._nearest("google/gemma-4-31B-it") == ""
+
+
+def test_packing_says_whether_the_sequence_length_is_the_runs_or_a_bound(tmp_path):
+    # alignment-handbook's zephyr-7b-beta config_full.yaml (tests/sources/corpus/hf_trainer)
+    # with TRL's packing: true / false (a skill trial: packing was listed unused)
+    from recompute_kit.sources.resolve import resolve
+
+    corpus = Path(__file__).parent / "corpus" / "hf_trainer"
+    text = (corpus / "zephyr-7b-beta_sft_config_full.yaml").read_text()
+    for packing, said in (("true", "every row holds seq_length tokens"), ("false", "worst case")):
+        path = tmp_path / f"sft_{packing}.yaml"
+        path.write_text(text + f"packing: {packing}\n")
+        r = resolve([str(path)], require_shape=False)
+        assert said in r.reading.origins["seq_length"].note
+        assert "packing" not in r.reading.unused
