@@ -267,7 +267,7 @@ def test_packing_says_whether_the_sequence_length_is_the_runs_or_a_bound(tmp_pat
     text = (corpus / "zephyr-7b-beta_sft_config_full.yaml").read_text()
     for packing, said in (("true", "every row holds seq_length tokens"), ("false", "worst case")):
         path = tmp_path / f"sft_{packing}.yaml"
-        path.write_text(text + f"packing: {packing}\n")
+        path.write_text(text.rstrip("\n") + f"\npacking: {packing}\n")
         r = resolve([str(path)], require_shape=False)
         assert said in r.reading.origins["seq_length"].note
         assert "packing" not in r.reading.unused
