@@ -130,3 +130,17 @@ def test_layout_says_what_is_offloaded(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ZeRO stage 3 (optimizer and parameters offloaded to the host)" in out
+
+
+def test_zero_rows_of_an_accelerate_config_are_in_its_keys(capsys):
+    # a skill trial: alignment-handbook's recipe with accelerate_configs/zero3.yaml got rows in
+    # a DeepSpeed JSON's names (zero_optimization.stage, offload_optimizer) that the user's file
+    # does not have; Accelerate's deepspeed_config keys are the hand-over
+    sft = str(HERE / "hf_trainer" / "zephyr-7b-beta_sft_config_full.yaml")
+    acc = str(HERE / "hf_trainer" / "accelerate_deepspeed_zero3.yaml")
+    argv = ["plan", "--config", sft, acc, QWEN3, "--dp", "8", "--gpu", "h100-80gb", "--levers"]
+    assert main([*argv, "--json"]) in (0, 1)
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    zero = [r["setting"] for r in rows if r["lever"] == "ZeRO stage / offload"]
+    assert zero and all(s.startswith("deepspeed_config.zero_stage") for s in zero)
+    assert not any("zero_optimization" in s for s in zero)

@@ -232,6 +232,8 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     stage = resolved.reading.origins.get("zero_stage") if resolved is not None else None
     if stage is not None and "fsdp" in f"{stage.key} {stage.note}".lower():
         out["sharding_backend"] = "fsdp"
+    elif stage is not None and stage.key.startswith("deepspeed_config"):
+        out["sharding_backend"] = "accelerate"  # DeepSpeed set in an Accelerate config
     return out
 
 

@@ -90,7 +90,8 @@ def host_link_seconds(config: Config, host_link_gbps: float) -> float:
 
 def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
     """(setting as the framework writes it, config) for every sharding / offload other than the
-    run's. backend: "fsdp" or "deepspeed"."""
+    run's. backend: "fsdp", "deepspeed" (its JSON's keys) or "accelerate" (DeepSpeed through
+    an Accelerate config's deepspeed_config)."""
     p = config.parallel
     current = (p.zero_stage, bool(p.optimizer_offload), bool(p.param_offload))
     out = []
@@ -104,16 +105,21 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
                 c = config.replace(zero_stage=stage, optimizer_offload=offload)
                 out.append((words, c.replace(param_offload=offload)))
         return out
+    # DeepSpeed's JSON keys, or Accelerate's deepspeed_config (backend "accelerate")
+    accelerate = backend == "accelerate"
+    stage_key = "deepspeed_config.zero_stage" if accelerate else "zero_optimization.stage"
+    opt_key = "deepspeed_config.offload_optimizer_device" if accelerate else "offload_optimizer"
+    par_key = "deepspeed_config.offload_param_device" if accelerate else "offload_param"
     for stage in (0, 1, 2, 3):
         for opt in (False, True) if stage >= 1 else (False,):
             for par in (False, True) if stage == 3 and opt else (False,):
                 if (stage, opt, par) == current:
                     continue
-                words = f"zero_optimization.stage {stage}"
+                words = f"{stage_key} {stage}"
                 if opt:
-                    words += ", offload_optimizer cpu"
+                    words += f", {opt_key} cpu"
                 if par:
-                    words += ", offload_param cpu"
+                    words += f", {par_key} cpu"
                 c = config.replace(zero_stage=stage, optimizer_offload=opt)
                 out.append((words, c.replace(param_offload=par)))
     return out

@@ -57,14 +57,24 @@ def _first_fitting_lever(ctx: Context):
         read = ctx.evidence.read or {}
         gbs = (read.get("config") or {}).get("global_batch_size")  # the run's, as read
         fmt = "llama-factory" if "LLaMA-Factory" in str(read.get("format")) else "hf-trainer"
-        try:
-            table = levers(
-                ctx.config, ctx.gpu_bytes / GIB, global_batch_size=gbs, trainer_format=fmt
-            )
+        backend = "accelerate" if _accelerate_deepspeed(ctx) else "deepspeed"
+        rows = []
+        # the run's global batch; where it does not divide the layout as read (an assumed
+        # world size), the levers' own assumption
+        for batch in dict.fromkeys((gbs, None)):
+            try:
+                table = levers(
+                    ctx.config,
+                    ctx.gpu_bytes / GIB,
+                    global_batch_size=batch,
+                    trainer_format=fmt,
+                    sharding_backend=backend,
+                )
+            except (ConfigError, ValueError, ZeroDivisionError):
+                continue
             rows = table.rows
             ctx.memo["lever_global_batch"] = table.global_batch_size
-        except (ConfigError, ValueError, ZeroDivisionError):
-            rows = []
+            break
         ctx.memo["first_fitting_lever"] = next(
             (r for r in rows if r.fits and r.lever != "current"), None
         )
@@ -81,6 +91,15 @@ def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:
         q.param_offload,
     ):
         return
+    if _accelerate_deepspeed(ctx):  # DeepSpeed set in an Accelerate config: its keys
+        patch["deepspeed_config.zero_stage"] = q.zero_stage
+        if q.optimizer_offload != p.optimizer_offload:
+            patch["deepspeed_config.offload_optimizer_device"] = (
+                "cpu" if q.optimizer_offload else "none"
+            )
+        if q.param_offload != p.param_offload:
+            patch["deepspeed_config.offload_param_device"] = "cpu" if q.param_offload else "none"
+        return
     if not (ctx.cfg.get("deepspeed") or any(k.startswith("zero_optimization") for k in ctx.cfg)):
         return
     section: dict[str, Any] = {"stage": q.zero_stage}
@@ -89,3 +108,10 @@ def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:
     if q.param_offload:
         section["offload_param"] = {"device": "cpu"}
     patch["zero_optimization"] = section
+
+
+def _accelerate_deepspeed(ctx: Context) -> bool:
+    """The ZeRO stage is set in an Accelerate config's deepspeed_config (not a DeepSpeed
+    JSON): its patches are written in Accelerate's keys."""
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    return str((sources.get("zero_stage") or {}).get("key", "")).startswith("deepspeed_config")
