@@ -5,7 +5,8 @@ A candidate (one recompute setting) is a success only if all of these hold:
   fits        peak reserved <= budget x (1 - margin) on every rank it ran on, and it did not OOM
               (peak allocated is used, with a warning, when reserved was not recorded);
   throughput  TFLOP/s (or, without it, 1 / step time) >= golden x (1 - threshold);
-  loss        |loss - golden loss| <= loss_rtol x |golden loss| on every rank both recorded,
+  loss        |loss - golden loss| <= loss_rtol x |golden loss| at every rank and iteration both
+              recorded (none in common: not compared, said),
               or, with --verify FILE (the output of `rk.py verify --json`), loss and grads
               bitwise equal to no recompute for that spec (no evidence either way: "unchecked",
               and the verdict is "incomplete", not "success").
@@ -31,20 +32,27 @@ from the data: leading iterations slower than the run's steady median by 3 x 1.4
 2%, at most half the run; or --warmup N) and profiled iterations are dropped and the median and
 IQR taken; a setting is the median of its repeats, its noise the range of their medians (one
 run: its IQR); repeats far from the others, or much noisier (IQR 3x their repeats'), are
-outliers, and runs that differ in host, date, profiler, batch or sequence are confounders. The
+outliers, and runs that differ in host, date (a log's timestamps), profiler, batch, sequence,
+train_iters or any printed argument but the recompute ones are confounders. The
 throughput check passes or fails only when the whole noise band is on one side of the
 threshold, else it is null ("within noise"), and `rerun` names the re-run that would decide.
 A golden that does not fit (OOM, or over the budget) is infeasible (`baseline`): the settings
 that fit are compared among themselves, against the fastest, and `recommendation` names it with
-its spread (decided only beyond the noise), saying which checks are still open.
+its spread (decided only beyond the noise), saying which checks are still open. The
+throughput check is runstats.speed_verdict, the judgement the doctor's RK033/RK237/RK238 make.
+With --config FILE (the run's launch script or YAML), a measured slowdown is set against the
+extra FLOPs the estimator gives its recompute setting (`expected_cost`: "as expected" or "more
+than recompute explains"). A log's memory lines ("[Rank N] ... memory (MB) | ... | max
+reserved: ...") give each rank's peak.
 
 Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"recompute",
 "ranks", "binding_rank", "max_peak_reserved_gib", "max_peak_allocated_gib", "tflops",
-"vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "verdict",
+"vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "speed_verdict":
+{state, check, text}, "expected_cost": {arm, base, predicted, measured, explained, text}, "verdict",
 "reasons", "speed": {runs, median, low, high, noise, kind, unit, better, runs_detail,
 comparison}}], "recommended", "recommendation": {recompute, decided, within_noise_of,
 passes_contract, why}, "baseline", "outliers", "confounders", "rerun", "speed_kind",
-"speed_unit", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
+"speed_unit", "config_note", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
 input. Standard library only: needs no torch.
 """
 
