@@ -52,8 +52,8 @@ Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"reco
 "reasons", "speed": {runs, median, low, high, noise, kind, unit, better, runs_detail,
 comparison}}], "recommended", "recommendation": {recompute, decided, within_noise_of,
 passes_contract, why}, "baseline", "outliers", "confounders", "rerun", "speed_kind",
-"speed_unit", "config_note", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
-input. Standard library only: needs no torch.
+"speed_unit", "config_note", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for
+unreadable input. Standard library only: needs no torch.
 """
 
 from __future__ import annotations
