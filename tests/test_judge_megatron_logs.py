@@ -114,20 +114,6 @@ def test_doctor_and_judge_make_one_judgement(tmp_path):
     assert "more than recompute explains" in found["RK033"].evidence
 
 
-def test_a_confounded_gap_is_called_confounded_not_within_noise(tmp_path):
-    table = tmp_path / "dated.md"
-    table.write_text(
-        "| recompute | elapsed time per iteration (ms) | tflops | run | date |\n"
-        "|---|---|---|---|---|\n| none | 5444.9 | 236.0 | control.log | 2024-04-06 |\n"
-        "| full:uniform:1 | 10036.9 | 130.1 | full.log | 2024-03-30 |\n"
-    )
-    from recompute_kit.doctor.engine import diagnose
-
-    found = {f.rule: f for f in diagnose(collect(experiments=str(table))).findings}
-    assert "RK238" in found and "RK237" not in found and "RK033" not in found
-    assert "within noise" not in found["RK238"].title and "confounded" in found["RK238"].title
-
-
 def test_speed_verdict_states():
     base = {"change_low": -0.2, "change_high": 0.0, "noise_measured": True}
     assert speed_verdict({**base, "change": -0.1})["state"] == "within_noise"
