@@ -21,8 +21,12 @@ variation, and says so). A difference is *decided* only when the two settings' n
 not overlap and the difference is at least `MIN_EFFECT`; a run whose median lies far from its
 setting's other repeats, or whose spread (IQR) is NOISY times theirs, is an *outlier* (shown,
 and left out of the comparison when at least two repeats remain); runs that differ in
-host/node, date, profiler or batch/sequence are *confounders* (shown; when they line up with
-the settings the comparison is not decided).
+host/node, date, profiler, batch/sequence, planned length (train_iters) or any printed argument
+other than the recompute setting (`setup`) are *confounders* (shown; when they line up with the
+settings the comparison is not decided).
+
+`speed_verdict` is the one judgement of a setting's speed against its bar: the judge's
+throughput check and the doctor's measured rules (RK033, RK237, RK238) both call it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,16 @@ MIN_EFFECT = 0.01  # differences under 1% are never called, whatever the noise
 OUTLIER = 0.10  # a repeat this far (relative) from the other repeats' median is an outlier
 NOISY = 3.0  # a repeat whose IQR is this many times its repeats' is an outlier (a noisy run)
 NOISY_FLOOR = 0.02  # ... when that IQR is also at least 2% of its median
-CONFOUNDER_FIELDS = ("host", "node", "date", "profiler", "global_batch_size", "seq_length")
+CONFOUNDER_FIELDS = (
+    "host",
+    "node",
+    "date",
+    "profiler",
+    "global_batch_size",
+    "seq_length",
+    "train_iters",  # a different planned run (Megatron's "iteration N/ TOTAL")
+)
+THRESHOLD = 0.10  # the contract's allowed throughput loss against the golden
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -163,15 +176,19 @@ def _describe(field: str, by_setting: dict[str, set]) -> str:
 
 
 def confounders(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fields (host, node, date, profiler, batch, sequence) that differ between the runs
-    compared; `aligned`: every setting saw one value and the settings' values differ, so the
-    field and the setting cannot be told apart."""
+    """Fields (host, node, date, profiler, batch, sequence, train_iters, and the keys of a
+    run's `setup`: the arguments it printed, its recompute keys left out) that differ between
+    the runs compared; `aligned`: every setting saw one value and the settings' values differ,
+    so the field and the setting cannot be told apart."""
     runs = list(runs)
     out = []
-    for field in CONFOUNDER_FIELDS:
+    setup_keys = dict.fromkeys(k for r in runs for k in r.get("setup") or {})
+    for field in (*CONFOUNDER_FIELDS, *setup_keys):
         by_setting: dict[str, set] = {}
         for r in runs:
-            value = r.get(field)
+            value = (
+                r.get(field) if field in CONFOUNDER_FIELDS else (r.get("setup") or {}).get(field)
+            )
             if value not in (None, ""):
                 by_setting.setdefault(r["setting"], set()).add(str(value))
         seen = set().union(*by_setting.values()) if by_setting else set()
@@ -369,3 +386,41 @@ def judge_runs(
         "confounders": found,
         "rerun": RERUN if undecided else None,
     }
+
+
+def speed_verdict(
+    comparison: dict[str, Any] | None, threshold: float = THRESHOLD, bar: str = "golden"
+) -> dict[str, Any]:
+    """The one judgement of a setting's speed against its bar (a `compare` / `judge_runs`
+    comparison), for the judge's throughput check and the doctor's measured rules alike.
+    `state`: "confounded" (the runs differ in more than the setting: nothing is decided),
+    "regression" (the whole noise band, or with the noise unmeasured the single value, is
+    below -threshold), "passes" (the band is at or above it), "within_noise" (the band
+    straddles it) or "no_value"; `check`: True / False / None; `text`: why, in words."""
+    c = comparison or {}
+    vs = c.get("change")
+    if vs is None:
+        return {
+            "state": "no_value",
+            "check": None,
+            "text": f"no TFLOP/s or step time to compare with {bar}",
+        }
+    if c.get("confounded"):
+        return {"state": "confounded", "check": None, "text": f"throughput not judged: {c['why']}"}
+    if c.get("noise_measured") is False or "change_low" not in c:
+        ok = vs >= -threshold
+        said = f"{vs:+.1%} vs {bar}" + ("" if ok else f", beyond -{threshold:.0%}: regression")
+        return {
+            "state": "passes" if ok else "regression",
+            "check": ok,
+            "text": f"{said}; judged on single values: the run-to-run noise is not measured",
+        }
+    low, high = c["change_low"], c["change_high"]
+    band = f"{low:+.1%} to {high:+.1%} with the noise"
+    if low >= -threshold:
+        return {"state": "passes", "check": True, "text": f"{vs:+.1%} vs {bar} ({band})"}
+    if high < -threshold:
+        text = f"{vs:+.1%} vs {bar} ({band}), beyond -{threshold:.0%}: regression"
+        return {"state": "regression", "check": False, "text": text}
+    text = f"{vs:+.1%} vs {bar} is within noise of the -{threshold:.0%} threshold ({band})"
+    return {"state": "within_noise", "check": None, "text": text}

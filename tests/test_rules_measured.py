@@ -281,3 +281,21 @@ def test_r8p_rk661_selective_recompute_exhausted_memory():
         "recompute_num_layers": 1,
     }
     assert "exhausted memory at iteration 7" in f.evidence
+
+
+# RK238: the two real Megatron-LM runs of https://github.com/NVIDIA/Megatron-LM/issues/756
+# (tests/data/measured/mlm756) as the trial tabulated them, with the dates their logs stamp: a
+# 45% gap that lines up with a week between the runs is "confounded", never "within noise"
+@covers("RK238")
+def test_a_confounded_gap_is_called_confounded_not_within_noise(tmp_path):
+    from recompute_kit.doctor.evidence import collect as collect_ev
+
+    table = tmp_path / "dated.md"
+    table.write_text(
+        "| recompute | elapsed time per iteration (ms) | tflops | run | date |\n"
+        "|---|---|---|---|---|\n| none | 5444.9 | 236.0 | control.log | 2024-04-06 |\n"
+        "| full:uniform:1 | 10036.9 | 130.1 | full.log | 2024-03-30 |\n"
+    )
+    found = {f.rule: f for f in diagnose(collect_ev(experiments=str(table))).findings}
+    assert "RK238" in found and "RK237" not in found and "RK033" not in found
+    assert "within noise" not in found["RK238"].title and "confounded" in found["RK238"].title

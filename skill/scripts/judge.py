@@ -5,7 +5,8 @@ A candidate (one recompute setting) is a success only if all of these hold:
   fits        peak reserved <= budget x (1 - margin) on every rank it ran on, and it did not OOM
               (peak allocated is used, with a warning, when reserved was not recorded);
   throughput  TFLOP/s (or, without it, 1 / step time) >= golden x (1 - threshold);
-  loss        |loss - golden loss| <= loss_rtol x |golden loss| on every rank both recorded,
+  loss        |loss - golden loss| <= loss_rtol x |golden loss| at every rank and iteration both
+              recorded (none in common: not compared, said),
               or, with --verify FILE (the output of `rk.py verify --json`), loss and grads
               bitwise equal to no recompute for that spec (no evidence either way: "unchecked",
               and the verdict is "incomplete", not "success").
@@ -31,21 +32,28 @@ from the data: leading iterations slower than the run's steady median by 3 x 1.4
 2%, at most half the run; or --warmup N) and profiled iterations are dropped and the median and
 IQR taken; a setting is the median of its repeats, its noise the range of their medians (one
 run: its IQR); repeats far from the others, or much noisier (IQR 3x their repeats'), are
-outliers, and runs that differ in host, date, profiler, batch or sequence are confounders. The
+outliers, and runs that differ in host, date (a log's timestamps), profiler, batch, sequence,
+train_iters or any printed argument but the recompute ones are confounders. The
 throughput check passes or fails only when the whole noise band is on one side of the
 threshold, else it is null ("within noise"), and `rerun` names the re-run that would decide.
 A golden that does not fit (OOM, or over the budget) is infeasible (`baseline`): the settings
 that fit are compared among themselves, against the fastest, and `recommendation` names it with
-its spread (decided only beyond the noise), saying which checks are still open.
+its spread (decided only beyond the noise), saying which checks are still open. The
+throughput check is runstats.speed_verdict, the judgement the doctor's RK033/RK237/RK238 make.
+With --config FILE (the run's launch script or YAML), a measured slowdown is set against the
+extra FLOPs the estimator gives its recompute setting (`expected_cost`: "as expected" or "more
+than recompute explains"). A log's memory lines ("[Rank N] ... memory (MB) | ... | max
+reserved: ...") give each rank's peak.
 
 Output: {"ok": true, "budget_gib", "usable_gib", "golden", "candidates": [{"recompute",
 "ranks", "binding_rank", "max_peak_reserved_gib", "max_peak_allocated_gib", "tflops",
-"vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "verdict",
+"vs_golden_pct", "loss_rel_diff", "checks": {"fits", "throughput", "loss"}, "speed_verdict":
+{state, check, text}, "expected_cost": {arm, base, predicted, measured, explained, text}, "verdict",
 "reasons", "speed": {runs, median, low, high, noise, kind, unit, better, runs_detail,
 comparison}}], "recommended", "recommendation": {recompute, decided, within_noise_of,
 passes_contract, why}, "baseline", "outliers", "confounders", "rerun", "speed_kind",
-"speed_unit", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for unreadable
-input. Standard library only: needs no torch.
+"speed_unit", "config_note", "input_notes"}. Exit 0 when judged (whatever the verdicts), 1 for
+unreadable input. Standard library only: needs no torch.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -60,7 +69,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit of this skill folder
 
 from recompute_kit.runcolumns import read_table
-from recompute_kit.runstats import RERUN, compare, judge_runs, split_runs, summarize_run
+from recompute_kit.runstats import (
+    RERUN,
+    compare,
+    judge_runs,
+    speed_verdict,
+    split_runs,
+    summarize_run,
+)
 
 GIB = 2**30
 
@@ -100,9 +116,20 @@ def load_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+# Printed arguments that are the setting under test or the run's bookkeeping (paths, logging,
+# ranks): every other argument that differs between two runs is a confounder.
+_NOT_SETUP = re.compile(
+    r"recompute|distribute_saved_activations|cpu_offloading|_path$|_dir$|^(save|load)(_|$)"
+    r"|wandb|tensorboard|^log_|rank$|timestamp|^exit_"
+)
+
+
 def load_log(spec: str) -> list[dict]:
     """Rows from a Megatron training log given as SPEC=FILE: one per iteration line, the
-    profiler window from the arguments it printed (--profile-step-start/end)."""
+    profiler window from the arguments it printed (--profile-step-start/end), the date from the
+    iteration lines' timestamps, the planned length (train_iters) from "iteration N/ TOTAL",
+    the printed arguments as the run's `setup`, and one row per rank with the peak of its
+    memory reports ("[Rank 1] (after 1 iterations) memory (MB) | ... | max reserved: ...")."""
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise ValueError(f"--log wants SPEC=FILE, not {spec!r}")
@@ -116,6 +143,9 @@ def load_log(spec: str) -> list[dict]:
             window = (int(cfg["profile_step_start"]), int(cfg["profile_step_end"]))
         except (KeyError, TypeError, ValueError):
             window = None
+    date = (ev.iteration_stamps.get("first") or "")[:10] or None
+    printed = ev.facts.get("args_dump") or {}
+    setup = {k: v for k, v in printed.items() if not _NOT_SETUP.search(k)}
     rows = []
     for it in ev.iterations:
         if it.elapsed_ms is None and it.tflops_per_gpu is None:
@@ -135,16 +165,53 @@ def load_log(spec: str) -> list[dict]:
                 "profiler": None,
                 "profile_window": window,
                 "host": None,
-                "date": None,
+                "date": date,
                 "global_batch_size": it.global_batch_size,
                 "seq_length": cfg.get("seq_length"),
+                "train_iters": it.total_iterations or cfg.get("train_iters"),
+                "setup": setup,
             }
         )
     if ev.oom:
         rows.append({**(rows[-1] if rows else {}), "recompute": name, "oom": True, "run": path})
     if not rows:
         raise ValueError(f"{path}: no iteration lines with a step time or TFLOP/s")
+    peaks: dict[int, dict[str, int]] = {}
+    for m in ev.memory:
+        mine = peaks.setdefault(m.rank or 0, {})
+        for key, value in (
+            ("reserved", m.max_reserved_bytes or m.reserved_bytes),
+            ("allocated", m.max_allocated_bytes or m.allocated_bytes),
+        ):
+            if value is not None:
+                mine[key] = max(mine.get(key, 0), value)
+    for rank, peak in sorted(peaks.items()):  # rows without a speed: memory only
+        rows.append(
+            {
+                **rows[0],
+                "rank": rank,
+                "reserved": peak.get("reserved"),
+                "allocated": peak.get("allocated"),
+                "tflops": None,
+                "step": None,
+                "loss": None,
+                "iteration": None,
+            }
+        )
     return rows
+
+
+def load_config(paths: list[str]):
+    """The kit's Config of the run's config files (the shared reader, as the doctor reads
+    them), or (None, why) when they give no model shape."""
+    from recompute_kit.config import ConfigError
+    from recompute_kit.sources.resolve import config_from_json, resolve
+
+    try:
+        cfg = config_from_json(resolve(paths, require_shape=False).to_json())
+    except ConfigError as exc:
+        return None, f"--config not read: {exc}"
+    return cfg, None if cfg is not None else "--config gives no model shape: cost not predicted"
 
 
 def load_verify(path: Path) -> dict[str, bool]:
@@ -184,9 +251,8 @@ def speed(
         label = first["run"] if first["run"] is not None else f"run {n + 1}"
         if first["run"] is None and first["host"]:
             label = f"{label} on {first['host']}"
-        extra = {
-            f: first[f] for f in ("host", "date", "global_batch_size", "seq_length") if first[f]
-        }
+        fields = ("host", "date", "global_batch_size", "seq_length", "train_iters", "setup")
+        extra = {f: first[f] for f in fields if first.get(f)}
         if len(samples) == 1 and any(r["profiler"] for r in run):
             extra["profiler"] = "on"  # a summary measured under the profiler: not droppable
         elif any(r["profiler"] is not None for r in run):
@@ -195,10 +261,20 @@ def speed(
     return out, ("tflops" if kind == "tflops" else "1/step_time")
 
 
+def rank_peaks(group: list[dict]) -> dict[int, float]:
+    """Each rank's peak: the largest reserved (else allocated) any of its rows recorded (a
+    log's iteration rows record none, its memory rows do)."""
+    out: dict[int, float] = {}
+    for r in group:
+        value = r["reserved"] or r["allocated"]
+        if value is not None:
+            out[r["rank"]] = max(out.get(r["rank"], value), value)
+    return out
+
+
 def fit_check(group: list[dict], usable: float | None, margin: float) -> tuple[bool | None, str]:
     """Whether a setting fits (its OOMs, else its peaks against the usable memory), and why."""
-    peaks = {r["rank"]: r["reserved"] or r["allocated"] for r in group}
-    known = {k: v for k, v in peaks.items() if v is not None}
+    known = rank_peaks(group)
     if any(r["oom"] for r in group):
         return False, f"OOM on rank(s) {sorted({r['rank'] for r in group if r['oom']})}"
     if usable is None:
@@ -287,7 +363,14 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
             baseline.update(compared_among=fitting, reference=against)
         else:
             baseline.update(compared_among=[], reference=None)
-    golden_loss = {r["rank"]: r["loss"] for r in groups.get(golden, []) if r["loss"] is not None}
+    # losses are compared where both runs recorded the same rank and iteration
+    golden_loss = {
+        (r["rank"], r["iteration"]): r["loss"]
+        for r in groups.get(golden, [])
+        if r["loss"] is not None
+    }
+    config, config_note = load_config(args.config) if args.config else (None, None)
+    steps = step_medians(groups, args.warmup) if config is not None else {}
     verified = load_verify(args.verify) if args.verify else {}
 
     out = []
@@ -296,13 +379,13 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         checks: dict[str, bool | None] = {}
         reserved = [r["reserved"] for r in group if r["reserved"] is not None]
         allocated = [r["allocated"] for r in group if r["allocated"] is not None]
-        peaks = {r["rank"]: r["reserved"] or r["allocated"] for r in group}
-        known = {k: v for k, v in peaks.items() if v is not None}
+        known = rank_peaks(group)
         binding = max(known, key=known.get) if known else None
         checks["fits"], why_fit = fits[name]
         if why_fit:
             reasons.append(why_fit)
-        if checks["fits"] and len(reserved) < len(group):
+        with_reserved = {r["rank"] for r in group if r["reserved"] is not None}
+        if checks["fits"] and with_reserved != set(known):
             reasons.append(
                 "peak reserved not recorded on every rank: judged on allocated; "
                 "record torch.cuda.max_memory_reserved()"
@@ -315,6 +398,7 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         value = stats.get("median")
         vs = comparison.get("change")
         bar = "golden" if against == golden else f"'{against}'"
+        verdict_of_speed = None
         if name == golden:
             checks["throughput"] = True
         elif name == against:
@@ -322,58 +406,54 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
             reasons.append(
                 f"the fastest of the settings that fit (golden '{golden}' does not: infeasible)"
             )
-        elif value is None or vs is None:
-            checks["throughput"] = None
-            reasons.append(f"no TFLOP/s or step time to compare with {bar}")
-        elif comparison.get("confounded"):
-            checks["throughput"] = None
-            reasons.append(f"throughput not judged: {comparison['why']}")
-        elif against != golden and comparison.get("noise_measured") is False:
+        elif against != golden and comparison.get("noise_measured") is False and vs is not None:
             # against a peer, not a golden's bar: a single value decides nothing
             checks["throughput"] = None
             reasons.append(f"{vs:+.1%} vs {bar}: {comparison['why']}")
-        elif comparison.get("noise_measured") is False or "noise" not in stats:
-            # single summary values: judged on the values, the noise unknown
-            checks["throughput"] = vs >= -args.threshold
-            if not checks["throughput"]:
-                reasons.append(f"{vs:+.1%} vs {bar}, beyond -{args.threshold:.0%}: regression")
-            reasons.append("judged on single values: the run-to-run noise is not measured")
         else:
-            low, high = comparison["change_low"], comparison["change_high"]
-            if low >= -args.threshold:
-                checks["throughput"] = True
-            elif high < -args.threshold:
-                checks["throughput"] = False
-                reasons.append(
-                    f"{vs:+.1%} vs {bar} ({low:+.1%} to {high:+.1%} with the noise), beyond "
-                    f"-{args.threshold:.0%}: regression"
-                )
-            else:
-                checks["throughput"] = None
-                reasons.append(
-                    f"{vs:+.1%} vs {bar} is within noise of the -{args.threshold:.0%} "
-                    f"threshold ({low:+.1%} to {high:+.1%}): {used['rerun'] or RERUN}"
-                )
-        losses = {r["rank"]: r["loss"] for r in group if r["loss"] is not None}
+            # the one judgement the doctor's measured rules make too (runstats.speed_verdict)
+            verdict_of_speed = speed_verdict(comparison, args.threshold, bar)
+            checks["throughput"] = verdict_of_speed["check"]
+            if verdict_of_speed["state"] == "within_noise":
+                verdict_of_speed["text"] += f": {used['rerun'] or RERUN}"
+            if verdict_of_speed["state"] != "passes" or checks["throughput"] is None:
+                reasons.append(verdict_of_speed["text"])
+            elif "single values" in verdict_of_speed["text"]:
+                reasons.append("judged on single values: the run-to-run noise is not measured")
+        cost = None
+        if config is not None and name != golden and golden is not None:
+            cost = expected_cost(config, name, golden, steps, groups)
+            if cost is not None:
+                reasons.append(cost["text"])
+        loss_keys = {(r["rank"], r["iteration"]): r["loss"] for r in group if r["loss"] is not None}
+        common = loss_keys.keys() & golden_loss.keys()
         diffs = [
-            abs(v - golden_loss[k]) / max(abs(golden_loss[k]), 1e-12)
-            for k, v in losses.items()
-            if k in golden_loss
+            abs(loss_keys[k] - golden_loss[k]) / max(abs(golden_loss[k]), 1e-12) for k in common
         ]
         rel = max(diffs) if diffs else None
         if name == golden:
-            checks["loss"] = True if losses or name in verified else None
+            checks["loss"] = True if loss_keys or name in verified else None
         elif rel is None and name in verified:
             checks["loss"] = verified[name]
             if not verified[name]:
                 reasons.append("recompute-kit verify: loss/grads differ from no recompute")
+        elif rel is None and loss_keys and golden_loss:
+            # losses at different iterations say nothing about recompute: not compared
+            checks["loss"] = None
+            reasons.append(
+                f"loss not compared: no iteration in common with golden (golden "
+                f"{_iterations(golden_loss)}, this run {_iterations(loss_keys)})"
+            )
         elif rel is None:
             checks["loss"] = None
             reasons.append("loss not recorded for this run and golden: unchecked")
         else:
             checks["loss"] = rel <= args.loss_rtol
             if not checks["loss"]:
-                reasons.append(f"loss differs from golden by {rel:.2%} > {args.loss_rtol:.2%}")
+                reasons.append(
+                    f"loss differs from golden by {rel:.2%} > {args.loss_rtol:.2%} "
+                    f"(at {len(common)} iteration(s) both recorded)"
+                )
         if name == golden and checks["loss"] is None:
             reasons.append("golden has no loss recorded")
         if any(v is False for v in checks.values()):
@@ -403,6 +483,8 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
                 "vs_golden_pct": None if to_golden is None else round(100 * to_golden, 2),
                 "loss_rel_diff": rel,
                 "checks": checks,
+                "speed_verdict": verdict_of_speed,
+                "expected_cost": cost,
                 "verdict": verdict,
                 "reasons": reasons,
             }
@@ -431,7 +513,43 @@ def judge(rows: list[dict], args: argparse.Namespace) -> dict:
         "rerun": used["rerun"] if baseline is not None else measured["rerun"],
         "speed_kind": kind_name if groups else None,
         "speed_unit": unit if groups else None,
+        "config_note": config_note,
     }
+
+
+def _iterations(losses: dict) -> str:
+    its = sorted(k[1] for k in losses if k[1] is not None)
+    return f"{its[0]}-{its[-1]}" if its else "a summary value"
+
+
+def step_medians(groups: dict[str, list[dict]], warmup: int | None) -> dict:
+    """Each setting's step time (median of its runs' medians, warm-up dropped) and TFLOP/s:
+    what the measured slowdown is read from."""
+    out = {}
+    for name, group in groups.items():
+        steps, _ = speed(name, group, warmup, "step")
+        meds = [r["median"] for r in steps if r.get("profiler") != "on"]
+        has_tflops = any(r["tflops"] is not None for r in group)
+        rates, _ = speed(name, group, warmup, "tflops") if has_tflops else ([], "")
+        tflops = [r["median"] for r in rates if r.get("profiler") != "on"]
+        out[name] = {
+            "step": statistics.median(meds) if meds else None,
+            "tflops": statistics.median(tflops) if tflops else None,
+        }
+    return out
+
+
+def expected_cost(config, arm: str, base: str, steps: dict, groups: dict) -> dict | None:
+    """The measured slowdown of `arm` over `base` beside what its recompute FLOPs predict
+    (recompute_kit/plan/measured_cost.py)."""
+    from recompute_kit.plan.measured_cost import explain_slowdown, measured_time_change
+
+    a, b = steps.get(arm, {}), steps.get(base, {})
+    tflops = any(r["tflops"] is not None for r in groups.get(base, []))
+    change, read_from = measured_time_change(
+        b.get("step"), a.get("step"), b.get("tflops") if tflops else None, a.get("tflops")
+    )
+    return explain_slowdown(config, arm, base, change, read_from)
 
 
 def recommend(
@@ -549,6 +667,14 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.01,
         help="allowed relative loss difference vs golden (default 0.01)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="the run's config (launch script, YAML; repeatable): the model shape with which "
+        "a measured slowdown is set against the FLOPs its recompute setting adds",
     )
     p.add_argument(
         "--verify",

@@ -359,7 +359,7 @@ def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     are returned as they are."""
     if not any(r.get("iteration") is not None or r.get("run") is not None for r in rows):
         return rows
-    from ...runstats import judge_runs, split_runs, summarize_run
+    from ...runstats import judge_runs, speed_verdict, split_runs, summarize_run
 
     by_setting: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -427,7 +427,15 @@ def _aggregate_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["oom"] = any(r.get("oom") for r in group)
         if comparison.get("change") is not None:  # (a per-run vs-golden column is one run's)
             row["vs_golden"] = round(comparison["change"], 4)
-        row["within_noise"] = setting != golden and not comparison.get("decided", False)
+        # the judge's judgement (runstats.speed_verdict): a regression beyond the bar is one
+        # even on single values; what it does not decide is "within noise" (or confounded)
+        verdict = speed_verdict(comparison) if setting != golden else None
+        row["speed_verdict"] = verdict
+        row["within_noise"] = (
+            setting != golden
+            and not comparison.get("decided", False)
+            and (verdict or {}).get("state") != "regression"
+        )
         row["measured"] = {
             **{k: v for k, v in stats.items() if k != "comparison"},
             "comparison": comparison or None,

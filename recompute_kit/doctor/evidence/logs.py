@@ -160,6 +160,10 @@ class _LogParser(ProgressLines):
         self._dropped: dict[str, int] = {}
         self._recent: deque[str] = deque(maxlen=8)  # lines no parser read, for context
         self._last_stamp: dict[int | None, str] = {}  # per rank: the previous line's stamp
+        # the raw lines of the first and last iteration: their stamps are read at the end
+        # (not per line: a 100 MB log holds hundreds of thousands)
+        self._raw = ""
+        self._iteration_lines: list[str] = []
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class _LogParser(ProgressLines):
         self._line_number += 1
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
+        self._raw = raw
         if (
             "nan iterations:" in raw
             and self._pending is None
@@ -206,6 +211,10 @@ class _LogParser(ProgressLines):
             self.ev.config = _finalize_config(self.ev.config)
         for what, n in self._dropped.items():
             self._note(f"{n} further {what} were not kept (limit reached)")
+        stamps = zip(("first", "last"), self._iteration_lines, strict=False)
+        self.ev.iteration_stamps = {
+            k: stamp for k, line in stamps if (stamp := _strip_prefixes(line)[2])
+        }
         return self.ev
 
     # -- helpers -----------------------------------------------------------------------------
@@ -228,6 +237,11 @@ class _LogParser(ProgressLines):
             self._drop("distinct errors/warnings")
 
     def _add_iteration(self, it: Iteration) -> None:
+        lines = self._iteration_lines
+        if len(lines) < 2:
+            lines.append(self._raw)
+        else:
+            lines[1] = self._raw
         if len(self.ev.iterations) < MAX_ITERATIONS:
             self.ev.iterations.append(it)
         else:

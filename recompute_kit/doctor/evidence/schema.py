@@ -125,6 +125,9 @@ class Evidence:
     # What the shared reader (recompute_kit.sources) read from the config files, as
     # `recompute-kit read --json` prints it: config, sources, warnings, inputs. None: no file.
     read: dict[str, Any] | None = None
+    # The timestamps of the first and last iteration lines ("2024-04-06 02:55:45"), when the
+    # log stamps them: {"first": ..., "last": ...}; the judge compares runs' dates with them.
+    iteration_stamps: dict[str, str] = field(default_factory=dict)
 
     def to_json(self, rows: bool = True) -> dict[str, Any]:
         """The evidence as a JSON document. `rows=False` leaves `iterations` and `memory` as
@@ -154,6 +157,7 @@ class Evidence:
             gpu_processes=self.gpu_processes + other.gpu_processes,
             facts=_merge_facts(self.facts, other.facts),
             read=other.read or self.read,
+            iteration_stamps=_span(self.iteration_stamps, other.iteration_stamps),
         )
 
 
@@ -170,6 +174,13 @@ def row_json(row: Iteration | MemoryReport) -> dict[str, Any]:
         known = _ROW_FIELDS[kind] = (names, attrgetter(*names))
     names, get = known
     return dict(zip(names, get(row), strict=True))
+
+
+def _span(a: dict[str, str], b: dict[str, str]) -> dict[str, str]:
+    """The first stamp of `a` (else `b`) and the last of `b` (else `a`): inputs in order."""
+    out = {k: v for k, v in (("first", a.get("first") or b.get("first")),) if v}
+    last = b.get("last") or a.get("last")
+    return {**out, "last": last} if last else out
 
 
 def _merge_facts(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict:

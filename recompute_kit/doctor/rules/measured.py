@@ -2,7 +2,9 @@
 and without recompute side by side (RK230 its cost, RK231 when it pays for itself), sizes that
 equal a logits tensor (RK232), an OOM raised while a model is moved whole onto the GPU
 (RK233), offload switched on while the memory report still shows the states on the GPU
-(RK234)."""
+(RK234); repeats and per-iteration runs that do not decide (RK237 within noise, RK238
+confounded), with the measured slowdown set against the recompute FLOPs where a config gives
+the model shape."""
 
 from __future__ import annotations
 
@@ -398,23 +400,32 @@ def _selective_ooms(ctx: Context) -> Match | None:
 # --------------------------------------------------------------------------------------------
 
 
-@rule(
-    "RK237",
-    "Measured: the difference is within noise or confounded; a re-run decides",
-    "recompute_overhead",
-    symptom="Repeated runs or per-iteration step times of two recompute settings differ by less "
-    "than their spread, or the settings ran on different nodes / dates / under the profiler "
-    "/ at another batch or sequence",
-    cause="Run-to-run and node-to-node variation (a slow node, a thermally throttled GPU, a "
-    "profiler window, warm-up) can be as large as what recompute costs: a median of per-run "
-    "medians taken over such runs decides nothing",
-    confirm="Compare each setting's per-run medians and IQRs (warm-up and profiled iterations "
-    "dropped): the bands overlap, or a setting's runs all share a node the other's do not",
-    fix="Re-run the settings interleaved (A B A B ..., at least 3 repeats each) on the same "
-    "nodes, with the profiler off and the same global batch and sequence length, and compare "
-    "per-iteration step times after warm-up",
-)
-def _measured_within_noise(ctx: Context) -> Match | None:
+def measured_cost(ctx: Context, row: dict) -> str:
+    """Whether the measured slowdown of an experiment row is what its recompute setting
+    should cost (plan/measured_cost.py), where the evidence gives a model shape; "" else."""
+    if ctx.config is None or not row.get("recompute"):
+        return ""
+    from ...plan.measured_cost import explain_slowdown, measured_time_change
+
+    rows = [r for r in ctx.evidence.experiments if r.get("recompute")]
+    summary = next((r["measured_summary"] for r in rows if r.get("measured_summary")), None)
+    golden = summary["golden"] if summary else "none"
+    base = next((r for r in rows if r["recompute"] == golden), None)
+    if base is None or base is row:
+        return ""
+    change, read_from = measured_time_change(
+        base.get("step_time_ms"),
+        row.get("step_time_ms"),
+        base.get("tflops_per_gpu"),
+        row.get("tflops_per_gpu"),
+    )
+    said = explain_slowdown(ctx.config, str(row["recompute"]), str(golden), change, read_from)
+    return f" Cost: {said['text']}." if said else ""
+
+
+def _undecided(ctx: Context, confounded: bool) -> Match | None:
+    """RK237 (within noise) and RK238 (confounded): the rows the one speed judgement
+    (runstats.speed_verdict) leaves undecided, with what was shown and the re-run."""
     rows = [r for r in ctx.evidence.experiments if isinstance(r.get("measured"), dict)]
     summary = next((r["measured_summary"] for r in rows if r.get("measured_summary")), None)
     if not rows or summary is None:
@@ -424,7 +435,10 @@ def _measured_within_noise(ctx: Context) -> Match | None:
         for r in rows
         if r.get("within_noise")
         and (r["measured"].get("comparison") or {}).get("change") is not None
+        and bool((r["measured"].get("comparison") or {}).get("confounded")) == confounded
     ]
+    if not undecided:
+        return None
     shown = [c["note"] for c in summary.get("confounders") or []]
     outliers = [
         f"run {o['run']} of '{o['setting']}': {o['why']}"
@@ -435,9 +449,6 @@ def _measured_within_noise(ctx: Context) -> Match | None:
     dropped = [
         f"run {d['run']} of '{d['setting']}': {d['why']}" for d in summary.get("dropped_runs") or []
     ]
-    if not undecided:
-        return None
-    worst = min(undecided, key=lambda r: r["measured"]["comparison"]["change"])
     said = "; ".join(
         f"'{r.get('recompute') or r.get('name')}' vs '{summary['golden']}': "
         f"{r['measured']['comparison']['why']}"
@@ -448,9 +459,47 @@ def _measured_within_noise(ctx: Context) -> Match | None:
         for label, items in (("Confounders", shown), ("Outliers", outliers), ("Left out", dropped))
         if items
     )
-    confounded = (worst["measured"].get("comparison") or {}).get("confounded")
+    worst = min(undecided, key=lambda r: r["measured"]["comparison"]["change"])
     return Match(
         0.6 if confounded or len(undecided) == len(rows) - 1 else 0.5,
-        f"The measurements do not decide: {said}.{extra}",
+        f"The measurements do not decide: {said}.{extra}{measured_cost(ctx, worst)}",
         fix=f"No recompute change on this evidence: {summary['rerun']}",
     )
+
+
+@rule(
+    "RK237",
+    "Measured: the difference is within noise; a re-run decides",
+    "recompute_overhead",
+    symptom="Repeated runs or per-iteration step times of two recompute settings differ by less "
+    "than their spread, or by a single run's value that is within the contract's threshold",
+    cause="Run-to-run and node-to-node variation (a slow node, a thermally throttled GPU, a "
+    "profiler window, warm-up) can be as large as what recompute costs: a median of per-run "
+    "medians taken over such runs decides nothing",
+    confirm="Compare each setting's per-run medians and IQRs (warm-up and profiled iterations "
+    "dropped): the bands overlap",
+    fix="Re-run the settings interleaved (A B A B ..., at least 3 repeats each) on the same "
+    "nodes, with the profiler off and the same global batch and sequence length, and compare "
+    "per-iteration step times after warm-up",
+)
+def _measured_within_noise(ctx: Context) -> Match | None:
+    return _undecided(ctx, confounded=False)
+
+
+@rule(
+    "RK238",
+    "Measured: the runs differ in more than the recompute setting (confounded); a re-run decides",
+    "recompute_overhead",
+    symptom="The settings compared ran on different nodes / dates, under the profiler, at "
+    "another batch, sequence or planned length, or with other printed arguments, one value "
+    "per setting",
+    cause="When everything that differs lines up with the recompute setting, the measured "
+    "difference cannot be told apart from the node, the date or the other arguments, however "
+    "large it is",
+    confirm="The confounders shown: each setting saw one value of the field, and the values differ",
+    fix="Re-run the settings interleaved (A B A B ..., at least 3 repeats each) on the same "
+    "nodes, with the profiler off and the same global batch and sequence length, and compare "
+    "per-iteration step times after warm-up",
+)
+def _measured_confounded(ctx: Context) -> Match | None:
+    return _undecided(ctx, confounded=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ..types import Context, Match
+from .measured import measured_cost
 from .registry import fact, gib, is_megatron, patch_for, rule, zero_stage
 
 # --------------------------------------------------------------------------------------------
@@ -159,6 +160,9 @@ def _regression(ctx: Context) -> Match | None:
         f"Experiment '{worst.get('name')}' ({worst.get('recompute')}) runs "
         f"{worst['vs_golden']:+.1%} vs golden."
     )
+    if (worst.get("speed_verdict") or {}).get("text"):
+        evidence += f" {worst['speed_verdict']['text']}."
+    evidence += measured_cost(ctx, worst)
     if best is not None and best is not worst:
         evidence += f" '{best.get('name')}' ({best['recompute']}) fits at {best['vs_golden']:+.1%}."
         return Match(0.6, evidence, config_patch=patch_for(best["recompute"]))
