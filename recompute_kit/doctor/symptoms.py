@@ -65,11 +65,15 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"passed|used|reach\w*)|(?:silently\s+)?inert\b|"
             + _MEM_SAME
             + r")|(?:memory|vram|peak)[^.\n]{0,20}?\b(?:is|was|stays?|remains?)\s+(?:still\s+)?"
-            r"(?:the\s+)?same\b[^.\n]{0,40}?" + _CKPT
+            r"(?:the\s+)?same\b[^.\n]{0,40}?"
+            + _CKPT
             # "silently disabled activation checkpointing even if enabled in the config"
             + r"|\bsilently\s+(?:disabled?|disabling|skip(?:ped|s)?|ignor(?:ed|es)|dropp(?:ed|s)|"
-            r"turn(?:ed|s)\s+off)\s+(?:the\s+)?(?:\w+\s+)?" + _CKPT
-            + r"|" + _CKPT + r"\s+(?:is\s+|was\s+|gets?\s+|got\s+)?silently\s+(?:disabled|"
+            r"turn(?:ed|s)\s+off)\s+(?:the\s+)?(?:\w+\s+)?"
+            + _CKPT
+            + r"|"
+            + _CKPT
+            + r"\s+(?:is\s+|was\s+|gets?\s+|got\s+)?silently\s+(?:disabled|"
             r"skipped|ignored|dropped|turned\s+off)",
             re.I,
         ),
