@@ -526,8 +526,9 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm",
         )
         if family.get("dropout"):
-            for field, key in zip(("hidden_dropout", "attention_dropout"), family["dropout"]):
-                put(field, key, float(get(key)))
+            residual, attention = family["dropout"]
+            put("hidden_dropout", residual, float(get(residual)))
+            put("attention_dropout", attention, float(get(attention)))
         else:
             reading.set(
                 "hidden_dropout",
