@@ -29,6 +29,7 @@ from .reading import Reading
 # Module names under recompute_kit.sources, in the order ties are broken.
 FORMAT_MODULES = (
     "megatron_lm",
+    "megatron_dump",
     "bridge",
     "nemo",
     "nemo_rl",
@@ -109,9 +110,9 @@ def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Readi
         if error:
             raise ConfigError(error)
         raise ConfigError(
-            f"{path}: not a training config recompute-kit can read (Megatron-LM script or "
-            "YAML, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, NeMo Automodel YAML, "
-            "torchtitan TOML, "
+            f"{path}: not a training config recompute-kit can read (Megatron-LM script, "
+            "YAML or argument dump, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, "
+            "NeMo Automodel YAML, torchtitan TOML, "
             "Hugging Face config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON)"
         )
     return module.read(text, path)

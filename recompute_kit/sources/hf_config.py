@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import ConfigError
+from .hf_attribute_maps import key_value_heads, standard_keys
 from .reading import FROM_FILE, FROM_MODEL, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("hf-config",)
@@ -55,7 +56,26 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "olmo2": {"tie": False, "glu": True, "qk_norm": True},
     "phi3": {"tie": False, "glu": True},
     # Nemotron: LayerNorm1P (zero-centred gamma), squared-ReLU MLP without a gate.
-    "nemotron": {"tie": False, "glu": False, "norm": "LayerNorm"},
+    "nemotron": {
+        "tie": False,
+        "glu": False,
+        "norm": "LayerNorm",
+        "norm_note": "LayerNorm1P (zero-centred gamma)",
+    },
+    # GPT-2 (modeling_gpt2.py): learned absolute positions (wpe), LayerNorm, a gelu MLP of
+    # n_inner (null: 4 * n_embd) without a gate, biases on every Conv1D, dropout resid_pdrop
+    # on the residual and attn_pdrop on the attention probabilities, lm_head tied to wte.
+    "gpt2": {
+        "tie": True,
+        "glu": False,
+        "norm": "LayerNorm",
+        "norm_note": "LayerNorm (ln_1, ln_2, ln_f)",
+        "pos": "learned_absolute",
+        "bias": True,
+        "bias_note": "biases on every linear (Conv1D c_attn, c_proj, c_fc)",
+        "ffn_4h": True,
+        "dropout": ("resid_pdrop", "attn_pdrop"),
+    },
 }
 # `architectures[0]` -> family, for configs whose model_type is their own (remote code).
 _ARCHITECTURES = {
@@ -79,6 +99,12 @@ _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"decoder_sparse_step": 1, "mlp_only_layers": []},
     "deepseek_v3": {"moe_layer_freq": 1, "first_k_dense_replace": 3},
     "deepseek_v2": {"moe_layer_freq": 1, "first_k_dense_replace": 0},
+    "gpt2": {
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+    },
 }
 _CLASS_NAMES = {
     "llama": "LlamaConfig",
@@ -98,6 +124,7 @@ _CLASS_NAMES = {
     "olmo2": "Olmo2Config",
     "phi3": "Phi3Config",
     "nemotron": "NemotronConfig",
+    "gpt2": "GPT2Config",
 }
 
 # Keys read into fields (the rest of the file goes to `unused`).
@@ -137,6 +164,13 @@ _READ_KEYS = frozenset(
         "num_nextn_predict_layers",
         "model_type",
         "text_config",
+        "activation_function",
+        "resid_pdrop",
+        "attn_pdrop",
+        "multi_query",
+        "new_decoder_architecture",
+        "num_kv_heads",
+        "n_head_kv",
     }
 )
 
@@ -298,6 +332,10 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                 f"its architecture {arch} is read as {known}"
             )
             model_type = known
+    # GPT-2-style names (n_layer, n_embd, n_head, ...) under the standard ones, as transformers'
+    # attribute_map reads them; `written` says which key of the file each came from
+    as_written = cfg
+    cfg, written = standard_keys(cfg, model_type)
     family = _FAMILIES.get(model_type)
     fam_name = model_type or "unknown"
     cls = _CLASS_NAMES.get(model_type, "PretrainedConfig")
@@ -311,7 +349,7 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
 
     def org(key: str) -> Origin:
         if key in cfg:
-            return origin_for(prefix + key)
+            return origin_for(prefix + written.get(key, key))
         if key in defaults:
             return Origin("default", f"transformers {cls} default", key)
         return origin_for(prefix + key)
@@ -326,12 +364,14 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
         reading.set(field, value, Origin(base.kind, base.where, base.key, note=note))
 
     # Keys not read go to unused, as written.
-    for key, value in cfg.items():
-        if key not in _READ_KEYS:
+    read_aliases = {alias for key, alias in written.items() if key in _READ_KEYS}
+    for key, value in as_written.items():
+        if key not in _READ_KEYS and key not in read_aliases:
             reading.unused[prefix + key] = value
     if "max_position_embeddings" in cfg:
+        pos_key = written.get("max_position_embeddings", "max_position_embeddings")
         reading.warnings.append(
-            f"{where}: max_position_embeddings={cfg['max_position_embeddings']} is the model's "
+            f"{where}: {pos_key}={cfg['max_position_embeddings']} is the model's "
             "capacity, not the training sequence length (not used as seq_length)"
         )
     if family is None:
@@ -357,6 +397,9 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             "num_key_value_heads",
             _int(get("num_key_value_heads"), "num_key_value_heads", where),
         )
+    elif heads is not None and (kv := key_value_heads(cfg, model_type)) is not None:
+        groups, kv_key, why = kv
+        put("num_query_groups", kv_key, _int(groups, kv_key, where), note=why)
     elif heads is not None:
         reading.set(
             "num_query_groups",
@@ -415,8 +458,13 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             "intermediate_size",
             _int(cfg["intermediate_size"], "intermediate_size", where),
         )
-    act = cfg.get("hidden_activation", cfg.get("hidden_act"))
-    act_key = "hidden_activation" if "hidden_activation" in cfg else "hidden_act"
+    act_key = next(
+        (k for k in ("hidden_activation", "hidden_act", "activation_function") if k in cfg),
+        "hidden_act",
+    )
+    act = get(act_key) if act_key in cfg or act_key in defaults else None
+    if act is None and "activation_function" in defaults:
+        act_key, act = "activation_function", defaults["activation_function"]
     if family is not None:
         if family.get("glu"):
             if act is None or str(act) in ("silu", "swish"):
@@ -455,22 +503,38 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                 )
         else:
             fact("swiglu", False, f"ungated MLP ({act or 'relu2'})")
+        fact("normalization", family.get("norm", "RMSNorm"), family.get("norm_note", "RMSNorm"))
+        position = family.get("pos", "rope")
         fact(
-            "normalization",
-            family.get("norm", "RMSNorm"),
-            "LayerNorm1P (zero-centred gamma)" if family.get("norm") == "LayerNorm" else "RMSNorm",
+            "position_embedding_type",
+            position,
+            "learned absolute position embeddings (wpe)"
+            if position == "learned_absolute"
+            else "rotary position embeddings",
         )
-        fact("position_embedding_type", "rope", "rotary position embeddings")
+        if family.get("ffn_4h") and hidden and "intermediate_size" not in cfg:
+            reading.set(
+                "ffn_hidden_size",
+                4 * hidden,
+                Origin(
+                    FROM_MODEL, where, "n_inner", note=f"{fam_name} architecture: null = 4 * n_embd"
+                ),
+            )
         fact(
             "qk_layernorm",
             bool(family.get("qk_norm")),
             "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm",
         )
-        reading.set(
-            "hidden_dropout",
-            0.0,
-            Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"),
-        )
+        if family.get("dropout"):
+            residual, attention = family["dropout"]
+            put("hidden_dropout", residual, float(get(residual)))
+            put("attention_dropout", attention, float(get(attention)))
+        else:
+            reading.set(
+                "hidden_dropout",
+                0.0,
+                Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"),
+            )
         _biases(reading, cfg, family, fam_name, where, origin_for, prefix)
         tie_key = "tie_word_embeddings"
         if tie_key in data and prefix:
@@ -524,7 +588,8 @@ def _biases(
                 origin_for(prefix + key).kind if key else FROM_MODEL,
                 origin_for(prefix + key).where if key else where,
                 key,
-                note=f"{fam_name} architecture: biases on attention and expert linears",
+                note=f"{fam_name} architecture: "
+                + family.get("bias_note", "biases on attention and expert linears"),
             ),
         )
         return

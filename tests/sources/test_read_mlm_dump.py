@@ -1,0 +1,192 @@
+"""Megatron-LM's printed argument dump as a config (`recompute-kit read FILE`, `--config FILE`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recompute_kit.sources import megatron_dump
+from recompute_kit.sources.formats import best_format, read_file_text
+from recompute_kit.sources.resolve import resolve
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def _read(path: Path):
+    return read_file_text(path.read_text(), str(path))
+
+
+def _origin(reading, key: str) -> tuple[str, str]:
+    origin = reading.origins[key]
+    return origin.kind, origin.key
+
+
+def test_issue60_v1_cut_dump_reads_old_names_and_says_what_is_missing():
+    # Megatron-LM v1 (issue #60): the dump is cut after `exit_interval`
+    path = DATA / "read" / "mlm_issue60_args_cut.log"
+    assert best_format(path.read_text(), str(path)) is megatron_dump
+    r = _read(path)
+    assert (r.framework, r.format) == ("megatron-lm", megatron_dump.FORMAT)
+    # checkpoint_activations: every layer recomputed, in chunks of checkpoint_num_layers
+    assert r.get("recompute_granularity") == "full"
+    assert r.get("recompute_method") == "uniform"
+    assert r.get("recompute_num_layers") == 1
+    assert _origin(r, "recompute_num_layers") == ("file", "checkpoint_num_layers")
+    assert r.get("distribute_saved_activations") is True
+    # v1's batch_size is the batch per model instance; its model-parallel size is TP
+    assert r.get("micro_batch_size") == 8
+    assert (r.get("world_size"), r.get("tensor_model_parallel_size")) == (16, 2)
+    # `using torch.float16 for parameters ...`: the --fp16 run
+    assert (r.get("fp16"), r.get("bf16")) == (True, False)
+    assert r.get("attention_dropout") == 0.1
+    old = next(w for w in r.warnings if "old argument names" in w)
+    assert "checkpoint_activations" in old and "distribute_checkpointed_activations" in old
+    cut = next(w for w in r.warnings if "before its `end of arguments`" in w)
+    assert "`exit_interval`" in cut
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        assert name in cut
+    resolved = resolve([str(path)], require_shape=False)
+    assert resolved.reading.get("data_parallel_size") == 8  # 16 GPUs / TP 2
+    assert resolved.reading.origins["data_parallel_size"].kind == "derived"
+
+
+def test_issue92_quoted_header_and_query_key_layer_scaling():
+    path = DATA / "read" / "mlm_issue92_args_cut.log"
+    r = _read(path)
+    assert r.format == megatron_dump.FORMAT
+    assert r.get("data_parallel_size") == 1  # printed, as Megatron derived it
+    assert _origin(r, "data_parallel_size") == ("file", "data_parallel_size")
+    # apply_query_key_layer_scaling True: the softmax runs in fp32 (the dump prints False)
+    assert r.get("attention_softmax_in_fp32") is True
+    assert r.get("bias_activation_fusion") is True  # bias_gelu_fusion, no swiglu
+    assert r.get("recompute_granularity") == "full"
+    assert r.unused["data_path"] == ["/data/quxiaoru/Dataset/rev_gen/elec5/nei/graph_text_document"]
+    assert any("stops at line 22 (`data_path`)" in w for w in r.warnings)
+
+
+def test_issue495_part_of_a_dump_without_its_header():
+    path = DATA / "read" / "mlm_issue495_args_part.log"
+    r = _read(path)
+    assert r.format == megatron_dump.FORMAT
+    assert (r.get("hidden_size"), r.get("kv_channels"), r.get("hidden_dropout")) == (5120, 128, 0.1)
+    assert "num_query_groups" not in r  # group_query_attention False: MHA
+    assert any("no `---- arguments ----` line" in w for w in r.warnings)
+
+
+def test_complete_dump_with_world_line_has_no_cut_warning():
+    # reproduced with Megatron-LM core_v0.14.0's arguments.py (tests/data/rules/README.md)
+    path = DATA / "rules" / "ex-args-local-v014-full.txt"
+    r = _read(path)
+    assert (r.get("recompute_granularity"), r.get("recompute_method")) == ("full", "uniform")
+    assert r.get("recompute_num_layers") == 2
+    assert r.get("world_size") == 8
+    sizes = [r.get(k) for k in ("data_parallel_size", "tensor_model_parallel_size")]
+    assert [*sizes, r.get("pipeline_model_parallel_size")] == [2, 2, 2]
+    assert r.get("bf16") is True and r.get("grad_reduce_in_fp32") is True
+    assert not any("end of arguments" in w or "old argument names" in w for w in r.warnings)
+
+
+# --- a whole dump reads as the script it was printed for --------------------------------------
+
+SCRIPT = """#!/bin/bash
+torchrun --nproc-per-node 8 pretrain_gpt.py \\
+  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\
+  --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --swiglu \\
+  --normalization RMSNorm --position-embedding-type rope --disable-bias-linear \\
+  --untie-embeddings-and-output-weights --seq-length 8192 --micro-batch-size 1 \\
+  --tensor-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer --bf16 \\
+  --recompute-granularity selective --recompute-modules core_attn mlp \\
+  --attention-backend flash --tokenizer-type NullTokenizer --vocab-size 128256
+"""
+
+# What Megatron-LM's _print_args prints for that command (the resolved values), in its format
+# (real-formats.md fmt-mlm-print-args-main: '  {} {} {}'.format(arg, '.' * (48 - len(arg)),
+# value), sorted by the line lower-cased).
+PRINTED = {
+    "num_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "group_query_attention": True,
+    "num_query_groups": 8,
+    "ffn_hidden_size": 14336,
+    "kv_channels": 128,
+    "swiglu": True,
+    "normalization": "RMSNorm",
+    "position_embedding_type": "rope",
+    "add_bias_linear": False,
+    "untie_embeddings_and_output_weights": True,
+    "seq_length": 8192,
+    "encoder_seq_length": 8192,
+    "micro_batch_size": 1,
+    "tensor_model_parallel_size": 4,
+    "pipeline_model_parallel_size": 1,
+    "context_parallel_size": 1,
+    "data_parallel_size": 2,
+    "world_size": 8,
+    "sequence_parallel": True,
+    "use_distributed_optimizer": True,
+    "bf16": True,
+    "fp16": False,
+    "recompute_granularity": "selective",
+    "recompute_modules": ["core_attn", "mlp"],
+    "recompute_method": None,
+    "recompute_num_layers": None,
+    "attention_backend": "AttnBackend.flash",
+    "tokenizer_type": "NullTokenizer",
+    "vocab_size": 128256,
+    "padded_vocab_size": 128256,
+    "virtual_pipeline_model_parallel_size": None,
+    "num_experts": None,
+    "fp8": None,
+    "accumulate_allreduce_grads_in_fp32": True,
+    "bias_swiglu_fusion": True,
+    "bias_gelu_fusion": False,
+    "masked_softmax_fusion": True,
+    "apply_rope_fusion": True,
+    "rank": 0,
+}
+
+
+def _dump(args: dict, end: bool = True) -> str:
+    lines = [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in args.items()]
+    out = ["------------------------ arguments ------------------------"]
+    out += sorted(lines, key=lambda x: x.lower())
+    if end:
+        out.append("-------------------- end of arguments ---------------------")
+    return "\n".join(out) + "\n"
+
+
+def test_a_whole_dump_gives_the_config_of_its_script(tmp_path):
+    script, dump = tmp_path / "train.sh", tmp_path / "train.log"
+    script.write_text(SCRIPT)
+    dump.write_text("[rank0]: " + _dump(PRINTED).replace("\n  ", "\n[rank0]:   "))
+    from_script = resolve([str(script)])
+    from_dump = resolve([str(dump)])
+    assert from_dump.reading.format == megatron_dump.FORMAT
+    assert from_dump.config.to_flat() == from_script.config.to_flat()
+    assert not [w for w in from_dump.warnings if "dump" in w]
+    assert all(
+        o.kind == "file"
+        for k, o in from_dump.reading.origins.items()
+        if k in ("num_query_groups", "data_parallel_size", "recompute_modules", "vocab_size")
+    )
+
+
+def test_two_dumps_read_the_first(tmp_path):
+    first = dict(PRINTED, micro_batch_size=2)
+    text = _dump(first) + "restarting\n" + _dump(PRINTED)
+    r = read_file_text(text, "two.log")
+    assert r.get("micro_batch_size") == 2
+    assert any("2 argument dumps" in w for w in r.warnings)
+
+
+def test_deepspeed_config_print_is_not_a_megatron_dump():
+    # DeepSpeed's engine prints its config with dots too (OpenRLHF issue #841, verbatim lines)
+    text = (
+        "[2025-03-07 23:55:15,356] [INFO] [config.py:1003:print]   optimizer_legacy_fusion "
+        "...... False\n"
+        "[2025-03-07 23:55:15,356] [INFO] [config.py:1003:print]   optimizer_name "
+        "............... None\n"
+        "[2025-03-07 23:55:15,356] [INFO] [config.py:1003:print]   optimizer_params "
+        "............. None\n"
+    )
+    assert megatron_dump.sniff(text, "ds.log") == 0
