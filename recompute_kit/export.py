@@ -59,6 +59,7 @@ FORMATS = (
     "llama-factory",
     "automodel",
     "nemo-rl",
+    "nemo-rl-dtensor",
 )
 
 # Each Hugging Face stack's keys, as its source names them:
@@ -526,6 +527,19 @@ def _render_nemo_rl(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     return lines
 
 
+def _render_nemo_rl_dtensor(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """NeMo-RL's DTensor (FSDP2) policy checkpoints whole decoder layers or none
+    (policy.dtensor_cfg.activation_checkpointing); it has no selective recompute."""
+    lines = _render_hf_trainer(rc, num_layers)
+    on = lines[-1] == "gradient_checkpointing: true"
+    notes = [
+        "# NeMo-RL YAML, DTensor policy (dotted keys: nest each under its section; as Hydra "
+        "overrides: key=value): whole decoder layers or none",
+        *[n.replace("the Trainer", "NeMo-RL's DTensor policy") for n in lines[1:-1]],
+    ]
+    return [*notes, f"policy.dtensor_cfg.activation_checkpointing: {str(on).lower()}"]
+
+
 # The config snippet a command prints by default: the format of the framework the inputs use
 # (the shared reader's `framework`; a LLaMA-Factory YAML has its own checkpointing key).
 FORMAT_OF_FRAMEWORK = {
@@ -536,6 +550,8 @@ FORMAT_OF_FRAMEWORK = {
     "automodel": "automodel",
     "nemo-rl": "nemo-rl",
 }
+# the reader's `format` text of a NeMo-RL run on its DTensor (FSDP2) policy
+_DTENSOR = "DTensor"
 
 
 def format_for(framework: str | None, reading_format: str = "") -> str:
@@ -543,6 +559,8 @@ def format_for(framework: str | None, reading_format: str = "") -> str:
     LLaMA-Factory YAML from the Trainer's); Megatron-Bridge's where none is known."""
     if framework == "hf-trainer" and "LLaMA-Factory" in reading_format:
         return "llama-factory"
+    if framework == "nemo-rl" and _DTENSOR in reading_format:
+        return "nemo-rl-dtensor"
     return FORMAT_OF_FRAMEWORK.get(framework or "", "megatron-bridge")
 
 
@@ -555,4 +573,5 @@ _RENDERERS = {
     "llama-factory": _render_llama_factory,
     "automodel": _render_automodel,
     "nemo-rl": _render_nemo_rl,
+    "nemo-rl-dtensor": _render_nemo_rl_dtensor,
 }

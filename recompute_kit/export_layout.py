@@ -327,6 +327,19 @@ _nemo_rl = _keyed(
     "cluster.num_nodes x cluster.gpus_per_node",
     {},
 )
+# NeMo-RL's DTensor (FSDP2) policy: TP, CP and SP in dtensor_cfg, no pipeline parallelism
+_nemo_rl_dtensor = _keyed(
+    "NeMo-RL DTensor",
+    {
+        "tensor_model_parallel_size": "policy.dtensor_cfg.tensor_parallel_size",
+        "context_parallel_size": "policy.dtensor_cfg.context_parallel_size",
+        "sequence_parallel": "policy.dtensor_cfg.sequence_parallel",
+        "micro_batch_size": "policy.train_micro_batch_size",
+        "seq_length": "policy.max_total_sequence_length",
+    },
+    "cluster.num_nodes x cluster.gpus_per_node",
+    {},
+)
 
 
 _WRITERS = {
@@ -338,4 +351,5 @@ _WRITERS = {
     "llama-factory": _trainer("llama-factory"),
     "automodel": _automodel,
     "nemo-rl": _nemo_rl,
+    "nemo-rl-dtensor": _nemo_rl_dtensor,
 }

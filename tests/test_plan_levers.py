@@ -259,3 +259,22 @@ def test_lever_rows_carry_their_hand_over_in_the_frameworks_keys(capsys):
     piped = next(r for r in table["rows"] if " pp=2 " in f" {r['setting']} ")
     assert piped["micro_batch_size"] == 1
     assert "pipeline_parallel_microbatch_size = 1" in piped["rendered"]
+
+
+def test_a_nemo_rl_dtensor_run_is_planned_in_its_own_keys(capsys):
+    # a skill trial (NeMo-RL grpo_math_8B.yaml, DTensor policy): the plan picked selective:mlp
+    # and wrote it in policy.megatron_cfg keys, which a DTensor run ignores; its levers offered
+    # pipeline splits and activation offloading it does not have
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo_rl"
+    cfg = str(corpus / "sft.yaml")  # NeMo-RL's examples/configs/sft.yaml: DTensor, Llama 3.2 1B
+    argv = ["plan", "--config", cfg, "--seq-length", "16384", "--gpu-memory-gb", "40"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best"]["recompute"] in ("none", "full:uniform:1")
+    assert "policy.dtensor_cfg.activation_checkpointing" in doc["rendered"]
+    assert "megatron_cfg" not in doc["rendered"]
+    assert main([*argv, "--levers", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    assert all(r["pipeline_model_parallel_size"] == 1 for r in rows)
+    assert not any(r["lever"] == "offload" for r in rows)
+    assert all("megatron_cfg" not in (r["rendered"] or "") for r in rows)

@@ -224,7 +224,7 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     from .common import default_format
 
     fmt = default_format(args)
-    trainers = ("hf-trainer", "llama-factory", "automodel")
+    trainers = ("hf-trainer", "llama-factory", "automodel", "nemo-rl-dtensor")
     out = {"trainer_format": fmt if fmt in trainers else "hf-trainer"}
     if fmt == "automodel":  # FSDP2 / Megatron-FSDP through distributed.strategy
         out["sharding_backend"] = "automodel"

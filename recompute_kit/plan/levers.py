@@ -168,6 +168,7 @@ def _evaluate(
     gib: float,
     margin: float,
     version: str | None,
+    plan_format: str = "megatron-bridge",
     fallback: str = "if-needed",
     keys: dict[str, str] | None = None,
 ) -> Lever | None:
@@ -189,7 +190,9 @@ def _evaluate(
         from . import NothingFits, plan  # (this package)
 
         try:
-            best = plan(config, gib, margin, stage=None, megatron_core_version=version).best
+            best = plan(
+                config, gib, margin, plan_format, stage=None, megatron_core_version=version
+            ).best
             nothing_fits = False
         except NothingFits as exc:
             # the layout at the setting that needs the least memory among those Megatron
@@ -281,7 +284,17 @@ def levers(
         micro_batches_per_step(config, global_batch_size)
     except ConfigError as exc:
         raise ConfigError(f"{exc}: the run as given cannot step (--global-batch-size)") from None
-    args = (global_batch_size, hw, usable, gpu_memory_gb, safety_margin, megatron_core_version)
+    # the framework the plan's pick is written for: it decides what recompute can be set
+    plan_format = "nemo-rl-dtensor" if trainer_format == "nemo-rl-dtensor" else "megatron-bridge"
+    args = (
+        global_batch_size,
+        hw,
+        usable,
+        gpu_memory_gb,
+        safety_margin,
+        megatron_core_version,
+        plan_format,
+    )
     current = _evaluate("current", "as given", config, *args, fallback="never")
     if current is None:
         raise ConfigError(
@@ -290,6 +303,14 @@ def levers(
     rows: list[Lever | None] = [current]
     # NeMo Automodel runs Hugging Face models with Megatron-like parallelism: the layout levers
     automodel = trainer_format == "automodel"
+    # NeMo-RL's DTensor policy: TP / CP / SP, no pipeline, no activation offloading
+    dtensor = trainer_format == "nemo-rl-dtensor"
+    if dtensor:
+        notes.append(
+            "a NeMo-RL DTensor run: no pipeline parallelism and no activation offloading; "
+            "NeMo-RL refuses context parallelism with sequence packing or sequence "
+            "parallelism (policy.sequence_packing.enabled false for a CP row)"
+        )
     if automodel:
         notes.append(
             "a NeMo Automodel run: the layouts are distributed.cp_size / pp_size (dp_size "
@@ -309,12 +330,14 @@ def levers(
         )
         return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
-    layout_fixed = bool(p.pipeline_model_parallel_layout)
+    layout_fixed = bool(p.pipeline_model_parallel_layout) or dtensor
     titan_splits_batch = (
         m.loss_implementation == "torchtitan" and p.pipeline_model_parallel_size == 1
     )
-    if not layout_fixed:
+    if not layout_fixed or dtensor:
         for cp, pp, dp in _splits(config):
+            if dtensor and pp > 1:
+                continue
             c = config.replace(
                 context_parallel_size=cp,
                 pipeline_model_parallel_size=pp,
@@ -353,7 +376,7 @@ def levers(
         if b != m.micro_batch_size and (current.fits or b < m.micro_batch_size):
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", f"micro_batch_size={b}", c, *args))
-    for rc, offload in candidates(config) if not automodel else ():
+    for rc, offload in candidates(config) if not (automodel or dtensor) else ():
         if offload:
             c = Config(m, p, dataclasses.replace(rc), config.assumptions)
             row = _evaluate(

@@ -90,7 +90,7 @@ def candidates(
         most = max(chunk_layer_counts(config), default=1)
     except ConfigError:
         most = m.num_layers // p.pipeline_model_parallel_size
-    if m.loss_implementation == "hf":  # the Trainer: gradient checkpointing on or off
+    if m.loss_implementation == "hf" or fmt == "nemo-rl-dtensor":  # whole layers on or off
         return [
             (RecomputeConfig(), ""),
             (RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1), ""),
