@@ -26,6 +26,7 @@ from .reading import (
     FROM_DEFAULT,
     FROM_DERIVED,
     FROM_FILE,
+    FROM_MODEL,
     MEMORY_KEYS,
     MLA_KEYS,
     MOE_KEYS,
@@ -145,6 +146,9 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         raise ConfigError(f"cannot read {item}: No such file or directory")
     from . import hf_config
 
+    preset = _preset_reading(item)
+    if preset is not None:
+        return preset, "recompute-kit preset"
     if "/" not in item and registry.model_reading(item) is None:
         raise ConfigError(
             f"unknown model {item!r}: not a file, not a preset and not in the registry "
@@ -153,6 +157,28 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
 
     reading = hf_config.read_model_id(item)  # raises ConfigError naming what to pass instead
     return reading, reading.format or "model id"
+
+
+def _preset_reading(name: str) -> Reading | None:
+    """A preset of `recompute-kit presets` named as a model: its architecture (the shape, the
+    MoE and MLA fields), never its sequence length or layout."""
+    from ..presets import PRESETS
+
+    preset = PRESETS.get(name) or next(
+        # a Hugging Face id whose config.json a preset was made from (Meta-Llama-3-70B)
+        (p for p in PRESETS.values() if p.source.split(" ", 1)[0].lower() == name.lower()),
+        None,
+    )
+    if preset is None:
+        return None
+    model = dataclasses.asdict(preset.model)
+    keys = {*SHAPE_KEYS, *ARCHITECTURE_KEYS, *MOE_KEYS, *MLA_KEYS}
+    reading = Reading(format="recompute-kit preset", model_name=name)
+    origin = Origin(FROM_MODEL, f"recompute-kit preset {preset.name} ({preset.source})", name)
+    for key in sorted(keys & set(model)):
+        if model[key] is not None:
+            reading.set(key, model[key], origin)
+    return reading
 
 
 def merge(readings: Sequence[Reading]) -> Reading:
@@ -343,7 +369,11 @@ def _add_model_shape(reading: Reading) -> None:
         return
     from . import hf_config
 
-    model = hf_config.read_model_id(reading.model_name)
+    name = reading.model_name
+    # the registry, then a preset made from that model's config.json, then the Hub
+    model = (
+        registry.model_reading(name) or _preset_reading(name) or hf_config.read_model_id(name)
+    )
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
 

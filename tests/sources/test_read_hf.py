@@ -271,3 +271,18 @@ def test_packing_says_whether_the_sequence_length_is_the_runs_or_a_bound(tmp_pat
         r = resolve([str(path)], require_shape=False)
         assert said in r.reading.origins["seq_length"].note
         assert "packing" not in r.reading.unused
+
+
+def test_a_preset_names_a_model_beside_config_files():
+    # a skill trial: `--model llama3-70b` (a preset `recompute-kit presets` lists) was refused
+    # with a recipe ("unknown model"), and the recipe's own meta-llama/Meta-Llama-3-70B had no
+    # shape offline although the preset was made from that config.json
+    from recompute_kit.sources.resolve import read_input, resolve
+
+    reading, what = read_input("llama3-70b")
+    assert what == "recompute-kit preset" and reading.get("num_layers") == 80
+    assert "ffn_hidden_size" in reading and "seq_length" not in reading  # the model, no run
+    by_id, _ = read_input("meta-llama/Meta-Llama-3-70B")
+    assert by_id.get("num_query_groups") == 8
+    r = resolve([], model="llama3-70b", overrides={"seq_length": 8192})
+    assert r.config.model.num_layers == 80 and r.config.model.seq_length == 8192
