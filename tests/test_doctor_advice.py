@@ -250,3 +250,18 @@ def test_a_budget_that_is_not_the_gpu_that_failed_is_said(tmp_path):
     said = diagnose(parse_log(oom), 79.1).assumptions
     assert any("79.1 GiB" in a and "39.42 GiB" in a for a in said)
     assert not any("39.42" in a for a in diagnose(parse_log(oom), 39.42).assumptions)
+
+
+def test_the_doctor_takes_hydra_overrides_after_its_config(capsys):
+    # a skill trial: `diagnose.py --config grpo.yaml policy.max_total_sequence_length=16384`
+    # failed "cannot read --config policy...: No such file", while `read` takes the same words
+    import json
+    from pathlib import Path
+
+    from recompute_kit.cli import main
+
+    cfg = Path(__file__).parent / "sources" / "corpus" / "nemo_rl" / "grpo_math_1B.yaml"
+    argv = ["doctor", "--config", str(cfg), "policy.max_total_sequence_length=16384", "--json"]
+    assert main(argv) == 0
+    read = json.loads(capsys.readouterr().out)["evidence"]["read"]
+    assert read["config"]["seq_length"] == 16384

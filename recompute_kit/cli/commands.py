@@ -679,9 +679,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "--dp, --tp, --seq-length, ... complete a model: give --config FILE (the launch "
             "script or recipe the run uses) or --model NAME (a preset or Hugging Face id)"
         )
+    from ..sources.nemo_rl_overrides import is_override
     from ..sources.resolve import file_of
 
     for path in args.config or []:
+        if is_override(path):  # `FILE key=value` (Hydra style): applied to the file before it
+            continue
         text_file(
             file_of(path),  # (recipe.py::function reads recipe.py)
             "--config",

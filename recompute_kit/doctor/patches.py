@@ -417,13 +417,16 @@ def _nemo_rl_fused_logprobs(ctx: Context) -> str:
     blocked = [
         why
         for why, on in (
-            ("the DTensor backend (Megatron only)", _dtensor(ctx)),
-            ("sequence packing (GRPO refuses it)", unused.get("policy.sequence_packing.enabled")),
-            ("context parallelism", (ctx.cfg.get("context_parallel_size") or 1) > 1),
+            ("runs on the Megatron backend (not DTensor)", _dtensor(ctx)),
+            (
+                "turns sequence packing off (GRPO refuses both)",
+                unused.get("policy.sequence_packing.enabled"),
+            ),
+            ("drops context parallelism", (ctx.cfg.get("context_parallel_size") or 1) > 1),
         )
         if on
     ]
-    return key if not blocked else f"{key} once the run has no {' or '.join(blocked)}"
+    return key if not blocked else f"{key} once the run {' and '.join(blocked)}"
 
 
 def _dtensor(ctx: Context) -> bool:

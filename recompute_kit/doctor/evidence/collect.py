@@ -166,10 +166,13 @@ def collect(
             part.config = {**pasted, **part.config}
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
+    from ...sources.nemo_rl_overrides import is_override
     from ...sources.resolve import file_of
 
     configs = [config] if isinstance(config, str) else list(config or [])
     for one in configs:
+        if is_override(one):  # `FILE key=value`: the shared reader applies it to the file
+            continue
         text = _read_text(file_of(one), "config", stdin_text)  # recipe.py::function: recipe.py
         flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
         label = "<stdin>" if one == "-" else one
@@ -181,7 +184,7 @@ def collect(
         part.facts = _snippets(stated, "config").facts
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
-    files = [c for c in configs if c != "-" and Path(file_of(c)).stat().st_size]
+    files = [c for c in configs if is_override(c) or (c != "-" and Path(file_of(c)).stat().st_size)]
     if files or model:  # (a model id alone gives the shape: a prose paste names its model)
         layout = _layout(evidence, overrides)
         evidence = evidence.merge(_read_config_files(files, layout, model))
