@@ -278,3 +278,29 @@ def test_a_nemo_rl_dtensor_run_is_planned_in_its_own_keys(capsys):
     assert all(r["pipeline_model_parallel_size"] == 1 for r in rows)
     assert not any(r["lever"] == "offload" for r in rows)
     assert all("megatron_cfg" not in (r["rendered"] or "") for r in rows)
+
+
+def test_tensor_parallel_collectives_and_the_tp_lever():
+    # TP's collectives: per layer 2 for attention and 2 for a dense MLP in forward, as many in
+    # backward, again for a fully recomputed layer; (t-1)/t x b x s/cp x h bytes each over
+    # NVLink (450 GB/s) inside a node; none with tp_comm_overlap
+    from recompute_kit.plan.step_time import Hardware, tp_transfer_seconds
+
+    cfg = (
+        get_preset("llama3-8b")
+        .config()
+        .replace(tensor_model_parallel_size=4, sequence_parallel=True, data_parallel_size=2)
+    )
+    m = cfg.model
+    per = 3 / 4 * m.micro_batch_size * m.seq_length * m.hidden_size * 2 / 450e9
+    assert tp_transfer_seconds(cfg, 0, Hardware()) == pytest.approx(m.num_layers * 8 * per)
+    full = cfg.with_recompute("full:uniform:1")
+    assert tp_transfer_seconds(full, 0, Hardware()) == pytest.approx(m.num_layers * 12 * per)
+    from recompute_kit.plan.step_time import stage_time
+
+    assert stage_time(cfg, 0, Hardware(tp_comm_overlap=True)).tp_exposed_s == 0
+    assert stage_time(cfg, 0, Hardware()).tp_exposed_s > 0
+    # the lever: every other TP size the world holds, sequence parallelism with it
+    table = levers(cfg, 79.1, global_batch_size=64)
+    tps = {r.setting.split(",")[0] for r in table.rows if r.lever == "tp"}
+    assert tps == {"tp=1 dp=8", "tp=2 dp=4 sp", "tp=8 dp=1 sp"}

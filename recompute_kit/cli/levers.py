@@ -48,6 +48,12 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
         help="GB/s per direction of the context-parallel ring (default 450: NVLink 4 on H100 SXM)",
     )
     g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="the run overlaps its TP collectives with compute (Megatron's tp_comm_overlap, "
+        "Transformer Engine userbuffers): they cost nothing in the step time (default: exposed)",
+    )
+    g.add_argument(
         "--global-batch-size",
         type=int,
         metavar="N",
@@ -88,6 +94,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         args.tflops_per_gpu or DEFAULT_TFLOPS,
         host_link_gbps(args.host_link or DEFAULT_HOST_LINK),
         args.cp_link_gbps or DEFAULT_CP_LINK_GBPS,
+        tp_comm_overlap=args.tp_comm_overlap,
     )
     calibration: dict[str, Any] | None = None
     measured, source = args.measured_step_seconds, "--measured-step-seconds"
@@ -271,8 +278,9 @@ def _print(table: Any, calibration: dict | None) -> None:
     print(
         f"\nstep time = (m + (pp-1)/vpp) x the slowest stage's micro-batch (executed FLOPs at "
         f"{hw.tflops_per_gpu:.4g} TFLOP/s per GPU, + exposed CP ring at {hw.cp_link_gbps:g} "
-        f"GB/s inside a node and {hw.internode_gbps:g} GB/s once TP x CP spans nodes, + exposed "
-        f"offload at {hw.host_link_gbps:g} GB/s); global batch "
+        f"GB/s inside a node and {hw.internode_gbps:g} GB/s once TP x CP spans nodes, + "
+        + ("" if hw.tp_comm_overlap else "exposed TP collectives, + ")
+        + f"exposed offload at {hw.host_link_gbps:g} GB/s); global batch "
         f"{table.global_batch_size}; usable {table.usable_bytes / GIB:.1f} GiB per GPU; "
         "'peak' is the binding stage's total. The model: recompute_kit/plan/step_time.py."
     )

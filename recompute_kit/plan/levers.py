@@ -6,6 +6,7 @@ change at a time from the run as given:
 * recompute: the cheapest setting `plan` picks on the current layout;
 * context x pipeline parallelism: every (cp, pp) whose product divides the GPUs left after TP
   (data parallel takes the rest), e.g. CP4 x PP4 against CP8 x PP2;
+* tensor parallelism 1-8 (one node) at the run's PP x CP, with sequence parallelism;
 * virtual pipeline stages (VPP) for the current PP;
 * micro-batch size (fewer micro-batches per step: a larger bubble; the same memory law);
 * uneven pipeline stages (`num_layers_in_first/last_pipeline_stage`);
@@ -136,6 +137,8 @@ def _adds(config: Config, step: StepTime) -> str:
         parts.append(f"bubble {step.bubble_fraction:.1%}")
     if config.parallel.context_parallel_size > 1:
         parts.append(f"CP ring exposed {step.cp_exposed_s:.3g} s")
+    if step.tp_exposed_s:
+        parts.append(f"TP collectives exposed {step.tp_exposed_s:.3g} s")
     if step.offload_exposed_s or any(s.offload_transfer_s for s in step.stages):
         slow = step.stages[step.slowest_stage]
         parts.append(
@@ -357,6 +360,7 @@ def levers(
                 c = c.replace(micro_batch_size=1)
                 setting += " (pipeline_parallel_microbatch_size 1)"
             rows.append(_evaluate("cp x pp", setting, c, *args))
+    rows += _tensor_parallel(config, args)
     pp = p.pipeline_model_parallel_size
     if pp > 1 and not layout_fixed:
         for v in range(1, MAX_VPP + 1):
@@ -461,6 +465,24 @@ def _trainer_rows(
         if row is not None:
             row.adds = "pip install liger-kernel; for the model types Liger supports"
         rows.append(row)
+    return rows
+
+
+def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:
+    """Every other TP size within a node (1-8) that the run's GPUs hold at its PP x CP (data
+    parallel takes the rest), sequence parallelism with it; priced with its collectives
+    (step_time.py). Megatron's and the framework's shape rules refuse what cannot run."""
+    p = config.parallel
+    world, others = _world(config), p.pipeline_model_parallel_size * p.context_parallel_size
+    rows: list[Lever | None] = []
+    for t in (1, 2, 4, 8):
+        if t == p.tensor_model_parallel_size or world % (t * others):
+            continue
+        dp = world // (t * others)
+        c = config.replace(
+            tensor_model_parallel_size=t, data_parallel_size=dp, sequence_parallel=t > 1
+        )
+        rows.append(_evaluate("tp", f"tp={t} dp={dp}" + (" sp" if t > 1 else ""), c, *args))
     return rows
 
 

@@ -29,6 +29,15 @@ hide. Every term, with its source or marked as an assumption:
   DGX / HGX H100); a larger group's ring crosses nodes at `internode_gbps`, default 50 GB/s per
   direction: one 400 Gb/s NDR InfiniBand adapter per GPU (ConnectX-7, the DGX H100's layout),
   an ASSUMPTION for the ring's slowest hop.
+* **Tensor parallelism**: each layer's TP collectives move (tp-1)/tp x b x s/cp x h
+  activation bytes per collective and rank (an all-gather or reduce-scatter with sequence
+  parallelism, twice that per all-reduce without: the same bytes), 2 per layer for attention
+  and 2 for a dense MLP (an MoE layer's experts at expert-TP 1 have none: their token
+  dispatch is not modelled) in forward, as many in backward, and again for what recompute
+  re-runs (a whole layer under full recompute, the MLP's under selective mlp / moe), over
+  NVLink inside a node (`cp_link_gbps`) or the network beyond it. Megatron overlaps them only
+  with `tp_comm_overlap` (Transformer Engine's userbuffers, off by default): without it they
+  are taken as exposed, with it as hidden (`Hardware.tp_comm_overlap`), an ASSUMPTION either way.
 * **Activation offloading**: the bytes a micro-batch sends to the host (the estimator's
   `offloaded_bytes` / micro-batches in flight) go device->host during forward and come back
   during backward, on a side stream: exposed = max(0, bytes / link - forward compute) +
@@ -98,6 +107,7 @@ class Hardware:
     host_link_gbps: float = HOST_LINKS[DEFAULT_HOST_LINK][0]
     cp_link_gbps: float = DEFAULT_CP_LINK_GBPS
     internode_gbps: float = DEFAULT_INTERNODE_GBPS
+    tp_comm_overlap: bool = False  # Megatron's default: TP collectives exposed
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -171,10 +181,11 @@ class StageTime:
     cp_transfer_s: float
     offload_exposed_s: float
     offload_transfer_s: float  # one way
+    tp_exposed_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.compute_s + self.cp_exposed_s + self.offload_exposed_s
+        return self.compute_s + self.cp_exposed_s + self.offload_exposed_s + self.tp_exposed_s
 
 
 @dataclass
@@ -188,6 +199,7 @@ class StepTime:
     offload_exposed_s: float
     slowest_stage: int
     stages: list[StageTime]
+    tp_exposed_s: float = 0.0  # m x the slowest stage's
 
     def to_json(self) -> dict:
         return {
@@ -198,6 +210,7 @@ class StepTime:
             "bubble_seconds": self.bubble_s,
             "cp_exposed_seconds": self.cp_exposed_s,
             "offload_exposed_seconds": self.offload_exposed_s,
+            "tp_exposed_seconds": self.tp_exposed_s,
             "slowest_stage": self.slowest_stage,
         }
 
@@ -227,12 +240,42 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         attn_bwd = attn * (FLASH_BACKWARD_FACTOR if skips_masked_half(m) else 2.0)
         cp_transfer = (layers + again) * t_fwd + layers * t_bwd
         cp_exposed = (layers + again) * max(0.0, t_fwd - attn) + layers * max(0.0, t_bwd - attn_bwd)
+    tp_exposed = 0.0 if hw.tp_comm_overlap else tp_transfer_seconds(config, stage, hw)
     off_transfer, off_exposed = (0.0, 0.0)
     if offloaded_bytes:
         off_transfer, off_exposed = offload_exposed_seconds(
             offloaded_bytes, hw.host_link_gbps, forward, backward
         )
-    return StageTime(stage, compute, cp_exposed, cp_transfer, off_exposed, off_transfer)
+    return StageTime(stage, compute, cp_exposed, cp_transfer, off_exposed, off_transfer, tp_exposed)
+
+
+def tp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
+    """One micro-batch's TP collectives on a rank of `stage` (module docstring)."""
+    m, p = config.model, config.parallel
+    t = p.tensor_model_parallel_size
+    if t == 1:
+        return 0.0
+    rc = config.recompute
+    width = 2 if (m.bf16 or m.fp16) else 4
+    per = (t - 1) / t * m.micro_batch_size * m.seq_length / p.context_parallel_size
+    per *= m.hidden_size * width
+    link = hw.cp_link_gbps if t <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    units = 0
+    for chunk in pipeline_layout(m, p)[stage]:
+        full = {
+            layer
+            for start, end, ck in full_recompute_chunks(rc, len(chunk))
+            if ck and rc.recompute_granularity == "full"
+            for layer in range(start, end)
+        }
+        for index, layer in enumerate(chunk):
+            mlp = 2 if not m.is_moe_layer(layer) or p.etp > 1 else 0
+            units += 2 * (2 + mlp)  # forward and backward
+            if index in full:
+                units += 2 + mlp
+            elif rc.selects("mlp") or rc.selects("moe"):
+                units += mlp
+    return units * per / (link * GB)
 
 
 def step_time(
@@ -260,6 +303,7 @@ def step_time(
         offload_exposed_s=micro_batches * slow.offload_exposed_s,
         slowest_stage=slow.stage,
         stages=stages,
+        tp_exposed_s=micro_batches * slow.tp_exposed_s,
     )
 
 
