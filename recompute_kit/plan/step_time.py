@@ -9,8 +9,8 @@ hide. Every term, with its source or marked as an assumption:
   `tflops_per_gpu` executed TFLOP/s. DEFAULT_TFLOPS = 400 is an ASSUMPTION: about 40% of an
   H100 SXM's 989 dense BF16 TFLOP/s (NVIDIA H100 datasheet); Megatron-LM's README reports up
   to 47% MFU on H100 clusters. A measured step time calibrates it (`calibrate_tflops`). The
-  efficiency is the same for every lever: a smaller micro-batch's lower kernel efficiency, TP
-  communication and MoE token dispatch are NOT modelled (the levers here do not change TP/EP).
+  efficiency is the same for every lever: a smaller micro-batch's or a wider TP's lower kernel
+  efficiency and MoE token dispatch are NOT modelled (TP's collectives are: below).
   Expert loads are taken as balanced.
 * **Pipeline bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
   on GPU Clusters Using Megatron-LM", Sec. 2.2): 1F1B idles (pp - 1) micro-batch slots, the
