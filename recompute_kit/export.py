@@ -481,17 +481,26 @@ def _render_llama_factory(rc: RecomputeConfig, num_layers: int | None) -> list[s
     return [*notes, *lines[1:-1], f"disable_gradient_checkpointing: {str(not on).lower()}"]
 
 
+def _whole_layers(rc: RecomputeConfig, num_layers: int | None, who: str, header: str, key: str):
+    """A framework that checkpoints every decoder layer or none, by one switch `key`: the
+    Trainer's rendering's notes, said of `who`, under `header`."""
+    lines = _render_hf_trainer(rc, num_layers)
+    on = lines[-1] == "gradient_checkpointing: true"
+    notes = [header, *[n.replace("the Trainer", who) for n in lines[1:-1]]]
+    return [*notes, f"{key}: {str(on).lower()}"]
+
+
 def _render_automodel(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     """NeMo Automodel checkpoints every decoder layer (activation_checkpointing: true) or none;
     its "selective" is PyTorch's per-op policy, not Megatron's modules."""
-    lines = _render_hf_trainer(rc, num_layers)
-    on = lines[-1] == "gradient_checkpointing: true"
-    notes = [
+    return _whole_layers(
+        rc,
+        num_layers,
+        "Automodel",
         "# NeMo Automodel recipe YAML (dotted keys: nest each under its section): "
         "distributed.activation_checkpointing wraps every decoder layer (true) or none",
-        *[n.replace("the Trainer", "Automodel") for n in lines[1:-1]],
-    ]
-    return [*notes, f"distributed.activation_checkpointing: {str(on).lower()}"]
+        "distributed.activation_checkpointing",
+    )
 
 
 def _render_nemo_rl(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
@@ -530,14 +539,14 @@ def _render_nemo_rl(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
 def _render_nemo_rl_dtensor(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     """NeMo-RL's DTensor (FSDP2) policy checkpoints whole decoder layers or none
     (policy.dtensor_cfg.activation_checkpointing); it has no selective recompute."""
-    lines = _render_hf_trainer(rc, num_layers)
-    on = lines[-1] == "gradient_checkpointing: true"
-    notes = [
+    return _whole_layers(
+        rc,
+        num_layers,
+        "NeMo-RL's DTensor policy",
         "# NeMo-RL YAML, DTensor policy (dotted keys: nest each under its section; as Hydra "
         "overrides: key=value): whole decoder layers or none",
-        *[n.replace("the Trainer", "NeMo-RL's DTensor policy") for n in lines[1:-1]],
-    ]
-    return [*notes, f"policy.dtensor_cfg.activation_checkpointing: {str(on).lower()}"]
+        "policy.dtensor_cfg.activation_checkpointing",
+    )
 
 
 # The config snippet a command prints by default: the format of the framework the inputs use
