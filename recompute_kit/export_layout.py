@@ -212,7 +212,12 @@ _TORCHTITAN_PARALLELISM = {
     "expert_tensor_parallel_size": "expert_tensor_parallel_degree",
     "data_parallel_size": "data_parallel_shard_degree",
 }
-_TORCHTITAN_TRAINING = {"seq_length": "seq_len", "micro_batch_size": "local_batch_size"}
+_TORCHTITAN_TRAINING = {
+    "seq_length": "seq_len",
+    "micro_batch_size": "local_batch_size",
+    # kept where the local batch changes: torchtitan's -1 would follow local x DP down
+    "global_batch_size": "global_batch_size",
+}
 # What torchtitan sets otherwise, said where a Megatron setting has no key there.
 _TORCHTITAN_NONE = {
     "sequence_parallel": "its TP plan shards the norms' sequence itself",

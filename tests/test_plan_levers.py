@@ -259,6 +259,9 @@ def test_lever_rows_carry_their_hand_over_in_the_frameworks_keys(capsys):
     piped = next(r for r in table["rows"] if " pp=2 " in f" {r['setting']} ")
     assert piped["micro_batch_size"] == 1
     assert "pipeline_parallel_microbatch_size = 1" in piped["rendered"]
+    # a smaller local batch keeps the step's global batch (torchtitan's -1 would shrink it)
+    smaller = next(r for r in table["rows"] if r["lever"] == "micro-batch")
+    assert "global_batch_size = 64" in smaller["rendered"]
 
 
 def test_a_nemo_rl_dtensor_run_is_planned_in_its_own_keys(capsys):

@@ -121,7 +121,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     if args.json:
         doc = table.to_json()
         for row_doc, row in zip(doc["rows"], table.rows, strict=True):
-            row_doc["rendered"] = _rendered(args, cfg, row.config)  # the hand-over
+            row_doc["rendered"] = _rendered(args, cfg, row.config, table.global_batch_size)
         emit_json_read(
             args,
             {
@@ -147,7 +147,9 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     return 0
 
 
-def _rendered(args: argparse.Namespace, given: Config, row: Config) -> str | None:
+def _rendered(
+    args: argparse.Namespace, given: Config, row: Config, global_batch: int
+) -> str | None:
     """A lever row as the config snippet of the run's framework (`plan`'s `rendered`): its
     recompute settings and what it changes of the layout; None where it cannot be written."""
     from ..export import render
@@ -158,10 +160,14 @@ def _rendered(args: argparse.Namespace, given: Config, row: Config) -> str | Non
     for key in override_values(args):  # the command line's --seq-length, --cp: changes too
         if key in LAYOUT_FIELDS and key not in changes:
             changes[key] = setting(row, key)
+    fmt = default_format(args)
+    if fmt == "torchtitan" and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
+        # the step's global batch stays: torchtitan's -1 would follow local x DP instead
+        changes["global_batch_size"] = global_batch
     try:
         return render(
             row.recompute,
-            default_format(args),
+            fmt,
             num_layers=row.model.num_layers // row.parallel.pipeline_model_parallel_size,
             layout=changes,
             world_size=world_size(row),

@@ -280,9 +280,24 @@ class _Reader:
         if isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
             # an undecided branch: read the body (the common path), not the test; a `return`
             # in it does not end the function (the other path goes on)
+            before = len(self.entries)
             self.block(
                 getattr(stmt, "body", []), env, returns=isinstance(stmt, (ast.With, ast.Try))
             )
+            set_there = [e.written for e in self.entries[before:]]
+            if isinstance(stmt, ast.If):
+                test = f"`if {ast.unparse(stmt.test)[:60]}` (line {stmt.lineno})"
+                for entry in self.entries[before:]:  # said beside each value it sets
+                    said = f"set inside {test}, undecided: read as taken"
+                    entry.note = f"{entry.note}; {said}" if entry.note else said
+            if isinstance(stmt, ast.If) and set_there:
+                # said: a perf script's `if recompute_num_layers is not None:` may be the path
+                # not taken, and what it sets then does not run
+                self.warnings.append(
+                    f"{self.path}:{stmt.lineno}: `if {ast.unparse(stmt.test)[:80]}` is not "
+                    f"decided by the values read; what its body sets is read as taken: "
+                    f"{', '.join(dict.fromkeys(set_there))[:200]}"
+                )
             return
         if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
             names = [t.id for t in stmt.targets if isinstance(t, ast.Name)]

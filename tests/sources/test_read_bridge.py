@@ -417,3 +417,17 @@ def test_an_assumed_data_parallel_size_names_dp():
     r = resolve([str(recipe)], require_shape=False)
     [said] = [a for a in r.config.assumptions if a.startswith("data_parallel_size")]
     assert "--dp" in said and "--nproc_per_node" in said
+
+
+def test_a_value_set_in_an_undecided_branch_is_said():
+    # Megatron-Bridge's DeepSeek-V3 H100 recipe (tests/sources/corpus/bridge, its URL in the
+    # corpus README) sets cfg.dist.enable_megatron_core_experimental inside
+    # `if cfg.model.apply_rope_fusion:`, which the values read do not decide; a perf script's
+    # `if recompute_num_layers is not None:` set recompute_granularity full the same way (a
+    # skill trial): what such a branch sets is read as taken and said so
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
+    r = resolve([str(path)], require_shape=False)
+    said = [w for w in r.warnings if "is not decided by the values read" in w]
+    assert any("apply_rope_fusion" in w and "enable_megatron_core_experimental" in w for w in said)
