@@ -64,6 +64,19 @@ def apply_defaults(reading: Reading) -> None:
     d("fp16", False, where, "torchtitan has no fp16 training")
     d("fp8", None, where, "no float8 converter")
     d("attention_backend", "flash", where, "attn_type sdpa")
+    # torchtitan's models have no dropout, and its expert parallelism exchanges the routed
+    # tokens (torchtitan/models/common/token_dispatcher.py, AllToAllTokenDispatcher), Megatron's
+    # alltoall dispatcher's traffic, not an allgather of every rank's tokens
+    models = "torchtitan's models (no dropout layers)"
+    d("attention_dropout", 0.0, models)
+    d("hidden_dropout", 0.0, models)
+    if reading.get("num_moe_experts"):
+        d(
+            "moe_token_dispatcher_type",
+            "alltoall",
+            "torchtitan/models/common/token_dispatcher.py",
+            "AllToAllTokenDispatcher: all_to_all_single of the routed tokens",
+        )
     d(
         "transformer_impl",
         "local",

@@ -419,3 +419,18 @@ def test_the_global_batch_left_to_torchtitan_is_local_times_data_parallel():
     assert r.reading.origins["global_batch_size"].kind == "derived"
     assumed = resolve([str(toml)])  # the world not given: no global batch made from a guess
     assert "global_batch_size" not in assumed.reading
+
+
+def test_torchtitan_moe_dispatch_and_dropout_are_torchtitans():
+    # a skill trial: torchtitan's deepseek_v3_16b.toml was given Megatron-Core's defaults
+    # (attention_dropout 0.1, the allgather dispatcher, whose buffers then counted); torchtitan's
+    # models have no dropout and its EP dispatcher is an all-to-all of the routed tokens
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "corpus" / "torchtitan" / "deepseek_v3_16b.toml"
+    r = resolve([str(toml)], overrides={"data_parallel_size": 32})
+    assert r.config.model.attention_dropout == 0.0
+    assert r.config.model.moe_token_dispatcher_type == "alltoall"
+    from recompute_kit.memory.estimate import estimate
+
+    assert estimate(r.config).dispatcher_buffers_bytes == 0
