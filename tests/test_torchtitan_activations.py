@@ -208,3 +208,24 @@ def test_torchtitan_tp_must_divide_the_kv_heads():
         titan.recompute,
     )
     estimate(megatron)  # Megatron-Core replicates the 8 groups over TP 16
+
+
+def test_torchtitan_op_sac_on_mla_and_moe_layers_recomputes_matmuls():
+    # a skill trial: torchtitan's deepseek_v3_16b.toml (op-level SAC) was priced at 0% recompute
+    # FLOPs although the policy re-runs about every second matmul; half the matmul FLOPs of
+    # each block is the stated approximation
+    from pathlib import Path
+
+    from recompute_kit.memory.flops import layer_forward_flops, recompute_flops
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "deepseek_v3_16b.toml"
+    cfg = resolve([str(toml)], overrides={"data_parallel_size": 32}).config
+    m = cfg.model
+    matmuls = ("qkv", "mla_up_proj", "proj", "mlp", "router", "experts", "shared_experts")
+    want = 0.0
+    for layer in range(m.num_layers):
+        flops = layer_forward_flops(m, moe_layer=m.is_moe_layer(layer))
+        want += 0.5 * sum(flops.get(k, 0.0) for k in matmuls)
+    assert cfg.recompute.recompute_granularity == "selective"
+    assert recompute_flops(cfg) == pytest.approx(want)

@@ -202,7 +202,18 @@ def _selective_recompute_flops(
             + _matmul(tokens, h, model.ffn_size)
         )
         total += per_layer * num_dense
-        num_dense = 0  # attention outputs are cached; MoE layers: Megatron's modules below
+        num_dense = 0  # attention outputs are cached
+        # MoE layers: the same policy re-runs about every second matmul of the block (an
+        # APPROXIMATION: half the attention projections' and experts' forward FLOPs)
+        matmuls = ("qkv", "mla_up_proj", "proj", "router", "experts", "shared_experts")
+        total += 0.5 * sum(moe.get(key, 0.0) for key in matmuls) * num_moe
+        num_moe = 0
+    elif model.loss_implementation == "torchtitan":
+        # MLA (DeepSeek-V3 in torchtitan): about every second matmul of every block, as above
+        matmuls = ("qkv", "mla_up_proj", "proj", "mlp", "router", "experts", "shared_experts")
+        total += 0.5 * sum(dense.get(key, 0.0) for key in matmuls) * num_dense
+        total += 0.5 * sum(moe.get(key, 0.0) for key in matmuls) * num_moe
+        num_dense = num_moe = 0
     else:
         for module in ("core_attn", "mla_up_proj"):  # on every layer (or on none)
             if rc.selects(module):
