@@ -307,3 +307,15 @@ def test_tensor_parallel_collectives_and_the_tp_lever():
     table = levers(cfg, 79.1, global_batch_size=64)
     tps = {r.setting.split(",")[0] for r in table.rows if r.lever == "tp"}
     assert tps == {"tp=1 dp=8", "tp=2 dp=4 sp", "tp=8 dp=1 sp"}
+
+
+def test_torchtitan_with_flex_attention_gets_no_context_parallel_lever(capsys):
+    # a skill trial: torchtitan's deepseek_v3_16b.toml (attn_type flex) got `cp=2` as its best
+    # lever; torchtitan refuses context parallelism with FlexAttention ("Context Parallel only
+    # supports SDPA attention"), so the run would fail at start-up
+    toml = Path(__file__).parent / "sources" / "corpus" / "torchtitan" / "deepseek_v3_16b.toml"
+    argv = ["plan", "--config", str(toml), "--dp", "32", "--gpu", "h100-80gb", "--levers"]
+    assert main([*argv, "--json"]) in (0, 1)
+    table = json.loads(capsys.readouterr().out)["levers"]
+    assert all(r["context_parallel_size"] == 1 for r in table["rows"])
+    assert any("FlexAttention" in n for n in table["notes"])

@@ -242,6 +242,11 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     if fmt == "automodel":  # FSDP2 / Megatron-FSDP through distributed.strategy
         out["sharding_backend"] = "automodel"
         return out
+    if resolved is not None and resolved.reading.framework == "torchtitan":
+        attention = resolved.reading.origins.get("attention_backend")
+        if attention is not None and "'flex'" in attention.note:
+            # torchtitan/models/*/infra/parallelize.py: "Context Parallel only supports SDPA"
+            out["no_context_parallel"] = "torchtitan refuses it with FlexAttention (attn_type flex)"
     stage = resolved.reading.origins.get("zero_stage") if resolved is not None else None
     if stage is not None and "fsdp" in f"{stage.key} {stage.note}".lower():
         out["sharding_backend"] = "fsdp"

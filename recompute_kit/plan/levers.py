@@ -265,12 +265,14 @@ def levers(
     megatron_core_version: str | None = None,
     trainer_format: str = "hf-trainer",
     sharding_backend: str = "deepspeed",
+    no_context_parallel: str | None = None,
 ) -> LeverTable:
     """Every lever's row, ranked: fits and clears the error band first, then fits, then by
     predicted step time (those that do not fit: by peak memory). A Hugging Face Trainer run
     gets its own levers (`_trainer_rows`), named in `trainer_format`'s keys
     (export.TRAINER_KEYS: "hf-trainer" or "llama-factory"), its sharding as `sharding_backend`
-    ("deepspeed" or "fsdp") writes it."""
+    ("deepspeed" or "fsdp") writes it. `no_context_parallel`: why the run cannot use context
+    parallelism (its framework refuses it for this run), None where it can."""
     hw = hw or Hardware()
     usable = int(int(gpu_memory_gb * GIB) * (1 - safety_margin))
     m, p = config.model, config.parallel
@@ -338,8 +340,10 @@ def levers(
         m.loss_implementation == "torchtitan" and p.pipeline_model_parallel_size == 1
     )
     if not layout_fixed or dtensor:
+        if no_context_parallel:
+            notes.append(f"left out: context parallelism ({no_context_parallel})")
         for cp, pp, dp in _splits(config):
-            if dtensor and pp > 1:
+            if (dtensor and pp > 1) or (no_context_parallel and cp > 1):
                 continue
             c = config.replace(
                 context_parallel_size=cp,
