@@ -43,9 +43,10 @@ from .megatron_lm import (
     _backend,
     _fp8,
     _normalization,
+    assume_tokenizer_vocab,
     moe_layer_freq,
 )
-from .reading import FROM_ASSUMED, FROM_FILE, KNOWN_KEYS, Origin, Reading
+from .reading import FROM_FILE, KNOWN_KEYS, Origin, Reading
 from .text import _strip_prefixes
 
 FRAMEWORKS: tuple[str, ...] = ()  # the reading's framework is megatron-lm (megatron_lm.py)
@@ -406,16 +407,11 @@ def _special(entries: dict[str, Entry], reading: Reading, origin: Any, has: Any,
     ):
         reading.set("vocab_size", int(value("vocab_size")), origin("vocab_size"))
     elif tok_type in _TOKENIZER_VOCAB:
-        size, whose = _TOKENIZER_VOCAB[tok_type]
-        reading.set(
-            "vocab_size",
-            size,
-            Origin(
-                FROM_ASSUMED,
-                f"{path}:{entries['tokenizer_type'].line} tokenizer_type {tok_type}",
-                "the tokenizer.model tokenizer_model names",
-                f"{tok_type} is {whose}; another model file would differ",
-            ),
+        assume_tokenizer_vocab(
+            reading,
+            tok_type,
+            f"{path}:{entries['tokenizer_type'].line} tokenizer_type {tok_type}",
+            "the tokenizer.model tokenizer_model names",
         )
     tok_id = value("tokenizer_model")
     hf_id = isinstance(tok_id, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", tok_id)

@@ -241,11 +241,21 @@ _FLAG_TELLS = re.compile(
 
 
 _HF_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name, not a path
+
+
 # --tokenizer-type -> (the vocabulary it brings, whose it is): a tokenizer type made for one
 # model's vocabulary. Megatron-Core builds Llama2Tokenizer as a SentencePiece tokenizer
 # (megatron/core/tokenizers/text/utils/build_tokenizer.py, SP_TOKENIZERS) of Llama 2's
 # tokenizer.model: 32000 pieces (meta-llama/Llama-2-7b-hf
 # config.json vocab_size, https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json).
+def assume_tokenizer_vocab(reading: Reading, tok_type: str, where: str, key: str) -> None:
+    """The vocabulary a tokenizer type implies (_TOKENIZER_VOCAB), as an assumption: the
+    tokenizer.model file itself is not read."""
+    size, whose = _TOKENIZER_VOCAB[tok_type]
+    note = f"{tok_type} is {whose}; another model file would differ"
+    reading.set("vocab_size", size, Origin(FROM_ASSUMED, where, key, note))
+
+
 _TOKENIZER_VOCAB = {
     "Llama2Tokenizer": (32000, "Llama 2's SentencePiece tokenizer.model, 32000 pieces"),
 }
@@ -557,16 +567,11 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
     if tok and tok_type in _TOKENIZER_VOCAB and "vocab_size" not in reading:
         # still an assumption (the tokenizer.model file is not read), but the tokenizer type's:
         # said with the line that names it
-        size, whose = _TOKENIZER_VOCAB[tok_type]
-        reading.set(
-            "vocab_size",
-            size,
-            Origin(
-                FROM_ASSUMED,
-                f"{path}:{tok.line} --tokenizer-type {tok_type}",
-                "the tokenizer.model --tokenizer-model names",
-                f"{tok_type} is {whose}; another model file would differ",
-            ),
+        assume_tokenizer_vocab(
+            reading,
+            tok_type,
+            f"{path}:{tok.line} --tokenizer-type {tok_type}",
+            "the tokenizer.model --tokenizer-model names",
         )
         reading.unused.pop("--tokenizer-type", None)
 
