@@ -142,3 +142,25 @@ def test_dispatcher_buffer_term_is_allgathers_only(dispatcher):
         f"{dispatcher} dispatcher (moe_token_dispatcher_type): its communication buffers "
         "are not modelled"
     ]
+
+
+def test_fsdp2_under_pipeline_parallelism_keeps_the_stage_gathered():
+    # torchtitan's fsdp_reshard_after_forward "default" is `not pp_enabled`
+    # (torchtitan/distributed/fsdp.py) and NeMo Automodel does the same: with PP the stage's
+    # parameters stay gathered (16-bit) from forward to backward, not one unit at a time
+    from recompute_kit.memory.model_states import (
+        _rank_parameters,
+        padded_vocab_size,
+        rank_parameters,
+    )
+
+    base = dict(data_parallel_size=4, zero_stage=3, use_torch_fsdp2=True)
+    cfg = _cfg(pipeline_model_parallel_size=2, **base)
+    piped = model_states(cfg)
+    params = rank_parameters(cfg)
+    m = cfg.model
+    unit = max(_rank_parameters(cfg, 0)["largest_layer"], padded_vocab_size(m, 1) * m.hidden_size)
+    # the stage's 16-bit parameters, and one unit's gradients (bf16: 2 B each)
+    assert piped.gathered_params == round(2 * (params["dense"] + params["expert"]) + 2 * unit)
+    # without PP: one unit's parameters and gradients, as before
+    assert model_states(_cfg(**base)).gathered_params == round(2 * 2 * unit)

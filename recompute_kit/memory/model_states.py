@@ -375,7 +375,13 @@ def model_states(
             )
         # the unit's params gathered in the compute dtype and its gradients before the
         # reduce-scatter: 2 + 2 B in 16-bit (DeepSpeed's largest_layer_memory factor)
-        gathered = 2 * (2 if half else 4) * unit
+        width = 2 if half else 4
+        gathered = 2 * width * unit
+        if mode == "fsdp2" and p.pipeline_model_parallel_size > 1:
+            # under PP, FSDP2 does not reshard after forward (torchtitan's "default" policy,
+            # torchtitan/distributed/fsdp.py: `return not pp_enabled`; NeMo Automodel the
+            # same): the stage's parameters stay gathered between forward and backward
+            gathered = width * (params["dense"] + params["expert"]) + width * unit
     return ModelStates(
         mode, round(weights), round(grads), round(optimizer), round(step), round(gathered)
     )

@@ -142,7 +142,18 @@ def overhead_terms(
                 f"{m.moe_token_dispatcher_type} dispatcher (moe_token_dispatcher_type): its "
                 "communication buffers are not modelled"
             )
-    if gathered_params and p.zero_stage >= 3 and sharding != "megatron":
+    if (
+        gathered_params
+        and p.zero_stage >= 3
+        and sharding == "fsdp2"
+        and p.pipeline_model_parallel_size > 1
+    ):
+        said.append(
+            "fsdp2 under pipeline parallelism: the stage's 16-bit params stay gathered from "
+            "forward to backward (no reshard after forward: torchtitan's and Automodel's "
+            "default with PP), and one unit's gradients"
+        )
+    elif gathered_params and p.zero_stage >= 3 and sharding != "megatron":
         said.append(f"{sharding} stage 3: the largest gathered unit's params and grads")
     elif gathered_params:
         said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
