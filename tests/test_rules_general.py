@@ -303,6 +303,42 @@ def test_knobs_read_framework_names_not_lookalikes():
     assert knobs({"input_size": 128, "hidden_size": 256, "batch_size": 4}).seq == []
 
 
+def test_knobs_offload_switched_off_is_no_offload():
+    # NeMo-RL's grpo_math_1B.yaml sets policy.megatron_cfg.optimizer_offload: false (and
+    # Megatron's optimizer_offload_fraction 0.0 is none): keys named offload, set off, are no
+    # offload; set on, or naming a device, they are.
+    from recompute_kit.doctor.rules.knobs import read_knobs
+
+    def offload(config: dict) -> bool:
+        return read_knobs(build_context(Evidence(config=config))).offload
+
+    assert not offload({"policy.megatron_cfg.optimizer_offload": False, "global_batch_size": 8})
+    assert not offload({"optimizer_offload_fraction": 0.0})
+    assert offload({"policy.megatron_cfg.optimizer_offload": True})
+    assert offload({"zero_optimization.offload_optimizer.device": "cpu"})
+    assert not offload({"zero_optimization.offload_optimizer.device": "none"})
+
+
+def test_megatron_states_step_is_not_a_deepspeed_key():
+    # A Megatron run (zero_stage 0 is its "no ZeRO") with the distributed optimizer on: the
+    # next model-states step is more tensor parallelism, never zero_optimization.stage 3.
+    from recompute_kit.doctor.rules.fallback import _states_step
+    from recompute_kit.doctor.rules.knobs import read_knobs
+
+    ctx = build_context(
+        Evidence(
+            config={
+                "global_batch_size": 512,
+                "zero_stage": 0,
+                "use_distributed_optimizer": True,
+                "tensor_model_parallel_size": 4,
+            }
+        )
+    )
+    patch, words = _states_step(ctx, read_knobs(ctx))
+    assert "zero_optimization" not in patch and "ZeRO" not in words
+
+
 def test_pasted_document_with_glued_lines_does_not_crash():
     # The NVIDIA perf-activation-recompute skill (seed-001) pasted as a log: its scraped lines
     # run `--recompute_modules core_attn layernorm \` on into glued prose and a table header.

@@ -210,7 +210,9 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
             {"zero_optimization": {"offload_param": {"device": "cpu"}}},
             "offload_param (device: cpu) on top of the optimizer offload, or more GPUs",
         )
-    if k.zero is not None or ds:
+    # Megatron has no ZeRO stages (zero_stage 0 is its reading of "no ZeRO"): its next step
+    # is the distributed optimizer or more model parallelism, below
+    if ds or (k.zero is not None and k.framework != "megatron"):
         if stock:
             path = ds[: stock.start()] + "ds_z3_config.json"
             return {"deepspeed": path}, f"deepspeed: {path} (ZeRO-3 shards all model states)"

@@ -154,6 +154,13 @@ def _as_bool(value: Any) -> bool | None:
     return None
 
 
+def _is_off(value: Any) -> bool:
+    """A value that leaves its switch off: false, 0, 0.0, none, empty."""
+    if value in (None, "", []) or (isinstance(value, int | float) and value == 0):
+        return True
+    return _as_bool(value) is False
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -230,11 +237,16 @@ def read_knobs(ctx: Context) -> Knobs:
     k.zero = zero_stage(ctx)
     flat = " ".join(f"{key}={value}" for key, value in cfg.items()).lower()
     # optimizer / parameter offload (ZeRO-Offload, FSDP cpu_offload, --adam_offload), not
-    # Megatron's activation cpu_offloading
+    # Megatron's activation cpu_offloading; a switch set off (optimizer_offload: false, an
+    # offload fraction 0.0) is no offload.
     # (OpenRLHF's ref_reward_offload moves the frozen reference / reward models, not the
     # trained model's optimizer states)
-    own = " ".join(f for f in flat.split() if not re.match(r"(?:ref|reward|critic)_", f))
-    k.offload = bool(re.search(r"offload(?!ing)", own)) and "device=none" not in own
+    own = " ".join(
+        f"{key}={value}".lower()
+        for key, value in cfg.items()
+        if not re.match(r"(?:ref|reward|critic)_", _leaf(key)) and not _is_off(value)
+    )
+    k.offload = bool(re.search(r"offload(?!ing)", own)) and "device=none" not in flat
     k.fsdp = any(
         _leaf(key).startswith("fsdp") and cfg[key] not in (None, False, "", []) for key in cfg
     )
