@@ -200,3 +200,30 @@ def test_r6p_rk170_names_the_batch_key_when_the_paste_sets_none():
     f = top(run(text("r6p-unsloth-1418-batch")))
     assert f.rule == "RK170" and f.category == "activation_memory"
     assert "batch_size" in f.fix and "not set in the paste" in f.fix
+
+
+@covers("RK170")
+def test_rk170_megatron_run_without_recompute_gets_a_step_the_estimator_shows_lowers_the_peak():
+    # NeMo-RL's GRPO 8B Megatron config (tests/data/nemo_rl_launch/, NVIDIA-NeMo/RL 7ea279ab):
+    # activation_checkpointing false, attention left to Megatron's auto (flash/fused) backend.
+    # The default reading led with Megatron's bare `selective` (core_attn), which frees next to
+    # nothing beside flash attention and raises the estimated peak: its patch was then dropped
+    # and the words still led with it. The step shown is one the estimate says lowers the peak,
+    # in NeMo-RL's keys (activation_checkpointing must be on for recompute_* to be read).
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    config = Path(__file__).parent / "data/nemo_rl_launch/examples/configs"
+    config = config / "grpo_math_8B_megatron.yaml"
+    d = diagnose(collect(config=str(config)), gpu_memory_gb=80)
+    f = next(f for f in d.findings if f.rule == "RK170")
+    check = f.patch_check
+    assert f.config_patch.get("recompute_granularity") in ("selective", "full")
+    assert f.config_patch != {"recompute_granularity": "selective"}
+    assert check["peak_after_bytes"] < check["peak_before_bytes"]
+    assert not [x for x in check["dropped"] if x["reason"].startswith("dropped")]
+    step1 = f.fix.split("1. ", 1)[1].split(" 2. ")[0]
+    assert step1.startswith("policy.megatron_cfg.activation_checkpointing: true")
+    assert "recompute_granularity: selective" in step1 or "full" in step1

@@ -21,8 +21,10 @@ from typing import Any
 from ..config import CONFIG_KEYS
 from .types import Context
 
-# `--flag-name` as a word of its own (not inside a path or a longer option)
+# `--flag-name` as a word of its own (not inside a path or a longer option), and the word
+# after it when that is a plain value (`--recompute-granularity selective`)
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b")
+_FLAG_VALUE = re.compile(_FLAG.pattern + r"(?: (?P<value>[a-z_]+)\b(?! ->))?")
 
 
 @cache
@@ -45,8 +47,13 @@ def _flag_fields() -> dict[str, tuple[tuple[str, Any], ...]]:
     return {flag: tuple(fields) for flag, fields in out.items()}
 
 
-def _words_for(framework: str, flag: str, ctx: Context) -> str | None:
-    """What `flag` is in `framework`'s keys (None: the flag is no Megatron-LM setting)."""
+def _words_for(
+    framework: str, flag: str, ctx: Context, given: str | None = None
+) -> str | None:
+    """What `flag` (with the word after it, `given`) is in `framework`'s keys (None: the flag is
+    no Megatron-LM setting). A value the framework spells with other keys too (NeMo-RL's
+    `activation_checkpointing: true` beside `recompute_granularity: selective`) is written as
+    those keys with their values."""
     from .patches import _is_key, _value_for, framework_key, in_llama_factory_keys, llama_factory
 
     fields = _flag_fields().get(flag)
@@ -62,7 +69,11 @@ def _words_for(framework: str, flag: str, ctx: Context) -> str | None:
         if value is not None and _is_key(target):  # a switch: the key with the value it sets
             keys = _value_for(framework, field, target, value, ctx, {})
             ((key, said),) = (in_llama_factory_keys(keys) if lf else keys).items()
-            return f"{key}: {str(said).lower() if isinstance(said, bool) else said}"
+            return f"{key}: {_spelled(said)}"
+        if value is None and given is not None and _is_key(target):
+            keys = _value_for(framework, field, target, given, ctx, {})
+            if keys != {target: given}:
+                return ", ".join(f"{k}: {_spelled(v)}" for k, v in keys.items())
         if lf and _is_key(target):  # LLaMA-Factory's own name for the Trainer's key
             return next(iter(in_llama_factory_keys({target: True})), target)
         return target
@@ -76,10 +87,17 @@ def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tupl
     done: dict[str, str] = {}
 
     def swap(m: re.Match) -> str:
-        words = _words_for(framework, m.group(0), ctx)
+        flag, value = m.group(0).split(" ")[0], m.group("value")
+        words = _words_for(framework, flag, ctx, value)
         if words is None:
             return m.group(0)
-        done[m.group(0)] = words
+        if value is not None and words == _words_for(framework, flag, ctx):
+            words = f"{words} {value}"  # the value keeps its place after the key
+        done[flag] = words
         return words
 
-    return _FLAG.sub(swap, fix), done
+    return _FLAG_VALUE.sub(swap, fix), done
+
+
+def _spelled(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import CONFIG_KEYS, ConfigError
-from ..memory.estimate import estimate
+from ..config import CONFIG_KEYS
 from .fix_words import fix_in_framework_keys
 from .patch_keys import (
     _GRANULARITY_RANK,
@@ -48,6 +47,7 @@ from .patch_keys import (
     OWNED_KEYS,
     PATCH_KEYS,
 )
+from .rules.registry import estimate_with
 from .types import GIB, Context, Finding
 
 
@@ -268,7 +268,7 @@ def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, d
     before = after = error = None
     if ctx.config is not None and ctx.estimate is not None:
         before = ctx.estimate.total_bytes
-        after, error = _estimate_with(ctx, changes)
+        after, error = estimate_with(ctx, changes)
         if after is not None:
             check["peak_before_bytes"], check["peak_after_bytes"] = before, after
     weaker = _weaker(changes, current, after is not None)
@@ -313,27 +313,6 @@ def _spends_headroom(ctx: Context, f: Finding, after: int | None) -> bool:
         and bool(ctx.gpu_bytes)
         and after <= 0.9 * ctx.gpu_bytes
     )
-
-
-def _estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, str | None]:
-    """The estimated peak (weights, gradients, optimizer, activations) with the patch applied,
-    or the validation error the patched config raises; (None, None) where a value is no
-    setting the estimator can take ("<2x the current>")."""
-    settable = {k: v for k, v in changes.items() if k in CONFIG_KEYS}
-    if not settable or any(isinstance(v, str) and v.startswith("<") for v in settable.values()):
-        return None, None
-    try:
-        cfg = ctx.config.replace(**settable)
-    except (ConfigError, TypeError, ValueError):
-        return None, None
-    try:
-        cfg.validate()
-        # the same stage as the estimate before: the OOM's, else each side's highest
-        return estimate(cfg, stage=ctx.oom_stage).total_bytes, None
-    except ConfigError as exc:
-        return None, str(exc).splitlines()[0][:200]
-    except (ValueError, ZeroDivisionError, TypeError, AttributeError):
-        return None, None
 
 
 def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +221,27 @@ def merge(readings: Sequence[Reading]) -> Reading:
     return merged
 
 
+def _drop_inputs_read_within(items: list[str], readings: list, described: list[dict]) -> None:
+    """An input that another input already read as its `defaults:` parent or as the `--config`
+    of its launch command is not applied again: read again after that input, it would undo
+    what the child (or the launch's overrides) sets over it. `read` lists it as read once."""
+    within: dict[str, str] = {}
+    for item, reading in zip(items, readings, strict=True):
+        for path in (getattr(reading, "launched_config", None), *getattr(reading, "parents", ())):
+            if path:
+                within.setdefault(os.path.abspath(path), item)
+    overridden = {d["override_of"] for d in described if "override_of" in d}
+    for index in reversed(range(len(items))):
+        item = items[index]
+        owner = within.get(os.path.abspath(file_of(item)))
+        if owner is None or owner == item or item in overridden:
+            continue
+        del items[index], readings[index]
+        entry = next(d for d in described if d["path"] == item and len(d) == 2)
+        entry["format"] = f"read once, within {owner}: not applied again"
+        described[:] = [d for d in described if d.get("parent_of") != item]
+
+
 def resolve(
     inputs: Sequence[str],
     model: str | None = None,
@@ -258,6 +280,7 @@ def resolve(
         ]
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
+    _drop_inputs_read_within(items, readings, described)
     # a launch command's --recipe NAME chooses the function of a recipe file given beside it
     for index, (reading, what) in recipe_choice.select_named(items, readings, read_input).items():
         readings[index] = reading

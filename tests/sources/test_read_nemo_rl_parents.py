@@ -102,3 +102,20 @@ def test_a_default_never_hides_what_an_earlier_input_wrote(tmp_path):
     reading = _read(CORPUS / "sft.yaml", recipe).reading
     assert reading.origins["micro_batch_size"].kind == "file"
     assert reading.origins["micro_batch_size"].where.endswith("sft.yaml:40")
+
+
+def test_a_parent_given_after_its_child_is_not_applied_again(tmp_path):
+    # A user passes the whole chain: `read grpo_math_8B_megatron.yaml grpo_math_1B_megatron.yaml
+    # grpo_math_1B.yaml`. The child already read both as its parents; applied again after it,
+    # the 1B parents' PP 1, micro-batch 4 and sequence 512 undid the 8B file's PP 2, 1 and 4096.
+    names = ("grpo_math_8B_megatron.yaml", "grpo_math_1B_megatron.yaml", "grpo_math_1B.yaml")
+    for name in names:
+        shutil.copy(CORPUS / name, tmp_path / name)
+    alone = _read(tmp_path / names[0]).reading
+    chain = _read(*(tmp_path / n for n in names))
+    for key in ("pipeline_model_parallel_size", "micro_batch_size", "seq_length"):
+        assert chain.reading.get(key) == alone.get(key), key
+    assert chain.reading.get("pipeline_model_parallel_size") == 2
+    assert not [w for w in chain.reading.warnings if w.startswith("conflict")]
+    said = [i["format"] for i in chain.inputs if i["path"] == str(tmp_path / names[1])]
+    assert f"read once, within {tmp_path / names[0]}: not applied again" in said

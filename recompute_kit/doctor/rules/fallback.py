@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ...config import CONFIG_KEYS
 from ...plan.tensor_parallel import next_tensor_parallel
+from ...sources import megatron_lm
 from ..types import Context, Match
 from .defaults import exception_without_oom
 from .knobs import Knobs, read_knobs
@@ -27,7 +29,16 @@ from .model_states import (
     size_words,
     stated_gpu_bytes,
 )
-from .registry import fact, gib, more_recompute_patch, oom_errors, rule
+from .registry import (
+    estimate_with,
+    fact,
+    gib,
+    more_recompute_patch,
+    next_step,
+    oom_errors,
+    patch_for,
+    rule,
+)
 
 # Beyond this many tokens per sample, activations can dominate even at batch 1 with
 # checkpointing on (the layer inputs kept alone grow with it).
@@ -81,13 +92,9 @@ def ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     if k.framework == "megatron":
         if k.ckpt_on and ctx.granularity == "full" and ctx.cfg.get("recompute_method") is None:
             return None
-        patch, words = more_recompute_patch(ctx)
         if ctx.granularity is None:
-            patch, words = (
-                {"recompute_granularity": "selective"},
-                "--recompute-granularity selective (recompute the attention core; then full)",
-            )
-        return patch, words
+            return _first_recompute(ctx)
+        return more_recompute_patch(ctx)
     if k.ckpt_on:
         return None
     if k.ckpt_key == "disable_gradient_checkpointing":
@@ -106,6 +113,50 @@ def ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
         {"gradient_checkpointing": True},
         "activation (gradient) checkpointing: the script's checkpoint flag, or "
         "torch.utils.checkpoint around each block (use_reentrant=False)",
+    )
+
+
+def said_as(k: Knobs, key: str) -> str:
+    """A setting as the fix words name it: a Megatron-family run's field as Megatron-LM's flag,
+    which doctor/fix_words.py writes in the run's own keys (NeMo-RL's, Bridge's, ...)."""
+    if k.framework == "megatron" and key in CONFIG_KEYS:
+        flag = megatron_lm.key_for(key)
+        if flag.startswith("--") and " " not in flag:
+            return flag
+    return key
+
+
+def _recompute_flags(spec: str) -> str:
+    patch = patch_for(spec)
+    return " ".join(
+        f"{megatron_lm.key_for(key).split()[0]} "
+        + (" ".join(value) if isinstance(value, list) else str(value))
+        for key, value in patch.items()
+        if value is not None
+    )
+
+
+def _first_recompute(ctx: Context) -> tuple[dict[str, Any], str]:
+    """Recompute for a Megatron run with none: the architecture's next step (registry.next_step)
+    where the estimator shows it lowers the peak, else full recompute of every layer. Megatron's
+    bare `selective` recomputes only core_attn, which frees next to nothing beside flash
+    attention and can raise the peak (its recompute buffer)."""
+    spec, why = next_step(ctx)
+    if ctx.config is None or ctx.estimate is None:
+        return patch_for(spec), f"{_recompute_flags(spec)} ({why})"
+    before = ctx.estimate.total_bytes
+    for candidate, reason in ((spec, why), ("full:uniform:1", "full recompute of every layer")):
+        after, _ = estimate_with(ctx, patch_for(candidate))
+        if after is None:
+            return patch_for(candidate), f"{_recompute_flags(candidate)} ({reason})"
+        if after < before:
+            return patch_for(candidate), (
+                f"{_recompute_flags(candidate)} ({reason}; the estimated peak {gib(before)} -> "
+                f"{gib(after)} per GPU)"
+            )
+    return patch_for("full:uniform:1"), (
+        f"{_recompute_flags('full:uniform:1')} (even full recompute does not lower the "
+        f"estimated peak of {gib(before)}: activations are not what sets it)"
     )
 
 
@@ -131,7 +182,7 @@ def batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
         keep = " and accumulate_grad_batches 2 (the global batch is kept)"
     else:
         keep = " (the global batch halves unless the script accumulates gradients)"
-    return patch, f"{key} {n} -> {half}{keep}"
+    return patch, f"{said_as(k, key)} {n} -> {half}{keep}"
 
 
 _FLASH_WORDS = ("flash", "fa2", "fa3", "sdpa", "auto", "true", "1", "fused", "xformers")
@@ -188,8 +239,9 @@ def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     key, n = k.seq[0]
     return (
         {key: n // 2},
-        f"{key} {n} -> {n // 2} (activations grow with the tokens per sample; truncate or "
-        "drop the longest samples, as one over-long sample can OOM a run that ran for hours)",
+        f"{said_as(k, key)} {n} -> {n // 2} (activations grow with the tokens per sample; "
+        "truncate or drop the longest samples, as one over-long sample can OOM a run that ran "
+        "for hours)",
     )
 
 
@@ -238,7 +290,7 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
             )
             if step.value is not None:
                 patch: dict[str, Any] = {key: step.value}
-                words = f"{key} {value} -> {step.value}"
+                words = f"{said_as(k, key)} {value} -> {step.value}"
                 nproc = _int(ctx.cfg.get("nproc_per_node"))
                 if step.gpus_needed and nproc == gpus:  # one node: the launcher's count grows
                     patch["nproc_per_node"] = step.gpus_needed

@@ -8,7 +8,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ...config import format_spec, parse_spec
+from ...config import CONFIG_KEYS, ConfigError, format_spec, parse_spec
+from ...memory.estimate import estimate
 from ..types import Context, Match, Rule
 
 GIB = 2**30
@@ -148,6 +149,27 @@ def patch_for(spec: str) -> dict[str, Any]:
         if rc.recompute_granularity == "selective"
         else None,
     }
+
+
+def estimate_with(ctx: Context, changes: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The estimated peak (weights, gradients, optimizer, activations) with the patch applied,
+    or the validation error the patched config raises; (None, None) where a value is no
+    setting the estimator can take ("<2x the current>")."""
+    settable = {k: v for k, v in changes.items() if k in CONFIG_KEYS}
+    if not settable or any(isinstance(v, str) and v.startswith("<") for v in settable.values()):
+        return None, None
+    try:
+        cfg = ctx.config.replace(**settable)
+    except (ConfigError, TypeError, ValueError):
+        return None, None
+    try:
+        cfg.validate()
+        # the same stage as the estimate before: the OOM's, else each side's highest
+        return estimate(cfg, stage=ctx.oom_stage).total_bytes, None
+    except ConfigError as exc:
+        return None, str(exc).splitlines()[0][:200]
+    except (ValueError, ZeroDivisionError, TypeError, AttributeError):
+        return None, None
 
 
 def candidate_spec(c) -> str:
