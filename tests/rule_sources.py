@@ -549,6 +549,8 @@ SOURCES.update(
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
         "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",
+        "stated-te-1261-fp8-memory-not-halved": "https://github.com/NVIDIA/TransformerEngine/issues/1261",
+        "stated-te-1764-fp8-same-memory-as-bf16": "https://github.com/NVIDIA/TransformerEngine/issues/1764",
         "nemo-rl-2702-colocated-oom-at-setup": "https://github.com/NVIDIA-NeMo/RL/issues/2702",
     }
 )

@@ -167,3 +167,32 @@ def test_activation_memory_said_to_grow_with_the_sequence():
     # "the activation value memory increases significantly", "50G of activation value memory"
     _reading("stated-torchtitan-678-activation-memory", "RK811", "activation_memory")
     assert symptoms.stated("the activation memory is reduced by checkpointing") == []
+
+
+@covers("RK812")
+@pytest.mark.parametrize(
+    "name",
+    [
+        # https://github.com/NVIDIA/TransformerEngine/issues/1261: "it still shows memory usage of
+        # 14B" for a 7B model in FP8; timmoon10: expected, TE keeps the weights and their FP8
+        # transposes (fp8_model_init keeps FP8 weights only)
+        "stated-te-1261-fp8-memory-not-halved",
+        # https://github.com/NVIDIA/TransformerEngine/issues/1764: "same memory usage as bf16";
+        # NVIDIA: --fp8-param-gather / fp8_model_init drop the high-precision copy
+        "stated-te-1764-fp8-same-memory-as-bf16",
+    ],
+)
+def test_fp8_said_not_to_lower_memory_reads_as_model_states(name):
+    _reading(name, "RK812", "model_state_memory")
+    assert "fp8_model_init" in top(run(text(name))).fix
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "FP8 training reduced the memory by 30% against bf16",
+        "The memory usage is the same as bf16",  # no FP8 said anywhere
+    ],
+)
+def test_what_is_not_fp8_memory_not_lower(line):
+    assert "fp8_memory_not_lower" not in symptoms.stated(line)

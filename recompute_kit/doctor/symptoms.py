@@ -225,6 +225,19 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
         ("activation_memory",),
     ),
+    Symptom(  # "FP8 ... same memory usage as bf16", "still shows memory usage of 14GB"
+        "fp8_memory_not_lower",
+        re.compile(
+            r"(?:memory|vram|footprint)[^.\n]{0,50}?(?:same\s+as|as\s+(?:bf16|fp16|bfloat16)|"
+            r"not\s+(?:be\s+)?(?:halved|reduced|lower)|prohibitive|no\s+(?:reduction|saving))|"
+            r"\bstill\s+(?:shows?|uses?|takes?|needs?)\s+(?:\w+\s+){0,3}?memory|"
+            r"(?:same|similar)\s+(?:memory|vram)[^.\n]{0,30}?(?:bf16|fp16|bfloat16)|"
+            r"\b(?:expected|any)\s+(?:memory\s+)?(?:benefits?|savings?|reduction)",
+            re.I,
+        ),
+        ("model_state_memory",),
+        context=(re.compile(r"\bfp8\b|float8|transformer[ _-]?engine", re.I),),
+    ),
     Symptom(  # "LoRA works, full fine-tuning runs out of memory"
         "full_fails_lora_works",
         re.compile(

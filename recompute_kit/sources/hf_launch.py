@@ -46,7 +46,8 @@ def sniff(text: str, path: str) -> int:
 
 def read(text: str, path: str) -> Reading:
     # a pasted command whose continuation backslashes were lost: the flag lines are its words
-    joined = re.sub(r"[ \t]*\n(?=[ \t]*--[A-Za-z])", " \\\n", text)
+    # (a line that ends in its own backslash, `train.py\`, is continued already)
+    joined = re.sub(r"(?<!\\)[ \t]*\n(?=[ \t]*--[A-Za-z])", " \\\n", text)
     if (lf := _LF_COMMAND.search(joined)) is not None:
         line = joined.count("\n", 0, lf.start("cfg")) + 1
         reading = _trainer_file(lf.group("cfg"), path, line)

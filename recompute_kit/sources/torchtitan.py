@@ -565,6 +565,18 @@ def _read_precision(toml: _Toml, reading: Reading) -> None:
                 + ("e4m3 everywhere" if rowwise else "e4m3 forward, e5m2 gradients"),
             ),
         )
+        # torchao scales each cast from the tensor at hand (current scaling), never from an
+        # amax history: not Megatron's "delayed" default, whose refusals (no moe_act /
+        # layernorm recompute) do not apply; Megatron's name for current scaling is tensorwise
+        reading.set(
+            "fp8_recipe",
+            "tensorwise",
+            toml.origin(
+                fp8_sec if recipe else "model",
+                "recipe_name" if recipe else "converters",
+                f"torchao {recipe or 'tensorwise'}: dynamic (current) scaling, no delayed amax",
+            ),
+        )
     elif any(c in ("mx", "quantize.linear.mx") for c in converters):
         reading.set("fp8", "e4m3", toml.origin("model", "converters", "torchao MXLinear mxfp8"))
         reading.set("fp8_recipe", "mxfp8", toml.origin("model", "converters"))

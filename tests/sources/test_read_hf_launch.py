@@ -67,3 +67,23 @@ def test_a_megatron_launch_is_not_claimed():
     megatron = "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64\n"
     assert hf_launch.sniff(megatron, "run.sh") == 0
     assert hf_launch.sniff("deepspeed --num_gpus 8 train.py --deepspeed ds.json\n", "run.sh") > 0
+
+
+def test_a_script_word_glued_to_its_continuation_backslash(tmp_path):
+    # https://github.com/hiyouga/LLaMA-Factory/issues/1936 (the reporter's launch, verbatim head):
+    # `src/train_bash.py\` has no space before the backslash, which bash accepts (the next line's
+    # indentation ends the word). It was read as an escaped space and no command was found.
+    script = tmp_path / "train_rm.sh"
+    script.write_text(
+        "deepspeed  --include localhost:0,1,2,3,4 --master_port=9901 src/train_bash.py\\\n"
+        "    --stage rm \\\n"
+        "    --do_train \\\n"
+        "    --model_name_or_path /root/autodl-tmp/users/xyh/Llama-2-13b-hf \\\n"
+        "    --finetuning_type lora \\\n"
+        "    --per_device_train_batch_size 1 \\\n"
+        "    --gradient_accumulation_steps 4 \\\n"
+        "    --bf16\n"
+    )
+    reading = resolve([str(script)], require_shape=False).reading
+    assert reading.get("micro_batch_size") == 1 and reading.get("world_size") == 5
+    assert reading.get("bf16") is True

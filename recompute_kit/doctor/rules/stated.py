@@ -197,6 +197,24 @@ READINGS = (
         reads_stated="activations_grow",
     ),
     dict(
+        id="RK812",
+        title="Stated: FP8 does not lower the memory",
+        category="model_state_memory",
+        symptom="The report says training in FP8 (TransformerEngine, torchao float8) takes as "
+        "much memory as bf16, or more, with no memory figures that split it",
+        cause="FP8 changes the matmuls, not what is stored: the weights stay in bf16 / fp32 (and "
+        "the optimizer's fp32 master copy and states beside them), and TransformerEngine keeps "
+        "FP8 copies of the weights (with their transposes on Hopper) on top; only the matmul "
+        "inputs saved for backward shrink, about half of the activations",
+        confirm="torch.cuda.memory_allocated() after the model and optimizer are built, bf16 "
+        "against FP8: the same (or more) means the weights and states set it; then the peak of "
+        "one step for the activations",
+        fix="Keep only FP8 weights: TransformerEngine's fp8_model_init() around the model's "
+        "construction, Megatron's --fp8-param-gather (fp8_param_gather) with the distributed "
+        "optimizer; shard the states (distributed optimizer, FSDP) for the rest",
+        reads_stated="fp8_memory_not_lower",
+    ),
+    dict(
         id="RK808",
         title="Stated: LoRA fits, full fine-tuning runs out of memory",
         category="model_state_memory",
