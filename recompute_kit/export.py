@@ -128,6 +128,14 @@ def render(
     return "\n".join([header, *body]) + "\n"
 
 
+def settings_line(recompute: RecomputeConfig, fmt: str, *, num_layers: int | None = None) -> str:
+    """The keys `render` writes for `recompute` in `fmt`, on one line without the comments: a
+    candidate's setting as the run's framework spells it (`plan` lists one per candidate)."""
+    _check(recompute, num_layers)
+    body = _RENDERERS[fmt](recompute, num_layers)
+    return "; ".join(x.strip() for x in body if x.strip() and not x.lstrip().startswith("#"))
+
+
 def render_all(recompute: RecomputeConfig, *, num_layers: int | None = None) -> dict[str, str]:
     """`render` for every format, keyed by format name in FORMATS order."""
     return {fmt: render(recompute, fmt, num_layers=num_layers) for fmt in FORMATS}

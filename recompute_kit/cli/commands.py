@@ -571,6 +571,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"(the budget, {result.budget_bytes / 2**30:.1f} GiB, less the safety margin, which "
         "covers the CUDA context and NCCL's buffers with the band)"
     )
+    fmt = default_format(args)
+    if fmt not in ("megatron-lm", "megatron-bridge"):  # specs are Megatron's: say them as the run
+        print(f"\nas {fmt} sets them:")
+        for c in shown:
+            print(f"  {c.estimate.recompute:<28} {c.settings}")
     print(f"\nper pipeline stage, {result.best.estimate.recompute}:")
     unit, scale = byte_unit([s.total_bytes for s in result.stages])
     print(

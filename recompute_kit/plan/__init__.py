@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..config import Config, ConfigError, RecomputeConfig
 from ..config.versions import describe_version, parse_version
-from ..export import render
+from ..export import render, settings_line
 from ..export_layout import world_size
 from ..memory.estimate import Estimate, estimate
 from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
@@ -41,6 +41,7 @@ class Candidate:
     # the extra executed FLOPs of the slowest stage over the slowest without recompute
     # (`step_recompute_fraction`); the estimate's own fraction is its binding stage's
     step_cost: float = 0.0
+    settings: str = ""  # the setting in the plan's format, on one line (export.settings_line)
 
     @property
     def headroom_bytes(self) -> int:
@@ -64,6 +65,7 @@ class Candidate:
             "headroom_bytes": self.headroom_bytes,
             "error_band_bytes": self.band.total_bytes if self.band else None,
             "clears_error_band": self.clears_band,
+            "settings": self.settings or None,
         }
 
 
@@ -142,6 +144,9 @@ def plan(
                 est.recompute_flops_fraction if stage is not None else step_cost(candidate),
             )
         )
+    stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
+    for c in found:
+        c.settings = settings_line(c.recompute, fmt, num_layers=stage_layers)
     fitting = sorted(
         (c for c in found if c.fits),
         # a cheaper setting only when it clears the band too; among equal costs (elementwise

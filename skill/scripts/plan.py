@@ -62,6 +62,8 @@ def row(c: dict) -> dict:
         "headroom_gib": gib(c.get("headroom_bytes")),
         "error_band_gib": gib(c.get("error_band_bytes")),
         "clears_error_band": c.get("clears_error_band"),
+        # the setting in the run's framework keys (the format `rendered` is in)
+        "settings": c.get("settings"),
     }
 
 

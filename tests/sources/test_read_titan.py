@@ -434,3 +434,29 @@ def test_torchtitan_moe_dispatch_and_dropout_are_torchtitans():
     from recompute_kit.memory.estimate import estimate
 
     assert estimate(r.config).dispatcher_buffers_bytes == 0
+
+
+def test_titan_float8_is_current_scaling_and_op_sac_is_planned(tmp_path):
+    # torchtitan's llama3_405b.toml (v0.1.0, tests/sources/corpus/torchtitan/, the preset for
+    # 128 H100s: converters = ["float8"], full AC) switched to op-level SAC. torchao scales
+    # dynamically; read as Megatron's default "delayed" recipe, Megatron's refusal of layernorm
+    # recompute under delayed FP8 crashed `plan` and `estimate` on the file ("Delayed scaling
+    # does not support moe_act and layernorm recompute for fp8"), and `plan` never offered op
+    # SAC. Each candidate now also says its setting in torchtitan's keys.
+    from recompute_kit.plan import plan
+    from recompute_kit.sources.resolve import resolve
+
+    src = Path(__file__).parent / "corpus" / "torchtitan" / "llama3_405b_v0.1.0.toml"
+    text = src.read_text().replace(
+        'mode = "full"', 'mode = "selective"\nselective_ac_option = "op"'
+    )
+    toml = tmp_path / "llama3_405b_op.toml"
+    toml.write_text(text)
+    resolved = resolve([str(toml)], overrides={"data_parallel_size": 16})
+    assert resolved.reading.get("fp8_recipe") == "tensorwise"
+    result = plan(resolved.config, 79.1, fmt="torchtitan")
+    op = next(c for c in result.candidates if c.estimate.recompute == "selective:layernorm")
+    assert op.settings == (
+        '[activation_checkpoint]; mode = "selective"; selective_ac_option = "op"'
+    )
+    assert result.best.settings == '[activation_checkpoint]; mode = "full"'
