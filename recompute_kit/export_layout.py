@@ -25,7 +25,7 @@ Keys, as each framework names them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .config import Config
@@ -59,15 +59,24 @@ def setting(config: Config, key: str) -> Any:
 
 
 def changed_settings(
-    planned: Config, given: Config | None, overridden: Iterable[str] = ()
+    planned: Config,
+    given: Config | None,
+    overridden: Iterable[str] = (),
+    read: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The LAYOUT_FIELDS whose value in `planned` differs from `given` (the config the inputs
     make on their own, without the command line's overrides). When the inputs alone make none
-    (`given` None: e.g. the shape comes only from --model), the `overridden` keys."""
+    (`given` None: the shape comes only from --model, the world size is left to the launcher),
+    the `overridden` keys, less those the inputs already set to that value (`read`)."""
     # a dense model has no expert layout to write
     keys = [k for k in LAYOUT_FIELDS if planned.model.num_moe_experts or "expert" not in k]
     if given is None:
-        return {key: setting(planned, key) for key in keys if key in set(overridden)}
+        read = read or {}
+        return {
+            key: setting(planned, key)
+            for key in keys
+            if key in set(overridden) and read.get(key, object()) != setting(planned, key)
+        }
     return {
         key: setting(planned, key) for key in keys if setting(planned, key) != setting(given, key)
     }

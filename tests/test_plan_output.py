@@ -163,3 +163,14 @@ def test_plan_names_a_layout_that_beats_costly_recompute(capsys):
     assert doc["best"]["step_recompute_flops_fraction"] > 0.02
     # no hint where the pick costs nothing
     assert _json(capsys, argv)["better_layout"] is None
+
+
+def test_an_override_equal_to_the_scripts_value_is_no_change(capsys):
+    # A skill trial: the Mixtral script sets --expert-model-parallel-size 8 and leaves the world
+    # size to SLURM; `plan --pp 2 --ep 8 --dp 16` listed EP 8 as "changed from the inputs" and
+    # rendered --expert-model-parallel-size 8 in the block to paste.
+    argv = ["plan", "--config", str(MIXTRAL), "--pp", "2", "--ep", "8", "--dp", "16"]
+    doc = _json(capsys, [*argv, "--gpu-memory-gb", "79.1", "--format", "megatron-lm"])
+    assert "expert_model_parallel_size" not in doc["changed_settings"]
+    assert doc["changed_settings"]["pipeline_model_parallel_size"] == 2
+    assert "--expert-model-parallel-size" not in doc["rendered"]

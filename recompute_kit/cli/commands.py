@@ -27,6 +27,7 @@ from .common import (
     format_table,
     input_name,
     inputs_alone,
+    inputs_read,
     layer_span,
     layout_of,
     note_inapplicable,
@@ -457,7 +458,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .levers import cmd_levers
 
         return cmd_levers(args, cfg, gib, version)
-    changes = changed_settings(cfg, inputs_alone(args), override_values(args))
+    given = inputs_alone(args)
+    read = inputs_read(args) if given is None and args.config else None
+    changes = changed_settings(cfg, given, override_values(args), read)
     try:
         result = plan(
             cfg, gib, args.safety_margin, default_format(args), args.stage, version, changes

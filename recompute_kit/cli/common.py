@@ -308,6 +308,19 @@ def inputs_alone(args: argparse.Namespace) -> Config | None:
         return None  # e.g. the inputs leave the world size to --dp
 
 
+def inputs_read(args: argparse.Namespace) -> dict[str, Any]:
+    """The values the config files themselves set (not defaults or derived ones): what a
+    layout override is compared with where the inputs make no Config alone."""
+    from ..sources.reading import FROM_FILE
+    from ..sources.resolve import resolve
+
+    try:
+        reading = resolve(args.config or [], require_shape=False).reading
+    except ConfigError:
+        return {}
+    return {k: v for k, v in reading.values.items() if reading.origins[k].kind == FROM_FILE}
+
+
 # CLI flag -> Megatron key, for the shape and parallelism overrides (sources/reading.py).
 OVERRIDES = OVERRIDE_FLAGS
 
