@@ -178,6 +178,10 @@ class ParallelConfig:
     # ZeRO-3 only; FSDP2 CPUOffloadPolicy). memory/model_states.py counts what stays on the GPU.
     optimizer_offload: bool = False
     param_offload: bool = False
+    # Parameter-efficient fine-tuning (LoRA and other adapters): the base weights are frozen,
+    # held in the 16-bit compute dtype with no gradients and no optimizer states; the adapters'
+    # own states (rank x the targeted layers: well under 1% of a model) are not counted.
+    frozen_base: bool = False
     # DeepSpeed ZeRO's gradient bucket (zero_optimization.reduce_bucket_size, elements; None:
     # not a DeepSpeed run) and its double buffering (overlap_comm; None: DeepSpeed's default,
     # on at stage 3 only); stage 3 also gathers stage3_prefetch_bucket_size parameters ahead.

@@ -348,10 +348,12 @@ def model_states(
             return bytes_per_param * (params["dense"] + params["expert"])
         return bytes_per_param * (params["dense"] / dp_cp + params["expert"] / edp)
 
+    if p.frozen_base:  # adapters on a frozen base: 16-bit weights alone (the adapters aside)
+        weight_b, grad_b, optim_b = (2 if half else 4), 0, 0
     weights = held(weight_b, level >= 3)
     grads = held(grad_b, level >= 2)
     optimizer = held(optim_b, level >= 1)
-    step = held(4, level >= 1) if mode == "zero" and half else 0.0
+    step = held(4, level >= 1) if mode == "zero" and half and not p.frozen_base else 0.0
     if p.optimizer_offload:
         optimizer = step = 0.0
         if mode in ("zero", "fsdp2") and level >= 2:
@@ -361,7 +363,7 @@ def model_states(
         if mode == "fsdp2":
             grads = 0.0  # CPUOffloadPolicy: gradients go to the host with the parameters
     gathered = 0.0
-    if precision == "amp" and half and level < 3:
+    if precision == "amp" and half and level < 3 and not p.frozen_base:
         # autocast caches a 16-bit copy of every weight it casts for the whole forward, and
         # the matmuls save those copies for backward: all of this rank's weights at the peak
         gathered = 2 * (params["dense"] + params["expert"])

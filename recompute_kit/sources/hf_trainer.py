@@ -315,11 +315,20 @@ def _read_fsdp(data: dict[str, Any], src: _Src, reading: Reading, take: Any) -> 
 
 def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> None:
     finetuning = data.get("finetuning_type")
-    if finetuning is not None and finetuning != "full":
+    if finetuning in ("lora", "oft"):
+        reading.set(
+            "frozen_base",
+            True,
+            src.origin(
+                "finetuning_type",
+                note="adapters on frozen base weights: no gradients or optimizer states for "
+                "the base; the adapters' own (rank x targets) not counted",
+            ),
+        )
+    elif finetuning is not None and finetuning != "full":
         reading.warnings.append(
-            f"{src.path}: finetuning_type {finetuning}: the base weights are frozen, so the "
-            "gradients and optimizer states are those of the adapters only; recompute-kit "
-            "counts a full fine-tune"
+            f"{src.path}: finetuning_type {finetuning}: only some layers are trained; "
+            "recompute-kit counts a full fine-tune"
         )
     if data.get("quantization_bit") is not None:
         reading.warnings.append(
@@ -562,10 +571,9 @@ def apply_defaults(reading: Reading) -> None:
     if reading.get("recompute_granularity") is None:
         d("recompute_method", None, "no gradient checkpointing")
         d("recompute_num_layers", None, "no gradient checkpointing")
-    if kind == FORMAT_LF and "finetuning_type" not in reading.unused:
-        reading.warnings.append(
-            "LLaMA-Factory's default finetuning_type is lora: base weights frozen; "
-            "recompute-kit counts a full fine-tune"
-        )
+    if kind == FORMAT_LF and "frozen_base" not in reading.values:
+        finetuning = reading.unused.get("finetuning_type", "lora")
+        if finetuning == "lora":  # absent: LLaMA-Factory's default is lora
+            d("frozen_base", True, "finetuning_type: lora (LLaMA-Factory's default)")
     if reading.get("num_moe_experts"):
         d("moe_grouped_gemm", False, "transformers' MoE blocks loop over the experts")

@@ -87,3 +87,36 @@ def test_a_script_word_glued_to_its_continuation_backslash(tmp_path):
     reading = resolve([str(script)], require_shape=False).reading
     assert reading.get("micro_batch_size") == 1 and reading.get("world_size") == 5
     assert reading.get("bf16") is True
+
+
+def test_lora_counts_frozen_16_bit_base_weights_without_their_states(tmp_path):
+    # https://github.com/hiyouga/LLaMA-Factory/issues/1936: `--finetuning_type lora --bf16` on
+    # Llama-2-13B, 5 x 24 GB GPUs, the deepspeed launcher without --deepspeed: the OOM came at
+    # setup with 21.51 GiB allocated. Counted as a full fine-tune the estimate said 48.5 GiB of
+    # fp32 weights, as much in gradients and twice that in Adam states; the frozen base is
+    # bf16 weights alone (13.0e9 x 2 B = 24.2 GiB), no gradients, no optimizer states.
+    from recompute_kit.memory.model_states import model_state_bytes
+
+    script = tmp_path / "train_rm.sh"
+    script.write_text(
+        "deepspeed --include localhost:0,1,2,3,4 src/train_bash.py \\\n"
+        "    --model_name_or_path meta-llama/Llama-2-13b-hf \\\n"
+        "    --finetuning_type lora \\\n"
+        "    --per_device_train_batch_size 1 \\\n"
+        "    --bf16\n"
+    )
+    # meta-llama/Llama-2-13b-hf's config.json (its shape keys, verbatim values)
+    model = tmp_path / "config.json"
+    model.write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",'
+        ' "hidden_size": 5120, "intermediate_size": 13824, "max_position_embeddings": 4096,'
+        ' "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 40,'
+        ' "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "vocab_size": 32000}'
+    )
+    config = resolve([str(script)], model=str(model)).config
+    weights, grads, optimizer = model_state_bytes(config)
+    assert config.parallel.frozen_base is True
+    assert (grads, optimizer) == (0, 0)
+    assert 24.0 * 2**30 < weights < 24.5 * 2**30
+    full = resolve([str(script)], model=str(model), overrides={"frozen_base": False}).config
+    assert model_state_bytes(full)[2] > 90 * 2**30

@@ -203,7 +203,8 @@ def test_llamafactory_checkpointing_is_on_unless_disabled():
     r = _hf("model_name_or_path: Qwen/Qwen3-8B\ncutoff_len: 4096\n")
     assert r.get("recompute_granularity") == "full" and r.get("recompute_num_layers") == 1
     assert r.get("seq_length") == 4096
-    assert any("lora" in w for w in r.warnings)  # LF's default finetuning_type
+    # LF's default finetuning_type is lora: the base is frozen (counted as such, said so)
+    assert r.get("frozen_base") is True and "lora" in r.origins["frozen_base"].describe()
     r = _hf(
         "model_name_or_path: Qwen/Qwen3-8B\ncutoff_len: 4096\n"
         "disable_gradient_checkpointing: true\n"
