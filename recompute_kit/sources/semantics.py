@@ -128,6 +128,8 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             )
     elif reading.get("data_parallel_size"):
         problem = _expert_layout_problem(reading, tp * cp * reading.get("data_parallel_size"))
+    if problem is not None and not strict and _smallest_world_instead(reading, tp * cp):
+        return
     if problem is not None:
         if strict:
             raise ConfigError(problem + _world_hint(reading, tp * cp, model_parallel))
@@ -135,6 +137,33 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
         dp_origin = reading.origins.get("data_parallel_size")
         if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
             del reading.values["data_parallel_size"], reading.origins["data_parallel_size"]
+
+
+def _smallest_world_instead(reading: Reading, dense_model_ranks: int) -> bool:
+    """When only reading: an assumed world size (a launch script's node count left to the
+    scheduler) too small for the expert layout is replaced by the smallest world that holds it,
+    itself an assumption said as such, rather than a DP that contradicts it (True: done)."""
+    origin = reading.origins.get("world_size")
+    if origin is None or origin.kind != FROM_ASSUMED or not reading.get("num_moe_experts"):
+        return False
+    if "data_parallel_size" in reading and reading.origins["data_parallel_size"].kind not in (
+        FROM_ASSUMED,
+        FROM_DERIVED,
+    ):
+        return False  # a DP the inputs give is the user's: its problem is said, not hidden
+    tp = reading.get("tensor_model_parallel_size") or 1
+    experts = (reading.get("expert_model_parallel_size") or 1) * (
+        reading.get("expert_tensor_parallel_size") or tp
+    )
+    dp = experts // math.gcd(experts, dense_model_ranks)
+    world = dp * dense_model_ranks * (reading.get("pipeline_model_parallel_size") or 1)
+    note = (
+        f"the smallest world the expert layout allows (EP x expert TP = {experts}: DP {dp}); "
+        f"{origin.note or origin.describe()} gives {reading.get('world_size')}, too few for it"
+    )
+    reading.set("world_size", world, Origin(FROM_ASSUMED, origin.where, origin.key, note))
+    reading.set("data_parallel_size", dp, Origin(FROM_ASSUMED, origin.where, origin.key, note))
+    return True
 
 
 def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:

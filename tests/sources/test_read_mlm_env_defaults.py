@@ -31,14 +31,19 @@ def test_world_size_from_an_environment_default_is_assumed_and_says_so(monkeypat
     monkeypatch.setenv("SLURM_NNODES", "4")  # never read
     r = resolve([str(MIXTRAL)], require_shape=False)
     origin = r.reading.origins["world_size"]
-    assert r.reading.get("world_size") == 8
+    # the script's 8 GPUs x ${SLURM_NNODES:-1} cannot hold EP 8 x PP 4: the world assumed is the
+    # smallest that does (32, DP 8), said with the script's default beside it. (A skill trial
+    # saw world_size 8 beside DP 8 x PP 4 and a warning that computed DP 2.)
+    assert (r.reading.get("world_size"), r.reading.get("data_parallel_size")) == (32, 8)
     assert origin.kind == "assumed"
     assert "NNODES = 1: the default of ${SLURM_NNODES:-1}" in origin.note
+    assert "gives 8, too few" in origin.note
+    assert not [w for w in r.reading.warnings if "cannot run as written" in w]
     # the key the user sets here is --dp: the environment is never read, so "set SLURM_NNODES"
     # would change nothing (a skill trial did and got the same assumption back)
     assert origin.key.startswith("--dp") and "SLURM_NNODES sets it" in origin.key
     lines = summary_lines(r.reading, r.inputs)
-    assert any(line.startswith("  assumed: world_size = 8") for line in lines)
+    assert any(line.startswith("  assumed: world_size = 32") for line in lines)
 
 
 def test_dp_derived_from_an_assumed_world_is_assumed():
