@@ -174,3 +174,26 @@ def test_an_override_equal_to_the_scripts_value_is_no_change(capsys):
     assert "expert_model_parallel_size" not in doc["changed_settings"]
     assert doc["changed_settings"]["pipeline_model_parallel_size"] == 2
     assert "--expert-model-parallel-size" not in doc["rendered"]
+
+
+def test_the_binding_stage_is_the_one_that_holds_the_most_imbalance_included():
+    # A skill trial on Megatron-Bridge's DeepSeek-V3 H100 recipe (TP2 PP16 EP64, layout
+    # Etttt|tttt|...|tmL, DP 32 for 1024 GPUs) at `--moe-imbalance 2`: plan said stage 0 binds
+    # with selective:moe_act (the highest total: 3 dense + 1 MoE layers, 16 micro-batches in
+    # flight) while stage 1's four MoE layers hold 20 GiB of imbalance beside a lower total and
+    # did not fit. The stage that binds is the one whose total and held terms are the most.
+    from recompute_kit.memory.estimate import estimate
+    from recompute_kit.plan import plan
+
+    recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
+    cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
+    cfg = cfg.replace(recompute_granularity="selective", recompute_modules=["moe_act"])
+    stages = [estimate(cfg, stage=s, moe_imbalance=2.0) for s in range(16)]
+    most = max(stages, key=lambda e: e.held_bytes)
+    assert max(stages, key=lambda e: e.total_bytes) is not most  # the case the trial hit
+    picked = estimate(cfg, moe_imbalance=2.0)
+    assert picked.layers == most.layers and picked.held_bytes == most.held_bytes
+    # and `plan` (--moe-imbalance 2: the config's moe_routing_imbalance) judges each fit there
+    result = plan(cfg.replace(moe_routing_imbalance=2.0), 79.1)
+    for c in result.candidates:
+        assert c.fits == (c.estimate.held_bytes <= result.usable_bytes)

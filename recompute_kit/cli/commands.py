@@ -312,7 +312,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print()
     print_layout(cfg, None if stages else results[0])
     if stages:
-        print("per rank of the stage with each row's highest total (column stage); --stage N")
+        print("per rank of the stage that holds the most in each row (column stage); --stage N")
     print("bytes per module and layer, every stage's total: --json")
     return 0
 
@@ -519,7 +519,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "ties": result.ties,
                 "stages": [s.to_json() for s in result.stages],
                 "binding_stage": {
-                    "stage": max(result.stages, key=lambda s: s.total_bytes).stage,
+                    "stage": min(result.stages, key=lambda s: s.headroom_bytes).stage,
                     "reason": result.binding,
                 },
                 "excluded": [{"recompute": spec, "reason": why} for spec, why in result.excluded],

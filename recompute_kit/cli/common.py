@@ -369,7 +369,7 @@ def add_override_args(parser: argparse.ArgumentParser, stage: bool = True) -> No
             "--stage",
             type=int,
             metavar="N",
-            help="pipeline stage to report (default: the stage with the highest total)",
+            help="pipeline stage to report (default: the stage that holds the most)",
         )
     group.add_argument(
         "--moe-imbalance",
@@ -456,7 +456,7 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         )
     line = f"layout: {' '.join(parts)}, {states}"
     if est is not None and est.layers:
-        which = " (the stage with the highest total)" if est.stage_total_bytes else ""
+        which = " (the stage that holds the most)" if est.stage_total_bytes else ""
         line += (
             f"; per rank of pipeline stage {est.stage}{which}: {layer_span(est.layers)}, "
             f"{est.micro_batches_in_flight:g} micro-batch"

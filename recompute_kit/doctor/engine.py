@@ -142,7 +142,7 @@ def _covered(modules: list[str]) -> set[str]:
 def _stage_of_the_oom(ctx: Context) -> int | None:
     """The pipeline stage of the rank the OOM names (`[rank250]:`): Megatron's default order
     (tp-cp-ep-dp-pp) puts the pipeline outermost, so stage = rank // (world / PP). None (the
-    stage with the highest total) without stages, a rank, or with ranks of several stages."""
+    stage that holds the most) without stages, a rank, or with ranks of several stages."""
     p = ctx.config.parallel
     pp = p.pipeline_model_parallel_size
     ranks = {o.rank for o in ctx.evidence.oom if o.rank is not None}
@@ -152,7 +152,7 @@ def _stage_of_the_oom(ctx: Context) -> int | None:
     if max(ranks) >= per_stage * pp:
         ctx.evidence.notes.append(
             f"the OOM names rank {max(ranks)}, beyond the {per_stage * pp} ranks of the "
-            "config's layout: the estimate is of the stage with the highest total"
+            "config's layout: the estimate is of the stage that holds the most"
         )
         return None
     stages = {r // per_stage for r in ranks}

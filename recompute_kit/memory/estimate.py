@@ -97,6 +97,19 @@ class Estimate:
     loss_sets_peak: bool = False
     fused_linear_loss: bool = False  # Liger's fused linear cross-entropy: logits in chunks
 
+    @property
+    def held_bytes(self) -> int:
+        """The total and the terms the run holds beside it that no safety margin covers (MoE
+        routing imbalance, dispatcher buffers, gathered parameters, ZeRO buckets): what a
+        stage needs, and so what decides which stage binds."""
+        return (
+            self.total_bytes
+            + self.moe_imbalance_bytes
+            + self.dispatcher_buffers_bytes
+            + self.gathered_params_bytes
+            + self.zero_buffers_bytes
+        )
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -701,7 +714,7 @@ def estimate(
     moe_imbalance: float | None = None,
 ) -> Estimate:
     """Estimate per-rank memory of one training step under `config` (its recompute settings)
-    on one pipeline stage: `stage`, or (None) the stage with the highest total.
+    on one pipeline stage: `stage`, or (None) the stage that holds the most.
     `moe_imbalance` scales the experts' token copies (memory/overheads.py; None: the config's
     moe_expert_capacity_factor where it sets one, else 1.0, balanced)."""
     m, p = config.model, config.parallel
@@ -715,7 +728,9 @@ def estimate(
     results = [_stage_estimate(config, B, training, engine, s, layout) for s in stages]
     for e in results:
         _add_overheads(e, config, B, moe_imbalance)
-    best = max(results, key=lambda e: e.total_bytes)
+    # the binding stage is the one that holds the most, its imbalance and buffers included
+    # (the stage with more MoE layers can bind at a routing imbalance though its total is less)
+    best = max(results, key=lambda e: e.held_bytes)
     if stage is None:
         best.stage_total_bytes = [e.total_bytes for e in results]
     return best

@@ -61,13 +61,7 @@ def fits_host(est: Estimate) -> bool:
 def planned_bytes(est: Estimate) -> int:
     """What the run holds per rank against the usable memory: the estimate's total plus its
     named terms that neither the safety margin nor the band covers (module docstring)."""
-    return (
-        est.total_bytes
-        + est.moe_imbalance_bytes
-        + est.dispatcher_buffers_bytes
-        + est.gathered_params_bytes
-        + est.zero_buffers_bytes
-    )
+    return est.held_bytes
 
 
 @dataclass(frozen=True)

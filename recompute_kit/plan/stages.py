@@ -64,15 +64,16 @@ def stage_table(config: Config, usable: int) -> list[Stage]:
 
 
 def binding_reason(rows: list[Stage]) -> str:
-    """Which stage binds (the highest total) and why, against the other stages."""
-    b = max(rows, key=lambda r: r.total_bytes)
+    """Which stage binds (the least headroom: its total and what it holds beside it) and why,
+    against the other stages."""
+    b = min(rows, key=lambda r: r.headroom_bytes)  # what it holds, imbalance included
     if len(rows) == 1:
         return (
             f"stage 0 (the only one) holds {len(b.layers)} layers, the embedding, the output "
             "layer and the loss"
         )
     others = [r for r in rows if r is not b]
-    runner = max(others, key=lambda r: r.total_bytes)
+    runner = min(others, key=lambda r: r.headroom_bytes)
     why = []
     most_layers = max(len(r.layers) for r in rows)
     layer_part = f"{len(b.layers)} layers"
@@ -97,9 +98,11 @@ def binding_reason(rows: list[Stage]) -> str:
     if b.moe_layers:
         states += f" (expert weights of {b.moe_layers} MoE layer{'s' if b.moe_layers > 1 else ''})"
     why.append(states)
+    gap = (runner.headroom_bytes - b.headroom_bytes) / GIB
     return (
-        f"stage {b.stage} binds at {b.total_bytes / GIB:.2f} GiB: "
+        f"stage {b.stage} binds with {b.headroom_bytes / GIB:.2f} GiB of headroom (total "
+        f"{b.total_bytes / GIB:.2f} GiB and what it holds beside it): "
         + ", ".join(why)
-        + f"; next is stage {runner.stage} at {runner.total_bytes / GIB:.2f} GiB "
-        f"({(b.total_bytes - runner.total_bytes) / GIB:.2f} GiB less)"
+        + f"; next is stage {runner.stage} with {runner.headroom_bytes / GIB:.2f} GiB "
+        f"({gap:.2f} GiB more)"
     )
