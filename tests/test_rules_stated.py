@@ -196,3 +196,12 @@ def test_fp8_said_not_to_lower_memory_reads_as_model_states(name):
 )
 def test_what_is_not_fp8_memory_not_lower(line):
     assert "fp8_memory_not_lower" not in symptoms.stated(line)
+
+
+def test_conda_init_output_is_not_a_stated_symptom():
+    # https://github.com/NVIDIA/Megatron-LM/issues/525, the reporter's terminal.txt (lines 25-34):
+    # `conda init` prints "no change     <path>" per file on a login shell; read as "no change"
+    # (in memory) it fired RK800, "recompute has no effect", on a run with no recompute at all.
+    log = "no change     /ocean/projects/asc200010p/jjia1/TOOLS/mambaforge/condabin/conda\n"
+    log += "no change     /ocean/projects/asc200010p/jjia1/TOOLS/mambaforge/bin/conda\n"
+    assert symptoms.stated(log + "CUDA out of memory with activation checkpointing\n") == []

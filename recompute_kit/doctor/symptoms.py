@@ -257,6 +257,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
 # inputs have requires_grad=True. Gradients will be None", "RuntimeError: Expected to mark a
 # variable ready only once ...")
 _NOT_SAID = re.compile(
+    r"^\s*(?:no change|modified|action needed)\s{2,}\S*/|"  # `conda init` on a login shell
     r"^\s*(?:#(?!#)|//)|\bnot\s+(?:a\s+)?(?:real\s+|true\s+)?memory\s+leak|Warning\b|\bwarn\(|"
     r"None of the inputs have requires_grad|^[>\s]*[\w.]*(?:Error|Exception)\b:",
     re.I,

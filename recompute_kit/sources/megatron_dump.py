@@ -166,6 +166,8 @@ _OLD_NAMES = {
 _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _PARAMS_DTYPE_RE = re.compile(r"^using torch\.(float16|bfloat16|float32|float) for parameters")
 _OLD_WORLD_RE = re.compile(r"using world size: (\d+) and model-parallel size: (\d+)")
+# megatron/training/tokenizer: "> padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)"
+_PADDED_VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with \d+ dummy tokens")
 # What an estimate needs from a dump, by the name Megatron-LM prints (newest name first).
 _NEEDED = {
     "num_layers": ("num_layers",),
@@ -203,6 +205,7 @@ class Dump:
     later_dumps: int = 0
     world: dict[str, tuple[int, int]] = field(default_factory=dict)  # field -> (value, line)
     params_dtype: tuple[str, int] | None = None
+    tokenizer_vocab: tuple[int, int] | None = None  # the tokenizer's size as printed, line
 
 
 def scan(text: str) -> Dump:
@@ -247,6 +250,8 @@ def _around_the_dump(line: str, number: int, dump: Dump) -> None:
             dump.world.setdefault(key, (value, number))
     elif m := _PARAMS_DTYPE_RE.match(line):
         dump.params_dtype = (m.group(1), number)
+    elif (m := _PADDED_VOCAB_RE.search(line)) and dump.tokenizer_vocab is None:
+        dump.tokenizer_vocab = (int(m.group(1)), number)
 
 
 def sniff(text: str, path: str) -> int:
@@ -529,6 +534,14 @@ def _around(dump: Dump, reading: Reading, path: str) -> None:
     for name, (value, line) in dump.world.items():
         if name not in reading:
             reading.set(name, value, Origin(FROM_FILE, f"{path}:{line}", "using world size"))
+    vocab = reading.origins.get("vocab_size")
+    if dump.tokenizer_vocab and (vocab is None or vocab.kind != FROM_FILE):
+        # the built tokenizer's size, printed before Megatron pads it (an assumption from
+        # the tokenizer type, or none, gives way to it)
+        size, line = dump.tokenizer_vocab
+        reading.set(
+            "vocab_size", size, Origin(FROM_FILE, f"{path}:{line}", "padded vocab (size: N)")
+        )
     if dump.params_dtype and "bf16" not in reading and "fp16" not in reading:
         dtype, line = dump.params_dtype
         where = Origin(FROM_FILE, f"{path}:{line}", f"using torch.{dtype} for parameters")

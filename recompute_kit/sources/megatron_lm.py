@@ -258,6 +258,8 @@ def assume_tokenizer_vocab(reading: Reading, tok_type: str, where: str, key: str
 
 _TOKENIZER_VOCAB = {
     "Llama2Tokenizer": (32000, "Llama 2's SentencePiece tokenizer.model, 32000 pieces"),
+    # GPT-2's BPE files (gpt2-vocab.json): 50257 tokens (openai-community/gpt2 config.json)
+    "GPT2BPETokenizer": (50257, "GPT-2's BPE vocabulary (gpt2-vocab.json), 50257 tokens"),
 }
 _HYDRA_SECTION_KEYS = re.compile(
     r"(?:^|\s)[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|mixed_precision)"
@@ -575,6 +577,18 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
         )
         reading.unused.pop("--tokenizer-type", None)
 
+    vocab_file = get("--vocab-file")
+    named = str(value_of(vocab_file) or "") if vocab_file else ""
+    if not tok and get("--merge-file") and "gpt2" in named.lower() and "vocab_size" not in reading:
+        # GPT-2's BPE files with no --tokenizer-type: GPT2BPETokenizer (Megatron-LM's default
+        # type before it had to be given)
+        assume_tokenizer_vocab(
+            reading,
+            "GPT2BPETokenizer",
+            f"{path}:{vocab_file.line} --vocab-file {named} (with --merge-file)",
+            "--tokenizer-type and the --vocab-file it reads",
+        )
+
     tok_model = get("--tokenizer-model")
     tok_id = value_of(tok_model) if tok_model else None
     if tok_type == "HuggingFaceTokenizer" and tok_id and _HF_ID.fullmatch(tok_id):
@@ -853,6 +867,15 @@ def apply_defaults(reading: Reading) -> None:
     )
     d("position_embedding_type", "learned_absolute", DEFAULT_WHERE)
     d("qk_layernorm", False, DEFAULT_WHERE)
+    if v("transformer_impl") == "local":
+        # the local layer spec's core attention is Megatron's own DotProductAttention (softmax
+        # over [b, a, s, s] scores kept for backward) whatever --attention-backend's auto picks
+        # for Transformer Engine (gpt_layer_specs.py get_gpt_layer_local_spec)
+        derive(
+            "attention_backend",
+            "unfused",
+            "transformer_impl local: the local spec's DotProductAttention (unfused)",
+        )
     d("attention_backend", "auto", DEFAULT_WHERE)
     d("bf16", False, DEFAULT_WHERE, "fp32 parameters unless --bf16 / --fp16")
     d("fp16", False, DEFAULT_WHERE)

@@ -190,3 +190,23 @@ def test_deepspeed_config_print_is_not_a_megatron_dump():
         "............. None\n"
     )
     assert megatron_dump.sniff(text, "ds.log") == 0
+
+
+MLM525 = Path(__file__).parents[1] / "data" / "launch" / "mlm525"
+
+
+def test_local_transformer_is_unfused_attention_and_the_printed_vocab_is_read():
+    # https://github.com/NVIDIA/Megatron-LM/issues/525 (tests/data/launch/mlm525):
+    # a 2023 Megatron-LM prints transformer_impl local and use_flash_attn False, and no
+    # attention_backend (the flag came later). The local layer spec's core attention is
+    # Megatron's unfused DotProductAttention: read as the default `auto` (a fused kernel), the
+    # estimate dropped the [b, a, s, s] scores (18 GiB for a run that OOMed on 32 GB). The
+    # built tokenizer's size, "> padded vocab (size: 50257) ...", is read from the log, and the
+    # script alone (gpt2-vocab.json with --merge-file) assumes GPT-2's 50257, not 32000.
+    both = resolve([str(MLM525 / "gpt2_755.sh"), str(MLM525 / "terminal.txt")]).reading
+    assert both.get("attention_backend") == "unfused"
+    assert both.origins["attention_backend"].kind == "derived"
+    assert both.get("vocab_size") == 50257
+    assert both.origins["vocab_size"].where.endswith("terminal.txt:286")
+    script = resolve([str(MLM525 / "gpt2_755.sh")], require_shape=False).reading
+    assert script.get("vocab_size") == 50257 and script.origins["vocab_size"].kind == "assumed"
