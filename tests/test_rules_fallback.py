@@ -227,3 +227,27 @@ def test_rk170_megatron_run_without_recompute_gets_a_step_the_estimator_shows_lo
     step1 = f.fix.split("1. ", 1)[1].split(" 2. ")[0]
     assert step1.startswith("policy.megatron_cfg.activation_checkpointing: true")
     assert "recompute_granularity: selective" in step1 or "full" in step1
+
+
+@covers("RK170")
+def test_rk170_takes_the_plans_cheapest_fit_in_the_runs_override_syntax():
+    # A skill trial: Megatron-Bridge's DeepSeek-V3 H100 recipe (tests/sources/corpus/bridge,
+    # NVIDIA-NeMo/Megatron-Bridge 067f987) at DP 32 on 79.1 GiB GPUs, no recompute set. The
+    # default reading led with mla_up_proj (+2.7% FLOPs) where `plan` fits with moe_act (no
+    # matmul recomputed), wrote `model.recompute_granularity selective` (not an override) and
+    # said the sequence length was not in the paste although the recipe's base sets 4096.
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    recipe = Path(__file__).parent / "sources/corpus/bridge/bridge_deepseek_v3_h100_recipes.py"
+    evidence = collect(config=str(recipe), overrides={"data_parallel_size": 32})
+    d = diagnose(evidence, gpu_memory_gb=79.1)
+    f = next(f for f in d.findings if f.rule == "RK170")
+    assert f.config_patch["recompute_modules"] == ["moe_act"]
+    step1 = f.fix.split("1. ", 1)[1].split(" 2. ")[0]
+    assert step1.startswith(
+        "model.recompute_granularity=selective model.recompute_modules=[moe_act]"
+    )
+    assert "dataset.seq_length 4096 -> 2048" in f.fix and "not set in the paste" not in f.fix

@@ -21,10 +21,15 @@ from typing import Any
 from ..config import CONFIG_KEYS
 from .types import Context
 
-# `--flag-name` as a word of its own (not inside a path or a longer option), and the word
-# after it when that is a plain value (`--recompute-granularity selective`)
+# `--flag-name` as a word of its own (not inside a path or a longer option), and the values
+# after it when they are setting words (`--recompute-granularity selective`,
+# `--recompute-modules moe_act layernorm`), not prose
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b")
-_FLAG_VALUE = re.compile(_FLAG.pattern + r"(?: (?P<value>[a-z_]+)\b(?! ->))?")
+_MODULE_WORDS = r"core_attn|mlp|layernorm|moe_act|moe|shared_experts|mla_up_proj"
+_VALUE_WORDS = rf"selective|full|uniform|block|flash|fused|unfused|auto|{_MODULE_WORDS}"
+_FLAG_VALUE = re.compile(
+    _FLAG.pattern + rf"(?: (?P<value>(?:{_VALUE_WORDS})(?: (?:{_MODULE_WORDS}))*)\b(?! ->))?"
+)
 
 
 @cache
@@ -88,15 +93,42 @@ def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tupl
 
     def swap(m: re.Match) -> str:
         flag, value = m.group(0).split(" ")[0], m.group("value")
+        fields = _flag_fields().get(flag) or ()
+        if fields and fields[0][1] is not None:  # a switch: the words after it are prose
+            value = None
         words = _words_for(framework, flag, ctx, value)
         if words is None:
             return m.group(0)
-        if value is not None and words == _words_for(framework, flag, ctx):
-            words = f"{words} {value}"  # the value keeps its place after the key
+        if value is None:
+            rest = m.group(0)[len(flag) :]
+        elif words == _words_for(framework, flag, ctx):
+            # the value after the key, as the framework's files or overrides write it
+            listed = fields[0][0] == "recompute_modules"
+            words += _SEPARATOR.get(framework, ": ") + _value_words(framework, value, listed)
+            rest = ""
+        else:
+            rest = ""
         done[flag] = words
-        return words
+        return words + rest
 
     return _FLAG_VALUE.sub(swap, fix), done
+
+
+# key and value as the framework writes them: Hydra overrides, TOML, else YAML
+_SEPARATOR = {"megatron-bridge": "=", "nemo2": "=", "torchtitan": " = "}
+
+
+def _value_words(framework: str, value: str, listed: bool) -> str:
+    """One value as it is, a list field's (Megatron-LM's `--recompute-modules a b`) as the list
+    the framework writes: `[a,b]` in a Hydra override, `["a", "b"]` in TOML, `[a, b]` in YAML."""
+    items = value.split()
+    if len(items) == 1 and not listed:
+        return value
+    if framework in ("megatron-bridge", "nemo2"):
+        return "[" + ",".join(items) + "]"
+    if framework == "torchtitan":
+        return "[" + ", ".join(f'"{x}"' for x in items) + "]"
+    return "[" + ", ".join(items) + "]"
 
 
 def _spelled(value: Any) -> str:

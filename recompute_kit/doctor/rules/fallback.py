@@ -137,10 +137,19 @@ def _recompute_flags(spec: str) -> str:
 
 
 def _first_recompute(ctx: Context) -> tuple[dict[str, Any], str]:
-    """Recompute for a Megatron run with none: the architecture's next step (registry.next_step)
-    where the estimator shows it lowers the peak, else full recompute of every layer. Megatron's
+    """Recompute for a Megatron run with none: the plan's cheapest setting that fits the GPU
+    where the GPU is known; else the architecture's next step (registry.next_step) where the
+    estimator shows it lowers the peak, else full recompute of every layer. Megatron's
     bare `selective` recomputes only core_attn, which frees next to nothing beside flash
     attention and can raise the peak (its recompute buffer)."""
+    best = ctx.best  # the plan's cheapest setting that fits the GPU, where one is known
+    if best is not None and best.recompute.recompute_granularity is not None and ctx.estimate:
+        spec = best.estimate.recompute
+        return patch_for(spec), (
+            f"{_recompute_flags(spec)} (the cheapest setting that fits by `plan`: "
+            f"+{100 * best.step_cost:.1f}% recompute FLOPs; the estimated peak "
+            f"{gib(ctx.estimate.total_bytes)} -> {gib(best.estimate.total_bytes)} per GPU)"
+        )
     spec, why = next_step(ctx)
     if ctx.config is None or ctx.estimate is None:
         return patch_for(spec), f"{_recompute_flags(spec)} ({why})"

@@ -202,6 +202,18 @@ def _framework(ctx: Context) -> str:
     return "script"
 
 
+def _from_the_reader(ctx: Context, k: Knobs) -> None:
+    """A Megatron-family run's sequence length and micro-batch as the shared reader resolved
+    them (a recipe's base function, the framework's default) where the pasted keys say none."""
+    if k.framework != "megatron":
+        return
+    read = (ctx.evidence.read or {}).get("config") or {}
+    if not k.seq and isinstance(n := _int(read.get("seq_length")), int):
+        k.seq.append(("seq_length", n))
+    if k.batch is None and isinstance(n := _int(read.get("micro_batch_size")), int):
+        k.batch = ("micro_batch_size", n)
+
+
 def read_knobs(ctx: Context) -> Knobs:
     """The memory knobs of ctx.cfg (and the checkpointing lines of the pasted text)."""
     cfg = ctx.cfg
@@ -233,6 +245,7 @@ def read_knobs(ctx: Context) -> Knobs:
         if _SEQ_RE.match(leaf) and not _NOT_SEQ.search(leaf) and (n := _int(value)):
             k.seq.append((key, n))
     k.seq.sort(key=lambda kv: -kv[1])
+    _from_the_reader(ctx, k)
     _read_checkpointing(ctx, k, by_leaf)
     k.zero = zero_stage(ctx)
     flat = " ".join(f"{key}={value}" for key, value in cfg.items()).lower()
