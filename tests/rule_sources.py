@@ -550,6 +550,8 @@ SOURCES.update(
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
         "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",
         "stated-te-1261-fp8-memory-not-halved": "https://github.com/NVIDIA/TransformerEngine/issues/1261",
+        "stated-mlm-2772-mfsdp-more-memory": "https://github.com/NVIDIA/Megatron-LM/issues/2772",
+        "kp-unsloth-1797-pinned-oom": "https://github.com/unslothai/unsloth/issues/1797",
         "stated-te-1764-fp8-same-memory-as-bf16": "https://github.com/NVIDIA/TransformerEngine/issues/1764",
         "nemo-rl-2702-colocated-oom-at-setup": "https://github.com/NVIDIA-NeMo/RL/issues/2702",
     }

@@ -80,13 +80,17 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # 83.2%, 154/179 = 86.0%; held-out 51/135 = 37.8%, 44/135 = 32.6%.
 # Regression floors of the rules on the corpus as it stands: a fresh round of real cases
 # (round t_, sampled in search order) lowers what the same rules score, and sets them anew.
+# Round u_ (20 fresh cases, 12 dev / 8 held-out, 9 of them framework bugs): 4/20 right as
+# collected (dev 1/12, held-out 3/8); after RK812 (FP8 said not to lower memory), RK813
+# (sharding said to raise it) and RK814 (Unsloth's pinned-memory OOM, a known-problem row):
+# dev 6/12. Dev 159/197 = 80.7%, 165/197 = 83.8%; held-out 56/147 = 38.1%, 47/147 = 32.0%.
 FLOORS = {
-    ("dev", "category_ok"): 0.82,
-    ("dev", "fix_ok"): 0.85,
+    ("dev", "category_ok"): 0.80,
+    ("dev", "fix_ok"): 0.83,
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.30,
 }
-MIN_CASES = 324
+MIN_CASES = 344
 
 
 @pytest.fixture(scope="module")

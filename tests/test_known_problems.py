@@ -39,6 +39,7 @@ SIGNATURE_TEXTS: dict[str, tuple[str, ...]] = {
     "RK104": ("i12-llamafactory-1916",),
     "RK156": ("fr-use-reentrant-old-kohya",),
     "RK672": ("ckpt-local-use-reentrant-missing",),  # PyTorch's own warning, run here
+    "RK814": ("kp-unsloth-1797-pinned-oom",),
 }
 
 

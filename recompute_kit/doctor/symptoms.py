@@ -225,6 +225,19 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
         ("activation_memory",),
     ),
+    Symptom(  # "using Megatron-FSDP + EP consumes more GPU memory than using EP alone"
+        "sharding_raises_memory",
+        re.compile(
+            r"\b(?:m-?fsdp\d?|fsdp\d?|zero[- _]?[1-3]?|deepspeed|sharding|sharded|"
+            r"distributed[ _]optimizer)\b[^.\n]{0,80}?\b(?:consumes?|uses?|takes?|needs?|"
+            r"requires?|occupies|has)\s+(?:much\s+|even\s+|significantly\s+)?(?:more|higher)\s+"
+            r"(?:gpu\s+|peak\s+)?(?:memory|vram)|\b(?:more|higher)\s+(?:gpu\s+)?(?:memory|vram)"
+            r"[^.\n]{0,40}?\b(?:with|after\s+enabling|when\s+(?:using|enabling))\s+"
+            r"(?:m-?fsdp\d?|fsdp\d?|zero[- _]?[1-3]?|the\s+distributed\s+optimizer)\b",
+            re.I,
+        ),
+        ("framework_bug", "model_state_memory"),
+    ),
     Symptom(  # "FP8 ... same memory usage as bf16", "still shows memory usage of 14GB"
         "fp8_memory_not_lower",
         re.compile(

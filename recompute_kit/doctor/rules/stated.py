@@ -197,6 +197,25 @@ READINGS = (
         reads_stated="activations_grow",
     ),
     dict(
+        id="RK813",
+        title="Stated: sharding the model states raised the memory",
+        category="framework_bug",
+        symptom="The report says turning on FSDP, ZeRO or the distributed optimizer made the "
+        "run use more GPU memory than without it, with no figures that split the states",
+        cause="Sharding divides weights, gradients and optimizer states by the data-parallel "
+        "size, so a rise means something was not sharded: usually a framework or optimizer bug "
+        "(states created with the full parameter's shape instead of the shard's), or buffers "
+        "the sharding adds (all-gather / reduce-scatter buckets, a gathered unit) that outgrow "
+        "what it saves on a small model or DP size",
+        confirm="torch.cuda.memory_allocated() after the optimizer's first step with and "
+        "without sharding, and the optimizer states' shapes (a shard's numel x DP = the "
+        "parameter's); the versions of the framework and of TransformerEngine / the optimizer",
+        fix="Upgrade the framework / optimizer to a release that shards the states (or pin the "
+        "last that did) and report it with both measurements; shrink the communication buckets "
+        "where they are the rise",
+        reads_stated="sharding_raises_memory",
+    ),
+    dict(
         id="RK812",
         title="Stated: FP8 does not lower the memory",
         category="model_state_memory",
