@@ -50,3 +50,16 @@ def test_dp_override_gives_the_world_the_layout_needs():
     assert doc["valid"] is True
     assert doc["read"]["config"]["world_size"] == 64  # DP 16 x TP 1 x PP 4
     assert doc["normalized"]["data_parallel_size"] == 16
+
+
+def test_modules_without_selective_are_said_without_strict():
+    # A skill trial: `validate RECIPE "model.recompute_modules=[moe_act]" --dp 32` on
+    # Megatron-Bridge's DeepSeek-V3 recipe (recompute_granularity None) said "valid" and nothing
+    # else: Megatron reads recompute_modules only under selective, so the setting does nothing.
+    recipe = Path(__file__).parent / "sources/corpus/bridge/bridge_deepseek_v3_h100_recipes.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    argv = [*RK, "validate", str(recipe), "model.recompute_modules=[moe_act]", "--dp", "32"]
+    proc = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] is True
+    assert any("recompute_granularity is unset" in w for w in doc["warnings"])

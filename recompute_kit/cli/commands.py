@@ -14,6 +14,7 @@ from ..config import (
     ConfigError,
     all_specs,
 )
+from ..config.versions import ignored_settings
 from ..export_layout import changed_settings
 from ..plan.margins import planned_bytes
 from ..presets import PRESETS
@@ -140,6 +141,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         modules = resolved.reading.origins.get("recompute_modules")
         given = modules is not None and modules.kind not in (FROM_DEFAULT, FROM_ASSUMED)
         warnings += cfg.validate(strict=args.strict, modules_given=given)
+        if not args.strict:  # what Megatron accepts but does not act on is said either way
+            written = resolved.reading.get("recompute_modules") if given else None
+            warnings += [w for w in ignored_settings(cfg, written) if w not in warnings]
     except ConfigError as exc:
         errors.append(str(exc))
     if not args.json:  # the summary above said the assumptions already

@@ -501,7 +501,7 @@ def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
     if cfg.model.loss_implementation == "torchtitan" and len(selective) > 1:
         print(
             f"recompute-kit: note: {', '.join(selective)}: torchtitan has one selective mode "
-            '(per-op, selective_ac_option "op"), and each is counted as it',
+            '(per-op, selective_ac_option "op"), so every one of them is counted as that mode',
             file=sys.stderr,
         )
         return

@@ -224,6 +224,7 @@ def read(text: str, path: str) -> Reading:
             else:
                 entries.append(Entry(section, key, _value(inline), line, dotted))
         i += 1
+    parsed = bool(entries)  # before the length overrides Megatron-Bridge resets are dropped
     entries = _the_length_that_runs(entries, reading, path, "run_recipe.py" in text)
     apply_entries(reading, entries, path)
     if world:
@@ -240,7 +241,7 @@ def read(text: str, path: str) -> Reading:
     if recipe is not None:
         reading.unused[ON_RECIPE] = recipe
         reading.format = f"Megatron-Bridge Hydra-style overrides on recipe {recipe}"
-    elif not entries and not reading.values:
+    elif not parsed and not reading.values:
         raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
     else:
         reading.unused[ON_RECIPE] = UNKNOWN_RECIPE

@@ -107,3 +107,12 @@ def test_a_yaml_of_overrides_beside_the_recipe_names_it(tmp_path):
         for w in r.warnings
     )
     assert r.get("fp8") is None and r.origins["fp8"].kind == FROM_FILE
+
+
+def test_a_lone_length_override_is_said_not_refused():
+    # A skill trial: `read RECIPE model.seq_length=8192 --dp 32` failed with "no Megatron-Bridge
+    # overrides (key=value) found": the one override, which run_recipe.py resets from
+    # dataset.seq_length, had been dropped before the check. It is read, and its warning says so.
+    r = resolve([RECIPE, "model.seq_length=8192"], overrides={"data_parallel_size": 16}).reading
+    assert r.get("seq_length") == 4096  # the recipe's dataset.seq_length is what runs
+    assert any("model.seq_length=8192 alone does not set the run's length" in w for w in r.warnings)
