@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .reading import FROM_ASSUMED, MEMORY_KEYS, Origin, Reading
+from .reading import FROM_ASSUMED, FROM_DEFAULT, MEMORY_KEYS, MLA_KEYS, MOE_KEYS, Origin, Reading
 
 _KIND_WORDS = {
     "file": "read from the inputs",
@@ -49,10 +49,28 @@ def assumption_text(key: str, value: Any, origin: Origin) -> str:
 
 
 def table_rows(reading: Reading) -> list[list[str]]:
-    """One row per value: field, value, where it came from. Memory-relevant ones first."""
+    """One row per value: field, value, where it came from. Memory-relevant ones first; a
+    default of a feature the run does not use (MLA's ranks on a model without MLA, an FP8
+    recipe without FP8) is left out of the table (`read --json` keeps every value)."""
     order = [k for k in MEMORY_KEYS if k in reading.values]
     order += sorted(k for k in reading.values if k not in MEMORY_KEYS)
-    return [[k, _show(reading.values[k]), reading.origins[k].describe()] for k in order]
+    unused = _unused_defaults(reading)
+    return [
+        [k, _show(reading.values[k]), reading.origins[k].describe()]
+        for k in order
+        if k not in unused
+    ]
+
+
+def _unused_defaults(reading: Reading) -> set[str]:
+    keys: set[str] = set()
+    if not reading.get("multi_latent_attention"):
+        keys.update(MLA_KEYS)
+    if not reading.get("num_moe_experts"):
+        keys.update(MOE_KEYS)
+    if not reading.get("fp8"):
+        keys.add("fp8_recipe")
+    return {k for k in keys if k in reading.origins and reading.origins[k].kind == FROM_DEFAULT}
 
 
 def _show(value: Any) -> str:

@@ -67,3 +67,15 @@ def test_other_environment_defaults_do_not_make_a_literal_world_assumed():
     r = resolve([str(CORPUS / "blind_llama3_8b_h100_fp8.sh")], require_shape=False)
     assert r.reading.get("world_size") == 8
     assert r.reading.origins["world_size"].kind == "file"
+
+
+def test_the_read_table_leaves_out_defaults_of_features_the_run_does_not_use():
+    # A skill trial: `read` on the Mixtral script listed MLA's kv_lora_rank 32 and
+    # qk_pos_emb_head_dim 64 and fp8_recipe 'delayed' for a bf16 model without MLA: noise.
+    from recompute_kit.sources.summary import table_rows
+
+    r = resolve([str(MIXTRAL)], overrides={"data_parallel_size": 8}, require_shape=False)
+    shown = {row[0] for row in table_rows(r.reading)}
+    assert not shown & {"kv_lora_rank", "qk_pos_emb_head_dim", "fp8_recipe"}
+    assert "kv_lora_rank" in r.reading.values  # `read --json` keeps every value
+    assert {"num_moe_experts", "moe_router_topk", "recompute_granularity"} <= shown
