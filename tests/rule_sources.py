@@ -552,6 +552,7 @@ SOURCES.update(
         "stated-te-1261-fp8-memory-not-halved": "https://github.com/NVIDIA/TransformerEngine/issues/1261",
         "stated-mlm-2772-mfsdp-more-memory": "https://github.com/NVIDIA/Megatron-LM/issues/2772",
         "kp-unsloth-1797-pinned-oom": "https://github.com/unslothai/unsloth/issues/1797",
+        "lf-1936-trainer-deepspeed-none": "https://github.com/hiyouga/LLaMA-Factory/issues/1936",
         "stated-te-1764-fp8-same-memory-as-bf16": "https://github.com/NVIDIA/TransformerEngine/issues/1764",
         "nemo-rl-2702-colocated-oom-at-setup": "https://github.com/NVIDIA-NeMo/RL/issues/2702",
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rule_helpers import covers
+from rule_helpers import covers, ids, run, text
 
 from recompute_kit.config import config_from_dict
 from recompute_kit.doctor.engine import diagnose
@@ -77,3 +77,28 @@ def test_validate_warns_about_modules_without_selective():
     )
     warnings = cfg.validate(strict=True)
     assert any("recompute_granularity is unset" in w for w in warnings), warnings
+
+
+@covers("RK815")
+def test_deepspeed_set_up_but_the_trainer_printed_deepspeed_none():
+    # https://github.com/hiyouga/LLaMA-Factory/issues/1936 (the reporter's log, two stored
+    # excerpts joined, and accelerate_config.yaml, verbatim): Llama-2-13B LoRA on 5 x 24 GB,
+    # started with the `deepspeed` launcher and no --deepspeed; the Accelerate YAML names a
+    # ZeRO-3 config but the Trainer's arguments print deepspeed=None, and the OOM comes while
+    # the model is built (21.51 GiB allocated of 23.65).
+    from pathlib import Path
+
+    config = (Path(__file__).parent / "data/rules/lf-1936-accelerate-config.yaml").read_text()
+    d = run(
+        text("lf-1936-trainer-deepspeed-none"), config=config, config_name="accelerate_config.yaml"
+    )
+    f = next(f for f in d.findings if f.rule == "RK815")
+    assert f.category == "model_state_memory" and "deepspeed=None" in f.evidence
+    assert f.config_patch == {
+        "deepspeed": "/root/autodl-tmp/users/xyh/LLaMA-Factory/ds_config.json"
+    }
+    # the same log with DeepSpeed in effect says nothing of it
+    on = text("lf-1936-trainer-deepspeed-none").replace(
+        "deepspeed=None,", "deepspeed=ds_config.json,"
+    )
+    assert "RK815" not in ids(run(on, config=config, config_name="accelerate_config.yaml"))

@@ -108,6 +108,9 @@ _GPU_TAKEN_RE = re.compile(
 )
 
 
+# The Hugging Face TrainingArguments' own printout (repr, one field a line): the Trainer runs
+# without DeepSpeed whatever the launcher or an Accelerate YAML say
+_TRAINER_NO_DEEPSPEED_RE = re.compile(r"^\s*deepspeed=None,?\s*$")
 _SIZE_RE = re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B\b", re.I)
 _SHAPE4_RE = re.compile(r"\[\d+,\s*\d+,\s*\d+,\s*\d+\]")
 # Communication queued on side streams ("overlapping NCCL communications ... on separate
@@ -272,6 +275,7 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     batch / image size keys of detection and segmentation trainers), `vision_lines` (lines
     naming such a key or a detection / segmentation task, framework or model family),
     `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted),
+    `trainer_deepspeed_none` (the TrainingArguments printout's `deepspeed=None` line),
     `host_kill_lines` (the OS killed a process for host RAM), `host_memory_lines` (host RAM
     named in words), `host_rows` (per-process host memory sizes of a process table, GB),
     `whole_move_lines` (the whole model moved to a device, in code or words),
@@ -326,6 +330,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts["residual_bytes"] = max([facts.get("residual_bytes", 0), *sizes])
         if "cublas" in low and "workspace" in low:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
+        if _TRAINER_NO_DEEPSPEED_RE.search(line):
+            facts.setdefault("trainer_deepspeed_none", _q(line))
         if (
             ("logit" in low and (_vocab_dim(line) or "vocab" in low))
             or _LOSS_OOM_RE.search(line)

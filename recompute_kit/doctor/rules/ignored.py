@@ -1,4 +1,5 @@
-"""Recompute settings the framework accepts and then does not act on (RK025)."""
+"""Settings the framework accepts and then does not act on: recompute_modules without selective
+(RK025), a DeepSpeed setup the Hugging Face Trainer never received (RK815)."""
 
 from __future__ import annotations
 
@@ -36,4 +37,45 @@ def _modules_ignored(ctx: Context) -> Match | None:
         f"recompute_modules {modules} are set while recompute_granularity is {said}: "
         f"Megatron-Core reads them only under 'selective', so they do nothing.{stated}",
         config_patch=patch_for(spec),
+    )
+
+
+@rule(
+    "RK815",
+    "DeepSpeed set up but the Trainer runs without it: no ZeRO sharding",
+    "model_state_memory",
+    symptom="The inputs set up DeepSpeed (an Accelerate YAML with distributed_type DEEPSPEED, "
+    "a deepspeed_config, a DeepSpeed JSON) but the Trainer's printed arguments say "
+    "deepspeed=None; the OOM comes while the model is loaded or at the first step",
+    cause="The Hugging Face Trainer uses DeepSpeed only when its own `deepspeed` argument names "
+    "a config (or `accelerate launch` hands it the Accelerate YAML's); started with the "
+    "`deepspeed` launcher or python and no --deepspeed, it trains plain DDP: every rank "
+    "holds the whole model states, none of ZeRO's sharding happens",
+    confirm="The TrainingArguments printout at start-up: deepspeed=None; no DeepSpeed "
+    "'ZeRO Stage' lines in the log",
+    fix="Pass the DeepSpeed JSON to the training script (--deepspeed ds_config.json, or "
+    "`deepspeed: ds_config.json` in a LLaMA-Factory YAML), or start it with `accelerate launch "
+    "--config_file <the Accelerate YAML>`",
+)
+def _deepspeed_not_received(ctx: Context) -> Match | None:
+    line = fact(ctx, "trainer_deepspeed_none")
+    if not line:
+        return None
+    cfg = ctx.cfg
+    intended = [
+        k
+        for k in cfg
+        if k.startswith(("deepspeed_config", "zero_optimization"))
+        or (k == "distributed_type" and str(cfg[k]).upper() == "DEEPSPEED")
+    ]
+    if not intended:
+        return None
+    path = cfg.get("deepspeed_config.deepspeed_config_file")
+    said = ", ".join(f"{k}: {cfg[k]}" for k in intended[:3])
+    return Match(
+        0.9,
+        f"The inputs set up DeepSpeed ({said}) but the Trainer printed '{line.strip()}': it "
+        "ran without DeepSpeed, so no ZeRO stage shards the model states and every rank holds "
+        "all of them.",
+        config_patch={"deepspeed": path or "<the DeepSpeed JSON>"},
     )
