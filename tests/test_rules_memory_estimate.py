@@ -260,3 +260,23 @@ def test_a_trainer_micro_batch_patch_keeps_the_global_batch(tmp_path):
     for patch in patched:
         micro = patch.get("per_device_train_batch_size", patch.get("micro_batch_size"))
         assert micro * patch["gradient_accumulation_steps"] * 8 == gbs, patch
+
+
+def test_an_oom_in_the_loss_follows_the_layers_activations_that_filled_the_gpu():
+    # https://github.com/NVIDIA/Megatron-LM/issues/525 (tests/data/launch/mlm525, verbatim):
+    # GPT-2 774M, local transformer (unfused attention), micro-batch 4 x 1024 on a 32 GB V100,
+    # no recompute; the OOM is raised in vocab_parallel_cross_entropy asking 786 MiB (the fp32
+    # logits). The estimate puts the layers' activations at 20 GiB and the loss at about 1: the
+    # loss is where the step ran out, recompute is what fits it. The logits findings led with
+    # "recompute of transformer layers does not help".
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    mlm525 = Path(__file__).parent / "data" / "launch" / "mlm525"
+    log = str(mlm525 / "terminal.txt")
+    d = diagnose(collect(logs=[log], config=[str(mlm525 / "gpt2_755.sh"), log]))
+    assert d.findings[0].category == "activation_memory", [f.rule for f in d.findings]
+    logits = [f for f in d.findings if f.category == "logits_memory"]
+    assert logits and all("the layers' activations are why" in f.evidence for f in logits)

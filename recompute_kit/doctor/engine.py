@@ -20,6 +20,7 @@ from .evidence import Evidence
 from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
+from .rules.memory import activation_split
 from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
@@ -302,12 +303,36 @@ def _reconcile(
             for f in kept:
                 if f.category == "model_state_memory":
                     f.confidence = round(min(0.99, top + 0.01), 2)
+    _where_is_not_why(ctx, kept)
     if ctx.cfg:  # a config was given: confirm steps must not ask for one
         for f in kept:
             f.confirm = f.confirm.replace(
                 "Pass the config to recompute-kit doctor --config, or run", "Run"
             )
     return kept, dropped
+
+
+def _where_is_not_why(ctx: Context, findings: list[Finding]) -> None:
+    """An OOM raised in the loss says where the step ran out, not what filled the GPU: where
+    the estimate puts the embedding, logits and loss at under a quarter of the activations and
+    an activation finding explains the rest, the logits findings follow it, and say so."""
+    est = ctx.estimate
+    act = [f for f in findings if f.category == "activation_memory"]
+    if est is None or not act or not est.peak_activation_bytes:
+        return
+    layers, edges = activation_split(est)
+    if edges >= 0.25 * est.peak_activation_bytes:
+        return
+    top = max(f.confidence for f in act)
+    for f in findings:
+        if f.category == "logits_memory":
+            f.confidence = round(min(f.confidence, top - 0.05), 2)
+            f.evidence += (
+                f" The estimate puts the embedding, logits and loss at {edges / GIB:.2f} GiB of "
+                f"the {est.peak_activation_bytes / GIB:.2f} GiB of activations at peak (the "
+                f"transformer layers {layers / GIB:.2f} GiB): the loss is where the step ran "
+                "out, the layers' activations are why."
+            )
 
 
 def _summary(ctx: Context, findings: list[Finding]) -> str:
