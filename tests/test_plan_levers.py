@@ -319,3 +319,17 @@ def test_torchtitan_with_flex_attention_gets_no_context_parallel_lever(capsys):
     table = json.loads(capsys.readouterr().out)["levers"]
     assert all(r["context_parallel_size"] == 1 for r in table["rows"])
     assert any("FlexAttention" in n for n in table["notes"])
+
+
+def test_a_layout_that_frees_memory_takes_the_cheaper_recompute_it_allows():
+    # A skill trial: torchtitan's llama3_405b.toml (v0.1.0, full AC, TP8 FSDP16 on 128 H100s).
+    # Every CP row kept full AC at "x1.000"; only a run started from cheaper AC found that CP 8
+    # fits it. Where the run's recompute costs, a layout row takes the plan's pick for itself.
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources/corpus/torchtitan/llama3_405b_v0.1.0.toml"
+    cfg = resolve([str(toml)], overrides={"data_parallel_size": 16}).config
+    table = levers(cfg, 79.1)
+    cp8 = next(r for r in table.rows if r.setting.startswith("cp=8 pp=1 dp=2"))
+    assert cp8.fits and cp8.estimate.recompute != "full:uniform:1"
+    assert cp8.step.seconds < table.current.step.seconds

@@ -212,6 +212,7 @@ def layout_hint(
         "lever": r.lever,
         "setting": r.setting,
         "peak_bytes": r.estimate.total_bytes,
+        "held_bytes": r.estimate.held_bytes,
         "step_vs_recompute_pick": r.step.seconds / pick.step.seconds if pick.step.seconds else None,
         "recompute_pick_fits": pick.fits,
     }
@@ -264,6 +265,7 @@ def _print(table: Any, calibration: dict | None) -> None:
                 "lever",
                 "setting",
                 f"peak ({unit})",
+                f"held ({unit})",
                 "stage",
                 "fits",
                 "step (s)",
@@ -275,6 +277,7 @@ def _print(table: Any, calibration: dict | None) -> None:
                     r.lever,
                     r.setting,
                     in_unit(r.estimate.total_bytes, scale, 2),
+                    in_unit(r.estimate.held_bytes, scale, 2),
                     r.estimate.stage,
                     ("yes" if r.clears_band else "in band") if r.fits else "no",
                     f"{r.step.seconds:.3g}",
@@ -293,7 +296,9 @@ def _print(table: Any, calibration: dict | None) -> None:
         + ("" if hw.tp_comm_overlap else "exposed TP collectives, + ")
         + f"exposed offload at {hw.host_link_gbps:g} GB/s); global batch "
         f"{table.global_batch_size}; usable {table.usable_bytes / GIB:.1f} GiB per GPU; "
-        "'peak' is the binding stage's total. The model: recompute_kit/plan/step_time.py."
+        "'peak' is the binding stage's total, 'held' that and what the rank holds beside it "
+        "(gathered FSDP parameters, MoE imbalance, buffers): what 'fits' compares with the "
+        "usable memory. The model: recompute_kit/plan/step_time.py."
     )
     if calibration:
         print(

@@ -90,6 +90,9 @@ class Lever:
             "param_offload": p.param_offload,
             "binding_stage": self.estimate.stage,
             "peak_bytes": self.estimate.total_bytes,
+            # what `fits` compares with the usable memory: the total and what the rank holds
+            # beside it (gathered FSDP parameters, MoE imbalance, buffers)
+            "held_bytes": self.estimate.held_bytes,
             "stage_total_bytes": self.estimate.stage_total_bytes,
             "fits": self.fits,
             "clears_error_band": self.clears_band,
@@ -208,7 +211,10 @@ def _evaluate(
         est = best.estimate
         added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
         if nothing_fits:
-            added += " (nothing fits: the least memory of any valid recompute setting)"
+            added += (
+                " (nothing fits: the least memory of any valid recompute setting, "
+                f"{est.held_bytes / GIB:.1f} GiB held with what the rank keeps beside its total)"
+            )
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     band = error_band(config, est)
     host_ok = fits_host(est)
@@ -335,6 +341,10 @@ def levers(
         )
         return _ranked(rows, current, hw, global_batch_size, usable, notes)
     rows.append(_evaluate("recompute", "plan's pick", config, *args, fallback="always"))
+    # Where the run's recompute costs, a layout that frees memory is worth its cheaper
+    # recompute: its row takes the plan's pick for that layout (else the run's own setting,
+    # re-planned only where it does not fit)
+    layout_fallback = "always" if current.estimate.recompute_flops_fraction > 0.02 else "if-needed"
     layout_fixed = bool(p.pipeline_model_parallel_layout) or dtensor
     titan_splits_batch = (
         m.loss_implementation == "torchtitan" and p.pipeline_model_parallel_size == 1
@@ -363,7 +373,7 @@ def levers(
                 # micro-batches (default 1); the local batch itself is unchanged
                 c = c.replace(micro_batch_size=1)
                 setting += " (pipeline_parallel_microbatch_size 1)"
-            rows.append(_evaluate("cp x pp", setting, c, *args))
+            rows.append(_evaluate("cp x pp", setting, c, *args, fallback=layout_fallback))
     rows += _tensor_parallel(config, args)
     pp = p.pipeline_model_parallel_size
     if pp > 1 and not layout_fixed:
