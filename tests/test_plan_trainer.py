@@ -144,3 +144,22 @@ def test_zero_rows_of_an_accelerate_config_are_in_its_keys(capsys):
     zero = [r["setting"] for r in rows if r["lever"] == "ZeRO stage / offload"]
     assert zero and all(s.startswith("deepspeed_config.zero_stage") for s in zero)
     assert not any("zero_optimization" in s for s in zero)
+
+
+def test_a_sharding_lever_hands_over_its_deepspeed_keys(capsys):
+    # A skill trial: every lever row's `rendered` was the checkpointing line alone, so a row
+    # that fits by ZeRO-3 + optimizer offload handed over nothing of ZeRO-3.
+    rows = _plan_json(capsys, "--levers")["levers"]["rows"]
+    both = next(
+        r for r in rows if r["setting"].endswith("offload_optimizer cpu, offload_param cpu")
+    )
+    json_line = both["rendered"].strip().splitlines()[-1]
+    assert json.loads(json_line) == {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu"},
+            "offload_param": {"device": "cpu"},
+        }
+    }
+    checkpointing = next(r for r in rows if r["lever"] == "gradient checkpointing")
+    assert "zero_optimization" not in checkpointing["rendered"]  # its sharding is the run's

@@ -121,7 +121,9 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     if args.json:
         doc = table.to_json()
         for row_doc, row in zip(doc["rows"], table.rows, strict=True):
-            row_doc["rendered"] = _rendered(args, cfg, row.config, table.global_batch_size)
+            row_doc["rendered"] = _rendered(
+                args, cfg, row.config, table.global_batch_size, trainer.get("sharding_backend")
+            )
         emit_json_read(
             args,
             {
@@ -148,12 +150,18 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
 
 
 def _rendered(
-    args: argparse.Namespace, given: Config, row: Config, global_batch: int
+    args: argparse.Namespace,
+    given: Config,
+    row: Config,
+    global_batch: int,
+    sharding_backend: str | None = None,
 ) -> str | None:
     """A lever row as the config snippet of the run's framework (`plan`'s `rendered`): its
-    recompute settings and what it changes of the layout; None where it cannot be written."""
+    recompute settings, what it changes of the layout and, for a Trainer run, of the model
+    states' sharding and offload; None where it cannot be written."""
     from ..export import render
     from ..export_layout import LAYOUT_FIELDS, changed_settings, setting, world_size
+    from ..plan.trainer_levers import sharding_snippet
     from .common import default_format, override_values
 
     changes = changed_settings(row, given)
@@ -165,7 +173,7 @@ def _rendered(
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch
     try:
-        return render(
+        text = render(
             row.recompute,
             fmt,
             num_layers=row.model.num_layers // row.parallel.pipeline_model_parallel_size,
@@ -174,6 +182,11 @@ def _rendered(
         )
     except ConfigError:
         return None
+    sharding = ("zero_stage", "optimizer_offload", "param_offload")
+    resharded = any(getattr(row.parallel, k) != getattr(given.parallel, k) for k in sharding)
+    if resharded and sharding_backend != "automodel" and fmt in ("hf-trainer", "llama-factory"):
+        text += "\n".join(sharding_snippet(row, sharding_backend or "deepspeed")) + "\n"
+    return text
 
 
 def layout_hint(
@@ -248,10 +261,15 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
         if attention is not None and "'flex'" in attention.note:
             # torchtitan/models/*/infra/parallelize.py: "Context Parallel only supports SDPA"
             out["no_context_parallel"] = "torchtitan refuses it with FlexAttention (attn_type flex)"
-    stage = resolved.reading.origins.get("zero_stage") if resolved is not None else None
-    if stage is not None and "fsdp" in f"{stage.key} {stage.note}".lower():
+    if resolved is None:
+        return out
+    stage = resolved.reading.origins.get("zero_stage")
+    # what a file says (a default's note names both backends as what a launcher might add)
+    said = f"{stage.key} {stage.note}".lower() if stage and stage.kind == "file" else ""
+    accelerate = str(resolved.reading.unused.get("distributed_type", "")).upper()
+    if "fsdp" in said or accelerate == "FSDP":
         out["sharding_backend"] = "fsdp"
-    elif stage is not None and stage.key.startswith("deepspeed_config"):
+    elif said.startswith("deepspeed_config") or accelerate == "DEEPSPEED":
         out["sharding_backend"] = "accelerate"  # DeepSpeed set in an Accelerate config
     return out
 

@@ -36,6 +36,8 @@ Their cost, beside the memory the estimate gives (`memory/model_states.py`):
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import Any
 
 from ..config import Config
 from ..memory.model_states import rank_parameters
@@ -123,6 +125,33 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
                 c = config.replace(zero_stage=stage, optimizer_offload=opt)
                 out.append((words, c.replace(param_offload=par)))
     return out
+
+
+def sharding_snippet(config: Config, backend: str) -> list[str]:
+    """`config`'s sharding and offload as the lines to paste where `backend` reads them: the
+    DeepSpeed JSON's zero_optimization, an Accelerate config's deepspeed_config, or the
+    Trainer's fsdp option."""
+    p = config.parallel
+    if backend == "fsdp":
+        name = FSDP_STRATEGY.get(p.zero_stage)
+        if name is None:
+            return ["# no FSDP sharding: drop the fsdp option (plain DDP)"]
+        return [f"fsdp: {name} auto_wrap" + (" offload" if p.optimizer_offload else "")]
+    if backend == "accelerate":
+        lines = ["deepspeed_config:", f"  zero_stage: {p.zero_stage}"]
+        lines += [f"  offload_optimizer_device: {'cpu' if p.optimizer_offload else 'none'}"]
+        if p.zero_stage == 3:
+            lines += [f"  offload_param_device: {'cpu' if p.param_offload else 'none'}"]
+        return lines
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.optimizer_offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if p.param_offload:
+        zero["offload_param"] = {"device": "cpu"}
+    return [
+        "# in the DeepSpeed JSON the run passes (--deepspeed / deepspeed:):",
+        json.dumps({"zero_optimization": zero}),
+    ]
 
 
 def sharding_cost(config: Config, host_link_gbps: float) -> tuple[float, str, bool]:
