@@ -754,3 +754,15 @@ def test_doctor_takes_the_models_shape_from_model(tmp_path):
     assert not without.get("num_layers")
     read = json.loads(run(*args, "--model", "qwen3-8b", check_rc=0).stdout)["evidence"]["read"]
     assert read["config"]["num_layers"] == 36 and read["config"]["hidden_size"] == 4096
+
+
+def test_estimate_rows_of_one_setting_given_twice_are_one(capsys):
+    # A skill trial: `estimate --recompute none selective selective:core_attn` printed two rows
+    # both labelled `selective` (core_attn is Megatron's default module list): one row, a note.
+    from recompute_kit.cli import main
+
+    argv = ["estimate", "--model", "tiny-gpt", "--recompute", "selective", "selective:core_attn"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert sum(line.startswith("selective ") for line in out.splitlines()) == 1
+    assert "selective:core_attn is selective" in err

@@ -197,3 +197,16 @@ def test_the_binding_stage_is_the_one_that_holds_the_most_imbalance_included():
     result = plan(cfg.replace(moe_routing_imbalance=2.0), 79.1)
     for c in result.candidates:
         assert c.fits == (c.estimate.held_bytes <= result.usable_bytes)
+
+
+def test_an_elementwise_pick_says_its_cost_is_not_in_the_flops():
+    # A skill trial: selective:moe_act was shown at +0.0% and "12.24 s, as the current", with
+    # nothing saying that recomputing the expert activation is priced at no cost because the
+    # FLOPs count matmuls only.
+    from recompute_kit.plan import plan
+
+    recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
+    cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
+    result = plan(cfg, 79.1)
+    assert "moe_act" in (result.best.recompute.recompute_modules or [])
+    assert "memory-bound elementwise work they do not price" in result.explanation

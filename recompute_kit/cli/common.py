@@ -17,6 +17,7 @@ from ..config import (
     Config,
     ConfigError,
     applicable_modules,
+    format_spec,
     parse_spec,
 )
 from ..config.validation import check_expert_layout
@@ -491,9 +492,24 @@ def default_format(args: argparse.Namespace) -> str:
 def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
     """--recompute SPEC ... (repeatable, accumulated) or, by default, the config's own setting.
     A note for selective modules this model does not have: they recompute nothing."""
-    specs = list(dict.fromkeys(args.recompute)) if args.recompute else [cfg.recompute.spec]
-    note_inapplicable(cfg, specs)
-    return specs
+    if not args.recompute:
+        return [cfg.recompute.spec]
+    specs: dict[str, str] = {}  # the canonical spec (as the rows are labelled) -> as given
+    for given in args.recompute:
+        try:
+            canonical = format_spec(parse_spec(given))
+        except ConfigError:
+            canonical = given  # the estimate says what is wrong with it
+        if canonical in specs and specs[canonical] != given:
+            print(
+                f"recompute-kit: note: {given} is {specs[canonical]} (the same setting, "
+                f"labelled {canonical}): estimated once",
+                file=sys.stderr,
+            )
+        specs.setdefault(canonical, given)
+    out = list(specs.values())
+    note_inapplicable(cfg, out)
+    return out
 
 
 def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:

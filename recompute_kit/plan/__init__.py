@@ -392,6 +392,15 @@ def explain(
             else "; it is the setting that comes closest to clearing the band."
         )
     )
+    elementwise = set(best.recompute.modules or []) & {"layernorm", "moe_act"}
+    if best.recompute.recompute_granularity == "selective" and elementwise:
+        # the FLOPs count matmuls: recomputed norms and activations cost memory traffic, not
+        # matmul FLOPs, and are not zero on the clock
+        parts.append(
+            f"The FLOPs count matmuls: recomputing {', '.join(sorted(elementwise))} adds "
+            "memory-bound elementwise work they do not price (not zero on the clock); measure "
+            "the step (`ablate`) where a few percent matter."
+        )
     cheaper = [
         c
         for c in found

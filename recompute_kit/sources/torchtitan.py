@@ -175,7 +175,8 @@ _KEY_FOR = {
     "expert_tensor_parallel_size": "[parallelism] expert_tensor_parallel_degree",
     # its default -1 takes the ranks the launcher's world leaves: the world decides it
     "data_parallel_size": "the launcher's world size (NGPU / torchrun --nproc_per_node x "
-    "--nnodes) that data_parallel_shard_degree -1 fills, or --dp",
+    "--nnodes) that data_parallel_shard_degree -1 fills, or --dp with the data-parallel size "
+    "itself (GPUs / (TP x PP x CP), not the GPU count)",
     # FSDP2 shards when dp_shard x cp > 1: with dp_shard -1, the world decides it too
     "zero_stage": "[parallelism] data_parallel_shard_degree (at -1: the launcher's world size, "
     "or --dp)",
