@@ -210,3 +210,15 @@ def test_an_elementwise_pick_says_its_cost_is_not_in_the_flops():
     result = plan(cfg, 79.1)
     assert "moe_act" in (result.best.recompute.recompute_modules or [])
     assert "memory-bound elementwise work they do not price" in result.explanation
+
+
+def test_a_pick_at_balanced_routing_says_when_a_modest_skew_breaks_it(capsys):
+    # A skill trial: the Mixtral script at PP 2, DP 16 (EP 8): plan picked no recompute with
+    # 4.6 GiB of headroom at balanced routing, and only reruns at --moe-imbalance 1.25 / 1.5
+    # showed that a modest skew flips the pick. The explanation says so.
+    argv = ["plan", "--config", str(MIXTRAL), "--pp", "2", "--dp", "16", "--gpu-memory-gb"]
+    doc = _json(capsys, [*argv, "79.1"])
+    assert doc["best"]["recompute"] == "none"
+    assert "At balanced routing only" in doc["explanation"]
+    skewed = _json(capsys, [*argv, "79.1", "--moe-imbalance", "1.25"])
+    assert "At balanced routing only" not in skewed["explanation"]

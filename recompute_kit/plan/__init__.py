@@ -193,7 +193,8 @@ def plan(
         usable_bytes=usable,
         candidates=fitting + [c for c in found if not c.fits],
         best=best,
-        explanation=explain(best, found, usable, ties, excluded, version, budget),
+        explanation=explain(best, found, usable, ties, excluded, version, budget)
+        + _imbalance_margin(chosen, best, usable, stage),
         rendered=render(
             best.recompute, fmt, num_layers=layers, layout=changes, world_size=world_size(config)
         ),
@@ -203,6 +204,28 @@ def plan(
         ties=ties,
         excluded=excluded,
         megatron_core_version=describe_version(version),
+    )
+
+
+# A modest skew of routed tokens: what a fresh or drifting router easily reaches
+SKEWED_ROUTING = 1.25
+
+
+def _imbalance_margin(chosen: Config, best: Candidate, usable: int, stage: int | None) -> str:
+    """For a dropless MoE run planned at balanced routing (nothing measured): whether the pick
+    still fits at a modest skew, said where it does not (the pick can flip on it)."""
+    m = chosen.model
+    if not m.num_moe_experts or m.moe_expert_capacity_factor is not None:
+        return ""
+    if m.moe_routing_imbalance not in (None, 1.0):
+        return ""  # the imbalance is given: the plan is at it
+    skewed = estimate(chosen, stage=stage, moe_imbalance=SKEWED_ROUTING)
+    if planned_bytes(skewed) <= usable:
+        return ""
+    return (
+        f" At balanced routing only: with the busiest expert rank at {SKEWED_ROUTING:g}x its "
+        f"share of tokens it needs {planned_bytes(skewed) / GIB:.1f} GiB and does not fit; "
+        "measure the tokens per expert (or plan with --moe-imbalance) before trusting the pick."
     )
 
 
