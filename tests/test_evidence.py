@@ -378,3 +378,22 @@ def test_pasted_settings_command_line_and_yaml():
     assert flat["finetuning_type"] == "full" and flat["do_train"] is True
     # exception lines are not YAML, frames are not flags
     assert parse_pasted_settings(OOM_GEN1) == {}
+
+
+def test_the_process_list_says_when_this_process_is_among_its_entries():
+    # https://github.com/hiyouga/LLaMA-Factory/issues/1936 (PyTorch 2.1's message, verbatim):
+    # five "Process <pid> has" entries and no "this process has" line: the failing rank's own
+    # 21.98 GiB is one of them, so the sum is not other processes' alone.
+    from recompute_kit.doctor.evidence.oom import _oom_event
+
+    msg = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB. GPU 0 "
+        "has a total capacty of 23.65 GiB of which 93.81 MiB is free. Process 62201 has 398.00 "
+        "MiB memory in use. Process 62203 has 398.00 MiB memory in use. Process 62204 has "
+        "398.00 MiB memory in use. Process 62200 has 21.98 GiB memory in use. Process 62202 "
+        "has 398.00 MiB memory in use. Of the allocated memory 21.51 GiB is allocated by "
+        "PyTorch, and 2.30 MiB is reserved by PyTorch but unallocated."
+    )
+    event = _oom_event(msg, None)
+    assert event.listed_self is True and event.process_bytes is None
+    assert event.other_processes_bytes > 23 * 2**30

@@ -28,7 +28,10 @@ class OOMEvent:
     allocated_bytes: int | None = None  # allocated by PyTorch (incl. private pools)
     reserved_unallocated_bytes: int | None = None  # reserved by PyTorch but unallocated
     process_bytes: int | None = None  # this process, including non-PyTorch memory
-    other_processes_bytes: int | None = None  # sum over the other processes listed
+    # the sum over the "Process <pid> has X memory in use" entries; with no "this process
+    # has" line (a container's PID namespace) this process is one of them (listed_self True)
+    other_processes_bytes: int | None = None
+    listed_self: bool | None = None
     reserved_bytes: int | None = None  # old messages: reserved (or cached) in total
     allowed_bytes: int | None = None  # set_per_process_memory_fraction
     private_pool_bytes: int | None = None  # CUDA graphs' private pools
