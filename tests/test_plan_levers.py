@@ -333,3 +333,25 @@ def test_a_layout_that_frees_memory_takes_the_cheaper_recompute_it_allows():
     cp8 = next(r for r in table.rows if r.setting.startswith("cp=8 pp=1 dp=2"))
     assert cp8.fits and cp8.estimate.recompute != "full:uniform:1"
     assert cp8.step.seconds < table.current.step.seconds
+
+
+def test_torchtitan_fsdp2_cpu_offload_is_a_lever_and_the_doctors_patch():
+    # A skill trial on https://github.com/pytorch/torchtitan/issues/620 (Llama3-8B, FSDP2 over 2
+    # GPUs, OOM at the first optimizer step; the fix: FSDP2 CPU offload, PR #624's
+    # --training.enable_cpu_offload). `plan --levers` priced only layout and recompute ("no
+    # lever fits") and the doctor's patch was TP 2 on the same 2 GPUs, which shards nothing more.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources/corpus/torchtitan/llama3_8b_2024-10.toml"
+    cfg = resolve([str(toml)], overrides={"data_parallel_size": 2}).config
+    table = levers(cfg, 47.5)
+    offload = next(r for r in table.rows if r.lever == "CPU offload")
+    assert offload.fits and not table.current.fits
+    assert offload.setting == "[training] enable_cpu_offload = true"
+    d = diagnose(
+        collect(config=str(toml), overrides={"data_parallel_size": 2}), gpu_memory_gb=47.5
+    )
+    f = next(f for f in d.findings if f.rule in ("RK011", "RK013"))
+    assert f.patch_keys == {"training.enable_cpu_offload": True}

@@ -121,7 +121,9 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "expert_model_parallel_size": "parallelism.expert_parallel_degree",
         "expert_tensor_parallel_size": "parallelism.expert_tensor_parallel_degree",
         "use_distributed_optimizer": None,  # FSDP2 shards the optimizer already
+        # FSDP2's CPUOffloadPolicy: one switch for parameters, gradients and optimizer states
         "optimizer_offload": "training.enable_cpu_offload",
+        "param_offload": "training.enable_cpu_offload",
     },
     # NeMo Automodel (sources/automodel.py): its key_for gives the rest, prose where none
     "automodel": {

@@ -225,16 +225,17 @@ def _evaluate(
         f"{HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
     )
     shown = f", recompute {added}" if added else ""
-    if is_trainer_run(config):
+    states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
+    if is_trainer_run(config) or (states_offloaded and sharding_mode(config) == "fsdp2"):
         seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps)
         step = with_host_link(step, seconds)
         host_ok = host_ok and trainer_host_ok
-        adds = words or "-"
-        if added and keys is not None:
-            on = config.recompute.recompute_granularity is not None
-            unchanged = on == was_on
-            shown = "" if unchanged else f", {checkpointing_setting(keys, on)}"
-            shown += " (nothing fits)" if "nothing fits" in added else ""
+        adds = (words or "-") if is_trainer_run(config) else f"{adds}, {words}"
+    if is_trainer_run(config) and added and keys is not None:
+        on = config.recompute.recompute_granularity is not None
+        unchanged = on == was_on
+        shown = "" if unchanged else f", {checkpointing_setting(keys, on)}"
+        shown += " (nothing fits)" if "nothing fits" in added else ""
     return Lever(
         lever,
         setting + shown,
@@ -402,6 +403,11 @@ def levers(
             )
             rows.append(row)
     states = sharding_mode(config)
+    titan = m.loss_implementation == "torchtitan"
+    if titan and states == "fsdp2" and not (p.optimizer_offload or p.param_offload):
+        # torchtitan's FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer states
+        c = config.replace(optimizer_offload=True, param_offload=True)
+        rows.append(_evaluate("CPU offload", "[training] enable_cpu_offload = true", c, *args))
     if states != "megatron" and not p.use_distributed_optimizer:
         # FSDP2 / ZeRO / Megatron-FSDP already shard the optimizer states over DP
         name = {"fsdp2": "FSDP2", "zero": "ZeRO", "megatron_fsdp": "Megatron-FSDP"}[states]

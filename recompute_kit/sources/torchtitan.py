@@ -390,8 +390,37 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
     return moe, n_layers
 
 
+def _parallelism_sections(toml: _Toml, reading: Reading) -> dict[str, str]:
+    """Per parallel-degree key, the section that holds it: [parallelism]; in a TOML of
+    torchtitan before that section existed (2024), [training] (the data-parallel and tensor
+    degrees) or [experimental] (pipeline and context), said so."""
+    keys = (
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "context_parallel_degree",
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
+        "data_parallel_shard_degree",
+        "data_parallel_replicate_degree",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_microbatch_size",
+    )
+    where = {}
+    for key in keys:
+        old = next((sec for sec in ("training", "experimental") if toml.has(sec, key)), None)
+        where[key] = "parallelism" if toml.has("parallelism", key) or old is None else old
+    old = sorted({f"[{sec}] {k}" for k, sec in where.items() if sec != "parallelism"})
+    if old:
+        reading.warnings.append(
+            f"{toml.path}: {', '.join(old)}: the parallel degrees as torchtitan kept them "
+            "before its [parallelism] section (2024), read from there; today's torchtitan "
+            "reads them only under [parallelism]"
+        )
+    return where
+
+
 def _read_parallelism(toml: _Toml, reading: Reading) -> int:
-    sec = "parallelism"
+    at = _parallelism_sections(toml, reading)
     sizes = {
         "tensor_parallel_degree": "tensor_model_parallel_size",
         "pipeline_parallel_degree": "pipeline_model_parallel_size",
@@ -401,25 +430,29 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
     }
     got: dict[str, int] = {}
     for key, field in sizes.items():
-        value = toml.int(sec, key)
+        value = toml.int(at[key], key)
         if value is not None:
-            reading.set(field, value, toml.origin(sec, key))
+            reading.set(field, value, toml.origin(at[key], key))
             got[key] = value
     tp = got.get("tensor_parallel_degree", 1)
     pp = got.get("pipeline_parallel_degree", 1)
     cp = got.get("context_parallel_degree", 1)
-    replicate = toml.int(sec, "data_parallel_replicate_degree") or 1
-    shard = toml.int(sec, "data_parallel_shard_degree", minimum=-1)
+    replicate = (
+        toml.int(at["data_parallel_replicate_degree"], "data_parallel_replicate_degree") or 1
+    )
+    shard_at = at["data_parallel_shard_degree"]
+    shard = toml.int(shard_at, "data_parallel_shard_degree", minimum=-1)
     if shard == 0:
         raise ConfigError(
-            f"{toml.path}: [parallelism] data_parallel_shard_degree = 0 (use -1 or >= 1)"
+            f"{toml.path}: [{at['data_parallel_shard_degree']}] data_parallel_shard_degree = 0 "
+            "(use -1 or >= 1)"
         )
     if shard is not None and shard > 0:
         reading.set(
             "data_parallel_size",
             replicate * shard,
             toml.origin(
-                sec, "data_parallel_shard_degree", f"replicate {replicate} x shard {shard}"
+                shard_at, "data_parallel_shard_degree", f"replicate {replicate} x shard {shard}"
             ),
         )
         # every degree given: the world they multiply to is the one torchtitan requires
@@ -427,7 +460,7 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
             "world_size",
             replicate * shard * cp * tp * pp,
             toml.origin(
-                sec,
+                shard_at,
                 "data_parallel_shard_degree",
                 f"replicate {replicate} x shard {shard} x cp {cp} x tp {tp} x pp {pp}",
             ),
@@ -437,12 +470,12 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
             "zero_stage",
             3,
             toml.origin(
-                sec,
+                shard_at if shard and shard > 1 else at["context_parallel_degree"],
                 "data_parallel_shard_degree" if shard and shard > 1 else "context_parallel_degree",
                 "FSDP2 fully_shard over dp_shard x cp: params, grads and optimizer states sharded",
             ),
         )
-        reading.set("use_torch_fsdp2", True, toml.origin(sec, "data_parallel_shard_degree"))
+        reading.set("use_torch_fsdp2", True, toml.origin(shard_at, "data_parallel_shard_degree"))
         if replicate > 1:
             reading.warnings.append(
                 f"{toml.path}: HSDP (replicate {replicate} x shard {shard}): states are sharded "
@@ -453,7 +486,7 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
             "zero_stage",
             0,
             toml.origin(
-                sec, "data_parallel_shard_degree", "shard 1: no FSDP (DDP replicas or none)"
+                shard_at, "data_parallel_shard_degree", "shard 1: no FSDP (DDP replicas or none)"
             ),
         )
         if tp > 1 or pp > 1:
@@ -461,7 +494,7 @@ def _read_parallelism(toml: _Toml, reading: Reading) -> int:
                 f"{toml.path}: TP/PP without FSDP or CP: torchtitan disables mixed precision "
                 "(maybe_enable_amp), training runs in [training] dtype"
             )
-    schedule = toml.get(sec, "pipeline_parallel_schedule")
+    schedule = toml.get(at["pipeline_parallel_schedule"], "pipeline_parallel_schedule")
     if pp > 1 and schedule and any(s in str(schedule).lower() for s in _MULTI_STAGE_SCHEDULES):
         reading.warnings.append(
             f"{toml.path}: pipeline schedule {schedule!r} puts several stages on each rank; "

@@ -461,3 +461,27 @@ def test_titan_float8_is_current_scaling_and_op_sac_is_planned(tmp_path):
         '[activation_checkpoint]; mode = "selective"; selective_ac_option = "op"'
     )
     assert result.best.settings == '[activation_checkpoint]; mode = "full"'
+
+
+def test_titan_2024_toml_keeps_its_degrees_under_training_and_experimental(tmp_path):
+    # torchtitan's train_configs/llama3_8b.toml at 7c3a1fa (October 2024, the version of
+    # https://github.com/pytorch/torchtitan/issues/620; tests/sources/corpus/torchtitan/
+    # llama3_8b_2024-10.toml, with that thread's `mode = 'full'`): the data-parallel and tensor
+    # degrees sit under [training], the pipeline degree under [experimental]. They were listed
+    # as unused, with no warning, and TP 2 there was read as TP 1.
+    from recompute_kit.sources.resolve import resolve
+
+    src = Path(__file__).parent / "corpus" / "torchtitan" / "llama3_8b_2024-10.toml"
+    toml = tmp_path / "llama3_8b.toml"
+    toml.write_text(
+        src.read_text().replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
+    )
+    r = resolve([str(toml)], overrides={"data_parallel_size": 2}).reading
+    assert r.get("tensor_model_parallel_size") == 2
+    assert (
+        r.origins["tensor_model_parallel_size"]
+        .describe()
+        .endswith("[training] tensor_parallel_degree")
+    )
+    assert r.get("zero_stage") == 3  # data_parallel_shard_degree -1 over DP 2: FSDP2
+    assert any("before its [parallelism] section" in w for w in r.warnings)

@@ -258,6 +258,16 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
     """The next sharding / offload step for weights, gradients and optimizer states."""
     ds = str(ctx.cfg.get("deepspeed") or "")
     stock = _DS_STOCK.search(ds)
+    if k.fsdp and k.zero == 3 and not ds:
+        # FSDP already shards every state: its CPU offload, in the run's key (patches.py)
+        if k.offload:
+            return {}, "more GPUs (FSDP already shards and offloads the model states)"
+        return (
+            {"optimizer_offload": True, "param_offload": True},
+            "FSDP CPU offload of parameters, gradients and optimizer states (torchtitan: "
+            "[training] enable_cpu_offload = true; the Trainer: fsdp: full_shard offload), "
+            "or more GPUs",
+        )
     if k.zero == 3 and not k.offload:
         if stock:
             path = ds[: stock.start()] + "ds_z3_offload_config.json"

@@ -214,6 +214,24 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
         k.batch = ("micro_batch_size", n)
 
 
+def _precision_and_sharding_read(ctx: Context, k: Knobs) -> None:
+    """The dtype and FSDP sharding as the shared reader resolved them (a torchtitan TOML's
+    defaults: bf16 mixed precision, FSDP2 over the data-parallel ranks) where the pasted keys
+    say none; values the reader only assumed are left out."""
+    read = ctx.evidence.read or {}
+    values, sources = read.get("config") or {}, read.get("sources") or {}
+
+    def known(key: str) -> bool:
+        return key in values and (sources.get(key) or {}).get("from") != "assumed"
+
+    if not k.dtype and known("bf16") and values["bf16"] is True:
+        k.dtype = "bf16"
+    if not k.fsdp and known("use_torch_fsdp2") and values["use_torch_fsdp2"] is True:
+        k.fsdp = True
+        if k.zero is None and known("zero_stage"):
+            k.zero = values["zero_stage"]
+
+
 def read_knobs(ctx: Context) -> Knobs:
     """The memory knobs of ctx.cfg (and the checkpointing lines of the pasted text)."""
     cfg = ctx.cfg
@@ -264,6 +282,7 @@ def read_knobs(ctx: Context) -> Knobs:
         _leaf(key).startswith("fsdp") and cfg[key] not in (None, False, "", []) for key in cfg
     )
     k.dist_opt = cfg.get("use_distributed_optimizer") is True
+    _precision_and_sharding_read(ctx, k)
     for name in DTYPE_KEYS:
         hit = by_leaf.get(name)
         if hit and hit[1] not in (None, False, ""):

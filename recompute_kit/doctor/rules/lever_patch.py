@@ -31,6 +31,10 @@ def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
         if getattr(new.parallel, key) != getattr(cfg.parallel, key):
             patch[key] = getattr(new.parallel, key)
     _deepspeed(ctx, new, patch)
+    if not any(k.startswith(("zero_optimization", "deepspeed_config")) for k in patch):
+        for key in ("optimizer_offload", "param_offload"):  # FSDP2's CPU offload (torchtitan)
+            if getattr(new.parallel, key) != getattr(cfg.parallel, key):
+                patch[key] = getattr(new.parallel, key)
     if new.model.micro_batch_size != cfg.model.micro_batch_size:
         patch["micro_batch_size"] = new.model.micro_batch_size
         gbs, dp = ctx.memo.get("lever_global_batch"), new.parallel.data_parallel_size
