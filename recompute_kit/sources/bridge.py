@@ -59,6 +59,16 @@ _NEMO_LLAMA_URL = (
     "nemo/collections/llm/gpt/model/llama.py"
 )
 
+# NeMo 2.0's LlamaConfig (nemo/collections/llm/gpt/model/llama.py, class LlamaConfig), what its
+# Llama2/3/3.1/3.2 configs inherit
+_NEMO_LLAMA_DEFAULTS = {
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "bias_activation_fusion": True,
+    "masked_softmax_fusion": True,
+    "apply_rope_fusion": True,
+}
+
 # Model classes a file may name -> (HF id, the class's own seq_length default or None, source).
 # Shape and architecture come from the registry by HF id; only what the class sets beyond the HF
 # config (its seq_length) is kept here.
@@ -745,6 +755,13 @@ def apply_defaults(reading: Reading) -> None:
         _, seq, src = MODEL_CLASSES[model_class]
         if seq is not None:
             reading.default("seq_length", seq, f"{fw}'s default ({model_class}.seq_length, {src})")
+    if isinstance(model_class, str) and MODEL_CLASSES.get(model_class, ("", 0, ""))[2] == (
+        _NEMO_LLAMA_URL
+    ):
+        # NeMo 2.0's LlamaConfig, every Llama*Config* inherits it: no dropout, fusions on
+        # (not Megatron-Core's TransformerConfig defaults: dropout 0.1, fusions off)
+        for key, value in _NEMO_LLAMA_DEFAULTS.items():
+            reading.default(key, value, f"NeMo's LlamaConfig, which {model_class} extends ({src})")
     for key, value in defaults.items():
         if key in reading:
             continue

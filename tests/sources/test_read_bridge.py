@@ -431,3 +431,20 @@ def test_a_value_set_in_an_undecided_branch_is_said():
     r = resolve([str(path)], require_shape=False)
     said = [w for w in r.warnings if "is not decided by the values read" in w]
     assert any("apply_rope_fusion" in w and "enable_megatron_core_experimental" in w for w in said)
+
+
+def test_a_nemo2_llama_config_has_no_dropout_and_its_fusions_on() -> None:
+    # A skill trial on NeMo 2.0's llama3_70b recipe: hidden / attention dropout were read as
+    # Megatron-Core's 0.1 and the bias-activation / softmax / RoPE fusions as off; NeMo's
+    # LlamaConfig, which every Llama*Config* extends, sets 0.0 and True (NVIDIA/NeMo
+    # nemo/collections/llm/gpt/model/llama.py). With dropout the estimate kept 18% more.
+    from recompute_kit.sources.resolve import resolve
+
+    recipe = CORPUS / "nemo2_llama3_8b.py"
+    r = resolve([str(recipe)], require_shape=False).reading
+    for key, value in (("hidden_dropout", 0.0), ("attention_dropout", 0.0)):
+        assert r.get(key) == value, key
+    for key in ("bias_activation_fusion", "masked_softmax_fusion", "apply_rope_fusion"):
+        assert r.get(key) is True, key
+    # (the dropout here also comes from the registry's HF config; the fusions only from NeMo)
+    assert "NeMo's LlamaConfig" in r.origins["bias_activation_fusion"].describe()
