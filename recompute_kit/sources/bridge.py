@@ -512,7 +512,18 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             reading.set("swiglu", bool(gv), _origin(path, e, note))
         elif act is not None:
             reading.unused[act[1].written] = act[0]
-    # distributed optimizer: either section's True turns both on
+    # distributed optimizer: either section's True turns both on; within one section the
+    # last assignment is what runs (a NeMo 2.0 LoRA branch sets optim.config's to False
+    # after the base recipe's optimizer factory set it True)
+    last: dict[str, tuple[Any, Entry]] = {}
+    for v, e in dist_opt:
+        last[e.section] = (v, e)
+    if any(v is True for v, _ in last.values()):
+        dist_opt = [(v, e) for v, e in last.values() if v is True]
+    else:  # every section's last word is off (or unknown): it is what runs
+        dist_opt = []
+        for v, e in last.values():
+            _set(reading, "use_distributed_optimizer", v, _origin(path, e))
     for v, e in dist_opt:
         if isinstance(v, Unresolved):
             _set(reading, "use_distributed_optimizer", v, _origin(path, e))

@@ -14,7 +14,7 @@ from ..config import ConfigError
 from .bridge import ON_RECIPE, UNKNOWN_RECIPE, YAML_ON_RECIPE
 from .reading import Reading
 
-_ENTRY_RE = re.compile(r"(^|_)pretrain_(config|recipe)$|^pretrain_config$|^pretrain_recipe$")
+_ENTRY_RE = re.compile(r"(^|_)(pretrain|finetune)_(config|recipe)$")
 
 
 def recipe_names(tree: ast.Module, reader: Any) -> list[str]:
@@ -23,7 +23,7 @@ def recipe_names(tree: ast.Module, reader: Any) -> list[str]:
     x_pretrain_config`) named as pretraining recipes are, then those of its `__all__`, else its
     functions returning a ConfigContainer, pretraining first."""
     known = [*reader.funcs, *aliases(reader)]
-    named = [n for n in known if _ENTRY_RE.search(n)]
+    named = sorted((n for n in known if _ENTRY_RE.search(n)), key=lambda n: "pretrain" not in n)
     others = [n for n in _exported(tree) if n in known] or [
         f.name for f in reader.funcs.values() if _returns_config(f)
     ]

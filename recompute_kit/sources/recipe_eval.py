@@ -40,6 +40,9 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
+_STR_METHODS = frozenset(
+    {"lower", "upper", "casefold", "strip", "lstrip", "rstrip", "startswith", "endswith"}
+)
 _BUILTINS: dict[str, Callable[..., Any]] = {
     "float": float,
     "int": int,
@@ -168,4 +171,14 @@ def _fold(node: ast.AST, value: Callable[[ast.AST], Any]) -> Any:
         if fn is None or args is None:
             return unresolved
         return fn(*args)
+    if (  # a known string's own method: `peft_scheme.lower() == 'none'` in NeMo 2.0 recipes
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _STR_METHODS
+        and not node.keywords
+    ):
+        base, args = value(node.func.value), parts(node.args)
+        if not isinstance(base, str) or args is None or not all(isinstance(a, str) for a in args):
+            return unresolved
+        return getattr(base, node.func.attr)(*args)
     return unresolved

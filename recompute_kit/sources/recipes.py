@@ -337,6 +337,14 @@ class _Reader:
             if word in _SECTION_WORDS:
                 section = _SECTION_WORDS[word]
                 break
+        if key == "peft" and len(parts) == 2:
+            # recipe.peft = run.Config(LoRA) / PEFT_STR2CLS["lora"] / LoRA(...): adapters on a
+            # frozen base (NeMo 2.0 and Megatron-Bridge finetune recipes); None: full training
+            said = _dotted(value)
+            if re.search(r"\b(?:LoRA|DoRA|CanonicalLoRA|PEFT_STR2CLS)\b", said):
+                note = f"peft = {said[:60]}: adapters on frozen base weights"
+                self.add("model", "frozen_base", True, line, _dotted(target), note=note)
+            return
         if not section:
             if key in _SECTION_WORDS and len(parts) == 2:  # cfg.mixed_precision = "bf16_mixed"
                 section, key = _SECTION_WORDS[key], ""
@@ -571,6 +579,22 @@ _LEFT_TO_DEFAULTS = (
 )
 
 
+def _call_arguments(selector: str, path: str) -> tuple[str, dict[str, Any]]:
+    """`NAME(kw=literal, ...)` (`recipe.py::finetune_recipe(peft_scheme=None, num_nodes=2)`):
+    the recipe's name and the keyword arguments it is called with (literals only)."""
+    if "(" not in selector:
+        return selector, {}
+    try:
+        call = ast.parse(selector.strip(), mode="eval").body
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+            raise ValueError
+        return call.func.id, {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+    except (SyntaxError, ValueError):
+        raise ConfigError(
+            f"{path}::{selector}: give the recipe as NAME or NAME(key=literal, ...)"
+        ) from None
+
+
 def read(text: str, path: str) -> Reading:
     file_path, _, selector = path.partition("::")
     try:
@@ -580,6 +604,7 @@ def read(text: str, path: str) -> Reading:
     nemo = bool(re.search(r"\bnemo_run\b|from nemo\b|import nemo\b|MegatronStrategy", text))
     reading = Reading(framework=NEMO2 if nemo else BRIDGE)
     reader = _Reader(tree, file_path)
+    selector, arguments = _call_arguments(selector, file_path)
     entry = select(tree, reader, selector or None, file_path, reading.warnings)
     kind = "NeMo 2.0" if nemo else "Megatron-Bridge"
     if entry is None:
@@ -587,8 +612,14 @@ def read(text: str, path: str) -> Reading:
             reader.statement(stmt, dict(reader.consts))
         reading.format = f"{kind} recipe (module level)"
     elif entry in reader.funcs:
-        reader.visit(reader.funcs[entry], reader.params(reader.funcs[entry]))
-        reading.format = f"{kind} recipe {entry}()"
+        fn = reader.funcs[entry]
+        env = reader.params(fn)
+        unknown = sorted(set(arguments) - {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)})
+        if unknown:
+            raise ConfigError(f"{file_path}: {entry}() takes no argument {', '.join(unknown)}")
+        reader.visit(fn, {**env, **arguments})
+        given = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        reading.format = f"{kind} recipe {entry}({given})"
     else:
         reading.format = f"{kind} recipe {entry}() = {_follow_alias(reader, entry)}"
     # what a launch command's `--recipe NAME` can choose among (resolve.py, select_named)

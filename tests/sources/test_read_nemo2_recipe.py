@@ -1,0 +1,45 @@
+"""NeMo 2.0's llama3_70b.py recipe module (tests/sources/corpus/nemo2_checkout, verbatim from
+NVIDIA/NeMo 8cfedd7): its finetune_recipe() chooses the layout by `peft_scheme`, a keyword
+argument whose default is 'lora'. Found wrong by a skill trial: the branch was read as
+undecided (`peft_scheme.lower()` was no value), its LoRA branch's
+`recipe.optim.config.use_distributed_optimizer = False` lost to the base recipe's True, and
+`recipe.peft = run.Config(...)` was not read as a frozen base."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.config import ConfigError
+from recompute_kit.sources.resolve import resolve
+
+RECIPES = Path(__file__).parent / "corpus/nemo2_checkout/nemo/collections/llm/recipes"
+LLAMA70 = RECIPES / "llama3_70b.py"
+
+
+def _read(selector: str):
+    return resolve([f"{LLAMA70}::{selector}"], require_shape=False).reading
+
+
+def test_the_default_call_takes_the_lora_branch():
+    r = _read("finetune_recipe")
+    assert r.get("frozen_base") is True
+    assert r.get("use_distributed_optimizer") is False
+    assert r.origins["use_distributed_optimizer"].where.endswith("llama3_70b.py:324")
+    assert (r.get("tensor_model_parallel_size"), r.get("pipeline_model_parallel_size")) == (8, 1)
+    assert not any("is not decided" in w for w in r.warnings)
+
+
+def test_arguments_given_with_the_recipe_choose_the_full_finetune():
+    r = _read("finetune_recipe(peft_scheme=None, num_nodes=2, seq_length=8192)")
+    assert r.get("frozen_base") is not True
+    assert (r.get("tensor_model_parallel_size"), r.get("pipeline_model_parallel_size")) == (8, 4)
+    assert r.get("seq_length") == 8192 and r.get("world_size") == 16
+
+
+def test_the_file_lists_its_finetune_recipe_and_refuses_an_unknown_argument():
+    r = resolve([str(LLAMA70)], require_shape=False).reading
+    assert any("the others: finetune_recipe" in w for w in r.warnings)
+    with pytest.raises(ConfigError, match="takes no argument lora_rank"):
+        _read("finetune_recipe(lora_rank=8)")
