@@ -52,6 +52,7 @@ from .export_layout import layout_lines
 
 FORMATS = (
     "megatron-bridge",
+    "nemo2",
     "megatron-lm",
     "nemo",
     "torchtitan",
@@ -234,6 +235,16 @@ def _render_bridge(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     # the same as the Hydra-style overrides a recipe's launch script takes (OmegaConf dotlist)
     overrides = " ".join(_hydra(f"model.{key}", value) for key, value in settings.items())
     return [*lines, f"# or as overrides: {overrides}"]
+
+
+def _render_nemo2(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """NeMo 2.0: the recipe object's model config (nemo.collections.llm recipes return a
+    run.Partial; the Megatron-Core fields sit on recipe.model.config), or the same as NeMo-Run
+    command-line overrides."""
+    settings = {**_core(rc), **_offload(rc)}
+    lines = [f"recipe.model.config.{key} = {_py(value)}" for key, value in settings.items()]
+    overrides = " ".join(_hydra(f"model.config.{key}", value) for key, value in settings.items())
+    return [*lines, f"# or as NeMo-Run overrides (nemo llm ... --factory ...): {overrides}"]
 
 
 def _hydra(key: str, value: Any) -> str:
@@ -561,6 +572,7 @@ def _render_nemo_rl_dtensor(rc: RecomputeConfig, num_layers: int | None) -> list
 # (the shared reader's `framework`; a LLaMA-Factory YAML has its own checkpointing key).
 FORMAT_OF_FRAMEWORK = {
     "megatron-lm": "megatron-lm",
+    "nemo2": "nemo2",
     "nemo1": "nemo",
     "torchtitan": "torchtitan",
     "hf-trainer": "hf-trainer",
@@ -583,6 +595,7 @@ def format_for(framework: str | None, reading_format: str = "") -> str:
 
 _RENDERERS = {
     "megatron-bridge": _render_bridge,
+    "nemo2": _render_nemo2,
     "megatron-lm": _render_megatron_lm,
     "nemo": _render_nemo,
     "torchtitan": _render_torchtitan,

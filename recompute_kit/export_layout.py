@@ -182,6 +182,48 @@ def _bridge(changes: dict[str, Any], world: int) -> list[str]:
     return notes + lines
 
 
+# NeMo 2.0: the parallel sizes sit on the recipe's MegatronStrategy, the batch and length on
+# its data module, the distributed optimizer on the optimizer's config
+_NEMO2_STRATEGY = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "sequence_parallel",
+)
+
+
+def _nemo2(changes: dict[str, Any], world: int) -> list[str]:
+    lines, notes = [], []
+    for key, value in changes.items():
+        if key == "data_parallel_size":
+            launcher = "recipe.trainer.num_nodes x recipe.trainer.devices"
+            notes.append(_world_note(world, f"{launcher}; DP {value}"))
+        elif key in _NEMO2_STRATEGY:
+            lines.append(f"recipe.trainer.strategy.{key} = {_python(value)}")
+        elif key == "micro_batch_size":
+            lines.append(f"recipe.data.micro_batch_size = {value}")
+        elif key == "seq_length":
+            lines += [
+                f"recipe.model.config.seq_length = {value}",
+                f"recipe.data.seq_length = {value}",
+            ]
+        elif key == "use_distributed_optimizer":
+            lines.append(f"recipe.optim.config.use_distributed_optimizer = {value}")
+        else:
+            lines.append(f"recipe.model.config.{key} = {_python(value)}")
+    overrides = [
+        _hydra_pair(line.removeprefix("recipe."))
+        for line in lines
+        if line.startswith("recipe.") and " = " in line
+    ]
+    if overrides:
+        lines.append(f"# or as NeMo-Run overrides: {' '.join(overrides)}")
+    return notes + lines
+
+
 def _hydra_pair(assignment: str) -> str:
     """`model.x = 2` -> `model.x=2` (None -> null, booleans lower-case)."""
     key, value = assignment.split(" = ", 1)
@@ -358,6 +400,7 @@ _nemo_rl_dtensor = _keyed(
 
 _WRITERS = {
     "megatron-bridge": _bridge,
+    "nemo2": _nemo2,
     "megatron-lm": _megatron_lm,
     "nemo": _nemo,
     "torchtitan": _torchtitan,

@@ -102,8 +102,8 @@ def test_unknown_format_is_a_one_line_config_error():
     with pytest.raises(ConfigError) as exc:
         render(parse_spec("none"), "deepspeed")
     assert str(exc.value) == (
-        "unknown format 'deepspeed'; choose from megatron-bridge, megatron-lm, nemo, torchtitan, "
-        "hf-trainer, llama-factory, automodel, nemo-rl, nemo-rl-dtensor"
+        "unknown format 'deepspeed'; choose from megatron-bridge, nemo2, megatron-lm, nemo, "
+        "torchtitan, hf-trainer, llama-factory, automodel, nemo-rl, nemo-rl-dtensor"
     )
     assert "\n" not in str(exc.value)
 

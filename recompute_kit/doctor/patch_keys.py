@@ -95,6 +95,33 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "data_parallel_size": None,
         "swiglu": None,
     },
+    # NeMo 2.0 recipes (nemo.collections.llm): a recipe object's attributes, as NeMo-Run
+    # overrides name them; every other Megatron-Core field is model.config.<field>
+    "nemo2": {
+        **{
+            key: f"trainer.strategy.{key}"
+            for key in (
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "virtual_pipeline_model_parallel_size",
+                "context_parallel_size",
+                "expert_model_parallel_size",
+                "expert_tensor_parallel_size",
+                "sequence_parallel",
+            )
+        },
+        "seq_length": "data.seq_length",
+        "micro_batch_size": "data.micro_batch_size",
+        "global_batch_size": "data.global_batch_size",
+        "use_distributed_optimizer": "optim.config.use_distributed_optimizer",
+        "optimizer_offload": "optim.config.optimizer_cpu_offload",
+        "bf16": "trainer.plugins",
+        "fp16": "trainer.plugins",
+        "zero_stage": None,
+        "world_size": None,
+        "data_parallel_size": None,
+        "swiglu": None,
+    },
     "nemo-rl": {
         "recompute_granularity": f"{_NEMO_RL_MEGATRON}.recompute_granularity",
         "recompute_modules": f"{_NEMO_RL_MEGATRON}.recompute_modules",

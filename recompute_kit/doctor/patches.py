@@ -346,13 +346,15 @@ def framework_key(framework: str, key: str, ctx: Context) -> str | None:
     `key` in `framework`; None where the framework has none."""
     from ..sources.formats import framework_module
 
-    table = PATCH_KEYS.get("megatron-bridge" if framework == "nemo2" else framework, {})
+    table = PATCH_KEYS.get(framework, {})
     if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
         table = {**table, "recompute_modules": None}
     if framework == "nemo-rl" and key == "cross_entropy_loss_fusion":
         return _nemo_rl_fused_logprobs(ctx)
     if key in table:
         return table[key]
+    if framework == "nemo2":
+        return f"model.config.{key}"  # the model's TransformerConfig field, as named
     module = framework_module(framework)
     target = module.key_for(key) if module is not None else key
     return None if target == key else target  # the reader knows no key of its own for it

@@ -43,3 +43,25 @@ def test_the_file_lists_its_finetune_recipe_and_refuses_an_unknown_argument():
     assert any("the others: finetune_recipe" in w for w in r.warnings)
     with pytest.raises(ConfigError, match="takes no argument lora_rank"):
         _read("finetune_recipe(lora_rank=8)")
+
+
+def test_the_plan_and_the_doctor_write_nemo2_keys():
+    # A skill trial: `plan` rendered Megatron-Bridge's cfg.model.* / cfg.dataset.* for a NeMo
+    # 2.0 recipe and --format nemo gave NeMo 1.x YAML; NeMo 2.0 sets recipe.model.config.*,
+    # recipe.trainer.strategy.* and recipe.data.* (nemo/collections/llm/recipes/llama3_70b.py
+    # writes recipe.trainer.strategy.tensor_model_parallel_size, recipe.data.seq_length).
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.plan import plan
+
+    selector = "finetune_recipe(peft_scheme=None, num_nodes=4, seq_length=8192)"
+    config = resolve([f"{LLAMA70}::{selector}"]).config
+    result = plan(config, 79.1, fmt="nemo2", changes={"sequence_parallel": True})
+    assert 'recipe.model.config.recompute_granularity = "full"' in result.rendered
+    assert "recipe.trainer.strategy.sequence_parallel = True" in result.rendered
+    assert "cfg." not in result.rendered
+    d = diagnose(collect(config=f"{LLAMA70}::{selector}"), gpu_memory_gb=79.1)
+    keys = {k for f in d.findings for k in (f.patch_keys or {})}
+    assert keys and all(
+        k.startswith(("model.config.", "trainer.", "data.", "optim.")) for k in keys
+    )
