@@ -503,6 +503,14 @@ def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:
             tensor_model_parallel_size=t, data_parallel_size=dp, sequence_parallel=t > 1
         )
         rows.append(_evaluate("tp", f"tp={t} dp={dp}" + (" sp" if t > 1 else ""), c, *args))
+    if p.tensor_model_parallel_size > 1 and not p.sequence_parallel:
+        # the run's own TP with sequence parallelism: the norms', dropouts' and layer inputs'
+        # activations split over TP, for the same bytes on the wire (reduce-scatter +
+        # all-gather instead of the all-reduce)
+        c = config.replace(sequence_parallel=True)
+        rows.append(
+            _evaluate("tp", f"sequence_parallel (tp={p.tensor_model_parallel_size})", c, *args)
+        )
     return rows
 
 

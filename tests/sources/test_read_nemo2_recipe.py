@@ -65,3 +65,15 @@ def test_the_plan_and_the_doctor_write_nemo2_keys():
     assert keys and all(
         k.startswith(("model.config.", "trainer.", "data.", "optim.")) for k in keys
     )
+
+
+def test_levers_offer_sequence_parallel_at_the_runs_own_tp():
+    # A skill trial: the recipe's LoRA layout (TP 8, no SP) on 2 nodes; turning on sequence
+    # parallelism alone fits it, but the levers only offered SP together with another TP size.
+    from recompute_kit.plan.levers import levers
+
+    config = resolve([f"{LLAMA70}::finetune_recipe(num_nodes=2, seq_length=8192)"]).config
+    assert config.parallel.tensor_model_parallel_size == 8 and not config.parallel.sequence_parallel
+    rows = levers(config, 79.1).rows
+    sp = next(r for r in rows if r.setting.startswith("sequence_parallel (tp=8)"))
+    assert sp.config.parallel.sequence_parallel and sp.fits
