@@ -20,6 +20,13 @@ class Gpu:
     usable_gib: float  # total_memory as PyTorch reports it, GiB (2**30 bytes)
     device: str  # the device name as the driver prints it
     source: str  # where the figure was seen
+    # dense BF16 tensor-core peak, TFLOP/s, NVIDIA's datasheets (H100 SXM / H200 989, H100 NVL
+    # 835 (its 1,671 is with sparsity), A100 312): the step-time model scales its
+    # executed-rate assumption by it (plan/step_time.py)
+    dense_bf16_tflops: float = 989.0
+    # NVLink per direction, GB/s (H100 SXM / H200: NVLink 4, 900 GB/s both ways; A100 SXM:
+    # NVLink 3, 600; H100 NVL: its bridge, 600): the context-parallel ring inside a node
+    nvlink_gbps: float = 450.0
 
 
 GPUS = {
@@ -38,6 +45,8 @@ GPUS = {
             93.0,
             "NVIDIA H100 NVL (94 GB)",
             "OOM message on an H100 NVL 94GB: 'total capacity of 93.00 GiB' (ali-vilab/VACE#56)",
+            835.0,
+            300.0,
         ),
         Gpu(
             "h200",
@@ -52,12 +61,16 @@ GPUS = {
             "NVIDIA A100-SXM4-80GB",
             "OOM messages on A100 80GB: 'total capacity of 79.14 GiB' "
             "(lianqi1008/Control-GIC#6), '79.25 GiB total capacity' (levihsu/OOTDiffusion#235)",
+            312.0,
+            300.0,
         ),
         Gpu(
             "a100-40gb",
             39.5,
             "NVIDIA A100 40GB",
             "OOM message on one A100 (40 GB): 'total capacity of 39.50 GiB' (TianheWu/CoSeR#10)",
+            312.0,
+            300.0,
         ),
     )
 }

@@ -355,3 +355,16 @@ def test_torchtitan_fsdp2_cpu_offload_is_a_lever_and_the_doctors_patch():
     )
     f = next(f for f in d.findings if f.rule in ("RK011", "RK013"))
     assert f.patch_keys == {"training.enable_cpu_offload": True}
+
+
+def test_a_named_gpu_sets_the_step_time_models_rate(capsys):
+    # A skill trial: `plan --levers --gpu a100-80gb` priced the step at 400 TFLOP/s per GPU
+    # (the H100 assumption, above an A100's 312 dense BF16 peak). The named GPU scales the
+    # rate by its datasheet peak (and its NVLink speed for the CP ring).
+    argv = ["plan", "--model", "llama3-8b", "--dp", "8", "--levers", "--json"]
+    assert main([*argv, "--gpu", "a100-80gb"]) == 0
+    hw = json.loads(capsys.readouterr().out)["levers"]["hardware"]
+    assert round(hw["tflops_per_gpu"], 1) == round(400 * 312 / 989, 1)
+    assert hw["cp_link_gbps"] == 300.0
+    assert main([*argv, "--gpu", "a100-80gb", "--tflops-per-gpu", "150"]) == 0
+    assert json.loads(capsys.readouterr().out)["levers"]["hardware"]["tflops_per_gpu"] == 150

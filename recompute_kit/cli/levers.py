@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError
+from ..gpus import GPUS
 from ..units import byte_unit, in_unit
 from .common import emit_json_read, format_table, layout_of, with_layout_assumptions
 
@@ -90,10 +91,14 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     if gbs is None and resolved is not None:
         gbs = resolved.reading.get("global_batch_size")
     trainer = _trainer_options(args, resolved)
+    tflops, named = args.tflops_per_gpu, GPUS.get(getattr(args, "gpu", None) or "")
+    if tflops is None and named is not None:
+        # the default rate's share of an H100's peak (40%), on the GPU named
+        tflops = DEFAULT_TFLOPS * named.dense_bf16_tflops / GPUS["h100-80gb"].dense_bf16_tflops
     hw = Hardware(
-        args.tflops_per_gpu or DEFAULT_TFLOPS,
+        tflops or DEFAULT_TFLOPS,
         host_link_gbps(args.host_link or DEFAULT_HOST_LINK),
-        args.cp_link_gbps or DEFAULT_CP_LINK_GBPS,
+        args.cp_link_gbps or (named.nvlink_gbps if named else DEFAULT_CP_LINK_GBPS),
         tp_comm_overlap=args.tp_comm_overlap,
     )
     calibration: dict[str, Any] | None = None
