@@ -226,7 +226,7 @@ def _evaluate(
     )
     shown = f", recompute {added}" if added else ""
     states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
-    if is_trainer_run(config) or (states_offloaded and sharding_mode(config) == "fsdp2"):
+    if is_trainer_run(config) or states_offloaded:
         seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps)
         step = with_host_link(step, seconds)
         host_ok = host_ok and trainer_host_ok

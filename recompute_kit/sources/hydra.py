@@ -151,6 +151,26 @@ def _the_length_that_runs(
     return kept
 
 
+# NeMo 2.0's recipe attributes as NeMo-Run overrides name them -> the Megatron-Bridge key that
+# holds the same field (the reader maps Bridge's): model.config.X is the model's field, the
+# strategy's parallel sizes sit on Bridge's model, the optimizer config on its optimizer
+_NEMO2_PREFIXES = (
+    ("model.config.", "model."),
+    ("trainer.strategy.", "model."),
+    ("optim.config.", "optimizer."),
+    ("data.micro_batch_size", "train.micro_batch_size"),
+    ("data.global_batch_size", "train.global_batch_size"),
+    ("data.seq_length", "dataset.seq_length"),
+)
+
+
+def _nemo2_as_bridge(dotted: str) -> str:
+    for nemo2, bridge in _NEMO2_PREFIXES:
+        if dotted.startswith(nemo2):
+            return bridge + dotted[len(nemo2) :]
+    return dotted
+
+
 def read(text: str, path: str) -> Reading:
     joined = re.sub(r"\\\r?\n", " ", text)
     try:
@@ -201,7 +221,7 @@ def read(text: str, path: str) -> Reading:
             line, pos = _line_of(text, w, pos)
             prefix = re.match(r"^(\+\+|\+|~)?", w).group(0)
             dotted = opt[len(prefix) :]
-            section, _, key = dotted.partition(".")
+            section, _, key = _nemo2_as_bridge(dotted).partition(".")
             if "." in key:  # deeper (model.foo.bar): not a field recompute-kit reads
                 reading.unused[dotted] = inline
             elif prefix == "~":

@@ -77,3 +77,17 @@ def test_levers_offer_sequence_parallel_at_the_runs_own_tp():
     rows = levers(config, 79.1).rows
     sp = next(r for r in rows if r.setting.startswith("sequence_parallel (tp=8)"))
     assert sp.config.parallel.sequence_parallel and sp.fits
+
+
+def test_nemo_run_overrides_after_the_recipe_apply_and_offload_is_priced():
+    # A skill trial: `read RECIPE optim.config.exp_avg_dtype=... trainer.strategy...` failed with
+    # "no Megatron-Bridge overrides (key=value) found" (NeMo-Run's keys), and a run with
+    # optim.config.optimizer_cpu_offload=true priced its step as the run without it.
+    from recompute_kit.plan.levers import levers
+
+    selector = f"{LLAMA70}::finetune_recipe(peft_scheme=None, num_nodes=4, seq_length=8192)"
+    over = ["optim.config.optimizer_cpu_offload=true", "trainer.strategy.sequence_parallel=true"]
+    r = resolve([selector, *over])
+    assert r.reading.get("optimizer_offload") is True and r.reading.get("sequence_parallel")
+    current = levers(r.config, 79.1).current
+    assert "optimizer on the host" in current.adds and "CPU Adam not timed" in current.adds
