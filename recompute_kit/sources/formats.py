@@ -36,6 +36,7 @@ FORMAT_MODULES = (
     "nemo_rl_launch",
     "automodel",
     "torchtitan",
+    "torchtitan_launch",
     "hf_trainer",
     "hf_launch",
     "accelerate",

@@ -485,3 +485,28 @@ def test_titan_2024_toml_keeps_its_degrees_under_training_and_experimental(tmp_p
     )
     assert r.get("zero_stage") == 3  # data_parallel_shard_degree -1 over DP 2: FSDP2
     assert any("before its [parallelism] section" in w for w in r.warnings)
+
+
+def test_titan_launch_script_gives_the_gpus_and_the_toml_it_names(tmp_path):
+    # torchtitan's run_llama_train.sh at 7c3a1fa (tests/sources/corpus/torchtitan/, the
+    # launcher of https://github.com/pytorch/torchtitan/issues/620): `NGPU=${NGPU:-"8"}`,
+    # `torchrun --nproc_per_node=${NGPU} ... --job.config_file ${CONFIG_FILE}`. It was refused
+    # ("not a training config"), aborting a `read TOML SCRIPT` call.
+    import shutil
+
+    from recompute_kit.sources.resolve import resolve
+
+    corpus = Path(__file__).parent / "corpus" / "torchtitan"
+    script = tmp_path / "run_llama_train.sh"
+    shutil.copy(corpus / "run_llama_train_2024-10.sh", script)
+    toml = corpus / "llama3_8b_2024-10.toml"
+    r = resolve([str(toml), str(script)]).reading
+    world = r.origins["world_size"]
+    assert r.get("world_size") == 8 and world.kind == "assumed" and "NGPU" in world.note
+    assert any("debug_model.toml" in w and "not found" in w for w in r.warnings)
+    # the TOML the script names (its CONFIG_FILE default), beside it: read through the script
+    (tmp_path / "train_configs").mkdir()
+    shutil.copy(toml, tmp_path / "train_configs" / "debug_model.toml")
+    alone = resolve([str(script)])
+    assert alone.reading.get("num_layers") == 32 and alone.reading.get("world_size") == 8
+    assert str(tmp_path / "train_configs" / "debug_model.toml") in {i["path"] for i in alone.inputs}

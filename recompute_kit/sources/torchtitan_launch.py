@@ -1,0 +1,101 @@
+"""torchtitan's launch script (run_train.sh, run_llama_train.sh): the GPUs torchrun starts and
+the TOML it trains with (`--job.config_file`), read with the TOML reader (sources/torchtitan.py).
+
+    NGPU=${NGPU:-"8"}
+    CONFIG_FILE=${CONFIG_FILE:-"./train_configs/debug_model.toml"}
+    torchrun --nproc_per_node=${NGPU} ... train.py --job.config_file ${CONFIG_FILE} $overrides
+
+The TOML is found as torchrun would open it: relative to the directory the script is run from
+(taken as the script's own) or a directory above it. The GPU count is an assumption where it is
+the default of an environment variable the script does not set (NGPU): the environment is
+never read. `--section.key value` words after the config are torchtitan's command-line
+overrides: they are said, not read (torchtitan's own parser applies them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..config import ConfigError
+from . import torchtitan
+from .reading import FROM_ASSUMED, FROM_FILE, Origin, Reading
+from .shell import ShellError, parse_script
+
+FRAMEWORKS: tuple[str, ...] = ()  # torchtitan.py owns torchtitan's defaults
+_CONFIG_FLAG = "--job.config_file"
+_NPROC = ("--nproc_per_node", "--nproc-per-node")
+
+
+def sniff(text: str, path: str) -> int:
+    if path.lower().endswith((".toml", ".yaml", ".yml", ".json")):
+        return 0
+    return 90 if _CONFIG_FLAG in text and re.search(r"\btorchrun\b", text) else 0
+
+
+def _value(words: list, flags: tuple[str, ...]) -> tuple[str, object] | None:
+    """(value, the field it came from) of the first of `flags`, `--flag v` or `--flag=v`."""
+    for k, f in enumerate(words):
+        name, eq, inline = f.text.partition("=")
+        if name in flags:
+            if eq:
+                return inline, f
+            if k + 1 < len(words):
+                return words[k + 1].text, words[k + 1]
+    return None
+
+
+def _find(named: str, path: str) -> str | None:
+    here = os.path.dirname(os.path.abspath(path))
+    for folder in (here, os.path.dirname(here)):
+        candidate = os.path.normpath(os.path.join(folder, named))
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def read(text: str, path: str) -> Reading:
+    try:
+        script = parse_script(text, path)
+    except ShellError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    launch = next((x for x in script.launches if _CONFIG_FLAG in (f.text for f in x.args)), None)
+    words = [*launch.launcher, *launch.args] if launch else []
+    config = _value(words, (_CONFIG_FLAG,)) if words else None
+    if launch is None or config is None:
+        raise ConfigError(f"{path}: no torchrun command with {_CONFIG_FLAG} found")
+    named, field = config
+    found = _find(named, path) if "$" not in named else None
+    if found is None:
+        # the GPUs it starts still count beside the TOML given as another input
+        reading = Reading(framework="torchtitan", format="torchtitan launch script")
+        envs = "; ".join(r.describe() for r in getattr(field, "rests_on", ()))
+        reading.warnings.append(
+            f"{path}:{field.line}: the command trains with {_CONFIG_FLAG} {named}"
+            + (f" ({envs})" if envs else "")
+            + ", not found beside this script: give the TOML the run uses as another input"
+        )
+    else:
+        with open(found, encoding="utf-8") as fh:
+            reading = torchtitan.read(fh.read(), found)
+        reading.launched_config = found  # type: ignore[attr-defined]  # `read` lists it
+        reading.format = f"torchtitan launch script, {reading.format}"
+    nproc = _value(words, _NPROC)
+    if nproc is not None and nproc[0].isdigit() and "world_size" not in reading:
+        n, f = int(nproc[0]), nproc[1]
+        where = f"{path}:{f.line}"
+        if f.rests_on:  # NGPU=${NGPU:-"8"}: the environment's, which is never read
+            said = "; ".join(r.describe() for r in f.rests_on)
+            key = "--dp (at launch NGPU sets it; the environment is not read)"
+            origin = Origin(FROM_ASSUMED, where, key, f"{said}: --nproc_per_node, one node")
+        else:
+            origin = Origin(FROM_FILE, where, "--nproc_per_node", "one node")
+        reading.set("world_size", n, origin)
+    after = [f.text for f in launch.args if f.text.startswith("--") and "." in f.text]
+    extra = [w for w in after if not w.startswith(_CONFIG_FLAG)]
+    if extra:
+        reading.warnings.append(
+            f"{path}: {', '.join(extra[:6])}: torchtitan command-line overrides, not read "
+            "(put them in the TOML to have them counted)"
+        )
+    return reading
