@@ -272,7 +272,9 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     # what a file says (a default's note names both backends as what a launcher might add)
     said = f"{stage.key} {stage.note}".lower() if stage and stage.kind == "file" else ""
     accelerate = str(resolved.reading.unused.get("distributed_type", "")).upper()
-    if "fsdp" in said or accelerate == "FSDP":
+    if said.startswith("fsdp_config") or accelerate == "FSDP":
+        out["sharding_backend"] = "accelerate-fsdp"  # FSDP set in an Accelerate config
+    elif "fsdp" in said:
         out["sharding_backend"] = "fsdp"
     elif said.startswith("deepspeed_config") or accelerate == "DEEPSPEED":
         out["sharding_backend"] = "accelerate"  # DeepSpeed set in an Accelerate config

@@ -104,6 +104,15 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
     p = config.parallel
     current = (p.zero_stage, bool(p.optimizer_offload), bool(p.param_offload))
     out = []
+    if backend == "accelerate-fsdp":  # an Accelerate config's fsdp_config
+        for stage in (3, 2):
+            for offload in (False, True):
+                if (stage, offload, offload) == current:
+                    continue
+                words = ", ".join(_accelerate_fsdp_keys(config, stage, offload))
+                c = config.replace(zero_stage=stage, optimizer_offload=offload)
+                out.append((words, c.replace(param_offload=offload)))
+        return out
     if backend == "fsdp":
         for stage, name in FSDP_STRATEGY.items():
             # transformers FSDPOption: "offload" only with full_shard or shard_grad_op
@@ -134,11 +143,24 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
     return out
 
 
+def _accelerate_fsdp_keys(config: Config, stage: int, offload: bool) -> list[str]:
+    """FSDP2 says full / grad-op sharding with reshard_after_forward, FSDP1 with its strategy;
+    fsdp_offload_params puts parameters, gradients and the optimizer step on the host."""
+    if config.parallel.use_torch_fsdp2:
+        shard = f"fsdp_config.fsdp_reshard_after_forward {'true' if stage == 3 else 'false'}"
+    else:
+        shard = f"fsdp_config.fsdp_sharding_strategy {FSDP_STRATEGY[stage].upper()}"
+    return [shard, f"fsdp_config.fsdp_offload_params {'true' if offload else 'false'}"]
+
+
 def sharding_snippet(config: Config, backend: str) -> list[str]:
     """`config`'s sharding and offload as the lines to paste where `backend` reads them: the
     DeepSpeed JSON's zero_optimization, an Accelerate config's deepspeed_config, or the
     Trainer's fsdp option."""
     p = config.parallel
+    if backend == "accelerate-fsdp":
+        keys = _accelerate_fsdp_keys(config, p.zero_stage, bool(p.param_offload))
+        return ["fsdp_config:", *(f"  {k.split('.', 1)[1].replace(' ', ': ', 1)}" for k in keys)]
     if backend == "fsdp":
         name = FSDP_STRATEGY.get(p.zero_stage)
         if name is None:

@@ -88,6 +88,34 @@ def read(text: str, path: str) -> Reading:
     elif kind == "FSDP":
         fsdp: dict[str, Any] = data.get("fsdp_config") or {}
         strategy = fsdp.get("fsdp_sharding_strategy")
+        version = fsdp.get("fsdp_version", 1)
+        if version == 2:
+            # FSDP2 (fully_shard): its parameters are fp32 shards, computed in bf16
+            reading.set("use_torch_fsdp2", True, where("fsdp_config", "fsdp_version"))
+        reshard = fsdp.get("fsdp_reshard_after_forward")
+        if strategy is None and version == 2:
+            # FSDP2 has no sharding strategy: reshard_after_forward true is FULL_SHARD, false
+            # SHARD_GRAD_OP (accelerate's FullyShardedDataParallelPlugin; its default: true)
+            stage = 2 if reshard is False else 3
+            note = "FSDP2 reshard_after_forward " + (
+                f"{str(reshard).lower()}" if reshard is not None else "true (its default)"
+            )
+            keys = (
+                ("fsdp_config", "fsdp_reshard_after_forward")
+                if reshard is not None
+                else ("fsdp_config", "fsdp_version")
+            )
+            reading.set("zero_stage", stage, where(*keys, note=note))
+        elif strategy is None:
+            note = "FSDP FULL_SHARD (accelerate's default sharding strategy)"
+            reading.set("zero_stage", 3, where("distributed_type", note=note))
+        if fsdp.get("fsdp_activation_checkpointing") is True:
+            # accelerate wraps every transformer layer in a checkpoint (the Trainer warns that
+            # gradient_checkpointing on top adds a redundant AllGather)
+            origin = where("fsdp_config", "fsdp_activation_checkpointing", note="every layer")
+            reading.set("recompute_granularity", "full", origin)
+            reading.set("recompute_method", "uniform", origin)
+            reading.set("recompute_num_layers", 1, origin)
         if strategy is not None:
             stage = _FSDP_STAGES.get(str(strategy).upper())
             if stage is None:

@@ -26,6 +26,7 @@ import yaml
 from ..config import ConfigError
 from . import megatron_core
 from .reading import (
+    FROM_ASSUMED,
     FROM_FILE,
     KNOWN_KEYS,
     MEMORY_KEYS,
@@ -40,6 +41,8 @@ FRAMEWORKS = ("megatron-bridge", "nemo2")
 
 BRIDGE = "megatron-bridge"
 NEMO2 = "nemo2"
+# how a value set inside an `if` the values read do not decide is noted (recipes.py)
+UNDECIDED = "undecided: read as taken"
 # reading.unused key that marks a reading made of overrides applied on top of a recipe (its value
 # names the recipe, or says it is unknown): the recipe decides what the overrides leave out.
 ON_RECIPE = "(applied on top of recipe)"
@@ -346,7 +349,10 @@ def read_yaml(text: str, path: str) -> Reading:
 
 def _origin(path: str, e: Entry, note: str = "") -> Origin:
     where = e.where or (f"{path}:{e.line}" if e.line else path)
-    return Origin(FROM_FILE, where, e.written, note or e.note)
+    # a value set inside an `if` the values read do not decide is the file's only if that
+    # branch runs: an assumption, said as one (recipes.py notes the branch)
+    kind = FROM_ASSUMED if UNDECIDED in (note or e.note) else FROM_FILE
+    return Origin(kind, where, e.written, note or e.note)
 
 
 def _as_bool(v: Any) -> Any:

@@ -34,6 +34,7 @@ from .bridge import (
     BRIDGE,
     MODEL_CLASSES,
     NEMO2,
+    UNDECIDED,
     Entry,
     Unresolved,
     apply_entries,
@@ -288,7 +289,7 @@ class _Reader:
             if isinstance(stmt, ast.If):
                 test = f"`if {ast.unparse(stmt.test)[:60]}` (line {stmt.lineno})"
                 for entry in self.entries[before:]:  # said beside each value it sets
-                    said = f"set inside {test}, undecided: read as taken"
+                    said = f"set inside {test}, {UNDECIDED}"
                     entry.note = f"{entry.note}; {said}" if entry.note else said
             if isinstance(stmt, ast.If) and set_there:
                 # said: a perf script's `if recompute_num_layers is not None:` may be the path

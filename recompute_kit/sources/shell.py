@@ -34,6 +34,21 @@ _KEYWORDS_OPEN_SKIP = {"while", "until", "for", "select", "case"}
 _MAX_STEPS = 200_000
 # `<Specify path>`, `<PATH TO CHECKPOINTS DIRECTORY>`: placeholders of example scripts.
 _PLACEHOLDER_RE = re.compile(r"<[A-Za-z][^<>\n]*>")
+# Flags of the Hugging Face Trainer family (TrainingArguments, TRL's and LLaMA-Factory's model
+# and data arguments): a script given them trains
+_TRAINER_TELLS = frozenset(
+    {
+        "--per_device_train_batch_size",
+        "--gradient_accumulation_steps",
+        "--model_name_or_path",
+        "--gradient_checkpointing",
+        "--deepspeed",
+        "--max_length",
+        "--max_seq_length",
+        "--num_train_epochs",
+        "--learning_rate",
+    }
+)
 _MEGATRON_TELLS = ("--num-layers", "--tensor-model-parallel-size", "--hidden-size")
 _LAUNCHER_OPTS = {
     "nproc_per_node",
@@ -883,6 +898,16 @@ class _Interp:
             if base.endswith(".py") and (base.startswith(("pretrain", "train")) or "train" in base):
                 program = k
                 break
+        if program is None:
+            # any script given a trainer's flags (TRL's scripts/sft.py, finetune.py): the
+            # flags say it trains, whatever it is called
+            first_py = next(
+                (k for k, t in enumerate(texts) if t.rsplit("/", 1)[-1].endswith(".py")), None
+            )
+            if first_py is not None and any(
+                t.split("=", 1)[0] in _TRAINER_TELLS for t in texts[first_py + 1 :]
+            ):
+                program = first_py
         if program is None:
             if not any(t.startswith(_MEGATRON_TELLS) for t in texts):
                 return

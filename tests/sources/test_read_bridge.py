@@ -433,6 +433,39 @@ def test_a_value_set_in_an_undecided_branch_is_said():
     assert any("apply_rope_fusion" in w and "enable_megatron_core_experimental" in w for w in said)
 
 
+def test_a_value_from_an_undecided_branch_is_an_assumption_and_no_verdict_rests_on_it(tmp_path):
+    # A skill trial on Megatron-Bridge's perf configs (v0.5.0 scripts/performance/utils/
+    # overrides.py: `if cpu_offloading_num_layers is not None and cpu_offloading_num_layers >
+    # 0: recipe.model.cpu_offloading = True`, the layer count a function argument the file
+    # does not give): cpu_offloading True was read as the file's, beside recompute, and the
+    # doctor "diagnosed" Megatron's CPU-offloading refusal at 90%. The branch's values are
+    # assumptions; a refusal resting on them is a possibility.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.sources.resolve import resolve
+
+    recipe = tmp_path / "perf.py"
+    recipe.write_text(
+        "from megatron.bridge.models import Llama3ModelProvider8B\n"
+        "from megatron.bridge.training.config import ConfigContainer\n"
+        "def perf_config(cpu_offloading_num_layers=settings.offload_layers) -> ConfigContainer:\n"
+        "    cfg = ConfigContainer(model=Llama3ModelProvider8B())\n"
+        "    cfg.model.recompute_granularity = 'full'\n"
+        "    cfg.model.recompute_method = 'uniform'\n"
+        "    cfg.model.recompute_num_layers = 1\n"
+        "    if cpu_offloading_num_layers is not None and cpu_offloading_num_layers > 0:\n"
+        "        cfg.model.cpu_offloading = True\n"
+        "    return cfg\n"
+    )
+    r = resolve([str(recipe)], require_shape=False)
+    assert r.reading.get("cpu_offloading") is True
+    assert r.reading.origins["cpu_offloading"].kind == "assumed"
+    d = diagnose(collect(config=str(recipe)), gpu_memory_gb=79.1)
+    refusal = [f for f in d.findings if f.rule == "RK059"]
+    assert refusal and all(f.raw_confidence <= 0.5 for f in refusal)
+    assert d.verdict.verdict == "needs_evidence"
+
+
 def test_a_nemo2_llama_config_has_no_dropout_and_its_fusions_on() -> None:
     # A skill trial on NeMo 2.0's llama3_70b recipe: hidden / attention dropout were read as
     # Megatron-Core's 0.1 and the bias-activation / softmax / RoPE fusions as off; NeMo's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ...sources.bridge import UNDECIDED
 from ...sources.megatron_lm import RENAMED_FLAGS
 from ..types import Context, Match
 from .registry import fact, on_message, patch_for, rule
@@ -25,10 +26,28 @@ def _validation(*fragments: str):
         if found:
             return found
         if ctx.config_error and any(f in ctx.config_error for f in fragments):
-            return Match(0.9, f'Megatron would reject this config: "{ctx.config_error}"')
+            said = f'Megatron would reject this config: "{ctx.config_error}"'
+            branched = _from_undecided_branches(ctx)
+            if branched:  # the config read may not be the run's
+                return Match(
+                    0.5,
+                    f"{said}, as read: it takes values set inside `if` branches the files do "
+                    f"not decide ({', '.join(branched[:4])}), which the run may not set.",
+                )
+            return Match(0.9, said)
         return None
 
     return check
+
+
+def _from_undecided_branches(ctx: Context) -> list[str]:
+    """The keys the reader took from an `if` branch it read as taken (an assumption)."""
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    return sorted(
+        key
+        for key, src in sources.items()
+        if isinstance(src, dict) and UNDECIDED in str(src.get("note", ""))
+    )
 
 
 VALIDATION_RULES = [
