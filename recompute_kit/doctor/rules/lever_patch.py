@@ -61,7 +61,13 @@ def _first_fitting_lever(ctx: Context):
         read = ctx.evidence.read or {}
         gbs = (read.get("config") or {}).get("global_batch_size")  # the run's, as read
         fmt = "llama-factory" if "LLaMA-Factory" in str(read.get("format")) else "hf-trainer"
-        backend = "accelerate" if _accelerate_deepspeed(ctx) else "deepspeed"
+        backend = (
+            "accelerate-fsdp"
+            if _accelerate_fsdp(ctx)
+            else "accelerate"
+            if _accelerate_deepspeed(ctx)
+            else "deepspeed"
+        )
         rows = []
         # the run's global batch; where it does not divide the layout as read (an assumed
         # world size), the levers' own assumption
@@ -95,6 +101,16 @@ def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:
         q.param_offload,
     ):
         return
+    if _accelerate_fsdp(ctx):  # FSDP set in an Accelerate config: its fsdp_config keys
+        if q.param_offload != p.param_offload:
+            patch["fsdp_config.fsdp_offload_params"] = q.param_offload
+        if q.zero_stage != p.zero_stage and q.zero_stage in (2, 3):
+            if new.parallel.use_torch_fsdp2:
+                patch["fsdp_config.fsdp_reshard_after_forward"] = q.zero_stage == 3
+            else:
+                name = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}[q.zero_stage]
+                patch["fsdp_config.fsdp_sharding_strategy"] = name
+        return
     if _accelerate_deepspeed(ctx):  # DeepSpeed set in an Accelerate config: its keys
         patch["deepspeed_config.zero_stage"] = q.zero_stage
         if q.optimizer_offload != p.optimizer_offload:
@@ -112,6 +128,14 @@ def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:
     if q.param_offload:
         section["offload_param"] = {"device": "cpu"}
     patch["zero_optimization"] = section
+
+
+def _accelerate_fsdp(ctx: Context) -> bool:
+    """The sharding is an Accelerate config's fsdp_config (distributed_type FSDP)."""
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    return str((sources.get("zero_stage") or {}).get("key", "")).startswith("fsdp_config") or (
+        str(ctx.cfg.get("distributed_type", "")).upper() == "FSDP"
+    )
 
 
 def _accelerate_deepspeed(ctx: Context) -> bool:

@@ -1,0 +1,52 @@
+"""Accelerate's FSDP configs. tests/sources/corpus/accelerate/trl_fsdp2.yaml is TRL's
+examples/accelerate_configs/fsdp2.yaml, verbatim (https://github.com/huggingface/trl, f2cd577):
+`distributed_type: FSDP`, `fsdp_version: 2`, `fsdp_reshard_after_forward: true`, no
+fsdp_sharding_strategy (FSDP2 has none). A skill trial found it read as plain DDP (zero_stage 0:
+every rank holding all of Qwen2.5-7B's states, "480% of the GPU"), TRL's `trl/scripts/sft.py`
+not recognised as a training script, and the fixes written in DeepSpeed's keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recompute_kit.sources.resolve import resolve
+
+FSDP2 = Path(__file__).parent / "corpus" / "accelerate" / "trl_fsdp2.yaml"
+# TRL's SFT command as its docs give it, under this config (the trial's launch.sh)
+LAUNCH = (
+    "accelerate launch --config_file fsdp2.yaml trl/scripts/sft.py \\\n"
+    "    --model_name_or_path Qwen/Qwen2.5-7B \\\n"
+    "    --dataset_name trl-lib/Capybara \\\n"
+    "    --per_device_train_batch_size 2 \\\n"
+    "    --gradient_accumulation_steps 8 \\\n"
+    "    --max_length 4096 \\\n"
+    "    --gradient_checkpointing \\\n"
+    "    --bf16 \\\n"
+    "    --learning_rate 2e-5\n"
+)
+
+
+def test_fsdp2_reshard_after_forward_is_full_sharding():
+    r = resolve([str(FSDP2)], require_shape=False).reading
+    assert r.get("zero_stage") == 3 and r.get("use_torch_fsdp2") is True
+    assert "reshard_after_forward" in r.origins["zero_stage"].describe()
+    assert r.get("param_offload") is False
+
+
+def test_trls_sft_script_is_a_training_command_and_its_fix_is_in_fsdp_config_keys(tmp_path):
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH)
+    r = resolve([str(launch), str(FSDP2)], overrides={"data_parallel_size": 4})
+    assert r.reading.get("micro_batch_size") == 2 and r.reading.get("seq_length") == 4096
+    weights = r.config.parallel
+    assert weights.zero_stage == 3  # the 7B states sharded over the 4 ranks, not held whole
+    d = diagnose(
+        collect(config=[str(launch), str(FSDP2)], overrides={"data_parallel_size": 4}),
+        gpu_memory_gb=23.64,
+    )
+    patches = [f.config_patch or {} for f in d.findings if f.category == "model_state_memory"]
+    assert {"fsdp_config.fsdp_offload_params": True} in patches
+    assert not any("zero_optimization" in p for p in patches)
