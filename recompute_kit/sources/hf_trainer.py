@@ -330,6 +330,17 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
             f"{src.path}: finetuning_type {finetuning}: only some layers are trained; "
             "recompute-kit counts a full fine-tune"
         )
+    if data.get("use_peft") is True and finetuning is None:
+        # TRL's ModelConfig: LoRA adapters (lora_r, lora_target_modules) on the frozen model
+        reading.set(
+            "frozen_base",
+            True,
+            src.origin(
+                "use_peft",
+                note="TRL: LoRA adapters on frozen base weights; the adapters' own states "
+                "(rank x targets) not counted",
+            ),
+        )
     if data.get("quantization_bit") is not None:
         reading.warnings.append(
             f"{src.path}: quantization_bit {data['quantization_bit']}: a quantized frozen base "

@@ -50,3 +50,21 @@ def test_trls_sft_script_is_a_training_command_and_its_fix_is_in_fsdp_config_key
     patches = [f.config_patch or {} for f in d.findings if f.category == "model_state_memory"]
     assert {"fsdp_config.fsdp_offload_params": True} in patches
     assert not any("zero_optimization" in p for p in patches)
+
+
+def test_trls_use_peft_is_a_frozen_base(tmp_path):
+    # TRL's ModelConfig --use_peft (with --lora_r): LoRA adapters on the frozen model
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        LAUNCH.replace("--learning_rate 2e-5", "--learning_rate 2e-5 --use_peft --lora_r 16")
+    )
+    r = resolve([str(launch), str(FSDP2)], overrides={"data_parallel_size": 4})
+    assert r.reading.get("frozen_base") is True
+    assert (
+        r.reading.origins["frozen_base"]
+        .describe()
+        .endswith(
+            "--use_peft (TRL: LoRA adapters on frozen base weights; the adapters' own states "
+            "(rank x targets) not counted)"
+        )
+    )
