@@ -63,3 +63,22 @@ def test_modules_without_selective_are_said_without_strict():
     doc = json.loads(proc.stdout)
     assert doc["valid"] is True
     assert any("recompute_granularity is unset" in w for w in doc["warnings"])
+
+
+def test_validate_takes_the_recompute_setting_to_check():
+    # A skill trial had to write a modified copy of the Mixtral script to check the flags it
+    # proposed: --recompute checks a setting on the files' layout.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    argv = [*RK, "validate", str(MIXTRAL), "--dp", "8", "--json", "--recompute"]
+    ok = json.loads(
+        subprocess.run(
+            [*argv, "selective:moe_act"], capture_output=True, text=True, env=env, timeout=300
+        ).stdout
+    )
+    assert ok["valid"] and ok["normalized"]["recompute_modules"] == ["moe_act"]
+    bad = json.loads(
+        subprocess.run(
+            [*argv, "selective:mla_up_proj"], capture_output=True, text=True, env=env, timeout=300
+        ).stdout
+    )
+    assert not bad["valid"] and "multi_latent_attention" in bad["errors"][0]

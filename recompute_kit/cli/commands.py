@@ -13,6 +13,7 @@ from ..config import (
     Config,
     ConfigError,
     all_specs,
+    parse_spec,
 )
 from ..config.versions import ignored_settings
 from ..export_layout import changed_settings
@@ -131,6 +132,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg = resolved.config
     if args.megatron_core_version:
         cfg.megatron_core_version = args.megatron_core_version
+    if args.recompute:  # the setting to check, in place of the files' own
+        try:
+            cfg = cfg.with_recompute(parse_spec(args.recompute))
+        except ConfigError as exc:
+            print(f"recompute-kit: error: --recompute {args.recompute}: {exc}", file=sys.stderr)
+            return 2
     warnings = list(resolved.warnings)
     if not args.json:
         for line in summary_lines(resolved.reading, resolved.inputs):
@@ -140,9 +147,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         modules = resolved.reading.origins.get("recompute_modules")
         given = modules is not None and modules.kind not in (FROM_DEFAULT, FROM_ASSUMED)
+        given = given and not args.recompute
         warnings += cfg.validate(strict=args.strict, modules_given=given)
         if not args.strict:  # what Megatron accepts but does not act on is said either way
-            written = resolved.reading.get("recompute_modules") if given else None
+            written = cfg.recompute.recompute_modules if given else None
             warnings += [w for w in ignored_settings(cfg, written) if w not in warnings]
     except ConfigError as exc:
         errors.append(str(exc))

@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also apply the rules only Megatron-LM's command line enforces, and warn about "
         "settings broken on the Megatron-Core version or ignored by Megatron",
     )
+    p.add_argument(
+        "--recompute",
+        metavar="SPEC",
+        help="validate this recompute setting instead of the files' (a spec as `estimate` "
+        "takes it: selective:moe_act, full:block:7, none)",
+    )
     add_override_args(p)  # the layout as estimate / plan take it (--dp for a scheduler's nodes)
     add_version_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
