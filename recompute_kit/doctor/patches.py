@@ -231,7 +231,13 @@ def _check(
                 "Megatron-Core names; translate each to your framework's key"
             )
     else:
+        kept = set(patch)
         f.patch_keys = _translate(framework, patch, ctx, drop)
+        if set(patch) != kept and any(k.startswith("recompute_") for k in patch):
+            # what the framework has no key for went: the rest, alone, is checked again (a
+            # selective setting without the modules it came with can raise the peak)
+            _memory(ctx, f, patch, current, check, drop)
+            f.patch_keys = _translate(framework, patch, ctx, drop)
         if framework == "hf-trainer" and llama_factory(ctx):
             f.patch_keys = in_llama_factory_keys(f.patch_keys, check)
         check["keys"] = framework if f.patch_keys else None
