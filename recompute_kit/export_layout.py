@@ -321,6 +321,10 @@ def _trainer(fmt: str):
         for key, value in changes.items():
             if key == "micro_batch_size":
                 lines.append(f"{keys['micro_batch']}: {value}")
+            elif key == "gradient_accumulation_steps" and keys["accumulation"]:
+                lines.append(f"{keys['accumulation']}: {value}")
+            elif key == "fused_linear_cross_entropy" and keys["liger"]:
+                lines.append(f"{keys['liger']}: {str(value).lower()}")
             elif key == "seq_length":
                 lines.append(f"{keys['seq_length']}: {value}")
             elif key == "data_parallel_size":

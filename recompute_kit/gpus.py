@@ -27,6 +27,7 @@ class Gpu:
     # NVLink per direction, GB/s (H100 SXM / H200: NVLink 4, 900 GB/s both ways; A100 SXM:
     # NVLink 3, 600; H100 NVL: its bridge, 600): the context-parallel ring inside a node
     nvlink_gbps: float = 450.0
+    host_link: str = "pcie5"  # the host link its servers have (A100 systems: PCIe 4)
 
 
 GPUS = {
@@ -63,6 +64,7 @@ GPUS = {
             "(lianqi1008/Control-GIC#6), '79.25 GiB total capacity' (levihsu/OOTDiffusion#235)",
             312.0,
             300.0,
+            "pcie4",
         ),
         Gpu(
             "a100-40gb",
@@ -71,6 +73,7 @@ GPUS = {
             "OOM message on one A100 (40 GB): 'total capacity of 39.50 GiB' (TianheWu/CoSeR#10)",
             312.0,
             300.0,
+            "pcie4",
         ),
     )
 }

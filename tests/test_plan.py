@@ -319,7 +319,12 @@ def test_nothing_fits_names_the_frameworks_own_levers():
     one = titan.replace(micro_batch_size=1)
     with pytest.raises(ConfigError) as err:
         plan(one, 30)
-    assert "local_batch_size" not in str(err.value) and "shorten seq_len" in str(err.value)
+    # (and its weights, gradients and optimizer states alone exceed 30 GiB: a shorter sequence
+    # cannot help either, so it is not offered; a skill trial was told to shorten it)
+    assert "local_batch_size" not in str(err.value) and "shorten seq_len" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        plan(one.replace(seq_length=131072), 79.1)
+    assert "shorten seq_len" in str(err.value)  # states fit there: the activations do not
     sharded = get_preset("llama3-70b").config().replace(use_distributed_optimizer=True)
     with pytest.raises(ConfigError) as err:
         plan(sharded, 10)
@@ -337,10 +342,23 @@ def test_nothing_fits_names_the_frameworks_own_levers():
     said = str(err.value)
     assert "shard the model states" not in said and "per_device_train_batch_size" not in said
     assert "offload the optimizer states" in said
+    # ZeRO-2 and batch 2 of an 8B model at 32k tokens: its states fit 40 GiB, its activations
+    # do not (a 70B's states alone exceed any GPU here: batch and length cannot help it)
+    small = get_preset("llama3-8b").config()
+    small = Config(
+        dataclasses.replace(
+            small.model, loss_implementation="hf", micro_batch_size=2, seq_length=32768
+        ),
+        dataclasses.replace(small.parallel, zero_stage=2, data_parallel_size=8),
+        small.recompute,
+    )
     with pytest.raises(ConfigError) as err:
-        plan(hf.replace(zero_stage=2, micro_batch_size=2), 3)
+        plan(small, 40)
     said = str(err.value)
     assert "shard the model states" in said and "per_device_train_batch_size" in said
+    with pytest.raises(ConfigError) as err:
+        plan(hf.replace(zero_stage=2, micro_batch_size=2), 3)
+    assert "per_device_train_batch_size" not in str(err.value)
 
 
 def test_plan_json_carries_the_estimates_moe_caveats():

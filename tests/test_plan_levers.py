@@ -365,6 +365,6 @@ def test_a_named_gpu_sets_the_step_time_models_rate(capsys):
     assert main([*argv, "--gpu", "a100-80gb"]) == 0
     hw = json.loads(capsys.readouterr().out)["levers"]["hardware"]
     assert round(hw["tflops_per_gpu"], 1) == round(400 * 312 / 989, 1)
-    assert hw["cp_link_gbps"] == 300.0
+    assert hw["cp_link_gbps"] == 300.0 and hw["host_link_gbps"] == 32.0  # PCIe 4 x16
     assert main([*argv, "--gpu", "a100-80gb", "--tflops-per-gpu", "150"]) == 0
     assert json.loads(capsys.readouterr().out)["levers"]["hardware"]["tflops_per_gpu"] == 150

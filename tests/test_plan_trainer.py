@@ -163,3 +163,15 @@ def test_a_sharding_lever_hands_over_its_deepspeed_keys(capsys):
     }
     checkpointing = next(r for r in rows if r["lever"] == "gradient checkpointing")
     assert "zero_optimization" not in checkpointing["rendered"]  # its sharding is the run's
+
+
+def test_micro_batch_and_fused_loss_rows_hand_over_their_own_keys(capsys):
+    # A skill trial: the "micro-batch" row `per_device_train_batch_size=2
+    # gradient_accumulation_steps=1` rendered only the batch (pasting it changed the global
+    # batch) and the "fused loss" row rendered no Liger key at all.
+    rows = _plan_json(capsys, "--levers")["levers"]["rows"]
+    micro = next(r for r in rows if r["lever"] == "micro-batch")
+    assert "per_device_train_batch_size: 2" in micro["rendered"]
+    assert "gradient_accumulation_steps: 1" in micro["rendered"]  # 16 = 2 x 1 x 8 kept
+    fused = next(r for r in rows if r["lever"] == "fused loss")
+    assert "enable_liger_kernel: true" in fused["rendered"]

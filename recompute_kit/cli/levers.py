@@ -97,7 +97,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         tflops = DEFAULT_TFLOPS * named.dense_bf16_tflops / GPUS["h100-80gb"].dense_bf16_tflops
     hw = Hardware(
         tflops or DEFAULT_TFLOPS,
-        host_link_gbps(args.host_link or DEFAULT_HOST_LINK),
+        host_link_gbps(args.host_link or (named.host_link if named else DEFAULT_HOST_LINK)),
         args.cp_link_gbps or (named.nvlink_gbps if named else DEFAULT_CP_LINK_GBPS),
         tp_comm_overlap=args.tp_comm_overlap,
     )
@@ -174,6 +174,14 @@ def _rendered(
         if key in LAYOUT_FIELDS and key not in changes:
             changes[key] = setting(row, key)
     fmt = default_format(args)
+    if fmt in ("hf-trainer", "llama-factory"):
+        # the Trainer's accumulation keeps the global batch; Liger's fused loss is its flag
+        per = row.model.micro_batch_size * row.parallel.data_parallel_size
+        if "micro_batch_size" in changes and per and not global_batch % per:
+            changes["gradient_accumulation_steps"] = global_batch // per
+        fused = row.model.fused_linear_cross_entropy
+        if fused != given.model.fused_linear_cross_entropy:
+            changes["fused_linear_cross_entropy"] = fused
     if fmt == "torchtitan" and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch

@@ -179,7 +179,7 @@ def plan(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
             f"{need / GIB:.1f} GiB per rank{held}, {(need - usable) / GIB:.1f} GiB too much; "
-            + _what_else(config),
+            + _what_else(config, states_alone_too_big=_states(smallest.estimate) > usable),
             smallest,
         )
     best = fitting[0]
@@ -289,16 +289,23 @@ def _name(c: Candidate) -> str:
 # Beyond recompute, in the framework's own terms (the levers `plan --levers` prices); each
 # only where the run has it left (a sharded run is not told to shard, a batch of one not to
 # shrink).
-def _what_else(config: Config) -> str:
+def _states(e: Estimate) -> int:
+    return e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+
+
+def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
+    """`states_alone_too_big`: weights, gradients and optimizer states alone exceed the usable
+    memory, so a smaller batch or sequence cannot help: not offered."""
     p, m = config.parallel, config.model
-    batch_left = m.micro_batch_size > 1
+    batch_left = m.micro_batch_size > 1 and not states_alone_too_big
     if m.loss_implementation == "hf":
         parts = []
         if p.zero_stage < 3:
             parts.append("shard the model states (DeepSpeed ZeRO-3 / FSDP)")
         if p.use_torch_fsdp2 and not p.param_offload:  # FSDP2 offloads all states at once
             parts.append(
-                "offload the model states to the CPU (FSDP2's CPUOffloadPolicy: Automodel "
+                "offload the model states to the CPU (FSDP's CPU offload: Accelerate "
+                "fsdp_config.fsdp_offload_params, the Trainer's fsdp 'offload', Automodel "
                 "distributed.offload_policy)"
             )
         elif not p.use_torch_fsdp2 and not p.optimizer_offload:
@@ -307,7 +314,8 @@ def _what_else(config: Config) -> str:
             parts.append("offload the parameters to the CPU (DeepSpeed offload_param)")
         if batch_left:
             parts.append("lower per_device_train_batch_size (raising gradient_accumulation_steps)")
-        parts.append("shorten the sequence length")
+        if not states_alone_too_big:
+            parts.append("shorten the sequence length")
     elif m.loss_implementation == "torchtitan":
         parts = ["raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs"]
         if batch_left:
@@ -315,14 +323,20 @@ def _what_else(config: Config) -> str:
                 "lower the per-rank batch ([training] local_batch_size; batch_size in older "
                 "torchtitan)"
             )
-        parts.append("shorten seq_len")
+        if not states_alone_too_big:
+            parts.append("shorten seq_len")
     else:
         parts = ["add parallelism (--tp/--pp/--cp/--ep)"]
         if not p.use_distributed_optimizer:
             parts.append("the distributed optimizer")
+        if not p.use_precision_aware_optimizer:
+            parts.append("16-bit optimizer moments (use_precision_aware_optimizer)")
+        if not p.optimizer_offload:
+            parts.append("optimizer CPU offload (optimizer_cpu_offload)")
         if batch_left:
             parts.append("a smaller micro-batch")
-        parts.append("shorten the sequence")
+        if not states_alone_too_big:
+            parts.append("shorten the sequence")
     listed = ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1]
     return f"{listed} (`plan --levers` prices them)"
 

@@ -77,7 +77,7 @@ def host_bytes(config: Config) -> int:
     p, half = config.parallel, config.model.bf16 or config.model.fp16
     n = _shard_params(config)
     out = 0.0
-    if p.optimizer_offload and _level(config) >= 1:
+    if p.optimizer_offload and _level(config) >= 1 and not p.frozen_base:
         out += (12 + 4) * n if half else 12 * n
     if p.param_offload and p.zero_stage >= 3:
         out += (2 if half else 4) * n
@@ -89,7 +89,7 @@ def host_link_seconds(config: Config, host_link_gbps: float) -> float:
     p, m = config.parallel, config.model
     n, b = _shard_params(config), 2 if (m.bf16 or m.fp16) else 4
     moved = 0.0
-    if p.optimizer_offload and _level(config) >= 1:
+    if p.optimizer_offload and _level(config) >= 1 and not p.frozen_base:
         moved += b * n  # gradients down, parameters up: each way in parallel
     if p.param_offload and p.zero_stage >= 3:
         passes = 3 if config.recompute.recompute_granularity == "full" else 2
@@ -193,7 +193,7 @@ def sharding_cost(config: Config, host_link_gbps: float) -> tuple[float, str, bo
     host = host_bytes(config)
     fits = host <= HOST_MEMORY_PER_GPU_BYTES
     what = offloaded_words(
-        bool(p.optimizer_offload and _level(config) >= 1),
+        bool(p.optimizer_offload and _level(config) >= 1 and not p.frozen_base),
         bool(p.param_offload and p.zero_stage >= 3),
     )
     if what:

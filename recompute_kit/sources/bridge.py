@@ -766,6 +766,10 @@ def apply_defaults(reading: Reading) -> None:
     defaults = _bridge_defaults()
     if nemo:
         defaults["attention_backend"] = "auto"
+        # NeMo 2.0's GPTConfig (nemo/collections/llm/gpt/model/base.py, class GPTConfig):
+        # its fusions on, the fused cross-entropy among them
+        defaults["cross_entropy_loss_fusion"] = True
+        defaults["masked_softmax_fusion"] = True
     skipped: list[str] = []
     # a named model class: its own seq_length (provider/config file)
     if isinstance(model_class, str) and model_class in MODEL_CLASSES and not on_recipe:

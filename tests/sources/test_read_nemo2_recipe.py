@@ -91,3 +91,12 @@ def test_nemo_run_overrides_after_the_recipe_apply_and_offload_is_priced():
     assert r.reading.get("optimizer_offload") is True and r.reading.get("sequence_parallel")
     current = levers(r.config, 79.1).current
     assert "optimizer on the host" in current.adds and "CPU Adam not timed" in current.adds
+
+
+def test_nemo2_gptconfig_fuses_the_cross_entropy_unless_the_recipe_says_not():
+    # NeMo 2.0's GPTConfig sets cross_entropy_loss_fusion True (nemo/collections/llm/gpt/model/
+    # base.py); a skill trial saw Megatron-Core's False. The LoRA branch turns it off itself.
+    full = _read("finetune_recipe(peft_scheme=None, num_nodes=4)")
+    assert full.get("cross_entropy_loss_fusion") is True
+    assert "GPTConfig" in full.origins["cross_entropy_loss_fusion"].describe()
+    assert _read("finetune_recipe").get("cross_entropy_loss_fusion") is False
