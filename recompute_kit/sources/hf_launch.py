@@ -80,10 +80,15 @@ def read(text: str, path: str) -> Reading:
         reading.set("world_size", launch.world_size, where)
     elif words:
         reading.warnings.append(
-            f"{path}: the launcher's GPU count is not on the command line (a hostfile, an "
-            "accelerate config or the environment sets it): give --dp"
+            f"{path}: {GPUS_UNSAID} (a hostfile, an accelerate config or the environment sets "
+            "it): give --dp"
         )
     return reading
+
+
+# said where the command leaves its world to something else (resolve.py drops it once another
+# input or --dp gives the world)
+GPUS_UNSAID = "the launcher's GPU count is not on the command line"
 
 
 def _trainer_file(name: str, path: str, line: int) -> Reading:

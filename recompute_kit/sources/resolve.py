@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
-from . import formats, megatron_core, recipe_choice, registry
+from . import formats, hf_launch, megatron_core, recipe_choice, registry
 from .nemo_rl_overrides import is_override
 from .reading import (
     ARCHITECTURE_KEYS,
@@ -297,6 +297,9 @@ def resolve(
     for key, value in (overrides or {}).items():
         flag = _FLAG_OF.get(key) or "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
+    if "world_size" in merged.values or "data_parallel_size" in (overrides or {}):
+        # another input (an accelerate config's num_processes) or --dp gave the world
+        merged.warnings = [w for w in merged.warnings if hf_launch.GPUS_UNSAID not in w]
     try:
         _add_model_shape(merged)
     except ConfigError as exc:  # the named model's config.json cannot be had

@@ -68,3 +68,16 @@ def test_trls_use_peft_is_a_frozen_base(tmp_path):
             "(rank x targets) not counted)"
         )
     )
+
+
+def test_the_launchers_unsaid_gpu_count_is_not_asked_for_once_given(tmp_path):
+    # A skill trial: "the launcher's GPU count is not on the command line ... give --dp" stayed
+    # after --dp 4 was given and the Accelerate config's num_processes was read.
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH)
+    alone = resolve([str(launch)], require_shape=False).reading
+    assert any("GPU count is not on the command line" in w for w in alone.warnings)
+    for inputs, dp in (([str(launch), str(FSDP2)], None), ([str(launch)], 4)):
+        over = {"data_parallel_size": dp} if dp else {}
+        r = resolve(inputs, overrides=over, require_shape=False).reading
+        assert not any("GPU count is not on the command line" in w for w in r.warnings)
