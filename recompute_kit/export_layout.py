@@ -172,19 +172,22 @@ def _bridge(changes: dict[str, Any], world: int) -> list[str]:
         else:
             lines.append(f"cfg.model.{key} = {_python(value)}")
     # the same as the Hydra-style overrides a recipe's launch takes (the recompute lines' twin)
+    return notes + lines + _as_overrides(lines, "cfg.", "overrides")
+
+
+def _as_overrides(lines: list[str], prefix: str, said: str) -> list[str]:
+    """`prefix.a.b = v` assignments again as one line of dotlist overrides (`a.b=v`)."""
     overrides = [
-        _hydra_pair(line.removeprefix("cfg."))
+        _hydra_pair(line.removeprefix(prefix))
         for line in lines
-        if line.startswith("cfg.") and " = " in line
+        if line.startswith(prefix) and " = " in line
     ]
-    if overrides:
-        lines.append(f"# or as overrides: {' '.join(overrides)}")
-    return notes + lines
+    return [f"# or as {said}: {' '.join(overrides)}"] if overrides else []
 
 
 # NeMo 2.0: the parallel sizes sit on the recipe's MegatronStrategy, the batch and length on
 # its data module, the distributed optimizer on the optimizer's config
-_NEMO2_STRATEGY = (
+NEMO2_STRATEGY = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
@@ -201,7 +204,7 @@ def _nemo2(changes: dict[str, Any], world: int) -> list[str]:
         if key == "data_parallel_size":
             launcher = "recipe.trainer.num_nodes x recipe.trainer.devices"
             notes.append(_world_note(world, f"{launcher}; DP {value}"))
-        elif key in _NEMO2_STRATEGY:
+        elif key in NEMO2_STRATEGY:
             lines.append(f"recipe.trainer.strategy.{key} = {_python(value)}")
         elif key == "micro_batch_size":
             lines.append(f"recipe.data.micro_batch_size = {value}")
@@ -214,14 +217,7 @@ def _nemo2(changes: dict[str, Any], world: int) -> list[str]:
             lines.append(f"recipe.optim.config.use_distributed_optimizer = {value}")
         else:
             lines.append(f"recipe.model.config.{key} = {_python(value)}")
-    overrides = [
-        _hydra_pair(line.removeprefix("recipe."))
-        for line in lines
-        if line.startswith("recipe.") and " = " in line
-    ]
-    if overrides:
-        lines.append(f"# or as NeMo-Run overrides: {' '.join(overrides)}")
-    return notes + lines
+    return notes + lines + _as_overrides(lines, "recipe.", "NeMo-Run overrides")
 
 
 def _hydra_pair(assignment: str) -> str:

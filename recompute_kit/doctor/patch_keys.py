@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..export_layout import NEMO2_STRATEGY
+
 # Frameworks the shared reader names whose keys a patch can be written in. ("hf-config" is a
 # model's config.json: it says nothing about the trainer, so the framework stays unknown.)
 FRAMEWORKS = (
@@ -98,18 +100,7 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
     # NeMo 2.0 recipes (nemo.collections.llm): a recipe object's attributes, as NeMo-Run
     # overrides name them; every other Megatron-Core field is model.config.<field>
     "nemo2": {
-        **{
-            key: f"trainer.strategy.{key}"
-            for key in (
-                "tensor_model_parallel_size",
-                "pipeline_model_parallel_size",
-                "virtual_pipeline_model_parallel_size",
-                "context_parallel_size",
-                "expert_model_parallel_size",
-                "expert_tensor_parallel_size",
-                "sequence_parallel",
-            )
-        },
+        **{key: f"trainer.strategy.{key}" for key in NEMO2_STRATEGY},
         "seq_length": "data.seq_length",
         "micro_batch_size": "data.micro_batch_size",
         "global_batch_size": "data.global_batch_size",
