@@ -50,6 +50,10 @@ def test_trls_sft_script_is_a_training_command_and_its_fix_is_in_fsdp_config_key
     patches = [f.config_patch or {} for f in d.findings if f.category == "model_state_memory"]
     assert {"fsdp_config.fsdp_offload_params": True} in patches
     assert not any("zero_optimization" in p for p in patches)
+    # and no DeepSpeed advice beside it for the same offload ("Patch left out: optimizer_offload
+    # (... set through deepspeed zero_optimization...)", a second trial)
+    dropped = [x["key"] for f in d.findings for x in (f.patch_check or {}).get("dropped", [])]
+    assert "optimizer_offload" not in dropped and "param_offload" not in dropped
 
 
 def test_trls_use_peft_is_a_frozen_base(tmp_path):

@@ -31,7 +31,8 @@ def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
         if getattr(new.parallel, key) != getattr(cfg.parallel, key):
             patch[key] = getattr(new.parallel, key)
     _deepspeed(ctx, new, patch)
-    if not any(k.startswith(("zero_optimization", "deepspeed_config")) for k in patch):
+    said = ("zero_optimization", "deepspeed_config", "fsdp_config")
+    if not any(k.startswith(said) for k in patch):
         for key in ("optimizer_offload", "param_offload"):  # FSDP2's CPU offload (torchtitan)
             if getattr(new.parallel, key) != getattr(cfg.parallel, key):
                 patch[key] = getattr(new.parallel, key)
