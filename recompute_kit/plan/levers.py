@@ -192,7 +192,10 @@ def _evaluate(
     if micro < config.parallel.pipeline_model_parallel_size:
         return None  # fewer micro-batches than stages: the pipeline never fills
     added = ""
-    if fallback == "always" or (fallback == "if-needed" and planned_bytes(est) > usable):
+    # re-planned where the run's own setting does not fit this layout or fits only within its
+    # error band (a row "fits, in band" beside a pick that clears it is no fair comparison)
+    short = usable - planned_bytes(est) < error_band(config, est).total_bytes
+    if fallback == "always" or (fallback == "if-needed" and short):
         from . import NothingFits, plan  # (this package)
 
         try:
