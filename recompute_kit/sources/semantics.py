@@ -114,6 +114,7 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             problem = (
                 f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
                 f"divisible by TP x PP x CP = {model_parallel}"
+                + _layouts_that_divide(world, tp, cp, reading.get("pipeline_model_parallel_size"))
             )
         elif "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
             problem = (
@@ -164,6 +165,24 @@ def _smallest_world_instead(reading: Reading, dense_model_ranks: int) -> bool:
     reading.set("world_size", world, Origin(FROM_ASSUMED, origin.where, origin.key, note))
     reading.set("data_parallel_size", dp, Origin(FROM_ASSUMED, origin.where, origin.key, note))
     return True
+
+
+def _layouts_that_divide(world: int, tp: int, cp: int, pp: int | None) -> str:
+    """The nearest layouts that a world of `world` GPUs holds: the pipeline or the tensor size
+    the files give, the other reduced (--pp N / --tp N, as estimate and plan take them)."""
+    pp = pp or 1
+    options = []
+    for p in range(pp - 1, 0, -1):
+        if not world % (tp * cp * p):
+            options.append(f"--pp {p} (DP {world // (tp * cp * p)})")
+            break
+    t = tp // 2  # tensor sizes halve: the heads divide a power of two where they divided TP
+    while t >= 1:
+        if not world % (t * cp * pp):
+            options.append(f"--tp {t} (DP {world // (t * cp * pp)})")
+            break
+        t //= 2
+    return f"; layouts this world holds: {' or '.join(options)}" if options else ""
 
 
 def _expert_layout_problem(reading: Reading, dense_ranks: int) -> str | None:

@@ -100,3 +100,13 @@ def test_nemo2_gptconfig_fuses_the_cross_entropy_unless_the_recipe_says_not():
     assert full.get("cross_entropy_loss_fusion") is True
     assert "GPTConfig" in full.origins["cross_entropy_loss_fusion"].describe()
     assert _read("finetune_recipe").get("cross_entropy_loss_fusion") is False
+
+
+def test_a_world_the_recipes_layout_does_not_divide_names_layouts_it_holds():
+    # A skill trial: the full fine-tune's TP 8 x PP 4 on 2 nodes (16 GPUs) was refused, and the
+    # agent had to guess --pp 2 itself; the refusal names the layouts this world holds.
+    with pytest.raises(ConfigError) as err:
+        resolve([f"{LLAMA70}::finetune_recipe(peft_scheme=None, num_nodes=2)"])
+    said = str(err.value)
+    assert "not divisible by TP x PP x CP = 32" in said
+    assert "layouts this world holds: --pp 2 (DP 1) or --tp 4 (DP 1)" in said
