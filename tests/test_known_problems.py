@@ -216,3 +216,14 @@ def test_rk104_old_checkpointing_format_warning_is_informational():
     # the same notice beside a real OOM (pytorch#16417's message) is not the run's problem
     d = run(text("i12-llamafactory-1916") + "\n" + text("oom-pt-16417-comment"))
     assert "RK104" not in ids(d)
+
+
+@covers("RK814")
+def test_rk814_unsloth_offloaded_checkpointing_runs_out_of_pinned_memory():
+    # https://github.com/unslothai/unsloth/issues/1797 (the reporter's notebook traceback,
+    # verbatim): a bare "RuntimeError: CUDA error: out of memory" inside unsloth_zoo's gradient
+    # checkpointing with use_gradient_checkpointing="unsloth" under WSL2; danielhanchen:
+    # pinned host memory runs out (unsloth-zoo PR #1257 falls back to pageable memory)
+    f = top(run(text("kp-unsloth-1797-pinned-oom")))
+    assert f.rule == "RK814" and f.category == "framework_bug"
+    assert f.config_patch == {"use_gradient_checkpointing": True}
