@@ -65,6 +65,7 @@ _NEMO_LLAMA_URL = (
 # NeMo 2.0's LlamaConfig (nemo/collections/llm/gpt/model/llama.py, class LlamaConfig), what its
 # Llama2/3/3.1/3.2 configs inherit
 _NEMO_LLAMA_DEFAULTS = {
+    "num_moe_experts": None,  # a dense model (GPTConfig's default)
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
     "bias_activation_fusion": True,

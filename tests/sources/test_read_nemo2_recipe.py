@@ -110,3 +110,12 @@ def test_a_world_the_recipes_layout_does_not_divide_names_layouts_it_holds():
     said = str(err.value)
     assert "not divisible by TP x PP x CP = 32" in said
     assert "layouts this world holds: --pp 2 (DP 1) or --tp 4 (DP 1)" in said
+
+
+def test_a_nemo2_llama_is_dense_by_its_config_class():
+    # A skill trial: "assumed: num_moe_experts = None (nothing says it)" on a dense Llama; the
+    # config class says it (NeMo's GPTConfig default, which LlamaConfig keeps).
+    r = _read("finetune_recipe(num_nodes=2)")
+    assert r.get("num_moe_experts") is None
+    assert r.origins["num_moe_experts"].kind == "default"
+    assert not any(w.startswith("assumed: num_moe_experts") for w in r.warnings)
