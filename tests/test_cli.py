@@ -766,3 +766,23 @@ def test_estimate_rows_of_one_setting_given_twice_are_one(capsys):
     out, err = capsys.readouterr()
     assert sum(line.startswith("selective ") for line in out.splitlines()) == 1
     assert "selective:core_attn is selective" in err
+
+
+def test_estimate_says_its_recompute_flops_are_one_stages(capsys):
+    # A skill trial took the estimate's recompute FLOPs (the binding stage's, +2.7%) for the
+    # step's (+17%: the dense layers the setting recomputes sat on another stage)
+    from recompute_kit.cli import main
+
+    argv = [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--recompute",
+        "full:uniform:1",
+    ]
+    assert main(argv) == 0
+    assert "the step's cost is the slowest stage's" in capsys.readouterr().out

@@ -325,6 +325,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print_layout(cfg, None if stages else results[0])
     if stages:
         print("per rank of the stage that holds the most in each row (column stage); --stage N")
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        # a skill trial read +2.7% for a setting that costs the step 17% (its dense layers on
+        # another stage): the step waits for the slowest stage
+        print(
+            "recompute FLOPs (%): that stage's; the step's cost is the slowest stage's "
+            "(`plan` ranks by it, `plan --levers` times it)"
+        )
     print("bytes per module and layer, every stage's total: --json")
     return 0
 
