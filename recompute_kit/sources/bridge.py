@@ -57,6 +57,10 @@ _PROVIDER_URL = (
     "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/2afd2d34f7d7b2e84095af1a7fd7244902189ebc/"
     "src/megatron/bridge/models/llama/llama_provider.py"
 )
+_NEMO_QWEN3_URL = (
+    "https://github.com/NVIDIA/NeMo/blob/8cfedd7203462cb251a914e700e5605444277561/"
+    "nemo/collections/llm/gpt/model/qwen3.py"
+)
 _NEMO_LLAMA_URL = (
     "https://github.com/NVIDIA/NeMo/blob/008df615de39d6e00422c41f86f15fc0b7a03606/"
     "nemo/collections/llm/gpt/model/llama.py"
@@ -71,6 +75,21 @@ _NEMO_LLAMA_DEFAULTS = {
     "bias_activation_fusion": True,
     "masked_softmax_fusion": True,
     "apply_rope_fusion": True,
+}
+
+# NeMo 2.0's Qwen2Config / Qwen3Config / Qwen3MoEConfig (qwen2.py, qwen3.py at 8cfedd7): no
+# dropout; the MoE ones (the *_A3B / *_A22B classes) group their experts behind all-to-all
+_NEMO_QWEN3_DEFAULTS = {
+    "num_moe_experts": None,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "moe_grouped_gemm": True,
+    "moe_token_dispatcher_type": "alltoall",
+    "moe_aux_loss_coeff": 1e-3,
+}
+_NEMO_CLASS_DEFAULTS = {  # source -> (the base config class, what it sets)
+    _NEMO_LLAMA_URL: ("LlamaConfig", _NEMO_LLAMA_DEFAULTS),
+    _NEMO_QWEN3_URL: ("Qwen3Config", _NEMO_QWEN3_DEFAULTS),
 }
 
 # Model classes a file may name -> (HF id, the class's own seq_length default or None, source).
@@ -122,6 +141,16 @@ MODEL_CLASSES: dict[str, tuple[str, int | None, str]] = {
     # Llama32Config1B/3B set no seq_length: LlamaConfig's 4096 applies.
     "Llama32Config1B": ("meta-llama/Llama-3.2-1B", 4096, _NEMO_LLAMA_URL),
     "Llama32Config3B": ("meta-llama/Llama-3.2-3B", 4096, _NEMO_LLAMA_URL),
+    # NeMo 2.0's Qwen3 configs (nemo/collections/llm/gpt/model/qwen3.py): Qwen2Config's
+    # seq_length 4096, which none of them overrides
+    "Qwen3Config600M": ("Qwen/Qwen3-0.6B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config1P7B": ("Qwen/Qwen3-1.7B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config4B": ("Qwen/Qwen3-4B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config8B": ("Qwen/Qwen3-8B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config14B": ("Qwen/Qwen3-14B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config32B": ("Qwen/Qwen3-32B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config30B_A3B": ("Qwen/Qwen3-30B-A3B", 4096, _NEMO_QWEN3_URL),
+    "Qwen3Config235B_A22B": ("Qwen/Qwen3-235B-A22B", 4096, _NEMO_QWEN3_URL),
 }
 
 # Recipe names (`run_recipe.py --recipe NAME` / `--model NAME`) -> HF id, by prefix; the ids are
@@ -777,13 +806,15 @@ def apply_defaults(reading: Reading) -> None:
         _, seq, src = MODEL_CLASSES[model_class]
         if seq is not None:
             reading.default("seq_length", seq, f"{fw}'s default ({model_class}.seq_length, {src})")
-    if isinstance(model_class, str) and MODEL_CLASSES.get(model_class, ("", 0, ""))[2] == (
-        _NEMO_LLAMA_URL
-    ):
-        # NeMo 2.0's LlamaConfig, every Llama*Config* inherits it: no dropout, fusions on
-        # (not Megatron-Core's TransformerConfig defaults: dropout 0.1, fusions off)
-        for key, value in _NEMO_LLAMA_DEFAULTS.items():
-            reading.default(key, value, f"NeMo's LlamaConfig, which {model_class} extends ({src})")
+    family = MODEL_CLASSES.get(model_class, ("", 0, ""))[2] if isinstance(model_class, str) else ""
+    base, class_defaults = _NEMO_CLASS_DEFAULTS.get(family, ("", {}))
+    for key, value in class_defaults.items():
+        # NeMo 2.0's base config of the class (LlamaConfig, Qwen3Config / Qwen3MoEConfig): no
+        # dropout, fusions on, (Qwen3 MoE) grouped experts behind an all-to-all dispatcher;
+        # not Megatron-Core's TransformerConfig defaults
+        if key.startswith("moe_") and not model_class.endswith(("_A3B", "_A22B")):
+            continue
+        reading.default(key, value, f"NeMo's {base}, which {model_class} extends ({family})")
     for key, value in defaults.items():
         if key in reading:
             continue

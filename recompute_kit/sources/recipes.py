@@ -166,7 +166,7 @@ class _Reader:
                         if not isinstance(v, Unresolved):
                             self.consts[t.id] = v
         self.entries: list[Entry] = []
-        self.world: dict[str, tuple[Any, int, str]] = {}
+        self.world: dict[str, tuple[Any, int, str, str]] = {}  # (value, line, key, file:line)
         self.models: list[tuple[str, int, str]] = []
         self.stack: list[str] = []
         self.warnings: list[str] = []
@@ -384,7 +384,7 @@ class _Reader:
         where = where or (f"{self.path}:{line}" if line else self.path)
         if section == "trainer":
             if key in ("devices", "num_nodes"):
-                self.world[key] = (v, line, written)
+                self.world[key] = (v, line, written, where)
             elif key == "plugins":
                 self.entries.append(Entry("mixed_precision", "", v, line, written, where))
             return
@@ -641,19 +641,17 @@ def read(text: str, path: str) -> Reading:
     for name, line, written in reader.models:
         set_model_name(reading, name, Origin(FROM_FILE, f"{file_path}:{line}", written))
     if "devices" in reader.world:
-        dv, dline, dwritten = reader.world["devices"]
-        nv = reader.world.get("num_nodes", (1, 0, ""))[0]
+        dv, _, dwritten, dwhere = reader.world["devices"]
+        nv = reader.world.get("num_nodes", (1, 0, "", ""))[0]
         if isinstance(dv, int) and isinstance(nv, int):
             reading.set(
                 "world_size",
                 dv * nv,
-                Origin(
-                    FROM_FILE, f"{file_path}:{dline}", dwritten, f"devices {dv} x num_nodes {nv}"
-                ),
+                Origin(FROM_FILE, dwhere, dwritten, f"devices {dv} x num_nodes {nv}"),
             )
         else:
             reading.warnings.append(
-                f"{file_path}:{dline}: trainer devices/num_nodes not literal: world size unknown"
+                f"{dwhere}: trainer devices/num_nodes not literal: world size unknown"
             )
     if not reading.values and reading.model_name is None:
         raise ConfigError(
