@@ -297,7 +297,7 @@ def _reconcile(
         kept.append(f)
     est, gpu = ctx.estimate, ctx.gpu_bytes
     if est is not None and gpu:
-        states = est.weights_bytes + est.grads_bytes + est.optimizer_bytes
+        states = est.model_state_bytes
         if states >= gpu:  # nothing else can fit: the model-state finding leads
             top = max((f.confidence for f in kept), default=0.0)
             for f in kept:

@@ -98,6 +98,11 @@ class Estimate:
     fused_linear_loss: bool = False  # Liger's fused linear cross-entropy: logits in chunks
 
     @property
+    def model_state_bytes(self) -> int:
+        """Weights, gradients and optimizer states: what no recompute setting frees."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
     def held_bytes(self) -> int:
         """The total and the terms the run holds beside it that no safety margin covers (MoE
         routing imbalance, dispatcher buffers, gathered parameters, ZeRO buckets): what a

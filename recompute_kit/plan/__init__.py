@@ -179,7 +179,7 @@ def plan(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
             f"{need / GIB:.1f} GiB per rank{held}, {(need - usable) / GIB:.1f} GiB too much; "
-            + _what_else(config, states_alone_too_big=_states(smallest.estimate) > usable),
+            + _what_else(config, states_alone_too_big=smallest.estimate.model_state_bytes > usable),
             smallest,
         )
     best = fitting[0]
@@ -289,10 +289,6 @@ def _name(c: Candidate) -> str:
 # Beyond recompute, in the framework's own terms (the levers `plan --levers` prices); each
 # only where the run has it left (a sharded run is not told to shard, a batch of one not to
 # shrink).
-def _states(e: Estimate) -> int:
-    return e.weights_bytes + e.grads_bytes + e.optimizer_bytes
-
-
 def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
     """`states_alone_too_big`: weights, gradients and optimizer states alone exceed the usable
     memory, so a smaller batch or sequence cannot help: not offered."""

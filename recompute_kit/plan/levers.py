@@ -194,7 +194,8 @@ def _evaluate(
     added = ""
     # re-planned where the run's own setting does not fit this layout or fits only within its
     # error band (a row "fits, in band" beside a pick that clears it is no fair comparison)
-    short = usable - planned_bytes(est) < error_band(config, est).total_bytes
+    band = error_band(config, est)
+    short = usable - planned_bytes(est) < band.total_bytes
     if fallback == "always" or (fallback == "if-needed" and short):
         from . import NothingFits, plan  # (this package)
 
@@ -211,7 +212,7 @@ def _evaluate(
         except ConfigError:
             return None  # no recompute setting Megatron accepts runs this layout
         config = Config(config.model, config.parallel, best.recompute, config.assumptions)
-        est = best.estimate
+        est, band = best.estimate, best.band or error_band(config, best.estimate)
         added = best.estimate.recompute + (f" + {best.offload}" if best.offload else "")
         if nothing_fits:
             added += (
@@ -219,7 +220,6 @@ def _evaluate(
                 f"{est.held_bytes / GIB:.1f} GiB held with what the rank keeps beside its total)"
             )
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
-    band = error_band(config, est)
     host_ok = fits_host(est)
     adds = _adds(config, step) + (
         ""

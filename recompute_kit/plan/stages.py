@@ -55,7 +55,7 @@ def stage_table(config: Config, usable: int) -> list[Stage]:
                 embedding=s == 0,
                 output_and_loss=s == pp - 1,
                 peak_activation_bytes=e.peak_activation_bytes,
-                model_state_bytes=e.weights_bytes + e.grads_bytes + e.optimizer_bytes,
+                model_state_bytes=e.model_state_bytes,
                 total_bytes=e.total_bytes,
                 headroom_bytes=usable - planned_bytes(e),
             )

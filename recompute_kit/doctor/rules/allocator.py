@@ -332,7 +332,7 @@ def _pressure(ctx: Context) -> Match | None:
         if e is None
         else f"By the estimate of the config given, activations peak at "
         f"{gib(e.peak_activation_bytes)} and weights, gradients and optimizer states take "
-        f"{gib(e.weights_bytes + e.grads_bytes + e.optimizer_bytes)}"
+        f"{gib(e.model_state_bytes)}"
     )
     fix = (
         f"{split}: "

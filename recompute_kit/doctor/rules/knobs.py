@@ -203,27 +203,21 @@ def _framework(ctx: Context) -> str:
 
 
 def _from_the_reader(ctx: Context, k: Knobs) -> None:
-    """A Megatron-family run's sequence length and micro-batch as the shared reader resolved
-    them (a recipe's base function, the framework's default) where the pasted keys say none."""
-    if k.framework != "megatron":
-        return
-    read = (ctx.evidence.read or {}).get("config") or {}
-    if not k.seq and isinstance(n := _int(read.get("seq_length")), int):
-        k.seq.append(("seq_length", n))
-    if k.batch is None and isinstance(n := _int(read.get("micro_batch_size")), int):
-        k.batch = ("micro_batch_size", n)
-
-
-def _precision_and_sharding_read(ctx: Context, k: Knobs) -> None:
-    """The dtype and FSDP sharding as the shared reader resolved them (a torchtitan TOML's
-    defaults: bf16 mixed precision, FSDP2 over the data-parallel ranks) where the pasted keys
-    say none; values the reader only assumed are left out."""
+    """What the shared reader resolved (a recipe's base function, the framework's defaults)
+    where the pasted keys say none: a Megatron-family run's sequence length and micro-batch;
+    any run's dtype and FSDP sharding (a torchtitan TOML's bf16 mixed precision, FSDP2 over the
+    data-parallel ranks). Values the reader only assumed are left out."""
     read = ctx.evidence.read or {}
     values, sources = read.get("config") or {}, read.get("sources") or {}
 
     def known(key: str) -> bool:
         return key in values and (sources.get(key) or {}).get("from") != "assumed"
 
+    if k.framework == "megatron":
+        if not k.seq and isinstance(n := _int(values.get("seq_length")), int):
+            k.seq.append(("seq_length", n))
+        if k.batch is None and isinstance(n := _int(values.get("micro_batch_size")), int):
+            k.batch = ("micro_batch_size", n)
     if not k.dtype and known("bf16") and values["bf16"] is True:
         k.dtype = "bf16"
     if not k.fsdp and known("use_torch_fsdp2") and values["use_torch_fsdp2"] is True:
@@ -263,7 +257,6 @@ def read_knobs(ctx: Context) -> Knobs:
         if _SEQ_RE.match(leaf) and not _NOT_SEQ.search(leaf) and (n := _int(value)):
             k.seq.append((key, n))
     k.seq.sort(key=lambda kv: -kv[1])
-    _from_the_reader(ctx, k)
     _read_checkpointing(ctx, k, by_leaf)
     k.zero = zero_stage(ctx)
     flat = " ".join(f"{key}={value}" for key, value in cfg.items()).lower()
@@ -282,7 +275,7 @@ def read_knobs(ctx: Context) -> Knobs:
         _leaf(key).startswith("fsdp") and cfg[key] not in (None, False, "", []) for key in cfg
     )
     k.dist_opt = cfg.get("use_distributed_optimizer") is True
-    _precision_and_sharding_read(ctx, k)
+    _from_the_reader(ctx, k)
     for name in DTYPE_KEYS:
         hit = by_leaf.get(name)
         if hit and hit[1] not in (None, False, ""):

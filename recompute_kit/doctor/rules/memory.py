@@ -58,7 +58,7 @@ def _activations(ctx: Context) -> Match | None:
         return None
     if ctx.plan_error:
         return None  # even full recompute does not fit: rules/nothing_fits.py and RK012 say why
-    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    state = e.model_state_bytes
     layers, edges = activation_split(e)
     dominate = e.peak_activation_bytes >= state
     # Activations need not dominate for recompute to be the fix: the planner says a
@@ -146,7 +146,7 @@ def full_recompute_terms(ctx: Context) -> dict[str, float] | None:
         return None
     layers, edges = activation_split(e)
     return {
-        "states": e.weights_bytes + e.grads_bytes + e.optimizer_bytes,
+        "states": e.model_state_bytes,
         "layers": layers,
         "edges": edges,
     }
@@ -204,7 +204,7 @@ def _model_states(ctx: Context) -> Match | None:
     e = ctx.estimate
     if e is None or not ctx.gpu_bytes:
         return None
-    state = e.weights_bytes + e.grads_bytes + e.optimizer_bytes
+    state = e.model_state_bytes
     share = state / ctx.gpu_bytes
     if share < 0.6:
         return None
