@@ -75,6 +75,61 @@ GPUS = {
             300.0,
             "pcie4",
         ),
+        Gpu(
+            "a800-80gb",
+            79.3,
+            "NVIDIA A800-SXM4-80GB",
+            "OOM messages on A800 80GB: '79.35 GiB total capacity' (hiyouga/LlamaFactory#1158, "
+            "deepseek-ai/DeepSeek-Coder#78); A100's compute with NVLink at 400 GB/s",
+            312.0,
+            200.0,
+            "pcie4",
+        ),
+        Gpu(
+            "v100-32gb",
+            31.7,
+            "Tesla V100-SXM2-32GB",
+            "OOM messages on V100 32GB: '31.75 GiB total capacity' (hiyouga/LlamaFactory#1221, "
+            "#182); no BF16: its 125 TFLOP/s are FP16 tensor cores (V100 datasheet), "
+            "NVLink 2 at 300 GB/s",
+            125.0,
+            150.0,
+            "pcie3",
+        ),
+        Gpu(
+            "rtx-a6000",
+            44.5,
+            "NVIDIA RTX A6000",
+            "OOM message on RTX A6000 48GB: 'total capacity of 44.55 GiB' "
+            "(modelscope/ms-swift#2753); 154.8 dense FP16/BF16 tensor TFLOP/s with FP32 "
+            "accumulate (GA102 whitepaper); a two-card NVLink bridge at 112.5 GB/s",
+            154.8,
+            56.0,
+            "pcie4",
+        ),
+        Gpu(
+            "rtx-4090",
+            23.9,
+            "NVIDIA GeForce RTX 4090",
+            "OOM message on RTX 4090 24GB: '23.99 GiB total capacity' (hpcaitech/ColossalAI#4962);"
+            " 165.2 dense BF16 tensor TFLOP/s with FP32 accumulate (Ada whitepaper); no NVLink "
+            "or peer-to-peer: GPUs talk over PCIe 4",
+            165.2,
+            32.0,
+            "pcie4",
+        ),
+        Gpu(
+            "rtx-3090",
+            23.5,
+            "NVIDIA GeForce RTX 3090",
+            "OOM messages on RTX 3090 24GB: '23.69 GiB total capacity' "
+            "(jwkirchenbauer/lm-watermarking#15), 'total capacity of 23.56 GiB' "
+            "(roboflow/rf-detr#1084); 71 dense BF16 tensor TFLOP/s with FP32 accumulate (GA102 "
+            "whitepaper); a two-card NVLink bridge at 112.5 GB/s",
+            71.0,
+            56.0,
+            "pcie4",
+        ),
     )
 }
 

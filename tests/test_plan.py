@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,11 @@ def test_gpu_table_is_gib_as_reported():
     assert GPUS["h100-80gb"].usable_gib < 80  # what the GPU reports, not the name's 80 GB
     assert GPUS["h200"].usable_gib == pytest.approx(139.8)
     assert all(g.source for g in GPUS.values())
+    # each entry is the lowest figure its cited OOM messages show, rounded down to 0.1 GiB
+    for gpu in GPUS.values():
+        seen = [float(x) for x in re.findall(r"(\d+\.\d+) GiB", gpu.source)]
+        assert seen, gpu.name
+        assert gpu.usable_gib == math.floor(min(seen) * 10) / 10, gpu.name
 
 
 def test_uniform_spec_still_parses_for_any_n():

@@ -40,7 +40,7 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
         "--host-link",
         metavar="LINK",
         help="the GPU-host link that offloading uses: pcie5 (64 GB/s per direction, the "
-        "default), pcie4 (32), nvlink-c2c (450, GH200), or GB/s per direction",
+        "default), pcie4 (32), pcie3 (16), nvlink-c2c (450, GH200), or GB/s per direction",
     )
     g.add_argument(
         "--cp-link-gbps",

@@ -80,13 +80,14 @@ HOST_LINKS = {
         "PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b, ~63 GB/s per direction (PCI-SIG)",
     ),
     "pcie4": (32.0, "PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b, ~31.5 GB/s per direction"),
+    "pcie3": (16.0, "PCIe 3.0 x16: 8 GT/s x 16 lanes, 128b/130b, ~15.8 GB/s per direction"),
     "nvlink-c2c": (450.0, "NVLink-C2C on GH200: 900 GB/s bidirectional (NVIDIA GH200 datasheet)"),
 }
 DEFAULT_HOST_LINK = "pcie5"
 
 
 def host_link_gbps(text: str) -> float:
-    """A host link by name (pcie5, pcie4, nvlink-c2c) or as GB/s per direction ("128")."""
+    """A host link by name (pcie5, pcie4, pcie3, nvlink-c2c) or as GB/s per direction ("128")."""
     name = text.strip().lower()
     if name in HOST_LINKS:
         return HOST_LINKS[name][0]
