@@ -397,3 +397,30 @@ def test_the_process_list_says_when_this_process_is_among_its_entries():
     event = _oom_event(msg, None)
     assert event.listed_self is True and event.process_bytes is None
     assert event.other_processes_bytes > 23 * 2**30
+
+
+def test_a_lone_process_entry_is_this_process():
+    # A container's OOM lists its own process by PID ("Process 2670 has ...") with no "this
+    # process" line: with one entry that is this process, not another one holding the GPU.
+    # Verbatim from https://github.com/andimarafioti/florence2-finetuning/issues/17
+    lone = (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 108.00 MiB. GPU 0 has a total "
+        "capacty of 15.89 GiB of which 65.12 MiB is free. Process 2670 has 15.82 GiB memory in "
+        "use. Of the allocated memory 15.36 GiB is allocated by PyTorch, and 168.02 MiB is "
+        "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
+        "setting max_split_size_mb to avoid fragmentation.  See documentation for Memory "
+        "Management and PYTORCH_CUDA_ALLOC_CONF"
+    )
+    event = parse_oom(lone)[0]
+    assert event.process_bytes == nbytes(15.82, GiB)
+    assert event.other_processes_bytes == 0 and event.listed_self
+    # two entries (https://github.com/NVIDIA/TransformerEngine/issues/3006): which one is this
+    # process is not said, so both stay listed
+    two = lone.replace(
+        "Process 2670 has 15.82 GiB memory in use.",
+        "Process 1720765 has 24.15 GiB memory in use. Process 1726543 has 522.00 MiB memory "
+        "in use.",
+    )
+    event = parse_oom(two)[0]
+    assert event.process_bytes is None
+    assert event.other_processes_bytes == nbytes(24.15, GiB) + nbytes(522.00, MiB)

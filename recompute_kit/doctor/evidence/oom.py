@@ -208,6 +208,10 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
         # NVML lists every process on the GPU; PyTorch names its own on a line of its own,
         # unless its PID is not the one NVML sees: then it is among the entries
         event.listed_self = event.process_bytes is None
+        if event.listed_self and len(others) == 1 and "allocated by pytorch" in flat.lower():
+            # one entry and no "this process" line in a list that ended (the allocator's
+            # sentence follows it): the entry is this process (a container's PID namespace)
+            event.process_bytes, event.other_processes_bytes = others[0], 0
     event.generation = _oom_generation(compact)
     lower = flat.lower()
     event.backend = next(
