@@ -227,6 +227,19 @@ def test_fresh_cjk_full_finetune_does_not_fit_one_gpu():
 # =============================================================================================
 
 
+def test_a_vocabulary_option_in_a_launch_script_names_no_logits():
+    # alibaba/Pai-Megatron-Patch examples/deepseek_v2/run_mcore_deepseek.sh passes
+    # `--extra-vocab-size ${EXTRA_VOCAB_SIZE} \`: an option's name, not logits said to be
+    # vocabulary-sized (a skill trial got RK262 "the paste names the logits" from it)
+    from recompute_kit.doctor.evidence.signals import scan_signals
+
+    assert "logits_lines" not in scan_signals(["        --extra-vocab-size ${EXTRA_VOCAB_SIZE} \\"])
+    assert "logits_lines" not in scan_signals(["--padded-vocab-size 128256 \\"])
+    # prose that says it still counts (https://github.com/NVIDIA-NeMo/Automodel/pull/2336's
+    # words: "the native FP32 vocabulary-sized buffer")
+    assert scan_signals(["the native FP32 vocabulary-sized buffer"])["logits_lines"]
+
+
 @covers("RK262")
 def test_fresh_logits_float_upcast_32k_tokens():
     # https://github.com/modelscope/ms-swift/issues/6966: logits.float() asks for 49G,

@@ -249,7 +249,9 @@ _SHARDING_RE = re.compile(
 _OOM_WORD_RE = re.compile(r"(?<![A-Za-z])OOM|out of memory|ran out|does(?:n't| not) fit", re.I)
 # a loss / output layer buffer of vocabulary size: "the native FP32 vocabulary-sized buffer"
 _VOCAB_LOSS_RE = re.compile(
-    r"vocab\w*[\s-]+(?:sized?|dim\w*)|(?:cross[\s_-]?entropy|lm[\s_]head|language head)\W.*vocab",
+    # (prose: "vocab-sized logits"; never an option's name: --extra-vocab-size, padded-vocab-size)
+    r"(?<![\w-])vocab\w*[\s-]+(?:sized?|dim\w*)"
+    r"|(?:cross[\s_-]?entropy|lm[\s_]head|language head)\W.*vocab",
     re.I,
 )
 
