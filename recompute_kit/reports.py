@@ -129,6 +129,7 @@ class Setup:
     name: str
     out_dir: Path
     gpu_memory_gb: float | None = None  # the OOM notebook's budget (given or read)
+    error_log: str | None = None  # the OOM notebook's log ("example" only for the example run)
 
 
 def _number(name: str, value: Any, positive: bool = True, optional: bool = False) -> None:
@@ -260,6 +261,16 @@ def oom_setup(
         sequence_parallel=sequence_parallel,
         use_distributed_optimizer=distributed_optimizer,
     )
+    if error_log is None and example:
+        error_log = "example"
+        show_markdown("    error_log: the example's OOM message (pytorch/pytorch#16417)")
+    elif error_log == "example" and not example:
+        # asked for by name beside the user's own run: never taken for that run's
+        show_markdown(
+            "    error_log example: pytorch/pytorch#16417's OOM (a 23.65 GiB GPU), "
+            "NOT this run's: pass the run's log or error text"
+        )
+    setup.error_log = error_log
     setup.gpu_memory_gb = _gpu_memory(gpu_memory_gb, error_log, bool(example))
     if recompute:
         setup.config = setup.config.with_recompute(parse_spec(recompute))

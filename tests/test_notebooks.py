@@ -77,6 +77,9 @@ def test_oom_notebook_reads_the_files_users_train_with(tmp_path):
     assert "example" not in shown.split("read: ")[0]
     report = json.loads((out_dir / "report.json").read_text())
     assert report["findings"] and report["verdict"]["verdict"]
+    # no error_log given: no OOM at all, never the example's (a skill trial: the example's
+    # pytorch#16417 message, 23.65 GiB, was diagnosed as the user's run)
+    assert report["evidence"]["oom"] == []
     from recompute_kit.sources.resolve import resolve
 
     read = resolve([str(corpus / "grpo_math_8B_megatron.yaml")]).config
