@@ -195,7 +195,7 @@ def _core(rc: RecomputeConfig) -> dict[str, Any]:
     }
 
 
-def _offload(rc: RecomputeConfig) -> dict[str, Any]:
+def offload_settings(rc: RecomputeConfig) -> dict[str, Any]:
     """The offloading fields that are switched on (Megatron-Core names)."""
     out: dict[str, Any] = {}
     if rc.distribute_saved_activations:
@@ -225,7 +225,7 @@ def _py(value: Any) -> str:
 
 
 def _render_bridge(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
-    settings = {**_core(rc), **_offload(rc)}
+    settings = {**_core(rc), **offload_settings(rc)}
     if rc.cpu_offloading:
         # What TE's offload context moves; Megatron-Core's defaults, set explicitly because TE
         # refuses an offload with neither (Megatron-Bridge#2684).
@@ -241,7 +241,7 @@ def _render_nemo2(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     """NeMo 2.0: the recipe object's model config (nemo.collections.llm recipes return a
     run.Partial; the Megatron-Core fields sit on recipe.model.config), or the same as NeMo-Run
     command-line overrides."""
-    settings = {**_core(rc), **_offload(rc)}
+    settings = {**_core(rc), **offload_settings(rc)}
     lines = [f"recipe.model.config.{key} = {_py(value)}" for key, value in settings.items()]
     overrides = " ".join(_hydra(f"model.config.{key}", value) for key, value in settings.items())
     return [*lines, f"# or as NeMo-Run overrides (nemo llm ... --factory ...): {overrides}"]
@@ -335,7 +335,7 @@ def _render_nemo(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     }
     if core["recompute_granularity"] == "selective":
         model["recompute_modules"] = core["recompute_modules"]
-    offload = _offload(rc)
+    offload = offload_settings(rc)
     offload.pop("distribute_saved_activations", None)
     model.update(offload)
     if rc.cpu_offloading:

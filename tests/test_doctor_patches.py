@@ -330,3 +330,29 @@ def test_nemo_rl_fused_logprobs_key_is_named_with_what_refuses_it(tmp_path):
     reasons = " ".join(x["reason"] for x in f.patch_check["dropped"])
     assert "policy.megatron_cfg.use_fused_linear_logprobs" in reasons
     assert "sequence packing" in reasons and "model_overrides" not in reasons
+
+
+def test_a_pick_that_fits_only_with_offloading_is_patched_with_it():
+    # Megatron-Bridge's own recipe, verbatim (NVIDIA-NeMo/Megatron-Bridge @ 067f987,
+    # src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py), at a skill trial's overrides: its
+    # TE CUDA graphs refuse moe and full recompute, so the planner's pick fits only with
+    # fine-grained activation offloading. The patch had the recompute keys alone (107 GiB by
+    # the kit's own estimate, on an 79.1 GiB GPU).
+    recipe = ROOT / "data" / "recipes" / "qwen3_moe_h100.py"
+    overrides = {
+        "expert_model_parallel_size": 8,
+        "pipeline_model_parallel_size": 2,
+        "micro_batch_size": 2,
+        "seq_length": 8192,
+        "data_parallel_size": 8,
+    }
+    config = f"{recipe}::qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+    d = diagnose(collect(config=config, overrides=overrides), 79.1)
+    f = finding(d, "RK010")
+    assert f.config_patch["fine_grained_activation_offloading"] is True
+    assert f.config_patch["offload_modules"] and "offload" in f.evidence
+    assert f.patch_keys["model.offload_modules"] == f.config_patch["offload_modules"]
+    # the logits as the run keeps them (TE's fused cross-entropy: 4.6 GiB on the last stage,
+    # the estimator's loss term) are no cause here; an fp32 copy and its gradients (27.8 GiB)
+    # had made RK012 a finding that said "the loss is where the step ran out" with no OOM
+    assert "RK012" not in {f.rule for f in d.findings}

@@ -21,6 +21,7 @@ from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
 from .rules.memory import activation_split
+from .rules.registry import oom_errors
 from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
@@ -327,11 +328,16 @@ def _where_is_not_why(ctx: Context, findings: list[Finding]) -> None:
     for f in findings:
         if f.category == "logits_memory":
             f.confidence = round(min(f.confidence, top - 0.05), 2)
+            # (the loss is where the step ran out only where an OOM says it ran out)
+            why = (
+                "the loss is where the step ran out, the layers' activations are why"
+                if ctx.oom is not None or oom_errors(ctx)
+                else "the layers' activations, not the logits, fill the GPU"
+            )
             f.evidence += (
                 f" The estimate puts the embedding, logits and loss at {edges / GIB:.2f} GiB of "
                 f"the {est.peak_activation_bytes / GIB:.2f} GiB of activations at peak (the "
-                f"transformer layers {layers / GIB:.2f} GiB): the loss is where the step ran "
-                "out, the layers' activations are why."
+                f"transformer layers {layers / GIB:.2f} GiB): {why}."
             )
 
 

@@ -15,7 +15,7 @@ import math
 
 from ...memory.estimate import estimate
 from ..types import GIB, Context, Match
-from .registry import candidate_spec, gib, patch_for, rule
+from .registry import candidate_patch, candidate_spec, candidate_words, gib, rule
 
 GAP_FLOOR = 2 * GIB  # below this (or 10% of the estimate) the gap is within the estimate's error
 GAP_SHARE = 0.10
@@ -105,15 +105,17 @@ def _plan_for(ctx: Context, imbalance: float) -> tuple[dict | None, str]:
     if not ctx.gpu_bytes:
         return None, f"Plan for it: recompute-kit plan --moe-imbalance {imbalance:g}."
     model = dataclasses.replace(ctx.config.model, moe_routing_imbalance=imbalance)
-    spec, said = _cheapest(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB)
+    best, said = _cheapest(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB)
     how = f"Planned at imbalance {imbalance:g}"
-    if spec is None:
+    if best is None:
         return None, f"{how}: {said}."
-    return patch_for(spec), f"{how} (recompute-kit plan --moe-imbalance {imbalance:g}): {said}"
+    return candidate_patch(best), (
+        f"{how} (recompute-kit plan --moe-imbalance {imbalance:g}): {said}"
+    )
 
 
-def _cheapest(config, budget_gb: float) -> tuple[str | None, str]:
-    """The planner's cheapest setting in `budget_gb`: (its spec, it in words), or (None, the
+def _cheapest(config, budget_gb: float):
+    """The planner's cheapest candidate in `budget_gb`: (it, it in words), or (None, the
     planner's one-line refusal)."""
     from ...config import ConfigError
     from ...plan import plan
@@ -123,9 +125,8 @@ def _cheapest(config, budget_gb: float) -> tuple[str | None, str]:
         best = plan(config, budget_gb).best
     except ConfigError as exc:
         return None, str(exc)
-    spec = candidate_spec(best)
-    return spec, (
-        f"'{spec}' fits at {gib(planned_bytes(best.estimate))} per rank, "
+    return best, (
+        f"'{candidate_words(best)}' fits at {gib(planned_bytes(best.estimate))} per rank, "
         f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
     )
 
@@ -166,9 +167,9 @@ def _plan_without(ctx: Context, gap: int) -> tuple[dict, str]:
     if not ctx.gpu_bytes or ctx.gpu_bytes <= gap:
         return {}, "Find what holds it before planning (the snapshot or memory summary)."
     budget = (ctx.gpu_bytes - gap) / GIB
-    spec, said = _cheapest(ctx.config, budget)
-    if spec is None:
+    best, said = _cheapest(ctx.config, budget)
+    if best is None:
         return {}, f"With it set aside ({budget:.1f} GiB left) the planner says: {said}."
-    if spec == ctx.config.recompute.spec:
+    if candidate_spec(best) == ctx.config.recompute.spec and not best.offload:
         return {}, f"With it set aside ({budget:.1f} GiB left) the current setting still fits."
-    return patch_for(spec), f"Planned with it set aside ({budget:.1f} GiB left): {said}"
+    return candidate_patch(best), f"Planned with it set aside ({budget:.1f} GiB left): {said}"

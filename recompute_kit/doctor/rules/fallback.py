@@ -30,6 +30,7 @@ from .model_states import (
     stated_gpu_bytes,
 )
 from .registry import (
+    candidate_patch,
     estimate_with,
     fact,
     gib,
@@ -145,8 +146,9 @@ def _first_recompute(ctx: Context) -> tuple[dict[str, Any], str]:
     best = ctx.best  # the plan's cheapest setting that fits the GPU, where one is known
     if best is not None and best.recompute.recompute_granularity is not None and ctx.estimate:
         spec = best.estimate.recompute
-        return patch_for(spec), (
-            f"{_recompute_flags(spec)} (the cheapest setting that fits by `plan`: "
+        offload = f" with {best.offload}" if best.offload else ""
+        return candidate_patch(best), (
+            f"{_recompute_flags(spec)}{offload} (the cheapest setting that fits by `plan`: "
             f"+{100 * best.step_cost:.1f}% recompute FLOPs; the estimated peak "
             f"{gib(ctx.estimate.total_bytes)} -> {gib(best.estimate.total_bytes)} per GPU)"
         )

@@ -5,6 +5,7 @@ their fix in the run's own keys.
 
 from __future__ import annotations
 
+from ...memory.estimate import loss_bytes
 from ..types import Context, Match
 from .memory import activation_split
 from .nothing_fits import largest_at_full_recompute, lever_patch
@@ -35,18 +36,23 @@ def _logits(ctx: Context) -> Match | None:
     if ctx.oom_stage is not None and ctx.oom_stage != last:
         return None  # the OOM's rank is on an earlier pipeline stage: no logits there
     tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
-    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
+    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size  # one fp32 copy
     oom = ctx.oom
     hit = (
         oom is not None
         and oom.requested_bytes
         and abs(oom.requested_bytes - logits) < 0.05 * logits
     )
-    if not hit and 3 * logits < 0.15 * ctx.gpu_bytes:
+    # what the run's own loss keeps and adds at its peak (the estimator's loss term: a fused
+    # or TE cross-entropy keeps less than an fp32 copy and its gradients)
+    saved, transient = loss_bytes(m, p, 2 if (m.bf16 or m.fp16) else 4)
+    held = saved + transient
+    if not hit and held < 0.15 * ctx.gpu_bytes:
         return None
     said = (
-        f"The fp32 logits of {tokens} tokens x {m.vocab_size} vocabulary are "
-        f"{gib(logits)} per rank; with their gradients about {gib(3 * logits)}."
+        f"The logits and loss of {tokens} tokens x {m.vocab_size} vocabulary keep "
+        f"{gib(saved)} per rank for backward and {gib(held)} at their peak (the estimate's "
+        f"loss term; one fp32 copy of the logits is {gib(logits)})."
     )
     conf = 0.8 if hit else 0.55
     weight = 2 * m.vocab_size * m.hidden_size / p.tensor_model_parallel_size
@@ -74,7 +80,7 @@ def _logits(ctx: Context) -> Match | None:
         # the estimate's split decides which activations dominate: transformer layers that
         # keep more than the logits make recompute the first lever (RK010), this the second
         layers, _ = activation_split(ctx.estimate)
-        if layers > 3 * logits:
+        if layers > held:
             conf = 0.45
             said += (
                 f" The transformer layers keep more ({gib(layers)} by the estimate): this is "

@@ -15,6 +15,7 @@ from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
     before_first_step,
+    candidate_patch,
     candidate_spec,
     fact,
     gib,
@@ -76,6 +77,7 @@ def _activations(ctx: Context) -> Match | None:
     if keeping is not None and not keeping.offload and _same(keeping.recompute, ctx):
         return None  # the run's own setting fits by the estimate: more recompute is no answer
     spec, why = next_step(ctx)
+    patch = patch_for(spec)
     if ctx.best_keeping is not None:
         spec, why = (
             candidate_spec(ctx.best_keeping),
@@ -84,9 +86,13 @@ def _activations(ctx: Context) -> Match | None:
                 f"({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
+        patch = candidate_patch(ctx.best_keeping)
+        if ctx.best_keeping.offload:
+            why += f", with activation offloading ({ctx.best_keeping.offload}): it fits only so"
     if whole_layers_only(ctx) and not spec.startswith("full"):
         # the Trainer (and NeMo-RL's DTensor path) checkpoint whole layers: no module choice
         spec, why = "full:uniform:1", "activation checkpointing of every layer (whole layers)"
+        patch = patch_for(spec)
     if spec == current:
         return None  # already the most recompute there is: no step left (RK013 when nothing fits)
     if dominate:
@@ -114,7 +120,7 @@ def _activations(ctx: Context) -> Match | None:
         conf -= 0.35
     elif predicted:
         conf -= 0.15  # a prediction by the estimate, not an OOM seen
-    return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch_for(spec))
+    return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch)
 
 
 def activation_split(e) -> tuple[float, float]:

@@ -6,7 +6,16 @@ import re
 
 from ..types import Context, Match
 from .measured import measured_cost
-from .registry import fact, gib, is_megatron, patch_for, rule, zero_stage
+from .registry import (
+    candidate_patch,
+    candidate_words,
+    fact,
+    gib,
+    is_megatron,
+    patch_for,
+    rule,
+    zero_stage,
+)
 
 # --------------------------------------------------------------------------------------------
 # Recompute that costs too much
@@ -128,10 +137,10 @@ def _full_overkill(ctx: Context) -> Match | None:
         return None
     return Match(
         0.75,
-        f"'{best.recompute}' fits ({gib(best.total_bytes)} per rank) for "
+        f"'{candidate_words(ctx.best)}' fits ({gib(best.total_bytes)} per rank) for "
         f"{best.recompute_flops_fraction:.1%} extra FLOPs instead of "
         f"{ctx.estimate.recompute_flops_fraction:.1%}.",
-        config_patch=patch_for(best.recompute),
+        config_patch=candidate_patch(ctx.best),
     )
 
 

@@ -176,6 +176,21 @@ def candidate_spec(c) -> str:
     return c.estimate.recompute
 
 
+def candidate_words(c) -> str:
+    """A plan candidate as said: its spec, and the offloading it fits with."""
+    return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
+
+
+def candidate_patch(c) -> dict[str, Any]:
+    """A plan candidate as a patch: its recompute keys and the offloading keys it brings (a
+    pick that fits only with offloading, handed over without them, does not fit)."""
+    from ...export import offload_settings
+
+    offload = offload_settings(c.recompute)
+    offload.pop("distribute_saved_activations", None)  # the run's own, not the candidate's
+    return {**patch_for(c.estimate.recompute), **offload}
+
+
 def parse_spec_safe(ctx: Context):
     from ...config import RecomputeConfig
 
