@@ -123,6 +123,26 @@ def breakdown_markdown(parts: dict[str, int], gpu_memory_gb: float) -> str:
     return markdown_table(["component", f"per rank ({unit})"], rows)
 
 
+def stages_markdown(stages) -> str:
+    """The plan's per-stage table (plan/stages.py): every pipeline stage's rank, not only the
+    first (under pipelining the stages hold different micro-batches and layers)."""
+    unit, scale = byte_unit([s.total_bytes for s in stages])
+    rows = [
+        [
+            s.stage,
+            f"{s.layers[0]}-{s.layers[-1]}" if s.layers else "-",
+            f"{s.micro_batches_in_flight:g}",
+            f"{s.peak_activation_bytes / scale:.2f}",
+            f"{s.model_state_bytes / scale:.2f}",
+            f"{s.total_bytes / scale:.2f}",
+            f"{s.headroom_bytes / scale:.2f}",
+        ]
+        for s in stages
+    ]
+    headers = ["stage", "layers", "in flight", f"peak act ({unit})", f"model states ({unit})"]
+    return markdown_table([*headers, f"total ({unit})", f"headroom ({unit})"], rows)
+
+
 @dataclass
 class Setup:
     config: Config
@@ -389,11 +409,32 @@ def memory_breakdown(cfg: Config) -> dict[str, int]:
     in_flight = e.activation_bytes / max(e.per_layer_activation_bytes * layers, 1)
     for role, per_layer in e.modules.items():
         parts[f"act:{role}"] = per_layer * layers * in_flight
+    _without_offloaded(parts, cfg, e.offloaded_bytes)
     parts["act:other (embedding, head)"] = max(
         0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
     )
     parts["backward transient"] = e.peak_activation_bytes - e.activation_bytes
     return {name: round(value) for name, value in parts.items()}
+
+
+def _without_offloaded(parts: dict[str, float], cfg: Config, offloaded: float) -> None:
+    """Take what offloading sends to the host out of the roles it comes from (in proportion
+    to their bytes): the breakdown is of the GPU, where those bytes are not."""
+    from .memory.estimate import OFFLOAD_ROLES
+
+    rc = cfg.recompute
+    if not offloaded:
+        return
+    if rc.cpu_offloading:
+        roles = {k for k in parts if k.startswith("act:")}
+    else:
+        units = rc.offload_modules if rc.fine_grained_activation_offloading else []
+        roles = {f"act:{OFFLOAD_ROLES[u][0]}" for u in units if u in OFFLOAD_ROLES}
+        roles |= {"act:experts"} if "expert_fc1" in units else set()
+    roles &= set(parts)
+    held = sum(parts[k] for k in roles)
+    for k in roles:
+        parts[k] -= min(parts[k], offloaded * parts[k] / held) if held else 0.0
 
 
 def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):

@@ -104,3 +104,34 @@ def test_default_specs_skip_what_offloading_rules_out():
     cfg = GPT.replace(cpu_offloading=True, cpu_offloading_num_layers=2)
     results = verify(cfg)
     assert [r.recompute for r in results] == ["none"]
+
+
+def test_the_notebooks_breakdown_of_an_offloading_pick_is_what_stays_on_the_gpu():
+    # A skill trial: the OOM notebook's "planned" plot drew the pick without its offloading
+    # (107 GiB over the GPU line) while its text said it fits. The pick is planned with its
+    # offloading, and the breakdown leaves out what goes to the host.
+    from recompute_kit import reports
+    from recompute_kit.memory.estimate import estimate
+    from recompute_kit.plan import plan
+
+    cfg = get_preset("qwen3-30b-a3b").config().replace(
+        seq_length=8192,
+        micro_batch_size=2,
+        expert_model_parallel_size=8,
+        pipeline_model_parallel_size=2,
+        data_parallel_size=8,
+        use_distributed_optimizer=True,
+        sequence_parallel=False,
+        cuda_graph_impl="transformer_engine",  # refuses moe and full recompute
+        cuda_graph_scope=["moe_router", "moe_preprocess"],
+    )
+    best = plan(cfg, 88).best
+    assert best.offload and best.name.endswith(best.offload)
+    planned = best.config(cfg)
+    e = estimate(planned)
+    assert e.offloaded_bytes > 0
+    parts = reports.memory_breakdown(planned)
+    assert sum(parts.values()) == pytest.approx(e.total_bytes, rel=1e-3)
+    assert parts["act:core_attn"] < reports.memory_breakdown(cfg.with_recompute(best.recompute))[
+        "act:core_attn"
+    ]

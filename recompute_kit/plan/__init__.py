@@ -44,6 +44,15 @@ class Candidate:
     settings: str = ""  # the setting in the plan's format, on one line (export.settings_line)
 
     @property
+    def name(self) -> str:
+        """The setting as said: its recompute spec and the offloading it fits with."""
+        return self.estimate.recompute + (f" + {self.offload}" if self.offload else "")
+
+    def config(self, run: Config) -> Config:
+        """`run` with this candidate's recompute and offloading settings."""
+        return as_candidate(run, self.recompute)
+
+    @property
     def headroom_bytes(self) -> int:
         """Usable memory (budget less the safety margin) minus what the run holds
         (margins.planned_bytes: the estimate's total and its named terms)."""
@@ -177,7 +186,7 @@ def plan(
         )
         raise NothingFits(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
-            f"{safety_margin:.0%} margin): the smallest candidate, {_name(smallest)}, needs "
+            f"{safety_margin:.0%} margin): the smallest candidate, {smallest.name}, needs "
             f"{need / GIB:.1f} GiB per rank{held}, {(need - usable) / GIB:.1f} GiB too much; "
             + _what_else(config, states_alone_too_big=smallest.estimate.model_state_bytes > usable),
             smallest,
@@ -282,10 +291,6 @@ def _units(rc: RecomputeConfig) -> int:
     return 0 if rc.recompute_granularity is None else 100
 
 
-def _name(c: Candidate) -> str:
-    return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
-
-
 # Beyond recompute, in the framework's own terms (the levers `plan --levers` prices); each
 # only where the run has it left (a sharded run is not told to shard, a batch of one not to
 # shrink).
@@ -358,7 +363,7 @@ def explain(
         else f"{e.total_bytes / GIB:.1f} GiB per rank"
     )
     parts = [
-        f"{_name(best)} fits: {held} of {usable / GIB:.1f} GiB "
+        f"{best.name} fits: {held} of {usable / GIB:.1f} GiB "
         + (
             f"usable ({budget / GIB:.1f} GiB less the safety margin that keeps the allocator's "
             f"fragmentation and NCCL's buffers, {(budget - usable) / GIB:.1f} GiB; "
@@ -446,7 +451,7 @@ def explain(
         over = -miss.headroom_bytes
         short = over + (miss.band.total_bytes if miss.band else 0)
         parts.append(
-            f"The closest cheaper setting, {_name(miss)}, "
+            f"The closest cheaper setting, {miss.name}, "
             + (
                 f"fits only within its error band (headroom {miss.headroom_bytes / GIB:.2f} GiB)."
                 if miss.fits

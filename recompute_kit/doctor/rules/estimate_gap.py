@@ -15,7 +15,7 @@ import math
 
 from ...memory.estimate import estimate
 from ..types import GIB, Context, Match
-from .registry import candidate_patch, candidate_spec, candidate_words, gib, rule
+from .registry import candidate_patch, candidate_spec, gib, rule
 
 GAP_FLOOR = 2 * GIB  # below this (or 10% of the estimate) the gap is within the estimate's error
 GAP_SHARE = 0.10
@@ -126,7 +126,7 @@ def _cheapest(config, budget_gb: float):
     except ConfigError as exc:
         return None, str(exc)
     return best, (
-        f"'{candidate_words(best)}' fits at {gib(planned_bytes(best.estimate))} per rank, "
+        f"'{best.name}' fits at {gib(planned_bytes(best.estimate))} per rank, "
         f"{best.estimate.recompute_flops_fraction:.1%} extra FLOPs."
     )
 

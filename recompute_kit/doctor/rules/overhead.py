@@ -8,7 +8,6 @@ from ..types import Context, Match
 from .measured import measured_cost
 from .registry import (
     candidate_patch,
-    candidate_words,
     fact,
     gib,
     is_megatron,
@@ -137,7 +136,7 @@ def _full_overkill(ctx: Context) -> Match | None:
         return None
     return Match(
         0.75,
-        f"'{candidate_words(ctx.best)}' fits ({gib(best.total_bytes)} per rank) for "
+        f"'{ctx.best.name}' fits ({gib(best.total_bytes)} per rank) for "
         f"{best.recompute_flops_fraction:.1%} extra FLOPs instead of "
         f"{ctx.estimate.recompute_flops_fraction:.1%}.",
         config_patch=candidate_patch(ctx.best),

@@ -176,11 +176,6 @@ def candidate_spec(c) -> str:
     return c.estimate.recompute
 
 
-def candidate_words(c) -> str:
-    """A plan candidate as said: its spec, and the offloading it fits with."""
-    return c.estimate.recompute + (f" + {c.offload}" if c.offload else "")
-
-
 def candidate_patch(c) -> dict[str, Any]:
     """A plan candidate as a patch: its recompute keys and the offloading keys it brings (a
     pick that fits only with offloading, handed over without them, does not fit)."""
