@@ -49,8 +49,14 @@ from .throughput import matmul_ceiling
 from .units import byte_unit, in_unit, integer_bytes
 
 GIB = 2**30
+# The sizes a runnable preset is ablated at where none is given (the CLI's and the notebook's
+# alike): recompute's extra forward shows in the timings of a CPU run of about a minute.
+ABLATION_EXAMPLE_SIZES = {"seq_length": 128, "micro_batch_size": 8}
 RESULTS = "results.jsonl"
 CONFIDENCE = 0.95  # of the median's interval (reached from 6 timed steps on)
+# Below this many timed steps a row says it runs, not how fast: the interval of the median of
+# 2-4 samples is their range at 50-88% coverage, and ranges of two parts apart by chance.
+MIN_JUDGED_STEPS = 5
 
 
 @dataclass
@@ -124,8 +130,9 @@ class AblationSetup:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def validate_setup(setup: AblationSetup) -> None:
-    """One clear ConfigError for any bad parameter, before anything runs."""
+def validate_setup(setup: AblationSetup, builds_model: bool = True) -> None:
+    """One clear ConfigError for any bad parameter, before anything runs (`builds_model`: the
+    kit's reference layers run here, not a training command of the user's)."""
     if not setup.specs:
         raise ConfigError("no recompute specs to run")
     for spec in setup.specs:
@@ -142,8 +149,44 @@ def validate_setup(setup: AblationSetup) -> None:
         )
     if setup.golden:
         setup.config.with_recompute(parse_spec(setup.golden)).validate()
-    resolve_device(setup.device)
-    resolve_dtype(setup.dtype)
+    device = resolve_device(setup.device)
+    dtype = resolve_dtype(setup.dtype)
+    if builds_model:
+        _check_it_fits(setup, device, dtype)
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Free memory where the run builds its model: the GPU's, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_it_fits(setup: AblationSetup, device: torch.device, dtype: torch.dtype) -> None:
+    """The whole model on one device (the reference layers, no parallelism): refuse a run the
+    device cannot hold, before building it (a 30B model on a CPU killed the kernel)."""
+    width = torch.tensor([], dtype=dtype).element_size()
+    need = min(
+        estimate(
+            setup.config.with_recompute(parse_spec(spec)), dtype_bytes=width, engine="reference"
+        ).total_bytes
+        for spec in setup.specs
+    )
+    free = _available_bytes(device)
+    if free is not None and need > free:
+        raise ConfigError(
+            f"the ablation runs the whole model on one {device.type} device: its lightest "
+            f"setting needs {need / GIB:.1f} GiB (weights, gradients, Adam and activations by "
+            f"the estimate) and {free / GIB:.1f} GiB is free; ablate a small model of the same "
+            "family (a preset: recompute-kit models) or run where it fits"
+        )
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:
@@ -479,6 +522,9 @@ def label_rows(rows: list[dict[str, Any]], setup: AblationSetup) -> list[dict[st
         verdict = _compare(r, ref)
         if verdict == "slower" and r["vs_golden"] < -setup.regression_threshold:
             verdict = "Perf regression"
+        timed = min(len(r.get("step_times_s") or []), len(ref.get("step_times_s") or []))
+        if 0 < timed < MIN_JUDGED_STEPS:
+            verdict = f"runs ({timed} timed steps: too few to judge speed)"
         r["result"] = verdict
     fits = [r for r in rows if r["status"] == "ok"]
     not_slower = [r for r in fits if r["result"] not in ("slower", "Perf regression")]
@@ -528,7 +574,7 @@ def run_ablation(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every spec not yet in DIR/results.jsonl; write summary.md and the plots."""
-    validate_setup(setup)
+    validate_setup(setup, builds_model=runner in (run_config, run_config_isolated))
     out = prepare_out_dir(out_dir)
     results = out / RESULTS
     key = setup.key()
@@ -556,6 +602,8 @@ def run_ablation(
         runner = run_config_isolated
     info = {
         "model": setup.name,
+        "seq_length": setup.config.model.seq_length,
+        "micro_batch_size": setup.config.model.micro_batch_size,
         "device": device,
         "dtype": setup.dtype,
         "steps": setup.steps,
@@ -624,6 +672,7 @@ def summary_markdown(rows: Iterable[dict[str, Any]], setup: AblationSetup) -> st
     lines = [
         f"# Recompute ablation: {setup.name}",
         "",
+        f"seq {setup.config.model.seq_length}, micro-batch {setup.config.model.micro_batch_size}, "
         f"device {info.get('device', '?')}, dtype {setup.dtype}, {setup.steps} timed steps per "
         f"config after {setup.warmup} warm-up, timed {info.get('timing', 'sequential')}, golden "
         f"{setup.golden_tflops or setup.golden}, regression threshold "

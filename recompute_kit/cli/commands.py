@@ -643,8 +643,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from ..ablation import AblationSetup, run_ablation
+    from ..ablation import ABLATION_EXAMPLE_SIZES, AblationSetup, run_ablation
 
+    if not args.config and not args.command_template and not shape_only(args):
+        # a runnable preset: the sizes the ablation notebook runs it at, unless given
+        for key, value in ABLATION_EXAMPLE_SIZES.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+                say = f"{key} {value}: a preset's ablation size (--{key.replace('_', '-')})"
+                print(say, file=sys.stderr if args.json else sys.stdout)
     cfg = config_from_args(args)
     cfg.validate()
     name = input_name(args)
