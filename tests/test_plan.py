@@ -155,6 +155,14 @@ def test_every_stage_and_the_binding_one():
     assert [s.total_bytes for s in p.stages] == p.best.estimate.stage_total_bytes
     assert p.binding.startswith(f"stage {top.stage} binds")
     assert "micro-batches in flight" in p.binding and "MoE layers" in p.binding
+    # the runner-up's headroom is said as headroom, beside its total (a trial read "next is
+    # stage 1 with 18.32 GiB" as its total)
+    runner = sorted(p.stages, key=lambda s: s.headroom_bytes)[1]
+    assert (
+        f"next is stage {runner.stage} with {runner.headroom_bytes / 2**30:.2f} GiB of headroom"
+        in p.binding
+    )
+    assert f"total {runner.total_bytes / 2**30:.2f} GiB)" in p.binding
     assert p.stages[0].embedding and p.stages[-1].output_and_loss
 
 

@@ -103,6 +103,6 @@ def binding_reason(rows: list[Stage]) -> str:
         f"stage {b.stage} binds with {b.headroom_bytes / GIB:.2f} GiB of headroom (total "
         f"{b.total_bytes / GIB:.2f} GiB and what it holds beside it): "
         + ", ".join(why)
-        + f"; next is stage {runner.stage} with {runner.headroom_bytes / GIB:.2f} GiB "
-        f"({gap:.2f} GiB more)"
+        + f"; next is stage {runner.stage} with {runner.headroom_bytes / GIB:.2f} GiB of "
+        f"headroom ({gap:.2f} GiB more; total {runner.total_bytes / GIB:.2f} GiB)"
     )
