@@ -786,3 +786,30 @@ def test_estimate_says_its_recompute_flops_are_one_stages(capsys):
     ]
     assert main(argv) == 0
     assert "the step's cost is the slowest stage's" in capsys.readouterr().out
+
+
+def test_estimate_and_plan_run_where_only_the_runs_own_recompute_is_refused(tmp_path, capsys):
+    # A skill trial: NeMo-Framework-Launcher's llama2_70b.yaml (verbatim in the reader corpus)
+    # with the user's one change, granularity selective, keeps activations_checkpoint_num_layers
+    # 0, which Megatron-Core refuses with selective. estimate --recompute SPEC and plan (which
+    # choose the setting themselves) stopped on that refusal instead of saying it.
+    from recompute_kit.cli import main
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo"
+    text = (corpus / "blind_launcher_llama2_70b.yaml").read_text()
+    changed = text.replace(
+        "activations_checkpoint_granularity: null", "activations_checkpoint_granularity: selective"
+    )
+    assert changed != text
+    user = tmp_path / "llama2_70b.yaml"
+    user.write_text(changed)
+    argv = ["--config", str(user), "--dp", "8", "--json"]
+    assert main(["estimate", *argv, "--recompute", "none", "full:uniform:1"]) == 0
+    out, err = capsys.readouterr()
+    assert [r["recompute"] for r in json.loads(out)["estimates"]] == ["none", "full:uniform:1"]
+    assert "own recompute setting (selective) is refused" in err
+    assert main(["plan", *argv, "--gpu", "a100-80gb"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["fits"]
+    # the run's own setting is what it asks for: still one clear error
+    assert main(["estimate", *argv]) == 1
+    assert "recompute_num_layers must be None" in capsys.readouterr().err

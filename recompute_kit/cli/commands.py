@@ -38,6 +38,7 @@ from .common import (
     shape_only,
     specs_for,
     text_file,
+    validate_run,
     with_layout_assumptions,
 )
 
@@ -245,8 +246,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..memory.estimate import estimate
 
-    cfg = config_from_args(args, shows_layout=True)
-    cfg.validate()
+    cfg = validate_run(config_from_args(args, shows_layout=True), not args.recompute)
     results, rejected = [], []
     specs = specs_for(cfg, args)
     for spec in specs:
@@ -468,8 +468,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..gpus import GPUS
     from ..plan import plan
 
-    cfg = config_from_args(args, shows_layout=True)
-    cfg.validate()
+    cfg = validate_run(config_from_args(args, shows_layout=True), False)
     gpu = GPUS[args.gpu] if args.gpu else None
     gib = gpu.usable_gib if gpu else args.gpu_memory_gb
     version = args.megatron_core_version or cfg.megatron_core_version

@@ -295,6 +295,31 @@ def config_from_args(
     return resolved.config
 
 
+def validate_run(cfg: Config, own_recompute_needed: bool) -> Config:
+    """Megatron's validation of the run. A command that chooses recompute settings itself
+    (`estimate --recompute`, `plan`) still runs where only the run's own setting is refused:
+    the refusal is said, and the run goes on with no recompute in its place."""
+    from ..config import RecomputeConfig
+
+    try:
+        cfg.validate()
+        return cfg
+    except ConfigError as exc:
+        if own_recompute_needed:
+            raise
+        neutral = cfg.with_recompute(RecomputeConfig())
+        try:
+            neutral.validate()
+        except ConfigError:
+            raise exc from None
+        print(
+            f"recompute-kit: note: the run's own recompute setting ({cfg.recompute.spec}) is "
+            f"refused by Megatron-Core: {exc} (compared as none here)",
+            file=sys.stderr,
+        )
+        return neutral
+
+
 def inputs_alone(args: argparse.Namespace) -> Config | None:
     """The Config the inputs make without this command line's overrides (what `plan` compares
     its layout with), or None when they make none on their own."""
