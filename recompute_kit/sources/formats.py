@@ -91,8 +91,8 @@ def _syntax_error(text: str, path: str) -> str | None:
 
 def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Reading:
     """`overrides`: `key=value` words given after the file on recompute-kit's command line,
-    applied as the file's framework applies its command-line overrides (NeMo-RL, Megatron-Bridge
-    and their launch commands only: `read_with_overrides` of the format module)."""
+    applied as the file's framework applies its command-line overrides (NeMo-RL, Megatron-Bridge,
+    NeMo 1.x and their launch commands only: `read_with_overrides` of the format module)."""
     module = best_format(text, path)
     if overrides and module is not None:
         with_overrides = getattr(module, "read_with_overrides", None)
@@ -100,8 +100,9 @@ def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Readi
             from ..config import ConfigError
 
             raise ConfigError(
-                f"{overrides[0]}: a key=value override applies to the NeMo-RL or Megatron-Bridge "
-                f"config before it; {path} is not one (read as {module.__name__.rsplit('.')[-1]})"
+                f"{overrides[0]}: a key=value override applies to the NeMo-RL, Megatron-Bridge "
+                f"or NeMo 1.x config before it; {path} is not one "
+                f"(read as {module.__name__.rsplit('.')[-1]})"
             )
         return with_overrides(text, path, list(overrides))
     if module is None:

@@ -18,16 +18,20 @@ from __future__ import annotations
 import copy
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from ..config import ConfigError
+from .nemo_rl_overrides import Override
+from .nemo_rl_overrides import apply as apply_overrides
+from .nemo_rl_overrides import label as label_overrides
 from .reading import FROM_DERIVED, FROM_FILE, KNOWN_KEYS, Origin, Reading
+from .yaml_paths import Path, dotted, lookup
 
 FRAMEWORKS: tuple[str, ...] = ("nemo1",)
 
-Path = tuple  # a key path inside the YAML: ("model", "optim", "name")
 
 # ---------------------------------------------------------------------------------------------
 # YAML with line numbers, and safe interpolation (shared with nemo_rl)
@@ -92,21 +96,6 @@ def leaves(data: Any, prefix: Path = ()) -> list[tuple[Path, Any]]:
     else:
         out.append((prefix, data))
     return out
-
-
-def dotted(p: Path) -> str:
-    return ".".join(str(k) for k in p)
-
-
-def lookup(data: Any, p: Path) -> tuple[bool, Any]:
-    node = data
-    for key in p:
-        in_dict = isinstance(node, dict) and key in node
-        if in_dict or (isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)):
-            node = node[key]
-        else:
-            return False, None
-    return True, node
 
 
 def _store(data: Any, p: Path, value: Any) -> None:
@@ -446,24 +435,43 @@ _ATTN_BACKENDS = {
 }
 
 
-def read(text: str, path: str) -> Reading:
+def read(text: str, path: str, overrides: Sequence[Override] = ()) -> Reading:
+    """`overrides`: Hydra's `key=value`s as a NeMo 1.x script (megatron_gpt_pretraining.py) or
+    the launcher (`training.` before each key) takes them, applied before `${...}` resolves."""
     data, lines = load_yaml(text, path)
     model = data.get("model")
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: a NeMo 1.x training YAML needs a `model:` mapping")
     launcher = "${training." in text
     mount = "training" if launcher and {"run", "model", "trainer"} & set(data) else None
-    resolved, unresolved = resolve_interpolations(data, NEMO1_RESOLVERS, mount)
     reading = Reading(
         framework="nemo1",
         format="NeMo-Framework-Launcher training YAML" if launcher else "NeMo 1.x training YAML",
     )
-    fv = FileValues(reading, resolved, [(path, data, lines)], unresolved)
+    sources = [(path, data, lines)]
+    if overrides:
+        data, sources = apply_overrides(data, sources, list(overrides), reading, True, "NeMo 1.x")
+    resolved, unresolved = resolve_interpolations(data, NEMO1_RESOLVERS, mount)
+    fv = FileValues(reading, resolved, sources, unresolved)
     _read_model(fv)
     _read_precision(fv)
     _read_trainer(fv)
     fv.record_unused()
+    label_overrides(reading, list(overrides))
     return reading
+
+
+def read_with_overrides(text: str, path: str, words: list[str]) -> Reading:
+    """`FILE key=value ...` on recompute-kit's command line, as the script or the launcher
+    (`training.trainer.num_nodes=16`: the launcher's `training` config is this file) takes them."""
+    launcher = "${training." in text
+
+    def own(word: str) -> str:
+        op = word[: len(word) - len(word.lstrip("+~"))]
+        rest = word[len(op) :]
+        return op + rest.removeprefix("training.") if launcher else word
+
+    return read(text, path, [Override(own(w), applies_to=path) for w in words])
 
 
 def _read_model(fv: FileValues) -> None:
@@ -523,10 +531,13 @@ def _read_model(fv: FileValues) -> None:
                 f"'full', 'selective' or null, got {granularity!r}"
             )
         fv.set("recompute_granularity", granularity, granularity_path)
-    method = fv.get(m, "activations_checkpoint_method", kind=str)
-    if method is not None:
-        fv.set("recompute_method", method, (m, "activations_checkpoint_method"))
-    fv.take("recompute_num_layers", (m, "activations_checkpoint_num_layers"), int)
+    # (a null the file writes is read as written: NeMo passes it on as None)
+    for field, key, kind in (
+        ("recompute_method", "activations_checkpoint_method", str),
+        ("recompute_num_layers", "activations_checkpoint_num_layers", int),
+    ):
+        if fv.has(m, key):
+            fv.set(field, fv.get(m, key, kind=kind), (m, key))
     # ... and ignores recompute_* keys of the same names (config_mapping wins).
     for field, nemo_key in _NEMO_OWNS.items():
         if fv.has(m, field):

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from .nemo import Path, dotted, lookup
 from .reading import FROM_ARGUMENT, FROM_FILE, Reading
+from .yaml_paths import Path, dotted, lookup
 
 # `policy.max_total_sequence_length=8192`, `+a.b=1`, `++a.b=1`, `~a.b`, `~a.b=1`
 OVERRIDE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?:=(?P<v>.*))?$")
@@ -107,11 +107,13 @@ def apply(
     overrides: list[Override],
     reading: Reading,
     complete: bool,
+    who: str = "NeMo-RL",
 ) -> tuple[dict, list[tuple[str, dict, dict[Path, int]]]]:
     """`merged` (the `defaults:` chain, not yet resolved) with `overrides` applied in order, and
     the sources with one per override place first (an overridden key's origin is its line).
-    `complete`: every file of the chain was read, so a key it lacks is one NeMo-RL lacks too
-    (struct mode); otherwise an override of an unknown key is applied with a warning saying so."""
+    `complete`: every file of the chain was read, so a key it lacks is one the framework (`who`:
+    NeMo-RL, NeMo 1.x) lacks too (struct mode); otherwise an override of an unknown key is
+    applied with a warning saying so."""
     merged = copy.deepcopy(merged)
     placed: dict[str, tuple[dict, dict[Path, int]]] = {}
     for o in overrides:
@@ -120,7 +122,8 @@ def apply(
         exists = lookup(merged, p)[0]
         if op == "~":
             if not exists:
-                _refused(reading, o, f"Hydra: could not delete {key}: it does not exist", complete)
+                why = f"Hydra: could not delete {key}: it does not exist"
+                _refused(reading, o, why, complete, who)
                 continue
             parent = lookup(merged, p[:-1])[1]
             parent.pop(p[-1])
@@ -130,8 +133,9 @@ def apply(
                 reading,
                 o,
                 f"Hydra: could not override {key}: the config has no such key (struct mode); "
-                f"to add it NeMo-RL needs +{o.written}",
+                f"to add it {who} needs +{o.written}",
                 complete,
+                who,
             )
             if complete:
                 continue
@@ -142,6 +146,7 @@ def apply(
                 f"Hydra: could not append {key}: an item is already there; write {o.written[1:]} "
                 f"or +{o.written}",
                 True,
+                who,
             )
             continue
         value = value_of(raw or "")
@@ -154,13 +159,13 @@ def apply(
     return merged, [*extra, *sources]
 
 
-def _refused(reading: Reading, o: Override, why: str, stops: bool) -> None:
+def _refused(reading: Reading, o: Override, why: str, stops: bool, who: str) -> None:
     if stops:
         reading.unused[o.written] = o.written
-        reading.warnings.append(f"{o.where}: {o.written}: {why}; NeMo-RL stops here; not applied")
+        reading.warnings.append(f"{o.where}: {o.written}: {why}; {who} stops here; not applied")
     else:
         reading.warnings.append(
-            f"{o.where}: {o.written}: the config was not read in full, so whether NeMo-RL "
+            f"{o.where}: {o.written}: the config was not read in full, so whether {who} "
             "accepts this override is not known; applied"
         )
 

@@ -138,8 +138,8 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         return reading, reading.format or "config"
     if overrides:
         raise ConfigError(
-            f"{overrides[0]}: a key=value override applies to the NeMo-RL or Megatron-Bridge "
-            f"config file before it; {item} is not a file"
+            f"{overrides[0]}: a key=value override applies to the NeMo-RL, Megatron-Bridge "
+            f"or NeMo 1.x config file before it; {item} is not a file"
         )
     if path.exists():
         raise ConfigError(f"{item} is not a file")

@@ -408,3 +408,28 @@ def test_nemo_cross_entropy_loss_fusion_is_read():
     resolved = resolve([str(path)])
     assert resolved.config.model.cross_entropy_loss_fusion is True
     assert resolved.reading.origins["cross_entropy_loss_fusion"].where.endswith(":129")
+
+
+def test_a_nemo1_yaml_takes_hydra_overrides_as_its_script_and_the_launcher_do():
+    # A skill trial: `read llama2_70b.yaml trainer.num_nodes=16` (and the launcher's own
+    # `training.trainer.num_nodes=16`) was refused as "not a NeMo-RL or Megatron-Bridge config";
+    # NeMo 1.x scripts and NeMo-Framework-Launcher take Hydra overrides of this file.
+    from recompute_kit.sources.resolve import read_input
+
+    path = str(CORPUS / "nemo" / "blind_launcher_llama2_70b.yaml")
+    for word in ("trainer.num_nodes=16", "training.trainer.num_nodes=16"):
+        reading, _ = read_input(path, [word, "model.micro_batch_size=2"])
+        assert reading.get("world_size") == 16 * 8, word
+        assert "trainer.num_nodes=16" in reading.origins["world_size"].note
+        assert reading.get("micro_batch_size") == 2
+        assert reading.origins["micro_batch_size"].where == "command line"
+    # struct mode: a key the file lacks needs `+` (as Hydra says), and is not applied
+    reading, _ = read_input(path, ["model.no_such_key=1", "+model.recompute_modules=[mlp]"])
+    assert any("needs +model.no_such_key=1" in w for w in reading.warnings)
+    assert reading.get("recompute_modules") == ["mlp"]
+    # a null the file writes is read from the file (NeMo passes it on), not a default
+    reading, _ = read_input(path, ["model.activations_checkpoint_method=null"])
+    assert reading.get("recompute_method") is None
+    assert reading.origins["recompute_method"].where == "command line"
+    reading, _ = read_input(path)
+    assert reading.origins["recompute_num_layers"].where.endswith(":123")
