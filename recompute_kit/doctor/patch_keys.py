@@ -80,7 +80,9 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "recompute_granularity": "model.activations_checkpoint_granularity",
         "recompute_method": "model.activations_checkpoint_method",
         "recompute_num_layers": "model.activations_checkpoint_num_layers",
-        "recompute_modules": None,  # NeMo 1.x selective is core attention only
+        # build_transformer_config passes TransformerConfig fields of `model:` by name
+        # (NeMo megatron_base_model.py `elif field.name in cfg`), where Megatron-Core has them
+        "recompute_modules": "model.recompute_modules",
         "use_distributed_optimizer": "model.optim.name",
         "bf16": "trainer.precision",
         "fp16": "trainer.precision",

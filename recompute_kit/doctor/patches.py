@@ -263,7 +263,13 @@ def _weaker(new: dict[str, Any], current: dict[str, Any], estimated: bool) -> st
         old_m = set(map(str, current.get("recompute_modules") or ["core_attn"]))
         new_m = set(map(str, new.get("recompute_modules") or ["core_attn"]))
         if old_m - new_m:
-            return f"recompute_modules drops {sorted(old_m - new_m)}"
+            swap = (
+                f" for {sorted(new_m - old_m)}; with no estimate of the run, whether the swap "
+                "frees memory is not known"
+                if new_m - old_m
+                else ""
+            )
+            return f"recompute_modules drops {sorted(old_m - new_m)}{swap}"
     return None
 
 
