@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .config import Config
+from .config import GPUS_PER_NODE, Config
 
 # The settings a plan's fit depends on beside recompute (Megatron-Core field names, in the
 # order they are written): the parallel layout, then the training shape.
@@ -234,6 +234,11 @@ def _nemo(changes: dict[str, Any], world: int) -> list[str]:
     for key, value in changes.items():
         if key == "data_parallel_size":
             notes.append(_world_note(world, f"trainer.devices x trainer.num_nodes; DP {value}"))
+            if world % GPUS_PER_NODE == 0:
+                notes.append(
+                    f"# trainer.num_nodes: {world // GPUS_PER_NODE} with trainer.devices: "
+                    f"{GPUS_PER_NODE} (the GPUs of a node)"
+                )
         elif key == "use_distributed_optimizer":
             name = "distributed_fused_adam" if value else "fused_adam"
             lines += ["  optim:", f"    name: {name}"]

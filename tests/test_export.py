@@ -445,3 +445,12 @@ def test_bridge_layout_changes_come_as_overrides_too():
         "# or as overrides: model.context_parallel_size=2 model.seq_length=8192 "
         "dataset.seq_length=8192"
     )
+
+
+def test_nemo1_layout_names_the_node_count_to_set():
+    # a skill trial: the NeMo 1.x hand-over said "launch on 128 GPUs (trainer.devices x
+    # trainer.num_nodes; DP 8)" without the value to set
+    from recompute_kit.export_layout import layout_lines
+
+    lines = layout_lines({"data_parallel_size": 8}, "nemo", 128)
+    assert "# trainer.num_nodes: 16 with trainer.devices: 8 (the GPUs of a node)" in lines

@@ -18,6 +18,7 @@ from .files import ALIASES, MEGATRON_DEFAULTS, config_from_dict, load_config
 from .model import (
     ATTENTION_BACKENDS,
     CONFIG_KEYS,
+    GPUS_PER_NODE,
     NORMAL_CHECKPOINT_MODULES,
     NORMALIZATIONS,
     OFFLOAD_MODULES,
@@ -44,6 +45,7 @@ __all__ = [
     "ALIASES",
     "ATTENTION_BACKENDS",
     "CONFIG_KEYS",
+    "GPUS_PER_NODE",
     "MEGATRON_DEFAULTS",
     "NORMALIZATIONS",
     "NORMAL_CHECKPOINT_MODULES",

@@ -32,6 +32,7 @@ OFFLOAD_MODULES = (
     "expert_fc1",
     "moe_act",
 )
+GPUS_PER_NODE = 8  # the NVLink domain of a DGX / HGX node, where nothing says otherwise
 ATTENTION_BACKENDS = ("unfused", "flash", "fused", "auto")
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
 LOSS_IMPLEMENTATIONS = ("megatron", "hf", "torchtitan")

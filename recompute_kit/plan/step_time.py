@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import Config, ConfigError, full_recompute_chunks
+from ..config import GPUS_PER_NODE, Config, ConfigError, full_recompute_chunks
 from ..memory.flops import (
     FLASH_BACKWARD_FACTOR,
     layer_forward_flops,
@@ -72,7 +72,6 @@ GB = 1e9  # link bandwidths are decimal GB/s, as vendors quote them
 DEFAULT_TFLOPS = 400.0  # ASSUMPTION: ~40% of H100 SXM's 989 dense BF16 TFLOP/s
 DEFAULT_CP_LINK_GBPS = 450.0  # NVLink 4 on H100 SXM, per direction (NVIDIA H100 datasheet)
 DEFAULT_INTERNODE_GBPS = 50.0  # 400 Gb/s NDR InfiniBand per GPU (ConnectX-7), per direction
-GPUS_PER_NODE = 8  # the NVLink domain of a DGX / HGX H100
 # Host links, GB/s per direction (theoretical).
 HOST_LINKS = {
     "pcie5": (

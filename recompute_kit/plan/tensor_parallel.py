@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config, ConfigError
+from ..config import GPUS_PER_NODE, Config, ConfigError
 from ..memory.estimate import estimate
-
-GPUS_PER_NODE = 8  # the NVLink domain of a DGX / HGX node
 
 
 @dataclass(frozen=True)
