@@ -48,7 +48,7 @@ import re
 from typing import Any
 
 from .config import OFFLOAD_MODULES, ConfigError, RecomputeConfig, format_spec
-from .export_layout import layout_lines
+from .export_layout import Spelling, layout_lines
 
 FORMATS = (
     "megatron-bridge",
@@ -109,6 +109,7 @@ def render(
     num_layers: int | None = None,
     layout: dict[str, Any] | None = None,
     world_size: int = 0,
+    spelling: Spelling | None = None,
 ) -> str:
     """The recompute (and offloading) settings of `recompute` in format `fmt` (see FORMATS).
 
@@ -116,7 +117,8 @@ def render(
     rendering of ``full:block:N``, to pick the closest every-k-th-layer option. `layout`: the
     parallel layout and shape settings a plan changed from the inputs
     (export_layout.changed_settings), written after the recompute settings in the same
-    format's keys; `world_size`: the GPUs that layout takes. Raises
+    format's keys; `world_size`: the GPUs that layout takes; `spelling`: a Trainer run's own
+    keys and flag syntax (export_layout.spelling_of). Raises
     `ConfigError` (one line) for an unknown format or settings that cannot be exported.
     The result ends with a newline.
     """
@@ -125,15 +127,25 @@ def render(
     _check(recompute, num_layers)
     header = f"# recompute-kit: {format_spec(recompute)}"
     body = _RENDERERS[fmt](recompute, num_layers)
-    body += layout_lines(layout or {}, fmt, world_size)
+    body += layout_lines(layout or {}, fmt, world_size, spelling)
+    if spelling is not None:
+        body = spelling.apply(body)
     return "\n".join([header, *body]) + "\n"
 
 
-def settings_line(recompute: RecomputeConfig, fmt: str, *, num_layers: int | None = None) -> str:
+def settings_line(
+    recompute: RecomputeConfig,
+    fmt: str,
+    *,
+    num_layers: int | None = None,
+    spelling: Spelling | None = None,
+) -> str:
     """The keys `render` writes for `recompute` in `fmt`, on one line without the comments: a
     candidate's setting as the run's framework spells it (`plan` lists one per candidate)."""
     _check(recompute, num_layers)
     body = _RENDERERS[fmt](recompute, num_layers)
+    if spelling is not None:
+        body = spelling.apply(body)
     return "; ".join(x.strip() for x in body if x.strip() and not x.lstrip().startswith("#"))
 
 

@@ -26,6 +26,7 @@ Keys, as each framework names them:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import GPUS_PER_NODE, Config
@@ -119,11 +120,49 @@ def _world_note(world: int, launcher: str) -> str:
     return f"# data parallel: launch on {world} GPUs ({launcher})"
 
 
-def layout_lines(changes: dict[str, Any], fmt: str, world: int) -> list[str]:
+@dataclass(frozen=True)
+class Spelling:
+    """How the run's own files spell what a rendering writes (a Trainer run): the key each
+    setting was read from (LLaVA's `model_max_length` for the sequence length, where the
+    Trainer's rendering would say TRL's `max_length`), and whether they are command-line
+    flags (`--per_device_train_batch_size 4` in a launch script) rather than YAML."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)  # setting -> the run's key
+    flags: bool = False
+
+    def apply(self, lines: list[str]) -> list[str]:
+        """`key: value` lines as `--key value` flags where the run's are flags."""
+        if not self.flags:
+            return lines
+        return [
+            line if line.lstrip().startswith("#") or ": " not in line else
+            "--{} {}".format(*line.strip().split(": ", 1))
+            for line in lines
+        ]
+
+
+def spelling_of(reading) -> Spelling:
+    """The Spelling of a Trainer run read by the shared reader (others: none)."""
+    if reading is None or reading.framework != "hf-trainer":
+        return Spelling()
+    keys = {}
+    for setting in _TRAINER_ROLES:
+        origin = reading.origins.get(setting)
+        if origin is not None and origin.kind == "file" and origin.key:
+            keys[setting] = origin.key.removeprefix("--")
+    batch = reading.origins.get("micro_batch_size")
+    return Spelling(keys, flags=bool(batch and (batch.key or "").startswith("--")))
+
+
+def layout_lines(
+    changes: dict[str, Any], fmt: str, world: int, spelling: Spelling | None = None
+) -> list[str]:
     """`changes` (changed_settings) as lines of format `fmt`; `world`: the GPUs the layout
-    takes (world_size). Empty when nothing changed."""
+    takes (world_size); `spelling`: a Trainer run's own keys. Empty when nothing changed."""
     if not changes:
         return []
+    if spelling is not None and fmt in _TRAINER_FORMATS:
+        return [_HEADER, *_trainer(fmt, spelling.keys)(changes, world)]
     return [_HEADER, *_WRITERS[fmt](changes, world)]
 
 
@@ -313,11 +352,23 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
     return lines
 
 
-def _trainer(fmt: str):
+# a setting -> its role in export.TRAINER_KEYS
+_TRAINER_ROLES = {
+    "seq_length": "seq_length",
+    "micro_batch_size": "micro_batch",
+    "gradient_accumulation_steps": "accumulation",
+}
+_TRAINER_FORMATS = ("hf-trainer", "llama-factory")
+
+
+def _trainer(fmt: str, own: Mapping[str, str] | None = None):
     def write(changes: dict[str, Any], world: int) -> list[str]:
         from .export import TRAINER_KEYS  # (export imports this module)
 
-        keys = TRAINER_KEYS[fmt]
+        keys = dict(TRAINER_KEYS[fmt])
+        for setting, key in (own or {}).items():  # the keys the run's own files use
+            if keys.get(_TRAINER_ROLES[setting]):
+                keys[_TRAINER_ROLES[setting]] = key
         lines, notes = [], []
         for key, value in changes.items():
             if key == "micro_batch_size":

@@ -370,3 +370,24 @@ def test_a_named_gpu_sets_the_step_time_models_rate(capsys):
     assert hw["cp_link_gbps"] == 300.0 and hw["host_link_gbps"] == 32.0  # PCIe 4 x16
     assert main([*argv, "--gpu", "a100-80gb", "--tflops-per-gpu", "150"]) == 0
     assert json.loads(capsys.readouterr().out)["levers"]["hardware"]["tflops_per_gpu"] == 150
+
+
+def test_equal_step_micro_batches_rank_the_largest_first_and_zero3_says_its_gathers(capsys):
+    # LLaVA-1.5 13B (tests/data/launch/llava, verbatim) with ZeRO-3 on 8 A100 40GB: batches 1,
+    # 2 and 4 fit at the same modelled step; batch 1 came first, while ZeRO-3 gathers the
+    # parameters and reduce-scatters the gradients in every micro-batch (16 of them at 1).
+    from pathlib import Path
+
+    llava = Path(__file__).parent / "data" / "launch" / "llava"
+    files = [
+        str(llava / "llama2_13b_config.json"),
+        str(llava / "scripts" / "v1_5" / "finetune.sh"),
+        str(llava / "scripts" / "zero3.json"),
+    ]
+    argv = ["plan", "--config", *files, "--dp", "8", "--gpu", "a100-40gb", "--levers", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    batches = [r for r in rows if r["lever"] == "micro-batch" and r["fits"]]
+    sizes = [r["setting"] for r in batches]
+    assert sizes[0].startswith("per_device_train_batch_size=4"), sizes
+    assert "in each of 16 micro-batches: 24x DDP's" in batches[-1]["adds"]

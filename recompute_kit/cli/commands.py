@@ -30,6 +30,7 @@ from .common import (
     input_name,
     inputs_alone,
     inputs_read,
+    inputs_spelling,
     layer_span,
     layout_of,
     note_inapplicable,
@@ -481,7 +482,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     changes = changed_settings(cfg, given, override_values(args), read)
     try:
         result = plan(
-            cfg, gib, args.safety_margin, default_format(args), args.stage, version, changes
+            cfg,
+            gib,
+            args.safety_margin,
+            default_format(args),
+            args.stage,
+            version,
+            changes,
+            inputs_spelling(args),
         )
     except ConfigError as exc:
         exc = with_layout_assumptions(exc, cfg)

@@ -347,6 +347,24 @@ def inputs_read(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in reading.values.items() if reading.origins[k].kind == FROM_FILE}
 
 
+def inputs_spelling(args: argparse.Namespace):
+    """How the input files themselves spell a Trainer run's settings (export_layout.Spelling):
+    read without this command line's overrides, which would hide the file's own key; none where
+    --format asks for another framework's keys."""
+    from ..export_layout import Spelling, spelling_of
+    from ..sources.resolve import resolve
+
+    if getattr(args, "format", None):  # another format asked for: its own keys
+        return Spelling()
+    if getattr(args, "spelling", None) is None:  # once a command (`--levers` renders each row)
+        try:
+            reading = resolve(args.config, require_shape=False).reading if args.config else None
+        except ConfigError:
+            reading = None
+        args.spelling = spelling_of(reading) if reading is not None else Spelling()
+    return args.spelling
+
+
 # CLI flag -> Megatron key, for the shape and parallelism overrides (sources/reading.py).
 OVERRIDES = OVERRIDE_FLAGS
 

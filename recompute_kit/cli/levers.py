@@ -167,7 +167,7 @@ def _rendered(
     from ..export import render
     from ..export_layout import LAYOUT_FIELDS, changed_settings, setting, world_size
     from ..plan.trainer_levers import sharding_snippet
-    from .common import default_format, override_values
+    from .common import default_format, inputs_spelling, override_values
 
     changes = changed_settings(row, given)
     for key in override_values(args):  # the command line's --seq-length, --cp: changes too
@@ -192,6 +192,7 @@ def _rendered(
             num_layers=row.model.num_layers // row.parallel.pipeline_model_parallel_size,
             layout=changes,
             world_size=world_size(row),
+            spelling=inputs_spelling(args),
         )
     except ConfigError:
         return None

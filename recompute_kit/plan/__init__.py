@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..config import Config, ConfigError, RecomputeConfig
 from ..config.versions import describe_version, parse_version
 from ..export import render, settings_line
-from ..export_layout import world_size
+from ..export_layout import Spelling, world_size
 from ..memory.estimate import Estimate, estimate
 from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
 from .search import REFUSED, as_candidate, candidates, compact_specs
@@ -121,13 +121,15 @@ def plan(
     stage: int | None = None,
     megatron_core_version: str | None = None,
     changes: dict | None = None,
+    spelling: Spelling | None = None,
 ) -> Plan:
     """Estimate every candidate, mark what fits, pick the cheapest that clears the estimate's
     error band. `megatron_core_version` (else the config's; None: unknown, the strictest)
     decides which settings are known to be broken. `changes`: the layout and shape settings
     `config` changes from the inputs (export_layout.changed_settings: the command line's --cp,
-    --seq-length, ...), rendered with the recompute settings. Raises ConfigError (one line) when the
-    budget is impossible or nothing fits, saying by how much."""
+    --seq-length, ...), rendered with the recompute settings; `spelling`: a Trainer run's own
+    keys and flag syntax. Raises ConfigError (one line) when the budget is impossible or nothing
+    fits, saying by how much."""
     if gpu_memory_gb <= 0:
         raise ConfigError(f"--gpu-memory-gb must be positive, got {gpu_memory_gb:g}")
     if not 0 <= safety_margin < 1:
@@ -155,7 +157,7 @@ def plan(
         )
     stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     for c in found:
-        c.settings = settings_line(c.recompute, fmt, num_layers=stage_layers)
+        c.settings = settings_line(c.recompute, fmt, num_layers=stage_layers, spelling=spelling)
     fitting = sorted(
         (c for c in found if c.fits),
         # a cheaper setting only when it clears the band too; among equal costs (elementwise
@@ -205,7 +207,12 @@ def plan(
         explanation=explain(best, found, usable, ties, excluded, version, budget)
         + _imbalance_margin(chosen, best, usable, stage),
         rendered=render(
-            best.recompute, fmt, num_layers=layers, layout=changes, world_size=world_size(config)
+            best.recompute,
+            fmt,
+            num_layers=layers,
+            layout=changes,
+            world_size=world_size(config),
+            spelling=spelling,
         ),
         changes=changes,
         stages=stages,

@@ -230,7 +230,7 @@ def _evaluate(
     shown = f", recompute {added}" if added else ""
     states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
     if is_trainer_run(config) or states_offloaded:
-        seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps)
+        seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps, micro)
         step = with_host_link(step, seconds)
         host_ok = host_ok and trainer_host_ok
         adds = (words or "-") if is_trainer_run(config) else f"{adds}, {words}"
@@ -448,6 +448,9 @@ def _ranked(
             not r.fits,
             not r.clears_band,
             r.step.seconds if r.fits else r.estimate.total_bytes,
+            # at one step time, the larger micro-batch: fewer per-micro-batch collectives
+            # (ZeRO-3 / FSDP gathers), launches and optimizer hooks, none of them timed
+            -r.config.model.micro_batch_size,
         )
     )
     return LeverTable(found, current, hw, global_batch_size, usable, notes)

@@ -116,14 +116,31 @@ def _trainer_flags(args: list, path: str) -> Reading:
         if not eq:  # a bare flag (--bf16, --do_train) is true
             takes = i < len(args) and not args[i].text.startswith("--")
             value, i = (args[i].text, i + 1) if takes else ("true", i)
-        try:
-            data[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            data[key] = value
+        data[key] = _argument_value(value)
         lines[key] = line
     if not data:
         raise ConfigError(f"{path}: the training command has no trainer arguments to read")
     return hf_trainer.read_arguments(data, path, lines)
+
+
+def _argument_value(text: str) -> Any:
+    """A command-line value as HfArgumentParser gets it: a string, typed by the field it sets.
+    Numbers and true / false are typed here (the fields they set take them); any other word
+    stays a string (YAML would make `--evaluation_strategy no` false); a bool field's yes / no
+    is read as HfArgumentParser's string_to_bool reads it (trainer_files._bool)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.startswith("[") and text.endswith("]"):  # a list some launch scripts pass
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+    return text
 
 
 def _llamafactory_world(reading: Reading, text: str, path: str, line: int) -> None:

@@ -68,7 +68,8 @@ _HF_KEYS = (
 _DS_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")
 
 _KEY_FOR = {
-    "seq_length": "cutoff_len (LLaMA-Factory) / max_length (TRL)",
+    "seq_length": "cutoff_len (LLaMA-Factory) / max_length (TRL) / model_max_length (LLaVA, "
+    "FastChat, Alpaca)",
     "micro_batch_size": "per_device_train_batch_size",
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "bf16": "bf16",
@@ -235,6 +236,12 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
         ("cutoff_len", "LLaMA-Factory truncates each sample to cutoff_len"),
         ("max_seq_length", "TRL's deprecated name of max_length: the longest sample kept"),
         ("max_length", "TRL: the longest sample kept (with packing, every packed row)"),
+        (
+            "model_max_length",
+            "the tokenizer's truncation length (LLaVA, FastChat, Stanford Alpaca's "
+            "TrainingArguments): the longest sample kept; batches are padded to their longest, "
+            "so an upper bound",
+        ),
     ):
         if data.get(key) is not None and "seq_length" not in reading:
             reading.set("seq_length", _int(src, key, take(key)), src.origin(key, note=note))

@@ -41,9 +41,15 @@ class _Src:
         return Origin("file", f"{self.path}:{line}" if line else self.path, key, note)
 
 
+_TRUE_WORDS = ("yes", "true", "t", "y", "1")  # transformers' string_to_bool
+_FALSE_WORDS = ("no", "false", "f", "n", "0")
+
+
 def _bool(src: _Src, key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
+    if isinstance(value, str) and value.lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return value.lower() in _TRUE_WORDS  # a command line's `--bf16 yes`
     raise ConfigError(f"{src.path}: {key} = {value!r} is not true or false")
 
 

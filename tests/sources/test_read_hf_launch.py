@@ -3,6 +3,7 @@ launcher, the trainer settings from the config it names or from its own argument
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -120,3 +121,27 @@ def test_lora_counts_frozen_16_bit_base_weights_without_their_states(tmp_path):
     assert 24.0 * 2**30 < weights < 24.5 * 2**30
     full = resolve([str(script)], model=str(model), overrides={"frozen_base": False}).config
     assert model_state_bytes(full)[2] > 90 * 2**30
+
+
+LLAVA = Path(__file__).resolve().parents[1] / "data" / "launch" / "llava"
+
+
+def test_llava_finetune_script_reads_model_max_length_and_keeps_words_as_words(capsys):
+    # haotian-liu/LLaVA @ c121f04 scripts/v1_5/finetune.sh and scripts/zero3.json, verbatim;
+    # llama2_13b_config.json: meta-llama/Llama-2-13b-hf's config.json (Vicuna-13B v1.5 is that
+    # architecture). A skill trial: --model_max_length 2048 was unused and seq_length assumed
+    # 4096; `--evaluation_strategy "no"` read as false (YAML 1.1); the plan rendered TRL's
+    # max_length as YAML for a command line.
+    from recompute_kit.cli import main
+
+    script = str(LLAVA / "scripts" / "v1_5" / "finetune.sh")
+    files = [str(LLAVA / "llama2_13b_config.json"), script, str(LLAVA / "scripts" / "zero3.json")]
+    reading = resolve(files).reading
+    assert reading.get("seq_length") == 2048
+    assert reading.origins["seq_length"].key == "--model_max_length"
+    assert reading.unused["evaluation_strategy"] == "no"
+    argv = ["plan", "--config", *files, "--dp", "8", "--gpu", "a100-40gb", "--json"]
+    assert main([*argv, "--seq-length", "512"]) == 0
+    rendered = json.loads(capsys.readouterr().out)["rendered"].splitlines()
+    assert "--model_max_length 512" in rendered and "--gradient_checkpointing true" in rendered
+    assert not [line for line in rendered if not line.startswith(("#", "--"))]
