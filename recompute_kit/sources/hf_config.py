@@ -535,6 +535,18 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                 0.0,
                 Origin(FROM_MODEL, where, "", note=f"{fam_name} architecture: no residual dropout"),
             )
+            # (the config's own attention_dropout, read below, wins: older configs, Llama-2's,
+            # have none, and transformers' class then has 0.0, never Megatron's 0.1)
+            reading.set(
+                "attention_dropout",
+                0.0,
+                Origin(
+                    "default",
+                    f"transformers {cls} default",
+                    "attention_dropout",
+                    note=f"{fam_name} architecture: attention_dropout defaults to 0.0",
+                ),
+            )
         _biases(reading, cfg, family, fam_name, where, origin_for, prefix)
         tie_key = "tie_word_embeddings"
         if tie_key in data and prefix:

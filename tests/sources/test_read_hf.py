@@ -286,3 +286,16 @@ def test_a_preset_names_a_model_beside_config_files():
     assert by_id.get("num_query_groups") == 8
     r = resolve([], model="llama3-70b", overrides={"seq_length": 8192})
     assert r.config.model.num_layers == 80 and r.config.model.seq_length == 8192
+
+
+def test_a_llama_config_without_attention_dropout_has_none():
+    # meta-llama/Llama-2-13b-hf's config.json (tests/data/launch/llava) has no
+    # attention_dropout key: transformers' LlamaConfig default is 0.0; a skill trial found
+    # Megatron-Core's 0.1 in its place (dropout masks counted that the model never keeps)
+    from recompute_kit.sources.resolve import resolve
+
+    llava = Path(__file__).resolve().parents[1] / "data" / "launch" / "llava"
+    path = llava / "llama2_13b_config.json"
+    reading = resolve([str(path)], require_shape=False).reading
+    assert reading.get("attention_dropout") == 0.0
+    assert "transformers LlamaConfig default" in reading.origins["attention_dropout"].where
