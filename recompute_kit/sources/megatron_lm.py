@@ -506,7 +506,13 @@ def _interpret(
             ) from None
         line_note = note
         if arg.value_lines and arg.value_lines[0] != arg.line:
-            line_note = "; ".join(x for x in (note, f"value set on line {arg.value_lines[0]}") if x)
+            # (line 0: `set --`, the positional arguments the script was run with)
+            said = (
+                f"value set on line {arg.value_lines[0]}"
+                if arg.value_lines[0]
+                else ("value from the script's positional arguments")
+            )
+            line_note = "; ".join(x for x in (note, said) if x)
         reading.set(field, value, _origin(path, arg, line_note))
         return value
 

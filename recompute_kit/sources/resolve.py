@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,9 +116,82 @@ def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
     return groups
 
 
+_SCRIPT_CALL = re.compile(r"^\s*(?:(?:ba)?sh\s+)?(\S+\.sh)(?:\s+(.*))?$")
+_EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*=\S*)\s*$")
+
+
+@dataclass
+class ScriptCall:
+    """A script run with positional arguments: the script, its arguments, where they were
+    given, and the variables the launching file exports before it."""
+
+    script: Path
+    argv: list[str]
+    where: str
+    exports: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """The script with `export ...; set -- ARGS;` before its first line (on that line: every
+        line keeps its number), so that its $1 ... $N, $@ and those variables are the run's."""
+        text = self.script.read_text(encoding="utf-8")
+        exports = "".join(f"export {e}; " for e in self.exports)
+        return f"{exports}set -- {shlex.join(self.argv)}; {text}"
+
+
+def script_call(item: str, text: str | None = None) -> ScriptCall | None:
+    """The input `run.sh dsw A2.4B 1 8 ...` (one argument with spaces), or a file whose one
+    command runs such a script (`sh run.sh dsw ...`, the way Pai-Megatron-Patch's examples
+    are launched; its `export X=Y` lines go with it); None otherwise."""
+    if text is None:
+        words = shlex.split(item) if " " in item.strip() else []
+        if len(words) > 1 and Path(words[0]).is_file():
+            return ScriptCall(Path(words[0]), words[1:], "the command line")
+        return None
+    joined = re.sub(r"\\\n", " ", text)  # continuation lines
+    lines = [(n, line.strip()) for n, line in enumerate(joined.splitlines(), 1)]
+    exports = [m.group(1) for _, line in lines if (m := _EXPORT.match(line))]
+    commands = [
+        (n, line)
+        for n, line in lines
+        if line and not line.startswith("#") and not re.match(r"(?:set|cd|export)\b", line)
+    ]
+    if len(commands) != 1 or not (m := _SCRIPT_CALL.match(commands[0][1])):
+        return None
+    for base in (Path(item).parent, Path.cwd()):
+        target = base / m.group(1)
+        if target.is_file() and target.resolve() != Path(item).resolve():
+            try:
+                args = shlex.split(m.group(2) or "")
+            except ValueError:
+                return None
+            return ScriptCall(target, args, f"{item}:{commands[0][0]}", exports)
+    return None
+
+
 def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
     """One input: a file (any known format) or a model id / registry name; `overrides`: the
-    `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's)."""
+    `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's). A script given
+    with its positional arguments (`script_call`) is read with them."""
+    called = script_call(item)
+    if called is None and Path(file_of(item)).is_file() and item.endswith(".sh"):
+        try:
+            called = script_call(item, Path(item).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            called = None
+    if called is not None:
+        try:
+            text = called.text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {called.script}: {exc}") from None
+        reading = formats.read_file_text(text, str(called.script), overrides)
+        n = len(called.argv)
+        exported = f", and its exports {' '.join(called.exports)}" if called.exports else ""
+        reading.warnings.insert(
+            0,
+            f"{called.script} read with the {n} positional arguments {called.where} gives it "
+            f"($1..${n}: {shlex.join(called.argv)[:200]}){exported}",
+        )
+        return reading, f"{reading.format or 'script'} with arguments"
     path = Path(file_of(item))
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
     if path.is_file():

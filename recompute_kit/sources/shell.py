@@ -457,6 +457,7 @@ class _Interp:
         self.launches: list[Launch] = []
         self.steps = 0
         self.passes_args_line = 0
+        self.argv: list[str] | None = None  # the positional parameters, where `set --` gives them
         # the environment defaults each variable's value rests on, and those the expansion in
         # progress has taken (collected word by word)
         self.rests_on: dict[str, tuple[EnvDefault, ...]] = {}
@@ -472,6 +473,8 @@ class _Interp:
         length, name, index, rest = m.groups()
         value = self.vars.get(name)
         if name in "@*" and not index:
+            if self.argv is not None:  # `set -- ...`: the arguments the script was given
+                return [Field(a, line) for a in self.argv]
             if not self.passes_args_line:
                 self.passes_args_line = line
             return []
@@ -757,9 +760,11 @@ class _Interp:
             vals.append(f[0].text if f else "")
         res: bool | None
         if len(vals) == 2 and vals[0] in ("-z", "-n"):
-            if unresolved_names(vals[1]):
+            names = unresolved_names(vals[1])
+            if names and not self._unset_knob(vals[1], names, words[0].line):
                 return None
-            res = (vals[1] == "") == (vals[0] == "-z")
+            empty = bool(names) or vals[1] == ""
+            res = empty == (vals[0] == "-z")
         elif len(vals) == 3 and vals[1] in ("==", "=", "!="):
             if unresolved_names(vals[0]) or unresolved_names(vals[2]):
                 return None
@@ -784,6 +789,23 @@ class _Interp:
         else:
             return None
         return (not res) if negate else res
+
+    def _unset_knob(self, value: str, names: list[str], line: int) -> bool:
+        """`[ -z ${X} ]` on a variable the script never sets: a knob the environment may set
+        (`if [ -z ${MP_AC_LAYERS} ]; then MP_AC_LAYERS=1; fi`, a ${X:-default} written as an
+        `if`). Taken as unset, like the default of ${X:-...}, and said: the environment is
+        never read."""
+        name = names[0]
+        if len(names) != 1 or value != unresolved(name) or not name.isidentifier():
+            return False
+        if name in self.vars:
+            return False  # set by the script to something it cannot resolve: undecided
+        self.warnings.append(
+            f"{self.path}:{line}: {name} is not set by the script: taken as unset, as the "
+            "`if` on it assumes by default (the environment is not read; set it in the script "
+            "to read another value)"
+        )
+        return True
 
     def _simple(self, cmd: _Cmd) -> None:
         words = list(cmd.words)
@@ -817,6 +839,13 @@ class _Interp:
         if not rest:
             for name, append, value_word, items, _line in assigns:
                 self._assign(name, append, value_word, items)
+            return
+        if first == "set" and len(rest) > 1 and _literal(rest[1]) == "--":
+            # the script's positional parameters ($1, $2, ..., $#, $@): what it was run with
+            self.argv = [f.text for f in self.expand_words(rest[2:])]
+            for k, arg in enumerate(self.argv, 1):  # (line 0: given, not written here)
+                self.vars[str(k)] = [(arg, 0)]
+            self.vars["#"] = [(str(len(self.argv)), 0)]
             return
         if first == "unset":
             for w in rest[1:]:
@@ -865,8 +894,11 @@ class _Interp:
 
     def _maybe_launch(self, fields: list[Field], line: int) -> None:
         """Record a command that runs a training program (pretrain_*.py, train*.py, or any
-        command given Megatron flags); `sh -c "..."` is read inside."""
+        command given Megatron flags); `sh -c "..."` is read inside. `echo $CMD` prints the
+        command, it does not run it (`eval $CMD` does)."""
         texts = [f.text for f in fields]
+        if texts and texts[0] in ("echo", "printf"):
+            return
         for k, t in enumerate(texts):
             if t == "-c" and k + 1 < len(fields) and k >= 1:
                 base = texts[k - 1].rsplit("/", 1)[-1]

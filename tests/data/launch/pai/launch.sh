@@ -1,0 +1,29 @@
+export MP_PP0_LAYERS=6
+cd /workspace/Pai-Megatron-Patch/examples/deepseek_v2
+sh run_mcore_deepseek.sh  \
+dsw  \
+A2.4B   \
+1    \
+8 \
+1e-5   \
+1e-6   \
+1024  \
+1024  \
+bf16  \
+1   \
+4  \
+1 \
+2 \
+true \
+true   \
+true \
+false \
+sel   \
+false \
+100000  \
+/mnt/deepseek-datasets/mmap_deepseekv2_datasets_text_document   \
+/mnt/deepseek-datasets/mmap_deepseekv2_datasets_text_document   \
+/mnt/deepseek-ckpts/DeepSeek-V2-Lite-to-mcore-tp1-pp4-ep2  \
+1000000000  \
+10000   \
+/workspace/output_mcore_deepseek_pretrain

@@ -1,0 +1,52 @@
+"""A training script run with positional arguments (Pai-Megatron-Patch's examples): read with
+them, from a launching file or from the command line.
+
+tests/data/launch/pai/run_mcore_deepseek.sh: alibaba/Pai-Megatron-Patch @ a098ca5,
+examples/deepseek_v2/run_mcore_deepseek.sh, verbatim; launch.sh: the launch of that directory's
+README.md (lines 139-167), verbatim."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from recompute_kit.sources.resolve import resolve
+
+PAI = Path(__file__).resolve().parents[1] / "data" / "launch" / "pai"
+
+
+def _args_of_readme_launch() -> list[str]:
+    text = (PAI / "launch.sh").read_text().replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.strip().startswith("sh "))
+    return shlex.split(line)[2:]
+
+
+def test_a_launching_file_passes_its_arguments_and_exports():
+    # A skill trial: the launch line could not be read at all, and the script alone left TP,
+    # PP, the sequence and the precision to 19 undecided `if`s.
+    reading = resolve([str(PAI / "launch.sh")]).reading
+    assert reading.get("seq_length") == 1024  # $7
+    assert reading.get("micro_batch_size") == 1  # $3
+    assert reading.get("pipeline_model_parallel_size") == 4  # $11
+    assert reading.get("expert_model_parallel_size") == 2  # $13
+    assert reading.get("bf16") is True  # $9 bf16 decides the precision branch
+    assert reading.get("recompute_granularity") == "selective"  # $18 sel
+    # `export MP_PP0_LAYERS=6` before the call reaches the script
+    assert reading.get("num_layers_in_first_pipeline_stage") == 6
+    said = " ".join(reading.warnings)
+    assert "26 positional arguments" in said and "MP_PP0_LAYERS=6" in said
+    # an environment knob the script tests with `[ -z ${X} ]` is taken as unset, and said
+    assert "MP_AC_LAYERS is not set by the script: taken as unset" in said
+    assert "positional arguments" in reading.origins["seq_length"].note
+
+
+def test_the_script_with_its_arguments_as_one_input():
+    args = _args_of_readme_launch()
+    args[17] = "full"  # AC: full recompute, MP_AC_LAYERS layers (1 when unset)
+    item = shlex.join([str(PAI / "run_mcore_deepseek.sh"), *args])
+    reading = resolve([item]).reading
+    assert reading.get("recompute_granularity") == "full"
+    assert reading.get("recompute_method") == "uniform"
+    assert reading.get("recompute_num_layers") == 1
+    # `echo ${run_cmd}` prints the command; only `eval ${run_cmd}` runs it
+    assert not any("training commands" in w for w in reading.warnings)
