@@ -353,6 +353,12 @@ def read(text: str, path: str) -> Reading:
                 reading.set("world_size", world, Origin(FROM_FILE, f"{path}:{line}", key))
         args = _args_from_fields(fields, path, reading)
         variables = script.variables
+        for flag, line in script.undecided_flags.items():
+            known = VALUE_FLAGS.get(flag) or BOOL_FLAGS.get(flag)
+            if known is not None:
+                reading.unread_settings.setdefault(
+                    known[0], f"{path}:{line} {flag} sets it in a branch the script does not decide"
+                )
     _interpret(args, path, reading, variables)
     return reading
 
@@ -491,6 +497,11 @@ def _interpret(
             reading.warnings.append(
                 f"{path}:{arg.line}: {arg.flag} is given {shown_name}, {why}: the flag is not read"
             )
+            known = VALUE_FLAGS.get(arg.flag) or BOOL_FLAGS.get(arg.flag)
+            if known is not None:
+                reading.unread_settings.setdefault(
+                    known[0], f"{path}:{arg.line} {arg.flag} is given {shown_name}, {why}"
+                )
             return None
         return arg.values[0]
 

@@ -97,6 +97,9 @@ class Reading:
     # `tokenizer.type`): its model's config gives the vocabulary when nothing else does.
     tokenizer: str | None = None
     tokenizer_origin: Origin | None = None
+    # fields the input writes where they cannot be read (field -> where and why: a branch it
+    # does not decide, a value it does not resolve): a default in their place is an assumption
+    unread_settings: dict[str, str] = field(default_factory=dict)
 
     def set(self, key: str, value: Any, origin: Origin, overwrite: bool = True) -> None:
         """Record `key = value` from `origin`. overwrite=False keeps a value already set."""

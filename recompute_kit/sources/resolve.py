@@ -257,6 +257,20 @@ def _preset_reading(name: str) -> Reading | None:
     return reading
 
 
+def _assumed_where_a_setting_was_not_read(reading: Reading) -> None:
+    """A framework default for a field the input writes where it cannot be read (`if [ $PR =
+    bf16 ]; then pr_options="--bf16"` on an argument it is not given; `--tensor-model-parallel-
+    size $TP` with TP unset): said as an assumption, with the line that may set it, never as
+    the run's value."""
+    module = formats.framework_module(reading.framework or "megatron-core")
+    for key, why in reading.unread_settings.items():
+        origin = reading.origins.get(key)
+        if origin is None or origin.kind != FROM_DEFAULT:
+            continue
+        flag = module.key_for(key) if module is not None else key
+        reading.set(key, reading.values[key], Origin(FROM_ASSUMED, origin.where, flag, why))
+
+
 def merge(readings: Sequence[Reading]) -> Reading:
     """Later readings win; a value two inputs give differently is reported."""
     merged = Reading()
@@ -275,6 +289,7 @@ def merge(readings: Sequence[Reading]) -> Reading:
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)
+        merged.unread_settings.update(reading.unread_settings)
         if reading.tokenizer:
             merged.tokenizer, merged.tokenizer_origin = reading.tokenizer, reading.tokenizer_origin
         if reading.model_name:  # a later input names the model the run uses
@@ -385,6 +400,7 @@ def resolve(
     framework = formats.framework_module(merged.framework or "megatron-core")
     if framework is not None:
         framework.apply_defaults(merged)
+    _assumed_where_a_setting_was_not_read(merged)
     normalize(merged)
     derive_layout(merged, overrides or {}, strict=require_shape)
     _assumed_if_the_world_is(merged)

@@ -72,6 +72,9 @@ _LAUNCHER_OPTS = {
 }  # a guard against pathological input, not a limit in practice
 
 
+_FLAG_WORD = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+
+
 def unresolved(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
@@ -415,6 +418,9 @@ class Script:
     variables: dict[str, object]
     warnings: list[str]
     sbatch: dict[str, tuple[str, int]]  # #SBATCH --nodes=... lines
+    # the flags written in branches of an `if` the script does not decide (flag -> line):
+    # what they set is not read, so a default in their place is an assumption
+    undecided_flags: dict[str, int] = field(default_factory=dict)
 
 
 class _Arith:
@@ -458,6 +464,7 @@ class _Interp:
         self.steps = 0
         self.passes_args_line = 0
         self.argv: list[str] | None = None  # the positional parameters, where `set --` gives them
+        self.undecided_flags: dict[str, int] = {}
         # the environment defaults each variable's value rests on, and those the expansion in
         # progress has taken (collected word by word)
         self.rests_on: dict[str, tuple[EnvDefault, ...]] = {}
@@ -728,6 +735,10 @@ class _Interp:
                 continue
             if active() and cmd.conn != "||":
                 self._simple(cmd)
+            elif any(f[1] is None for f in frames) and not any(f[1] is False for f in frames):
+                for w in words:
+                    for flag in _FLAG_WORD.findall(w.raw if isinstance(w, Word) else ""):
+                        self.undecided_flags.setdefault(flag, cmd.line)
             i += 1
 
     def _condition(self, cond: list[tuple[str, list[Word]]]) -> bool | None:
@@ -1180,7 +1191,9 @@ def parse_script(text: str, path: str) -> Script:
             f"{path}:{interp.passes_args_line}: the command also gets the script's own "
             "arguments ($@): flags given there are not seen"
         )
-    return Script(interp.launches, dict(interp.vars), interp.warnings, sbatch)
+    return Script(
+        interp.launches, dict(interp.vars), interp.warnings, sbatch, interp.undecided_flags
+    )
 
 
 def _int(text: str) -> int | None:

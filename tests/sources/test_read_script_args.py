@@ -50,3 +50,19 @@ def test_the_script_with_its_arguments_as_one_input():
     assert reading.get("recompute_num_layers") == 1
     # `echo ${run_cmd}` prints the command; only `eval ${run_cmd}` runs it
     assert not any("training commands" in w for w in reading.warnings)
+
+
+def test_the_script_alone_says_what_its_undecided_branches_and_unset_values_leave_assumed():
+    # Without its arguments the precision is decided by `if [ $PR = bf16 ]` on $9: Megatron-LM's
+    # fp32 default was shown as a default (and the estimate ran in fp32) with no assumption
+    # said; TP ($10) the same.
+    from recompute_kit.sources.reading import FROM_ASSUMED
+
+    reading = resolve([str(PAI / "run_mcore_deepseek.sh")], require_shape=False).reading
+    bf16 = reading.origins["bf16"]
+    assert reading.get("bf16") is False and bf16.kind == FROM_ASSUMED
+    assert bf16.key == "--bf16" and "a branch the script does not decide" in bf16.note
+    tp = reading.origins["tensor_model_parallel_size"]
+    assert tp.kind == FROM_ASSUMED and "10th argument" in tp.note
+    # given its arguments, they are read from the file
+    assert resolve([str(PAI / "launch.sh")]).reading.origins["bf16"].kind == "file"
