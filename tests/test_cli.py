@@ -813,3 +813,16 @@ def test_estimate_and_plan_run_where_only_the_runs_own_recompute_is_refused(tmp_
     # the run's own setting is what it asks for: still one clear error
     assert main(["estimate", *argv]) == 1
     assert "recompute_num_layers must be None" in capsys.readouterr().err
+
+
+def test_doctor_takes_the_dtype_a_script_leaves_undecided(capsys):
+    # A skill trial: a Pai-Megatron-Patch script decides --bf16 in an `if` on its 9th argument;
+    # plan took --dtype bf16 but the doctor refused it, and diagnosed the fp32 default.
+    from recompute_kit.cli import main
+
+    script = Path(__file__).parent / "data" / "launch" / "pai" / "run_mcore_deepseek.sh"
+    argv = ["doctor", "--config", str(script), "--model", "deepseek-ai/DeepSeek-V2-Lite"]
+    argv += ["--ep", "8", "--dp", "8", "--gpu-memory-gb", "79.1", "--json"]
+    assert main([*argv, "--dtype", "bf16"]) == 0
+    read = json.loads(capsys.readouterr().out)["evidence"]["read"]
+    assert read["config"]["bf16"] is True and read["sources"]["bf16"]["from"] == "argument"

@@ -311,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # the layout a launch script leaves to the scheduler (--dp), as estimate and plan take it
     add_override_args(p, stage=False)
+    p.add_argument(
+        "--dtype",
+        choices=["bf16", "fp16", "fp32"],
+        help="the training dtype where the config files do not decide it (as plan takes it)",
+    )
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("rules", help="the doctor's rule catalog")

@@ -121,6 +121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the model's shape where the --config files give none (a Hugging Face id, a "
         "preset or a config.json)",
     )
+    layout.add_argument(
+        "--dtype",
+        choices=["bf16", "fp16", "fp32"],
+        help="the training dtype where the --config files do not decide it (as plan.py takes it)",
+    )
     p.add_argument("--full", action="store_true", help="also include the doctor's full JSON")
     p.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     args = p.parse_args(argv)
@@ -141,7 +146,7 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
             out += ["--" + flag.replace("_", "-"), value]
     if args.gpu_memory_gb is not None:
         out += ["--gpu-memory-gb", str(args.gpu_memory_gb)]
-    for flag in (*LAYOUT_FLAGS, "model"):
+    for flag in (*LAYOUT_FLAGS, "model", "dtype"):
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             out += [f"--{flag}", str(value)]
