@@ -557,3 +557,13 @@ SOURCES.update(
         "nemo-rl-2702-colocated-oom-at-setup": "https://github.com/NVIDIA-NeMo/RL/issues/2702",
     }
 )
+
+# round "trials_s7" (skill trials, 2026-11-27)
+SOURCES.update(
+    {
+        "ds-examples-186-allocator-flushes": (
+            "https://github.com/deepspeedai/DeepSpeedExamples/issues/186 (the reporter's log, "
+            "its first three lines)"
+        ),
+    }
+)

@@ -725,3 +725,19 @@ def test_rk001_small_slack_finishes_the_check_with_the_free_memory():
     f = get(run(oom.format(free="19.41")), "RK001")
     cites(f, "covers the request", "fragmentation is possible here")
     assert "RK001" not in ids(run(oom.format(free="1.41")))
+
+
+@covers("RK816")
+def test_rk816_deepspeed_allocator_cache_flushes_are_memory_pressure():
+    # https://github.com/deepspeedai/DeepSpeedExamples/issues/186 ("OOM despite ZeRO stage
+    # 3"): ZeRO-3's flush warnings every step before the OOM. A skill trial (LLaVA on 40GB
+    # A100s) found the doctor silent on them.
+    d = run(text("ds-examples-186-allocator-flushes"))
+    f = top(d)
+    assert f.rule == "RK816" and f.category == "genuine_pressure"
+    assert "up to 2 flushes a step" in f.evidence
+    assert f.config_patch == {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+    assert d.verdict.verdict == "needs_evidence"  # which term fills the GPU is not said
+    # the warning quoted in a code comment is no warning the run gave
+    comment = "        # in case of warning: pytorch allocator cache flushes since last step. \\"
+    assert "RK816" not in ids(run(comment))

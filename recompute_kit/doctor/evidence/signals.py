@@ -111,6 +111,10 @@ _GPU_TAKEN_RE = re.compile(
 # The Hugging Face TrainingArguments' own printout (repr, one field a line): the Trainer runs
 # without DeepSpeed whatever the launcher or an Accelerate YAML say
 _TRAINER_NO_DEEPSPEED_RE = re.compile(r"^\s*deepspeed=None,?\s*$")
+# DeepSpeed ZeRO-3's warning when the caching allocator had to free its cache and retry a
+# cudaMalloc (stage3.py, `num_alloc_retries` grew): "2 pytorch allocator cache flushes since
+# last step. this happens when there is high memory pressure ..."
+_ALLOC_FLUSH_RE = re.compile(r"(?:(\d+) )?pytorch allocator cache flushes since last step", re.I)
 _SIZE_RE = re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B\b", re.I)
 _SHAPE4_RE = re.compile(r"\[\d+,\s*\d+,\s*\d+,\s*\d+\]")
 # Communication queued on side streams ("overlapping NCCL communications ... on separate
@@ -278,6 +282,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     naming such a key or a detection / segmentation task, framework or model family),
     `ckpt_off_prose` (lines saying activation checkpointing is off or not wanted),
     `trainer_deepspeed_none` (the TrainingArguments printout's `deepspeed=None` line),
+    `allocator_flushes` ([(count or None, line)]: DeepSpeed's "N pytorch allocator cache
+    flushes since last step" warnings),
     `host_kill_lines` (the OS killed a process for host RAM), `host_memory_lines` (host RAM
     named in words), `host_rows` (per-process host memory sizes of a process table, GB),
     `whole_move_lines` (the whole model moved to a device, in code or words),
@@ -334,6 +340,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("cublas_workspace_lines", []).append(_q(line))
         if _TRAINER_NO_DEEPSPEED_RE.search(line):
             facts.setdefault("trainer_deepspeed_none", _q(line))
+        if (flush := _ALLOC_FLUSH_RE.search(line)) and "#" not in line[: flush.start()]:
+            facts.setdefault("allocator_flushes", []).append(
+                (int(flush.group(1)) if flush.group(1) else None, _q(line))
+            )
         if (
             ("logit" in low and (_vocab_dim(line) or "vocab" in low))
             or _LOSS_OOM_RE.search(line)

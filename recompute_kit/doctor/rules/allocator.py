@@ -594,3 +594,47 @@ def _expandable_fixes_it(ctx: Context) -> Match | None:
         )
         + ".",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RK816: the allocator flushed its cache to satisfy a request (DeepSpeed's warning)
+# --------------------------------------------------------------------------------------------
+
+
+@rule(
+    "RK816",
+    "The allocator flushes its cache to find memory: the run is at its limit",
+    "genuine_pressure",
+    symptom="DeepSpeed's warning 'N pytorch allocator cache flushes since last step. this "
+    "happens when there is high memory pressure ...' (ZeRO-3), every step or often; the "
+    "steps are slow, and an OOM may follow some steps later",
+    cause="A cudaMalloc failed with the GPU full, so PyTorch's caching allocator freed its "
+    "cached blocks and retried (memory_stats' num_alloc_retries grows): the step needs about "
+    "all the GPU has, and the blocks it frees are too split up to reuse; each flush "
+    "synchronizes the GPU, and ranks that flush at different times wait for each other",
+    confirm="torch.cuda.memory_stats()['num_alloc_retries'] rising step by step, "
+    "max_memory_reserved() at the GPU's total capacity",
+    fix="Lower the peak (a smaller micro-batch with more gradient accumulation, activation "
+    "checkpointing, a shorter sequence, offloading), or set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fewer split blocks); DeepSpeed's own "
+    "workaround: get_accelerator().empty_cache() at the same point of every rank's step",
+    patch=EXPANDABLE,
+    refs=(
+        "https://github.com/deepspeedai/DeepSpeedExamples/issues/186",
+        "https://github.com/deepspeedai/DeepSpeedExamples/issues/172",
+    ),
+)
+def _allocator_flushes(ctx: Context) -> Match | None:
+    flushes = fact(ctx, "allocator_flushes", "log") or []
+    if not flushes:
+        return None
+    counts = [n for n, _ in flushes if n is not None]
+    said = f"{len(flushes)} warning(s)"
+    said += f", up to {max(counts)} flushes a step" if counts else ""
+    return Match(
+        0.5,
+        f"DeepSpeed reports allocator cache flushes ({said}: '{flushes[0][1][:160]}'): the "
+        "caching allocator ran out, freed its cache and retried; the run sits at the GPU's "
+        "limit, and which term fills it the estimate or the memory summary says.",
+        config_patch=dict(EXPANDABLE),
+    )
