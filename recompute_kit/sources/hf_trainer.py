@@ -440,6 +440,7 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{found}: a DeepSpeed config must be a JSON object")
     read_deepspeed(data, _Src(text, str(found), "json"), reading, unused_prefix="deepspeed")
+    reading.read_within.append(str(found))
 
 
 def _derive_global_batch(reading: Reading) -> None:

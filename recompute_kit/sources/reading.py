@@ -97,6 +97,9 @@ class Reading:
     # `tokenizer.type`): its model's config gives the vocabulary when nothing else does.
     tokenizer: str | None = None
     tokenizer_origin: Origin | None = None
+    # other files this input read itself (the DeepSpeed JSON a Trainer command names): given
+    # as inputs too, they are not read again (resolve._drop_inputs_read_within)
+    read_within: list[str] = field(default_factory=list)
     # fields the input writes where they cannot be read (field -> where and why: a branch it
     # does not decide, a value it does not resolve): a default in their place is an assumption
     unread_settings: dict[str, str] = field(default_factory=dict)

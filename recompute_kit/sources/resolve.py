@@ -312,12 +312,14 @@ def merge(readings: Sequence[Reading]) -> Reading:
 
 
 def _drop_inputs_read_within(items: list[str], readings: list, described: list[dict]) -> None:
-    """An input that another input already read as its `defaults:` parent or as the `--config`
-    of its launch command is not applied again: read again after that input, it would undo
+    """An input that another input already read as its `defaults:` parent, as the `--config`
+    of its launch command or as the DeepSpeed JSON its Trainer arguments name is not applied
+    again: read again after that input, it would undo
     what the child (or the launch's overrides) sets over it. `read` lists it as read once."""
     within: dict[str, str] = {}
     for item, reading in zip(items, readings, strict=True):
-        for path in (getattr(reading, "launched_config", None), *getattr(reading, "parents", ())):
+        launched = getattr(reading, "launched_config", None)
+        for path in (launched, *getattr(reading, "parents", ()), *reading.read_within):
             if path:
                 within.setdefault(os.path.abspath(path), item)
     overridden = {d["override_of"] for d in described if "override_of" in d}

@@ -136,8 +136,13 @@ def test_llava_finetune_script_reads_model_max_length_and_keeps_words_as_words(c
 
     script = str(LLAVA / "scripts" / "v1_5" / "finetune.sh")
     files = [str(LLAVA / "llama2_13b_config.json"), script, str(LLAVA / "scripts" / "zero3.json")]
-    reading = resolve(files).reading
+    resolved = resolve(files)
+    reading = resolved.reading
     assert reading.get("seq_length") == 2048
+    # the JSON the script's --deepspeed names, given too, is read once (its keys were listed
+    # twice in `unused`, with and without "deepspeed.")
+    assert "read once, within" in resolved.inputs[2]["format"]
+    assert not [k for k in reading.unused if k.startswith("zero_optimization")]
     assert reading.origins["seq_length"].key == "--model_max_length"
     assert reading.unused["evaluation_strategy"] == "no"
     argv = ["plan", "--config", *files, "--dp", "8", "--gpu", "a100-40gb", "--json"]
