@@ -407,6 +407,11 @@ def memory_breakdown(cfg: Config) -> dict[str, int]:
     for role, per_layer in e.modules.items():
         parts[f"act:{role}"] = per_layer * layers * in_flight
     _without_offloaded(parts, cfg, e.offloaded_bytes)
+    if cfg.model.num_moe_experts and "act:mlp" in parts:
+        # on a MoE layer the estimator's `mlp` role is the MoE block's input and dispatch
+        # indices (recompute_modules' mlp acts on dense layers only)
+        label = "act:mlp (dense MLP / MoE block input)"
+        parts = {(label if k == "act:mlp" else k): v for k, v in parts.items()}
     parts["act:other (embedding, head)"] = max(
         0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
     )
