@@ -243,3 +243,28 @@ def test_megatron_lm_theoretical_memory_formula(ffn_over_h, t):
     assert estimate(cfg).per_layer_activation_bytes == pytest.approx(
         formula + LN_STATS / t, rel=1e-12
     )
+
+
+def test_a_stage_never_holds_more_micro_batches_than_the_step_has():
+    # Megatron's 1F1B warm-up is min(pp - rank - 1, num_microbatches) (schedules.py): with 2
+    # micro-batches a step (global 8 / (micro 2 x DP 2)) a 4-stage pipeline holds 2, 2, 2, 1,
+    # not 4, 3, 2, 1 (a skill trial: Pai-Megatron-Patch's DeepSeek-V2-Lite launch, stage 0's
+    # activations counted twice). Unknown global batch: the steady state, as before.
+    from recompute_kit.config import ParallelConfig
+    from recompute_kit.memory.layout import micro_batches_in_flight
+
+    def pipeline(**kw):
+        return ParallelConfig(pipeline_model_parallel_size=4, data_parallel_size=2, **kw)
+
+    few, unknown, many = pipeline(global_batch_size=8), pipeline(), pipeline(global_batch_size=64)
+    assert [micro_batches_in_flight(few, s, 2) for s in range(4)] == [2, 2, 2, 1]
+    assert [micro_batches_in_flight(unknown, s, 2) for s in range(4)] == [4, 3, 2, 1]
+    assert [micro_batches_in_flight(many, s, 2) for s in range(4)] == [4, 3, 2, 1]
+    # interleaved: the chunks in flight are capped at the step's chunk-micro-batches too
+    vpp = ParallelConfig(
+        pipeline_model_parallel_size=4,
+        virtual_pipeline_model_parallel_size=2,
+        data_parallel_size=1,
+        global_batch_size=4,
+    )
+    assert micro_batches_in_flight(vpp, 0, 1) == min(3 * 2 + 4 + 1, 4 * 2) / 2

@@ -164,6 +164,9 @@ class ParallelConfig:
     """Parallel sizes. The reference layers run on one device; these feed the per-rank model."""
 
     data_parallel_size: int = 1
+    # Samples a step takes across data parallelism (None: not known). With the micro-batch and
+    # DP it gives the step's micro-batches, which bound what a pipeline stage holds in flight.
+    global_batch_size: int | None = None
     use_distributed_optimizer: bool = False
     # DeepSpeed ZeRO / FSDP sharding of model states over DP: 0 none, 1 optimizer states,
     # 2 + gradients, 3 + parameters (FSDP2's and Megatron-FSDP's full sharding is 3).

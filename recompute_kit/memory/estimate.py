@@ -781,7 +781,7 @@ def _stage_estimate(
     layer_total = sum(kept) + stored
     micro = layer_total + embedding + head
 
-    in_flight = micro_batches_in_flight(p, stage)
+    in_flight = micro_batches_in_flight(p, stage, m.micro_batch_size)
     activation = micro * in_flight
     loss_transient = loss_bytes(m, p, B, engine)[1] if stage == pp - 1 else 0.0
     transient = _backward_transient(

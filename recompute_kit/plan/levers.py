@@ -164,6 +164,22 @@ def _offloaded_per_stage(config: Config) -> list[float]:
     return out
 
 
+def _why_not(config: Config, gbs: int) -> str:
+    """Why `_evaluate` refuses the run as given, in a few words."""
+    try:
+        config.validate()
+        check_expert_layout(config)
+        estimate(config)
+        micro = micro_batches_per_step(config, gbs)
+    except ConfigError as exc:
+        return str(exc)
+    pp = config.parallel.pipeline_model_parallel_size
+    return (
+        f"{micro} micro-batches a step, fewer than the {pp} pipeline stages, which the "
+        "interleaved schedule refuses"
+    )
+
+
 def _evaluate(
     lever: str,
     setting: str,
@@ -189,8 +205,12 @@ def _evaluate(
         micro = micro_batches_per_step(config, gbs)
     except ConfigError:
         return None
-    if micro < config.parallel.pipeline_model_parallel_size:
-        return None  # fewer micro-batches than stages: the pipeline never fills
+    if micro < config.parallel.pipeline_model_parallel_size and (
+        config.parallel.virtual_pipeline_model_parallel_size or 1
+    ) > 1:
+        # the interleaved schedule needs a micro-batch per stage at least; 1F1B runs fewer
+        # (its warm-up is capped at the step's micro-batches, which never fill the pipeline)
+        return None
     added = ""
     # re-planned where the run's own setting does not fit this layout or fits only within its
     # error band (a row "fits, in band" beside a pick that clears it is no fair comparison)
@@ -313,7 +333,8 @@ def levers(
     current = _evaluate("current", "as given", config, *args, fallback="never")
     if current is None:
         raise ConfigError(
-            f"the run as given is not a valid layout for a global batch of {global_batch_size}"
+            f"the run as given is not a valid layout for a global batch of {global_batch_size}: "
+            + _why_not(config, global_batch_size)
         )
     rows: list[Lever | None] = [current]
     # NeMo Automodel runs Hugging Face models with Megatron-like parallelism: the layout levers

@@ -18,7 +18,6 @@ from ..config import CONFIG_KEYS
 # (optimizer_offload / param_offload are Config fields now: ParallelConfig.)
 EXTRA_KEYS = (
     "world_size",  # GPUs in the job (nodes x GPUs per node): DP is derived from it
-    "global_batch_size",
     # Hugging Face Trainer's gradient_accumulation_steps: with the micro-batch and DP it gives
     # the global batch (the Trainer does not name the global batch itself)
     "gradient_accumulation_steps",

@@ -607,6 +607,8 @@ _NEVER_DEFAULTED = frozenset(
         "zero_reduce_bucket_size",
         "zero_overlap_comm",
         "zero_prefetch_bucket_size",
+        # known only where an input says it (None in the Config: the pipeline's steady state)
+        "global_batch_size",
     }
 )
 

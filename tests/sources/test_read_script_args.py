@@ -66,3 +66,23 @@ def test_the_script_alone_says_what_its_undecided_branches_and_unset_values_leav
     assert tp.kind == FROM_ASSUMED and "10th argument" in tp.note
     # given its arguments, they are read from the file
     assert resolve([str(PAI / "launch.sh")]).reading.origins["bf16"].kind == "file"
+
+
+def test_the_readme_launch_holds_two_micro_batches_a_stage(capsys, tmp_path):
+    # The README's launch at micro-batch 2, sequence 4096, no recompute, on 8 GPUs (DP 2): 8 /
+    # (2 x 2) = 2 micro-batches a step, so no stage holds more than 2 (the estimate said 4 on
+    # stage 0 and `plan --levers` refused the run as "not a valid layout")
+    from recompute_kit.cli import main
+
+    args = _args_of_readme_launch()
+    args[2], args[6], args[7], args[17] = "2", "4096", "4096", "none"
+    launch = tmp_path / "launch.sh"
+    script = shlex.join(["sh", str(PAI / "run_mcore_deepseek.sh"), *args])
+    launch.write_text(f"export MP_PP0_LAYERS=6\n{script}\n")
+    common = ["--config", str(launch), "--model", "deepseek-ai/DeepSeek-V2-Lite", "--dp", "2"]
+    assert main(["plan", *common, "--gpu", "h100-80gb", "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["micro_batches_in_flight"] for s in doc["stages"]] == [2, 2, 2, 1]
+    assert main(["plan", *common, "--gpu", "h100-80gb", "--levers", "--json"]) == 0

@@ -19,10 +19,10 @@ _LAYOUT_KEYS = (
 )  # (data parallelism follows from the world size in every framework: no key to set)
 
 
-def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
-    """The first row of `plan --levers` that fits, as a patch and words; else the next tensor
-    parallel size (which may need more GPUs), as before."""
-    row = _first_fitting_lever(ctx)
+def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
+    """A row of `plan --levers` (by default the first that fits) as a patch and words; else the
+    next tensor parallel size (which may need more GPUs), as before."""
+    row = row if row is not None else first_fitting_lever(ctx)
     if row is None:
         return tensor_parallel_patch(ctx)
     cfg, new = ctx.config, row.config
@@ -53,7 +53,7 @@ def lever_patch(ctx: Context) -> tuple[dict[str, Any], str]:
     return patch, words
 
 
-def _first_fitting_lever(ctx: Context):
+def first_fitting_lever(ctx: Context):
     from ...plan.levers import levers
 
     if ctx.config is None or not ctx.gpu_bytes:
@@ -86,10 +86,17 @@ def _first_fitting_lever(ctx: Context):
             rows = table.rows
             ctx.memo["lever_global_batch"] = table.global_batch_size
             break
+        ctx.memo["lever_rows"] = rows
         ctx.memo["first_fitting_lever"] = next(
             (r for r in rows if r.fits and r.lever != "current"), None
         )
     return ctx.memo["first_fitting_lever"]
+
+
+def lever_rows(ctx: Context) -> list:
+    """Every row of `plan --levers` for the run (fastest first), made once."""
+    first_fitting_lever(ctx)
+    return ctx.memo.get("lever_rows", [])
 
 
 def _deepspeed(ctx: Context, new, patch: dict[str, Any]) -> None:

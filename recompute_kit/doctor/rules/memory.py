@@ -120,7 +120,34 @@ def _activations(ctx: Context) -> Match | None:
         conf -= 0.35
     elif predicted:
         conf -= 0.15  # a prediction by the estimate, not an OOM seen
-    return Match(conf, f"{said} Next: '{spec}' - {why}.", config_patch=patch)
+    step = f"'{spec}' - {why}"
+    cheaper = _cheaper_micro_batch(ctx)
+    if cheaper is not None:
+        # the micro-batch alone fits at a lower step time than the recompute pick (a one-key
+        # change that keeps the run's recompute and global batch): it leads, recompute after
+        patch, words = lever_patch(ctx, cheaper)
+        step = f"{words}; else {step}"
+    return Match(conf, f"{said} Next: {step}.", config_patch=patch)
+
+
+def _cheaper_micro_batch(ctx: Context):
+    """The largest micro-batch `plan --levers` prices that fits, clears the band and keeps the
+    run's own recompute, where its step is shorter than the recompute pick's (None otherwise)."""
+    from .lever_patch import lever_rows
+
+    rows = lever_rows(ctx)
+    pick = next((r for r in rows if r.lever == "recompute"), None)
+    own = ctx.config.recompute.spec
+    batches = [
+        r
+        for r in rows
+        if r.lever == "micro-batch"
+        and r.fits
+        and r.clears_band
+        and r.estimate.recompute == own
+        and (pick is None or not pick.fits or r.step.seconds < 0.98 * pick.step.seconds)
+    ]
+    return max(batches, key=lambda r: r.config.model.micro_batch_size, default=None)
 
 
 def activation_split(e) -> tuple[float, float]:
