@@ -280,3 +280,21 @@ def test_an_oom_in_the_loss_follows_the_layers_activations_that_filled_the_gpu()
     assert d.findings[0].category == "activation_memory", [f.rule for f in d.findings]
     logits = [f for f in d.findings if f.category == "logits_memory"]
     assert logits and all("the layers' activations are why" in f.evidence for f in logits)
+
+
+def test_a_smaller_micro_batch_that_fits_at_no_cost_leads_the_recompute_step():
+    # torchtitan's llama3_70b.toml (pytorch/torchtitan @ 038d5fd, verbatim but for a skill
+    # trial's three edits: seq_len 16384, mode "selective", selective_ac_option "op") on 64
+    # H100s: local_batch_size 8 x 16384 tokens. The doctor's next step was full AC (+32%
+    # FLOPs, a 1.23x step) where local_batch_size 1 fits at 1.00x; that one leads now.
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    toml = Path(__file__).parent / "data" / "launch" / "titan70" / "llama3_70b.toml"
+    d = diagnose(collect(config=str(toml), overrides={"data_parallel_size": 8}), 79.1)
+    f = next(f for f in d.findings if f.rule == "RK010")
+    # the step keeps its global batch (torchtitan's -1 would follow local x DP down 8x)
+    assert f.patch_keys == {"training.local_batch_size": 1, "training.global_batch_size": 64}
+    assert "micro_batch_size=1" in f.evidence and "else 'full:uniform:1'" in f.evidence

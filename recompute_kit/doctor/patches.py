@@ -106,7 +106,9 @@ def _current(ctx: Context) -> tuple[dict[str, Any], dict[str, str]]:
         for key, src in (read.get("sources") or {}).items():
             if isinstance(src, dict):
                 kind = src.get("from", "")
-                if kind == "assumed":  # no input says it: never "already set"
+                # no input says it: never "already set"; nor a global batch derived from the
+                # micro-batch (torchtitan's -1), which a micro-batch patch must write to keep
+                if kind == "assumed" or (kind == "derived" and key == "global_batch_size"):
                     values.pop(key, None)
                     continue
                 place = src.get("where") or src.get("key") or ""

@@ -42,6 +42,9 @@ def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
         if is_trainer_run(cfg) and gbs and not gbs % (new.model.micro_batch_size * dp):
             # the same global batch: the accumulation takes what the micro-batch gives up
             patch["gradient_accumulation_steps"] = gbs // (new.model.micro_batch_size * dp)
+        elif (ctx.evidence.read or {}).get("framework") == "torchtitan" and gbs:
+            # torchtitan's global_batch_size -1 follows local x DP: written, the step keeps it
+            patch["global_batch_size"] = gbs
     spec = row.estimate.recompute
     if spec != cfg.recompute.spec:
         patch.update({k: v for k, v in patch_for(spec).items() if v is not None})
