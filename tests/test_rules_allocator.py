@@ -741,3 +741,11 @@ def test_rk816_deepspeed_allocator_cache_flushes_are_memory_pressure():
     # the warning quoted in a code comment is no warning the run gave
     comment = "        # in case of warning: pytorch allocator cache flushes since last step. \\"
     assert "RK816" not in ids(run(comment))
+
+
+def test_a_run_that_steps_is_asked_for_its_peak_not_an_oom_message():
+    # a skill trial: flush warnings with training going on were answered with "collect the
+    # full OOM message ... memory_summary at the failure"; the run never failed
+    d = run(text("ds-examples-186-allocator-flushes"))
+    ids_ = [c["id"] for c in d.verdict.collect]
+    assert "peak_memory" in ids_ and "oom_message" not in ids_ and "memory_summary" not in ids_

@@ -63,18 +63,22 @@ COLLECT: dict[str, str] = {
     "one with it off (or Megatron's memory report lines of each)",
     "warning_context": "the full warning with its source line, and a few iteration lines after "
     "it (does training go on?)",
+    # a run that steps without failing: its peak, not an OOM it never printed
+    "peak_memory": "torch.cuda.max_memory_reserved(), max_memory_allocated() and "
+    "memory_stats()['num_alloc_retries'] on every rank after a few steps (the peak, and how "
+    "often the allocator had to free its cache)",
 }
 
 # Per category: the artefacts that would decide it (the first ones first).
 COLLECT_FOR: dict[str, tuple[str, ...]] = {
-    "fragmentation": ("oom_message", "expandable", "memory_summary"),
+    "fragmentation": ("oom_message", "expandable", "memory_summary", "peak_memory"),
     "other_processes": ("nvidia_smi", "oom_message"),
     "non_pytorch_memory": ("oom_message", "nvidia_smi", "memory_summary"),
     "allocation_exceeds_device": ("oom_message", "traceback"),
-    "genuine_pressure": ("oom_message", "resolved_config", "memory_summary"),
-    "activation_memory": ("resolved_config", "oom_message", "memory_summary"),
-    "model_state_memory": ("resolved_config", "oom_message", "memory_summary"),
-    "logits_memory": ("traceback", "resolved_config", "oom_message"),
+    "genuine_pressure": ("oom_message", "resolved_config", "memory_summary", "peak_memory"),
+    "activation_memory": ("resolved_config", "oom_message", "memory_summary", "peak_memory"),
+    "model_state_memory": ("resolved_config", "oom_message", "memory_summary", "peak_memory"),
+    "logits_memory": ("traceback", "resolved_config", "oom_message", "peak_memory"),
     "recompute_no_effect": ("resolved_config", "memory_by_step"),
     "recompute_overhead": ("timings", "resolved_config"),
     "invalid_config": ("resolved_config", "traceback"),
@@ -266,6 +270,7 @@ def collect_for(categories: list[str], have: set[str]) -> list[dict[str, Any]]:
         "oom_message": "full_oom" in have,
         "resolved_config": "shape" in have,
         "memory_summary": "memory_table" in have,
+        "peak_memory": "memory_table" in have,
         "nvidia_smi": "memory_table" in have,
         "traceback": "traceback" in have,
         "timings": "measurement" in have,
@@ -279,6 +284,24 @@ def collect_for(categories: list[str], have: set[str]) -> list[dict[str, Any]]:
             if cat not in items[item]:
                 items[item].append(cat)
     return [{"id": k, "what": COLLECT[k], "decides": v} for k, v in items.items()]
+
+
+def fact_of(ctx: Context, key: str) -> Any:
+    return ctx.evidence.facts.get("log", {}).get(key)
+
+
+def _for_a_running_job(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The OOM message and the summary at the failure become the run's measured peak."""
+    out, peak = [], None
+    for item in items:
+        if item["id"] in ("oom_message", "memory_summary"):
+            peak = peak or {"id": "peak_memory", "what": COLLECT["peak_memory"], "decides": []}
+            peak["decides"] += [c for c in item["decides"] if c not in peak["decides"]]
+            if peak not in out:
+                out.append(peak)
+        else:
+            out.append(item)
+    return out
 
 
 def assumed_inputs(ctx: Context) -> list[dict[str, Any]]:
@@ -374,6 +397,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
+    if not ctx.evidence.oom and (ctx.evidence.iterations or fact_of(ctx, "allocator_flushes")):
+        # the run steps and printed no OOM: its peak decides, not an OOM message to come
+        items = _for_a_running_job(items)
     cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)
     if cut and not any(i["id"] == "traceback" for i in items):  # frames, but no exception line
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
