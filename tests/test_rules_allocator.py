@@ -749,3 +749,22 @@ def test_a_run_that_steps_is_asked_for_its_peak_not_an_oom_message():
     d = run(text("ds-examples-186-allocator-flushes"))
     ids_ = [c["id"] for c in d.verdict.collect]
     assert "peak_memory" in ids_ and "oom_message" not in ids_ and "memory_summary" not in ids_
+
+
+def test_an_estimate_that_says_no_fit_yields_to_a_run_that_steps(tmp_path):
+    # LLaVA-1.5 13B (tests/data/launch/llava, verbatim) on 40 GB A100s with the flush warnings
+    # of DeepSpeedExamples#186: the estimate at the longest sample (2048 tokens) says nothing
+    # fits, the log shows the run stepping. RK013 led with "even full recompute does not fit".
+    llava = Path(__file__).parent / "data" / "launch" / "llava"
+    config = [
+        str(llava / "llama2_13b_config.json"),
+        str(llava / "scripts" / "v1_5" / "finetune.sh"),
+        str(llava / "scripts" / "zero3.json"),
+    ]
+    log = tmp_path / "train.log"
+    log.write_text(text("ds-examples-186-allocator-flushes"))
+    evidence = collect(logs=[str(log)], config=config, overrides={"data_parallel_size": 8})
+    d = diagnose(evidence, 39.4)
+    assert d.findings[0].rule == "RK816"
+    no_fit = [f for f in d.findings if f.rule in ("RK011", "RK013")]
+    assert no_fit and all(f.confidence <= 0.4 and "upper bound" in f.evidence for f in no_fit)

@@ -305,12 +305,36 @@ def _reconcile(
                 if f.category == "model_state_memory":
                     f.confidence = round(min(0.99, top + 0.01), 2)
     _where_is_not_why(ctx, kept)
+    _the_run_steps(ctx, kept)
     if ctx.cfg:  # a config was given: confirm steps must not ask for one
         for f in kept:
             f.confirm = f.confirm.replace(
                 "Pass the config to recompute-kit doctor --config, or run", "Run"
             )
     return kept, dropped
+
+
+# Findings that say, from the estimate alone, that the run cannot fit the GPU
+_PREDICTS_NO_FIT = ("RK010", "RK011", "RK013", "RK024")
+
+
+def _the_run_steps(ctx: Context, findings: list[Finding]) -> None:
+    """A log of a run that steps and printed no OOM contradicts an estimate that says it cannot
+    fit: the estimate is then above what the run holds (a sequence length read as the longest
+    sample, batches padded shorter; an assumed input). Those findings say so and stay possible."""
+    if ctx.oom is not None or oom_errors(ctx) or ctx.says("out of memory"):
+        return
+    log = ctx.evidence.facts.get("log", {})
+    if not (ctx.evidence.iterations or log.get("allocator_flushes")):
+        return
+    for f in findings:
+        if f.rule in _PREDICTS_NO_FIT:
+            f.confidence = round(min(f.confidence, 0.4), 2)
+            f.evidence += (
+                " But the log shows the run stepping without an OOM: the estimate is above what "
+                "it holds (the sequence length read is the longest a sample may have; batches "
+                "padded to their own longest are shorter), so this is an upper bound."
+            )
 
 
 def _where_is_not_why(ctx: Context, findings: list[Finding]) -> None:
