@@ -455,3 +455,24 @@ def test_the_steps_cost_is_the_slowest_stages():
     # somewhere the binding stage's share and the step's differ: the plan says the step's
     assert any(abs(c.step_cost - c.estimate.recompute_flops_fraction) > 0.01 for c in clearing)
     assert f"adds {result.best.step_cost:.1%} to the step's FLOPs" in result.explanation
+
+
+def test_no_recompute_modules_before_megatron_core_0_12():
+    # TransformerConfig.recompute_modules came with Megatron-Core 0.12 (core_r0.11.0 has no
+    # such field): a skill trial's Pai-Megatron-Patch run on Megatron-LM-241113 (0.10) was
+    # handed --recompute-modules layernorm, which its Megatron-LM rejects.
+    cfg = get_preset("qwen3-30b-a3b").config().replace(
+        seq_length=4096,
+        expert_model_parallel_size=8,
+        data_parallel_size=8,
+        use_distributed_optimizer=True,
+    )
+    old = plan(cfg, 140, megatron_core_version="0.10")
+    assert all(
+        c.recompute.recompute_granularity != "selective" or c.recompute.modules == ["core_attn"]
+        for c in old.candidates
+    )
+    assert any("field came with 0.12" in why for _, why in old.excluded)
+    new = plan(cfg, 140, megatron_core_version="0.12")
+    selective = [c for c in new.candidates if c.recompute.recompute_granularity == "selective"]
+    assert any(c.recompute.modules != ["core_attn"] for c in selective)

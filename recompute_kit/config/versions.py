@@ -19,6 +19,8 @@ from .pipeline_layout import pipeline_layout
 # transformer_block.py's `_checkpointed_forward` reaches `self._get_layer(index)` past the last
 # layer of the chunk: IndexError (NVIDIA/Megatron-LM#2294; the doctor's rule RK064).
 UNIFORM_CLAMP_VERSION = (0, 17)
+# TransformerConfig.recompute_modules came with Megatron-Core 0.12 (absent from core_r0.11.0)
+MODULES_VERSION = (0, 12)
 
 _VERSION_RE = re.compile(r"(?:core_)?[rv]?(\d+)\.(\d+)(?:\.(\d+))?", re.I)
 
@@ -50,6 +52,18 @@ def known_broken(cfg: Config, version: tuple[int, int] | None) -> list[str]:
     """Why the recompute settings of `cfg` fail on Megatron-Core `version` (None: unknown, the
     strictest), one line each; empty when none is known."""
     r = cfg.recompute
+    if (
+        version is not None
+        and version < MODULES_VERSION
+        and r.recompute_granularity == "selective"
+        and r.modules != ["core_attn"]
+    ):
+        return [
+            f"recompute_modules {r.modules} on Megatron-Core {describe_version(version)}: the "
+            "field came with 0.12 (core_r0.11.0's TransformerConfig has none); before it "
+            "selective recompute is core attention alone (--recompute-activations), and a MoE "
+            "layer's whole recompute is --moe-layer-recompute"
+        ]
     if r.recompute_granularity != "full" or r.recompute_method != "uniform":
         return []
     n = r.recompute_num_layers

@@ -141,7 +141,7 @@ def candidates(
             if excluded is not None:
                 excluded.append((spec, REFUSED + str(exc)))
             continue
-        broken = known_broken(config.with_recompute(rc), version) if not offload else []
+        broken = known_broken(as_candidate(config, rc), version)
         if broken:
             if excluded is not None:
                 excluded.append((spec, broken[0]))
