@@ -189,7 +189,7 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         reading.warnings.insert(
             0,
             f"{called.script} read with the {n} positional arguments {called.where} gives it "
-            f"($1..${n}: {shlex.join(called.argv)[:200]}){exported}",
+            f"($1..${n}: {shlex.join(called.argv)}){exported}",
         )
         return reading, f"{reading.format or 'script'} with arguments"
     path = Path(file_of(item))

@@ -465,6 +465,7 @@ class _Interp:
         self.passes_args_line = 0
         self.argv: list[str] | None = None  # the positional parameters, where `set --` gives them
         self.undecided_flags: dict[str, int] = {}
+        self.set_only_in_untaken: set[str] = set()
         # the environment defaults each variable's value rests on, and those the expansion in
         # progress has taken (collected word by word)
         self.rests_on: dict[str, tuple[EnvDefault, ...]] = {}
@@ -518,6 +519,8 @@ class _Interp:
                 return [] if empty else self._expand_text(word, line)
             elif op.endswith("?") and empty:
                 return [(unresolved(name), line)]
+        if value is None and name in self.set_only_in_untaken:
+            return []  # assigned only in a branch the script does not take: unset, empty
         if value is None:
             return [(unresolved("$" + name if name[0].isdigit() else name), line)]
         self._taken += self.rests_on.get(name, ())
@@ -739,6 +742,15 @@ class _Interp:
                 for w in words:
                     for flag in _FLAG_WORD.findall(w.raw if isinstance(w, Word) else ""):
                         self.undecided_flags.setdefault(flag, cmd.line)
+            elif not any(f[1] is None for f in frames):
+                # a branch the script decides against: the variables it assigns stay unset
+                # there, so they expand to nothing (`${offload_option}` after `if [ $X !=
+                # false ]` with X false), not to a value the environment might give
+                for w in words:
+                    m = _assign_match(w) if not isinstance(w, _ArrayWord) else None
+                    name = m[0] if m else (w.name if isinstance(w, _ArrayWord) else None)
+                    if name:
+                        self.set_only_in_untaken.add(name)
             i += 1
 
     def _condition(self, cond: list[tuple[str, list[Word]]]) -> bool | None:

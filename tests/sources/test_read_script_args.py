@@ -38,6 +38,9 @@ def test_a_launching_file_passes_its_arguments_and_exports():
     # an environment knob the script tests with `[ -z ${X} ]` is taken as unset, and said
     assert "MP_AC_LAYERS is not set by the script: taken as unset" in said
     assert "positional arguments" in reading.origins["seq_length"].note
+    # `${offload_option}`, set only under `if [ $OPTIMIZER_OFFLOAD != false ]` (false here),
+    # is empty, not a value the flag before it was "given"
+    assert not any("is given $offload_option" in w for w in reading.warnings)
 
 
 def test_the_script_with_its_arguments_as_one_input():
