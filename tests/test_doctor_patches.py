@@ -343,7 +343,7 @@ def test_a_pick_that_fits_only_with_offloading_is_patched_with_it():
     # TE CUDA graphs refuse moe and full recompute, so the planner's pick fits only with
     # fine-grained activation offloading. The patch had the recompute keys alone (107 GiB by
     # the kit's own estimate, on an 79.1 GiB GPU).
-    recipe = ROOT / "data" / "recipes" / "qwen3_moe_h100.py"
+    recipe = CORPUS / "bridge_checkout" / "src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
     overrides = {
         "expert_model_parallel_size": 8,
         "pipeline_model_parallel_size": 2,
