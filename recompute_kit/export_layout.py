@@ -335,8 +335,8 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
             if key == "data_parallel_size":
                 notes += [
                     f"# data_parallel_shard_degree {value}: FSDP over the data-parallel ranks,",
-                    f"# {world} GPUs in all (HSDP: data_parallel_replicate_degree x",
-                    f"# data_parallel_shard_degree = {value})",
+                    f"# {world} GPUs in all (-1, its default, is the same where the world is",
+                    f"# {world}; with HSDP, replicate x shard degrees = {value})",
                 ]
         elif key in _TORCHTITAN_TRAINING:
             training.append(f"{_TORCHTITAN_TRAINING[key]} = {value}")
