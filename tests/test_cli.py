@@ -826,3 +826,16 @@ def test_doctor_takes_the_dtype_a_script_leaves_undecided(capsys):
     assert main([*argv, "--dtype", "bf16"]) == 0
     read = json.loads(capsys.readouterr().out)["evidence"]["read"]
     assert read["config"]["bf16"] is True and read["sources"]["bf16"]["from"] == "argument"
+
+
+def test_doctor_takes_a_named_gpu_as_plan_does(capsys):
+    # a skill trial: `diagnose.py --gpu a100-40gb` was taken as an abbreviation of
+    # --gpu-memory-gb ("invalid float value: 'a100-40gb'")
+    from recompute_kit.cli import main
+    from recompute_kit.gpus import GPUS
+
+    log = Path(__file__).parent / "data" / "rules" / "ds-examples-186-allocator-flushes.txt"
+    for budget in (["--gpu", "a100-40gb"], ["--gpu-memory-gb", str(GPUS["a100-40gb"].usable_gib)]):
+        assert main(["doctor", "--log", str(log), "--json", *budget]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["findings"][0]["rule"] == "RK816"

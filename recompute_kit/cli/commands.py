@@ -745,7 +745,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
     except EvidenceError as exc:
         raise ConfigError(str(exc)) from None
-    diagnosis = diagnose(evidence, args.gpu_memory_gb)
+    from ..gpus import GPUS
+
+    gpu_gb = GPUS[args.gpu].usable_gib if args.gpu else args.gpu_memory_gb
+    diagnosis = diagnose(evidence, gpu_gb)
     if args.json:
         emit_json(diagnosis.to_json(rows=False))  # rows streamed, not held as dicts
         return 0

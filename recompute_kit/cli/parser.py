@@ -296,11 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="torch.cuda.memory._snapshot() pickle (read without running code)",
     )
-    p.add_argument(
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument(
         "--gpu-memory-gb",
         type=positive_float,
         metavar="X",
         help="GPU size in GiB when no OOM message says it",
+    )
+    budget.add_argument(
+        "--gpu",
+        choices=gpu_names(),
+        metavar="NAME",
+        help="a GPU whose reported memory is known, as plan takes it: " + ", ".join(gpu_names()),
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument(

@@ -78,6 +78,7 @@ LAYOUT_FLAGS = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="diagnose.py",
+        allow_abbrev=False,  # (`--gpu` is not a prefix of --gpu-memory-gb)
         description=__doc__.split("\n\n")[0],
         epilog="Example: diagnose.py --log train.log --config train.sh overrides.yaml "
         "--gpu-memory-gb 79.1",
@@ -108,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         metavar="X",
         help="GPU size in GiB when no OOM message says it",
+    )
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="a GPU whose reported memory is known (h100-80gb, a100-40gb, rtx-4090, ...: "
+        "plan.py --help lists them), instead of --gpu-memory-gb",
     )
     layout = p.add_argument_group(
         "the layout the --config files leave to the launcher (a scheduler's node count), as "
@@ -146,7 +153,7 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
             out += ["--" + flag.replace("_", "-"), value]
     if args.gpu_memory_gb is not None:
         out += ["--gpu-memory-gb", str(args.gpu_memory_gb)]
-    for flag in (*LAYOUT_FLAGS, "model", "dtype"):
+    for flag in (*LAYOUT_FLAGS, "model", "dtype", "gpu"):
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             out += [f"--{flag}", str(value)]
