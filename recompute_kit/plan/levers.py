@@ -133,9 +133,14 @@ def _world(config: Config) -> int:
     )
 
 
-def _adds(config: Config, step: StepTime) -> str:
+def _adds(config: Config, step: StepTime, micro_batches: int = 1) -> str:
     """What the setting costs beside compute, in a few words."""
     parts = []
+    p = config.parallel
+    if p.zero_stage >= 3 and p.data_parallel_size * p.context_parallel_size > 1:
+        # FSDP / ZeRO-3 gather the parameters and reduce-scatter the gradients per micro-batch
+        each = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
+        parts.append(f"FSDP parameter all-gathers and gradient reduce-scatters{each}, not timed")
     if step.bubble_fraction:
         parts.append(f"bubble {step.bubble_fraction:.1%}")
     if config.parallel.context_parallel_size > 1:
@@ -241,7 +246,7 @@ def _evaluate(
             )
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     host_ok = fits_host(est)
-    adds = _adds(config, step) + (
+    adds = _adds(config, step, micro) + (
         ""
         if host_ok
         else f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU (more than "
