@@ -391,3 +391,17 @@ def test_equal_step_micro_batches_rank_the_largest_first_and_zero3_says_its_gath
     sizes = [r["setting"] for r in batches]
     assert sizes[0].startswith("per_device_train_batch_size=4"), sizes
     assert "in each of 16 micro-batches: 24x DDP's" in batches[-1]["adds"]
+
+
+def test_fsdp_rows_say_their_gathers_per_micro_batch_are_not_timed(capsys):
+    # torchtitan's Llama 3.1 70B TOML (tests/data/launch/titan70) on 64 GPUs: a skill trial saw
+    # micro-batch 1 priced at the same step as 8 with nothing said of FSDP's per-micro-batch
+    # collectives
+    from pathlib import Path
+
+    toml = Path(__file__).parent / "data" / "launch" / "titan70" / "llama3_70b.toml"
+    argv = ["plan", "--config", str(toml), "--dp", "8", "--gpu", "h100-80gb", "--levers", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    one = next(r for r in rows if r["setting"].startswith("micro_batch_size=1"))
+    assert "gradient reduce-scatters in each of 8 micro-batches, not timed" in one["adds"]
