@@ -143,7 +143,12 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
     command runs such a script (`sh run.sh dsw ...`, the way Pai-Megatron-Patch's examples
     are launched; its `export X=Y` lines go with it); None otherwise."""
     if text is None:
-        words = shlex.split(item) if " " in item.strip() else []
+        if Path(item).exists():  # a file whose name has spaces is that file
+            return None
+        try:
+            words = shlex.split(item) if " " in item.strip() else []
+        except ValueError:  # an unclosed quote: not a command line
+            return None
         if len(words) > 1 and Path(words[0]).is_file():
             return ScriptCall(Path(words[0]), words[1:], "the command line")
         return None
