@@ -391,6 +391,9 @@ def test_equal_step_micro_batches_rank_the_largest_first_and_zero3_says_its_gath
     sizes = [r["setting"] for r in batches]
     assert sizes[0].startswith("per_device_train_batch_size=4"), sizes
     assert "in each of 16 micro-batches: 24x DDP's" in batches[-1]["adds"]
+    # the fused-loss row says which transformers has the key (LLaVA pins 4.37, which has not)
+    fused = next(r for r in rows if r["lever"] == "fused loss")
+    assert "use_liger_kernel needs transformers >= 4.45" in fused["adds"]
 
 
 def test_fsdp_rows_say_their_gathers_per_micro_batch_are_not_timed(capsys):

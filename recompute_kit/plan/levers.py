@@ -516,6 +516,10 @@ def _trainer_rows(
         row = _evaluate("fused loss", f"{keys['liger']}: true", c, *args, keys=keys)
         if row is not None:
             row.adds = "pip install liger-kernel; for the model types Liger supports"
+            if keys["liger"] == "use_liger_kernel":
+                # TrainingArguments has the key from transformers 4.45 (PR #32860, merged
+                # 2024-08-20, after 4.44.0): an older pin (LLaVA's 4.37) rejects it
+                row.adds += "; use_liger_kernel needs transformers >= 4.45"
         rows.append(row)
     return rows
 
