@@ -298,6 +298,8 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     if data.get("deepspeed") is not None:
         _read_deepspeed_ref(take("deepspeed"), src, reading)
     _warn_model_states(data, src, reading, lf)
+    if lf:
+        _warn_pairwise(data, src, reading)
     if "fused_linear_cross_entropy" in reading:
         take("enable_liger_kernel" if lf else "use_liger_kernel")
     for key, value in data.items():
@@ -318,6 +320,20 @@ def _read_fsdp(data: dict[str, Any], src: _Src, reading: Reading, take: Any) -> 
     if "offload" in options:
         for key in ("param_offload", "optimizer_offload"):
             reading.set(key, True, src.origin("fsdp", note="FSDP CPU offload"))
+
+
+def _warn_pairwise(data: dict[str, Any], src: _Src, reading: Reading) -> None:
+    """LLaMA-Factory's dpo and rm stages batch each pair's chosen and rejected sequences
+    together (data/collator.py PairwiseDataCollatorWithPadding: "2 * n examples"): the forward
+    holds twice per_device_train_batch_size sequences, which the estimate does not count."""
+    stage = data.get("stage")
+    if stage in ("dpo", "rm"):
+        reading.warnings.append(
+            f"{src.path}: stage {stage}: each pair's chosen and rejected sequences go through "
+            "the model in one batch (LLaMA-Factory's PairwiseDataCollatorWithPadding), 2 x "
+            "per_device_train_batch_size sequences; the estimate counts "
+            "per_device_train_batch_size: pass --micro-batch-size twice it for the activations"
+        )
 
 
 def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> None:

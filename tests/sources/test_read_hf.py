@@ -299,3 +299,16 @@ def test_a_llama_config_without_attention_dropout_has_none():
     reading = resolve([str(path)], require_shape=False).reading
     assert reading.get("attention_dropout") == 0.0
     assert "transformers LlamaConfig default" in reading.origins["attention_dropout"].where
+
+
+def test_a_llama_factory_dpo_stage_says_its_pairs_double_the_forward_batch():
+    # hiyouga/LLaMA-Factory @ ff6d4d12 examples/train_lora/qwen3_lora_dpo.yaml, verbatim: DPO
+    # (and rm) batch each pair's chosen and rejected sequences together
+    # (src/llamafactory/data/collator.py PairwiseDataCollatorWithPadding, "2 * n examples");
+    # found checking real configs the tests did not hold: nothing said it
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).resolve().parents[1] / "data" / "launch" / "llamafactory"
+    reading = resolve([str(path / "qwen3_lora_dpo.yaml")], require_shape=False).reading
+    said = [w for w in reading.warnings if "stage dpo" in w]
+    assert said and "2 x per_device_train_batch_size" in said[0]
