@@ -21,7 +21,7 @@ from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
 from .rules.memory import activation_split
-from .rules.registry import oom_errors
+from .rules.registry import oom_errors, steps_without_oom
 from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
@@ -322,10 +322,7 @@ def _the_run_steps(ctx: Context, findings: list[Finding]) -> None:
     """A log of a run that steps and printed no OOM contradicts an estimate that says it cannot
     fit: the estimate is then above what the run holds (a sequence length read as the longest
     sample, batches padded shorter; an assumed input). Those findings say so and stay possible."""
-    if ctx.oom is not None or oom_errors(ctx) or ctx.says("out of memory"):
-        return
-    log = ctx.evidence.facts.get("log", {})
-    if not (ctx.evidence.iterations or log.get("allocator_flushes")):
+    if not steps_without_oom(ctx):
         return
     for f in findings:
         if f.rule in _PREDICTS_NO_FIT:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
+from .rules.registry import steps_without_oom
 from .types import Context, Finding
 
 DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
@@ -286,10 +287,6 @@ def collect_for(categories: list[str], have: set[str]) -> list[dict[str, Any]]:
     return [{"id": k, "what": COLLECT[k], "decides": v} for k, v in items.items()]
 
 
-def fact_of(ctx: Context, key: str) -> Any:
-    return ctx.evidence.facts.get("log", {}).get(key)
-
-
 def _for_a_running_job(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The OOM message and the summary at the failure become the run's measured peak."""
     out, peak = [], None
@@ -397,7 +394,7 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
-    if not ctx.evidence.oom and (ctx.evidence.iterations or fact_of(ctx, "allocator_flushes")):
+    if steps_without_oom(ctx):
         # the run steps and printed no OOM: its peak decides, not an OOM message to come
         items = _for_a_running_job(items)
     cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)

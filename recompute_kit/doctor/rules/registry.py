@@ -223,6 +223,14 @@ def oom_errors(ctx: Context):
     ]
 
 
+def steps_without_oom(ctx: Context) -> bool:
+    """The log shows the run stepping (iteration lines, DeepSpeed's allocator-flush warnings)
+    and no OOM: what it holds is measured by its peak, not by an OOM it never printed."""
+    if ctx.oom is not None or oom_errors(ctx) or ctx.says("out of memory"):
+        return False
+    return bool(ctx.evidence.iterations or fact(ctx, "allocator_flushes", "log"))
+
+
 def where_raised(e) -> str:
     return " ".join([*e.frames, e.details or "", *e.context]).lower()
 
