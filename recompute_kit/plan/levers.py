@@ -517,8 +517,8 @@ def _trainer_rows(
         if row is not None:
             row.adds = "pip install liger-kernel; for the model types Liger supports"
             if keys["liger"] == "use_liger_kernel":
-                # TrainingArguments has the key from transformers 4.45 (PR #32860, merged
-                # 2024-08-20, after 4.44.0): an older pin (LLaVA's 4.37) rejects it
+                # TrainingArguments has the key from huggingface/transformers#32860 (reviewed
+                # 2024-08-19/20, after 4.44 was out): an older pin (LLaVA's 4.37) rejects it
                 row.adds += "; use_liger_kernel needs transformers >= 4.45"
         rows.append(row)
     return rows
