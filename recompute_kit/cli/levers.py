@@ -209,7 +209,7 @@ def layout_hint(
     """The fastest lever beside recompute (`plan --levers`: a CP x PP split, VPP, the
     micro-batch, ...) that fits, clears the band and beats the planner's recompute pick by
     more than 2% of the step; None where none does (or the levers cannot be priced)."""
-    from ..plan.levers import levers
+    from ..plan.levers import CLEARLY_FASTER, levers
 
     resolved = getattr(args, "resolved", None)
     gbs = args.global_batch_size
@@ -230,7 +230,7 @@ def layout_hint(
         if r.lever not in ("current", "recompute")
         and r.fits
         and r.clears_band
-        and (not pick.fits or r.step.seconds < 0.98 * pick.step.seconds)
+        and (not pick.fits or r.step.seconds < CLEARLY_FASTER * pick.step.seconds)
     ]
     if not better:
         return None

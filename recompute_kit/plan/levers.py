@@ -52,6 +52,11 @@ UNEVEN_SPAN = 4  # first/last stage layers tried: the even share minus 0..4, plu
 UNEVEN_KEEP = 3  # uneven splits listed (the fastest that fit)
 
 
+# A lever beats the planner's recompute pick where its step is over 2% shorter (a closer one is
+# inside what the step-time model can tell apart)
+CLEARLY_FASTER = 0.98
+
+
 @dataclass
 class Lever:
     lever: str

@@ -8,9 +8,10 @@ import re
 
 from ...config import ConfigError, format_spec, parse_spec
 from ...memory.estimate import estimate
+from ...plan.levers import CLEARLY_FASTER
 from ..types import Context, Match
 from .knob_advice import knob_advice
-from .lever_patch import lever_patch
+from .lever_patch import lever_patch, lever_rows
 from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
 from .registry import (
     all_frames,
@@ -133,8 +134,6 @@ def _activations(ctx: Context) -> Match | None:
 def _cheaper_micro_batch(ctx: Context):
     """The largest micro-batch `plan --levers` prices that fits, clears the band and keeps the
     run's own recompute, where its step is shorter than the recompute pick's (None otherwise)."""
-    from .lever_patch import lever_rows
-
     rows = lever_rows(ctx)
     pick = next((r for r in rows if r.lever == "recompute"), None)
     own = ctx.config.recompute.spec
@@ -145,7 +144,7 @@ def _cheaper_micro_batch(ctx: Context):
         and r.fits
         and r.clears_band
         and r.estimate.recompute == own
-        and (pick is None or not pick.fits or r.step.seconds < 0.98 * pick.step.seconds)
+        and (pick is None or not pick.fits or r.step.seconds < CLEARLY_FASTER * pick.step.seconds)
     ]
     return max(batches, key=lambda r: r.config.model.micro_batch_size, default=None)
 
