@@ -142,7 +142,8 @@ def layers_per_stage(m: ModelConfig, p: ParallelConfig) -> list[int]:
             + (" + embedding" if p.account_for_embedding_in_pipeline_split else "")
             + (" + loss" if p.account_for_loss_in_pipeline_split else "")
             + f") is not divisible by pipeline parallel size {pp}; set "
-            "num_layers_in_first/last_pipeline_stage for uneven stages"
+            "num_layers_in_first/last_pipeline_stage for uneven stages (the CLI's "
+            "--first-stage-layers / --last-stage-layers)"
         )
     counts = [total // pp] * pp
     counts[0] -= p.account_for_embedding_in_pipeline_split
