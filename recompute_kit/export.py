@@ -279,6 +279,7 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
     core = _core(rc)
     comments: list[str] = []
     flags: list[str] = []
+    after: list[str] = []  # said below the flags
     g = core["recompute_granularity"]
     if g is None:
         comments.append(
@@ -301,6 +302,12 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "--recompute-num-layers",
             str(core["recompute_num_layers"]),
         ]
+        after = ["# these replace the script's recompute flags: drop --recompute-modules"]
+    elif g == "selective":
+        after = [
+            "# these replace the script's recompute flags: drop --recompute-method, "
+            "--recompute-num-layers and --recompute-activations"
+        ]
     if rc.distribute_saved_activations:
         flags.append("--distribute-saved-activations")
     if rc.cpu_offloading:
@@ -315,7 +322,7 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "# fine-grained offloading needs --transformer-impl transformer_engine; "
             "with TE >= 2.10 also set NVTE_CPU_OFFLOAD_V1=1"
         )
-    return comments + ([" ".join(flags)] if flags else [])
+    return comments + ([" ".join(flags)] if flags else []) + after
 
 
 # --------------------------------------------------------------------------------------------

@@ -406,6 +406,7 @@ def _keyed(framework: str, keys: dict[str, str], launcher: str, comments: dict[s
                 notes.append(f"# {key} {value}: no {framework} key")
         return notes + lines
 
+    write.keys = keys  # what the framework can set (has_key)
     return write
 
 
@@ -430,9 +431,17 @@ _nemo_rl = _keyed(
     {
         "tensor_model_parallel_size": "policy.megatron_cfg.tensor_model_parallel_size",
         "pipeline_model_parallel_size": "policy.megatron_cfg.pipeline_model_parallel_size",
+        "num_layers_in_first_pipeline_stage": (
+            "policy.megatron_cfg.num_layers_in_first_pipeline_stage"
+        ),
+        "num_layers_in_last_pipeline_stage": (
+            "policy.megatron_cfg.num_layers_in_last_pipeline_stage"
+        ),
         "context_parallel_size": "policy.megatron_cfg.context_parallel_size",
         "expert_model_parallel_size": "policy.megatron_cfg.expert_model_parallel_size",
+        "expert_tensor_parallel_size": "policy.megatron_cfg.expert_tensor_parallel_size",
         "sequence_parallel": "policy.megatron_cfg.sequence_parallel",
+        "use_distributed_optimizer": "policy.megatron_cfg.optimizer.use_distributed_optimizer",
         "micro_batch_size": "policy.train_micro_batch_size",
         "seq_length": "policy.max_total_sequence_length",
     },
@@ -452,6 +461,13 @@ _nemo_rl_dtensor = _keyed(
     "cluster.num_nodes x cluster.gpus_per_node",
     {},
 )
+
+
+def has_key(fmt: str, megatron_key: str) -> bool:
+    """Whether the layout writer of `fmt` has a key for this Megatron setting (the formats
+    written in Megatron's own names have every one)."""
+    keys = getattr(_WRITERS.get(fmt), "keys", None)
+    return keys is None or megatron_key in keys
 
 
 _WRITERS = {

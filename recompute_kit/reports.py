@@ -135,12 +135,15 @@ def stages_markdown(stages) -> str:
             f"{s.peak_activation_bytes / scale:.2f}",
             f"{s.model_state_bytes / scale:.2f}",
             f"{s.total_bytes / scale:.2f}",
+            f"{s.held_bytes / scale:.2f}",
             f"{s.headroom_bytes / scale:.2f}",
+            f"{s.ranks[0]}-{s.ranks[1]}",
         ]
         for s in stages
     ]
     headers = ["stage", "layers", "in flight", f"peak act ({unit})", f"model states ({unit})"]
-    return markdown_table([*headers, f"total ({unit})", f"headroom ({unit})"], rows)
+    tail = [f"total ({unit})", f"held ({unit})", f"headroom ({unit})", "global ranks"]
+    return markdown_table([*headers, *tail], rows)
 
 
 @dataclass

@@ -408,3 +408,46 @@ def test_fsdp_rows_say_their_gathers_per_micro_batch_are_not_timed(capsys):
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     one = next(r for r in rows if r["setting"].startswith("micro_batch_size=1"))
     assert "gradient reduce-scatters in each of 8 micro-batches, not timed" in one["adds"]
+
+
+def test_a_nemo_rl_megatron_run_levers_doctor_and_plan_pick_what_nemo_rl_can_set(capsys, tmp_path):
+    # a skill trial: NeMo-RL's grpo_math_8B_megatron.yaml (+ its defaults: parents) with
+    # policy.max_total_sequence_length=8192 policy.train_micro_batch_size=2 on A100 80GB. NeMo-RL
+    # sets full recompute as uniform, 1 layer (nemo_rl/models/megatron/setup.py
+    # _apply_performance_config) and has no VPP key, yet `plan --levers` and the doctor priced
+    # 'full:block:7' and vpp rows while `plan` picked selective:mlp, and better_layout was
+    # measured against the block pick
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "nemo_rl"
+    files = [
+        str(corpus / "grpo_math_8B_megatron.yaml"),
+        "policy.max_total_sequence_length=8192",
+        "policy.train_micro_batch_size=2",
+    ]
+    argv = ["plan", "--config", *files, "--gpu", "a100-80gb"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pick = doc["best"]["recompute"]
+    assert not pick.startswith("full:block")
+    assert main([*argv, "--levers", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["levers"]
+    rows = table["rows"]
+    assert not any(r["lever"] == "vpp" for r in rows)
+    assert any("vpp (nemo-rl has no key for it)" in n for n in table["notes"])
+    assert all("full:block" not in r["setting"] for r in rows)
+    (recompute_row,) = [r for r in rows if r["lever"] == "recompute"]
+    assert pick in recompute_row["setting"]
+    log = tmp_path / "train.log"  # all the user pasted
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    evidence = collect(logs=[str(log)], config=files)
+    d = diagnose(evidence, 79.1)
+    f = next(f for f in d.findings if f.rule == "RK010")
+    assert "full:block" not in f.evidence and pick in f.evidence
+    # the colocated vLLM: only the config says it is there, and NeMo-RL puts it to sleep while
+    # the policy trains: below the activation finding, with the trade of a smaller share said
+    engine = next(f for f in d.findings if f.rule == "RK100")
+    assert engine.raw_confidence < f.raw_confidence
+    assert "sleep" in engine.evidence and "slower rollouts" in engine.evidence
+

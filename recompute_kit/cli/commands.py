@@ -617,7 +617,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"peak act ({unit})",
                 f"model states ({unit})",
                 f"total ({unit})",
+                f"held ({unit})",
                 f"headroom ({unit})",
+                "global ranks",
             ],
             [
                 (
@@ -628,11 +630,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     in_unit(s.peak_activation_bytes, scale, 2),
                     in_unit(s.model_state_bytes, scale, 2),
                     in_unit(s.total_bytes, scale, 2),
+                    in_unit(s.held_bytes, scale, 2),
                     in_unit(s.headroom_bytes, scale, 2),
+                    f"{s.ranks[0]}-{s.ranks[1]}",
                 )
                 for s in result.stages
             ],
         )
+    )
+    print(
+        "held: the total and what the rank holds beside it (MoE imbalance, gathered weights), "
+        "what fits is judged on; global ranks: Megatron-Core's default rank order "
+        "(tp-cp-ep-dp-pp), the pipeline stage varying slowest"
     )
     print(f"binding: {result.binding}")
     if gpu is not None:

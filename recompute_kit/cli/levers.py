@@ -260,13 +260,14 @@ def hint_line(hint: dict) -> str:
 
 
 def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
-    """For a Hugging Face Trainer run: whose keys name its levers (LLaMA-Factory's or the
-    Trainer's: --format, else the YAML read) and whether it shards with FSDP or DeepSpeed."""
+    """The framework the rows are written for (--format, else the files read) and, for a
+    Hugging Face Trainer run, whose keys name its levers (LLaMA-Factory's or the Trainer's)
+    and whether it shards with FSDP or DeepSpeed."""
     from .common import default_format
 
     fmt = default_format(args)
     trainers = ("hf-trainer", "llama-factory", "automodel", "nemo-rl-dtensor")
-    out = {"trainer_format": fmt if fmt in trainers else "hf-trainer"}
+    out = {"trainer_format": fmt if fmt in trainers else "hf-trainer", "plan_format": fmt}
     if fmt == "automodel":  # FSDP2 / Megatron-FSDP through distributed.strategy
         out["sharding_backend"] = "automodel"
         return out

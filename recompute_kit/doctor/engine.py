@@ -125,7 +125,7 @@ def _estimate(ctx: Context) -> None:
     ctx.estimate = estimate(ctx.config, stage=ctx.oom_stage)
     if ctx.gpu_bytes:
         try:
-            result = plan(ctx.config, ctx.gpu_bytes / GIB)
+            result = plan(ctx.config, ctx.gpu_bytes / GIB, fmt=ctx.plan_format)
             ctx.best = result.best
             ctx.best_keeping = _keeping_current(result, ctx.config)
         except ConfigError as exc:

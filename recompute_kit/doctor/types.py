@@ -47,6 +47,16 @@ class Context:
         return any(f in text for f in fragments)
 
     @property
+    def plan_format(self) -> str:
+        """The framework the inputs were read as, named as export's formats (Megatron-Bridge's
+        where none is known): the planner's picks must have keys there (NeMo-RL: full
+        recompute only as uniform, 1 layer)."""
+        from ..export import format_for
+
+        read = self.evidence.read or {}
+        return format_for(read.get("framework"), str(read.get("format") or ""))
+
+    @property
     def oom(self) -> OOMEvent | None:
         return self.evidence.oom[-1] if self.evidence.oom else None
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..config import Config, ConfigError
 from ..config.validation import check_expert_layout
+from ..export_layout import has_key
 from ..memory.estimate import Estimate, estimate
 from ..memory.model_states import sharding_mode
 from .margins import HOST_MEMORY_PER_GPU_BYTES, error_band, fits_host, planned_bytes
@@ -306,13 +307,16 @@ def levers(
     trainer_format: str = "hf-trainer",
     sharding_backend: str = "deepspeed",
     no_context_parallel: str | None = None,
+    plan_format: str = "megatron-bridge",
 ) -> LeverTable:
     """Every lever's row, ranked: fits and clears the error band first, then fits, then by
     predicted step time (those that do not fit: by peak memory). A Hugging Face Trainer run
     gets its own levers (`_trainer_rows`), named in `trainer_format`'s keys
     (export.TRAINER_KEYS: "hf-trainer" or "llama-factory"), its sharding as `sharding_backend`
     ("deepspeed" or "fsdp") writes it. `no_context_parallel`: why the run cannot use context
-    parallelism (its framework refuses it for this run), None where it can."""
+    parallelism (its framework refuses it for this run), None where it can. `plan_format`:
+    the framework the rows are written for (export.FORMATS): a row needs a key there (NeMo-RL
+    has no VPP key, and full recompute only as uniform, 1 layer)."""
     hw = hw or Hardware()
     usable = int(int(gpu_memory_gb * GIB) * (1 - safety_margin))
     m, p = config.model, config.parallel
@@ -330,7 +334,8 @@ def levers(
     except ConfigError as exc:
         raise ConfigError(f"{exc}: the run as given cannot step (--global-batch-size)") from None
     # the framework the plan's pick is written for: it decides what recompute can be set
-    plan_format = "nemo-rl-dtensor" if trainer_format == "nemo-rl-dtensor" else "megatron-bridge"
+    if trainer_format == "nemo-rl-dtensor":
+        plan_format = trainer_format
     args = (
         global_batch_size,
         hw,
@@ -411,8 +416,11 @@ def levers(
             rows.append(_evaluate("cp x pp", setting, c, *args, fallback=layout_fallback))
     rows += _tensor_parallel(config, args)
     pp = p.pipeline_model_parallel_size
+    vpp_key = has_key(plan_format, "virtual_pipeline_model_parallel_size")
+    if pp > 1 and not layout_fixed and not vpp_key:
+        notes.append(f"left out: vpp ({plan_format} has no key for it)")
     if pp > 1 and not layout_fixed:
-        for v in range(1, MAX_VPP + 1):
+        for v in range(1, MAX_VPP + 1) if vpp_key else ():
             if v != (p.virtual_pipeline_model_parallel_size or 1):
                 c = config.replace(virtual_pipeline_model_parallel_size=v if v > 1 else None)
                 rows.append(_evaluate("vpp", f"vpp={v}", c, *args))
@@ -429,7 +437,7 @@ def levers(
         if b != m.micro_batch_size and (current.fits or b < m.micro_batch_size):
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", f"micro_batch_size={b}", c, *args))
-    for rc, offload in candidates(config) if not (automodel or dtensor) else ():
+    for rc, offload in candidates(config, fmt=plan_format) if not (automodel or dtensor) else ():
         if offload:
             c = Config(m, p, dataclasses.replace(rc), config.assumptions)
             row = _evaluate(

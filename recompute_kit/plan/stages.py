@@ -22,7 +22,9 @@ class Stage:
     peak_activation_bytes: int
     model_state_bytes: int  # weights + gradients + optimizer states
     total_bytes: int
-    headroom_bytes: int  # usable memory minus total (negative: over)
+    held_bytes: int  # the total and what the rank holds beside it (margins.planned_bytes)
+    headroom_bytes: int  # usable memory minus held (negative: over)
+    ranks: tuple[int, int]  # the first and last global rank (Megatron's default rank order)
 
     def to_json(self) -> dict:
         return {
@@ -36,8 +38,19 @@ class Stage:
             "peak_activation_bytes": self.peak_activation_bytes,
             "model_state_bytes": self.model_state_bytes,
             "total_bytes": self.total_bytes,
+            "held_bytes": self.held_bytes,
             "headroom_bytes": self.headroom_bytes,
+            "global_ranks": list(self.ranks),
         }
+
+
+def stage_ranks(config: Config, stage: int) -> tuple[int, int]:
+    """The global ranks of a pipeline stage in Megatron-Core's default rank order
+    (initialize_model_parallel's order "tp-cp-ep-dp-pp": the pipeline varies slowest), so
+    stage s holds the s-th contiguous block of world / PP ranks."""
+    p = config.parallel
+    per_stage = p.tensor_model_parallel_size * p.context_parallel_size * p.data_parallel_size
+    return stage * per_stage, (stage + 1) * per_stage - 1
 
 
 def stage_table(config: Config, usable: int) -> list[Stage]:
@@ -57,7 +70,9 @@ def stage_table(config: Config, usable: int) -> list[Stage]:
                 peak_activation_bytes=e.peak_activation_bytes,
                 model_state_bytes=e.model_state_bytes,
                 total_bytes=e.total_bytes,
+                held_bytes=planned_bytes(e),
                 headroom_bytes=usable - planned_bytes(e),
+                ranks=stage_ranks(config, s),
             )
         )
     return rows
@@ -69,8 +84,8 @@ def binding_reason(rows: list[Stage]) -> str:
     b = min(rows, key=lambda r: r.headroom_bytes)  # what it holds, imbalance included
     if len(rows) == 1:
         return (
-            f"stage 0 (the only one) holds {len(b.layers)} layers, the embedding, the output "
-            "layer and the loss"
+            f"stage 0 (the only one: every rank) holds {len(b.layers)} layers, the embedding, "
+            "the output layer and the loss"
         )
     others = [r for r in rows if r is not b]
     runner = min(others, key=lambda r: r.headroom_bytes)
@@ -99,8 +114,10 @@ def binding_reason(rows: list[Stage]) -> str:
         states += f" (expert weights of {b.moe_layers} MoE layer{'s' if b.moe_layers > 1 else ''})"
     why.append(states)
     gap = (runner.headroom_bytes - b.headroom_bytes) / GIB
+    first, last = b.ranks
     return (
-        f"stage {b.stage} binds with {b.headroom_bytes / GIB:.2f} GiB of headroom (total "
+        f"stage {b.stage} (global ranks {first}-{last} in Megatron's default rank order "
+        f"tp-cp-ep-dp-pp) binds with {b.headroom_bytes / GIB:.2f} GiB of headroom (total "
         f"{b.total_bytes / GIB:.2f} GiB and what it holds beside it): "
         + ", ".join(why)
         + f"; next is stage {runner.stage} with {runner.headroom_bytes / GIB:.2f} GiB of "

@@ -322,6 +322,7 @@ def read(
         fv.set("bf16", flags[precision][0], (p, "precision"))
         fv.set("fp16", flags[precision][1], (p, "precision"))
 
+    _packed_micro_batches(fv)
     megatron_on = fv.get(p, "megatron_cfg", "enabled", kind=bool)
     if megatron_on:
         reading.format = MEGATRON
@@ -367,6 +368,29 @@ def read(
 def read_with_overrides(text: str, path: str, words: list[str]) -> Reading:
     """`FILE key=value ...` on recompute-kit's command line: as the launch command gives them."""
     return read(text, path, [Override(w, applies_to=path) for w in words])
+
+
+def _packed_micro_batches(fv: FileValues) -> None:
+    """Sequence packing or dynamic batching: a training micro-batch is a bin of up to
+    `train_mb_tokens` tokens (nemo_rl/data_plane/worker_mixin.py max_tokens_per_microbatch),
+    which the estimate counts as micro_batch_size x max_total_sequence_length: said where the
+    two differ (the shipped configs interpolate one from the other)."""
+    p = "policy"
+    mbs, seq = fv.reading.values.get("micro_batch_size"), fv.reading.values.get("seq_length")
+    for section in ("sequence_packing", "dynamic_batching"):
+        if fv.raw((p, section, "enabled")) is not True:  # (left in `unused`: patches read it)
+            continue
+        tokens = fv.get(p, section, "train_mb_tokens", kind=int)
+        if tokens is None or mbs is None or seq is None:
+            continue
+        fv.mark_used((p, section, "train_mb_tokens"))
+        if tokens != mbs * seq:
+            fv.reading.warnings.append(
+                f"{fv.where((p, section, 'train_mb_tokens'))}: policy.{section} is on: a "
+                f"micro-batch holds up to train_mb_tokens {tokens} tokens, not micro_batch_size "
+                f"x max_total_sequence_length = {mbs * seq} as estimated: for the packed bin, "
+                f"estimate with --micro-batch-size 1 --seq-length {tokens}"
+            )
 
 
 def _read_megatron(fv: FileValues) -> None:

@@ -291,6 +291,11 @@ def merge(readings: Sequence[Reading]) -> Reading:
                     )
             if origin.kind == FROM_DEFAULT and merged.origins.get(key, origin).kind != FROM_DEFAULT:
                 continue  # a default a reader filled never hides what another input wrote
+            if origin.kind == FROM_ASSUMED and merged.origins.get(key, origin).kind not in (
+                FROM_DEFAULT,
+                FROM_ASSUMED,
+            ):
+                continue  # nor does a guess (a script's unread tokenizer: the model's vocab)
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
         merged.unused.update(reading.unused)

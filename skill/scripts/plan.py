@@ -16,7 +16,10 @@ Prints one JSON document on stdout:
    terms beside it the budget is compared with), peak_activation_gib, weights_gib,
    grads_gib, optimizer_gib, recompute_flops_pct, headroom_gib, error_band_gib,
    clears_error_band, ...}, "explanation": "...", "binding_stage": "<which stage binds, why>",
-   "stage_total_gib": [per pipeline stage], "assumptions": [...], "warnings": [the reader's],
+   "stage_total_gib": [per pipeline stage], "stage_held_gib": [the same with what the rank
+   holds beside its total (MoE imbalance, gathered parameters): what fits is judged on],
+   "stage_global_ranks": [[first, last] global rank of each stage, Megatron's default rank
+   order], "assumptions": [...], "warnings": [the reader's],
    "rendered": "<config to paste: the recompute setting, and the parallel layout / shape
    the fit is for where the options changed them from the inputs>", "changed_settings":
    {Megatron field: value, e.g. context_parallel_size: 4}, "usable_gib": ...,
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             "explanation": doc.get("explanation"),
             "binding_stage": (doc.get("binding_stage") or {}).get("reason"),
             "stage_total_gib": [gib(st["total_bytes"]) for st in doc.get("stages", [])],
+            "stage_held_gib": [gib(st["held_bytes"]) for st in doc.get("stages", [])],
+            "stage_global_ranks": [st["global_ranks"] for st in doc.get("stages", [])],
             "assumptions": doc.get("assumptions", []),
             "warnings": (doc.get("read") or {}).get("warnings", []),
             "rendered": doc.get("rendered"),

@@ -119,3 +119,18 @@ def test_a_parent_given_after_its_child_is_not_applied_again(tmp_path):
     assert not [w for w in chain.reading.warnings if w.startswith("conflict")]
     said = [i["format"] for i in chain.inputs if i["path"] == str(tmp_path / names[1])]
     assert f"read once, within {tmp_path / names[0]}: not applied again" in said
+
+
+def test_sequence_packing_bins_other_than_micro_batch_times_sequence_are_said():
+    # grpo_math_1B.yaml turns policy.sequence_packing on with train_mb_tokens interpolated as
+    # max_total_sequence_length x train_micro_batch_size: the estimate's b x s, nothing to say.
+    # A bin set apart from them is said: a packed micro-batch holds train_mb_tokens tokens
+    # (nemo_rl/data_plane/worker_mixin.py max_tokens_per_microbatch). A skill trial found the
+    # packing keys left in `unused` with no word.
+    base = [str(CORPUS / "grpo_math_8B_megatron.yaml"), "policy.train_micro_batch_size=2"]
+    same = resolve(base, require_shape=False).reading
+    assert not any("train_mb_tokens" in w for w in same.warnings)
+    assert "policy.sequence_packing.train_mb_tokens" not in same.unused  # compared
+    other = resolve([*base, "policy.sequence_packing.train_mb_tokens=32768"], require_shape=False)
+    (said,) = [w for w in other.reading.warnings if "train_mb_tokens" in w]
+    assert "32768" in said and "--micro-batch-size 1 --seq-length 32768" in said

@@ -105,7 +105,8 @@ def _plan_for(ctx: Context, imbalance: float) -> tuple[dict | None, str]:
     if not ctx.gpu_bytes:
         return None, f"Plan for it: recompute-kit plan --moe-imbalance {imbalance:g}."
     model = dataclasses.replace(ctx.config.model, moe_routing_imbalance=imbalance)
-    best, said = _cheapest(dataclasses.replace(ctx.config, model=model), ctx.gpu_bytes / GIB)
+    model_cfg = dataclasses.replace(ctx.config, model=model)
+    best, said = _cheapest(model_cfg, ctx.gpu_bytes / GIB, ctx.plan_format)
     how = f"Planned at imbalance {imbalance:g}"
     if best is None:
         return None, f"{how}: {said}."
@@ -114,7 +115,7 @@ def _plan_for(ctx: Context, imbalance: float) -> tuple[dict | None, str]:
     )
 
 
-def _cheapest(config, budget_gb: float):
+def _cheapest(config, budget_gb: float, fmt: str):
     """The planner's cheapest candidate in `budget_gb`: (it, it in words), or (None, the
     planner's one-line refusal)."""
     from ...config import ConfigError
@@ -122,7 +123,7 @@ def _cheapest(config, budget_gb: float):
     from ...plan.margins import planned_bytes
 
     try:
-        best = plan(config, budget_gb).best
+        best = plan(config, budget_gb, fmt=fmt).best
     except ConfigError as exc:
         return None, str(exc)
     return best, (
@@ -167,7 +168,7 @@ def _plan_without(ctx: Context, gap: int) -> tuple[dict, str]:
     if not ctx.gpu_bytes or ctx.gpu_bytes <= gap:
         return {}, "Find what holds it before planning (the snapshot or memory summary)."
     budget = (ctx.gpu_bytes - gap) / GIB
-    best, said = _cheapest(ctx.config, budget)
+    best, said = _cheapest(ctx.config, budget, ctx.plan_format)
     if best is None:
         return {}, f"With it set aside ({budget:.1f} GiB left) the planner says: {said}."
     if candidate_spec(best) == ctx.config.recompute.spec and not best.offload:

@@ -83,6 +83,7 @@ def first_fitting_lever(ctx: Context):
                     global_batch_size=batch,
                     trainer_format=fmt,
                     sharding_backend=backend,
+                    plan_format=ctx.plan_format,
                 )
             except (ConfigError, ValueError, ZeroDivisionError):
                 continue

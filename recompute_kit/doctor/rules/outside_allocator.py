@@ -135,7 +135,22 @@ def _inference_engine(ctx: Context) -> Match | None:
         if read
         else f"The evidence names an inference engine sharing the GPU ('{hit}')"
     )
-    return Match(0.8, f"{where}.{numbers}", config_patch=patch)
+    trade = (
+        " A lower share is a smaller KV cache for generation: fewer sequences at once, slower "
+        "rollouts."
+    )
+    messages = " ".join([ctx.text, oom.line if oom else ""]).lower()
+    if read and not any(w in messages for w in ("vllm", "sglang", "sleep", "cumem")):
+        # only the config says the engine is there; NeMo-RL puts it to sleep (weights off the
+        # GPU, KV cache freed) while the policy trains: possible, not shown
+        return Match(
+            0.45,
+            f"{where}, but nothing in the log shows the engine's memory at the failure: its "
+            "sleep mode frees it while the policy trains. Check vLLM's 'Sleep mode freed ... "
+            f"memory is still in use' line before lowering the share.{numbers}{trade}",
+            config_patch=patch,
+        )
+    return Match(0.8, f"{where}.{numbers}{trade}", config_patch=patch)
 
 
 def _colocated(ctx: Context, text: str) -> bool:
