@@ -454,3 +454,17 @@ def test_nemo1_layout_names_the_node_count_to_set():
 
     lines = layout_lines({"data_parallel_size": 8}, "nemo", 128)
     assert "# trainer.num_nodes: 16 with trainer.devices: 8 (the GPUs of a node)" in lines
+
+
+def test_megatron_lm_flags_say_which_recompute_flags_they_replace():
+    # A skill trial: the script set --recompute-granularity selective --recompute-modules
+    # moe_act; the plan handed over the full-recompute flags alone, so pasting them left
+    # --recompute-modules (and a second --recompute-granularity) in the script.
+    from recompute_kit.config import parse_spec
+    from recompute_kit.export import render
+
+    full = render(parse_spec("full:block:4"), "megatron-lm", num_layers=32).splitlines()
+    flags = next(i for i, line in enumerate(full) if line.startswith("--recompute-granularity"))
+    assert "drop --recompute-modules" in "\n".join(full[flags + 1 :])
+    selective = render(parse_spec("selective:moe_act"), "megatron-lm", num_layers=32)
+    assert "drop --recompute-method, --recompute-num-layers" in selective

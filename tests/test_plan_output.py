@@ -222,3 +222,28 @@ def test_a_pick_at_balanced_routing_says_when_a_modest_skew_breaks_it(capsys):
     assert "At balanced routing only" in doc["explanation"]
     skewed = _json(capsys, [*argv, "79.1", "--moe-imbalance", "1.25"])
     assert "At balanced routing only" not in skewed["explanation"]
+
+
+def test_each_stage_says_its_global_ranks_and_what_it_holds_beside_its_total(capsys):
+    # A skill trial (Megatron-LM's Mixtral 8x7B script, TP1 PP4 DP8 EP8, an OOM on "GPU 3"):
+    # "which ranks are over" had no answer (plan named stage 0 only), and stage_total_gib left
+    # out the MoE imbalance the fit is judged on. Megatron-Core orders ranks tp-cp-ep-dp-pp
+    # (parallel_state.initialize_model_parallel's default order): the pipeline varies slowest.
+    from recompute_kit.plan import plan
+    from recompute_kit.plan.stages import stage_ranks
+
+    recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"  # TP2 PP16 CP1
+    cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
+    assert stage_ranks(cfg, 0) == (0, 63) and stage_ranks(cfg, 15) == (960, 1023)
+    tiny = cfg.replace(tensor_model_parallel_size=2, context_parallel_size=2, data_parallel_size=4)
+    assert stage_ranks(tiny, 1) == (16, 31)
+    result = plan(cfg.replace(moe_routing_imbalance=2.0), 79.1)
+    for s in result.stages:
+        assert s.held_bytes == result.usable_bytes - s.headroom_bytes
+        assert s.held_bytes >= s.total_bytes
+    assert any(s.held_bytes > s.total_bytes for s in result.stages)  # the imbalance, held
+    binding = min(result.stages, key=lambda s: s.headroom_bytes)
+    first, last = binding.ranks
+    assert f"stage {binding.stage} (global ranks {first}-{last}" in result.binding
+    doc = result.stages[1].to_json()
+    assert doc["global_ranks"] == [64, 127] and doc["held_bytes"] == result.stages[1].held_bytes
