@@ -128,7 +128,8 @@ def test_a_models_config_is_not_hidden_by_a_scripts_guess():
     script = "tests/sources/corpus/megatron_lm/blind_mixtral_8x7b_distributed.sh"
     alone = resolve([script], require_shape=False).reading
     assert alone.origins["vocab_size"].kind == "assumed"
-    both = resolve([script], model="mistralai/Mixtral-8x7B-v0.1", overrides={"data_parallel_size": 8})
+    mixtral = "mistralai/Mixtral-8x7B-v0.1"
+    both = resolve([script], model=mixtral, overrides={"data_parallel_size": 8})
     assert both.reading.origins["vocab_size"].kind == "model"
     assert both.reading.values["vocab_size"] == 32000
     assert not any("vocab_size" in a for a in both.config.assumptions)
