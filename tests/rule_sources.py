@@ -567,3 +567,18 @@ SOURCES.update(
         ),
     }
 )
+
+# round "w": known problems collected from the frameworks' trackers (not corpus cases)
+SOURCES.update(
+    {
+        "kp-w-kohya-1687-ddpoptimizer-higher-order-op": (
+            "https://github.com/bmaltais/kohya_ss/issues/1687"
+        ),
+        "kp-w-pt-159359-fsdp2-recompute-fp32": "https://github.com/pytorch/pytorch/issues/159359",
+        "kp-w-hf-trainer-fsdp-ac-and-gc": (
+            "https://github.com/huggingface/transformers/pull/25771 (the ValueError as "
+            "transformers' Trainer raises it, src/transformers/trainer.py)"
+        ),
+        "kp-w-examples-1210-offload-to-cpu": "https://github.com/pytorch/examples/issues/1210",
+    }
+)

@@ -121,7 +121,9 @@ class KnownProblem:
         for e in ctx.evidence.errors:
             if self.error_type is not None and not self.error_type.search(e.type):
                 continue
-            text = " ".join(f"{e.type}: {e.message}".split())  # hard wraps are spaces
+            # hard wraps are spaces; the lines under the message (a CheckpointError's
+            # saved / recomputed metadata) belong to it
+            text = " ".join(f"{e.type}: {e.message} {e.details}".split())
             if not any(p.search(text) for p in self.message):
                 continue
             if self.where is not None and not facts:
