@@ -161,6 +161,11 @@ def test_plan_names_a_layout_that_beats_costly_recompute(capsys):
     hint = doc["better_layout"]
     assert hint and hint["lever"] == "cp x pp" and hint["step_vs_recompute_pick"] < 1
     assert doc["best"]["step_recompute_flops_fraction"] > 0.02
+    # a faster layout with less room is a trade: both headrooms are said (a later trial took
+    # a hint with 1.6 GiB of headroom for a safe pick)
+    usable, held = doc["usable_bytes"], hint["held_bytes"]
+    assert hint["headroom_bytes"] == usable - held
+    assert hint["recompute_pick_headroom_bytes"] == doc["best"]["headroom_bytes"]
     # no hint where the pick costs nothing
     assert _json(capsys, argv)["better_layout"] is None
 

@@ -235,11 +235,15 @@ def layout_hint(
     if not better:
         return None
     r = min(better, key=lambda r: r.step.seconds)
+    usable = int(gib * GIB * (1 - args.safety_margin))
     return {
         "lever": r.lever,
         "setting": r.setting,
         "peak_bytes": r.estimate.total_bytes,
         "held_bytes": r.estimate.held_bytes,
+        # a faster row with less room than the pick is a trade, said with both headrooms
+        "headroom_bytes": usable - r.estimate.held_bytes,
+        "recompute_pick_headroom_bytes": usable - pick.estimate.held_bytes,
         "step_vs_recompute_pick": r.step.seconds / pick.step.seconds if pick.step.seconds else None,
         "recompute_pick_fits": pick.fits,
     }
@@ -252,10 +256,16 @@ def hint_line(hint: dict) -> str:
         if hint["recompute_pick_fits"] and hint["step_vs_recompute_pick"]
         else ""
     )
+    room = ""
+    if "headroom_bytes" in hint:
+        room = f", headroom {hint['headroom_bytes'] / GIB:.1f} GiB"
+        if hint["recompute_pick_fits"]:
+            pick_room = hint["recompute_pick_headroom_bytes"] / GIB
+            room += f" against the recompute pick's {pick_room:.1f}"
     return (
         f"a layout does better: {hint['lever']} {hint['setting']} (peak "
-        f"{hint['peak_bytes'] / GIB:.1f} GiB{faster}; step times from the step-time model, "
-        "`plan --levers` prices every lever)"
+        f"{hint['peak_bytes'] / GIB:.1f} GiB{room}{faster}; step times from the step-time "
+        "model, `plan --levers` prices every lever)"
     )
 
 

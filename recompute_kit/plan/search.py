@@ -51,10 +51,21 @@ def as_candidate(config: Config, rc: RecomputeConfig) -> Config:
     )
 
 
+# A module whose recompute another module's contains (Megatron-Core checkpoints the whole MoE
+# layer for 'moe', its expert activation with it): the pair is the larger one, estimated twice.
+_CONTAINED_IN = {"moe_act": "moe"}
+
+
 def module_sets(config: Config) -> list[list[str]]:
-    """Every non-empty combination of the modules that act on this model, smallest first."""
+    """Every non-empty combination of the modules that act on this model, smallest first,
+    less those that name a module beside the one containing it."""
     modules = applicable_modules(config)
-    return [list(c) for r in range(1, len(modules) + 1) for c in itertools.combinations(modules, r)]
+    return [
+        list(c)
+        for r in range(1, len(modules) + 1)
+        for c in itertools.combinations(modules, r)
+        if not any(_CONTAINED_IN.get(m) in c for m in c)
+    ]
 
 
 def _torchtitan_settings(config: Config) -> list[RecomputeConfig]:

@@ -96,6 +96,17 @@ def _moe_imbalance(ctx: Context) -> Match | None:
         f"moe_expert_capacity_factor): an expert rank receiving {factor:.2f}x its share of "
         f"tokens explains the {gib(gap)} gap.{_before_first_step(ctx)}"
     )
+    if _before_first_step(ctx):
+        # without the moments the same OOM means more imbalance, and the moments come at the
+        # first step: the fix is planned for that case (it covers the other)
+        moments = ctx.estimate.optimizer_bytes * 2 // 3
+        upper = 1.0 + (gap + moments) / per_share
+        if upper <= max(2.0, ep):
+            planned = math.ceil(upper / IMBALANCE_STEP) * IMBALANCE_STEP
+            said += (
+                f" Without them the rank received {upper:.2f}x its share; the plan is for that "
+                "case, which covers the other."
+            )
     patch, words = _plan_for(ctx, planned)
     return Match(0.6, f"{said} {words}", config_patch=patch)
 
