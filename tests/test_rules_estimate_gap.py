@@ -96,3 +96,69 @@ def test_no_logits_reading_for_a_rank_on_an_earlier_pipeline_stage():
     last = _run(_oom(60.0, request_gib=0.49, rank=31))
     assert any("the OOM is on rank 31: pipeline stage 3" in n for n in last.evidence.notes)
     assert "RK012" in ids(last)
+
+
+def test_an_estimate_far_above_what_the_rank_reached_decides_nothing():
+    # A skill trial: TRL's SFT (huggingface/trl @ f2cd577, examples/accelerate_configs/
+    # deepspeed_zero3.yaml verbatim, tests/data/launch/trl) on 4 A100 40GB, Qwen2.5-7B at
+    # --per_device_train_batch_size 8 --max_length 4096, and the OOM the trial was given:
+    # 33.90 GiB allocated + 4.64 GiB asked. The estimate at 8 x 4096 tokens is ~94 GiB, yet
+    # RK012 said "nothing fits" and the verdict was `diagnosed` at 85%. max_length is a cap:
+    # batches pad to their longest sample; the request is one bf16 [16384 x 152064] logits
+    # tensor (8 x 2048). An estimate the rank did not reach decides nothing.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    trl = Path(__file__).parent / "data" / "launch" / "trl"
+    evidence = collect(
+        logs=[str(trl / "oom.log")],
+        config=[
+            str(trl / "launch.sh"),
+            str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml"),
+        ],
+        overrides={"data_parallel_size": 4},
+    )
+    d = diagnose(evidence, 39.38)
+    assert d.verdict.verdict == "needs_evidence"
+    assert "far above what the rank reached" in d.verdict.why
+    assert d.verdict.collect[0]["id"] == "tokens_per_batch"
+    f = next(f for f in d.findings if f.rule == "RK012")
+    assert "16384 tokens (8 x 2048)" in f.evidence and "--seq-length 2048" in f.evidence
+    assert f.confidence < 0.85 and "far above what the rank reached" in f.evidence
+
+
+def test_a_recipe_functions_settings_are_its_own_and_the_gap_names_its_stage(tmp_path):
+    # A skill trial: Megatron-Bridge's qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config
+    # (recompute off: granularity None) at 8192 tokens, DP 2, and an OOM on "GPU 5" (the
+    # trial's figures). RK023 ("recompute_num_layers is set but recompute_granularity is empty")
+    # fired from `recompute_num_layers = 1` in the same file's 30B function, which the scan of
+    # the file's text had read; and RK018 compared with stage 1 without saying so.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    recipe = (
+        Path(__file__).parent
+        / "sources/corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
+    )
+    log = tmp_path / "oom.log"
+    log.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.20 GiB. GPU 5 has a "
+        "total capacity of 79.11 GiB of which 2.41 GiB is free. Including non-PyTorch memory, "
+        "this process has 76.68 GiB memory in use. Of the allocated memory 71.87 GiB is "
+        "allocated by PyTorch, and 3.30 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    evidence = collect(
+        logs=[str(log)],
+        config=[
+            f"{recipe}::qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
+            "model.seq_length=8192",
+            "dataset.seq_length=8192",
+        ],
+        overrides={"data_parallel_size": 2},
+    )
+    assert evidence.config["recompute_num_layers"] is None  # the function's, not the file's
+    d = diagnose(evidence, 79.1)
+    assert "RK023" not in ids(d)
+    f = top(d)
+    assert f.rule == "RK018"
+    assert "(pipeline stage 1, global ranks 16-31: the stage that holds the most" in f.evidence

@@ -68,6 +68,10 @@ COLLECT: dict[str, str] = {
     "peak_memory": "torch.cuda.max_memory_reserved(), max_memory_allocated() and "
     "memory_stats()['num_alloc_retries'] on every rank after a few steps (the peak, and how "
     "often the allocator had to free its cache)",
+    # where the estimate is far above what the rank reached
+    "tokens_per_batch": "the tokens of the failing micro-batch as it ran (input_ids.shape at "
+    "the step: padding pads to the longest sample, not to the cap) -> recompute-kit doctor "
+    "--seq-length N",
 }
 
 # Per category: the artefacts that would decide it (the first ones first).
@@ -370,9 +374,15 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         return Verdict("out_of_scope", _SCOPE_WHY[where], have, scope=where)
     top = findings[0] if findings else None
     assumed: list[dict[str, Any]] = []
+    overstated = None
     if top and decides(top.category, kinds):
-        assumed = assumed_inputs(ctx) if rests_on_estimate(ctx, top) else []
-        if not assumed and top.confidence >= DIAGNOSED_AT:
+        on_estimate = rests_on_estimate(ctx, top)
+        assumed = assumed_inputs(ctx) if on_estimate else []
+        if on_estimate:
+            from .rules.estimate_gap import estimate_overstates  # (the catalog imports this)
+
+            overstated = estimate_overstates(ctx)
+        if not assumed and not overstated and top.confidence >= DIAGNOSED_AT:
             why = (
                 f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
                 + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
@@ -403,8 +413,18 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items.insert(0, {"id": "traceback", "what": what, "decides": competing})
     if assumed:
         items.insert(0, collect_assumed(ctx, assumed, competing))
+    if overstated:
+        tokens = {"id": "tokens_per_batch", "what": COLLECT["tokens_per_batch"]}
+        items.insert(0, {**tokens, "decides": competing})
     if top is None:
         why = "no finding: the input shows no known pattern"
+    elif overstated:
+        from .rules.estimate_gap import overstated_words
+
+        why = (
+            f"{top.category} ({top.rule}, {top.confidence:.0%}) rests on the estimate, and "
+            + overstated_words(ctx, overstated)
+        )
     elif assumed:
         said = ", ".join(f"{a['key']} = {a['value']!r}" for a in assumed)
         why = (

@@ -126,7 +126,10 @@ def _read_config_files(
         for key, value in reading.values.items()
         if reading.origins[key].kind in ("file", "model")
     }
-    return Evidence(config=said, read=resolved.to_json())
+    evidence = Evidence(config=said, read=resolved.to_json())
+    # what the reader decided (its defaults too) for the keys it knows (collect: a recipe's)
+    evidence.facts["reader_values"] = dict(reading.values)
+    return evidence
 
 
 def collect(
@@ -170,6 +173,9 @@ def collect(
     from ...sources.resolve import file_of
 
     configs = [config] if isinstance(config, str) else list(config or [])
+    # keys a scan of a Python recipe's text found: it reads every function of the file, the
+    # shared reader the one that runs (its reading, defaults too, replaces the scan's)
+    scanned: set[str] = set()
     for one in configs:
         if is_override(one):  # `FILE key=value`: the shared reader applies it to the file
             continue
@@ -179,6 +185,8 @@ def collect(
         # what the file states, without comments (documentation, not evidence)
         stated = config_artefact_text(text)
         env = _scan_env(strip_comments(text))
+        if file_of(one).endswith(".py"):
+            scanned.update(flat)
         part = Evidence(config=flat, env=env, sources=[f"config:{label}"])
         part.notes = [f"config {label}: {n}" for n in notes if not n.startswith("read as")]
         part.facts = _snippets(stated, "config").facts
@@ -187,7 +195,11 @@ def collect(
     files = [c for c in configs if is_override(c) or (c != "-" and Path(file_of(c)).stat().st_size)]
     if files or model:  # (a model id alone gives the shape: a prose paste names its model)
         layout = _layout(evidence, overrides)
-        evidence = evidence.merge(_read_config_files(files, layout, model))
+        read = _read_config_files(files, layout, model)
+        decided = read.facts.pop("reader_values", {})
+        for key in scanned & set(decided):
+            evidence.config[key] = decided[key]  # the reader's reading of the same files
+        evidence = evidence.merge(read)
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)
         label = "<stdin>" if experiments == "-" else experiments

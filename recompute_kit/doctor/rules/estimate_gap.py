@@ -41,16 +41,66 @@ def observed_gap(ctx: Context) -> tuple[int, int, int] | None:
     allocated plus the request, against the estimate's PyTorch-side total (activations,
     model states, MoE and gathered-parameter buffers; the CUDA context and NCCL live outside
     PyTorch's counters). None without both figures or when the gap is within the error."""
-    oom, e = ctx.oom, ctx.estimate
-    if oom is None or e is None or oom.allocated_bytes is None or not oom.requested_bytes:
+    found = _needed_and_estimated(ctx)
+    if found is None:
         return None
-    needed = oom.allocated_bytes + oom.requested_bytes
-    total = e.total_with_overheads_bytes or e.total_bytes
-    estimated = total - e.cuda_context_bytes - e.nccl_buffers_bytes
+    needed, estimated = found
     gap = needed - estimated
     if gap < max(GAP_FLOOR, GAP_SHARE * estimated):
         return None
     return needed, estimated, gap
+
+
+# Below this share of the estimate, what the rank reached says the estimate's inputs overstate
+# the run: most often the tokens per micro-batch (a cap such as max_length that batches pad to
+# the longest sample under, not to the cap), or a layout / precision read as assumed.
+OVERSTATE_SHARE = 0.6
+
+
+def estimate_overstates(ctx: Context) -> tuple[int, int] | None:
+    """(needed, estimated) where the rank the OOM names reached far less than the estimate of
+    its settings: allocated plus the request under OVERSTATE_SHARE of the PyTorch-side total
+    (as observed_gap counts it). None without both figures or where they agree."""
+    found = _needed_and_estimated(ctx)
+    return found if found and found[0] < OVERSTATE_SHARE * found[1] else None
+
+
+def _needed_and_estimated(ctx: Context) -> tuple[int, int] | None:
+    """What PyTorch had allocated plus the request, and the estimate's PyTorch-side total
+    (the CUDA context and NCCL live outside PyTorch's counters); None without both."""
+    oom, e = ctx.oom, ctx.estimate
+    if oom is None or e is None or oom.allocated_bytes is None or not oom.requested_bytes:
+        return None
+    total = e.total_with_overheads_bytes or e.total_bytes
+    estimated = total - e.cuda_context_bytes - e.nccl_buffers_bytes
+    return oom.allocated_bytes + oom.requested_bytes, estimated
+
+
+def overstated_words(ctx: Context, found: tuple[int, int]) -> str:
+    """The mismatch in words, with what usually explains it."""
+    needed, estimated = found
+    return (
+        f"the estimate of the run's settings ({gib(estimated)} on PyTorch's side) is far above "
+        f"what the rank reached ({gib(needed)} with the request): its inputs overstate the run, "
+        "most often the tokens per micro-batch (a cap such as max_length: batches pad to their "
+        "longest sample, not to the cap)"
+    )
+
+
+def _which_stage(ctx: Context) -> str:
+    """The pipeline stage the estimate is for, with its global ranks, and why that one."""
+    if ctx.config is None or ctx.config.parallel.pipeline_model_parallel_size == 1:
+        return ""
+    from ...plan.stages import stage_ranks
+
+    stage = ctx.estimate.stage
+    first, last = stage_ranks(ctx.config, stage)
+    why = (
+        "the OOM's rank"
+        if ctx.oom_stage is not None
+        else "the stage that holds the most, as the OOM does not name its global rank"
+    )
+    return f" (pipeline stage {stage}, global ranks {first}-{last}: {why})"
 
 
 def _dropless_moe(ctx: Context) -> bool:
@@ -92,8 +142,8 @@ def _moe_imbalance(ctx: Context) -> Match | None:
     said = (
         f"The rank had {gib(needed - ctx.oom.requested_bytes)} allocated and asked for "
         f"{gib(ctx.oom.requested_bytes)} more ({gib(needed)}); the estimate of its settings "
-        f"with balanced routing is {gib(estimated)}. The run is a dropless MoE (no "
-        f"moe_expert_capacity_factor): an expert rank receiving {factor:.2f}x its share of "
+        f"with balanced routing is {gib(estimated)}{_which_stage(ctx)}. The run is a dropless "
+        f"MoE (no moe_expert_capacity_factor): an expert rank receiving {factor:.2f}x its share of "
         f"tokens explains the {gib(gap)} gap.{_before_first_step(ctx)}"
     )
     if _before_first_step(ctx):

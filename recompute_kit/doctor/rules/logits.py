@@ -65,13 +65,19 @@ def _logits(ctx: Context) -> Match | None:
             "embedding / output weight, which ZeRO-3 / FSDP gather whole: the traceback's "
             "frames tell the two apart."
         )
+    from .estimate_gap import estimate_overstates, overstated_words
+
+    said += _tokens_of_the_request(ctx, tokens)
     largest = largest_at_full_recompute(ctx)
     if largest is not None and largest[0] == "edges":
         # nothing fits even with full recompute, and the logits are what is left: they lead;
         # the patch is the planner's lever that fits (a fused loss where the framework has one)
         patch, words = lever_patch(ctx)
+        overstated = estimate_overstates(ctx)
+        if overstated:  # "nothing fits" is the estimate's, and the rank reached far less
+            said += f" But {overstated_words(ctx, overstated)}."
         return Match(
-            0.85,
+            0.55 if overstated else 0.85,
             f"{said} {ctx.plan_error[0].upper() + ctx.plan_error[1:]}. {largest[1]}",
             config_patch=patch or None,
             fix=f"{fused_loss_fix(ctx)}; or {words}",
@@ -87,6 +93,29 @@ def _logits(ctx: Context) -> Match | None:
                 "the second lever after recompute."
             )
     return Match(conf, said, fix=fused_loss_fix(ctx))
+
+
+def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
+    """Where the OOM's request is one 16- or 32-bit [t x vocab] logits tensor for t tokens,
+    fewer than the config's and a whole number per sample: the batch that ran held t tokens
+    (padded to its longest sample), which the estimate at the config's length overstates."""
+    oom, cfg = ctx.oom, ctx.config
+    if oom is None or not oom.requested_bytes:
+        return ""
+    m, p = cfg.model, cfg.parallel
+    for width in (2, 4):
+        t = oom.requested_bytes * p.tensor_model_parallel_size / (width * m.vocab_size)
+        per_sample = t / m.micro_batch_size
+        near = round(per_sample)
+        if near and abs(per_sample - near) < 0.01 * near and t < 0.95 * tokens:
+            return (
+                f" The request is one {8 * width}-bit logits tensor of about "
+                f"{near * m.micro_batch_size} tokens ({m.micro_batch_size} x {near}): the batch "
+                f"that failed held fewer tokens than the {tokens} estimated (padding to its "
+                f"longest sample, not to the cap); estimate at --seq-length {near} for that "
+                "batch."
+            )
+    return ""
 
 
 def fused_loss_fix(ctx: Context) -> str:

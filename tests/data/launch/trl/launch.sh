@@ -1,0 +1,1 @@
+accelerate launch --config_file examples/accelerate_configs/deepspeed_zero3.yaml trl/scripts/sft.py --model_name_or_path Qwen/Qwen2.5-7B --dataset_name trl-lib/Capybara --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --max_length 4096 --bf16 --learning_rate 2e-5 --output_dir qwen-sft
