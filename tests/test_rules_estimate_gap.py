@@ -98,7 +98,7 @@ def test_no_logits_reading_for_a_rank_on_an_earlier_pipeline_stage():
     assert "RK012" in ids(last)
 
 
-def test_an_estimate_far_above_what_the_rank_reached_decides_nothing():
+def test_an_estimate_far_above_what_the_rank_reached_decides_nothing(tmp_path):
     # A skill trial: TRL's SFT (huggingface/trl @ f2cd577, examples/accelerate_configs/
     # deepspeed_zero3.yaml verbatim, tests/data/launch/trl) on 4 A100 40GB, Qwen2.5-7B at
     # --per_device_train_batch_size 8 --max_length 4096, and the OOM the trial was given:
@@ -109,11 +109,15 @@ def test_an_estimate_far_above_what_the_rank_reached_decides_nothing():
     from recompute_kit.doctor.engine import diagnose
     from recompute_kit.doctor.evidence import collect
 
+    # (with --loss_type nll, as TRL before 1.7 ran SFT: the full logits; from 1.7 SFT's
+    # default chunked_nll never builds them, test_trl_sft_defaults_to_its_chunked_loss)
     trl = Path(__file__).parent / "data" / "launch" / "trl"
+    launch = tmp_path / "launch.sh"
+    launch.write_text((trl / "launch.sh").read_text().strip() + " --loss_type nll\n")
     evidence = collect(
         logs=[str(trl / "oom.log")],
         config=[
-            str(trl / "launch.sh"),
+            str(launch),
             str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml"),
         ],
         overrides={"data_parallel_size": 4},
@@ -162,3 +166,27 @@ def test_a_recipe_functions_settings_are_its_own_and_the_gap_names_its_stage(tmp
     f = top(d)
     assert f.rule == "RK018"
     assert "(pipeline stage 1, global ranks 16-31: the stage that holds the most" in f.evidence
+
+
+def test_trl_sft_defaults_to_its_chunked_loss(tmp_path):
+    # TRL's SFTConfig: loss_type unset is "chunked_nll" since trl 1.7.0 (huggingface/trl
+    # b58947c7e, "Default SFT loss to chunked_nll"; sft_config.py __post_init__: "nll" where
+    # use_liger_kernel): no full logits, counted as a fused linear cross-entropy. A skill trial
+    # found the kit holding 18.56 GiB of fp32 logits for TRL's own sft.py.
+    from recompute_kit.sources.resolve import resolve
+
+    trl = Path(__file__).parent / "data" / "launch" / "trl"
+    accelerate = str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml")
+    r = resolve([str(trl / "launch.sh"), accelerate], overrides={"data_parallel_size": 4})
+    origin = r.reading.origins["fused_linear_cross_entropy"]
+    assert r.reading.values["fused_linear_cross_entropy"] is True
+    assert "chunked_nll" in origin.describe() and origin.kind == "default"
+    nll = tmp_path / "launch.sh"
+    nll.write_text((trl / "launch.sh").read_text().strip() + " --loss_type nll\n")
+    r = resolve([str(nll), accelerate], overrides={"data_parallel_size": 4})
+    assert not r.reading.values.get("fused_linear_cross_entropy")
+    # another script with the same flags: the Trainer's loss, not TRL SFT's default
+    other = tmp_path / "train.sh"
+    other.write_text((trl / "launch.sh").read_text().replace("trl/scripts/sft.py", "train.py"))
+    r = resolve([str(other), accelerate], overrides={"data_parallel_size": 4})
+    assert not r.reading.values.get("fused_linear_cross_entropy")

@@ -74,6 +74,11 @@ def read(text: str, path: str) -> Reading:
     else:
         reading = _trainer_flags(launch.args, path)
     reading.warnings += script.warnings
+    program = launch.program or ""
+    trl_sft = _TRL_SFT_SCRIPT.search(program) or (program == "trl" and words[:1] == ["sft"])
+    if trl_sft and hf_trainer.FORMAT_LF not in reading.format:
+        # TRL's SFT script: SFTConfig's defaults (gradient checkpointing on, its loss_type)
+        reading.format = f"{hf_trainer.FORMAT_TRL} ({hf_trainer.TRL_SFT})"
     reading.format = f"launch command, {reading.format}"
     if launch.world_size:
         where = Origin("file", f"{path}:{launch.world_size_line}", launch.world_size_key)
@@ -89,6 +94,10 @@ def read(text: str, path: str) -> Reading:
 # said where the command leaves its world to something else (resolve.py drops it once another
 # input or --dp gives the world)
 GPUS_UNSAID = "the launcher's GPU count is not on the command line"
+
+
+# TRL's own SFT entry points: trl/scripts/sft.py, and the `trl sft` command that runs it
+_TRL_SFT_SCRIPT = re.compile(r"(?:^|/)trl/scripts/sft\.py$")
 
 
 def _trainer_file(name: str, path: str, line: int) -> Reading:

@@ -90,6 +90,7 @@ _TF = "https://github.com/huggingface/transformers/blob/v4.57.1"
 TRAINING_ARGS = f"transformers TrainingArguments ({_TF}/src/transformers/training_args.py)"
 LF_ARGS = "LLaMA-Factory hparams (hiyouga/LLaMA-Factory @ ff6d4d12 src/llamafactory/hparams/)"
 TRL_ARGS = "TRL base_config.py / sft_config.py (trl 1.16.0)"
+TRL_SFT = "SFT script"  # the format's mark where the command runs TRL's SFT (hf_launch.py)
 
 
 def key_for(field: str) -> str:
@@ -479,6 +480,25 @@ def _derive_global_batch(reading: Reading) -> None:
 # -- defaults --------------------------------------------------------------------------------
 
 
+def _trl_sft_loss(reading: Reading) -> None:
+    """SFTConfig's loss_type: unset, it is "chunked_nll" (TRL >= 1.7.0, sft_config.py: the
+    lm_head on non-ignored tokens and the cross-entropy in chunks, no full logits; "nll" with
+    use_liger_kernel), counted as a fused linear cross-entropy; "nll" / "dft" keep the logits."""
+    given = reading.unused.get("loss_type")
+    if "fused_linear_cross_entropy" in reading or given not in (None, "chunked_nll"):
+        return
+    where = f"TRL's default ({TRL_ARGS}: SFTConfig loss_type chunked_nll since trl 1.7.0)"
+    if given == "chunked_nll":
+        where = "the command's --loss_type chunked_nll"
+    reading.default(
+        "fused_linear_cross_entropy",
+        True,
+        where,
+        "lm_head and cross-entropy in chunks, no full logits (counted as a fused linear "
+        "cross-entropy); trl < 1.7 or --loss_type nll keeps the full fp32 logits",
+    )
+
+
 def apply_defaults(reading: Reading) -> None:
     # several inputs merged read as "DeepSpeed JSON + LLaMA-Factory YAML": the trainer's decides
     kind = next((f for f in (FORMAT_LF, FORMAT_TRL) if f in reading.format), reading.format)
@@ -493,6 +513,8 @@ def apply_defaults(reading: Reading) -> None:
         f"transformers' default ({TRAINING_ARGS})",
         "per_device_train_batch_size",
     )
+    if kind == FORMAT_TRL and TRL_SFT in reading.format:
+        _trl_sft_loss(reading)
     if kind == FORMAT_TRL:
         fp16 = reading.get("fp16") is True
         d("bf16", not fp16, f"TRL's default ({TRL_ARGS})", "bf16 None: True unless fp16")
