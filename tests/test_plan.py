@@ -161,7 +161,8 @@ def test_every_stage_and_the_binding_one():
     top = max(p.stages, key=lambda s: s.total_bytes)
     assert top.total_bytes == p.best.estimate.total_bytes  # the best is the binding stage's
     assert [s.total_bytes for s in p.stages] == p.best.estimate.stage_total_bytes
-    assert p.binding.startswith(f"stage {top.stage} binds")
+    first, last = top.ranks
+    assert p.binding.startswith(f"stage {top.stage} (global ranks {first}-{last} in ")
     assert "micro-batches in flight" in p.binding and "MoE layers" in p.binding
     # the runner-up's headroom is said as headroom, beside its total (a trial read "next is
     # stage 1 with 18.32 GiB" as its total)

@@ -175,3 +175,29 @@ def test_micro_batch_and_fused_loss_rows_hand_over_their_own_keys(capsys):
     assert "gradient_accumulation_steps: 1" in micro["rendered"]  # 16 = 2 x 1 x 8 kept
     fused = next(r for r in rows if r["lever"] == "fused loss")
     assert "enable_liger_kernel: true" in fused["rendered"]
+
+
+def _trl_at_full_logits(tmp_path: Path) -> list[str]:
+    """TRL's SFT launch and ZeRO-3 Accelerate config (tests/data/launch/trl, huggingface/trl @
+    f2cd577) with --loss_type nll: the full logits, as TRL before 1.7 computed the loss."""
+    trl = Path(__file__).parent / "data" / "launch" / "trl"
+    launch = tmp_path / "launch.sh"
+    launch.write_text((trl / "launch.sh").read_text().strip() + " --loss_type nll\n")
+    return [str(launch), str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml")]
+
+
+def test_where_no_one_lever_fits_each_is_tried_at_micro_batch_1(tmp_path, capsys):
+    # A skill trial: Qwen2.5-7B, batch 8 x 4096 under ZeRO-3 on 4 A100 40GB. `plan --levers`
+    # priced micro-batch 1 (36 GiB) and Liger's fused loss (46 GiB) apart, neither fitting,
+    # and said "no lever fits"; the two together fit (31 GiB), which the trial found by hand.
+    files = _trl_at_full_logits(tmp_path)
+    argv = ["plan", "--config", *files, "--gpu", "a100-40gb", "--dp", "4", "--levers", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    alone = [r for r in rows if "+" not in r["setting"] and r["lever"] != "current"]
+    assert not any(r["fits"] for r in alone)
+    best = rows[0]
+    assert best["fits"] and best["lever"] == "fused loss"
+    smallest = "per_device_train_batch_size=1 gradient_accumulation_steps=16"
+    assert best["setting"].startswith(smallest)
+    assert "use_liger_kernel: true" in best["setting"] and "liger-kernel" in best["adds"]

@@ -455,3 +455,28 @@ def test_adapters_named_by_a_scripts_own_flags():
     assert not _said("an explorative run with exploration_rate 0.1 ran out of memory").get(
         "adapters"
     )
+
+
+@covers("RK011", "RK013")
+def test_model_states_sharded_already_are_not_told_to_shard(tmp_path):
+    # A skill trial (TRL SFT, Qwen2.5-7B, DeepSpeed ZeRO-3 on 4 A100 40GB): RK011 told the run
+    # to shard its model states with "DeepSpeed ZeRO-3" and patched use_distributed_optimizer,
+    # which the patch check then dropped; the fix says what is left where they are sharded.
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    trl = Path(__file__).parent / "data" / "launch" / "trl"
+    config = [
+        str(trl / "launch.sh"),
+        str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml"),
+    ]
+    d = diagnose(
+        collect(logs=[str(trl / "oom.log")], config=config, overrides={"data_parallel_size": 4}),
+        39.38,
+    )
+    for rule in ("RK011", "RK013"):
+        f = next(f for f in d.findings if f.rule == rule)
+        assert f.fix.startswith("The model states are sharded already (DeepSpeed ZeRO-3 over 4")
+        assert "use_distributed_optimizer" not in str(f.config_patch)

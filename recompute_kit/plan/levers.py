@@ -519,22 +519,37 @@ def _trainer_rows(
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", setting, c, *args, keys=keys))
     lever = "FSDP sharding" if backend == "fsdp" else "ZeRO stage / offload"
+    others: list[tuple[str, str, Config, str]] = []  # (lever, setting, the change, adds)
     # (Automodel shards through distributed.strategy, already FSDP2's full sharding: none)
     for setting, c in sharding_settings(config, backend) if backend != "automodel" else ():
-        rows.append(_evaluate(lever, setting, c, *args, keys=keys))
+        others.append((lever, setting, c, ""))
     if not config.model.fused_linear_cross_entropy and keys["liger"]:
         # Liger's fused linear cross-entropy: the full logits never exist (memory/estimate.py)
-        fused = dataclasses.replace(config.model, fused_linear_cross_entropy=True)
-        c = Config(fused, config.parallel, config.recompute, config.assumptions)
-        row = _evaluate("fused loss", f"{keys['liger']}: true", c, *args, keys=keys)
-        if row is not None:
-            row.adds = "pip install liger-kernel; for the model types Liger supports"
-            if keys["liger"] == "use_liger_kernel":
-                # TrainingArguments has the key from huggingface/transformers#32860 (reviewed
-                # 2024-08-19/20, after 4.44 was out): an older pin (LLaVA's 4.37) rejects it
-                row.adds += "; use_liger_kernel needs transformers >= 4.45"
-        rows.append(row)
+        fused = config.replace(fused_linear_cross_entropy=True)
+        adds = "pip install liger-kernel; for the model types Liger supports"
+        if keys["liger"] == "use_liger_kernel":
+            # TrainingArguments has the key from huggingface/transformers#32860 (reviewed
+            # 2024-08-19/20, after 4.44 was out): an older pin (LLaVA's 4.37) rejects it
+            adds += "; use_liger_kernel needs transformers >= 4.45"
+        others.append(("fused loss", f"{keys['liger']}: true", fused, adds))
+    for name, setting, c, adds in others:
+        rows.append(_with_adds(_evaluate(name, setting, c, *args, keys=keys), adds))
+    smallest = micro_batch_setting(keys, 1, gbs, dp)
+    fits = any(r is not None and r.fits for r in rows)
+    if not fits and smallest and config.model.micro_batch_size > 1:
+        # no one lever fits: each other lever at micro-batch 1 (the global batch kept)
+        for name, setting, c, adds in others:
+            both = c.replace(micro_batch_size=1)
+            row = _evaluate(name, f"{smallest} + {setting}", both, *args, keys=keys)
+            rows.append(_with_adds(row, adds))
     return rows
+
+
+def _with_adds(row: Lever | None, adds: str) -> Lever | None:
+    """The row with what the setting needs besides its keys (a package, a version)."""
+    if row is not None and adds:
+        row.adds = adds
+    return row
 
 
 def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:

@@ -23,6 +23,11 @@ def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
     """A row of `plan --levers` (by default the first that fits) as a patch and words; else the
     next tensor parallel size (which may need more GPUs), as before."""
     row = row if row is not None else first_fitting_lever(ctx)
+    if row is None and is_trainer_run(ctx.config):  # no tensor parallelism in the Trainer
+        return {}, (
+            "no lever `plan --levers` prices fits on these GPUs (alone or at micro-batch 1): "
+            "more GPUs (ZeRO-3 shards over them), a shorter sequence or a smaller model"
+        )
     if row is None:
         return tensor_parallel_patch(ctx)
     cfg, new = ctx.config, row.config

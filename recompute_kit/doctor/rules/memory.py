@@ -263,8 +263,36 @@ def _model_states(ctx: Context) -> Match | None:
             "first optimizer step), so the run fails there if not before."
         )
     patch, words = lever_patch(ctx) if explains_oom else ({}, "")
-    fix = None if not words else f"{_MODEL_STATES_FIX}; {words}"
+    sharded = sharded_already(ctx)
+    base = sharded or _MODEL_STATES_FIX
+    fix = base if not words else f"{base}; {words}"
+    if sharded and not words:  # no patch: what the rule's default sets is on already
+        return Match(conf, said, config_patch={}, fix=fix)
     return Match(conf, said, config_patch=patch if words else None, fix=fix)
+
+
+def sharded_already(ctx: Context) -> str:
+    """The fix in words where the run shards its model states over data parallelism already
+    (ZeRO-3 / FSDP, or ZeRO-1/2 or Megatron's distributed optimizer for the optimizer): what is
+    left; empty where it does not."""
+    from ...memory.model_states import sharding_mode
+
+    p = ctx.config.parallel
+    mode, dp = sharding_mode(ctx.config), p.data_parallel_size
+    if mode in ("zero", "megatron_fsdp", "fsdp2") and p.zero_stage == 3:
+        name = {"zero": "DeepSpeed ZeRO-3", "megatron_fsdp": "Megatron-FSDP", "fsdp2": "FSDP"}
+        return (
+            f"The model states are sharded already ({name[mode]} over {dp} data-parallel "
+            "ranks): more GPUs share them, or offload the optimizer states (and parameters) "
+            "to the CPU; recompute only reduces activations"
+        )
+    if mode == "megatron" and p.use_distributed_optimizer:
+        return (
+            f"The optimizer states are sharded already (the distributed optimizer over {dp} "
+            "ranks): add model parallelism (tensor, pipeline, expert) or more data-parallel "
+            "ranks, or offload the optimizer states; recompute only reduces activations"
+        )
+    return ""
 
 
 BUILD_WORDS = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..types import Context, Match
 from .lever_patch import lever_patch
-from .memory import largest_at_full_recompute
+from .memory import largest_at_full_recompute, sharded_already
 from .registry import rule
 
 
@@ -31,7 +31,8 @@ def _match(ctx: Context, mine: str, conf: float) -> Match | None:
         conf -= 0.15
         said += " No OOM was pasted: this is the estimate's prediction for the GPU given."
     # (an empty patch stays empty: the rule's default would be Megatron's distributed optimizer)
-    return Match(conf, said, config_patch=patch, fix=f"{_FIX[mine]}; {words}")
+    fix = (mine == "states" and sharded_already(ctx)) or _FIX[mine]
+    return Match(conf, said, config_patch=patch, fix=f"{fix}; {words}")
 
 
 _FIX = {
