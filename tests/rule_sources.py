@@ -574,7 +574,6 @@ SOURCES.update(
         "kp-w-kohya-1687-ddpoptimizer-higher-order-op": (
             "https://github.com/bmaltais/kohya_ss/issues/1687"
         ),
-        "kp-w-pt-159359-fsdp2-recompute-fp32": "https://github.com/pytorch/pytorch/issues/159359",
         "kp-w-hf-trainer-fsdp-ac-and-gc": (
             "https://github.com/huggingface/transformers/pull/25771 (the ValueError as "
             "transformers' Trainer raises it, src/transformers/trainer.py)"
