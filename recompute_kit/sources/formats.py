@@ -89,6 +89,9 @@ def _syntax_error(text: str, path: str) -> str | None:
     return None
 
 
+NOT_A_CONFIG = "not a training config recompute-kit can read"
+
+
 def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Reading:
     """`overrides`: `key=value` words given after the file on recompute-kit's command line,
     applied as the file's framework applies its command-line overrides (NeMo-RL, Megatron-Bridge,
@@ -112,9 +115,10 @@ def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Readi
         if error:
             raise ConfigError(error)
         raise ConfigError(
-            f"{path}: not a training config recompute-kit can read (Megatron-LM script, "
+            f"{path}: {NOT_A_CONFIG} (Megatron-LM script, "
             "YAML or argument dump, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, "
-            "NeMo Automodel YAML, torchtitan TOML, "
-            "Hugging Face config.json, HF Trainer / LLaMA-Factory YAML, DeepSpeed JSON)"
+            "NeMo Automodel YAML, torchtitan TOML, Hugging Face config.json, HF Trainer / "
+            "LLaMA-Factory YAML, DeepSpeed JSON, Accelerate config YAML, a torchrun / "
+            "accelerate / deepspeed launch command)"
         )
     return module.read(text, path)

@@ -475,6 +475,13 @@ def _derive_global_batch(reading: Reading) -> None:
         f"per_device_train_batch_size {mbs} x gradient_accumulation_steps {gas} x "
         f"data-parallel size {dp_size}",
     )
+    if reading.origins["micro_batch_size"].kind == FROM_ARGUMENT:
+        # the Trainer's accumulation stays as the files say: the global batch moves with it
+        reading.warnings.append(
+            f"--micro-batch-size {mbs} replaces per_device_train_batch_size, and "
+            f"gradient_accumulation_steps stays {gas}: the global batch read is "
+            f"{mbs * gas * dp_size} (`plan --levers --global-batch-size N` prices another)"
+        )
 
 
 # -- defaults --------------------------------------------------------------------------------

@@ -344,6 +344,12 @@ def _drop_inputs_read_within(items: list[str], readings: list, described: list[d
         described[:] = [d for d in described if d.get("parent_of") != item]
 
 
+def _a_script_beside_configs(item: str, pairs: list) -> bool:
+    """A .py file (no `::function`) given with other inputs: SKILL.md asks for every file of the
+    run, the training script included; the others say its settings."""
+    return item.endswith(".py") and "::" not in item and len(pairs) > 1
+
+
 def resolve(
     inputs: Sequence[str],
     model: str | None = None,
@@ -361,8 +367,20 @@ def resolve(
         readings.append(reading)
         items.append(model)
         described.append({"path": model, "format": what})
-    for item, given in with_overrides(inputs):
-        reading, what = read_input(item, given)
+    left_out: list[str] = []  # a training script passed beside the files it runs with
+    pairs = list(with_overrides(inputs))
+    for item, given in pairs:
+        try:
+            reading, what = read_input(item, given)
+        except ConfigError as exc:
+            if not (_a_script_beside_configs(item, pairs) and formats.NOT_A_CONFIG in str(exc)):
+                raise
+            left_out.append(
+                f"{item}: a Python training script, not a config: left out (its settings are "
+                "the command line's and the config files')"
+            )
+            described.append({"path": item, "format": "left out: a training script"})
+            continue
         readings.append(reading)
         items.append(item)
         described.append({"path": item, "format": what})
@@ -388,6 +406,7 @@ def resolve(
         readings[index] = reading
         next(d for d in described if d["path"] == items[index])["format"] = what
     merged = merge(recipe_choice.apply_on_the_read_recipe(readings))
+    merged.warnings += left_out
     if model and readings[0].model_name and merged.model_name != readings[0].model_name:
         # --model is the user's explicit choice for the shape: it wins over a file's model
         merged.warnings = [w for w in merged.warnings if not w.startswith("conflict: the model")]

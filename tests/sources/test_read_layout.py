@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,33 @@ def test_a_models_config_is_not_hidden_by_a_scripts_guess():
     assert both.reading.origins["vocab_size"].kind == "model"
     assert both.reading.values["vocab_size"] == 32000
     assert not any("vocab_size" in a for a in both.config.assumptions)
+
+
+def test_a_training_script_beside_its_configs_is_left_out_and_said(tmp_path):
+    # A skill trial passed TRL's launch, its Accelerate config and trl/scripts/sft.py (SKILL.md:
+    # "every file of the run"): the script refused the whole read. Beside other inputs a Python
+    # training script is left out with a warning; alone it is still refused with one line.
+    trl = Path(__file__).parent.parent / "data" / "launch" / "trl"
+    script = tmp_path / "sft.py"
+    script.write_text("from trl import SFTTrainer\n\ndef main(script_args):\n    pass\n")
+    accelerate = str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml")
+    r = resolve([str(trl / "launch.sh"), accelerate, str(script)], require_shape=False)
+    (said,) = [w for w in r.reading.warnings if str(script) in w]
+    assert "a Python training script, not a config: left out" in said
+    assert r.reading.values["micro_batch_size"] == 8  # the launch's, read as before
+    with pytest.raises(ConfigError, match="not a training config recompute-kit can read"):
+        resolve([str(script)], require_shape=False)
+
+
+def test_a_trainer_micro_batch_given_on_the_command_line_says_the_global_batch_it_makes():
+    # A skill trial: `--micro-batch-size 2` on TRL's launch (per-device 8, accumulation 2, 4
+    # GPUs) made the levers' global batch 16 instead of 64, without a word.
+    trl = Path(__file__).parent.parent / "data" / "launch" / "trl"
+    accelerate = str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml")
+    r = resolve(
+        [str(trl / "launch.sh"), accelerate],
+        overrides={"data_parallel_size": 4, "micro_batch_size": 2},
+    )
+    assert r.reading.values["global_batch_size"] == 16
+    (said,) = [w for w in r.reading.warnings if w.startswith("--micro-batch-size 2")]
+    assert "gradient_accumulation_steps stays 2: the global batch read is 16" in said
