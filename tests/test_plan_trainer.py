@@ -201,3 +201,21 @@ def test_where_no_one_lever_fits_each_is_tried_at_micro_batch_1(tmp_path, capsys
     smallest = "per_device_train_batch_size=1 gradient_accumulation_steps=16"
     assert best["setting"].startswith(smallest)
     assert "use_liger_kernel: true" in best["setting"] and "liger-kernel" in best["adds"]
+
+
+def test_nothing_fits_names_what_the_run_holds_beside_its_total(tmp_path):
+    # A skill trial read "3.1 GiB the run holds beside it" as a figure from its log: the terms
+    # are the estimate's (ZeRO-3's gathered parameters and buckets), named with their sizes.
+    from recompute_kit.config import ConfigError
+    from recompute_kit.plan import plan
+
+    cfg = resolve(_trl_at_full_logits(tmp_path), overrides={"data_parallel_size": 4}).config
+    with pytest.raises(ConfigError) as refused:
+        plan(cfg, 39.38)
+    said = str(refused.value)
+    e = cfg.with_recompute("full:uniform:1")
+    from recompute_kit.memory.estimate import estimate
+
+    est = estimate(e)
+    assert f"gathered parameters {est.gathered_params_bytes / 2**30:.1f} GiB" in said
+    assert f"ZeRO buckets {est.zero_buffers_bytes / 2**30:.1f} GiB" in said

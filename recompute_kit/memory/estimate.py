@@ -115,6 +115,16 @@ class Estimate:
             + self.zero_buffers_bytes
         )
 
+    def beside_words(self) -> str:
+        """The terms held beside the total, by name ("ZeRO-3 gathered parameters 2.1 GiB, ...")."""
+        terms = (
+            ("MoE routing imbalance", self.moe_imbalance_bytes),
+            ("dispatcher buffers", self.dispatcher_buffers_bytes),
+            ("gathered parameters", self.gathered_params_bytes),
+            ("ZeRO buckets", self.zero_buffers_bytes),
+        )
+        return ", ".join(f"{name} {b / 2**30:.1f} GiB" for name, b in terms if b)
+
     def to_json(self) -> dict:
         return asdict(self)
 

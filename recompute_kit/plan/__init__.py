@@ -182,7 +182,7 @@ def plan(
         beside = need - smallest.estimate.total_bytes
         held = (
             f" (its total {smallest.estimate.total_bytes / GIB:.1f} GiB and "
-            f"{beside / GIB:.1f} GiB the run holds beside it)"
+            f"{beside / GIB:.1f} GiB the run holds beside it: {smallest.estimate.beside_words()})"
             if beside
             else ""
         )
