@@ -190,3 +190,27 @@ def test_trl_sft_defaults_to_its_chunked_loss(tmp_path):
     other.write_text((trl / "launch.sh").read_text().replace("trl/scripts/sft.py", "train.py"))
     r = resolve([str(other), accelerate], overrides={"data_parallel_size": 4})
     assert not r.reading.values.get("fused_linear_cross_entropy")
+
+
+def test_an_older_trl_said_in_the_paste_keeps_the_full_logits(tmp_path):
+    # The same TRL launch with the user's pip line "trl==1.3.0" under the OOM: before 1.7 SFT's
+    # loss is nll on the full logits, so the estimate must hold them (the reader alone takes
+    # SFTConfig's newer default, chunked_nll) and say why.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.doctor.evidence.versions import scan_versions
+
+    assert scan_versions("trl==1.3.0")["versions_said"] == {"trl": "1.3.0"}  # pip's spelling
+    assert "versions_said" not in scan_versions("x = 1.3.0")  # an assignment is code
+    trl = Path(__file__).parent / "data" / "launch" / "trl"
+    config = [
+        str(trl / "launch.sh"),
+        str(trl / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml"),
+    ]
+    for pinned, full in (("trl==1.3.0", True), ("trl==1.8.0", False)):
+        log = tmp_path / "oom.log"
+        log.write_text((trl / "oom.log").read_text() + pinned + "\n")
+        d = diagnose(collect(logs=[str(log)], config=config, overrides={"data_parallel_size": 4}))
+        said = [a for a in d.assumptions if "its SFT computes the full logits" in a]
+        assert bool(said) == full, pinned
+        assert ("RK012" in ids(d)) == full, pinned

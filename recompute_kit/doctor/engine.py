@@ -11,6 +11,7 @@ rule fired, so they never outrank a specific finding.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict
@@ -21,7 +22,7 @@ from .patches import check_patches
 from .rules import RULES
 from .rules.allocator import fragmentation_worth_the_name
 from .rules.memory import activation_split
-from .rules.registry import oom_errors, steps_without_oom
+from .rules.registry import fact, oom_errors, steps_without_oom
 from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
 from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
@@ -57,6 +58,7 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
             ctx.config_error = str(exc)
     if read is not None:  # the config files, read as every command reads them
         ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
+        _trl_before_chunked_loss(ctx)
         _estimate(ctx)
     elif all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
         ctx.config, assumed = _config_for_estimate(flat)
@@ -64,6 +66,28 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
         if ctx.config is not None:
             _estimate(ctx)
     return ctx
+
+
+# TRL's SFT computes the lm_head and loss in chunks from this release (sft_config.py loss_type
+# "chunked_nll", huggingface/trl b58947c7e); before it the full fp32 logits exist
+TRL_CHUNKED_LOSS = (1, 7)
+
+
+def _trl_before_chunked_loss(ctx: Context) -> None:
+    """Where the reader took SFTConfig's chunked loss as TRL's default and the paste says an
+    older trl, the run computes the full logits: the estimate keeps them, and says why."""
+    source = ((ctx.evidence.read or {}).get("sources") or {}).get("fused_linear_cross_entropy")
+    said = (fact(ctx, "versions_said") or {}).get("trl")
+    if not (isinstance(source, dict) and "chunked_nll" in str(source.get("where"))) or not said:
+        return
+    release = tuple(int(p) for p in re.findall(r"\d+", said)[:2])
+    if len(release) < 2 or release >= TRL_CHUNKED_LOSS:
+        return
+    ctx.config = ctx.config.replace(fused_linear_cross_entropy=False)
+    ctx.assumptions.append(
+        f"the paste says trl {said}: its SFT computes the full logits (loss_type chunked_nll is "
+        "the default from trl 1.7.0), so the estimate keeps them"
+    )
 
 
 def _config_read_from_files(evidence: Evidence) -> Config | None:

@@ -59,7 +59,8 @@ _FAILURE_WORDS_RE = re.compile(
 )
 # A library version stated in prose: "My pytorch version 0.4.0a0+4d405a4", "torch 2.3.1"
 _VERSION_SAID_RE = re.compile(
-    r"\b(?:py)?(torch|transformers|deepspeed|lightning|accelerate|megatron)\b\s*(?:version\s*"
+    r"\b(?:py)?(torch|transformers|deepspeed|lightning|accelerate|megatron|trl|peft)\b\s*"
+    r"(?:version\s*"
     r"(?:is\s*)?:?\s*|==\s*|\s)v?(\d+\.\d+[\w.+]*)",
     re.I,
 )
@@ -76,7 +77,7 @@ _TOGETHER_RE = re.compile(
     re.I,
 )
 _CUDNN_RE = re.compile(r"\bcudnn\b(?!\s*version)|\bconv(?:[123]d|olution)\b", re.I)
-_CODE_RE = re.compile(r"^\s*(?:>>>|\$|#|import |from |def |for |if |[\w.]+\s*=|[\w.]+\()")
+_CODE_RE = re.compile(r"^\s*(?:>>>|\$|#|import |from |def |for |if |[\w.]+\s*=(?!=)|[\w.]+\()")
 
 
 # A comparison table by release: a header cell naming the library (or "version") and rows
