@@ -252,3 +252,18 @@ def test_each_stage_says_its_global_ranks_and_what_it_holds_beside_its_total(cap
     assert f"stage {binding.stage} (global ranks {first}-{last}" in result.binding
     doc = result.stages[1].to_json()
     assert doc["global_ranks"] == [64, 127] and doc["held_bytes"] == result.stages[1].held_bytes
+
+
+def test_the_estimate_lists_every_stages_held_bytes_beside_its_total():
+    # A skill trial (Qwen3-235B-A22B at a routing imbalance): `estimate --json` gave
+    # stage_total_bytes without the imbalance, so which stages were over had to be worked out
+    # by hand; stage_held_bytes carries it, per stage.
+    from recompute_kit.memory.estimate import estimate
+
+    recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
+    cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
+    e = estimate(cfg, moe_imbalance=2.0)
+    assert len(e.stage_held_bytes) == len(e.stage_total_bytes) == 16
+    per_stage = [estimate(cfg, stage=s, moe_imbalance=2.0).held_bytes for s in range(16)]
+    assert e.stage_held_bytes == per_stage
+    assert any(h > t for h, t in zip(e.stage_held_bytes, e.stage_total_bytes, strict=True))

@@ -70,6 +70,7 @@ class Estimate:
     layers: list[int] = field(default_factory=list)  # its transformer layers (0-based)
     micro_batches_in_flight: float = 1.0  # activations held at the schedule's peak
     stage_total_bytes: list[int] = field(default_factory=list)  # every stage, when searched
+    stage_held_bytes: list[int] = field(default_factory=list)  # the same with held_bytes's terms
     # Model-state sharding (memory/model_states.py) and what is neither activations nor model
     # states (memory/overheads.py): named terms with stated defaults, outside total_bytes.
     sharding: str = "megatron"
@@ -748,6 +749,7 @@ def estimate(
     best = max(results, key=lambda e: e.held_bytes)
     if stage is None:
         best.stage_total_bytes = [e.total_bytes for e in results]
+        best.stage_held_bytes = [e.held_bytes for e in results]
     return best
 
 
