@@ -473,7 +473,7 @@ def test_even_full_recompute_does_not_fit_and_the_logits_are_its_largest_term():
     d = run(text("oom-msswift-9191"), config=LLAMA31_8B_128K, config_name="l8b.yaml")
     f = top(d)
     assert f.rule == "RK012" and f.category == "logits_memory"
-    cites(f, "Nothing fits in 139.81 GiB", "its largest term is the embedding, logits and loss")
+    cites(f, "Nothing fits in 139.81 GiB", "its largest term is the embedding, logits, loss")
     assert not {"RK010", "RK013", "RK024", "RK005"} & set(ids(d))  # recompute cannot do it
     assert f.config_patch  # the planner's lever that fits (context parallelism here)
 

@@ -20,7 +20,15 @@ from ..config.versions import describe_version, parse_version
 from ..export import render, settings_line
 from ..export_layout import Spelling, world_size
 from ..memory.estimate import Estimate, estimate
-from .margins import TIE_FLOPS, Band, error_band, fits_host, planned_bytes, tie_reason
+from .margins import (
+    SAFETY_MARGIN,
+    TIE_FLOPS,
+    Band,
+    error_band,
+    fits_host,
+    planned_bytes,
+    tie_reason,
+)
 from .search import REFUSED, as_candidate, candidates, compact_specs
 from .stages import Stage, binding_reason, stage_table
 
@@ -116,7 +124,7 @@ class Plan:
 def plan(
     config: Config,
     gpu_memory_gb: float,
-    safety_margin: float = 0.1,
+    safety_margin: float = SAFETY_MARGIN,
     fmt: str = "megatron-bridge",
     stage: int | None = None,
     megatron_core_version: str | None = None,

@@ -33,7 +33,13 @@ from ..config.validation import check_expert_layout
 from ..export_layout import has_key
 from ..memory.estimate import Estimate, estimate
 from ..memory.model_states import sharding_mode
-from .margins import HOST_MEMORY_PER_GPU_BYTES, error_band, fits_host, planned_bytes
+from .margins import (
+    HOST_MEMORY_PER_GPU_BYTES,
+    SAFETY_MARGIN,
+    error_band,
+    fits_host,
+    planned_bytes,
+)
 from .search import candidates
 from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
 from .trainer_levers import (
@@ -300,7 +306,7 @@ def _splits(config: Config) -> list[tuple[int, int, int]]:
 def levers(
     config: Config,
     gpu_memory_gb: float,
-    safety_margin: float = 0.1,
+    safety_margin: float = SAFETY_MARGIN,
     hw: Hardware | None = None,
     global_batch_size: int | None = None,
     megatron_core_version: str | None = None,
@@ -548,7 +554,7 @@ def _trainer_rows(
 def _with_adds(row: Lever | None, adds: str) -> Lever | None:
     """The row with what the setting needs besides its keys (a package, a version)."""
     if row is not None and adds:
-        row.adds = adds
+        row.adds = adds if row.adds in ("", "-") else f"{row.adds}; {adds}"
     return row
 
 

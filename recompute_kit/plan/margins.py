@@ -36,6 +36,7 @@ from ..config import Config
 from ..memory.estimate import Estimate
 from ..memory.overheads import CUDA_CONTEXT_BYTES
 
+SAFETY_MARGIN = 0.1  # the budget's share kept back by default (--safety-margin)
 MIB = 2**20
 LOCAL_BAND = 0.01
 TE_BAND = 0.10

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import ConfigError
+from ...plan.margins import SAFETY_MARGIN, planned_bytes
 from ...plan.trainer_levers import is_trainer_run
 from ..types import GIB, Context
 from .registry import gib, patch_for, tensor_parallel_patch
@@ -50,13 +51,18 @@ def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
         elif (ctx.evidence.read or {}).get("framework") == "torchtitan" and gbs:
             # torchtitan's global_batch_size -1 follows local x DP: written, the step keeps it
             patch["global_batch_size"] = gbs
+    if new.model.fused_linear_cross_entropy and not cfg.model.fused_linear_cross_entropy:
+        patch["cross_entropy_loss_fusion"] = True  # Liger's fused loss in a Trainer's keys
     spec = row.estimate.recompute
     if spec != cfg.recompute.spec:
         patch.update({k: v for k, v in patch_for(spec).items() if v is not None})
+    usable = int(ctx.gpu_bytes * (1 - SAFETY_MARGIN))
+    untimed = "; " + row.adds if "not timed" in row.adds else ""
     words = (
         f"the cheapest change that fits by `plan --levers` on the run's GPUs: {row.setting}"
         + (f" with '{spec}'" if spec != cfg.recompute.spec else "")
-        + f" ({gib(row.estimate.total_bytes)} per rank, step {row.relative:.2f}x the current)"
+        + f" ({gib(planned_bytes(row.estimate))} held per rank of {gib(usable)} usable, step "
+        f"{row.relative:.2f}x the current{untimed})"
     )
     return patch, words
 

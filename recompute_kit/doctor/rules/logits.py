@@ -97,7 +97,8 @@ def _logits(ctx: Context) -> Match | None:
 
 def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
     """Where the OOM's request is one 16- or 32-bit [t x vocab] logits tensor for t tokens,
-    fewer than the config's and a whole number per sample: the batch that ran held t tokens
+    fewer than the config's (a quarter of them at least) and a whole number per sample (to the
+    OOM's rounding): the batch that ran held t tokens
     (padded to its longest sample), which the estimate at the config's length overstates."""
     oom, cfg = ctx.oom, ctx.config
     if oom is None or not oom.requested_bytes:
@@ -107,13 +108,14 @@ def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
         t = oom.requested_bytes * p.tensor_model_parallel_size / (width * m.vocab_size)
         per_sample = t / m.micro_batch_size
         near = round(per_sample)
-        if near and abs(per_sample - near) < 0.01 * near and t < 0.95 * tokens:
+        # a quarter of the config's tokens at least: a small request is some other tensor
+        if near and abs(per_sample - near) < 0.01 * near and 0.25 * tokens <= t < 0.95 * tokens:
             return (
                 f" The request is one {8 * width}-bit logits tensor of about "
                 f"{near * m.micro_batch_size} tokens ({m.micro_batch_size} x {near}): the batch "
                 f"that failed held fewer tokens than the {tokens} estimated (padding to its "
-                f"longest sample, not to the cap); estimate at --seq-length {near} for that "
-                "batch."
+                f"longest sample, not to the cap): `recompute-kit estimate --seq-length {near}` "
+                "shows that batch; keep the cap itself as it is (lowering it truncates samples)."
             )
     return ""
 

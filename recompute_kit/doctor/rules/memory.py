@@ -101,7 +101,8 @@ def _activations(ctx: Context) -> Match | None:
             f"Estimated per rank: activations peak at {gib(e.peak_activation_bytes)} vs "
             f"{gib(state)} of weights, gradients and optimizer states under '{current}'"
             f" ({gib(layers)} in the transformer layers, which recompute acts on; "
-            f"{gib(edges)} in the embedding, logits and loss, which it does not touch)."
+            f"{gib(edges)} in the embedding, logits, loss and backward's working memory, which "
+            "it does not touch)."
         )
     else:
         said = (
@@ -161,7 +162,7 @@ def activation_split(e) -> tuple[float, float]:
 TERMS = {
     "states": "weights, gradients and optimizer states",
     "layers": "the layers' saved inputs",
-    "edges": "the embedding, logits and loss",
+    "edges": "the embedding, logits, loss and backward's working memory",
 }
 
 
