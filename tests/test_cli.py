@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from recompute_kit.cli import main
 from recompute_kit.presets import PRESETS
 
 
@@ -839,3 +840,46 @@ def test_doctor_takes_a_named_gpu_as_plan_does(capsys):
         assert main(["doctor", "--log", str(log), "--json", *budget]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["findings"][0]["rule"] == "RK816"
+
+
+def test_a_model_id_alone_reads_and_takes_grouped_gemm_and_says_its_fusions(capsys):
+    # A skill trial (Kimi-K2 by its id, no config file): `read --model ID` wanted a FILE,
+    # moe_act could not be estimated (no flag for moe_grouped_gemm), and the fusions the
+    # activations depend on were Megatron-Core's defaults without a word.
+    assert main(["read", "--model", "moonshotai/Kimi-K2-Instruct", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sources = doc["sources"]
+    for key in ("bias_activation_fusion", "apply_rope_fusion"):
+        assert sources[key]["from"] == "assumed", key
+    argv = [
+        "estimate",
+        "--model",
+        "moonshotai/Kimi-K2-Instruct",
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--ep",
+        "64",
+        "--etp",
+        "1",
+        "--dp",
+        "16",
+        "--sp",
+        "--seq-length",
+        "4096",
+        "--first-stage-layers",
+        "3",
+        "--last-stage-layers",
+        "2",
+        "--recompute",
+        "selective:layernorm,moe_act",
+        "--json",
+    ]
+    assert main(argv) == 1  # moe_act without grouped GEMM: refused, with Megatron's words
+    assert "only supported with moe_grouped_gemm" in capsys.readouterr().err
+    assert main([*argv, "--moe-grouped-gemm"]) == 0
+    rows = json.loads(capsys.readouterr().out)["estimates"]
+    assert [r["recompute"] for r in rows] == ["selective:layernorm,moe_act"]
+    assert main(["read"]) == 1
+    assert "give the config files, a model id, or --model" in capsys.readouterr().err

@@ -88,6 +88,8 @@ def cmd_read(args: argparse.Namespace) -> int:
     from ..sources.resolve import resolve
     from ..sources.summary import summary_lines, table_rows
 
+    if not args.inputs and not args.model:
+        raise ConfigError("read: give the config files, a model id, or --model NAME")
     resolved = resolve(
         args.inputs, model=args.model, overrides=override_values(args), require_shape=False
     )

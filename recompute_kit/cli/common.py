@@ -404,6 +404,7 @@ def add_override_args(parser: argparse.ArgumentParser, stage: bool = True) -> No
         ("distributed-optimizer", "shard optimizer states over data parallel"),
         ("account-for-embedding", "count the embedding as a layer of the first stage"),
         ("account-for-loss", "count the loss as a layer of the last stage"),
+        ("moe-grouped-gemm", "the experts as one grouped GEMM (moe_act recompute needs it)"),
     ):
         group.add_argument(
             f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what

@@ -75,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "inputs",
-        nargs="+",
+        nargs="*",
         metavar="FILE",
         help="config files as you train with them (several at once; later ones win) and / or "
-        "model ids",
+        "model ids (none: --model alone)",
     )
     p.add_argument("--model", metavar="NAME", help="a model id giving the shape")
     add_override_args(p, stage=False)  # the layout as estimate / plan / doctor take it (--dp)

@@ -242,4 +242,5 @@ OVERRIDE_FLAGS = {
     "account_for_loss": "account_for_loss_in_pipeline_split",
     "attention": "attention_backend",
     "moe_imbalance": "moe_routing_imbalance",
+    "moe_grouped_gemm": "moe_grouped_gemm",
 }

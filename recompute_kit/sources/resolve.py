@@ -561,6 +561,18 @@ def _needed_keys(reading: Reading) -> list[str]:
     return keys
 
 
+# Fusions the training framework decides and the activations depend on: Megatron-Core's
+# dataclass has them off, Megatron-LM's arguments and Megatron-Bridge's providers turn them on;
+# with a model alone (no framework's file read) they are assumptions, said with what sets them.
+_FRAMEWORK_FUSIONS = {
+    "bias_activation_fusion": "Megatron-Core's default off (the activation's input and output "
+    "both kept); Megatron-LM fuses SwiGLU unless --no-bias-swiglu-fusion: give the run's "
+    "config to read it",
+    "apply_rope_fusion": "Megatron-Core's default off; Megatron-LM applies RoPE fused unless "
+    "--no-rope-fusion: give the run's config to read it",
+}
+
+
 def _assume_the_rest(reading: Reading, framework: Any) -> None:
     shapeless = not all(reading.get(k) for k in SHAPE_KEYS)
     for key in _needed_keys(reading):
@@ -582,8 +594,13 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     # A framework that is not Megatron's (torchtitan) names these as recompute-kit's assumption.
     defaults = Config().to_flat()
     unset = getattr(framework, "UNSET_DEFAULT", None)
+    no_framework = reading.framework in (None, "hf-config")  # a model alone: no trainer read
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
+            if no_framework and key in _FRAMEWORK_FUSIONS:
+                why = _FRAMEWORK_FUSIONS[key]
+                reading.set(key, defaults[key], Origin(FROM_ASSUMED, "recompute-kit", key, why))
+                continue
             label = unset or _DEFAULT_LABEL.get(key, MCORE)
             reading.set(key, defaults[key], Origin(FROM_DEFAULT, label))
 
