@@ -74,6 +74,7 @@ def read(text: str, path: str) -> Reading:
     else:
         reading = _trainer_flags(launch.args, path)
     reading.warnings += script.warnings
+    _accelerate_config(launch, path, reading)
     program = launch.program or ""
     trl_sft = _TRL_SFT_SCRIPT.search(program) or (program == "trl" and words[:1] == ["sft"])
     if trl_sft and hf_trainer.FORMAT_LF not in reading.format:
@@ -94,6 +95,31 @@ def read(text: str, path: str) -> Reading:
 # said where the command leaves its world to something else (resolve.py drops it once another
 # input or --dp gives the world)
 GPUS_UNSAID = "the launcher's GPU count is not on the command line"
+
+
+def _accelerate_config(launch: Any, path: str, reading: Reading) -> None:
+    """`accelerate launch --config_file FILE`: the Accelerate config the command runs with (its
+    ZeRO / FSDP sharding, offloading, world size), read beside the script or as given; the
+    trainer's arguments and the command's own --num_processes win over it, as at launch."""
+    words = [f.text for f in launch.launcher]
+    if "accelerate" not in words or "--config_file" not in words[:-1]:
+        return
+    name = words[words.index("--config_file") + 1]
+    found = next((p for p in (Path(path).parent / name, Path(name)) if p.is_file()), None)
+    if found is None:
+        reading.warnings.append(
+            f"{path}: the command's --config_file {name} is not beside it: give that file too "
+            "(its ZeRO / FSDP sharding and world size are not read)"
+        )
+        return
+    from . import accelerate  # (a sibling reader)
+
+    within = accelerate.read(found.read_text(encoding="utf-8"), str(found))
+    for key, value in within.values.items():
+        reading.set(key, value, within.origins[key], overwrite=False)
+    reading.warnings += within.warnings
+    reading.unused.update(within.unused)
+    reading.read_within.append(str(found))
 
 
 # TRL's own SFT entry points: trl/scripts/sft.py, and the `trl sft` command that runs it

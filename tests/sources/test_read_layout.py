@@ -164,3 +164,34 @@ def test_a_trainer_micro_batch_given_on_the_command_line_says_the_global_batch_i
     assert r.reading.values["global_batch_size"] == 16
     (said,) = [w for w in r.reading.warnings if w.startswith("--micro-batch-size 2")]
     assert "gradient_accumulation_steps stays 2: the global batch read is 16" in said
+
+
+def test_accelerate_launch_reads_its_config_file_and_its_num_processes_wins(tmp_path):
+    # The TRL re-trial: `accelerate launch --config_file deepspeed_zero3.yaml --num_processes 4`
+    # read alone gave ZeRO stage 0 (the config file not followed); with the YAML given as well,
+    # the YAML's num_processes 8 beat the command's 4 because it came later. Accelerate applies
+    # the file first and the command line over it.
+    import shutil
+
+    trl = Path(__file__).parent.parent / "data" / "launch" / "trl"
+    shutil.copytree(trl / "examples", tmp_path / "examples")
+    launch = tmp_path / "launch.sh"
+    launch.write_text((trl / "launch.sh").read_text())
+    alone = resolve([str(launch)], require_shape=False).reading
+    assert alone.values["zero_stage"] == 3 and alone.values["world_size"] == 8
+    assert "deepspeed_zero3.yaml:9" in alone.origins["zero_stage"].describe()
+    four = tmp_path / "launch4.sh"
+    four.write_text(
+        (trl / "launch.sh").read_text().replace(" trl/scripts", " --num_processes 4 trl/scripts")
+    )
+    yaml_file = str(tmp_path / "examples" / "accelerate_configs" / "deepspeed_zero3.yaml")
+    r = resolve([str(four), yaml_file], require_shape=False)
+    assert r.reading.values["world_size"] == 4
+    assert not any(w.startswith("conflict: world_size") for w in r.reading.warnings)
+    assert any("read once" in i["format"] for i in r.inputs if i["path"] == yaml_file)
+    missing = tmp_path / "elsewhere.sh"
+    missing.write_text((trl / "launch.sh").read_text())
+    (tmp_path / "examples").rename(tmp_path / "moved")
+    said = resolve([str(missing)], require_shape=False).reading.warnings
+    named = "--config_file examples/accelerate_configs/deepspeed_zero3.yaml is not beside it"
+    assert any(named in w for w in said)
