@@ -276,10 +276,15 @@ def test_an_oom_in_the_loss_follows_the_layers_activations_that_filled_the_gpu()
 
     mlm525 = Path(__file__).parent / "data" / "launch" / "mlm525"
     log = str(mlm525 / "terminal.txt")
-    d = diagnose(collect(logs=[log], config=[str(mlm525 / "gpt2_755.sh"), log]))
-    assert d.findings[0].category == "activation_memory", [f.rule for f in d.findings]
-    logits = [f for f in d.findings if f.category == "logits_memory"]
-    assert logits and all("the layers' activations are why" in f.evidence for f in logits)
+    # the log as a config too, and (a later skill trial, as SKILL.md has it) the log as the log
+    # only: its arguments dump (transformer_impl local, use_flash_attn False) is what ran, over
+    # the script's defaults (before: a flash-attention estimate and "diagnosed" logits_memory)
+    for config in ([str(mlm525 / "gpt2_755.sh"), log], [str(mlm525 / "gpt2_755.sh")]):
+        d = diagnose(collect(logs=[log], config=config))
+        assert d.findings[0].category == "activation_memory", [f.rule for f in d.findings]
+        logits = [f for f in d.findings if f.category == "logits_memory"]
+        assert logits and all("the layers' activations are why" in f.evidence for f in logits)
+        assert d.evidence.read["config"]["attention_backend"] == "unfused"
 
 
 def test_a_smaller_micro_batch_that_fits_at_no_cost_leads_the_recompute_step():

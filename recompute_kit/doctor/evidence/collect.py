@@ -193,6 +193,10 @@ def collect(
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
     files = [c for c in configs if is_override(c) or (c != "-" and Path(file_of(c)).stat().st_size)]
+    if files:
+        # a log that prints Megatron's arguments prints the settings the run ran with: read
+        # after the config files, it wins over their defaults (the attention path, TE or not)
+        files += [log for log in logs if _prints_the_arguments(log)]
     if files or model:  # (a model id alone gives the shape: a prose paste names its model)
         layout = _layout(evidence, overrides)
         read = _read_config_files(files, layout, model)
@@ -225,6 +229,20 @@ def collect(
         label = "<stdin>" if snapshot == "-" else snapshot
         evidence = evidence.merge(Evidence(snapshot=summary, sources=[f"snapshot:{label}"]))
     return evidence
+
+
+_DUMP_READ_BYTES = 20 * 2**20  # a longer log gives its printed layout only (_layout)
+
+
+def _prints_the_arguments(log: str) -> bool:
+    """A log file (not stdin, not too long to read twice) with Megatron-LM's arguments dump."""
+    from ...sources import megatron_dump
+
+    if log == "-" or not Path(log).is_file() or Path(log).stat().st_size > _DUMP_READ_BYTES:
+        return False
+    with open(log, encoding="utf-8", errors="replace") as handle:
+        head = handle.read(2_000_000)
+    return megatron_dump.sniff(head, log) >= 85
 
 
 def _layout(evidence: Evidence, overrides: dict | None) -> dict:
