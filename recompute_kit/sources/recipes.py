@@ -81,6 +81,7 @@ _SECTION_WORDS = {
     "optim": "optimizer",
     "dist": "dist",
     "mixed_precision": "mixed_precision",
+    "plugins": "mixed_precision",  # NeMo 2.0: trainer.plugins is the MegatronMixedPrecision
     "model": "model",
 }
 

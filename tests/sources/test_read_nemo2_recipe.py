@@ -139,3 +139,14 @@ def test_a_nemo2_qwen3_moe_recipe_names_its_model_and_its_config_classes_default
 
 def _read_file(path, selector: str):
     return resolve([f"{path}::{selector}"], require_shape=False).reading
+
+
+def test_performance_mode_sets_the_plugins_gradient_reduction_dtype():
+    # A skill trial (llama31_405b.py, performance_mode=True): the recipe's
+    # `recipe.trainer.plugins.grad_reduce_in_fp32 = False` (the MegatronMixedPrecision plugin)
+    # was dropped, so gradients were counted in fp32 (11.9 GiB too many per rank at 405B).
+    # llama3_70b.py's performance mode says the same at line 246.
+    r = _read("pretrain_recipe(performance_mode=True)")
+    assert r.get("grad_reduce_in_fp32") is False
+    assert r.origins["grad_reduce_in_fp32"].where.endswith("llama3_70b.py:246")
+    assert _read("pretrain_recipe").get("grad_reduce_in_fp32") is True  # bf16_mixed's own
