@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
+from ..sources.semantics import CANNOT_RUN
 from .rules.registry import steps_without_oom
 from .types import Context, Finding
 
@@ -375,6 +376,12 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     top = findings[0] if findings else None
     assumed: list[dict[str, Any]] = []
     overstated = None
+    # the reader's word that the files' layout cannot run on their world (semantics.py)
+    unrunnable = next(
+        (w for w in (ctx.evidence.read or {}).get("warnings", []) if CANNOT_RUN in w), None
+    )
+    if unrunnable and not (top and rests_on_estimate(ctx, top)):
+        unrunnable = None  # a finding that does not rest on the estimate keeps its reading
     if top and decides(top.category, kinds):
         on_estimate = rests_on_estimate(ctx, top)
         assumed = assumed_inputs(ctx) if on_estimate else []
@@ -382,7 +389,7 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
             from .rules.estimate_gap import estimate_overstates  # (the catalog imports this)
 
             overstated = estimate_overstates(ctx)
-        if not assumed and not overstated and top.confidence >= DIAGNOSED_AT:
+        if not (assumed or overstated or unrunnable) and top.confidence >= DIAGNOSED_AT:
             why = (
                 f"{top.category} ({top.rule}, confidence {top.confidence:.0%}), decided by "
                 + "; ".join(kinds[k] for k in have if k in DECIDED_BY.get(top.category, ()))
@@ -418,6 +425,12 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items.insert(0, {**tokens, "decides": competing})
     if top is None:
         why = "no finding: the input shows no known pattern"
+    elif unrunnable:
+        why = (
+            f"{top.category} ({top.rule}, {top.confidence:.0%}) rests on the estimate of a layout "
+            f"the files cannot run: {unrunnable}; give the layout the job ran with (--dp, or the "
+            "launch that set it)"
+        )
     elif overstated:
         from .rules.estimate_gap import overstated_words
 

@@ -14,6 +14,7 @@ from ..config.pipeline_layout import layout_from_stages
 from ..config.validation import expert_layout_problem
 from .reading import FROM_ASSUMED, FROM_DERIVED, Origin, Reading
 
+CANNOT_RUN = "this layout cannot run as written"  # (the doctor's verdict reads it)
 
 def normalize(reading: Reading) -> None:
     """Values in the form Megatron-Core itself normalises them to (TransformerConfig's
@@ -114,7 +115,13 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             problem = (
                 f"a world of {world} GPUs ({reading.origins['world_size'].describe()}) is not "
                 f"divisible by TP x PP x CP = {model_parallel}"
-                + _layouts_that_divide(world, tp, cp, reading.get("pipeline_model_parallel_size"))
+                + _layouts_that_divide(
+                    world,
+                    tp,
+                    cp,
+                    reading.get("pipeline_model_parallel_size"),
+                    reading.get("num_layers"),
+                )
             )
         elif "data_parallel_size" in reading and reading.get("data_parallel_size") != dp:
             problem = (
@@ -134,7 +141,7 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
     if problem is not None:
         if strict:
             raise ConfigError(problem + _world_hint(reading, tp * cp, model_parallel))
-        reading.warnings.append(f"{problem}: this layout cannot run as written")
+        reading.warnings.append(f"{problem}: {CANNOT_RUN}")
         dp_origin = reading.origins.get("data_parallel_size")
         if dp_origin is not None and dp_origin.kind == "derived":  # (by the framework's rule)
             del reading.values["data_parallel_size"], reading.origins["data_parallel_size"]
@@ -167,13 +174,16 @@ def _smallest_world_instead(reading: Reading, dense_model_ranks: int) -> bool:
     return True
 
 
-def _layouts_that_divide(world: int, tp: int, cp: int, pp: int | None) -> str:
+def _layouts_that_divide(
+    world: int, tp: int, cp: int, pp: int | None, num_layers: int | None = None
+) -> str:
     """The nearest layouts that a world of `world` GPUs holds: the pipeline or the tensor size
-    the files give, the other reduced (--pp N / --tp N, as estimate and plan take them)."""
+    the files give, the other reduced (--pp N / --tp N, as estimate and plan take them); a
+    pipeline size the layers divide (evenly: uneven stages are the user's to choose)."""
     pp = pp or 1
     options = []
     for p in range(pp - 1, 0, -1):
-        if not world % (tp * cp * p):
+        if not world % (tp * cp * p) and not (num_layers or 0) % p:
             options.append(f"--pp {p} (DP {world // (tp * cp * p)})")
             break
     t = tp // 2  # tensor sizes halve: the heads divide a power of two where they divided TP

@@ -150,3 +150,17 @@ def test_performance_mode_sets_the_plugins_gradient_reduction_dtype():
     assert r.get("grad_reduce_in_fp32") is False
     assert r.origins["grad_reduce_in_fp32"].where.endswith("llama3_70b.py:246")
     assert _read("pretrain_recipe").get("grad_reduce_in_fp32") is True  # bf16_mixed's own
+
+
+def test_a_layout_offered_for_the_world_has_a_pipeline_the_layers_divide():
+    # A skill trial: NeMo 2.0's llama31_405b.py (126 layers counted 128 with embedding and loss)
+    # on 72 nodes was offered "--pp 6 (DP 3)", which Megatron refuses (128 layers over 6
+    # stages); a pipeline size the layers do not divide evenly is not offered.
+    from recompute_kit.sources.semantics import _layouts_that_divide
+
+    assert (
+        _layouts_that_divide(576, 8, 4, 8)
+        == "; layouts this world holds: --pp 6 (DP 3) or --tp 2 (DP 9)"
+    )
+    assert "--pp 6" not in _layouts_that_divide(576, 8, 4, 8, num_layers=128)
+    assert "--pp 2 (DP 9)" in _layouts_that_divide(576, 8, 4, 8, num_layers=128)
