@@ -60,9 +60,12 @@ def run(
     experiments: str | None = None,
     gpu_memory_gb: float | None = None,
     overrides: dict | None = None,
+    inputs: list[str] | None = None,
 ) -> Diagnosis:
     """The doctor as the CLI runs it: files through `collect`, then `diagnose`; `overrides`
-    are the command line's layout flags (--dp 8: {"data_parallel_size": 8})."""
+    are the command line's layout flags (--dp 8: {"data_parallel_size": 8}); `inputs`: real
+    config inputs as --config takes them (paths, `recipe.py::fn(...)`, key=value), after
+    `config`."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         logs = []
@@ -76,9 +79,10 @@ def run(
         if experiments is not None:
             experiments_path = root / "experiments.md"
             experiments_path.write_text(experiments, encoding="utf-8")
+        configs = [str(config_path)] if config_path else []
         evidence = collect(
             logs=logs,
-            config=str(config_path) if config_path else None,
+            config=[*configs, *(inputs or [])] or None,
             experiments=str(experiments_path) if experiments_path else None,
             overrides=overrides,
         )

@@ -292,30 +292,28 @@ def test_benchmark_reports_decidable_and_thin_apart():
     assert "thin, needs_evidence + deciding collect 1/2 (50%)" in format_table(table(results))
 
 
-def test_an_estimate_of_a_layout_the_files_cannot_run_decides_nothing(tmp_path):
+def test_an_estimate_of_a_layout_the_files_cannot_run_decides_nothing():
     # A skill trial: NeMo 2.0's llama31_405b.py on 72 nodes (576 GPUs, a replica of 256): the
     # reader said "this layout cannot run as written" in its warnings, and the doctor went on
     # with findings on a data-parallel size of 1 that cannot exist. The verdict says so and
     # asks for the layout the job ran with. (Here: llama3_70b.py, TP 4 x PP 4 x CP 2 = 32, on
-    # 3 nodes of 8.)
+    # 3 nodes of 8, and the trial's OOM.)
     from pathlib import Path
 
-    from recompute_kit.doctor.engine import diagnose
-    from recompute_kit.doctor.evidence import collect
+    from rule_helpers import run
 
     recipe = (
         Path(__file__).parent
         / "sources/corpus/nemo2_checkout/nemo/collections/llm/recipes/llama3_70b.py"
     )
-    log = tmp_path / "oom.log"
-    log.write_text(
+    d = run(
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
         "total capacity of 79.11 GiB of which 1.48 GiB is free. Including non-PyTorch memory, "
         "this process has 77.61 GiB memory in use. Of the allocated memory 73.50 GiB is "
-        "allocated by PyTorch, and 2.55 GiB is reserved by PyTorch but unallocated.\n"
+        "allocated by PyTorch, and 2.55 GiB is reserved by PyTorch but unallocated.\n",
+        inputs=[f"{recipe}::pretrain_recipe(num_nodes=3)"],
+        gpu_memory_gb=79.11,
     )
-    config = f"{recipe}::pretrain_recipe(num_nodes=3)"
-    d = diagnose(collect(logs=[str(log)], config=[config]), 79.11)
     assert any("cannot run as written" in w for w in d.evidence.read["warnings"])
     assert d.verdict.verdict == "needs_evidence"
     assert "rests on the estimate of a layout the files cannot run" in d.verdict.why

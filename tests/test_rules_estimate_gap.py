@@ -131,37 +131,30 @@ def test_an_estimate_far_above_what_the_rank_reached_decides_nothing(tmp_path):
     assert f.confidence < 0.85 and "far above what the rank reached" in f.evidence
 
 
-def test_a_recipe_functions_settings_are_its_own_and_the_gap_names_its_stage(tmp_path):
+def test_a_recipe_functions_settings_are_its_own_and_the_gap_names_its_stage():
     # A skill trial: Megatron-Bridge's qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config
     # (recompute off: granularity None) at 8192 tokens, DP 2, and an OOM on "GPU 5" (the
     # trial's figures). RK023 ("recompute_num_layers is set but recompute_granularity is empty")
     # fired from `recompute_num_layers = 1` in the same file's 30B function, which the scan of
     # the file's text had read; and RK018 compared with stage 1 without saying so.
-    from recompute_kit.doctor.engine import diagnose
-    from recompute_kit.doctor.evidence import collect
-
     recipe = (
         Path(__file__).parent
         / "sources/corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
     )
-    log = tmp_path / "oom.log"
-    log.write_text(
+    d = run(
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.20 GiB. GPU 5 has a "
         "total capacity of 79.11 GiB of which 2.41 GiB is free. Including non-PyTorch memory, "
         "this process has 76.68 GiB memory in use. Of the allocated memory 71.87 GiB is "
-        "allocated by PyTorch, and 3.30 GiB is reserved by PyTorch but unallocated.\n"
-    )
-    evidence = collect(
-        logs=[str(log)],
-        config=[
+        "allocated by PyTorch, and 3.30 GiB is reserved by PyTorch but unallocated.\n",
+        inputs=[
             f"{recipe}::qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
             "model.seq_length=8192",
             "dataset.seq_length=8192",
         ],
         overrides={"data_parallel_size": 2},
+        gpu_memory_gb=79.1,
     )
-    assert evidence.config["recompute_num_layers"] is None  # the function's, not the file's
-    d = diagnose(evidence, 79.1)
+    assert d.evidence.config["recompute_num_layers"] is None  # the function's, not the file's
     assert "RK023" not in ids(d)
     f = top(d)
     assert f.rule == "RK018"
