@@ -267,3 +267,20 @@ def test_the_estimate_lists_every_stages_held_bytes_beside_its_total():
     per_stage = [estimate(cfg, stage=s, moe_imbalance=2.0).held_bytes for s in range(16)]
     assert e.stage_held_bytes == per_stage
     assert any(h > t for h, t in zip(e.stage_held_bytes, e.stage_total_bytes, strict=True))
+
+
+def test_a_model_alone_gets_the_whole_layout_it_was_planned_for(capsys):
+    # A skill trial (Kimi-K2 by its id): --seq-length 4096 and --micro-batch-size 1 equal the
+    # values recompute-kit assumes, so the hand-over left them out; with no config file the
+    # command line is the layout, written whole.
+    argv = [
+        "plan", "--model", "moonshotai/Kimi-K2-Instruct", "--tp", "8", "--pp", "16",
+        "--ep", "64", "--etp", "1", "--dp", "16", "--sp", "--distributed-optimizer",
+        "--seq-length", "4096", "--micro-batch-size", "1", "--first-stage-layers", "3",
+        "--last-stage-layers", "2", "--moe-grouped-gemm", "--gpu", "h100-80gb",
+        "--format", "megatron-lm",
+    ]
+    doc = _json(capsys, argv)
+    for flag in ("--seq-length 4096", "--micro-batch-size 1", "--tensor-model-parallel-size 8"):
+        assert flag in doc["rendered"], flag
+    assert doc["changed_settings"]["seq_length"] == 4096

@@ -479,7 +479,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .levers import cmd_levers
 
         return cmd_levers(args, cfg, gib, version)
-    given = inputs_alone(args)
+    # a model alone (no config file) says no layout: what the command line gives is the
+    # layout, written whole (an override equal to an assumed default too)
+    given = inputs_alone(args) if args.config else None
     read = inputs_read(args) if given is None and args.config else None
     changes = changed_settings(cfg, given, override_values(args), read)
     try:
