@@ -451,3 +451,24 @@ def test_a_nemo_rl_megatron_run_levers_doctor_and_plan_pick_what_nemo_rl_can_set
     assert engine.raw_confidence < f.raw_confidence
     assert "sleep" in engine.evidence and "slower rollouts" in engine.evidence
 
+
+
+def test_a_script_that_overlaps_its_tp_communication_is_priced_so(capsys, tmp_path):
+    # A skill trial (NeMo 2.0's 405B recipe turns tp_comm_overlap on): the levers priced TP
+    # collectives as exposed whatever the run said. Megatron-LM's --tp-comm-overlap is read and
+    # used where the command line does not say --tp-comm-overlap itself.
+    script = Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
+    overlapped = tmp_path / "train.sh"
+    overlapped.write_text(
+        script.read_text().replace(
+            "--tensor-model-parallel-size 8 ", "--tensor-model-parallel-size 8 --tp-comm-overlap "
+        )
+    )
+    argv = ["plan", "--dp", "16", "--gpu", "h100-80gb", "--levers", "--json", "--config"]
+    assert main([*argv, str(script)]) == 0
+    exposed = json.loads(capsys.readouterr().out)["levers"]["current"]
+    assert "TP collectives exposed" in exposed["adds"]
+    assert main([*argv, str(overlapped)]) == 0
+    hidden = json.loads(capsys.readouterr().out)["levers"]["current"]
+    assert "TP collectives" not in hidden["adds"]
+    assert hidden["step_seconds"] < exposed["step_seconds"]

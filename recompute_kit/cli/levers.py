@@ -52,7 +52,8 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
         "--tp-comm-overlap",
         action="store_true",
         help="the run overlaps its TP collectives with compute (Megatron's tp_comm_overlap, "
-        "Transformer Engine userbuffers): they cost nothing in the step time (default: exposed)",
+        "Transformer Engine userbuffers): they cost nothing in the step time (default: as the "
+        "files say, Megatron-LM's --tp-comm-overlap; else exposed)",
     )
     g.add_argument(
         "--global-batch-size",
@@ -99,7 +100,9 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         tflops or DEFAULT_TFLOPS,
         host_link_gbps(args.host_link or (named.host_link if named else DEFAULT_HOST_LINK)),
         args.cp_link_gbps or (named.nvlink_gbps if named else DEFAULT_CP_LINK_GBPS),
-        tp_comm_overlap=args.tp_comm_overlap,
+        # the flag, else what the files say (Megatron-LM --tp-comm-overlap)
+        tp_comm_overlap=args.tp_comm_overlap
+        or bool(resolved is not None and resolved.reading.get("tp_comm_overlap")),
     )
     calibration: dict[str, Any] | None = None
     measured, source = args.measured_step_seconds, "--measured-step-seconds"

@@ -31,6 +31,9 @@ EXTRA_KEYS = (
     # the per-rank batch before a pipeline splits it into micro-batches (torchtitan's
     # [training] local_batch_size): with the data-parallel size it gives the global batch
     "local_batch_size",
+    # TP communication overlapped with GEMMs (Megatron-LM --tp-comm-overlap): the step-time
+    # model's exposed TP collectives (plan/step_time.py)
+    "tp_comm_overlap",
 )
 KNOWN_KEYS = frozenset(CONFIG_KEYS) | frozenset(EXTRA_KEYS)
 

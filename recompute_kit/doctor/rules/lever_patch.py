@@ -69,12 +69,14 @@ def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
 
 def first_fitting_lever(ctx: Context):
     from ...plan.levers import levers
+    from ...plan.step_time import Hardware
 
     if ctx.config is None or not ctx.gpu_bytes:
         return None
     if "first_fitting_lever" not in ctx.memo:  # three rules ask; the table is made once
         read = ctx.evidence.read or {}
-        gbs = (read.get("config") or {}).get("global_batch_size")  # the run's, as read
+        config = read.get("config") or {}
+        gbs = config.get("global_batch_size")  # the run's, as read
         fmt = "llama-factory" if "LLaMA-Factory" in str(read.get("format")) else "hf-trainer"
         backend = (
             "accelerate-fsdp"
@@ -91,6 +93,7 @@ def first_fitting_lever(ctx: Context):
                 table = levers(
                     ctx.config,
                     ctx.gpu_bytes / GIB,
+                    hw=Hardware(tp_comm_overlap=bool(config.get("tp_comm_overlap"))),
                     global_batch_size=batch,
                     trainer_format=fmt,
                     sharding_backend=backend,
