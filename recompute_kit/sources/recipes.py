@@ -56,6 +56,9 @@ CLASS_SECTIONS = {
     "MixedPrecisionConfig": "mixed_precision",
     "MegatronStrategy": "strategy",
     "Trainer": "trainer",
+    # TP communication overlap: Megatron-Bridge's CommOverlapConfig, NeMo 2.0's callback
+    "CommOverlapConfig": "comm_overlap",
+    "MegatronCommOverlapCallback": "comm_overlap",
 }
 # Helper calls whose effect is known (Bridge recipes/utils/optimizer_utils.py and NeMo
 # recipes/optim/adam.py build a distributed optimizer; precision presets).
@@ -81,6 +84,7 @@ _SECTION_WORDS = {
     "optim": "optimizer",
     "dist": "dist",
     "mixed_precision": "mixed_precision",
+    "comm_overlap": "comm_overlap",
     "plugins": "mixed_precision",  # NeMo 2.0: trainer.plugins is the MegatronMixedPrecision
     "model": "model",
 }

@@ -164,3 +164,13 @@ def test_a_layout_offered_for_the_world_has_a_pipeline_the_layers_divide():
     )
     assert "--pp 6" not in _layouts_that_divide(576, 8, 4, 8, num_layers=128)
     assert "--pp 2 (DP 9)" in _layouts_that_divide(576, 8, 4, 8, num_layers=128)
+
+
+def test_performance_mode_overlaps_tp_communication():
+    # llama3_70b.py's performance mode appends run.Config(MegatronCommOverlapCallback,
+    # tp_comm_overlap=True, ...): read as tp_comm_overlap, which the levers price (a skill trial
+    # on the 405B recipe got its TP collectives priced as exposed).
+    r = _read("pretrain_recipe(performance_mode=True)")
+    assert r.get("tp_comm_overlap") is True
+    assert "MegatronCommOverlapCallback" in r.origins["tp_comm_overlap"].describe()
+    assert _read("pretrain_recipe").get("tp_comm_overlap") is None
