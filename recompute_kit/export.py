@@ -302,7 +302,10 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "--recompute-num-layers",
             str(core["recompute_num_layers"]),
         ]
-        after = ["# these replace the script's recompute flags: drop --recompute-modules"]
+        after = [
+            "# these replace the script's recompute flags: drop --recompute-modules and "
+            "--recompute-activations (it forces selective)"
+        ]
     elif g == "selective":
         after = [
             "# these replace the script's recompute flags: drop --recompute-method, "

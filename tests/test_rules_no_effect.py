@@ -4,6 +4,8 @@ comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rule_helpers import (
     DEEPSEEK_V2_LITE_MLP,
     GIB,
@@ -284,6 +286,28 @@ def test_rk020_core_attn_with_fused_attention():
     assert f.confidence == 0.7
     assert f.config_patch["recompute_modules"] == ["mlp"]
     cites(f, "'selective:mlp'")
+
+
+@covers("RK020")
+def test_rk020_next_step_is_the_cheaper_of_the_ffn_and_a_few_whole_layers():
+    # A skill trial: Megatron-LM's examples/gpt3 175B script (tests/sources/corpus, TP8 PP16)
+    # with --recompute-activations, "memory did not go down": RK020's next step was
+    # 'selective:mlp' "(costly: ~16% on 70B)", a figure of another model; by this config's
+    # estimate mlp saves 8.9 GiB for 21.9% extra FLOPs, full:block:3 as much for 16.6%.
+    script = (
+        Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
+    ).read_text()
+    flagged = script.replace("--seq-length 2048 ", "--seq-length 2048 --recompute-activations ")
+    d = run(
+        config=flagged,
+        config_name="run.sh",
+        gpu_memory_gb=79.1,
+        overrides={"data_parallel_size": 16},
+    )
+    f = get(d, "RK020")
+    assert "'full:block:" in f.evidence and "against its" in f.evidence
+    assert f.config_patch["recompute_granularity"] == "full"
+    assert "70B" not in f.evidence
 
 
 @covers("RK020")

@@ -22,8 +22,8 @@ from .registry import fact, gib, next_step, patch_for, rule
     "changes peak memory",
     cause="Flash/fused attention never materialises the s x s scores the paper's saving "
     "comes from; it already recomputes them in its backward",
-    confirm="recompute-kit estimate --attention flash --recompute none selective: the two "
-    "peaks are within a few percent",
+    confirm="recompute-kit estimate --config CONFIG --recompute none selective:core_attn: the "
+    "two peaks are within a few percent",
     fix="Recompute something that holds memory (mlp, moe_act, mla_up_proj, layernorm) or "
     "use full recompute",
     refs=(

@@ -125,10 +125,37 @@ def next_step(ctx: Context) -> tuple[str, str]:
     if ctx.is_moe and "moe" not in mods:
         return _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
     if not ctx.is_moe and "mlp" not in mods:
-        return _spec(
-            mods | {"mlp"}
-        ), "the dense FFN is the largest block left (costly: ~16% on 70B)"
+        return _mlp_or_block(ctx, _spec(mods | {"mlp"}))
     return "full:uniform:1", "selective recompute is exhausted; recompute whole layers"
+
+
+def _mlp_or_block(ctx: Context, mlp: str) -> tuple[str, str]:
+    """The dense FFN's recompute, or, where the config is known, the smallest full:block:N that
+    saves at least as much for fewer extra FLOPs (a whole layer's recompute costs its forward,
+    the FFN's is most of it: a few whole layers often beat every layer's FFN)."""
+    why = "the dense FFN is the largest block left"
+    if ctx.config is None:
+        return mlp, why + " (costly: its forward again, most of a layer's)"
+    try:
+        base = estimate(ctx.config).total_bytes
+        with_mlp = estimate(ctx.config.with_recompute(mlp))
+        layers = max(len(with_mlp.layers), 1)
+        for n in range(1, layers + 1):
+            block = estimate(ctx.config.with_recompute(f"full:block:{n}"))
+            if base - block.total_bytes >= base - with_mlp.total_bytes:
+                break
+        else:
+            block = None
+    except ConfigError:
+        return mlp, why
+    cost = with_mlp.recompute_flops_fraction
+    saved = (base - with_mlp.total_bytes) / 2**30
+    if block is not None and block.recompute_flops_fraction < cost - 0.01:  # clearly cheaper
+        return f"full:block:{n}", (
+            f"saves at least as much as '{mlp}' ({saved:.1f} GiB) for "
+            f"{block.recompute_flops_fraction:.1%} extra FLOPs against its {cost:.1%}"
+        )
+    return mlp, f"{why} ({saved:.1f} GiB for {cost:.1%} extra FLOPs)"
 
 
 def _spec(mods: set[str]) -> str:
