@@ -883,3 +883,25 @@ def test_a_model_id_alone_reads_and_takes_grouped_gemm_and_says_its_fusions(caps
     assert [r["recompute"] for r in rows] == ["selective:layernorm,moe_act"]
     assert main(["read"]) == 1
     assert "give the config files, a model id, or --model" in capsys.readouterr().err
+
+
+def test_doctor_takes_a_script_with_its_arguments_as_read_does(capsys, tmp_path):
+    # A skill trial: `diagnose.py --config 'train_gpt3_175b_distributed.sh /ckpt /tb
+    # /data/gpt2-vocab.json ...'` (the script and its positional arguments, as SKILL.md says
+    # read/estimate/plan take it) answered "cannot read --config ...: No such file".
+    script = Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
+    log = tmp_path / "train.log"
+    log.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.11 GiB of which 1.02 GiB is free. Including non-PyTorch memory, "
+        "this process has 78.08 GiB memory in use. Of the allocated memory 74.40 GiB is "
+        "allocated by PyTorch, and 2.61 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    call = f"{script} /ckpt /tb /data/gpt2-vocab.json /data/gpt2-merges.txt /data/prefix"
+    argv = ["doctor", "--log", str(log), "--config", call, "--dp", "16", "--json"]
+    assert main(argv) == 0
+    read = json.loads(capsys.readouterr().out)["evidence"]["read"]
+    assert read["inputs"][0]["format"] == "Megatron-LM launch script with arguments"
+    # $3 gave the GPT-2 vocabulary file: the tokenizer's size, not the 32000 fallback
+    assert read["config"]["vocab_size"] == 50257
+    assert "--vocab-file /data/gpt2-vocab.json" in read["sources"]["vocab_size"]["where"]

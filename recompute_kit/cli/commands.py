@@ -734,13 +734,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "script or recipe the run uses) or --model NAME (a preset or Hugging Face id)"
         )
     from ..sources.nemo_rl_overrides import is_override
-    from ..sources.resolve import file_of
+    from ..sources.resolve import file_of, script_call
 
     for path in args.config or []:
         if is_override(path):  # `FILE key=value` (Hydra style): applied to the file before it
             continue
+        called = script_call(path)  # 'run.sh ARGS': the script with its positional arguments
         text_file(
-            file_of(path),  # (recipe.py::function reads recipe.py)
+            str(called.script) if called else file_of(path),  # (recipe.py::fn reads recipe.py)
             "--config",
             "give the config files you train with, or a Megatron command line",
             strict=False,

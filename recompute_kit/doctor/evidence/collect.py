@@ -170,7 +170,7 @@ def collect(
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
     from ...sources.nemo_rl_overrides import is_override
-    from ...sources.resolve import file_of
+    from ...sources.resolve import file_of, script_call
 
     configs = [config] if isinstance(config, str) else list(config or [])
     # keys a scan of a Python recipe's text found: it reads every function of the file, the
@@ -179,7 +179,9 @@ def collect(
     for one in configs:
         if is_override(one):  # `FILE key=value`: the shared reader applies it to the file
             continue
-        text = _read_text(file_of(one), "config", stdin_text)  # recipe.py::function: recipe.py
+        called = script_call(one) if one != "-" else None  # 'run.sh ARGS': the script's text
+        name = str(called.script) if called else file_of(one)  # recipe.py::function: recipe.py
+        text = _read_text(name, "config", stdin_text)
         flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
         label = "<stdin>" if one == "-" else one
         # what the file states, without comments (documentation, not evidence)
@@ -192,7 +194,11 @@ def collect(
         part.facts = _snippets(stated, "config").facts
         evidence = evidence.merge(part)
     # (an empty file was said above; the shared reader reads the others)
-    files = [c for c in configs if is_override(c) or (c != "-" and Path(file_of(c)).stat().st_size)]
+    files = [
+        c
+        for c in configs
+        if is_override(c) or script_call(c) or (c != "-" and Path(file_of(c)).stat().st_size)
+    ]
     if files:
         # a log that prints Megatron's arguments prints the settings the run ran with: read
         # after the config files, it wins over their defaults (the attention path, TE or not)
