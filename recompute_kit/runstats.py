@@ -12,7 +12,9 @@ kept, one value. For each run:
   than K_MAD robust sigmas (1.4826 x MAD) and SETTLE (compilation, allocator growth,
   data-loader start), at most half of the run;
 * profiler windows are dropped: iterations flagged by a profiler column, or inside a window
-  (`--profile-step-start`..`--profile-step-end` of Megatron's arguments);
+  (`--profile-step-start`..`--profile-step-end` of Megatron's arguments); so is a stretch of
+  two or more steps 1.5x slower than the run's median that no column explains (a profiler, a
+  checkpoint save or an evaluation), said as such;
 * what is left gives the run's median and IQR.
 
 Settings are compared with their spread: the range of their repeats' medians (between-run
@@ -53,6 +55,9 @@ CONFOUNDER_FIELDS = (
     "train_iters",  # a different planned run (Megatron's "iteration N/ TOTAL")
 )
 THRESHOLD = 0.10  # the contract's allowed throughput loss against the golden
+SLOW_WINDOW = 1.5  # a stretch of steps this many times slower than the run's median ...
+SLOW_WINDOW_MIN = 2  # ... this many in a row at least (one slow step is noise) ...
+SLOW_WINDOW_MAX = 0.3  # ... and at most this share of the run is dropped as a window
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -138,12 +143,64 @@ def summarize_run(
             )
             out["dropped"].append({"what": "profiler", "count": len(flagged), "why": why})
             values = [s for s in values if not profiled(s)]
+        window = slow_window(values, higher_is_better)
+        if window:
+            first, last, ratio = window
+            stretch = values[first : last + 1]
+            its = [s.get("iteration") for s in stretch]
+            named = f"iterations {its[0]}-{its[-1]}" if None not in its else "a stretch"
+            why = (
+                f"{named}: {ratio:.1f}x the run's median in a row (a profiler, a checkpoint "
+                "save or an evaluation? not said by the data)"
+            )
+            out["dropped"].append({"what": "slow window", "count": len(stretch), "why": why})
+            values = values[:first] + values[last + 1 :]
     kept = [s["value"] for s in values]
     out["kept"] = len(kept)
     if kept:
         med, q1, q3 = median_iqr(kept)
         out.update(median=med, q1=q1, q3=q3, iqr=q3 - q1)
     return out
+
+
+def slow_window(
+    samples: Sequence[dict[str, Any]], higher_is_better: bool | None = None
+) -> tuple[int, int, float] | None:
+    """The longest stretch of SLOW_WINDOW_MIN or more consecutive iterations, at most
+    SLOW_WINDOW_MAX of the run, each SLOW_WINDOW times slower than the run's median (a
+    profiler, a checkpoint save or an evaluation inside the timed steps): (first, last index,
+    the stretch's median over the run's), or None. A single slow step is noise the median
+    already ignores."""
+    values = [s["value"] for s in samples]
+    if len(values) < 2 * SLOW_WINDOW_MIN + 2:
+        return None
+    med = statistics.median(values)
+    if not med:
+        return None
+
+    def slow(v: float) -> bool:
+        ratio = v / med if higher_is_better is not True else (med / v if v else float("inf"))
+        if higher_is_better is None:
+            ratio = max(v / med, med / v if v else float("inf"))
+        return ratio >= SLOW_WINDOW
+
+    best: tuple[int, int] | None = None
+    start = None
+    for i, v in enumerate([*values, None]):
+        if v is not None and slow(v):
+            start = i if start is None else start
+            continue
+        if start is not None and (best is None or i - start > best[1] - best[0] + 1):
+            best = (start, i - 1)
+        start = None
+    if best is None:
+        return None
+    n = best[1] - best[0] + 1
+    if n < SLOW_WINDOW_MIN or n > SLOW_WINDOW_MAX * len(values):
+        return None
+    stretch = statistics.median(values[best[0] : best[1] + 1])
+    ratio = stretch / med if higher_is_better is not True else med / stretch
+    return best[0], best[1], max(ratio, 1 / ratio if ratio else ratio)
 
 
 def split_runs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -175,7 +232,9 @@ def _describe(field: str, by_setting: dict[str, set]) -> str:
     return f"{field} differs ({'; '.join(parts)})"
 
 
-def confounders(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def confounders(
+    runs: Iterable[dict[str, Any]], higher_is_better: bool = False
+) -> list[dict[str, Any]]:
     """Fields (host, node, date, profiler, batch, sequence, train_iters, and the keys of a
     run's `setup`: the arguments it printed, its recompute keys left out) that differ between
     the runs compared; `aligned`: every setting saw one value and the settings' values differ,
@@ -195,14 +254,55 @@ def confounders(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(seen) < 2:
             continue
         aligned = all(len(v) == 1 for v in by_setting.values()) and len(by_setting) > 1
-        out.append(
-            {
-                "field": field,
-                "values": {k: sorted(v) for k, v in by_setting.items()},
-                "aligned": aligned,
-                "note": _describe(field, by_setting),
-            }
-        )
+        entry = {
+            "field": field,
+            "values": {k: sorted(v) for k, v in by_setting.items()},
+            "aligned": aligned,
+            "note": _describe(field, by_setting),
+        }
+        slower = _slower_places(runs, field, higher_is_better) if field in ("host", "node") else []
+        if slower:
+            entry["slower"] = slower
+            entry["note"] += "; " + "; ".join(s["why"] for s in slower)
+        out.append(entry)
+    return out
+
+
+SLOWER_PLACE = 0.03  # a node this much slower than another for the same setting is named
+
+
+def _slower_places(
+    runs: Sequence[dict[str, Any]], field: str, higher_is_better: bool
+) -> list[dict[str, Any]]:
+    """Within one setting, a host / node whose runs are more than SLOWER_PLACE slower (by their
+    medians) than another's and beyond those runs' own spread: named, so the node is seen as
+    the cause (a repeat on it is no repeat of the setting)."""
+    out = []
+    by_setting: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in runs:
+        if r.get("median") is not None and r.get(field) not in (None, ""):
+            by_setting.setdefault(r["setting"], {}).setdefault(str(r[field]), []).append(r)
+    for setting, places in by_setting.items():
+        if len(places) < 2:
+            continue
+        medians = {p: statistics.median(r["median"] for r in rs) for p, rs in places.items()}
+        lower = not higher_is_better  # a step time: lower is better
+        best = (min if lower else max)(medians, key=medians.get)
+        noise = max((r.get("iqr") or 0.0) for rs in places.values() for r in rs)
+        for place, med in medians.items():
+            if place == best or not medians[best]:
+                continue
+            off = med / medians[best] - 1 if lower else medians[best] / med - 1
+            if off > SLOWER_PLACE and abs(med - medians[best]) > noise:
+                out.append(
+                    {
+                        "setting": setting,
+                        field: place,
+                        "against": best,
+                        "slower_by": off,
+                        "why": f"{place} is {off:.1%} slower than {best} for {setting}",
+                    }
+                )
     return out
 
 
@@ -347,7 +447,7 @@ def judge_runs(
     for o in flagged:
         if sum(1 for r in kept if r["setting"] == o["setting"]) < 2:
             kept.extend(r for r in runs if (r["setting"], r.get("run")) == (o["setting"], o["run"]))
-    found = confounders(kept)
+    found = confounders(kept, higher_is_better)
     aligned = [c for c in found if c["aligned"]]
     settings: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(r["setting"] for r in runs):

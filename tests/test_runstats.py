@@ -160,3 +160,39 @@ def test_step_time_column_keeps_its_unit():
         ]
         == 0.7
     )
+
+
+def test_a_slow_stretch_no_column_explains_is_dropped_and_said():
+    # A skill trial's per-iteration CSV: a run had iterations 10-14 three times slower (a
+    # profiler the user did not mention); nothing dropped or said it. A stretch of two or more
+    # steps 1.5x the run's median is dropped, named by its iterations; one slow step is kept
+    # (the median already ignores it), and so is a run that is slow throughout.
+    samples = [{"value": 13.0 + 0.01 * (i % 3), "iteration": i} for i in range(1, 31)]
+    for s in samples[9:14]:
+        s["value"] = 39.0
+    run = summarize_run(samples, higher_is_better=False)
+    (window,) = [d for d in run["dropped"] if d["what"] == "slow window"]
+    assert window["count"] == 5 and window["why"].startswith("iterations 10-14: 3.0x")
+    assert run["kept"] == 25
+    single = [dict(s) for s in samples]
+    for s in single[9:14]:
+        s["value"] = 13.0
+    single[9]["value"] = 39.0
+    assert not [d for d in summarize_run(single)["dropped"] if d["what"] == "slow window"]
+
+
+def test_a_node_slower_for_the_same_setting_is_named(tmp_path):
+    # The same trial: a repeat on node-17 ran 6% slower than its twin on node-03; the host was
+    # listed as differing, but which node was slow was left to the reader.
+    rows = ["recompute,run,node,iteration,step_time_s"]
+    for run, node, base in (("a1", "node-03", 12.1), ("a2", "node-17", 12.83)):
+        rows += [f"a,{run},{node},{i},{base + 0.01 * (i % 2)}" for i in range(1, 21)]
+    for run, node in (("b1", "node-03"), ("b2", "node-04")):
+        rows += [f"b,{run},{node},{i},{13.05 + 0.01 * (i % 2)}" for i in range(1, 21)]
+    table = tmp_path / "runs.csv"
+    table.write_text("\n".join(rows) + "\n")
+    doc = judge(str(table), "--budget-gib", "80", "--golden", "b")
+    (host,) = [c for c in doc["confounders"] if c["field"] in ("host", "node")]
+    (slow,) = host["slower"]
+    assert slow["against"] == "node-03" and 0.05 < slow["slower_by"] < 0.07
+    assert "node-17 is 6.0% slower than node-03 for a" in host["note"]
