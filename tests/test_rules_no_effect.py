@@ -311,6 +311,29 @@ def test_rk020_next_step_is_the_cheaper_of_the_ffn_and_a_few_whole_layers():
 
 
 @covers("RK020")
+def test_rk020_measured_no_change_decides_it():
+    # The same trial's user had measured it: with and without --recompute-activations the
+    # peaks agreed to 0.1% (their Megatron memory report lines, as a table). The doctor asked
+    # for exactly that measurement (needs_evidence, 45%); measured, the finding is decided.
+    script = (
+        Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
+    ).read_text()
+    flagged = script.replace("--seq-length 2048 ", "--seq-length 2048 --recompute-activations ")
+    table = (
+        "| recompute | max allocated (MB) | max reserved (MB) |\n|---|---|---|\n"
+        "| none | 61877.2 | 64820.0 |\n| selective | 61850.1 | 64818.0 |\n"
+    )
+    dp16 = {"data_parallel_size": 16}
+    d = run(config=flagged, config_name="run.sh", experiments=table, overrides=dp16)
+    f = top(d)
+    assert f.rule == "RK020" and "measured: 'selective' peaks at" in f.evidence
+    assert d.verdict.verdict == "diagnosed"
+    apart = table.replace("61850.1 | 64818.0", "52850.1 | 55818.0")
+    g = get(run(config=flagged, config_name="run.sh", experiments=apart, overrides=dp16), "RK020")
+    assert "measured" not in g.evidence and g.confidence < 0.85
+
+
+@covers("RK020")
 def test_rk020_not_with_unfused_attention():
     # With --attention-backend unfused the [b, a, s, s] scores exist and core_attn removes them.
     unfused = LLAMA3_8B_SELECTIVE.replace(

@@ -38,12 +38,33 @@ def _core_attn_flash(ctx: Context) -> Match | None:
     if ctx.modules and set(ctx.modules) != {"core_attn"} and not warned:
         return None
     spec, why = next_step(ctx)
+    measured = _core_attn_measured(ctx)
+    conf = 0.85 if measured else 0.7 if (ctx.oom or ctx.says("out of memory")) else 0.45
     return Match(
-        0.7 if (ctx.oom or ctx.says("out of memory")) else 0.45,
+        conf,
         "core_attn is recomputed while attention is flash/fused"
         + (" (Megatron warned about it)" if warned else "")
+        + (f"; {measured}" if measured else "")
         + f". Next: '{spec}' - {why}.",
         config_patch=patch_for(spec),
+    )
+
+
+def _core_attn_measured(ctx: Context) -> str:
+    """The measured rows say it: a core_attn run ('selective', Megatron's default modules)
+    whose peak is within 2% of the run without recompute."""
+    rows = [r for r in ctx.evidence.experiments if r.get("peak_memory_bytes")]
+    base = [r for r in rows if (r.get("recompute") or "none") == "none"]
+    arm = [r for r in rows if r.get("recompute") in ("selective", "selective:core_attn")]
+    if not base or not arm:
+        return ""
+    b, a = base[0]["peak_memory_bytes"], arm[0]["peak_memory_bytes"]
+    change = a / b - 1
+    if abs(change) >= 0.02:
+        return ""
+    return (
+        f"measured: '{arm[0]['recompute']}' peaks at {gib(a)} against {gib(b)} without "
+        f"recompute ({change:+.2%})"
     )
 
 
