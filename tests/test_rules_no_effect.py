@@ -288,16 +288,22 @@ def test_rk020_core_attn_with_fused_attention():
     cites(f, "'selective:mlp'")
 
 
+def _gpt3_with_recompute_activations() -> str:
+    """Megatron-LM's examples/gpt3 175B script (tests/sources/corpus) with the flag a skill
+    trial's user added: --recompute-activations (selective, core_attn)."""
+    script = (
+        Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
+    ).read_text()
+    return script.replace("--seq-length 2048 ", "--seq-length 2048 --recompute-activations ")
+
+
 @covers("RK020")
 def test_rk020_next_step_is_the_cheaper_of_the_ffn_and_a_few_whole_layers():
     # A skill trial: Megatron-LM's examples/gpt3 175B script (tests/sources/corpus, TP8 PP16)
     # with --recompute-activations, "memory did not go down": RK020's next step was
     # 'selective:mlp' "(costly: ~16% on 70B)", a figure of another model; by this config's
     # estimate mlp saves 8.9 GiB for 21.9% extra FLOPs, full:block:3 as much for 16.6%.
-    script = (
-        Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
-    ).read_text()
-    flagged = script.replace("--seq-length 2048 ", "--seq-length 2048 --recompute-activations ")
+    flagged = _gpt3_with_recompute_activations()
     d = run(
         config=flagged,
         config_name="run.sh",
@@ -315,10 +321,7 @@ def test_rk020_measured_no_change_decides_it():
     # The same trial's user had measured it: with and without --recompute-activations the
     # peaks agreed to 0.1% (their Megatron memory report lines, as a table). The doctor asked
     # for exactly that measurement (needs_evidence, 45%); measured, the finding is decided.
-    script = (
-        Path(__file__).parent / "sources/corpus/megatron_lm/blind_gpt3_175b_distributed.sh"
-    ).read_text()
-    flagged = script.replace("--seq-length 2048 ", "--seq-length 2048 --recompute-activations ")
+    flagged = _gpt3_with_recompute_activations()
     table = (
         "| recompute | max allocated (MB) | max reserved (MB) |\n|---|---|---|\n"
         "| none | 61877.2 | 64820.0 |\n| selective | 61850.1 | 64818.0 |\n"
