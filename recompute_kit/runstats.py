@@ -177,17 +177,10 @@ def slow_window(
     med = statistics.median(values)
     if not med:
         return None
-
-    def slow(v: float) -> bool:
-        ratio = v / med if higher_is_better is not True else (med / v if v else float("inf"))
-        if higher_is_better is None:
-            ratio = max(v / med, med / v if v else float("inf"))
-        return ratio >= SLOW_WINDOW
-
     best: tuple[int, int] | None = None
     start = None
     for i, v in enumerate([*values, None]):
-        if v is not None and slow(v):
+        if v is not None and _slowness(v, med, higher_is_better) >= SLOW_WINDOW:
             start = i if start is None else start
             continue
         if start is not None and (best is None or i - start > best[1] - best[0] + 1):
@@ -199,8 +192,16 @@ def slow_window(
     if n < SLOW_WINDOW_MIN or n > SLOW_WINDOW_MAX * len(values):
         return None
     stretch = statistics.median(values[best[0] : best[1] + 1])
-    ratio = stretch / med if higher_is_better is not True else med / stretch
-    return best[0], best[1], max(ratio, 1 / ratio if ratio else ratio)
+    return best[0], best[1], _slowness(stretch, med, higher_is_better)
+
+
+def _slowness(value: float, reference: float, higher_is_better: bool | None) -> float:
+    """How many times slower `value` is than `reference`: a step time's ratio, a throughput's
+    inverse, the larger of the two where the direction is not known."""
+    up, down = value / reference, (reference / value if value else float("inf"))
+    if higher_is_better is None:
+        return max(up, down)
+    return down if higher_is_better else up
 
 
 def split_runs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -355,3 +355,14 @@ def intended_patch(f: Finding) -> dict:
         if d["reason"].startswith("already")
     }
     return {**already, **f.config_patch}
+
+
+def llava_inputs() -> list[str]:
+    """LLaVA-1.5 13B's run as tests/data/launch/llava holds it (verbatim): Llama 2 13B's
+    config.json, scripts/v1_5/finetune.sh and its ZeRO-3 JSON."""
+    llava = Path(__file__).parent / "data" / "launch" / "llava"
+    return [
+        str(llava / "llama2_13b_config.json"),
+        str(llava / "scripts" / "v1_5" / "finetune.sh"),
+        str(llava / "scripts" / "zero3.json"),
+    ]

@@ -376,14 +376,9 @@ def test_equal_step_micro_batches_rank_the_largest_first_and_zero3_says_its_gath
     # LLaVA-1.5 13B (tests/data/launch/llava, verbatim) with ZeRO-3 on 8 A100 40GB: batches 1,
     # 2 and 4 fit at the same modelled step; batch 1 came first, while ZeRO-3 gathers the
     # parameters and reduce-scatters the gradients in every micro-batch (16 of them at 1).
-    from pathlib import Path
+    from rule_helpers import llava_inputs
 
-    llava = Path(__file__).parent / "data" / "launch" / "llava"
-    files = [
-        str(llava / "llama2_13b_config.json"),
-        str(llava / "scripts" / "v1_5" / "finetune.sh"),
-        str(llava / "scripts" / "zero3.json"),
-    ]
+    files = llava_inputs()
     argv = ["plan", "--config", *files, "--dp", "8", "--gpu", "a100-40gb", "--levers", "--json"]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]

@@ -14,6 +14,7 @@ from rule_helpers import (
     covers,
     get,
     ids,
+    llava_inputs,
     run,
     text,
     top,
@@ -755,12 +756,7 @@ def test_an_estimate_that_says_no_fit_yields_to_a_run_that_steps(tmp_path):
     # LLaVA-1.5 13B (tests/data/launch/llava, verbatim) on 40 GB A100s with the flush warnings
     # of DeepSpeedExamples#186: the estimate at the longest sample (2048 tokens) says nothing
     # fits, the log shows the run stepping. RK013 led with "even full recompute does not fit".
-    llava = Path(__file__).parent / "data" / "launch" / "llava"
-    config = [
-        str(llava / "llama2_13b_config.json"),
-        str(llava / "scripts" / "v1_5" / "finetune.sh"),
-        str(llava / "scripts" / "zero3.json"),
-    ]
+    config = llava_inputs()
     log = tmp_path / "train.log"
     log.write_text(text("ds-examples-186-allocator-flushes"))
     evidence = collect(logs=[str(log)], config=config, overrides={"data_parallel_size": 8})

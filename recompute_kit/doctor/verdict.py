@@ -377,13 +377,11 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     assumed: list[dict[str, Any]] = []
     overstated = None
     # the reader's word that the files' layout cannot run on their world (semantics.py)
-    unrunnable = next(
-        (w for w in (ctx.evidence.read or {}).get("warnings", []) if CANNOT_RUN in w), None
-    )
-    if unrunnable and not (top and rests_on_estimate(ctx, top)):
-        unrunnable = None  # a finding that does not rest on the estimate keeps its reading
+    on_estimate = top is not None and rests_on_estimate(ctx, top)
+    # a finding that does not rest on the estimate keeps its reading
+    warnings = (ctx.evidence.read or {}).get("warnings", []) if on_estimate else []
+    unrunnable = next((w for w in warnings if CANNOT_RUN in w), None)
     if top and decides(top.category, kinds):
-        on_estimate = rests_on_estimate(ctx, top)
         assumed = assumed_inputs(ctx) if on_estimate else []
         if on_estimate:
             from .rules.estimate_gap import estimate_overstates  # (the catalog imports this)

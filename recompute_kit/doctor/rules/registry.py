@@ -142,7 +142,7 @@ def _mlp_or_block(ctx: Context, mlp: str) -> tuple[str, str]:
         layers = max(len(with_mlp.layers), 1)
         for n in range(1, layers + 1):
             block = estimate(ctx.config.with_recompute(f"full:block:{n}"))
-            if base - block.total_bytes >= base - with_mlp.total_bytes:
+            if block.total_bytes <= with_mlp.total_bytes:  # saves at least as much
                 break
         else:
             block = None
