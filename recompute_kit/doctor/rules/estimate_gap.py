@@ -51,9 +51,9 @@ def observed_gap(ctx: Context) -> tuple[int, int, int] | None:
     return needed, estimated, gap
 
 
-# Below this share of the estimate, what the rank reached says the estimate's inputs overstate
-# the run: most often the tokens per micro-batch (a cap such as max_length that batches pad to
-# the longest sample under, not to the cap), or a layout / precision read as assumed.
+# Below this share of the estimate, what the rank reached does not confirm the estimate: the
+# step failed early (states or activations not yet at their peak) or the inputs overstate the
+# run (the tokens per micro-batch under a cap such as max_length, a layout read as assumed).
 OVERSTATE_SHARE = 0.6
 
 
@@ -77,13 +77,14 @@ def _needed_and_estimated(ctx: Context) -> tuple[int, int] | None:
 
 
 def overstated_words(ctx: Context, found: tuple[int, int]) -> str:
-    """The mismatch in words, with what usually explains it."""
+    """The mismatch in words, with the two readings the OOM alone cannot tell apart."""
     needed, estimated = found
     return (
         f"the estimate of the run's settings ({gib(estimated)} on PyTorch's side) is far above "
-        f"what the rank reached ({gib(needed)} with the request): its inputs overstate the run, "
-        "most often the tokens per micro-batch (a cap such as max_length: batches pad to their "
-        "longest sample, not to the cap)"
+        f"what the rank reached ({gib(needed)} with the request): either the step failed early "
+        "(before the optimizer states or the activations' peak existed) or the inputs overstate "
+        "the run (the tokens per micro-batch: batches pad to their longest sample, not to a "
+        "cap such as max_length); the OOM alone does not tell which"
     )
 
 
