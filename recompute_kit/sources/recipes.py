@@ -73,6 +73,8 @@ KNOWN_CALLS = {
     "fp16_mixed": ("mixed_precision", "", "fp16_mixed"),
     "fp16_mixed_plugin": ("mixed_precision", "", "fp16_mixed"),
 }
+# Megatron-Bridge's named precision presets (training/mixed_precision.py): the name says it all
+_PRECISION_PRESET = re.compile(r"(?:bf16|fp16)\w*_mixed")
 _SECTION_WORDS = {
     "strategy": "strategy",
     "trainer": "trainer",
@@ -203,7 +205,13 @@ class _Reader:
                 section, _key, v = KNOWN_CALLS[fname]
                 if section == "mixed_precision":
                     return v
-            if fname in self.funcs and isinstance(node.func, ast.Name):
+            if _PRECISION_PRESET.fullmatch(fname):  # bf16_with_fp8_current_scaling_mixed()
+                return fname
+            if isinstance(node.func, ast.Name) and (
+                fname in self.funcs or (fname in self.imports and fname not in CLASS_SECTIONS)
+            ):
+                # the file's own function, or one imported from beside it: its return value
+                # (`cfg.mixed_precision = _perf_precision("bf16")`)
                 return self.call(node, env)
             if fname == "getattr" and len(node.args) == 3:  # getattr(model_cfg, "key", default)
                 obj, key = self.value(node.args[0], env), self.value(node.args[1], env)

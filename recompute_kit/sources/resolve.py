@@ -538,12 +538,14 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
             "(`recompute-kit models`) and its config.json could not be had; pass its "
             f"config.json beside the files, or set {keys}"
         )
-    named = registry.named_in(" ".join(Path(d["path"]).stem for d in described))
+    # the file names and what was read in them (`recipe gpt_oss_120b_pretrain_..._config()`)
+    said = [f"{Path(d['path']).stem} {d['format']}" for d in described]
+    named = registry.named_in(" ".join(said))
     example = named or "meta-llama/Llama-3.1-8B"
     raise ConfigError(
         f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
         f"the model (--model {example}, a registry name, or its config.json)"
-        + (f"; the file name suggests {named}" if named else "")
+        + (f"; the file or recipe name suggests {named}" if named else "")
     )
 
 

@@ -259,7 +259,7 @@ def test_an_override_file_without_a_model_suggests_the_one_its_name_says():
 
     path = Path(__file__).parent / "corpus" / "bridge"
     name = "qwen3_moe_30b_a3b_pretrain_override_example.yaml"
-    with pytest.raises(ConfigError, match="the file name suggests Qwen/Qwen3-30B-A3B"):
+    with pytest.raises(ConfigError, match="the file or recipe name suggests Qwen/Qwen3-30B-A3B"):
         resolve([str(path / name)])
     assert named_in("train_and_eval") is None
 

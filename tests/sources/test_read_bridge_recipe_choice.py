@@ -131,3 +131,27 @@ def test_the_model_bridge_provider_values_are_the_run_s_and_labelled_so(tmp_path
     r = resolve([str(H100), str(launch)], require_shape=False).reading
     assert r.get("moe_aux_loss_coeff") == 0.01
     assert r.origins["moe_aux_loss_coeff"].where == f"{launch}:1"
+
+
+# --- the flat performance recipes (perf_recipes/, Megatron-Bridge 2026) --------------------------
+# https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/perf_recipes/gpt_oss/h100/gpt_oss.py
+# line 28: `cfg.mixed_precision = _perf_precision("bf16")`, line 64 `_perf_precision("fp8_cs")`:
+# a helper imported from perf_recipes/_common.py that returns Bridge's named precision preset.
+PERF_GPT_OSS = CHECKOUT / "src/megatron/bridge/perf_recipes/gpt_oss/h100/gpt_oss.py"
+
+
+@pytest.mark.parametrize(
+    "recipe, fp8, fp8_recipe, line",
+    [
+        ("gpt_oss_120b_pretrain_64gpu_h100_bf16_config", None, "delayed", 28),  # (its default)
+        ("gpt_oss_120b_pretrain_64gpu_h100_fp8cs_config", "hybrid", "tensorwise", 64),
+    ],
+)
+def test_a_precision_returned_by_an_imported_helper_is_read(recipe, fp8, fp8_recipe, line):
+    # A skill trial read every H100 perf recipe as "_perf_precision('bf16'): not a literal, left
+    # unset", so the fp8 recipes were estimated in bf16.
+    r = resolve([f"{PERF_GPT_OSS}::{recipe}"], require_shape=False).reading
+    assert (r.get("bf16"), r.get("fp8"), r.get("fp8_recipe")) == (True, fp8, fp8_recipe)
+    assert r.origins["fp8"].where.endswith(f"perf_recipes/gpt_oss/h100/gpt_oss.py:{line}")
+    assert not [w for w in r.warnings if "not a literal" in w]
+    assert r.model_name == "openai/gpt-oss-120b"
