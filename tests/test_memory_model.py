@@ -166,7 +166,13 @@ def test_pipeline_first_stage_holds_all_layers_worth():
             pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=3
         ).with_recompute("selective")
     )
-    assert vpp.activation_bytes == pytest.approx(pp.activation_bytes * (1 + 7 / 24), rel=1e-9)
+    # the layers x (1 + 7/24); the embedding is the first chunk's, which at the stage's peak
+    # holds forwards 0-7 and 24-31 (Megatron's order: groups of pp=8 per chunk; 30 warm-up
+    # forwards, then forward 30 and backward 0 (chunk 2), forward 31 (chunk 0) ...): 16
+    layers_part = pp.per_layer_activation_bytes * layers * (1 + 7 / 24)
+    assert vpp.activation_bytes == pytest.approx(
+        layers_part + estimate_embedding(base) * 16, rel=1e-9
+    )
 
 
 def estimate_embedding(cfg) -> float:
@@ -268,3 +274,60 @@ def test_a_stage_never_holds_more_micro_batches_than_the_step_has():
         global_batch_size=4,
     )
     assert micro_batches_in_flight(vpp, 0, 1) == min(3 * 2 + 4 + 1, 4 * 2) / 2
+
+
+# ---- the interleaved schedule, chunk by chunk -------------------------------------------------
+
+
+class _P2P:  # what Megatron's get_pp_rank_microbatches asks of a p2p communicator
+    def __init__(self, pp: int, rank: int, vpp: int) -> None:
+        self.pp_group = type("G", (), {"size": lambda _: pp, "rank": lambda _: rank})()
+        self.virtual_pipeline_model_parallel_size = vpp
+
+
+@pytest.mark.parametrize("pp, vpp, step", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16), (4, 2, 6)])
+def test_each_chunk_holds_what_megatrons_interleaved_order_leaves_it(pp, vpp, step):
+    # Megatron's own order of work (schedules.py get_schedule_table, get_pp_rank_microbatches,
+    # get_model_chunk_id: a backward runs on the mirror chunk), replayed with chunks of
+    # different sizes; the kit's counts must give the same peak on every rank.
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    from recompute_kit.config import ParallelConfig
+    from recompute_kit.memory.layout import chunk_micro_batches_at_peak
+
+    p = ParallelConfig(
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        data_parallel_size=1,
+        global_batch_size=step,
+    )
+    sizes = [3.0 + 2 * c for c in range(vpp)]
+    sizes[-1] += 50.0  # a loss on the last chunk
+    for rank in range(pp):
+        table = [c for _, c in schedules.get_schedule_table(step, vpp, pp)]
+        total, _, warmup, _ = schedules.get_pp_rank_microbatches(
+            step, vpp, pp, p2p_communicator=_P2P(pp, rank, vpp)
+        )
+        held, peak = [0] * vpp, 0.0
+        order = [("F", v) for v in range(warmup)]
+        for k in range(total - warmup):
+            order += [("F", warmup + k), ("B", k)]
+        for kind, v in order:
+            held[table[v] if kind == "F" else vpp - 1 - table[v]] += 1 if kind == "F" else -1
+            peak = max(peak, sum(n * s for n, s in zip(held, sizes, strict=True)))
+        counts = chunk_micro_batches_at_peak(p, rank, sizes)
+        assert sum(n * s for n, s in zip(counts, sizes, strict=True)) == peak, rank
+
+
+def test_the_last_stage_holds_one_micro_batchs_logits_under_interleaving():
+    # A skill trial (Megatron-Bridge's GLM-5 H100 recipe, PP13 VPP2): the loss's fp32 logits were
+    # counted for the stage's average 7 micro-batches in flight; the last chunk, which computes
+    # the loss, runs each micro-batch's forward and backward back to back: one at a time.
+    base = GPT3.replace(tensor_model_parallel_size=8, sequence_parallel=True)
+    plain = estimate(base.replace(pipeline_model_parallel_size=8), stage=7)
+    vpp = estimate(
+        base.replace(pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=3),
+        stage=7,
+    )
+    assert plain.micro_batches_in_flight == 1
+    assert vpp.micro_batches_in_flight == pytest.approx((2 * 8 + 1) / 3)
+    assert vpp.loss_saved_bytes == plain.loss_saved_bytes > 0

@@ -21,6 +21,7 @@ from ..config import (
     parse_spec,
 )
 from ..config.validation import check_expert_layout
+from ..memory.layout import in_flight_words
 from ..presets import PRESETS, get_preset
 from ..sources.reading import OVERRIDE_FLAGS
 from ..units import BYTE_MAPS, _integral, integer_bytes
@@ -504,8 +505,7 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         which = " (the stage that holds the most)" if est.stage_total_bytes else ""
         line += (
             f"; per rank of pipeline stage {est.stage}{which}: {layer_span(est.layers)}, "
-            f"{est.micro_batches_in_flight:g} micro-batch"
-            f"{'' if est.micro_batches_in_flight == 1 else 'es'} in flight"
+            f"{in_flight_words(est.micro_batches_in_flight, est.chunk_micro_batches)}"
         )
     print(line)
     for note in cfg.assumptions:

@@ -34,7 +34,7 @@ from ..config import (
 )
 from . import torchtitan as titan
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
-from .layout import micro_batches_in_flight, pipeline_layout
+from .layout import chunk_micro_batches_at_peak, micro_batches_in_flight, pipeline_layout
 from .model_states import model_states, padded_vocab_size
 from .mtp import mtp_activation_bytes, mtp_layer_is_moe, mtp_location
 from .overheads import overhead_terms
@@ -69,6 +69,8 @@ class Estimate:
     stage: int = 0  # the pipeline stage this estimate is for
     layers: list[int] = field(default_factory=list)  # its transformer layers (0-based)
     micro_batches_in_flight: float = 1.0  # activations held at the schedule's peak
+    # the micro-batches each virtual-pipeline chunk holds then (one entry without VPP)
+    chunk_micro_batches: list[int] = field(default_factory=list)
     stage_total_bytes: list[int] = field(default_factory=list)  # every stage, when searched
     stage_held_bytes: list[int] = field(default_factory=list)  # the same with held_bytes's terms
     # Model-state sharding (memory/model_states.py) and what is neither activations nor model
@@ -774,8 +776,9 @@ def _stage_estimate(
     if rc.distribute_saved_activations and not p.sequence_parallel:
         layer_input /= x.t
     # Full recompute runs per virtual-pipeline chunk: each chunk is its own TransformerBlock.
-    chunks, offset = [], 0
+    chunks, offset, model_chunks = [], 0, []
     for chunk in layout[stage]:
+        model_chunks.append((offset, offset + len(chunk)))
         chunks += [
             (offset + a, offset + b, ck)
             for a, b, ck in full_recompute_chunks(rc, len(chunk), training)
@@ -791,10 +794,21 @@ def _stage_estimate(
                 offloaded += off
     stored = layer_input * sum(1 for c in chunks if c[2])
     layer_total = sum(kept) + stored
-    micro = layer_total + embedding + head
 
+    # one micro-batch's saves in each model chunk: the embedding is the first chunk's of the
+    # first stage, the loss the last chunk's of the last stage
+    chunk_bytes = [
+        sum(kept[a:b]) + layer_input * sum(1 for c in chunks if c[2] and a <= c[0] < b)
+        for a, b in model_chunks
+    ]
+    chunk_bytes[0] += embedding
+    mtp_where = mtp_location(m, p)
+    mtp_chunk = mtp_where[1] if mtp and mtp_where is not None else len(chunk_bytes) - 1
+    chunk_bytes[-1] += head - sum(mtp.values())
+    chunk_bytes[mtp_chunk] += sum(mtp.values())  # (layout `m`: not always the loss's chunk)
+    held = chunk_micro_batches_at_peak(p, stage, chunk_bytes, m.micro_batch_size)
     in_flight = micro_batches_in_flight(p, stage, m.micro_batch_size)
-    activation = micro * in_flight
+    activation = sum(n * b for n, b in zip(held, chunk_bytes, strict=True))
     loss_transient = loss_bytes(m, p, B, engine)[1] if stage == pp - 1 else 0.0
     transient = _backward_transient(
         m, rc, x, chunks, roles, plain, kept, layer_input, head, moe, loss_transient
@@ -827,10 +841,11 @@ def _stage_estimate(
         stage=stage,
         layers=layers,
         micro_batches_in_flight=in_flight,
+        chunk_micro_batches=held,
         sharding=states.mode,
         gathered_params_bytes=states.gathered_params,
         mtp_bytes=mtp,
-        **_loss_terms(m, p, B, engine, stage == pp - 1, in_flight, loss_transient, transient),
+        **_loss_terms(m, p, B, engine, stage == pp - 1, held[-1], loss_transient, transient),
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..memory.estimate import Estimate, estimate
+from ..memory.layout import in_flight_words
 from .margins import planned_bytes
 
 GIB = 2**30
@@ -17,6 +18,7 @@ class Stage:
     layers: list[int]
     moe_layers: int
     micro_batches_in_flight: float
+    chunk_micro_batches: list[int]  # per virtual-pipeline chunk (Estimate's)
     embedding: bool
     output_and_loss: bool
     peak_activation_bytes: int
@@ -33,6 +35,7 @@ class Stage:
             "num_layers": len(self.layers),
             "moe_layers": self.moe_layers,
             "micro_batches_in_flight": self.micro_batches_in_flight,
+            "chunk_micro_batches": self.chunk_micro_batches,
             "embedding": self.embedding,
             "output_and_loss": self.output_and_loss,
             "peak_activation_bytes": self.peak_activation_bytes,
@@ -65,6 +68,7 @@ def stage_table(config: Config, usable: int) -> list[Stage]:
                 layers=list(e.layers),
                 moe_layers=sum(config.model.is_moe_layer(n) for n in e.layers),
                 micro_batches_in_flight=e.micro_batches_in_flight,
+                chunk_micro_batches=list(e.chunk_micro_batches),
                 embedding=s == 0,
                 output_and_loss=s == pp - 1,
                 peak_activation_bytes=e.peak_activation_bytes,
@@ -95,8 +99,7 @@ def binding_reason(rows: list[Stage]) -> str:
     if len(b.layers) == most_layers and any(len(r.layers) < most_layers for r in others):
         layer_part += " (the most of any stage)"
     why.append(
-        f"{layer_part} x {b.micro_batches_in_flight:g} micro-batch"
-        f"{'' if b.micro_batches_in_flight == 1 else 'es'} in flight "
+        f"{layer_part} x {in_flight_words(b.micro_batches_in_flight, b.chunk_micro_batches)} "
         f"({b.peak_activation_bytes / GIB:.1f} GiB of activations at peak"
         + (
             ", the most micro-batches of any stage"
