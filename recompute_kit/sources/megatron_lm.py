@@ -42,6 +42,7 @@ from .shell import (
     Field,
     Launch,
     parse_script,
+    sbatch_unsized,
     sbatch_world_size,
     shown,
     unresolved_names,
@@ -339,6 +340,8 @@ def read(text: str, path: str) -> Reading:
             fields = launch.args
             if launch.world_size:
                 reading.set("world_size", launch.world_size, _world_size_origin(launch, path))
+            elif (gap := sbatch_unsized(script.sbatch)) is not None:
+                reading.warnings.append(f"{path}: {gap}: {_WORLD_UNKNOWN}")
         else:
             fields, names = _flags_in_variables(script.variables)
             if not fields:
@@ -352,6 +355,8 @@ def read(text: str, path: str) -> Reading:
                 # sbatch heredoc): the job's size is its #SBATCH header's
                 world, line, key = sized
                 reading.set("world_size", world, Origin(FROM_FILE, f"{path}:{line}", key))
+            elif (gap := sbatch_unsized(script.sbatch)) is not None:
+                reading.warnings.append(f"{path}: {gap}: {_WORLD_UNKNOWN}")
         args = _args_from_fields(fields, path, reading)
         variables = script.variables
         for flag, line in script.undecided_flags.items():
@@ -362,6 +367,9 @@ def read(text: str, path: str) -> Reading:
                 )
     _interpret(args, path, reading, variables)
     return reading
+
+
+_WORLD_UNKNOWN = "the world size is not known; give --dp (the world size over TP x PP x CP)"
 
 
 def _world_size_origin(launch: Launch, path: str) -> Origin:

@@ -1181,6 +1181,23 @@ def sbatch_world_size(sbatch: dict[str, tuple[str, int]]) -> tuple[int, int, str
     return None
 
 
+def sbatch_unsized(sbatch: dict[str, tuple[str, int]]) -> str | None:
+    """What an #SBATCH header that names its nodes but not a number of tasks per node leaves
+    out (`--ntasks-per-node=your_own_tasks_per_node`), in words; None when nothing is missing."""
+    nodes = sbatch.get("--nodes") or sbatch.get("-N")
+    if not nodes or sbatch_world_size(sbatch) is not None:
+        return None
+    per_node = [
+        f"{key}={sbatch[key][0]} (line {sbatch[key][1]})"
+        for key in ("--ntasks-per-node", "--gpus-per-node", "--gres")
+        if key in sbatch
+    ]
+    return (
+        f"#SBATCH --nodes={nodes[0]} (line {nodes[1]}) is read, but no number of tasks per "
+        f"node: " + (", ".join(per_node) + " is not one" if per_node else "none is given")
+    )
+
+
 def parse_script(text: str, path: str) -> Script:
     """The training launches in a bash script, with its variables expanded symbolically."""
     interp = _Interp(path)

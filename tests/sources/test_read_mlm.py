@@ -328,6 +328,13 @@ def test_the_world_size_of_a_command_run_by_srun_inside_an_sbatch_heredoc(tmp_pa
     assert placeholder.origins.get("world_size") is None or (
         placeholder.origins["world_size"].kind != "file"
     )
+    # the nodes filled in, the tasks per node not (a skill trial): said, not passed over
+    path.write_text(real.replace("--nodes=your_own_num_nodes", "--nodes=32"), encoding="utf-8")
+    nodes_only = _read(path)
+    assert "world_size" not in nodes_only.values
+    said = [w for w in nodes_only.warnings if "#SBATCH --nodes=32" in w]
+    assert said and "--ntasks-per-node=your_own_tasks_per_node" in said[0]
+    assert said[0].endswith("give --dp (the world size over TP x PP x CP)")
 
 
 def test_dp_given_to_the_kit_settles_an_assumed_world_of_the_same_size(tmp_path):
