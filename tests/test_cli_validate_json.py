@@ -82,3 +82,16 @@ def test_validate_takes_the_recompute_setting_to_check():
         ).stdout
     )
     assert not bad["valid"] and "multi_latent_attention" in bad["errors"][0]
+
+
+def test_layers_that_do_not_split_over_the_stages_are_invalid():
+    # A skill trial: Megatron-LM's examples/gptoss/02_train.sh (12 layers, PP = WORLD_SIZE = 8)
+    # was "valid" under --strict while estimate and plan refused it; Megatron-LM's arguments.py
+    # refuses it too. Mixtral's 32 layers over PP 5 here; 4 first / 4 last leave 24 for 3.
+    proc = _validate("--dp", "16", "--pp", "5")
+    assert proc.returncode == 1
+    assert "not divisible by pipeline parallel size 5" in json.loads(proc.stdout)["errors"][0]
+    uneven = _validate(
+        "--dp", "16", "--pp", "5", "--first-stage-layers", "4", "--last-stage-layers", "4"
+    )
+    assert uneven.returncode == 0, uneven.stdout

@@ -16,6 +16,7 @@ from .model import (
     ParallelConfig,
     RecomputeConfig,
 )
+from .pipeline_layout import pipeline_layout
 from .versions import ignored_settings, known_broken, parse_version
 
 # Megatron's messages verbatim.
@@ -273,6 +274,9 @@ def _check_parallel_sizes(m: ModelConfig, p: ParallelConfig) -> None:
         )
     if p.expert_model_parallel_size > 1 and m.num_moe_experts is None:
         raise ConfigError("num_moe_experts must be non None to use expert-parallel.")
+    # the layers each stage builds: Megatron refuses layers that do not split over the
+    # stages (arguments.py; TransformerConfig for uneven first/last stages)
+    pipeline_layout(m, p)
 
 
 CUDA_GRAPH_SCOPES = (
