@@ -361,3 +361,21 @@ def test_a_pick_that_fits_only_with_offloading_is_patched_with_it():
     # the estimator's loss term) are no cause here; an fp32 copy and its gradients (27.8 GiB)
     # had made RK012 a finding that said "the loss is where the step ran out" with no OOM
     assert "RK012" not in {f.rule for f in d.findings}
+
+
+def test_gpt_oss_script_gets_a_next_step_megatron_accepts_and_its_own_recompute_flag():
+    # A skill trial on Megatron-LM's gpt-oss example (tests/data/read/README.md): fp8 with the
+    # delayed recipe, `--recompute-activations`, 12 layers over PP 8 given 3 / 3 end stages.
+    # RK020 named 'selective:layernorm,moe_act' as the next step, which Megatron refuses with
+    # delayed scaling; RK090's patch removed --recompute-granularity, a flag the script has not
+    # (it turns recompute on with --recompute-activations), and its fix read "... for
+    # throughput. spends the GPU's unused memory ...".
+    script = ROOT / "data" / "read" / "mlm_gptoss_02_train.sh"
+    layout = {"num_layers_in_first_pipeline_stage": 3, "num_layers_in_last_pipeline_stage": 3}
+    d = diagnose(collect(config=str(script), overrides=layout), 80)
+    no_effect = finding(d, "RK020")
+    assert "Next: 'selective:moe'" in no_effect.evidence
+    assert no_effect.config_patch["recompute_modules"] == ["moe"]
+    headroom = finding(d, "RK090")
+    assert headroom.patch_keys == {"--recompute-activations": None}
+    assert "The patch spends the GPU's unused memory on speed" in headroom.fix

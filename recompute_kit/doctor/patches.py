@@ -461,6 +461,12 @@ def _value_for(
     if framework == "automodel" and key == "recompute_granularity":
         # true: every decoder layer checkpointed; "selective": PyTorch's per-op policy
         return {target: "selective" if value == "selective" else value is not None}
+    if framework == "megatron-lm" and key == "recompute_granularity" and value is None:
+        # off: the flag the script turns it on with (`--recompute-activations`, selective)
+        source = ((ctx.evidence.read or {}).get("sources") or {}).get(key) or {}
+        written = str(source.get("key") or "")
+        if source.get("from") == "file" and written.startswith("--"):
+            return {written: None}
     if framework == "megatron-lm" and key == "recompute_modules" and isinstance(value, list):
         return {target: " ".join(map(str, value))}
     if framework in ("nemo-rl",) and key in ("bf16", "fp16") and value:
@@ -485,6 +491,6 @@ def _say(f: Finding, check: dict[str, Any]) -> None:
     elif left := [d for d in dropped if not d["reason"].startswith("already")]:
         words.append("Patch left out: " + "; ".join(f"{d['key']} ({d['reason']})" for d in left))
     trades = (*LOWERING_IS_THE_POINT.values(), _HEADROOM)
-    words += [n for n in check["notes"] if n.split(":")[0] in trades]
+    words += [f"The patch {n}" for n in check["notes"] if n.split(":")[0] in trades]
     if words:
         f.fix = f"{f.fix.rstrip('. ')}. {'. '.join(words)}."

@@ -103,30 +103,54 @@ def on_message(*fragments: str, confidence: float = 0.95):
 
 
 def next_step(ctx: Context) -> tuple[str, str]:
-    """The next recompute setting by architecture: (spec, why)."""
+    """The next recompute setting by architecture: (spec, why); where the run's config is
+    known, the first one Megatron-Core's validation accepts for it (fp8 delayed scaling
+    refuses layernorm and moe_act recompute)."""
+    candidates = _next_steps(ctx)
+    first = next(candidates)
+    if ctx.config is None or not _accepted(ctx, None):
+        return first
+    for spec, why in (first, *candidates):
+        if _accepted(ctx, spec):
+            return spec, why
+    return first
+
+
+def _accepted(ctx: Context, spec: str | None) -> bool:
+    config = ctx.config if spec is None else ctx.config.with_recompute(parse_spec(spec))
+    try:
+        config.validate()
+    except ConfigError:
+        return False
+    return True
+
+
+def _next_steps(ctx: Context):
+    """The candidate next settings, the most fitting first."""
     # With flash/fused attention core_attn holds nothing worth recomputing: drop it.
     mods = set(ctx.modules) - ({"core_attn"} if ctx.flash else set())
     gran = ctx.granularity
     if gran == "full":
         n = ctx.cfg.get("recompute_num_layers") or 1
         if ctx.cfg.get("recompute_method") == "block":
-            return f"full:block:{n + 1}", "full recompute with one more block layer per stage"
-        return "full:uniform:1", "full recompute of every layer on its own (the most saving)"
+            yield f"full:block:{n + 1}", "full recompute with one more block layer per stage"
+        yield "full:uniform:1", "full recompute of every layer on its own (the most saving)"
+        return
     if not ctx.flash and "core_attn" not in mods:
-        return _spec(mods | {"core_attn"}), (
+        yield _spec(mods | {"core_attn"}), (
             "the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"
         )
     if ctx.is_mla and "mla_up_proj" not in mods:
-        return _spec(mods | {"mla_up_proj"}), "MLA's expanded Q/K/V are its largest tensors"
+        yield _spec(mods | {"mla_up_proj"}), "MLA's expanded Q/K/V are its largest tensors"
     if ctx.is_moe and ctx.cfg.get("moe_grouped_gemm") and "moe_act" not in mods:
-        return _spec(mods | {"moe_act", "layernorm"}), (
+        yield _spec(mods | {"moe_act", "layernorm"}), (
             "the expert activations (top-k copies of every token) are cheap to recompute"
         )
     if ctx.is_moe and "moe" not in mods:
-        return _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
+        yield _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
     if not ctx.is_moe and "mlp" not in mods:
-        return _mlp_or_block(ctx, _spec(mods | {"mlp"}))
-    return "full:uniform:1", "selective recompute is exhausted; recompute whole layers"
+        yield _mlp_or_block(ctx, _spec(mods | {"mlp"}))
+    yield "full:uniform:1", "selective recompute is exhausted; recompute whole layers"
 
 
 def _mlp_or_block(ctx: Context, mlp: str) -> tuple[str, str]:
