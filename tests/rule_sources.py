@@ -581,3 +581,12 @@ SOURCES.update(
         "kp-w-examples-1210-offload-to-cpu": "https://github.com/pytorch/examples/issues/1210",
     }
 )
+
+# round "trial_gptoss": Megatron-LM's assert for layers that do not split over the stages
+SOURCES.update(
+    {
+        "mlm-arguments-layers-over-pp": "https://github.com/NVIDIA/Megatron-LM/blob/"
+        "d98e8a64ddf34856e74b24714e3bedb2f5a39553/megatron/training/arguments.py#L998 "
+        "(the assert's message, as an AssertionError prints it)",
+    }
+)

@@ -224,6 +224,10 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             f"recompute_num_layers must be at least 1 for full recompute, got "
             f"{r.recompute_num_layers}"
         )
+    # the layers each stage builds: Megatron refuses layers that do not split over the
+    # stages (arguments.py; TransformerConfig for uneven first/last stages); checked last so
+    # that a pasted recompute setting without its layer count is still checked above
+    pipeline_layout(m, p)
     return warnings
 
 
@@ -274,9 +278,6 @@ def _check_parallel_sizes(m: ModelConfig, p: ParallelConfig) -> None:
         )
     if p.expert_model_parallel_size > 1 and m.num_moe_experts is None:
         raise ConfigError("num_moe_experts must be non None to use expert-parallel.")
-    # the layers each stage builds: Megatron refuses layers that do not split over the
-    # stages (arguments.py; TransformerConfig for uneven first/last stages)
-    pipeline_layout(m, p)
 
 
 CUDA_GRAPH_SCOPES = (

@@ -44,23 +44,26 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
     elif ctx.oom and ctx.oom.total_bytes:
         ctx.gpu_bytes = ctx.oom.total_bytes
     flat = dict(evidence.config)
-    read = _config_read_from_files(evidence)
+    read, refused = _config_read_from_files(evidence)
     # Megatron's validation of what the paste sets; where the shared reader read the files,
     # its config is what runs (the framework's own adjustments applied: Megatron-LM drops
-    # sequence parallelism at TP 1) and it validated above
-    if read is None and (
+    # sequence parallelism at TP 1) and it validated above, or its refusal is the error
+    if refused:
+        ctx.config_error = refused
+    elif read is None and (
         flat.get("recompute_granularity") is not None or flat.get("cpu_offloading")
     ):
         try:
             cfg, _ = config_from_dict(_known_keys(flat))
             cfg.validate()
         except ConfigError as exc:
-            ctx.config_error = str(exc)
+            if "num_layers" in flat or "pipeline parallel size" not in str(exc):
+                ctx.config_error = str(exc)  # (not the layout of a layer count not pasted)
     if read is not None:  # the config files, read as every command reads them
         ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
         _trl_before_chunked_loss(ctx)
         _estimate(ctx)
-    elif all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
+    elif not refused and all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
         ctx.config, assumed = _config_for_estimate(flat)
         ctx.assumptions = [*ctx.assumptions, *assumed]
         if ctx.config is not None:
@@ -90,23 +93,24 @@ def _trl_before_chunked_loss(ctx: Context) -> None:
     )
 
 
-def _config_read_from_files(evidence: Evidence) -> Config | None:
+def _config_read_from_files(evidence: Evidence) -> tuple[Config | None, str]:
     """The Config the shared reader made of the --config files, when they give a model shape
-    and a layout the estimator can split (else the paste's keys are used, as before)."""
+    and a layout the estimator can split (else the paste's keys are used, as before), and
+    why Megatron refuses the files' config where it does ("": it does not)."""
     from ..sources.resolve import config_from_json
 
     if not evidence.read:
-        return None
+        return None, ""
     cfg = config_from_json(evidence.read)
     if cfg is None:
-        return None
+        return None, ""
     try:
         cfg.validate()
         estimate(cfg)
     except (ConfigError, ValueError, ZeroDivisionError, TypeError) as exc:
         evidence.notes.append(f"config: no estimate from the files: {exc}")
-        return None
-    return cfg
+        return None, str(exc) if isinstance(exc, ConfigError) else ""
+    return cfg, ""
 
 
 def _known_keys(flat: dict[str, Any]) -> dict[str, Any]:

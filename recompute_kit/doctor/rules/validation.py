@@ -197,6 +197,26 @@ VALIDATION_RULES = [
         {"cuda_graph_impl": "none"},
     ),
     (
+        "RK066",
+        "The layers do not split over the pipeline stages",
+        (
+            "is not divisible by pipeline parallel size",  # the kit's own, from the layout
+            "Number of layers should be divisible by the pipeline",  # Megatron-LM arguments.py
+            "number of layers should be divisible by the pipeline",  # yaml_arguments.py
+            "number of layers at middle stage",  # TransformerConfig, uneven first/last stages
+            "number of middle layers:",
+        ),
+        "num_layers not a multiple of pipeline_model_parallel_size (or the middle stages')",
+        "Megatron gives every pipeline stage the same number of layers unless the first and "
+        "last stages are given theirs; the run stops before it allocates anything",
+        "Choose a pipeline size that divides num_layers, or give the first and last stages "
+        "their layers so the rest divide (num_layers_in_first_pipeline_stage / "
+        "num_layers_in_last_pipeline_stage; Megatron-LM --decoder-first-pipeline-num-layers / "
+        "--decoder-last-pipeline-num-layers); recompute-kit plan --levers lists layouts that "
+        "divide",
+        {},
+    ),
+    (
         "RK063",
         "Deprecated --moe-layer-recompute",
         ("--moe-layer-recompute is deprecated", "Do not set --moe-layer-recompute"),
