@@ -314,11 +314,9 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
     if rc.distribute_saved_activations:
         flags.append("--distribute-saved-activations")
     if rc.cpu_offloading:
-        flags += [
-            "--cpu-offloading",
-            "--cpu-offloading-num-layers",
-            str(rc.cpu_offloading_num_layers),
-        ]
+        # no --cpu-offloading flag: Megatron-LM turns it on for a layer count above 0
+        # (arguments.py: cpu_offloading is among the fields with no CLI argument)
+        flags += ["--cpu-offloading-num-layers", str(rc.cpu_offloading_num_layers)]
     if rc.fine_grained_activation_offloading:
         flags += ["--fine-grained-activation-offloading", "--offload-modules", *rc.offload_modules]
         comments.append(

@@ -203,7 +203,6 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-num-layers", type=int, default=None)
     p.add_argument("--recompute-modules", nargs="*", type=str, default=None)
     p.add_argument("--distribute-saved-activations", action="store_true")
-    p.add_argument("--cpu-offloading", action="store_true")
     p.add_argument("--cpu-offloading-num-layers", type=int, default=0)
     p.add_argument("--fine-grained-activation-offloading", action="store_true")
     p.add_argument("--offload-modules", nargs="*", type=str, default=[])
@@ -214,8 +213,9 @@ def megatron_parser() -> argparse.ArgumentParser:
 def run_megatron_lm(text: str) -> RecomputeConfig:
     argv = shlex.split(" ".join(body(text)))
     args = megatron_parser().parse_args(argv)
-    if args.cpu_offloading_num_layers > 0:  # validate_args does this
-        args.cpu_offloading = True
+    # validate_args does this (there is no --cpu-offloading: arguments.py lists cpu_offloading
+    # among the TransformerConfig fields with no CLI argument)
+    args.cpu_offloading = args.cpu_offloading_num_layers > 0
     names = [f.name for f in dataclasses.fields(RecomputeConfig)]
     return RecomputeConfig(**{name: getattr(args, name) for name in names})
 
@@ -240,7 +240,7 @@ def test_megatron_lm_fragments():
     # every recompute flag goes (a trial: the user's --recompute-method stayed in their script)
     assert "drop --recompute-granularity, --recompute-method, --recompute-num-layers" in none
     offloaded = render(make("none", OFFLOADS["cpu-offload"]), "megatron-lm")
-    assert body(offloaded) == ["--cpu-offloading --cpu-offloading-num-layers 2"]
+    assert body(offloaded) == ["--cpu-offloading-num-layers 2"]
 
 
 def test_megatron_lm_leaves_out_offload_layers_when_offloading_is_off():
