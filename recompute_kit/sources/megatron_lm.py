@@ -124,9 +124,23 @@ VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     # megatron_fsdp_main_grads_dtype)
     "--megatron-fsdp-main-grads-dtype": ("grad_reduce_in_fp32", lambda v: v == "fp32"),
 }
+# Flags that change memory in a way the estimate does not model: said where the script sets them
+NOT_MODELLED_FLAGS = {
+    "--quick-geglu": "a gated MLP with quick_gelu, counted as SwiGLU (the same fc1 of 2 x ffn; "
+    "the unfused quick_gelu keeps a little more for its backward)",
+    "--fp8-param-gather": "the weights are kept in fp8 for the all-gather; the estimate counts "
+    "them at 16 bits",
+    "--moe-router-force-load-balancing": "the router is forced to balanced routing (a "
+    "benchmark mode): the estimate's balanced routing holds for this run only; with real "
+    "routing the busiest expert rank holds more (plan --moe-imbalance)",
+    "--fsdp-double-buffer": "Megatron-FSDP's double buffer keeps a second gathered unit "
+    "(prefetch), not in the estimate",
+}
 # store_true flags -> (field, value)
 BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--swiglu": ("swiglu", True),
+    # argument_utils.py: gated_linear_unit with quick_gelu: fc1 is 2 x ffn, as SwiGLU's
+    "--quick-geglu": ("swiglu", True),
     "--disable-bias-linear": ("add_bias_linear", False),
     "--untie-embeddings-and-output-weights": ("share_embeddings_and_output_weights", False),
     "--qk-layernorm": ("qk_layernorm", True),
@@ -650,6 +664,9 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
                 "refuses it ('--attention-backend local is only supported with --spec local', "
                 "arguments.py validate_args)"
             )
+    for flag, words in NOT_MODELLED_FLAGS.items():
+        if a := get(flag):
+            reading.warnings.append(f"{path}:{a.line}: {flag}: {words}")
     if a := get("--use-flash-attn"):
         reading.unused["--use-flash-attn"] = True
         reading.warnings.append(
@@ -1044,6 +1061,8 @@ def _zero_stage(reading: Reading) -> None:
             reading.derive(
                 "zero_stage", stage, f"Megatron-FSDP --data-parallel-sharding-strategy {strategy}"
             )
+            # used, so not left among the unused flags (it is, without Megatron-FSDP)
+            reading.unused.pop("--data-parallel-sharding-strategy", None)
             return
     reading.default(
         "zero_stage",

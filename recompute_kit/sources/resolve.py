@@ -437,6 +437,15 @@ def resolve(
     _assumed_if_the_world_is(merged)
     if framework is not None and hasattr(framework, "derive_after_layout"):
         framework.derive_after_layout(merged)  # what needs the data-parallel size
+    if merged.get("fp8"):
+        # not measured here (no Transformer Engine on CPU): said, never silently
+        recipe = f"{merged.get('fp8_recipe')} recipe; " if merged.get("fp8_recipe") else ""
+        merged.warnings.append(
+            f"fp8 ({merged.get('fp8')}, {recipe}{merged.origins['fp8'].describe()}): the "
+            "estimate counts activations at 16-bit sizes; Transformer Engine's fp8 linears "
+            "keep some saved inputs in fp8 (1 byte), not modelled, so the real activations "
+            "can be lower"
+        )
     if merged.get("mtp_num_layers") and merged.get("loss_implementation", "megatron") != (
         "megatron"
     ):

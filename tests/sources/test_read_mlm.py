@@ -367,3 +367,43 @@ def test_retired_recompute_flags_are_said_with_their_new_names(tmp_path):
     said = [w for w in r.warnings if "no longer a Megatron-LM flag" in w]
     assert len(said) == 2 and "it is now --recompute-method" in said[0]
     assert r.reading.get("recompute_method") is None  # not read as the new flag
+
+
+READ_DATA = Path(__file__).parents[1] / "data" / "read"
+
+
+def test_gpt_oss_script_reads_quick_geglu_as_gated_and_says_what_is_not_modelled():
+    # Megatron-LM's gpt-oss example (tests/data/read/README.md): a skill trial found
+    # --quick-geglu (argument_utils.py: gated_linear_unit with quick_gelu) among the unused
+    # flags, the MLP counted ungated, and --fp8-param-gather passed over in silence.
+    reading = _read(READ_DATA / "mlm_gptoss_02_train.sh")
+    assert reading.values["swiglu"] is True
+    assert reading.origins["swiglu"].key == "--quick-geglu"
+    assert "--quick-geglu" not in reading.unused
+    said = " ".join(reading.warnings)
+    assert "--quick-geglu: a gated MLP with quick_gelu, counted as SwiGLU" in said
+    assert "--fp8-param-gather: the weights are kept in fp8" in said
+
+
+def test_megatron_fsdp_script_uses_its_sharding_strategy_and_says_its_benchmark_flags():
+    # Megatron-LM's Megatron-FSDP DeepSeek-V3 script: --data-parallel-sharding-strategy gave
+    # the ZeRO stage and was still listed as unused; --moe-router-force-load-balancing and
+    # --fsdp-double-buffer were unused without a word (a skill trial).
+    reading = _read(READ_DATA / "mlm_sbatch_mfsdp_deepseek_v3.sh")
+    assert reading.values["zero_stage"] == 3
+    assert "--data-parallel-sharding-strategy" not in reading.unused
+    said = " ".join(reading.warnings)
+    assert "--moe-router-force-load-balancing: the router is forced to balanced routing" in said
+    assert "--fsdp-double-buffer: Megatron-FSDP's double buffer" in said
+
+
+def test_fp8_is_said_not_modelled():
+    # A skill trial (Megatron-LM's train_llama3_8b_h100_fp8.sh): the estimate of the fp8 run
+    # and of the same script in bf16 were the same to the byte, and nothing said fp8 was not
+    # in it.
+    from recompute_kit.sources.resolve import resolve
+
+    warnings = resolve([str(READ_DATA / "mlm_gptoss_02_train.sh")], require_shape=False).warnings
+    said = [w for w in warnings if w.startswith("fp8 (")]
+    assert said and "the estimate counts activations at 16-bit sizes" in said[0]
+    assert "--fp8-format" in said[0]
