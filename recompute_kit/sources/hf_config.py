@@ -49,8 +49,12 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "gemma": {"tie": True, "glu": True},
     "gemma2": {"tie": True, "glu": True},
     "gemma3_text": {"tie": True, "glu": True, "qk_norm": True},
-    "deepseek_v2": {"tie": False, "glu": True, "moe": "deepseek", "mla": True},
-    "deepseek_v3": {"tie": False, "glu": True, "moe": "deepseek", "mla": True},
+    # MLA's latent norms (q_a_layernorm, kv_a_layernorm) are Megatron's qk_layernorm
+    "deepseek_v2": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
+    "deepseek_v3": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
+    # DeepSeek-V3's architecture with DeepSeek sparse attention (an indexer: index_topk keys)
+    "deepseek_v32": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
+    "glm_moe_dsa": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
     "gpt_oss": {"tie": False, "glu": True, "moe": "mixtral", "bias": True},
     "granite": {"tie": True, "glu": True},
     "olmo2": {"tie": False, "glu": True, "qk_norm": True},
@@ -88,6 +92,8 @@ _ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV32ForCausalLM": "deepseek_v32",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
 }
@@ -520,11 +526,21 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                     FROM_MODEL, where, "n_inner", note=f"{fam_name} architecture: null = 4 * n_embd"
                 ),
             )
+        norms = "RMSNorm on q and k (q_norm/k_norm)"
+        if family.get("mla"):
+            norms = "MLA's latent norms (q_a_layernorm, kv_a_layernorm), Megatron's qk_layernorm"
         fact(
             "qk_layernorm",
             bool(family.get("qk_norm")),
-            "RMSNorm on q and k (q_norm/k_norm)" if family.get("qk_norm") else "no q/k norm",
+            norms if family.get("qk_norm") else "no q/k norm",
         )
+        if "index_topk" in cfg:  # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5)
+            reading.warnings.append(
+                f"{where}: DeepSeek sparse attention (index_topk {cfg['index_topk']}, "
+                f"index_n_heads {cfg.get('index_n_heads')}) is not modelled: attention is "
+                "counted as MLA's dense attention, and the indexer's weights and activations "
+                "are left out"
+            )
         if family.get("dropout"):
             residual, attention = family["dropout"]
             put("hidden_dropout", residual, float(get(residual)))

@@ -312,3 +312,19 @@ def test_a_llama_factory_dpo_stage_says_its_pairs_double_the_forward_batch():
     reading = resolve([str(path / "qwen3_lora_dpo.yaml")], require_shape=False).reading
     said = [w for w in reading.warnings if "stage dpo" in w]
     assert said and "2 x per_device_train_batch_size" in said[0]
+
+
+def test_glm5_is_deepseek_v3s_architecture_and_its_sparse_attention_is_said():
+    # A skill trial on Megatron-Bridge's GLM-5 H100 recipe: model_type glm_moe_dsa was "not a
+    # family recompute-kit knows", so LayerNorm, an ungated MLP, biases and dropout 0.1 were
+    # assumed (Bridge's glm5_bridge.py: RMSNorm, gated, no bias, qk_layernorm=True), and the
+    # indexer of DeepSeek sparse attention was passed over in silence.
+    path = Path(__file__).parents[1] / "data" / "read" / "nvidia--GLM-5-NVFP4_config.json"
+    reading = hf_config.read(path.read_text(), str(path))
+    v = reading.values
+    assert (v["normalization"], v["swiglu"], v["add_bias_linear"]) == ("RMSNorm", True, False)
+    assert v["multi_latent_attention"] is True and v["qk_layernorm"] is True
+    assert v["hidden_dropout"] == 0.0
+    assert v["num_moe_experts"] == 256 and v["moe_layer_freq"] == [0] * 3 + [1] * 75
+    assert not [w for w in reading.warnings if "not a family" in w]
+    assert [w for w in reading.warnings if "DeepSeek sparse attention (index_topk 2048" in w]
