@@ -555,3 +555,27 @@ def test_repeated_warnings_are_counted():
     text = "\n".join(f"[rank{r}]: " + CKPT_USE_REENTRANT_MISSING.strip() for r in range(8))
     (warning,) = parse_log(text).errors
     assert warning.count == 8 and warning.rank == 0
+
+
+# huggingface/trl issue #2819 (https://github.com/huggingface/trl/issues/2819), its opening
+# paragraphs verbatim as the issue's search index stores them: a sentence names the error
+# ("I get a CUDA out of memory error") before the message itself is pasted.
+TRL_2819 = """\
+> @codeslayed @younesbelkada HELP PLEASE!
+>
+> If I try to use gradient checkpointing I get this error: RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn
+>
+> If I try to use_cache = True for this error like @codeslayed  said, I get a CUDA out of memory error. I have tried everything including for efficient memory handling including LoRA configs with peft, bnb configs to load 4 bits, using batching and setting batch_size to 1 etc. Regardless of how small of a model I use, even 0.5B parameters, somehow the GPU VRAM overflows and causes errors. I am using a 4GB RTX 3050 card.
+>
+> OutOfMemoryError: CUDA out of memory. Tried to allocate 150.00 MiB. GPU 0 has a total capacity of 3.80 GiB of which 130.31 MiB is free. Including non-PyTorch memory, this process has 3.66 GiB memory in use. Of the allocated memory 3.52 GiB is allocated by PyTorch, and 53.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+"""
+
+
+def test_a_sentence_naming_the_error_is_not_a_second_truncated_message():
+    # A skill trial counted two OOMs here, the first with every field empty and a note that it
+    # was truncated; a bare head of a real message (no sentence beside a full one) stays one.
+    ev = parse_log(TRL_2819)
+    assert len(ev.oom) == 1
+    assert ev.oom[0].requested_bytes == nbytes(150.00, MiB)
+    assert not [n for n in ev.notes if "truncated" in n]
+    assert len(parse_log("torch.OutOfMemoryError: CUDA out of memory.\n").oom) == 1

@@ -207,6 +207,7 @@ class _LogParser(ProgressLines):
             self._add_iteration(self._step)
             self._step = None
         self.ev.errors = list(self._errors.values())
+        self._drop_mentions()
         if self.ev.config:
             self.ev.config = _finalize_config(self.ev.config)
         for what, n in self._dropped.items():
@@ -216,6 +217,20 @@ class _LogParser(ProgressLines):
             k: stamp for k, line in stamps if (stamp := _strip_prefixes(line)[2])
         }
         return self.ev
+
+    def _drop_mentions(self) -> None:
+        """A sentence that names the error ("I get a CUDA out of memory error") beside the
+        message itself is not a second, truncated message: without a field, a rank or an
+        exception type of its own, it goes when another message has its fields."""
+        ooms = self.ev.oom
+        if not any(e.requested_bytes or e.total_bytes for e in ooms):
+            return
+        mentions = [e for e in ooms if _a_mention(e)]
+        for e in mentions:
+            ooms.remove(e)
+            note = f"line {e.line_number}: the out-of-memory message is truncated"
+            if note in self.ev.notes:
+                self.ev.notes.remove(note)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -620,3 +635,16 @@ def parse_oom(text: str) -> list[OOMEvent]:
     for line in _split_lines(text):
         parser.feed(line)
     return parser.finish().oom
+
+
+_EXCEPTION_HEAD_RE = re.compile(r"[\w.]*(?:Error|Exception)\b")
+
+
+def _a_mention(e: OOMEvent) -> bool:
+    """An OOM 'message' with nothing of a message: no size, no rank, no exception type."""
+    sizes = (e.requested_bytes, e.total_bytes, e.free_bytes, e.allocated_bytes, e.process_bytes)
+    return (
+        all(v is None for v in sizes)
+        and e.rank is None
+        and not _EXCEPTION_HEAD_RE.match(e.line)
+    )
