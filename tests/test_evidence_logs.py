@@ -558,7 +558,8 @@ def test_repeated_warnings_are_counted():
 
 
 # huggingface/trl issue #2819 (https://github.com/huggingface/trl/issues/2819), its opening
-# paragraphs verbatim as the issue's search index stores them: a sentence names the error
+# paragraphs as the issue's search index stores them (the blank quoted lines without their trailing
+# space): a sentence names the error
 # ("I get a CUDA out of memory error") before the message itself is pasted.
 TRL_2819 = """\
 > @codeslayed @younesbelkada HELP PLEASE!
