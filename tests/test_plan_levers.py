@@ -467,3 +467,24 @@ def test_a_script_that_overlaps_its_tp_communication_is_priced_so(capsys, tmp_pa
     hidden = json.loads(capsys.readouterr().out)["levers"]["current"]
     assert "TP collectives" not in hidden["adds"]
     assert hidden["step_seconds"] < exposed["step_seconds"]
+
+
+def test_megatron_runs_get_a_fused_loss_lever_and_offload_rows_say_their_host_memory(capsys):
+    # A skill trial (this script at 32k on 80 GB): the loss (23.5 GiB of fp32 and bf16 logits)
+    # set the pick, and no lever offered Transformer Engine's fused loss, which the kit's own
+    # estimate shows dropping the fp32 softmax; the offload rows said nothing of the host
+    # memory they take (31 layers: over 100 GiB per GPU).
+    script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
+    args = ["plan", "--config", str(script), "--seq-length", "32768", "--gpu-memory-gb", "80"]
+    assert main([*args, "--levers", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    fused = next(r for r in rows if r["lever"] == "fused loss")
+    assert fused["setting"].startswith("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te")
+    assert "its speed is not timed" in fused["adds"] and fused["fits"]
+    offload = [r for r in rows if r["lever"] == "offload"]
+    assert offload and all("host memory" in r["adds"] for r in offload)
+    # the same run in Megatron-Bridge's keys
+    assert main([*args, "--levers", "--json", "--format", "megatron-bridge"]) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    bridge = next(r for r in rows if r["lever"] == "fused loss")
+    assert bridge["setting"].startswith("model.cross_entropy_loss_fusion=true")

@@ -258,12 +258,13 @@ def _evaluate(
             )
     step = step_time(config, micro, hw, _offloaded_per_stage(config))
     host_ok = fits_host(est)
-    adds = _adds(config, step, micro) + (
-        ""
-        if host_ok
-        else f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU (more than "
-        f"{HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
-    )
+    adds = _adds(config, step, micro)
+    if est.offloaded_bytes:  # the host memory offloading takes, said on every such row
+        adds += f", host memory {est.offloaded_bytes / 2**30:.0f} GiB per GPU" + (
+            ""
+            if host_ok
+            else f" (more than {HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
+        )
     shown = f", recompute {added}" if added else ""
     states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
     if is_trainer_run(config) or states_offloaded:
@@ -450,6 +451,7 @@ def levers(
                 "offload", f"{offload} + {c.recompute.spec}", c, *args, fallback="never"
             )
             rows.append(row)
+    rows.append(_fused_loss(config, args, plan_format, left_out))
     states = sharding_mode(config)
     titan = m.loss_implementation == "torchtitan"
     if titan and states == "fsdp2" and not (p.optimizer_offload or p.param_offload):
@@ -475,6 +477,34 @@ def levers(
     if left_out:
         notes.append("left out: " + "; ".join(left_out))
     return _ranked(rows, current, hw, global_batch_size, usable, notes)
+
+
+# Megatron-Core's fused cross-entropy from Transformer Engine (cross_entropy_fusion_impl "te":
+# the gradient written into the logits in place, no fp32 softmax kept), in each format's keys
+_FUSED_LOSS_KEYS = {
+    "megatron-lm": "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te",
+    "megatron-bridge": "model.cross_entropy_loss_fusion=true model.cross_entropy_fusion_impl=te",
+}
+
+
+def _fused_loss(config: Config, args: tuple, plan_format: str, left_out: list[str]):
+    """The run's loss fused by Transformer Engine, where Megatron's loss keeps the fp32
+    softmax of the logits (the unfused or the native fused loss): a lever of its own when the
+    logits dominate a long-sequence or large-vocabulary run."""
+    m = config.model
+    if m.loss_implementation != "megatron" or (
+        m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl == "te"
+    ):
+        return None
+    setting = _FUSED_LOSS_KEYS.get(plan_format)
+    if setting is None:
+        left_out.append(f"Transformer Engine's fused loss (no key for it known in {plan_format})")
+        return None
+    c = config.replace(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    return _with_adds(
+        _evaluate("fused loss", setting, c, *args),
+        "needs Transformer Engine; its speed is not timed",
+    )
 
 
 def _ranked(
