@@ -92,6 +92,14 @@ def _syntax_error(text: str, path: str) -> str | None:
 NOT_A_CONFIG = "not a training config recompute-kit can read"
 
 
+def overrides_alone(text: str) -> bool:
+    """Every word of the file a Hydra override (`++policy.train_micro_batch_size=1`)."""
+    from .nemo_rl_overrides import is_override
+
+    words = [w for line in text.splitlines() for w in line.split() if not w.startswith("#")]
+    return bool(words) and all(is_override(w.strip("'\"")) for w in words)
+
+
 def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Reading:
     """`overrides`: `key=value` words given after the file on recompute-kit's command line,
     applied as the file's framework applies its command-line overrides (NeMo-RL, Megatron-Bridge,
@@ -114,6 +122,13 @@ def read_file_text(text: str, path: str, overrides: Sequence[str] = ()) -> Readi
         error = _syntax_error(text, path)
         if error:
             raise ConfigError(error)
+        if overrides_alone(text):
+            raise ConfigError(
+                f"{path}: key=value overrides alone, with no config before them to apply to: "
+                "give the config the run starts from first, then this file (NeMo-RL: the "
+                "YAML its --config names, e.g. examples/configs/sft.yaml; Megatron-Bridge: the "
+                "recipe; NeMo: the model YAML)"
+            )
         raise ConfigError(
             f"{path}: {NOT_A_CONFIG} (Megatron-LM script, "
             "YAML or argument dump, Megatron-Bridge / NeMo YAML or recipe, NeMo-RL YAML, "

@@ -336,6 +336,19 @@ def read(
                 "policy.dtensor_cfg is enabled; read as the DTensor backend"
             )
         _read_dtensor(fv)
+        megatron_only = [
+            o.written
+            for o in overrides
+            if o.path[:2] == ("policy", "megatron_cfg") and o.path[-1] != "enabled"
+        ]
+        if megatron_only:  # (a paste's overrides of a Megatron run, on a DTensor base YAML)
+            reading.warnings.append(
+                f"{', '.join(megatron_only)}: Megatron-backend settings, while "
+                f"policy.megatron_cfg.enabled is {megatron_on!r} "
+                f"({fv.where((p, 'megatron_cfg', 'enabled'))}): NeMo-RL runs the DTensor backend "
+                "and ignores them; add policy.megatron_cfg.enabled=true (and "
+                "policy.dtensor_cfg.enabled=false) if the run is on Megatron"
+            )
 
     gpus = fv.get("cluster", "gpus_per_node", kind=int)
     nodes = fv.get("cluster", "num_nodes", kind=int)

@@ -104,6 +104,10 @@ def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
     policy.max_total_sequence_length=8192`): overrides of the config before them."""
     groups: list[tuple[str, list[str]]] = []
     for item in inputs:
+        words = _override_file_words(item) if groups else None
+        if words:  # a file of overrides alone (a paste's `++policy.x=1` lines): after a config
+            groups[-1][1].extend(words)
+            continue
         if is_override(item) and not Path(item).exists():
             if not groups:
                 raise ConfigError(
@@ -114,6 +118,20 @@ def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
         else:
             groups.append((item, []))
     return groups
+
+
+def _override_file_words(item: str) -> list[str] | None:
+    """The override words of a small file that holds nothing else, else None."""
+    path = Path(item)
+    try:
+        if not path.is_file() or path.stat().st_size > 64 * 1024:
+            return None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not formats.overrides_alone(text):
+        return None
+    return [w.strip("'\"") for line in text.splitlines() for w in line.split()]
 
 
 _SCRIPT_CALL = re.compile(r"^\s*(?:(?:ba)?sh\s+)?(\S+\.sh)(?:\s+(.*))?$")

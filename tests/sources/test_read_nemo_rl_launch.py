@@ -211,3 +211,35 @@ def test_a_megatron_lm_script_is_not_a_nemo_rl_launch():
 
     text = "python run_pretrain.py --num-layers 32 --hidden-size 4096 --seq-length 4096\n"
     assert nemo_rl_launch.sniff(text, "train.sh") == 0
+
+
+# NVIDIA-NeMo/RL issue #903 (https://github.com/NVIDIA-NeMo/RL/issues/903): an SFT run pasted as
+# its overrides alone (the issue's f-string fragments, here as plain override lines).
+RL_903 = (
+    "++policy.megatron_cfg.tensor_model_parallel_size=1\n"
+    "++policy.megatron_cfg.context_parallel_size=2\n"
+    "++policy.train_global_batch_size=1024\n"
+    "++policy.max_total_sequence_length=32768\n"
+    "++policy.train_micro_batch_size=1\n"
+)
+
+
+def test_a_file_of_overrides_applies_to_the_config_before_it_and_alone_says_so(tmp_path):
+    # A skill trial: the overrides file was "not a training config recompute-kit can read"
+    # alone, and after NeMo-RL's sft.yaml too; on that DTensor base its megatron_cfg settings
+    # (CP 2, the setting the thread turned on) were dropped without a word.
+
+    sft = Path(__file__).parent / "corpus" / "nemo_rl" / "sft.yaml"
+    overrides = tmp_path / "overrides.txt"
+    overrides.write_text(RL_903, encoding="utf-8")
+    with pytest.raises(ConfigError, match="key=value overrides alone, with no config before"):
+        resolve([str(overrides)], require_shape=False)
+    reading = resolve([str(sft), str(overrides)], require_shape=False).reading
+    assert reading.values["seq_length"] == 32768
+    said = [w for w in reading.warnings if "Megatron-backend settings" in w]
+    assert said and "++policy.megatron_cfg.context_parallel_size=2" in said[0]
+    on = resolve(
+        [str(sft), str(overrides), "++policy.megatron_cfg.enabled=true"], require_shape=False
+    ).reading
+    assert on.values["context_parallel_size"] == 2
+    assert not [w for w in on.warnings if "Megatron-backend settings" in w]
