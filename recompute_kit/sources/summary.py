@@ -66,8 +66,9 @@ def _unused_defaults(reading: Reading) -> set[str]:
     keys: set[str] = set()
     if not reading.get("multi_latent_attention"):
         keys.update(MLA_KEYS)
-    if not reading.get("num_moe_experts"):
+    if not reading.get("num_moe_experts"):  # (num_moe_experts None itself says "dense")
         keys.update(MOE_KEYS)
+        keys.update(k for k in reading.origins if k.startswith(("moe_", "expert_")))
     if not reading.get("fp8"):
         keys.add("fp8_recipe")
     return {k for k in keys if k in reading.origins and reading.origins[k].kind == FROM_DEFAULT}

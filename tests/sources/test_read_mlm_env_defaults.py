@@ -79,3 +79,14 @@ def test_the_read_table_leaves_out_defaults_of_features_the_run_does_not_use():
     assert not shown & {"kv_lora_rank", "qk_pos_emb_head_dim", "fp8_recipe"}
     assert "kv_lora_rank" in r.reading.values  # `read --json` keeps every value
     assert {"num_moe_experts", "moe_router_topk", "recompute_granularity"} <= shown
+
+
+def test_the_read_table_of_a_dense_model_leaves_out_every_moe_default():
+    # A skill trial (this fp8 Llama 3 8B script): the table listed moe_aux_loss_coeff,
+    # moe_token_dispatcher_type, expert_model_parallel_size and nine more MoE defaults.
+    from recompute_kit.sources.summary import table_rows
+
+    r = resolve([str(CORPUS / "blind_llama3_8b_h100_fp8.sh")], require_shape=False)
+    shown = {row[0] for row in table_rows(r.reading)}
+    assert "num_moe_experts" in shown  # None: says the model is dense
+    assert not [k for k in shown if k.startswith(("moe_", "expert_"))]
