@@ -124,6 +124,11 @@ def test_plan_never_proposes_broken_uniform():
     # the version from the config (the reader) counts when no flag is given
     cfg.megatron_core_version = "0.17.0"
     assert not plan(cfg, 79.1).excluded
+    # said as ranges, not one by one (a skill trial: 59 settings listed on a 61-layer stage)
+    from recompute_kit.plan import not_proposed
+
+    said = " ".join(not_proposed(p.excluded, (0, 13)))
+    assert "full:uniform:6-9, full:uniform:11-19" in said  # 20 layers: 1, 2, 4, 5, 10 divide
 
 
 def test_validate_strict_warns():

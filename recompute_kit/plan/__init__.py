@@ -495,7 +495,7 @@ def not_proposed(excluded: list[tuple[str, str]], version: tuple[int, int] | Non
     ]
     if broken:
         out.append(
-            f"Not proposed on Megatron-Core {describe_version(version)}: {', '.join(broken)} "
+            f"Not proposed on Megatron-Core {describe_version(version)}: {compact_specs(broken)} "
             "(the last uniform group would run past the last layer before 0.17; "
             "--megatron-core-version 0.17 or later allows them)."
         )
