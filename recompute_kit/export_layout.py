@@ -25,6 +25,7 @@ Keys, as each framework names them:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,9 +130,17 @@ class Spelling:
 
     keys: Mapping[str, str] = field(default_factory=dict)  # setting -> the run's key
     flags: bool = False
+    # a Megatron-LM script: the flags it writes, and those it sets from a variable (the line
+    # the variable is given on): "drop --x" names only flags the script has
+    megatron_lm: bool = False
+    written: frozenset[str] = frozenset()
+    from_variables: Mapping[str, int] = field(default_factory=dict)
 
     def apply(self, lines: list[str]) -> list[str]:
-        """`key: value` lines as `--key value` flags where the run's are flags."""
+        """`key: value` lines as `--key value` flags where the run's are flags; a Megatron-LM
+        script's "drop" lists cut to the flags it has."""
+        if self.megatron_lm:
+            return self._megatron_lm(lines)
         if not self.flags:
             return lines
         return [
@@ -140,9 +149,35 @@ class Spelling:
             for line in lines
         ]
 
+    def _megatron_lm(self, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            drop = _DROP.match(line)
+            if drop:
+                kept = [f for f in re.findall(r"--[\w-]+", drop.group(2)) if f in self.written]
+                if kept:
+                    named = ", ".join(kept[:-1]) + (" and " if len(kept) > 1 else "") + kept[-1]
+                    out.append(f"{drop.group(1)}{named}{drop.group(3)}")
+                continue
+            flag = line.split()[0] if line.startswith("--") else ""
+            if flag in self.from_variables:
+                out.append(
+                    f"# the script sets {flag} from a variable (line "
+                    f"{self.from_variables[flag]}): change it there"
+                )
+            out.append(line)
+        return out
+
+
+# "# ...: drop --a, --b and --c (why)" (export.py's Megatron-LM comments)
+_DROP = re.compile(r"^(#.*?drop )((?:--[\w-]+(?:, | and )?)+)(.*)$")
+
 
 def spelling_of(reading) -> Spelling:
-    """The Spelling of a Trainer run read by the shared reader (others: none)."""
+    """The Spelling of a run read by the shared reader: a Trainer run's keys, a Megatron-LM
+    script's flags (others: none)."""
+    if reading is not None and reading.framework == "megatron-lm":
+        return _megatron_lm_spelling(reading)
     if reading is None or reading.framework != "hf-trainer":
         return Spelling()
     keys = {}
@@ -152,6 +187,18 @@ def spelling_of(reading) -> Spelling:
             keys[setting] = origin.key.removeprefix("--")
     batch = reading.origins.get("micro_batch_size")
     return Spelling(keys, flags=bool(batch and (batch.key or "").startswith("--")))
+
+
+def _megatron_lm_spelling(reading) -> Spelling:
+    written = {o.key for o in reading.origins.values() if o.kind == "file" and o.key}
+    written |= set(reading.unused)
+    variables = {}
+    for o in reading.origins.values():
+        set_on = re.search(r"value set on line (\d+)", o.note or "")
+        if o.kind == "file" and (o.key or "").startswith("--") and set_on:
+            variables[o.key] = int(set_on.group(1))
+    flags = frozenset(w for w in written if w.startswith("--"))
+    return Spelling(megatron_lm=True, written=flags, from_variables=variables)
 
 
 def layout_lines(

@@ -490,3 +490,22 @@ def test_no_recompute_modules_before_megatron_core_0_12():
     new = plan(cfg, 140, megatron_core_version="0.12")
     selective = [c for c in new.candidates if c.recompute.recompute_granularity == "selective"]
     assert any(c.recompute.modules != ["core_attn"] for c in selective)
+
+
+def test_megatron_lm_rendering_drops_only_flags_the_script_has_and_names_its_variables(capsys):
+    # Skill trials: on Megatron-LM's Megatron-FSDP DeepSeek-V3 script the rendering said "drop
+    # --recompute-method, --recompute-num-layers and --recompute-activations" (none of them
+    # in the script) and wrote --micro-batch-size 1 where the script sets it from MBS (line
+    # 24); on the gpt-oss script (--recompute-activations) "no recompute" names that flag only.
+    from recompute_kit.cli import main
+
+    data = Path(__file__).parent / "data" / "read"
+    fsdp = [str(data / "mlm_sbatch_mfsdp_deepseek_v3.sh"), "--dp", "256", "--micro-batch-size", "1"]
+    assert main(["plan", "--config", *fsdp, "--gpu", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "drop --recompute-method" not in out
+    assert "# the script sets --micro-batch-size from a variable (line 24): change it" in out
+    gptoss = [str(data / "mlm_gptoss_02_train.sh"), "--first-stage-layers", "3"]
+    gptoss += ["--last-stage-layers", "3"]
+    assert main(["plan", "--config", *gptoss, "--gpu", "h100-80gb"]) == 0
+    assert "# no recompute: drop --recompute-activations\n" in capsys.readouterr().out
