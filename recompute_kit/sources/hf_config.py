@@ -81,6 +81,21 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "dropout": ("resid_pdrop", "attn_pdrop"),
     },
 }
+# Models whose layers are not a transformer's (state-space or linear-attention mixers beside or
+# instead of attention): read, never sized (resolve refuses an estimate)
+_NOT_MODELLED = {
+    "mamba": "Mamba",
+    "mamba2": "Mamba-2",
+    "falcon_mamba": "Mamba (Falcon Mamba)",
+    "jamba": "Mamba + attention (Jamba)",
+    "nemotron_h": "Mamba-2 + attention (Nemotron-H)",
+    "bamba": "Mamba-2 + attention (Bamba)",
+    "zamba": "Mamba + shared attention (Zamba)",
+    "zamba2": "Mamba-2 + shared attention (Zamba2)",
+    "falcon_h1": "Mamba-2 + attention (Falcon-H1)",
+    "granitemoehybrid": "Mamba-2 + attention (Granite 4.0 hybrid)",
+    "qwen3_next": "Gated DeltaNet linear attention + attention (Qwen3-Next)",
+}
 # `architectures[0]` -> family, for configs whose model_type is their own (remote code).
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -380,7 +395,11 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             f"{where}: {pos_key}={cfg['max_position_embeddings']} is the model's "
             "capacity, not the training sequence length (not used as seq_length)"
         )
-    if family is None:
+    if model_type in _NOT_MODELLED:
+        reading.not_modelled.append(
+            f"{where}: model_type {model_type!r}, {_NOT_MODELLED[model_type]} layers"
+        )
+    elif family is None:
         reading.warnings.append(
             f"{where}: model_type {model_type or '(none)'!r} is not a family recompute-kit knows: "
             "normalization, MLP gating, biases and qk-norm are not set from it"

@@ -667,6 +667,14 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
     for flag, words in NOT_MODELLED_FLAGS.items():
         if a := get(flag):
             reading.warnings.append(f"{path}:{a.line}: {flag}: {words}")
+    hybrid = get("--hybrid-layer-pattern") or get("--hybrid-override-pattern")
+    spec = get("--spec")
+    if hybrid or (spec and re.search(r"mamba|hybrid", " ".join(spec.values), re.I)):
+        a = hybrid or spec
+        reading.not_modelled.append(
+            f"{path}:{a.line} {a.flag}: a hybrid model with Mamba layers (Megatron's "
+            "hybrid/Mamba stack)"
+        )
     if a := get("--use-flash-attn"):
         reading.unused["--use-flash-attn"] = True
         reading.warnings.append(

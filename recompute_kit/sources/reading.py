@@ -105,6 +105,9 @@ class Reading:
     # fields the input writes where they cannot be read (field -> where and why: a branch it
     # does not decide, a value it does not resolve): a default in their place is an assumption
     unread_settings: dict[str, str] = field(default_factory=dict)
+    # layers of the model the estimator does not model (Mamba, linear attention), in words
+    # with where they are read: no estimate is made of such a model (resolve)
+    not_modelled: list[str] = field(default_factory=list)
 
     def set(self, key: str, value: Any, origin: Origin, overwrite: bool = True) -> None:
         """Record `key = value` from `origin`. overwrite=False keeps a value already set."""

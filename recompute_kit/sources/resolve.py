@@ -316,6 +316,7 @@ def merge(readings: Sequence[Reading]) -> Reading:
                 continue  # nor does a guess (a script's unread tokenizer: the model's vocab)
             merged.set(key, value, origin)
         merged.warnings += reading.warnings
+        merged.not_modelled += reading.not_modelled
         merged.unused.update(reading.unused)
         merged.unread_settings.update(reading.unread_settings)
         if reading.tokenizer:
@@ -474,12 +475,23 @@ def resolve(
             f"multi-token-prediction layers are not in the estimate: only Megatron-Core builds "
             f"them, this run's loss is {merged.get('loss_implementation')}'s"
         )
+    if merged.not_modelled:
+        # never a transformer's figures for layers that are not a transformer's
+        said = (
+            f"{'; '.join(merged.not_modelled)}: recompute-kit models transformer, MoE and MLA "
+            "layers only, so it makes no estimate of this model (its readings are shown, not "
+            "sized)"
+        )
+        if require_shape:
+            raise ConfigError(said)
+        merged.warnings.append(said)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
         if require_shape:
             raise
-        merged.warnings.append(str(exc))
+        if not merged.not_modelled:  # (no shape to add: the model is not sized at all)
+            merged.warnings.append(str(exc))
         _assume_the_rest(merged, framework)
         _say_the_assumptions(merged)
         return Resolved(None, merged, described)

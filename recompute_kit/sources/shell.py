@@ -5,8 +5,9 @@ launch scripts use: literal variable assignments (`A=1`, `A=${B:-8}`, `export A=
 arrays (`ARGS=( --x 1 )`, `ARGS+=(...)`, `"${ARGS[@]}"`), integer `$((...))`, `if [[ ... ]]`
 with conditions decidable from the script's own literals, line continuations and comments.
 Nothing is executed: command substitutions, positional parameters and variables the script
-does not assign are *unresolved* (carried as a marker naming the variable), loops, `case` and
-functions are skipped with a warning.
+does not assign are *unresolved* (carried as a marker naming the variable), loops and
+functions are skipped with a warning; a `case` of literal patterns is read as the `if` / `elif`
+chain it is (`case "$SIZE" in "8B") ...;; *) ...;; esac`), so a script's literal choice decides it.
 
 bashlex (PyPI 0.18) rejects bash arrays, `$((...))` and `[[ ... ]]` (ParsingError /
 NotImplementedError), which every Megatron-LM example uses, so the words are lexed here.
@@ -1111,6 +1112,93 @@ def _commands(toks: list[Tok]) -> list[_Cmd]:
     return cmds
 
 
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _case_as_if(toks: list[Tok]) -> list[Tok]:
+    """Each `case WORD in p1|p2) ... ;; *) ... ;; esac` whose patterns are literals (or the
+    last one `*`) as `if [ WORD == p1 ] || [ WORD == p2 ]; then ...; elif ...; else ...; fi`:
+    the interpreter decides it as it decides an `if` (or says it does not). A `case` with glob
+    patterns or nested in another stays as it is (skipped, with a warning)."""
+    out: list[Tok] = []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        at_start = not out or out[-1].kind == "nl" or (out[-1].kind == "op" and out[-1].op != ")")
+        if t.kind == "word" and at_start and _literal(t.word) == "case":
+            rewritten, end = _rewrite_case(toks, i)
+            if rewritten is not None:
+                out.extend(rewritten)
+                i = end
+                continue
+        out.append(t)
+        i += 1
+    return out
+
+
+def _rewrite_case(toks: list[Tok], i: int) -> tuple[list[Tok] | None, int]:
+    if i + 2 >= len(toks) or _literal(toks[i + 2].word) != "in":
+        return None, i
+    subject = toks[i + 1].word
+
+    def word(text: str, at: int) -> Tok:
+        return Tok("word", at, Word([Part("lit", text, False, at)], at))
+
+    def op(text: str, at: int) -> Tok:
+        return Tok("op", at, op=text)
+
+    out: list[Tok] = []
+    j, arm = i + 3, 0
+    while j < len(toks):
+        while j < len(toks) and toks[j].kind == "nl":
+            j += 1
+        if j < len(toks) and toks[j].kind == "word" and _literal(toks[j].word) == "esac":
+            if arm == 0:
+                return None, i
+            out += [op(";", toks[j].line), word("fi", toks[j].line)]
+            return out, j + 1
+        patterns = []  # p1 | p2 )
+        while j < len(toks) and not (toks[j].kind == "op" and toks[j].op == ")"):
+            if toks[j].kind == "word":
+                patterns.append(toks[j].word)
+            elif not (toks[j].kind == "op" and toks[j].op in ("|", "(")):
+                return None, i
+            j += 1
+        texts = [_literal(p) for p in patterns]
+        if not patterns or j >= len(toks) or any(x is None for x in texts):
+            return None, i
+        at = toks[j].line
+        if texts == ["*"]:
+            head = [op(";", at), word("else", at)] if arm else None
+            if head is None:  # `*)` first: always taken
+                head = [word("if", at), word("true", at), op(";", at), word("then", at)]
+        elif any(_GLOB.search(x) for x in texts):
+            return None, i
+        else:
+            head = [op(";", at)] if arm else []
+            head.append(word("elif" if arm else "if", at))
+            for k, pattern in enumerate(patterns):
+                if k:
+                    head.append(op("||", at))
+                head += [word("[", at), Tok("word", at, subject), word("==", at)]
+                head += [Tok("word", at, pattern), word("]", at)]
+            head += [op(";", at), word("then", at)]
+        out += head
+        arm += 1
+        j += 1
+        body_start = j
+        while j < len(toks) and not (toks[j].kind == "op" and toks[j].op == ";;"):
+            if toks[j].kind == "word" and _literal(toks[j].word) in ("case", "esac"):
+                if _literal(toks[j].word) == "case":
+                    return None, i  # nested: left to the skip
+                break  # the last arm may end without `;;`
+            j += 1
+        out += toks[body_start:j]
+        if j < len(toks) and toks[j].kind == "op" and toks[j].op == ";;":
+            j += 1
+    return None, i  # no `esac`
+
+
 def _skip_block(commands: list[_Cmd], i: int, open_kw: str, close_kw: str) -> int:
     depth = 0
     while i < len(commands):
@@ -1202,7 +1290,7 @@ def parse_script(text: str, path: str) -> Script:
     """The training launches in a bash script, with its variables expanded symbolically."""
     interp = _Interp(path)
     try:
-        toks = _Lexer(text).lex()
+        toks = _case_as_if(_Lexer(text).lex())
         interp.run(toks)
     except ShellError as exc:
         from ..config import ConfigError

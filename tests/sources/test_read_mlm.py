@@ -407,3 +407,39 @@ def test_fp8_is_said_not_modelled():
     said = [w for w in warnings if w.startswith("fp8 (")]
     assert said and "the estimate counts activations at 16-bit sizes" in said[0]
     assert "--fp8-format" in said[0]
+
+
+def test_a_case_of_literal_patterns_is_decided_and_a_hybrid_mamba_model_is_never_sized():
+    # A skill trial on Megatron-LM's hybrid Mamba example: the `case "${MODEL_SCALE}" in
+    # "800M") ... ;; "8B") ... ;; *) ... esac` block was skipped, so TP, the hidden size and the
+    # heads were "not set" though MODEL_SCALE="800M" decides them; and after --num-layers was
+    # added by hand the estimator sized 48 transformer layers for 20 Mamba + 4 attention +
+    # 24 MLP layers without a word.
+    from recompute_kit.sources.resolve import resolve
+
+    script = f"{READ_DATA / 'mlm_mamba_train.sh'} /data/corpus_text_document /data/tok.model"
+    reading = resolve([script], require_shape=False).reading
+    assert reading.values["hidden_size"] == 1024
+    assert reading.values["num_attention_heads"] == 16
+    assert reading.values["tensor_model_parallel_size"] == 1
+    assert reading.origins["tensor_model_parallel_size"].kind == "file"
+    assert not [w for w in reading.warnings if "`case` block is not followed" in w]
+    said = [w for w in reading.warnings if "a hybrid model with Mamba layers" in w]
+    assert said and "makes no estimate of this model" in said[0]
+    assert not [w for w in reading.warnings if "no model shape" in w]  # (none to add)
+    with pytest.raises(ConfigError, match="recompute-kit models transformer, MoE and MLA"):
+        resolve([script], overrides={"num_layers": 48})
+
+
+def test_a_case_the_script_does_not_decide_or_with_glob_patterns_is_not_read(tmp_path):
+    from recompute_kit.sources.shell import parse_script
+
+    undecided = 'case "$SIZE" in\n  small) HIDDEN=1024 ;;\n  *) HIDDEN=4096 ;;\nesac\n'
+    script = parse_script(undecided, "u.sh")
+    assert "HIDDEN" not in script.variables or not script.variables["HIDDEN"]
+    globbed = 'SIZE=8B\ncase "$SIZE" in\n  8*) HIDDEN=4096 ;;\nesac\n'
+    script = parse_script(globbed, "g.sh")
+    assert "HIDDEN" not in script.variables
+    assert any("`case` block is not followed" in w for w in script.warnings)
+    chosen = 'SIZE=8B\ncase "$SIZE" in\n  1B|2B) HIDDEN=2048 ;;\n  8B) HIDDEN=4096 ;;\nesac\n'
+    assert parse_script(chosen, "c.sh").variables["HIDDEN"] == [("4096", 4)]
