@@ -328,3 +328,14 @@ def test_glm5_is_deepseek_v3s_architecture_and_its_sparse_attention_is_said():
     assert v["num_moe_experts"] == 256 and v["moe_layer_freq"] == [0] * 3 + [1] * 75
     assert not [w for w in reading.warnings if "not a family" in w]
     assert [w for w in reading.warnings if "DeepSeek sparse attention (index_topk 2048" in w]
+
+
+def test_a_nemotron_h_config_is_read_but_never_sized():
+    # Mamba-2 + attention (model_type nemotron_h): the estimator models transformer layers only
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parents[1] / "data" / "read"
+    path = path / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"
+    with pytest.raises(ConfigError, match="'nemotron_h', Mamba-2 \\+ attention"):
+        resolve([str(path)])
+    assert resolve([str(path)], require_shape=False).reading.not_modelled
