@@ -95,3 +95,12 @@ def test_layers_that_do_not_split_over_the_stages_are_invalid():
         "--dp", "16", "--pp", "5", "--first-stage-layers", "4", "--last-stage-layers", "4"
     )
     assert uneven.returncode == 0, uneven.stdout
+    # a Megatron-LM script runs under Megatron-LM's argument checks: refused without --strict too
+    plain = subprocess.run(
+        [*RK, "validate", str(MIXTRAL), "--json", "--dp", "16", "--pp", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    assert plain.returncode == 1 and not json.loads(plain.stdout)["valid"]

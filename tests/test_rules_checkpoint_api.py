@@ -48,7 +48,6 @@ VALIDATION_CASES = [
     ("RK061", "mlm-rule20-fine-grained-offloading", None),
     ("RK062", "mlm-rule29-cuda-graphs", {"cuda_graph_impl": "none"}),
     ("RK062", "mbridge-skill-cuda-graph", {"cuda_graph_impl": "none"}),
-    ("RK066", "mlm-arguments-layers-over-pp", None),
     (
         "RK063",
         "tc-measured-moe-layer-recompute-with-full",
@@ -89,14 +88,6 @@ CONFIG_CASES = [
         "--cpu-offloading-num-layers 8 --recompute-activations",
         "train.sh",
         "CPU offloading does not work when activation recomputation is enabled",
-    ),
-    (
-        # Megatron-LM's gpt-oss example sets 12 layers over PP = WORLD_SIZE = 8 (a skill trial)
-        "RK066",
-        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 12 --hidden-size 2880 "
-        "--num-attention-heads 64 --pipeline-model-parallel-size 8",
-        "train.sh",
-        "is not divisible by pipeline parallel size 8",
     ),
     (
         "RK061",
@@ -597,15 +588,3 @@ def test_rk076_use_cache_warning_as_an_event():
     assert f.rule == "RK076" and f.category == "informational"
     assert f.config_patch == {"use_cache": False}
     cites(f, "`use_cache=True` is incompatible with gradient checkpointing")
-
-
-def test_a_pasted_recompute_setting_without_its_layer_count_is_not_a_layout_error():
-    # Megatron-Bridge's recompute skill's Llama3 70B table (the corpus's
-    # a_mbridge_skill_llama70b_mlp_recompute_16pct_overhead): "recompute_modules=[mlp] (Exp 1);
-    # TP=4, PP=4, VPP=5" names no layer count; Megatron's default (2 layers) over PP 4 is not
-    # the run's layout, so RK066 must not fire, while the same paste with a layer count that
-    # does not split does.
-    paste = "recompute_granularity=selective, recompute_modules=[mlp] (Exp 1); TP=4, PP=4"
-    assert "RK066" not in ids(run(config=paste, config_name="config.txt"))
-    given = paste + ", num_layers=30"
-    assert "RK066" in ids(run(config=given, config_name="config.txt"))

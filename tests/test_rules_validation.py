@@ -254,3 +254,25 @@ def test_rk065_a_launch_script_with_retired_flags_and_no_log():
     )
     f = get(run(config=script, config_name="train.sh"), "RK065")
     assert "--distribute-checkpointed-activations by --distribute-saved-activations" in f.fix
+
+
+@covers("RK097")
+def test_megatron_lms_assert_and_the_kits_layout_check_give_the_uneven_stages():
+    # Megatron-LM's arguments.py assert (tests/rule_sources.py) and, before any run, the kit's
+    # own check of the files' layout: Megatron-LM's gpt-oss example sets 12 layers over
+    # PP = WORLD_SIZE = 8 (a skill trial); the patch gives the first and last stages theirs.
+    f = top(run(text("mlm-arguments-layers-over-pp")))
+    assert f.rule == "RK097" and f.category == "invalid_config"
+    script = (
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 12 --hidden-size 2880 "
+        "--num-attention-heads 64 --pipeline-model-parallel-size 8"
+    )
+    f = top(run(config=script, config_name="train.sh"))
+    assert f.rule == "RK097" and "is not divisible by pipeline parallel size 8" in f.evidence
+    first = f.config_patch["num_layers_in_first_pipeline_stage"]
+    last = f.config_patch["num_layers_in_last_pipeline_stage"]
+    assert first + last + 6 * 1 == 12  # the six middle stages take 12 // 8 = 1 each
+    # a pasted recompute setting with no layer count is no layout (Megatron's default 2 layers
+    # over PP 4 is not the run's): Megatron-Bridge's recompute skill's Llama3 70B table
+    paste = "recompute_granularity=selective, recompute_modules=[mlp] (Exp 1); TP=4, PP=4"
+    assert "RK097" not in ids(run(config=paste, config_name="config.txt"))

@@ -152,8 +152,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         modules = resolved.reading.origins.get("recompute_modules")
         given = modules is not None and modules.kind not in (FROM_DEFAULT, FROM_ASSUMED)
         given = given and not args.recompute
-        warnings += cfg.validate(strict=args.strict, modules_given=given)
-        if not args.strict:  # what Megatron accepts but does not act on is said either way
+        # a Megatron-LM script runs under Megatron-LM's own argument checks: they apply to it
+        strict = args.strict or resolved.reading.framework == "megatron-lm"
+        warnings += cfg.validate(strict=strict, modules_given=given)
+        if not strict:  # what Megatron accepts but does not act on is said either way
             written = cfg.recompute.recompute_modules if given else None
             warnings += [w for w in ignored_settings(cfg, written) if w not in warnings]
     except ConfigError as exc:

@@ -224,10 +224,16 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             f"recompute_num_layers must be at least 1 for full recompute, got "
             f"{r.recompute_num_layers}"
         )
-    # the layers each stage builds: Megatron refuses layers that do not split over the
-    # stages (arguments.py; TransformerConfig for uneven first/last stages); checked last so
-    # that a pasted recompute setting without its layer count is still checked above
-    pipeline_layout(m, p)
+    # the layers each stage builds: Megatron-LM's arguments refuse layers that do not split
+    # over the stages (arguments.py); Megatron-Core's TransformerConfig accepts them and fails
+    # only when it builds the model (get_num_layers_to_build). Checked last, so that a pasted
+    # recompute setting without its layer count is still checked above.
+    try:
+        pipeline_layout(m, p)
+    except ConfigError as exc:
+        if strict:
+            raise
+        warnings.append(f"{exc} (Megatron-LM refuses it; Megatron-Core when it builds the model)")
     return warnings
 
 

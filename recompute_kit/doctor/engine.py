@@ -57,8 +57,7 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
             cfg, _ = config_from_dict(_known_keys(flat))
             cfg.validate()
         except ConfigError as exc:
-            if "num_layers" in flat or "pipeline parallel size" not in str(exc):
-                ctx.config_error = str(exc)  # (not the layout of a layer count not pasted)
+            ctx.config_error = str(exc)
     if read is not None:  # the config files, read as every command reads them
         ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
         _trl_before_chunked_loss(ctx)

@@ -197,26 +197,6 @@ VALIDATION_RULES = [
         {"cuda_graph_impl": "none"},
     ),
     (
-        "RK066",
-        "The layers do not split over the pipeline stages",
-        (
-            "is not divisible by pipeline parallel size",  # the kit's own, from the layout
-            "Number of layers should be divisible by the pipeline",  # Megatron-LM arguments.py
-            "number of layers should be divisible by the pipeline",  # yaml_arguments.py
-            "number of layers at middle stage",  # TransformerConfig, uneven first/last stages
-            "number of middle layers:",
-        ),
-        "num_layers not a multiple of pipeline_model_parallel_size (or the middle stages')",
-        "Megatron gives every pipeline stage the same number of layers unless the first and "
-        "last stages are given theirs; the run stops before it allocates anything",
-        "Choose a pipeline size that divides num_layers, or give the first and last stages "
-        "their layers so the rest divide (num_layers_in_first_pipeline_stage / "
-        "num_layers_in_last_pipeline_stage; Megatron-LM --decoder-first-pipeline-num-layers / "
-        "--decoder-last-pipeline-num-layers); recompute-kit plan --levers lists layouts that "
-        "divide",
-        {},
-    ),
-    (
         "RK063",
         "Deprecated --moe-layer-recompute",
         ("--moe-layer-recompute is deprecated", "Do not set --moe-layer-recompute"),
@@ -410,7 +390,19 @@ def _megatron_arguments(ctx: Context) -> Match | None:
             + (f" (settings: {', '.join(keys)})." if keys else "."),
             config_patch=patch,
         )
+    refused = ctx.config_error or ""
+    if _LAYOUT_REFUSED in refused:  # the kit's own check of the files' layout, before a run
+        words = re.sub(r"[_-]+", " ", refused.lower())
+        return Match(
+            0.9,
+            f'Megatron would reject this config: "{refused}"',
+            config_patch=_argument_patch(ctx, words, []),
+        )
     return None
+
+
+# config/pipeline_layout.py's words for layers that do not split over the pipeline stages
+_LAYOUT_REFUSED = "is not divisible by pipeline parallel size"
 
 
 def _argument_patch(
