@@ -54,6 +54,7 @@ FORMATS = (
     "megatron-bridge",
     "nemo2",
     "megatron-lm",
+    "megatron-deepspeed",
     "nemo",
     "torchtitan",
     "hf-trainer",
@@ -324,6 +325,55 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "with TE >= 2.10 also set NVTE_CPU_OFFLOAD_V1=1"
         )
     return comments + ([" ".join(flags)] if flags else []) + after
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed): Megatron-LM v3's recompute flags without
+# --recompute-modules (its selective is core attention only), beside the old
+# --checkpoint-activations, which takes precedence (megatron/model/transformer.py)
+# --------------------------------------------------------------------------------------------
+
+_MDS_FLAGS = (
+    "--checkpoint-activations, --checkpoint-num-layers, --recompute-activations, "
+    "--recompute-granularity, --recompute-method and --recompute-num-layers"
+)
+
+
+_MDS_DROP_OLD = (
+    "# these replace the script's recompute flags: drop --checkpoint-activations and "
+    "--checkpoint-num-layers (--checkpoint-activations takes precedence)"
+)
+
+
+def _render_megatron_deepspeed(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    core = _core(rc)
+    g = core["recompute_granularity"]
+    # no activation offloading flags; distribute_saved_activations is its own flag there
+    notes = [n for n in _unexported_notes(rc, "Megatron-DeepSpeed") if "distribute" not in n]
+    extra = " --distribute-saved-activations" if rc.distribute_saved_activations else ""
+    if g is None:
+        return [*notes, f"# no recompute: drop {_MDS_FLAGS}"]
+    if g == "selective":
+        if list(core["recompute_modules"]) != ["core_attn"]:
+            notes.append(
+                f"# Not expressible: Megatron-DeepSpeed's selective recompute is core attention "
+                f"only (no --recompute-modules); {format_spec(rc)} has no flag"
+            )
+        return [*notes, f"--recompute-granularity selective{extra}", _MDS_DROP_OLD]
+    if core["recompute_method"] == "uniform":  # the script's own flags say it
+        return [
+            *notes,
+            f"--checkpoint-activations --checkpoint-num-layers {core['recompute_num_layers']}"
+            + extra,
+            "# these replace the script's recompute flags: drop --recompute-activations, "
+            "--recompute-granularity, --recompute-method and --recompute-num-layers",
+        ]
+    return [
+        *notes,
+        f"--recompute-granularity full --recompute-method {core['recompute_method']} "
+        f"--recompute-num-layers {core['recompute_num_layers']}{extra}",
+        _MDS_DROP_OLD,
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -610,6 +660,8 @@ def format_for(framework: str | None, reading_format: str = "") -> str:
         return "llama-factory"
     if framework == "nemo-rl" and _DTENSOR in reading_format:
         return "nemo-rl-dtensor"
+    if framework == "megatron-lm" and "Megatron-DeepSpeed" in reading_format:
+        return "megatron-deepspeed"
     return FORMAT_OF_FRAMEWORK.get(framework or "", "megatron-bridge")
 
 
@@ -617,6 +669,7 @@ _RENDERERS = {
     "megatron-bridge": _render_bridge,
     "nemo2": _render_nemo2,
     "megatron-lm": _render_megatron_lm,
+    "megatron-deepspeed": _render_megatron_deepspeed,
     "nemo": _render_nemo,
     "torchtitan": _render_torchtitan,
     "hf-trainer": _render_hf_trainer,

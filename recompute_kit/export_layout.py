@@ -521,6 +521,7 @@ _WRITERS = {
     "megatron-bridge": _bridge,
     "nemo2": _nemo2,
     "megatron-lm": _megatron_lm,
+    "megatron-deepspeed": _megatron_lm,  # (the layout flags are Megatron-LM's)
     "nemo": _nemo,
     "torchtitan": _torchtitan,
     "hf-trainer": _trainer("hf-trainer"),

@@ -102,8 +102,9 @@ def test_unknown_format_is_a_one_line_config_error():
     with pytest.raises(ConfigError) as exc:
         render(parse_spec("none"), "deepspeed")
     assert str(exc.value) == (
-        "unknown format 'deepspeed'; choose from megatron-bridge, nemo2, megatron-lm, nemo, "
-        "torchtitan, hf-trainer, llama-factory, automodel, nemo-rl, nemo-rl-dtensor"
+        "unknown format 'deepspeed'; choose from megatron-bridge, nemo2, megatron-lm, "
+        "megatron-deepspeed, nemo, torchtitan, hf-trainer, llama-factory, automodel, nemo-rl, "
+        "nemo-rl-dtensor"
     )
     assert "\n" not in str(exc.value)
 
@@ -468,3 +469,21 @@ def test_megatron_lm_flags_say_which_recompute_flags_they_replace():
     assert "drop --recompute-modules" in "\n".join(full[flags + 1 :])
     selective = render(parse_spec("selective:moe_act"), "megatron-lm", num_layers=32)
     assert "drop --recompute-method, --recompute-num-layers" in selective
+
+
+def test_megatron_deepspeed_renders_in_its_own_flags():
+    # microsoft/Megatron-DeepSpeed@f4157bea megatron/arguments.py: --recompute-granularity
+    # full|selective (selective: core attention only, no --recompute-modules), --recompute-method,
+    # --recompute-num-layers, and the old --checkpoint-activations / --checkpoint-num-layers
+    # (uniform groups), which take precedence (megatron/model/transformer.py).
+    def flags(spec: str) -> list[str]:
+        return body(render(parse_spec(spec), "megatron-deepspeed"))
+
+    assert flags("selective") == ["--recompute-granularity selective"]
+    assert flags("full:uniform:2") == ["--checkpoint-activations --checkpoint-num-layers 2"]
+    assert flags("full:block:3") == [
+        "--recompute-granularity full --recompute-method block --recompute-num-layers 3"
+    ]
+    assert flags("none") == []
+    said = render(parse_spec("selective:mlp"), "megatron-deepspeed")
+    assert "Not expressible: Megatron-DeepSpeed's selective recompute is core attention" in said

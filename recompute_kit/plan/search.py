@@ -117,6 +117,12 @@ def candidates(
             for method in ("uniform", "block")
             for n in range(1, most + 1)
         ]
+    if fmt == "megatron-deepspeed":  # selective is core attention only, no offloading flags
+        rcs = [
+            rc
+            for rc in rcs
+            if rc.recompute_granularity != "selective" or rc.modules == ["core_attn"]
+        ]
     nemo_rl = fmt == "nemo-rl"
     if nemo_rl:
         rcs = [
@@ -126,7 +132,7 @@ def candidates(
             or (rc.recompute_method, rc.recompute_num_layers) == ("uniform", 1)
         ]
     settings = [(rc, "") for rc in rcs]
-    if not titan and not nemo_rl:  # no activation offloading in torchtitan or NeMo-RL
+    if not titan and not nemo_rl and fmt != "megatron-deepspeed":  # no activation offloading
         layers = m.num_layers // p.pipeline_model_parallel_size
         if p.pipeline_model_parallel_size == 1 and layers > 1:  # Megatron: no layer offload with PP
             for n in sorted({1, layers // 2, layers - 1} - {0}):

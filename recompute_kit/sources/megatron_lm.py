@@ -31,6 +31,7 @@ from ..config import ConfigError
 from ..config.pipeline_layout import expand_layout
 from .reading import (
     FROM_ASSUMED,
+    FROM_DEFAULT,
     FROM_FILE,
     MLA_KEYS,
     MOE_KEYS,
@@ -187,6 +188,26 @@ RENAMED_FLAGS = {
     "--checkpoint-num-layers": "--recompute-num-layers",
     "--distribute-checkpointed-activations": "--distribute-saved-activations",
 }
+# Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed): its launch flags, and the flags it reads
+# its own way (the rest are Megatron-LM's)
+DEEPSPEED_TELLS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config")
+MDS_FLAGS = frozenset(
+    {
+        "--checkpoint-activations",
+        "--checkpoint-num-layers",
+        "--deepspeed-activation-checkpointing",
+        "--partition-activations",
+        "--checkpoint-in-cpu",
+        "--contigious-checkpointing",
+        "--synchronize-each-layer",
+        "--profile-backward",
+        "--use-flash-attn",
+        "--use-flash-attn-v1",
+        "--use-flash-attn-v2",
+        "--use-flash-attn-triton",
+    }
+)
+MDS_WHERE = "Megatron-DeepSpeed (megatron/arguments.py, megatron/model/transformer.py)"
 # Flags handled by hand below (read, then interpreted together).
 SPECIAL_FLAGS = (
     "--group-query-attention",
@@ -383,6 +404,47 @@ def read(text: str, path: str) -> Reading:
     return reading
 
 
+def _megatron_deepspeed(get, setv, path: str, reading: Reading) -> None:
+    """Megatron-DeepSpeed's own readings of its flags: --checkpoint-activations is full
+    recompute of groups of --checkpoint-num-layers (default 1) layers, every layer's input kept
+    (ParallelTransformer._checkpointed_forward: uniform); --partition-activations splits the
+    kept inputs over tensor parallelism (Megatron's distribute_saved_activations); attention
+    is its local, unfused one unless a --use-flash-attn* flag is given. (One expert is a dense
+    MLP there, --num-experts 1 its default: read with the MoE flags.)"""
+    reading.format = "Megatron-DeepSpeed launch script"
+    reading.set(  # its transformer is Megatron's local one (no Transformer Engine path)
+        "transformer_impl", "local", Origin(FROM_DEFAULT, MDS_WHERE, note="no Transformer Engine")
+    )
+    if a := get("--checkpoint-activations"):
+        note = f"{MDS_WHERE}: full recompute, every --checkpoint-num-layers layers (uniform)"
+        reading.set("recompute_granularity", "full", _origin(path, a, note))
+        reading.set("recompute_method", "uniform", _origin(path, a, note))
+        n = get("--checkpoint-num-layers")
+        if n is None or setv("recompute_num_layers", n, _int) is None:
+            reading.set(
+                "recompute_num_layers",
+                1,
+                Origin(FROM_DEFAULT, MDS_WHERE, "--checkpoint-num-layers"),
+            )
+        if a := get("--partition-activations"):
+            note = "Megatron-DeepSpeed: the checkpointed inputs split over tensor parallelism"
+            reading.set("distribute_saved_activations", True, _origin(path, a, note))
+    if a := get("--checkpoint-in-cpu"):
+        reading.warnings.append(
+            f"{path}:{a.line}: --checkpoint-in-cpu: DeepSpeed keeps the checkpointed layer "
+            "inputs in host memory; not modelled (the estimate keeps them on the GPU)"
+        )
+    flash = next((get(f) for f in MDS_FLAGS if f.startswith("--use-flash-attn") and get(f)), None)
+    if flash is not None:
+        reading.set("attention_backend", "flash", _origin(path, flash, "flash-attn"))
+    else:
+        reading.set(
+            "attention_backend",
+            "unfused",
+            Origin(FROM_DEFAULT, MDS_WHERE, note="its local attention: no --use-flash-attn*"),
+        )
+
+
 _WORLD_UNKNOWN = "the world size is not known; give --dp (the world size over TP x PP x CP)"
 
 
@@ -430,13 +492,23 @@ def _is_flag(text: str) -> bool:
     return text.startswith("--") and len(text) > 2
 
 
+# A redirection left among the words of a command run from a string (`run_cmd="... &> log"`,
+# then `eval $run_cmd`): it and its target are no flag values
+_REDIRECTION = re.compile(r"\d*(?:>>?|<)(?:&\d*)?|&>>?|\d*>&\d+")
+
+
 def _args_from_fields(fields: list[Field], path: str, reading: Reading) -> list[Arg]:
     args: list[Arg] = []
+    redirected = False
     for f in fields:
         # Array elements written as one string ("--fp8-format hybrid") are split by the
         # unquoted expansion already; a quoted one reaches here whole: split it too.
         words = [f.text] if not _is_flag(f.text) or " " not in f.text else f.text.split()
         for w in words:
+            if redirected or _REDIRECTION.fullmatch(w):
+                # `&> log` / `> log` take the next word; `2>&1` stands alone
+                redirected = not redirected and not re.search(r"&\d+$", w)
+                continue
             if _is_flag(w):
                 if "=" in w:
                     flag, value = w.split("=", 1)
@@ -550,7 +622,12 @@ def _interpret(
         reading.set(field, value, _origin(path, arg, line_note))
         return value
 
+    # Microsoft's Megatron-DeepSpeed: a fork of Megatron-LM v2 that keeps the old recompute
+    # flags (megatron/arguments.py "added back ... DeepSpeed still relies on" them)
+    mds = any(f in last for f in DEEPSPEED_TELLS)
     for flag, arg in last.items():
+        if mds and flag in MDS_FLAGS:
+            continue  # read by _megatron_deepspeed
         if flag in VALUE_FLAGS:
             field, conv = VALUE_FLAGS[flag]
             setv(field, arg, conv)
@@ -574,6 +651,7 @@ def _interpret(
 
 def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, setv: Any) -> None:
     get = last.get
+    mds = any(f in last for f in DEEPSPEED_TELLS)
     # GQA trap
     gqa = get("--group-query-attention")
     groups = get("--num-query-groups")
@@ -675,7 +753,9 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
             f"{path}:{a.line} {a.flag}: a hybrid model with Mamba layers (Megatron's "
             "hybrid/Mamba stack)"
         )
-    if a := get("--use-flash-attn"):
+    if mds:
+        _megatron_deepspeed(get, setv, path, reading)
+    elif a := get("--use-flash-attn"):
         reading.unused["--use-flash-attn"] = True
         reading.warnings.append(
             f"{path}:{a.line}: --use-flash-attn has no effect in Megatron-LM's GPT model: "
@@ -692,7 +772,10 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
                 raise ConfigError(
                     f"{path}:{a.line}: --num-experts {n!r} is not an integer"
                 ) from None
-            reading.set("num_moe_experts", experts or None, _origin(path, a))
+            if mds and experts == 1:  # Megatron-DeepSpeed's dense default: the MLP itself
+                reading.set("num_moe_experts", None, _origin(path, a, "1: a dense MLP"))
+            else:
+                reading.set("num_moe_experts", experts or None, _origin(path, a))
     if a := get("--moe-layer-freq"):
         raw = value_of(a)
         if raw is not None:

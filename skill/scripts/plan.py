@@ -7,7 +7,8 @@ one is required), --seq-length, --micro-batch-size, --moe-imbalance F,
 --tp/--pp/--vpp/--cp/--ep/--etp/--dp, --sp/--no-sp, --distributed-optimizer, --stage N,
 --attention unfused|flash|fused|auto,
 --dtype, --safety-margin F (default 0.1), --megatron-core-version X.Y,
---format megatron-bridge|megatron-lm|nemo|torchtitan|hf-trainer|llama-factory|automodel|nemo-rl;
+--format megatron-bridge|megatron-lm|megatron-deepspeed|nemo|torchtitan|hf-trainer|
+llama-factory|automodel|nemo-rl;
 --levers (and its --host-link, --global-batch-size, --measured-log ...) returns
 `recompute-kit plan --levers --json`'s document as it is, under "levers".
 Prints one JSON document on stdout:

@@ -443,3 +443,30 @@ def test_a_case_the_script_does_not_decide_or_with_glob_patterns_is_not_read(tmp
     assert any("`case` block is not followed" in w for w in script.warnings)
     chosen = 'SIZE=8B\ncase "$SIZE" in\n  1B|2B) HIDDEN=2048 ;;\n  8B) HIDDEN=4096 ;;\nesac\n'
     assert parse_script(chosen, "c.sh").variables["HIDDEN"] == [("4096", 4)]
+
+
+def test_megatron_deepspeed_reads_its_own_recompute_flags_and_is_planned_in_them(capsys):
+    # A skill trial on Megatron-DeepSpeed's 6.7B example (tests/data/read/README.md):
+    # --checkpoint-activations was "no longer a Megatron-LM flag" (recompute none, and RK065
+    # advised selective), --num-experts 1 (its dense default) made a MoE model that failed
+    # validation, the log redirection `&> file` became flag values, and the plan rendered
+    # --recompute-modules and --attention-backend, which its argparse rejects.
+    from recompute_kit.cli import main
+    from recompute_kit.sources.resolve import resolve
+
+    script = str(READ_DATA / "mds_ds_pretrain_gpt_6.7B_dense.sh")
+    reading = resolve([script], overrides={"data_parallel_size": 1}).reading
+    v = reading.values
+    assert (v["recompute_granularity"], v["recompute_method"], v["recompute_num_layers"]) == (
+        "full",
+        "uniform",
+        1,
+    )
+    assert v["num_moe_experts"] is None and v["attention_backend"] == "unfused"
+    assert reading.format.startswith("Megatron-DeepSpeed launch script")
+    assert not [w for w in reading.warnings if "no longer a Megatron-LM flag" in w]
+    assert not [k for k, x in reading.unused.items() if "&>" in str(x)]
+    assert main(["plan", "--config", script, "--dp", "1", "--gpu", "a100-40gb"]) == 0
+    out = capsys.readouterr().out
+    assert "--recompute-modules" not in out and "--attention-backend" not in out
+    assert "drop --checkpoint-activations" in out
