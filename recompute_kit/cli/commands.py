@@ -151,6 +151,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         modules = resolved.reading.origins.get("recompute_modules")
         given = modules is not None and modules.kind not in (FROM_DEFAULT, FROM_ASSUMED)
+        # (`recompute_modules = None` written is Megatron's default list, not a choice)
+        given = given and resolved.reading.get("recompute_modules") is not None
         given = given and not args.recompute
         # a Megatron-LM script runs under Megatron-LM's own argument checks: they apply to it
         strict = args.strict or resolved.reading.framework == "megatron-lm"

@@ -796,12 +796,12 @@ def apply_defaults(reading: Reading) -> None:
     model_class = reading.unused.get("(model class)")
     named = reading.model_name is not None
     defaults = _bridge_defaults()
+    # Both fused on by default (GPTModelProvider's fields, models/gpt_provider.py lines 204-205;
+    # NeMo 2.0's GPTConfig, nemo/collections/llm/gpt/model/base.py), not Megatron-Core's off
+    defaults["cross_entropy_loss_fusion"] = True
+    defaults["masked_softmax_fusion"] = True
     if nemo:
         defaults["attention_backend"] = "auto"
-        # NeMo 2.0's GPTConfig (nemo/collections/llm/gpt/model/base.py, class GPTConfig):
-        # its fusions on, the fused cross-entropy among them
-        defaults["cross_entropy_loss_fusion"] = True
-        defaults["masked_softmax_fusion"] = True
     skipped: list[str] = []
     # a named model class: its own seq_length (provider/config file)
     if isinstance(model_class, str) and model_class in MODEL_CLASSES and not on_recipe:

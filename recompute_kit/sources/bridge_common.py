@@ -9,6 +9,7 @@ for it, each with the line of the pinned commit that sets it, and a warning says
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .reading import FROM_DEFAULT, Origin, Reading
@@ -76,6 +77,26 @@ FLEX_NOTE = (
 # Megatron-Core's TransformerConfig defaults.
 MODELS_URL = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMON_COMMIT}/src/megatron/bridge/models/"
 PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
+    "llama": (
+        "llama/llama_bridge.py",
+        "LlamaBridge.hf_config_to_model_config_kwargs()",
+        [  # (the architecture, RMSNorm and the gated MLP, is the registry's: its config.json)
+            ("hidden_dropout", 0.0, 55),
+            ("bias_activation_fusion", True, 56),
+            ("masked_softmax_fusion", True, 57),
+            ("apply_rope_fusion", True, 60),
+        ],
+    ),
+    "qwen2": (
+        "qwen/qwen2_bridge.py",
+        "Qwen2Bridge.provider_bridge()",
+        [("hidden_dropout", 0.0, 54)],
+    ),
+    "qwen3": (
+        "qwen/qwen3_bridge.py",
+        "Qwen3Bridge.provider_bridge()",
+        [("hidden_dropout", 0.0, 51)],
+    ),
     "qwen3_moe": (
         "qwen/qwen3_moe_bridge.py",
         "Qwen3MoEBridge.provider_bridge()",
@@ -97,12 +118,27 @@ PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
     ),
 }
 # Every model bridge maps these config.json keys onto the provider (MegatronModelBridge
-# .CONFIG_MAPPING, conversion/model_bridge.py lines 483-484 @ COMMON_COMMIT).
+# .CONFIG_MAPPING, conversion/model_bridge.py lines 469-484 @ COMMON_COMMIT; those a memory
+# figure needs).
 CONFIG_MAPPING_FILE = "conversion/model_bridge.py"
 CONFIG_MAPPING = [
+    ("attention_dropout", "attention_dropout", 469),
+    ("hidden_dropout", "hidden_dropout", 470),
     ("aux_loss_alpha", "moe_aux_loss_coeff", 483),
     ("router_aux_loss_coef", "moe_aux_loss_coeff", 484),
 ]
+
+
+# The model_type of a Hugging Face id the registry does not hold, for the families above
+_FAMILY_OF_ID = (
+    (r"(?i)^meta-llama/(?:Meta-)?Llama-[23]", "llama"),
+    (r"(?i)^Qwen/Qwen2(?:\.5)?-\d+(?:\.\d+)?B", "qwen2"),
+    (r"(?i)^Qwen/Qwen3-\d+(?:\.\d+)?B(?:-|$)", "qwen3"),
+)
+
+
+# transformers' config classes of those families default attention_dropout to 0.0
+_CLASS_ATTENTION_DROPOUT = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
 
 def apply_provider_settings(reading: Reading) -> None:
@@ -113,19 +149,27 @@ def apply_provider_settings(reading: Reading) -> None:
 
     if reading.model_name is None:
         return
-    config = registry.model_config(reading.model_name)
-    if config is None:
-        return
-    found = PROVIDER_SETTINGS.get(str(config.get("model_type")))
+    config = registry.model_config(reading.model_name) or {}
+    model_type, note = config.get("model_type"), ""
+    if model_type is None:  # not registered (a preset's model): the family its id names
+        model_type = next(
+            (t for pattern, t in _FAMILY_OF_ID if re.search(pattern, reading.model_name)), None
+        )
+        note = f"{model_type} by the model id {reading.model_name}" if model_type else ""
+    found = PROVIDER_SETTINGS.get(str(model_type))
     if found is not None:
         file, method, settings = found
         for key, value, line in settings:
             where = f"{MODELS_URL}{file}#L{line}"
-            origin = Origin(FROM_DEFAULT, where, f"{method} provider.{key}")
+            origin = Origin(FROM_DEFAULT, where, f"{method} provider.{key}", note)
             reading.set(key, value, origin, overwrite=False)
+    if not config and model_type in _CLASS_ATTENTION_DROPOUT:
+        # no config.json: the transformers class's default, which CONFIG_MAPPING copies
+        config = {"attention_dropout": 0.0}
+        note = f"{note}; transformers {_CLASS_ATTENTION_DROPOUT[model_type]}.attention_dropout"
     for hf_key, key, line in CONFIG_MAPPING:
         if isinstance(config.get(hf_key), (int, float)) and not isinstance(config[hf_key], bool):
             where = f"{MODELS_URL}{CONFIG_MAPPING_FILE}#L{line}"
-            note = f"{reading.model_name} config.json {hf_key}"
+            note = note or f"{reading.model_name} config.json {hf_key}"
             origin = Origin(FROM_DEFAULT, where, f"MegatronModelBridge.CONFIG_MAPPING {key}", note)
             reading.set(key, float(config[hf_key]), origin, overwrite=False)

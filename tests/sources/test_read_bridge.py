@@ -486,3 +486,27 @@ def test_a_nemo2_llama_config_has_no_dropout_and_its_fusions_on() -> None:
         assert r.get(key) is True, key
     # (the dropout here also comes from the registry's HF config; the fusions only from NeMo)
     assert "NeMo's LlamaConfig" in r.origins["bias_activation_fusion"].describe()
+
+
+def test_autobridge_llama_runs_take_the_llama_bridges_settings_not_megatron_cores():
+    # A skill trial on Bridge's Llama 3 70B perf recipe (cfg.model = AutoBridge
+    # .from_hf_pretrained(...)): hidden and attention dropout 0.1 and both fusions off were
+    # read as "Megatron-Core's TransformerConfig default"; Bridge's LlamaBridge sets dropout 0.0
+    # and the fusions on (models/llama/llama_bridge.py lines 55-57), as the resolved config of a
+    # real Bridge Llama run shows (blind_llama3_70b_sft_gb200_fp8_mx_v1.yaml lines 275-389).
+    # The stage-0 estimate fell from 65.6 to 54.1 GiB.
+    from recompute_kit.sources import bridge_common
+    from recompute_kit.sources.reading import Reading
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parent / "corpus" / "bridge" / "bridge_llama3_8b.py"
+    r = resolve([str(path)]).reading
+    assert (r.get("bias_activation_fusion"), r.get("masked_softmax_fusion")) == (True, True)
+    assert r.origins["bias_activation_fusion"].where.endswith("llama/llama_bridge.py#L56")
+    # a Llama id the registry does not hold: the family its id names, said
+    unregistered = Reading(framework="megatron-bridge", model_name="meta-llama/Meta-Llama-3-70B")
+    bridge_common.apply_provider_settings(unregistered)
+    assert unregistered.get("hidden_dropout") == 0.0
+    assert unregistered.get("attention_dropout") == 0.0
+    said = unregistered.origins["hidden_dropout"].note
+    assert "by the model id meta-llama/Meta-Llama-3-70B" in said
