@@ -104,3 +104,23 @@ def test_layers_that_do_not_split_over_the_stages_are_invalid():
         timeout=300,
     )
     assert plain.returncode == 1 and not json.loads(plain.stdout)["valid"]
+
+
+def test_recompute_modules_written_none_is_not_a_module_list_set():
+    # A skill trial (Bridge's Llama 3 70B perf recipe: `cfg.model.recompute_modules = None`,
+    # granularity None) was told "recompute_modules ['core_attn'] is set while
+    # recompute_granularity is unset ... set recompute_granularity: selective": None is
+    # Megatron's default list, no choice. The same lines in Bridge's gpt-oss H100 recipe:
+    recipe = (
+        Path(__file__).parent
+        / "sources/corpus/bridge_checkout/src/megatron/bridge/recipes/gpt_oss/h100/gpt_oss.py"
+    )
+    proc = subprocess.run(
+        [*RK, "validate", f"{recipe}::gpt_oss_120b_pretrain_64gpu_h100_bf16_config", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    doc = json.loads(proc.stdout)
+    assert not [w for w in doc["warnings"] if "is set while recompute_granularity is unset" in w]
