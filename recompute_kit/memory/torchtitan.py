@@ -36,7 +36,8 @@ bytes and not counted. RMSNorm is torch's composite `rms_norm` (what CPU runs an
 estimator assumes for torch norms elsewhere): an fp32 copy of its input, the fp32 normalized
 input and fp32 1/rms per row; a fused CUDA rms_norm, where torch dispatches to it, keeps less.
 Checked on CPU against torchtitan's own modules in tests/test_torchtitan_activations.py.
-Dense Llama-3-style blocks only: MoE, MLA and qk-norm blocks keep Megatron's accounting.
+Dense Llama-3-style blocks and Qwen3's (q/k norms: `qwen3_extra_bytes`); MoE and MLA blocks
+keep Megatron's accounting.
 """
 
 from __future__ import annotations
@@ -51,8 +52,22 @@ LSE_BYTES = 4  # flash attention's fp32 logsumexp
 
 
 def applies(m: ModelConfig, moe_layer: bool) -> bool:
-    """Whether this module models the layer (a dense Llama-3-style block)."""
-    return not (moe_layer or m.multi_latent_attention or m.qk_layernorm)
+    """Whether this module models the layer: a dense Llama-3 block, or Qwen3's (the same with
+    q/k norms: torchtitan's dense models with qk_layernorm are its qwen3 family)."""
+    return not (moe_layer or m.multi_latent_attention)
+
+
+def qwen3_extra_bytes(m: ModelConfig, p: ParallelConfig, dtype_bytes: int) -> float:
+    """What torchtitan's Qwen3 block keeps beyond the Llama-3 one without AC
+    (`torchtitan/models/qwen3/model/model.py`): its q_norm / k_norm (torch's composite
+    rms_norm over head_dim: the fp32 input, the fp32 normalized input, fp32 1/rms per row of
+    each head), and RoPE's cos and sin, cast to the activation dtype in every forward
+    ([1, s, 1, head_dim] each; rotate_half's multiplies save them, not q or k)."""
+    tokens, t, q, kv = _sizes(m, p)
+    heads, kv_heads = m.num_attention_heads // t, max(m.kv_groups // t, 1)
+    norms = 2 * STAT_BYTES * tokens * (q + kv) + STAT_BYTES * tokens * (heads + kv_heads)
+    rope = 2 * dtype_bytes * (m.seq_length // p.context_parallel_size) * m.head_dim
+    return norms + rope
 
 
 def _sizes(m: ModelConfig, p: ParallelConfig) -> tuple[int, int, int, int]:
@@ -84,7 +99,8 @@ def block_bytes(
     heads = m.num_attention_heads // t
     return {
         "layernorm": 2 * rms_norm_bytes(m, tokens / t),  # SequenceParallel: s/t rows
-        "qkv": gathered,  # the input of wq, wk and wv (one tensor)
+        # the input of wq, wk and wv (one tensor); Qwen3's q/k norms and RoPE tables
+        "qkv": gathered + (qwen3_extra_bytes(m, p, B) if m.qk_layernorm else 0.0),
         # SDPA: q and k after RoPE, v, the output (wo's input too) and the logsumexp
         "core_attn": B * tokens * (2 * q + 2 * kv) + LSE_BYTES * tokens * heads,
         # w1/w3's input, silu's input (w1 out), silu(w1 out) and w3 out (the product's
