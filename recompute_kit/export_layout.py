@@ -355,6 +355,8 @@ _TORCHTITAN_TRAINING = {
     "micro_batch_size": "local_batch_size",
     # kept where the local batch changes: torchtitan's -1 would follow local x DP down
     "global_batch_size": "global_batch_size",
+    # FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer states on the host
+    "enable_cpu_offload": "enable_cpu_offload",
 }
 # What torchtitan sets otherwise, said where a Megatron setting has no key there.
 _TORCHTITAN_NONE = {
@@ -386,7 +388,8 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
                     f"# {world}; with HSDP, replicate x shard degrees = {value})",
                 ]
         elif key in _TORCHTITAN_TRAINING:
-            training.append(f"{_TORCHTITAN_TRAINING[key]} = {value}")
+            shown = str(value).lower() if isinstance(value, bool) else value
+            training.append(f"{_TORCHTITAN_TRAINING[key]} = {shown}")
         else:
             notes.append(
                 f"# {key} {value}: no torchtitan key ({_TORCHTITAN_NONE.get(key, 'not exported')})"

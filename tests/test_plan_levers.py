@@ -352,9 +352,7 @@ def test_torchtitan_fsdp2_cpu_offload_is_a_lever_and_the_doctors_patch():
     offload = next(r for r in table.rows if r.lever == "CPU offload")
     assert offload.fits and not table.current.fits
     assert offload.setting == "[training] enable_cpu_offload = true"
-    d = diagnose(
-        collect(config=str(toml), overrides={"data_parallel_size": 2}), gpu_memory_gb=47.5
-    )
+    d = diagnose(collect(config=str(toml), overrides={"data_parallel_size": 2}), gpu_memory_gb=47.5)
     f = next(f for f in d.findings if f.rule in ("RK011", "RK013"))
     assert f.patch_keys == {"training.enable_cpu_offload": True}
 
@@ -447,7 +445,6 @@ def test_a_nemo_rl_megatron_run_levers_doctor_and_plan_pick_what_nemo_rl_can_set
     assert "sleep" in engine.evidence and "slower rollouts" in engine.evidence
 
 
-
 def test_a_script_that_overlaps_its_tp_communication_is_priced_so(capsys, tmp_path):
     # A skill trial (NeMo 2.0's 405B recipe turns tp_comm_overlap on): the levers priced TP
     # collectives as exposed whatever the run said. Megatron-LM's --tp-comm-overlap is read and
@@ -488,3 +485,31 @@ def test_megatron_runs_get_a_fused_loss_lever_and_offload_rows_say_their_host_me
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     bridge = next(r for r in rows if r["lever"] == "fused loss")
     assert bridge["setting"].startswith("model.cross_entropy_loss_fusion=true")
+
+
+def test_torchtitan_levers_combine_a_layout_with_the_micro_batch_and_say_fp32(capsys):
+    # A skill trial on torchtitan's qwen3_32b.toml at 16k (local batch 2, 8 H100): "no lever
+    # fits ... add GPUs" while CP 8 with local batch 1 (the step's 16 sequences kept) fits;
+    # TP 8 without FSDP was priced in bf16 though torchtitan turns mixed precision off there
+    # (maybe_enable_amp); the CPU-offload row's TOML did not turn offload on.
+    toml = Path(__file__).parent / "sources/corpus/torchtitan/qwen3_32b.toml"
+    args = ["plan", "--config", str(toml), "--seq-length", "16384", "--dp", "8"]
+    assert main([*args, "--gpu", "h100-80gb", "--levers", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    combo = next(r for r in rows if r["setting"].startswith("cp=8 pp=1 dp=1, micro_batch_size=1"))
+    assert combo["fits"] and combo["lever"] == "cp x pp + micro-batch"
+    assert (
+        "local_batch_size = 1" in combo["rendered"]
+        and "global_batch_size = 16" in combo["rendered"]
+    )
+    tp8 = next(r for r in rows if r["setting"].startswith("tp=8 dp=1"))
+    assert "fp32: torchtitan turns mixed precision off" in tp8["adds"]
+    offload = next(r for r in rows if r["lever"] == "CPU offload")
+    assert "enable_cpu_offload = true" in offload["rendered"]
+    # plan (not --levers) with the layout given keeps the step's batch in the TOML too
+    layout = ["--cp", "8", "--dp", "1", "--micro-batch-size", "1", "--gpu", "h100-80gb"]
+    assert main([*args, *layout, "--global-batch-size", "16"]) == 0
+    assert "global_batch_size = 16" in capsys.readouterr().out
+    assert main([*args, *layout]) == 0  # not known: said, not made up
+    out = capsys.readouterr()
+    assert "global_batch_size" not in out.out and "give --global-batch-size" in out.err

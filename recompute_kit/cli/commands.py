@@ -488,6 +488,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     given = inputs_alone(args) if args.config else None
     read = inputs_read(args) if given is None and args.config else None
     changes = changed_settings(cfg, given, override_values(args), read)
+    if default_format(args) == "torchtitan" and {"micro_batch_size", "data_parallel_size"} & set(
+        changes
+    ):
+        # the step's global batch stays: torchtitan's -1 would follow local x DP instead
+        before = given or cfg
+        global_batch = getattr(args, "global_batch_size", None) or before.parallel.global_batch_size
+        if global_batch:
+            changes["global_batch_size"] = global_batch
+        elif not args.json:
+            print(
+                "recompute-kit: note: the local batch or DP changes and the inputs give no "
+                "global batch: torchtitan's global_batch_size -1 follows local x DP; give "
+                "--global-batch-size to keep the step's batch in the rendered TOML",
+                file=sys.stderr,
+            )
     try:
         result = plan(
             cfg,

@@ -188,6 +188,9 @@ def _rendered(
     if fmt == "torchtitan" and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch
+    offloaded = row.parallel.param_offload and row.parallel.optimizer_offload
+    if fmt == "torchtitan" and offloaded and not given.parallel.param_offload:
+        changes["enable_cpu_offload"] = True  # the CPU-offload lever's own key
     try:
         text = render(
             row.recompute,

@@ -215,6 +215,9 @@ def _evaluate(
     `fallback`: when to take `plan`'s cheapest recompute setting for this layout ("never",
     "if-needed": only when the run's own does not fit, "always")."""
     was_on = config.recompute.recompute_granularity is not None
+    fp32 = _torchtitan_without_amp(config)
+    if fp32:
+        config = config.replace(bf16=False, fp16=False)
     try:
         config.validate()
         check_expert_layout(config)
@@ -265,6 +268,11 @@ def _evaluate(
             if host_ok
             else f" (more than {HOST_MEMORY_PER_GPU_BYTES / 2**30:.0f} GiB, a DGX H100's share)"
         )
+    if fp32:
+        adds += (
+            ", fp32: torchtitan turns mixed precision off for TP / PP without FSDP or CP "
+            "(maybe_enable_amp)"
+        )
     shown = f", recompute {added}" if added else ""
     states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
     if is_trainer_run(config) or states_offloaded:
@@ -287,6 +295,20 @@ def _evaluate(
         step,
         adds,
         added,
+    )
+
+
+def _torchtitan_without_amp(config: Config) -> bool:
+    """A torchtitan layout with TP or PP and neither FSDP (data_parallel_shard_degree > 1) nor
+    CP: its maybe_enable_amp (torchtitan/distributed/utils.py) turns mixed precision off, and
+    the run trains in fp32."""
+    p = config.parallel
+    return (
+        config.model.loss_implementation == "torchtitan"
+        and config.model.bf16
+        and p.data_parallel_size == 1
+        and p.context_parallel_size == 1
+        and (p.tensor_model_parallel_size > 1 or p.pipeline_model_parallel_size > 1)
     )
 
 
@@ -421,6 +443,19 @@ def levers(
                 c = c.replace(micro_batch_size=1)
                 setting += " (pipeline_parallel_microbatch_size 1)"
             rows.append(_evaluate("cp x pp", setting, c, *args, fallback=layout_fallback))
+            if not current.fits and c.model.micro_batch_size > 1 and (cp > 1 or pp > 1):
+                # a layout and a smaller micro-batch together (the step's batch kept): each
+                # alone may fall short where the two fit
+                one = c.replace(micro_batch_size=1)
+                rows.append(
+                    _evaluate(
+                        "cp x pp + micro-batch",
+                        f"{setting}, micro_batch_size=1",
+                        one,
+                        *args,
+                        fallback=layout_fallback,
+                    )
+                )
     rows += _tensor_parallel(config, args)
     pp = p.pipeline_model_parallel_size
     vpp_key = has_key(plan_format, "virtual_pipeline_model_parallel_size")
