@@ -511,11 +511,11 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
                 reading.unused[e.written] = v
         elif sec == "mixed_precision":
             if key == "":
-                precision.extend(_precision_name(v, e))
+                precision.extend(precision_fields(v, e))
             elif key in _PRECISION_KEYS:
                 precision.append((key, v, e))
             elif key == "dtype":  # a shorthand some override examples use
-                precision.extend(_precision_name(f"{v}_mixed", e))
+                precision.extend(precision_fields(f"{v}_mixed", e))
             else:
                 reading.unused[e.written] = v
         else:
@@ -531,6 +531,8 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
         elif key == "fp8_recipe":
             if v is not None:
                 reading.set("fp8_recipe", str(v), _origin(path, e))
+        elif UNDECIDED in (e.note or "") and reading.get(key) == bool(v):
+            continue  # an `if` not decided sets what a line read as run set already: that one
         else:
             reading.set(
                 key, bool(v), _origin(path, e, "" if isinstance(v, bool) else f"{e.written}: {v}")
@@ -635,7 +637,7 @@ def _set_dtype(reading: Reading, key: str, v: Any, origin: Origin) -> None:
     reading.set(key, name, origin)
 
 
-def _precision_name(v: Any, e: Entry) -> list[tuple[str, Any, Entry]]:
+def precision_fields(v: Any, e: Entry | None) -> list[tuple[str, Any, Entry | None]]:
     """`bf16_mixed`, `bf16-mixed`, `fp16_mixed`, `bf16_with_fp8_..._mixed` (training/mixed_precision.py)."""  # noqa: E501
     if v is None:
         return []

@@ -38,6 +38,7 @@ from .bridge import (
     Entry,
     Unresolved,
     apply_entries,
+    precision_fields,
     set_model_name,
 )
 from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
@@ -340,6 +341,18 @@ class _Reader:
     ) -> None:
         parts = _dotted(target).split(".")
         if len(parts) < 2:
+            return
+        preset = env.get(parts[0]) if len(parts) == 2 else None
+        if isinstance(preset, dict) or (
+            isinstance(preset, str) and _PRECISION_PRESET.fullmatch(preset)
+        ):
+            # `cfg = bf16_mixed(); cfg.grad_reduce_in_fp32 = False` (perf_recipes/_common.py
+            # _perf_precision): the named preset's fields, with this one changed
+            fields = dict(preset) if isinstance(preset, dict) else {
+                k: v for k, v, _ in precision_fields(preset, None)
+            }
+            fields[parts[1]] = self.value(value, env)
+            env[parts[0]] = fields
             return
         key = parts[-1]
         section = ""

@@ -155,3 +155,8 @@ def test_a_precision_returned_by_an_imported_helper_is_read(recipe, fp8, fp8_rec
     assert r.origins["fp8"].where.endswith(f"perf_recipes/gpt_oss/h100/gpt_oss.py:{line}")
     assert not [w for w in r.warnings if "not a literal" in w]
     assert r.model_name == "openai/gpt-oss-120b"
+    # _perf_precision sets the preset's grad_reduce_in_fp32 = False (line 122) whatever the
+    # undecided `if not isinstance(cfg.mixed_precision, str)` of _benchmark_common does: read,
+    # not assumed (a skill trial saw "assumed" though every path sets it)
+    assert r.get("grad_reduce_in_fp32") is False
+    assert r.origins["grad_reduce_in_fp32"].kind == "file"
