@@ -513,3 +513,18 @@ def test_torchtitan_levers_combine_a_layout_with_the_micro_batch_and_say_fp32(ca
     assert main([*args, *layout]) == 0  # not known: said, not made up
     out = capsys.readouterr()
     assert "global_batch_size" not in out.out and "give --global-batch-size" in out.err
+
+
+def test_a_cp_comm_type_the_step_model_does_not_time_is_said(capsys):
+    # A skill trial (Bridge's GLM-5 recipe, cp_comm_type allgather): the CP rows were timed as
+    # the p2p ring without a word. Bridge's resolved gpt-oss config sets cp_comm_type a2a.
+    config = (
+        Path(__file__).parent
+        / "sources/corpus/bridge/blind_gpt_oss_120b_pretrain_h100_fp8_mx_v1.yaml"
+    )
+    assert (
+        main(["plan", "--config", str(config), "--dp", "8", "--gpu", "h100-80gb", "--levers"]) == 0
+    )
+    assert "model.cp_comm_type 'a2a': CP's communication is timed as the p2p ring" in (
+        capsys.readouterr().out
+    )

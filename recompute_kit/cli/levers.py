@@ -125,6 +125,8 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         }
         hw = dataclasses.replace(hw, tflops_per_gpu=tflops)
     table = levers(cfg, gib, args.safety_margin, hw, gbs, version, **trainer)
+    if any(r.config.parallel.context_parallel_size > 1 for r in table.rows):
+        table.notes += _untimed_cp_comm(resolved)
     fits = any(r.fits for r in table.rows)
     if args.json:
         doc = table.to_json()
@@ -359,3 +361,19 @@ def _print(table: Any, calibration: dict | None) -> None:
         )
     for note in table.notes:
         print(f"note: {note}")
+
+
+def _untimed_cp_comm(resolved) -> list[str]:
+    """The step-time model prices context parallelism as the p2p ring; a run that says another
+    cp_comm_type (all-gather, a2a: Megatron's TransformerConfig.cp_comm_type) is said."""
+    unused = resolved.reading.unused if resolved is not None else {}
+    said = {
+        k: v
+        for k, v in unused.items()
+        if k.rsplit(".", 1)[-1].lstrip("-").replace("-", "_") == "cp_comm_type"
+        and v not in (None, "p2p")
+    }
+    return [
+        f"{key} {value!r}: CP's communication is timed as the p2p ring, not as {value!r}"
+        for key, value in said.items()
+    ]
