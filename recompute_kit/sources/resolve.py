@@ -167,6 +167,8 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
             words = shlex.split(item) if " " in item.strip() else []
         except ValueError:  # an unclosed quote: not a command line
             return None
+        if words and words[0] in ("bash", "sh"):  # `bash run.sh A B`: the script and its args
+            words = words[1:]
         if len(words) > 1 and Path(words[0]).is_file():
             return ScriptCall(Path(words[0]), words[1:], "the command line")
         return None

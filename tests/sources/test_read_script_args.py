@@ -53,6 +53,9 @@ def test_the_script_with_its_arguments_as_one_input():
     assert reading.get("recompute_num_layers") == 1
     # `echo ${run_cmd}` prints the command; only `eval ${run_cmd}` runs it
     assert not any("training commands" in w for w in reading.warnings)
+    # as the shell runs it (a skill trial's `bash train.sh A B` was taken for a model id)
+    bashed = resolve([f"bash {item}"]).reading
+    assert bashed.get("recompute_granularity") == "full"
 
 
 def test_the_script_alone_says_what_its_undecided_branches_and_unset_values_leave_assumed():
