@@ -106,8 +106,10 @@ _MEGATRON_LM_FLAGS = {
     "seq_length": "--seq-length",
     "micro_batch_size": "--micro-batch-size",
     "attention_backend": "--attention-backend",
+    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
 }
 _MEGATRON_LM_SWITCHES = {
+    "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "sequence_parallel": "--sequence-parallel",
     "use_distributed_optimizer": "--use-distributed-optimizer",
     "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",

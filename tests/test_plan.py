@@ -509,3 +509,17 @@ def test_megatron_lm_rendering_drops_only_flags_the_script_has_and_names_its_var
     gptoss += ["--last-stage-layers", "3"]
     assert main(["plan", "--config", *gptoss, "--gpu", "h100-80gb"]) == 0
     assert "# no recompute: drop --recompute-activations\n" in capsys.readouterr().out
+
+
+def test_a_near_tie_of_two_full_settings_is_not_said_to_recompute_fewer_modules():
+    # A skill trial (GLM-5's recipe): "full:uniform:3 recomputes fewer modules" than
+    # full:uniform:1; both recompute every module of whole layers.
+    from types import SimpleNamespace
+
+    from recompute_kit.plan.margins import tie_reason
+
+    same = SimpleNamespace(recompute_flops_fraction=0.279, total_bytes=60 * 2**30)
+    said = tie_reason("full:uniform:3", same, "full:uniform:1", same, 2**30)
+    assert said == "same cost, memory within the band: both recompute whole layers"
+    selective = tie_reason("selective:mlp", same, "selective:mlp,layernorm", same, 2**30)
+    assert selective.endswith("selective:mlp recomputes fewer modules")

@@ -470,21 +470,29 @@ def test_megatron_runs_get_a_fused_loss_lever_and_offload_rows_say_their_host_me
     # A skill trial (this script at 32k on 80 GB): the loss (23.5 GiB of fp32 and bf16 logits)
     # set the pick, and no lever offered Transformer Engine's fused loss, which the kit's own
     # estimate shows dropping the fp32 softmax; the offload rows said nothing of the host
-    # memory they take (31 layers: over 100 GiB per GPU).
+    # memory they take (31 layers: over 100 GiB per GPU). Megatron-LM's arguments.py refuses
+    # the TE fusion from core_v0.19 (a second trial): left out there unless the version is
+    # older; Megatron-Core itself (Bridge) accepts it, and the rendered config carries the key.
     script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
     args = ["plan", "--config", str(script), "--seq-length", "32768", "--gpu-memory-gb", "80"]
     assert main([*args, "--levers", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["levers"]
+    assert not [r for r in doc["rows"] if r["lever"] == "fused loss"]
+    assert any("Megatron-LM refuses --cross-entropy-fusion-impl te" in n for n in doc["notes"])
+    offload = [r for r in doc["rows"] if r["lever"] == "offload"]
+    assert offload and all("host memory" in r["adds"] for r in offload)
+    assert main([*args, "--levers", "--json", "--megatron-core-version", "0.18"]) == 0
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     fused = next(r for r in rows if r["lever"] == "fused loss")
     assert fused["setting"].startswith("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te")
+    assert "--cross-entropy-fusion-impl te" in fused["rendered"]
     assert "its speed is not timed" in fused["adds"] and fused["fits"]
-    offload = [r for r in rows if r["lever"] == "offload"]
-    assert offload and all("host memory" in r["adds"] for r in offload)
     # the same run in Megatron-Bridge's keys
     assert main([*args, "--levers", "--json", "--format", "megatron-bridge"]) == 0
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     bridge = next(r for r in rows if r["lever"] == "fused loss")
     assert bridge["setting"].startswith("model.cross_entropy_loss_fusion=true")
+    assert 'cfg.model.cross_entropy_fusion_impl = "te"' in bridge["rendered"]
 
 
 def test_torchtitan_levers_combine_a_layout_with_the_micro_batch_and_say_fp32(capsys):

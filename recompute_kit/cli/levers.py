@@ -190,6 +190,11 @@ def _rendered(
     if fmt == "torchtitan" and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch
+    for key in ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):  # the fused-loss row
+        if fmt not in ("hf-trainer", "llama-factory") and getattr(row.model, key) != getattr(
+            given.model, key
+        ):
+            changes[key] = getattr(row.model, key)
     offloaded = row.parallel.param_offload and row.parallel.optimizer_offload
     if fmt == "torchtitan" and offloaded and not given.parallel.param_offload:
         changes["enable_cpu_offload"] = True  # the CPU-offload lever's own key

@@ -211,6 +211,8 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             raise ConfigError(
                 "recompute method is not yet supported for selective recomputing granularity"
             )
+        if te_cross_entropy_refused(cfg):
+            raise ConfigError(TE_CROSS_ENTROPY_REFUSED)
         # Not refused by Megatron, but broken on the run's version or not acted on as written.
         warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
         warnings += ignored_settings(cfg, modules_as_written)
@@ -235,6 +237,24 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             raise
         warnings.append(f"{exc} (Megatron-LM refuses it; Megatron-Core when it builds the model)")
     return warnings
+
+
+# Megatron-LM's arguments.py from core_v0.19.0 (PR #5115, #5162): TE's fused cross-entropy is
+# refused on its command line (Megatron-Core itself, which Bridge runs, accepts it)
+TE_CROSS_ENTROPY_REFUSED = (
+    "Transformer Engine cross entropy loss fusion is disabled due to stability issues. "
+    "Use --cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion."
+)
+TE_CROSS_ENTROPY_FROM = (0, 19)
+
+
+def te_cross_entropy_refused(cfg: Config) -> bool:
+    """Megatron-LM (0.19 or later, or a version not known: the strictest) refuses it."""
+    m = cfg.model
+    if not (m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl == "te"):
+        return False
+    version = parse_version(cfg.megatron_core_version)
+    return version is None or version >= TE_CROSS_ENTROPY_FROM
 
 
 def _check_types(cfg: Config) -> None:

@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..config import Config, ConfigError
-from ..config.validation import check_expert_layout
+from ..config.validation import check_expert_layout, te_cross_entropy_refused
 from ..export_layout import has_key
 from ..memory.estimate import Estimate, estimate
 from ..memory.model_states import sharding_mode
@@ -536,6 +536,13 @@ def _fused_loss(config: Config, args: tuple, plan_format: str, left_out: list[st
         left_out.append(f"Transformer Engine's fused loss (no key for it known in {plan_format})")
         return None
     c = config.replace(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    c.megatron_core_version = args[5] or c.megatron_core_version  # (levers' version argument)
+    if plan_format == "megatron-lm" and te_cross_entropy_refused(c):
+        left_out.append(
+            "Transformer Engine's fused loss (Megatron-LM refuses --cross-entropy-fusion-impl te "
+            "from core_v0.19; its native fusion keeps the same tensors)"
+        )
+        return None
     return _with_adds(
         _evaluate("fused loss", setting, c, *args),
         "needs Transformer Engine; its speed is not timed",

@@ -136,4 +136,7 @@ def tie_reason(
         )
     if dflops > 0:
         return f"{best_name} recomputes {dflops:.2%} less of the step; memory within the band"
+    if best_name.startswith("full:") and other_name.startswith("full:"):
+        # whole layers both: the same FLOPs, groups of another size (uniform N)
+        return "same cost, memory within the band: both recompute whole layers"
     return f"same cost, memory within the band: {best_name} recomputes fewer modules"

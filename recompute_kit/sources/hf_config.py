@@ -53,8 +53,22 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
     "deepseek_v3": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
     # DeepSeek-V3's architecture with DeepSeek sparse attention (an indexer: index_topk keys)
-    "deepseek_v32": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
-    "glm_moe_dsa": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
+    "deepseek_v32": {
+        "tie": False,
+        "glu": True,
+        "moe": "deepseek",
+        "mla": True,
+        "qk_norm": True,
+        "dsa": True,
+    },
+    "glm_moe_dsa": {
+        "tie": False,
+        "glu": True,
+        "moe": "deepseek",
+        "mla": True,
+        "qk_norm": True,
+        "dsa": True,
+    },
     "gpt_oss": {"tie": False, "glu": True, "moe": "mixtral", "bias": True},
     "granite": {"tie": True, "glu": True},
     "olmo2": {"tie": False, "glu": True, "qk_norm": True},
@@ -553,12 +567,16 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             bool(family.get("qk_norm")),
             norms if family.get("qk_norm") else "no q/k norm",
         )
-        if "index_topk" in cfg:  # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5)
+        if family.get("dsa") or "index_topk" in cfg:  # DeepSeek-V3.2, GLM-5
+            said = (
+                f" (index_topk {cfg['index_topk']}, index_n_heads {cfg.get('index_n_heads')})"
+                if "index_topk" in cfg
+                else f" (model_type {model_type!r})"
+            )
             reading.warnings.append(
-                f"{where}: DeepSeek sparse attention (index_topk {cfg['index_topk']}, "
-                f"index_n_heads {cfg.get('index_n_heads')}) is not modelled: attention is "
-                "counted as MLA's dense attention, and the indexer's weights and activations "
-                "are left out"
+                f"{where}: DeepSeek sparse attention{said} is not modelled: attention is "
+                "counted (memory and FLOPs) as MLA's dense attention, and the indexer's "
+                "weights and activations are left out"
             )
         if family.get("dropout"):
             residual, attention = family["dropout"]
