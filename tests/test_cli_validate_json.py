@@ -124,3 +124,36 @@ def test_recompute_modules_written_none_is_not_a_module_list_set():
     )
     doc = json.loads(proc.stdout)
     assert not [w for w in doc["warnings"] if "is set while recompute_granularity is unset" in w]
+
+
+def test_megatron_lm_refuses_te_cross_entropy_fusion_from_0_19(tmp_path):
+    # Megatron-LM's arguments.py from core_v0.19.0 (PR #5115, then #5162 moved the guard from
+    # Megatron-Core to the training arguments): "Transformer Engine cross entropy loss fusion
+    # is disabled due to stability issues." A skill trial's validate passed such a script.
+    script = tmp_path / "train.sh"
+    script.write_text(
+        MIXTRAL.read_text().replace(
+            "--untie-embeddings-and-output-weights",
+            "--untie-embeddings-and-output-weights --cross-entropy-loss-fusion "
+            "--cross-entropy-fusion-impl te",
+        ),
+        encoding="utf-8",
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def validate(*extra: str) -> dict:
+        proc = subprocess.run(
+            [*RK, "validate", str(script), "--dp", "16", "--json", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        return json.loads(proc.stdout)
+
+    refused = validate()
+    assert not refused["valid"]
+    assert refused["errors"][0].startswith(
+        "Transformer Engine cross entropy loss fusion is disabled"
+    )
+    assert validate("--megatron-core-version", "0.18")["valid"]

@@ -212,7 +212,10 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
                 "recompute method is not yet supported for selective recomputing granularity"
             )
         if te_cross_entropy_refused(cfg):
-            raise ConfigError(TE_CROSS_ENTROPY_REFUSED)
+            raise ConfigError(
+                f"{TE_CROSS_ENTROPY_REFUSED} (Megatron-LM core_v0.19 and later; "
+                "--megatron-core-version 0.18 or older allows it)"
+            )
         # Not refused by Megatron, but broken on the run's version or not acted on as written.
         warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
         warnings += ignored_settings(cfg, modules_as_written)
