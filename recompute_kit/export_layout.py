@@ -137,12 +137,16 @@ class Spelling:
     megatron_lm: bool = False
     written: frozenset[str] = frozenset()
     from_variables: Mapping[str, int] = field(default_factory=dict)
+    # NeMo-RL DPO: its batch keys count preference pairs, two sequences each
+    pairs: bool = False
 
     def apply(self, lines: list[str]) -> list[str]:
         """`key: value` lines as `--key value` flags where the run's are flags; a Megatron-LM
-        script's "drop" lists cut to the flags it has."""
+        script's "drop" lists cut to the flags it has; NeMo-RL DPO's batch keys in pairs."""
         if self.megatron_lm:
             return self._megatron_lm(lines)
+        if self.pairs:
+            return [_in_pairs(line) for line in lines]
         if not self.flags:
             return lines
         return [
@@ -171,6 +175,20 @@ class Spelling:
         return out
 
 
+_PAIRED = re.compile(r"^(\s*policy\.train_(?:micro|global)_batch_size\s*[:=]\s*)(\d+)\s*$")
+
+
+def _in_pairs(line: str) -> str:
+    """`policy.train_micro_batch_size: 4` (sequences) as DPO's 2 (pairs of sequences)."""
+    m = _PAIRED.match(line)
+    if m is None:
+        return line
+    sequences = int(m.group(2))
+    if sequences % 2:
+        return f"{line}  # {sequences} sequences: DPO takes pairs, so not a whole number of pairs"
+    return f"{m.group(1)}{sequences // 2}  # pairs: {sequences} sequences (DPO)"
+
+
 # "# ...: drop --a, --b and --c (why)" (export.py's Megatron-LM comments)
 _DROP = re.compile(r"^(#.*?drop )((?:--[\w-]+(?:, | and )?)+)(.*)$")
 
@@ -180,6 +198,8 @@ def spelling_of(reading) -> Spelling:
     script's flags (others: none)."""
     if reading is not None and reading.framework == "megatron-lm":
         return _megatron_lm_spelling(reading)
+    if reading is not None and reading.framework == "nemo-rl" and "(DPO" in reading.format:
+        return Spelling(pairs=True)
     if reading is None or reading.framework != "hf-trainer":
         return Spelling()
     keys = {}

@@ -432,8 +432,10 @@ def test_plan_json_says_the_total_it_compares_with_the_budget():
 def test_a_nemo_rl_plan_proposes_only_what_its_keys_say():
     # NeMo-RL's full recompute is uniform, one layer (activation_checkpointing) and it has no
     # offloading keys: full:block:N, full:uniform:N>1 and offloading are not candidates
-    cfg = get_preset("llama3-8b").config().replace(
-        seq_length=8192, data_parallel_size=8, use_distributed_optimizer=True
+    cfg = (
+        get_preset("llama3-8b")
+        .config()
+        .replace(seq_length=8192, data_parallel_size=8, use_distributed_optimizer=True)
     )
     result = plan(cfg, 79.1, fmt="nemo-rl")
     specs = {c.estimate.recompute for c in result.candidates} | {result.best.estimate.recompute}
@@ -475,11 +477,15 @@ def test_no_recompute_modules_before_megatron_core_0_12():
     # TransformerConfig.recompute_modules came with Megatron-Core 0.12 (core_r0.11.0 has no
     # such field): a skill trial's Pai-Megatron-Patch run on Megatron-LM-241113 (0.10) was
     # handed --recompute-modules layernorm, which its Megatron-LM rejects.
-    cfg = get_preset("qwen3-30b-a3b").config().replace(
-        seq_length=4096,
-        expert_model_parallel_size=8,
-        data_parallel_size=8,
-        use_distributed_optimizer=True,
+    cfg = (
+        get_preset("qwen3-30b-a3b")
+        .config()
+        .replace(
+            seq_length=4096,
+            expert_model_parallel_size=8,
+            data_parallel_size=8,
+            use_distributed_optimizer=True,
+        )
     )
     old = plan(cfg, 140, megatron_core_version="0.10")
     assert all(
@@ -523,3 +529,21 @@ def test_a_near_tie_of_two_full_settings_is_not_said_to_recompute_fewer_modules(
     assert said == "same cost, memory within the band: both recompute whole layers"
     selective = tie_reason("selective:mlp", same, "selective:mlp,layernorm", same, 2**30)
     assert selective.endswith("selective:mlp recomputes fewer modules")
+
+
+def test_nemo_rl_dpo_is_planned_in_sequences_and_handed_over_in_pairs(capsys):
+    # A skill trial (NeMo-RL's DPO Llama 3.1 8B Megatron recipe): the estimate counted one
+    # sequence a micro-batch where DPO runs the chosen and the rejected one together
+    # (nemo_rl/algorithms/dpo.py: mbs = train_micro_batch_size * 2), and a corrected plan
+    # rendered train_micro_batch_size in sequences (twice the pairs meant).
+    from recompute_kit.cli import main
+
+    recipe = (
+        Path(__file__).parent
+        / "sources/corpus/nemo_rl/dpo-llama3.1-8b-instruct-4n8g-megatrontp2pp2-quick.yaml"
+    )
+    assert (
+        main(["plan", "--config", str(recipe), "--micro-batch-size", "4", "--gpu", "h100-80gb"])
+        == 0
+    )
+    assert "policy.train_micro_batch_size: 2  # pairs: 4 sequences (DPO)" in capsys.readouterr().out

@@ -242,7 +242,7 @@ def _apply_base(reading: Reading, base: str, why: str) -> None:
     reading.default("bf16", True, where, "policy.precision bfloat16")
     reading.default("fp16", False, where, "policy.precision bfloat16")
     reading.default("world_size", 1, where, "cluster 1 node x 1 GPU")
-    if reading.format == MEGATRON:
+    if reading.format.startswith(MEGATRON):
         keys = (*MODEL_PARALLEL_SIZES, "sequence_parallel")
         for key, value in zip(keys, v["mg"], strict=True):
             if value is not None:
@@ -309,8 +309,11 @@ def read(
                 "id (a local path?): the model's shape is not known from it"
             )
     fv.take("seq_length", (p, "max_total_sequence_length"), int)
-    fv.take("micro_batch_size", (p, "train_micro_batch_size"), int)
-    fv.take("global_batch_size", (p, "train_global_batch_size"), int)
+    if fv.has("dpo"):
+        _dpo_pairs(fv)
+    else:
+        fv.take("micro_batch_size", (p, "train_micro_batch_size"), int)
+        fv.take("global_batch_size", (p, "train_global_batch_size"), int)
     precision = fv.get(p, "precision", kind=str)
     if precision is not None:
         flags = {"bfloat16": (True, False), "float16": (False, True), "float32": (False, False)}
@@ -325,10 +328,10 @@ def read(
     _packed_micro_batches(fv)
     megatron_on = fv.get(p, "megatron_cfg", "enabled", kind=bool)
     if megatron_on:
-        reading.format = MEGATRON
+        reading.format = MEGATRON + (DPO if fv.has("dpo") else "")
         _read_megatron(fv)
     else:
-        reading.format = DTENSOR
+        reading.format = DTENSOR + (DPO if fv.has("dpo") else "")
         dtensor_on = fv.get(p, "dtensor_cfg", "enabled", kind=bool)
         if dtensor_on is False:
             reading.warnings.append(
@@ -376,6 +379,33 @@ def read(
     fv.record_unused()
     nemo_rl_overrides.label(reading, list(overrides))
     return reading
+
+
+# NeMo-RL's DPO trains on preference pairs: each micro-batch holds the chosen and the rejected
+# sequence of every example (nemo_rl/algorithms/dpo.py: policy.train(gbs=train_global_batch_size
+# * 2, mbs=train_micro_batch_size * 2)); the reference policy's weights wait in host memory and
+# are swapped into the policy for the reference log-probs (Megatron backend: models/megatron/
+# setup.py setup_reference_model_state, "Store reference state dict on CPU"; DTensor: the
+# same, get_cpu_state_dict / setup_reference_model_state)
+DPO_NOTE = "DPO: chosen and rejected sequences of each pair (nemo_rl/algorithms/dpo.py, x 2)"
+DPO = " (DPO: pairs)"
+
+
+def _dpo_pairs(fv: FileValues) -> None:
+    p, reading = "policy", fv.reading
+    for field, key in (
+        ("micro_batch_size", "train_micro_batch_size"),
+        ("global_batch_size", "train_global_batch_size"),
+    ):
+        pairs = fv.get(p, key, kind=int)
+        if pairs is not None:
+            fv.set(field, 2 * pairs, (p, key), f"{pairs} pairs: {DPO_NOTE}")
+    reading.warnings.append(
+        f"{fv.where(('dpo',))}: DPO's reference policy is kept in host memory (NeMo-RL "
+        "stores its state dict on the CPU and swaps it into the policy for the reference "
+        "log-probs): not in the GPU figures; it takes about the policy's weights per rank of "
+        "host memory, twice that during a swap"
+    )
 
 
 def read_with_overrides(text: str, path: str, words: list[str]) -> Reading:

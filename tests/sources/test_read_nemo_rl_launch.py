@@ -154,7 +154,10 @@ def test_readme_dpo_multinode_command():
     path = DATA / "dpo_multinode_readme.sh"
     reading = _read(str(path)).reading
     assert reading.get("world_size") == 16  # cluster.num_nodes=2 cluster.gpus_per_node=8
-    assert reading.get("micro_batch_size") == 2  # dpo.yaml's
+    # dpo.yaml's train_micro_batch_size 2 pairs: 4 sequences a micro-batch (dpo.py:603)
+    assert reading.get("micro_batch_size") == 4
+    assert "(DPO: pairs)" in reading.format
+    assert [w for w in reading.warnings if "DPO's reference policy is kept in host memory" in w]
     assert reading.origins["world_size"].where == f"{path}:5"
 
 
