@@ -458,6 +458,13 @@ def resolve(
     _assumed_if_the_world_is(merged)
     if framework is not None and hasattr(framework, "derive_after_layout"):
         framework.derive_after_layout(merged)  # what needs the data-parallel size
+    vision = _vision_language(merged)
+    if vision:
+        merged.warnings.append(
+            f"{vision}: a vision-language model; the estimate is its language model's: the "
+            "vision tower, the projector and the image / video tokens (which lengthen the "
+            "sequence) are not modelled"
+        )
     if merged.get("fp8"):
         # not measured here (no Transformer Engine on CPU): said, never silently
         recipe = f"{merged.get('fp8_recipe')} recipe; " if merged.get("fp8_recipe") else ""
@@ -565,6 +572,25 @@ def _add_model_shape(reading: Reading) -> None:
     )
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
+
+
+# What says a run trains a vision-language model: its keys (LLaMA-Factory's, a config.json's
+# vision_config, Bridge's VL providers) or its model's name
+_VISION_KEYS = re.compile(
+    r"(?:^|\.)(?:image_max_pixels|video_max_pixels|freeze_vision_tower|"
+    r"freeze_multi_modal_projector|vision_config|vision_tower)$"
+)
+_VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qwen3\.5-VL)")
+
+
+def _vision_language(reading: Reading) -> str:
+    """Where the inputs say the model is a vision-language one ("" where they do not)."""
+    keys = [k for k in reading.unused if _VISION_KEYS.search(str(k))]
+    if keys:
+        return ", ".join(keys[:3])
+    if reading.model_name and _VISION_NAME.search(reading.model_name):
+        return reading.model_name
+    return ""
 
 
 def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str]]) -> None:

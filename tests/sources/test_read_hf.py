@@ -339,3 +339,22 @@ def test_a_nemotron_h_config_is_read_but_never_sized():
     with pytest.raises(ConfigError, match="'nemotron_h', Mamba-2 \\+ attention"):
         resolve([str(path)])
     assert resolve([str(path)], require_shape=False).reading.not_modelled
+
+
+def test_a_vision_language_run_says_its_vision_parts_are_not_modelled():
+    # hiyouga/LLaMA-Factory @ 000526908ae92cc1567130559f04a3436855e0cd
+    # examples/train_full/qwen2_5vl_full_sft.yaml, verbatim (image_max_pixels, freeze_vision_tower):
+    # a skill trial read it with --model Qwen/Qwen2.5-7B and nothing said the vision tower,
+    # the projector and the image tokens were left out.
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parents[1] / "data/launch/llamafactory/qwen2_5vl_full_sft.yaml"
+    reading = resolve([str(path)], model="Qwen/Qwen2.5-7B", require_shape=False).reading
+    said = [w for w in reading.warnings if "a vision-language model" in w]
+    assert said and "image_max_pixels" in said[0] and "not modelled" in said[0]
+    dense = Path(__file__).parents[1] / "data/launch/llamafactory/qwen3_lora_dpo.yaml"
+    assert not [
+        w
+        for w in resolve([str(dense)], require_shape=False).reading.warnings
+        if "vision-language" in w
+    ]
