@@ -382,3 +382,15 @@ def test_experiments_memory_column_names():
 @pytest.mark.parametrize("garbage", ["", "|", "| a |\n|---|", "a,b\n1,2", "{]", "\x00" * 10])
 def test_experiments_garbage(garbage):
     assert parse_experiments(garbage) == []
+
+
+def test_a_quoted_array_element_holding_a_flag_and_its_value_is_both():
+    # Megatron-LM's examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh writes its array
+    # elements as one quoted string each ("--fp8-format hybrid"); a skill trial found keys
+    # such as 'fp8_format hybrid': True in the doctor's evidence
+    from recompute_kit.sources.fragments import parse_config
+
+    script = 'ARGS=(\n    "--fp8-format hybrid"\n    "--num-layers 32"\n)\ntorchrun pretrain_gpt.py ${ARGS[@]}\n'
+    flat = parse_config(script, "train.sh")
+    assert flat.get("fp8") == "hybrid" and flat.get("num_layers") == 32
+    assert not [k for k in flat if " " in k]

@@ -186,6 +186,10 @@ def _parse_command_line(
             spliced += len(flag_vars[name])
             i += 1
             continue
+        if token.startswith("--") and len(token.split()) > 1:
+            # a quoted array element holding a flag and its value ("--fp8-format hybrid")
+            tokens[i : i + 1] = token.split()
+            continue
         if token.startswith("--") and len(token) > 2 and token[2].isalpha():
             name, eq, inline = token[2:].partition("=")
             values: list[str] = []
