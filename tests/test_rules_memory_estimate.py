@@ -303,3 +303,32 @@ def test_a_smaller_micro_batch_that_fits_at_no_cost_leads_the_recompute_step():
     # the step keeps its global batch (torchtitan's -1 would follow local x DP down 8x)
     assert f.patch_keys == {"training.local_batch_size": 1, "training.global_batch_size": 64}
     assert "micro_batch_size=1" in f.evidence and "else 'full:uniform:1'" in f.evidence
+
+
+def test_an_oom_at_the_loss_under_the_estimate_says_the_estimate_overstates():
+    # A skill trial: Megatron-LM's Megatron-FSDP Llama 3 8B fp8 example (tests/data/read) at
+    # 16k failed asking for one fp32 copy of the logits (7.83 GiB = 16384 x 128256 x 4 B), so
+    # every layer's forward had run, with 69.60 GiB allocated; the estimate (fp8 activations
+    # counted at 16 bits) puts 87 GiB there, and the doctor "diagnosed" full:block:17 from it.
+    # The message's format is PyTorch 2.x's; its figures are the trial's scenario.
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    oom = (
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB. GPU 0 "
+        "has a total capacity of 79.11 GiB of which 5.02 GiB is free. Including non-PyTorch "
+        "memory, this process has 74.08 GiB memory in use. Of the allocated memory 69.60 GiB is "
+        "allocated by PyTorch, and 3.12 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    script = Path(__file__).parent / "data/read/mlm_train_llama3_8b_fsdp_h100_fp8.sh"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "train.log"
+        log.write_text(oom, encoding="utf-8")
+        ev = collect(logs=[str(log)], config=str(script), overrides={"seq_length": 16384})
+        d = diagnose(ev, 79.11)
+    assert d.verdict.verdict == "needs_evidence"
+    assert "the OOM is at the loss" in d.verdict.why and "overstates this run" in d.verdict.why

@@ -57,12 +57,44 @@ def observed_gap(ctx: Context) -> tuple[int, int, int] | None:
 OVERSTATE_SHARE = 0.6
 
 
-def estimate_overstates(ctx: Context) -> tuple[int, int] | None:
-    """(needed, estimated) where the rank the OOM names reached far less than the estimate of
-    its settings: allocated plus the request under OVERSTATE_SHARE of the PyTorch-side total
-    (as observed_gap counts it). None without both figures or where they agree."""
+# At the loss (the OOM's request one fp32 copy of the logits) every layer's forward has run:
+# what PyTorch had allocated is then the states and the layers' activations, which the
+# estimate must not exceed by more than its error
+AT_LOSS_SHARE = 0.9
+
+
+def estimate_overstates(ctx: Context) -> tuple[int, int, bool] | None:
+    """(needed, estimated, at_loss) where the rank the OOM names reached far less than the
+    estimate of its settings: allocated plus the request under OVERSTATE_SHARE of the
+    PyTorch-side total (as observed_gap counts it); or, where the request is the loss's fp32
+    logits copy (every layer's forward done), allocated under AT_LOSS_SHARE of the estimate
+    without the loss. None without the figures or where they agree."""
     found = _needed_and_estimated(ctx)
-    return found if found and found[0] < OVERSTATE_SHARE * found[1] else None
+    if found and found[0] < OVERSTATE_SHARE * found[1]:
+        return (*found, False)
+    at_loss = _at_the_loss(ctx)
+    if at_loss and at_loss[0] < AT_LOSS_SHARE * at_loss[1]:
+        return (*at_loss, True)
+    return None
+
+
+def _at_the_loss(ctx: Context) -> tuple[int, int] | None:
+    """(allocated, the estimate's PyTorch side before the loss) where the OOM's request is one
+    fp32 copy of the last stage's logits; None otherwise."""
+    oom, e, cfg = ctx.oom, ctx.estimate, ctx.config
+    if oom is None or e is None or cfg is None or not oom.requested_bytes:
+        return None
+    if oom.allocated_bytes is None or not e.loss_saved_bytes:
+        return None
+    m, p = cfg.model, cfg.parallel
+    tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
+    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size
+    if abs(oom.requested_bytes - logits) >= 0.05 * logits:
+        return None
+    total = e.total_with_overheads_bytes or e.total_bytes
+    before = total - e.cuda_context_bytes - e.nccl_buffers_bytes
+    before -= e.loss_saved_bytes + e.loss_transient_bytes
+    return oom.allocated_bytes, before
 
 
 def _needed_and_estimated(ctx: Context) -> tuple[int, int] | None:
@@ -76,9 +108,21 @@ def _needed_and_estimated(ctx: Context) -> tuple[int, int] | None:
     return oom.allocated_bytes + oom.requested_bytes, estimated
 
 
-def overstated_words(ctx: Context, found: tuple[int, int]) -> str:
-    """The mismatch in words, with the two readings the OOM alone cannot tell apart."""
-    needed, estimated = found
+def overstated_words(ctx: Context, found: tuple[int, int, bool]) -> str:
+    """The mismatch in words, with the readings the OOM alone cannot tell apart."""
+    needed, estimated, at_loss = found
+    if at_loss:
+        fp8 = (
+            " (fp8 activations are counted at 16 bits)"
+            if ctx.config is not None and ctx.config.model.fp8
+            else ""
+        )
+        return (
+            f"the OOM is at the loss (its request is one fp32 copy of the logits), after every "
+            f"layer's forward, with {gib(needed)} allocated where the estimate puts "
+            f"{gib(estimated)} before the loss: the estimate overstates this run{fp8}; plan "
+            "from what the rank holds, not from the estimate"
+        )
     return (
         f"the estimate of the run's settings ({gib(estimated)} on PyTorch's side) is far above "
         f"what the rank reached ({gib(needed)} with the request): either the step failed early "
