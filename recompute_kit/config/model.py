@@ -109,6 +109,9 @@ class ModelConfig:
     # recompute-kit's own key: a measured routing imbalance (max / mean tokens per expert rank)
     # that sizes the experts' token copies of a dropless run (memory/overheads.py)
     moe_routing_imbalance: float | None = None
+    # Layers the estimator does not model (Mamba, linear attention), in words with where they
+    # are read: the run is validated and measured, never sized (memory/estimate.py refuses)
+    not_modelled: str = ""
     moe_shared_expert_overlap: bool = False
     # Multi-token prediction (Megatron-Core's mtp_num_layers; HF num_nextn_predict_layers):
     # MTP layers after the decoder, on the stage that holds the loss (memory/mtp.py).

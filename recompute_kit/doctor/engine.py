@@ -62,7 +62,8 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
         ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
         _trl_before_chunked_loss(ctx)
         _estimate(ctx)
-    elif not refused and all(flat.get(k) for k in SHAPE_KEYS):  # a config pasted into the log
+    elif not refused and not _unsized(evidence) and all(flat.get(k) for k in SHAPE_KEYS):
+        # a config pasted into the log
         ctx.config, assumed = _config_for_estimate(flat)
         ctx.assumptions = [*ctx.assumptions, *assumed]
         if ctx.config is not None:
@@ -100,6 +101,10 @@ def _config_read_from_files(evidence: Evidence) -> tuple[Config | None, str]:
 
     if not evidence.read:
         return None, ""
+    unsized = _unsized(evidence)
+    if unsized:  # layers the estimator does not model: no figures, and no config error
+        evidence.notes.append(f"config: no estimate from the files: {unsized}")
+        return None, ""
     cfg = config_from_json(evidence.read)
     if cfg is None:
         return None, ""
@@ -110,6 +115,13 @@ def _config_read_from_files(evidence: Evidence) -> tuple[Config | None, str]:
         evidence.notes.append(f"config: no estimate from the files: {exc}")
         return None, str(exc) if isinstance(exc, ConfigError) else ""
     return cfg, ""
+
+
+def _unsized(evidence: Evidence) -> str | None:
+    """The read's words where its model has layers the estimator does not model."""
+    from ..sources.resolve import NOT_SIZED
+
+    return next((w for w in (evidence.read or {}).get("warnings") or [] if NOT_SIZED in w), None)
 
 
 def _known_keys(flat: dict[str, Any]) -> dict[str, Any]:

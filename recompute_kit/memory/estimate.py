@@ -736,6 +736,8 @@ def estimate(
     `moe_imbalance` scales the experts' token copies (memory/overheads.py; None: the config's
     moe_expert_capacity_factor where it sets one, else 1.0, balanced)."""
     m, p = config.model, config.parallel
+    if m.not_modelled:
+        raise ConfigError(m.not_modelled)
     check_divisible(config)
     engine = activation_engine(m, engine)
     B = dtype_bytes or (2 if (m.bf16 or m.fp16) else 4)

@@ -99,6 +99,11 @@ def file_of(item: str) -> str:
     return item
 
 
+# The words of a reading whose model is not sized (Mamba, linear attention): the doctor reads
+# them from the read's warnings
+NOT_SIZED = "makes no estimate of this model"
+
+
 def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
     """The inputs, each with the Hydra-style `key=value` items given after it (`read cfg.yaml
     policy.max_total_sequence_length=8192`): overrides of the config before them."""
@@ -488,15 +493,14 @@ def resolve(
         # never a transformer's figures for layers that are not a transformer's
         said = (
             f"{'; '.join(merged.not_modelled)}: recompute-kit models transformer, MoE and MLA "
-            "layers only, so it makes no estimate of this model (its readings are shown, not "
-            "sized)"
+            f"layers only, so it {NOT_SIZED} (its readings are shown, not sized)"
         )
-        if require_shape:
-            raise ConfigError(said)
         merged.warnings.append(said)
     try:
         _check_shape(merged, framework, described)
     except ConfigError as exc:
+        if require_shape and merged.not_modelled:
+            raise ConfigError(merged.warnings[-1]) from None  # (not "add num_layers")
         if require_shape:
             raise
         if not merged.not_modelled:  # (no shape to add: the model is not sized at all)
@@ -506,7 +510,12 @@ def resolve(
         return Resolved(None, merged, described)
     _assume_the_rest(merged, framework)
     _say_the_assumptions(merged)
-    return Resolved(_to_config(merged), merged, described)
+    config = _to_config(merged)
+    if merged.not_modelled:  # validated and measured, never sized
+        config.model.not_modelled = merged.warnings[
+            next(i for i, w in enumerate(merged.warnings) if NOT_SIZED in w)
+        ]
+    return Resolved(config, merged, described)
 
 
 # the recompute-kit flag that sets a key (`--dp`, not `--data-parallel-size`)

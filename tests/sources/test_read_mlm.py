@@ -428,7 +428,14 @@ def test_a_case_of_literal_patterns_is_decided_and_a_hybrid_mamba_model_is_never
     assert said and "makes no estimate of this model" in said[0]
     assert not [w for w in reading.warnings if "no model shape" in w]  # (none to add)
     with pytest.raises(ConfigError, match="recompute-kit models transformer, MoE and MLA"):
-        resolve([script], overrides={"num_layers": 48})
+        resolve([script])  # (no "add num_layers": Megatron takes them from the pattern)
+    # with a layer count the run is validated, never sized
+    from recompute_kit.memory.estimate import estimate
+
+    config = resolve([script], overrides={"num_layers": 48}).config
+    config.validate()
+    with pytest.raises(ConfigError, match="makes no estimate of this model"):
+        estimate(config)
 
 
 def test_a_case_the_script_does_not_decide_or_with_glob_patterns_is_not_read(tmp_path):
