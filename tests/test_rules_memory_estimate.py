@@ -113,7 +113,8 @@ def test_rk012_in_plain_trainer_keys_and_none_for_torchtitan(tmp_path):
     d = diagnose(collect(logs=[], config=[str(zephyr_path), str(qwen)]), 80.0)
     assert d.findings[0].rule == "RK013" and "prediction" in d.findings[0].evidence
     f = _finding(d, "RK012")
-    assert f.patch_keys == {"use_liger_kernel": True}
+    # alignment-handbook's recipes run TRL's SFTTrainer: TRL's own chunked loss, Liger's beside
+    assert f.patch_keys == {"loss_type": "chunked_nll"}
     assert "use_liger_kernel: true" in f.fix and "TransformerEngine" not in f.fix
     assert "RK010" not in [g.rule for g in d.findings]
     # torchtitan has no fused-loss key: RK012 keeps its words and drops its patch, saying so
@@ -332,3 +333,20 @@ def test_an_oom_at_the_loss_under_the_estimate_says_the_estimate_overstates():
         d = diagnose(ev, 79.11)
     assert d.verdict.verdict == "needs_evidence"
     assert "the OOM is at the loss" in d.verdict.why and "overstates this run" in d.verdict.why
+
+def test_a_trl_sft_oom_asking_for_whole_logits_keeps_them_and_patches_trls_loss_type():
+    # A skill trial (tests/data/launch/trl_fsdp2/SOURCES.md): TRL's SFT with no loss_type and
+    # no trl version; the reader took TRL 1.7's chunked loss as a plain default, so the doctor
+    # found "12.79 GiB the config does not explain" though the OOM asked for exactly one bf16
+    # [2 x 8192 x 128256] logits tensor, which the chunked loss never makes. Now the chunked
+    # loss is an assumption, the request overrules it, RK012 leads with TRL's own key, and the
+    # request is not read as a shorter batch.
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "launch" / "trl_fsdp2"
+    inputs = [str(data / "launch.sh"), str(data / "examples/accelerate_configs/fsdp2.yaml")]
+    d = run((data / "oom.log").read_text(), inputs=inputs, gpu_memory_gb=39.39)
+    top = d.findings[0]
+    assert top.rule == "RK012" and top.patch_keys == {"loss_type": "chunked_nll"}
+    assert "tokens (2 x" not in top.evidence  # one tensor of all 16384 tokens, not fewer
+    assert any("which TRL's chunked loss never makes" in a for a in d.assumptions)

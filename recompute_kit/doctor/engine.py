@@ -78,19 +78,38 @@ TRL_CHUNKED_LOSS = (1, 7)
 
 def _trl_before_chunked_loss(ctx: Context) -> None:
     """Where the reader took SFTConfig's chunked loss as TRL's default and the paste says an
-    older trl, the run computes the full logits: the estimate keeps them, and says why."""
+    older trl, or the OOM's request is one whole logits tensor (which the chunked loss never
+    makes), the run computes the full logits: the estimate keeps them, and says why."""
     source = ((ctx.evidence.read or {}).get("sources") or {}).get("fused_linear_cross_entropy")
-    said = (fact(ctx, "versions_said") or {}).get("trl")
-    if not (isinstance(source, dict) and "chunked_nll" in str(source.get("where"))) or not said:
+    if not (isinstance(source, dict) and "chunked_nll" in str(source.get("where"))):
         return
-    release = tuple(int(p) for p in re.findall(r"\d+", said)[:2])
-    if len(release) < 2 or release >= TRL_CHUNKED_LOSS:
+    if source.get("key", "").startswith("the command's"):
+        return  # set on the command line: the run's own word
+    said = (fact(ctx, "versions_said") or {}).get("trl")
+    release = tuple(int(p) for p in re.findall(r"\d+", said or "")[:2])
+    if len(release) == 2 and release < TRL_CHUNKED_LOSS:
+        why = f"the paste says trl {said}: its SFT computes the full logits"
+    elif _request_is_whole_logits(ctx):
+        why = (
+            f"the OOM's request ({ctx.oom.requested_bytes / 2**30:.2f} GiB) is one logits tensor "
+            "of the micro-batch's tokens, which TRL's chunked loss never makes: the run "
+            "computes the full logits (trl before 1.7, or loss_type nll)"
+        )
+    else:
         return
     ctx.config = ctx.config.replace(fused_linear_cross_entropy=False)
     ctx.assumptions.append(
-        f"the paste says trl {said}: its SFT computes the full logits (loss_type chunked_nll is "
-        "the default from trl 1.7.0), so the estimate keeps them"
+        f"{why} (loss_type chunked_nll is the default from trl 1.7.0), so the estimate keeps them"
     )
+
+
+def _request_is_whole_logits(ctx: Context) -> bool:
+    """The OOM asked for one 16- or 32-bit [micro-batch tokens x vocabulary] tensor."""
+    oom, m = ctx.oom, ctx.config.model if ctx.config else None
+    if oom is None or m is None or not oom.requested_bytes or not m.vocab_size:
+        return False
+    cells = m.micro_batch_size * m.seq_length * m.vocab_size
+    return any(abs(oom.requested_bytes - width * cells) < 0.02 * width * cells for width in (2, 4))
 
 
 def _config_read_from_files(evidence: Evidence) -> tuple[Config | None, str]:

@@ -47,6 +47,7 @@ from .patch_keys import (
     OWNED_KEYS,
     PATCH_KEYS,
 )
+from .rules.logits import trl_sft
 from .rules.registry import estimate_with
 from .types import GIB, Context, Finding
 
@@ -437,6 +438,8 @@ def _value_for(
     framework: str, key: str, target: str, value: Any, ctx: Context, patch: dict
 ) -> dict[str, Any]:
     """{framework key: value}: the value in the framework's own spelling."""
+    if target == "use_liger_kernel" and value is True and trl_sft(ctx):
+        return {"loss_type": "chunked_nll"}  # TRL's own chunked loss (its default from 1.7.0)
     if framework == "nemo1":
         if key == "use_distributed_optimizer":
             return {target: "distributed_fused_adam" if value else "fused_adam"}

@@ -25,7 +25,7 @@ import yaml
 
 from ..config import ConfigError
 from .deepspeed_json import fill_auto_buckets, read_deepspeed
-from .reading import FROM_ARGUMENT, FROM_DERIVED, FROM_FILE, Origin, Reading
+from .reading import FROM_ARGUMENT, FROM_ASSUMED, FROM_DERIVED, FROM_FILE, Origin, Reading
 from .trainer_files import _bool, _int, _Src
 
 FRAMEWORKS: tuple[str, ...] = ("hf-trainer",)
@@ -494,16 +494,19 @@ def _trl_sft_loss(reading: Reading) -> None:
     given = reading.unused.get("loss_type")
     if "fused_linear_cross_entropy" in reading or given not in (None, "chunked_nll"):
         return
-    where = f"TRL's default ({TRL_ARGS}: SFTConfig loss_type chunked_nll since trl 1.7.0)"
-    if given == "chunked_nll":
-        where = "the command's --loss_type chunked_nll"
-    reading.default(
-        "fused_linear_cross_entropy",
-        True,
-        where,
+    note = (
         "lm_head and cross-entropy in chunks, no full logits (counted as a fused linear "
-        "cross-entropy); trl < 1.7 or --loss_type nll keeps the full fp32 logits",
+        "cross-entropy); trl < 1.7 or --loss_type nll keeps the full fp32 logits"
     )
+    if given == "chunked_nll":
+        reading.default(
+            "fused_linear_cross_entropy", True, "the command's --loss_type chunked_nll", note
+        )
+        return
+    # unset: the default of the trl the run has, which no input says: assumed, and said
+    where = f"TRL's default ({TRL_ARGS}: SFTConfig loss_type chunked_nll since trl 1.7.0)"
+    key = "--loss_type (or the trl version: before 1.7 the full logits)"
+    reading.set("fused_linear_cross_entropy", True, Origin(FROM_ASSUMED, where, key, note))
 
 
 def apply_defaults(reading: Reading) -> None:

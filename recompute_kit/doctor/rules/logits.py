@@ -104,6 +104,11 @@ def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
     if oom is None or not oom.requested_bytes:
         return ""
     m, p = cfg.model, cfg.parallel
+    whole = [
+        oom.requested_bytes * p.tensor_model_parallel_size / (w * m.vocab_size) for w in (2, 4)
+    ]
+    if any(abs(t - tokens) < 0.02 * tokens for t in whole):
+        return ""  # one tensor of all the config's tokens (16- or 32-bit): no shorter batch
     for width in (2, 4):
         t = oom.requested_bytes * p.tensor_model_parallel_size / (width * m.vocab_size)
         per_sample = t / m.micro_batch_size
@@ -140,11 +145,22 @@ def fused_loss_fix(ctx: Context) -> str:
         else "Liger's fused linear cross-entropy: use_liger_kernel in the Hugging Face Trainer, "
         "enable_liger_kernel in LLaMA-Factory; Megatron's cross_entropy_loss_fusion"
     )
+    if trl_sft(ctx):
+        how = (
+            "TRL's loss_type chunked_nll (trl >= 1.6, its default from 1.7.0; on an older trl, "
+            "Liger's use_liger_kernel: true)"
+        )
+
     return (
         "Never hold the full fp32 logits: a fused linear cross-entropy that computes the loss "
         f"in chunks ({how}), or {smaller}; recompute of transformer layers does not touch "
         "the logits"
     )
+
+
+def trl_sft(ctx: Context) -> bool:
+    """The run is TRL's SFT (the shared reader read its script or YAML)."""
+    return "TRL" in str((ctx.evidence.read or {}).get("format", ""))
 
 
 LOGITS_WORDS = (
