@@ -3,6 +3,7 @@ order and with its own messages."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 from .model import (
@@ -567,9 +568,11 @@ def expert_layout_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str |
     regroup as expert-TP x EP x expert-DP, so EP x expert-TP must divide them. Every command
     refuses a layout that breaks it with this line."""
     if (tp * cp * dp) % (ep * etp):
+        least = ep * etp // math.gcd(tp * cp, ep * etp)  # the smallest DP the layout divides
         return (
             f"EP {ep} x expert TP {etp} does not divide the {tp * cp * dp} ranks of TP {tp} x "
-            f"CP {cp} x DP {dp} in each pipeline stage"
+            f"CP {cp} x DP {dp} in each pipeline stage; the world the job ran on says its DP "
+            f"(--dp, the notebook's dp): a multiple of {least}"
         )
     return None
 

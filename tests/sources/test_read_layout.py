@@ -116,7 +116,8 @@ def test_every_command_refuses_an_expert_layout_the_same_way():
         lines.add(proc.stderr.strip())
     assert lines == {
         "recompute-kit: error: EP 4 x expert TP 1 does not divide the 2 ranks of TP 1 x CP 1 x "
-        "DP 2 in each pipeline stage"
+        "DP 2 in each pipeline stage; the world the job ran on says its DP (--dp, the "
+        "notebook's dp): a multiple of 4"
     }
 
 
