@@ -109,6 +109,8 @@ class ModelConfig:
     # recompute-kit's own key: a measured routing imbalance (max / mean tokens per expert rank)
     # that sizes the experts' token copies of a dropless run (memory/overheads.py)
     moe_routing_imbalance: float | None = None
+    # the router forced to balanced routing (Megatron's benchmark mode): imbalance 1 by design
+    moe_router_force_load_balancing: bool = False
     # Layers the estimator does not model (Mamba, linear attention), in words with where they
     # are read: the run is validated and measured, never sized (memory/estimate.py refuses)
     not_modelled: str = ""

@@ -126,14 +126,15 @@ def overhead_terms(
                 + (", moe_pad_expert_input_to_capacity)" if bound == "exactly" else ")")
             )
         else:
+            balanced = (
+                " (balanced routing, forced: moe_router_force_load_balancing, a benchmark mode)"
+                if m.moe_router_force_load_balancing
+                else " (balanced routing; dropless: no bound, set moe_expert_capacity_factor "
+                "or pass a measured factor)"
+            )
             said.append(
                 f"MoE routing imbalance factor {moe_imbalance:g}"
-                + (
-                    " (balanced routing; dropless: no bound, set moe_expert_capacity_factor "
-                    "or pass a measured factor)"
-                    if moe_imbalance == 1.0
-                    else ""
-                )
+                + (balanced if moe_imbalance == 1.0 else "")
             )
         if dispatcher:
             said.append("allgather dispatcher: one MoE layer's gathered hidden states")

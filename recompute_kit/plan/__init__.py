@@ -241,6 +241,8 @@ def _imbalance_margin(chosen: Config, best: Candidate, usable: int, stage: int |
     m = chosen.model
     if not m.num_moe_experts or m.moe_expert_capacity_factor is not None:
         return ""
+    if m.moe_router_force_load_balancing:
+        return ""  # balanced by design (Megatron's benchmark mode)
     if m.moe_routing_imbalance not in (None, 1.0):
         return ""  # the imbalance is given: the plan is at it
     skewed = estimate(chosen, stage=stage, moe_imbalance=SKEWED_ROUTING)

@@ -132,14 +132,15 @@ NOT_MODELLED_FLAGS = {
     "--fp8-param-gather": "the weights are kept in fp8 for the all-gather; the estimate counts "
     "them at 16 bits",
     "--moe-router-force-load-balancing": "the router is forced to balanced routing (a "
-    "benchmark mode): the estimate's balanced routing holds for this run only; with real "
-    "routing the busiest expert rank holds more (plan --moe-imbalance)",
+    "benchmark mode): the estimate's balanced routing holds for this run; a run with real "
+    "routing has a busiest expert rank that holds more (plan --moe-imbalance)",
     "--fsdp-double-buffer": "Megatron-FSDP's double buffer keeps a second gathered unit "
     "(prefetch), not in the estimate",
 }
 # store_true flags -> (field, value)
 BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--swiglu": ("swiglu", True),
+    "--moe-router-force-load-balancing": ("moe_router_force_load_balancing", True),
     # argument_utils.py: gated_linear_unit with quick_gelu: fc1 is 2 x ffn, as SwiGLU's
     "--quick-geglu": ("swiglu", True),
     "--disable-bias-linear": ("add_bias_linear", False),

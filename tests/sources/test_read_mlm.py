@@ -395,6 +395,17 @@ def test_megatron_fsdp_script_uses_its_sharding_strategy_and_says_its_benchmark_
     said = " ".join(reading.warnings)
     assert "--moe-router-force-load-balancing: the router is forced to balanced routing" in said
     assert "--fsdp-double-buffer: Megatron-FSDP's double buffer" in said
+    # read as a setting: no routing skew is planned for a run that forces balance (a skill
+    # trial on Bridge's DeepSeek-V3 perf recipe, which sets it: RK018 planned imbalance 2)
+    assert reading.values["moe_router_force_load_balancing"] is True
+    from recompute_kit.doctor.rules.estimate_gap import _dropless_moe
+    from recompute_kit.doctor.types import Context
+    from recompute_kit.sources.resolve import resolve
+
+    config = resolve(
+        [str(READ_DATA / "mlm_sbatch_mfsdp_deepseek_v3.sh")], overrides={"data_parallel_size": 256}
+    ).config
+    assert not _dropless_moe(Context(evidence=None, config=config))
 
 
 def test_fp8_is_said_not_modelled():

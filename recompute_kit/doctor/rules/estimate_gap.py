@@ -149,8 +149,14 @@ def _which_stage(ctx: Context) -> str:
 
 
 def _dropless_moe(ctx: Context) -> bool:
+    """A MoE run whose routing has no bound (no capacity factor, routing not forced)."""
     m = ctx.config.model if ctx.config else None
-    return bool(m and m.num_moe_experts and m.moe_expert_capacity_factor is None)
+    return bool(
+        m
+        and m.num_moe_experts
+        and m.moe_expert_capacity_factor is None
+        and not m.moe_router_force_load_balancing
+    )
 
 
 @rule(
