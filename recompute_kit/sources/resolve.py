@@ -99,6 +99,19 @@ def file_of(item: str) -> str:
     return item
 
 
+# Model families whose layers are not a transformer's, by their Hugging Face names (their
+# config.json's model_type says it too: hf_config._NOT_MODELLED)
+_NOT_MODELLED_NAMES = {
+    "qwen3_next": "Gated DeltaNet linear attention + attention (Qwen3-Next)",
+    "nemotron_h": "Mamba-2 + attention (Nemotron-H)",
+    "jamba": "Mamba + attention (Jamba)",
+    "falcon_h1": "Mamba-2 + attention (Falcon-H1)",
+    "mamba": "Mamba",
+}
+_NOT_MODELLED_NAME = re.compile(
+    r"(?i)(?P<qwen3_next>Qwen3-Next)|(?P<nemotron_h>Nemotron-H\b|Nemotron-3-(?:Nano|Super|Ultra))"
+    r"|(?P<jamba>\bJamba)|(?P<falcon_h1>Falcon-H1)|(?P<mamba>\bmamba(?:2)?-)"
+)
 # The words of a reading whose model is not sized (Mamba, linear attention): the doctor reads
 # them from the read's warnings
 NOT_SIZED = "makes no estimate of this model"
@@ -389,7 +402,14 @@ def resolve(
     what a DeepSpeed JSON or an overrides file says on its own: then `config` is None)."""
     readings, described, items = [], [], []
     if model:
-        reading, what = read_input(model)
+        named = _NOT_MODELLED_NAME.search(model)
+        try:
+            reading, what = read_input(model)
+        except ConfigError:
+            if not named:
+                raise
+            # a hybrid's name alone: read as that name, refused where it would be sized
+            reading, what = Reading(model_name=model), "a model id (not sized: see below)"
         readings.append(reading)
         items.append(model)
         described.append({"path": model, "format": what})
@@ -447,10 +467,15 @@ def resolve(
     if "world_size" in merged.values or "data_parallel_size" in (overrides or {}):
         # another input (an accelerate config's num_processes) or --dp gave the world
         merged.warnings = [w for w in merged.warnings if hf_launch.GPUS_UNSAID not in w]
+    named = _NOT_MODELLED_NAME.search(merged.model_name or "")
+    if named and not merged.not_modelled:  # said before asking for a config.json to refuse
+        merged.not_modelled.append(
+            f"{merged.model_name}: {_NOT_MODELLED_NAMES[named.lastgroup]} layers (by its name)"
+        )
     try:
         _add_model_shape(merged)
     except ConfigError as exc:  # the named model's config.json cannot be had
-        if require_shape:
+        if require_shape and not merged.not_modelled:
             raise
         merged.warnings.append(str(exc))
     _add_tokenizer_vocabulary(merged)

@@ -366,3 +366,14 @@ def test_a_vision_language_run_says_its_vision_parts_are_not_modelled():
         for w in resolve([str(dense)], require_shape=False).reading.warnings
         if "vision-language" in w
     ]
+
+
+def test_a_model_named_as_a_hybrid_is_refused_before_its_config_is_asked_for():
+    # A skill trial (Bridge's Qwen3-Next recipe): "not in the registry ... pass the config.json
+    # path", and with it, the refusal; the name says the family already
+    from recompute_kit.sources.resolve import resolve
+
+    with pytest.raises(ConfigError, match=r"Qwen3-Next\) layers \(by its name\)"):
+        resolve([], model="Qwen/Qwen3-Next-80B-A3B-Instruct")
+    with pytest.raises(ConfigError, match="not in the registry"):
+        resolve([], model="Qwen/Qwen3-Coder-Next-7B")  # not a hybrid's name: the usual words
