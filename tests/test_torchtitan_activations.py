@@ -108,6 +108,26 @@ def _torchtitan():
     return ac, _op_sac_save_list, llama, TransformerModelArgs
 
 
+def _apply_ac(ac, model, mode: str, option: str, save_list, cpu_flash_as_cuda: bool = True):
+    """torchtitan's own `apply_ac` on `model` (its `_layer_sac_count` reset, as in a fresh
+    process); "none" leaves the model as it is."""
+    if mode == "none":
+        return
+    from torchtitan.config.job_config import ActivationCheckpoint
+
+    if cpu_flash_as_cuda:
+        # On CPU SDPA runs _scaled_dot_product_flash_attention_for_cpu, which the save list
+        # (written for CUDA's flash/efficient/cuDNN kernels) does not name: add it as the
+        # stand-in for the CUDA flash kernel the list names.
+        save_list = save_list | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    ac._layer_sac_count = 0
+    ac.apply_ac(
+        model,
+        ActivationCheckpoint(mode=mode, selective_ac_option=option),
+        op_sac_save_list=save_list,
+    )
+
+
 def _measure(mode: str, option: str, layers: int, cpu_flash_as_cuda: bool = True) -> int:
     """Bytes `layers` torchtitan blocks keep after the forward, wrapped by torchtitan's
     `apply_ac` (its `_layer_sac_count` reset, as in a fresh process)."""
@@ -128,22 +148,7 @@ def _measure(mode: str, option: str, layers: int, cpu_flash_as_cuda: bool = True
     ).to(torch.bfloat16)
     # RoPE's table is a model buffer in torchtitan (model state, not an activation).
     model.register_buffer("freqs_cis", llama.precompute_freqs_cis(DIM // HEADS, SEQ))
-    if mode != "none":
-        from torchtitan.config.job_config import ActivationCheckpoint
-
-        if cpu_flash_as_cuda:
-            # On CPU SDPA runs _scaled_dot_product_flash_attention_for_cpu, which the save list
-            # (written for CUDA's flash/efficient/cuDNN kernels) does not name: add it as the
-            # stand-in for the CUDA flash kernel the list names.
-            save_list = save_list | {
-                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-            }
-        ac._layer_sac_count = 0
-        ac.apply_ac(
-            model,
-            ActivationCheckpoint(mode=mode, selective_ac_option=option),
-            op_sac_save_list=save_list,
-        )
+    _apply_ac(ac, model, mode, option, save_list, cpu_flash_as_cuda)
     x0 = torch.randn(BATCH, SEQ, DIM, dtype=torch.bfloat16, requires_grad=True)
     tracker = LiveTensorTracker(exclude=model)
 
@@ -271,18 +276,7 @@ def _measure_qwen3(mode: str, option: str, layers: int) -> int:
         {str(i): qwen.TransformerBlock(i, args) for i in range(layers)}
     ).to(torch.bfloat16)
     model.register_buffer("rope_cache", qwen.precompute_rope_cache(QWEN3_HEAD_DIM, SEQ))
-    if mode != "none":
-        from torchtitan.config.job_config import ActivationCheckpoint
-
-        save_list = _op_sac_save_list | {
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-        }
-        ac._layer_sac_count = 0
-        ac.apply_ac(
-            model,
-            ActivationCheckpoint(mode=mode, selective_ac_option=option),
-            op_sac_save_list=save_list,
-        )
+    _apply_ac(ac, model, mode, option, _op_sac_save_list)
     x0 = torch.randn(BATCH, SEQ, DIM, dtype=torch.bfloat16, requires_grad=True)
     tracker = LiveTensorTracker(exclude=model)
     with tracker:

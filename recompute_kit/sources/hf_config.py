@@ -38,6 +38,8 @@ FORMAT = "Hugging Face config.json"
 # Family facts: (normalization, gated MLP activation or None, tie default of the class,
 # qk_layernorm, biases on q/k/v only, all linear biases).
 _GLU_SILU = "silu"
+# DeepSeek-V3's architecture with DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5)
+_DEEPSEEK_SPARSE = dict(tie=False, glu=True, moe="deepseek", mla=True, qk_norm=True, dsa=True)
 _FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"tie": False, "glu": True},
     "mistral": {"tie": False, "glu": True},
@@ -52,23 +54,8 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     # MLA's latent norms (q_a_layernorm, kv_a_layernorm) are Megatron's qk_layernorm
     "deepseek_v2": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
     "deepseek_v3": {"tie": False, "glu": True, "moe": "deepseek", "mla": True, "qk_norm": True},
-    # DeepSeek-V3's architecture with DeepSeek sparse attention (an indexer: index_topk keys)
-    "deepseek_v32": {
-        "tie": False,
-        "glu": True,
-        "moe": "deepseek",
-        "mla": True,
-        "qk_norm": True,
-        "dsa": True,
-    },
-    "glm_moe_dsa": {
-        "tie": False,
-        "glu": True,
-        "moe": "deepseek",
-        "mla": True,
-        "qk_norm": True,
-        "dsa": True,
-    },
+    "deepseek_v32": _DEEPSEEK_SPARSE,
+    "glm_moe_dsa": _DEEPSEEK_SPARSE,
     "gpt_oss": {"tie": False, "glu": True, "moe": "mixtral", "bias": True},
     "granite": {"tie": True, "glu": True},
     "olmo2": {"tie": False, "glu": True, "qk_norm": True},
