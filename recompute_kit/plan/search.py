@@ -118,10 +118,13 @@ def candidates(
             for n in range(1, most + 1)
         ]
     if fmt == "megatron-deepspeed":  # selective is core attention only, no offloading flags
+        # and, its pipeline being DeepSpeed's (GPTModelPipe), full recompute uniform only there
+        piped = p.pipeline_model_parallel_size > 1
         rcs = [
             rc
             for rc in rcs
-            if rc.recompute_granularity != "selective" or rc.modules == ["core_attn"]
+            if (rc.recompute_granularity != "selective" or rc.modules == ["core_attn"])
+            and not (piped and rc.recompute_method == "block")
         ]
     nemo_rl = fmt == "nemo-rl"
     if nemo_rl:

@@ -87,6 +87,17 @@ PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
             ("apply_rope_fusion", True, 60),
         ],
     ),
+    "gpt_oss": (
+        "gpt_oss/gpt_oss_bridge.py",
+        "GPTOSSBridge.provider_bridge()",
+        [
+            ("moe_grouped_gemm", True, 68),
+            ("moe_token_dispatcher_type", "alltoall", 69),
+            ("moe_router_load_balancing_type", "none", 71),
+            ("bias_activation_fusion", True, 73),
+            ("hidden_dropout", 0.0, 76),
+        ],
+    ),
     "qwen2": (
         "qwen/qwen2_bridge.py",
         "Qwen2Bridge.provider_bridge()",
@@ -170,6 +181,6 @@ def apply_provider_settings(reading: Reading) -> None:
     for hf_key, key, line in CONFIG_MAPPING:
         if isinstance(config.get(hf_key), (int, float)) and not isinstance(config[hf_key], bool):
             where = f"{MODELS_URL}{CONFIG_MAPPING_FILE}#L{line}"
-            note = note or f"{reading.model_name} config.json {hf_key}"
-            origin = Origin(FROM_DEFAULT, where, f"MegatronModelBridge.CONFIG_MAPPING {key}", note)
+            said = note or f"{reading.model_name} config.json {hf_key}"
+            origin = Origin(FROM_DEFAULT, where, f"MegatronModelBridge.CONFIG_MAPPING {key}", said)
             reading.set(key, float(config[hf_key]), origin, overwrite=False)

@@ -206,6 +206,7 @@ MDS_FLAGS = frozenset(
         "--use-flash-attn-v1",
         "--use-flash-attn-v2",
         "--use-flash-attn-triton",
+        "--num-key-value-heads",
     }
 )
 MDS_WHERE = "Megatron-DeepSpeed (megatron/arguments.py, megatron/model/transformer.py)"
@@ -430,6 +431,8 @@ def _megatron_deepspeed(get, setv, path: str, reading: Reading) -> None:
         if a := get("--partition-activations"):
             note = "Megatron-DeepSpeed: the checkpointed inputs split over tensor parallelism"
             reading.set("distribute_saved_activations", True, _origin(path, a, note))
+    if a := get("--num-key-value-heads"):  # its GQA flag (arguments.py; Megatron-LM's differ)
+        setv("num_query_groups", a, _int, "Megatron-DeepSpeed's --num-key-value-heads")
     if a := get("--checkpoint-in-cpu"):
         reading.warnings.append(
             f"{path}:{a.line}: --checkpoint-in-cpu: DeepSpeed keeps the checkpointed layer "

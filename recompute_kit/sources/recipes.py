@@ -41,7 +41,7 @@ from .bridge import (
     precision_fields,
     set_model_name,
 )
-from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
+from .reading import FROM_ASSUMED, FROM_DEFAULT, FROM_FILE, Origin, Reading
 from .recipe_choice import aliases, select
 from .recipe_eval import fold
 
@@ -679,6 +679,19 @@ def read(text: str, path: str) -> Reading:
             reading.warnings.append(
                 f"{dwhere}: trainer devices/num_nodes not literal: world size unknown"
             )
+    sized = re.search(r"_(\d+)gpus?_", str(entry or ""))
+    if sized and "world_size" not in reading:
+        # Bridge's performance recipes name the GPUs they are for (`..._64gpu_h100_..._config`)
+        reading.set(
+            "world_size",
+            int(sized.group(1)),
+            Origin(
+                FROM_ASSUMED,
+                file_path,
+                "the launch's GPU count (--dp, or torchrun --nproc_per_node x --nnodes)",
+                note=f"the recipe's name, {entry}, says {sized.group(1)} GPUs",
+            ),
+        )
     if not reading.values and reading.model_name is None:
         raise ConfigError(
             f"{file_path}: no recipe settings found (no ConfigContainer, provider or run.Config calls)"  # noqa: E501

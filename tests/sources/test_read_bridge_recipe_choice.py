@@ -160,3 +160,10 @@ def test_a_precision_returned_by_an_imported_helper_is_read(recipe, fp8, fp8_rec
     # not assumed (a skill trial saw "assumed" though every path sets it)
     assert r.get("grad_reduce_in_fp32") is False
     assert r.origins["grad_reduce_in_fp32"].kind == "file"
+    # AutoBridge's GPT-OSS provider (models/gpt_oss/gpt_oss_bridge.py:73, a skill trial found
+    # it read as Megatron-Core's False: 9.5 GiB more activations on stage 0)
+    assert r.get("bias_activation_fusion") is True
+    assert r.origins["bias_activation_fusion"].where.endswith("gpt_oss_bridge.py#L73")
+    assert "router_aux_loss_coef" in r.origins["moe_aux_loss_coeff"].note  # its own key
+    # the GPUs the recipe's name says, assumed and said (DP 16 at TP1 PP4 CP1), not DP 8
+    assert r.get("world_size") == 64 and r.origins["world_size"].kind == "assumed"

@@ -488,3 +488,31 @@ def test_megatron_deepspeed_reads_its_own_recompute_flags_and_is_planned_in_them
     out = capsys.readouterr().out
     assert "--recompute-modules" not in out and "--attention-backend" not in out
     assert "drop --checkpoint-activations" in out
+
+
+def test_megatron_deepspeed_gqa_flag_and_pipelined_checkpointing(tmp_path):
+    # Megatron-DeepSpeed's GQA flag is --num-key-value-heads (its megatron/arguments.py;
+    # Megatron-LM's is --num-query-groups), and under its pipeline (DeepSpeed's PipelineModule)
+    # activation checkpointing is every-k-layers only: no block rows in a PP>1 plan.
+    from recompute_kit.config import format_spec
+    from recompute_kit.plan.search import candidates
+
+    text = (READ_DATA / "mds_ds_pretrain_gpt_6.7B_dense.sh").read_text()
+    text = text.replace(
+        "--num-attention-heads ${NUM_ATTN_HEADS} \\",
+        "--num-attention-heads ${NUM_ATTN_HEADS} \\\n        --num-key-value-heads 8 \\",
+    )
+    script = tmp_path / "mds.sh"
+    script.write_text(text)
+    script = str(script)
+    reading = resolve([script], overrides={"data_parallel_size": 1}).reading
+    assert reading.values["num_query_groups"] == 8
+    assert "--num-key-value-heads" not in reading.unused
+    cfg = resolve(
+        [script], overrides={"data_parallel_size": 1, "pipeline_model_parallel_size": 2}
+    ).config
+    specs = [format_spec(rc) for rc, _ in candidates(cfg, fmt="megatron-deepspeed")]
+    assert "full:uniform:1" in specs and not [s for s in specs if ":block:" in s]
+    cfg1 = resolve([script], overrides={"data_parallel_size": 1}).config
+    flat = [format_spec(rc) for rc, _ in candidates(cfg1, fmt="megatron-deepspeed")]
+    assert [s for s in flat if ":block:" in s]
