@@ -255,6 +255,38 @@ def _megatron_lm(changes: dict[str, Any], world: int) -> list[str]:
     return notes + ([" ".join(flags)] if flags else [])
 
 
+# Megatron-DeepSpeed's layout flags (megatron/arguments.py): its own expert-parallel flag; no
+# context parallelism (DeepSpeed's Ulysses is --ds-sequence-parallel-size), no uneven stages,
+# and under --deepspeed neither VPP nor the distributed optimizer (ZeRO shards instead)
+_MDS_FLAGS = {
+    "tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "expert_model_parallel_size": "--moe-expert-parallel-size",
+    "seq_length": "--seq-length",
+    "micro_batch_size": "--micro-batch-size",
+    "sequence_parallel": "--sequence-parallel",
+}
+
+
+def _megatron_deepspeed(changes: dict[str, Any], world: int) -> list[str]:
+    flags, notes = [], []
+    for key, value in changes.items():
+        flag = _MDS_FLAGS.get(key)
+        if key == "data_parallel_size":
+            notes.append(_world_note(world, f"deepspeed --num_gpus x --num_nodes; DP {value}"))
+        elif flag is None:
+            notes.append(f"# {key} {value}: no Megatron-DeepSpeed flag")
+        elif isinstance(value, bool):
+            flags += [flag] if value else []
+            notes += [] if value else [f"# drop {flag}"]
+        else:
+            flags += [flag, str(value)]
+    return notes + ([" ".join(flags)] if flags else [])
+
+
+_megatron_deepspeed.keys = _MDS_FLAGS
+
+
 def _python(value: Any) -> str:
     return repr(value) if not isinstance(value, str) else f'"{value}"'
 
@@ -546,7 +578,7 @@ _WRITERS = {
     "megatron-bridge": _bridge,
     "nemo2": _nemo2,
     "megatron-lm": _megatron_lm,
-    "megatron-deepspeed": _megatron_lm,  # (the layout flags are Megatron-LM's)
+    "megatron-deepspeed": _megatron_deepspeed,
     "nemo": _nemo,
     "torchtitan": _torchtitan,
     "hf-trainer": _trainer("hf-trainer"),

@@ -418,6 +418,8 @@ def levers(
     titan_splits_batch = (
         m.loss_implementation == "torchtitan" and p.pipeline_model_parallel_size == 1
     )
+    if not no_context_parallel and not has_key(plan_format, "context_parallel_size"):
+        no_context_parallel = f"{plan_format} has no key for it"
     if not layout_fixed or dtensor:
         if no_context_parallel:
             notes.append(f"left out: context parallelism ({no_context_parallel})")
@@ -466,7 +468,10 @@ def levers(
             if v != (p.virtual_pipeline_model_parallel_size or 1):
                 c = config.replace(virtual_pipeline_model_parallel_size=v if v > 1 else None)
                 rows.append(_evaluate("vpp", f"vpp={v}", c, *args))
-        rows += _uneven(config, args)
+        if has_key(plan_format, "num_layers_in_first_pipeline_stage"):
+            rows += _uneven(config, args)
+        else:
+            notes.append(f"left out: uneven stages ({plan_format} has no key for them)")
     left_out = []  # levers that cannot help this run, said in one note
     larger = [b for b in MICRO_BATCH_SIZES if b > m.micro_batch_size]
     if larger and not current.fits:
@@ -500,6 +505,8 @@ def levers(
             f"distributed optimizer ({name} stage {p.zero_stage} already shards the model "
             "states over data parallel)"
         )
+    elif not has_key(plan_format, "use_distributed_optimizer"):
+        left_out.append(f"distributed optimizer ({plan_format} has no key for it)")
     elif not p.use_distributed_optimizer and p.data_parallel_size > 1:
         c = config.replace(use_distributed_optimizer=True)
         row = _evaluate("distributed optimizer", "use_distributed_optimizer", c, *args)

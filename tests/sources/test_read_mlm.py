@@ -516,3 +516,28 @@ def test_megatron_deepspeed_gqa_flag_and_pipelined_checkpointing(tmp_path):
     cfg1 = resolve([script], overrides={"data_parallel_size": 1}).config
     flat = [format_spec(rc) for rc, _ in candidates(cfg1, fmt="megatron-deepspeed")]
     assert [s for s in flat if ":block:" in s]
+
+
+def test_megatron_deepspeed_levers_only_in_its_own_flags():
+    # Megatron-DeepSpeed has no context parallelism (--ds-sequence-parallel-size is Ulysses),
+    # no uneven-stage flags, and under --deepspeed no VPP or distributed optimizer (ZeRO
+    # shards): a lever it cannot set is left out and said, and its layout is written in its
+    # own flags (megatron/arguments.py: --moe-expert-parallel-size)
+    from recompute_kit.export_layout import layout_lines
+    from recompute_kit.plan.levers import levers
+
+    script = str(READ_DATA / "mds_ds_pretrain_gpt_6.7B_dense.sh")
+    cfg = resolve(
+        [script], overrides={"data_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    ).config
+    table = levers(cfg, 40, global_batch_size=64, plan_format="megatron-deepspeed")
+    kinds = {r.lever for r in table.rows}
+    assert not kinds & {"vpp", "uneven stages", "distributed optimizer"}
+    assert not [r for r in table.rows if r.setting.startswith("cp=") and "cp=1 " not in r.setting]
+    said = " ".join(table.notes)
+    assert "context parallelism" in said and "uneven stages" in said
+    assert "distributed optimizer" in said
+    changes = {"expert_model_parallel_size": 4, "context_parallel_size": 2}
+    lines = layout_lines(changes, "megatron-deepspeed", 8)
+    assert "--moe-expert-parallel-size 4" in lines[-1]
+    assert any("no Megatron-DeepSpeed flag" in x for x in lines)
