@@ -87,9 +87,26 @@ _NEMO_QWEN3_DEFAULTS = {
     "moe_token_dispatcher_type": "alltoall",
     "moe_aux_loss_coeff": 1e-3,
 }
+_NEMO_MIXTRAL_URL = (
+    "https://github.com/NVIDIA/NeMo/blob/8cfedd7203462cb251a914e700e5605444277561/"
+    "nemo/collections/llm/gpt/model/mixtral.py"
+)
+# NeMo 2.0's MixtralConfig (mixtral.py at 8cfedd7, lines 55-81), what MixtralConfig8x7B / 8x22B
+# inherit: all-to-all dispatch, aux loss 0.01, fused bias-SwiGLU and RoPE, bf16 parameters
+_NEMO_MIXTRAL_DEFAULTS = {
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "moe_aux_loss_coeff": 0.01,
+    "moe_token_dispatcher_type": "alltoall",
+    "bf16": True,
+    "apply_rope_fusion": True,
+    "bias_activation_fusion": True,
+    "masked_softmax_fusion": False,
+}
 _NEMO_CLASS_DEFAULTS = {  # source -> (the base config class, what it sets)
     _NEMO_LLAMA_URL: ("LlamaConfig", _NEMO_LLAMA_DEFAULTS),
     _NEMO_QWEN3_URL: ("Qwen3Config", _NEMO_QWEN3_DEFAULTS),
+    _NEMO_MIXTRAL_URL: ("MixtralConfig", _NEMO_MIXTRAL_DEFAULTS),
 }
 
 # Model classes a file may name -> (HF id, the class's own seq_length default or None, source).
@@ -151,6 +168,8 @@ MODEL_CLASSES: dict[str, tuple[str, int | None, str]] = {
     "Qwen3Config32B": ("Qwen/Qwen3-32B", 4096, _NEMO_QWEN3_URL),
     "Qwen3Config30B_A3B": ("Qwen/Qwen3-30B-A3B", 4096, _NEMO_QWEN3_URL),
     "Qwen3Config235B_A22B": ("Qwen/Qwen3-235B-A22B", 4096, _NEMO_QWEN3_URL),
+    "MixtralConfig8x7B": ("mistralai/Mixtral-8x7B-v0.1", 4096, _NEMO_MIXTRAL_URL),
+    "MixtralConfig8x22B": ("mistralai/Mixtral-8x22B-v0.1", 4096, _NEMO_MIXTRAL_URL),
 }
 
 # Recipe names (`run_recipe.py --recipe NAME` / `--model NAME`) -> HF id, by prefix; the ids are
@@ -816,7 +835,8 @@ def apply_defaults(reading: Reading) -> None:
         # NeMo 2.0's base config of the class (LlamaConfig, Qwen3Config / Qwen3MoEConfig): no
         # dropout, fusions on, (Qwen3 MoE) grouped experts behind an all-to-all dispatcher;
         # not Megatron-Core's TransformerConfig defaults
-        if key.startswith("moe_") and not model_class.endswith(("_A3B", "_A22B")):
+        dense_qwen3 = family == _NEMO_QWEN3_URL and not model_class.endswith(("_A3B", "_A22B"))
+        if key.startswith("moe_") and dense_qwen3:
             continue
         reading.default(key, value, f"NeMo's {base}, which {model_class} extends ({family})")
     for key, value in defaults.items():

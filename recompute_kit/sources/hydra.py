@@ -272,7 +272,20 @@ def apply_after(reading: Reading, words: list[str], applies_to: str) -> Reading:
     """`recompute-kit read FILE key=value ...`: the overrides given after a Megatron-Bridge
     file, applied after it as Megatron-Bridge applies command-line overrides after the YAML /
     recipe (training/utils/omegaconf_utils.py); each value's origin is the override."""
-    over = read("\n".join(shlex.quote(w) for w in words), "command line")
+    # `peft=lora`: OmegaConf overrides are section.key=value; a word that is not one is said
+    dotted = re.compile(r"^(\+\+|\+|~)?[A-Za-z_]\w*(\.\w+)+(=|$)")
+    plain = [w for w in words if not dotted.match(w)]
+    words = [w for w in words if dotted.match(w)]
+    if words:
+        over = read("\n".join(shlex.quote(w) for w in words), "command line")
+    else:
+        over = Reading(framework=BRIDGE)
+    for w in plain:
+        over.unused[w] = None
+        over.warnings.append(
+            f"{w}: not a section.key=value override of the ConfigContainer; not read (a "
+            "finetune recipe's PEFT scheme is its peft_scheme argument, run_recipe.py --mode lora)"
+        )
     for key, value in over.values.items():
         o = over.origins[key]
         at = o.where.rpartition(":")[2]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,22 @@ def _dotted(node: ast.AST) -> str:
         return ast.unparse(node)
     except Exception:
         return "<expr>"
+
+
+@dataclass(frozen=True)
+class _PeftScheme:
+    """What Megatron-Bridge's default_peft_config(scheme) returns: LoRA() or DoRA() for "lora" /
+    "dora" or a PEFT instance (adapters on a frozen base), None for None or "none"."""
+
+    scheme: Any
+
+    @property
+    def frozen(self) -> bool | None:
+        if self.scheme is None or str(self.scheme).lower() == "none":
+            return False
+        if isinstance(self.scheme, str):
+            return self.scheme.lower() in ("lora", "dora")
+        return None  # not read: a PEFT instance or an expression
 
 
 class _Section:
@@ -202,6 +219,11 @@ class _Reader:
             return self.attribute_value(node, env)
         if isinstance(node, ast.Call):
             fname = _name(node.func)
+            if fname == "default_peft_config":
+                return self.call(node, env)
+            plugin = self.mixed_precision_plugin(node, env)
+            if plugin is not None:
+                return plugin
             if fname in KNOWN_CALLS:
                 section, _key, v = KNOWN_CALLS[fname]
                 if section == "mixed_precision":
@@ -219,6 +241,37 @@ class _Reader:
                 if isinstance(obj, _Section) and isinstance(key, str):
                     return self.state.get((obj.name, key), Unresolved(_dotted(node)))
         return fold(node, lambda n: self.value(n, env))
+
+    def mixed_precision_plugin(self, node: ast.Call, env: dict[str, Any]) -> dict | None:
+        """NeMo 2.0's `run.Config(nl.MegatronMixedPrecision, precision="bf16-mixed", ...)` (or
+        the class called): the precision fields it gives the model (nemo/lightning/pytorch/
+        plugins/mixed_precision.py: bf16 for "bf16"/"bf16-mixed", grad_reduce_in_fp32 True,
+        fp8 None and fp8_recipe "delayed" unless given); None for any other call."""
+        args = node.args
+        if _name(node.func) in ("Config", "Partial") and args:
+            cls, args = _name(args[0]), args[1:]
+        else:
+            cls = _name(node.func)
+        if cls != "MegatronMixedPrecision":
+            return None
+        given = {k.arg: k.value for k in node.keywords if k.arg}
+        if args:
+            given.setdefault("precision", args[0])
+        fields = {"grad_reduce_in_fp32": True, "fp8": None, "fp8_recipe": "delayed"}
+        for key in ("grad_reduce_in_fp32", "fp8", "fp8_recipe"):
+            if key in given:
+                fields[key] = self.value(given[key], env)
+        precision = self.value(given["precision"], env) if "precision" in given else None
+        if not isinstance(precision, (str, int)):
+            return None
+        precision = str(precision)
+        fields["bf16"] = precision in ("bf16", "bf16-mixed")
+        fields["fp16"] = precision in ("fp16", "fp16-mixed", "16", "16-mixed")
+        if fields["fp8"] is None:
+            del fields["fp8_recipe"]  # (no fp8: its recipe says nothing)
+        else:
+            fields["fp8"] = str(fields["fp8"])
+        return fields
 
     def section_of(self, parts: list[str], env: dict[str, Any]) -> tuple[str, list[str]]:
         """`cfg.model.x` / `model_cfg.x` (model_cfg bound to cfg.model) -> ("model", ["x"])."""
@@ -368,9 +421,21 @@ class _Reader:
             # recipe.peft = run.Config(LoRA) / PEFT_STR2CLS["lora"] / LoRA(...): adapters on a
             # frozen base (NeMo 2.0 and Megatron-Bridge finetune recipes); None: full training
             said = _dotted(value)
-            if re.search(r"\b(?:LoRA|DoRA|CanonicalLoRA|PEFT_STR2CLS)\b", said):
-                note = f"peft = {said[:60]}: adapters on frozen base weights"
-                self.add("model", "frozen_base", True, line, _dotted(target), note=note)
+            scheme = self.value(value, env)
+            if isinstance(scheme, _PeftScheme):  # default_peft_config("lora"), Bridge's helper
+                said = f"default_peft_config({scheme.scheme!r})"
+                if scheme.frozen is None:
+                    self.warnings.append(
+                        f"{self.path}:{line}: peft = {_dotted(value)}: the PEFT scheme is not "
+                        "read; a full fine-tune is counted (--set frozen_base=true for LoRA)"
+                    )
+                    return
+                if not scheme.frozen:
+                    return
+            elif not re.search(r"\b(?:LoRA|DoRA|CanonicalLoRA|PEFT_STR2CLS)\b", said):
+                return
+            note = f"peft = {said[:60]}: adapters on frozen base weights"
+            self.add("model", "frozen_base", True, line, _dotted(target), note=note)
             return
         if not section:
             if key in _SECTION_WORDS and len(parts) == 2:  # cfg.mixed_precision = "bf16_mixed"
@@ -438,6 +503,10 @@ class _Reader:
             if isinstance(v, str):
                 self.models.append((v, line, "AutoBridge.from_hf_pretrained"))
             return
+        if fname == "default_peft_config":  # recipes/utils/dataset_utils.py: its PEFT or None
+            arg = node.args[0] if node.args else None
+            arg = next((k.value for k in node.keywords if k.arg == "peft_scheme"), arg)
+            return _PeftScheme(self.value(arg, env) if arg is not None else None)
         if fname in KNOWN_CALLS:
             section, key, v = KNOWN_CALLS[fname]
             if section != "mixed_precision":

@@ -167,3 +167,22 @@ def test_a_precision_returned_by_an_imported_helper_is_read(recipe, fp8, fp8_rec
     assert "router_aux_loss_coef" in r.origins["moe_aux_loss_coeff"].note  # its own key
     # the GPUs the recipe's name says, assumed and said (DP 16 at TP1 PP4 CP1), not DP 8
     assert r.get("world_size") == 64 and r.origins["world_size"].kind == "assumed"
+
+
+def test_a_peft_recipe_freezes_the_base_through_default_peft_config():
+    # A skill trial on Bridge's llama3_70b_peft recipe: `peft_cfg = default_peft_config(
+    # peft_scheme)` then `cfg.peft = peft_cfg` was not read (and default_peft_config was "not
+    # found beside the file"), so a LoRA run was sized with the base's gradients and Adam
+    # states: 131 GiB more per rank at 70B, "nothing fits". recipes/utils/dataset_utils.py:
+    # "lora" / "dora" give LoRA() / DoRA(), None / "none" full training.
+    recipe = f"{H100}::qwen3_30b_a3b_peft_4gpu_h100_bf16_config"
+    r = resolve([recipe], overrides={"data_parallel_size": 1}).reading
+    assert r.get("frozen_base") is True
+    assert "default_peft_config('lora')" in r.origins["frozen_base"].note
+    assert not [w for w in r.warnings if "default_peft_config()" in w]
+    sft = resolve([f"{H100}::qwen3_30b_a3b_sft_8gpu_h100_bf16_config"]).reading
+    assert not sft.get("frozen_base")
+    # an override that is not section.key=value is said, not dropped (`peft=lora`)
+    said = resolve([recipe, "peft=none"], overrides={"data_parallel_size": 1}).reading
+    assert "peft=none" in said.unused
+    assert any(w.startswith("peft=none: not a section.key=value override") for w in said.warnings)

@@ -174,3 +174,26 @@ def test_performance_mode_overlaps_tp_communication():
     assert r.get("tp_comm_overlap") is True
     assert "MegatronCommOverlapCallback" in r.origins["tp_comm_overlap"].describe()
     assert _read("pretrain_recipe").get("tp_comm_overlap") is None
+
+
+def test_mixtral_recipe_reads_its_config_class_and_precision_plugin():
+    # A skill trial on NeMo 2.0's Mixtral 8x22B recipe (tests/data/read/README.md): the model
+    # class was "no model named", the MegatronMixedPrecision plugin "not a literal", so the run
+    # was sized in fp32 with Megatron-Core's allgather dispatcher and unfused SwiGLU (88.8 GiB,
+    # recompute picked) where MixtralConfig (mixtral.py:55-81) and the plugin say bf16,
+    # alltoall and fused: none fits at 46.5 GiB on stage 0.
+    from recompute_kit.memory.estimate import estimate
+
+    path = str(Path(__file__).parents[1] / "data" / "read" / "nemo2_mixtral_8x22b.py")
+    resolved = resolve([path])
+    r = resolved.reading
+    assert r.model_name == "mistralai/Mixtral-8x22B-v0.1"
+    assert r.get("bf16") is True and "plugins" in r.origins["bf16"].key
+    assert r.get("grad_reduce_in_fp32") is True and r.get("fp8") is None
+    assert r.get("moe_token_dispatcher_type") == "alltoall"
+    assert r.get("bias_activation_fusion") is True and r.get("moe_aux_loss_coeff") == 0.01
+    assert not [w for w in r.warnings if "not a literal" in w or "no model named" in w]
+    cfg = resolved.config
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_moe_experts) == (56, 6144, 8)
+    total = estimate(cfg).total_bytes
+    assert 45 * 2**30 < total < 48 * 2**30  # 46.5 GiB on stage 0 (by hand in the trial)
