@@ -286,6 +286,7 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     """The framework the rows are written for (--format, else the files read) and, for a
     Hugging Face Trainer run, whose keys name its levers (LLaMA-Factory's or the Trainer's)
     and whether it shards with FSDP or DeepSpeed."""
+    from ..sources.torchtitan import context_parallel_refused
     from .common import default_format
 
     fmt = default_format(args)
@@ -294,11 +295,13 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     if fmt == "automodel":  # FSDP2 / Megatron-FSDP through distributed.strategy
         out["sharding_backend"] = "automodel"
         return out
-    if resolved is not None and resolved.reading.framework == "torchtitan":
+    if resolved is not None:
         attention = resolved.reading.origins.get("attention_backend")
-        if attention is not None and "'flex'" in attention.note:
-            # torchtitan/models/*/infra/parallelize.py: "Context Parallel only supports SDPA"
-            out["no_context_parallel"] = "torchtitan refuses it with FlexAttention (attn_type flex)"
+        refused = context_parallel_refused(
+            resolved.reading.framework, attention.note if attention else ""
+        )
+        if refused:
+            out["no_context_parallel"] = refused
     if resolved is None:
         return out
     stage = resolved.reading.origins.get("zero_stage")

@@ -151,13 +151,19 @@ OWN_SHAPES: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("qwen3", "debugmodel"): (_QWEN3_DEBUG, "sdpa"),
     ("deepseek_v3", "debugmodel"): (_DSV3_DEBUG, "sdpa"),
     ("deepseek_v3", "debugmodel_flex_attn"): (_DSV3_DEBUG, "flex"),
-    ("llama4", "17bx16e"): (_LLAMA4_16E, "flex"),
-    ("llama4", "17bx128e"): (_LLAMA4_128E, "flex"),
+    # TOML-era torchtitan (<= 0.2.2, model/args.py attn_type "sdpa"): only the _irope flavors
+    # set attn_type "flex" (block-causal, NoPE every 4th layer)
+    ("llama4", "17bx16e"): (_LLAMA4_16E, "sdpa"),
+    ("llama4", "17bx128e"): (_LLAMA4_128E, "sdpa"),
+    ("llama4", "17bx16e_irope"): (_LLAMA4_16E, "flex"),
+    ("llama4", "17bx128e_irope"): (_LLAMA4_128E, "flex"),
 }
 # Flavors read from OWN_SHAPES that still have a Hugging Face twin to name.
 _OWN_SHAPE_TWINS = {
     ("llama4", "17bx16e"): "meta-llama/Llama-4-Scout-17B-16E",
     ("llama4", "17bx128e"): "meta-llama/Llama-4-Maverick-17B-128E",
+    ("llama4", "17bx16e_irope"): "meta-llama/Llama-4-Scout-17B-16E",
+    ("llama4", "17bx128e_irope"): "meta-llama/Llama-4-Maverick-17B-128E",
 }
 
 # Megatron field -> how a torchtitan user sets it.
@@ -726,3 +732,12 @@ def derive_after_layout(reading: Reading) -> None:
         local * dp,
         f"global_batch_size -1: local_batch_size {local} x data-parallel degree {dp}",
     )
+
+
+def context_parallel_refused(framework: str | None, attention_note: str) -> str | None:
+    """Why the run cannot use context parallelism, or None: torchtitan refuses it with
+    FlexAttention (models/*/infra/parallelize.py: "Context Parallel only supports SDPA").
+    `attention_note`: the note of the reading's attention_backend origin ("attn_type 'flex'")."""
+    if framework == "torchtitan" and "'flex'" in attention_note:
+        return "torchtitan refuses it with FlexAttention (attn_type flex)"
+    return None

@@ -65,8 +65,8 @@ def apply_defaults(reading: Reading) -> None:
     d("fp8", None, where, "no float8 converter")
     d("attention_backend", "flash", where, "attn_type sdpa")
     # torchtitan's models have no dropout, and its expert parallelism exchanges the routed
-    # tokens (torchtitan/models/common/token_dispatcher.py, AllToAllTokenDispatcher), Megatron's
-    # alltoall dispatcher's traffic, not an allgather of every rank's tokens
+    # tokens (the TOML releases' torchtitan/distributed/expert_parallel.py, ExpertParallel's
+    # all_to_all_single), Megatron's alltoall dispatcher's traffic, not an allgather
     models = "torchtitan's models (no dropout layers)"
     d("attention_dropout", 0.0, models)
     d("hidden_dropout", 0.0, models)
@@ -74,8 +74,8 @@ def apply_defaults(reading: Reading) -> None:
         d(
             "moe_token_dispatcher_type",
             "alltoall",
-            "torchtitan/models/common/token_dispatcher.py",
-            "AllToAllTokenDispatcher: all_to_all_single of the routed tokens",
+            "torchtitan/distributed/expert_parallel.py (torchtitan 0.2.2)",
+            "ExpertParallel: all_to_all_single of the routed tokens",
         )
     d(
         "transformer_impl",

@@ -307,6 +307,17 @@ def test_llama4_flavor_has_its_vocabulary_and_sigmoid_routing():
     assert m.vocab_size == 202048 and m.moe_router_score_function == "sigmoid"
     assert not any(a.startswith("vocab_size") for a in resolved.config.assumptions)
     resolved.config.validate()  # no "--moe-router-pre-softmax when topk is 1"
+    # TOML-era torchtitan (<= 0.2.2): 17bx16e keeps model/args.py's attn_type "sdpa" (only
+    # the _irope flavors set "flex"), so context parallelism is allowed (a skill trial saw the
+    # CP lever refused by plan while diagnose proposed it)
+    from recompute_kit.sources.torchtitan import context_parallel_refused
+
+    note = resolved.reading.origins["attention_backend"].note
+    assert "'sdpa'" in note and context_parallel_refused("torchtitan", note) is None
+    irope = toml.read_text().replace('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')
+    assert irope != toml.read_text()
+    flex = torchtitan.read(irope, "irope.toml").origins["attention_backend"].note
+    assert context_parallel_refused("torchtitan", flex)
 
 
 def test_an_accelerate_config_beside_the_recipe_shards_the_run(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any
 from ...config import ConfigError
 from ...plan.margins import SAFETY_MARGIN, planned_bytes
 from ...plan.trainer_levers import is_trainer_run
+from ...sources.torchtitan import context_parallel_refused
 from ..types import GIB, Context
 from .registry import gib, patch_for, tensor_parallel_patch
 
@@ -98,6 +99,10 @@ def first_fitting_lever(ctx: Context):
                     trainer_format=fmt,
                     sharding_backend=backend,
                     plan_format=ctx.plan_format,
+                    no_context_parallel=context_parallel_refused(
+                        read.get("framework"),
+                        (read.get("sources") or {}).get("attention_backend", {}).get("note", ""),
+                    ),
                 )
             except (ConfigError, ValueError, ZeroDivisionError):
                 continue
