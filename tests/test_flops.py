@@ -339,6 +339,30 @@ def test_step_and_recompute_match_execution(cfg, specs):
         assert counted == hardware_flops_per_step(cfg.with_recompute(spec)), spec
 
 
+@pytest.mark.parametrize("cfg", [TINY_GPT, TINY_MOE], ids=["tiny-gpt", "tiny-moe"])
+def test_a_frozen_base_step_runs_the_input_gradients_only(cfg):
+    """Adapters on a frozen base (LoRA): no weight gradients, so each weight's backward is one
+    matmul (its input gradient) and core attention's keeps two: 2 x forward + core attention,
+    and recompute re-runs the same forward FLOPs over that smaller step (a skill trial saw a
+    LoRA run's recompute priced over the full 3 x forward)."""
+    torch.manual_seed(0)
+    frozen = cfg.replace(frozen_base=True)
+    model = GPTModel(cfg)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    # a trainable input at the bottom stands in for the adapters: the gradient of every
+    # layer's input is needed to reach it, as it is to reach layer 0's adapters (and, as
+    # Bridge's peft/recompute.py does for LoRA, it makes the checkpointed layers' inputs
+    # require grad)
+    model.embedding.position_embeddings.requires_grad_(True)
+    batch = make_batch(cfg, torch.device("cpu"), 0)
+    baseline = counted_step(model, cfg, "none", batch)
+    assert baseline == step_flops(frozen) < step_flops(cfg)
+    for spec in ("full:uniform:1", "selective:mlp"):
+        counted = counted_step(model, cfg, spec, batch)
+        assert counted - baseline == recompute_flops(frozen.with_recompute(spec)), spec
+
+
 # ---- per virtual-pipeline chunk and per stage (issue #20) ----------------------------------
 # Megatron-Core applies recompute_method / recompute_num_layers per TransformerBlock, and each
 # virtual-pipeline chunk is its own block: `TransformerBlock._checkpointed_forward` loops over

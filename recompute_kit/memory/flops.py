@@ -9,7 +9,9 @@ Conventions:
   `torch.utils.flop_counter.FlopCounterMode`;
 * embedding lookups are free; the output layer (logits) costs 2·b·s·h·v;
 * a backward pass costs twice its forward (gradients of the inputs and of the weights), so a
-  training step is 3 x forward, plus whatever recomputation re-runs in backward.
+  training step is 3 x forward, plus whatever recomputation re-runs in backward; with adapters
+  on a frozen base (LoRA) the weights' backward is the input gradient alone (2 x forward, core
+  attention aside).
 
 Two counts, named by the `executed` flag of every function:
 
@@ -174,12 +176,16 @@ def step_flops(config: Config, stage: int | None = None, executed: bool = False)
     """FLOPs of one training step for one micro-batch (of the whole model, or of `stage`),
     without recomputation: forward + backward (2 x forward). Executed on a flash/fused
     backend, attention's backward is 2.5 x its forward instead."""
-    total = 3.0 * model_forward_flops(config, stage, executed)
+    forward = model_forward_flops(config, stage, executed)
     m = config.model
+    layers = m.num_layers if stage is None else sum(map(len, _chunks(config, stage)))
+    attn = _attention_flops(m, executed)["core_attn"] * layers
+    # adapters on a frozen base: no weight gradients (Transformer Engine's linears skip the
+    # wgrad GEMM of a weight that does not require grad), so a weight's backward is its input
+    # gradient alone, 1 x forward; core attention has no weights and keeps 2 x
+    total = 2.0 * forward + attn if config.parallel.frozen_base else 3.0 * forward
     if executed and skips_masked_half(m):
-        layers = m.num_layers if stage is None else sum(map(len, _chunks(config, stage)))
-        attn = _attention_flops(m, executed=True)["core_attn"]
-        total += (FLASH_BACKWARD_FACTOR - 2.0) * attn * layers
+        total += (FLASH_BACKWARD_FACTOR - 2.0) * attn
     return total
 
 
