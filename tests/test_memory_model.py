@@ -331,3 +331,26 @@ def test_the_last_stage_holds_one_micro_batchs_logits_under_interleaving():
     assert plain.micro_batches_in_flight == 1
     assert vpp.micro_batches_in_flight == pytest.approx((2 * 8 + 1) / 3)
     assert vpp.loss_saved_bytes == plain.loss_saved_bytes > 0
+
+
+def test_lora_under_sequence_parallelism_keeps_the_adapters_gathered_inputs():
+    # A skill trial on Bridge's 70B LoRA recipe: with SP, the adapters on linear_qkv and
+    # linear_fc1 gather the norm's output and LoRA-A keeps the whole sequence (Megatron-Bridge
+    # peft/utils.py ParallelLinearAdapter.forward, sequence_parallel_input_regather False):
+    # 2 x s x b x h x 2 B per dense layer (+40 GiB at 70B, 16k tokens), one under `mlp`
+    # recompute (fc1's adapter is inside the checkpoint), nothing without SP.
+    cfg = get_preset("llama3-8b").config().replace(
+        tensor_model_parallel_size=8, sequence_parallel=True, data_parallel_size=1
+    )
+    m, rc, p = cfg.model, cfg.recompute, cfg.parallel
+    full_seq = 2 * m.seq_length * m.micro_batch_size * m.hidden_size  # bf16
+
+    def layer(parallel, recompute=rc):
+        return sum(layer_activation_bytes(m, recompute, parallel, 2, moe_layer=False).values())
+
+    lora = cfg.replace(frozen_base=True).parallel
+    assert layer(lora) - layer(p) == 2 * full_seq
+    mlp = cfg.with_recompute("selective:mlp").recompute
+    assert layer(lora, mlp) - layer(p, mlp) == full_seq
+    no_sp = cfg.replace(sequence_parallel=False)
+    assert layer(no_sp.replace(frozen_base=True).parallel) == layer(no_sp.parallel)

@@ -382,6 +382,11 @@ def layer_activation_bytes(
         rng = 16 if attn_dropout or (megatron and te_spec(m)) else 0
         core = qkv_kept + out + lse + rng
     roles["core_attn"] = core
+    # Megatron-Bridge's LoRA under SP (peft/utils.py ParallelLinearAdapter.forward, its default
+    # sequence_parallel_input_regather False): the adapters on linear_qkv and (dense layers)
+    # linear_fc1 gather the norm's output, and LoRA-A keeps the whole sequence for its weight
+    lora_gathered = B * x.sbh if megatron and p.frozen_base and sp > 1 else 0.0
+    roles["qkv"] += lora_gathered
     roles["proj"] = B * x.tokens * heads_out / t
     roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0
 
@@ -393,6 +398,7 @@ def layer_activation_bytes(
             roles["mlp"] = norm_out  # the checkpoint's input
         elif megatron:
             roles["mlp"] = norm_out + _megatron_act_internal(m, x.tokens, m.ffn_size / t, B)
+            roles["mlp"] += lora_gathered
         else:
             roles["mlp"] = norm_out + _act_internal(m.swiglu, x.tokens, m.ffn_size / t, B)
         return roles

@@ -160,6 +160,13 @@ def overhead_terms(
         said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
     if zero_buffers:
         said.append(_zero_buffer_words(config, zero_buffers))
+    if p.frozen_base and p.sequence_parallel and p.tensor_model_parallel_size > 1:
+        said.append(
+            "LoRA under sequence parallelism: the adapters on linear_qkv and linear_fc1 (LoRA's "
+            "default targets) keep their all-gathered input, counted in the activations; "
+            "Megatron-Bridge's peft.sequence_parallel_input_regather=true keeps the local "
+            "shard instead (peft/lora.py)"
+        )
     terms["overhead_assumptions"] = said
     terms["overhead_bytes"] = (
         CUDA_CONTEXT_BYTES + nccl + imbalance + dispatcher + gathered_params + zero_buffers
