@@ -148,11 +148,14 @@ def _world(config: Config) -> int:
 def _adds(config: Config, step: StepTime, micro_batches: int = 1) -> str:
     """What the setting costs beside compute, in a few words."""
     parts = []
-    p = config.parallel
-    if p.zero_stage >= 3 and p.data_parallel_size * p.context_parallel_size > 1:
+    if step.fsdp_exposed_s or any(s.fsdp_transfer_s for s in step.stages):
         # FSDP / ZeRO-3 gather the parameters and reduce-scatter the gradients per micro-batch
+        slow = step.stages[step.slowest_stage]
         each = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
-        parts.append(f"FSDP parameter all-gathers and gradient reduce-scatters{each}, not timed")
+        parts.append(
+            f"FSDP gathers and reduce-scatters {slow.fsdp_transfer_s:.3g} s/micro-batch{each}, "
+            f"exposed {step.fsdp_exposed_s:.3g} s"
+        )
     if step.bubble_fraction:
         parts.append(f"bubble {step.bubble_fraction:.1%}")
     if config.parallel.context_parallel_size > 1:
@@ -276,10 +279,10 @@ def _evaluate(
     shown = f", recompute {added}" if added else ""
     states_offloaded = config.parallel.optimizer_offload or config.parallel.param_offload
     if is_trainer_run(config) or states_offloaded:
-        seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps, micro)
+        seconds, words, trainer_host_ok = sharding_cost(config, hw.host_link_gbps)
         step = with_host_link(step, seconds)
         host_ok = host_ok and trainer_host_ok
-        adds = (words or "-") if is_trainer_run(config) else f"{adds}, {words}"
+        adds = ", ".join(x for x in (adds, words) if x and x != "-") or "-"
     if is_trainer_run(config) and added and keys is not None:
         on = config.recompute.recompute_granularity is not None
         unchanged = on == was_on

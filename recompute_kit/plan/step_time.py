@@ -45,6 +45,15 @@ hide. Every term, with its source or marked as an assumption:
   the compute of its own pass (an optimistic ASSUMPTION). Links (per direction, theoretical):
   PCIe 5.0 x16 64 GB/s and PCIe 4.0 x16 32 GB/s (PCI-SIG: 32 / 16 GT/s x 16 lanes, 128b/130b),
   NVLink-C2C 450 GB/s on GH200 (NVIDIA GH200 datasheet: 900 GB/s bidirectional).
+* **FSDP / ZeRO-3**: in every micro-batch (torchtitan and DeepSpeed do not skip the gradient
+  sync while accumulating) the stage's parameters are all-gathered in the compute dtype for
+  forward and again for backward, and the gradients reduce-scattered (fp32 under FSDP2:
+  torchtitan's mixed_precision_reduce), (n - 1) / n of each over the n data x context
+  parallel ranks that shard them, over NVLink while TP x n fits a node, else the network.
+  Prefetching overlaps them with compute: exposed = max(0, transfer - compute) per
+  micro-batch, an optimistic ASSUMPTION. Under pipeline parallelism FSDP2 (torch's pipelining
+  stage) gathers once a step and syncs the gradients in the last micro-batch: left out, as
+  the data-parallel all-reduce is.
 * **Distributed optimizer**: it replaces the gradient all-reduce by a reduce-scatter plus a
   parameter all-gather, the same bytes on the wire (a ring all-reduce IS a reduce-scatter then
   an all-gather; Megatron-LM docs, distrib_optimizer.md), overlapped with backward/forward by
@@ -67,6 +76,7 @@ from ..memory.flops import (
     step_flops,
 )
 from ..memory.layout import pipeline_layout
+from ..memory.model_states import rank_parameters, sharding_mode
 
 GB = 1e9  # link bandwidths are decimal GB/s, as vendors quote them
 DEFAULT_TFLOPS = 400.0  # ASSUMPTION: ~40% of H100 SXM's 989 dense BF16 TFLOP/s
@@ -182,10 +192,18 @@ class StageTime:
     offload_exposed_s: float
     offload_transfer_s: float  # one way
     tp_exposed_s: float = 0.0
+    fsdp_exposed_s: float = 0.0
+    fsdp_transfer_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.compute_s + self.cp_exposed_s + self.offload_exposed_s + self.tp_exposed_s
+        return (
+            self.compute_s
+            + self.cp_exposed_s
+            + self.offload_exposed_s
+            + self.tp_exposed_s
+            + self.fsdp_exposed_s
+        )
 
 
 @dataclass
@@ -200,6 +218,7 @@ class StepTime:
     slowest_stage: int
     stages: list[StageTime]
     tp_exposed_s: float = 0.0  # m x the slowest stage's
+    fsdp_exposed_s: float = 0.0  # m x the slowest stage's
 
     def to_json(self) -> dict:
         return {
@@ -211,6 +230,7 @@ class StepTime:
             "cp_exposed_seconds": self.cp_exposed_s,
             "offload_exposed_seconds": self.offload_exposed_s,
             "tp_exposed_seconds": self.tp_exposed_s,
+            "fsdp_exposed_seconds": self.fsdp_exposed_s,
             "slowest_stage": self.slowest_stage,
         }
 
@@ -246,7 +266,49 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         off_transfer, off_exposed = offload_exposed_seconds(
             offloaded_bytes, hw.host_link_gbps, forward, backward
         )
-    return StageTime(stage, compute, cp_exposed, cp_transfer, off_exposed, off_transfer, tp_exposed)
+    fsdp = fsdp_transfer_seconds(config, stage, hw)
+    return StageTime(
+        stage,
+        compute,
+        cp_exposed,
+        cp_transfer,
+        off_exposed,
+        off_transfer,
+        tp_exposed,
+        max(0.0, fsdp - compute),
+        fsdp,
+    )
+
+
+def fsdp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
+    """One micro-batch's FSDP / ZeRO-3 collectives on a rank of `stage` (module docstring):
+    the stage's parameters all-gathered in the compute dtype for forward and again for
+    backward, and their gradients reduce-scattered (fp32 under FSDP2, torchtitan's
+    mixed_precision_reduce; else as grad_reduce_in_fp32 says), (n - 1) / n of each over the
+    n ranks that shard them; in every micro-batch, as torchtitan and DeepSpeed do not skip
+    the gradient sync during accumulation."""
+    m, p = config.model, config.parallel
+    mode = sharding_mode(config)
+    n = p.data_parallel_size * p.context_parallel_size
+    if mode == "megatron" or p.zero_stage < 3 or n == 1:
+        return 0.0
+    if mode == "fsdp2" and p.pipeline_model_parallel_size > 1:
+        # torch's pipelining stage gathers once and syncs gradients in the last micro-batch
+        # only (no reshard after forward): once a step, like DDP's all-reduce, left out
+        return 0.0
+    half = m.bf16 or m.fp16
+    gather_b = 2 if half else 4
+    reduce_b = 4 if mode == "fsdp2" or p.grad_reduce_in_fp32 or not half else 2
+    if p.frozen_base:
+        reduce_b = 0  # no gradients of the frozen weights
+    params = rank_parameters(config, stage)
+    edp = max(p.tensor_model_parallel_size * n // (p.etp * p.expert_model_parallel_size), 1)
+    moved = (2 * gather_b + reduce_b) * (
+        params["dense"] * (n - 1) / n + params["expert"] * (edp - 1) / edp
+    )
+    span = p.tensor_model_parallel_size * n
+    link = hw.cp_link_gbps if span <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    return moved / (link * GB)
 
 
 def tp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
@@ -304,6 +366,7 @@ def step_time(
         slowest_stage=slow.stage,
         stages=stages,
         tp_exposed_s=micro_batches * slow.tp_exposed_s,
+        fsdp_exposed_s=micro_batches * slow.fsdp_exposed_s,
     )
 
 

@@ -183,20 +183,11 @@ def sharding_snippet(config: Config, backend: str) -> list[str]:
     ]
 
 
-def sharding_cost(
-    config: Config, host_link_gbps: float, micro_batches: int = 1
-) -> tuple[float, str, bool]:
+def sharding_cost(config: Config, host_link_gbps: float) -> tuple[float, str, bool]:
     """(exposed host-link seconds per step, what the setting costs in words, fits the host).
-    `micro_batches`: per step; ZeRO-3 gathers the parameters (forward and backward) and
-    reduce-scatters the gradients in every one, where DDP all-reduces once a step."""
+    ZeRO-3's per-micro-batch collectives are the step time's own (plan/step_time.py)."""
     p = config.parallel
     parts = []
-    if p.zero_stage >= 3:
-        each = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
-        parts.append(
-            f"ZeRO-3 parameter all-gathers and gradient reduce-scatters{each}: "
-            f"{1.5 * micro_batches:g}x DDP's data-parallel traffic a step, not timed"
-        )
     seconds = host_link_seconds(config, host_link_gbps)
     host = host_bytes(config)
     fits = host <= HOST_MEMORY_PER_GPU_BYTES
