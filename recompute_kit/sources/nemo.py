@@ -27,7 +27,7 @@ from ..config import ConfigError
 from .nemo_rl_overrides import Override
 from .nemo_rl_overrides import apply as apply_overrides
 from .nemo_rl_overrides import label as label_overrides
-from .reading import FROM_DERIVED, FROM_FILE, KNOWN_KEYS, Origin, Reading
+from .reading import FROM_ASSUMED, FROM_DERIVED, FROM_FILE, KNOWN_KEYS, Origin, Reading
 from .yaml_paths import Path, dotted, lookup
 
 FRAMEWORKS: tuple[str, ...] = ("nemo1",)
@@ -602,6 +602,22 @@ def _read_model(fv: FileValues) -> None:
     if name is not None:
         dist = name in ("distributed_fused_adam", "mcore_distributed_optim")
         fv.set("use_distributed_optimizer", dist, (m, "optim", "name"))
+    sync = fv.get(m, "optim", "grad_sync_dtype", kind=str)
+    if sync is not None:
+        # megatron_gpt_model.py setup_mcore_distributed_parallel: DistributedDataParallelConfig(
+        # grad_reduce_in_fp32=(optim.grad_sync_dtype == 'fp32')); the gradient buffer's dtype
+        fv.set(
+            "grad_reduce_in_fp32",
+            sync in ("fp32", "float32"),
+            (m, "optim", "grad_sync_dtype"),
+            f"grad_sync_dtype {sync}: the gradient buffer's dtype",
+        )
+    elif name == "mcore_distributed_optim":
+        fv.reading.default(
+            "grad_reduce_in_fp32",
+            True,
+            "NeMo's megatron_gpt_model.py (optim.get('grad_sync_dtype', 'fp32') == 'fp32')",
+        )
 
     fsdp = fv.get(m, "fsdp", kind=bool)
     if fsdp is not None:
@@ -617,6 +633,21 @@ def _read_model(fv: FileValues) -> None:
         int,
         "override_vocab_size: the tokenizer's is not used",
     )
+    tok_model = fv.raw((m, "tokenizer", "model"))
+    sized = re.search(r"(\d+)k\.model$", tok_model) if isinstance(tok_model, str) else None
+    if sized and "vocab_size" not in fv.reading:
+        # a SentencePiece file named for its size (nemotron_2_256k.model): a guess, said
+        fv.reading.set(
+            "vocab_size",
+            int(sized.group(1)) * 1000,
+            Origin(
+                FROM_ASSUMED,
+                fv.where((m, "tokenizer", "model")),
+                "+model.override_vocab_size=N",
+                f"the tokenizer file's name (model.tokenizer.model) says {sized.group(1)}k; "
+                "the file is not read",
+            ),
+        )
     tok_lib = fv.raw((m, "tokenizer", "library"))
     tok_type = fv.raw((m, "tokenizer", "type"))
     if tok_lib == "huggingface" and isinstance(tok_type, str) and "/" in tok_type:
@@ -784,7 +815,7 @@ _KEY_FOR = {
     "recompute_method": "model.activations_checkpoint_method",
     "recompute_num_layers": "model.activations_checkpoint_num_layers",
     "transformer_impl": "model.transformer_engine",
-    "vocab_size": "model.tokenizer",
+    "vocab_size": "+model.override_vocab_size=N, or the tokenizer",
 }
 
 

@@ -242,7 +242,7 @@ def test_nemo1_bad_input(tmp_path):
 
 def test_nemo1_keys_for_assumptions():
     assert nemo.key_for("seq_length") == "model.encoder_seq_length"
-    assert nemo.key_for("vocab_size") == "model.tokenizer"
+    assert nemo.key_for("vocab_size") == "+model.override_vocab_size=N, or the tokenizer"
     assert nemo.key_for("num_layers") == "model.num_layers"
 
 
@@ -433,3 +433,19 @@ def test_a_nemo1_yaml_takes_hydra_overrides_as_its_script_and_the_launcher_do():
     assert reading.origins["recompute_method"].where == "command line"
     reading, _ = read_input(path)
     assert reading.origins["recompute_num_layers"].where.endswith(":123")
+
+
+def test_launcher_nemotron_340b_reads_its_gradient_dtype_and_tokenizer_size():
+    # A skill trial on NeMo-Framework-Launcher's nemotron_340b.yaml (tests/data/read/README.md):
+    # optim.grad_sync_dtype bf16 was left unused and fp32 gradients counted (9.8 GiB per rank
+    # too many; megatron_gpt_model.py: grad_reduce_in_fp32=(optim.grad_sync_dtype == 'fp32')),
+    # and the vocabulary was 32000 where its tokenizer is nemotron_2_256k.model.
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parents[1] / "data" / "read" / "launcher_nemotron_340b.yaml"
+    r = resolve([str(path)]).reading
+    assert r.get("grad_reduce_in_fp32") is False
+    assert r.origins["grad_reduce_in_fp32"].key == "model.optim.grad_sync_dtype"
+    assert "model.optim.grad_sync_dtype" not in r.unused
+    assert r.get("vocab_size") == 256000 and r.origins["vocab_size"].kind == "assumed"
+    assert "override_vocab_size" in r.origins["vocab_size"].key
