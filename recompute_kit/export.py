@@ -289,7 +289,10 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
         )
     else:
         flags += ["--recompute-granularity", g]
-    if g == "selective":
+    core_attn_only = core["recompute_modules"] == ["core_attn"]
+    if g == "selective" and not core_attn_only:
+        # core_attn alone is the flag's default, and all a Megatron-LM before Megatron-Core
+        # 0.12 has (no --recompute-modules there): written only where it says more
         flags += ["--recompute-modules", *core["recompute_modules"]]
         if not core["recompute_modules"]:
             comments.append(
@@ -308,9 +311,11 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "--recompute-activations (it forces selective)"
         ]
     elif g == "selective":
+        # --recompute-activations sets the same granularity (arguments.py) and may stay
         after = [
-            "# these replace the script's recompute flags: drop --recompute-method, "
-            "--recompute-num-layers and --recompute-activations"
+            "# these replace the script's recompute flags: drop --recompute-method and "
+            "--recompute-num-layers"
+            + (" and --recompute-modules" if core_attn_only else "")
         ]
     if rc.distribute_saved_activations:
         flags.append("--distribute-saved-activations")

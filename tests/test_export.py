@@ -217,6 +217,10 @@ def run_megatron_lm(text: str) -> RecomputeConfig:
     # validate_args does this (there is no --cpu-offloading: arguments.py lists cpu_offloading
     # among the TransformerConfig fields with no CLI argument)
     args.cpu_offloading = args.cpu_offloading_num_layers > 0
+    if args.recompute_granularity == "selective" and args.recompute_modules is None:
+        # TransformerConfig.__post_init__ (transformer_config.py:1940 at Megatron-LM HEAD):
+        # no modules given means core attention
+        args.recompute_modules = ["core_attn"]
     names = [f.name for f in dataclasses.fields(RecomputeConfig)]
     return RecomputeConfig(**{name: getattr(args, name) for name in names})
 
@@ -235,6 +239,11 @@ def test_megatron_lm_fragments():
     ]
     assert body(render(parse_spec("full:uniform:1"), "megatron-lm")) == [
         "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+    ]
+    # core attention alone is the default: written without --recompute-modules, which a
+    # Megatron-LM before Megatron-Core 0.12 does not have (a blind trial on a 2023 fork)
+    assert body(render(parse_spec("selective:core_attn"), "megatron-lm")) == [
+        "--recompute-granularity selective"
     ]
     none = render(parse_spec("none"), "megatron-lm")
     assert body(none) == []
@@ -468,7 +477,7 @@ def test_megatron_lm_flags_say_which_recompute_flags_they_replace():
     flags = next(i for i, line in enumerate(full) if line.startswith("--recompute-granularity"))
     assert "drop --recompute-modules" in "\n".join(full[flags + 1 :])
     selective = render(parse_spec("selective:moe_act"), "megatron-lm", num_layers=32)
-    assert "drop --recompute-method, --recompute-num-layers" in selective
+    assert "drop --recompute-method and --recompute-num-layers" in selective
 
 
 def test_megatron_deepspeed_renders_in_its_own_flags():

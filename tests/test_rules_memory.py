@@ -653,5 +653,9 @@ def test_deepseek_v3_fsdp_script_predicted_nothing_fits_is_read_by_its_largest_t
     assert "RK010" not in ids(d)
     f = top(d)
     assert f.rule == "RK013" and "prediction" in f.evidence
-    assert f.patch_keys.get("--micro-batch-size") == 1 and "plan --levers" in f.fix
+    # the fastest lever that fits, checked by the estimator (TP 2 with full recompute since
+    # the step time counts Megatron-FSDP's gathers in each of micro-batch 1's micro-batches)
+    assert f.patch_keys and "plan --levers" in f.fix
+    check = f.patch_check
+    assert check["peak_after_bytes"] < 0.9 * 79.1 * 2**30 < check["peak_before_bytes"]
     assert "validation rejects" not in d.verdict.why
