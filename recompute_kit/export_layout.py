@@ -137,7 +137,7 @@ class Spelling:
     megatron_lm: bool = False
     written: frozenset[str] = frozenset()
     from_variables: Mapping[str, int] = field(default_factory=dict)
-    # NeMo-RL DPO: its batch keys count preference pairs, two sequences each
+    # DPO (NeMo-RL's, TRL's): its batch keys count preference pairs, two sequences each
     pairs: bool = False
 
     def apply(self, lines: list[str]) -> list[str]:
@@ -146,7 +146,7 @@ class Spelling:
         if self.megatron_lm:
             return self._megatron_lm(lines)
         if self.pairs:
-            return [_in_pairs(line) for line in lines]
+            lines = [_in_pairs(line) for line in lines]
         if not self.flags:
             return lines
         return [
@@ -175,11 +175,15 @@ class Spelling:
         return out
 
 
-_PAIRED = re.compile(r"^(\s*policy\.train_(?:micro|global)_batch_size\s*[:=]\s*)(\d+)\s*$")
+_PAIRED = re.compile(
+    r"^(\s*(?:policy\.train_(?:micro|global)_batch_size|per_device_train_batch_size)\s*[:=]\s*)"
+    r"(\d+)\s*$"
+)
 
 
 def _in_pairs(line: str) -> str:
-    """`policy.train_micro_batch_size: 4` (sequences) as DPO's 2 (pairs of sequences)."""
+    """`policy.train_micro_batch_size: 4` (sequences; TRL's per_device_train_batch_size too) as
+    DPO's 2 (pairs of sequences)."""
     m = _PAIRED.match(line)
     if m is None:
         return line
@@ -208,7 +212,8 @@ def spelling_of(reading) -> Spelling:
         if origin is not None and origin.kind == "file" and origin.key:
             keys[setting] = origin.key.removeprefix("--")
     batch = reading.origins.get("micro_batch_size")
-    return Spelling(keys, flags=bool(batch and (batch.key or "").startswith("--")))
+    flags = bool(batch and (batch.key or "").startswith("--"))
+    return Spelling(keys, flags=flags, pairs="(DPO" in reading.format)  # TRL's DPO: pairs
 
 
 def _megatron_lm_spelling(reading) -> Spelling:

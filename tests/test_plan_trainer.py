@@ -219,3 +219,36 @@ def test_nothing_fits_names_what_the_run_holds_beside_its_total(tmp_path):
     est = estimate(e)
     assert f"gathered parameters {est.gathered_params_bytes / 2**30:.1f} GiB" in said
     assert f"ZeRO buckets {est.zero_buffers_bytes / 2**30:.1f} GiB" in said
+
+
+def test_trl_dpo_counts_pairs_and_the_reference_model(capsys):
+    # A skill trial (tests/data/launch/trl_dpo/SOURCES.md): TRL's DPO at 4 pairs per GPU on 8
+    # A100 40GB OOMs, while the kit said it fits at 31.8 GiB: it read 4 sequences (DPOTrainer
+    # concatenates each pair's chosen and rejected: 8) and no reference model (a second set
+    # of 16-bit weights, ZeRO-3 sharded as the policy's, whole at ZeRO <= 2), and patched
+    # SFTConfig's loss_type chunked_nll, which DPOConfig rejects.
+    from recompute_kit.memory.model_states import model_states
+    from recompute_kit.sources.resolve import resolve
+
+    launch = Path(__file__).parent / "data" / "launch" / "trl_dpo" / "launch.sh"
+    resolved = resolve([str(launch)])
+    r, cfg = resolved.reading, resolved.config
+    assert r.get("micro_batch_size") == 8 and "4 pairs" in r.origins["micro_batch_size"].note
+    assert cfg.parallel.reference_model and cfg.parallel.preference_pairs
+    with_ref = model_states(cfg).weights
+    alone = model_states(cfg.replace(reference_model=False)).weights
+    assert with_ref == 2 * alone  # ZeRO-3: both 16-bit copies sharded over the 8 ranks
+    stage2 = cfg.replace(zero_stage=2)
+    no_ref = stage2.replace(reference_model=False)
+    whole = model_states(stage2).weights - model_states(no_ref).weights
+    assert whole > 7 * alone  # below ZeRO-3 the reference is whole on every rank
+    argv = ["plan", "--config", str(launch), "--gpu", "a100-40gb", "--levers", "--json"]
+    main(argv)
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    assert not next(r for r in rows if r["lever"] == "current")["fits"]
+    batches = [r["setting"] for r in rows if r["lever"] == "micro-batch"]
+    assert batches and all("(pairs)" in s for s in batches)
+    assert not [s for s in batches if s.startswith("per_device_train_batch_size=4")]
+    # the doctor's logits finding never patches SFTConfig's loss_type into a DPO run
+    main(["doctor", "--config", str(launch), "--gpu", "a100-40gb", "--json"])
+    assert "chunked_nll" not in capsys.readouterr().out

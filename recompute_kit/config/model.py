@@ -191,6 +191,13 @@ class ParallelConfig:
     # held in the 16-bit compute dtype with no gradients and no optimizer states; the adapters'
     # own states (rank x the targeted layers: well under 1% of a model) are not counted.
     frozen_base: bool = False
+    # A frozen reference model beside the policy on the GPU (TRL's DPOTrainer without PEFT or
+    # precompute_ref_log_probs): its 16-bit weights, sharded as the policy's under ZeRO-3,
+    # whole below it (trl/models/utils.py prepare_deepspeed: stage 0 for a stage < 3)
+    reference_model: bool = False
+    # DPO: the run's batch keys count preference pairs, and each micro-batch holds the chosen
+    # and the rejected sequence of each (micro_batch_size here counts sequences: even)
+    preference_pairs: bool = False
     # DeepSpeed ZeRO's gradient bucket (zero_optimization.reduce_bucket_size, elements; None:
     # not a DeepSpeed run) and its double buffering (overlap_comm; None: DeepSpeed's default,
     # on at stage 3 only); stage 3 also gathers stage3_prefetch_bucket_size parameters ahead.

@@ -351,6 +351,8 @@ def model_states(
     if p.frozen_base:  # adapters on a frozen base: 16-bit weights alone (the adapters aside)
         weight_b, grad_b, optim_b = (2 if half else 4), 0, 0
     weights = held(weight_b, level >= 3)
+    if p.reference_model:  # (config/model.py): its weights in the compute dtype
+        weights += held(2 if half else 4, level >= 3 and mode in ("zero", "fsdp2"))
     grads = held(grad_b, level >= 2)
     optimizer = held(optim_b, level >= 1)
     step = held(4, level >= 1) if mode == "zero" and half and not p.frozen_base else 0.0

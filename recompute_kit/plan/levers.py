@@ -601,8 +601,9 @@ def _trainer_rows(
         )
     )
     gbs, dp = args[0], config.parallel.data_parallel_size
+    pairs = config.parallel.preference_pairs
     for b in MICRO_BATCH_SIZES:
-        setting = micro_batch_setting(keys, b, gbs, dp)
+        setting = micro_batch_setting(keys, b, gbs, dp, pairs)
         if b != config.model.micro_batch_size and setting:
             c = config.replace(micro_batch_size=b)
             rows.append(_evaluate("micro-batch", setting, c, *args, keys=keys))
@@ -622,12 +623,13 @@ def _trainer_rows(
         others.append(("fused loss", f"{keys['liger']}: true", fused, adds))
     for name, setting, c, adds in others:
         rows.append(_with_adds(_evaluate(name, setting, c, *args, keys=keys), adds))
-    smallest = micro_batch_setting(keys, 1, gbs, dp)
+    least = 2 if pairs else 1  # (one pair: two sequences)
+    smallest = micro_batch_setting(keys, least, gbs, dp, pairs)
     fits = any(r is not None and r.fits for r in rows)
-    if not fits and smallest and config.model.micro_batch_size > 1:
+    if not fits and smallest and config.model.micro_batch_size > least:
         # no one lever fits: each other lever at micro-batch 1 (the global batch kept)
         for name, setting, c, adds in others:
-            both = c.replace(micro_batch_size=1)
+            both = c.replace(micro_batch_size=least)
             row = _evaluate(name, f"{smallest} + {setting}", both, *args, keys=keys)
             rows.append(_with_adds(row, adds))
     return rows

@@ -204,14 +204,18 @@ def sharding_cost(config: Config, host_link_gbps: float) -> tuple[float, str, bo
     return seconds, ", ".join(parts), fits
 
 
-def micro_batch_setting(keys: dict[str, str], micro: int, gbs: int, dp: int) -> str | None:
-    """The framework's keys for a micro-batch at the same global batch, or None where the
-    accumulation steps would not be whole."""
-    if gbs % (micro * dp):
+def micro_batch_setting(
+    keys: dict[str, str], micro: int, gbs: int, dp: int, pairs: bool = False
+) -> str | None:
+    """The framework's keys for a micro-batch of `micro` sequences at the same global batch,
+    or None where the accumulation steps would not be whole; `pairs`: the keys count DPO's
+    preference pairs (two sequences each), so an odd `micro` has none."""
+    if gbs % (micro * dp) or (pairs and micro % 2):
         return None
+    shown = f"{micro // 2} (pairs)" if pairs else f"{micro}"
     if not keys["accumulation"]:  # the framework derives it from its global batch
-        return f"{keys['micro_batch']}={micro}"
-    return f"{keys['micro_batch']}={micro} {keys['accumulation']}={gbs // (micro * dp)}"
+        return f"{keys['micro_batch']}={shown}"
+    return f"{keys['micro_batch']}={shown} {keys['accumulation']}={gbs // (micro * dp)}"
 
 
 def with_host_link(step, seconds: float):

@@ -77,9 +77,13 @@ def read(text: str, path: str) -> Reading:
     _accelerate_config(launch, path, reading)
     program = launch.program or ""
     trl_sft = _TRL_SFT_SCRIPT.search(program) or (program == "trl" and words[:1] == ["sft"])
+    trl_dpo = _TRL_DPO_SCRIPT.search(program) or (program == "trl" and words[:1] == ["dpo"])
     if trl_sft and hf_trainer.FORMAT_LF not in reading.format:
         # TRL's SFT script: SFTConfig's defaults (gradient checkpointing on, its loss_type)
         reading.format = f"{hf_trainer.FORMAT_TRL} ({hf_trainer.TRL_SFT})"
+    elif trl_dpo and hf_trainer.FORMAT_LF not in reading.format:
+        # TRL's DPO script: pairs of sequences and a reference model (hf_trainer._trl_dpo)
+        reading.format = f"{hf_trainer.FORMAT_TRL} ({hf_trainer.TRL_DPO})"
     reading.format = f"launch command, {reading.format}"
     if launch.world_size:
         where = Origin("file", f"{path}:{launch.world_size_line}", launch.world_size_key)
@@ -124,6 +128,7 @@ def _accelerate_config(launch: Any, path: str, reading: Reading) -> None:
 
 # TRL's own SFT entry points: trl/scripts/sft.py, and the `trl sft` command that runs it
 _TRL_SFT_SCRIPT = re.compile(r"(?:^|/)trl/scripts/sft\.py$")
+_TRL_DPO_SCRIPT = re.compile(r"(?:^|/)trl/scripts/dpo\.py$")
 
 
 def _trainer_file(name: str, path: str, line: int) -> Reading:

@@ -25,7 +25,15 @@ import yaml
 
 from ..config import ConfigError
 from .deepspeed_json import fill_auto_buckets, read_deepspeed
-from .reading import FROM_ARGUMENT, FROM_ASSUMED, FROM_DERIVED, FROM_FILE, Origin, Reading
+from .reading import (
+    FROM_ARGUMENT,
+    FROM_ASSUMED,
+    FROM_DEFAULT,
+    FROM_DERIVED,
+    FROM_FILE,
+    Origin,
+    Reading,
+)
 from .trainer_files import _bool, _int, _Src
 
 FRAMEWORKS: tuple[str, ...] = ("hf-trainer",)
@@ -91,6 +99,12 @@ TRAINING_ARGS = f"transformers TrainingArguments ({_TF}/src/transformers/trainin
 LF_ARGS = "LLaMA-Factory hparams (hiyouga/LLaMA-Factory @ ff6d4d12 src/llamafactory/hparams/)"
 TRL_ARGS = "TRL base_config.py / sft_config.py (trl 1.16.0)"
 TRL_SFT = "SFT script"  # the format's mark where the command runs TRL's SFT (hf_launch.py)
+TRL_DPO = "DPO script"  # ... TRL's DPO (trl/scripts/dpo.py, `trl dpo`)
+DPO = "the batch keys count pairs: a chosen and a rejected sequence each"
+_TRL_DPO_TRAINER = (
+    "https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8/"
+    "trl/trainer/dpo_trainer.py"
+)
 
 
 def key_for(field: str) -> str:
@@ -509,6 +523,38 @@ def _trl_sft_loss(reading: Reading) -> None:
     reading.set("fused_linear_cross_entropy", True, Origin(FROM_ASSUMED, where, key, note))
 
 
+def _trl_dpo(reading: Reading) -> None:
+    """TRL's DPOTrainer: the collator puts each pair's chosen and rejected sequences in one
+    batch (dpo_trainer.py: prompt_chosen_ids + prompt_rejected_ids, split after the forward),
+    so a micro-batch of b pairs is 2b sequences; the reference model is a second full model on
+    the GPU unless PEFT (the adapters disabled) or precompute_ref_log_probs spares it."""
+    b, origin = reading.get("micro_batch_size"), reading.origins.get("micro_batch_size")
+    if b and origin is not None and origin.kind != FROM_ARGUMENT:
+        note = f"{b} pairs: chosen and rejected in one batch ({_TRL_DPO_TRAINER})"
+        reading.set(
+            "micro_batch_size", 2 * b, Origin(origin.kind, origin.where, origin.key, note)
+        )
+    reading.set("preference_pairs", True, Origin(FROM_DERIVED, "TRL's DPO script", note=DPO))
+    spared = reading.get("frozen_base") or reading.unused.get("precompute_ref_log_probs")
+    if spared in (True, "true", "True"):
+        return
+    reading.set(
+        "reference_model",
+        True,
+        Origin(
+            FROM_DEFAULT,
+            _TRL_DPO_TRAINER,
+            "use_peft / precompute_ref_log_probs (neither set)",
+            "DPOTrainer's reference model: a second copy of the weights on the GPU",
+        ),
+    )
+    reading.warnings.append(
+        "TRL DPO: the reference model's 16-bit weights are counted with the policy's; its "
+        "logits (one more logits tensor at the loss) and its forward's time are not; "
+        "--precompute_ref_log_probs or PEFT (use_peft) removes it from the step"
+    )
+
+
 def apply_defaults(reading: Reading) -> None:
     # several inputs merged read as "DeepSpeed JSON + LLaMA-Factory YAML": the trainer's decides
     kind = next((f for f in (FORMAT_LF, FORMAT_TRL) if f in reading.format), reading.format)
@@ -525,6 +571,8 @@ def apply_defaults(reading: Reading) -> None:
     )
     if kind == FORMAT_TRL and TRL_SFT in reading.format:
         _trl_sft_loss(reading)
+    if kind == FORMAT_TRL and TRL_DPO in reading.format:
+        _trl_dpo(reading)
     if kind == FORMAT_TRL:
         fp16 = reading.get("fp16") is True
         d("bf16", not fp16, f"TRL's default ({TRL_ARGS})", "bf16 None: True unless fp16")

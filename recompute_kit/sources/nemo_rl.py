@@ -32,7 +32,7 @@ from .nemo import (
     resolve_interpolations,
 )
 from .nemo_rl_overrides import Override
-from .reading import KNOWN_KEYS, MODEL_PARALLEL_SIZES, Reading
+from .reading import FROM_DERIVED, KNOWN_KEYS, MODEL_PARALLEL_SIZES, Origin, Reading
 
 FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
 
@@ -400,6 +400,7 @@ def _dpo_pairs(fv: FileValues) -> None:
         pairs = fv.get(p, key, kind=int)
         if pairs is not None:
             fv.set(field, 2 * pairs, (p, key), f"{pairs} pairs: {DPO_NOTE}")
+    reading.set("preference_pairs", True, Origin(FROM_DERIVED, "NeMo-RL's DPO", note=DPO_NOTE))
     reading.warnings.append(
         f"{fv.where(('dpo',))}: DPO's reference policy is kept in host memory (NeMo-RL "
         "stores its state dict on the CPU and swaps it into the policy for the reference "

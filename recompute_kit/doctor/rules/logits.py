@@ -159,8 +159,10 @@ def fused_loss_fix(ctx: Context) -> str:
 
 
 def trl_sft(ctx: Context) -> bool:
-    """The run is TRL's SFT (the shared reader read its script or YAML)."""
-    return "TRL" in str((ctx.evidence.read or {}).get("format", ""))
+    """The run is TRL's SFT (the shared reader read its script or YAML; not its DPO, whose
+    loss_type names DPO objectives)."""
+    fmt = str((ctx.evidence.read or {}).get("format", ""))
+    return "TRL" in fmt and "DPO" not in fmt
 
 
 LOGITS_WORDS = (

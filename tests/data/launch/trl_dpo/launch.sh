@@ -1,0 +1,14 @@
+accelerate launch --config_file examples/accelerate_configs/deepspeed_zero3.yaml trl/scripts/dpo.py \
+    --dataset_name trl-lib/ultrafeedback_binarized \
+    --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \
+    --learning_rate 5.0e-7 \
+    --num_train_epochs 1 \
+    --per_device_train_batch_size 4 \
+    --max_steps 1000 \
+    --gradient_accumulation_steps 8 \
+    --eval_strategy steps \
+    --eval_steps 50 \
+    --output_dir Meta-Llama-3-8B-Instruct-DPO \
+    --no_remove_unused_columns \
+    --max_length 2048 \
+    --gradient_checkpointing
