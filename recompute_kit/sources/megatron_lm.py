@@ -1113,7 +1113,15 @@ def apply_defaults(reading: Reading) -> None:
         derive("apply_rope_fusion", False, "no rope: no rope fusion (Megatron-LM)")
     d("attention_softmax_in_fp32", False, DEFAULT_WHERE)
     d("make_vocab_size_divisible_by", 128, DEFAULT_WHERE)
-    d("transformer_impl", "transformer_engine", DEFAULT_WHERE)
+    # the default since core_r0.6.0; before it `local` (a 2023 checkout keeps the s x s
+    # attention scores where this estimate has a fused kernel): said in the note
+    d(
+        "transformer_impl",
+        "transformer_engine",
+        DEFAULT_WHERE,
+        "the default since Megatron-LM core_r0.6.0; an older checkout's is local (unfused "
+        "attention): its log's argument dump or --transformer-impl says which",
+    )
 
     # MoE
     if v("num_moe_experts"):

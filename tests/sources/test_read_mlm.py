@@ -541,3 +541,18 @@ def test_megatron_deepspeed_levers_only_in_its_own_flags():
     lines = layout_lines(changes, "megatron-deepspeed", 8)
     assert "--moe-expert-parallel-size 4" in lines[-1]
     assert any("no Megatron-DeepSpeed flag" in x for x in lines)
+
+
+def test_transformer_impl_default_says_the_version_it_depends_on(tmp_path):
+    # A blind trial on Megatron-LM#525 (a 2023 fork, --transformer-impl local by default there):
+    # given the script alone, today's default (transformer_engine) was applied silently and the
+    # run that crashed "fit". The default is said with the release it came with.
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+        "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1\n"
+    )
+    r = resolve([str(script)], overrides={"data_parallel_size": 1}).reading
+    o = r.origins["transformer_impl"]
+    assert r.get("transformer_impl") == "transformer_engine" and o.kind == "default"
+    assert "core_r0.6.0" in o.note and "local" in o.note
