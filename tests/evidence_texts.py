@@ -416,6 +416,8 @@ OOM_CASES = {
             allocated_bytes=nbytes(10.85, GiB),
             free_bytes=nbytes(24.81, MiB),
             reserved_bytes=nbytes(10.86, GiB),
+            # "R reserved in total": what the allocator holds unhanded is R - A
+            reserved_unallocated_bytes=nbytes(10.86, GiB) - nbytes(10.85, GiB),
         ),
     ),
     "gen3": (
@@ -428,6 +430,7 @@ OOM_CASES = {
             allocated_bytes=nbytes(28.82, GiB),
             free_bytes=nbytes(577.12, MiB),
             reserved_bytes=nbytes(29.97, GiB),
+            reserved_unallocated_bytes=nbytes(29.97, GiB) - nbytes(28.82, GiB),
         ),
     ),
     "gen4": (

@@ -174,6 +174,7 @@ def test_oom_outside_the_caching_allocator_and_launcher_prefixes():
             allocated_bytes=nbytes(4.36, GiB),
             free_bytes=nbytes(6.69, MiB),
             reserved_bytes=nbytes(4.63, GiB),
+            reserved_unallocated_bytes=nbytes(4.63, GiB) - nbytes(4.36, GiB),
         ),
     )
     assert [e.type for e in evidence.errors] == ["RuntimeError"]

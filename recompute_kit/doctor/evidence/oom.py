@@ -202,6 +202,13 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     event.private_pool_bytes = values.get("private_pool_bytes")
     if event.reserved_unallocated_bytes is None:
         event.reserved_unallocated_bytes = values.get("reserved_unallocated_bytes")
+    if (
+        event.reserved_unallocated_bytes is None
+        and event.reserved_bytes is not None
+        and event.allocated_bytes is not None
+    ):
+        # 1.5-2.0 print "R reserved in total by PyTorch": the cache it holds unhanded is R - A
+        event.reserved_unallocated_bytes = max(0, event.reserved_bytes - event.allocated_bytes)
     others = [_size(n, u) for _, n, u in _OOM_OTHER_PROCESS_RE.findall(flat)]
     if others:
         event.other_processes_bytes = sum(x for x in others if x is not None)
