@@ -408,8 +408,9 @@ def _render_nemo(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
         "activations_checkpoint_method": core["recompute_method"],
         "activations_checkpoint_num_layers": core["recompute_num_layers"],
     }
-    if core["recompute_granularity"] == "selective":
-        model["recompute_modules"] = core["recompute_modules"]
+    modules = core["recompute_modules"] if core["recompute_granularity"] == "selective" else None
+    if modules is not None and modules != ["core_attn"]:  # (core attention: the default)
+        model["recompute_modules"] = modules
     offload = offload_settings(rc)
     offload.pop("distribute_saved_activations", None)
     model.update(offload)
@@ -423,6 +424,11 @@ def _render_nemo(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
         "num_layers;",
         "# the other keys go to TransformerConfig by name (if your Megatron-Core has the field).",
     ]
+    if "recompute_modules" in model:
+        comments.append(
+            "# recompute_modules needs Megatron-Core >= 0.12: an older one has no such field, "
+            "NeMo drops the key and selective recomputes core attention alone"
+        )
     if rc.distribute_saved_activations:
         comments.append("# distribute_saved_activations: not exported, NeMo hard-codes it to False")
     lines = ["model:"] + [f"  {key}: {_yaml(value)}" for key, value in model.items()]

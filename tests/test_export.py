@@ -280,6 +280,8 @@ def run_nemo(text: str) -> tuple[RecomputeConfig, dict]:
     fields = {NEMO_RECOMPUTE[k]: v for k, v in model.items() if k in NEMO_RECOMPUTE}
     fields.update({k: v for k, v in model.items() if k in names})
     fields["distribute_saved_activations"] = False
+    if fields.get("recompute_granularity") == "selective":
+        fields.setdefault("recompute_modules", ["core_attn"])  # TransformerConfig's default
     return RecomputeConfig(**fields), model
 
 
@@ -306,6 +308,11 @@ def test_nemo_says_distribute_saved_activations_is_not_exported():
 def test_nemo_lists_are_flow_style():
     text = render(parse_spec("selective:core_attn,mlp"), "nemo")
     assert "  recompute_modules: [core_attn, mlp]" in text.splitlines()
+    # a skill trial on the launcher's Nemotron-4 340B YAML (container nemo:24.09, Megatron-Core
+    # before 0.12): NeMo drops a field its TransformerConfig lacks, silently; said, and core
+    # attention alone is written without the key
+    assert "needs Megatron-Core >= 0.12" in text
+    assert "recompute_modules" not in render(parse_spec("selective:core_attn"), "nemo")
 
 
 # ---- torchtitan --------------------------------------------------------------------------------
