@@ -198,6 +198,9 @@ class ParallelConfig:
     # DPO: the run's batch keys count preference pairs, and each micro-batch holds the chosen
     # and the rejected sequence of each (micro_batch_size here counts sequences: even)
     preference_pairs: bool = False
+    # DeepSpeed ZeRO-3 leaf modules: the MoE block gathered whole (LLaMA-Factory's
+    # add_z3_leaf_module for its MoE model types), not expert by expert
+    zero3_moe_leaf: bool = False
     # DeepSpeed ZeRO's gradient bucket (zero_optimization.reduce_bucket_size, elements; None:
     # not a DeepSpeed run) and its double buffering (overlap_comm; None: DeepSpeed's default,
     # on at stage 3 only); stage 3 also gathers stage3_prefetch_bucket_size parameters ahead.

@@ -372,6 +372,13 @@ def model_states(
     if level >= 3 and mode != "megatron":
         if mode == "zero":
             unit = _largest_module(m, p.tensor_model_parallel_size)
+            if p.zero3_moe_leaf and m.num_moe_experts:
+                # the whole MoE block at once: router, every expert, the shared expert
+                h = m.hidden_size
+                block = m.num_moe_experts * (3 if m.swiglu else 2) * h * m.moe_ffn_size
+                shared = m.moe_shared_expert_intermediate_size or 0
+                block += m.num_moe_experts * h + 3 * h * shared
+                unit = max(unit, block / p.tensor_model_parallel_size)
         else:  # FSDP units: a transformer layer, or the embedding / output head
             vocab = padded_vocab_size(m, p.tensor_model_parallel_size)
             unit = max(

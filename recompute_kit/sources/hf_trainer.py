@@ -315,6 +315,14 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     _warn_model_states(data, src, reading, lf)
     if lf:
         _warn_pairwise(data, src, reading)
+    if lf and data.get("moe_aux_loss_coef"):
+        # LLaMA-Factory turns on output_router_logits for it (model_utils/moe.py): transformers'
+        # load-balancing loss concatenates every layer's router logits and one-hot expert masks
+        reading.warnings.append(
+            f"{src.path}: moe_aux_loss_coef {data['moe_aux_loss_coef']}: the router logits of "
+            "every layer and the load-balancing loss's tensors (layers x tokens x experts, "
+            "int64 masks among them) at the end of the forward are not counted"
+        )
     if "fused_linear_cross_entropy" in reading:
         take("enable_liger_kernel" if lf else "use_liger_kernel")
     for key, value in data.items():
@@ -691,4 +699,18 @@ def apply_defaults(reading: Reading) -> None:
         if finetuning == "lora":  # absent: LLaMA-Factory's default is lora
             d("frozen_base", True, "finetuning_type: lora (LLaMA-Factory's default)")
     if reading.get("num_moe_experts"):
-        d("moe_grouped_gemm", False, "transformers' MoE blocks loop over the experts")
+        d(
+            "moe_grouped_gemm",
+            False,
+            "transformers' MoE blocks",
+            "transformers 4.x loops over the experts (5.x's default experts implementation "
+            "is grouped_mm, which saves a little less)",
+        )
+        if kind == FORMAT_LF and (reading.get("zero_stage") or 0) >= 3:
+            d(
+                "zero3_moe_leaf",
+                True,
+                f"LLaMA-Factory ({LF_ARGS.split(' (')[1][:-1]} model/model_utils/moe.py "
+                "add_z3_leaf_module)",
+                "ZeRO-3 gathers each MoE block whole",
+            )

@@ -521,3 +521,20 @@ def test_titan_launch_script_gives_the_gpus_and_the_toml_it_names(tmp_path):
     alone = resolve([str(script)])
     assert alone.reading.get("num_layers") == 32 and alone.reading.get("world_size") == 8
     assert str(tmp_path / "train_configs" / "debug_model.toml") in {i["path"] for i in alone.inputs}
+
+
+def test_llamafactory_zero3_gathers_a_moe_block_whole():
+    # A skill trial: LLaMA-Factory's qwen3_full_sft.yaml + ds_z3_config.json (corpus, verbatim)
+    # on Qwen3-30B-A3B. LLaMA-Factory makes each MoE block a ZeRO-3 leaf (model/model_utils/
+    # moe.py add_z3_leaf_module: Qwen3MoeSparseMoeBlock), so DeepSpeed gathers the router and
+    # all 128 experts of a layer at once: 604M parameters, not the embedding's 311M.
+    from recompute_kit.memory.model_states import model_states
+    from recompute_kit.sources.resolve import resolve
+
+    corpus = HERE / "corpus" / "hf_trainer"
+    files = [str(corpus / "qwen3_full_sft.yaml"), str(corpus / "ds_z3_config.json")]
+    cfg = resolve(files, model="Qwen/Qwen3-30B-A3B", overrides={"data_parallel_size": 16}).config
+    assert cfg.parallel.zero3_moe_leaf
+    block = 128 * 3 * 2048 * 768 + 128 * 2048  # experts (gate, up, down) and the router
+    assert model_states(cfg).gathered_params == 2 * 2 * block  # bf16 params and grads
+    assert model_states(cfg.replace(zero3_moe_leaf=False)).gathered_params < 2 * 2 * block
