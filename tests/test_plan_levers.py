@@ -559,3 +559,18 @@ def test_a_cp_comm_type_the_step_model_does_not_time_is_said(capsys):
     assert "model.cp_comm_type 'a2a': CP's communication is timed as the p2p ring" in (
         capsys.readouterr().out
     )
+
+
+def test_fsdp2_cpu_offload_host_memory_counts_every_expert_shard():
+    # A skill trial on torchtitan's deepseek_v3_671b.toml at EP 32 on 256 GPUs: the offload row
+    # said 2.5 GiB of host memory per GPU. FSDP2's CPUOffloadPolicy moves the fp32 parameters,
+    # gradients and Adam states (16 B a parameter) of the rank's shard, experts sharded over the
+    # 8 expert-data-parallel ranks, not over all 256: 671B / 256 x 16 B = 39 GiB.
+    from recompute_kit.plan.trainer_levers import host_bytes
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources/corpus/torchtitan/blind_deepseek_v3_671b.toml"
+    over = {"data_parallel_size": 256, "expert_model_parallel_size": 32}
+    cfg = resolve([str(toml)], overrides=over).config
+    offloaded = cfg.replace(optimizer_offload=True, param_offload=True)
+    assert abs(host_bytes(offloaded) / (671.03e9 / 256 * 16) - 1) < 0.01

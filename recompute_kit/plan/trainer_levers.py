@@ -40,7 +40,7 @@ import json
 from typing import Any
 
 from ..config import Config
-from ..memory.model_states import rank_parameters
+from ..memory.model_states import rank_parameters, sharding_mode
 from .margins import HOST_MEMORY_PER_GPU_BYTES
 
 GIB = 2**30
@@ -60,9 +60,13 @@ def offloaded_words(optimizer: bool, params: bool) -> str:
 
 
 def _shard_params(config: Config) -> float:
+    """Parameters of this rank's shard: dense ones over data x context parallel, expert ones
+    over the expert-data-parallel ranks (TP x CP x DP / (ETP x EP)), as model_states shards."""
     p = config.parallel
     parts = rank_parameters(config)
-    return (parts["dense"] + parts["expert"]) / max(p.data_parallel_size, 1)
+    dp_cp = max(p.data_parallel_size * p.context_parallel_size, 1)
+    edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
+    return parts["dense"] / dp_cp + parts["expert"] / edp
 
 
 def _level(config: Config) -> int:
@@ -77,10 +81,11 @@ def host_bytes(config: Config) -> int:
     p, half = config.parallel, config.model.bf16 or config.model.fp16
     n = _shard_params(config)
     out = 0.0
+    fsdp2 = sharding_mode(config) == "fsdp2"  # fp32 parameters and gradients (CPUOffloadPolicy)
     if p.optimizer_offload and _level(config) >= 1 and not p.frozen_base:
-        out += (12 + 4) * n if half else 12 * n
+        out += (12 + 4) * n if half and not fsdp2 else (8 + 4) * n if fsdp2 else 12 * n
     if p.param_offload and p.zero_stage >= 3:
-        out += (2 if half else 4) * n
+        out += (2 if half and not fsdp2 else 4) * n
     return round(out)
 
 
