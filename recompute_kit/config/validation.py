@@ -178,6 +178,13 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
     if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
         raise ConfigError("Bias in Moe is only supported when ETP==1")
     if (
+        m.loss_implementation == "torchtitan"
+        and p.expert_model_parallel_size > 1
+        and p.etp not in (1, p.tensor_model_parallel_size)
+    ):
+        # torchtitan's own rule (distributed/parallel_dims.py _validate, v0.2.2)
+        raise ConfigError("Currently we only support ETP=TP or ETP=1 (torchtitan)")
+    if (
         m.num_moe_experts is not None
         and m.moe_router_topk == 1
         and m.moe_router_score_function == "softmax"

@@ -538,3 +538,22 @@ def test_llamafactory_zero3_gathers_a_moe_block_whole():
     block = 128 * 3 * 2048 * 768 + 128 * 2048  # experts (gate, up, down) and the router
     assert model_states(cfg).gathered_params == 2 * 2 * block  # bf16 params and grads
     assert model_states(cfg.replace(zero3_moe_leaf=False)).gathered_params < 2 * 2 * block
+
+
+def test_torchtitan_expert_tensor_parallelism_is_tp_or_one():
+    # A skill trial estimated torchtitan's DeepSeek-V3 at TP 2, EP 32, expert TP 4, which
+    # torchtitan refuses at start-up (parallel_dims.py: "Currently we only support ETP=TP or
+    # ETP=1"); Megatron-Core allows it, so the rule is torchtitan's alone.
+    from recompute_kit.config import ConfigError
+    from recompute_kit.sources.resolve import resolve
+
+    toml = HERE / "corpus" / "torchtitan" / "blind_deepseek_v3_671b.toml"
+    base = {"data_parallel_size": 128, "tensor_model_parallel_size": 2}
+    base["expert_model_parallel_size"] = 32
+    for etp in (1, 2):
+        over = {**base, "expert_tensor_parallel_size": etp}
+        resolve([str(toml)], overrides=over).config.validate()
+    bad = resolve([str(toml)], overrides={**base, "expert_tensor_parallel_size": 4}).config
+    with pytest.raises(ConfigError, match="ETP=TP or ETP=1"):
+        bad.validate()
+    bad.replace(loss_implementation="hf").validate()  # (Megatron-Core's own rules allow it)
