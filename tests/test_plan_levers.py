@@ -574,3 +574,29 @@ def test_fsdp2_cpu_offload_host_memory_counts_every_expert_shard():
     cfg = resolve([str(toml)], overrides=over).config
     offloaded = cfg.replace(optimizer_offload=True, param_offload=True)
     assert abs(host_bytes(offloaded) / (671.03e9 / 256 * 16) - 1) < 0.01
+
+
+def test_expert_parallel_rows_price_their_all_to_alls():
+    # A skill trial on torchtitan's deepseek_v3_671b.toml on 256 GPUs (EP 1: every rank gathers
+    # each MoE block's 256 experts): no lever offered expert parallelism, and EP sizes were
+    # priced alike, their all-to-alls untimed. EP rows are levers now, with a smaller
+    # micro-batch where EP alone falls short, and each MoE layer's dispatch and combine count.
+    from recompute_kit.plan.step_time import Hardware, ep_transfer_seconds
+    from recompute_kit.sources.resolve import resolve
+
+    toml = Path(__file__).parent / "sources/corpus/torchtitan/blind_deepseek_v3_671b.toml"
+    cfg = resolve([str(toml)], overrides={"data_parallel_size": 256}).config.with_recompute(
+        "full:uniform:1"
+    )
+    table = levers(cfg, 79.1, global_batch_size=1024)
+    ep32 = next(r for r in table.rows if r.setting.startswith("ep=32, micro_batch_size=2"))
+    assert ep32.fits and not table.current.fits
+    hw = Hardware()
+    m = cfg.model
+    ep = cfg.replace(expert_model_parallel_size=32, micro_batch_size=2)
+    moe_layers = m.num_layers - 3  # DeepSeek-V3's first 3 layers are dense
+    per = 2 * m.seq_length * m.moe_router_topk * m.hidden_size * 2 * 31 / 32  # bf16 copies
+    # 2 forward + 2 backward + 2 recomputed all-to-alls a layer, over the network (EP 32)
+    expected = moe_layers * 6 * per / (hw.internode_gbps * 1e9)
+    assert abs(ep_transfer_seconds(ep, 0, hw) / expected - 1) < 1e-9
+    assert ep_transfer_seconds(cfg, 0, hw) == 0  # no EP, no all-to-all

@@ -355,7 +355,7 @@ def _print(table: Any, calibration: dict | None) -> None:
         f"{hw.tflops_per_gpu:.4g} TFLOP/s per GPU, + exposed CP ring at {hw.cp_link_gbps:g} "
         f"GB/s inside a node and {hw.internode_gbps:g} GB/s once TP x CP spans nodes, + "
         + ("" if hw.tp_comm_overlap else "exposed TP collectives, + ")
-        + "exposed FSDP / ZeRO-3 collectives, + "
+        + "exposed FSDP / ZeRO-3 collectives and EP all-to-alls, + "
         + f"exposed offload at {hw.host_link_gbps:g} GB/s); global batch "
         f"{table.global_batch_size}; usable {table.usable_bytes / GIB:.1f} GiB per GPU; "
         "'peak' is the binding stage's total, 'held' that and what the rank holds beside it "

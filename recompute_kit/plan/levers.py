@@ -156,6 +156,8 @@ def _adds(config: Config, step: StepTime, micro_batches: int = 1) -> str:
             f"FSDP gathers and reduce-scatters {slow.fsdp_transfer_s:.3g} s/micro-batch{each}, "
             f"exposed {step.fsdp_exposed_s:.3g} s"
         )
+    if step.ep_exposed_s:
+        parts.append(f"EP all-to-all exposed {step.ep_exposed_s:.3g} s")
     if step.bubble_fraction:
         parts.append(f"bubble {step.bubble_fraction:.1%}")
     if config.parallel.context_parallel_size > 1:
@@ -462,6 +464,8 @@ def levers(
                     )
                 )
     rows += _tensor_parallel(config, args)
+    if m.num_moe_experts and has_key(plan_format, "expert_model_parallel_size"):
+        rows += _expert_parallel(config, args)
     pp = p.pipeline_model_parallel_size
     vpp_key = has_key(plan_format, "virtual_pipeline_model_parallel_size")
     if pp > 1 and not layout_fixed and not vpp_key:
@@ -665,6 +669,29 @@ def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:
         rows.append(
             _evaluate("tp", f"sequence_parallel (tp={p.tensor_model_parallel_size})", c, *args)
         )
+    return rows
+
+
+def _expert_parallel(config: Config, args: tuple) -> list[Lever | None]:
+    """Every other power-of-two EP size that divides the experts and the ranks (TP x CP x DP
+    over expert TP): fewer experts a rank holds and gathers, its all-to-alls priced
+    (step_time.py). Megatron's and the framework's rules refuse what cannot run."""
+    p, experts = config.parallel, config.model.num_moe_experts or 1
+    ranks = p.tensor_model_parallel_size * p.context_parallel_size * p.data_parallel_size
+    rows: list[Lever | None] = []
+    ep = 1
+    while ep <= experts:
+        if ep != p.expert_model_parallel_size and experts % ep == 0 and ranks % (ep * p.etp) == 0:
+            c = config.replace(expert_model_parallel_size=ep)
+            row = _evaluate("ep", f"ep={ep}", c, *args)
+            rows.append(row)
+            b = config.model.micro_batch_size
+            for smaller in sorted({b // 2, 1} - {0, b}) if row is not None and not row.fits else ():
+                # with a smaller micro-batch (the step's batch kept): each alone may fall short
+                c = c.replace(micro_batch_size=smaller)
+                setting = f"ep={ep}, micro_batch_size={smaller}"
+                rows.append(_evaluate("ep + micro-batch", setting, c, *args))
+        ep *= 2
     return rows
 
 

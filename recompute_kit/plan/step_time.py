@@ -54,6 +54,12 @@ hide. Every term, with its source or marked as an assumption:
   micro-batch, an optimistic ASSUMPTION. Under pipeline parallelism FSDP2 (torch's pipelining
   stage) gathers once a step and syncs the gradients in the last micro-batch: left out, as
   the data-parallel all-reduce is.
+* **Expert parallelism**: each MoE layer's token dispatch and combine are all-to-alls of the
+  rank's routed token copies (b x s/cp (/tp with SP) x top-k x hidden), (ep - 1) / ep of them
+  leaving the rank: two in forward, two in backward, two more where recompute re-runs the
+  layer, over NVLink while TP x CP x EP fits a node, else the network. Taken as exposed (the
+  defaults: Megatron's overlap_moe_expert_parallel_comm off, torchtitan none), an
+  ASSUMPTION; the allgather dispatcher is not timed.
 * **Distributed optimizer**: it replaces the gradient all-reduce by a reduce-scatter plus a
   parameter all-gather, the same bytes on the wire (a ring all-reduce IS a reduce-scatter then
   an all-gather; Megatron-LM docs, distrib_optimizer.md), overlapped with backward/forward by
@@ -194,6 +200,7 @@ class StageTime:
     tp_exposed_s: float = 0.0
     fsdp_exposed_s: float = 0.0
     fsdp_transfer_s: float = 0.0
+    ep_exposed_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -203,6 +210,7 @@ class StageTime:
             + self.offload_exposed_s
             + self.tp_exposed_s
             + self.fsdp_exposed_s
+            + self.ep_exposed_s
         )
 
 
@@ -219,6 +227,7 @@ class StepTime:
     stages: list[StageTime]
     tp_exposed_s: float = 0.0  # m x the slowest stage's
     fsdp_exposed_s: float = 0.0  # m x the slowest stage's
+    ep_exposed_s: float = 0.0  # m x the slowest stage's
 
     def to_json(self) -> dict:
         return {
@@ -231,6 +240,7 @@ class StepTime:
             "offload_exposed_seconds": self.offload_exposed_s,
             "tp_exposed_seconds": self.tp_exposed_s,
             "fsdp_exposed_seconds": self.fsdp_exposed_s,
+            "ep_exposed_seconds": self.ep_exposed_s,
             "slowest_stage": self.slowest_stage,
         }
 
@@ -277,7 +287,41 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         tp_exposed,
         max(0.0, fsdp - compute),
         fsdp,
+        ep_transfer_seconds(config, stage, hw),
     )
+
+
+def ep_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
+    """One micro-batch's expert-parallel all-to-alls on a rank of `stage` (module docstring):
+    per MoE layer a dispatch and a combine in forward, as many in backward, and again where
+    recompute re-runs the layer; each moves the rank's routed token copies (tokens x top-k x
+    hidden), (ep - 1) / ep of them to other ranks. 0 without EP or for the allgather
+    dispatcher (not timed)."""
+    m, p = config.model, config.parallel
+    ep = p.expert_model_parallel_size
+    if ep == 1 or not m.num_moe_experts or m.moe_token_dispatcher_type == "allgather":
+        return 0.0
+    width = 2 if (m.bf16 or m.fp16) else 4
+    tokens = m.micro_batch_size * m.seq_length / p.context_parallel_size
+    if p.sequence_parallel:
+        tokens /= p.tensor_model_parallel_size
+    per = tokens * m.moe_router_topk * m.hidden_size * width * (ep - 1) / ep
+    span = p.tensor_model_parallel_size * p.context_parallel_size * ep
+    link = hw.cp_link_gbps if span <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    rc = config.recompute
+    units = 0
+    for chunk in pipeline_layout(m, p)[stage]:
+        full = {
+            layer
+            for start, end, ck in full_recompute_chunks(rc, len(chunk))
+            if ck and rc.recompute_granularity == "full"
+            for layer in range(start, end)
+        }
+        for index, layer in enumerate(chunk):
+            if m.is_moe_layer(layer):
+                again = index in full or rc.selects("moe")
+                units += 4 + (2 if again else 0)
+    return units * per / (link * GB)
 
 
 def fsdp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
@@ -367,6 +411,7 @@ def step_time(
         stages=stages,
         tp_exposed_s=micro_batches * slow.tp_exposed_s,
         fsdp_exposed_s=micro_batches * slow.fsdp_exposed_s,
+        ep_exposed_s=micro_batches * slow.ep_exposed_s,
     )
 
 
