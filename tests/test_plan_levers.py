@@ -600,3 +600,9 @@ def test_expert_parallel_rows_price_their_all_to_alls():
     expected = moe_layers * 6 * per / (hw.internode_gbps * 1e9)
     assert abs(ep_transfer_seconds(ep, 0, hw) / expected - 1) < 1e-9
     assert ep_transfer_seconds(cfg, 0, hw) == 0  # no EP, no all-to-all
+    # and `plan`'s "nothing fits" names it first
+    from recompute_kit.config import ConfigError
+    from recompute_kit.plan import plan
+
+    with pytest.raises(ConfigError, match=r"too much; expert parallelism"):
+        plan(cfg, 79.1)

@@ -336,6 +336,9 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
             parts.append("shorten the sequence length")
     elif m.loss_implementation == "torchtitan":
         parts = ["raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs"]
+        if m.num_moe_experts and p.expert_model_parallel_size == 1:
+            # EP 1: every rank gathers each MoE block's experts whole
+            parts.insert(0, "expert parallelism ([parallelism] expert_parallel_degree)")
         if batch_left:
             parts.append(
                 "lower the per-rank batch ([training] local_batch_size; batch_size in older "
