@@ -449,12 +449,6 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
         elif key in _TORCHTITAN_TRAINING:
             shown = str(value).lower() if isinstance(value, bool) else value
             training.append(f"{_TORCHTITAN_TRAINING[key]} = {shown}")
-            if key == "micro_batch_size" and "global_batch_size" not in changes:
-                notes.append(
-                    "# global_batch_size: its default (-1) is local_batch_size x the data-"
-                    "parallel degree, so a new local_batch_size changes it; set it to the run's "
-                    "global batch to keep that (gradient accumulation makes up the rest)"
-                )
         else:
             notes.append(
                 f"# {key} {value}: no torchtitan key ({_TORCHTITAN_NONE.get(key, 'not exported')})"

@@ -503,15 +503,3 @@ def test_megatron_deepspeed_renders_in_its_own_flags():
     assert flags("none") == []
     said = render(parse_spec("selective:mlp"), "megatron-deepspeed")
     assert "Not expressible: Megatron-DeepSpeed's selective recompute is core attention" in said
-
-
-def test_torchtitan_local_batch_change_says_what_it_does_to_the_global_batch():
-    # A skill trial: `plan --micro-batch-size 2` on torchtitan's deepseek_v3_671b.toml wrote
-    # local_batch_size = 2 alone, which halves the global batch (default -1: local x DP)
-    from recompute_kit.export_layout import layout_lines
-
-    lines = layout_lines({"micro_batch_size": 2}, "torchtitan", 256)
-    assert "local_batch_size = 2" in lines
-    assert any(line.startswith("# global_batch_size: its default (-1)") for line in lines)
-    kept = layout_lines({"micro_batch_size": 2, "global_batch_size": 1024}, "torchtitan", 256)
-    assert not any(line.startswith("# global_batch_size") for line in kept)
