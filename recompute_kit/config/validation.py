@@ -175,6 +175,12 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             )
 
     _check_pipeline_split(m.num_layers, p)
+    if m.loss_implementation == "hf" and r.recompute_granularity == "selective":
+        # transformers' gradient_checkpointing wraps whole decoder layers; no module sets
+        raise ConfigError(
+            "a Hugging Face model checkpoints whole decoder layers (gradient_checkpointing): "
+            "selective recompute of modules is Megatron-Core's; use full:uniform:1 or none"
+        )
     if m.num_moe_experts is not None and m.add_bias_linear and cfg.parallel.etp != 1:
         raise ConfigError("Bias in Moe is only supported when ETP==1")
     if (

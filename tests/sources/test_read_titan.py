@@ -557,3 +557,17 @@ def test_torchtitan_expert_tensor_parallelism_is_tp_or_one():
     with pytest.raises(ConfigError, match="ETP=TP or ETP=1"):
         bad.validate()
     bad.replace(loss_implementation="hf").validate()  # (Megatron-Core's own rules allow it)
+
+
+def test_a_hugging_face_run_refuses_selective_module_recompute():
+    # A skill trial: `validate --recompute selective:moe` on a LLaMA-Factory run said valid and
+    # `estimate` priced it; transformers' gradient_checkpointing wraps whole decoder layers.
+    from recompute_kit.config import ConfigError
+    from recompute_kit.sources.resolve import resolve
+
+    corpus = HERE / "corpus" / "hf_trainer"
+    files = [str(corpus / "qwen3_full_sft.yaml"), str(corpus / "ds_z3_config.json")]
+    cfg = resolve(files, model="Qwen/Qwen3-30B-A3B", overrides={"data_parallel_size": 16}).config
+    cfg.with_recompute("full:uniform:1").validate()
+    with pytest.raises(ConfigError, match="checkpoints whole decoder layers"):
+        cfg.with_recompute("selective:moe").validate()
