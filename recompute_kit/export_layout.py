@@ -555,7 +555,12 @@ _nemo_rl = _keyed(
         "seq_length": "policy.max_total_sequence_length",
     },
     "cluster.num_nodes x cluster.gpus_per_node",
-    {},
+    {
+        # nemo_rl/models/megatron/setup.py: "Sequence Packing must be enabled to use Context
+        # Parallelism with MCore."
+        "context_parallel_size": "with policy.sequence_packing.enabled: true (NeMo-RL's "
+        "Megatron policy asserts it for CP)",
+    },
 )
 # NeMo-RL's DTensor (FSDP2) policy: TP, CP and SP in dtensor_cfg, no pipeline parallelism
 _nemo_rl_dtensor = _keyed(

@@ -573,6 +573,12 @@ def apply_defaults(reading: Reading) -> None:
     reading.default("world_size", 1, yml, "cluster 1 node x 1 GPU")
     # several inputs read as "... + ...": the last one (the file that inherits) decides
     if reading.format.rsplit(" + ", 1)[-1].endswith(MEGATRON):  # also a launch command's
+        # the Megatron policy builds its model with Megatron-Bridge's AutoBridge: what the
+        # model's bridge sets (Qwen3-MoE: grouped GEMM, alltoall) where the YAML says nothing
+        # (nemo_rl/models/megatron/setup.py overrides only the keys megatron_cfg has)
+        from .bridge_common import apply_provider_settings
+
+        apply_provider_settings(reading)
         for key in MODEL_PARALLEL_SIZES:
             reading.default(key, 1, yml)
         reading.default("virtual_pipeline_model_parallel_size", None, mcore)

@@ -134,3 +134,18 @@ def test_sequence_packing_bins_other_than_micro_batch_times_sequence_are_said():
     other = resolve([*base, "policy.sequence_packing.train_mb_tokens=32768"], require_shape=False)
     (said,) = [w for w in other.reading.warnings if "train_mb_tokens" in w]
     assert "32768" in said and "--micro-batch-size 1 --seq-length 32768" in said
+
+
+def test_the_megatron_policy_takes_what_its_bridge_sets_and_cp_says_packing():
+    # A skill trial on NeMo-RL's grpo-qwen3-30ba3b-8n8g-megatron recipe: moe_grouped_gemm read
+    # as Megatron-Core's False (so moe_act was refused), while NeMo-RL builds the model with
+    # AutoBridge and Qwen3MoEBridge sets it True (qwen3_moe_bridge.py); and a CP row was
+    # rendered alone where NeMo-RL's Megatron policy asserts sequence packing for CP.
+    from recompute_kit.export_layout import layout_lines
+    from recompute_kit.sources.resolve import resolve
+
+    r = resolve([str(CORPUS / "grpo_math_qwen30ba3b_megatron.yaml")]).reading
+    assert r.get("moe_grouped_gemm") is True
+    assert "qwen3_moe_bridge.py" in r.origins["moe_grouped_gemm"].where
+    lines = layout_lines({"context_parallel_size": 4}, "nemo-rl", 64)
+    assert any("sequence_packing.enabled: true" in line for line in lines)
