@@ -556,7 +556,7 @@ def test_torchtitan_expert_tensor_parallelism_is_tp_or_one():
     bad = resolve([str(toml)], overrides={**base, "expert_tensor_parallel_size": 4}).config
     with pytest.raises(ConfigError, match="ETP=TP or ETP=1"):
         bad.validate()
-    bad.replace(loss_implementation="hf").validate()  # (Megatron-Core's own rules allow it)
+    bad.replace(loss_implementation="megatron").validate()  # (Megatron-Core allows it)
 
 
 def test_a_hugging_face_run_refuses_selective_module_recompute():
