@@ -354,3 +354,38 @@ def test_lora_under_sequence_parallelism_keeps_the_adapters_gathered_inputs():
     assert layer(lora, mlp) - layer(p, mlp) == full_seq
     no_sp = cfg.replace(sequence_parallel=False)
     assert layer(no_sp.replace(frozen_base=True).parallel) == layer(no_sp.parallel)
+
+
+def test_trl_chunked_nll_holds_two_fp32_weight_copies_at_its_peak():
+    # A skill trial on Gemma 3 27B (vocabulary 262208): TRL's chunked_nll was priced as Liger's
+    # fused loss (a 16-bit weight gradient kept, one chunk's logits as the transient, growing
+    # with the micro-batch). TRL's `_chunk` runs `h.float() @ w.float().t()` under
+    # checkpoint in 256-token chunks (sft_trainer.py): backward holds the weight's fp32 copy
+    # and that copy's fp32 gradient, and a chunk's logits do not grow with the batch.
+    from recompute_kit.memory.estimate import loss_bytes
+
+    cfg = get_preset("llama3-8b").config().replace(
+        loss_implementation="hf",
+        fused_linear_cross_entropy=True,
+        fused_linear_cross_entropy_impl="trl_chunked_nll",
+        data_parallel_size=1,
+    )
+    m, p = cfg.model, cfg.parallel
+    v, h = m.vocab_size, m.hidden_size
+    saved, transient = loss_bytes(m, p, 2)
+    assert transient == 2 * 4 * v * h + 3 * 4 * 256 * v
+    tokens = m.seq_length * m.micro_batch_size
+    assert saved == 2 * tokens * h + 8 * tokens  # the hidden states and the int64 labels
+    double = cfg.replace(micro_batch_size=2 * m.micro_batch_size).model
+    assert loss_bytes(double, p, 2)[1] == transient  # the chunk is 256 tokens, whatever the batch
+    liger = loss_bytes(cfg.replace(fused_linear_cross_entropy_impl="liger").model, p, 2)
+    assert liger[1] < transient
+    # and TRL's SFT script is read so (tests/data/launch/trl, its launch and Accelerate config)
+    from pathlib import Path
+
+    from recompute_kit.sources.resolve import resolve
+
+    launch = Path(__file__).parent / "data" / "launch" / "trl" / "launch.sh"
+    trl = resolve([str(launch)], model="Qwen/Qwen2.5-7B").config.model
+    assert trl.fused_linear_cross_entropy
+    assert trl.fused_linear_cross_entropy_impl == "trl_chunked_nll"

@@ -87,6 +87,9 @@ class ModelConfig:
     # Hugging Face Trainer use_liger_kernel, LLaMA-Factory enable_liger_kernel): the loss is
     # computed from the hidden states in chunks of tokens, so the full logits never exist.
     fused_linear_cross_entropy: bool = False
+    # whose: "liger" (gradients computed in the forward and kept) or "trl_chunked_nll" (TRL's
+    # SFT loss_type chunked_nll: 256-token chunks under checkpoint, the weight cast to fp32)
+    fused_linear_cross_entropy_impl: str = "liger"
     bf16: bool = False
     fp16: bool = False
     # Mixture of experts

@@ -635,6 +635,8 @@ def loss_bytes(
         raise ConfigError(f"loss_implementation must be megatron, hf or torchtitan, got {impl!r}")
     logits = tokens * logits_columns(m, p, engine)
     if impl != "megatron" and m.fused_linear_cross_entropy:
+        if m.fused_linear_cross_entropy_impl == "trl_chunked_nll":
+            return _trl_chunked_loss_bytes(m, tokens, B)
         return _fused_linear_loss_bytes(m, tokens, B)
     if impl != "megatron" or engine != "megatron":
         saved = STAT_BYTES * logits + INDEX_BYTES * tokens + STAT_BYTES
@@ -667,6 +669,22 @@ def _fused_linear_loss_bytes(m: ModelConfig, tokens: float, B: int) -> tuple[flo
     rows = -(-int(tokens) // -(-v // h))
     chunk = min(1 << max(rows - 1, 0).bit_length(), int(tokens))
     return saved, B * chunk * v
+
+
+TRL_CHUNK_TOKENS = 256  # trl/trainer/sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
+
+
+def _trl_chunked_loss_bytes(m: ModelConfig, tokens: float, B: int) -> tuple[float, float]:
+    """TRL's chunked_nll (sft_trainer.py `_chunk` under torch.utils.checkpoint, 256 tokens at a
+    time): the checkpoints keep the hidden states (views of one [tokens, hidden] tensor) and
+    the int64 labels; each chunk computes `h.float() @ w.float().t()`, so its forward, and its
+    recompute in backward, cast the whole output weight to fp32, and backward adds that
+    copy's fp32 gradient before it is cast into the weight's: two fp32 [vocab, hidden] at
+    the peak, with the chunk's fp32 logits, log-probabilities and their gradient."""
+    h, v = m.hidden_size, m.vocab_size
+    chunk = min(TRL_CHUNK_TOKENS, tokens)
+    saved = B * tokens * h + INDEX_BYTES * tokens
+    return saved, 2 * STAT_BYTES * v * h + 3 * STAT_BYTES * chunk * v
 
 
 def logits_columns(m: ModelConfig, p: ParallelConfig, engine: str = "megatron") -> float:

@@ -520,6 +520,8 @@ def _trl_sft_loss(reading: Reading) -> None:
         "lm_head and cross-entropy in chunks, no full logits (counted as a fused linear "
         "cross-entropy); trl < 1.7 or --loss_type nll keeps the full fp32 logits"
     )
+    chunked = "TRL's chunked_nll (trl/trainer/sft_trainer.py _chunked_cross_entropy_loss)"
+    reading.default("fused_linear_cross_entropy_impl", "trl_chunked_nll", chunked)
     if given == "chunked_nll":
         reading.default(
             "fused_linear_cross_entropy", True, "the command's --loss_type chunked_nll", note
