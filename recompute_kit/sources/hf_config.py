@@ -115,7 +115,12 @@ _ARCHITECTURES = {
 }
 # transformers class defaults for keys a hub config.json may leave out.
 _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"vocab_size": 262_208, "head_dim": 256, "num_key_value_heads": 4},
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "head_dim": 256,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",  # Gemma3TextConfig's default
+    },
     "qwen3": {"head_dim": 128},
     "qwen3_moe": {"head_dim": 128, "decoder_sparse_step": 1, "mlp_only_layers": []},
     "qwen2_moe": {"decoder_sparse_step": 1, "mlp_only_layers": []},
@@ -390,6 +395,16 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
     for key, value in as_written.items():
         if key not in _READ_KEYS and key not in read_aliases:
             reading.unused[prefix + key] = value
+    if cfg.get("sliding_window"):
+        # local (sliding-window) attention layers: a fused kernel keeps O(s) for them as for
+        # global layers (counted so); an eager / unfused one builds the whole s x s scores
+        # and masks them (transformers' eager_attention_forward), as it does for global ones
+        reading.warnings.append(
+            f"{where}: sliding_window={cfg['sliding_window']}: the local attention layers are "
+            "counted as global ones (a fused kernel keeps O(s) for both; eager attention "
+            "masks full s x s scores in both); sdpa's materialized [b, 1, s, s] window mask "
+            "is not counted"
+        )
     if "max_position_embeddings" in cfg:
         pos_key = written.get("max_position_embeddings", "max_position_embeddings")
         reading.warnings.append(
@@ -484,10 +499,9 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
             "intermediate_size",
             _int(cfg["intermediate_size"], "intermediate_size", where),
         )
-    act_key = next(
-        (k for k in ("hidden_activation", "hidden_act", "activation_function") if k in cfg),
-        "hidden_act",
-    )
+    act_keys = ("hidden_activation", "hidden_act", "activation_function")
+    act_key = next((k for k in act_keys if k in cfg), None)
+    act_key = act_key or next((k for k in act_keys if k in defaults), "hidden_act")
     act = get(act_key) if act_key in cfg or act_key in defaults else None
     if act is None and "activation_function" in defaults:
         act_key, act = "activation_function", defaults["activation_function"]

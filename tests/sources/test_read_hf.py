@@ -377,3 +377,18 @@ def test_a_model_named_as_a_hybrid_is_refused_before_its_config_is_asked_for():
         resolve([], model="Qwen/Qwen3-Next-80B-A3B-Instruct")
     with pytest.raises(ConfigError, match="not in the registry"):
         resolve([], model="Qwen/Qwen3-Coder-Next-7B")  # not a hybrid's name: the usual words
+
+
+def test_gemma3_gated_gelu_and_its_sliding_window_are_said():
+    # A skill trial on Gemma 3 27B with a config.json that leaves hidden_activation to the class
+    # default: the MLP was labelled "gated MLP with silu (SwiGLU)" (Gemma3TextConfig's default
+    # is gelu_pytorch_tanh) and sliding_window went to `unused` unsaid.
+    from recompute_kit.sources import hf_config
+
+    text = (
+        '{"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62, '
+        '"num_attention_heads": 32, "intermediate_size": 21504, "sliding_window": 1024}'
+    )
+    r = hf_config.read(text, "config.json")
+    assert r.get("swiglu") is True and "gelu_pytorch_tanh" in r.origins["swiglu"].note
+    assert any("sliding_window=1024" in w and "window mask" in w for w in r.warnings)
