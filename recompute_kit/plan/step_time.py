@@ -70,6 +70,7 @@ hide. Every term, with its source or marked as an assumption:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..config import GPUS_PER_NODE, Config, ConfigError, full_recompute_chunks
@@ -262,9 +263,7 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         again = _attention_recomputed_layers(config, stage)
         attn = layer_forward_flops(m, moe_layer=False, executed=True)["core_attn"] / ranks / rate
         # the ring's slowest hop: NVLink inside a node, the network once TP x CP spans nodes
-        link = (
-            hw.cp_link_gbps if ranks <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
-        )
+        link = _link_gbps(hw, ranks)
         t_fwd = fwd_bytes / (link * GB)
         t_bwd = 2 * t_fwd
         attn_bwd = attn * (FLASH_BACKWARD_FACTOR if skips_masked_half(m) else 2.0)
@@ -291,6 +290,27 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
     )
 
 
+def _link_gbps(hw: Hardware, group: int) -> float:
+    """A collective's bandwidth: NVLink while its group of ranks fits one node, else the
+    network's (the slowest hop)."""
+    return hw.cp_link_gbps if group <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+
+
+def _stage_layers(config: Config, stage: int) -> Iterator[tuple[int, bool]]:
+    """(layer, whether full recompute re-runs it) for every layer of `stage`, chunk by chunk
+    (recompute_method / recompute_num_layers apply per virtual-pipeline chunk)."""
+    rc = config.recompute
+    for chunk in pipeline_layout(config.model, config.parallel)[stage]:
+        full = {
+            index
+            for start, end, ck in full_recompute_chunks(rc, len(chunk))
+            if ck and rc.recompute_granularity == "full"
+            for index in range(start, end)
+        }
+        for index, layer in enumerate(chunk):
+            yield layer, index in full
+
+
 def ep_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     """One micro-batch's expert-parallel all-to-alls on a rank of `stage` (module docstring):
     per MoE layer a dispatch and a combine in forward, as many in backward, and again where
@@ -306,21 +326,13 @@ def ep_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     if p.sequence_parallel:
         tokens /= p.tensor_model_parallel_size
     per = tokens * m.moe_router_topk * m.hidden_size * width * (ep - 1) / ep
-    span = p.tensor_model_parallel_size * p.context_parallel_size * ep
-    link = hw.cp_link_gbps if span <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
-    rc = config.recompute
-    units = 0
-    for chunk in pipeline_layout(m, p)[stage]:
-        full = {
-            layer
-            for start, end, ck in full_recompute_chunks(rc, len(chunk))
-            if ck and rc.recompute_granularity == "full"
-            for layer in range(start, end)
-        }
-        for index, layer in enumerate(chunk):
-            if m.is_moe_layer(layer):
-                again = index in full or rc.selects("moe")
-                units += 4 + (2 if again else 0)
+    link = _link_gbps(hw, p.tensor_model_parallel_size * p.context_parallel_size * ep)
+    again = config.recompute.selects("moe")
+    units = sum(
+        4 + (2 if full or again else 0)
+        for layer, full in _stage_layers(config, stage)
+        if m.is_moe_layer(layer)
+    )
     return units * per / (link * GB)
 
 
@@ -350,8 +362,7 @@ def fsdp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     moved = (2 * gather_b + reduce_b) * (
         params["dense"] * (n - 1) / n + params["expert"] * (edp - 1) / edp
     )
-    span = p.tensor_model_parallel_size * n
-    link = hw.cp_link_gbps if span <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    link = _link_gbps(hw, p.tensor_model_parallel_size * n)
     return moved / (link * GB)
 
 
@@ -365,22 +376,15 @@ def tp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     width = 2 if (m.bf16 or m.fp16) else 4
     per = (t - 1) / t * m.micro_batch_size * m.seq_length / p.context_parallel_size
     per *= m.hidden_size * width
-    link = hw.cp_link_gbps if t <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    link = _link_gbps(hw, t)
     units = 0
-    for chunk in pipeline_layout(m, p)[stage]:
-        full = {
-            layer
-            for start, end, ck in full_recompute_chunks(rc, len(chunk))
-            if ck and rc.recompute_granularity == "full"
-            for layer in range(start, end)
-        }
-        for index, layer in enumerate(chunk):
-            mlp = 2 if not m.is_moe_layer(layer) or p.etp > 1 else 0
-            units += 2 * (2 + mlp)  # forward and backward
-            if index in full:
-                units += 2 + mlp
-            elif rc.selects("mlp") or rc.selects("moe"):
-                units += mlp
+    for layer, full in _stage_layers(config, stage):
+        mlp = 2 if not m.is_moe_layer(layer) or p.etp > 1 else 0
+        units += 2 * (2 + mlp)  # forward and backward
+        if full:
+            units += 2 + mlp
+        elif rc.selects("mlp") or rc.selects("moe"):
+            units += mlp
     return units * per / (link * GB)
 
 
