@@ -814,6 +814,19 @@ def apply_defaults(reading: Reading) -> None:
         from .bridge_common import apply_provider_settings
 
         apply_provider_settings(reading)
+        padded = any(
+            k.endswith("should_pad_vocab") and str(v).lower() == "true"
+            for k, v in reading.unused.items()
+        )
+        if not padded:
+            # GPTModelProvider.should_pad_vocab False (models/gpt_provider.py provide():
+            # padded_vocab_size = self.vocab_size): make_vocab_size_divisible_by pads nothing
+            reading.default(
+                "make_vocab_size_divisible_by",
+                1,
+                "Megatron-Bridge's GPTModelProvider (should_pad_vocab False: the vocabulary "
+                "is not padded)",
+            )
     model_class = reading.unused.get("(model class)")
     named = reading.model_name is not None
     defaults = _bridge_defaults()

@@ -120,7 +120,16 @@ def test_bare_gpt_provider_defaults() -> None:
     assert r.values["seq_length"] == 1024
     assert r.values["bf16"] is False
     assert r.values["use_distributed_optimizer"] is False
-    assert r.values["make_vocab_size_divisible_by"] == 128
+    # GPTModelProvider.should_pad_vocab False (models/gpt_provider.py): the vocabulary is not
+    # padded (two skill trials saw a padded logits width for Bridge runs); with it, 128 x TP
+    assert r.values["make_vocab_size_divisible_by"] == 1
+    padded = bridge.read(
+        "model:\n  _target_: x.GPTModelProvider\n  num_layers: 2\n  should_pad_vocab: true\n"
+        "train:\n  micro_batch_size: 1\n",
+        "c.yaml",
+    )
+    bridge.apply_defaults(padded)
+    assert padded.values["make_vocab_size_divisible_by"] == 128
 
 
 def test_sequence_parallel_tp1_turned_off() -> None:
