@@ -488,6 +488,17 @@ def resolve(
     _assumed_if_the_world_is(merged)
     if framework is not None and hasattr(framework, "derive_after_layout"):
         framework.derive_after_layout(merged)  # what needs the data-parallel size
+    deferred = next(
+        (k for k, v in merged.unused.items() if _DEFERRED_WGRAD.search(str(k)) and _on(v)), None
+    )
+    if deferred:
+        # tensor_parallel/layers.py: each micro-batch's grad_output and input are kept for the
+        # output layer's weight gradient until the pipeline flushes
+        merged.warnings.append(
+            f"{deferred}: the last stage keeps each micro-batch's output-layer gradient ([s, b, "
+            "vocab/tp] in 16 bits) and input until the pipeline flush, up to "
+            "wgrad_deferral_limit of them (0: every micro-batch of the step); not in the estimate"
+        )
     vision = _vision_language(merged)
     if vision:
         merged.warnings.append(
@@ -615,6 +626,14 @@ _VISION_KEYS = re.compile(
     r"freeze_multi_modal_projector|vision_config|vision_tower)$"
 )
 _VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qwen3\.5-VL)")
+
+
+_DEFERRED_WGRAD = re.compile(r"defer[_-]embedding[_-]wgrad[_-]compute$")
+
+
+def _on(value: Any) -> bool:
+    """A key's value as written is on: true (a flag given alone reads as True)."""
+    return str(value).strip().lower() in ("true", "1", "yes")
 
 
 def _vision_language(reading: Reading) -> str:

@@ -449,3 +449,25 @@ def test_launcher_nemotron_340b_reads_its_gradient_dtype_and_tokenizer_size():
     assert "model.optim.grad_sync_dtype" not in r.unused
     assert r.get("vocab_size") == 256000 and r.origins["vocab_size"].kind == "assumed"
     assert "override_vocab_size" in r.origins["vocab_size"].key
+
+
+def test_deferred_embedding_wgrad_is_said_as_not_counted(tmp_path):
+    # A skill trial on the launcher's nemotron_340b.yaml (defer_embedding_wgrad_compute with
+    # wgrad_deferral_limit 22): about 5.8 GiB the last stage keeps until the flush went unsaid.
+    # Said for every format that writes it (a YAML key, a Megatron-LM flag).
+    from recompute_kit.sources.resolve import resolve
+
+    path = Path(__file__).parents[1] / "data" / "read" / "launcher_nemotron_340b.yaml"
+    said = [w for w in resolve([str(path)]).reading.warnings if "until the pipeline flush" in w]
+    assert said and said[0].startswith("model.defer_embedding_wgrad_compute")
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+        "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
+        "--pipeline-model-parallel-size 2 --defer-embedding-wgrad-compute\n"
+    )
+    r = resolve([str(script)], overrides={"data_parallel_size": 1}).reading
+    assert any(w.startswith("--defer-embedding-wgrad-compute: the last stage") for w in r.warnings)
+    script.write_text(script.read_text().replace(" --defer-embedding-wgrad-compute", ""))
+    r = resolve([str(script)], overrides={"data_parallel_size": 1}).reading
+    assert not any("until the pipeline flush" in w for w in r.warnings)
