@@ -499,6 +499,12 @@ def resolve(
             "vocab/tp] in 16 bits) and input until the pipeline flush, up to "
             "wgrad_deferral_limit of them (0: every micro-batch of the step); not in the estimate"
         )
+    if merged.get("frozen_base"):
+        merged.warnings.append(
+            "frozen_base: the adapters' own parameters, gradients and optimizer states (LoRA "
+            "rank x the targeted layers' widths, about 18 B a parameter with Adam) are not "
+            "counted; the base's 16-bit weights are"
+        )
     vision = _vision_language(merged)
     if vision:
         merged.warnings.append(

@@ -180,6 +180,7 @@ def test_a_peft_recipe_freezes_the_base_through_default_peft_config():
     assert r.get("frozen_base") is True
     assert "default_peft_config('lora')" in r.origins["frozen_base"].note
     assert not [w for w in r.warnings if "default_peft_config()" in w]
+    assert any(w.startswith("frozen_base: the adapters' own") for w in r.warnings)  # said
     sft = resolve([f"{H100}::qwen3_30b_a3b_sft_8gpu_h100_bf16_config"]).reading
     assert not sft.get("frozen_base")
     # an override that is not section.key=value is said, not dropped (`peft=lora`)
