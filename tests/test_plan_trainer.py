@@ -249,6 +249,11 @@ def test_trl_dpo_counts_pairs_and_the_reference_model(capsys):
     batches = [r["setting"] for r in rows if r["lever"] == "micro-batch"]
     assert batches and all("(pairs)" in s for s in batches)
     assert not [s for s in batches if s.startswith("per_device_train_batch_size=4")]
+    # a micro-batch asked in sequences is written in pairs, in the asked format too (a re-trial
+    # saw `--micro-batch-size 4 --format hf-trainer` hand back the failing 4 pairs)
+    main(["plan", "--config", str(launch), "--gpu", "a100-40gb", "--micro-batch-size", "4",
+          "--format", "hf-trainer"])
+    assert "per_device_train_batch_size: 2  # pairs: 4 sequences (DPO)" in capsys.readouterr().out
     # the doctor's logits finding never patches SFTConfig's loss_type into a DPO run
     main(["doctor", "--config", str(launch), "--gpu", "a100-40gb", "--json"])
     assert "chunked_nll" not in capsys.readouterr().out

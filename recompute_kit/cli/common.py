@@ -355,14 +355,15 @@ def inputs_spelling(args: argparse.Namespace):
     from ..export_layout import Spelling, spelling_of
     from ..sources.resolve import resolve
 
-    if getattr(args, "format", None):  # another format asked for: its own keys
-        return Spelling()
     if getattr(args, "spelling", None) is None:  # once a command (`--levers` renders each row)
         try:
             reading = resolve(args.config, require_shape=False).reading if args.config else None
         except ConfigError:
             reading = None
         args.spelling = spelling_of(reading) if reading is not None else Spelling()
+    if getattr(args, "format", None):
+        # another format asked for: its own keys, but a DPO run's batches are still pairs
+        return Spelling(pairs=args.spelling.pairs)
     return args.spelling
 
 

@@ -559,9 +559,11 @@ def _trl_dpo(reading: Reading) -> None:
         ),
     )
     reading.warnings.append(
-        "TRL DPO: the reference model's 16-bit weights are counted with the policy's; its "
-        "logits (one more logits tensor at the loss) and its forward's time are not; "
-        "--precompute_ref_log_probs or PEFT (use_peft) removes it from the step"
+        "TRL DPO: the reference model's 16-bit weights are counted with the policy's, and "
+        "the loss is sized as the Trainer's fp32 cross-entropy on the doubled batch's logits "
+        "(DPO's bf16 log-probabilities with the reference logits beside them are not modelled "
+        "apart), the reference forward's time not at all; --precompute_ref_log_probs or PEFT "
+        "(use_peft) takes the reference out of the step"
     )
 
 
