@@ -257,3 +257,13 @@ def test_trl_dpo_counts_pairs_and_the_reference_model(capsys):
     # the doctor's logits finding never patches SFTConfig's loss_type into a DPO run
     main(["doctor", "--config", str(launch), "--gpu", "a100-40gb", "--json"])
     assert "chunked_nll" not in capsys.readouterr().out
+
+
+def test_evaluation_batches_are_said_as_not_counted():
+    # A re-trial of TRL's DPO: the command evaluates every 50 steps at the Trainer's default
+    # per_device_eval_batch_size (8), a no-grad forward larger than the training step's; the
+    # kit said nothing of it
+    launch = Path(__file__).parent / "data" / "launch" / "trl_dpo" / "launch.sh"
+    warnings = resolve([str(launch)]).reading.warnings
+    said = [w for w in warnings if "evaluation (eval_strategy steps)" in w]
+    assert said and "per_device_eval_batch_size 8 (transformers' default)" in said[0]

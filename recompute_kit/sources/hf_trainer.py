@@ -313,6 +313,19 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     if data.get("deepspeed") is not None:
         _read_deepspeed_ref(take("deepspeed"), src, reading)
     _warn_model_states(data, src, reading, lf)
+    strategy_key = "eval_strategy" if "eval_strategy" in data else "evaluation_strategy"
+    strategy = data.get(strategy_key)
+    if strategy not in (None, "no", "NO", False):
+        # the Trainer evaluates with its own batch (TrainingArguments default 8 a device): a
+        # no-grad forward whose logits may exceed the training step's
+        size = data.get("per_device_eval_batch_size", 8)
+        reading.warnings.append(
+            f"{src.path}: evaluation ({strategy_key} {strategy}) runs at "
+            f"per_device_eval_batch_size {size}"
+            + ("" if "per_device_eval_batch_size" in data else " (transformers' default)")
+            + ": its no-grad forward and logits are not in the estimate; keep it at or below "
+            "the training micro-batch"
+        )
     if lf:
         _warn_pairwise(data, src, reading)
     if lf and data.get("moe_aux_loss_coef"):
