@@ -354,6 +354,9 @@ def test_lora_under_sequence_parallelism_keeps_the_adapters_gathered_inputs():
     assert layer(lora, mlp) - layer(p, mlp) == full_seq
     no_sp = cfg.replace(sequence_parallel=False)
     assert layer(no_sp.replace(frozen_base=True).parallel) == layer(no_sp.parallel)
+    # peft.sequence_parallel_input_regather=true: the local shard kept, gathered in backward
+    regather = cfg.replace(frozen_base=True, lora_input_regather=True).parallel
+    assert layer(regather) - layer(p) == 2 * full_seq // 8
 
 
 def test_trl_chunked_nll_holds_two_fp32_weight_copies_at_its_peak():

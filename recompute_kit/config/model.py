@@ -198,6 +198,9 @@ class ParallelConfig:
     # precompute_ref_log_probs): its 16-bit weights, sharded as the policy's under ZeRO-3,
     # whole below it (trl/models/utils.py prepare_deepspeed: stage 0 for a stage < 3)
     reference_model: bool = False
+    # Megatron-Bridge LoRA's sequence_parallel_input_regather: under SP the adapters keep their
+    # input's local shard and gather it again in backward (False: the whole sequence is kept)
+    lora_input_regather: bool = False
     # DPO: the run's batch keys count preference pairs, and each micro-batch holds the chosen
     # and the rejected sequence of each (micro_batch_size here counts sequences: even)
     preference_pairs: bool = False

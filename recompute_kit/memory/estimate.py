@@ -386,6 +386,8 @@ def layer_activation_bytes(
     # sequence_parallel_input_regather False): the adapters on linear_qkv and (dense layers)
     # linear_fc1 gather the norm's output, and LoRA-A keeps the whole sequence for its weight
     lora_gathered = B * x.sbh if megatron and p.frozen_base and sp > 1 else 0.0
+    if p.lora_input_regather:  # the local shard kept, gathered again in backward
+        lora_gathered /= sp
     roles["qkv"] += lora_gathered
     roles["proj"] = B * x.tokens * heads_out / t
     roles["residual"] = 2 * MASK_BYTES * x.sbh / sp if hidden_dropout else 0.0

@@ -160,7 +160,9 @@ def overhead_terms(
         said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
     if zero_buffers:
         said.append(_zero_buffer_words(config, zero_buffers))
-    if p.frozen_base and p.sequence_parallel and p.tensor_model_parallel_size > 1:
+    if p.frozen_base and p.sequence_parallel and p.tensor_model_parallel_size > 1 and not (
+        p.lora_input_regather
+    ):
         said.append(
             "LoRA under sequence parallelism: the adapters on linear_qkv and linear_fc1 (LoRA's "
             "default targets) keep their all-gathered input, counted in the activations; "

@@ -499,6 +499,11 @@ def resolve(
             "vocab/tp] in 16 bits) and input until the pipeline flush, up to "
             "wgrad_deferral_limit of them (0: every micro-batch of the step); not in the estimate"
         )
+    regather = next(
+        (k for k, v in merged.unused.items() if _REGATHER.search(str(k)) and _on(v)), None
+    )
+    if regather and "lora_input_regather" not in merged:
+        merged.set("lora_input_regather", True, Origin(FROM_FILE, "inputs", regather))
     if merged.get("frozen_base"):
         merged.warnings.append(
             "frozen_base: the adapters' own parameters, gradients and optimizer states (LoRA "
@@ -635,6 +640,7 @@ _VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qw
 
 
 _DEFERRED_WGRAD = re.compile(r"defer[_-]embedding[_-]wgrad[_-]compute$")
+_REGATHER = re.compile(r"sequence_parallel_input_regather$")  # Megatron-Bridge's LoRA
 
 
 def _on(value: Any) -> bool:

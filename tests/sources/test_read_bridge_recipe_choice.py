@@ -181,6 +181,10 @@ def test_a_peft_recipe_freezes_the_base_through_default_peft_config():
     assert "default_peft_config('lora')" in r.origins["frozen_base"].note
     assert not [w for w in r.warnings if "default_peft_config()" in w]
     assert any(w.startswith("frozen_base: the adapters' own") for w in r.warnings)  # said
+    # Bridge's LoRA regather switch, as a user passes it (a re-trial asked for it)
+    words = [recipe, "peft.sequence_parallel_input_regather=true"]
+    regather = resolve(words, overrides={"data_parallel_size": 1}).config.parallel
+    assert regather.lora_input_regather
     sft = resolve([f"{H100}::qwen3_30b_a3b_sft_8gpu_h100_bf16_config"]).reading
     assert not sft.get("frozen_base")
     # an override that is not section.key=value is said, not dropped (`peft=lora`)
