@@ -308,7 +308,7 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
         ]
         after = [
             "# these replace the script's recompute flags: drop --recompute-modules and "
-            "--recompute-activations (it forces selective)"
+            "--recompute-activations (it forces selective) where the script has them"
         ]
     elif g == "selective":
         # --recompute-activations sets the same granularity (arguments.py) and may stay
@@ -316,6 +316,7 @@ def _render_megatron_lm(rc: RecomputeConfig, num_layers: int | None) -> list[str
             "# these replace the script's recompute flags: drop --recompute-method and "
             "--recompute-num-layers"
             + (" and --recompute-modules" if core_attn_only else "")
+            + " where the script has them"
         ]
     if rc.distribute_saved_activations:
         flags.append("--distribute-saved-activations")

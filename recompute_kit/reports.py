@@ -406,15 +406,19 @@ def memory_breakdown(cfg: Config) -> dict[str, int]:
     e = estimate(cfg)
     layers = cfg.model.num_layers // cfg.parallel.pipeline_model_parallel_size
     parts = {"weights": e.weights_bytes, "gradients": e.grads_bytes, "optimizer": e.optimizer_bytes}
-    in_flight = e.activation_bytes / max(e.per_layer_activation_bytes * layers, 1)
-    for role, per_layer in e.modules.items():
-        parts[f"act:{role}"] = per_layer * layers * in_flight
+    # the layers' roles for every micro-batch in flight, within what is not the loss's
+    layered = e.activation_bytes - e.loss_saved_bytes
+    roles = {r: b * layers * e.micro_batches_in_flight for r, b in e.modules.items()}
+    scale = min(1.0, layered / sum(roles.values())) if sum(roles.values()) else 0.0
+    for role, held in roles.items():
+        parts[f"act:{role}"] = held * scale
     _without_offloaded(parts, cfg, e.offloaded_bytes)
     if cfg.model.num_moe_experts and "act:mlp" in parts:
         # on a MoE layer the estimator's `mlp` role is the MoE block's input and dispatch
         # indices (recompute_modules' mlp acts on dense layers only)
         label = "act:mlp (dense MLP / MoE block input)"
         parts = {(label if k == "act:mlp" else k): v for k, v in parts.items()}
+    parts["act:logits and loss"] = e.loss_saved_bytes
     parts["act:other (embedding, head)"] = max(
         0.0, e.activation_bytes - sum(v for k, v in parts.items() if k.startswith("act:"))
     )
@@ -442,7 +446,13 @@ def _without_offloaded(parts: dict[str, float], cfg: Config, offloaded: float) -
         parts[k] -= min(parts[k], offloaded * parts[k] / held) if held else 0.0
 
 
-def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):
+def breakdown_figure(
+    parts: dict[str, float], gpu_memory_gb: float, title: str, oom: Any = None
+):
+    """The per-rank stack against the GPU; `oom` (an OOM message's figures) adds what the rank
+    had allocated plus its request, for the estimate to be read against."""
+    import textwrap
+
     from matplotlib import colormaps
 
     from .plots import new_figure
@@ -460,8 +470,17 @@ def breakdown_figure(parts: dict[str, float], gpu_memory_gb: float, title: str):
         linestyle="--",
         label=f"GPU {gpu_memory_gb:g} GiB",
     )
+    needed = getattr(oom, "allocated_bytes", None)
+    if needed:
+        needed += getattr(oom, "requested_bytes", None) or 0
+        ax.axhline(
+            needed / scale,
+            color="black",
+            linestyle=":",
+            label=f"the OOM: allocated + request {needed / GIB:.2f} GiB",
+        )
     ax.set_ylabel(unit)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 48), fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
     return fig
@@ -502,7 +521,13 @@ def write_report(out_dir: Path, report: dict[str, Any], markdown: str) -> None:
 
 
 def oom_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# OOM diagnosis: {report['model']}", "", report["summary"], ""]
+    """report.md: the verdict first (and what to collect when the input does not decide), the
+    findings, where the memory goes, the plan, and the plots the notebook wrote."""
+    from .doctor.verdict import Verdict
+
+    verdict = Verdict.from_json(report["verdict"]).lines()
+    lines = [f"# OOM diagnosis: {report['model']}", "", "```", *verdict, "```", ""]
+    lines += [report["summary"], ""]
     for f in report["findings"]:
         lines += [
             f"## [{f['rule']}] {f['title']} ({f['category']}, {f['confidence']:.0%})",
@@ -512,6 +537,13 @@ def oom_markdown(report: dict[str, Any]) -> str:
             f"- confirm: {f['confirm']}",
             f"- fix: {f['fix']}",
             f"- patch: `{json.dumps(f['config_patch'])}`",
+            "",
+        ]
+    if report.get("breakdown_bytes") and report.get("gpu_memory_gb"):
+        lines += [
+            "## Where the memory goes (first pipeline stage, per rank, estimated)",
+            "",
+            breakdown_markdown(report["breakdown_bytes"], report["gpu_memory_gb"]),
             "",
         ]
     plan = report.get("plan") or {}
@@ -528,4 +560,7 @@ def oom_markdown(report: dict[str, Any]) -> str:
         ]
     elif plan.get("error"):
         lines += ["## Plan", "", plan["error"], ""]
+    if report.get("plots"):
+        lines += ["## Plots", ""] + [f"![{Path(png).stem}]({png})" for png in report["plots"]]
+        lines.append("")
     return "\n".join(lines)

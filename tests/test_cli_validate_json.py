@@ -157,3 +157,22 @@ def test_megatron_lm_refuses_te_cross_entropy_fusion_from_0_19(tmp_path):
         "Transformer Engine cross entropy loss fusion is disabled"
     )
     assert validate("--megatron-core-version", "0.18")["valid"]
+
+
+def test_strict_keeps_megatron_lm_s_command_line_rules_to_runs_it_parses(capsys):
+    """Megatron-Bridge's Moonlight recipe sets TE's fused cross-entropy, which only Megatron-LM's
+    arguments.py refuses: `validate --strict` says so as a warning for a Bridge run (a skill
+    trial saw it marked invalid) and still refuses it for a Megatron-LM script."""
+    from recompute_kit.cli import main
+
+    recipe = (
+        Path(__file__).parent / "sources/corpus/bridge_checkout/src/megatron/bridge/recipes"
+        "/moonlight/h100/moonlight_16b.py::moonlight_16b_pretrain_8gpu_h100_bf16_config"
+    )
+    assert main(["validate", str(recipe), "--dp", "4", "--strict", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["valid"] and any(
+        w.startswith("Megatron-LM's command line refuses: Transformer Engine cross entropy")
+        and "megatron-bridge does not run" in w
+        for w in doc["warnings"]
+    )

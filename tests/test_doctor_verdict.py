@@ -95,6 +95,35 @@ def test_data_loader_worker_is_out_of_scope(tmp_path):
     assert doc["verdict"] == "out_of_scope" and doc["scope"] == "data_loader"
 
 
+# https://github.com/NVIDIA/TensorRT-LLM/issues/10580 : an OOM raised inside an inference
+# engine's request (a skill trial's log: the doctor read it as a training step's memory)
+TRTLLM_OOM = (
+    "FAILED tests/integration/defs/accuracy/test_llm_api_autodeploy.py::TestNemotronMOE::test_bf16 "
+    "- tensorrt_llm.executor.utils.RequestError: CUDA out of memory. Tried to allocate 3.99 GiB. "
+    "GPU 0 has a total capacity of 79.11 GiB of which 3.16 GiB is free. Process 328448 has "
+    "592.00 MiB memory in use. Including non-PyTorch memory, this process has 75.36 GiB memory "
+    "in use. Of the allocated memory 67.16 GiB is allocated by PyTorch, with 121.83 MiB "
+    "allocated in private pools (e.g., CUDA Graphs), and 6.90 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+    "documentation for Memory Management  "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n"
+)
+
+
+def test_an_oom_inside_an_inference_engine_is_out_of_scope(tmp_path):
+    doc = run(tmp_path, TRTLLM_OOM).to_json()
+    assert doc["verdict"] == "out_of_scope" and doc["scope"] == "inference"
+    # beside a training step (a rollout's engine in RL training) it stays in scope
+    frames = (
+        "Traceback (most recent call last):\n"
+        '  File "/workspace/grpo_train.py", line 88, in train_step\n'
+        "    outputs = llm.generate(prompts)\n"
+    )
+    trained = run(tmp_path, frames + TRTLLM_OOM.split(" - ", 1)[1]).to_json()
+    assert trained["verdict"] != "out_of_scope"
+
+
 def test_every_category_has_what_decides_it_and_what_to_collect():
     from recompute_kit.doctor.rules import CATEGORIES
 

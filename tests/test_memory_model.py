@@ -392,3 +392,20 @@ def test_trl_chunked_nll_holds_two_fp32_weight_copies_at_its_peak():
     trl = resolve([str(launch)], model="Qwen/Qwen2.5-7B").config.model
     assert trl.fused_linear_cross_entropy
     assert trl.fused_linear_cross_entropy_impl == "trl_chunked_nll"
+
+
+def test_the_report_breakdown_keeps_the_logits_and_loss_apart():
+    """reports.memory_breakdown (the notebook's table and plot): the loss's saved bytes are their
+    own row, not spread over the layers' roles (a skill trial: 'act:other' read 0 beside a
+    1.96 GiB logits finding)."""
+    from recompute_kit import reports
+
+    cfg = get_preset("llama3-8b").config()
+    e = estimate(cfg)
+    parts = reports.memory_breakdown(cfg)
+    assert parts["act:logits and loss"] == e.loss_saved_bytes > 0
+    acts = sum(v for k, v in parts.items() if k.startswith("act:"))
+    assert abs(acts - e.activation_bytes) <= len(parts)  # rounding only
+    per_layer = sum(e.modules.values()) * cfg.model.num_layers * e.micro_batches_in_flight
+    layers = acts - parts["act:logits and loss"] - parts["act:other (embedding, head)"]
+    assert abs(layers - per_layer) <= len(parts)

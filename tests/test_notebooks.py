@@ -49,8 +49,36 @@ def test_oom_notebook_writes_a_report(tmp_path):
     # two timed steps judge no speed (a skill trial: a spurious "Perf regression")
     judged = {"faster", "slower", "Perf regression", "within noise"}
     assert not {r["result"] for r in report["verification"]} & judged
-    assert (out_dir / "report.md").read_text().startswith("# OOM diagnosis")
+    md = (out_dir / "report.md").read_text()
+    assert md.startswith("# OOM diagnosis")
+    # the file the user opens leads with the verdict (a skill trial: report.md hid it), shows
+    # where the memory goes and the plots it wrote
+    assert md.index("verdict: ") < md.index("## [")
+    assert f"verdict: {report['verdict']['verdict']}" in md
+    if report["verdict"]["verdict"] == "needs_evidence":
+        assert "collect, to decide:" in md
+    assert "| act:logits and loss |" in md
+    assert report["plots"] and all((out_dir / png).is_file() for png in report["plots"])
+    assert "![breakdown_current](breakdown_current.png)" in md
     assert (out_dir / "breakdown_current.png").stat().st_size > 1000
+
+
+def test_the_notebook_command_says_a_bad_parameter_in_one_line_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """`recompute-kit notebook` (SKILL.md's batch run): papermill's CLI printed a traceback and
+    left the failed notebook behind (a skill trial)."""
+    from recompute_kit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "oom.ipynb"
+    code = main(["notebook", "oom", str(out), "-p", "model", "llama9", "-p", "out_dir", "o"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "unknown model 'llama9'" in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no notebook, no report folder
+    code = main(["notebook", "oom", str(out), "-p", "modle", "llama3-8b"])
+    assert code == 1 and "has no parameter modle" in capsys.readouterr().err
 
 
 def test_oom_notebook_reads_the_files_users_train_with(tmp_path):

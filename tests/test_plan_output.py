@@ -193,6 +193,9 @@ def test_the_binding_stage_is_the_one_that_holds_the_most_imbalance_included():
     recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
     cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
     cfg = cfg.replace(recompute_granularity="selective", recompute_modules=["moe_act"])
+    # as the trial read it (DeepSeekV3Bridge's bias_activation_fusion True was not read then):
+    # stage 0 had the highest total, stage 1 the most held
+    cfg = cfg.replace(bias_activation_fusion=False)
     stages = [estimate(cfg, stage=s, moe_imbalance=2.0) for s in range(16)]
     most = max(stages, key=lambda e: e.held_bytes)
     assert max(stages, key=lambda e: e.total_bytes) is not most  # the case the trial hit
@@ -212,7 +215,8 @@ def test_an_elementwise_pick_says_its_cost_is_not_in_the_flops():
 
     recipe = CORPUS / "bridge" / "bridge_deepseek_v3_h100_recipes.py"
     cfg = resolve([str(recipe)], overrides={"data_parallel_size": 32}).config
-    result = plan(cfg, 79.1)
+    # (72 GiB: with DeepSeekV3Bridge's fusions read, nothing needs recompute on 79.1)
+    result = plan(cfg, 72)
     assert "moe_act" in (result.best.recompute.recompute_modules or [])
     assert "memory-bound elementwise work they do not price" in result.explanation
 

@@ -243,7 +243,7 @@ def test_rk170_takes_the_plans_cheapest_fit_in_the_runs_override_syntax():
 
     recipe = Path(__file__).parent / "sources/corpus/bridge/bridge_deepseek_v3_h100_recipes.py"
     evidence = collect(config=str(recipe), overrides={"data_parallel_size": 32})
-    d = diagnose(evidence, gpu_memory_gb=79.1)
+    d = diagnose(evidence, gpu_memory_gb=72)  # (79.1: DeepSeekV3Bridge fusions fit as is)
     f = next(f for f in d.findings if f.rule == "RK170")
     assert f.config_patch["recompute_modules"] == ["moe_act"]
     step1 = f.fix.split("1. ", 1)[1].split(" 2. ")[0]

@@ -480,3 +480,32 @@ def test_model_states_sharded_already_are_not_told_to_shard(tmp_path):
         f = next(f for f in d.findings if f.rule == rule)
         assert f.fix.startswith("The model states are sharded already (DeepSpeed ZeRO-3 over 4")
         assert "use_distributed_optimizer" not in str(f.config_patch)
+
+
+@covers("RK011", "RK013")
+def test_a_tensor_parallel_fix_is_priced_and_the_sharding_counts_context_parallelism(tmp_path):
+    # A skill trial (Megatron-Bridge Llama-3-8B at 16k, TP1 CP2 on 2 H100s, the distributed
+    # optimizer): the fix said "over 1 ranks" where the optimizer shards over DP x CP = 2, and
+    # proposed TP 2 on 4 GPUs without saying whether that fits. The OOM message's figures are
+    # https://github.com/NVIDIA/TensorRT-LLM/issues/10580's, raised as PyTorch raises it.
+    from test_doctor_verdict import TRTLLM_OOM
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "oom.log"
+    message = TRTLLM_OOM.split(" - ", 1)[1]
+    engine_error = "tensorrt_llm.executor.utils.RequestError"
+    log.write_text(message.replace(engine_error, "torch.OutOfMemoryError"))
+    layout = {
+        "tensor_model_parallel_size": 1,
+        "context_parallel_size": 2,
+        "data_parallel_size": 1,
+        "seq_length": 16384,
+        "use_distributed_optimizer": True,
+    }
+    d = diagnose(collect(logs=[str(log)], model="llama3-8b", overrides=layout), 79.11)
+    f = next(f for f in d.findings if f.rule == "RK011")
+    assert "the distributed optimizer over 2 data x context-parallel ranks" in f.fix
+    assert f.config_patch == {"tensor_model_parallel_size": 2}
+    assert "estimated there: " in f.fix and "held per rank at the current recompute" in f.fix

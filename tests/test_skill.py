@@ -305,17 +305,18 @@ def test_quick_reference_commands_work(tmp_path):
             assert proc.stdout.strip(), command
     assert (tmp_path / "runs/abl/results.jsonl").is_file()
 
-    notebooks = [c for c in commands if "papermill" in c]
+    notebooks = [c for c in commands if "rk.py notebook " in c]
     assert len(notebooks) == 2
+    names = {"oom": "oom_diagnosis.ipynb", "ablation": "recompute_ablation.ipynb"}
     for command in notebooks:
-        nb = REPO / re.search(r"notebooks/[\w.-]+\.ipynb", command).group(0)
+        nb = REPO / "notebooks" / names[re.search(r"rk\.py notebook (\w+)", command).group(1)]
         cell = next(
             "".join(c["source"])
             for c in json.loads(nb.read_text())["cells"]
             if "parameters" in c.get("metadata", {}).get("tags", [])
         )
         known = set(re.findall(r"^(\w+)\s*(?::[^=\n]+)?=", cell, re.MULTILINE))  # typed too
-        args = command.split(" -m papermill ", 1)[1]
+        args = command.split(" notebook ", 1)[1]
         params = set(re.findall(r" -p (\w+)", args))
         params |= set(re.findall(r" -y \"\{(\w+):", args))  # a YAML list parameter
         assert params and params <= known, (nb.name, params - known)

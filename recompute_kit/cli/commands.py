@@ -155,7 +155,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         given = given and resolved.reading.get("recompute_modules") is not None
         given = given and not args.recompute
         # a Megatron-LM script runs under Megatron-LM's own argument checks: they apply to it
-        strict = args.strict or resolved.reading.framework == "megatron-lm"
+        framework = resolved.reading.framework
+        strict = args.strict or framework == "megatron-lm"
+        if strict and framework not in (None, "megatron-lm", "megatron-core"):
+            # Megatron-LM's command-line rules bind only runs its arguments.py parses: another
+            # framework's run that breaks one is told so, not refused
+            try:
+                cfg.validate(strict=True, modules_given=given)
+            except ConfigError as exc:
+                warnings.append(f"Megatron-LM's command line refuses: {exc} ({framework} does "
+                                "not run Megatron-LM's argument checks)")
+                strict = False
         warnings += cfg.validate(strict=strict, modules_given=given)
         if not strict:  # what Megatron accepts but does not act on is said either way
             written = cfg.recompute.recompute_modules if given else None
@@ -826,4 +836,19 @@ def cmd_rules(args: argparse.Namespace) -> int:
         print(
             format_table(["id", "category", "title"], [(r.id, r.category, r.title) for r in RULES])
         )
+    return 0
+
+
+def cmd_notebook(args: argparse.Namespace) -> int:
+    from .. import notebook_run
+
+    values = notebook_run.parameters(args.pairs, args.yaml_text, args.yaml_file)
+    out = notebook_run.run(args.name, args.output, values)
+    out_dir = values.get("out_dir")
+    if args.json:
+        emit_json({"notebook": str(out), "out_dir": out_dir})
+    else:
+        print(f"ran {notebook_run.NAMES[args.name]} into {out}" + (
+            f"; its report is in {out_dir}" if out_dir else "; its report is in the "
+            "notebook's default out_dir"))
     return 0

@@ -20,6 +20,7 @@ from .commands import (
     cmd_estimate,
     cmd_measure,
     cmd_models,
+    cmd_notebook,
     cmd_plan,
     cmd_presets,
     cmd_read,
@@ -324,6 +325,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="the training dtype where the config files do not decide it (as plan takes it)",
     )
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser(
+        "notebook",
+        help="run the OOM-diagnosis or ablation notebook in batch (papermill)",
+        description="Run a notebook with papermill: a bad parameter is one line, and a failed "
+        "run leaves no output notebook. Its report lands in the notebook's out_dir.",
+    )
+    p.add_argument("name", choices=["oom", "ablation"], help="which notebook")
+    p.add_argument("output", metavar="OUT.ipynb", help="the executed notebook to write")
+    p.add_argument(
+        "-p",
+        dest="pairs",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a parameter, as papermill -p reads it (None, True, numbers, else a string)",
+    )
+    p.add_argument("-y", dest="yaml_text", metavar="YAML", help="parameters as a YAML mapping")
+    p.add_argument("-f", dest="yaml_file", metavar="FILE", help="parameters from a YAML file")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_notebook)
 
     p = sub.add_parser("rules", help="the doctor's rule catalog")
     out = p.add_mutually_exclusive_group()

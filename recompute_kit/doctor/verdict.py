@@ -199,7 +199,8 @@ _DATA_LOADER = re.compile(
     re.I,
 )
 _INFERENCE = re.compile(
-    r"\bvllm/|\bsglang/|text_generation_server|/generation/utils\.py|\.generate\("
+    r"\bvllm[/.]|\bsglang[/.]|text_generation_server|/generation/utils\.py|\.generate\(|"
+    r"\btensorrt_llm[/.]|\btrtllm"
 )
 _TRAINING = re.compile(
     r"backward|optimizer|\.step\(|trainer|train_step|training|checkpoint|forward_backward|"
@@ -218,12 +219,14 @@ def scope(ctx: Context, findings: list[Finding]) -> str | None:
         return "data_loader"
     if findings and findings[0].rule == "RK660":  # the host's RAM, not the GPU's
         return "host_ram"
+    logged_training = ev.iterations or ev.experiments or _TRAINING.search(text)
     if ev.oom:
-        return None
+        # an OOM raised inside an inference engine (TensorRT-LLM, vLLM) with no training step in
+        # the log is a serving run's, whatever config came with it
+        return "inference" if _INFERENCE.search(text) and not logged_training else None
     if _HOST_RAM.search(text):
         return "host_ram"
-    trained = ev.iterations or ev.experiments or ctx.granularity or _TRAINING.search(text)
-    if _INFERENCE.search(text) and not trained:
+    if _INFERENCE.search(text) and not (logged_training or ctx.granularity):
         return "inference"
     return None
 
@@ -253,6 +256,17 @@ class Verdict:
             "collect": self.collect,
             "scope": self.scope,
         }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Verdict:
+        return cls(
+            doc["verdict"],
+            doc["verdict_why"],
+            list(doc.get("deciding_evidence") or []),
+            list(doc.get("hypotheses") or []),
+            list(doc.get("collect") or []),
+            doc.get("scope"),
+        )
 
     def lines(self) -> list[str]:
         """The human output's head: the verdict, then what to collect when it asks."""

@@ -327,7 +327,11 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
                 "distributed.offload_policy)"
             )
         elif not p.use_torch_fsdp2 and not p.optimizer_offload:
-            parts.append("offload the optimizer states to the CPU (DeepSpeed offload_optimizer)")
+            parts.append(
+                "offload the optimizer states to the CPU (DeepSpeed offload_optimizer; FSDP "
+                "offloads parameters, gradients and optimizer states together: Accelerate "
+                "fsdp_config.fsdp_offload_params, the Trainer's fsdp 'offload')"
+            )
         elif not p.use_torch_fsdp2 and p.zero_stage >= 3 and not p.param_offload:
             parts.append("offload the parameters to the CPU (DeepSpeed offload_param)")
         if batch_left:

@@ -131,6 +131,26 @@ def read(text: str, path: str) -> Reading:
             on = bool(fsdp["fsdp_offload_params"])
             for field in ("param_offload", "optimizer_offload"):
                 reading.set(field, on, where("fsdp_config", "fsdp_offload_params"))
+        prefetch = [
+            f"{k} {fsdp[k]}"
+            for k in ("fsdp_backward_prefetch", "fsdp_forward_prefetch")
+            if fsdp.get(k) not in (None, False, "NO_PREFETCH")
+        ]
+        if prefetch:
+            reading.warnings.append(
+                f"{path}: {', '.join(prefetch)}: the next unit's parameters are gathered while "
+                "one computes (one more gathered unit in flight), not counted"
+            )
+        handled = {
+            "fsdp_sharding_strategy",
+            "fsdp_version",
+            "fsdp_reshard_after_forward",
+            "fsdp_activation_checkpointing",
+            "fsdp_offload_params",
+        }
+        for key, value in fsdp.items():  # said, not dropped: what the estimate does not use
+            if key not in handled:
+                reading.unused[f"fsdp_config.{key}"] = value
     elif kind in ("MULTI_GPU", "NO"):
         reading.set("zero_stage", 0, where("distributed_type", note=f"{kind}: nothing sharded"))
     else:

@@ -98,6 +98,25 @@ PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
             ("hidden_dropout", 0.0, 76),
         ],
     ),
+    "deepseek_v3": (  # DeepSeek-V3 and Moonlight (its config.json's model_type)
+        "deepseek/deepseek_v3_bridge.py",
+        "DeepSeekV3Bridge.provider_bridge()",
+        [
+            ("moe_grouped_gemm", True, 65),
+            ("moe_router_pre_softmax", True, 66),
+            ("moe_token_dispatcher_type", "alltoall", 67),
+            ("moe_router_load_balancing_type", "seq_aux_loss", 68),
+            ("moe_shared_expert_overlap", True, 72),
+            ("moe_router_score_function", "sigmoid", 73),
+            ("apply_rope_fusion", False, 78),
+            ("bias_activation_fusion", True, 80),
+            ("cross_entropy_fusion_impl", "te", 82),
+            ("cross_entropy_loss_fusion", True, 83),
+            ("masked_softmax_fusion", True, 84),
+            ("hidden_dropout", 0.0, 87),
+            ("attention_softmax_in_fp32", False, 88),
+        ],
+    ),
     "qwen2": (
         "qwen/qwen2_bridge.py",
         "Qwen2Bridge.provider_bridge()",
@@ -145,6 +164,7 @@ _FAMILY_OF_ID = (
     (r"(?i)^meta-llama/(?:Meta-)?Llama-[23]", "llama"),
     (r"(?i)^Qwen/Qwen2(?:\.5)?-\d+(?:\.\d+)?B", "qwen2"),
     (r"(?i)^Qwen/Qwen3-\d+(?:\.\d+)?B(?:-|$)", "qwen3"),
+    (r"(?i)^moonshotai/Moonlight-|^deepseek-ai/DeepSeek-V3", "deepseek_v3"),
 )
 
 

@@ -313,6 +313,8 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     if data.get("deepspeed") is not None:
         _read_deepspeed_ref(take("deepspeed"), src, reading)
     _warn_model_states(data, src, reading, lf)
+    if "param_precision" in reading:  # its dtype key was read (_warn_model_states)
+        handled.add(reading.origins["param_precision"].key)
     strategy_key = "eval_strategy" if "eval_strategy" in data else "evaluation_strategy"
     strategy = data.get(strategy_key)
     if strategy not in (None, "no", "NO", False):
@@ -424,6 +426,14 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
     if "8bit" in optim or "4bit" in optim:
         reading.warnings.append(f"{src.path}: optim {optim}: low-bit optimizer states")
     _read_liger(data, src, reading, lf)
+
+
+def _fsdp(reading: Reading) -> bool:
+    """Sharded by torch FSDP (the Trainer's fsdp key or an Accelerate FSDP config)."""
+    stage = reading.origins.get("zero_stage")
+    return bool(reading.get("use_torch_fsdp2")) or (
+        stage is not None and stage.note.startswith("FSDP")
+    )
 
 
 def _read_liger(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> None:
@@ -619,6 +629,19 @@ def apply_defaults(reading: Reading) -> None:
             "param_precision",
             "fp32_master",
             Origin(FROM_DERIVED, "DeepSpeed keeps an fp32 master copy of a 16-bit model"),
+        )
+    if _fsdp(reading) and said is not None and said.key in ("torch_dtype", "dtype") and (
+        reading.get("bf16") or reading.get("fp16")
+    ):
+        reading.set(
+            "param_precision",
+            "amp",
+            Origin(
+                FROM_DERIVED,
+                "Accelerate (>= 0.30) upcasts a 16-bit model's trainable FSDP parameters to fp32 "
+                "when mixed precision is on (accelerator.py prepare_model; FSDP2: "
+                "fsdp_utils.fsdp2_prepare_model): fp32 weights, gradients and Adam states",
+            ),
         )
     if deepspeed:
         d(

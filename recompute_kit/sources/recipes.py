@@ -611,7 +611,8 @@ class _Reader:
             self.warnings.append(
                 f"{self.path}:{node.lineno}: {name}() is in {module}, not beside this file: "
                 f"read as Megatron-Bridge {bridge_common.COMMON_COMMIT[:7]} sets it "
-                f"({', '.join(keys)}); another Bridge version may set other values"
+                f"({', '.join(keys)}; what the recipe assigns after it wins); another Bridge "
+                "version may set other values"
             )
         elif isinstance(getattr(node, "_assigned", None), str):
             self.helpers.append(f"{fname}() ({module or '.'}) at {self.path}:{node.lineno}")

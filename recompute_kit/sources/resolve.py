@@ -66,6 +66,9 @@ MCORE = "Megatron-Core's TransformerConfig default"
 _DEFAULT_LABEL = {
     "grad_reduce_in_fp32": "Megatron-LM's default for a bf16 run (accumulate_allreduce_grads_"
     "in_fp32; Megatron-Core's DistributedDataParallelConfig default is False)",
+    # the MLA ranks as Megatron-LM's arguments default them (MLATransformerConfig: 512 / 512)
+    "q_lora_rank": "Megatron-LM's --q-lora-rank default (MLATransformerConfig's is 512)",
+    "kv_lora_rank": "Megatron-LM's --kv-lora-rank default (MLATransformerConfig's is 512)",
 }
 
 
@@ -295,7 +298,8 @@ def _preset_reading(name: str) -> Reading | None:
     reading = Reading(format="recompute-kit preset", model_name=name)
     origin = Origin(FROM_MODEL, f"recompute-kit preset {preset.name} ({preset.source})", name)
     for key in sorted(keys & set(model)):
-        if model[key] is not None:
+        # an MLA rank of None says something (q_lora_rank None: a plain q_proj, no q latent)
+        if model[key] is not None or (key in MLA_KEYS and model.get("multi_latent_attention")):
             reading.set(key, model[key], origin)
     return reading
 

@@ -27,6 +27,10 @@ def normalize(reading: Reading) -> None:
             origin = reading.origins[key]
             note = f"null: Megatron-Core's default {defaults[key]!r}"
             reading.set(key, defaults[key], dataclasses.replace(origin, note=note))
+    if "recompute_modules" in reading and reading.get("recompute_modules") is None:
+        origin = reading.origins["recompute_modules"]  # (kept None: the config reads it so)
+        note = origin.note or "null: Megatron-Core's TransformerConfig makes it ['core_attn']"
+        reading.set("recompute_modules", None, dataclasses.replace(origin, note=note))
     for key in ("recompute_modules", "offload_modules"):
         value = reading.get(key)
         if isinstance(value, str):  # "core_attn,mlp", "[`core_attn`, `mlp`]" as pasted

@@ -202,7 +202,8 @@ def result(status: str, info: dict | None, source: str | None, actions: list[str
             "cli": f"{env}python3 {SCRIPTS / 'rk.py'} SUBCOMMAND ... --json",
             "diagnose": f"{env}python3 {SCRIPTS / 'diagnose.py'} --log LOG [--config CFG]",
             "plan": f"{env}python3 {SCRIPTS / 'plan.py'} --model PRESET --gpu-memory-gb X",
-            "papermill": f"PYTHONPATH={ROOT} {python} -m papermill NB OUT.ipynb -p NAME VALUE",
+            "notebook": f"{env}python3 {SCRIPTS / 'rk.py'} notebook oom|ablation OUT.ipynb "
+            "-p NAME VALUE",
         }
     doc.update(extra)
     return doc

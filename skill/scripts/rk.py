@@ -3,7 +3,8 @@
 
   rk.py SUBCOMMAND [ARGS...]      e.g. rk.py estimate --model llama3-70b --json
 
-Subcommands: read, models, presets, validate, verify, estimate, measure, plan, ablate, doctor, rules
+Subcommands: read, models, presets, validate, verify, estimate, measure, plan, ablate, doctor,
+rules, notebook
 (`rk.py SUBCOMMAND --help` for each). Add --json for one JSON document on stdout (every
 subcommand has it; `rules` also has --markdown). stdout, stderr and the exit status are the
 command's own: 0 done, 1 invalid input or impossible goal (one line on stderr), 2 usage error.
@@ -29,6 +30,7 @@ SUBCOMMANDS = (
     "ablate",
     "doctor",
     "rules",
+    "notebook",
 )
 
 

@@ -133,6 +133,33 @@ def test_the_model_bridge_provider_values_are_the_run_s_and_labelled_so(tmp_path
     assert r.origins["moe_aux_loss_coeff"].where == f"{launch}:1"
 
 
+MOONLIGHT = CHECKOUT / "src/megatron/bridge/recipes/moonlight/h100/moonlight_16b.py"
+
+
+def test_a_deepseek_v3_family_recipe_takes_deepseek_v3_bridge_s_provider_values():
+    """Moonlight's recipe builds its model with AutoBridge, which dispatches to
+    DeepSeekV3Bridge.provider_bridge(): its fusions, no hidden dropout and sigmoid routing are
+    the run's (a skill trial: Megatron-Core's defaults made moe_act's saving 4x too high), and
+    the model's q_lora_rank null (no q latent) is not replaced by MLATransformerConfig's 512."""
+    r = resolve(
+        [f"{MOONLIGHT}::moonlight_16b_pretrain_8gpu_h100_bf16_config"],
+        overrides={"data_parallel_size": 4},
+    )
+    m, read = r.config.model, r.reading
+    assert (m.bias_activation_fusion, m.hidden_dropout) == (True, 0.0)
+    assert read.get("moe_router_score_function") == "sigmoid"
+    assert read.get("attention_softmax_in_fp32") is False
+    origin = read.origins["bias_activation_fusion"]
+    assert origin.where.endswith("models/deepseek/deepseek_v3_bridge.py#L80")
+    assert m.q_lora_rank is None and read.origins["q_lora_rank"].kind == "model"
+    # the vocabulary stays unpadded: should_pad_vocab is False in Bridge's GPTModelProvider
+    assert "make_vocab_size_divisible_by" not in read.origins or (
+        "deepseek" not in read.origins["make_vocab_size_divisible_by"].where
+    )
+    # recompute_modules None is said as what Megatron-Core makes of it
+    assert "['core_attn']" in read.origins["recompute_modules"].note
+
+
 # --- the flat performance recipes (perf_recipes/, Megatron-Bridge 2026) --------------------------
 # https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/perf_recipes/gpt_oss/h100/gpt_oss.py
 # line 28: `cfg.mixed_precision = _perf_precision("bf16")`, line 64 `_perf_precision("fp8_cs")`:

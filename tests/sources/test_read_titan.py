@@ -329,8 +329,20 @@ def test_an_accelerate_config_beside_the_recipe_shards_the_run(tmp_path):
     corpus = HERE / "corpus" / "hf_trainer"
     recipe = str(corpus / "zephyr-7b-beta_sft_config_full.yaml")
     model = "mistralai/Mistral-7B-v0.3"
-    fsdp = resolve([recipe, str(corpus / "accelerate_fsdp.yaml")], model=model).config.parallel
-    assert (fsdp.zero_stage, fsdp.data_parallel_size, fsdp.param_precision) == (3, 8, "pure")
+    read = resolve([recipe, str(corpus / "accelerate_fsdp.yaml")], model=model)
+    fsdp = read.config.parallel
+    # the recipe loads bfloat16, but Accelerate upcasts FSDP's trainable flat parameters to fp32
+    # under mixed_precision bf16 (accelerate >= 0.30, accelerator.py prepare_model: a skill
+    # trial counted 8 B/param where the run holds 16)
+    assert (fsdp.zero_stage, fsdp.data_parallel_size, fsdp.param_precision) == (3, 8, "amp")
+    assert "upcasts" in read.reading.origins["param_precision"].where
+    from recompute_kit.sources import hf_trainer
+
+    alone = hf_trainer.read(Path(recipe).read_text(), recipe)
+    assert "torch_dtype" not in alone.unused  # the recipe's dtype is read, so not "unused"
+    # the FSDP keys the estimate does not use are said, the prefetch as not counted
+    assert read.reading.unused["fsdp_config.fsdp_backward_prefetch"] == "BACKWARD_PRE"
+    assert any("fsdp_forward_prefetch True" in w for w in read.reading.warnings)
     ds = resolve([recipe, str(corpus / "accelerate_deepspeed_zero3.yaml")], model=model)
     p = ds.config.parallel
     assert (p.zero_stage, p.optimizer_offload, p.param_offload) == (3, True, True)

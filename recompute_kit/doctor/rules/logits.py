@@ -147,7 +147,7 @@ def fused_loss_fix(ctx: Context) -> str:
     )
     if trl_sft(ctx):
         how = (
-            "TRL's loss_type chunked_nll (trl >= 1.6, its default from 1.7.0; on an older trl, "
+            "TRL's loss_type chunked_nll (trl >= 1.4, its default from 1.7.0; on an older trl, "
             "Liger's use_liger_kernel: true)"
         )
 

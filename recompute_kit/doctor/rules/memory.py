@@ -260,8 +260,9 @@ def _model_states(ctx: Context) -> Match | None:
         conf = min(conf, 0.6)
         said += (
             f" The OOM's own figures ({gib(oom.allocated_bytes)} allocated) are below them: "
-            "they were not all on the GPU when it failed (optimizer states are made at the "
-            "first optimizer step), so the run fails there if not before."
+            "they were not all on the GPU when it failed (Adam's moments are made at the "
+            "first optimizer step; the weights, gradients and any fp32 master copy exist from "
+            "setup), so the run fails there if not before."
         )
     patch, words = lever_patch(ctx) if explains_oom else ({}, "")
     sharded = sharded_already(ctx)
@@ -279,19 +280,24 @@ def sharded_already(ctx: Context) -> str:
     from ...memory.model_states import sharding_mode
 
     p = ctx.config.parallel
-    mode, dp = sharding_mode(ctx.config), p.data_parallel_size
+    mode = sharding_mode(ctx.config)
+    # dense states shard over data x context parallelism (Megatron's distributed optimizer and
+    # FSDP); DeepSpeed has no context parallelism
+    dp = p.data_parallel_size * (1 if mode == "zero" else p.context_parallel_size)
+    ranks = "data-parallel" if dp == p.data_parallel_size else "data x context-parallel"
     if mode in ("zero", "megatron_fsdp", "fsdp2") and p.zero_stage == 3:
         name = {"zero": "DeepSpeed ZeRO-3", "megatron_fsdp": "Megatron-FSDP", "fsdp2": "FSDP"}
         return (
-            f"The model states are sharded already ({name[mode]} over {dp} data-parallel "
+            f"The model states are sharded already ({name[mode]} over {dp} {ranks} "
             "ranks): more GPUs share them, or offload the optimizer states (and parameters) "
             "to the CPU; recompute only reduces activations"
         )
     if mode == "megatron" and p.use_distributed_optimizer:
         return (
             f"The optimizer states are sharded already (the distributed optimizer over {dp} "
-            "ranks): add model parallelism (tensor, pipeline, expert) or more data-parallel "
-            "ranks, or offload the optimizer states; recompute only reduces activations"
+            f"{ranks} ranks): add model parallelism (tensor, pipeline, expert) or more "
+            "data-parallel ranks, or offload the optimizer states; recompute only reduces "
+            "activations"
         )
     return ""
 

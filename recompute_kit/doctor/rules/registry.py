@@ -378,7 +378,25 @@ def tensor_parallel_patch(ctx: Context, gpus: int | None = None) -> tuple[dict[s
     words = step.words.replace("tensor_model_parallel_size", "--tensor-model-parallel-size")
     if step.value is None:
         return {}, words
-    return {"tensor_model_parallel_size": step.value}, words
+    return {"tensor_model_parallel_size": step.value}, words + _estimated_at(ctx, step.value)
+
+
+def _estimated_at(ctx: Context, tp: int) -> str:
+    """What the estimator says of the run at tensor-parallel size `tp` (the rest as it is):
+    a proposed layout is checked before it is shown, never offered unpriced."""
+    from ...plan.margins import SAFETY_MARGIN, planned_bytes
+
+    if ctx.config is None:  # no shape read: nothing to price
+        return ""
+    try:
+        held = planned_bytes(estimate(ctx.config.replace(tensor_model_parallel_size=tp)))
+    except ConfigError:
+        return ""
+    usable = int(ctx.gpu_bytes * (1 - SAFETY_MARGIN)) if ctx.gpu_bytes else None
+    verdict = "" if usable is None else (
+        f", {'within' if held <= usable else 'still above'} the {gib(usable)} usable"
+    )
+    return f"; estimated there: {gib(held)} held per rank at the current recompute{verdict}"
 
 
 def zero_stage(ctx: Context) -> int | None:
