@@ -85,9 +85,15 @@ def run(name: str, output: str, values: dict[str, Any]) -> Path:
             f"{NAMES[name]} has no parameter {', '.join(unknown)} (its parameters: "
             f"{', '.join(known)})"
         )
+    if name == "oom":  # every missing input in one line, before a kernel starts
+        from .reports import missing_inputs
+
+        missing = missing_inputs(values.get("config_path"), values.get("error_log"))
+        if missing:
+            raise ConfigError(f"not found: {', '.join(missing)}")
     if not out.parent.is_dir():
         raise ConfigError(f"{output}: its folder {out.parent} does not exist")
-    partial = out.with_name(f".{out.name}.partial")  # renamed into place only when it ran
+    partial = out.with_name(f".{out.stem}.partial.ipynb")  # renamed into place once it ran
     try:
         papermill.execute_notebook(
             str(source), str(partial), parameters=values, progress_bar=True, log_output=False

@@ -7,6 +7,7 @@ run with papermill, a notebook in JupyterLab and `recompute-kit doctor/plan/abla
 from __future__ import annotations
 
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -262,6 +263,9 @@ def oom_setup(
     """Check every parameter of the OOM notebook; one ConfigError naming what is wrong. The
     parameters left None are what the model or the config files say; with neither a model
     nor a config_path, the example (EXAMPLE_OOM_MODEL at EXAMPLE_OOM_LAYOUT)."""
+    missing = missing_inputs(config_path, error_log)
+    if missing:
+        raise ConfigError(f"not found: {', '.join(missing)}")
     example = EXAMPLE_OOM_LAYOUT if not model and not config_path else None
     if example:
         model = EXAMPLE_OOM_MODEL
@@ -369,6 +373,21 @@ def oom_overrides(tp, pp, cp, ep, dp, seq_length, micro_batch_size, sp, dist_opt
             recompute_modules=rc.recompute_modules,
         )
     return {k: v for k, v in out.items() if v is not None or k.startswith("recompute_")}
+
+
+_PATH_LIKE = re.compile(r"^[^\s]*(?:/[^\s]*|\.[A-Za-z]\w{0,5})$")  # one word, a folder or a suffix
+
+
+def missing_inputs(config_path: str | list | None, error_log: str | None) -> list[str]:
+    """Every input file named that does not exist, all at once (a fix-and-rerun per file is
+    slow): config_path's files (a `file::function` by its file; a Hydra override `a.b=c` is
+    not a file) and an error_log that is a file's name rather than the error text."""
+    items = [config_path] if isinstance(config_path, str) else list(config_path or [])
+    named = [str(i).split("::", 1)[0] for i in items]
+    named = [n for n in named if n and "=" not in n and not n.startswith("-")]
+    if error_log and error_log != "example" and _PATH_LIKE.match(str(error_log)):
+        named.append(str(error_log))
+    return [n for n in named if not Path(n).exists()]
 
 
 def _is_path(text: str) -> bool:

@@ -170,3 +170,35 @@ def test_doctor_reads_the_gradient_checkpointing_table():
     assert by["full"]["step_time_ms"] == pytest.approx(1487.5)
     outs = rows[0]["measured_summary"]["outliers"]
     assert [o["run"] for o in outs] == ["gc_off_b"]
+
+
+# Megatron-LM's CI golden values name their step time "iteration-time" (seconds, no unit in the
+# name): iterations 2-13 of tests/functional_tests/test_cases/gpt/gpt3_mcore_te_tp1_pp1_resume_
+# torch_dist_dist_optimizer/golden_values_dev_dgx_h100.json and ..._uniform_full_recompute/ at
+# https://github.com/NVIDIA/Megatron-LM/tree/d98e8a64ddf34856e74b24714e3bedb2f5a39553
+CI_NONE = (
+    "3.75143 0.06943 0.05355 0.05519 0.05339 0.05191 0.05307 0.05226 0.05375 0.05249 0.05316 "
+    "0.05218"
+)
+CI_FULL = (
+    "3.07097 0.11248 0.11178 0.10994 0.11179 0.1098 0.11165 0.11009 0.11247 0.10983 0.11045 "
+    "0.10953"
+)
+
+
+def test_the_doctor_reads_a_step_column_without_a_unit_as_the_judge_does(tmp_path):
+    """A skill trial: judge.py read 'iteration-time' as seconds (-51.7%), the doctor's
+    experiment reader did not read it at all and called the 2x slowdown 'within noise'."""
+    from recompute_kit.doctor.evidence.experiments import parse_experiments
+
+    lines = ["recompute,iteration,iteration-time"]
+    for spec, values in (("none", CI_NONE), ("full:uniform:1", CI_FULL)):
+        lines += [f"{spec},{i},{v}" for i, v in enumerate(values.split(), start=2)]
+    rows = {r["recompute"]: r for r in parse_experiments("\n".join(lines) + "\n", "ci.csv")}
+    assert 52 < rows["none"]["step_time_ms"] < 54  # warm-up (3.75 s, 0.069 s) dropped
+    assert 109 < rows["full:uniform:1"]["step_time_ms"] < 112
+    table = tmp_path / "ci.csv"
+    table.write_text("\n".join(lines) + "\n")
+    doc = judge(str(table), "--golden", "none")
+    full = next(c for c in doc["candidates"] if c["recompute"] == "full:uniform:1")
+    assert full["speed"]["comparison"]["change"] < -0.45  # the judge agrees: about half

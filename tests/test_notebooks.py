@@ -79,6 +79,19 @@ def test_the_notebook_command_says_a_bad_parameter_in_one_line_and_leaves_nothin
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no notebook, no report folder
     code = main(["notebook", "oom", str(out), "-p", "modle", "llama3-8b"])
     assert code == 1 and "has no parameter modle" in capsys.readouterr().err
+    # every missing input at once, before a kernel starts (a trial fixed them one rerun each);
+    # a Hydra override is not a file, and error_log may be the pasted error text itself
+    code = main(
+        ["notebook", "oom", str(out), "-y",
+         "{config_path: [nope.sh, 'model.seq_length=8'], error_log: nope.log, out_dir: o}"]
+    )
+    assert code == 1 and capsys.readouterr().err.strip().splitlines() == [
+        "recompute-kit: error: not found: nope.sh, nope.log"
+    ]
+    from recompute_kit.reports import missing_inputs
+
+    assert missing_inputs(None, "RuntimeError: CUDA out of memory. Tried to allocate") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_oom_notebook_reads_the_files_users_train_with(tmp_path):

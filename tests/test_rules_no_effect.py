@@ -435,3 +435,34 @@ def test_rk023_not_when_granularity_is_set():
     d = run(text("ex-args-local-v014-full") + text("oom-mlm-525"))
     assert d.evidence.config["recompute_granularity"] == "full"
     assert "RK023" not in ids(d)
+
+
+# https://github.com/NVIDIA/Megatron-LM/issues/1886 : the report's opening sentence, verbatim;
+# the flags it added to Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh are quoted by
+# the maintainer there: `--recompute-granularity selective --recompute-modules core_attn`
+ISSUE_1886 = (
+    "When enabling activation checkpointing (recomputation) for the core_attn module in "
+    "Megatron-LM, the overall GPU memory consumption does not decrease as expected.\n"
+)
+LLAMA3_FP8 = Path(__file__).parent / "sources/corpus/megatron_lm/blind_llama3_8b_h100_fp8.sh"
+
+
+@covers("RK020")
+def test_rk020_reads_core_attn_from_the_report_and_the_added_flags_from_their_own_file(tmp_path):
+    """A skill trial: the flags in a file of their own were refused ("not a training config"),
+    and with the script alone the doctor led with the generic stated reading (RK800), although
+    the report names core_attn and the script runs fused attention."""
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "report.md"
+    log.write_text(ISSUE_1886)
+    flags = tmp_path / "added_flags.txt"
+    flags.write_text("--recompute-granularity selective --recompute-modules core_attn\n")
+    for config in ([str(LLAMA3_FP8)], [str(LLAMA3_FP8), str(flags)]):
+        d = diagnose(collect(logs=[str(log)], config=config), 79.1)
+        assert d.findings[0].rule == "RK020", config
+    read = collect(config=[str(LLAMA3_FP8), str(flags)]).read
+    assert read["config"]["recompute_modules"] == ["core_attn"]
+    # the patch in Megatron-LM's flags: no flag set to null that the script never passes
+    keys = d.findings[0].patch_keys
+    assert keys["--recompute-modules"] == "mlp" and None not in keys.values()

@@ -348,12 +348,20 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
             out[key] = value
             continue
         target = framework_key(framework, key, ctx)
+        if value is None and target and target.startswith("--") and not _written(key, ctx):
+            continue  # a command-line flag the files do not pass: nothing to drop
         if target is None or not _is_key(target):
             how = f" (set through {target})" if target else ""
             drop(key, value, f"{framework} has no key that sets {key}{how}")
             continue
         out.update(_value_for(framework, key, target, value, ctx, patch))
     return out
+
+
+def _written(key: str, ctx: Context) -> bool:
+    """Whether the inputs themselves set `key` (not a default or an assumption)."""
+    sources = (ctx.evidence.read or {}).get("sources") or {}
+    return (sources.get(key) or {}).get("from") == "file"
 
 
 def framework_key(framework: str, key: str, ctx: Context) -> str | None:

@@ -275,7 +275,8 @@ def key_for(field: str) -> str:
 
 _FLAG_TELLS = re.compile(
     r"--(num-layers|hidden-size|num-attention-heads|tensor-model-parallel-size|"
-    r"pipeline-model-parallel-size|micro-batch-size|seq-length)\b"
+    r"pipeline-model-parallel-size|micro-batch-size|seq-length|recompute-granularity|"
+    r"recompute-modules|recompute-method|recompute-num-layers|recompute-activations)\b"
 )
 
 
@@ -701,9 +702,10 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
 
     vocab_file = get("--vocab-file")
     named = str(value_of(vocab_file) or "") if vocab_file else ""
-    if not tok and get("--merge-file") and "gpt2" in named.lower() and "vocab_size" not in reading:
-        # GPT-2's BPE files with no --tokenizer-type: GPT2BPETokenizer (Megatron-LM's default
-        # type before it had to be given)
+    if not tok and get("--merge-file") and named and "vocab_size" not in reading:
+        # BPE files (a vocab and a merges file) with no --tokenizer-type: GPT2BPETokenizer
+        # (Megatron-LM's default type before it had to be given; its CI's GPT tests still pass
+        # only these two), GPT-2's 50257 tokens unless the file (not read) holds others
         assume_tokenizer_vocab(
             reading,
             "GPT2BPETokenizer",

@@ -50,7 +50,12 @@ _TRAINER_TELLS = frozenset(
         "--learning_rate",
     }
 )
-_MEGATRON_TELLS = ("--num-layers", "--tensor-model-parallel-size", "--hidden-size")
+_MEGATRON_TELLS = (
+    "--num-layers",
+    "--tensor-model-parallel-size",
+    "--hidden-size",
+    "--recompute-",  # the recompute flags alone (a paste of what a user added to a script)
+)
 _LAUNCHER_OPTS = {
     "nproc_per_node",
     "nnodes",

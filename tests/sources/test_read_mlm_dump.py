@@ -210,3 +210,15 @@ def test_local_transformer_is_unfused_attention_and_the_printed_vocab_is_read():
     assert both.origins["vocab_size"].where.endswith("terminal.txt:286")
     script = resolve([str(MLM525 / "gpt2_755.sh")], require_shape=False).reading
     assert script.get("vocab_size") == 50257 and script.origins["vocab_size"].kind == "assumed"
+
+
+def test_bpe_vocab_and_merge_files_without_a_tokenizer_type_are_gpt2_s_vocabulary():
+    """Megatron-LM's CI GPT configs pass --vocab-file .../bpe/vocab.json and --merge-file, no
+    --tokenizer-type: GPT2BPETokenizer, 50257 tokens (assumed: the file is not read). A skill
+    trial saw 32000 "nothing says it" and estimates 0.6 GiB under the measured peak."""
+    path = DATA / "read" / "mlm_ci_gpt3_dist_optimizer_model_config.yaml"
+    reading = resolve([str(path)], require_shape=False).reading
+    assert reading.get("vocab_size") == 50257
+    origin = reading.origins["vocab_size"]
+    assert origin.kind == "assumed" and "--vocab-file" in origin.where
+    assert "GPT2BPETokenizer" in origin.note

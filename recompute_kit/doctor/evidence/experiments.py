@@ -50,7 +50,7 @@ def _experiment_column(header: str) -> tuple[str, str | None]:
     col = classify(header)  # the names users log (runcolumns.py): flags and unit suffixes
     if col is not None and col.key == "checkpointing":
         return "recompute", None  # gradient_checkpointing true/false: full / none
-    if col is not None and col.key == "step" and col.unit is not None:
+    if col is not None and col.key == "step":  # (Megatron CI's "iteration-time": no unit)
         return "step_time_ms", "ms" if col.scale == 1e-3 else "s" if col.scale == 1.0 else "?"
     if h in (
         "experiment",

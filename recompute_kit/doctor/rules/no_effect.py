@@ -33,7 +33,10 @@ from .registry import fact, gib, next_step, patch_for, rule
 )
 def _core_attn_flash(ctx: Context) -> Match | None:
     warned = ctx.says("you have no need to set 'core_attn' to recompute")
-    if not (("core_attn" in ctx.modules and ctx.flash) or warned):
+    # the user's own sentence of "no effect" names core_attn (the flags beside the paste)
+    stated = (fact(ctx, "symptom_lines") or {}).get("recompute_no_effect") or ""
+    named = "core_attn" in stated and not ctx.modules
+    if not ((("core_attn" in ctx.modules or named) and ctx.flash) or warned):
         return None
     if ctx.modules and set(ctx.modules) != {"core_attn"} and not warned:
         return None
