@@ -76,8 +76,17 @@ def read(text: str, path: str) -> Reading:
     reading.warnings += script.warnings
     _accelerate_config(launch, path, reading)
     program = launch.program or ""
-    trl_sft = _TRL_SFT_SCRIPT.search(program) or (program == "trl" and words[:1] == ["sft"])
-    trl_dpo = _TRL_DPO_SCRIPT.search(program) or (program == "trl" and words[:1] == ["dpo"])
+    trainer = _trl_trainer_in(program, path)  # a copy of TRL's script: what it builds
+    trl_sft = (
+        _TRL_SFT_SCRIPT.search(program)
+        or (program == "trl" and words[:1] == ["sft"])
+        or trainer == "SFTTrainer"
+    )
+    trl_dpo = (
+        _TRL_DPO_SCRIPT.search(program)
+        or (program == "trl" and words[:1] == ["dpo"])
+        or trainer == "DPOTrainer"
+    )
     if trl_sft and hf_trainer.FORMAT_LF not in reading.format:
         # TRL's SFT script: SFTConfig's defaults (gradient checkpointing on, its loss_type)
         reading.format = f"{hf_trainer.FORMAT_TRL} ({hf_trainer.TRL_SFT})"
@@ -129,6 +138,25 @@ def _accelerate_config(launch: Any, path: str, reading: Reading) -> None:
 # TRL's own SFT entry points: trl/scripts/sft.py, and the `trl sft` command that runs it
 _TRL_SFT_SCRIPT = re.compile(r"(?:^|/)trl/scripts/sft\.py$")
 _TRL_DPO_SCRIPT = re.compile(r"(?:^|/)trl/scripts/dpo\.py$")
+
+
+_TRL_TRAINER = re.compile(r"\b(SFTTrainer|DPOTrainer)\s*\(")
+
+
+def _trl_trainer_in(program: str, path: str) -> str | None:
+    """The TRL trainer a Python script beside the launch command builds (a copy of TRL's
+    scripts/sft.py run as `sft.py`): SFTTrainer or DPOTrainer, else None."""
+    if not program.endswith(".py"):
+        return None
+    found = next((p for p in (Path(path).parent / program, Path(program)) if p.is_file()), None)
+    try:
+        text = found.read_text(encoding="utf-8", errors="replace")[:200_000] if found else ""
+    except OSError:
+        return None
+    if "trl" not in text:
+        return None
+    names = set(_TRL_TRAINER.findall(text))
+    return names.pop() if len(names) == 1 else None
 
 
 def _trainer_file(name: str, path: str, line: int) -> Reading:

@@ -624,13 +624,13 @@ def apply_defaults(reading: Reading) -> None:
         )
     )
     said = reading.origins.get("param_precision")
-    if deepspeed and said is not None and said.key in ("torch_dtype", "dtype"):
+    if deepspeed and said is not None and said.key.lstrip("-") in ("torch_dtype", "dtype"):
         reading.set(
             "param_precision",
             "fp32_master",
             Origin(FROM_DERIVED, "DeepSpeed keeps an fp32 master copy of a 16-bit model"),
         )
-    if _fsdp(reading) and said is not None and said.key in ("torch_dtype", "dtype") and (
+    if _fsdp(reading) and said is not None and said.key.lstrip("-") in ("torch_dtype", "dtype") and (
         reading.get("bf16") or reading.get("fp16")
     ):
         reading.set(

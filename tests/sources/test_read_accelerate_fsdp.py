@@ -85,3 +85,26 @@ def test_the_launchers_unsaid_gpu_count_is_not_asked_for_once_given(tmp_path):
         over = {"data_parallel_size": dp} if dp else {}
         r = resolve(inputs, overrides=over, require_shape=False).reading
         assert not any("GPU count is not on the command line" in w for w in r.warnings)
+
+
+def test_a_copy_of_trl_s_sft_script_and_dtype_bfloat16_under_fsdp2_mixed_precision(tmp_path):
+    """A skill trial ran TRL's sft.py as a local copy with `--dtype bfloat16 --bf16` under
+    Accelerate's FSDP2: the copy was not known as TRL's (the loss counted as full fp32 logits,
+    where SFTConfig's default is chunked_nll), and `--dtype` (TRL 1.x's name for torch_dtype)
+    gave 16-bit states, where Accelerate upcasts a 16-bit model's trainable parameters to fp32
+    under mixed precision (accelerate utils/fsdp_utils.py fsdp2_prepare_model)."""
+    import shutil
+
+    script = Path(__file__).parents[1] / "data/launch/trl_fsdp2/trl/scripts/sft.py"
+    shutil.copy(script, tmp_path / "sft.py")
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "accelerate launch --config_file fsdp2.yaml --num_processes 32 sft.py \\\n"
+        "    --model_name_or_path meta-llama/Llama-3.1-70B --dataset_name trl-lib/Capybara \\\n"
+        "    --dtype bfloat16 --bf16 --per_device_train_batch_size 2 \\\n"
+        "    --gradient_checkpointing --max_length 8192\n"
+    )
+    r = resolve([str(launch), str(FSDP2)], require_shape=False).reading
+    assert "SFT script" in r.format
+    assert r.get("fused_linear_cross_entropy") is True  # TRL's chunked_nll, assumed and said
+    assert r.get("param_precision") == "amp" and "upcasts" in r.origins["param_precision"].where
