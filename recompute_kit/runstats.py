@@ -396,6 +396,16 @@ def compare(base: dict[str, Any], arm: dict[str, Any], higher_is_better: bool) -
     if unknown:
         why = f"{change:+.1%} from a single run's value: its run-to-run noise is not measured"
         return {**out, "decided": False, "why": why}
+    single = [s["noise"] for s in (base, arm) if s.get("noise", "").startswith("within one")]
+    if single and abs(change) < OUTLIER:
+        # one run's IQR is not run-to-run noise: repeats of one setting differ by up to
+        # OUTLIER before one is called an outlier, so a smaller change between two single
+        # runs is not decided by them
+        why = (
+            f"{change:+.1%} between single runs: under {OUTLIER:.0%}, what repeats of one "
+            "setting may differ by (run-to-run noise is not measured)"
+        )
+        return {**out, "decided": False, "why": why}
     if out["change_low"] <= 0 <= out["change_high"]:
         why = (
             f"{change:+.1%} is within noise: {arm['low']:.4g}-{arm['high']:.4g} "

@@ -346,3 +346,19 @@ def test_an_estimate_of_a_layout_the_files_cannot_run_decides_nothing():
     assert any("cannot run as written" in w for w in d.evidence.read["warnings"])
     assert d.verdict.verdict == "needs_evidence"
     assert "rests on the estimate of a layout the files cannot run" in d.verdict.why
+
+
+def test_measured_runs_without_an_oom_are_not_asked_for_an_oom(tmp_path):
+    """A skill trial: an ablation table with no OOM got a collect list of the OOM message, a
+    traceback and nvidia-smi; what decides measured settings is their interleaved repeats."""
+    from test_judge_tables import CI_FULL, CI_NONE
+
+    lines = ["recompute,iteration,iteration-time"]
+    for spec, values in (("none", CI_NONE), ("full:uniform:1", CI_FULL)):
+        lines += [f"{spec},{i},{v}" for i, v in enumerate(values.split(), start=2)]
+    table = tmp_path / "ci.csv"
+    table.write_text("\n".join(lines) + "\n")
+    doc = diagnose(collect(experiments=str(table))).to_json()
+    ids = [c["id"] for c in doc["collect"]]
+    assert doc["findings"][0]["category"] == "recompute_overhead"
+    assert "repeats" in ids and not {"oom_message", "traceback", "nvidia_smi"} & set(ids)

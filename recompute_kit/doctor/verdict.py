@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runstats import RERUN
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from ..sources.semantics import CANNOT_RUN
 from .rules.registry import steps_without_oom
@@ -61,6 +62,8 @@ COLLECT: dict[str, str] = {
     "deepspeed|accelerate|peft|vllm') and the last version that worked",
     "timings": "a few iteration lines (time per step) of the same run with and without the "
     "change, on the same nodes, after warm-up",
+    # measured settings whose difference their runs do not decide
+    "repeats": RERUN + " (skill/scripts/judge.py or doctor --experiments reads them)",
     "memory_by_step": "torch.cuda.max_memory_allocated() after one step with recompute on and "
     "one with it off (or Megatron's memory report lines of each)",
     "warning_context": "the full warning with its source line, and a few iteration lines after "
@@ -86,7 +89,7 @@ COLLECT_FOR: dict[str, tuple[str, ...]] = {
     "model_state_memory": ("resolved_config", "oom_message", "memory_summary", "peak_memory"),
     "logits_memory": ("traceback", "resolved_config", "oom_message", "peak_memory"),
     "recompute_no_effect": ("resolved_config", "memory_by_step"),
-    "recompute_overhead": ("timings", "resolved_config"),
+    "recompute_overhead": ("timings", "repeats", "resolved_config"),
     "invalid_config": ("resolved_config", "traceback"),
     "checkpoint_api_misuse": ("traceback", "versions"),
     "nondeterministic_recompute": ("traceback", "versions"),
@@ -418,7 +421,10 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         for f in findings[:5]
     ]
     competing = list(dict.fromkeys(f.category for f in findings[:3]))
-    if len(competing) < 2:  # one guess is no choice between causes: ask for the usual deciders
+    measured_only = bool(ctx.evidence.experiments) and not ctx.oom
+    if len(competing) < 2 and not measured_only:
+        # one guess is no choice between causes: ask for the usual deciders (not an OOM's, for
+        # measured runs that printed none)
         competing += [c for c in _DEFAULT_COMPETING if c not in competing]
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders

@@ -630,9 +630,8 @@ def apply_defaults(reading: Reading) -> None:
             "fp32_master",
             Origin(FROM_DERIVED, "DeepSpeed keeps an fp32 master copy of a 16-bit model"),
         )
-    if _fsdp(reading) and said is not None and said.key.lstrip("-") in ("torch_dtype", "dtype") and (
-        reading.get("bf16") or reading.get("fp16")
-    ):
+    loaded_16bit = said is not None and said.key.lstrip("-") in ("torch_dtype", "dtype")
+    if _fsdp(reading) and loaded_16bit and (reading.get("bf16") or reading.get("fp16")):
         reading.set(
             "param_precision",
             "amp",

@@ -361,7 +361,23 @@ def merge(readings: Sequence[Reading]) -> Reading:
             merged.format = " + ".join(f for f in (merged.format, reading.format) if f)
     if merged.framework is None and readings:
         merged.framework = readings[0].framework
+    whole = [r for r in readings if r.format and _writes_the_model(r)]
+    if len(whole) >= 2 and len({r.format for r in whole}) == 1:
+        # two whole configs of one kind are more likely two runs (an ablation's arms) than
+        # one run in two files: merged, the estimate is of a run neither of them is
+        merged.warnings.append(
+            f"{len(whole)} inputs each write a whole model ({whole[0].format}): they are "
+            "merged as one run, later values winning; for separate runs (an ablation's arms) "
+            "give one run's files at a time"
+        )
     return merged
+
+
+def _writes_the_model(reading: Reading) -> bool:
+    return all(
+        (o := reading.origins.get(k)) is not None and o.kind == FROM_FILE
+        for k in ("num_layers", "hidden_size")
+    )
 
 
 def _drop_inputs_read_within(items: list[str], readings: list, described: list[dict]) -> None:

@@ -222,3 +222,15 @@ def test_bpe_vocab_and_merge_files_without_a_tokenizer_type_are_gpt2_s_vocabular
     origin = reading.origins["vocab_size"]
     assert origin.kind == "assumed" and "--vocab-file" in origin.where
     assert "GPT2BPETokenizer" in origin.note
+
+
+def test_two_whole_configs_of_one_kind_are_said_to_be_merged_as_one_run():
+    """A skill trial gave judge.py --config both arms of Megatron-LM's CI ablation (the
+    distributed-optimizer control, the full-recompute arm): they were merged into a run
+    neither arm is, silently."""
+    control = DATA / "read" / "mlm_ci_gpt3_dist_optimizer_model_config.yaml"
+    arm = Path(__file__).parent / "corpus/megatron_lm/blind_ft_gpt3_uniform_full_recompute.yaml"
+    both = resolve([str(control), str(arm)], require_shape=False).reading
+    assert any("2 inputs each write a whole model" in w for w in both.warnings)
+    alone = resolve([str(arm)], require_shape=False).reading
+    assert not any("write a whole model" in w for w in alone.warnings)
