@@ -96,7 +96,13 @@ def run(name: str, output: str, values: dict[str, Any]) -> Path:
     partial = out.with_name(f".{out.stem}.partial.ipynb")  # renamed into place once it ran
     try:
         papermill.execute_notebook(
-            str(source), str(partial), parameters=values, progress_bar=True, log_output=False
+            str(source),
+            str(partial),
+            parameters=values,
+            progress_bar=True,
+            log_output=False,
+            # the kernel's own start-up warnings are not the user's business
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
         )
     except papermill.PapermillExecutionError as exc:
         partial.unlink(missing_ok=True)

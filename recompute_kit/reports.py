@@ -555,7 +555,8 @@ def oom_markdown(report: dict[str, Any]) -> str:
             f"- cause: {f['cause']}",
             f"- confirm: {f['confirm']}",
             f"- fix: {f['fix']}",
-            f"- patch: `{json.dumps(f['config_patch'])}`",
+            # in the framework's own keys where the doctor wrote them (Bridge's model.*)
+            f"- patch: `{json.dumps(f.get('patch_keys') or f['config_patch'])}`",
             "",
         ]
     if report.get("breakdown_bytes") and report.get("gpu_memory_gb"):
@@ -579,7 +580,21 @@ def oom_markdown(report: dict[str, Any]) -> str:
         ]
     elif plan.get("error"):
         lines += ["## Plan", "", plan["error"], ""]
-    if report.get("plots"):
-        lines += ["## Plots", ""] + [f"![{Path(png).stem}]({png})" for png in report["plots"]]
-        lines.append("")
+    said = ((report.get("evidence") or {}).get("read") or {}).get("warnings") or []
+    if said:
+        lines += ["## What reading the inputs said", "", *[f"- {w}" for w in said], ""]
+    plots = report.get("plots") or []
+    ours = [png for png in plots if not png.startswith("verify-")]
+    proxy = [png for png in plots if png.startswith("verify-")]
+    if ours:
+        lines += ["## Plots", ""] + [f"![{Path(png).stem}]({png})" for png in ours] + [""]
+    if proxy:
+        name = proxy[0].split("/", 1)[0].removeprefix("verify-")
+        lines += [
+            f"## The proxy's check ({name} on {report.get('device') or 'this machine'})",
+            "",
+            f"These plots are of {name}, a small runnable model of the same family: whether "
+            "the settings run and their relative cost there, not this model's numbers.",
+            "",
+        ] + [f"![{name}: {Path(png).stem}]({png})" for png in proxy] + [""]
     return "\n".join(lines)

@@ -362,3 +362,22 @@ def test_measured_runs_without_an_oom_are_not_asked_for_an_oom(tmp_path):
     ids = [c["id"] for c in doc["collect"]]
     assert doc["findings"][0]["category"] == "recompute_overhead"
     assert "repeats" in ids and not {"oom_message", "traceback", "nvidia_smi"} & set(ids)
+
+
+# https://github.com/NVIDIA-NeMo/RL/issues/2814 : a GRPO job's OOM raised in its vLLM worker
+# (the weight refit), the message's first line verbatim
+VLLM_WORKER_OOM = (
+    "Error in VllmInternalWorkerExtension.update_weights_via_ipc_zmq: CUDA out of memory. "
+    "Tried to allocate 448.00 MiB. GPU 0 has a total capacity of 79.11 GiB of which 431.38 MiB "
+    "is free. Including non-PyTorch memory, this process has 57.04 GiB memory in use. Process "
+    "3130101 has 21.51 GiB memory in use. Of the allocated memory 57.87 GiB is allocated by "
+    "PyTorch, with 12.23 GiB allocated in private pools (e.g., CUDA Graphs), and 477.92 MiB is "
+    "reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_an_oom_in_an_rl_job_s_generation_worker_is_out_of_scope(tmp_path):
+    # a re-trial: the OOM notebook diagnosed it as the training recipe's own memory
+    doc = run(tmp_path, VLLM_WORKER_OOM).to_json()
+    assert doc["verdict"] == "out_of_scope" and doc["scope"] == "inference"
+    assert doc["evidence"]["oom"][0]["prefix"].startswith("Error in VllmInternalWorkerExtension")

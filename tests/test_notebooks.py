@@ -60,6 +60,11 @@ def test_oom_notebook_writes_a_report(tmp_path):
     assert "| act:logits and loss |" in md
     assert report["plots"] and all((out_dir / png).is_file() for png in report["plots"])
     assert "![breakdown_current](breakdown_current.png)" in md
+    # the proxy's plots apart, said to be the small model's (a re-trial read its "recommended:
+    # none" as advice for the 8B run)
+    proxy = md.split("## The proxy's check (tiny-gpt", 1)[1]
+    assert "not this model's numbers" in proxy and "![tiny-gpt: " in proxy
+    assert "verify-" not in md.split("## The proxy's check", 1)[0]
     assert (out_dir / "breakdown_current.png").stat().st_size > 1000
 
 

@@ -251,3 +251,24 @@ def test_rk170_takes_the_plans_cheapest_fit_in_the_runs_override_syntax():
         "model.recompute_granularity=selective model.recompute_modules=[moe_act]"
     )
     assert "dataset.seq_length 4096 -> 2048" in f.fix and "not set in the paste" not in f.fix
+
+
+def test_rk170_takes_the_readers_values_over_every_file_s_raw_keys():
+    """A skill trial (NeMo-RL's GRPO Qwen2.5-32B DTensor recipe given with its parent): the
+    default reading listed the parent's 512-token length, LoRA from a disabled lora_cfg, and
+    offered full recompute to a run that checkpoints every layer already, and shortening the
+    Megatron inference engine's max_tokens. The shared reader's values are the run's."""
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    configs = Path(__file__).parent / "data/read/nemo_rl_dtensor/examples/configs"
+    child = configs / "recipes/llm/grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt-long.v3.yaml"
+    d = diagnose(collect(config=[str(child), str(configs / "grpo_math_1B.yaml")]), 79.1)
+    f = next(f for f in d.findings if f.rule == "RK170")
+    assert "seq_length = 16384" in f.evidence  # (Megatron-Core's name for the run's length)
+    assert "= 512" not in f.evidence and "LoRA" not in f.evidence
+    assert "policy.max_total_sequence_length 16384 -> 8192" in f.fix  # in NeMo-RL's key
+    assert "mcore_generation_config" not in f.fix
+    assert "full:uniform:1" not in f.fix  # every layer is recomputed already

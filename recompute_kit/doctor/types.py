@@ -65,12 +65,24 @@ class Context:
         return self.evidence.config
 
     @property
+    def _read_recompute(self):
+        """The recompute the shared reader resolved from the files, where it read them (a
+        child YAML over its parent; NeMo-RL's activation_checkpointing as full recompute)."""
+        read = self.evidence.read or {}
+        source = (read.get("sources") or {}).get("recompute_granularity") or {}
+        if self.config is None or not read.get("config") or source.get("from") != "file":
+            return None  # (nothing a file sets: the paste's own keys, as written)
+        return self.config.recompute
+
+    @property
     def granularity(self) -> str | None:
-        return self.cfg.get("recompute_granularity")
+        rc = self._read_recompute
+        return rc.recompute_granularity if rc is not None else self.cfg.get("recompute_granularity")
 
     @property
     def modules(self) -> list[str]:
-        mods = self.cfg.get("recompute_modules")
+        rc = self._read_recompute
+        mods = rc.recompute_modules if rc is not None else self.cfg.get("recompute_modules")
         if self.granularity != "selective":
             return []
         return ["core_attn"] if mods is None else list(mods)

@@ -203,7 +203,7 @@ _DATA_LOADER = re.compile(
 )
 _INFERENCE = re.compile(
     r"\bvllm[/.]|\bsglang[/.]|text_generation_server|/generation/utils\.py|\.generate\(|"
-    r"\btensorrt_llm[/.]|\btrtllm"
+    r"\btensorrt_llm[/.]|\btrtllm|\bVllm\w*Worker"  # NeMo-RL's VllmInternalWorkerExtension
 )
 _TRAINING = re.compile(
     r"backward|optimizer|\.step\(|trainer|train_step|training|checkpoint|forward_backward|"
@@ -218,6 +218,7 @@ def scope(ctx: Context, findings: list[Finding]) -> str | None:
     text = "\n".join(
         f"{e.type}: {e.message}\n{e.details}\n" + "\n".join(e.frames) for e in ev.errors
     )
+    text += "".join(f"\n{o.prefix}" for o in ev.oom if o.prefix)  # who raised each OOM
     if not ev.oom and _DATA_LOADER.search(text):  # the more specific reading first
         return "data_loader"
     if findings and findings[0].rule == "RK660":  # the host's RAM, not the GPU's
@@ -237,7 +238,8 @@ def scope(ctx: Context, findings: list[Finding]) -> str | None:
 _SCOPE_WHY = {
     "host_ram": "the host's (CPU) RAM ran out, not the GPU's: the kit estimates GPU memory",
     "data_loader": "a data loader worker failed: not the training step's GPU memory",
-    "inference": "an inference / serving run with no training step: the kit estimates training",
+    "inference": "an inference engine's memory (serving, or an RL job's generation worker) "
+    "with no training step in the log: the kit estimates a training step's",
 }
 
 

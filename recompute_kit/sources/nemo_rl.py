@@ -556,6 +556,10 @@ def _read_dtensor(fv: FileValues) -> None:
             fv.set("recompute_num_layers", 1, p, note)
         else:
             fv.set("recompute_granularity", None, p)
+    lora = fv.get(*d, "lora_cfg", "enabled", kind=bool)
+    if lora is not None:  # the adapters' switch (a disabled lora_cfg section is no LoRA)
+        note = "LoRA adapters on frozen base weights; the adapters' own states not counted"
+        fv.set("frozen_base", lora, (*d, "lora_cfg", "enabled"), note if lora else "")
     offload = fv.get(*d, "cpu_offload", kind=bool)
     if offload is not None:
         note = "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer states on the host"

@@ -6,6 +6,7 @@ recipe module (`recipes/qwen/qwen3_moe.py` aliases `recipes/qwen/h100/qwen3_moe.
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,11 @@ def select(
     names = recipe_names(tree, reader)
     if selector:
         if selector not in reader.funcs and selector not in aliases(reader):
+            close = difflib.get_close_matches(selector, names, n=1)
+            if close:  # a misspelt name: the one meant, not the whole list
+                raise ConfigError(
+                    f"{path}: no recipe {selector!r} in the file; did you mean {close[0]!r}?"
+                )
             listed = ", ".join(names) if names else "none found"
             raise ConfigError(f"{path}: no recipe {selector!r} in the file (its recipes: {listed})")
         return selector

@@ -177,7 +177,12 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
         begin = exc.start(1)
     else:
         begin = start.start() if start is not None else 0
-    event = OOMEvent(rank=rank, line=flat[begin : begin + 300], line_number=line_number)
+    event = OOMEvent(
+        rank=rank,
+        line=flat[begin : begin + 300],
+        line_number=line_number,
+        prefix=flat[max(0, begin - 200) : begin].strip(),
+    )
     values: dict[str, Any] = {}
     for name, pattern in _OOM_FIELDS.items():
         m = pattern.search(flat)

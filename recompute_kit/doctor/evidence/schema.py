@@ -39,6 +39,9 @@ class OOMEvent:
     rank: int | None = None
     generation: str = ""  # which message format: gen1_cached ... gen6_pytorch_alloc_conf
     line: str = ""  # the message as found (first 300 characters)
+    # what its line says before the message (at most 200 characters): who raised it, e.g.
+    # "Error in VllmInternalWorkerExtension.update_weights_via_ipc_zmq:"
+    prefix: str = ""
     backend: str = "cuda"  # cuda | hip (ROCm) | xpu | npu (torch_npu)
     truncated: bool = False  # the message was cut before all its fields
     line_number: int | None = None  # 1-based line of the log where the message starts

@@ -20,7 +20,7 @@ from ...plan.tensor_parallel import next_tensor_parallel
 from ...sources import megatron_lm
 from ..types import Context, Match
 from .defaults import exception_without_oom
-from .knobs import Knobs, read_knobs
+from .knobs import Knobs, _as_bool, read_knobs
 from .model_states import (
     COMMON_GPU_BYTES,
     StateCount,
@@ -91,8 +91,11 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
 def ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     """Turning activation checkpointing on (or up), in the framework's key; None when on."""
     if k.framework == "megatron":
-        if k.ckpt_on and ctx.granularity == "full" and ctx.cfg.get("recompute_method") is None:
-            return None
+        most = ctx.config is not None and ctx.config.recompute.spec == "full:uniform:1"
+        if k.ckpt_on and ctx.granularity == "full" and (
+            most or ctx.cfg.get("recompute_method") is None
+        ):
+            return None  # every layer recomputed already: no more recompute to give
         if ctx.granularity is None:
             return _first_recompute(ctx)
         return more_recompute_patch(ctx)
@@ -365,7 +368,9 @@ def _knob_list(ctx: Context, k: Knobs, count: StateCount | None) -> str:
     if k.ckpt is not None:
         state = "on" if k.ckpt else "off"
         name = k.ckpt_key or "activation checkpointing"
-        if k.ckpt_key and k.ckpt_key in ctx.cfg:
+        inverted = bool(k.ckpt_key) and k.ckpt_key.rsplit(".", 1)[-1].startswith("disable")
+        raw = _as_bool(ctx.cfg.get(k.ckpt_key)) if k.ckpt_key else None
+        if raw is not None and (raw != k.ckpt) == inverted:  # (not a parent's value overridden)
             name = f"{k.ckpt_key} = {ctx.cfg[k.ckpt_key]}"
         parts.append(f"{name} ({state})")
     elif k.ckpt_key:

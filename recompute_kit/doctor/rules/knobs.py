@@ -213,6 +213,24 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
     def known(key: str) -> bool:
         return key in values and (sources.get(key) or {}).get("from") != "assumed"
 
+    def filed(key: str) -> str | None:
+        """The key the file writes it with, where a file does (not a default or a guess)."""
+        source = sources.get(key) or {}
+        return source.get("key") if source.get("from") == "file" else None
+
+    # what the reader resolved from the files (a child YAML over its parent, a recipe over its
+    # base) wins over the raw keys of every file given (a parent's 512 beside the child's 16384,
+    # a disabled backend's section)
+    # (a Megatron-family run's knobs go by Megatron-Core's field names: the fix words write
+    # them in the run's own keys, doctor/fix_words.py)
+    megatron = k.framework == "megatron"
+    if (key := filed("seq_length")) and (n := _int(values.get("seq_length"))):
+        k.seq = [("seq_length" if megatron else key, n)]
+    if (key := filed("micro_batch_size")) and (n := _int(values.get("micro_batch_size"))):
+        k.batch = ("micro_batch_size" if megatron else key, n)
+    if read.get("framework") and values:  # (not a disabled backend's section of the file)
+        k.offload = bool(values.get("param_offload") or values.get("optimizer_offload"))
+        k.dist_opt = values.get("use_distributed_optimizer") is True and k.framework == "megatron"
     if k.framework == "megatron":
         if not k.seq and isinstance(n := _int(values.get("seq_length")), int):
             k.seq.append(("seq_length", n))
@@ -292,11 +310,20 @@ def read_knobs(ctx: Context) -> Knobs:
         k.lora = True
     elif (said := fact(ctx, "settings_prose")) and isinstance(said, dict) and said.get("adapters"):
         k.lora = True  # adapters named in the paste's code or words (get_peft_model, --use_lora)
+    frozen = ((ctx.evidence.read or {}).get("sources") or {}).get("frozen_base") or {}
+    if frozen.get("from") == "file":  # the reader's word on adapters, as the files set them
+        k.lora = (ctx.evidence.read or {}).get("config", {}).get("frozen_base") is True
     return k
 
 
 def _read_checkpointing(ctx: Context, k: Knobs, by_leaf: dict[str, tuple[str, Any]]) -> None:
     cfg = ctx.cfg
+    read = ctx.evidence.read or {}
+    source = (read.get("sources") or {}).get("recompute_granularity") or {}
+    if source.get("from") == "file" and source.get("key"):  # the reader's, as the file says
+        k.ckpt_key = source["key"]
+        k.ckpt = (read.get("config") or {}).get("recompute_granularity") is not None
+        return
     for name in _DISABLE_CKPT:
         if name in by_leaf:
             k.ckpt_key, k.ckpt = by_leaf[name][0], not _as_bool(by_leaf[name][1])
