@@ -606,3 +606,32 @@ def test_expert_parallel_rows_price_their_all_to_alls():
 
     with pytest.raises(ConfigError, match=r"too much; expert parallelism"):
         plan(cfg, 79.1)
+
+
+def test_the_doctor_prices_levers_on_the_gpu_named_as_plan_does():
+    """A re-trial (Qwen2.5-72B under Accelerate FSDP on 16 A100s): diagnose --gpu a100-80gb
+    priced the offload lever at 3.68x (the default H100-class rates), plan --levers --gpu at
+    1.16x. Both now take the named GPU's rates (plan/step_time.hardware_for)."""
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.gpus import GPUS
+    from recompute_kit.plan.step_time import DEFAULT_TFLOPS, hardware_for
+
+    a100 = hardware_for("a100-80gb")
+    assert a100.tflops_per_gpu < DEFAULT_TFLOPS == hardware_for(None).tflops_per_gpu
+    corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
+    files = [
+        str(corpus / "accelerate_fsdp.yaml"),
+        str(corpus / "zephyr-7b-beta_sft_config_full.yaml"),
+    ]
+    evidence = collect(
+        config=files, overrides={"data_parallel_size": 16}, model="Qwen/Qwen2.5-72B"
+    )
+    gib = GPUS["a100-80gb"].usable_gib
+    ratios = {}
+    for gpu in ("a100-80gb", None):
+        words = " ".join(f.fix for f in diagnose(evidence, gib, gpu=gpu).findings)
+        found = re.search(r"step (\d+\.\d+)x the current", words)
+        assert found, words[:500]
+        ratios[gpu] = float(found.group(1))
+    assert ratios["a100-80gb"] != ratios[None]

@@ -791,7 +791,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..gpus import GPUS
 
     gpu_gb = GPUS[args.gpu].usable_gib if args.gpu else args.gpu_memory_gb
-    diagnosis = diagnose(evidence, gpu_gb)
+    diagnosis = diagnose(evidence, gpu_gb, gpu=args.gpu)
     if args.json:
         emit_json(diagnosis.to_json(rows=False))  # rows streamed, not held as dicts
         return 0

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError
-from ..gpus import GPUS
 from ..units import byte_unit, in_unit
 from .common import emit_json_read, format_table, layout_of, with_layout_assumptions
 
@@ -77,29 +76,18 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str | None) -> int:
     from ..plan.levers import levers
     from ..plan.step_log import measured_step_seconds
-    from ..plan.step_time import (
-        DEFAULT_CP_LINK_GBPS,
-        DEFAULT_HOST_LINK,
-        DEFAULT_TFLOPS,
-        Hardware,
-        calibrate_tflops,
-        host_link_gbps,
-        micro_batches_per_step,
-    )
+    from ..plan.step_time import calibrate_tflops, hardware_for, micro_batches_per_step
 
     gbs = args.global_batch_size
     resolved = getattr(args, "resolved", None)
     if gbs is None and resolved is not None:
         gbs = resolved.reading.get("global_batch_size")
     trainer = _trainer_options(args, resolved)
-    tflops, named = args.tflops_per_gpu, GPUS.get(getattr(args, "gpu", None) or "")
-    if tflops is None and named is not None:
-        # the default rate's share of an H100's peak (40%), on the GPU named
-        tflops = DEFAULT_TFLOPS * named.dense_bf16_tflops / GPUS["h100-80gb"].dense_bf16_tflops
-    hw = Hardware(
-        tflops or DEFAULT_TFLOPS,
-        host_link_gbps(args.host_link or (named.host_link if named else DEFAULT_HOST_LINK)),
-        args.cp_link_gbps or (named.nvlink_gbps if named else DEFAULT_CP_LINK_GBPS),
+    hw = hardware_for(
+        getattr(args, "gpu", None),
+        args.tflops_per_gpu,
+        args.host_link,
+        args.cp_link_gbps,
         # the flag, else what the files say (Megatron-LM --tp-comm-overlap)
         tp_comm_overlap=args.tp_comm_overlap
         or bool(resolved is not None and resolved.reading.get("tp_comm_overlap")),

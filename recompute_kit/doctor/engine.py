@@ -246,13 +246,18 @@ def _keeping_current(result, config: Config):
 
 
 def diagnose(
-    evidence: Evidence, gpu_memory_gb: float | None = None, calibrated: bool = True
+    evidence: Evidence,
+    gpu_memory_gb: float | None = None,
+    calibrated: bool = True,
+    gpu: str | None = None,
 ) -> Diagnosis:
     """Evaluate every rule over the evidence; findings ranked by confidence, best first, those
     that explain the symptom the user states ahead (doctor/symptoms.py); confidences calibrated
     (doctor/calibration.py, `calibrated=False` keeps the rules' raw ones) and the verdict
-    (doctor/verdict.py) given."""
+    (doctor/verdict.py) given. `gpu`: the GPU by name (gpus.py), for the step-time model's
+    rates when levers are priced (as `plan --levers --gpu` prices them)."""
     ctx = build_context(evidence, gpu_memory_gb)
+    ctx.gpu_name = gpu
     found: list[tuple[Finding, tuple[str, ...]]] = []
     for fallback in (False, True):  # default readings only when nothing specific fired
         if fallback and found:

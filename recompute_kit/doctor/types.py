@@ -28,6 +28,7 @@ class Context:
     config: Config | None = None  # a kit Config, when the evidence has a model shape
     config_error: str | None = None  # Megatron's validation message for the given config
     gpu_bytes: int | None = None  # from --gpu-memory-gb or the OOM's total capacity
+    gpu_name: str | None = None  # --gpu NAME (gpus.py): the step-time model's rates
     estimate: Estimate | None = None  # the current setting, per rank
     oom_stage: int | None = None  # the pipeline stage of the rank the OOM names (engine.py)
     best: Any = None  # the planner's best candidate when a budget is known

@@ -130,6 +130,29 @@ class Hardware:
         return dataclasses.asdict(self)
 
 
+def hardware_for(
+    gpu: str | None,
+    tflops: float | None = None,
+    host_link: str | None = None,
+    cp_link_gbps: float | None = None,
+    tp_comm_overlap: bool = False,
+) -> Hardware:
+    """The step-time model's hardware for a GPU named in gpus.py (None: the defaults): the
+    default rate's share of an H100's peak (40%) on that GPU, its host link and NVLink; what is
+    given explicitly wins."""
+    from ..gpus import GPUS
+
+    named = GPUS.get(gpu or "")
+    if tflops is None and named is not None:
+        tflops = DEFAULT_TFLOPS * named.dense_bf16_tflops / GPUS["h100-80gb"].dense_bf16_tflops
+    return Hardware(
+        tflops or DEFAULT_TFLOPS,
+        host_link_gbps(host_link or (named.host_link if named else DEFAULT_HOST_LINK)),
+        cp_link_gbps or (named.nvlink_gbps if named else DEFAULT_CP_LINK_GBPS),
+        tp_comm_overlap=tp_comm_overlap,
+    )
+
+
 def bubble_fraction(pp: int, vpp: int, micro_batches: int) -> float:
     """Idle time of the pipeline over its busy time: (pp - 1) / (vpp x m) (Narayanan et al.
     2021, Sec. 2.2.1-2.2.2)."""

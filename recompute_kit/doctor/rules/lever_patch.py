@@ -70,7 +70,7 @@ def lever_patch(ctx: Context, row=None) -> tuple[dict[str, Any], str]:
 
 def first_fitting_lever(ctx: Context):
     from ...plan.levers import levers
-    from ...plan.step_time import Hardware
+    from ...plan.step_time import hardware_for
 
     if ctx.config is None or not ctx.gpu_bytes:
         return None
@@ -94,7 +94,9 @@ def first_fitting_lever(ctx: Context):
                 table = levers(
                     ctx.config,
                     ctx.gpu_bytes / GIB,
-                    hw=Hardware(tp_comm_overlap=bool(config.get("tp_comm_overlap"))),
+                    hw=hardware_for(
+                        ctx.gpu_name, tp_comm_overlap=bool(config.get("tp_comm_overlap"))
+                    ),
                     global_batch_size=batch,
                     trainer_format=fmt,
                     sharding_backend=backend,
