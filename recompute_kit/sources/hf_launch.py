@@ -11,6 +11,7 @@ Megatron-LM or torchtitan launch is not this reader's (their readers claim it).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,14 @@ def read(text: str, path: str) -> Reading:
         (
             f
             for k, f in enumerate(launch.args)
-            if _CONFIG_ARG.fullmatch(f.text) and not (k and words[k - 1].startswith("--"))
+            if _CONFIG_ARG.fullmatch(f.text)
+            and not f.text.startswith("-")
+            and not (k and words[k - 1].startswith("--"))
         ),
         None,
     )
+    if named is None:  # TrlParser's `--config recipe.yaml` (alignment-handbook, TRL's scripts)
+        named = _config_flag(launch.args)
     if named is not None:
         reading = _trainer_file(named.text, path, named.line)
     else:
@@ -138,6 +143,16 @@ def _accelerate_config(launch: Any, path: str, reading: Reading) -> None:
 # TRL's own SFT entry points: trl/scripts/sft.py, and the `trl sft` command that runs it
 _TRL_SFT_SCRIPT = re.compile(r"(?:^|/)trl/scripts/sft\.py$")
 _TRL_DPO_SCRIPT = re.compile(r"(?:^|/)trl/scripts/dpo\.py$")
+
+
+def _config_flag(args: list):
+    """The field naming the YAML of `--config FILE` / `--config=FILE`, or None."""
+    for k, f in enumerate(args):
+        if f.text == "--config" and k + 1 < len(args) and _CONFIG_ARG.fullmatch(args[k + 1].text):
+            return args[k + 1]
+        if f.text.startswith("--config=") and _CONFIG_ARG.fullmatch(f.text.split("=", 1)[1]):
+            return dataclasses.replace(f, text=f.text.split("=", 1)[1])
+    return None
 
 
 _TRL_TRAINER = re.compile(r"\b(SFTTrainer|DPOTrainer)\s*\(")

@@ -50,6 +50,22 @@ _TRAINER_TELLS = frozenset(
         "--learning_rate",
     }
 )
+def _trl_config_arg(texts: list[str], program: int) -> bool:
+    """`scripts/sft.py --config recipe.yaml`: TrlParser's --config (alignment-handbook's and
+    TRL's documented launch), its training arguments in that YAML. Not NeMo-RL's
+    `examples/run_*.py --config` (its own reader)."""
+    if texts[program].rsplit("/", 1)[-1].startswith("run_"):
+        return False
+    args = texts[program + 1 :]
+    for k, t in enumerate(args):
+        value = t.split("=", 1)[1] if t.startswith("--config=") else None
+        if t == "--config" and k + 1 < len(args):
+            value = args[k + 1]
+        if value and value.endswith((".yaml", ".yml")):
+            return True
+    return False
+
+
 _MEGATRON_TELLS = (
     "--num-layers",
     "--tensor-model-parallel-size",
@@ -965,8 +981,9 @@ class _Interp:
             first_py = next(
                 (k for k, t in enumerate(texts) if t.rsplit("/", 1)[-1].endswith(".py")), None
             )
-            if first_py is not None and any(
-                t.split("=", 1)[0] in _TRAINER_TELLS for t in texts[first_py + 1 :]
+            if first_py is not None and (
+                any(t.split("=", 1)[0] in _TRAINER_TELLS for t in texts[first_py + 1 :])
+                or _trl_config_arg(texts, first_py)
             ):
                 program = first_py
         if program is None:

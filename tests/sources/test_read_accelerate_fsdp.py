@@ -108,3 +108,29 @@ def test_a_copy_of_trl_s_sft_script_and_dtype_bfloat16_under_fsdp2_mixed_precisi
     assert "SFT script" in r.format
     assert r.get("fused_linear_cross_entropy") is True  # TRL's chunked_nll, assumed and said
     assert r.get("param_precision") == "amp" and "upcasts" in r.origins["param_precision"].where
+
+
+def test_the_handbook_s_launch_with_trlparser_s_config_flag(tmp_path):
+    """alignment-handbook's README launch: `accelerate launch --config_file
+    recipes/accelerate_configs/fsdp.yaml scripts/sft.py --config recipes/.../config_full.yaml`
+    (https://github.com/huggingface/alignment-handbook/blob/925acdfe4b2b4e38c3dabd1851bc418f0b656351/README.md,
+    TrlParser's --config). A re-trial got "no training command found"."""
+    import shutil
+
+    corpus = Path(__file__).parent / "corpus" / "hf_trainer"
+    (tmp_path / "recipes/accelerate_configs").mkdir(parents=True)
+    (tmp_path / "recipes/zephyr-7b-beta/sft").mkdir(parents=True)
+    shutil.copy(corpus / "accelerate_fsdp.yaml", tmp_path / "recipes/accelerate_configs/fsdp.yaml")
+    recipe = tmp_path / "recipes/zephyr-7b-beta/sft/config_full.yaml"
+    shutil.copy(corpus / "zephyr-7b-beta_sft_config_full.yaml", recipe)
+    for flag in ("--config recipes", "--config=recipes"):
+        launch = tmp_path / "launch.sh"
+        launch.write_text(
+            "ACCELERATE_LOG_LEVEL=info accelerate launch --config_file "
+            f"recipes/accelerate_configs/fsdp.yaml scripts/sft.py {flag}/zephyr-7b-beta/sft/"
+            "config_full.yaml\n"
+        )
+        r = resolve([str(launch)], require_shape=False).reading
+        assert r.model_name == "mistralai/Mistral-7B-v0.1", flag
+        assert r.get("micro_batch_size") == 16 and r.get("recompute_granularity") == "full"
+        assert r.get("zero_stage") == 3 and r.get("world_size") == 8
