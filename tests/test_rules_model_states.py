@@ -509,3 +509,26 @@ def test_a_tensor_parallel_fix_is_priced_and_the_sharding_counts_context_paralle
     assert "the distributed optimizer over 2 data x context-parallel ranks" in f.fix
     assert f.config_patch == {"tensor_model_parallel_size": 2}
     assert "estimated there: " in f.fix and "held per rank at the current recompute" in f.fix
+
+
+@covers("RK011")
+def test_fsdp_full_shard_is_named_as_fsdp_not_deepspeed():
+    """A re-trial (Qwen2.5-72B, the handbook's Accelerate FSDP config on 16 A100s): RK011 said
+    "sharded already (DeepSpeed ZeRO-3 over 16 ...)" for an FSDP FULL_SHARD run; and Qwen2's
+    config.json writes a sliding_window beside use_sliding_window false (no local layers), which
+    was said as local attention counted as global."""
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
+    files = [
+        str(corpus / "accelerate_fsdp.yaml"),
+        str(corpus / "zephyr-7b-beta_sft_config_full.yaml"),
+    ]
+    evidence = collect(config=files, overrides={"data_parallel_size": 16}, model="Qwen/Qwen2.5-72B")
+    d = diagnose(evidence, 79.1)
+    f = next(f for f in d.findings if f.rule == "RK011")
+    assert f.fix.startswith("The model states are sharded already (FSDP FULL_SHARD over 16")
+    assert not [w for w in evidence.read["warnings"] if "sliding_window=" in w]

@@ -395,7 +395,8 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
     for key, value in as_written.items():
         if key not in _READ_KEYS and key not in read_aliases:
             reading.unused[prefix + key] = value
-    if cfg.get("sliding_window"):
+    # (Qwen2 / Qwen1.5 write a window with use_sliding_window false: no local layers then)
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False:
         # local (sliding-window) attention layers: a fused kernel keeps O(s) for them as for
         # global layers (counted so); an eager / unfused one builds the whole s x s scores
         # and masks them (transformers' eager_attention_forward), as it does for global ones

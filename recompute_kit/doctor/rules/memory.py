@@ -286,7 +286,14 @@ def sharded_already(ctx: Context) -> str:
     dp = p.data_parallel_size * (1 if mode == "zero" else p.context_parallel_size)
     ranks = "data-parallel" if dp == p.data_parallel_size else "data x context-parallel"
     if mode in ("zero", "megatron_fsdp", "fsdp2") and p.zero_stage == 3:
-        name = {"zero": "DeepSpeed ZeRO-3", "megatron_fsdp": "Megatron-FSDP", "fsdp2": "FSDP"}
+        # (mode "zero" is also torch FSDP1's: an Accelerate fsdp_config or the Trainer's fsdp)
+        stage = ((ctx.evidence.read or {}).get("sources") or {}).get("zero_stage") or {}
+        fsdp1 = str(stage.get("note", "")).startswith("FSDP")
+        name = {
+            "zero": "FSDP FULL_SHARD" if fsdp1 else "DeepSpeed ZeRO-3",
+            "megatron_fsdp": "Megatron-FSDP",
+            "fsdp2": "FSDP",
+        }
         return (
             f"The model states are sharded already ({name[mode]} over {dp} {ranks} "
             "ranks): more GPUs share them, or offload the optimizer states (and parameters) "
