@@ -160,6 +160,22 @@ def overhead_terms(
         said.append("autocast's 16-bit copies of this rank's fp32 weights (param_precision amp)")
     if zero_buffers:
         said.append(_zero_buffer_words(config, zero_buffers))
+    if (
+        sharding == "zero"
+        and p.zero_stage in (1, 2)
+        and p.param_precision == "fp32_master"
+        and (m.bf16 or m.fp16)
+        and not p.frozen_base
+    ):
+        # stage_1_and_2.py step(): flatten(averaged_gradients).to(fp32 master dtype); torch's
+        # _multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)
+        said.append(
+            "DeepSpeed ZeRO-1/2's optimizer step: an fp32 copy of this rank's gradient "
+            "partition (4 B per parameter / DP) and, with torch's foreach AdamW (the "
+            "Trainer's adamw_torch), a temporary of one moment's size (4 B per parameter / "
+            "DP), after the activations are freed: not counted (where activations are small "
+            "they set the peak)"
+        )
     if p.frozen_base and p.sequence_parallel and p.tensor_model_parallel_size > 1 and not (
         p.lora_input_regather
     ):
