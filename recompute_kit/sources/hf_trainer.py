@@ -608,6 +608,16 @@ def apply_defaults(reading: Reading) -> None:
         _trl_sft_loss(reading)
     if kind == FORMAT_TRL and TRL_DPO in reading.format:
         _trl_dpo(reading)
+    dtype_said = reading.origins.get("param_precision")
+    dtype_key = dtype_said.key.lstrip("-") if dtype_said is not None else ""
+    if kind == FORMAT_TRL and dtype_key == "torch_dtype":
+        # ModelConfig renamed it dtype in trl 0.23 and dropped torch_dtype in 0.27
+        # (trl/trainer/model_config.py)
+        reading.warnings.append(
+            f"{dtype_said.where}: torch_dtype is ModelConfig's dtype from trl 0.23 (torch_dtype "
+            "gone from 0.27): on a newer trl the flag is refused and a YAML key is not read "
+            "(dtype auto: the checkpoint's); read here as the model's dtype"
+        )
     if kind == FORMAT_TRL:
         fp16 = reading.get("fp16") is True
         d("bf16", not fp16, f"TRL's default ({TRL_ARGS})", "bf16 None: True unless fp16")

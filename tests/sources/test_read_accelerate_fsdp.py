@@ -108,6 +108,12 @@ def test_a_copy_of_trl_s_sft_script_and_dtype_bfloat16_under_fsdp2_mixed_precisi
     assert "SFT script" in r.format
     assert r.get("fused_linear_cross_entropy") is True  # TRL's chunked_nll, assumed and said
     assert r.get("param_precision") == "amp" and "upcasts" in r.origins["param_precision"].where
+    assert not [w for w in r.warnings if "torch_dtype is ModelConfig's dtype" in w]
+    # the name TRL had before 0.23 (gone from 0.27): read, and said
+    launch.write_text(launch.read_text().replace("--dtype", "--torch_dtype"))
+    old = resolve([str(launch), str(FSDP2)], require_shape=False).reading
+    assert old.get("param_precision") == "amp"
+    assert [w for w in old.warnings if "torch_dtype is ModelConfig's dtype from trl 0.23" in w]
 
 
 def test_the_handbook_s_launch_with_trlparser_s_config_flag(tmp_path):
