@@ -338,7 +338,12 @@ def oom_evidence(error_log, config_path, setup: Setup, overrides: dict[str, Any]
     log = read_error_log(error_log)
     paths = [config_path] if isinstance(config_path, str) else list(config_path or [])
     if not paths:
-        return log.merge(Evidence(config=config_keys(setup.config)))
+        flat = config_keys(setup.config)
+        if flat.get("recompute_granularity") != "selective":
+            # Megatron's default module list, not a setting the run wrote (RK025 read it as
+            # "recompute_modules set while granularity is unset": the demo's example run)
+            flat.pop("recompute_modules", None)
+        return log.merge(Evidence(config=flat))
     return log.merge(collect(config=paths, overrides=overrides))
 
 
