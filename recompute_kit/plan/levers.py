@@ -631,10 +631,23 @@ def _trainer_rows(
     smallest = micro_batch_setting(keys, least, gbs, dp, pairs)
     fits = any(r is not None and r.fits for r in rows)
     if not fits and smallest and config.model.micro_batch_size > least:
-        # no one lever fits: each other lever at micro-batch 1 (the global batch kept)
+        # no one lever fits: each other lever at the largest smaller micro-batch that fits with
+        # it (the global batch kept, the fewest extra micro-batches: a re-trial found offload
+        # at micro-batch 8 fitting where only micro-batch 1 was offered), else at the least
+        sizes = sorted(
+            {least, *(b for b in MICRO_BATCH_SIZES if least < b < config.model.micro_batch_size)},
+            reverse=True,
+        )
         for name, setting, c, adds in others:
-            both = c.replace(micro_batch_size=least)
-            row = _evaluate(name, f"{smallest} + {setting}", both, *args, keys=keys)
+            row = None
+            for b in sizes:
+                label = micro_batch_setting(keys, b, gbs, dp, pairs)
+                if not label:
+                    continue
+                both = c.replace(micro_batch_size=b)
+                row = _evaluate(name, f"{label} + {setting}", both, *args, keys=keys)
+                if row is not None and row.fits:
+                    break
             rows.append(_with_adds(row, adds))
     return rows
 
