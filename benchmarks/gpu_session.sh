@@ -4,7 +4,7 @@
 # Every part has its own time limit and writes into $OUT as it goes.
 #   OUT=DIR bash benchmarks/gpu_session.sh
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:?set OUT to a folder}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/device.txt"
