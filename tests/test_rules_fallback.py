@@ -272,3 +272,20 @@ def test_rk170_takes_the_readers_values_over_every_file_s_raw_keys():
     assert "policy.max_total_sequence_length 16384 -> 8192" in f.fix  # in NeMo-RL's key
     assert "mcore_generation_config" not in f.fix
     assert "full:uniform:1" not in f.fix  # every layer is recomputed already
+
+
+def test_rk170_does_not_take_lora_from_another_recipe_in_the_file():
+    """A closing check on a file no test held (Bridge's qwen/h100/qwen3.py): the pretraining
+    recipe's default reading said "LoRA (adapters on frozen weights)", from the words of the
+    fine-tuning recipes beside it; the shared reader's reading of the recipe read decides."""
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    recipe = Path(__file__).parent / (
+        "sources/corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3.py"
+    )
+    evidence = collect(config=[f"{recipe}::qwen3_8b_pretrain_4gpu_h100_bf16_config"])
+    f = next(f for f in diagnose(evidence, 79.1).findings if f.rule == "RK170")
+    assert "LoRA (adapters" not in f.evidence and "full training assumed" in f.evidence

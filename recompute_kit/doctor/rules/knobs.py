@@ -308,12 +308,25 @@ def read_knobs(ctx: Context) -> Knobs:
         k.lora = ft in ("lora", "qlora", "oft", "freeze") if ft != "full" else False
     elif any(h in by_leaf for h in LORA_HINTS) or _as_bool(cfg.get("use_lora")):
         k.lora = True
-    elif (said := fact(ctx, "settings_prose")) and isinstance(said, dict) and said.get("adapters"):
+    elif _adapters_said(ctx):
         k.lora = True  # adapters named in the paste's code or words (get_peft_model, --use_lora)
     frozen = ((ctx.evidence.read or {}).get("sources") or {}).get("frozen_base") or {}
     if frozen.get("from") == "file":  # the reader's word on adapters, as the files set them
         k.lora = (ctx.evidence.read or {}).get("config", {}).get("frozen_base") is True
     return k
+
+
+def _adapters_said(ctx: Context) -> bool:
+    """Adapters named in the paste's code or words; in a config file the shared reader read,
+    its reading decides instead (a recipe file's other functions, its fine-tuning recipes'
+    default_peft_config, are not this run's)."""
+    read = ctx.evidence.read or {}
+    sources = ("log",) if read.get("framework") and read.get("config") else ("log", "config")
+    for source in sources:
+        said = fact(ctx, "settings_prose", source)
+        if isinstance(said, dict) and said.get("adapters"):
+            return True
+    return False
 
 
 def _read_checkpointing(ctx: Context, k: Knobs, by_leaf: dict[str, tuple[str, Any]]) -> None:
