@@ -218,11 +218,10 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
         source = sources.get(key) or {}
         return source.get("key") if source.get("from") == "file" else None
 
-    # what the reader resolved from the files (a child YAML over its parent, a recipe over its
-    # base) wins over the raw keys of every file given (a parent's 512 beside the child's 16384,
-    # a disabled backend's section)
-    # (a Megatron-family run's knobs go by Megatron-Core's field names: the fix words write
-    # them in the run's own keys, doctor/fix_words.py)
+    # What the reader resolved from the files (a child YAML over its parent, a recipe over its
+    # base) wins over the raw keys of every file given (a parent's 512 beside the child's
+    # 16384, a disabled backend's section). A Megatron-family run's knobs go by Megatron-Core's
+    # field names: the fix words write them in the run's own keys (doctor/fix_words.py).
     megatron = k.framework == "megatron"
     if (key := filed("seq_length")) and (n := _int(values.get("seq_length"))):
         k.seq = [("seq_length" if megatron else key, n)]
