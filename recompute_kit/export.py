@@ -24,6 +24,11 @@ Formats (`FORMATS`):
   TOML comments. torchtitan's 2026 config refactor replaced this TOML form (the policy is now
   chosen with a ``selective | full | memory-budget | none`` subcommand, and the every-k-th-layer
   option is gone); the mode names are unchanged.
+* ``torchtitan-registry`` - that refactor's form (pytorch/torchtitan#2386, main since
+  2026-02): Python lines for the registry function that builds the run's ``Trainer.Config``
+  (``config.activation_checkpoint = FullAC.Config()``; ``SelectiveAC.Config()`` is per-op SAC,
+  ``None`` no AC). Its policies are per-op SAC, every block, or none: Megatron's block:N and
+  uniform:N>1 are rendered as the closest with a comment.
 
 * ``hf-trainer``      - ``gradient_checkpointing: true | false`` of the Hugging Face Trainer (TRL,
   LLaMA-Factory's ``disable_gradient_checkpointing``): every decoder layer or none, so only
@@ -57,6 +62,7 @@ FORMATS = (
     "megatron-deepspeed",
     "nemo",
     "torchtitan",
+    "torchtitan-registry",
     "hf-trainer",
     "llama-factory",
     "automodel",
@@ -490,6 +496,36 @@ def _render_torchtitan(rc: RecomputeConfig, num_layers: int | None) -> list[str]
     return form + notes + table
 
 
+_REGISTRY_POLICY = {
+    "none": "None",
+    "selective": "SelectiveAC.Config()",
+    "full": "FullAC.Config()",
+}
+
+
+def _render_torchtitan_registry(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
+    """The TOML rendering's mode in main's registry form; no every-k-th-layer policy there."""
+    lines = _render_torchtitan(rc, num_layers)
+    table = lines.index("[activation_checkpoint]")
+    notes = [n for n in lines[:table] if not n.startswith("# torchtitan JobConfig TOML")]
+    notes = [n for n in notes if not n.startswith("# a subcommand and dropped")]
+    mode = lines[table + 1].split('"')[1]
+    option = lines[table + 2].split('"')[1] if len(lines) > table + 2 else None
+    if mode == "selective" and option != "op":
+        notes += [
+            "# torchtitan main has no every-k-th-block policy (the TOML's selective_ac_option",
+            f"# {option!r} is gone): FullAC recomputes every block, more than this setting.",
+        ]
+        mode = "full"
+    return [
+        "# torchtitan config registry (main since 2026-02): in the function that builds the",
+        "# run's Trainer.Config, with FullAC / SelectiveAC imported from",
+        "# torchtitan.distributed.activation_checkpoint.",
+        *notes,
+        f"config.activation_checkpoint = {_REGISTRY_POLICY[mode]}",
+    ]
+
+
 def _block_to_torchtitan(n: int, layers: int | None, notes: list[str]) -> tuple[str, str | None]:
     """Megatron full:block:N checkpoints the first N layers of each pipeline stage (all of them
     when N >= L). torchtitan's layer SAC, selective_ac_option = "k", checkpoints layers
@@ -674,6 +710,8 @@ def format_for(framework: str | None, reading_format: str = "") -> str:
         return "nemo-rl-dtensor"
     if framework == "megatron-lm" and "Megatron-DeepSpeed" in reading_format:
         return "megatron-deepspeed"
+    if framework == "torchtitan" and "torchtitan config registry" in reading_format:
+        return "torchtitan-registry"
     return FORMAT_OF_FRAMEWORK.get(framework or "", "megatron-bridge")
 
 
@@ -684,6 +722,7 @@ _RENDERERS = {
     "megatron-deepspeed": _render_megatron_deepspeed,
     "nemo": _render_nemo,
     "torchtitan": _render_torchtitan,
+    "torchtitan-registry": _render_torchtitan_registry,
     "hf-trainer": _render_hf_trainer,
     "llama-factory": _render_llama_factory,
     "automodel": _render_automodel,

@@ -461,6 +461,35 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
     return lines
 
 
+# the TOML's [training] keys in the registry's TrainingConfig: the batch is counted in tokens
+_REGISTRY_TRAINING = {
+    "seq_len": "config.training.max_context_length = {}",
+    "local_batch_size": "config.training.num_tokens_per_microbatch_per_dp_rank = "
+    "{} * config.training.max_context_length",
+    "pipeline_parallel_microbatch_size": "config.training.num_tokens_per_microbatch_per_dp_rank"
+    " = {} * config.training.max_context_length",
+    "global_batch_size": "config.training.num_tokens_per_train_step = "
+    "{} * config.training.max_context_length",
+}
+
+
+def _torchtitan_registry(changes: dict[str, Any], world: int) -> list[str]:
+    """The TOML writer's settings as `config.<section>.<key> = value` lines of a registry
+    function (torchtitan main)."""
+    out, section = [], ""
+    for line in _torchtitan(changes, world):
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif line.startswith("#"):
+            out.append(line)
+        else:
+            key, _, value = (x.strip() for x in line.partition("="))
+            value = {"true": "True", "false": "False"}.get(value, value)
+            form = _REGISTRY_TRAINING.get(key, f"config.{section}.{key} = {{}}")
+            out.append(form.format(value))
+    return out
+
+
 # a setting -> its role in export.TRAINER_KEYS
 _TRAINER_ROLES = {
     "seq_length": "seq_length",
@@ -591,6 +620,7 @@ _WRITERS = {
     "megatron-deepspeed": _megatron_deepspeed,
     "nemo": _nemo,
     "torchtitan": _torchtitan,
+    "torchtitan-registry": _torchtitan_registry,
     "hf-trainer": _trainer("hf-trainer"),
     "llama-factory": _trainer("llama-factory"),
     "automodel": _automodel,

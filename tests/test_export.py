@@ -103,7 +103,8 @@ def test_unknown_format_is_a_one_line_config_error():
         render(parse_spec("none"), "deepspeed")
     assert str(exc.value) == (
         "unknown format 'deepspeed'; choose from megatron-bridge, nemo2, megatron-lm, "
-        "megatron-deepspeed, nemo, torchtitan, hf-trainer, llama-factory, automodel, nemo-rl, "
+        "megatron-deepspeed, nemo, torchtitan, torchtitan-registry, hf-trainer, llama-factory, "
+            "automodel, nemo-rl, "
         "nemo-rl-dtensor"
     )
     assert "\n" not in str(exc.value)

@@ -87,9 +87,12 @@ class ModelConfig:
     # Hugging Face Trainer use_liger_kernel, LLaMA-Factory enable_liger_kernel): the loss is
     # computed from the hidden states in chunks of tokens, so the full logits never exist.
     fused_linear_cross_entropy: bool = False
-    # whose: "liger" (gradients computed in the forward and kept) or "trl_chunked_nll" (TRL's
-    # SFT loss_type chunked_nll: 256-token chunks under checkpoint, the weight cast to fp32)
+    # whose: "liger" (gradients computed in the forward and kept), "trl_chunked_nll" (TRL's
+    # SFT loss_type chunked_nll: 256-token chunks under checkpoint, the weight cast to fp32) or
+    # "torchtitan_chunked" (torchtitan's ChunkedLossWrapper: the tokens in
+    # `fused_linear_cross_entropy_chunks` chunks, each chunk's backward run at once)
     fused_linear_cross_entropy_impl: str = "liger"
+    fused_linear_cross_entropy_chunks: int = 8
     bf16: bool = False
     fp16: bool = False
     # Mixture of experts

@@ -145,6 +145,16 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
         "optimizer_offload": "training.enable_cpu_offload",
         "param_offload": "training.enable_cpu_offload",
     },
+    # torchtitan main's config registry (sources/torchtitan_registry.py): the policy is an
+    # object and the batch counted in tokens; the rest as the TOML's section.key (overrides)
+    "torchtitan-registry": {
+        "recompute_granularity": "activation_checkpoint",
+        "micro_batch_size": "training.num_tokens_per_microbatch_per_dp_rank (sequences x "
+        "max_context_length)",
+        "global_batch_size": "training.num_tokens_per_train_step (sequences x "
+        "max_context_length)",
+        "seq_length": "training.max_context_length",
+    },
     # NeMo Automodel (sources/automodel.py): its key_for gives the rest, prose where none
     "automodel": {
         "recompute_granularity": "distributed.activation_checkpointing",

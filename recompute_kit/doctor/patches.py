@@ -370,6 +370,8 @@ def framework_key(framework: str, key: str, ctx: Context) -> str | None:
     from ..sources.formats import framework_module
 
     table = PATCH_KEYS.get(framework, {})
+    if framework == "torchtitan" and _registry(ctx):
+        table = {**table, **PATCH_KEYS["torchtitan-registry"]}
     if framework == "nemo-rl" and _dtensor(ctx):  # DTensor: whole-layer checkpointing only
         table = {**table, "recompute_modules": None}
     if framework == "nemo-rl" and key == "cross_entropy_loss_fusion":
@@ -378,9 +380,16 @@ def framework_key(framework: str, key: str, ctx: Context) -> str | None:
         return table[key]
     if framework == "nemo2":
         return f"model.config.{key}"  # the model's TransformerConfig field, as named
-    module = framework_module(framework)
+    module = framework_module(framework, str((ctx.evidence.read or {}).get("format") or ""))
     target = module.key_for(key) if module is not None else key
     return None if target == key else target  # the reader knows no key of its own for it
+
+
+def _registry(ctx: Context) -> bool:
+    """The torchtitan run is configured by a config registry (main since 2026-02), not a TOML."""
+    from ..sources.torchtitan_defaults import REGISTRY_FORMAT
+
+    return REGISTRY_FORMAT in str((ctx.evidence.read or {}).get("format") or "")
 
 
 def llama_factory(ctx: Context) -> bool:
@@ -465,6 +474,9 @@ def _value_for(
             # every NeMo-RL; recompute_granularity exists from v0.7.0 (NVIDIA-NeMo/RL #2280)
             return {f"{section}.activation_checkpointing": True}
         return {f"{section}.activation_checkpointing": True, target: value}
+    if framework == "torchtitan" and key == "recompute_granularity" and _registry(ctx):
+        policy = {None: "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
+        return {target: policy.get(value, value)}
     if framework == "torchtitan" and key == "recompute_granularity":
         return {target: {None: "none", "selective": "selective", "full": "full"}.get(value, value)}
     if framework == "hf-trainer" and key == "recompute_granularity":

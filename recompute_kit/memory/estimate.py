@@ -639,6 +639,8 @@ def loss_bytes(
     if impl != "megatron" and m.fused_linear_cross_entropy:
         if m.fused_linear_cross_entropy_impl == "trl_chunked_nll":
             return _trl_chunked_loss_bytes(m, tokens, B)
+        if m.fused_linear_cross_entropy_impl == "torchtitan_chunked":
+            return _torchtitan_chunked_loss_bytes(m, tokens, logits, B)
         return _fused_linear_loss_bytes(m, tokens, B)
     if impl != "megatron" or engine != "megatron":
         saved = STAT_BYTES * logits + INDEX_BYTES * tokens + STAT_BYTES
@@ -687,6 +689,24 @@ def _trl_chunked_loss_bytes(m: ModelConfig, tokens: float, B: int) -> tuple[floa
     chunk = min(TRL_CHUNK_TOKENS, tokens)
     saved = B * tokens * h + INDEX_BYTES * tokens
     return saved, 2 * STAT_BYTES * v * h + 3 * STAT_BYTES * chunk * v
+
+
+def _torchtitan_chunked_loss_bytes(
+    m: ModelConfig, tokens: float, logits: float, B: int
+) -> tuple[float, float]:
+    """torchtitan's ChunkedLossWrapper (components/loss.py): after the decoder's forward the
+    hidden states [tokens, hidden] are split into `fused_linear_cross_entropy_chunks` detached
+    contiguous copies, and each chunk runs the output layer, the loss and its backward at once,
+    adding its gradient into an fp32 [tokens, hidden] accumulator that the decoder's backward
+    then starts from. Kept: the accumulator (the hidden states stay whole on every TP rank:
+    the final norm's output is replicated before chunking). Transient, on top: the chunk copies
+    and one chunk's logits as torch's cross_entropy runs them (see `loss_bytes`)."""
+    h, n = m.hidden_size, max(1, m.fused_linear_cross_entropy_chunks)
+    saved = STAT_BYTES * tokens * h + INDEX_BYTES * tokens
+    chunk = logits / n
+    upcast = STAT_BYTES * chunk if B < STAT_BYTES else 0.0
+    one_chunk = STAT_BYTES * chunk + max(B * chunk + upcast, 2 * STAT_BYTES * chunk)
+    return saved, B * tokens * h + one_chunk
 
 
 def logits_columns(m: ModelConfig, p: ParallelConfig, engine: str = "megatron") -> float:

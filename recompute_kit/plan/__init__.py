@@ -342,11 +342,11 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
         parts = ["raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs"]
         if m.num_moe_experts and p.expert_model_parallel_size == 1:
             # EP 1: every rank gathers each MoE block's experts whole
-            parts.insert(0, "expert parallelism ([parallelism] expert_parallel_degree)")
+            parts.insert(0, "expert parallelism (parallelism.expert_parallel_degree)")
         if batch_left:
             parts.append(
-                "lower the per-rank batch ([training] local_batch_size; batch_size in older "
-                "torchtitan)"
+                "lower the per-rank batch (TOML: [training] local_batch_size, batch_size in "
+                "older torchtitan; config registry: training.num_tokens_per_microbatch_per_dp_rank)"
             )
         if not states_alone_too_big:
             parts.append("shorten seq_len")

@@ -504,7 +504,12 @@ def levers(
     if titan and states == "fsdp2" and not (p.optimizer_offload or p.param_offload):
         # torchtitan's FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer states
         c = config.replace(optimizer_offload=True, param_offload=True)
-        rows.append(_evaluate("CPU offload", "[training] enable_cpu_offload = true", c, *args))
+        setting = (
+            "config.training.enable_cpu_offload = True"
+            if plan_format == "torchtitan-registry"
+            else "[training] enable_cpu_offload = true"
+        )
+        rows.append(_evaluate("CPU offload", setting, c, *args))
     if states != "megatron" and not p.use_distributed_optimizer:
         # FSDP2 / ZeRO / Megatron-FSDP already shard the optimizer states over DP
         name = {"fsdp2": "FSDP2", "zero": "ZeRO", "megatron_fsdp": "Megatron-FSDP"}[states]

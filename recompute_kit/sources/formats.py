@@ -36,6 +36,7 @@ FORMAT_MODULES = (
     "nemo_rl_launch",
     "automodel",
     "torchtitan",
+    "torchtitan_registry",
     "torchtitan_launch",
     "hf_trainer",
     "hf_launch",
@@ -49,8 +50,13 @@ def modules() -> list[ModuleType]:
     return [importlib.import_module(f"{__package__}.{name}") for name in FORMAT_MODULES]
 
 
-def framework_module(framework: str) -> ModuleType | None:
-    """The module that owns `framework`'s defaults and key names."""
+def framework_module(framework: str, reading_format: str = "") -> ModuleType | None:
+    """The module that owns `framework`'s defaults and key names (a format that spells the
+    framework's keys its own way, `FORMAT_PREFIX` in its reading's `format`, owns its names)."""
+    for module in modules():
+        prefix = getattr(module, "FORMAT_PREFIX", None)
+        if prefix and prefix in reading_format:
+            return module
     for module in modules():
         if framework in getattr(module, "FRAMEWORKS", ()):
             return module

@@ -95,6 +95,14 @@ _FILE_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".sh", ".py", ".txt", ".cfg
 _HINT = "give the config files you train with, or a model id"
 
 
+# `torchrun ...`, `NGPU=8 python -m torchtitan.train ...`: a launch command given as one input,
+# read as a one-line script run from the working folder
+_LAUNCH_COMMAND = re.compile(
+    r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:torchrun|python3?|accelerate|deepspeed|srun)\s+\S"
+)
+COMMAND_LINE = "the command line"
+
+
 def file_of(item: str) -> str:
     """The file an input names: `recipe.py::function` (one recipe of several) is recipe.py."""
     if "::" in item and not Path(item).is_file() and Path(item.partition("::")[0]).is_file():
@@ -266,6 +274,9 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         raise ConfigError(f"{item} is not a file")
     if looks_like_path:
         raise ConfigError(f"cannot read {item}: No such file or directory")
+    if _LAUNCH_COMMAND.match(item):  # a launch command typed as one quoted input
+        reading = formats.read_file_text(item, COMMAND_LINE, overrides)
+        return reading, reading.format or "launch command"
     from . import hf_config
 
     preset = _preset_reading(item)
@@ -309,7 +320,7 @@ def _assumed_where_a_setting_was_not_read(reading: Reading) -> None:
     bf16 ]; then pr_options="--bf16"` on an argument it is not given; `--tensor-model-parallel-
     size $TP` with TP unset): said as an assumption, with the line that may set it, never as
     the run's value."""
-    module = formats.framework_module(reading.framework or "megatron-core")
+    module = formats.framework_module(reading.framework or "megatron-core", reading.format)
     for key, why in reading.unread_settings.items():
         origin = reading.origins.get(key)
         if origin is None or origin.kind != FROM_DEFAULT:
@@ -499,7 +510,7 @@ def resolve(
             raise
         merged.warnings.append(str(exc))
     _add_tokenizer_vocabulary(merged)
-    framework = formats.framework_module(merged.framework or "megatron-core")
+    framework = formats.framework_module(merged.framework or "megatron-core", merged.format)
     if framework is not None:
         framework.apply_defaults(merged)
     _assumed_where_a_setting_was_not_read(merged)

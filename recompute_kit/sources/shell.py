@@ -975,6 +975,10 @@ class _Interp:
             if base.endswith(".py") and (base.startswith(("pretrain", "train")) or "train" in base):
                 program = k
                 break
+            # `python -m torchtitan.train`, `torchrun ... -m torchtitan.train`: a module run
+            if t == "-m" and k + 1 < len(texts) and "train" in texts[k + 1].rsplit(".", 1)[-1]:
+                program = k + 1
+                break
         if program is None:
             # any script given a trainer's flags (TRL's scripts/sft.py, finetune.py): the
             # flags say it trains, whatever it is called

@@ -61,6 +61,10 @@ HF_TWINS: dict[tuple[str, str], tuple[str, int, bool, str]] = {
     ("deepseek_v3", "16B"): ("deepseek-ai/DeepSeek-V2-Lite", 27, True, "flex"),
     ("deepseek_v3", "236B"): ("deepseek-ai/DeepSeek-V2", 60, True, "flex"),
     ("deepseek_v3", "671B"): ("deepseek-ai/DeepSeek-V3", 61, True, "flex"),
+    # GptOssModelArgs "20b" / "120b": dim 2880, 24 / 36 layers, 64 heads of 64, 8 KV heads,
+    # 32 / 128 experts of 2880, top-4, vocab 201088, a 128-token window on even layers
+    ("gpt_oss", "20b"): ("openai/gpt-oss-20b", 24, True, "varlen"),
+    ("gpt_oss", "120b"): ("openai/gpt-oss-120b", 36, True, "varlen"),
 }
 
 _LLAMA3_DEBUG = {
@@ -195,7 +199,7 @@ _KEY_FOR = {
     "param_offload": "[training] enable_cpu_offload",
     "attention_backend": "[model] flavor",
 }
-_MODEL_KEYS = (
+MODEL_KEYS = (
     "num_layers",
     "hidden_size",
     "num_attention_heads",
@@ -210,7 +214,7 @@ _MULTI_STAGE_SCHEDULES = ("interleaved", "zbv", "dualpipe", "loopedbfs")
 def key_for(field: str) -> str:
     if field in _KEY_FOR:
         return _KEY_FOR[field]
-    if field in _MODEL_KEYS or field in MOE_KEYS:
+    if field in MODEL_KEYS or field in MOE_KEYS:
         return "[model] name / flavor"
     return field
 
@@ -250,14 +254,21 @@ def _key_lines(text: str) -> dict[tuple[str, str], int]:
 
 
 class _Toml:
-    def __init__(self, text: str, path: str) -> None:
+    """A job config's sections (`data`), the line of each (section, key) and what was read."""
+
+    def __init__(self, data: dict[str, Any], lines: dict[tuple[str, str], int], path: str):
+        self.data = data
+        self.path = path
+        self.lines = lines
+        self.used: set[tuple[str, str]] = set()
+
+    @classmethod
+    def parse(cls, text: str, path: str) -> _Toml:
         try:
-            self.data = tomllib.loads(text)
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-        self.path = path
-        self.lines = _key_lines(text)
-        self.used: set[tuple[str, str]] = set()
+        return cls(data, _key_lines(text), path)
 
     def section(self, name: str) -> dict[str, Any]:
         node: Any = self.data
@@ -305,8 +316,14 @@ def _flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def read(text: str, path: str) -> Reading:
-    toml = _Toml(text, path)
     reading = Reading(framework="torchtitan", format="torchtitan TOML job config")
+    read_sections(_Toml.parse(text, path), reading)
+    return reading
+
+
+def read_sections(toml: _Toml, reading: Reading) -> None:
+    """What the job config's sections say (a TOML's, or a config registry's mapped onto them:
+    sources/torchtitan_registry.py)."""
     moe, n_layers = _read_model(toml, reading)
     pp = _read_parallelism(toml, reading)
     _read_training(toml, reading, pp)
@@ -317,7 +334,6 @@ def read(text: str, path: str) -> Reading:
         section, _, key = name.rpartition(".")
         if (section, key) not in toml.used:
             reading.unused[name] = value
-    return reading
 
 
 def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:

@@ -15,6 +15,9 @@ from .reading import MODEL_PARALLEL_SIZES, Reading
 TT_COMMIT = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce"  # tag v0.2.2
 TT_BLOB = f"https://github.com/pytorch/torchtitan/blob/{TT_COMMIT}"
 JOB_CONFIG = "torchtitan/config/job_config.py @ v0.2.2"
+# a config registry's (sources/torchtitan_registry.py): the same defaults, in main's dataclasses
+REGISTRY_CONFIG = "torchtitan/config/configs.py @ main b5bcd76"
+REGISTRY_FORMAT = "torchtitan config registry"
 OPTIMIZER = f"{TT_BLOB}/torchtitan/components/optimizer.py"
 PARALLELIZE = f"{TT_BLOB}/torchtitan/models/llama3/infra/parallelize.py"
 # [training] dtype = "bfloat16": no fp32 anywhere (torchtitan.py's origin note says so)
@@ -50,7 +53,8 @@ def layer_ac(k: int, n_layers: int | None, pp: int) -> tuple[str, int | None, st
 
 
 def apply_defaults(reading: Reading) -> None:
-    where = f"torchtitan's default ({JOB_CONFIG})"
+    registry = REGISTRY_FORMAT in (reading.format or "")
+    where = f"torchtitan's default ({REGISTRY_CONFIG if registry else JOB_CONFIG})"
     d = reading.default
     pp = reading.get("pipeline_model_parallel_size", 1) or 1
     d("seq_length", 2048, where, "[training] seq_len")
@@ -129,6 +133,16 @@ def apply_defaults(reading: Reading) -> None:
     d("optimizer_offload", False, where, "[training] enable_cpu_offload")
     d("param_offload", False, where, "[training] enable_cpu_offload")
     explicit_mode = reading.unused.get("activation_checkpoint.mode")
+    if "recompute_granularity" not in reading and explicit_mode is None and registry:
+        # Trainer.Config's activation_checkpoint: SelectiveAC.Config(), per-op SAC
+        d("recompute_granularity", "selective", where, "SelectiveAC.Config(): per-op SAC")
+        moe = bool(reading.get("num_moe_experts"))
+        d(
+            "recompute_modules",
+            ["layernorm", "moe_act"] if moe else ["layernorm"],
+            where,
+            "ops outside the save list: norms, activations",
+        )
     if "recompute_granularity" not in reading and explicit_mode is None:
         # [activation_checkpoint] mode "selective", selective_ac_option "2"
         method, layers, note = layer_ac(2, reading.get("num_layers"), pp)

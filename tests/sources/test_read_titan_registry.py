@@ -1,0 +1,145 @@
+"""torchtitan's config registries (main since 2026-02, pytorch/torchtitan#2386), read from the
+verbatim files of tests/sources/corpus/torchtitan_checkout (torchtitan b5bcd76c6, see its
+README): the registry function, its launch command with overrides, the chunked loss and the
+registry form of the plan's settings. Expected values come from the files and torchtitan's
+semantics (configs.py TrainingConfig: tokens per micro-batch / max_context_length sequences)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recompute_kit.config import ConfigError, parse_spec
+from recompute_kit.export import format_for, render
+from recompute_kit.sources.resolve import resolve
+
+CHECKOUT = Path(__file__).parent / "corpus" / "torchtitan_checkout"
+MODELS = CHECKOUT / "torchtitan" / "models"
+LLAMA3 = MODELS / "llama3" / "config_registry.py"
+
+
+def _read(*inputs: str, dp: int | None = None):
+    return resolve(list(inputs), overrides={"data_parallel_size": dp} if dp else None)
+
+
+def test_llama3_70b_registry_function():
+    # llama3_70b(): model_registry("70B"), 8 * 8192 tokens of 8192, TP 8, FullAC, chunked loss
+    r = _read(f"{LLAMA3}::llama3_70b", dp=4)
+    c = r.reading
+    assert r.reading.model_name == "meta-llama/Llama-3.1-70B"
+    assert (c.get("seq_length"), c.get("micro_batch_size")) == (8192, 8)
+    assert c.get("tensor_model_parallel_size") == 8
+    assert c.get("world_size") is None or c.get("world_size") == 32
+    assert (c.get("recompute_granularity"), c.get("recompute_method")) == ("full", "uniform")
+    assert c.get("recompute_num_layers") == 1
+    assert c.get("zero_stage") == 3  # dp_shard -1 over DP 4: FSDP2
+    assert c.get("fused_linear_cross_entropy") is True
+    assert c.get("fused_linear_cross_entropy_impl") == "torchtitan_chunked"
+    assert c.get("fused_linear_cross_entropy_chunks") == 8
+    micro = c.origins["micro_batch_size"]
+    assert micro.key == "training.num_tokens_per_microbatch_per_dp_rank"
+    assert micro.where.endswith("config_registry.py:286")
+    assert "65536 tokens / max_context_length 8192" in micro.note
+
+
+def test_llama3_8b_default_policy_is_per_op_selective():
+    c = _read(f"{LLAMA3}::llama3_8b", dp=8).reading
+    assert (c.get("seq_length"), c.get("micro_batch_size")) == (8192, 1)
+    assert c.get("recompute_granularity") == "selective"  # SelectiveAC.Config(): per-op SAC
+
+
+def test_float8_converter_default_recipe_is_rowwise():
+    # llama3_405b(): Float8LinearConverter.Config(filter_fqns=["lm_head"]); main's default
+    # recipe_name is "rowwise" (components/quantization/float8.py)
+    c = _read(f"{LLAMA3}::llama3_405b", dp=8).reading
+    assert c.get("fp8") == "e4m3"
+    assert c.get("micro_batch_size") == 2
+
+
+def test_a_registry_left_default_says_the_default_policy():
+    # gpt_oss_20b() sets FullAC; deepseek_v3_671b() SelectiveAC, EP 2, 4 x 4096 tokens
+    c = _read(f"{MODELS / 'deepseek_v3' / 'config_registry.py'}::deepseek_v3_671b", dp=8).reading
+    assert c.model_name == "deepseek-ai/DeepSeek-V3"
+    assert (c.get("seq_length"), c.get("micro_batch_size")) == (4096, 4)
+    assert c.get("expert_model_parallel_size") == 2
+    assert c.get("recompute_granularity") == "selective"
+    g = _read(f"{MODELS / 'gpt_oss' / 'config_registry.py'}::gpt_oss_20b", dp=8).reading
+    assert g.model_name == "openai/gpt-oss-20b"
+    assert g.get("recompute_granularity") == "full"
+
+
+def test_launch_command_with_overrides(monkeypatch):
+    # torchtitan's parser applies `--section.key value` over the function's config: a shorter
+    # context keeps the tokens per micro-batch, so the micro-batch holds more sequences
+    monkeypatch.chdir(CHECKOUT)
+    command = (
+        "torchrun --nproc_per_node=8 -m torchtitan.train --module llama3 --config llama3_70b "
+        "--parallelism.tensor_parallel_degree 4 --training.max_context_length=4096"
+    )
+    c = _read(command).reading
+    assert c.get("tensor_model_parallel_size") == 4
+    assert (c.get("seq_length"), c.get("micro_batch_size")) == (4096, 16)
+    assert c.get("world_size") == 8 and c.get("data_parallel_size") == 2
+    assert c.origins["tensor_model_parallel_size"].where == "the command line"
+    assert c.origins["tensor_model_parallel_size"].key == "--parallelism.tensor_parallel_degree"
+
+
+def test_run_train_sh_reads_the_default_config(monkeypatch):
+    # MODULE=${MODULE:-"llama3"} CONFIG=${CONFIG:-"llama3_debugmodel"}: the environment's
+    # defaults, said as such
+    monkeypatch.chdir(CHECKOUT)
+    r = _read("run_train.sh")
+    assert "llama3_debugmodel()" in r.reading.format
+    assert r.reading.get("num_layers") == 6
+    assert any("CONFIG = llama3_debugmodel" in w for w in r.warnings)
+
+
+def test_registry_errors_are_one_line():
+    with pytest.raises(ConfigError, match=r"name one.*llama3_70b"):
+        _read(str(LLAMA3))
+    with pytest.raises(ConfigError, match="no config 'llama3_7b'"):
+        _read(f"{LLAMA3}::llama3_7b")
+    with pytest.raises(ConfigError, match="LoRAConverter: not modelled"):
+        _read(f"{LLAMA3}::llama3_debugmodel_float8_emulate_lora")
+
+
+def test_a_module_without_a_checkout_says_what_to_give(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"no model shape \(model_registry\(flavor\)"):
+        _read("python -m torchtitan.train --module llama3 --config llama3_70b", dp=1)
+    r = resolve(
+        ["python -m torchtitan.train --module llama3 --config llama3_70b"], require_shape=False
+    )
+    assert any("torchtitan/models/llama3/config_registry.py::llama3_70b" in w for w in r.warnings)
+
+
+def test_plan_settings_are_written_for_the_registry():
+    c = _read(f"{LLAMA3}::llama3_70b", dp=4).reading
+    fmt = format_for(c.framework, c.format)
+    assert fmt == "torchtitan-registry"
+    out = render(parse_spec("full:uniform:1"), fmt, layout={"micro_batch_size": 2})
+    assert "config.activation_checkpoint = FullAC.Config()" in out
+    assert (
+        "config.training.num_tokens_per_microbatch_per_dp_rank = 2 * "
+        "config.training.max_context_length" in out
+    )
+    assert "config.activation_checkpoint = None" in render(parse_spec("none"), fmt)
+
+
+def test_chunked_loss_keeps_no_full_logits():
+    # ChunkedLossWrapper (components/loss.py): an fp32 [tokens, hidden] gradient accumulator
+    # and the int64 labels kept; while the loss runs, the detached bf16 chunk copies of the
+    # hidden states and one chunk's logits through torch's cross_entropy (1/8 of the tokens)
+    from recompute_kit.memory.estimate import estimate
+
+    cfg = _read(f"{LLAMA3}::llama3_8b", dp=8).config
+    m = cfg.model
+    tokens, h, v = m.seq_length * m.micro_batch_size, m.hidden_size, m.vocab_size
+    chunked = estimate(cfg)
+    assert chunked.loss_saved_bytes == 4 * tokens * h + 8 * tokens
+    chunk = tokens * v // 8
+    assert chunked.loss_transient_bytes == 2 * tokens * h + 4 * chunk + max(6 * chunk, 8 * chunk)
+    full = estimate(cfg.replace(fused_linear_cross_entropy=False))
+    assert full.loss_saved_bytes > 4 * tokens * v  # the fp32 log-softmax of every token
+    assert chunked.total_bytes < full.total_bytes
