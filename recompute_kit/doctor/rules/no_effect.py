@@ -86,13 +86,16 @@ def _mlp_on_moe(ctx: Context) -> Match | None:
     if not (ctx.is_moe and "mlp" in ctx.modules):
         return None
     freq = ctx.cfg.get("moe_layer_freq", 1)
-    if isinstance(freq, list) and 0 in freq:
-        return Match(
-            0.5,
-            "mlp is recomputed on a model whose MoE layers ignore it (it only "
-            "acts on the dense layers).",
-        )
-    return Match(0.75, "mlp is in recompute_modules but every layer is MoE: Megatron skips it.")
+    if (isinstance(freq, list) and 0 in freq) or (isinstance(freq, int) and freq > 1):
+        return None  # dense layers: mlp recomputes their MLPs, which is not nothing
+    # the run's other modules kept; the MoE units in mlp's place
+    kept = [m for m in ctx.modules if m != "mlp"]
+    spec = "selective:" + ",".join(dict.fromkeys([*kept, "layernorm", "moe_act"]))
+    return Match(
+        0.75,
+        "mlp is in recompute_modules but every layer is MoE: Megatron skips it.",
+        config_patch=patch_for(spec),
+    )
 
 
 @rule(
