@@ -125,11 +125,10 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
         emit_json_read(
             args,
             {
-                # "fits" is the run's as given, as in the plan without --levers; whether any
-                # lever's row fits is said apart (an agent reading `fits` means the run)
-                "fits": table.current.fits,
+                # as without --levers, "fits": a setting offered fits (a row here); whether
+                # the run as given fits is "current_fits"
+                "fits": fits,
                 "current_fits": table.current.fits,
-                "a_lever_fits": fits,
                 "layout": layout_of(cfg),
                 "assumptions": cfg.assumptions,
                 "megatron_core_version": version,

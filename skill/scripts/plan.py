@@ -10,7 +10,8 @@ one is required), --seq-length, --micro-batch-size, --moe-imbalance F,
 --format megatron-bridge|megatron-lm|megatron-deepspeed|nemo|torchtitan|hf-trainer|
 llama-factory|automodel|nemo-rl;
 --levers (and its --host-link, --global-batch-size, --measured-log ...) returns
-`recompute-kit plan --levers --json`'s document as it is, under "levers".
+`recompute-kit plan --levers --json`'s document as it is, under "levers"; there "fits" says a
+row fits (a lever that helps), "current_fits" whether the run as given fits.
 Prints one JSON document on stdout:
 
   {"ok": true, "fits": true, "best": {recompute, total_gib, planned_gib (total_gib and the
