@@ -379,6 +379,15 @@ def cmd_measure(args: argparse.Namespace) -> int:
         "the kit's reference layers on one device: the whole model, no TP/PP/CP/EP split "
         "(per rank: --engine megatron, or estimate)"
     )
+    if args.fake and cfg.model.attention_backend != "unfused":
+        # meta tensors take scaled_dot_product_attention's math kernel, which saves the
+        # [b, heads, s, s] probabilities for backward; a flash / TE kernel keeps none
+        whole += (
+            "; on the meta device attention runs torch's math kernel, which keeps the "
+            "[b, heads, s, s] scores a flash or fused kernel does not: core_attn and the "
+            f"per-layer bytes are over-counted against the run's {cfg.model.attention_backend} "
+            "attention (estimate counts that kernel)"
+        )
     parallel = max(
         p.tensor_model_parallel_size,
         p.pipeline_model_parallel_size,

@@ -361,7 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except BrokenPipeError:  # `--help | head`: stop quietly
+        sys.stderr.close()
+        return 0
     # this command's documents only: main() runs many times in one process (tests, notebooks)
     written = common.documents_on_stdout
     try:

@@ -212,7 +212,7 @@ def plan(
         usable_bytes=usable,
         candidates=fitting + [c for c in found if not c.fits],
         best=best,
-        explanation=explain(best, found, usable, ties, excluded, version, budget)
+        explanation=explain(best, found, usable, ties, excluded, version, budget, config)
         + _imbalance_margin(chosen, best, usable, stage),
         rendered=render(
             best.recompute,
@@ -374,8 +374,10 @@ def explain(
     excluded: list[tuple[str, str]] | None = None,
     version: tuple[int, int] | None = None,
     budget: int | None = None,
+    config: Config | None = None,
 ) -> str:
-    """One paragraph: why this candidate, with the numbers."""
+    """One paragraph: why this candidate, with the numbers (`config`: the run, for what the
+    FLOPs do not count)."""
     e = best.estimate
     none = next((c for c in found if c.estimate.recompute == "none" and not c.offload), None)
     planned = planned_bytes(e)
@@ -454,6 +456,18 @@ def explain(
             else "; it is the setting that comes closest to clearing the band."
         )
     )
+    ep = config.parallel.expert_model_parallel_size if config is not None else 1
+    replays = best.recompute.recompute_granularity == "full" or "moe" in (
+        best.recompute.modules or []
+    )
+    if ep > 1 and config.model.num_moe_experts and replays:
+        # Megatron checkpoints the whole MoE layer (moe) or block (full), its token dispatcher
+        # with it: backward runs the dispatch and combine all-to-alls again
+        parts.append(
+            f"Recomputing the MoE layers replays their token all-to-alls over EP {ep} in "
+            "backward, which the FLOPs do not count: `plan --levers` prices it in the step "
+            "time (exposed EP communication)."
+        )
     elementwise = set(best.recompute.modules or []) & {"layernorm", "moe_act"}
     if best.recompute.recompute_granularity == "selective" and elementwise:
         # the FLOPs count matmuls: recomputed norms and activations cost memory traffic, not

@@ -16,10 +16,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+# `plan.py --help | head`: a reader that closes the pipe ends the script quietly, as it ends
+# any shell tool (Python's default turns SIGPIPE into a BrokenPipeError traceback)
+if hasattr(signal, "SIGPIPE"):
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parents[1]  # the skill folder: SKILL.md, pyproject.toml, recompute_kit/

@@ -52,6 +52,8 @@ def row(c: dict) -> dict:
     return {
         "recompute": c["recompute"],
         "offload": c.get("offload"),
+        # the pipeline stage the row's bytes are of (its highest total)
+        "stage": c.get("stage"),
         "fits": c.get("fits"),
         "total_gib": gib(c["total_bytes"]),
         # the total the budget is compared with (MoE imbalance, gathered parameters beside it)
