@@ -226,6 +226,22 @@ def test_cli_levers_on_llama3_8b_at_128k(capsys):
     assert "cp=8 pp=1 dp=1" in out and "calibrated: 900 s measured" in out
 
 
+def test_price_recompute_times_a_chosen_setting_as_the_current_row(capsys):
+    # a skill trial could time only the plan's pick: --price-recompute puts the setting the
+    # user asks about in the `current` row, priced by the same step-time model
+    script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
+    args = ["plan", "--config", str(script), "--gpu-memory-gb", "139", "--levers", "--json"]
+    got = {}
+    for spec in (None, "full:uniform:1"):
+        assert main([*args, *(["--price-recompute", spec] if spec else [])]) in (0, 1)
+        got[spec] = json.loads(capsys.readouterr().out)["levers"]["current"]
+    assert got[None]["recompute"] == "none"  # the script recomputes nothing
+    assert got["full:uniform:1"]["recompute"] == "full:uniform:1"
+    # full recompute runs every layer's forward again: the step is longer, the memory lower
+    assert got["full:uniform:1"]["step_seconds"] > got[None]["step_seconds"]
+    assert got["full:uniform:1"]["peak_bytes"] < got[None]["peak_bytes"]
+
+
 def test_a_cp_ring_across_nodes_runs_at_the_networks_speed():
     # a skill trial: CP16 at TP1 (two nodes of 8 GPUs) was costed at NVLink's 450 GB/s; a ring
     # that spans nodes passes its slowest hops over the network (50 GB/s per GPU assumed)

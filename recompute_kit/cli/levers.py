@@ -55,6 +55,13 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
         "files say, Megatron-LM's --tp-comm-overlap; else exposed)",
     )
     g.add_argument(
+        "--price-recompute",
+        metavar="SPEC",
+        help="price the run with this recompute setting instead of its own (`full:uniform:1`, "
+        "`selective:layernorm,moe`): the `current` row's step time and memory are then that "
+        "setting's, the other rows ranked against it",
+    )
+    g.add_argument(
         "--global-batch-size",
         type=int,
         metavar="N",
@@ -78,6 +85,9 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     from ..plan.step_log import measured_step_seconds
     from ..plan.step_time import calibrate_tflops, hardware_for, micro_batches_per_step
 
+    if args.price_recompute:
+        cfg = cfg.with_recompute(args.price_recompute)
+        cfg.validate()
     gbs = args.global_batch_size
     resolved = getattr(args, "resolved", None)
     if gbs is None and resolved is not None:
