@@ -103,9 +103,25 @@ _LAUNCH_COMMAND = re.compile(
 COMMAND_LINE = "the command line"
 
 
+def _is_file(item: str | Path) -> bool:
+    """Whether `item` names a file; a launch command given as one input is no file name, even
+    one too long for the filesystem to look up (ENAMETOOLONG)."""
+    try:
+        return Path(item).is_file()
+    except OSError:
+        return False
+
+
+def _exists(item: str | Path) -> bool:
+    try:
+        return Path(item).exists()
+    except OSError:
+        return False
+
+
 def file_of(item: str) -> str:
     """The file an input names: `recipe.py::function` (one recipe of several) is recipe.py."""
-    if "::" in item and not Path(item).is_file() and Path(item.partition("::")[0]).is_file():
+    if "::" in item and not _is_file(item) and _is_file(item.partition("::")[0]):
         return item.partition("::")[0]
     return item
 
@@ -137,7 +153,8 @@ def with_overrides(inputs: Sequence[str]) -> list[tuple[str, list[str]]]:
         if words:  # a file of overrides alone (a paste's `++policy.x=1` lines): after a config
             groups[-1][1].extend(words)
             continue
-        if is_override(item) and not Path(item).exists():
+        command = bool(_LAUNCH_COMMAND.match(item)) or script_call(item) is not None
+        if is_override(item) and not _exists(item) and not command:
             if not groups:
                 raise ConfigError(
                     f"{item}: a key=value override applies to the config file before it; "
@@ -164,6 +181,7 @@ def _override_file_words(item: str) -> list[str] | None:
 
 
 _SCRIPT_CALL = re.compile(r"^\s*(?:(?:ba)?sh\s+)?(\S+\.sh)(?:\s+(.*))?$")
+_ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
 _EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*=\S*)\s*$")
 
 
@@ -190,16 +208,20 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
     command runs such a script (`sh run.sh dsw ...`, the way Pai-Megatron-Patch's examples
     are launched; its `export X=Y` lines go with it); None otherwise."""
     if text is None:
-        if Path(item).exists():  # a file whose name has spaces is that file
+        if _exists(item):  # a file whose name has spaces is that file
             return None
         try:
             words = shlex.split(item) if " " in item.strip() else []
         except ValueError:  # an unclosed quote: not a command line
             return None
+        # `CONFIG=llama3_70b NGPU=8 ./run_train.sh`: the script runs with those set
+        exports = []
+        while words and _ENV_WORD.match(words[0]):
+            exports.append(words.pop(0))
         if words and words[0] in ("bash", "sh"):  # `bash run.sh A B`: the script and its args
             words = words[1:]
-        if len(words) > 1 and Path(words[0]).is_file():
-            return ScriptCall(Path(words[0]), words[1:], "the command line")
+        if (len(words) > 1 or (words and exports)) and _is_file(words[0]):
+            return ScriptCall(Path(words[0]), words[1:], "the command line", exports)
         return None
     joined = re.sub(r"\\\n", " ", text)  # continuation lines
     lines = [(n, line.strip()) for n, line in enumerate(joined.splitlines(), 1)]
@@ -227,7 +249,7 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
     `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's). A script given
     with its positional arguments (`script_call`) is read with them."""
     called = script_call(item)
-    if called is None and Path(file_of(item)).is_file() and item.endswith(".sh"):
+    if called is None and _is_file(file_of(item)) and item.endswith(".sh"):
         try:
             called = script_call(item, Path(item).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
@@ -247,8 +269,9 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         )
         return reading, f"{reading.format or 'script'} with arguments"
     path = Path(file_of(item))
+    is_file = _is_file(path)
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
-    if path.is_file():
+    if is_file:
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -270,7 +293,7 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
             f"{overrides[0]}: a key=value override applies to the NeMo-RL, Megatron-Bridge "
             f"or NeMo 1.x config file before it; {item} is not a file"
         )
-    if path.exists():
+    if _exists(path):
         raise ConfigError(f"{item} is not a file")
     if looks_like_path:
         raise ConfigError(f"cannot read {item}: No such file or directory")

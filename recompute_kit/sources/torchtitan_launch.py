@@ -31,7 +31,6 @@ from .torchtitan_defaults import REGISTRY_FORMAT
 
 FRAMEWORKS: tuple[str, ...] = ()  # torchtitan.py owns torchtitan's defaults
 _CONFIG_FLAG = "--job.config_file"
-_NPROC = ("--nproc_per_node", "--nproc-per-node")
 
 
 # torchtitan main's launch: `-m torchtitan.train --module llama3 --config llama3_70b`
@@ -96,7 +95,7 @@ def read(text: str, path: str) -> Reading:
             reading = torchtitan.read(fh.read(), found)
         reading.launched_config = found  # type: ignore[attr-defined]  # `read` lists it
         reading.format = f"torchtitan launch script, {reading.format}"
-    _world_size(words, path, reading)
+    _world_size(launch, path, reading)
     after = [f.text for f in launch.args if f.text.startswith("--") and "." in f.text]
     extra = [w for w in after if not w.startswith(_CONFIG_FLAG)]
     if extra:
@@ -107,18 +106,23 @@ def read(text: str, path: str) -> Reading:
     return reading
 
 
-def _world_size(words: list, path: str, reading: Reading) -> None:
-    nproc = _value(words, _NPROC)
-    if nproc is not None and nproc[0].isdigit() and "world_size" not in reading:
-        n, f = int(nproc[0]), nproc[1]
-        where = f"{path}:{f.line}"
-        if f.rests_on:  # NGPU=${NGPU:-"8"}: the environment's, which is never read
-            said = "; ".join(r.describe() for r in f.rests_on)
-            key = "--dp (at launch NGPU sets it; the environment is not read)"
-            origin = Origin(FROM_ASSUMED, where, key, f"{said}: --nproc_per_node, one node")
-        else:
-            origin = Origin(FROM_FILE, where, "--nproc_per_node", "one node")
-        reading.set("world_size", n, origin)
+def _world_size(launch: Any, path: str, reading: Reading) -> None:
+    """torchrun's --nproc_per_node x --nnodes (shell.py's count of the launch); an assumption
+    where a count is an environment variable's default (NGPU=${NGPU:-8})."""
+    n = launch.world_size
+    if n is None or "world_size" in reading:
+        return
+    where = f"{path}:{launch.world_size_line}"
+    key = launch.world_size_key or "--nproc_per_node"
+    nodes = "" if "--nnodes" in key else "one node"
+    if launch.world_size_rests_on:  # the environment's, which is never read
+        said = "; ".join(r.describe() for r in launch.world_size_rests_on)
+        flag = "--dp (at launch the environment sets it; the environment is not read)"
+        note = "; ".join(x for x in (said, key, nodes) if x)
+        origin = Origin(FROM_ASSUMED, where, flag, note)
+    else:
+        origin = Origin(FROM_FILE, where, key, nodes)
+    reading.set("world_size", n, origin)
 
 
 def _is_registry_launch(launch: Any) -> bool:
@@ -173,5 +177,5 @@ def _read_registry_launch(launch: Any, path: str) -> Reading:
                     f"{path}:{f.line}: {f.text} is the default of an environment variable "
                     f"({said}); the environment is not read"
                 )
-    _world_size([*launch.launcher, *launch.args], path, reading)
+    _world_size(launch, path, reading)
     return reading

@@ -143,3 +143,33 @@ def test_chunked_loss_keeps_no_full_logits():
     full = estimate(cfg.replace(fused_linear_cross_entropy=False))
     assert full.loss_saved_bytes > 4 * tokens * v  # the fp32 log-softmax of every token
     assert chunked.total_bytes < full.total_bytes
+
+
+def test_env_prefixed_launches_and_nnodes(monkeypatch):
+    # a skill trial: `NGPU=8 torchrun --nnodes 8 ...` was refused as a key=value override and
+    # --nnodes was dropped (world 8, not 64); run_train.sh's documented launch sets CONFIG=...
+    monkeypatch.chdir(CHECKOUT)
+    c = _read(
+        "NGPU=8 torchrun --nnodes 8 --nproc_per_node 8 -m torchtitan.train --module llama3 "
+        "--config llama3_70b --training.max_context_length 32768 "
+        "--training.num_tokens_per_microbatch_per_dp_rank 32768"
+    ).reading
+    assert c.get("world_size") == 64 and c.get("data_parallel_size") == 8
+    assert (c.get("seq_length"), c.get("micro_batch_size")) == (32768, 1)
+    assert c.origins["world_size"].key == "--nproc_per_node x --nnodes"
+    r = _read("CONFIG=llama3_70b NGPU=4 ./run_train.sh --parallelism.tensor_parallel_degree 4")
+    assert "llama3_70b()" in r.reading.format
+    assert r.reading.get("tensor_model_parallel_size") == 4
+    assert r.reading.get("world_size") == 4
+
+
+def test_a_launch_command_too_long_for_a_file_name_is_read(monkeypatch):
+    # `Path(item).exists()` raised ENAMETOOLONG on a long quoted command (a trial's crash)
+    monkeypatch.chdir(CHECKOUT)
+    long = " ".join(f"--metrics.tag_{k} x{'y' * 40}" for k in range(8))
+    command = (
+        "torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --module llama3 "
+        f"--config llama3_70b --parallelism.context_parallel_degree 2 {long}"
+    )
+    assert len(command) > 255
+    assert _read(command).reading.get("context_parallel_size") == 2
