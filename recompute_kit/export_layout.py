@@ -477,6 +477,8 @@ def _torchtitan_registry(changes: dict[str, Any], world: int) -> list[str]:
     """The TOML writer's settings as `config.<section>.<key> = value` lines of a registry
     function (torchtitan main)."""
     out, section = [], ""
+    changes = dict(changes)
+    pp_micro = changes.pop("num_pp_microbatches", None)
     for line in _torchtitan(changes, world):
         if line.startswith("["):
             section = line.strip("[]")
@@ -487,6 +489,8 @@ def _torchtitan_registry(changes: dict[str, Any], world: int) -> list[str]:
             value = {"true": "True", "false": "False"}.get(value, value)
             form = _REGISTRY_TRAINING.get(key, f"config.{section}.{key} = {{}}")
             out.append(form.format(value))
+    if pp_micro is not None:
+        out.append(f"config.parallelism.num_pp_microbatches = {pp_micro}")
     return out
 
 

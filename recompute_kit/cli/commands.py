@@ -772,11 +772,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "script or recipe the run uses) or --model NAME (a preset or Hugging Face id)"
         )
     from ..sources.nemo_rl_overrides import is_override
-    from ..sources.resolve import file_of, script_call
+    from ..sources.resolve import file_of, is_launch_command, script_call
 
     for path in args.config or []:
-        if is_override(path):  # `FILE key=value` (Hydra style): applied to the file before it
-            continue
+        if is_override(path) or is_launch_command(path):  # `FILE key=value` (Hydra style):
+            continue  # applied to the file before it; a quoted launch command: read as one
         called = script_call(path)  # 'run.sh ARGS': the script with its positional arguments
         text_file(
             str(called.script) if called else file_of(path),  # (recipe.py::fn reads recipe.py)

@@ -187,16 +187,22 @@ def _rendered(
         fused = row.model.fused_linear_cross_entropy
         if fused != given.model.fused_linear_cross_entropy:
             changes["fused_linear_cross_entropy"] = fused
-    if fmt == "torchtitan" and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
+    titan = fmt in ("torchtitan", "torchtitan-registry")
+    if titan and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch
+    per_step = row.model.micro_batch_size * row.parallel.data_parallel_size
+    if fmt == "torchtitan-registry" and row.parallel.pipeline_model_parallel_size > 1:
+        # main's pipeline runs parallelism.num_pp_microbatches (default 1) per accumulation
+        # step: the step-time model's micro-batches all in one pipeline
+        changes["num_pp_microbatches"] = max(1, global_batch // per_step) if per_step else 1
     for key in ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):  # the fused-loss row
         if fmt not in ("hf-trainer", "llama-factory") and getattr(row.model, key) != getattr(
             given.model, key
         ):
             changes[key] = getattr(row.model, key)
     offloaded = row.parallel.param_offload and row.parallel.optimizer_offload
-    if fmt == "torchtitan" and offloaded and not given.parallel.param_offload:
+    if titan and offloaded and not given.parallel.param_offload:
         changes["enable_cpu_offload"] = True  # the CPU-offload lever's own key
     try:
         text = render(

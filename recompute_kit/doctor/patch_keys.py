@@ -149,10 +149,9 @@ PATCH_KEYS: dict[str, dict[str, str | None]] = {
     # object and the batch counted in tokens; the rest as the TOML's section.key (overrides)
     "torchtitan-registry": {
         "recompute_granularity": "activation_checkpoint",
-        "micro_batch_size": "training.num_tokens_per_microbatch_per_dp_rank (sequences x "
-        "max_context_length)",
-        "global_batch_size": "training.num_tokens_per_train_step (sequences x "
-        "max_context_length)",
+        # (the values in tokens: patches._value_for)
+        "micro_batch_size": "training.num_tokens_per_microbatch_per_dp_rank",
+        "global_batch_size": "training.num_tokens_per_train_step",
         "seq_length": "training.max_context_length",
     },
     # NeMo Automodel (sources/automodel.py): its key_for gives the rest, prose where none

@@ -243,9 +243,32 @@ def _check(
             f.patch_keys = _translate(framework, patch, ctx, drop)
         if framework == "hf-trainer" and llama_factory(ctx):
             f.patch_keys = in_llama_factory_keys(f.patch_keys, check)
+        _same_in_the_frameworks_keys(framework, f, patch, current, ctx, check, drop)
         check["keys"] = framework if f.patch_keys else None
     f.config_patch = patch
     _say(f, check)
+
+
+def _same_in_the_frameworks_keys(framework, f, patch, current, ctx, check, drop) -> None:
+    """Entries whose framework key the inputs already set to that value: Megatron settings
+    that differ can be one setting there (torchtitan's one selective policy, SelectiveAC,
+    stands for every selective module set), so the written patch would change nothing."""
+    if not f.patch_keys or f.category == "recompute_no_effect":
+        return
+    now = _translate(
+        framework, {k: current.get(k) for k in patch if k in current}, ctx, lambda *_: None
+    )
+    for key, value in list(f.patch_keys.items()):
+        if key in now and now[key] == value:
+            f.patch_keys.pop(key)
+            for mkey in [
+                k
+                for k in patch
+                if _translate(framework, {k: patch[k]}, ctx, lambda *_: None).get(key) == value
+            ]:
+                drop(mkey, patch[mkey], f"already {key} = {value!r} in {framework}'s keys")
+    if not f.patch_keys and not patch:
+        check["already_set"] = True
 
 
 def _rank(granularity: Any) -> int:
@@ -455,6 +478,18 @@ def _value_for(
     framework: str, key: str, target: str, value: Any, ctx: Context, patch: dict
 ) -> dict[str, Any]:
     """{framework key: value}: the value in the framework's own spelling."""
+    if framework == "torchtitan" and _registry(ctx) and ctx.config is not None:
+        # torchtitan main counts a forward in tokens: sequences x the sequence length
+        m = ctx.config.model
+        seq = patch.get("seq_length", m.seq_length)
+        micro = patch.get("micro_batch_size", m.micro_batch_size)
+        tokens = "training.num_tokens_per_microbatch_per_dp_rank"
+        if key == "micro_batch_size":
+            return {tokens: value * seq}
+        if key == "seq_length":
+            return {"training.max_context_length": value, tokens: micro * value}
+        if key == "global_batch_size":
+            return {"training.num_tokens_per_train_step": value * seq}
     if target == "use_liger_kernel" and value is True and trl_sft(ctx):
         return {"loss_type": "chunked_nll"}  # TRL's own chunked loss (its default from 1.7.0)
     if framework == "nemo1":

@@ -697,16 +697,19 @@ def _torchtitan_chunked_loss_bytes(
     """torchtitan's ChunkedLossWrapper (components/loss.py): after the decoder's forward the
     hidden states [tokens, hidden] are split into `fused_linear_cross_entropy_chunks` detached
     contiguous copies, and each chunk runs the output layer, the loss and its backward at once,
-    adding its gradient into an fp32 [tokens, hidden] accumulator that the decoder's backward
-    then starts from. Kept: the accumulator (the hidden states stay whole on every TP rank:
-    the final norm's output is replicated before chunking). Transient, on top: the chunk copies
-    and one chunk's logits as torch's cross_entropy runs them (see `loss_bytes`)."""
+    adding its gradient into an fp32 [tokens, hidden] accumulator (GradAccumulator); the sum,
+    cast to the hidden states' dtype, is saved for the decoder's backward
+    (_DecoderOutputGradientBackProp). The hidden states stay whole on every TP rank (the final
+    norm's output is replicated before chunking). Kept: that gradient and the int64 labels.
+    Transient, while the chunks run: the fp32 accumulator, the chunk copies (the size of the
+    kept gradient, which does not exist yet) and one chunk's logits through torch's
+    cross_entropy (see `loss_bytes`)."""
     h, n = m.hidden_size, max(1, m.fused_linear_cross_entropy_chunks)
-    saved = STAT_BYTES * tokens * h + INDEX_BYTES * tokens
+    saved = B * tokens * h + INDEX_BYTES * tokens
     chunk = logits / n
     upcast = STAT_BYTES * chunk if B < STAT_BYTES else 0.0
     one_chunk = STAT_BYTES * chunk + max(B * chunk + upcast, 2 * STAT_BYTES * chunk)
-    return saved, B * tokens * h + one_chunk
+    return saved, STAT_BYTES * tokens * h + one_chunk
 
 
 def logits_columns(m: ModelConfig, p: ParallelConfig, engine: str = "megatron") -> float:

@@ -68,15 +68,21 @@ def module_sets(config: Config) -> list[list[str]]:
     ]
 
 
-def _torchtitan_settings(config: Config) -> list[RecomputeConfig]:
+def _torchtitan_settings(config: Config, fmt: str) -> list[RecomputeConfig]:
     """torchtitan's modes: none, the per-op selective policy ("op"; memory/torchtitan.py counts
-    any selective setting as it), full, and every k-th block: floor(layers / k) blocks of each
-    stage, which Megatron's block N counts the same (sources/torchtitan.py layer_ac)."""
+    dense blocks as it, MoE blocks as norms and MoE-activation recompute, as the reader reads
+    it: sources/torchtitan.py), full, and, in a TOML, every k-th block: floor(layers / k)
+    blocks of each stage, which Megatron's block N counts the same (sources/torchtitan.py
+    layer_ac). A config registry (torchtitan main, "torchtitan-registry") has no every-k-th
+    policy: SelectiveAC, FullAC or None only."""
     stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     counts = sorted({stage_layers // k for k in range(2, stage_layers + 1)} - {0})
+    if fmt == "torchtitan-registry":
+        counts = []
+    modules = ["layernorm", "moe_act"] if config.model.num_moe_experts else ["layernorm"]
     return [
         RecomputeConfig(),
-        RecomputeConfig("selective", recompute_modules=["layernorm"]),
+        RecomputeConfig("selective", recompute_modules=modules),
         RecomputeConfig("full", recompute_method="uniform", recompute_num_layers=1),
         *(
             RecomputeConfig("full", recompute_method="block", recompute_num_layers=n)
@@ -108,7 +114,7 @@ def candidates(
         ]
     titan = m.loss_implementation == "torchtitan"
     if titan:
-        rcs = _torchtitan_settings(config)
+        rcs = _torchtitan_settings(config, fmt)
     else:
         rcs = [RecomputeConfig(), parse_spec("selective:")]
         rcs += [RecomputeConfig("selective", recompute_modules=s) for s in module_sets(config)]

@@ -103,6 +103,11 @@ _LAUNCH_COMMAND = re.compile(
 COMMAND_LINE = "the command line"
 
 
+def is_launch_command(item: str) -> bool:
+    """A launch command given as one input (`torchrun ...`, `NGPU=8 python -m ...`)."""
+    return bool(_LAUNCH_COMMAND.match(item)) and not _exists(item)
+
+
 def _is_file(item: str | Path) -> bool:
     """Whether `item` names a file; a launch command given as one input is no file name, even
     one too long for the filesystem to look up (ENAMETOOLONG)."""

@@ -18,8 +18,11 @@ the TOML reader (sources/torchtitan.py), so both forms mean the same; what the r
 torchtitan does differently is set here, with its source:
 
 * `training`: `num_tokens_per_microbatch_per_dp_rank` tokens in one forward of a data-parallel
-  rank, sequences of `max_context_length`: micro-batch = tokens / context length
-  (`torchtitan/config/configs.py` TrainingConfig; defaults 16384 and 2048).
+  rank, packed into one row whose documents are at most `max_context_length` long:
+  micro-batch = tokens / context length sequences of the context length (one sequence of the
+  row where it is no whole number of them; `torchtitan/config/configs.py` TrainingConfig,
+  defaults 16384 and 2048; `components/data/packing.py`). The memory follows the tokens: a
+  shorter context alone saves none.
 * `activation_checkpoint`: `SelectiveAC.Config` (per-op SAC, also the default when the field is
   left out), `FullAC.Config`, `MemoryBudgetAC.Config`, `None` (no AC).
 * `loss=ChunkedLossWrapper.Config(num_chunks=8)`: the output layer and the loss run chunk by
@@ -331,23 +334,30 @@ def _map_training(toml: _RegistryToml, cfg: _Config) -> None:
     tokens_key = "training.num_tokens_per_microbatch_per_dp_rank"
     if not isinstance(tokens, int) or not isinstance(context, int) or context < 1:
         raise ConfigError(f"{toml.path}: {tokens_key} {tokens!r} / max_context_length {context!r}")
+    # the data loader packs documents into one row of `tokens` (components/data/packing.py);
+    # max_context_length bounds a document (its positions restart there), whose attention is
+    # its own: counted as tokens / context sequences of the context length, or, where the
+    # row is no whole number of them, as one sequence of the row's length
     if tokens % context:
-        raise ConfigError(
-            f"{toml.path}: {tokens_key} = {tokens} is not a whole number of sequences of "
-            f"training.max_context_length = {context}"
+        micro, length = 1, tokens
+        how = (
+            f"{tokens} tokens in one row, not a whole number of max_context_length {context}: "
+            "counted as one sequence of the row's length"
         )
-    micro = tokens // context
+    else:
+        micro, length = tokens // context, context
+        how = f"{tokens} tokens / max_context_length {context}: {micro} sequences in one forward"
     toml.put(
         "training",
         "seq_len",
-        context,
-        c_line,
-        "training.max_context_length",
-        default="" if c_given else "TrainingConfig",
+        length,
+        c_line if length == context else t_line,
+        "training.max_context_length" if length == context else tokens_key,
+        "" if length == context else how,
+        default="" if (c_given if length == context else t_given) else "TrainingConfig",
     )
     pp, _, _ = _field(parallel, "pipeline_parallel_degree", 1)
     n_micro, _, _ = _field(parallel, "num_pp_microbatches", 1)
-    how = f"{tokens} tokens / max_context_length {context}: {micro} sequences in one forward"
     default = "" if t_given else "TrainingConfig"
     if pp > 1:
         toml.put(

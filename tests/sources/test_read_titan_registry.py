@@ -128,18 +128,19 @@ def test_plan_settings_are_written_for_the_registry():
 
 
 def test_chunked_loss_keeps_no_full_logits():
-    # ChunkedLossWrapper (components/loss.py): an fp32 [tokens, hidden] gradient accumulator
-    # and the int64 labels kept; while the loss runs, the detached bf16 chunk copies of the
-    # hidden states and one chunk's logits through torch's cross_entropy (1/8 of the tokens)
+    # ChunkedLossWrapper (components/loss.py): the summed gradient of the hidden states, cast
+    # to bf16 (loss.py:711, saved :792), and the int64 labels kept; while the chunks run, the
+    # fp32 accumulator, the bf16 chunk copies and one chunk's logits through torch's
+    # cross_entropy (1/8 of the tokens). (A skill trial read loss.py: the kit had kept fp32.)
     from recompute_kit.memory.estimate import estimate
 
     cfg = _read(f"{LLAMA3}::llama3_8b", dp=8).config
     m = cfg.model
     tokens, h, v = m.seq_length * m.micro_batch_size, m.hidden_size, m.vocab_size
     chunked = estimate(cfg)
-    assert chunked.loss_saved_bytes == 4 * tokens * h + 8 * tokens
+    assert chunked.loss_saved_bytes == 2 * tokens * h + 8 * tokens
     chunk = tokens * v // 8
-    assert chunked.loss_transient_bytes == 2 * tokens * h + 4 * chunk + max(6 * chunk, 8 * chunk)
+    assert chunked.loss_transient_bytes == 4 * tokens * h + 4 * chunk + max(6 * chunk, 8 * chunk)
     full = estimate(cfg.replace(fused_linear_cross_entropy=False))
     assert full.loss_saved_bytes > 4 * tokens * v  # the fp32 log-softmax of every token
     assert chunked.total_bytes < full.total_bytes
@@ -173,3 +174,62 @@ def test_a_launch_command_too_long_for_a_file_name_is_read(monkeypatch):
     )
     assert len(command) > 255
     assert _read(command).reading.get("context_parallel_size") == 2
+
+
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.11 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this "
+    "process has 78.08 GiB memory in use. Of the allocated memory 75.20 GiB is allocated by "
+    "PyTorch, and 1.30 GiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def _doctor(tmp_path, config: str):
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "oom.txt"
+    log.write_text(OOM)
+    return diagnose(collect(logs=[str(log)], config=config), None)
+
+
+def test_doctor_on_a_registry_launch_writes_tokens_and_knows_the_chunked_loss(
+    tmp_path, monkeypatch
+):
+    # a skill trial: diagnose refused a quoted launch command; patched the micro-batch as
+    # "training.num_tokens_per_microbatch_per_dp_rank = 4" (sequences, not tokens); and
+    # advised a fused loss to a run whose ChunkedLossWrapper already chunks it
+    monkeypatch.chdir(CHECKOUT)
+    d = _doctor(
+        tmp_path,
+        "torchrun --nproc_per_node 8 -m torchtitan.train --module llama3 --config llama3_8b "
+        "--training.num_tokens_per_microbatch_per_dp_rank 131072",
+    )
+    f = next(f for f in d.findings if f.rule == "RK012")
+    assert "already runs in chunks" in f.fix and "num_chunks" in f.fix
+    tokens = f.patch_keys.get("training.num_tokens_per_microbatch_per_dp_rank")
+    assert tokens is not None and tokens % 8192 == 0  # whole sequences of 8192, in tokens
+    for g in d.findings:
+        assert "micro_batch_size" not in (g.patch_keys or {})
+
+
+def test_doctor_never_repatches_the_one_selective_policy(tmp_path):
+    # llama3_8b() runs SelectiveAC (read as recompute_modules [layernorm]): "only layernorm is
+    # recomputed" (RK022) is not said, and no patch writes SelectiveAC.Config() again
+    d = _doctor(tmp_path, f"{LLAMA3}::llama3_8b")
+    assert "RK022" not in [f.rule for f in d.findings]
+    for f in d.findings:
+        assert (f.patch_keys or {}).get("activation_checkpoint") != "SelectiveAC.Config()"
+
+
+def test_plan_offers_only_the_policies_the_registry_has():
+    # a skill trial: the plan picked full:block:4 for a registry run, which torchtitan main
+    # cannot express (SelectiveAC, FullAC, MemoryBudgetAC or None); MoE per-op SAC is counted
+    # as the reader reads it (norms and the MoE activation)
+    from recompute_kit.plan.search import candidates
+
+    cfg = _read(f"{MODELS / 'qwen3' / 'config_registry.py'}::qwen3_30b_a3b", dp=8).config
+    got = {rc.spec for rc, _ in candidates(cfg, fmt="torchtitan-registry")}
+    assert got == {"none", "selective:layernorm,moe_act", "full:uniform:1"}
+    toml = {rc.spec for rc, _ in candidates(cfg, fmt="torchtitan")}
+    assert any(spec.startswith("full:block:") for spec in toml)

@@ -170,7 +170,7 @@ def collect(
         part = _snippets(text, "log").merge(part)  # the log's own config keys win
         evidence = evidence.merge(part)
     from ...sources.nemo_rl_overrides import is_override
-    from ...sources.resolve import file_of, script_call
+    from ...sources.resolve import file_of, is_launch_command, script_call
 
     configs = [config] if isinstance(config, str) else list(config or [])
     # keys a scan of a Python recipe's text found: it reads every function of the file, the
@@ -181,7 +181,9 @@ def collect(
             continue
         called = script_call(one) if one != "-" else None  # 'run.sh ARGS': the script's text
         name = str(called.script) if called else file_of(one)  # recipe.py::function: recipe.py
-        text = _read_text(name, "config", stdin_text)
+        # a launch command given as one input is its own text
+        command = one != "-" and is_launch_command(one)
+        text = one if command else _read_text(name, "config", stdin_text)
         flat, notes = parse_config_with_notes(text, "" if one == "-" else one)
         label = "<stdin>" if one == "-" else one
         # what the file states, without comments (documentation, not evidence)
@@ -197,7 +199,9 @@ def collect(
     files = [
         c
         for c in configs
-        if is_override(c) or script_call(c) or (c != "-" and Path(file_of(c)).stat().st_size)
+        if is_override(c)
+        or script_call(c)
+        or (c != "-" and (is_launch_command(c) or Path(file_of(c)).stat().st_size))
     ]
     if files:
         # a log that prints Megatron's arguments prints the settings the run ran with: read

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...sources.torchtitan_defaults import REGISTRY_FORMAT
 from ..types import Context
 from .registry import fact, is_megatron, zero_stage
 
@@ -223,6 +224,14 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
     # 16384, a disabled backend's section). A Megatron-family run's knobs go by Megatron-Core's
     # field names: the fix words write them in the run's own keys (doctor/fix_words.py).
     megatron = k.framework == "megatron"
+    if REGISTRY_FORMAT in str(read.get("format") or ""):
+        # torchtitan main: one forward holds num_tokens_per_microbatch_per_dp_rank tokens;
+        # max_context_length only bounds a document, and a shorter one saves no memory
+        mbs, seq = _int(values.get("micro_batch_size")), _int(values.get("seq_length"))
+        if mbs and seq and filed("micro_batch_size"):
+            k.batch = ("training.num_tokens_per_microbatch_per_dp_rank", mbs * seq)
+            k.seq = []
+        return
     if (key := filed("seq_length")) and (n := _int(values.get("seq_length"))):
         k.seq = [("seq_length" if megatron else key, n)]
     if (key := filed("micro_batch_size")) and (n := _int(values.get("micro_batch_size"))):

@@ -38,8 +38,13 @@ def _logits(ctx: Context) -> Match | None:
     tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
     logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size  # one fp32 copy
     oom = ctx.oom
+    # a fused linear cross-entropy outside Megatron (Liger, TRL's chunked_nll, torchtitan's
+    # ChunkedLossWrapper) never makes the whole logits: a request of that size is another
+    # tensor's
+    whole = not (m.fused_linear_cross_entropy and m.loss_implementation != "megatron")
     hit = (
-        oom is not None
+        whole
+        and oom is not None
         and oom.requested_bytes
         and abs(oom.requested_bytes - logits) < 0.05 * logits
     )
@@ -136,6 +141,21 @@ def fused_loss_fix(ctx: Context) -> str:
         return (
             "Use a fused / vocab-parallel cross-entropy (TransformerEngine, "
             f"cross_entropy_loss_fusion), {smaller}, or more tensor parallelism"
+        )
+    m = ctx.config.model if ctx.config is not None else None
+    if m is not None and m.fused_linear_cross_entropy and m.loss_implementation != "megatron":
+        # the loss is already chunked: the lever is a smaller chunk, or fewer tokens
+        n = m.fused_linear_cross_entropy_chunks
+        chunk = (
+            f"more chunks (torchtitan's ChunkedLossWrapper.Config(num_chunks=...), now {n}: "
+            "each holds the logits of 1/num_chunks of the tokens)"
+            if m.fused_linear_cross_entropy_impl == "torchtitan_chunked"
+            else "smaller chunks"
+        )
+        return (
+            "The loss already runs in chunks, never the full logits: "
+            f"{chunk}, or fewer tokens per micro-batch; recompute of transformer layers does "
+            "not touch the logits"
         )
     # framework unknown: no key of one framework named as if it were the run's
     known = (ctx.evidence.read or {}).get("framework") is not None

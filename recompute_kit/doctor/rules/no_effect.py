@@ -125,7 +125,10 @@ def _layernorm_small(ctx: Context) -> Match | None:
             f"Next: '{spec}' - {why}.",
             config_patch=patch_for(spec),
         )
-    if ctx.modules == ["layernorm"] and (ctx.oom or ctx.says("out of memory")):
+    # (torchtitan's per-op selective policy is read as ["layernorm"]: it saves matmul outputs
+    # and recomputes every second one, not only the norms)
+    titan = ctx.config is not None and ctx.config.model.loss_implementation == "torchtitan"
+    if ctx.modules == ["layernorm"] and not titan and (ctx.oom or ctx.says("out of memory")):
         spec, why = next_step(ctx)
         return Match(
             0.6,
