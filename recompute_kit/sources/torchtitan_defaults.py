@@ -102,7 +102,12 @@ def apply_defaults(reading: Reading) -> None:
     reading.derive(
         "sequence_parallel",
         tp > 1,
-        "torchtitan applies SequenceParallel to the norms whenever TP > 1 (no flag)",
+        "torchtitan applies SequenceParallel to the norms whenever TP > 1 "
+        + (
+            "(parallelism.enable_sequence_parallel, default True)"
+            if registry
+            else "(no TOML key before its 2026 refactor)"
+        ),
     )
     world = reading.get("world_size")
     if world and "data_parallel_size" not in reading:

@@ -573,6 +573,14 @@ def _read_beyond_the_toml(
             f"attn_backend {attn}: a fused attention kernel, no s x s scores kept",
         ),
     )
+    parallel = cfg.fields.get("parallelism")
+    sp, sp_line, sp_given = _field(
+        parallel if isinstance(parallel, _Config) else None, "enable_sequence_parallel", True
+    )
+    if sp_given and not sp:  # main's switch (configs.py); True, its default, is the derivation
+        where = "the command line" if sp_line == COMMAND_LINE else f"{path}:{sp_line}"
+        key = "parallelism.enable_sequence_parallel"
+        reading.set("sequence_parallel", False, Origin(FROM_FILE, where, key))
     mtp = spec.kwargs.get("num_mtp_layers")
     if isinstance(mtp, int):
         reading.set(

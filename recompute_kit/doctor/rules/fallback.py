@@ -270,7 +270,8 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
         return (
             {"optimizer_offload": True, "param_offload": True},
             "FSDP CPU offload of parameters, gradients and optimizer states (torchtitan: "
-            "[training] enable_cpu_offload = true; the Trainer: fsdp: full_shard offload), "
+            "--training.enable_cpu_offload, in a TOML [training] enable_cpu_offload = true; "
+            "the Trainer: fsdp: full_shard offload), "
             "or more GPUs",
         )
     if k.zero == 3 and not k.offload:
