@@ -383,3 +383,35 @@ def test_gpt_oss_script_gets_a_next_step_megatron_accepts_and_its_own_recompute_
     headroom = finding(d, "RK090")
     assert headroom.patch_keys == {"--recompute-activations": None}
     assert "The patch spends the GPU's unused memory on speed" in headroom.fix
+
+
+NEMO_RL_903 = """\
+When using nemo-rl for SFT on the Qwen-1.5B model, our configuration is as follows:
+```
+f'++policy.megatron_cfg.tensor_model_parallel_size=1 '
+f'++policy.megatron_cfg.context_parallel_size=2 '
+f'++policy.train_global_batch_size=1024 '
+f'++policy.max_total_sequence_length=32768'
+f'++policy.train_micro_batch_size=1
+```
+However, with these settings, we encounter an OOM (out of memory) error even when running on 64 nodes.
+"""  # noqa: E501
+
+
+def test_nemo_rl_overrides_in_a_paste_are_its_settings_and_its_keys(tmp_path: Path):
+    # https://github.com/NVIDIA-NeMo/RL/issues/903 (the report, verbatim; the reporter's fix
+    # was context_parallel_size=4). A skill trial: the overrides were "not in the paste" and
+    # the patch was the Hugging Face Trainer's gradient_checkpointing for a NeMo-RL run.
+    log = tmp_path / "paste.txt"
+    log.write_text(NEMO_RL_903)
+    d = diagnose(collect(logs=[str(log)]), None)
+    assert d.evidence.config["policy.train_micro_batch_size"] == 1
+    assert d.evidence.config["policy.max_total_sequence_length"] == 32768
+    for f in d.findings:
+        keys = f.patch_keys or {}
+        assert "gradient_checkpointing" not in keys and "gradient_checkpointing" not in (
+            f.config_patch or {}
+        )
+    top = d.findings[0]
+    assert top.patch_framework == "nemo-rl"
+    assert all(k.startswith("policy.") for k in (top.patch_keys or {})), top.patch_keys

@@ -30,6 +30,7 @@ less what was dropped; `patch_check` lists what was dropped and why, and the est
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..config import CONFIG_KEYS
@@ -72,7 +73,14 @@ def _framework(ctx: Context) -> str | None:
     name = read.get("framework")
     if name in FRAMEWORKS:
         return name
-    return framework_of_frames(ctx)
+    return framework_of_frames(ctx) or _framework_of_keys(ctx)
+
+
+def _framework_of_keys(ctx: Context) -> str | None:
+    """A framework whose own keys the paste sets (NeMo-RL's policy.megatron_cfg / dtensor_cfg
+    overrides), where no config file was read."""
+    keys = " ".join(ctx.evidence.config)
+    return "nemo-rl" if re.search(r"\bpolicy\.(?:megatron|dtensor)_cfg\.", keys) else None
 
 
 # A traceback's frames name the framework that ran where no config was given: its package's

@@ -18,6 +18,9 @@ _FLAG_RE = re.compile(r"(?:^|[\s\"'=(])--[A-Za-z][\w.-]*")  # `ARGS="--x 1 \\` t
 _YAML_LINE_RE = re.compile(r"^\s*[a-z_][a-z0-9_.-]{0,80}:(?:[ \t]+\S.*)?$")
 _ENV_PREFIX_RE = re.compile(r"(?:^|\s)(CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES)=([\d,]+)")
 _MIN_YAML_LINES = 3
+_OVERRIDE_RE = re.compile(
+    r"(?:^|[\s'\"(\[,])[+~]{0,2}([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)=([^\s'\",)\]]+)"
+)
 _IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]*$")  # Megatron module names: lower snake_case
 
 
@@ -44,6 +47,12 @@ def _parse(text: str) -> dict[str, Any]:
     shell_vars, flag_vars = _simple_vars(lines), {}
     for command in _commands(lines):
         flat.update(_parse_command_line(command, shell_vars=shell_vars, flag_vars=flag_vars))
+    # Hydra overrides (NeMo-RL, Megatron-Bridge, NeMo): `++policy.train_micro_batch_size=1`, on
+    # a command or quoted in a script's list (`f'++policy.x=1 '`); a dotted key only
+    for line in lines:
+        for key, value in _OVERRIDE_RE.findall(line):
+            parsed = _safe_yaml(value)
+            flat.setdefault(key, parsed if isinstance(parsed, (int, float, bool)) else value)
     modules = flat.get("recompute_modules")
     if isinstance(modules, list):
         # module names are identifiers: a flag's values that run on into glued prose

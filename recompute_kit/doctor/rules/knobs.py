@@ -23,6 +23,7 @@ BATCH_KEYS = (
     "per_device_train_batch_size",
     "train_micro_batch_size_per_gpu",
     "micro_batch_size",
+    "train_micro_batch_size",  # NeMo-RL's policy.train_micro_batch_size
     "per_gpu_train_batch_size",
     "ppo_micro_batch_size_per_gpu",
     "train_batch_size_per_device",
@@ -191,6 +192,8 @@ def _framework(ctx: Context) -> str:
     # micro_batch_size alone is not Megatron's (lit-llama and plain scripts use the name);
     # global_batch_size is: Megatron-LM, NeMo and Megatron-Bridge configs and argument dumps.
     if is_megatron(ctx) or "global_batch_size" in cfg:
+        return "megatron"
+    if any(".megatron_cfg." in k for k in cfg):  # NeMo-RL's Megatron policy (its overrides)
         return "megatron"
     if any(k in cfg for k in ("finetuning_type", "cutoff_len")):
         return "llamafactory"
