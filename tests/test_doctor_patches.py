@@ -415,3 +415,12 @@ def test_nemo_rl_overrides_in_a_paste_are_its_settings_and_its_keys(tmp_path: Pa
     top = d.findings[0]
     assert top.patch_framework == "nemo-rl"
     assert all(k.startswith("policy.") for k in (top.patch_keys or {})), top.patch_keys
+
+
+def test_an_unknown_model_beside_the_config_still_reads_the_config(tmp_path: Path):
+    # a skill trial: `diagnose --config trl.yaml --model <an id the kit cannot have>` read
+    # nothing (the framework went from hf-trainer to unknown); the files are read without it
+    config = CORPUS / "hf_trainer" / "qwen3_full_sft.yaml"
+    d = diagnose(collect(logs=[str(OOM)], config=str(config), model="not-a-model"), None)
+    assert (d.evidence.read or {}).get("framework") == "hf-trainer"
+    assert any("--model not-a-model not applied" in n for n in d.evidence.notes)

@@ -116,17 +116,25 @@ def _read_config_files(
     from ...config import ConfigError
     from ...sources.resolve import resolve
 
+    notes = []
     try:
         resolved = resolve(paths, model=model, require_shape=False, overrides=overrides or None)
     except ConfigError as exc:
-        return Evidence(notes=[f"config: {exc}"])
+        if not (model and paths):
+            return Evidence(notes=[f"config: {exc}"])
+        # the model named beside the files could not be had: the files are still read
+        notes.append(f"config: --model {model} not applied: {exc}")
+        try:
+            resolved = resolve(paths, require_shape=False, overrides=overrides or None)
+        except ConfigError as again:
+            return Evidence(notes=[*notes, f"config: {again}"])
     reading = resolved.reading
     said = {
         key: value
         for key, value in reading.values.items()
         if reading.origins[key].kind in ("file", "model")
     }
-    evidence = Evidence(config=said, read=resolved.to_json())
+    evidence = Evidence(config=said, read=resolved.to_json(), notes=notes)
     # what the reader decided (its defaults too) for the keys it knows (collect: a recipe's)
     evidence.facts["reader_values"] = dict(reading.values)
     return evidence
