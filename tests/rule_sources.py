@@ -590,3 +590,12 @@ SOURCES.update(
         "(the assert's message, as an AssertionError prints it)",
     }
 )
+
+# round "trial 11": reports a skill trial collected (verbatim, the report only)
+SOURCES.update(
+    {
+        "t11-transformers-28022": "https://github.com/huggingface/transformers/issues/28022",
+        "t11-transformers-7926": "https://github.com/huggingface/transformers/issues/7926 "
+        "(the report as far as the traceback's first frames)",
+    }
+)

@@ -289,3 +289,16 @@ def test_rk170_does_not_take_lora_from_another_recipe_in_the_file():
     evidence = collect(config=[f"{recipe}::qwen3_8b_pretrain_4gpu_h100_bf16_config"])
     f = next(f for f in diagnose(evidence, 79.1).findings if f.rule == "RK170")
     assert "LoRA (adapters" not in f.evidence and "full training assumed" in f.evidence
+
+
+def test_settings_in_the_reporters_words_are_read():
+    # transformers#28022: "batch=1, seq_len=1024, using flash-attn", "I enable
+    # gradient_checkpointing in the training_args". A skill trial: the knobs were "not in the
+    # paste" and flash attention was advised to a run already on flash-attn 2.
+    d = run(text("t11-transformers-28022"))
+    f = next(f for f in d.findings if f.rule == "RK170")
+    assert "per-device batch 1 (the paste's words)" in f.evidence
+    assert "sequence length 1024 (the paste's words)" in f.evidence
+    assert "flash attention" not in f.fix and "--flash_attn" not in f.fix
+    assert "halve the per-device batch" not in f.fix  # a batch of one
+    assert "not in the paste (off unless set elsewhere)" not in f.evidence  # it is on

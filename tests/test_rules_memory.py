@@ -659,3 +659,14 @@ def test_deepseek_v3_fsdp_script_predicted_nothing_fits_is_read_by_its_largest_t
     check = f.patch_check
     assert check["peak_after_bytes"] < 0.9 * 79.1 * 2**30 < check["peak_before_bytes"]
     assert "validation rejects" not in d.verdict.why
+
+
+@covers("RK086")
+def test_rk086_a_trainer_run_evaluation_loop_already_has_no_grad():
+    # transformers#7926: a Lightning progress bar ("v_num=16", "Validating:") and an OOM in
+    # validation, the traceback cut at its first frames. The trainer's validation already runs
+    # under no_grad (the fix was eval_accumulation_steps): no no_grad patch, low confidence.
+    f = get(run(text("t11-transformers-7926")), "RK086")
+    assert f.confidence < 0.5
+    assert f.config_patch == {}
+    assert "eval_accumulation_steps" in f.fix

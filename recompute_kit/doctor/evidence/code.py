@@ -160,6 +160,14 @@ _CKPT_INACTIVE_RE = re.compile(
     r"|\b(?:skips?|skipped|bypass(?:es|ed)?)\s+(?:the\s+)?(?:gradient\s+|activation\s+)?checkpoint",
     re.I,
 )
+# A trainer that runs the evaluation loop itself, under torch.no_grad: PyTorch Lightning's
+# progress bars (`v_num=16`, "Validating:", "Validation DataLoader 0") and packages, the
+# Hugging Face Trainer's evaluation frames
+_MANAGED_EVAL_RE = re.compile(
+    r"\bv_num=\d|^\s*Validating:|Validation DataLoader \d|\bpytorch_lightning\b|"
+    r"\blightning/pytorch/|transformers/trainer\.py\S*\s+in\s+(?:evaluate|evaluation_loop|"
+    r"prediction_step|predict)"
+)
 _EVAL_PROSE_RE = re.compile(
     r"\beval(?:uation)?[ _-]mode\b|\.eval\(\)|\bself\.training\b|\b(?:in|into)\s+training\s+mode\b",
     re.I,
@@ -428,6 +436,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 saved_meta = None
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
+        if _MANAGED_EVAL_RE.search(line):
+            add("managed_eval_loop", line.strip())
         if not _is_code(line) and 'File "' not in line and _MEMORY_WORD_RE.search(line):
             if _VALIDATION_PROSE_RE.search(line):
                 add("eval_memory_prose", line)

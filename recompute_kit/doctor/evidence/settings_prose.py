@@ -1,9 +1,10 @@
 """Training settings stated in prose and on command lines rather than in a config file: the
 ZeRO stage ("ZeRO stage: 2", "zero2", `ds_z2_config.json`, `--zero_stage 3`), CPU offload
 ("with CPU offload", `offload_optimizer=True`, `--adam_offload`), adapters (`--use_lora`,
-`--finetuning_type lora`, "QLoRA", `load_in_4bit`), gradient checkpointing flags, the
-micro-batch and sequence-length flags, and the GPUs ("2x A100 40GB", "4 A100 GPUs (40g
-each)", "4张A100").
+`--finetuning_type lora`, "QLoRA", `load_in_4bit`), gradient checkpointing flags and words
+("I enable gradient_checkpointing"), the micro-batch and sequence-length flags and words
+("batch=1, seq_len=1024"), flash attention in use ("with flash-attn 2"), and the GPUs ("2x
+A100 40GB", "4 A100 GPUs (40g each)", "4张A100").
 
 `scan_settings(lines)` returns {"settings_prose": {key: value, ..., "lines": [...]}} with only
 the keys found; a setting named in a question or as something to try next ("would you
@@ -90,6 +91,23 @@ _MICRO_RE = re.compile(
 _SEQ_RE = re.compile(
     r"--(?:max_seq_length|max_seq_len|cutoff_len|seq_length|seq-length|max_length"
     r"|model_max_length|max_len|max_source_length|block_size)[\s=]+(\d+)",
+    re.I,
+)
+# the same in the reporter's words: "batch=1, seq_len=1024", "micro batch size: 2"
+_PROSE_BATCH_RE = re.compile(
+    r"(?<![\w-])(?:per[_ -]device[_ ]|micro[_ ]?)?batch(?:[_ -]?size)?\s*[=:]\s*(\d+)\b", re.I
+)
+_PROSE_SEQ_RE = re.compile(
+    r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b", re.I
+)
+# flash attention in use: "using flash-attn", "with flash-attn 2", "flash_attention_2"
+_FLASH_SAID_RE = re.compile(
+    r"\bflash[-_ ]?attn(?:[-_ ]?2)?\b|\bflash[-_ ]attention(?:[-_ ]?2)?\b", re.I
+)
+# checkpointing turned on in words: "I enable gradient_checkpointing in the training_args"
+_CKPT_SAID_RE = re.compile(
+    r"\b(?:enabl(?:e|ed|ing)|turn(?:ed)? on|us(?:e|ed|ing)|with)\s+(?:the\s+)?"
+    r"(?:gradient|activation)[_ ]checkpointing\b",
     re.I,
 )
 _GPU_NAME = (
@@ -195,6 +213,14 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
             put("micro_batch", int(m.group(1) or m.group(2)), line)
         if m := _SEQ_RE.search(line):
             put("seq_len", int(m.group(1)), line)
+        if (m := _PROSE_BATCH_RE.search(line)) and _stated(line, m.start()):
+            put("micro_batch", int(m.group(1)), line)
+        if (m := _PROSE_SEQ_RE.search(line)) and _stated(line, m.start()):
+            put("seq_len", int(m.group(1)), line)
+        if (m := _FLASH_SAID_RE.search(line)) and _stated(line, m.start()):
+            put("attention", "flash", line)
+        if (m := _CKPT_SAID_RE.search(line)) and _stated(line, m.start()):
+            put("gradient_checkpointing", True, line)
         if (m := _GPU_COUNT_RE.search(line)) and _stated(line, m.start()):
             count = int(m.group(1) or m.group(2) or m.group(3))
             if 1 <= count <= 64:

@@ -359,12 +359,16 @@ def _knob_list(ctx: Context, k: Knobs, count: StateCount | None) -> str:
         parts.append(f"model {count.name} ({size_words(count.params, count.name, ctx)})")
     if k.batch:
         parts.append(f"{k.batch[0]} = {k.batch[1]}")
+    elif k.said_batch is not None:
+        parts.append(f"per-device batch {k.said_batch} (the paste's words)")
     else:
         parts.append("per-device batch: not in the paste")
     if k.accum:
         parts.append(f"{k.accum[0]} = {k.accum[1]}")
     parts += [f"{key} = {n}" for key, n in k.seq[:3]]
-    if not k.seq:
+    if not k.seq and k.said_seq is not None:
+        parts.append(f"sequence length {k.said_seq} (the paste's words)")
+    elif not k.seq:
         parts.append("sequence length: not in the paste")
     if k.ckpt is not None:
         state = "on" if k.ckpt else "off"
@@ -437,7 +441,8 @@ def _default_activations(ctx: Context) -> Match | None:
     for step in (batch_step(k), ckpt_step(ctx, k), _attn_step(k), seq_step(k)):
         if step is not None:
             steps.append(step)
-    if k.batch is None:  # no batch in the paste: name the framework's key, with no number
+    if k.batch is None and k.said_batch != 1:  # no batch in the paste (a batch of one, in
+        # its words, cannot be halved): name the framework's key, with no number
         steps.insert(
             0,
             (
@@ -447,10 +452,11 @@ def _default_activations(ctx: Context) -> Match | None:
             ),
         )
     if not k.seq:  # no cap in the paste: name the framework's, with no number to patch
+        given = f"{k.said_seq} in the paste's words" if k.said_seq else "not set in the paste"
         steps.append(
             (
                 {},
-                f"cap the tokens per sample ({SEQ_KEY[k.framework]}; not set in the paste): "
+                f"cap the tokens per sample ({SEQ_KEY[k.framework]}; {given}): "
                 "one over-long sample sets the peak",
             )
         )

@@ -118,6 +118,10 @@ class Knobs:
     lora: bool | None = None  # None: the paste does not say
     attn: str | None = None  # the attention implementation as set ("key=value"), if set
     mentioned: list[str] = field(default_factory=list)  # "key = value" as found, in order
+    # the per-device batch and the sequence length in the reporter's words ("batch=1,
+    # seq_len=1024"): said, never a key to patch
+    said_batch: int | None = None
+    said_seq: int | None = None
 
     @property
     def any(self) -> bool:
@@ -314,6 +318,16 @@ def read_knobs(ctx: Context) -> Knobs:
         if _ATTN_KEY_RE.search(_leaf(key)) and value not in (None, ""):
             k.attn = f"{key}={value}"
             break
+    said = fact(ctx, "settings_prose", "log")
+    said = said if isinstance(said, dict) else {}
+    if k.attn is None and said.get("attention") == "flash":
+        k.attn = "flash attention (the paste's words)"
+    if k.ckpt is None and k.ckpt_key is None and said.get("gradient_checkpointing") is True:
+        k.ckpt = True  # "I enable gradient_checkpointing": on, in the reporter's words
+    if k.batch is None and isinstance(said.get("micro_batch"), int):
+        k.said_batch = said["micro_batch"]
+    if not k.seq and isinstance(said.get("seq_len"), int):
+        k.said_seq = said["seq_len"]
     ft = str(cfg.get("finetuning_type", "")).lower()
     if ft:
         k.lora = ft in ("lora", "qlora", "oft", "freeze") if ft != "full" else False

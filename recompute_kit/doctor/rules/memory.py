@@ -521,6 +521,20 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     prose = fact(ctx, "eval_memory_prose")
     if not prose or fact(ctx, "no_grad_code") or "backward" in where:
         return None
+    managed = fact(ctx, "managed_eval_loop")
+    if managed:
+        # Lightning / the Trainer run evaluation under no_grad themselves: not showing it
+        # says nothing; what grows there is what the loop keeps across batches
+        return Match(
+            0.35,
+            f"The paste places the memory problem in evaluation ('{prose[0]}'), in a loop the "
+            f"trainer runs itself under no_grad ('{managed[0]}'): what the evaluation keeps "
+            "across batches (predictions, logits, generated sequences) is the likelier cause.",
+            fix="Keep less per evaluation batch: Hugging Face Trainer eval_accumulation_steps "
+            "or prediction_loss_only, shorter generation (max new tokens, beams), a smaller "
+            "evaluation batch; Lightning: return only detached scalars from validation_step",
+            config_patch={},  # no_grad is already there: wrapping the loop again does nothing
+        )
     return Match(
         0.65,
         f"The paste places the memory problem in evaluation ('{prose[0]}') and shows no "
