@@ -523,6 +523,7 @@ def _render_torchtitan_registry(rc: RecomputeConfig, num_layers: int | None) -> 
         "# torchtitan.distributed.activation_checkpoint.",
         *notes,
         f"config.activation_checkpoint = {_REGISTRY_POLICY[mode]}",
+        f"# or on the command line (it wins over the function): activation-checkpoint:{mode}",
     ]
 
 

@@ -233,7 +233,7 @@ def layout_lines(
 ) -> list[str]:
     """`changes` (changed_settings) as lines of format `fmt`; `world`: the GPUs the layout
     takes (world_size); `spelling`: a Trainer run's own keys. Empty when nothing changed."""
-    if not changes:
+    if not [key for key in changes if key != SEQUENCE_TOKENS]:
         return []
     if spelling is not None and fmt in _TRAINER_FORMATS:
         return [_HEADER, *_trainer(fmt, spelling.keys)(changes, world)]
@@ -462,35 +462,49 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
 
 
 # the TOML's [training] keys in the registry's TrainingConfig: the batch is counted in tokens
-_REGISTRY_TRAINING = {
-    "seq_len": "config.training.max_context_length = {}",
-    "local_batch_size": "config.training.num_tokens_per_microbatch_per_dp_rank = "
-    "{} * config.training.max_context_length",
-    "pipeline_parallel_microbatch_size": "config.training.num_tokens_per_microbatch_per_dp_rank"
-    " = {} * config.training.max_context_length",
-    "global_batch_size": "config.training.num_tokens_per_train_step = "
-    "{} * config.training.max_context_length",
+# the TOML's [training] keys (in sequences) as the registry's TrainingConfig keys (in tokens)
+_REGISTRY_TOKENS = {
+    "local_batch_size": "num_tokens_per_microbatch_per_dp_rank",
+    "pipeline_parallel_microbatch_size": "num_tokens_per_microbatch_per_dp_rank",
+    "global_batch_size": "num_tokens_per_train_step",
 }
+# the sequence length the batches are counted in (the plan's), given by the caller
+SEQUENCE_TOKENS = "_sequence_tokens"
 
 
 def _torchtitan_registry(changes: dict[str, Any], world: int) -> list[str]:
     """The TOML writer's settings as `config.<section>.<key> = value` lines of a registry
-    function (torchtitan main)."""
+    function (torchtitan main), the batches in tokens (sequences x the plan's sequence length,
+    `SEQUENCE_TOKENS` in `changes`), each also as the command-line override that wins over
+    the function."""
     out, section = [], ""
     changes = dict(changes)
     pp_micro = changes.pop("num_pp_microbatches", None)
+    seq = changes.pop(SEQUENCE_TOKENS, None) or changes.get("seq_length")
+    flags = []
     for line in _torchtitan(changes, world):
         if line.startswith("["):
             section = line.strip("[]")
-        elif line.startswith("#"):
+            continue
+        if line.startswith("#"):
             out.append(line)
-        else:
-            key, _, value = (x.strip() for x in line.partition("="))
-            value = {"true": "True", "false": "False"}.get(value, value)
-            form = _REGISTRY_TRAINING.get(key, f"config.{section}.{key} = {{}}")
-            out.append(form.format(value))
+            continue
+        key, _, value = (x.strip() for x in line.partition("="))
+        value = {"true": "True", "false": "False"}.get(value, value)
+        if key == "seq_len":
+            key = "max_context_length"
+        elif key in _REGISTRY_TOKENS:
+            if seq is None:
+                out.append(f"# {key} {value} sequences: the sequence length is not known here")
+                continue
+            key, value = _REGISTRY_TOKENS[key], str(int(value) * int(seq))
+        out.append(f"config.{section}.{key} = {value}")
+        flags.append(f"--{section}.{key} {value}")
     if pp_micro is not None:
         out.append(f"config.parallelism.num_pp_microbatches = {pp_micro}")
+        flags.append(f"--parallelism.num_pp_microbatches {pp_micro}")
+    if flags:  # a flag on the command line wins over the function: the same, as flags
+        out.append(f"# or on the command line (it wins over the function): {' '.join(flags)}")
     return out
 
 

@@ -560,9 +560,17 @@ def specs_for(cfg: Config, args: argparse.Namespace) -> list[str]:
 def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
     selective = [s for s in specs if parse_spec(s).recompute_granularity == "selective"]
     if cfg.model.loss_implementation == "torchtitan" and len(selective) > 1:
+        moe = cfg.model.num_moe_experts
         print(
             f"recompute-kit: note: {', '.join(selective)}: torchtitan has one selective mode "
-            '(per-op, selective_ac_option "op"), so every one of them is counted as that mode',
+            "(per-op: SelectiveAC, a TOML's selective_ac_option \"op\"); its dense blocks are "
+            "counted as that mode whatever the modules"
+            + (
+                ", its MoE blocks by the modules given (torchtitan's own is read as "
+                "layernorm, moe_act): only that setting is torchtitan's"
+                if moe
+                else ""
+            ),
             file=sys.stderr,
         )
         return

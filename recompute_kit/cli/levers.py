@@ -192,6 +192,10 @@ def _rendered(
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         changes["global_batch_size"] = global_batch
     per_step = row.model.micro_batch_size * row.parallel.data_parallel_size
+    if fmt == "torchtitan-registry":  # its batches are in tokens: sequences x this length
+        from ..export_layout import SEQUENCE_TOKENS
+
+        changes[SEQUENCE_TOKENS] = row.model.seq_length
     if fmt == "torchtitan-registry" and row.parallel.pipeline_model_parallel_size > 1:
         # main's pipeline runs parallelism.num_pp_microbatches (default 1) per accumulation
         # step: the step-time model's micro-batches all in one pipeline

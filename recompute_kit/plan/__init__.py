@@ -203,6 +203,11 @@ def plan(
         )
     best = fitting[0]
     changes = changes or {}
+    layout = dict(changes)
+    if fmt == "torchtitan-registry":  # its batches are in tokens: sequences x this length
+        from ..export_layout import SEQUENCE_TOKENS
+
+        layout[SEQUENCE_TOKENS] = config.model.seq_length
     layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     chosen = Config(config.model, config.parallel, best.recompute)
     stages = stage_table(chosen, usable)
@@ -218,7 +223,7 @@ def plan(
             best.recompute,
             fmt,
             num_layers=layers,
-            layout=changes,
+            layout=layout,
             world_size=world_size(config),
             spelling=spelling,
         ),

@@ -236,7 +236,13 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
         for n, line in lines
         if line and not line.startswith("#") and not re.match(r"(?:set|cd|export)\b", line)
     ]
-    if len(commands) != 1 or not (m := _SCRIPT_CALL.match(commands[0][1])):
+    if len(commands) != 1:
+        return None
+    command = commands[0][1]
+    while (env := re.match(r"([A-Za-z_][A-Za-z0-9_]*=\S*)\s+", command)) is not None:
+        exports.append(env.group(1))  # `CONFIG=x NGPU=8 ./run_train.sh ...`: set for the script
+        command = command[env.end() :]
+    if not (m := _SCRIPT_CALL.match(command)):
         return None
     for base in (Path(item).parent, Path.cwd()):
         target = base / m.group(1)
@@ -254,7 +260,9 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
     `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's). A script given
     with its positional arguments (`script_call`) is read with them."""
     called = script_call(item)
-    if called is None and _is_file(file_of(item)) and item.endswith(".sh"):
+    # a file whose one command runs a script (`run.sh ...`, `CONFIG=x ./run_train.sh ...`)
+    script_like = item.endswith((".sh", ".txt")) or not Path(item).suffix
+    if called is None and _is_file(file_of(item)) and script_like:
         try:
             called = script_call(item, Path(item).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):

@@ -591,6 +591,15 @@ def _read_beyond_the_toml(
 
 
 _OVERRIDE = re.compile(r"^--?([A-Za-z_][\w.]*)(?:=(.*))?$")
+# the policy chosen on the command line (activation_checkpoint.py ActivationCheckpointingConfig:
+# subcommands selective, full, memory-budget, none)
+_AC_SUBCOMMAND = re.compile(r"^activation[-_]checkpoint:(selective|full|memory-budget|none)$", re.I)
+_AC_FIELD = "activation_checkpoint"
+_AC_POLICY = {
+    "selective": "SelectiveAC.Config",
+    "full": "FullAC.Config",
+    "memory-budget": "MemoryBudgetAC.Config",
+}
 
 
 def split_overrides(words: list[str]) -> list[str]:
@@ -600,6 +609,10 @@ def split_overrides(words: list[str]) -> list[str]:
     k = 0
     while k < len(words):
         word = words[k]
+        if sub := _AC_SUBCOMMAND.match(word):  # tyro's subcommand: `activation-checkpoint:full`
+            out.append(f"{_AC_FIELD}={sub.group(1).lower()}")
+            k += 1
+            continue
         m = _OVERRIDE.match(word)
         if m and "." in m.group(1):
             if m.group(2) is not None:
@@ -630,6 +643,11 @@ def _literal(text: str) -> Any:
 def _apply_overrides(cfg: _Config, overrides: list[str], path: str) -> None:
     for item in split_overrides(overrides):
         key, _, text = item.partition("=")
+        if key == _AC_FIELD and (text in _AC_POLICY or text == "none"):
+            policy = _Config(_AC_POLICY[text], COMMAND_LINE) if text in _AC_POLICY else None
+            cfg.fields[_AC_FIELD] = policy
+            cfg.lines[_AC_FIELD] = COMMAND_LINE
+            continue
         *owners, last = key.split(".")
         node: Any = cfg
         for part in owners:

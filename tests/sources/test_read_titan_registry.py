@@ -118,12 +118,16 @@ def test_plan_settings_are_written_for_the_registry():
     c = _read(f"{LLAMA3}::llama3_70b", dp=4).reading
     fmt = format_for(c.framework, c.format)
     assert fmt == "torchtitan-registry"
-    out = render(parse_spec("full:uniform:1"), fmt, layout={"micro_batch_size": 2})
+    from recompute_kit.export_layout import SEQUENCE_TOKENS
+
+    layout = {"micro_batch_size": 2, SEQUENCE_TOKENS: 8192}
+    out = render(parse_spec("full:uniform:1"), fmt, layout=layout)
     assert "config.activation_checkpoint = FullAC.Config()" in out
-    assert (
-        "config.training.num_tokens_per_microbatch_per_dp_rank = 2 * "
-        "config.training.max_context_length" in out
-    )
+    # in tokens, as numbers: the function's own max_context_length may not be the run's (a
+    # trial: `2 * config.training.max_context_length` read 4096 inside the function)
+    assert "config.training.num_tokens_per_microbatch_per_dp_rank = 16384" in out
+    assert "--training.num_tokens_per_microbatch_per_dp_rank 16384" in out
+    assert "activation-checkpoint:full" in out
     assert "config.activation_checkpoint = None" in render(parse_spec("none"), fmt)
 
 
@@ -233,3 +237,15 @@ def test_plan_offers_only_the_policies_the_registry_has():
     assert got == {"none", "selective:layernorm,moe_act", "full:uniform:1"}
     toml = {rc.spec for rc, _ in candidates(cfg, fmt="torchtitan")}
     assert any(spec.startswith("full:block:") for spec in toml)
+
+
+def test_the_policy_chosen_on_the_command_line(monkeypatch):
+    # tyro's subcommand `activation-checkpoint:full` (activation_checkpoint.py's
+    # ActivationCheckpointingConfig) was dropped by the reader (a skill trial)
+    monkeypatch.chdir(CHECKOUT)
+    base = "torchrun --nproc_per_node 8 -m torchtitan.train --module llama3 --config llama3_8b"
+    assert _read(base).reading.get("recompute_granularity") == "selective"
+    assert _read(f"{base} activation-checkpoint:full").reading.get("recompute_granularity") == (
+        "full"
+    )
+    assert _read(f"{base} activation-checkpoint:none").reading.get("recompute_granularity") is None
