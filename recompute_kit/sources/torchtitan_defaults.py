@@ -20,6 +20,29 @@ REGISTRY_CONFIG = "torchtitan/config/configs.py @ main b5bcd76"
 REGISTRY_FORMAT = "torchtitan config registry"
 OPTIMIZER = f"{TT_BLOB}/torchtitan/components/optimizer.py"
 PARALLELIZE = f"{TT_BLOB}/torchtitan/models/llama3/infra/parallelize.py"
+# the same sources on main (b5bcd76), for a config registry's reading
+MAIN_BLOB = "https://github.com/pytorch/torchtitan/blob/b5bcd76c6"
+_SOURCES = {
+    "optimizer": (OPTIMIZER, f"{MAIN_BLOB}/torchtitan/components/optimizer/optimizer.py"),
+    "parallelize": (PARALLELIZE, f"{MAIN_BLOB}/torchtitan/models/llama3/parallelize.py"),
+    "dispatcher": (
+        "torchtitan/distributed/expert_parallel.py (torchtitan 0.2.2)",
+        f"{MAIN_BLOB}/torchtitan/models/common/token_dispatcher.py",
+    ),
+    "model": (
+        f"{TT_BLOB}/torchtitan/models/llama3/model/model.py",
+        f"{MAIN_BLOB}/torchtitan/models/common/embedding.py",
+    ),
+    "moe": (
+        f"{TT_BLOB}/torchtitan/models/moe/moe.py",
+        f"{MAIN_BLOB}/torchtitan/models/common/moe.py",
+    ),
+}
+
+
+def _source(what: str, registry: bool) -> str:
+    """Where torchtitan decides `what`: the TOML releases' file, or main's for a registry."""
+    return _SOURCES[what][1 if registry else 0]
 # [training] dtype = "bfloat16": no fp32 anywhere (torchtitan.py's origin note says so)
 PURE_BF16 = "pure bf16: params, grads and optimizer states in bf16, no fp32 master copy"
 # What resolve labels a field no torchtitan key or code decides (Megatron-Core's default).
@@ -78,7 +101,7 @@ def apply_defaults(reading: Reading) -> None:
         d(
             "moe_token_dispatcher_type",
             "alltoall",
-            "torchtitan/distributed/expert_parallel.py (torchtitan 0.2.2)",
+            _source("dispatcher", registry),
             "ExpertParallel: all_to_all_single of the routed tokens",
         )
     d(
@@ -167,13 +190,13 @@ def apply_defaults(reading: Reading) -> None:
     elif granularity == "selective":
         d("recompute_method", None, where, "selective")
         d("recompute_num_layers", None, where, "selective")
-    _states_and_gradients(reading)
+    _states_and_gradients(reading, registry)
     _no_per_op_modules(reading)
     d(
         "make_vocab_size_divisible_by",
         1,
         "torchtitan's model (nn.Embedding(vocab_size, dim) and the output Linear, "
-        f"{TT_BLOB}/torchtitan/models/llama3/model/model.py)",
+        f"{_source('model', registry)})",
         "the flavor's vocab_size rows, unpadded",
     )
     if reading.get("num_moe_experts"):
@@ -181,17 +204,19 @@ def apply_defaults(reading: Reading) -> None:
             "moe_grouped_gemm",
             True,
             "torchtitan's default (MoEArgs.use_grouped_mm, "
-            f"{TT_BLOB}/torchtitan/models/moe/moe.py)",
+            f"{_source('moe', registry)})",
         )
 
 
-def _states_and_gradients(reading: Reading) -> None:
+def _states_and_gradients(reading: Reading, registry: bool = False) -> None:
     """What torchtitan decides about gradients and optimizer states: the FSDP2 reduction dtype
     ([training] mixed_precision_reduce, "float32" its only and default value), FSDP2 only when
     dp_shard x cp > 1, and torch.optim's states in the parameters' dtype (fp32 unless
     [training] dtype = bfloat16, where they are bf16 and the kit's fp32 is no torchtitan
     default: left to resolve's label, beside torchtitan.py's warning)."""
-    reduce_where = f"torchtitan's default ([training] mixed_precision_reduce, {JOB_CONFIG})"
+    config = REGISTRY_CONFIG if registry else JOB_CONFIG
+    key = "training.mixed_precision_reduce" if registry else "[training] mixed_precision_reduce"
+    reduce_where = f"torchtitan's default ({key}, {config})"
     reading.default(
         "grad_reduce_in_fp32",
         True,
@@ -202,13 +227,15 @@ def _states_and_gradients(reading: Reading) -> None:
     reading.default(
         "use_torch_fsdp2",
         False,
-        f"torchtitan's parallelize ({PARALLELIZE})",
+        f"torchtitan's parallelize ({_source('parallelize', registry)})",
         "fully_shard only when data_parallel_shard_degree x context_parallel_degree > 1",
     )
     bf16 = reading.origins.get("bf16")
     if bf16 is not None and bf16.note == PURE_BF16:
         return
-    where = f"torchtitan's optimizer ([optimizer] name, AdamW by default: torch.optim, {OPTIMIZER})"
+    optimizer = _source("optimizer", registry)
+    key = "optimizer=" if registry else "[optimizer] name"
+    where = f"torchtitan's optimizer ({key}, AdamW by default: torch.optim, {optimizer})"
     reading.default("use_precision_aware_optimizer", False, where, "plain torch.optim")
     for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
         reading.default(

@@ -588,6 +588,23 @@ def _read_beyond_the_toml(
             mtp,
             Origin(FROM_FILE, f"{path}:{spec.line}", "model_registry(num_mtp_layers)"),
         )
+    elif "mtp_num_layers" in reading:  # deepseek_v3's model_registry(num_mtp_layers=0)
+        reading.set(
+            "mtp_num_layers",
+            reading.get("mtp_num_layers"),
+            Origin(
+                FROM_DEFAULT,
+                f"{MAIN_BLOB}/torchtitan/models/{name}/__init__.py",
+                "model_registry(num_mtp_layers)",
+                "0 by default: no MTP module",
+            ),
+        )
+    if "moe_grouped_gemm" in reading:  # main's MoE runs its experts as grouped GEMMs
+        reading.set(
+            "moe_grouped_gemm",
+            reading.get("moe_grouped_gemm"),
+            Origin(FROM_DEFAULT, f"{MAIN_BLOB}/torchtitan/models/common/moe.py", "_grouped_mm"),
+        )
 
 
 _OVERRIDE = re.compile(r"^--?([A-Za-z_][\w.]*)(?:=(.*))?$")
