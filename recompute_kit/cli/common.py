@@ -567,7 +567,7 @@ def note_inapplicable(cfg: Config, specs: Sequence[str]) -> None:
             "counted as that mode whatever the modules"
             + (
                 ", its MoE blocks by the modules given (torchtitan's own is read as "
-                "layernorm, moe_act): only that setting is torchtitan's"
+                "layernorm, moe): only that setting is torchtitan's"
                 if moe
                 else ""
             ),

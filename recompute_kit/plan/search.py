@@ -33,6 +33,7 @@ from ..config import (
     parse_spec,
 )
 from ..config.versions import chunk_layer_counts, known_broken
+from ..sources.torchtitan_defaults import op_sac_modules
 
 # The start of an `excluded` reason that is Megatron-Core's refusal (its message follows).
 REFUSED = "Megatron-Core refuses it: "
@@ -79,7 +80,7 @@ def _torchtitan_settings(config: Config, fmt: str) -> list[RecomputeConfig]:
     counts = sorted({stage_layers // k for k in range(2, stage_layers + 1)} - {0})
     if fmt == "torchtitan-registry":
         counts = []
-    modules = ["layernorm", "moe_act"] if config.model.num_moe_experts else ["layernorm"]
+    modules = op_sac_modules(bool(config.model.num_moe_experts))
     return [
         RecomputeConfig(),
         RecomputeConfig("selective", recompute_modules=modules),

@@ -31,6 +31,7 @@ from .torchtitan_defaults import (
     apply_defaults,
     flavor_source,
     layer_ac,
+    op_sac_modules,
 )
 
 __all__ = ["UNSET_DEFAULT", "apply_defaults", "key_for", "read", "sniff"]
@@ -666,7 +667,7 @@ def _read_activation_checkpoint(
     elif mode == "selective":
         where = "selective_ac_option" if has_option else "mode"
         if option == "op":
-            modules = ["layernorm", "moe_act"] if moe else ["layernorm"]
+            modules = op_sac_modules(moe)
             reading.set(
                 "recompute_granularity",
                 "selective",
@@ -675,7 +676,11 @@ def _read_activation_checkpoint(
             reading.set(
                 "recompute_modules",
                 modules,
-                toml.origin(sec, where, "ops outside the save list: norms, activations"),
+                toml.origin(
+                    sec,
+                    where,
+                    "ops outside the save list: norms; on MoE blocks the experts' grouped GEMMs",
+                ),
             )
             reading.warnings.append(
                 f"{toml.path}: torchtitan per-op selective AC saves matmul, attention and "
@@ -683,8 +688,9 @@ def _read_activation_checkpoint(
                 "ops: the estimate counts dense blocks as torchtitan keeps them "
                 "(memory/torchtitan.py)"
                 + (
-                    "; MoE blocks as Megatron's norms and MoE-activation recompute, which keeps "
-                    "more than the run"
+                    "; MoE blocks as Megatron's norms and whole-MoE-layer recompute (the "
+                    "experts' grouped GEMMs are outside the save list), without the dispatched "
+                    "tokens an all-to-all output may keep: approximate"
                     if moe
                     else ""
                 )

@@ -52,6 +52,18 @@ UNSET_DEFAULT = (
 )
 
 
+def op_sac_modules(moe: bool) -> list[str]:
+    """torchtitan's per-op selective AC in Megatron's modules. Dense blocks: the norms
+    (memory/torchtitan.py counts the rest as torchtitan keeps it). MoE blocks: the whole MoE
+    layer recomputed, as Megatron's `moe`: the experts' grouped GEMMs (torch._grouped_mm) are
+    in neither torchtitan's save list (distributed/activation_checkpoint.py) nor functorch's
+    compute-intensive ops, so they and the activation between them run again. (Read as
+    norms + moe_act until a trial: torchtitan's deepseek_v3_16b.toml at local_batch_size 4,
+    which its maintainers ship as safe on 80 GB H100s (pytorch/torchtitan#1792), was
+    estimated at 105 GiB; as `moe`, 71.)"""
+    return ["layernorm", "moe"] if moe else ["layernorm"]
+
+
 def flavor_source(name: str) -> str:
     return f"{TT_BLOB}/torchtitan/models/{name}/__init__.py"
 
@@ -167,9 +179,9 @@ def apply_defaults(reading: Reading) -> None:
         moe = bool(reading.get("num_moe_experts"))
         d(
             "recompute_modules",
-            ["layernorm", "moe_act"] if moe else ["layernorm"],
+            op_sac_modules(moe),
             where,
-            "ops outside the save list: norms, activations",
+            "ops outside the save list: norms; on MoE blocks the experts' grouped GEMMs too",
         )
     if "recompute_granularity" not in reading and explicit_mode is None:
         # [activation_checkpoint] mode "selective", selective_ac_option "2"

@@ -229,12 +229,12 @@ def test_doctor_never_repatches_the_one_selective_policy(tmp_path):
 def test_plan_offers_only_the_policies_the_registry_has():
     # a skill trial: the plan picked full:block:4 for a registry run, which torchtitan main
     # cannot express (SelectiveAC, FullAC, MemoryBudgetAC or None); MoE per-op SAC is counted
-    # as the reader reads it (norms and the MoE activation)
+    # as the reader reads it (norms and the whole MoE layer)
     from recompute_kit.plan.search import candidates
 
     cfg = _read(f"{MODELS / 'qwen3' / 'config_registry.py'}::qwen3_30b_a3b", dp=8).config
     got = {rc.spec for rc, _ in candidates(cfg, fmt="torchtitan-registry")}
-    assert got == {"none", "selective:layernorm,moe_act", "full:uniform:1"}
+    assert got == {"none", "selective:layernorm,moe", "full:uniform:1"}
     toml = {rc.spec for rc, _ in candidates(cfg, fmt="torchtitan")}
     assert any(spec.startswith("full:block:") for spec in toml)
 

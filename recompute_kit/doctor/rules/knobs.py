@@ -246,10 +246,14 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
     if read.get("framework") and values:  # (not a disabled backend's section of the file)
         k.offload = bool(values.get("param_offload") or values.get("optimizer_offload"))
         k.dist_opt = values.get("use_distributed_optimizer") is True and k.framework == "megatron"
-    if k.framework == "megatron":
-        if not k.seq and isinstance(n := _int(values.get("seq_length")), int):
+    if k.framework == "megatron":  # (what the reader only assumed is no setting of the paste)
+        if not k.seq and known("seq_length") and isinstance(n := _int(values["seq_length"]), int):
             k.seq.append(("seq_length", n))
-        if k.batch is None and isinstance(n := _int(values.get("micro_batch_size")), int):
+        if (
+            k.batch is None
+            and known("micro_batch_size")
+            and isinstance(n := _int(values["micro_batch_size"]), int)
+        ):
             k.batch = ("micro_batch_size", n)
     if not k.dtype and known("bf16") and values["bf16"] is True:
         k.dtype = "bf16"

@@ -17,6 +17,8 @@ _LAYOUT_KEYS = (
     "context_parallel_size",
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
+    "expert_model_parallel_size",  # the EP lever's rows (a trial: its words said ep=2, the
+    # patch did not)
     "use_distributed_optimizer",
 )  # (data parallelism follows from the world size in every framework: no key to set)
 

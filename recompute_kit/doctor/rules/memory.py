@@ -128,12 +128,12 @@ def _activations(ctx: Context) -> Match | None:
         and m.num_moe_experts
         and ctx.config.recompute.recompute_granularity == "selective"
     ):
-        # torchtitan's per-op policy on MoE blocks is counted as Megatron's norm and
-        # MoE-activation recompute, which keeps more: the split is approximate there
+        # torchtitan's per-op policy on MoE blocks is counted as Megatron's whole-MoE-layer
+        # recompute (sources/torchtitan_defaults.op_sac_modules): approximate there
         conf -= 0.15
         said += (
-            " (torchtitan's per-op selective AC on MoE blocks is counted approximately, "
-            "above what it keeps: measure the peak before relying on the margin.)"
+            " (torchtitan's per-op selective AC on MoE blocks is counted approximately: "
+            "measure the peak before relying on the margin.)"
         )
     step = f"'{spec}' - {why}"
     cheaper = _cheaper_micro_batch(ctx)
