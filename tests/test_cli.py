@@ -905,3 +905,14 @@ def test_doctor_takes_a_script_with_its_arguments_as_read_does(capsys, tmp_path)
     # $3 gave the GPT-2 vocabulary file: the tokenizer's size, not the 32000 fallback
     assert read["config"]["vocab_size"] == 50257
     assert "--vocab-file /data/gpt2-vocab.json" in read["sources"]["vocab_size"]["where"]
+
+
+def test_estimate_text_says_what_its_figures_leave_out(capsys):
+    # a skill trial: the flex dispatcher's unmodelled buffers were said only in the JSON's
+    # overhead_assumptions; the table's reader did not see them (Bridge's DeepSeek-V3 GB200
+    # recipe, moe_token_dispatcher_type flex)
+    bridge = Path(__file__).parent / "sources/corpus/bridge"
+    config = bridge / "blind2_deepseek_v3_pretrain_gb200_nvfp4_v1.yaml"
+    assert main(["estimate", "--config", str(config), "--dp", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "not in these figures: flex dispatcher" in out

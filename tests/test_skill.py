@@ -599,3 +599,15 @@ def test_diagnose_leads_with_the_verdict_and_passes_the_layout(tmp_path):
     read = dp16["doctor"]["evidence"]["read"]["config"]
     assert (read["data_parallel_size"], read["world_size"]) == (16, 64)
     assert alone["doctor"]["evidence"]["read"]["config"]["world_size"] == 32  # assumed: the least
+
+
+def test_diagnose_says_which_inputs_it_could_not_read(tmp_path):
+    # a skill trial: a --model the kit cannot have was said only deep in evidence.notes
+    env = {**os.environ, "RECOMPUTE_KIT_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
+    script = REPO / "tests/sources/corpus/megatron_lm/blind_mixtral_8x7b_distributed.sh"
+    argv = [sys.executable, str(REPO / "skill/scripts/diagnose.py"), "--log", str(REPO / FRAG_LOG)]
+    unknown = [*argv, "--config", str(script), "--model", "not-a-model"]
+    doc = json.loads(run(unknown, env=env, cwd=tmp_path).stdout)
+    assert any("--model not-a-model not applied" in n for n in doc["input_problems"])
+    clean = json.loads(run([*argv, "--config", str(script)], env=env, cwd=tmp_path).stdout)
+    assert clean["input_problems"] == []

@@ -74,4 +74,11 @@ def overheads_line(e: Estimate) -> str:
         + ") with the GPU's memory less its safety margin (--safety-margin, 10%), which takes "
         "the CUDA context, NCCL's buffers and the allocator's fragmentation: the same question, "
         "two accountings"
+        + "".join(f"\nnot in these figures: {a}" for a in unsized_overheads(e))
     )
+
+
+def unsized_overheads(e: Estimate) -> list[str]:
+    """What the run holds that no figure counts (the JSON's overhead_assumptions that say so):
+    said in the text too, where a reader of the table would miss it."""
+    return [a for a in e.overhead_assumptions if "not counted" in a or "not modelled" in a]

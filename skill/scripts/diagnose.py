@@ -9,7 +9,8 @@ snapshot pickle. Prints one JSON document on stdout:
   {"ok": true, "verdict": "diagnosed | needs_evidence | out_of_scope", "verdict_why": "...",
    "collect": [{id, what, decides}], "top": {...first finding...}, "findings": [{rule,
    category, title, confidence, evidence, cause, confirm, fix, config_patch, references}],
-   "summary": "...", "assumptions": [...], "evidence": {"oom": [...], "counts": {...},
+   "summary": "...", "assumptions": [...], "input_problems": [inputs not read, or only in
+   part: say so before trusting the findings], "evidence": {"oom": [...], "counts": {...},
    "sources": [...]}}
 
 Lead with the verdict: `diagnosed` (the evidence decides the top finding), `needs_evidence`
@@ -209,6 +210,9 @@ def condense(doc: dict) -> dict:
         "findings": findings,
         "summary": doc.get("summary"),
         "assumptions": doc.get("assumptions", []),
+        # inputs that were not read, or only partly (a config file no reader knows, a --model
+        # the kit cannot have): the findings rest on less than was given
+        "input_problems": [n for n in ev.get("notes") or [] if n.startswith("config")][:5],
         "evidence": evidence,
     }
 
