@@ -413,23 +413,26 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
     return moe, n_layers
 
 
+# the [parallelism] keys read (torchtitan/config/job_config.py)
+PARALLELISM_KEYS = (
+    "tensor_parallel_degree",
+    "pipeline_parallel_degree",
+    "context_parallel_degree",
+    "expert_parallel_degree",
+    "expert_tensor_parallel_degree",
+    "data_parallel_shard_degree",
+    "data_parallel_replicate_degree",
+    "pipeline_parallel_schedule",
+    "pipeline_parallel_microbatch_size",
+)
+
+
 def _parallelism_sections(toml: _Toml, reading: Reading) -> dict[str, str]:
     """Per parallel-degree key, the section that holds it: [parallelism]; in a TOML of
     torchtitan before that section existed (2024), [training] (the data-parallel and tensor
     degrees) or [experimental] (pipeline and context), said so."""
-    keys = (
-        "tensor_parallel_degree",
-        "pipeline_parallel_degree",
-        "context_parallel_degree",
-        "expert_parallel_degree",
-        "expert_tensor_parallel_degree",
-        "data_parallel_shard_degree",
-        "data_parallel_replicate_degree",
-        "pipeline_parallel_schedule",
-        "pipeline_parallel_microbatch_size",
-    )
     where = {}
-    for key in keys:
+    for key in PARALLELISM_KEYS:
         old = next((sec for sec in ("training", "experimental") if toml.has(sec, key)), None)
         where[key] = "parallelism" if toml.has("parallelism", key) or old is None else old
     old = sorted({f"[{sec}] {k}" for k, sec in where.items() if sec != "parallelism"})

@@ -62,16 +62,10 @@ TOKENS_PER_MICROBATCH = 16384  # TrainingConfig.num_tokens_per_microbatch_per_dp
 MAX_CONTEXT_LENGTH = 2048  # TrainingConfig.max_context_length
 LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
 
-# TOML [parallelism] keys the registry's ParallelismConfig shares (same names, same meaning)
-_PARALLELISM = (
-    "tensor_parallel_degree",
-    "pipeline_parallel_degree",
-    "context_parallel_degree",
-    "expert_parallel_degree",
-    "expert_tensor_parallel_degree",
-    "data_parallel_shard_degree",
-    "data_parallel_replicate_degree",
-    "pipeline_parallel_schedule",
+# TOML [parallelism] keys the registry's ParallelismConfig shares (same names, same meaning;
+# main counts a pipeline micro-batch in tokens, training.num_tokens_per_microbatch_per_dp_rank)
+_PARALLELISM = tuple(
+    k for k in torchtitan.PARALLELISM_KEYS if k != "pipeline_parallel_microbatch_size"
 )
 # the activation-checkpointing classes: (TOML mode, selective_ac_option)
 _AC_MODES = {"SelectiveAC": ("selective", "op"), "FullAC": ("full", None)}
