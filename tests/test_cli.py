@@ -916,3 +916,15 @@ def test_estimate_text_says_what_its_figures_leave_out(capsys):
     assert main(["estimate", "--config", str(config), "--dp", "64"]) == 0
     out = capsys.readouterr().out
     assert "not in these figures: flex dispatcher" in out
+
+
+def test_validate_takes_a_model_alone(capsys):
+    # a skill trial: `validate --model llama3-8b --recompute full:uniform:3 --strict` failed on
+    # argparse's "CONFIG required" (no JSON); the rule it wanted (uniform N not dividing a
+    # chunk before Megatron-Core 0.17) is checked on the model alone
+    argv = ["validate", "--model", "llama3-8b", "--recompute", "full:uniform:3", "--strict"]
+    assert main([*argv, "--megatron-core-version", "0.16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert any("IndexError before 0.17" in w for w in doc["warnings"])
+    assert main(["validate", "--json"]) == 1
+    assert "give the config files you train with, or --model" in capsys.readouterr().out

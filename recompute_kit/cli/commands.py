@@ -120,6 +120,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..sources.summary import summary_lines
 
     try:
+        if not args.config_file and not args.model:
+            raise ConfigError("give the config files you train with, or --model NAME")
         resolved = resolve(args.config_file, model=args.model, overrides=override_values(args))
     except ConfigError as exc:
         if args.json:  # a document even when the layout is refused: scripts read stdout

@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "config_file",
         metavar="CONFIG",
-        nargs="+",
-        help="the config files you train with (any format `read` takes)",
+        nargs="*",
+        help="the config files you train with (any format `read` takes); none with --model: "
+        "the model at Megatron-Core's defaults and the options given",
     )
     p.add_argument("--model", metavar="NAME", help="a model id giving the shape")
     p.add_argument(
