@@ -599,3 +599,32 @@ SOURCES.update(
         "(the report as far as the traceback's first frames)",
     }
 )
+
+# round "x": known problems collected from the frameworks' trackers (not corpus cases)
+SOURCES.update(
+    {
+        "kp-x-hf-27596-set-gc-enable": "https://github.com/FlagAI-Open/FlagAI/issues/556",
+        "kp-x-pt-159359-fsdp2-mp-recompute-dtype": "https://github.com/pytorch/pytorch/issues/159359",
+        "kp-x-trl-3683-caching-incompatible-gc": "https://github.com/huggingface/trl/issues/3683",
+        "kp-x-pt-122057-expandable-unsupported": "https://github.com/pytorch/pytorch/issues/122057",
+        "kp-x-unsloth-1446-driver-error": "https://github.com/unslothai/unsloth/issues/1446",
+        "kp-x-pt-142104-ca-reentrant": "https://github.com/pytorch/pytorch/issues/142104",
+        "kp-x-pt-142862-sac-backward-extra": "https://github.com/pytorch/pytorch/issues/142862",
+        "kp-x-pt-154306-cudagraph-ckpt": "https://github.com/pytorch/pytorch/issues/154306",
+        "kp-x-ds-5662-invalidate-trace": "https://github.com/deepspeedai/DeepSpeed/issues/5662",
+        "kp-x-unsloth-1613-requires-grad-hook": "https://github.com/unslothai/unsloth/issues/1613",
+        "kp-x-unsloth-zoo-712-output-grads": "https://github.com/unslothai/unsloth-zoo/pull/712",
+        "kp-x-titan-1631-flex-uncompiled": "https://github.com/pytorch/torchtitan/issues/1631",
+        "kp-x-titan-1408-flex-sac": "https://github.com/pytorch/torchtitan/pull/1408",
+        "kp-x-mlm-996-offload-context": "https://github.com/NVIDIA/Megatron-LM/pull/996",
+        "kp-x-mlm-2582-fp8-param-gather-offload": "https://github.com/NVIDIA/Megatron-LM/issues/2582",
+        "kp-x-mlm-5083-hybrid-opt-none": "https://github.com/NVIDIA/Megatron-LM/issues/5083",
+        "kp-x-mlm-2758-cudagraph-grad": "https://github.com/NVIDIA/Megatron-LM/issues/2758",
+        "kp-x-mlm-1708-te-offload-weights": "https://github.com/NVIDIA/Megatron-LM/issues/1708",
+        "kp-x-nemorl-2279-nvte-offload-v1": (
+            "https://github.com/NVIDIA-NeMo/RL/pull/2279 (the review comment quoting "
+            "Megatron-Bridge config.py's error)"
+        ),
+        "kp-x-apex-1314-fused-wgrad": "https://github.com/NVIDIA/apex/issues/1314",
+    }
+)

@@ -218,6 +218,10 @@ def test_calibrated_confidence_is_rounded_down():
         ("Activation checkpointing has no effect on memory", "recompute_no_effect"),
         ("recompute_granularity does not reduce memory at all", "recompute_no_effect"),
         ("training is 30% slower since upgrading to 0.9", ("slower", "after_update")),
+        ("After switching to full activation recomputation the TFLOPs dropped a lot", "slower"),
+        ("with gradient checkpointing on, the step time went up from 1.2 s to 1.7 s", "slower"),
+        # throughput up (or time down) with recompute off is not a slowdown said this way
+        ("max reserved is the same with --recompute-activations; MFU is higher", None),
         # https://github.com/NVIDIA-NeMo/Automodel/issues/1927 (a change landed, same config)
         ("After #1904 got merged,  main is running into OOM while running it", "after_update"),
         ("OOM since pulling the latest main", "after_update"),
@@ -381,3 +385,15 @@ def test_an_oom_in_an_rl_job_s_generation_worker_is_out_of_scope(tmp_path):
     doc = run(tmp_path, VLLM_WORKER_OOM).to_json()
     assert doc["verdict"] == "out_of_scope" and doc["scope"] == "inference"
     assert doc["evidence"]["oom"][0]["prefix"].startswith("Error in VllmInternalWorkerExtension")
+
+
+def test_a_slowdown_without_an_oom_is_not_asked_for_an_oom_message(tmp_path):
+    # one hypothesis (recompute's cost): the usual deciders join it, but where nothing ran out
+    # of memory an OOM message, a memory summary or nvidia-smi decide nothing
+    d = run(tmp_path, "Training became about 30% slower after I enabled gradient checkpointing.")
+    asked = [c["id"] for c in d.verdict.collect]
+    assert asked[0] == "timings" and "versions" in asked
+    assert not {"oom_message", "memory_summary", "nvidia_smi", "expandable"} & set(asked)
+    # the same words beside an OOM keep the OOM's deciders
+    d = run(tmp_path, "Out of memory with gradient checkpointing, and training is slower with it.")
+    assert "oom_message" in [c["id"] for c in d.verdict.collect]

@@ -44,6 +44,27 @@ SIGNATURE_TEXTS: dict[str, tuple[str, ...]] = {
     "RK820": ("kp-w-kohya-1687-ddpoptimizer-higher-order-op",),
     "RK823": ("kp-w-hf-trainer-fsdp-ac-and-gc",),
     "RK825": ("kp-w-examples-1210-offload-to-cpu",),
+    # round x: collected from the trackers, not from corpus cases
+    "RK830": ("kp-x-hf-27596-set-gc-enable",),
+    "RK831": ("kp-x-pt-159359-fsdp2-mp-recompute-dtype",),
+    "RK832": ("kp-x-trl-3683-caching-incompatible-gc",),
+    "RK833": ("kp-x-pt-122057-expandable-unsupported",),
+    "RK834": ("kp-x-unsloth-1446-driver-error",),
+    "RK835": ("kp-x-pt-142104-ca-reentrant",),
+    "RK836": ("kp-x-pt-142862-sac-backward-extra",),
+    "RK837": ("kp-x-pt-154306-cudagraph-ckpt",),
+    "RK839": ("kp-x-ds-5662-invalidate-trace",),
+    "RK840": ("kp-x-unsloth-1613-requires-grad-hook",),
+    "RK841": ("kp-x-unsloth-zoo-712-output-grads",),
+    "RK842": ("kp-x-titan-1631-flex-uncompiled",),
+    "RK843": ("kp-x-titan-1408-flex-sac",),
+    "RK844": ("kp-x-mlm-996-offload-context",),
+    "RK845": ("kp-x-mlm-2582-fp8-param-gather-offload",),
+    "RK846": ("kp-x-mlm-5083-hybrid-opt-none",),
+    "RK848": ("kp-x-mlm-2758-cudagraph-grad",),
+    "RK849": ("kp-x-mlm-1708-te-offload-weights",),
+    "RK850": ("kp-x-nemorl-2279-nvte-offload-v1",),
+    "RK851": ("kp-x-apex-1314-fused-wgrad",),
 }
 
 

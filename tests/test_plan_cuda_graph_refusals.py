@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from recompute_kit.cli.parser import main
-from recompute_kit.plan import plan
+from recompute_kit.plan import NothingFits, plan
 from recompute_kit.plan.levers import levers
 from recompute_kit.sources.resolve import resolve
 
@@ -102,3 +104,15 @@ def test_a_json_error_after_an_earlier_json_command_is_still_a_document(tmp_path
     assert main(["read", "--json", str(tmp_path / "missing.yaml")]) == 1
     out, err = capsys.readouterr()
     assert json.loads(out)["error"] in err
+
+
+def test_nothing_fits_says_that_full_recompute_is_refused(tmp_path):
+    # at 8k with micro-batch 2 nothing fits; the one setting that saves the most is refused by
+    # the CUDA graphs, and the error says so (it was silent: "the smallest candidate" only)
+    with pytest.raises(NothingFits) as info:
+        plan(_config(tmp_path, OVERRIDES_8K), 79.1)
+    assert info.value.full_refused == "Megatron-Core refuses it: " + FULL_REFUSED.rstrip(".")
+    assert "Full recompute is not a candidate here: Megatron-Core refuses it: full" in str(
+        info.value
+    )
+    assert info.value.smallest.recompute.recompute_granularity == "selective"

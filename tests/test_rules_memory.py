@@ -670,3 +670,24 @@ def test_rk086_a_trainer_run_evaluation_loop_already_has_no_grad():
     assert f.confidence < 0.5
     assert f.config_patch == {}
     assert "eval_accumulation_steps" in f.fix
+
+
+@covers("RK024")
+def test_rk024_where_cuda_graphs_refuse_full_recompute_the_smallest_candidate_is_read():
+    # TE CUDA graphs on attention: Megatron-Core refuses full recompute ("full recompute is
+    # only supported with full iteration CUDA graph"), so the smallest candidate is selective
+    # and its terms, not those of a full recompute the run cannot have, decide the finding
+    config = (
+        LLAMA2_70B_TP8.replace("seq_length: 131072", "seq_length: 262144")
+        .replace("recompute_granularity: full", "recompute_granularity: selective")
+        .replace("  recompute_method: uniform\n", "")
+        .replace("  recompute_num_layers: 1\n", "")
+        + "  cuda_graph_impl: transformer_engine\n  cuda_graph_scope: [attn]\n"
+        + "  attention_dropout: 0.0\n  hidden_dropout: 0.0\n"
+    )
+    d = run(text("oom-msswift-9191"), config=config, config_name="l70.yaml")
+    f = top(d)
+    assert f.rule == "RK024" and f.category == "activation_memory"
+    cites(f, "Full recompute is not a candidate here")
+    cites(f, "With the smallest candidate the largest term is the layers' activations")
+    assert "full iteration CUDA graph" in f.fix and "context parallelism" in f.fix

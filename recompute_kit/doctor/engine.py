@@ -177,7 +177,7 @@ def _config_for_estimate(flat: dict[str, Any]) -> tuple[Config | None, list[str]
 
 
 def _estimate(ctx: Context) -> None:
-    from ..plan import plan
+    from ..plan import NothingFits, plan
 
     ctx.oom_stage = _stage_of_the_oom(ctx)
     ctx.estimate = estimate(ctx.config, stage=ctx.oom_stage)
@@ -188,6 +188,9 @@ def _estimate(ctx: Context) -> None:
             ctx.best_keeping = _keeping_current(result, ctx.config)
         except ConfigError as exc:
             ctx.plan_error = str(exc)
+            if isinstance(exc, NothingFits):
+                ctx.plan_smallest = exc.smallest
+                ctx.full_refused = exc.full_refused
 
 
 def _covered(modules: list[str]) -> set[str]:

@@ -98,6 +98,12 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"went down|is lower|lower))\b[^.\n]{0,60}?\b(?:since|after|when|with|once|by)\b|"
             + _CKPT
             + r"[^.\n。]{0,40}?(?:\bslow|overhead)|"
+            # the change first, the drop after: "after enabling recompute the TFLOPs dropped"
+            + _CKPT
+            + r"[^.\n。]{0,60}?(?:\b(?:throughput|tflops|mfu|tokens?/s|samples?/s|it/s)\b"
+            r"[^.\n]{0,30}?\b(?:dropped|drops|decreased|fell|went\s+down|is\s+lower)\b|"
+            r"\b(?:(?:step|iteration)\s+time|time\s+per\s+(?:step|iteration))\b[^.\n]{0,30}?"
+            r"\b(?:went\s+up|rose|increased|doubled|is\s+higher)\b)|"
             r"(?:变慢|速度(?:慢|下降|降低)|慢了很多|慢了)",
             re.I,
         ),

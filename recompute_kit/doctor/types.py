@@ -35,6 +35,8 @@ class Context:
     # the planner's best among those recomputing at least what the run does (an OOM's fix)
     best_keeping: Any = None
     plan_error: str | None = None  # why nothing fits, when nothing does
+    plan_smallest: Any = None  # then the planner's smallest candidate (plan.Candidate)
+    full_refused: str | None = None  # then why full recompute was no candidate, if it was not
     assumptions: list[str] = field(default_factory=list)
     memo: dict[str, Any] = field(default_factory=dict)  # what several rules derive, made once
 

@@ -39,7 +39,7 @@ from typing import Any
 from ..runstats import RERUN
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from ..sources.semantics import CANNOT_RUN
-from .rules.registry import steps_without_oom
+from .rules.registry import fact, oom_errors, steps_without_oom
 from .types import Context, Finding
 
 DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
@@ -381,8 +381,27 @@ def collect_assumed(ctx: Context, assumed: list[dict[str, Any]], cats: list[str]
     return {"id": "assumed_inputs", "what": what, "decides": cats, "keys": assumed}
 
 
-# Without a hypothesis: the artefacts that decide most categories.
+# Without a hypothesis: the artefacts that decide most categories (where nothing ran out of
+# memory, those that decide a failure that is not one: an OOM's numbers decide nothing there).
 _DEFAULT_COMPETING = ["genuine_pressure", "fragmentation", "other_processes", "framework_bug"]
+_DEFAULT_COMPETING_NO_OOM = ["framework_bug"]
+# hypotheses that are not a failure to allocate: where they are all there is and nothing speaks
+# of memory, an OOM's numbers decide nothing (a framework's crash may be an OOM cut short)
+_NOT_MEMORY = {
+    "recompute_overhead",
+    "recompute_no_effect",
+    "informational",
+    "checkpoint_api_misuse",
+    "nondeterministic_recompute",
+    "invalid_config",
+}
+
+
+def _no_oom_in_sight(ctx: Context, competing: list[str]) -> bool:
+    """Every hypothesis is one of _NOT_MEMORY, and nothing in the input ran out of memory or
+    speaks of memory (with no hypothesis at all, nothing says what the failure is)."""
+    said = ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions") or fact(ctx, "memory_prose")
+    return bool(competing) and not said and set(competing) <= _NOT_MEMORY
 
 
 def judge(ctx: Context, findings: list[Finding]) -> Verdict:
@@ -427,7 +446,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     if len(competing) < 2 and not measured_only:
         # one guess is no choice between causes: ask for the usual deciders (not an OOM's, for
         # measured runs that printed none)
-        competing += [c for c in _DEFAULT_COMPETING if c not in competing]
+        no_oom = _no_oom_in_sight(ctx, competing)
+        defaults = _DEFAULT_COMPETING_NO_OOM if no_oom else _DEFAULT_COMPETING
+        competing += [c for c in defaults if c not in competing]
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())

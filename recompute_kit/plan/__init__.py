@@ -90,9 +90,10 @@ class NothingFits(ConfigError):
     """`plan` found no setting that fits; `smallest` is the candidate that needs the least
     memory (one Megatron-Core accepts: `plan --levers` shows a layout at it)."""
 
-    def __init__(self, message: str, smallest: Candidate):
+    def __init__(self, message: str, smallest: Candidate, full_refused: str | None):
         super().__init__(message)
         self.smallest = smallest
+        self.full_refused = full_refused  # why no full recompute setting was a candidate
 
 
 @dataclass
@@ -186,6 +187,7 @@ def plan(
         raise ConfigError(f"no recompute setting can run this layout: {refused}")
     if not fitting:
         smallest = min(found, key=lambda c: planned_bytes(c.estimate))
+        full_refused = _full_refused(found, excluded)
         need = planned_bytes(smallest.estimate)
         beside = need - smallest.estimate.total_bytes
         held = (
@@ -198,8 +200,10 @@ def plan(
             f"nothing fits in {gpu_memory_gb:g} GiB ({usable / GIB:.1f} GiB usable after a "
             f"{safety_margin:.0%} margin): the smallest candidate, {smallest.name}, needs "
             f"{need / GIB:.1f} GiB per rank{held}, {(need - usable) / GIB:.1f} GiB too much; "
-            + _what_else(config, states_alone_too_big=smallest.estimate.model_state_bytes > usable),
+            + _what_else(config, states_alone_too_big=smallest.estimate.model_state_bytes > usable)
+            + (f". Full recompute is not a candidate here: {full_refused}" if full_refused else ""),
             smallest,
+            full_refused,
         )
     best = fitting[0]
     changes = changes or {}
@@ -316,6 +320,15 @@ def _units(rc: RecomputeConfig) -> int:
 # Beyond recompute, in the framework's own terms (the levers `plan --levers` prices); each
 # only where the run has it left (a sharded run is not told to shard, a batch of one not to
 # shrink).
+def _full_refused(found: list[Candidate], excluded: list[tuple[str, str]]) -> str | None:
+    """Why full recompute is not a candidate (the first full setting's reason) when no full
+    setting is one: what stands in the way of the setting that saves the most."""
+    if any(c.recompute.recompute_granularity == "full" for c in found):
+        return None
+    why = next((why for spec, why in excluded if spec.startswith("full")), None)
+    return why.rstrip(".") if why else None
+
+
 def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
     """`states_alone_too_big`: weights, gradients and optimizer states alone exceed the usable
     memory, so a smaller batch or sequence cannot help: not offered."""

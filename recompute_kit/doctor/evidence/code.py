@@ -299,7 +299,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
     shape, dtype)] of a CheckpointError, wherever the paste puts them), `ckpt_inactive` /
     `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
-    mode named), `eval_memory_prose` (prose placing memory or an OOM in
+    mode named), `memory_prose` (prose lines naming memory, VRAM or an OOM), `eval_memory_prose`
+    (prose placing memory or an OOM in
     validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps),
     `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
     ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
@@ -439,6 +440,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
         if _MANAGED_EVAL_RE.search(line):
             add("managed_eval_loop", line.strip())
         if not _is_code(line) and 'File "' not in line and _MEMORY_WORD_RE.search(line):
+            add("memory_prose", line)
             if _VALIDATION_PROSE_RE.search(line):
                 add("eval_memory_prose", line)
             if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):

@@ -10,6 +10,7 @@ from ..symptoms import quotes as symptom_quotes
 from .cjk import translate_cjk
 from .code import MAX_SNIPPET_BYTES, scan_snippets
 from .experiments import parse_experiments
+from .known_lines import scan_known_lines
 from .logs import _LogParser, parse_log, parse_log_file
 from .memory_stats import parse_memory_stats
 from .pasted import parse_pasted_settings
@@ -73,6 +74,9 @@ def _snippets(text: str, source: str) -> Evidence:
     """Facts from pasted code, prose and tables (evidence/code.py); JSON config sections
     pasted into a log become config keys (a given config file overrides them)."""
     facts = {**scan_snippets(text), **scan_versions(text)} if len(text) <= MAX_SNIPPET_BYTES else {}
+    known = scan_known_lines(text) if len(text) <= MAX_SNIPPET_BYTES else {}
+    if known:
+        facts["known_lines"] = known
     if source == "log" and len(text) <= MAX_SNIPPET_BYTES:
         said = symptom_quotes(text)  # what the user says is wrong (doctor/symptoms.py)
         if said:

@@ -39,6 +39,7 @@ FIELDS = {
     "patch_env_drop",
     "supersedes",
 }
+# signature keys: `line: true` also matches a bare line of the log (evidence/known_lines.py)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class KnownProblem:
             or any(e.kind == "exception" for e in ctx.evidence.errors)  # (a cut traceback too)
         ):
             return None  # a notice that only matters where nothing failed
+        line = sig.get("line") and (fact(ctx, "known_lines") or {}).get(self.id)
+        if line:
+            return Match(self.row["confidence"], f'The log says: "{line}"')
         for e in ctx.evidence.errors:
             if self.error_type is not None and not self.error_type.search(e.type):
                 continue

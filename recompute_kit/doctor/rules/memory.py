@@ -180,12 +180,15 @@ TERMS = {
 
 
 def full_recompute_terms(ctx: Context) -> dict[str, float] | None:
-    """The smallest candidate's terms on the OOM's stage (full recompute of every layer), when
-    the planner found nothing that fits; None otherwise."""
+    """The smallest candidate's terms on the OOM's stage (full recompute of every layer, or the
+    planner's smallest where Megatron refuses full recompute for this run), when the planner
+    found nothing that fits; None otherwise."""
     if not ctx.plan_error or ctx.config is None:
         return None
     cfg = ctx.config
     full = cfg.__class__(cfg.model, cfg.parallel, parse_spec("full:uniform:1"), cfg.assumptions)
+    if ctx.full_refused and ctx.plan_smallest is not None:
+        full = ctx.plan_smallest.config(cfg)
     try:
         e = estimate(full, stage=ctx.oom_stage)
     except (ConfigError, ValueError, ZeroDivisionError):
@@ -204,6 +207,10 @@ def largest_at_full_recompute(ctx: Context) -> tuple[str, str] | None:
     if terms is None:
         return None
     key = max(terms, key=terms.get)
+    if ctx.full_refused and ctx.plan_smallest is not None:  # (the plan's error says why)
+        names = {**TERMS, "layers": "the layers' activations"}
+        parts = ", ".join(f"{names[k]} {gib(v)}" for k, v in terms.items())
+        return key, f"With the smallest candidate the largest term is {names[key]} ({parts})."
     parts = ", ".join(f"{TERMS[k]} {gib(v)}" for k, v in terms.items())
     return key, f"With full recompute of every layer its largest term is {TERMS[key]} ({parts})."
 

@@ -32,6 +32,12 @@ def _match(ctx: Context, mine: str, conf: float) -> Match | None:
         said += " No OOM was pasted: this is the estimate's prediction for the GPU given."
     # (an empty patch stays empty: the rule's default would be Megatron's distributed optimizer)
     fix = (mine == "states" and sharded_already(ctx)) or _FIX[mine]
+    if mine == "layers" and ctx.full_refused:
+        fix = (
+            "Full recompute, which keeps one input per layer, is refused for this run: lift "
+            f"what refuses it ({ctx.full_refused}), split the sequence (context "
+            "parallelism) or shorten it"
+        )
     return Match(conf, said, config_patch=patch, fix=f"{fix}; {words}")
 
 

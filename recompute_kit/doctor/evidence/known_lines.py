@@ -1,0 +1,35 @@
+"""Lines a known problem is recognised by where they are not an error or a warning the log
+parser reads: a bare notice ("Invalidate trace cache @ step 0 ...", "SOLUTION: Use
+torch.compile(flex_attention)(...)"). The rows of doctor/known_problems.yaml with `line: true`
+name them; this scan records, per row id, the first line of a short log that matches one of
+the row's message patterns (rules/known_problems.py reads the fact `known_lines`)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import yaml
+
+
+@functools.cache
+def _line_patterns() -> dict[str, tuple[re.Pattern[str], ...]]:
+    text = resources.files("recompute_kit.doctor").joinpath("known_problems.yaml").read_text()
+    rows = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
+    return {
+        r["id"]: tuple(re.compile(p) for p in r["signature"].get("message", ()))
+        for r in rows
+        if r["signature"].get("line")
+    }
+
+
+def scan_known_lines(text: str) -> dict[str, str]:
+    """{row id: the first matching line} for the table's line-signature rows."""
+    found: dict[str, str] = {}
+    patterns = _line_patterns()
+    for line in text.splitlines():
+        for rid, regexes in patterns.items():
+            if rid not in found and any(p.search(line) for p in regexes):
+                found[rid] = " ".join(line.split())[:300]
+    return found
