@@ -141,3 +141,28 @@ def test_r6s_ranks_context_on_device0():
 def test_r6s_set_device_called_without_symptom_is_silent():
     code = text("r6s-pt135279-ranks-device0").split("\n", 2)[2].replace("#torch", "torch")
     assert "RK645" not in ids(run(code))
+
+
+# https://github.com/huggingface/sentence-transformers/issues/3194 : eight ranks of
+# `torchrun --nproc_per_node=8`, every one on GPU 0 (the message lists them, ~9.9 GiB each)
+EIGHT_RANKS_ON_GPU0 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 260.00 MiB. GPU 0 has a total "
+    "capacity of 79.10 GiB of which 57.06 MiB is free. Process 1552209 has 9.94 GiB memory in "
+    "use. Process 1552212 has 9.94 GiB memory in use. Process 1552208 has 9.94 GiB memory in "
+    "use. Process 1552211 has 9.68 GiB memory in use. Process 1552213 has 9.94 GiB memory in "
+    "use. Process 1552210 has 9.94 GiB memory in use. Process 1552214 has 9.68 GiB memory in "
+    "use. Process 1552215 has 9.94 GiB memory in use ...\n"
+)
+
+
+@covers("RK645")
+def test_rk645_processes_of_one_size_listed_on_the_gpu_are_ranks_sharing_it():
+    f = top(run(EIGHT_RANKS_ON_GPU0))
+    assert f.rule == "RK645" and f.category == "other_processes"
+    cites(f, "lists 8 processes on this GPU holding about 9.94 GiB each")
+    assert "set_device" in f.fix
+    # two processes, or sizes far apart, are not that pattern
+    two = EIGHT_RANKS_ON_GPU0.split(" Process 1552208")[0] + " ...\n"
+    assert "RK645" not in ids(run(two))
+    apart = EIGHT_RANKS_ON_GPU0.replace("9.68 GiB", "1.20 GiB")
+    assert "RK645" not in ids(run(apart))

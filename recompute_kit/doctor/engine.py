@@ -356,7 +356,15 @@ def _reconcile(
                 )
                 continue
             top = max(m.confidence for m in memory)
-            if fragmentation_worth_the_name(slack, req, total):
+            # the cache holds a real share of the GPU and, with the device's free memory, the
+            # request: in one piece it would have fitted (on a GPU not too small for the work)
+            joined = (
+                slack >= 0.1 * total
+                and not any(m.rule == "RK102" for m in memory)
+                and oom.free_bytes is not None
+                and slack + oom.free_bytes >= req
+            )
+            if fragmentation_worth_the_name(slack, req, total) or joined:
                 # free memory in pieces, several times the request and a real share of the GPU
                 f.confidence = max(f.confidence, top + 0.01)
             else:  # a sliver of a full GPU: the memory finding explains the OOM, RK001 follows

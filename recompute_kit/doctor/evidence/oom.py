@@ -217,6 +217,7 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     others = [_size(n, u) for _, n, u in _OOM_OTHER_PROCESS_RE.findall(flat)]
     if others:
         event.other_processes_bytes = sum(x for x in others if x is not None)
+        event.other_process_sizes = [x for x in others if x is not None]
         # NVML lists every process on the GPU; PyTorch names its own on a line of its own,
         # unless its PID is not the one NVML sees: then it is among the entries
         event.listed_self = event.process_bytes is None

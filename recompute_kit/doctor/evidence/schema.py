@@ -31,6 +31,7 @@ class OOMEvent:
     # the sum over the "Process <pid> has X memory in use" entries; with no "this process
     # has" line (a container's PID namespace) this process is one of them (listed_self True)
     other_processes_bytes: int | None = None
+    other_process_sizes: list[int] = field(default_factory=list)  # each entry's, as listed
     listed_self: bool | None = None
     reserved_bytes: int | None = None  # old messages: reserved (or cached) in total
     allowed_bytes: int | None = None  # set_per_process_memory_fraction

@@ -93,6 +93,18 @@ def _smi_processes(ctx: Context) -> Match | None:
     return None
 
 
+def _alike_processes(ctx: Context) -> tuple[int, int] | None:
+    """(count, median bytes) when the OOM lists three or more processes of about one size
+    (within 25% of their median) on its GPU: a rank each, sharing the device."""
+    sizes = sorted(ctx.oom.other_process_sizes) if ctx.oom else []
+    if len(sizes) < 3:
+        return None
+    median = sizes[len(sizes) // 2]
+    if median >= 256 << 20 and all(abs(x - median) <= 0.25 * median for x in sizes):
+        return len(sizes), median
+    return None
+
+
 @rule(
     "RK645",
     "Every rank creates a CUDA context on GPU 0",
@@ -107,9 +119,23 @@ def _smi_processes(ctx: Context) -> Match | None:
     fix="torch.cuda.set_device(local_rank) before init_process_group and any CUDA call, or "
     "launch each rank with CUDA_VISIBLE_DEVICES=<its GPU> so GPU 0 is not visible to it",
     patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
-    supersedes=("RK087", "RK089", "RK170", "RK005"),
+    supersedes=("RK087", "RK089", "RK170", "RK005", "RK002"),
 )
 def _ranks_on_device0(ctx: Context) -> Match | None:
+    alike = _alike_processes(ctx)
+    if alike is not None:
+        n, each = alike
+        return Match(
+            0.8,
+            f"The OOM message lists {n} processes on this GPU holding about {gib(each)} each: "
+            "one per rank, every rank on the same device (a rank that has not selected its "
+            "GPU uses GPU 0).",
+            fix="Give each rank its own GPU: torch.cuda.set_device(local_rank) (or "
+            "device=f'cuda:{local_rank}' where the library takes a device) before any CUDA "
+            "work, or CUDA_VISIBLE_DEVICES=<its GPU> per rank; upgrade a library that puts "
+            "every rank on cuda:0",
+            config_patch={"code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"},
+        )
     found = None
     for source in ("log", "config"):
         said = fact(ctx, "settings_prose", source)
