@@ -788,3 +788,23 @@ def test_rk001_leads_where_the_cache_and_the_free_memory_together_hold_the_reque
     # the same cache as a sliver of the GPU (under 10%) follows the memory reading
     sliver = OPENFOLD_67.replace("31.75 GiB total", "80.00 GiB total")
     assert top(run(sliver)).rule != "RK001"
+
+
+# https://github.com/modelscope/ms-swift/issues/1613 : 861.82 MiB held by another process (4%)
+# on a 22 GB GPU this process's PyTorch fills (19.94 GiB allocated): a full SFT too big for it
+SWIFT_1613 = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 130.00 MiB. GPU 0 has a "
+    "total capacty of 22.09 GiB of which 9.44 MiB is free. Process 3667 has 861.82 MiB memory in "
+    "use. Including non-PyTorch memory, this process has 20.70 GiB memory in use. Of the "
+    "allocated memory 19.94 GiB is allocated by PyTorch, and 446.71 MiB is reserved by PyTorch "
+    "but unallocated.\n"
+)
+
+
+@covers("RK002")
+def test_rk002_a_small_other_process_beside_a_full_pytorch_does_not_lead():
+    d = run(SWIFT_1613)
+    assert top(d).rule == "RK005" and top(d).category == "genuine_pressure"
+    f = get(d, "RK002")
+    assert f.confidence < top(d).confidence
+    cites(f, "861.82 MiB (4%)", "this process's PyTorch holds")

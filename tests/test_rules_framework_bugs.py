@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rule_helpers import (
     GIB,
     cites,
@@ -366,3 +367,26 @@ def test_rk083_reads_the_metadata_lines_of_a_paste_cut_after_the_error_line():
     f = top(d)
     assert f.rule == "RK083" and f.category == "framework_bug"
     cites(f, "shape [0] where the forward saved [128]")
+
+
+@pytest.mark.parametrize(
+    "said, good, bad",
+    [
+        # https://github.com/huggingface/transformers/issues/29484 (the reporter's words)
+        (
+            "I noticed that using transformers version 4.38.2 results in an error: "
+            "torch.cuda.OutOfMemoryError: CUDA out of memory. However, simply downgrading "
+            "transformers to version 4.37.2 resolves this issue.",
+            "4.37.2",
+            "4.38.2",
+        ),
+        ("OOM after upgrading to torch 2.5. Rolling back to torch 2.4.1 fixed it.", "2.4.1", "2.5"),
+    ],
+)
+def test_going_back_to_a_release_that_works_is_a_regression(said, good, bad):
+    _, got_good, got_bad, _ = scan_versions(said)["release_regression"]
+    assert (got_good, got_bad) == (good, bad)
+    # a downgrade that does not help names no release that works
+    assert "release_regression" not in scan_versions(
+        "downgrading transformers to 4.37.2 did not change anything; it still runs out of memory"
+    )

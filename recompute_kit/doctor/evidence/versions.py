@@ -51,6 +51,21 @@ _FROM_TO_RE = re.compile(
     r"(?:version\s+)?from\s+" + _VER + r"\s+to\s+" + _VER,
     re.I,
 )
+# Going back fixes it: "downgrading transformers to version 4.37.2 resolves this issue",
+# "rolling back to torch 2.1 works": that release worked
+_DOWNGRADE_RE = re.compile(
+    r"\b(?:downgrad\w*|roll\w*\s+back|revert\w*|going\s+back)\s+(?:\w+\s+){0,3}?(?:to\s+)?"
+    + _RELEASE
+    + r"[^.\n]{0,60}?\b(?:resolv\w*|fix\w*|solv\w*|works?|worked|helps?|helped|goes away|"
+    r"went away|no (?:more )?(?:oom|error))",
+    re.I,
+)
+# The release first, the failure after: "using transformers version 4.38.2 results in an error"
+_BAD_AFTER_RE = re.compile(
+    _RELEASE + r"[^.\n]{0,30}?\b(?:results?\s+in|leads?\s+to|causes?|gives?|throws?|raises?)"
+    r"\b[^.\n]{0,30}?(?:error|\booms?\b|out of memory|crash)",
+    re.I,
+)
 # a development build as the failing side: "on master takes huge amount of memory"
 _DEV_BRANCH_RE = re.compile(r"\b(?:on|with|in) (?:the )?(master|nightly|main branch)\b", re.I)
 _FAILURE_WORDS_RE = re.compile(
@@ -145,7 +160,7 @@ def scan_versions(text: str) -> dict:
         line = " ".join(raw.replace("*", "").replace("`", "").split())
         if not line or _CODE_RE.match(line) or 'File "' in line:
             continue
-        for m in _GOOD_RE.finditer(line):
+        for m in [*_GOOD_RE.finditer(line), *_DOWNGRADE_RE.finditer(line)]:
             rel = _release(m)
             if rel and good is None:
                 good = (*rel, line[:200])
@@ -153,7 +168,8 @@ def scan_versions(text: str) -> dict:
             lib = (m.group(2) or "").lower().replace(" ", "-").replace("_", "-")
             good, bad = (lib, m.group(3), line[:200]), (lib, m.group(4), line[:200])
         if _FAILURE_WORDS_RE.search(line):
-            for m in [*_BAD_RE.finditer(line), *_UPGRADE_RE.finditer(line)]:
+            found = [*_BAD_RE.finditer(line), *_UPGRADE_RE.finditer(line)]
+            for m in [*found, *_BAD_AFTER_RE.finditer(line)]:
                 rel = _release(m)
                 if rel and bad is None and (good is None or rel[1] != good[1]):
                     bad = (*rel, line[:200])

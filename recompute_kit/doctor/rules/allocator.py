@@ -157,6 +157,14 @@ def _other_processes(ctx: Context) -> Match | None:
     # nothing.
     if share < 0.02 or (others < (oom.requested_bytes or 0) and share < 0.1):
         return None
+    if share < 0.1 and pytorch >= 0.8 * total:
+        # a small share beside a GPU this process's PyTorch fills: freeing it moves the OOM a
+        # step later, the memory this process holds is the reading (RK005 and others)
+        return Match(
+            0.35,
+            f"Other processes hold {gib(others)} ({share:.0%}) of the {gib(total)} GPU, while "
+            f"this process's PyTorch holds {gib(pytorch)} ({pytorch / total:.0%}).",
+        )
     return Match(
         min(0.95, 0.5 + share),
         f"Other processes hold {gib(others)} ({share:.0%}) of the {gib(total)} GPU.",
