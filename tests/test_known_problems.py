@@ -265,3 +265,23 @@ def test_round_w_rows_name_their_cause_over_the_default_readings():
     assert top(d).rule == "RK823" and top(d).config_patch == {"gradient_checkpointing": False}
     d = run(text("kp-w-examples-1210-offload-to-cpu"))
     assert top(d).rule == "RK825" and top(d).category == "checkpoint_api_misuse"
+
+
+ROUND_X = {rid: names for rid, names in SIGNATURE_TEXTS.items() if "kp-x-" in names[0]}
+
+
+@covers(*ROUND_X)
+@pytest.mark.parametrize("rid", sorted(ROUND_X))
+def test_round_x_rows_quote_their_line_and_keep_their_category(rid):
+    # each row collected from the trackers: its verbatim text makes it the top finding, with
+    # the row's category and workaround, quoting the line it matched
+    row = next(p.row for p in KNOWN_PROBLEMS if p.id == rid)
+    f = top(run(text(ROUND_X[rid][0])))
+    assert (f.rule, f.category, f.fix) == (rid, row["category"], row["workaround"])
+    assert f.evidence.startswith('The log says: "')
+    # the same text with the signature's words gone does not fire the row (RK831's spans the
+    # metadata lines: with the same dtype on both sides it is gone)
+    cut = text(ROUND_X[rid][0]).replace("torch.float32", "torch.bfloat16")
+    for pattern in next(p for p in KNOWN_PROBLEMS if p.id == rid).message:
+        cut = pattern.sub("", cut)
+    assert rid not in ids(run(cut))

@@ -532,3 +532,39 @@ def test_fsdp_full_shard_is_named_as_fsdp_not_deepspeed():
     f = next(f for f in d.findings if f.rule == "RK011")
     assert f.fix.startswith("The model states are sharded already (FSDP FULL_SHARD over 16")
     assert not [w for w in evidence.read["warnings"] if "sliding_window=" in w]
+
+
+@covers("RK500")
+def test_rk500_takes_no_80_gb_for_a_named_gpu_it_cannot_size():
+    # https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/4587 (the reporter's words): a
+    # Qwen3-30B-A3B recipe OOMs on 8x B300; 30B x 16 bytes against "an A100/H100's 80 GB" was
+    # the reading of a GPU the paste never had
+    said = (
+        "I am running the official Megatron-Bridge performance recipe for Qwen3-30B-A3B on a "
+        "single node with 8x NVIDIA B300 GPUs. The fp8_mx pretraining run fails with CUDA OOM.\n"
+    )
+    assert "RK500" not in ids(run(said))
+    assert "RK500" in ids(run(said.replace("NVIDIA B300", "NVIDIA")))  # no GPU named: 80 GB
+
+
+# https://github.com/huggingface/peft/issues/1149 (the reporter's paste)
+KBIT_UPCAST = """\
+I'm trying to finetune an LLM in 16 bit. It should fit in GPU memory, but it runs out of \
+memory. The issue seems to be with peft:
+
+> Traceback (most recent call last):
+>   File "/train.py", line 85, in <module>
+>     model = prepare_model_for_kbit_training( model )
+>   File "/usr/local/lib/python3.9/site-packages/peft/utils/other.py", line 98, in \
+prepare_model_for_kbit_training
+>     param.data = param.data.to(torch.float32)
+"""
+
+
+@covers("RK826")
+def test_rk826_prepare_model_for_kbit_training_upcasts_the_weights():
+    f = top(run(KBIT_UPCAST))
+    assert f.rule == "RK826" and f.category == "model_state_memory"
+    assert "enable_input_require_grads" in f.fix
+    # the same frames without any OOM said are not this finding
+    assert "RK826" not in ids(run(KBIT_UPCAST.replace("it runs out of memory", "it is slow")))

@@ -44,6 +44,9 @@ _GPU_RE = re.compile(
     r"(?:[-\s/(]*|\s+with\s+(?:an?\s+|only\s+)?)"
     r"(\d{2,3}(?:\.\d+)?)\s*G(?:i?[Bb])?(?![A-Za-wyz0-9])(?:\s*[x×]\s*(\d{1,2})\b)?",
 )
+# GPUs named without a size whose memory is not an A100/H100's 80 GB (Blackwell, AMD Instinct,
+# Gaudi): a default reading must not take 80 GB for them
+_UNSIZED_GPU_RE = re.compile(r"\b(?:G?B[123]00A?|MI\d{3}X?|Gaudi\s?\d)\b")
 _GPU_SIZE_RE = re.compile(
     r"(?<![\d.])(\d{2,3})\s*G(?:i?B)?\s*(?:GPU|VRAM|显存|显卡|card|of (?:GPU|VRAM))", re.I
 )
@@ -265,7 +268,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     line"] pairs, innermost last), `square_dims` ([(N, line)]: an [N, N] tensor named with a
     mask / score / attention word), `score_matmul` (lines computing q @ k^T), `logits_lines`
     (lines naming logits with a vocabulary-sized number or the word vocab), `gpu_prose`
-    ({"bytes", "count", "line"}), `model_prose` ({"params", "name"}), `side_stream_lines`
+    ({"bytes", "count", "line"}), `gpu_unsized` (a GPU named whose size is not assumed: B300,
+    MI300X), `model_prose` ({"params", "name"}), `side_stream_lines`
     (communication on side streams), `residual_lines` (a memory counter still non-zero after
     del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
     `shape_lines` (lines printing 4-d shapes), `memory_series` ([(step, bytes, "allocated" |
@@ -360,6 +364,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("context_prose", []).append(_q(line))
         if "gpu_prose" not in facts and (gpu := _gpu(line)) is not None:
             facts["gpu_prose"] = gpu
+        if "gpu_unsized" not in facts and (m := _UNSIZED_GPU_RE.search(line)):
+            facts["gpu_unsized"] = m.group(0)
         if "model_prose" not in facts and (m := _MODEL_RE.search(line)):
             experts, size = m.group(1), m.group(2)
             bare = m.group(3) or m.group(4) or m.group(5)

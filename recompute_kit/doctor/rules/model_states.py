@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..types import Context, Match
 from .registry import (
+    all_frames,
     assume,
     fact,
     gib,
@@ -554,8 +555,11 @@ def _default_adam_states(ctx: Context) -> Match | None:
     stated = bool(gpu)
     if not gpu:
         # no GPU size given: conclusive only when the paste says it trains the model and the
-        # states alone exceed the largest common GPU (any GPU it could have been)
+        # states alone exceed the largest common GPU (any GPU it could have been), and names
+        # no GPU larger than that (a B300 is no 80 GB card)
         if not (fact(ctx, "training_prose") or _trains(ctx)) or states < COMMON_GPU_BYTES:
+            return None
+        if fact(ctx, "gpu_unsized"):
             return None
         gpu = COMMON_GPU_BYTES
     if states < 0.8 * gpu:
@@ -641,4 +645,36 @@ def _gemini_placement(ctx: Context) -> Match | None:
             "margin that leaves too little for activations."
         ),
         config_patch={"placement_policy": "cpu"},
+    )
+
+
+@rule(
+    "RK826",
+    "prepare_model_for_kbit_training casts the 16-bit weights to fp32",
+    "model_state_memory",
+    symptom="An OOM (or a traceback) inside PEFT's prepare_model_for_kbit_training, at "
+    "param.data.to(torch.float32)",
+    cause="prepare_model_for_kbit_training upcasts every parameter that is not quantized to "
+    "fp32 (for a k-bit model: norms, embeddings, the LM head; for a model loaded in 16 bits: "
+    "all of it), doubling those weights' memory before training starts",
+    confirm="torch.cuda.memory_allocated() before and after the call; the model's dtype after "
+    "it is float32",
+    fix="Call prepare_model_for_kbit_training only on a model loaded in 4 or 8 bits "
+    "(BitsAndBytesConfig); for 16-bit LoRA skip it and use model.enable_input_require_grads() "
+    "with gradient_checkpointing_enable(), loading with torch_dtype=torch.bfloat16",
+    patch={"code": "model.enable_input_require_grads()  # not prepare_model_for_kbit_training"},
+    refs=("https://github.com/huggingface/peft/issues/1149",),
+    supersedes=("RK170", "RK087", "RK005", "RK500"),
+)
+def _kbit_upcast(ctx: Context) -> Match | None:
+    frames = all_frames(ctx)
+    if "prepare_model_for_kbit_training" not in frames:
+        return None
+    if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        return None
+    return Match(
+        0.7,
+        "The traceback is inside prepare_model_for_kbit_training (PEFT), which casts every "
+        "parameter that is not quantized to fp32: the weights' memory doubles before the first "
+        "step.",
     )
