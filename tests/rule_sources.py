@@ -604,7 +604,6 @@ SOURCES.update(
 SOURCES.update(
     {
         "kp-x-hf-27596-set-gc-enable": "https://github.com/FlagAI-Open/FlagAI/issues/556",
-        "kp-x-pt-159359-fsdp2-mp-recompute-dtype": "https://github.com/pytorch/pytorch/issues/159359",
         "kp-x-trl-3683-caching-incompatible-gc": "https://github.com/huggingface/trl/issues/3683",
         "kp-x-pt-122057-expandable-unsupported": "https://github.com/pytorch/pytorch/issues/122057",
         "kp-x-unsloth-1446-driver-error": "https://github.com/unslothai/unsloth/issues/1446",

@@ -501,6 +501,16 @@ def test_rk013_model_states_are_the_largest_term_at_full_recompute():
     f = get(d, "RK013")
     assert f.category == "model_state_memory" and f.confidence >= 0.8
     cites(f, "its largest term is weights, gradients and optimizer states")
+    # the distributed optimizer over one data-parallel rank shards nothing: the fix says so
+    # (https://github.com/deepspeedai/DeepSpeed/issues/237's answer, for ZeRO at DP 1)
+    assert "there is one, so nothing is sharded" in f.fix
+    two = run(
+        text("oom-msswift-9191"),
+        config=config.replace("data_parallel_size: 1", "data_parallel_size: 2"),
+        config_name="l70.yaml",
+    )
+    states = [g for g in two.findings if g.category == "model_state_memory"]
+    assert states and not any("nothing is sharded" in g.fix for g in states)
 
 
 @covers("RK024")
@@ -691,3 +701,32 @@ def test_rk024_where_cuda_graphs_refuse_full_recompute_the_smallest_candidate_is
     cites(f, "Full recompute is not a candidate here")
     cites(f, "With the smallest candidate the largest term is the layers' activations")
     assert "full iteration CUDA graph" in f.fix and "context parallelism" in f.fix
+
+
+# https://github.com/NVIDIA-NeMo/RL/issues/362 (the frames of the reporter's traceback): an OOM
+# in loss.backward() at step 26; torch/autograd/__init__.py is a file, not a constructor
+BACKWARD_AT_STEP_26 = """Training to Step 26
+Traceback (most recent call last):
+  File "/opt/nemo-rl/nemo_rl/models/policy/dtensor_policy_worker.py", line 540, in train
+    loss.backward()
+  File "/usr/local/lib/python3.12/dist-packages/torch/_tensor.py", line 626, in backward
+    torch.autograd.backward(
+  File "/usr/local/lib/python3.12/dist-packages/torch/autograd/__init__.py", line 347, in backward
+    _engine_run_backward(
+  File "/usr/local/lib/python3.12/dist-packages/torch/autograd/graph.py", line 823, in \
+_engine_run_backward
+    return Variable._execution_engine.run_backward(  # Calls into the C++ engine
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total \
+capacity of 94.50 GiB of which 1.07 GiB is free.
+"""
+
+
+@covers("RK017")
+def test_rk017_a_backward_is_not_model_construction():
+    assert "RK017" not in ids(run(BACKWARD_AT_STEP_26))
+    # the same OOM raised from a constructor is
+    built = BACKWARD_AT_STEP_26.replace(" in backward\n", " in __init__\n").replace(
+        "    loss.backward()\n", "    self.layers = build_module(spec)\n"
+    )
+    built = "\n".join(x for x in built.splitlines() if "_engine_run_backward" not in x) + "\n"
+    assert "RK017" in ids(run(built))

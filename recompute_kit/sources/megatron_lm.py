@@ -189,6 +189,15 @@ RENAMED_FLAGS = {
     "--checkpoint-num-layers": "--recompute-num-layers",
     "--distribute-checkpointed-activations": "--distribute-saved-activations",
 }
+# Megatron-LM v1's names (and DeepSpeedExamples' copy of it) for what today's flags set; today's
+# Megatron-LM refuses them ("--model-parallel-size is no longer valid, use
+# --tensor-model-parallel-size instead", megatron/training/arguments.py). A script passing one
+# is written for v1, where --checkpoint-activations recomputed every layer too.
+V1_FLAGS = {
+    "--model-parallel-size": ("tensor_model_parallel_size", "--tensor-model-parallel-size"),
+    "--batch-size": ("micro_batch_size", "--micro-batch-size"),
+}
+V1_WHERE = "Megatron-LM v1 (its --model-parallel-size / --batch-size era)"
 # Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed): its launch flags, and the flags it reads
 # its own way (the rest are Megatron-LM's)
 DEEPSPEED_TELLS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config")
@@ -407,19 +416,20 @@ def read(text: str, path: str) -> Reading:
     return reading
 
 
-def _megatron_deepspeed(get, setv, path: str, reading: Reading) -> None:
+def _megatron_deepspeed(get, setv, path: str, reading: Reading, where: str = MDS_WHERE) -> None:
     """Megatron-DeepSpeed's own readings of its flags: --checkpoint-activations is full
     recompute of groups of --checkpoint-num-layers (default 1) layers, every layer's input kept
     (ParallelTransformer._checkpointed_forward: uniform); --partition-activations splits the
     kept inputs over tensor parallelism (Megatron's distribute_saved_activations); attention
     is its local, unfused one unless a --use-flash-attn* flag is given. (One expert is a dense
-    MLP there, --num-experts 1 its default: read with the MoE flags.)"""
+    MLP there, --num-experts 1 its default: read with the MoE flags.) Megatron-LM v1 read its
+    flags the same way: `where` names which of the two the script is for."""
     reading.format = "Megatron-DeepSpeed launch script"
     reading.set(  # its transformer is Megatron's local one (no Transformer Engine path)
-        "transformer_impl", "local", Origin(FROM_DEFAULT, MDS_WHERE, note="no Transformer Engine")
+        "transformer_impl", "local", Origin(FROM_DEFAULT, where, note="no Transformer Engine")
     )
     if a := get("--checkpoint-activations"):
-        note = f"{MDS_WHERE}: full recompute, every --checkpoint-num-layers layers (uniform)"
+        note = f"{where}: full recompute, every --checkpoint-num-layers layers (uniform)"
         reading.set("recompute_granularity", "full", _origin(path, a, note))
         reading.set("recompute_method", "uniform", _origin(path, a, note))
         n = get("--checkpoint-num-layers")
@@ -427,7 +437,7 @@ def _megatron_deepspeed(get, setv, path: str, reading: Reading) -> None:
             reading.set(
                 "recompute_num_layers",
                 1,
-                Origin(FROM_DEFAULT, MDS_WHERE, "--checkpoint-num-layers"),
+                Origin(FROM_DEFAULT, where, "--checkpoint-num-layers"),
             )
         if a := get("--partition-activations"):
             note = "Megatron-DeepSpeed: the checkpointed inputs split over tensor parallelism"
@@ -446,7 +456,7 @@ def _megatron_deepspeed(get, setv, path: str, reading: Reading) -> None:
         reading.set(
             "attention_backend",
             "unfused",
-            Origin(FROM_DEFAULT, MDS_WHERE, note="its local attention: no --use-flash-attn*"),
+            Origin(FROM_DEFAULT, where, note="its local attention: no --use-flash-attn*"),
         )
 
 
@@ -630,9 +640,14 @@ def _interpret(
     # Microsoft's Megatron-DeepSpeed: a fork of Megatron-LM v2 that keeps the old recompute
     # flags (megatron/arguments.py "added back ... DeepSpeed still relies on" them)
     mds = any(f in last for f in DEEPSPEED_TELLS)
+    v1 = any(f in last for f in V1_FLAGS)
     for flag, arg in last.items():
-        if mds and flag in MDS_FLAGS:
+        if (mds or v1) and flag in MDS_FLAGS:
             continue  # read by _megatron_deepspeed
+        if v1 and flag in V1_FLAGS:
+            field, now = V1_FLAGS[flag]
+            setv(field, arg, _int, f"{V1_WHERE}: now {now}; today's Megatron-LM refuses {flag}")
+            continue
         if flag in VALUE_FLAGS:
             field, conv = VALUE_FLAGS[flag]
             setv(field, arg, conv)
@@ -759,9 +774,17 @@ def _special(last: dict[str, Arg], path: str, reading: Reading, value_of: Any, s
             f"{path}:{a.line} {a.flag}: a hybrid model with Mamba layers (Megatron's "
             "hybrid/Mamba stack)"
         )
-    if mds:
-        _megatron_deepspeed(get, setv, path, reading)
-    elif a := get("--use-flash-attn"):
+    v1 = any(f in last for f in V1_FLAGS)
+    if mds or v1:  # (v1 read its flags as Megatron-DeepSpeed, its fork, still does)
+        _megatron_deepspeed(get, setv, path, reading, V1_WHERE if v1 else MDS_WHERE)
+    if v1:
+        reading.format = f"launch script for {V1_WHERE}"
+        reading.warnings.append(
+            f"{path}: written for {V1_WHERE}: its old flags are read as their successors "
+            "(--model-parallel-size as tensor parallelism, --batch-size as the micro-batch, "
+            "--checkpoint-activations as full recompute); today's Megatron-LM refuses them"
+        )
+    elif not mds and (a := get("--use-flash-attn")):
         reading.unused["--use-flash-attn"] = True
         reading.warnings.append(
             f"{path}:{a.line}: --use-flash-attn has no effect in Megatron-LM's GPT model: "

@@ -1397,6 +1397,10 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
     if torch_launch:
         nproc = _opt(words, ("--nproc_per_node", "--nproc-per-node"))
         nnodes = _opt(words, ("--nnodes",))
+        if not (nproc or nnodes) and any(f.unresolved for f in words):
+            # `torchrun $DISTRIBUTED_ARGS`: the sizes are in a variable the script leaves
+            # unset, not torchrun's default of one process
+            return
         nproc_v = _int(nproc[0]) if nproc else 1
         nnodes_v = _int(nnodes[0]) if nnodes else 1
         if nproc_v is not None and nnodes_v is not None:

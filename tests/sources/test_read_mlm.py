@@ -556,3 +556,43 @@ def test_transformer_impl_default_says_the_version_it_depends_on(tmp_path):
     o = r.origins["transformer_impl"]
     assert r.get("transformer_impl") == "transformer_engine" and o.kind == "default"
     assert "core_r0.6.0" in o.note and "local" in o.note
+
+
+# https://github.com/deepspeedai/DeepSpeed/issues/237 (the reporter's launch, cut): a script for
+# Megatron-LM v1 (DeepSpeedExamples' copy), whose --model-parallel-size was tensor parallelism
+# and --batch-size the micro-batch; the sizes of torch.distributed.launch are in a variable
+V1_LAUNCH = """python -m torch.distributed.launch $DISTRIBUTED_ARGS \\
+       pretrain_gpt2.py \\
+       --model-parallel-size 8 \\
+       --num-layers 60 \\
+       --hidden-size 6144 \\
+       --num-attention-heads 32 \\
+       --batch-size 8 \\
+       --seq-length 1024 \\
+       --max-position-embeddings 1024 \\
+       --checkpoint-activations \\
+       --deepspeed \\
+       --deepspeed_config ds_zero2_config.json
+"""
+
+
+def test_megatron_lm_v1_flags_are_read_as_their_successors(tmp_path):
+    path = tmp_path / "launch.sh"
+    path.write_text(V1_LAUNCH)
+    r = resolve([str(path)], require_shape=False).reading
+    assert r.values["tensor_model_parallel_size"] == 8
+    assert r.values["micro_batch_size"] == 8
+    assert r.values["recompute_granularity"] == "full"
+    assert "--model-parallel-size" not in r.unused and "--batch-size" not in r.unused
+    assert "Megatron-LM v1" in r.origins["tensor_model_parallel_size"].note
+    assert any("written for Megatron-LM v1" in w for w in r.warnings)
+    # `torch.distributed.launch $DISTRIBUTED_ARGS`: no world of one process read from the file
+    assert r.origins["data_parallel_size"].kind == "assumed"
+    assert "world_size" not in r.values or r.origins["world_size"].kind != "file"
+    # today's flags: nothing of the kind
+    today = V1_LAUNCH.replace("--model-parallel-size", "--tensor-model-parallel-size").replace(
+        "--batch-size", "--micro-batch-size"
+    )
+    path.write_text(today)
+    r = resolve([str(path)], require_shape=False).reading
+    assert not any("Megatron-LM v1" in w for w in r.warnings)

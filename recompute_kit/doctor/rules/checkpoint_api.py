@@ -233,7 +233,16 @@ def _doubled_length(saved: list[str], again: list[str]) -> tuple[str, str] | Non
 def _metadata_mismatch(ctx: Context) -> Match | None:
     found = _METADATA_MISMATCH(ctx)
     if found is None:
-        return None
+        # the error's "saved metadata / recomputed metadata" lines pasted without its header
+        moved = [p for p in fact(ctx, "metadata_pairs") or [] if p[:2] != p[2:]]
+        if not moved:
+            return None
+        a, d, b, d2 = moved[0]
+        found = Match(
+            0.6,
+            f"The paste shows a tensor saved as [{a}] {d} and recomputed as [{b}] {d2}: "
+            "torch.utils.checkpoint's CheckpointError lines (its header not pasted).",
+        )
     text = " ".join(
         f"{e.type} {e.message} {e.details} {' '.join(e.frames)} {' '.join(e.context)}"
         for e in ctx.evidence.errors

@@ -305,6 +305,20 @@ def sharded_already(ctx: Context) -> str:
     # FSDP); DeepSpeed has no context parallelism
     dp = p.data_parallel_size * (1 if mode == "zero" else p.context_parallel_size)
     ranks = "data-parallel" if dp == p.data_parallel_size else "data x context-parallel"
+    sharding = (mode == "zero" and p.zero_stage >= 1) or (
+        mode == "megatron" and p.use_distributed_optimizer
+    )
+    if sharding and dp == 1:
+        what = f"ZeRO stage {p.zero_stage}" if mode == "zero" else "the distributed optimizer"
+        sources = (ctx.evidence.read or {}).get("sources") or {}
+        assumed = (sources.get("data_parallel_size") or {}).get("from") == "assumed"
+        one = "if there is one, as assumed" if assumed else "there is one"
+        return (
+            f"The run shards its model states with {what}, which splits them over the "
+            f"{ranks} ranks: {one}, so nothing is sharded. More data-parallel ranks "
+            "(more GPUs at this model parallelism), or fewer GPUs spent on model parallelism, "
+            "or offload the optimizer states to the CPU; recompute only reduces activations"
+        )
     if mode in ("zero", "megatron_fsdp", "fsdp2") and p.zero_stage == 3:
         # (mode "zero" is also torch FSDP1's: an Accelerate fsdp_config or the Trainer's fsdp)
         stage = ((ctx.evidence.read or {}).get("sources") or {}).get("zero_stage") or {}
@@ -329,6 +343,7 @@ def sharded_already(ctx: Context) -> str:
     return ""
 
 
+_BACKWARD_FRAME = re.compile(r"\bin (?:backward|_engine_run_backward|run_backward)\b|\.backward\(")
 BUILD_WORDS = (
     "build_module",
     "__init__",
@@ -370,7 +385,11 @@ def _oom_at_build(ctx: Context) -> Match | None:
     if ctx.evidence.iterations:
         return None
     for e in oom_errors(ctx):
-        tail = " ".join(e.frames[-6:]).lower()
+        # the functions and source lines, not the files' paths (torch/autograd/__init__.py
+        # holds backward); a backward in the frames is a step, not construction
+        tail = re.sub(r'file "[^"]*"', "", " ".join(e.frames[-6:]).lower())
+        if _BACKWARD_FRAME.search(tail):
+            continue
         if any(w in tail for w in BUILD_WORDS):
             tp, words = tensor_parallel_patch(ctx)
             return Match(
