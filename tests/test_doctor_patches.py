@@ -298,16 +298,25 @@ def test_a_paste_without_config_is_patched_in_the_keys_its_frames_name(tmp_path:
     )
 
 
-def test_adding_moe_does_not_keep_the_moe_act_it_covers():
+def test_adding_moe_does_not_keep_the_moe_act_it_covers(tmp_path):
     # Megatron-LM's MLA + MoE functional-test config recomputes [layernorm mla_up_proj mlp
     # moe_act]; on a 16 GiB budget the next step recomputes the whole MoE layer, which covers
     # moe_act: the patch is the planner's setting, not it with a redundant moe_act beside moe
     # (a skill trial got [..., moe, moe_act, ...] from the doctor and [..., moe, ...] from plan)
-    d = doctor("megatron_lm/blind_ft_moe_mla_selective_recompute.yaml", gpu_memory_gb=16)
+    # (with its --overlap-moe-expert-parallel-comm off: Megatron-LM main refuses moe recompute
+    # with that overlap, and the config sets it)
+    text = (CORPUS / "megatron_lm/blind_ft_moe_mla_selective_recompute.yaml").read_text()
+    config = tmp_path / "no_overlap.yaml"
+    config.write_text(text.replace("--overlap-moe-expert-parallel-comm: true", ""))
+    d = diagnose(collect(logs=[str(OOM)], config=str(config)), 16)
     f = finding(d, "RK010")
     mods = set(f.config_patch["recompute_modules"])
     assert "moe" in mods and "moe_act" not in mods
     assert {"layernorm", "mla_up_proj", "mlp"} <= mods  # nothing else the run recomputes dropped
+    # as written (the overlap on) the next step keeps moe_act and adds no moe
+    d = doctor("megatron_lm/blind_ft_moe_mla_selective_recompute.yaml", gpu_memory_gb=16)
+    mods = set(finding(d, "RK010").config_patch["recompute_modules"])
+    assert "moe" not in mods and {"layernorm", "mla_up_proj", "mlp", "moe_act"} <= mods
 
 
 def test_nemo_rl_fused_logprobs_key_is_named_with_what_refuses_it(tmp_path):

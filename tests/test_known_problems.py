@@ -283,3 +283,16 @@ def test_round_x_rows_quote_their_line_and_keep_their_category(rid):
     for pattern in next(p for p in KNOWN_PROBLEMS if p.id == rid).message:
         cut = pattern.sub("", cut)
     assert rid not in ids(run(cut))
+
+
+@covers("RK848")
+def test_a_line_row_keeps_its_where():
+    # RK848's line is PyTorch's generic refusal; only beside CUDA graphs is it Megatron's bug.
+    # A MeanFlow jvp through a reentrant checkpoint (tests/scenarios/api_meanflow_jvp_grad.yaml)
+    # is the API misuse, not this row.
+    line = (
+        "RuntimeError: Checkpointing is not compatible with .grad() or when an `inputs` "
+        "parameter is passed to .backward()\n"
+    )
+    assert "RK848" not in ids(run(line))
+    assert "RK848" in ids(run(line + "--cuda-graph-impl transformer_engine\n"))

@@ -116,3 +116,28 @@ def test_nothing_fits_says_that_full_recompute_is_refused(tmp_path):
         info.value
     )
     assert info.value.smallest.recompute.recompute_granularity == "selective"
+
+
+def test_ep_overlap_refuses_full_recompute_even_without_cuda_graphs(tmp_path):
+    # the perf recipes set comm_overlap.overlap_moe_expert_parallel_comm (Megatron-Bridge
+    # 067f987 perf_recipes/qwen/h100/qwen3_moe.py:41): with CUDA graphs off, full recompute is
+    # still refused ("disable full recomputation when enabling overlap_moe_expert_parallel_comm")
+    # and so is selective moe (Bridge's comm_overlap.py); a skill trial was offered
+    # full:block:33, which the run would refuse at setup
+    config = _config(
+        tmp_path,
+        OVERRIDES_8K.strip()
+        + " comm_overlap.overlap_moe_expert_parallel_comm=true model.cuda_graph_impl=none\n",
+    )
+    assert config.model.overlap_moe_expert_parallel_comm
+    p = plan(config, 141.0)
+    assert p.best.recompute.recompute_granularity != "full"
+    reasons = dict(p.excluded)
+    assert reasons["full:uniform:1"] == (
+        "Megatron-Core refuses it: disable full recomputation when enabling "
+        "overlap_moe_expert_parallel_comm"
+    )
+    assert "disable moe in recompute_modules" in reasons["selective:moe"]
+    # without the overlap the same layout may recompute fully
+    plain = _config(tmp_path, OVERRIDES_8K.strip() + " model.cuda_graph_impl=none\n")
+    assert "full:uniform:1" not in dict(plan(plain, 141.0).excluded)

@@ -668,3 +668,26 @@ def test_a_lever_that_needs_a_smaller_micro_batch_takes_the_largest_that_fits(ca
     offload = [r for r in rows if "fsdp_offload_params true" in r["setting"] and r["fits"]]
     assert offload and offload[0]["micro_batch_size"] == 8
     assert offload[0]["setting"].startswith("per_device_train_batch_size=8 ")
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_compute():
+    # overlap_moe_expert_parallel_comm (read from Megatron-Bridge's comm_overlap section): the
+    # all-to-alls overlap another micro-batch's compute, exposed = max(0, transfer - compute);
+    # a skill trial saw 124 s of a 231 s step priced as exposed on a recipe that overlaps them
+    from recompute_kit.plan.step_time import Hardware, ep_transfer_seconds, stage_time
+
+    cfg = Config(
+        ModelConfig(
+            num_layers=4, hidden_size=2048, num_attention_heads=16, seq_length=16384,
+            num_moe_experts=64, moe_router_topk=8, moe_ffn_hidden_size=768, bf16=True,
+            moe_token_dispatcher_type="alltoall", vocab_size=32000,
+        ),
+        ParallelConfig(expert_model_parallel_size=16, data_parallel_size=16),
+    )
+    hw = Hardware()
+    plain = stage_time(cfg, 0, hw)
+    assert plain.ep_exposed_s == ep_transfer_seconds(cfg, 0, hw) > 0
+    overlapped = cfg.replace(overlap_moe_expert_parallel_comm=True)
+    hidden = stage_time(overlapped, 0, hw)
+    assert hidden.ep_exposed_s == max(0.0, plain.ep_exposed_s - hidden.compute_s)
+    assert hidden.ep_exposed_s < plain.ep_exposed_s

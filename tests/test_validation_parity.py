@@ -360,3 +360,38 @@ def test_moe_router_message_is_whole():
     assert not megatron.accepted and megatron.message == MOE_ROUTER_CUT
     kit = kit_verdict(flat)
     assert not kit.accepted and kit.message == MOE_ROUTER_WHOLE
+
+
+# overlap_moe_expert_parallel_comm (Megatron-Bridge's MoE recipes turn it on): Megatron-Core's
+# own verdict and first line for the recompute settings and layouts it refuses with it
+EP_OVERLAP = dict(
+    num_layers=4,
+    num_moe_experts=8,
+    moe_router_topk=2,
+    add_bias_linear=False,
+    expert_model_parallel_size=2,
+    moe_token_dispatcher_type="alltoall",
+    bf16=True,
+    overlap_moe_expert_parallel_comm=True,
+)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(),
+        dict(recompute_granularity="selective", recompute_modules=["layernorm"]),
+        dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+        dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=2),
+        dict(expert_model_parallel_size=1),
+        dict(moe_token_dispatcher_type="allgather"),
+        dict(bf16=False),
+    ],
+)
+def test_ep_overlap_rules_match_megatron(change):
+    flat = dict(EP_OVERLAP, **change)
+    megatron = megatron_verdict(kit_config(flat))
+    kit = kit_verdict(flat)
+    assert (kit.accepted, kit.message) == (megatron.accepted, megatron.message)
+    if change.get("recompute_granularity") == "full":
+        assert not kit.accepted  # the point: full recompute is refused with the overlap

@@ -121,6 +121,10 @@ class ModelConfig:
     # are read: the run is validated and measured, never sized (memory/estimate.py refuses)
     not_modelled: str = ""
     moe_shared_expert_overlap: bool = False
+    # the EP all-to-all overlapped with another micro-batch's compute (Megatron-Core's
+    # overlap_moe_expert_parallel_comm; Megatron-Bridge's comm_overlap section sets it): it
+    # refuses full recompute and a recompute method (config/validation.py)
+    overlap_moe_expert_parallel_comm: bool = False
     # Multi-token prediction (Megatron-Core's mtp_num_layers; HF num_nextn_predict_layers):
     # MTP layers after the decoder, on the stage that holds the loss (memory/mtp.py).
     mtp_num_layers: int | None = None

@@ -200,6 +200,7 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
         # A softmax over the one selected expert is 1 everywhere: its gradient is zero.
         raise ConfigError("Please use --moe-router-pre-softmax when topk is 1.")
 
+    _check_ep_overlap(m, p, r)
     _check_cuda_graphs(m, r)
 
     # Rules 26-28: only Megatron-LM's argument parser enforces these. Then the warnings of
@@ -332,6 +333,59 @@ CUDA_GRAPH_SCOPES = (
     "moe_preprocess",
     "mamba",
 )
+
+
+def _check_ep_overlap(m: ModelConfig, p: ParallelConfig, r: RecomputeConfig) -> None:
+    """Megatron-Core 0.16.1's overlap_moe_expert_parallel_comm rules (TransformerConfig
+    __post_init__; Megatron-Bridge's comm_overlap.py asserts the same at setup), in its order.
+    Its torch >= 2.6 and MTP rules are not the kit's to check."""
+    if not m.overlap_moe_expert_parallel_comm:
+        return
+    if p.pipeline_model_parallel_size > 1 and p.virtual_pipeline_model_parallel_size is None:
+        raise ConfigError(
+            "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
+            "specified when pipeline_model_parallel_size > 1"
+        )
+    rules = (
+        (
+            p.expert_model_parallel_size > 1,
+            "overlap_moe_expert_parallel_comm is only supported with expert model parallelism",
+        ),
+        (
+            m.moe_token_dispatcher_type in ("alltoall", "flex"),
+            "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher",
+        ),
+        (
+            r.recompute_granularity != "full",
+            "disable full recomputation when enabling overlap_moe_expert_parallel_comm",
+        ),
+        (
+            r.recompute_method is None,
+            "disable recomputation method when enabling overlap_moe_expert_parallel_comm",
+        ),
+        (
+            r.recompute_num_layers is None,
+            "recompute_num_layers must be None when enabling overlap_moe_expert_parallel_comm",
+        ),
+        (
+            m.bf16 or m.fp16,
+            "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model",
+        ),
+        (
+            not m.moe_shared_expert_overlap,
+            "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm",
+        ),
+    )
+    for holds, message in rules:
+        if not holds:
+            raise ConfigError(message)
+    scope = set(m.cuda_graph_scope)
+    if m.cuda_graph_impl != "none" and (
+        m.cuda_graph_impl != "transformer_engine" or scope & {"moe", "mlp"}
+    ):
+        raise ConfigError(
+            "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm"
+        )
 
 
 def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:

@@ -52,6 +52,14 @@ def known_broken(cfg: Config, version: tuple[int, int] | None) -> list[str]:
     """Why the recompute settings of `cfg` fail on Megatron-Core `version` (None: unknown, the
     strictest), one line each; empty when none is known."""
     r = cfg.recompute
+    if cfg.model.overlap_moe_expert_parallel_comm and "moe" in (r.modules or []):
+        # Megatron-Core 0.16.1 lets it through; Megatron-Bridge asserts it at comm-overlap setup
+        # (training/comm_overlap.py) and later Megatron-Core at finalize
+        return [
+            "selective moe with overlap_moe_expert_parallel_comm: Megatron-Bridge and newer "
+            "Megatron-Core refuse it ('disable moe in recompute_modules when enabling "
+            "overlap_moe_expert_parallel_comm')"
+        ]
     if (
         version is not None
         and version < MODULES_VERSION

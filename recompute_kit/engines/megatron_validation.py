@@ -42,8 +42,8 @@ class Verdict:
 def transformer_config_kwargs(config: Config) -> dict[str, Any]:
     """TransformerConfig keyword arguments for a kit config, Megatron's names and semantics.
 
-    The kit has no token-dispatcher key: `moe_shared_expert_overlap` implies Megatron's
-    alltoall dispatcher (it refuses the overlap with any other), otherwise Megatron's default.
+    `moe_shared_expert_overlap` with the default (allgather) dispatcher implies Megatron's
+    alltoall one (it refuses the overlap with any other).
     Fused kernels are off (they need CUDA or TE and no recompute rule reads them)."""
     import torch
     import torch.nn.functional as F
@@ -111,8 +111,10 @@ def transformer_config_kwargs(config: Config) -> dict[str, Any]:
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
             moe_shared_expert_overlap=m.moe_shared_expert_overlap,
             moe_grouped_gemm=m.moe_grouped_gemm,
+            moe_token_dispatcher_type=m.moe_token_dispatcher_type,
+            overlap_moe_expert_parallel_comm=m.overlap_moe_expert_parallel_comm,
         )
-        if m.moe_shared_expert_overlap:
+        if m.moe_shared_expert_overlap and m.moe_token_dispatcher_type == "allgather":
             kwargs["moe_token_dispatcher_type"] = "alltoall"
     if m.multi_latent_attention:
         kwargs.update(mla_kwargs(m))

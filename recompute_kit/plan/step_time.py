@@ -59,7 +59,9 @@ hide. Every term, with its source or marked as an assumption:
   leaving the rank: two in forward, two in backward, two more where recompute re-runs the
   layer, over NVLink while TP x CP x EP fits a node, else the network. Taken as exposed (the
   defaults: Megatron's overlap_moe_expert_parallel_comm off, torchtitan none), an
-  ASSUMPTION; the allgather dispatcher is not timed.
+  ASSUMPTION; with overlap_moe_expert_parallel_comm on (the recipes of Megatron-Bridge's
+  MoE models set it), as hidden behind the compute of the micro-batch it overlaps with:
+  exposed = max(0, transfer - compute), as FSDP's. The allgather dispatcher is not timed.
 * **Distributed optimizer**: it replaces the gradient all-reduce by a reduce-scatter plus a
   parameter all-gather, the same bytes on the wire (a ring all-reduce IS a reduce-scatter then
   an all-gather; Megatron-LM docs, distrib_optimizer.md), overlapped with backward/forward by
@@ -299,6 +301,9 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
             offloaded_bytes, hw.host_link_gbps, forward, backward
         )
     fsdp = fsdp_transfer_seconds(config, stage, hw)
+    ep = ep_transfer_seconds(config, stage, hw)
+    if config.model.overlap_moe_expert_parallel_comm:  # hidden behind the other batch's compute
+        ep = max(0.0, ep - compute)
     return StageTime(
         stage,
         compute,
@@ -309,7 +314,7 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         tp_exposed,
         max(0.0, fsdp - compute),
         fsdp,
-        ep_transfer_seconds(config, stage, hw),
+        ep,
     )
 
 

@@ -521,7 +521,11 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
             precision.append((key, v, e))
         elif sec == "ddp" and key == "data_parallel_sharding_strategy":
             sharding = (v, e)
-        elif sec == "comm_overlap" and key == "tp_comm_overlap" and isinstance(v, bool):
+        elif (
+            sec == "comm_overlap"
+            and key in ("tp_comm_overlap", "overlap_moe_expert_parallel_comm")
+            and isinstance(v, bool)
+        ):
             _set(reading, key, v, _origin(path, e))
         elif sec in ("dist", "ddp") and key in ("use_megatron_fsdp", "use_torch_fsdp2"):
             if sec == "dist" or key not in reading:

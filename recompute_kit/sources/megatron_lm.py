@@ -156,6 +156,7 @@ BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--sequence-parallel": ("sequence_parallel", True),
     "--use-distributed-optimizer": ("use_distributed_optimizer", True),
     "--tp-comm-overlap": ("tp_comm_overlap", True),
+    "--overlap-moe-expert-parallel-comm": ("overlap_moe_expert_parallel_comm", True),
     "--use-megatron-fsdp": ("use_megatron_fsdp", True),
     "--use-torch-fsdp2": ("use_torch_fsdp2", True),
     "--distribute-saved-activations": ("distribute_saved_activations", True),

@@ -14,22 +14,32 @@ import yaml
 
 
 @functools.cache
-def _line_patterns() -> dict[str, tuple[re.Pattern[str], ...]]:
+def _line_patterns() -> dict[str, tuple[tuple[re.Pattern[str], ...], re.Pattern[str] | None]]:
+    """{row id: (its message patterns, its `where` pattern or None)}."""
     text = resources.files("recompute_kit.doctor").joinpath("known_problems.yaml").read_text()
     rows = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     return {
-        r["id"]: tuple(re.compile(p) for p in r["signature"].get("message", ()))
+        r["id"]: (
+            tuple(re.compile(p) for p in r["signature"].get("message", ())),
+            re.compile(r["signature"]["where"]) if r["signature"].get("where") else None,
+        )
         for r in rows
         if r["signature"].get("line")
     }
 
 
 def scan_known_lines(text: str) -> dict[str, str]:
-    """{row id: the first matching line} for the table's line-signature rows."""
+    """{row id: the first matching line} for the table's line-signature rows; a row with a
+    `where` pattern also needs it somewhere in the (lower-case) text."""
     found: dict[str, str] = {}
-    patterns = _line_patterns()
+    lower = text.lower()
+    rows = {
+        rid: regexes
+        for rid, (regexes, where) in _line_patterns().items()
+        if where is None or where.search(lower)
+    }
     for line in text.splitlines():
-        for rid, regexes in patterns.items():
+        for rid, regexes in rows.items():
             if rid not in found and any(p.search(line) for p in regexes):
                 found[rid] = " ".join(line.split())[:300]
     return found

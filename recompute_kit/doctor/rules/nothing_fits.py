@@ -50,7 +50,7 @@ _FIX = {
 
 @rule(
     "RK013",
-    "Even full recompute does not fit: model states are the largest term",
+    "Nothing fits, full recompute included: model states are the largest term",
     "model_state_memory",
     symptom="OOM persists with full recompute (uniform, 1 layer), and weights, gradients and "
     "optimizer states are the smallest candidate's largest term",
@@ -67,14 +67,16 @@ def _nothing_fits_states(ctx: Context) -> Match | None:
 
 @rule(
     "RK024",
-    "Even full recompute does not fit: the layers' saved inputs are the largest term",
+    "Nothing fits, full recompute included: the layers' activations are the largest term",
     "activation_memory",
-    symptom="OOM persists with full recompute (uniform, 1 layer), and the one input each "
-    "layer keeps is the smallest candidate's largest term (a long sequence)",
+    symptom="OOM persists with full recompute (uniform, 1 layer), or where the run refuses "
+    "full recompute (CUDA graphs, EP overlap) with the least-memory setting left, and the "
+    "layers' activations are that candidate's largest term (a long sequence)",
     cause="Full recompute keeps each layer's input, [sequence x batch x hidden] per layer; at "
     "long sequences these alone exceed the GPU",
-    confirm="recompute-kit estimate --recompute full:uniform:1 shows the layers' activations "
-    "above the model states and the logits",
+    confirm="recompute-kit estimate --recompute SPEC (full:uniform:1, or the smallest "
+    "candidate plan names where full is refused) shows the layers' activations above the "
+    "model states and the logits",
     fix=_FIX["layers"],
     supersedes=("RK010", "RK005"),
 )
