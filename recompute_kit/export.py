@@ -253,7 +253,11 @@ def _render_bridge(rc: RecomputeConfig, num_layers: int | None) -> list[str]:
     lines = [f"cfg.model.{key} = {_py(value)}" for key, value in settings.items()]
     # the same as the Hydra-style overrides a recipe's launch script takes (OmegaConf dotlist)
     overrides = " ".join(_hydra(f"model.{key}", value) for key, value in settings.items())
-    return [*lines, f"# or as overrides: {overrides}"]
+    env = []
+    if rc.fine_grained_activation_offloading:
+        # Megatron-Bridge's ConfigContainer.validate refuses it otherwise (training/config.py)
+        env = ["# with Transformer Engine >= 2.10 also set NVTE_CPU_OFFLOAD_V1=1 in the job's env"]
+    return [*lines, f"# or as overrides: {overrides}", *env]
 
 
 def _render_nemo2(rc: RecomputeConfig, num_layers: int | None) -> list[str]:

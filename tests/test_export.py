@@ -504,3 +504,15 @@ def test_megatron_deepspeed_renders_in_its_own_flags():
     assert flags("none") == []
     said = render(parse_spec("selective:mlp"), "megatron-deepspeed")
     assert "Not expressible: Megatron-DeepSpeed's selective recompute is core attention" in said
+
+
+def test_bridge_fine_grained_offloading_says_the_environment_it_needs():
+    # Megatron-Bridge refuses fine-grained activation offloading on Transformer Engine >= 2.10
+    # without NVTE_CPU_OFFLOAD_V1=1 (training/config.py; a skill trial rendered it without)
+    rc = dataclasses.replace(
+        parse_spec("selective:layernorm"),
+        fine_grained_activation_offloading=True,
+        offload_modules=["core_attn"],
+    )
+    assert "NVTE_CPU_OFFLOAD_V1=1" in render(rc, "megatron-bridge", num_layers=4)
+    assert "NVTE_CPU_OFFLOAD_V1" not in render(parse_spec("selective:layernorm"), "megatron-bridge")
