@@ -1,6 +1,7 @@
 """Launch commands of Hugging Face stacks: `llamafactory-cli train cfg.yaml`, `torchrun ...
 train.py cfg.yaml`, `deepspeed --include localhost:0,1 train.py --model_name_or_path ... --bf16`,
-`accelerate launch --num_processes 8 train.py ...`.
+`accelerate launch --num_processes 8 train.py ...`, and a script run by plain python with the
+Trainer's arguments (`python run_clm.py --model_name_or_path gpt2 ...`).
 
 The world size is the launcher's (torchrun, deepspeed, accelerate: sources/shell.py; for
 llamafactory-cli the NPROC_PER_NODE x NNODES it is run with); the training settings are the
@@ -29,6 +30,9 @@ _LAUNCHER = re.compile(
     r"(?m)^[^#\n]*\b(?:llamafactory-cli\s+train|torchrun|deepspeed|accelerate\s+launch|"
     r"python3?\s+-m\s+torch\.distributed\.(?:run|launch))\b"
 )
+# a script run by plain python (HF's examples: `python run_clm.py --model_name_or_path ...`):
+# one process, which the Trainer spreads over every visible GPU with DataParallel
+_PLAIN_PYTHON = re.compile(r"(?m)^[^#\n]*\bpython3?\s+(?!-m\b)\S+\.py\b")
 _NOT_OURS = re.compile(r"\bpretrain_\w+\.py\b|\btorchtitan\b|--num-layers\b|--hidden-size\b")
 _TRAINER_ARGS = re.compile(r"--(?:model_name_or_path|per_device_train_batch_size|deepspeed)\b")
 _CONFIG_ARG = re.compile(r"\S+\.(?:ya?ml|json)\b")
@@ -41,7 +45,7 @@ def sniff(text: str, path: str) -> int:
     if path.lower().endswith((".yaml", ".yml", ".json", ".toml")) or _NOT_OURS.search(text):
         return 0
     if not _LAUNCHER.search(text):
-        return 0
+        return 75 if _PLAIN_PYTHON.search(text) and _TRAINER_ARGS.search(text) else 0
     return 75 if _CONFIG_ARG.search(text) or _TRAINER_ARGS.search(text) else 0
 
 
@@ -102,6 +106,12 @@ def read(text: str, path: str) -> Reading:
     if launch.world_size:
         where = Origin("file", f"{path}:{launch.world_size_line}", launch.world_size_key)
         reading.set("world_size", launch.world_size, where)
+    elif not _LAUNCHER.search(joined):
+        reading.warnings.append(
+            f"{path}: run by plain python: one process, which the Trainer spreads over every "
+            "GPU it sees with DataParallel (the batch per GPU is per_device_train_batch_size); "
+            f"{GPUS_UNSAID}: give --dp"
+        )
     elif words:
         reading.warnings.append(
             f"{path}: {GPUS_UNSAID} (a hostfile, an accelerate config or the environment sets "

@@ -77,7 +77,7 @@ _DS_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_
 
 _KEY_FOR = {
     "seq_length": "cutoff_len (LLaMA-Factory) / max_length (TRL) / model_max_length (LLaVA, "
-    "FastChat, Alpaca)",
+    "FastChat, Alpaca) / block_size (Hugging Face's run_clm.py)",
     "micro_batch_size": "per_device_train_batch_size",
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "bf16": "bf16",
@@ -251,6 +251,11 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
         ("cutoff_len", "LLaMA-Factory truncates each sample to cutoff_len"),
         ("max_seq_length", "TRL's deprecated name of max_length: the longest sample kept"),
         ("max_length", "TRL: the longest sample kept (with packing, every packed row)"),
+        (
+            "block_size",
+            "Hugging Face's run_clm.py / run_language_modeling.py: the text is cut into blocks "
+            "of block_size tokens, every row full",
+        ),
         (
             "model_max_length",
             "the tokenizer's truncation length (LLaVA, FastChat, Stanford Alpaca's "

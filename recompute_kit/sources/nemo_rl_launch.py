@@ -28,9 +28,12 @@ FRAMEWORKS: tuple[str, ...] = ()  # nemo_rl.py owns NeMo-RL's defaults
 # examples/run_grpo.py, examples/run_grpo_math.py (before NVIDIA-NeMo/RL 4b48248), run_dpo.py
 _SCRIPT = re.compile(r"(?:^|/)run_\w+\.py$")
 _COMMAND = re.compile(r"(?m)^[^#\n]*\b(?:python3?|uv\s+run)\b[^#\n]*\brun_\w+\.py\b")
-# a Megatron-LM / torchrun script that happens to run a run_*.py is not NeMo-RL's
+# a Megatron-LM / torchrun script, or one of Hugging Face's example scripts (run_clm.py with the
+# Trainer's --key arguments), that happens to run a run_*.py is not NeMo-RL's
 _NOT_OURS = re.compile(
-    r"--num-layers\b|--hidden-size\b|--tensor-model-parallel-size\b|\btorchrun\b"
+    r"--num-layers\b|--hidden-size\b|--tensor-model-parallel-size\b|\btorchrun\b|"
+    r"--(?:model_name_or_path|model_type|per_device_train_batch_size|output_dir|"
+    r"train_data_file|train_file)\b"
 )
 # an override of a NeMo-RL config's top-level section (examples/configs/*.yaml)
 _SECTION_OVERRIDE = re.compile(

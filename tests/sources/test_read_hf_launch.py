@@ -150,3 +150,26 @@ def test_llava_finetune_script_reads_model_max_length_and_keeps_words_as_words(c
     rendered = json.loads(capsys.readouterr().out)["rendered"].splitlines()
     assert "--model_max_length 512" in rendered and "--gradient_checkpointing true" in rendered
     assert not [line for line in rendered if not line.startswith(("#", "--"))]
+
+
+def test_an_example_script_run_by_plain_python_is_read(tmp_path):
+    # https://github.com/huggingface/transformers/issues/3360 (the reporter's command, verbatim):
+    # Hugging Face's example script with the Trainer's arguments, run by plain python (it was
+    # claimed by the NeMo-RL launch reader, a run_*.py, and refused)
+    script = tmp_path / "cmd.sh"
+    script.write_text(
+        "python /content/transformers/examples/run_language_modeling.py "
+        "--train_data_file=shakespeare.txt --model_type=gpt2 --model_name_or_path=gpt2 "
+        "--output_dir=output --do_train\n"
+    )
+    r = resolve([str(script)], require_shape=False).reading
+    assert "launch command" in r.format and r.framework == "hf-trainer"
+    assert any("run by plain python" in w for w in r.warnings)
+    # run_clm.py's --block_size is the sequence length
+    script.write_text(
+        "python run_clm.py --model_name_or_path gpt2 --per_device_train_batch_size 4 "
+        "--block_size 1024 --do_train --output_dir out\n"
+    )
+    r = resolve([str(script)], require_shape=False).reading
+    assert r.get("seq_length") == 1024 and r.origins["seq_length"].key == "--block_size"
+    assert r.get("micro_batch_size") == 4
