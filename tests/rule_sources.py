@@ -627,3 +627,10 @@ SOURCES.update(
         "kp-x-apex-1314-fused-wgrad": "https://github.com/NVIDIA/apex/issues/1314",
     }
 )
+
+# skill trial y2: a real paste no corpus case holds
+SOURCES.update(
+    {
+        "nemorl-2859-dpo-float16-to-fp32": "https://github.com/NVIDIA-NeMo/RL/issues/2859",
+    }
+)

@@ -70,3 +70,10 @@ def test_rk640_openrlhf_placement_is_not_advised_for_a_nemo_rl_config():
     d = run(oom, config=(corpus / name).read_text(), config_name=name)
     assert "RK640" not in ids(d)
     assert not any("--actor_num_gpus_per_node" in f.fix for f in d.findings)
+
+
+@covers("RK640")
+def test_rk640_not_for_a_framework_that_places_its_models_seen_in_the_frames():
+    # NeMo-RL DPO on gpt-oss-120b (https://github.com/NVIDIA-NeMo/RL/issues/2859): the frames
+    # are NeMo-RL's Megatron worker; OpenRLHF's per-GPU model count and launcher do not apply
+    assert "RK640" not in ids(run(text("nemorl-2859-dpo-float16-to-fp32")))

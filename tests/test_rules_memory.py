@@ -730,3 +730,13 @@ def test_rk017_a_backward_is_not_model_construction():
     )
     built = "\n".join(x for x in built.splitlines() if "_engine_run_backward" not in x) + "\n"
     assert "RK017" in ids(run(built))
+
+
+@covers("RK016")
+def test_rk016_megatrons_fp32_upcast_of_the_returned_logits():
+    # NeMo-RL DPO on gpt-oss-120b (the reporter's paste): the OOM is in Megatron's
+    # Float16Module turning the last stage's output, the logits NeMo-RL takes log-probs of,
+    # into fp32 (float16_to_fp32 -> val.float())
+    f = top(run(text("nemorl-2859-dpo-float16-to-fp32")))
+    assert f.rule == "RK016" and f.category == "logits_memory"
+    cites(f, "float16_to_fp32")

@@ -9,7 +9,7 @@ import re
 from ..types import Context, Match
 from .allocator import shrink_patch
 from .model_states import COMMON_GPU_BYTES, ZERO_BYTES, _gpu_count, _model_params, stated_gpu_bytes
-from .registry import fact, gib, oom_errors, rule, zero_stage
+from .registry import all_frames, fact, gib, oom_errors, rule, zero_stage
 
 # More than any single GPU holds (the largest ship 288 GB): no batch size makes it fit
 ANY_GPU_BYTES = 300 * 10**9
@@ -131,6 +131,10 @@ _OWN_RL_PLACEMENT = (
 )
 
 
+# the same frameworks seen in a traceback's frames (paths, lower case)
+_OWN_RL_FRAMES = re.compile(r"nemo_rl[/.]|megatron[/.]core|megatron[/.]training|torchtitan[/.]")
+
+
 @rule(
     "RK640",
     "Several models of an RLHF run share each GPU: actor, critic, reference, reward",
@@ -159,6 +163,8 @@ def _rlhf_models_per_gpu(ctx: Context) -> Match | None:
         return None
     if (ctx.evidence.read or {}).get("framework") in _OWN_RL_PLACEMENT:
         return None
+    if _OWN_RL_FRAMES.search(all_frames(ctx)):
+        return None  # the traceback runs in such a framework: no config needed to say so
     actor, name = found
     algo = run["algo"]
     roles = _ALGO_ROLES.get(algo) or tuple(

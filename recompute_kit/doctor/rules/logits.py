@@ -195,6 +195,9 @@ LOGITS_WORDS = (
     "output_layer",
     "post_language_model_processing",
     "vocab_parallel",
+    # Megatron's Float16Module upcasting the last stage's output: the logits, where the model
+    # returns them (RL log-probs, no labels passed), made fp32 at once
+    "float16_to_fp32",
 )
 
 
