@@ -8,6 +8,7 @@ Texts are tests/data/rules/*.txt, verbatim from the URL that tests/rule_sources.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -296,3 +297,14 @@ def test_a_line_row_keeps_its_where():
     )
     assert "RK848" not in ids(run(line))
     assert "RK848" in ids(run(line + "--cuda-graph-impl transformer_engine\n"))
+
+
+def test_a_notice_does_not_silence_the_default_reading():
+    # https://github.com/meta-pytorch/torchtune/issues/1965 (a development corpus case): PyTorch's
+    # "expandable_segments not supported on this platform" notice beside a resolved config; the
+    # notice (RK833, informational) fires, and the default reading of the config still follows
+    # it and leads (before: the notice alone, the fallback never asked)
+    cases = Path(__file__).parent / "corpus" / "cases"
+    case = cases / "p_torchtune_1965_vision_lora_oom_long_sample_midepoch.yaml"
+    d = run(yaml.safe_load(case.read_text())["artefacts"])
+    assert [f.rule for f in d.findings][:2] == ["RK170", "RK833"]

@@ -263,7 +263,8 @@ def diagnose(
     ctx.gpu_name = gpu
     found: list[tuple[Finding, tuple[str, ...]]] = []
     for fallback in (False, True):  # default readings only when nothing specific fired
-        if fallback and found:
+        # (a harmless notice is no reading of the failure: the default one still follows it)
+        if fallback and any(f.category != "informational" for f, _ in found):
             break
         for rule in RULES:
             if rule.fallback != fallback or rule.reads_stated:
