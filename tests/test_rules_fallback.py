@@ -302,3 +302,18 @@ def test_settings_in_the_reporters_words_are_read():
     assert "flash attention" not in f.fix and "--flash_attn" not in f.fix
     assert "halve the per-device batch" not in f.fix  # a batch of one
     assert "not in the paste (off unless set elsewhere)" not in f.evidence  # it is on
+
+
+@covers("RK087")
+def test_a_short_sequence_is_not_offered_as_a_lever():
+    # Megatron-LM#606 (Llama-2-7B at --seq-length 64 on an A100 40G, from a skill trial) was
+    # told "64 -> 32": at a few hundred tokens the sequence is not what fills the GPU
+    said = (
+        "torch.OutOfMemoryError: CUDA out of memory.\n"
+        "python pretrain_gpt.py --seq-length {} --micro-batch-size 1 "
+        "--recompute-granularity selective\n"
+    )
+    short = next(f for f in run(said.format(64)).findings if f.rule == "RK087")
+    assert "64 -> 32" not in short.fix
+    long = next(f for f in run(said.format(4096)).findings if f.rule == "RK087")
+    assert "--seq-length 4096 -> 2048" in long.fix

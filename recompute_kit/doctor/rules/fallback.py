@@ -247,10 +247,17 @@ BATCH_KEY = {
 }
 
 
+# At or below this many tokens per sample a shorter sequence is no lever: what fills the GPU
+# is the model's states (a Megatron-LM#606 paste was told 64 -> 32)
+SHORT_SEQUENCE = 512
+
+
 def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     if not k.seq:
         return None
     key, n = k.seq[0]
+    if n <= SHORT_SEQUENCE:
+        return None
     return (
         {key: n // 2},
         f"{said_as(k, key)} {n} -> {n // 2} (activations grow with the tokens per sample; "
