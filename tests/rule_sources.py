@@ -634,3 +634,10 @@ SOURCES.update(
         "nemorl-2859-dpo-float16-to-fp32": "https://github.com/NVIDIA-NeMo/RL/issues/2859",
     }
 )
+SOURCES.update(
+    {
+        "nemorl-362-dtensor-dpo-oom": "https://github.com/NVIDIA-NeMo/RL/issues/362",
+        "nemorl-362-dtensor-dpo-cmd": "https://github.com/NVIDIA-NeMo/RL/issues/362 (the "
+        "reporter's command)",
+    }
+)

@@ -317,3 +317,20 @@ def test_a_short_sequence_is_not_offered_as_a_lever():
     assert "64 -> 32" not in short.fix
     long = next(f for f in run(said.format(4096)).findings if f.rule == "RK087")
     assert "--seq-length 4096 -> 2048" in long.fix
+
+
+@covers("RK170")
+def test_a_whole_layer_framework_is_offered_whole_layers(tmp_path):
+    # NeMo-RL DPO on its DTensor backend (https://github.com/NVIDIA-NeMo/RL/issues/362, from a
+    # skill trial): it checkpoints whole layers (policy.dtensor_cfg.activation_checkpointing);
+    # it was offered "recompute_modules (no nemo-rl key sets it): [mlp]"
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log, cmd = tmp_path / "log.txt", tmp_path / "cmd.sh"
+    log.write_text(text("nemorl-362-dtensor-dpo-oom"))
+    cmd.write_text(text("nemorl-362-dtensor-dpo-cmd"))
+    ev = collect(logs=[str(log)], config=[str(cmd)], model="meta-llama/Llama-3.1-8B")
+    f = next(f for f in diagnose(ev, 95).findings if f.rule == "RK170")
+    assert "policy.dtensor_cfg.activation_checkpointing: true (every layer, whole)" in f.fix
+    assert "recompute_modules" not in f.fix and "Megatron runs" not in f.fix

@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
 
-import yaml
+from .. import known_table
 
 
 @functools.cache
 def _line_patterns() -> dict[str, tuple[tuple[re.Pattern[str], ...], re.Pattern[str] | None]]:
     """{row id: (its message patterns, its `where` pattern or None)}."""
-    text = resources.files("recompute_kit.doctor").joinpath("known_problems.yaml").read_text()
-    rows = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     return {
         r["id"]: (
             tuple(re.compile(p) for p in r["signature"].get("message", ())),
             re.compile(r["signature"]["where"]) if r["signature"].get("where") else None,
         )
-        for r in rows
+        for r in known_table.rows()
         if r["signature"].get("line")
     }
 

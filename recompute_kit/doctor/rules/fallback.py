@@ -39,6 +39,7 @@ from .registry import (
     oom_errors,
     patch_for,
     rule,
+    whole_layers_only,
 )
 
 # Beyond this many tokens per sample, activations can dominate even at batch 1 with
@@ -90,6 +91,12 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
 
 def ckpt_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     """Turning activation checkpointing on (or up), in the framework's key; None when on."""
+    if k.framework == "megatron" and whole_layers_only(ctx):
+        # a Megatron-family run that checkpoints whole layers (NeMo-RL's DTensor backend): no
+        # module to pick
+        if k.ckpt_on or ctx.granularity == "full":
+            return None
+        return patch_for("full:uniform:1"), "--recompute-granularity full (every layer, whole)"
     if k.framework == "megatron":
         most = ctx.config is not None and ctx.config.recompute.spec == "full:uniform:1"
         if k.ckpt_on and ctx.granularity == "full" and (
@@ -187,7 +194,7 @@ def batch_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
             " (the global batch is kept)" if n % 2 == 0 else ""
         )
     elif k.framework == "megatron":
-        keep = " (global_batch_size stays: Megatron runs twice the micro-batches)"
+        keep = " (the global batch stays: the run takes twice the micro-batches)"
     elif k.framework in ("hf", "llamafactory"):
         patch["gradient_accumulation_steps"] = 2
         keep = " and gradient_accumulation_steps 2 (the global batch is kept)"

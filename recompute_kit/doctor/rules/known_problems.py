@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-import yaml
-
+from .. import known_table
 from ..types import Context, Match
 from .registry import fact, rule
 
-TABLE = "known_problems.yaml"
+TABLE = known_table.TABLE
 FIELDS = {
     "id",
     "title",
@@ -176,11 +174,7 @@ def _version_said(ctx: Context, library: str | None) -> str | None:
 
 def load(text: str | None = None) -> list[KnownProblem]:
     """The table's rows (the shipped table, or `text` for a test), each checked and compiled."""
-    if text is None:
-        text = resources.files("recompute_kit.doctor").joinpath(TABLE).read_text("utf-8")
-    # SafeLoader's C build where PyYAML has one (the same safe constructors, 7x faster: the
-    # table is read whenever the doctor starts)
-    rows = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
+    rows = list(known_table.rows()) if text is None else known_table.parse(text)
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "duplicate ids in the known-problems table"
     return [KnownProblem.from_row(r) for r in rows]

@@ -28,6 +28,7 @@ from .registry import (
     patch_for,
     rule,
     tensor_parallel_patch,
+    whole_layers_only,
     zero_stage,
 )
 
@@ -213,15 +214,6 @@ def largest_at_full_recompute(ctx: Context) -> tuple[str, str] | None:
         return key, f"With the smallest candidate the largest term is {names[key]} ({parts})."
     parts = ", ".join(f"{TERMS[k]} {gib(v)}" for k, v in terms.items())
     return key, f"With full recompute of every layer its largest term is {TERMS[key]} ({parts})."
-
-
-def whole_layers_only(ctx: Context) -> bool:
-    """The run's framework checkpoints whole layers only (the Hugging Face Trainer, NeMo-RL on
-    its DTensor backend): no selective recompute by module."""
-    read = ctx.evidence.read or {}
-    framework = read.get("framework")
-    dtensor = bool((read.get("config") or {}).get("use_torch_fsdp2"))
-    return framework == "hf-trainer" or (framework == "nemo-rl" and dtensor)
 
 
 def _same(rc, ctx: Context) -> bool:

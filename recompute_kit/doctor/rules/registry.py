@@ -410,3 +410,12 @@ def zero_stage(ctx: Context) -> int | None:
         return int(m.group(1))
     said = fact(ctx, "settings_prose")  # "ZeRO stage: 2", "zero2" in prose (settings_prose.py)
     return said.get("zero_stage") if isinstance(said, dict) else None
+
+
+def whole_layers_only(ctx: Context) -> bool:
+    """The run's framework checkpoints whole layers only (the Hugging Face Trainer, NeMo-RL on
+    its DTensor backend): no selective recompute by module."""
+    read = ctx.evidence.read or {}
+    framework = read.get("framework")
+    dtensor = bool((read.get("config") or {}).get("use_torch_fsdp2"))
+    return framework == "hf-trainer" or (framework == "nemo-rl" and dtensor)
