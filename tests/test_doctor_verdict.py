@@ -397,3 +397,12 @@ def test_a_slowdown_without_an_oom_is_not_asked_for_an_oom_message(tmp_path):
     # the same words beside an OOM keep the OOM's deciders
     d = run(tmp_path, "Out of memory with gradient checkpointing, and training is slower with it.")
     assert "oom_message" in [c["id"] for c in d.verdict.collect]
+
+
+def test_no_expandable_segments_rerun_asked_of_a_run_that_has_them(tmp_path):
+    # a skill trial: a Megatron-Bridge perf recipe sets PYTORCH_CUDA_ALLOC_CONF=
+    # expandable_segments:True, and the doctor still asked for "the same step with" it
+    d = run(tmp_path, OOM_ONLY)
+    assert "expandable" in [c["id"] for c in d.verdict.collect]
+    d = run(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + OOM_ONLY)
+    assert "expandable" not in [c["id"] for c in d.verdict.collect]

@@ -404,6 +404,14 @@ def _no_oom_in_sight(ctx: Context, competing: list[str]) -> bool:
     return bool(competing) and not said and set(competing) <= _NOT_MEMORY
 
 
+def _expandable_already(ctx: Context) -> bool:
+    """The environment the inputs show sets expandable_segments:True already."""
+    return any(
+        key.endswith("ALLOC_CONF") and "expandable_segments:True" in value.replace(" ", "")
+        for key, value in ctx.evidence.env.items()
+    )
+
+
 def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     """The verdict on ranked, calibrated findings."""
     kinds = present(ctx)
@@ -452,6 +460,8 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
+    if _expandable_already(ctx):  # the run has them on: that re-run is the run itself
+        items = [i for i in items if i["id"] != "expandable"]
     if steps_without_oom(ctx):
         # the run steps and printed no OOM: its peak decides, not an OOM message to come
         items = _for_a_running_job(items)
