@@ -39,7 +39,7 @@ from typing import Any
 from ..runstats import RERUN
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from ..sources.semantics import CANNOT_RUN
-from .rules.registry import fact, oom_errors, steps_without_oom
+from .rules.registry import expandable_on, fact, oom_errors, steps_without_oom
 from .types import Context, Finding
 
 DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
@@ -404,14 +404,6 @@ def _no_oom_in_sight(ctx: Context, competing: list[str]) -> bool:
     return bool(competing) and not said and set(competing) <= _NOT_MEMORY
 
 
-def _expandable_already(ctx: Context) -> bool:
-    """The environment the inputs show sets expandable_segments:True already."""
-    return any(
-        key.endswith("ALLOC_CONF") and "expandable_segments:True" in value.replace(" ", "")
-        for key, value in ctx.evidence.env.items()
-    )
-
-
 def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     """The verdict on ranked, calibrated findings."""
     kinds = present(ctx)
@@ -460,7 +452,7 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
     items = collect_for(competing, set(have))
     if not items:  # everything those categories need was given: ask for the next deciders
         items = collect_for(competing, set())
-    if _expandable_already(ctx):  # the run has them on: that re-run is the run itself
+    if expandable_on(ctx):  # the run has them on: that re-run is the run itself
         items = [i for i in items if i["id"] != "expandable"]
     if steps_without_oom(ctx):
         # the run steps and printed no OOM: its peak decides, not an OOM message to come

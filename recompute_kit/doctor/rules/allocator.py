@@ -10,6 +10,7 @@ from .registry import (
     EXPANDABLE,
     GIB,
     all_frames,
+    expandable_on,
     fact,
     gib,
     is_megatron,
@@ -76,12 +77,7 @@ def _fragmentation(ctx: Context) -> Match | None:
     total = oom.total_bytes or 0
     if slack < req and slack < 0.05 * total:
         return None
-    # PYTORCH_CUDA_ALLOC_CONF, or its newer name PYTORCH_ALLOC_CONF (2.9+), or ROCm's
-    if any(
-        "expandable_segments:True" in value
-        for key, value in ctx.evidence.env.items()
-        if key.endswith("ALLOC_CONF")
-    ):
+    if expandable_on(ctx):
         return None
     # The allocator's hint is printed on every OOM; it matters when the slack is several times
     # the request and a real share of the GPU, not 50 MiB against a 20 MiB request on a full
@@ -486,7 +482,7 @@ def _library_oom(ctx: Context) -> Match | None:
     supersedes=("RK087", "RK005"),
 )
 def _reserved_over_allocated(ctx: Context) -> Match | None:
-    if any("expandable_segments:True" in v for v in ctx.evidence.env.values()):
+    if expandable_on(ctx):
         return None
     for m in ctx.evidence.memory:
         if m.source not in ("memory_summary", "allocated-reserved"):

@@ -419,3 +419,12 @@ def whole_layers_only(ctx: Context) -> bool:
     framework = read.get("framework")
     dtensor = bool((read.get("config") or {}).get("use_torch_fsdp2"))
     return framework == "hf-trainer" or (framework == "nemo-rl" and dtensor)
+
+
+def expandable_on(ctx: Context) -> bool:
+    """The environment the inputs show sets expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF,
+    its newer name PYTORCH_ALLOC_CONF (2.9+), or ROCm's)."""
+    return any(
+        key.endswith("ALLOC_CONF") and "expandable_segments:True" in value.replace(" ", "")
+        for key, value in ctx.evidence.env.items()
+    )
