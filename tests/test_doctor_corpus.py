@@ -101,7 +101,7 @@ FLOORS = {
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.30,
 }
-MIN_CASES = 416
+MIN_CASES = 460
 
 
 @pytest.fixture(scope="module")
