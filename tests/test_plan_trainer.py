@@ -196,11 +196,15 @@ def test_where_no_one_lever_fits_each_is_tried_at_micro_batch_1(tmp_path, capsys
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     alone = [r for r in rows if "+" not in r["setting"] and r["lever"] != "current"]
     assert not any(r["fits"] for r in alone)
-    best = rows[0]
-    assert best["fits"] and best["lever"] == "fused loss"
     smallest = "per_device_train_batch_size=1 gradient_accumulation_steps=16"
-    assert best["setting"].startswith(smallest)
-    assert "use_liger_kernel: true" in best["setting"] and "liger-kernel" in best["adds"]
+    both = next(
+        r for r in rows if r["lever"] == "fused loss" and r["setting"].startswith(smallest)
+    )
+    assert both["fits"]
+    assert "use_liger_kernel: true" in both["setting"] and "liger-kernel" in both["adds"]
+    # (ZeRO-3's optimizer step, one sub-group's fp32 gradients, leaves it inside the error
+    # band: the rows that clear it rank first)
+    assert rows[0]["clears_error_band"] and not both["clears_error_band"]
 
 
 def test_nothing_fits_names_what_the_run_holds_beside_its_total(tmp_path):

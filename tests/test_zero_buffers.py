@@ -18,6 +18,7 @@ import pytest
 
 from recompute_kit.config import ConfigError
 from recompute_kit.memory.estimate import estimate
+from recompute_kit.memory.model_states import model_states
 from recompute_kit.plan.margins import planned_bytes
 from recompute_kit.sources.resolve import resolve
 
@@ -82,16 +83,42 @@ def test_a_bucket_that_is_not_a_number_is_one_clear_error(tmp_path):
         resolve([str(path), QWEN3])
 
 
-def test_the_zero_1_2_optimizer_step_s_buffers_are_said():
-    """A skill trial (LLaMA-Factory#4133, Qwen1.5-7B full SFT on ZeRO-2): DeepSpeed's step casts
-    the gradient partition to fp32 and torch's foreach AdamW makes a moment-sized temporary,
-    about 7 GiB there, after the activations are freed; the estimate leaves them out, so it
-    says so (not for ZeRO-3, nor for adapters on a frozen base)."""
+def test_the_zero_optimizer_step_is_counted_where_it_sets_the_peak(tmp_path):
+    """A skill trial (LLaMA-Factory's llama3_full_sft.yaml + ds_z2_config.json, Llama-3.1-8B
+    over 8 GPUs) was told the run fits a 40 GB A100 with 3 GiB to spare, while the words beside
+    the estimate left out DeepSpeed's step: the fp32 copy of the gradient partition
+    (stage_1_and_2.py step(): flatten(...).to(fp32)) and, with torch's foreach AdamW
+    (optim adamw_torch), a temporary of one moment's size. With checkpointing on the
+    activations are smaller than those, so the step sets the peak: the total counts it."""
     corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
-    recipe = str(corpus / "qwen3_full_sft.yaml")
+    recipe = (corpus / "qwen3_full_sft.yaml").read_text()
 
-    def said(ds: str) -> list[str]:
-        cfg = resolve([recipe, str(corpus / ds)], model="Qwen/Qwen3-4B").config
-        return [a for a in estimate(cfg).overhead_assumptions if "ZeRO-1/2" in a]
+    def run(ds: str, optim: str | None = None):
+        yaml_path = tmp_path / f"run_{Path(ds).stem}_{optim}.yaml"
+        text = recipe.replace("examples/deepspeed/ds_z3_config.json", str(corpus / ds))
+        yaml_path.write_text(text + (f"optim: {optim}\n" if optim else ""))
+        cfg = resolve([str(yaml_path)], model="Qwen/Qwen3-4B", overrides={"world_size": 2})
+        return cfg.config, estimate(cfg.config)
 
-    assert said("blind_ds_z2_config.json") and not said("ds_z3_config.json")
+    config, e = run("blind_ds_z2_config.json")
+    states = model_states(config, 0, "hf")
+    assert not config.parallel.adam_step_temporary  # optim unset: transformers' fused default
+    assert e.optimizer_step_bytes == states.step_fp32_grads > 0
+    assert e.step_sets_peak and e.total_bytes == (
+        e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.optimizer_step_bytes
+    )
+    assert any("counted in the total" in a for a in e.overhead_assumptions)
+    # optim adamw_torch: foreach AdamW's moment-sized temporary on top
+    config, e2 = run("blind_ds_z2_config.json", "adamw_torch")
+    assert config.parallel.adam_step_temporary
+    assert e2.optimizer_step_bytes == states.step_fp32_grads + round(states.optimizer / 3)
+    # a DeepSpeed optimizer block builds FusedAdam: the Trainer's optim is not used
+    ds = json.loads((corpus / "blind_ds_z2_config.json").read_text())
+    ds["optimizer"] = {"type": "AdamW", "params": {"lr": "auto"}}
+    (tmp_path / "with_opt.json").write_text(json.dumps(ds))
+    config, e3 = run(str(tmp_path / "with_opt.json"), "adamw_torch")
+    assert not config.parallel.adam_step_temporary
+    assert e3.optimizer_step_bytes == states.step_fp32_grads
+    # adapters on a frozen base: no gradient partition to copy
+    lora = resolve([str(corpus / "qwen3_lora_sft.yaml")], model="Qwen/Qwen3-4B").config
+    assert estimate(lora).optimizer_step_bytes == 0

@@ -49,6 +49,21 @@ def loss_line(e: Estimate, specs_setting_peak: list[str] | None = None) -> str |
     return line
 
 
+def step_line(results: list[Estimate]) -> str | None:
+    """The optimizer step's transient (DeepSpeed's fp32 gradient copy, a foreach AdamW's
+    temporary) where it sets the peak of a row, or None."""
+    rows = [e.recompute for e in results if e.step_sets_peak]
+    if not rows:
+        return None
+    e = results[0]
+    return (
+        f"optimizer step: {_gib(e.optimizer_step_bytes)} beside the model states after backward "
+        f"freed the activations (DeepSpeed's fp32 copy of the gradient partition, and a foreach "
+        f"AdamW's temporary where optim is adamw_torch); above the activations' peak, it sets "
+        f"the total of {', '.join(rows)}"
+    )
+
+
 def overhead_terms(e: Estimate) -> dict[str, int]:
     """The overheads outside `total_bytes`, named, the nonzero ones."""
     terms = {

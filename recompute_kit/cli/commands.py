@@ -20,7 +20,7 @@ from ..export_layout import changed_settings
 from ..plan.margins import planned_bytes
 from ..presets import PRESETS
 from ..units import byte_unit, in_unit
-from .breakdown import loss_at_peak_bytes, loss_line, overhead_terms, overheads_line
+from .breakdown import loss_at_peak_bytes, loss_line, overhead_terms, overheads_line, step_line
 from .common import (
     config_from_args,
     default_format,
@@ -337,6 +337,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     last = next((e for e in results if e.logits_shape), None)
     if last is not None:
         print(loss_line(last, [e.recompute for e in results if e.loss_sets_peak]))
+    if (step := step_line(results)) is not None:
+        print(step)
     same = len({tuple(overhead_terms(e).items()) for e in results}) == 1
     for e in results[:1] if same else results:
         print(overheads_line(e))

@@ -220,6 +220,10 @@ class ParallelConfig:
     zero_reduce_bucket_size: int | None = None
     zero_overlap_comm: bool | None = None
     zero_prefetch_bucket_size: int | None = None
+    # torch's foreach AdamW (the Trainer's optim adamw_torch) allocates a temporary of one
+    # moment's size in its step (_multi_tensor_adamw: exp_avg_sq_sqrt); fused kernels
+    # (adamw_torch_fused, transformers' default with torch >= 2.8; DeepSpeed's FusedAdam) do not
+    adam_step_temporary: bool = False
     # Megatron's gradient and optimizer dtypes (memory/model_states.py, "megatron" and
     # "megatron_fsdp" modes). DistributedDataParallelConfig.grad_reduce_in_fp32: main gradients
     # in fp32, else in the parameters' dtype (Megatron-Core's default False; Megatron-LM turns it

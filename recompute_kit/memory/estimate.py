@@ -99,6 +99,11 @@ class Estimate:
     loss_transient_bytes: int = 0
     loss_sets_peak: bool = False
     fused_linear_loss: bool = False  # Liger's fused linear cross-entropy: logits in chunks
+    # What the optimizer step allocates beside the model states once the activations are freed
+    # (DeepSpeed ZeRO's fp32 copy of the gradient partition, a foreach AdamW's temporary):
+    # total_bytes takes the larger of it and peak_activation_bytes (step_sets_peak).
+    optimizer_step_bytes: int = 0
+    step_sets_peak: bool = False
 
     @property
     def model_state_bytes(self) -> int:
@@ -876,6 +881,7 @@ def _stage_estimate(
 
     states = model_states(config, stage, engine)
     weights, grads, optimizer = states.weights, states.grads, states.optimizer
+    step = optimizer_step_bytes(config, states)
     return Estimate(
         recompute=format_spec(rc),
         per_layer_activation_bytes=layer_total / n_layers,
@@ -885,7 +891,9 @@ def _stage_estimate(
         weights_bytes=weights,
         grads_bytes=grads,
         optimizer_bytes=optimizer,
-        total_bytes=round(weights + grads + optimizer + peak),
+        total_bytes=round(weights + grads + optimizer + max(peak, step)),
+        optimizer_step_bytes=round(step),
+        step_sets_peak=step > peak,
         recompute_flops_fraction=recompute_flops_fraction(config, stage),
         model_recompute_flops_fraction=model_recompute_flops_fraction(config, stage),
         offloaded_bytes=round(offloaded * in_flight),
@@ -898,6 +906,31 @@ def _stage_estimate(
         mtp_bytes=mtp,
         **_loss_terms(m, p, B, engine, stage == pp - 1, held[-1], loss_transient, transient),
     )
+
+
+# zero_optimization.sub_group_size's default (deepspeed/runtime/zero/config.py)
+ZERO3_SUB_GROUP = 1_000_000_000
+
+
+def optimizer_step_bytes(config: Config, states) -> float:
+    """What the optimizer step holds beside the model states, after backward freed the
+    activations: DeepSpeed ZeRO's fp32 copy of this rank's gradient partition
+    (model_states.step_fp32_grads: stage_1_and_2.py step(), flatten(...).to(fp32)) and, with
+    torch's foreach AdamW (adam_step_temporary), a temporary of one moment's size
+    (_multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs))."""
+    p = config.parallel
+    step = float(states.step_fp32_grads)
+    moment = 0.0
+    if p.adam_step_temporary and states.optimizer and not p.optimizer_offload:
+        # Adam's two moments, beside a master copy where the weights are 16-bit with one
+        moment = states.optimizer / (
+            3 if p.param_precision == "fp32_master" and states.mode != "fsdp2" else 2
+        )
+    if states.mode == "zero" and p.zero_stage >= 3:
+        # stage 3 steps one sub-group at a time (stage3.py, _prepare_fp32_grad_for_sub_group):
+        # at most sub_group_size elements (DeepSpeed's default 1e9) of each
+        step, moment = min(step, 4 * ZERO3_SUB_GROUP), min(moment, 4 * ZERO3_SUB_GROUP)
+    return step + moment
 
 
 def _loss_terms(m, p, B, engine, last, in_flight, loss_transient, transient) -> dict:

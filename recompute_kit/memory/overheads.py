@@ -162,19 +162,23 @@ def overhead_terms(
         said.append(_zero_buffer_words(config, zero_buffers))
     if (
         sharding == "zero"
-        and p.zero_stage in (1, 2)
-        and p.param_precision == "fp32_master"
+        and p.zero_stage >= 1
         and (m.bf16 or m.fp16)
         and not p.frozen_base
+        and not p.optimizer_offload
     ):
-        # stage_1_and_2.py step(): flatten(averaged_gradients).to(fp32 master dtype); torch's
-        # _multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)
+        # the estimate's optimizer_step_bytes (memory/estimate.py)
+        adam = (
+            "and torch's foreach AdamW temporary of one moment's size (adam_step_temporary: "
+            "optim adamw_torch)"
+            if p.adam_step_temporary
+            else "(no foreach AdamW temporary: a fused optimizer; optim adamw_torch would add "
+            "one moment's size)"
+        )
         said.append(
-            "DeepSpeed ZeRO-1/2's optimizer step: an fp32 copy of this rank's gradient "
-            "partition (4 B per parameter / DP) and, with torch's foreach AdamW (the "
-            "Trainer's adamw_torch), a temporary of one moment's size (4 B per parameter / "
-            "DP), after the activations are freed: not counted (where activations are small "
-            "they set the peak)"
+            f"DeepSpeed ZeRO's optimizer step: an fp32 copy of this rank's gradient partition "
+            f"(4 B per parameter / DP) {adam}, after backward freed the activations: counted "
+            "in the total where it exceeds the activations' peak"
         )
     if p.frozen_base and p.sequence_parallel and p.tensor_model_parallel_size > 1 and not (
         p.lora_input_regather

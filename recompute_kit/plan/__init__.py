@@ -423,6 +423,12 @@ def explain(
             if e.logits_shape and e.loss_sets_peak
             else ""
         )
+        + (
+            f"; the optimizer step's {e.optimizer_step_bytes / GIB:.1f} GiB, after backward "
+            "freed the activations, sets the peak instead"
+            if e.step_sets_peak
+            else ""
+        )
         + ")."
     ]
     beside = {

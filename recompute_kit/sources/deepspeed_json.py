@@ -77,6 +77,21 @@ def read_deepspeed(
         handled.add(key)
         if key in data and not _auto(data[key]):
             put(field, _int(src, key, data[key]), origin(key))
+    optimizer = data.get("optimizer")
+    if isinstance(optimizer, dict) and str(optimizer.get("type", "")).lower() in ("adam", "adamw"):
+        # DeepSpeed builds its FusedAdam for these unless params.torch_adam is true
+        # (deepspeed/runtime/engine.py, _configure_basic_optimizer); the Trainer's optim is
+        # then not used
+        torch_adam = (optimizer.get("params") or {}).get("torch_adam") is True
+        put(
+            "adam_step_temporary",
+            torch_adam,
+            origin(
+                "optimizer",
+                "type",
+                note="torch.optim.AdamW (torch_adam)" if torch_adam else "DeepSpeed's FusedAdam",
+            ),
+        )
     if "activation_checkpointing" in data:
         reading.warnings.append(
             f"{src.path}: activation_checkpointing configures DeepSpeed's own checkpointing API "

@@ -318,6 +318,9 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
     if data.get("deepspeed") is not None:
         _read_deepspeed_ref(take("deepspeed"), src, reading)
     _warn_model_states(data, src, reading, lf)
+    said = reading.origins.get("adam_step_temporary")
+    if said is not None and said.key == "optim":
+        handled.add("optim")
     if "param_precision" in reading:  # its dtype key was read (_warn_model_states)
         handled.add(reading.origins["param_precision"].key)
     strategy_key = "eval_strategy" if "eval_strategy" in data else "evaluation_strategy"
@@ -428,6 +431,14 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
             ),
         )
     optim = str(data.get("optim", ""))
+    if optim and "adam_step_temporary" not in reading:  # (a DeepSpeed optimizer block wins)
+        foreach = optim == "adamw_torch"
+        note = (
+            "torch's foreach AdamW: a temporary of one moment's size in the step"
+            if foreach
+            else "no foreach AdamW temporary in the step"
+        )
+        reading.set("adam_step_temporary", foreach, src.origin("optim", note=note))
     if "8bit" in optim or "4bit" in optim:
         reading.warnings.append(f"{src.path}: optim {optim}: low-bit optimizer states")
     _read_liger(data, src, reading, lf)
@@ -720,6 +731,14 @@ def apply_defaults(reading: Reading) -> None:
             d("zero_prefetch_bucket_size", 50_000_000, ds_config, "stage3_prefetch_bucket_size 5e7")
         stage3 = (reading.get("zero_stage") or 0) >= 3
         d("zero_overlap_comm", stage3, ds_config, "overlap_comm: on at stage 3 only")
+    d(
+        "adam_step_temporary",
+        False,
+        f"transformers' default ({TRAINING_ARGS})",
+        "optim unset: adamw_torch_fused with torch >= 2.8 (no temporary in the step); with "
+        "older torch or transformers adamw_torch, whose foreach step adds a temporary of one "
+        "Adam moment's size (set optim to say which)",
+    )
     d("optimizer_offload", False, "DeepSpeed's default (offload_optimizer.device none)")
     d("param_offload", False, "DeepSpeed's default (offload_param.device none)")
     d("cpu_offloading", False, where)

@@ -119,6 +119,7 @@ _NOT_DIRECT = frozenset(
         "zero_overlap_comm",
         "zero_prefetch_bucket_size",
         "zero_reduce_bucket_size",
+        "adam_step_temporary",
         "param_precision",
         "param_offload",
         "loss_implementation",

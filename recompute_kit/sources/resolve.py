@@ -854,6 +854,8 @@ _NEVER_DEFAULTED = frozenset(
         "zero_reduce_bucket_size",
         "zero_overlap_comm",
         "zero_prefetch_bucket_size",
+        # the Trainer's optimizer (its reader says the default); Megatron's is fused
+        "adam_step_temporary",
         # known only where an input says it (None in the Config: the pipeline's steady state)
         "global_batch_size",
     }

@@ -109,6 +109,20 @@ _PHRASES: list[Phrase] = [
         _fixed("it worked fine in the previous version"),
     ),
     (re.compile(r"词表"), _fixed("vocabulary")),
+    # the run's settings in words: "全参数微调", "序列长度是512", "batch_size为1"
+    (re.compile(r"全(?:参数?|量)(?:微调|训练|fine-?tun\w*)"), _fixed("full fine-tuning")),
+    (
+        re.compile(
+            r"(?:序列长度|最大长度|cutoff_len|max_length)\s*(?:是|为|设为|设置为|=|:|：)\s*(?P<n>\d+)"
+        ),
+        lambda m: f"seq_len={m.group('n')}",
+    ),
+    (
+        re.compile(
+            r"(?:batch[_ ]?size|bs|批大小|批次大小)\s*(?:是|为|设为|设置为)\s*(?P<n>\d+)", re.I
+        ),
+        lambda m: f"batch_size={m.group('n')}",
+    ),
     (re.compile(r"报错|出错"), _fixed("error")),
     # GPU counts: "8卡", "单卡", "两张A100"
     (

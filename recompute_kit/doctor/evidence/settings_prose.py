@@ -100,6 +100,10 @@ _PROSE_BATCH_RE = re.compile(
 _PROSE_SEQ_RE = re.compile(
     r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b", re.I
 )
+# every weight trained, in words: "full fine-tuning", "full-parameter finetune", "full FT"
+_FULL_FT_RE = re.compile(
+    r"\bfull[- ](?:param(?:eter)?s?[- ])?(?:fine[- ]?tun(?:e|ed|ing)|training|ft|sft)\b", re.I
+)
 # flash attention in use: "using flash-attn", "with flash-attn 2", "flash_attention_2"
 _FLASH_SAID_RE = re.compile(
     r"\bflash[-_ ]?attn(?:[-_ ]?2)?\b|\bflash[-_ ]attention(?:[-_ ]?2)?\b", re.I
@@ -217,6 +221,8 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
             put("micro_batch", int(m.group(1)), line)
         if (m := _PROSE_SEQ_RE.search(line)) and _stated(line, m.start()):
             put("seq_len", int(m.group(1)), line)
+        if (m := _FULL_FT_RE.search(line)) and _stated(line, m.start()):
+            put("full_finetune", True, line)
         if (m := _FLASH_SAID_RE.search(line)) and _stated(line, m.start()):
             put("attention", "flash", line)
         if (m := _CKPT_SAID_RE.search(line)) and _stated(line, m.start()):

@@ -72,12 +72,12 @@ def _reading(ctx: Context) -> tuple[str, Knobs, StateCount | None, str | None] |
     count = model_state_count(ctx)
     full = knobs.lora is not True and not (count is not None and count.lora)
     gpu = stated_gpu_bytes(ctx)
-    longest = knobs.seq[0][1] if knobs.seq else 0
-    exhausted = (
-        knobs.batch is not None
-        and knobs.batch[1] == 1
-        and knobs.ckpt_on
-        and longest <= LONG_SEQUENCE
+    longest = knobs.seq[0][1] if knobs.seq else (knobs.said_seq or 0)
+    batch_one = knobs.batch[1] == 1 if knobs.batch is not None else knobs.said_batch == 1
+    # one sample per device: with checkpointing on, or at a few hundred tokens (a layer keeps
+    # tens of MB there, the states 16 bytes per parameter), the activations have no room left
+    exhausted = batch_one and (
+        (knobs.ckpt_on and longest <= LONG_SEQUENCE) or 0 < longest <= SHORT_SEQUENCE
     )
     # Half of the GPU in states: of the stated GPU, or (none stated) of even an 80 GB one.
     counted_heavy = count is not None and count.per_gpu >= 0.5 * (gpu or COMMON_GPU_BYTES)
@@ -519,7 +519,12 @@ def _default_states(ctx: Context) -> Match | None:
     if (lora := _lora_step(k)) is not None:
         words.append(lora)
     words.append("an 8-bit / paged AdamW (optim: paged_adamw_8bit) halves the Adam states")
-    why = "batch 1 with checkpointing on leaves activations little room to shrink"
+    longest = k.seq[0][1] if k.seq else k.said_seq
+    why = (
+        "batch 1 with checkpointing on leaves activations little room to shrink"
+        if k.ckpt_on
+        else f"batch 1 at {longest} tokens leaves activations little room to shrink"
+    )
     if count is not None and ctx.gpu_bytes and count.per_gpu >= 0.5 * ctx.gpu_bytes:
         why = f"the states take {gib(count.per_gpu)} of the {gib(ctx.gpu_bytes)} GPU"
     evidence = f"{_head(said)}: the paste sets {_knob_list(ctx, k, count)}; {why}."

@@ -339,6 +339,8 @@ def read_knobs(ctx: Context) -> Knobs:
         k.lora = True
     elif _adapters_said(ctx):
         k.lora = True  # adapters named in the paste's code or words (get_peft_model, --use_lora)
+    elif said.get("full_finetune"):
+        k.lora = False  # "full fine-tuning" in the reporter's words
     frozen = ((ctx.evidence.read or {}).get("sources") or {}).get("frozen_base") or {}
     if frozen.get("from") == "file":  # the reader's word on adapters, as the files set them
         k.lora = (ctx.evidence.read or {}).get("config", {}).get("frozen_base") is True
