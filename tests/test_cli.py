@@ -923,8 +923,43 @@ def test_validate_takes_a_model_alone(capsys):
     # argparse's "CONFIG required" (no JSON); the rule it wanted (uniform N not dividing a
     # chunk before Megatron-Core 0.17) is checked on the model alone
     argv = ["validate", "--model", "llama3-8b", "--recompute", "full:uniform:3", "--strict"]
-    assert main([*argv, "--megatron-core-version", "0.16", "--json"]) == 0
+    # on the version named it fails when it runs: an error, not a warning (a later trial read
+    # exit 0 and "valid" as safe to launch)
+    assert main([*argv, "--megatron-core-version", "0.16", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert not doc["valid"] and any("IndexError before 0.17" in e for e in doc["errors"])
+    assert not any("IndexError" in w for w in doc["warnings"])
+    # the version unknown: the strictest is assumed, and said as a warning
+    assert main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert any("IndexError before 0.17" in w for w in doc["warnings"])
     assert main(["validate", "--json"]) == 1
     assert "give the config files you train with, or --model" in capsys.readouterr().out
+
+
+def test_validate_and_plan_say_what_moe_full_recompute_holds_late(capsys):
+    # A skill trial (Megatron-LM's examples/mixtral script on Megatron-Core 0.16): `plan` chose
+    # full:block:3 and `validate` said nothing of Megatron-LM#3221 (the unfused unpermute's
+    # intermediates held until the next iteration; PR #5197 is in no release up to 0.17.1)
+    argv = ["validate", "--model", "mixtral-8x7b", "--recompute", "full:block:2", "--json"]
+    for version, said in (("0.16", True), ("0.17", True), ("0.18", False)):
+        assert main([*argv, "--megatron-core-version", version]) == 0
+        warnings = json.loads(capsys.readouterr().out)["warnings"]
+        assert any("Megatron-LM#3221" in w for w in warnings) is said, version
+
+
+def test_moe_permute_fusion_takes_the_path_without_the_late_free(tmp_path, capsys):
+    script = tmp_path / "train.sh"
+    flags = (
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
+        "--num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+        "--micro-batch-size 1 --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8 "
+        "--vocab-size 32000 --bf16 --recompute-granularity full --recompute-method block "
+        "--recompute-num-layers 2"
+    )
+    argv = ["validate", str(script), "--megatron-core-version", "0.16", "--json"]
+    for extra, said in (("", True), (" --moe-permute-fusion", False)):
+        script.write_text(flags + extra + "\n")
+        assert main(argv) == 0
+        warnings = json.loads(capsys.readouterr().out)["warnings"]
+        assert any("Megatron-LM#3221" in w for w in warnings) is said, extra

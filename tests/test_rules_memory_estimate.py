@@ -350,3 +350,28 @@ def test_a_trl_sft_oom_asking_for_whole_logits_keeps_them_and_patches_trls_loss_
     assert top.rule == "RK012" and top.patch_keys == {"loss_type": "chunked_nll"}
     assert "tokens (2 x" not in top.evidence  # one tensor of all 16384 tokens, not fewer
     assert any("which TRL's chunked loss never makes" in a for a in d.assumptions)
+
+
+def test_a_request_larger_than_any_tensor_of_the_step_keeps_the_estimate_possible(tmp_path):
+    # A skill trial fed ms-swift#9403's NPU OOM ("Tried to allocate 26.44 GiB (NPU 2; 60.96
+    # GiB total capacity; 30.23 GiB already allocated; ...") beside a Mixtral launch script and
+    # was told "recompute more" at 85%: no tensor of that step comes near 26 GiB, so the log is
+    # not that step's, and the estimate's finding may not be confident.
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {} GiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 1.20 GiB is free. Of the allocated memory 76.31 "
+        "GiB is allocated by PyTorch, and 0.40 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    _lf_run(tmp_path)  # writes the run's files (Qwen3-8B at 8k tokens, 2 a GPU, no checkpointing)
+    names = ("sft.yaml", "ds_z3_config.json", "accel.yaml", "config.json")
+    files = [str(tmp_path / n) for n in names]
+
+    def rk010(request: str):
+        log = tmp_path / f"oom_{request}.log"
+        log.write_text(oom.format(request), encoding="utf-8")
+        return _finding(diagnose(collect(logs=[str(log)], config=files), 79.1), "RK010")
+
+    plausible = rk010("2.00")
+    assert plausible.confidence > 0.5 and "is larger than any one tensor" not in plausible.evidence
+    alien = rk010("40.00")
+    assert alien.confidence <= 0.5 and "is larger than any one tensor" in alien.evidence

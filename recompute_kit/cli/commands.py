@@ -15,7 +15,7 @@ from ..config import (
     all_specs,
     parse_spec,
 )
-from ..config.versions import ignored_settings
+from ..config.versions import held_beyond_estimate, ignored_settings, known_broken, parse_version
 from ..export_layout import changed_settings
 from ..plan.margins import planned_bytes
 from ..presets import PRESETS
@@ -172,8 +172,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not strict:  # what Megatron accepts but does not act on is said either way
             written = cfg.recompute.recompute_modules if given else None
             warnings += [w for w in ignored_settings(cfg, written) if w not in warnings]
+            version = parse_version(cfg.megatron_core_version)
+            warnings += [w for w in held_beyond_estimate(cfg, version) if w not in warnings]
     except ConfigError as exc:
         errors.append(str(exc))
+    if not errors and cfg.megatron_core_version is not None:
+        # Megatron's checks accept these, but on the version named the run fails (an
+        # IndexError at the first step): not a valid setting for that run
+        for line in known_broken(cfg, parse_version(cfg.megatron_core_version)):
+            warnings = [w for w in warnings if w != line]
+            errors.append(f"{line} (Megatron's checks accept it; the run fails on this version)")
     if not args.json:  # the summary above said the assumptions already
         warnings = [w for w in warnings if not w.startswith("assumed: ")]
     if args.json:
@@ -192,7 +200,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for error in errors:
             print(f"error: {error}")
         if not errors:
-            names = ", ".join(args.config_file)
+            names = ", ".join(args.config_file) or args.model
             print(f"valid: {names} (recompute: {cfg.recompute.spec})")
     return 1 if errors else 0
 

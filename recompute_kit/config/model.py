@@ -108,6 +108,9 @@ class ModelConfig:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
     moe_shared_expert_intermediate_size: int | None = None
     moe_grouped_gemm: bool = False
+    # Transformer Engine's fused permute / unpermute (--moe-permute-fusion): no unfused
+    # unpermute, whose intermediates full recompute holds late before PR #5197 (versions.py)
+    moe_permute_fusion: bool = False
     # Token dropping: an expert takes at most factor x its balanced share of tokens (None:
     # dropless); padding fills every expert to that capacity (memory/overheads.py).
     moe_expert_capacity_factor: float | None = None

@@ -18,7 +18,7 @@ from .model import (
     RecomputeConfig,
 )
 from .pipeline_layout import pipeline_layout
-from .versions import ignored_settings, known_broken, parse_version
+from .versions import held_beyond_estimate, ignored_settings, known_broken, parse_version
 
 # Megatron's messages verbatim.
 # Numbers refer to the rule list in shared/reference/megatron-recompute.md section 1.2.
@@ -233,6 +233,7 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
             )
         # Not refused by Megatron, but broken on the run's version or not acted on as written.
         warnings += known_broken(cfg, parse_version(cfg.megatron_core_version))
+        warnings += held_beyond_estimate(cfg, parse_version(cfg.megatron_core_version))
         warnings += ignored_settings(cfg, modules_as_written)
 
     # Not a Megatron rule, but the layers must be able to run the config.

@@ -92,6 +92,31 @@ def known_broken(cfg: Config, version: tuple[int, int] | None) -> list[str]:
     ]
 
 
+# The last release without PR #5197 (megatron/core/transformer/moe/moe_utils.py unpermute:
+# `del output_tokens, permuted_tokens, sorted_indices`): not in core_v0.16.1, 0.17.0 or 0.17.1.
+MOE_FULL_RECOMPUTE_LEAK_UNTIL = (0, 17)
+
+
+def held_beyond_estimate(cfg: Config, version: tuple[int, int] | None) -> list[str]:
+    """Memory Megatron-Core `version` (None: unknown) holds under `cfg`'s recompute that the
+    estimate does not count, one line each: the run works, but above its estimate."""
+    r = cfg.recompute
+    moe = cfg.model.num_moe_experts and any(
+        cfg.model.is_moe_layer(n) for n in range(cfg.model.num_layers)
+    )
+    if not moe or r.recompute_granularity != "full" or cfg.model.moe_permute_fusion:
+        return []
+    if version is not None and version > MOE_FULL_RECOMPUTE_LEAK_UNTIL:
+        return []
+    return [
+        f"full recompute of MoE layers on Megatron-Core {describe_version(version)}: the "
+        "unfused unpermute's intermediates stay referenced until the next iteration "
+        "(Megatron-LM#3221; fixed by PR #5197, in no release up to 0.17.1), held above this "
+        "estimate and growing with recompute_num_layers; moe_permute_fusion (Transformer "
+        "Engine's fused permute) avoids that path, or recompute selectively (moe_act, moe)"
+    ]
+
+
 def ignored_settings(cfg: Config, modules_as_written: list[str] | None = None) -> list[str]:
     """Settings Megatron accepts but does not act on as written, one line each.
     `modules_as_written`: recompute_modules as the input gave it (validation fills in the

@@ -381,6 +381,7 @@ def _reconcile(
                     f.confidence = round(min(0.99, top + 0.01), 2)
     _where_is_not_why(ctx, kept)
     _the_run_steps(ctx, kept)
+    _the_request_is_not_this_step(ctx, kept)
     if ctx.cfg:  # a config was given: confirm steps must not ask for one
         for f in kept:
             f.confirm = f.confirm.replace(
@@ -406,6 +407,38 @@ def _the_run_steps(ctx: Context, findings: list[Finding]) -> None:
                 " But the log shows the run stepping without an OOM: the estimate is above what "
                 "it holds (the sequence length read is the longest a sample may have; batches "
                 "padded to their own longest are shorter), so this is an upper bound."
+            )
+
+
+def _the_request_is_not_this_step(ctx: Context, findings: list[Finding]) -> None:
+    """An OOM whose failed request is larger than any one tensor of the estimated step (even
+    the whole optimizer states as one buffer) was not raised by the step the config describes:
+    another config ran, or another phase or a mis-sized tensor asked. The findings that rest
+    on the estimate stay possible, not confident (a skill trial fed an NPU log's 26 GiB
+    request beside a Mixtral script and was told 85% 'recompute more')."""
+    est, oom = ctx.estimate, ctx.oom
+    if est is None or oom is None or not oom.requested_bytes:
+        return
+    rows, columns = (est.logits_shape or [0, 0])[:2]
+    largest = max(
+        est.per_layer_activation_bytes,
+        4 * rows * columns,  # the fp32 logits
+        est.loss_transient_bytes,
+        est.weights_bytes,
+        est.grads_bytes,
+        est.optimizer_bytes,
+    )
+    if oom.requested_bytes <= 1.5 * largest:
+        return
+    for f in findings:
+        if f.rule in _PREDICTS_NO_FIT:
+            f.confidence = round(min(f.confidence, 0.5), 2)
+            f.evidence += (
+                f" But the failed request, {oom.requested_bytes / GIB:.2f} GiB, is larger than "
+                f"any one tensor of the step this config describes (the largest, "
+                f"{largest / GIB:.2f} GiB, counts a whole model-state term as one buffer): the "
+                "run that failed is not the one the config describes, or something outside the "
+                "training step asked for it."
             )
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..config import Config, ConfigError, RecomputeConfig
-from ..config.versions import describe_version, parse_version
+from ..config.versions import describe_version, held_beyond_estimate, parse_version
 from ..export import render, settings_line
 from ..export_layout import Spelling, world_size
 from ..memory.estimate import Estimate, estimate
@@ -492,6 +492,9 @@ def explain(
             "backward, which the FLOPs do not count: `plan --levers` prices it in the step "
             "time (exposed EP communication)."
         )
+    if config is not None:
+        for line in held_beyond_estimate(as_candidate(config, best.recompute), version):
+            parts.append(line[0].upper() + line[1:] + ".")
     elementwise = set(best.recompute.modules or []) & {"layernorm", "moe_act"}
     if best.recompute.recompute_granularity == "selective" and elementwise:
         # the FLOPs count matmuls: recomputed norms and activations cost memory traffic, not

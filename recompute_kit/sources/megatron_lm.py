@@ -149,6 +149,7 @@ BOOL_FLAGS: dict[str, tuple[str, Any]] = {
     "--bf16": ("bf16", True),
     "--fp16": ("fp16", True),
     "--moe-grouped-gemm": ("moe_grouped_gemm", True),
+    "--moe-permute-fusion": ("moe_permute_fusion", True),
     "--moe-pad-expert-input-to-capacity": ("moe_pad_expert_input_to_capacity", True),
     "--moe-router-pre-softmax": ("moe_router_pre_softmax", True),
     "--moe-shared-expert-overlap": ("moe_shared_expert_overlap", True),

@@ -84,8 +84,13 @@ def _activations(ctx: Context) -> Match | None:
         spec, why = (
             candidate_spec(ctx.best_keeping),
             (
-                "the planner's cheapest setting that fits and keeps what the run recomputes "
-                f"({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
+                "the planner's cheapest setting that fits"
+                + (
+                    " and keeps what the run recomputes"
+                    if parse_spec_safe(ctx).recompute_granularity is not None
+                    else ""
+                )
+                + f" ({ctx.best_keeping.estimate.recompute_flops_fraction:.1%} extra FLOPs)"
             ),
         )
         patch = candidate_patch(ctx.best_keeping)
