@@ -4,6 +4,8 @@ comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 
 from __future__ import annotations
 
+import json
+
 from rule_helpers import (
     GIB,
     cites,
@@ -568,3 +570,45 @@ def test_rk826_prepare_model_for_kbit_training_upcasts_the_weights():
     assert "enable_input_require_grads" in f.fix
     # the same frames without any OOM said are not this finding
     assert "RK826" not in ids(run(KBIT_UPCAST.replace("it runs out of memory", "it is slow")))
+
+
+@covers("RK110")
+def test_an_oom_in_adams_update_arithmetic_is_its_temporary_in_the_runs_own_keys(tmp_path):
+    # A skill trial: LLaMA-Factory's full SFT YAML run by `llamafactory-cli train` on ZeRO-2,
+    # with the OOM of https://github.com/hiyouga/LlamaFactory/issues/1221 (its two lines as
+    # pasted there). The doctor said "Adam's states are being allocated ... one more state
+    # tensor" for the `denom = ...` line (a temporary of the update: torch/optim/adam.py), its
+    # offload list read "Megatron: deepspeed zero_optimization.offload_optimizer.device", RK011
+    # tried Megatron's use_distributed_optimizer, and the launch command was an input problem.
+    from pathlib import Path
+
+    corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
+    sft = (corpus / "qwen3_full_sft.yaml").read_text(encoding="utf-8")
+    (tmp_path / "sft.yaml").write_text(
+        sft.replace("examples/deepspeed/ds_z3_config.json", "ds_z2_config.json"), "utf-8"
+    )
+    (tmp_path / "ds_z2_config.json").write_text(
+        (corpus / "blind_ds_z2_config.json").read_text(encoding="utf-8"), "utf-8"
+    )
+    launch = tmp_path / "train.sh"
+    launch.write_text(f"FORCE_TORCHRUN=1 llamafactory-cli train {tmp_path / 'sft.yaml'}\n")
+    log = (
+        "denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)\n"
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.14 GiB (GPU 5; "
+        "31.75 GiB total capacity; 28.28 GiB already allocated; 1.95 GiB free; 28.28 GiB "
+        "reserved in total by PyTorch) If reserved memory is >> allocated memory try setting "
+        "max_split_size_mb to avoid fragmentation.  See documentation for Memory Management "
+        "and PYTORCH_CUDA_ALLOC_CONF\n"
+    )
+    d = run(log, inputs=[str(launch)], overrides={"data_parallel_size": 8})
+    f = get(d, "RK110")
+    assert "a temporary of one moment's size" in f.evidence
+    assert "one more state tensor" not in f.evidence and "adamw_torch_fused" in f.fix
+    assert "Megatron: --optimizer-cpu-offload" in f.fix  # labelled Megatron's: as written
+    assert not any("no configuration keys found" in n for n in d.evidence.notes)
+    states = [g for g in d.findings if g.rule == "RK011"]
+    assert all("use_distributed_optimizer" not in json.dumps(g.config_patch) for g in states)
+    # a line that creates the states is still read as the states
+    init = "state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)"
+    d = run(log.replace(log.splitlines()[0], init))
+    assert "one more state tensor" in get(d, "RK110").evidence

@@ -92,6 +92,8 @@ def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tupl
     done: dict[str, str] = {}
 
     def swap(m: re.Match) -> str:
+        if _LABELLED.search(fix, 0, m.start()):
+            return m.group(0)  # "Megatron: --flag" in a list of each framework's key: as written
         flag, value = m.group(0).split(" ")[0], m.group("value")
         fields = _flag_fields().get(flag) or ()
         if fields and fields[0][1] is not None:  # a switch: the words after it are prose
@@ -113,6 +115,9 @@ def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tupl
 
     return _FLAG_VALUE.sub(swap, fix), done
 
+
+# a flag labelled as Megatron's own, in a list that names each framework's key
+_LABELLED = re.compile(r"Megatron(?:-LM|-Core)?:\s*$")
 
 # key and value as the framework writes them: Hydra overrides, TOML, else YAML
 _SEPARATOR = {"megatron-bridge": "=", "nemo2": "=", "torchtitan": " = "}

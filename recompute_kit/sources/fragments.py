@@ -421,8 +421,11 @@ def _parse_config(text: str, name: str, notes: list[str]) -> dict[str, Any]:
     if flat:
         notes.append("read as Hydra overrides / Python assignments")
     else:
-        notes.append("no configuration keys found")
+        notes.append(NO_KEYS)
     return flat
+
+
+NO_KEYS = "no configuration keys found"
 
 
 def _safe_yaml(text: str) -> Any:

@@ -689,10 +689,16 @@ def _add_model_shape(reading: Reading) -> None:
     from . import hf_config
 
     name = reading.model_name
-    # the registry, then a preset made from that model's config.json, then the Hub
-    model = (
-        registry.model_reading(name) or _preset_reading(name) or hf_config.read_model_id(name)
-    )
+    # a local checkpoint folder (from_pretrained's own first reading of the name, relative to
+    # where the run starts: here), then the registry, a preset made from that model's
+    # config.json, and the Hub
+    local = Path(name) / "config.json"
+    if local.is_file():
+        model = hf_config.read(local.read_text(encoding="utf-8"), str(local))
+    else:
+        model = (
+            registry.model_reading(name) or _preset_reading(name) or hf_config.read_model_id(name)
+        )
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
 

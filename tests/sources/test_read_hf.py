@@ -392,3 +392,24 @@ def test_gemma3_gated_gelu_and_its_sliding_window_are_said():
     r = hf_config.read(text, "config.json")
     assert r.get("swiglu") is True and "gelu_pytorch_tanh" in r.origins["swiglu"].note
     assert any("sliding_window=1024" in w and "window mask" in w for w in r.warnings)
+
+
+def test_a_local_checkpoint_folder_named_by_the_trainer_yaml_gives_the_shape(tmp_path, monkeypatch):
+    # A skill trial: LLaMA-Factory's llama3_full_sft.yaml pointed model_name_or_path at a local
+    # download (models/Llama-3.1-8B, holding config.json): `read` called it "not in the model
+    # registry" and asked for recompute-kit[hub]. from_pretrained reads a folder first.
+    from recompute_kit.sources.resolve import resolve
+
+    folder = tmp_path / "models" / "My-Qwen3-8B"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((CORPUS / "Qwen--Qwen3-8B.config.json").read_text())
+    sft = Path(__file__).parent / "corpus" / "hf_trainer" / "qwen3_full_sft.yaml"
+    text = sft.read_text().replace("Qwen/Qwen3-4B-Instruct-2507", "models/My-Qwen3-8B")
+    text = text.replace("deepspeed: examples/deepspeed/ds_z3_config.json", "")
+    (tmp_path / "sft.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve(["sft.yaml"])
+    origin = resolved.reading.origins["num_layers"]
+    assert resolved.config.model.num_layers == 36 and "models/My-Qwen3-8B/config.json" in (
+        origin.where
+    )

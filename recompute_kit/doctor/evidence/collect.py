@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ...sources.fragments import parse_config_with_notes
+from ...sources.fragments import NO_KEYS, parse_config_with_notes
 from ..symptoms import quotes as symptom_quotes
 from .cjk import translate_cjk
 from .code import MAX_SNIPPET_BYTES, scan_snippets
@@ -225,6 +225,12 @@ def collect(
         decided = read.facts.pop("reader_values", {})
         for key in scanned & set(decided):
             evidence.config[key] = decided[key]  # the reader's reading of the same files
+        # a file the shared reader read (a launch command naming the YAML it runs) is no
+        # input problem, whatever the paste reader found in it
+        taken = {
+            f"config {i.get('path')}: {NO_KEYS}" for i in (read.read or {}).get("inputs") or []
+        }
+        evidence.notes = [n for n in evidence.notes if n not in taken]
         evidence = evidence.merge(read)
     if experiments is not None:
         text = _read_text(experiments, "experiments", stdin_text)

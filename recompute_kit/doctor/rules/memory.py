@@ -12,7 +12,12 @@ from ...plan.levers import CLEARLY_FASTER
 from ..types import Context, Match
 from .knob_advice import knob_advice
 from .lever_patch import lever_patch, lever_rows
-from .model_states import COMMON_GPU_BYTES, model_state_count, stated_gpu_bytes
+from .model_states import (
+    COMMON_GPU_BYTES,
+    model_state_count,
+    optimizer_shard_step,
+    stated_gpu_bytes,
+)
 from .registry import (
     all_frames,
     before_first_step,
@@ -20,6 +25,7 @@ from .registry import (
     candidate_spec,
     fact,
     gib,
+    is_megatron,
     more_recompute_patch,
     next_step,
     oom_errors,
@@ -287,6 +293,11 @@ def _model_states(ctx: Context) -> Match | None:
     fix = base if not words else f"{base}; {words}"
     if sharded and not words:  # no patch: what the rule's default sets is on already
         return Match(conf, said, config_patch={}, fix=fix)
+    if not words and not is_megatron(ctx):
+        # the rule's default (Megatron's distributed optimizer) is no key of this run: its
+        # own next sharding step (ZeRO's next stage) instead
+        patch, words = optimizer_shard_step(ctx)
+        return Match(conf, said, config_patch=patch, fix=f"{fix}; {words}")
     return Match(conf, said, config_patch=patch if words else None, fix=fix)
 
 

@@ -442,6 +442,9 @@ def _oom_in_optimizer_step(ctx: Context) -> Match | None:
     if hit is None:
         return None
     oom = ctx.oom
+    # the update's arithmetic (denom = exp_avg_sq.sqrt() ..., torch._foreach_sqrt): a temporary
+    # of one moment's size, the states already there; else the states being created
+    update = _UPDATE_MATH.search(hit) is not None and _STATE_INIT.search(hit) is None
     numbers = ""
     if oom is not None and oom.requested_bytes:
         numbers = f" The failed request is {gib(oom.requested_bytes)}"
@@ -449,16 +452,32 @@ def _oom_in_optimizer_step(ctx: Context) -> Match | None:
             numbers += (
                 f" with {gib(oom.allocated_bytes)} of {gib(oom.total_bytes)} already allocated"
             )
-        numbers += " - one more state tensor."
+        numbers += " - a temporary of the update." if update else " - one more state tensor."
+    what = (
+        "the update's arithmetic allocates a temporary of one moment's size beside the states "
+        "already there"
+        if update
+        else "Adam's states are being allocated"
+    )
+    fused = (
+        "a fused AdamW (optim: adamw_torch_fused; DeepSpeed's FusedAdam) makes no such "
+        "temporaries; "
+        if update
+        else ""
+    )
     patch, words = optimizer_shard_step(ctx)
     return Match(
         0.85,
-        f"The OOM is raised in the optimizer step ('{hit}'): Adam's states are being "
-        f"allocated.{numbers} Next: {words}.",
+        f"The OOM is raised in the optimizer step ('{hit}'): {what}.{numbers} Next: {words}.",
         config_patch=patch,
-        fix=f"Optimizer states, not activations: {words}; else {OPTIMIZER_OFFLOAD}, an 8-bit "
-        "/ paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot free them",
+        fix=f"Optimizer states, not activations: {fused}{words}; else {OPTIMIZER_OFFLOAD}, an "
+        "8-bit / paged AdamW (optim: paged_adamw_8bit) or LoRA. Recompute cannot free them",
     )
+
+
+# A line of the update's arithmetic, not of the states' creation (torch/optim/adam.py)
+_UPDATE_MATH = re.compile(r"denom|\.sqrt\(|_foreach_sqrt|addcdiv|_foreach_add|_foreach_div")
+_STATE_INIT = re.compile(r"zeros_like|_init_group|torch\.zeros|initialize_optimizer_states|state\[")
 
 
 # CPU offload of optimizer states under each framework's own key (one list for every rule
