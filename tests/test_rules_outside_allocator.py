@@ -203,3 +203,25 @@ def test_nemo_rl_environment_patches_go_to_the_policys_env_vars():
     assert env and all(
         set(p) == {"policy.megatron_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"} for p in env
     )
+
+
+@covers("RK360")
+def test_processes_of_earlier_runs_said_alive_read_as_other_processes():
+    # https://github.com/deepspeedai/DeepSpeed/issues/1016 (the reporter's words, verbatim):
+    # the earlier attempts' processes held the GPU until killed
+    said = (
+        "I've been debugging my code to run with deepspeed, and I started noticing cuda out of "
+        "memory errors. I check `nvidia-smi` and see that most of my GPU memory is still being "
+        "used. I check my python processes and see a bunch of instances of my deepspeed "
+        "scripts, I think for each attempt at running my script.\n\n"
+        "I had to stop each one directly using `kill -9`. After that, I saw that the GPUs "
+        "memory was released.\n"
+    )
+    f = top(run(said))
+    assert f.rule == "RK360" and f.category == "other_processes"
+    # a question about killing is no statement that processes linger
+    asked = "Training OOMs with batch 8. Should I kill the other processes on the node?\n"
+    assert all(g.rule != "RK360" for g in run(asked).findings)
+    # no OOM named: the same words alone, at lower confidence
+    alone = top(run(said.replace("cuda out of memory errors", "slow steps")))
+    assert alone.rule == "RK360" and alone.confidence <= 0.5 and "kill PID" in alone.fix

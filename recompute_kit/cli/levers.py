@@ -140,7 +140,16 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
                 "fits": fits,
                 "current_fits": table.current.fits,
                 "layout": layout_of(cfg),
-                "assumptions": cfg.assumptions,
+                # the config's, then what the run's own estimate assumes (as plain `plan`
+                # says them; the CUDA context and NCCL's buffers are the safety margin's)
+                "assumptions": [
+                    *cfg.assumptions,
+                    *(
+                        a
+                        for a in table.current.estimate.overhead_assumptions
+                        if not a.startswith(("CUDA context", "NCCL buffers"))
+                    ),
+                ],
                 "megatron_core_version": version,
                 "calibration": calibration,
                 "levers": doc,

@@ -152,9 +152,11 @@ def _adds(config: Config, step: StepTime, micro_batches: int = 1) -> str:
         # FSDP / ZeRO-3 gather the parameters and reduce-scatter the gradients per micro-batch
         slow = step.stages[step.slowest_stage]
         each = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
+        who = "ZeRO-3" if sharding_mode(config) == "zero" else "FSDP"
         parts.append(
-            f"FSDP gathers and reduce-scatters {slow.fsdp_transfer_s:.3g} s/micro-batch{each}, "
-            f"exposed {step.fsdp_exposed_s:.3g} s"
+            f"{who} gathers and reduce-scatters {slow.fsdp_transfer_s:.3g} s/micro-batch{each}, "
+            f"exposed {step.fsdp_exposed_s:.3g} s (overlapped with compute as modelled; "
+            "not measured)"
         )
     if step.ep_exposed_s:
         parts.append(f"EP all-to-all exposed {step.ep_exposed_s:.3g} s")

@@ -71,6 +71,10 @@ def _unused_defaults(reading: Reading) -> set[str]:
         keys.update(k for k in reading.origins if k.startswith(("moe_", "expert_")))
     if not reading.get("fp8"):
         keys.add("fp8_recipe")
+    if reading.framework in ("hf-trainer", "torchtitan"):
+        # Megatron's DDP and optimizer options: the Trainer's and torchtitan's own decide these
+        keys.update(("grad_reduce_in_fp32", "use_precision_aware_optimizer", "main_params_dtype",
+                     "exp_avg_dtype", "exp_avg_sq_dtype", "use_distributed_optimizer"))
     return {k for k in keys if k in reading.origins and reading.origins[k].kind == FROM_DEFAULT}
 
 

@@ -101,6 +101,16 @@ _LOAD_FIT_RE = re.compile(
 )
 # The GPU taken by something else, in words, with or without an OOM: "a GPU that was consumed
 # already", "GPU 0 is already occupied", "the card is used by another process"
+# processes of earlier runs still alive and holding the GPU: "a bunch of instances of my
+# deepspeed scripts", "I had to kill -9 each one", "zombie processes", "残留进程"
+_LEFTOVER_RE = re.compile(
+    r"\b(?:instances|copies)\s+of\s+(?:my|the|our|this)\b[^.\n]{0,40}?\b(?:scripts?|jobs?|runs?"
+    r"|programs?|processes)\b"
+    r"|\bkill(?:ed|ing)?\b(?:\s+-9)?[^.\n]{0,40}?\b(?:process(?:es)?|pids?|each one|them all)\b"
+    r"|\b(?:zombie|defunct|orphan(?:ed)?|leftover|lingering|stale)\s+(?:python\s+)?process"
+    r"|僵尸进程|残留(?:的)?进程|进程(?:没有|未)(?:退出|结束)",
+    re.I,
+)
 _GPU_TAKEN_RE = re.compile(
     r"\b(?:GPUs?|cards?|devices?)\b(?:(?!memory|\bvram\b)[^.]){0,30}?"
     r"(?:\balready\s+(?:being\s+)?(?:occupied|consumed|in use|used|taken|busy)\b"
@@ -278,8 +288,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     `context_prose` (memory of the CUDA context / driver said to be outside PyTorch's
     counters), `alloc_prose_bytes` / `alloc_prose_line` (the largest allocation stated in
     words, "will try to allocate 720gb"), `gpu_taken_prose` (lines saying the GPU is already
-    occupied / used by another process), `training_prose` (lines naming training or
-    fine-tuning), `load_fit_prose` (lines saying the model does not fit when loaded),
+    occupied / used by another process), `leftover_prose` (lines saying processes of earlier
+    runs are still alive: instances of the script, killed processes, zombies),
+    `training_prose` (lines naming training or fine-tuning), `load_fit_prose` (lines saying
+    the model does not fit when loaded),
     `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
     FSDP / offload or a non-Adam optimizer), `vision_keys` ({key: first value} of images per
     batch / image size keys of detection and segmentation trainers), `vision_lines` (lines
@@ -385,6 +397,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
+        if (m := _LEFTOVER_RE.search(line)) and "?" not in line[m.start() :]:
+            facts.setdefault("leftover_prose", []).append(_q(line))
         if _CKPT_OFF_RE.search(line):
             facts.setdefault("ckpt_off_prose", []).append(_q(line))
         if _WHOLE_MOVE_RE.search(line) and len(facts.get("whole_move_lines", [])) < 4:

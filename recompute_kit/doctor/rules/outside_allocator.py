@@ -186,7 +186,20 @@ def _colocated(ctx: Context, text: str) -> bool:
 )
 def _another_job(ctx: Context) -> Match | None:
     taken = fact(ctx, "gpu_taken_prose") or []  # "a GPU that was consumed already"
+    leftover = fact(ctx, "leftover_prose") or []  # "instances of my script", "kill -9"
     if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        if leftover and not taken:
+            return Match(
+                0.5,
+                f"The paste says processes of earlier runs were still alive "
+                f"('{leftover[0][:160]}'): they keep their GPU memory until they exit, "
+                "whatever this run needs.",
+                fix="List the GPU's processes (nvidia-smi --query-compute-apps=pid,"
+                "used_memory --format=csv) and stop the earlier runs' (kill PID) before "
+                "launching; make the launcher end its workers on failure (a signal handler, "
+                "torchrun's own process group)",
+                config_patch={"env": {"CUDA_VISIBLE_DEVICES": "<an idle GPU>"}},
+            )
         if not taken:
             return None
         # no OOM in the paste: only words that the GPU was taken by something else
@@ -209,7 +222,7 @@ def _another_job(ctx: Context) -> Match | None:
             "cannot show (another container or user), not by this job.",
             config_patch=patch,
         )
-    said = (fact(ctx, "other_job_prose") or []) + taken
+    said = (fact(ctx, "other_job_prose") or []) + taken + leftover
     if said:
         return Match(
             0.7,
