@@ -588,3 +588,19 @@ def test_rk076_use_cache_warning_as_an_event():
     assert f.rule == "RK076" and f.category == "informational"
     assert f.config_patch == {"use_cache": False}
     cites(f, "`use_cache=True` is incompatible with gradient checkpointing")
+
+
+@covers("RK071")
+def test_frozen_inputs_under_checkpointing_said_in_words():
+    # https://github.com/huggingface/transformers/issues/21381 (the reporter's words, verbatim)
+    said = (
+        "When freezing the first layers of a model (e.g. including embeddings) *and* using "
+        "gradient-checkpointing, **all** gradient calculation will be disabled, i.e. the output "
+        "will have `requires_grad==False`.\n"
+    )
+    f = top(run(said))
+    assert f.rule == "RK071" and f.category == "checkpoint_api_misuse"
+    assert "enable_input_require_grads" in f.fix
+    # freezing and checkpointing named without gradients lost: no such reading
+    other = "I freeze the embeddings and use gradient checkpointing; the loss goes down.\n"
+    assert all(g.rule != "RK071" for g in run(other).findings)

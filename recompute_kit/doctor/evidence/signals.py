@@ -111,6 +111,16 @@ _LEFTOVER_RE = re.compile(
     r"|僵尸进程|残留(?:的)?进程|进程(?:没有|未)(?:退出|结束)",
     re.I,
 )
+# frozen inputs under a (reentrant) checkpoint, in words: "when freezing the first layers ...
+# and using gradient-checkpointing, all gradient calculation will be disabled"
+_FROZEN_RE = re.compile(r"\bfreez(?:e|es|ing)\b|\bfrozen\b|requires_grad\s*=\s*False", re.I)
+_CKPT_WORD_RE = re.compile(r"(?:gradient|activation)[\s_-]checkpointing|\bcheckpoint\(", re.I)
+_NO_GRAD_WORDS_RE = re.compile(
+    r"requires_grad\s*==?\s*False|(?:gradients?|grads?)\s+(?:will\s+be|are|is|were)\s+None"
+    r"|gradient\s+calculation\s+(?:will\s+be\s+|is\s+)?disabled|does not require grad"
+    r"|no\s+grad(?:ient)?s?\s+(?:flow|are computed)",
+    re.I,
+)
 _GPU_TAKEN_RE = re.compile(
     r"\b(?:GPUs?|cards?|devices?)\b(?:(?!memory|\bvram\b)[^.]){0,30}?"
     r"(?:\balready\s+(?:being\s+)?(?:occupied|consumed|in use|used|taken|busy)\b"
@@ -290,6 +300,7 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     words, "will try to allocate 720gb"), `gpu_taken_prose` (lines saying the GPU is already
     occupied / used by another process), `leftover_prose` (lines saying processes of earlier
     runs are still alive: instances of the script, killed processes, zombies),
+    `frozen_ckpt_prose` (lines saying frozen inputs under checkpointing lose their gradients),
     `training_prose` (lines naming training or fine-tuning), `load_fit_prose` (lines saying
     the model does not fit when loaded),
     `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
@@ -397,6 +408,10 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
+        if _FROZEN_RE.search(line) and _CKPT_WORD_RE.search(line) and _NO_GRAD_WORDS_RE.search(
+            line
+        ):
+            facts.setdefault("frozen_ckpt_prose", []).append(_q(line))
         if (m := _LEFTOVER_RE.search(line)) and "?" not in line[m.start() :]:
             facts.setdefault("leftover_prose", []).append(_q(line))
         if _CKPT_OFF_RE.search(line):

@@ -150,6 +150,9 @@ def _no_input_grad(ctx: Context) -> Match | None:
     """The error (a warning alone is RK099's); quoting the first of warning and error."""
     texts = [" ".join(f"{e.type}: {e.message}".split()) for e in ctx.evidence.errors]
     if not any(_NO_GRAD_ELEMENT.search(t) for t in texts):
+        said = fact(ctx, "frozen_ckpt_prose")
+        if said:  # the same, said in words: frozen inputs, checkpointing, no gradients
+            return Match(0.6, f"The paste says: '{said[0][:200]}'")
         return None
     for text in texts:
         if "None of the inputs have requires_grad=True" in text or _NO_GRAD_ELEMENT.search(text):
