@@ -172,3 +172,24 @@ def test_r10b_rk702_reads_a_paste_with_its_indentation_lost():
         " ".join(line.split()) for line in text("r10b-pt84413-reentrant-output-cycle").splitlines()
     )
     assert scan_snippets(flat)["ckpt_output_cycle"][2] == "data"
+
+
+@covers("RK147")
+def test_preserve_rng_state_false_without_anything_random_is_no_rng_finding():
+    # https://github.com/pytorch/pytorch/issues/133550 (verbatim): a meta-device Linear under
+    # checkpoint(..., preserve_rng_state=False) fails in _get_device_module; nothing random is
+    # recomputed, so no RNG reading (it read "Dropout is recomputed without the RNG state")
+    said = (
+        "with torch.device('meta'):\n"
+        "    m = torch.nn.Linear(20, 30)\n"
+        "    x = torch.randn(1, 20)\n\n"
+        "out = checkpoint(m, x, use_reentrant=False, preserve_rng_state=False)\n"
+        "```\nleads to \n```torch/utils/checkpoint.py\", line 92, in _get_device_module\n"
+        "    device_module = getattr(torch, device)\n"
+        "                    ^^^^^^^^^^^^^^^^^^^^^^\n"
+        '  File "lib/python3.11/site-packages/torch/__init__.py", line 2428, in __getattr__\n'
+        "    raise AttributeError(f\"module '{__name__}' has no attribute '{name}'\")\n"
+        "AttributeError: module 'torch' has no attribute 'meta'\n"
+    )
+    assert "RK147" not in ids(run(said))
+    assert "RK147" in ids(run(said.replace("nn.Linear(20, 30)", "nn.Dropout(0.1)")))

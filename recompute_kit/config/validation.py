@@ -3,6 +3,7 @@ order and with its own messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import fields
 
@@ -201,7 +202,7 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
         raise ConfigError("Please use --moe-router-pre-softmax when topk is 1.")
 
     _check_ep_overlap(m, p, r)
-    _check_cuda_graphs(m, r)
+    _check_cuda_graphs(m, r, parse_version(cfg.megatron_core_version))
 
     # Rules 26-28: only Megatron-LM's argument parser enforces these. Then the warnings of
     # config/versions.py: settings broken on the run's Megatron-Core version (unknown: the
@@ -389,10 +390,35 @@ def _check_ep_overlap(m: ModelConfig, p: ParallelConfig, r: RecomputeConfig) -> 
         )
 
 
-def _check_cuda_graphs(m: ModelConfig, r: RecomputeConfig) -> None:
+# Megatron-Core 0.18 takes cuda_graph_impl "full_iteration" (transformer_config.py: the whole
+# training iteration, cuda_graph_scope empty); before it the same graph is impl "local" with
+# scope "full_iteration", and "full_iteration" as an impl is refused.
+FULL_ITERATION_IMPL_VERSION = (0, 18)
+
+
+def _check_cuda_graphs(
+    m: ModelConfig, r: RecomputeConfig, version: tuple[int, int] | None = None
+) -> None:
     """Megatron-Core 0.16.1's cuda_graph_impl/cuda_graph_scope rules, recompute and offloading
-    included. The kit has no capacity factor or input jitter: Megatron's defaults (None) apply."""
+    included, and 0.18's cuda_graph_impl "full_iteration" (where the version is 0.18 or later,
+    or unknown: Megatron-Bridge's recipes write it). The kit has no capacity factor or input
+    jitter: Megatron's defaults (None) apply."""
     scope = list(m.cuda_graph_scope)
+    if m.cuda_graph_impl == "full_iteration":
+        if version is not None and version < FULL_ITERATION_IMPL_VERSION:
+            raise ConfigError(
+                "Invalid cuda graph implementation: full_iteration (Megatron-Core "
+                f"{version[0]}.{version[1]} spells it cuda_graph_impl local with "
+                "cuda_graph_scope full_iteration; 0.18 takes cuda_graph_impl full_iteration)"
+            )
+        if [s for s in scope if s not in ("full_iteration", "full")]:  # ("full": deprecated,
+            # the whole layer, migrated to an empty list)
+            raise ConfigError(  # 0.18's message, its cuda_graph_modules being the scope
+                'cuda_graph_modules must be empty when cuda_graph_impl="full_iteration". '
+                "(cuda_graph_scope here: the graph is the whole training iteration)"
+            )
+        m = dataclasses.replace(m, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])
+        scope = ["full_iteration"]
     if "full" in scope:  # the deprecated spelling of "the whole layer" (an empty list)
         if scope != ["full"]:
             raise ConfigError("full scope cannot be used with other scopes.")

@@ -367,10 +367,11 @@ def transformer_config_kwargs(config: Config, dtype: str) -> dict[str, Any]:
         pipeline_dtype=torch_dtype,
         use_cpu_initialization=True,
         # The fused softmax is a CUDA kernel: off here (the estimator then counts the unfused
-        # softmax's fp32 copy, as Megatron keeps it). The bias-activation fusions are torch
-        # code and run here.
+        # softmax's fp32 copy where attention_softmax_in_fp32 asks for one, as Megatron keeps
+        # it; the run's own value, not TransformerConfig's default). The bias-activation
+        # fusions are torch code and run here.
         bias_activation_fusion=m.bias_activation_fusion,
-        attention_softmax_in_fp32=True,
+        attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         # The loss: unfused, or the native fused cross-entropy (torch code, compiled by
         # Megatron's jit_fuser); TE's needs Transformer Engine.
         cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,

@@ -87,8 +87,13 @@ def transformer_config_kwargs(config: Config) -> dict[str, Any]:
         cpu_offloading_num_layers=rc.cpu_offloading_num_layers,
         fine_grained_activation_offloading=rc.fine_grained_activation_offloading,
         offload_modules=list(rc.offload_modules),
-        cuda_graph_impl=m.cuda_graph_impl,
-        cuda_graph_scope=list(m.cuda_graph_scope),
+        # 0.18's cuda_graph_impl "full_iteration" is 0.16.1's local impl with that scope
+        cuda_graph_impl="local" if m.cuda_graph_impl == "full_iteration" else m.cuda_graph_impl,
+        cuda_graph_scope=(
+            ["full_iteration"]
+            if m.cuda_graph_impl == "full_iteration"
+            else list(m.cuda_graph_scope)
+        ),
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,

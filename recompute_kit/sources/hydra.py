@@ -215,6 +215,12 @@ def read(text: str, path: str) -> Reading:
             else:
                 section, key = SHORTHANDS[opt].split(".")
                 entries.append(Entry(section, key, _value(raw), line, opt))
+        elif _WHOLE_PRECISION.match(w):
+            # `mixed_precision=bf16_with_mxfp8_mixed`: the ConfigContainer's field set to a
+            # named MixedPrecisionConfig (training/mixed_precision.py), as Bridge's docs map
+            # --bf16 to mixed_precision=bf16_mixed
+            line, pos = _line_of(text, w, pos)
+            entries.append(Entry("mixed_precision", "", _value(inline), line, opt.lstrip("+")))
         elif re.match(r"^(\+\+|\+|~)?[A-Za-z_][\w]*(\.[\w]+)+(=|$)", w) and (
             eq or w.startswith("~")
         ):
@@ -268,14 +274,18 @@ def read(text: str, path: str) -> Reading:
     return reading
 
 
+# the one ConfigContainer field an override sets whole, to a preset's name
+_WHOLE_PRECISION = re.compile(r"^(\+\+|\+)?mixed_precision=\S+$")
+
+
 def apply_after(reading: Reading, words: list[str], applies_to: str) -> Reading:
     """`recompute-kit read FILE key=value ...`: the overrides given after a Megatron-Bridge
     file, applied after it as Megatron-Bridge applies command-line overrides after the YAML /
     recipe (training/utils/omegaconf_utils.py); each value's origin is the override."""
     # `peft=lora`: OmegaConf overrides are section.key=value; a word that is not one is said
     dotted = re.compile(r"^(\+\+|\+|~)?[A-Za-z_]\w*(\.\w+)+(=|$)")
-    plain = [w for w in words if not dotted.match(w)]
-    words = [w for w in words if dotted.match(w)]
+    plain = [w for w in words if not (dotted.match(w) or _WHOLE_PRECISION.match(w))]
+    words = [w for w in words if dotted.match(w) or _WHOLE_PRECISION.match(w)]
     if words:
         over = read("\n".join(shlex.quote(w) for w in words), "command line")
     else:

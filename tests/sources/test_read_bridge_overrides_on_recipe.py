@@ -116,3 +116,36 @@ def test_a_lone_length_override_is_said_not_refused():
     r = resolve([RECIPE, "model.seq_length=8192"], overrides={"data_parallel_size": 16}).reading
     assert r.get("seq_length") == 4096  # the recipe's dataset.seq_length is what runs
     assert any("model.seq_length=8192 alone does not set the run's length" in w for w in r.warnings)
+
+
+def test_a_named_precision_override_and_bridge_0_5s_full_iteration_graph_are_read(tmp_path):
+    # A skill trial on Megatron-Bridge#4587 (Qwen3-30B-A3B fp8_mx): `mixed_precision=
+    # bf16_with_mxfp8_mixed` (Bridge's docs map --bf16 to mixed_precision=bf16_mixed) was
+    # "not a section.key=value override" and fp8 "assumed None"; `model.cuda_graph_impl=
+    # full_iteration` (Bridge v0.5.0's recipes, Megatron-Core 0.18's spelling) was refused.
+    from recompute_kit.sources.hydra import apply_after
+
+    r = _read(tmp_path, "mixed_precision=bf16_with_mxfp8_mixed train.micro_batch_size=2\n")
+    assert (r.get("fp8"), r.get("fp8_recipe")) == ("hybrid", "mxfp8")
+    assert r.origins["fp8"].key.startswith("mixed_precision")
+    after = apply_after(_read(tmp_path, OVERRIDES), ["mixed_precision=bf16_with_mxfp8_mixed"], "x")
+    assert after.get("fp8_recipe") == "mxfp8"
+    assert not any("not a section.key=value" in w for w in after.warnings)
+
+    graph = "model.cuda_graph_impl=full_iteration model.cuda_graph_scope=[] " + (
+        "model.recompute_granularity=full "
+        "model.recompute_method=uniform model.recompute_num_layers=1\n"
+    )
+    path = tmp_path / "graph.txt"
+    path.write_text(graph)
+    cfg = resolve([RECIPE, str(path)], overrides={"data_parallel_size": 16}).config
+    cfg.validate()  # the version unknown: 0.18's meaning, a full-iteration graph
+    import dataclasses
+
+    import pytest
+
+    from recompute_kit.config import ConfigError
+
+    old = dataclasses.replace(cfg, megatron_core_version="0.16")
+    with pytest.raises(ConfigError, match="spells it cuda_graph_impl local"):
+        old.validate()

@@ -100,6 +100,14 @@ _PROSE_BATCH_RE = re.compile(
 _PROSE_SEQ_RE = re.compile(
     r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b", re.I
 )
+# model parallelism stated: "PP4 DP2 EP1 TP1", "TP=8", "--pipeline-model-parallel-size 4",
+# "tensor_parallel_size: 2", "each rank will hold 5B"
+_MODEL_PARALLEL_RE = re.compile(
+    r"(?<![A-Za-z])(?:PP|TP|VPP|EP)\s*[=:]?\s*(\d{1,3})(?![\w.])"
+    r"|--?(?:pipeline|tensor|expert)[-_](?:model[-_])?parallel[-_]size[\s=:]+(\d{1,3})"
+    r"|(?:pipeline|tensor|expert)_(?:model_)?parallel(?:_size)?\s*[:=]\s*(\d{1,3})"
+)
+_PER_RANK_RE = re.compile(r"\beach\s+(?:rank|gpu|stage)\s+(?:will\s+)?holds?\b", re.I)
 # every weight trained, in words: "full fine-tuning", "full-parameter finetune", "full FT"
 _FULL_FT_RE = re.compile(
     r"\bfull[- ](?:param(?:eter)?s?[- ])?(?:fine[- ]?tun(?:e|ed|ing)|training|ft|sft)\b", re.I
@@ -221,6 +229,12 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
             put("micro_batch", int(m.group(1)), line)
         if (m := _PROSE_SEQ_RE.search(line)) and _stated(line, m.start()):
             put("seq_len", int(m.group(1)), line)
+        for m in _MODEL_PARALLEL_RE.finditer(line):
+            if int(m.group(1) or m.group(2) or m.group(3)) > 1 and _stated(line, m.start()):
+                put("model_parallel", True, line)
+                break
+        if _PER_RANK_RE.search(line):
+            put("model_parallel", True, line)
         if (m := _FULL_FT_RE.search(line)) and _stated(line, m.start()):
             put("full_finetune", True, line)
         if (m := _FLASH_SAID_RE.search(line)) and _stated(line, m.start()):

@@ -111,6 +111,12 @@ _LEFTOVER_RE = re.compile(
     r"|僵尸进程|残留(?:的)?进程|进程(?:没有|未)(?:退出|结束)",
     re.I,
 )
+# Megatron's own source paths or entry points named in the paste (a snapshot's or a log's
+# lines, not a traceback's frames): "Megatron-LM/megatron/core/transformer/mlp.py:344"
+_MEGATRON_PATH_RE = re.compile(
+    r"megatron/(?:core|training|legacy)/|\bpretrain_(?:gpt|mamba|t5|bert)\.py\b|megatron\.core\.",
+    re.I,
+)
 # frozen inputs under a (reentrant) checkpoint, in words: "when freezing the first layers ...
 # and using gradient-checkpointing, all gradient calculation will be disabled"
 _FROZEN_RE = re.compile(r"\bfreez(?:e|es|ing)\b|\bfrozen\b|requires_grad\s*=\s*False", re.I)
@@ -301,6 +307,7 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     occupied / used by another process), `leftover_prose` (lines saying processes of earlier
     runs are still alive: instances of the script, killed processes, zombies),
     `frozen_ckpt_prose` (lines saying frozen inputs under checkpointing lose their gradients),
+    `megatron_paths` (lines naming Megatron's source paths or entry points),
     `training_prose` (lines naming training or fine-tuning), `load_fit_prose` (lines saying
     the model does not fit when loaded),
     `not_full_training` (lines naming inference / serving, adapters, quantization, ZeRO /
@@ -408,6 +415,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
             facts.setdefault("training_prose", []).append(_q(line))
         if _GPU_TAKEN_RE.search(line):
             facts.setdefault("gpu_taken_prose", []).append(_q(line))
+        if _MEGATRON_PATH_RE.search(line):
+            facts.setdefault("megatron_paths", []).append(_q(line))
         if _FROZEN_RE.search(line) and _CKPT_WORD_RE.search(line) and _NO_GRAD_WORDS_RE.search(
             line
         ):

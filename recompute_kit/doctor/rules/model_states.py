@@ -564,6 +564,10 @@ def _default_adam_states(ctx: Context) -> Match | None:
         return None
     if zero_stage(ctx) is not None or fact(ctx, "not_full_training"):
         return None  # states kept another way, or not training: 16 bytes/param is wrong
+    said = fact(ctx, "settings_prose", "log")
+    if isinstance(said, dict) and said.get("model_parallel"):
+        return None  # split over pipeline / tensor ranks ("PP4", "each rank will hold 5B"):
+        # the whole model's count is no rank's
     if any(w in str(k).lower() for k in ctx.cfg for w in _STATE_KEY_WORDS):
         return None
     found, gpu = _model_params(ctx), stated_gpu_bytes(ctx)

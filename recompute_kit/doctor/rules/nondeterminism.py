@@ -197,8 +197,10 @@ def _dropout_rng(ctx: Context) -> Match | None:
         )
     if preserve is not False and not (shift is not None and abs(shift) > 0.02):
         return None
-    if not dropout and preserve is not False:
-        return None
+    if not (dropout or fact(ctx, "dropout_named")) and not (
+        shift is not None and abs(shift) > 0.02
+    ):
+        return None  # preserve_rng_state=False with nothing random recomputed is harmless
     words = []
     if dropout:
         key, value = next(iter(dropout.items()))

@@ -339,7 +339,7 @@ def is_megatron(ctx: Context) -> bool:
     if any(k.startswith(keys) for k in ctx.cfg):
         return True
     frames = all_frames(ctx)
-    return "megatron" in frames or "/nemo/" in frames
+    return "megatron" in frames or "/nemo/" in frames or bool(fact(ctx, "megatron_paths"))
 
 
 def more_recompute_patch(ctx: Context) -> tuple[dict[str, Any], str]:
