@@ -22,6 +22,7 @@ from recompute_kit.doctor.evidence import (
 )
 from recompute_kit.doctor.evidence.cjk import PREFIX, english_for, translate_cjk
 from recompute_kit.doctor.evidence.signals import scan_signals
+from recompute_kit.doctor.symptoms import stated
 
 
 @covers("RK260")
@@ -596,3 +597,41 @@ def test_r8p_rk260_traceback_cut_before_an_oom_said_in_words_is_no_library_bug()
     d = run(text("r8p-trl3436-unshard-oom-cut"))
     assert "RK260" not in ids(d)
     assert top(d).category != "framework_bug"
+
+
+@covers("RK266")
+def test_a_leak_said_with_its_holder_named_reads_the_holder():
+    # https://github.com/verl-project/verl/issues/6698 (the reporter's words, verbatim): a
+    # leak "per training micro-batch" of outputs kept with grad_fn, checkpointing on. It was
+    # the default activation reading, with "gradient checkpointing: not in the paste" and a
+    # gradient_checkpointing patch.
+    said = (
+        "The unified engine's actor update leaks GPU memory **per training micro-batch**: "
+        "tensors returned in `forward_step`'s `model_output` (and loss tensors stored in the "
+        "metrics dict) still carry `grad_fn`, and `forward_backward_batch` holds them in "
+        "`output_lst` until the *entire* batch finishes. The retained autograd graphs pin large "
+        "activations for every micro-batch that runs a backward pass. With LoRA + long packed "
+        "sequences this reliably OOMs the very first `update_actor` on an 80GB GPU.\n"
+        "- multi-turn tool-agent rollouts, `use_dynamic_bsz` packed micro-batches up to 16k "
+        "tokens, `use_remove_padding`, NO_PADDING, fsdp2 (`fsdp_size=1`), gradient "
+        "checkpointing on\n"
+    )
+    d = run(said)
+    f = top(d)
+    assert f.rule == "RK266" and "autograd graphs" in f.evidence and "detach" in f.fix
+    assert all("gradient_checkpointing" not in str(g.config_patch) for g in d.findings)
+
+
+def test_settings_said_as_bs_and_checkpointing_on_are_read():
+    # transformers#8403 ("I get OOM even with bs=1 on a 8GB card") and verl#6698 ("gradient
+    # checkpointing on"): the reporters' words
+    said = _said_settings("I get OOM even with bs=1 on a 8GB card\n")
+    assert said.get("micro_batch") == 1
+    assert _said_settings("fsdp2, gradient checkpointing on\n").get("gradient_checkpointing")
+    assert "batch_no_help" in stated("I get OOM even with bs=1 on a 8GB card")
+
+
+def _said_settings(text: str) -> dict:
+    from recompute_kit.doctor.evidence.settings_prose import scan_settings
+
+    return scan_settings(text.splitlines()).get("settings_prose", {})

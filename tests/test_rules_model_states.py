@@ -612,3 +612,23 @@ def test_an_oom_in_adams_update_arithmetic_is_its_temporary_in_the_runs_own_keys
     init = "state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)"
     d = run(log.replace(log.splitlines()[0], init))
     assert "one more state tensor" in get(d, "RK110").evidence
+
+
+@covers("RK500")
+def test_a_named_size_split_over_pipeline_ranks_is_no_whole_model_count():
+    # https://github.com/NVIDIA/Megatron-LM/issues/1746 (verbatim lines): "20B PP4", "each rank
+    # will hold 5B"; it read 20B x 16 bytes on one 80 GB GPU and patched DeepSpeed keys. The
+    # resume OOM is what the report states (RK806), and the paths are Megatron's.
+    said = (
+        "when loading big enough model(20B PP4) from dcp format will cause OOM error\n"
+        "Megatron-LM/megatron/core/transformer/mlp.py:344 alloc 12344.00M\n"
+        "Megatron-LM/megatron/core/optimizer/distrib_optimizer.py:773 alloc19128.37MB\n"
+        "I see @mikolajblaz have fix here,but it doesn't work,`mlp.py` will use lots of memory "
+        "but no oom, until oom on optimizer states resume\n"
+        "using GPT model,using PP4 DP2 EP1 TP1 training a 20B model, each rank will hold 5B "
+        "model Parameters,save to DCP format and resume this format\n"
+    )
+    d = run(said)
+    assert "RK500" not in ids(d)
+    assert top(d).rule == "RK806" and top(d).category == "model_state_memory"
+    assert all("zero_optimization" not in json.dumps(f.config_patch) for f in d.findings)

@@ -195,8 +195,9 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"\b(?:reduc\w*|lower\w*|decreas\w*|smaller|halv\w*|chang\w*)\s+(?:the\s+)?"
             r"(?:\w+\s+)?(?:\w+_)?batch[ _-]?size\b[^.\n]{0,60}?\b(?:didn'?t|did\s+not|doesn'?t|"
             r"does\s+not|won'?t|not|no)\s+(?:\w+\s+)?(?:help|work|fix|solve|change|matter|"
-            r"difference)|\beven\s+(?:with|at|using)\s+(?:a\s+)?(?:micro[ _-]?)?batch[ _-]?size"
-            r"\s*(?:of\s*|=\s*)?1\b|(?<![A-Za-z])batch[ _-]?size\b[^\n]{0,80}?\b\d+\s*"
+            r"difference)|\beven\s+(?:with|at|using)\s+(?:a\s+)?"
+            r"(?:(?:micro[ _-]?)?batch[ _-]?size|bs|batch)\s*(?:of\s*|=\s*)?1\b|"
+            r"(?<![A-Za-z])batch[ _-]?size\b[^\n]{0,80}?\b\d+\s*"
             r"(?:->|→|to)\s*\d+\b[^\n]{0,60}?\b(?:still|same)\b",
             re.I,
         ),

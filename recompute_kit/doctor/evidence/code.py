@@ -213,6 +213,15 @@ _GROWTH_RE = re.compile(
     r"(?:the )?(?:GPU |CUDA )?(?:memory|VRAM)",
     re.I,
 )
+# a leak named: "leaks GPU memory per training micro-batch", "a memory leak" (over steps by
+# the word itself)
+_LEAK_RE = re.compile(r"\bleak(?:s|ed|ing)?\s+(?:\w+\s+){0,2}?memory\b|\bmemory\s+leak", re.I)
+# what keeps each step's tensors, said: outputs or losses kept with their autograd graphs
+_GRAPH_KEPT_RE = re.compile(
+    r"grad_fn|autograd graphs?|without\s+(?:a\s+)?\.?detach"
+    r"|retain(?:s|ed|ing)?\s+(?:the\s+)?(?:autograd\s+|computation(?:al)?\s+)?graphs?",
+    re.I,
+)
 # ...that does so over steps, not once: "until OOM", "every iteration", "continuous", "keeps"
 _OVER_STEPS_RE = re.compile(
     r"\buntil\b|\bevery\b|\beach\b|\bper (?:step|iter|epoch|batch)|continu|keeps?\b|steadily"
@@ -301,7 +310,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
     mode named), `memory_prose` (prose lines naming memory, VRAM or an OOM), `eval_memory_prose`
     (prose placing memory or an OOM in
-    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps),
+    validation / evaluation), `memory_growth_prose` (prose saying memory grows over steps,
+    or a leak), `graph_kept_prose` (prose saying tensors are kept with their autograd graphs),
     `other_job_prose` (prose saying another process / job runs on the same GPU), `gpu_rows`
     ([(gpu, used, total)] from gpustat / nvidia-smi device rows), `no_processes_listed` (an
     empty process list), `load_lines` (lines calling from_pretrained / load_state_dict /
@@ -443,8 +453,12 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("memory_prose", line)
             if _VALIDATION_PROSE_RE.search(line):
                 add("eval_memory_prose", line)
-            if _GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line):
+            if (_GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line)) or _LEAK_RE.search(
+                line
+            ):
                 add("memory_growth_prose", line)
+            if _GRAPH_KEPT_RE.search(line):
+                add("graph_kept_prose", line)
         if not _is_code(line) and (m := _WORKED_RE.search(line)):
             facts.setdefault("worked_release", (m.group(1).lower(), m.group(2), _quote(line)))
         if not _is_code(line) and _COMBINED_RE.search(line):

@@ -95,7 +95,8 @@ _SEQ_RE = re.compile(
 )
 # the same in the reporter's words: "batch=1, seq_len=1024", "micro batch size: 2"
 _PROSE_BATCH_RE = re.compile(
-    r"(?<![\w-])(?:per[_ -]device[_ ]|micro[_ ]?)?batch(?:[_ -]?size)?\s*[=:]\s*(\d+)\b", re.I
+    r"(?<![\w-])(?:bs|(?:per[_ -]device[_ ]|micro[_ ]?)?batch(?:[_ -]?size)?)\s*[=:]\s*(\d+)\b",
+    re.I,
 )
 _PROSE_SEQ_RE = re.compile(
     r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b", re.I
@@ -119,7 +120,9 @@ _FLASH_SAID_RE = re.compile(
 # checkpointing turned on in words: "I enable gradient_checkpointing in the training_args"
 _CKPT_SAID_RE = re.compile(
     r"\b(?:enabl(?:e|ed|ing)|turn(?:ed)? on|us(?:e|ed|ing)|with)\s+(?:the\s+)?"
-    r"(?:gradient|activation)[_ ]checkpointing\b",
+    r"(?:gradient|activation)[_ ]checkpointing\b"
+    # "..., gradient checkpointing on", "activation checkpointing: enabled"
+    r"|\b(?:gradient|activation)[_ ]checkpointing\s*(?:[:=]\s*|is\s+)?(?:on|enabled)\b",
     re.I,
 )
 _GPU_NAME = (

@@ -567,7 +567,8 @@ def _leak(ctx: Context) -> Match | None:
         )
     # Prose without figures: "the memory grows until OOM", "continuous rising of gpu memory"
     prose = fact(ctx, "memory_growth_prose")
-    if prose and (fact(ctx, "mentions") or fact(ctx, "version_said")):
+    kept = fact(ctx, "graph_kept_prose")  # the holder said: outputs kept with their graphs
+    if prose and not kept and (fact(ctx, "mentions") or fact(ctx, "version_said")):
         # the growth tied to checkpointing or to a library release: a leak in the library
         # (a reference cycle through the checkpoint's saved context, hooks, caches)
         lib, version = fact(ctx, "version_said") or ("", "")
@@ -597,8 +598,13 @@ def _leak(ctx: Context) -> Match | None:
         return Match(
             0.45,
             f"The paste says the memory grows step after step ('{prose[0]}'): something keeps "
-            "each step's tensors - most often a loss or output accumulated as a tensor "
-            "(total_loss += loss) with its graph.",
+            "each step's tensors - "
+            + (
+                f"as it says, outputs or losses kept with their autograd graphs ('{kept[0]}')."
+                if kept
+                else "most often a loss or output accumulated as a tensor (total_loss += loss) "
+                "with its graph."
+            ),
             fix="Accumulate loss.item() (or loss.detach()), not the loss tensor, and keep no "
             "outputs with their graphs across steps; then gc.collect() per step to test for a "
             "reference cycle, and diff two torch.cuda.memory._snapshot()s to find the holder",

@@ -316,7 +316,10 @@ def read_knobs(ctx: Context) -> Knobs:
     for name in DTYPE_KEYS:
         hit = by_leaf.get(name)
         if hit and hit[1] not in (None, False, ""):
-            k.dtype = name if hit[1] is True else f"{hit[0]}={hit[1]}"
+            # a flag read off a line of prose takes the words after it as values ("`--fp16`
+            # with pytorch-1.5 works ..."): the flag named is all it says
+            plain = hit[1] is True or isinstance(hit[1], (list, tuple))
+            k.dtype = name if plain else f"{hit[0]}={hit[1]}"
             break
     for key, value in cfg.items():
         if _ATTN_KEY_RE.search(_leaf(key)) and value not in (None, ""):
