@@ -406,3 +406,19 @@ def test_no_expandable_segments_rerun_asked_of_a_run_that_has_them(tmp_path):
     assert "expandable" in [c["id"] for c in d.verdict.collect]
     d = run(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + OOM_ONLY)
     assert "expandable" not in [c["id"] for c in d.verdict.collect]
+
+
+def test_memory_that_grows_asks_for_the_step_by_step_figures_first(tmp_path):
+    # A skill trial: every leak case got the same OOM collect list (expandable segments,
+    # nvidia-smi); what decides a leak from a high peak is the memory after each step, with
+    # and without gc.collect(), and two snapshots a few steps apart.
+    # https://github.com/pytorch/torchtitan/issues/1467 (verbatim)
+    d = run(
+        tmp_path,
+        "When turn on the activation checkpoint, I saw unexpected memory leaks, and I can "
+        "locate the problem that comes from `all_to_all_single_autograd` (I am on PyTorch 2.6, "
+        "this op has the same behavior on the latest torch) \n",
+    )
+    assert d.verdict.verdict == "needs_evidence"
+    assert d.verdict.collect[0]["id"] == "memory_series"
+    assert "gc.collect()" in d.verdict.collect[0]["what"]

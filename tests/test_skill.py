@@ -594,7 +594,8 @@ def test_diagnose_leads_with_the_verdict_and_passes_the_layout(tmp_path):
     assert all("patch_keys" in f and "patch_framework" in f for f in alone["findings"])
     # the kit's commands as the agent runs them (recompute-kit is not on its PATH)
     said = json.dumps([alone["findings"], alone["collect"]])
-    assert "recompute-kit " not in said and "skill/scripts/rk.py " in said
+    # (at rk.py's path from the working folder: the agent runs from its project, not the skill)
+    assert "recompute-kit " not in said and f"python3 {REPO / 'skill/scripts/rk.py'} " in said
     dp16 = json.loads(run([*argv, "--dp", "16"], env=env, cwd=tmp_path).stdout)
     read = dp16["doctor"]["evidence"]["read"]["config"]
     assert (read["data_parallel_size"], read["world_size"]) == (16, 64)

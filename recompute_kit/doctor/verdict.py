@@ -72,11 +72,19 @@ COLLECT: dict[str, str] = {
     "peak_memory": "torch.cuda.max_memory_reserved(), max_memory_allocated() and "
     "memory_stats()['num_alloc_retries'] on every rank after a few steps (the peak, and how "
     "often the allocator had to free its cache)",
+    # memory that grows step after step: what survives each step decides leak from peak
+    "memory_series": "torch.cuda.memory_allocated() printed after every step for ten steps, "
+    "then the same run with gc.collect() before each print (flat with it: a reference cycle), "
+    "and two torch.cuda.memory._snapshot()s a few steps apart (what survives the step) -> "
+    "recompute-kit doctor --snapshot",
     # where the estimate is far above what the rank reached
     "tokens_per_batch": "the tokens of the failing micro-batch as it ran (input_ids.shape at "
     "the step: padding pads to the longest sample, not to the cap) -> recompute-kit doctor "
     "--seq-length N",
 }
+
+# Readings of memory that grows step after step (rules/general.py, rules/stated.py)
+_GROWTH_READINGS = ("RK266", "RK805")
 
 # Per category: the artefacts that would decide it (the first ones first).
 COLLECT_FOR: dict[str, tuple[str, ...]] = {
@@ -463,6 +471,10 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items.insert(0, {"id": "traceback", "what": what, "decides": competing})
     if assumed:
         items.insert(0, collect_assumed(ctx, assumed, competing))
+    if any(f.rule in _GROWTH_READINGS for f in findings[:3]):
+        # a leak or growth read: step-by-step figures decide it, not one OOM
+        items.insert(0, {"id": "memory_series", "what": COLLECT["memory_series"],
+                         "decides": competing})
     if overstated:
         tokens = {"id": "tokens_per_batch", "what": COLLECT["tokens_per_batch"]}
         items.insert(0, {**tokens, "decides": competing})

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from _kit import cli_error, emit, run_cli
 
@@ -161,11 +163,22 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _rk_path() -> str:
+    """rk.py as a path that runs from where the agent is (the project, not the skill folder):
+    relative where that is short, else absolute."""
+    here = Path(__file__).resolve().with_name("rk.py")
+    try:
+        rel = os.path.relpath(here)
+    except ValueError:  # another drive
+        return str(here)
+    return str(here) if rel.startswith("../..") else rel
+
+
 def _in_skill_words(value):
     """The kit's commands as the skill runs them: `recompute-kit validate` is `rk.py validate`
-    here (recompute-kit is not on the agent's PATH)."""
+    here (recompute-kit is not on the agent's PATH), at rk.py's path from the working folder."""
     if isinstance(value, str):
-        return value.replace("recompute-kit ", "python3 skill/scripts/rk.py ")
+        return value.replace("recompute-kit ", f"python3 {_rk_path()} ")
     return value
 
 
