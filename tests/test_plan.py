@@ -547,3 +547,26 @@ def test_nemo_rl_dpo_is_planned_in_sequences_and_handed_over_in_pairs(capsys):
         == 0
     )
     assert "policy.train_micro_batch_size: 2  # pairs: 4 sequences (DPO)" in capsys.readouterr().out
+
+
+def test_settings_left_out_on_the_version_say_their_own_reason():
+    # A skill trial (Bridge's Qwen3-30B-A3B with EP overlap) read "the 4 selective sets with
+    # moe (the last uniform group would run past the last layer before 0.17 ...)": every
+    # known-broken setting was given the uniform clamp's reason
+    from recompute_kit.plan import not_proposed
+
+    overlap = (
+        "selective moe with overlap_moe_expert_parallel_comm: Megatron-Bridge and newer "
+        "Megatron-Core refuse it"
+    )
+    said = not_proposed(
+        [
+            ("selective:moe", overlap),
+            ("full:uniform:3", "full:uniform:3 on Megatron-Core unknown: a chunk of 8 layers"),
+        ],
+        None,
+    )
+    moe = next(s for s in said if "selective:moe" in s)
+    uniform = next(s for s in said if "full:uniform:3" in s)
+    assert "overlap_moe_expert_parallel_comm" in moe and "past the last layer" not in moe
+    assert "past the last layer" in uniform

@@ -533,20 +533,33 @@ def not_proposed(excluded: list[tuple[str, str]], version: tuple[int, int] | Non
     """The settings left out, one sentence per reason: Megatron-Core's refusals (its message)
     apart from the settings broken on the version."""
     refused: dict[str, list[str]] = {}
-    broken = []
+    broken: dict[str, list[str]] = {}  # by reason (config/versions.py known_broken)
     for spec, why in excluded:
         if why.startswith(REFUSED):
             refused.setdefault(why[len(REFUSED) :], []).append(spec)
+        elif why.startswith("full:uniform:"):
+            broken.setdefault(_UNIFORM_CLAMP, []).append(spec)
+        elif why.startswith("recompute_modules"):
+            broken.setdefault(_NO_MODULES_FIELD, []).append(spec)
         else:
-            broken.append(spec)
+            broken.setdefault(why, []).append(spec)
     out = [
         f"Not proposed, Megatron-Core refuses them: {compact_specs(specs)} ({message})."
         for message, specs in refused.items()
     ]
-    if broken:
-        out.append(
-            f"Not proposed on Megatron-Core {describe_version(version)}: {compact_specs(broken)} "
-            "(the last uniform group would run past the last layer before 0.17; "
-            "--megatron-core-version 0.17 or later allows them)."
-        )
+    out += [
+        f"Not proposed on Megatron-Core {describe_version(version)}: {compact_specs(specs)} "
+        f"({why})."
+        for why, specs in broken.items()
+    ]
     return out
+
+
+_UNIFORM_CLAMP = (
+    "the last uniform group would run past the last layer before 0.17; "
+    "--megatron-core-version 0.17 or later allows them"
+)
+_NO_MODULES_FIELD = (
+    "recompute_modules came with 0.12: before it selective recompute is core attention alone; "
+    "--megatron-core-version 0.12 or later allows them"
+)
