@@ -963,3 +963,13 @@ def test_moe_permute_fusion_takes_the_path_without_the_late_free(tmp_path, capsy
         assert main(argv) == 0
         warnings = json.loads(capsys.readouterr().out)["warnings"]
         assert any("Megatron-LM#3221" in w for w in warnings) is said, extra
+
+
+def test_the_layout_line_says_where_moe_optimizer_states_are_sharded(capsys):
+    # A skill trial (Mixtral at EP 8 over DP 8) found no tool saying why the optimizer states
+    # stayed 16 GiB with the distributed optimizer on: the experts' shard over expert-DP only
+    argv = ["estimate", "--model", "mixtral-8x7b", "--dp", "8", "--ep", "8"]
+    assert main([*argv, "--distributed-optimizer"]) == 0
+    out = capsys.readouterr().out
+    assert "expert states over expert-DP 1: not sharded" in out
+    assert "dense states sharded over DP x CP 8" in out

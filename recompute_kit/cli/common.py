@@ -488,11 +488,19 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     parts += [f"CP{p.context_parallel_size}", f"DP{p.data_parallel_size}"]
     if cfg.model.num_moe_experts:
         parts += [f"EP{p.expert_model_parallel_size}", f"ETP{p.etp}"]
-    from ..memory.model_states import sharding_mode
+    from ..memory.model_states import shard_groups, sharding_mode
 
     mode = sharding_mode(cfg)
     if mode == "megatron":
         states = f"distributed optimizer {'on' if p.use_distributed_optimizer else 'off'}"
+        if p.use_distributed_optimizer and cfg.model.num_moe_experts:
+            # a trial asked why the optimizer states stayed large with it on: the experts'
+            # are sharded over the expert data-parallel group only
+            dense, expert = shard_groups(cfg)
+            states += (
+                f" (dense states sharded over DP x CP {dense}, expert states over expert-DP "
+                f"{expert}" + (": not sharded" if expert == 1 else "") + ")"
+            )
     else:
         name = {"zero": "ZeRO", "fsdp2": "FSDP2", "megatron_fsdp": "Megatron-FSDP"}[mode]
         from ..plan.trainer_levers import offloaded_words

@@ -224,6 +224,15 @@ class ModelStates:
         return asdict(self)
 
 
+def shard_groups(config: Config) -> tuple[int, int]:
+    """The ranks that shard the dense and the expert model states: DP x CP, and the expert
+    data-parallel group, TP x DP x CP / (expert TP x EP) (Megatron's expert-DP)."""
+    p = config.parallel
+    dp_cp = p.data_parallel_size * p.context_parallel_size
+    edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
+    return dp_cp, edp
+
+
 def sharding_mode(config: Config) -> str:
     """The sharding mode the Config says: `megatron` without a ZeRO stage (the distributed
     optimizer or none), `megatron_fsdp` with a stage and Megatron's distributed optimizer,
@@ -340,8 +349,7 @@ def model_states(
     else:
         weight_b, grad_b, optim_b = 2, *megatron_state_bytes(config)
     level = (1 if p.use_distributed_optimizer else 0) if mode == "megatron" else p.zero_stage
-    dp_cp = p.data_parallel_size * p.context_parallel_size
-    edp = max(p.tensor_model_parallel_size * dp_cp // (p.etp * p.expert_model_parallel_size), 1)
+    dp_cp, edp = shard_groups(config)
 
     def held(bytes_per_param: int, sharded: bool) -> float:
         if not sharded:
