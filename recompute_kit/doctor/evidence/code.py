@@ -216,6 +216,7 @@ _GROWTH_RE = re.compile(
 # a leak named: "leaks GPU memory per training micro-batch", "a memory leak" (over steps by
 # the word itself)
 _LEAK_RE = re.compile(r"\bleak(?:s|ed|ing)?\s+(?:\w+\s+){0,2}?memory\b|\bmemory\s+leak", re.I)
+_NEGATED_RE = re.compile(r"\b(?:no|not|without|never)\s+(?:\w+\s+)?$", re.I)
 # what keeps each step's tensors, said: outputs or losses kept with their autograd graphs
 _GRAPH_KEPT_RE = re.compile(
     r"grad_fn|autograd graphs?|without\s+(?:a\s+)?\.?detach"
@@ -453,9 +454,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
             add("memory_prose", line)
             if _VALIDATION_PROSE_RE.search(line):
                 add("eval_memory_prose", line)
-            if (_GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line)) or _LEAK_RE.search(
-                line
-            ):
+            leak = _LEAK_RE.search(line)
+            if leak and _NEGATED_RE.search(line[: leak.start()]):
+                leak = None  # "so there will be no memory leak"
+            if (_GROWTH_RE.search(line) and _OVER_STEPS_RE.search(line)) or leak:
                 add("memory_growth_prose", line)
             if _GRAPH_KEPT_RE.search(line):
                 add("graph_kept_prose", line)
