@@ -30,8 +30,9 @@ demo: setup
 	@echo "Ablation:       runs/demo/ablation/summary.md  (results.jsonl, report.json, *.png)"
 	@echo "Executed notebooks: runs/demo/*.ipynb  (open with: .venv/bin/jupyter lab runs/demo)"
 
+# On every core (pytest-xdist): the suite is CPU-bound, two cores halve it.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 lint: setup
 	$(VENV)/bin/ruff check .
