@@ -403,7 +403,7 @@ def test_equal_step_micro_batches_rank_the_largest_first_and_zero3_says_its_gath
     batches = [r for r in rows if r["lever"] == "micro-batch" and r["fits"]]
     sizes = [r["setting"] for r in batches]
     assert sizes[0].startswith("per_device_train_batch_size=4"), sizes
-    assert "FSDP gathers and reduce-scatters" in batches[-1]["adds"]
+    assert "ZeRO-3 gathers and reduce-scatters" in batches[-1]["adds"]  # (DeepSpeed)
     assert "in each of 16 micro-batches" in batches[-1]["adds"]
     # the fused-loss row says which transformers has the key (LLaVA pins 4.37, which has not)
     fused = next(r for r in rows if r["lever"] == "fused loss")

@@ -109,7 +109,7 @@ def test_settings_offload_adapters_flags_and_gpus():
     assert _said("QLoRA with load_in_4bit")["quant_bits"] == 4
     assert _said("GPUs: 2× NVIDIA A100 (40GB each)") == {"gpu_count": 2, "gpu_bytes": 40 * GIB}
     assert _said("2 16G A4000") == {"gpu_count": 2, "gpu_bytes": 16 * GIB}
-    assert _said("我是用了8张T4 bs=1") == {"gpu_count": 8, "gpu_bytes": 16 * GIB}
+    assert _said("我是用了8张T4 bs=1") == {"gpu_count": 8, "gpu_bytes": 16 * GIB, "micro_batch": 1}
     assert _said("8 x 3090")["gpu_count"] == 8
     # an OOM message's sizes are not the GPU's
     assert "gpu_bytes" not in _said("Tried to allocate 20 GiB (GPU 0; 79 GiB total capacity")
