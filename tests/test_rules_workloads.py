@@ -23,6 +23,20 @@ def test_rk660_not_for_neimem_on_a_line_that_names_the_gpu():
     assert top(run(text("r8p-verl224-rollout-host-ram"))).rule == "RK660"
 
 
+# RK660: 内存 of each card ("每张卡") is the GPUs' memory. A skill trial read it as host RAM
+# and answered out_of_scope, with a dataloader-workers patch, for a ZeRO-3 OOM.
+@covers("RK660")
+def test_rk660_not_for_neimem_said_per_card():
+    # https://github.com/hiyouga/LlamaFactory/issues/5977 (the reporter's line, verbatim)
+    line = (
+        "使用ds_z3_config.json会OOM，但是使用ds_z3_offload_config.json就可以跑起来，"
+        "而且每张卡只占用了13G内存。这正常吗？\n"
+    )
+    d = run(line)
+    assert "RK660" not in ids(d) and d.verdict.verdict != "out_of_scope"
+    assert top(run("训练时内存不足，进程被Killed\n")).rule == "RK660"  # the host's, said so
+
+
 # RK660: a host memory reading ("CPU RSS: 592.20 MB, VMS: 5.79 GB") is not a shortage.
 @covers("RK660")
 def test_rk660_not_for_a_host_memory_reading():

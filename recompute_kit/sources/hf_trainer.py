@@ -505,9 +505,20 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
     found = _find_beside(ref, src.path)
     if found is None:
         reading.unused["deepspeed"] = ref
-        reading.warnings.append(
-            f"{src.path}: deepspeed {ref} not found beside this file: the ZeRO stage and "
-            "offloading are unknown; give the JSON too"
+        named = _ZERO_FILE_NAME.search(Path(ref).name)
+        if named is None:
+            reading.warnings.append(
+                f"{src.path}: deepspeed {ref} not found beside this file: the ZeRO stage and "
+                "offloading are unknown; give the JSON too"
+            )
+            return
+        # LLaMA-Factory's ds_z3_config.json, ds_z2_offload_config.json, DeepSpeed-Chat's and
+        # TRL's zero3.json: the name says the stage (and offload), said as an assumption
+        stage, offload = int(named.group(1)), "offload" in Path(ref).name.lower()
+        note = f"from the name of {ref}, not found beside this file: give the JSON to read it"
+        reading.set("zero_stage", stage, Origin(FROM_ASSUMED, src.path, "deepspeed", note))
+        reading.set(
+            "optimizer_offload", offload, Origin(FROM_ASSUMED, src.path, "deepspeed", note)
         )
         return
     text = found.read_text(encoding="utf-8")
@@ -519,6 +530,11 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
         raise ConfigError(f"{found}: a DeepSpeed config must be a JSON object")
     read_deepspeed(data, _Src(text, str(found), "json"), reading, unused_prefix="deepspeed")
     reading.read_within.append(str(found))
+
+
+# a DeepSpeed JSON's name that says its ZeRO stage: ds_z3_config.json, zero2.json,
+# zero_stage3_offload.json, ds_config_zero3.json
+_ZERO_FILE_NAME = re.compile(r"(?:^|[_\-.])(?:ds_)?z(?:ero)?(?:_?stage)?_?([0-3])(?=[_\-.])", re.I)
 
 
 def _derive_global_batch(reading: Reading) -> None:

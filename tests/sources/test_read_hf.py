@@ -413,3 +413,25 @@ def test_a_local_checkpoint_folder_named_by_the_trainer_yaml_gives_the_shape(tmp
     assert resolved.config.model.num_layers == 36 and "models/My-Qwen3-8B/config.json" in (
         origin.where
     )
+
+
+def test_a_deepspeed_json_not_given_says_its_stage_by_its_name_as_an_assumption(tmp_path):
+    # A skill trial (LlamaFactory#5977: llama3 full SFT naming examples/deepspeed/ds_z3_config.json,
+    # the YAML given alone) was told "zero_stage = 0" and to move to ZeRO-2
+    from recompute_kit.sources.reading import FROM_ASSUMED
+    from recompute_kit.sources.resolve import resolve
+
+    sft = (Path(__file__).parent / "corpus" / "hf_trainer" / "qwen3_full_sft.yaml").read_text()
+    (tmp_path / "sft.yaml").write_text(sft)
+    r = resolve([str(tmp_path / "sft.yaml")], require_shape=False).reading
+    assert r.get("zero_stage") == 3 and r.origins["zero_stage"].kind == FROM_ASSUMED
+    assert "give the JSON" in r.origins["zero_stage"].note
+    offload = sft.replace("ds_z3_config.json", "ds_z2_offload_config.json")
+    (tmp_path / "sft.yaml").write_text(offload)
+    r = resolve([str(tmp_path / "sft.yaml")], require_shape=False).reading
+    assert (r.get("zero_stage"), r.get("optimizer_offload")) == (2, True)
+    # a name that says no stage: unknown, said
+    (tmp_path / "sft.yaml").write_text(sft.replace("ds_z3_config.json", "my_ds.json"))
+    r = resolve([str(tmp_path / "sft.yaml")], require_shape=False).reading
+    assert "from the name" not in r.origins["zero_stage"].note  # (the kit's own assumption)
+    assert any("my_ds.json not found" in w for w in r.warnings)

@@ -247,7 +247,12 @@ _HOST_WORD_RE = re.compile(
     r"(?!\s*(?:per\s+)?(?:gpu|card|each))",
     re.I,
 )
-_GPU_MEMORY_WORD_RE = re.compile(r"gpu|cuda|vram|显存|显卡|device memory|hbm", re.I)
+# (a card named: "每张卡只占用了13G内存" is each GPU's 13G, not the host's; 卡住 / 卡死 is "stuck")
+_GPU_MEMORY_WORD_RE = re.compile(
+    r"gpu|cuda|vram|显存|显卡|device memory|hbm|\bcards?\b"
+    r"|[每单双两\d一二三四五六七八]\s*[张块]?\s*卡(?![住死顿])|卡(?:上|里)",
+    re.I,
+)
 # a Ray / multiprocessing worker's row in a process table: "40126  11.20  ray::WorkerDict..."
 _PROC_ROW_RE = re.compile(r"^\s*\d{2,7}\s+(\d+(?:\.\d+)?)\s+(?:ray::|python|\S*worker)", re.I)
 
