@@ -641,3 +641,11 @@ SOURCES.update(
         "reporter's command)",
     }
 )
+
+# round "trial 24": reports a skill re-trial collected (verbatim, the report only)
+SOURCES.update(
+    {
+        "t24-nemorl-2859-float16-to-fp32": "https://github.com/NVIDIA-NeMo/RL/issues/2859 "
+        "(the report as the stored copy cuts it, inside its traceback)",
+    }
+)

@@ -740,3 +740,12 @@ def test_rk016_megatrons_fp32_upcast_of_the_returned_logits():
     f = top(run(text("nemorl-2859-dpo-float16-to-fp32")))
     assert f.rule == "RK016" and f.category == "logits_memory"
     cites(f, "float16_to_fp32")
+
+
+@covers("RK016")
+def test_a_logits_oom_under_nemo_rls_policy_worker_names_nemo_rls_levers():
+    # https://github.com/NVIDIA-NeMo/RL/issues/2859: a skill re-trial got Megatron's
+    # cross_entropy_loss_fusion for the float() of the logits under NeMo-RL's policy worker
+    f = get(run(text("t24-nemorl-2859-float16-to-fp32")), "RK016")
+    assert f.config_patch == {"logprob_chunk_size": 1024, "defer_fp32_logits": True}
+    assert "cross_entropy_loss_fusion" not in f.fix

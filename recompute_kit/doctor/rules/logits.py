@@ -221,19 +221,31 @@ def _oom_in_logits(ctx: Context) -> Match | None:
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
-            return Match(0.9, f"The OOM is raised under '{frame}'.", fix=_fused_fix(ctx))
+            return _in_logits(ctx, f"The OOM is raised under '{frame}'.", 0.9)
     # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
     # "... 报错oom" above frames that end in the loss)
     if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
         where = oom_where(ctx) + " " + all_frames(ctx)
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
-            return Match(
-                0.8,
-                f"The pasted traceback runs through '{hit}' next to the OOM.",
-                fix=_fused_fix(ctx),
-            )
+            return _in_logits(ctx, f"The pasted traceback runs through '{hit}' next to the OOM.")
     return None
+
+
+def _in_logits(ctx: Context, said: str, confidence: float = 0.8) -> Match:
+    if "nemo_rl" in all_frames(ctx):
+        # NeMo-RL's Megatron policy computes the log-probs itself: its own levers, not
+        # Megatron's loss fusion (a trial got cross_entropy_loss_fusion for a float() of the
+        # logits under nemo_rl's policy worker)
+        return Match(
+            confidence,
+            said + " NeMo-RL's policy worker holds the logits for its log-probs.",
+            config_patch={"logprob_chunk_size": 1024, "defer_fp32_logits": True},
+            fix="Compute the log-probs in chunks of the sequence (policy.logprob_chunk_size) and "
+            "cast to fp32 inside each chunk (defer_fp32_logits), or a smaller micro-batch / "
+            "sequence; recompute of transformer layers does not help",
+        )
+    return Match(confidence, said, fix=_fused_fix(ctx))
 
 
 def _fused_fix(ctx: Context) -> str | None:
