@@ -649,3 +649,7 @@ SOURCES.update(
         "(the report as the stored copy cuts it, inside its traceback)",
     }
 )
+SOURCES["t24-transformers-7158-evaluate-oom"] = (
+    "https://github.com/huggingface/transformers/issues/7158 (its title as the first line, then "
+    "the report as the stored copy cuts it, inside its traceback)"
+)

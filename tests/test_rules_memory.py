@@ -749,3 +749,14 @@ def test_a_logits_oom_under_nemo_rls_policy_worker_names_nemo_rls_levers():
     f = get(run(text("t24-nemorl-2859-float16-to-fp32")), "RK016")
     assert f.config_patch == {"logprob_chunk_size": 1024, "defer_fp32_logits": True}
     assert "cross_entropy_loss_fusion" not in f.fix
+
+
+@covers("RK086")
+def test_an_oom_in_the_trainers_own_evaluation_loop_is_what_it_gathers():
+    # https://github.com/huggingface/transformers/issues/7158: the OOM in Trainer.evaluate's
+    # prediction_loop (torch.cat of the predictions); the fix was eval_accumulation_steps
+    # (PR #7767). A re-trial was told to wrap the loop in torch.no_grad(), which the Trainer
+    # does already.
+    f = get(run(text("t24-transformers-7158-evaluate-oom")), "RK086")
+    assert "runs under no_grad" in f.evidence and "eval_accumulation_steps" in f.fix
+    assert f.config_patch == {"eval_accumulation_steps": 8}

@@ -535,6 +535,10 @@ EVAL_WORDS = (
 )
 
 
+# Evaluation loops a trainer runs itself, under no_grad (transformers' Trainer, Lightning)
+_MANAGED_EVAL_FRAMES = ("transformers/trainer.py", "lightning/pytorch/loops", "pytorch_lightning/")
+
+
 @rule(
     "RK086",
     "The OOM happens in evaluation without torch.no_grad",
@@ -559,6 +563,22 @@ def _oom_in_eval(ctx: Context) -> Match | None:
         where += " " + all_frames(ctx)
     hit = next((w for w in EVAL_WORDS if w in where), None)
     if hit is not None and "backward" not in where:
+        frames = all_frames(ctx)
+        if any(t in frames for t in _MANAGED_EVAL_FRAMES):
+            # the Trainer's / Lightning's own loop, already under no_grad: what it gathers
+            # across batches fills the GPU (the Trainer keeps every batch's predictions there
+            # until eval_accumulation_steps moves them)
+            return Match(
+                0.6,
+                f"The OOM is raised under '{hit.strip()}' in the trainer's own evaluation loop, "
+                "which runs under no_grad: what it keeps across batches (every batch's "
+                "predictions / logits, gathered on the GPU) is what fills it.",
+                fix="Hugging Face Trainer: eval_accumulation_steps (moves the predictions to the "
+                "CPU every N steps), preprocess_logits_for_metrics (keep argmax, not logits) or "
+                "prediction_loss_only; a smaller per_device_eval_batch_size; Lightning: return "
+                "only detached scalars from validation_step",
+                config_patch={"eval_accumulation_steps": 8},
+            )
         return Match(
             0.8,
             f"The OOM is raised under '{hit.strip()}' with no backward in the traceback: the "
