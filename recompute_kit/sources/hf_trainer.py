@@ -516,10 +516,8 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
         # TRL's zero3.json: the name says the stage (and offload), said as an assumption
         stage, offload = int(named.group(1)), "offload" in Path(ref).name.lower()
         note = f"from the name of {ref}, not found beside this file: give the JSON to read it"
-        reading.set("zero_stage", stage, Origin(FROM_ASSUMED, src.path, "deepspeed", note))
-        reading.set(
-            "optimizer_offload", offload, Origin(FROM_ASSUMED, src.path, "deepspeed", note)
-        )
+        for field, value in (("zero_stage", stage), ("optimizer_offload", offload)):
+            reading.set(field, value, Origin(FROM_ASSUMED, src.path, _KEY_FOR[field], note))
         return
     text = found.read_text(encoding="utf-8")
     try:

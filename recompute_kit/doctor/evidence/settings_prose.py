@@ -238,6 +238,8 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
                 break
         if _PER_RANK_RE.search(line):
             put("model_parallel", True, line)
+        if "openrlhf" in line.lower():  # its module path or name: --flash_attn is its switch
+            put("trainer", "openrlhf", line)
         if (m := _FULL_FT_RE.search(line)) and _stated(line, m.start()):
             put("full_finetune", True, line)
         if (m := _FLASH_SAID_RE.search(line)) and _stated(line, m.start()):

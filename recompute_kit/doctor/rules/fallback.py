@@ -227,10 +227,12 @@ def _attn_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
         return {"attn_implementation": "flash_attention_2"}, (
             "attn_implementation: flash_attention_2 (or sdpa)" + why
         )
+    if k.trainer == "openrlhf":
+        return {"flash_attn": True}, "--flash_attn (OpenRLHF's switch; its default is off)" + why
     # no framework the paste shows: the words, and no key of one framework as a patch
     return {}, (
-        "flash attention: the trainer's own switch (OpenRLHF's --flash_attn), or "
-        "attn_implementation=flash_attention_2 / sdpa when loading the model" + why
+        "flash attention: attn_implementation=flash_attention_2 / sdpa when loading the "
+        "model, or the trainer's own switch where it has one" + why
     )
 
 

@@ -122,6 +122,7 @@ class Knobs:
     # seq_len=1024"): said, never a key to patch
     said_batch: int | None = None
     said_seq: int | None = None
+    trainer: str | None = None  # a trainer the paste names whose switches differ (openrlhf)
 
     @property
     def any(self) -> bool:
@@ -335,6 +336,7 @@ def read_knobs(ctx: Context) -> Knobs:
         k.said_batch = said["micro_batch"]
     if not k.seq and isinstance(said.get("seq_len"), int):
         k.said_seq = said["seq_len"]
+    k.trainer = said.get("trainer")
     ft = str(cfg.get("finetuning_type", "")).lower()
     if ft:
         k.lora = ft in ("lora", "qlora", "oft", "freeze") if ft != "full" else False
