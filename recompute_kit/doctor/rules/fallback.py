@@ -232,7 +232,8 @@ def _attn_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     # no framework the paste shows: the words, and no key of one framework as a patch
     return {}, (
         "flash attention: attn_implementation=flash_attention_2 / sdpa when loading the "
-        "model, or the trainer's own switch where it has one" + why
+        "model (LLaMA-Factory: flash_attn: fa2), or the trainer's own switch where it has one"
+        + why
     )
 
 
