@@ -204,9 +204,12 @@ def test_rk011_full_finetune_on_4090s_patches_the_planners_deepspeed_lever(tmp_p
     d = _qwen3_8b_full_sft_on_4090s(tmp_path, "1002.00 MiB")
     f = _finding(d, "RK011")
     assert "are below them" in f.evidence and "first optimizer step" in f.evidence
-    zero = f.patch_keys["zero_optimization"]
+    zero = f.config_patch["zero_optimization"]
     assert zero["offload_optimizer"] == {"device": "cpu"} and "plan --levers" in f.fix
     assert "No patch" not in f.fix and "use_distributed_optimizer" not in f.config_patch
+    # in LLaMA-Factory's own keys: its DeepSpeed file of that stage and offload, beside the one
+    # the run names (a trial: a stage set inside ds_z2_config.json leaves out ds_z3's keys)
+    assert f.patch_keys == {"deepspeed": str(tmp_path / "ds_z2_offload_config.json")}
 
 
 def test_rk012_says_when_the_request_is_also_the_embedding_weight(tmp_path):

@@ -605,6 +605,8 @@ def test_an_oom_in_adams_update_arithmetic_is_its_temporary_in_the_runs_own_keys
     assert "a temporary of one moment's size" in f.evidence
     assert "one more state tensor" not in f.evidence and "adamw_torch_fused" in f.fix
     assert "Megatron: --optimizer-cpu-offload" in f.fix  # labelled Megatron's: as written
+    # ZeRO-3 in LLaMA-Factory's own keys: its ds_z3_config.json beside the ds_z2 the run names
+    assert f.patch_keys == {"deepspeed": str(tmp_path / "ds_z3_config.json")}
     assert not any("no configuration keys found" in n for n in d.evidence.notes)
     states = [g for g in d.findings if g.rule == "RK011"]
     assert all("use_distributed_optimizer" not in json.dumps(g.config_patch) for g in states)

@@ -251,6 +251,7 @@ def _check(
             f.patch_keys = _translate(framework, patch, ctx, drop)
         if framework == "hf-trainer" and llama_factory(ctx):
             f.patch_keys = in_llama_factory_keys(f.patch_keys, check)
+            f.patch_keys = _llama_factory_deepspeed_file(f.patch_keys, ctx, check)
         _same_in_the_frameworks_keys(framework, f, patch, current, ctx, check, drop)
         check["keys"] = framework if f.patch_keys else None
     f.config_patch = patch
@@ -448,6 +449,56 @@ def in_llama_factory_keys(keys: dict[str, Any], check: dict[str, Any] | None = N
         out[own] = said
         if check is not None:
             check["notes"].append(f"{key}: {value!r} is LLaMA-Factory's {own}: {said!r}")
+    return out
+
+
+# LLaMA-Factory's own DeepSpeed files (examples/deepspeed/ at ff6d4d12): ds_z0, ds_z2,
+# ds_z2_offload, ds_z3, ds_z3_offload; a run names one by `deepspeed:`
+_LF_DS_FILE = re.compile(r"^(?P<dir>.*?)ds_z[0-3](?:_offload)?_config\.json$")
+# (stage, what it offloads) -> the file's suffix: ds_z2_offload offloads the optimizer,
+# ds_z3_offload the optimizer and the parameters
+_LF_DS_FILES = {
+    (0, ()): "",
+    (2, ()): "",
+    (3, ()): "",
+    (2, ("offload_optimizer",)): "_offload",
+    (3, ("offload_optimizer", "offload_param")): "_offload",
+}
+_LF_DS_KEYS = {"stage", "offload_optimizer", "offload_param"}
+
+
+def _llama_factory_deepspeed_file(
+    keys: dict[str, Any], ctx: Context, check: dict[str, Any]
+) -> dict[str, Any]:
+    """A ZeRO stage / offload patch for a LLaMA-Factory run that names one of LLaMA-Factory's
+    DeepSpeed files: the file of that stage in its `deepspeed` key, as its examples switch
+    (a stage set inside ds_z2_config.json would leave out what ds_z3_config.json adds)."""
+    zero = keys.get("zero_optimization")
+    if not isinstance(zero, dict) or "stage" not in zero or set(zero) - _LF_DS_KEYS:
+        return keys  # (a key its files do not set would be lost in the swap)
+    read = ctx.evidence.read or {}
+    named = (read.get("unused") or {}).get("deepspeed")
+    if named is None:
+        source = (read.get("sources") or {}).get("zero_stage") or {}
+        if source.get("key") == "zero_optimization.stage":
+            named = str(source.get("where", "")).rsplit(":", 1)[0]
+    m = _LF_DS_FILE.match(str(named or ""))
+    if m is None:
+        return keys
+    offload = tuple(
+        k
+        for k in ("offload_optimizer", "offload_param")
+        if isinstance(zero.get(k), dict) and zero[k].get("device") == "cpu"
+    )
+    suffix = _LF_DS_FILES.get((zero["stage"], offload))
+    if suffix is None:
+        return keys  # no LLaMA-Factory file says exactly this: DeepSpeed's own keys
+    name = f"{m.group('dir')}ds_z{zero['stage']}{suffix}_config.json"
+    check["notes"].append(
+        f"zero_optimization {zero} is LLaMA-Factory's {name} (the run names {named})"
+    )
+    out = {k: v for k, v in keys.items() if k != "zero_optimization"}
+    out["deepspeed"] = name
     return out
 
 
