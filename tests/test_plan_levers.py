@@ -231,10 +231,13 @@ def test_price_recompute_times_a_chosen_setting_as_the_current_row(capsys):
     # user asks about in the `current` row, priced by the same step-time model
     script = CORPUS / "blind_llama3_8b_h100_fp8.sh"
     args = ["plan", "--config", str(script), "--gpu-memory-gb", "139", "--levers", "--json"]
-    got = {}
+    got, said = {}, {}
     for spec in (None, "full:uniform:1"):
         assert main([*args, *(["--price-recompute", spec] if spec else [])]) in (0, 1)
-        got[spec] = json.loads(capsys.readouterr().out)["levers"]["current"]
+        doc = json.loads(capsys.readouterr().out)
+        got[spec], said[spec] = doc["levers"]["current"], doc["current_is"]
+    # (a later trial read current_fits as the run's own: the document says which it is)
+    assert said[None] == "the run as given" and "--price-recompute" in said["full:uniform:1"]
     assert got[None]["recompute"] == "none"  # the script recomputes nothing
     assert got["full:uniform:1"]["recompute"] == "full:uniform:1"
     # full recompute runs every layer's forward again: the step is longer, the memory lower

@@ -139,6 +139,13 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
                 # the run as given fits is "current_fits"
                 "fits": fits,
                 "current_fits": table.current.fits,
+                # what "current" is: the run as given, or priced with another recompute
+                "current_is": (
+                    f"the run with recompute {args.price_recompute} (--price-recompute), not "
+                    "its own setting"
+                    if args.price_recompute
+                    else "the run as given"
+                ),
                 "layout": layout_of(cfg),
                 # the config's, then what the run's own estimate assumes (as plain `plan`
                 # says them; the CUDA context and NCCL's buffers are the safety margin's)
