@@ -694,3 +694,24 @@ def test_ep_overlap_hides_the_all_to_alls_behind_compute():
     hidden = stage_time(overlapped, 0, hw)
     assert hidden.ep_exposed_s == max(0.0, plain.ep_exposed_s - hidden.compute_s)
     assert hidden.ep_exposed_s < plain.ep_exposed_s
+
+
+def test_an_expert_group_spans_its_own_ranks_not_the_attention_layers_tp_x_cp():
+    # a skill trial (Bridge's Qwen3-30B-A3B on one node of 8, EP 8): the CP 2 rows showed
+    # "EP all-to-all exposed 28.9 s" against 3.2 s: the EP group was taken to span TP x CP x EP
+    # = 16 ranks (two nodes). Megatron-Core builds expert groups on their own grid
+    # (expert_decoder_rank_generator: expert TP x EP, cp = 1): 8 ranks, one node.
+    from recompute_kit.plan.step_time import Hardware, ep_transfer_seconds
+
+    moe = get_preset("mixtral-8x7b").config()
+    cfg = moe.replace(
+        expert_model_parallel_size=8,
+        tensor_model_parallel_size=1,
+        context_parallel_size=2,
+        data_parallel_size=4,
+        moe_token_dispatcher_type="alltoall",
+    )
+    nvlink = Hardware(internode_gbps=450.0)
+    assert ep_transfer_seconds(cfg, 0, Hardware()) == ep_transfer_seconds(cfg, 0, nvlink)
+    wide = cfg.replace(expert_model_parallel_size=16, data_parallel_size=8)  # two nodes
+    assert ep_transfer_seconds(wide, 0, Hardware()) > ep_transfer_seconds(wide, 0, nvlink)

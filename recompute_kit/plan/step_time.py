@@ -354,7 +354,10 @@ def ep_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     if p.sequence_parallel:
         tokens /= p.tensor_model_parallel_size
     per = tokens * m.moe_router_topk * m.hidden_size * width * (ep - 1) / ep
-    link = _link_gbps(hw, p.tensor_model_parallel_size * p.context_parallel_size * ep)
+    # Megatron-Core builds the expert groups on their own rank grid (parallel_state.py:
+    # expert_decoder_rank_generator, tp = expert TP, cp = 1): an EP group spans expert-TP x EP
+    # consecutive ranks, whatever the attention layers' TP x CP
+    link = _link_gbps(hw, p.etp * ep)
     again = config.recompute.selects("moe")
     units = sum(
         4 + (2 if full or again else 0)
