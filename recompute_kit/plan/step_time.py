@@ -57,8 +57,9 @@ hide. Every term, with its source or marked as an assumption:
 * **Expert parallelism**: each MoE layer's token dispatch and combine are all-to-alls of the
   rank's routed token copies (b x s/cp (/tp with SP) x top-k x hidden), (ep - 1) / ep of them
   leaving the rank: two in forward, two in backward, two more where recompute re-runs the
-  layer, over NVLink while TP x CP x EP fits a node, else the network. Taken as exposed (the
-  defaults: Megatron's overlap_moe_expert_parallel_comm off, torchtitan none), an
+  layer, over NVLink while expert-TP x EP fits a node (Megatron-Core's expert rank grid has
+  no CP: parallel_state.py's expert_decoder_rank_generator), else the network. Taken as
+  exposed (the defaults: Megatron's overlap_moe_expert_parallel_comm off, torchtitan none), an
   ASSUMPTION; with overlap_moe_expert_parallel_comm on (the recipes of Megatron-Bridge's
   MoE models set it), as hidden behind the compute of the micro-batch it overlaps with:
   exposed = max(0, transfer - compute), as FSDP's. The allgather dispatcher is not timed.
