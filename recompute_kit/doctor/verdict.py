@@ -504,5 +504,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
             f" (it has {', '.join(kinds[k] for k in have)})" if have else " (prose or a bare line)"
         )
     else:
-        why = f"{top.category} decided by the input but only {top.confidence:.0%} likely"
+        why = (
+            f"the input holds evidence of the kind that decides {top.category}, but "
+            f"{top.rule} is only {top.confidence:.0%} likely (a diagnosis takes "
+            f"{DIAGNOSED_AT:.0%})"
+        )
     return Verdict("needs_evidence", why, have, hypotheses, items)
