@@ -35,7 +35,7 @@ from ..config import (
 from . import torchtitan as titan
 from .flops import model_recompute_flops_fraction, recompute_flops_fraction
 from .layout import chunk_micro_batches_at_peak, micro_batches_in_flight, pipeline_layout
-from .model_states import model_states, padded_vocab_size
+from .model_states import ModelStates, model_states, padded_vocab_size
 from .mtp import mtp_activation_bytes, mtp_layer_is_moe, mtp_location
 from .overheads import overhead_terms
 from .te_saves import (
@@ -61,7 +61,7 @@ class Estimate:
     weights_bytes: int
     grads_bytes: int
     optimizer_bytes: int
-    total_bytes: int  # weights + grads + optimizer + peak activations
+    total_bytes: int  # weights + grads + optimizer + peak activations (or the step's)
     recompute_flops_fraction: float  # executed FLOPs of this stage's rank (memory/flops.py)
     model_recompute_flops_fraction: float = 0.0  # the same in model FLOPs (full s x s)
     offloaded_bytes: int = 0  # activations sent to host per micro-batch
@@ -912,7 +912,7 @@ def _stage_estimate(
 ZERO3_SUB_GROUP = 1_000_000_000
 
 
-def optimizer_step_bytes(config: Config, states) -> float:
+def optimizer_step_bytes(config: Config, states: ModelStates) -> float:
     """What the optimizer step holds beside the model states, after backward freed the
     activations: DeepSpeed ZeRO's fp32 copy of this rank's gradient partition
     (model_states.step_fp32_grads: stage_1_and_2.py step(), flatten(...).to(fp32)) and, with

@@ -99,8 +99,6 @@ _LOAD_FIT_RE = re.compile(
     r"|\bmodel\b[^.\n]{0,20}\b(?:does(?:n't| not)|won't|will not|can't|cannot) fit\b",
     re.I,
 )
-# The GPU taken by something else, in words, with or without an OOM: "a GPU that was consumed
-# already", "GPU 0 is already occupied", "the card is used by another process"
 # processes of earlier runs still alive and holding the GPU: "a bunch of instances of my
 # deepspeed scripts", "I had to kill -9 each one", "zombie processes", "残留进程"
 _LEFTOVER_RE = re.compile(
@@ -127,6 +125,8 @@ _NO_GRAD_WORDS_RE = re.compile(
     r"|no\s+grad(?:ient)?s?\s+(?:flow|are computed)",
     re.I,
 )
+# The GPU taken by something else, in words, with or without an OOM: "a GPU that was consumed
+# already", "GPU 0 is already occupied", "the card is used by another process"
 _GPU_TAKEN_RE = re.compile(
     r"\b(?:GPUs?|cards?|devices?)\b(?:(?!memory|\bvram\b)[^.]){0,30}?"
     r"(?:\balready\s+(?:being\s+)?(?:occupied|consumed|in use|used|taken|busy)\b"
