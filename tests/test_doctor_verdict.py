@@ -422,3 +422,21 @@ def test_memory_that_grows_asks_for_the_step_by_step_figures_first(tmp_path):
     assert d.verdict.verdict == "needs_evidence"
     assert d.verdict.collect[0]["id"] == "memory_series"
     assert "gc.collect()" in d.verdict.collect[0]["what"]
+
+
+def test_no_oom_in_the_paste_asks_for_no_oom_message(tmp_path):
+    # https://github.com/NVIDIA/Megatron-LM/issues/1886 (verbatim): memory that does not go
+    # down with core_attn recompute, no OOM. A re-trial got the OOM message, an expandable-
+    # segments re-run and the peak twice in its collect list.
+    d = run(
+        tmp_path,
+        "When enabling activation checkpointing (recomputation) for the core_attn module in "
+        "Megatron-LM, the overall GPU memory consumption does not decrease as expected.\n"
+        "Moreover, the lifetime of Q/K/V tensors seems to be extended, leading to higher peak "
+        "memory usage during forward + backward.\n",
+    )
+    ids = [c["id"] for c in d.verdict.collect]
+    assert "oom_message" not in ids and "expandable" not in ids
+    assert len(ids) == len(set(ids)) and "memory_by_step" in ids
+    f = d.findings[0]
+    assert f.rule == "RK020" and "nothing pasted says which it is" in f.evidence

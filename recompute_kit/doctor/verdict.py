@@ -323,7 +323,7 @@ def _for_a_running_job(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The OOM message and the summary at the failure become the run's measured peak."""
     out, peak = [], None
     for item in items:
-        if item["id"] in ("oom_message", "memory_summary"):
+        if item["id"] in ("oom_message", "memory_summary", "peak_memory"):  # one peak item
             peak = peak or {"id": "peak_memory", "what": COLLECT["peak_memory"], "decides": []}
             peak["decides"] += [c for c in item["decides"] if c not in peak["decides"]]
             if peak not in out:
@@ -405,6 +405,11 @@ _NOT_MEMORY = {
 }
 
 
+def _ran_out(ctx: Context) -> bool:
+    """The input says memory ran out: an OOM message or error, or an OOM named in words."""
+    return bool(ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"))
+
+
 def _no_oom_in_sight(ctx: Context, competing: list[str]) -> bool:
     """Every hypothesis is one of _NOT_MEMORY, and nothing in the input ran out of memory or
     speaks of memory (with no hypothesis at all, nothing says what the failure is)."""
@@ -462,9 +467,13 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items = collect_for(competing, set())
     if expandable_on(ctx):  # the run has them on: that re-run is the run itself
         items = [i for i in items if i["id"] != "expandable"]
-    if steps_without_oom(ctx):
-        # the run steps and printed no OOM: its peak decides, not an OOM message to come
+    if steps_without_oom(ctx) or not _ran_out(ctx):
+        # the run steps and printed no OOM, or nothing says it ran out (memory that does not
+        # go down, a crash): its peak decides, not an OOM message to come, and an
+        # expandable-segments re-run of an OOM it never had decides nothing
         items = _for_a_running_job(items)
+        if not _ran_out(ctx):
+            items = [i for i in items if i["id"] != "expandable"]
     cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)
     if cut and not any(i["id"] == "traceback" for i in items):  # frames, but no exception line
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"

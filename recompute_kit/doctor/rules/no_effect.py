@@ -43,9 +43,14 @@ def _core_attn_flash(ctx: Context) -> Match | None:
     spec, why = next_step(ctx)
     measured = _core_attn_measured(ctx)
     conf = 0.85 if measured else 0.7 if (ctx.oom or ctx.says("out of memory")) else 0.45
+    said = ctx.cfg.get("attention_backend")  # what the input says of attention, if anything
+    attention = (
+        f"attention is {said}" if said else "attention is flash/fused (Megatron's default "
+        "backend with Transformer Engine; nothing pasted says which it is)"
+    )
     return Match(
         conf,
-        "core_attn is recomputed while attention is flash/fused"
+        f"core_attn is recomputed while {attention}"
         + (" (Megatron warned about it)" if warned else "")
         + (f"; {measured}" if measured else "")
         + f". Next: '{spec}' - {why}.",
