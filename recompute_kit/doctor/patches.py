@@ -34,6 +34,7 @@ import re
 from typing import Any
 
 from ..config import CONFIG_KEYS
+from ..sources.hf_trainer import LF_DEEPSPEED_FILE
 from .fix_words import fix_in_framework_keys
 from .patch_keys import (
     _GRANULARITY_RANK,
@@ -452,9 +453,6 @@ def in_llama_factory_keys(keys: dict[str, Any], check: dict[str, Any] | None = N
     return out
 
 
-# LLaMA-Factory's own DeepSpeed files (examples/deepspeed/ at ff6d4d12): ds_z0, ds_z2,
-# ds_z2_offload, ds_z3, ds_z3_offload; a run names one by `deepspeed:`
-_LF_DS_FILE = re.compile(r"^(?P<dir>.*?)ds_z[0-3](?:_offload)?_config\.json$")
 # (stage, what it offloads) -> the file's suffix: ds_z2_offload offloads the optimizer,
 # ds_z3_offload the optimizer and the parameters
 _LF_DS_FILES = {
@@ -482,7 +480,7 @@ def _llama_factory_deepspeed_file(
         source = (read.get("sources") or {}).get("zero_stage") or {}
         if source.get("key") == "zero_optimization.stage":
             named = str(source.get("where", "")).rsplit(":", 1)[0]
-    m = _LF_DS_FILE.match(str(named or ""))
+    m = LF_DEEPSPEED_FILE.match(str(named or ""))
     if m is None:
         return keys
     offload = tuple(

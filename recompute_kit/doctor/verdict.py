@@ -467,12 +467,13 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items = collect_for(competing, set())
     if expandable_on(ctx):  # the run has them on: that re-run is the run itself
         items = [i for i in items if i["id"] != "expandable"]
-    if steps_without_oom(ctx) or not _ran_out(ctx):
+    ran_out = _ran_out(ctx)
+    if steps_without_oom(ctx) or not ran_out:
         # the run steps and printed no OOM, or nothing says it ran out (memory that does not
         # go down, a crash): its peak decides, not an OOM message to come, and an
         # expandable-segments re-run of an OOM it never had decides nothing
         items = _for_a_running_job(items)
-        if not _ran_out(ctx):
+        if not ran_out:
             items = [i for i in items if i["id"] != "expandable"]
     cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)
     if cut and not any(i["id"] == "traceback" for i in items):  # frames, but no exception line

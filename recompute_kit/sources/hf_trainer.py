@@ -530,6 +530,9 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
     reading.read_within.append(str(found))
 
 
+# LLaMA-Factory's own DeepSpeed files (examples/deepspeed/ at ff6d4d12): ds_z0, ds_z2,
+# ds_z2_offload, ds_z3, ds_z3_offload; `dir` is where the run keeps them
+LF_DEEPSPEED_FILE = re.compile(r"^(?P<dir>.*?)ds_z[0-3](?:_offload)?_config\.json$")
 # a DeepSpeed JSON's name that says its ZeRO stage: ds_z3_config.json, zero2.json,
 # zero_stage3_offload.json, ds_config_zero3.json
 _ZERO_FILE_NAME = re.compile(r"(?:^|[_\-.])(?:ds_)?z(?:ero)?(?:_?stage)?_?([0-3])(?=[_\-.])", re.I)

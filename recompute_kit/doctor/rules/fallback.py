@@ -12,12 +12,12 @@ fired, so they never outrank a specific finding.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ...config import CONFIG_KEYS
 from ...plan.tensor_parallel import next_tensor_parallel
 from ...sources import megatron_lm
+from ...sources.hf_trainer import LF_DEEPSPEED_FILE
 from ..types import Context, Match
 from .defaults import exception_without_oom
 from .knobs import Knobs, _as_bool, read_knobs
@@ -45,7 +45,9 @@ from .registry import (
 # Beyond this many tokens per sample, activations can dominate even at batch 1 with
 # checkpointing on (the layer inputs kept alone grow with it).
 LONG_SEQUENCE = 4096
-_DS_STOCK = re.compile(r"ds_z([0-3])(_offload)?_config\.json$")  # LlamaFactory's stock files
+# At or below this many tokens per sample a shorter sequence is no lever: what fills the GPU
+# is the model's states (a Megatron-LM#606 paste was told 64 -> 32)
+SHORT_SEQUENCE = 512
 _MP_KEYS = ("model_parallel_size", "tensor_model_parallel_size", "tensor_parallel_size", "tp")
 
 
@@ -257,10 +259,6 @@ BATCH_KEY = {
 }
 
 
-# At or below this many tokens per sample a shorter sequence is no lever: what fills the GPU
-# is the model's states (a Megatron-LM#606 paste was told 64 -> 32)
-SHORT_SEQUENCE = 512
-
 
 def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
     if not k.seq:
@@ -279,7 +277,7 @@ def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
 def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
     """The next sharding / offload step for weights, gradients and optimizer states."""
     ds = str(ctx.cfg.get("deepspeed") or "")
-    stock = _DS_STOCK.search(ds)
+    stock = LF_DEEPSPEED_FILE.match(ds)
     if k.fsdp and k.zero == 3 and not ds:
         # FSDP already shards every state: its CPU offload, in the run's key (patches.py)
         if k.offload:
@@ -293,7 +291,7 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
         )
     if k.zero == 3 and not k.offload:
         if stock:
-            path = ds[: stock.start()] + "ds_z3_offload_config.json"
+            path = stock.group("dir") + "ds_z3_offload_config.json"
             return {"deepspeed": path}, f"deepspeed: {path} (ZeRO-3 with optimizer offload)"
         return (
             {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
