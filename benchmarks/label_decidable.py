@@ -3,13 +3,17 @@ and `decidable_why` fields of tests/corpus/cases/*.yaml.
 
     .venv/bin/python benchmarks/label_decidable.py [--write] [--cases DIR]
 
-The rule (doctor/verdict.py's `present`): a paste is decidable when it holds deciding evidence,
-one of a full OOM message (the request and the capacity with free or reserved sizes), a config
-with a model shape the estimator can split, a memory table (memory reports, memory stats, a
-snapshot, nvidia-smi's process table, Megatron's theoretical footprint), measured runs (an
-ablation table, timed iteration lines), a traceback with its frames, a framework's validation
-error stating a constraint, or a config Megatron's validation rejects. Prose, any other bare
-exception line, an OOM title without its sizes, a config without a model shape: thin.
+The rule (doctor/verdict.py's `deciding`): a paste is decidable when its evidence decides some
+category: a full OOM message whose numbers show a cause by themselves (fragmentation worth the
+name, other processes, memory outside PyTorch, a request of half the GPU), or one whose numbers
+show PyTorch's own allocations filling the GPU together with an artefact that splits them (a
+model shape, a memory table, the frames it failed in); a config with a model shape the estimator
+can split; a memory table (memory reports, memory stats, a snapshot, nvidia-smi's process table,
+Megatron's theoretical footprint); measured runs (an ablation table, timed iteration lines); a
+traceback with its frames; a framework's validation error stating a constraint; or a config
+Megatron's validation rejects. Prose, any other bare exception line, an OOM title without its
+sizes, an OOM message that shows only PyTorch's allocations and nothing that splits them, a
+config without a model shape: thin.
 
 Only the paste (`artefacts`, `config`) is read: never the case's diagnosis, expected category or
 what the doctor answers. Without --write it prints the proposals that differ from the files.
@@ -27,7 +31,7 @@ import yaml
 
 from recompute_kit.doctor.engine import build_context
 from recompute_kit.doctor.evidence import collect
-from recompute_kit.doctor.verdict import present
+from recompute_kit.doctor.verdict import deciding, full_oom
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "cases"
 
@@ -35,9 +39,11 @@ CASES = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "cases"
 def _thin_why(ctx) -> str:
     ev = ctx.evidence
     has = []
-    if ev.oom:
+    if full_oom(ctx):
+        has.append("an OOM message whose sizes show only PyTorch's allocations filling the GPU")
+    elif ev.oom:
         has.append("an OOM line without its sizes")
-    if any(not e.frames for e in ev.errors):
+    if any(not e.frames and "out of memory" not in e.message.lower() for e in ev.errors):
         has.append("an exception or warning line without frames")
     if ev.config:
         has.append("settings without a model shape the estimator can split")
@@ -52,7 +58,7 @@ def propose(case: dict, workdir: Path) -> tuple[bool, str]:
         config = workdir / "case.config"
         config.write_text(str(case["config"]), encoding="utf-8")
     ctx = build_context(collect(logs=[str(log)], config=str(config) if config else None))
-    kinds = present(ctx)
+    kinds = deciding(ctx)
     if kinds:
         return True, "; ".join(kinds.values())
     return False, _thin_why(ctx)

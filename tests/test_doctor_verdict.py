@@ -124,6 +124,30 @@ def test_an_oom_inside_an_inference_engine_is_out_of_scope(tmp_path):
     assert trained["verdict"] != "out_of_scope"
 
 
+def test_oom_numbers_decide_only_the_cause_they_show(tmp_path):
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.verdict import decides, deciding, present
+
+    def kinds(text):
+        log = tmp_path / "paste.log"
+        log.write_text(text, encoding="utf-8")
+        ctx = build_context(collect(logs=[str(log)]))
+        return present(ctx), deciding(ctx)
+
+    # 6.90 GiB reserved-unallocated beside a 3.99 GiB request on 79 GiB, 592 MiB in another
+    # process, 1.3 GiB outside the allocator: PyTorch's own allocations fill the GPU, and which
+    # of them (weights, activations, logits) the message does not say
+    shown, decisive = kinds(TRTLLM_OOM.split(" - ", 1)[1])
+    assert "full_oom" in shown and not any(k.startswith("oom:") for k in shown)
+    assert decisive == {}  # the corpus labels such a paste thin
+    for category in ("fragmentation", "other_processes", "genuine_pressure", "model_state_memory"):
+        assert not decides(category, shown)
+    # 0 bytes reserved by PyTorch, 43 MiB free of 14.76 GiB: the numbers show another holder
+    shown, decisive = kinds(OTHER_PROCESS)
+    assert "oom:other_processes" in decisive and decides("other_processes", shown)
+    assert not decides("fragmentation", shown)
+
+
 def test_every_category_has_what_decides_it_and_what_to_collect():
     from recompute_kit.doctor.rules import CATEGORIES
 

@@ -10,7 +10,12 @@ serving with no training step in sight: the kit's estimates are of a training st
 What counts as deciding evidence (the same rule labels the corpus cases decidable, from the
 paste alone; benchmarks/label_decidable.py):
 
-* a full OOM message: the request and the GPU's capacity, with free or reserved/allocated sizes;
+* a full OOM message (the request and the GPU's capacity, with free or reserved/allocated
+  sizes) whose numbers show a cause by themselves: memory reserved but unallocated worth the name,
+  memory held by other processes or outside PyTorch's allocator, a request of half the GPU or
+  more. An OOM whose numbers show only PyTorch's own allocations filling the GPU decides which
+  part of them (weights and optimizer, activations, logits) only with one more artefact that
+  splits the memory: a model shape, a memory table, or the frames it failed in;
 * a config with a model shape the estimator could split (activations vs model states);
 * a memory table: Megatron's memory reports or theoretical footprint, torch.cuda.memory_stats(),
   a memory snapshot, or nvidia-smi's process table;
@@ -39,6 +44,7 @@ from typing import Any
 from ..runstats import RERUN
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from ..sources.semantics import CANNOT_RUN
+from .rules.allocator import fragmentation_worth_the_name, reserved_unallocated
 from .rules.registry import expandable_on, fact, oom_errors, steps_without_oom
 from .types import Context, Finding
 
@@ -108,10 +114,10 @@ COLLECT_FOR: dict[str, tuple[str, ...]] = {
 # Per category: the kinds of deciding evidence (see `present`) that decide it.
 _MEMORY = ("full_oom", "shape", "memory_table", "traceback")
 DECIDED_BY: dict[str, tuple[str, ...]] = {
-    "fragmentation": ("full_oom", "memory_table"),
-    "other_processes": ("full_oom", "memory_table"),
-    "non_pytorch_memory": ("full_oom", "memory_table"),
-    "allocation_exceeds_device": ("full_oom",),
+    "fragmentation": ("oom:fragmentation", "memory_table"),
+    "other_processes": ("oom:other_processes", "memory_table"),
+    "non_pytorch_memory": ("oom:non_pytorch_memory", "memory_table"),
+    "allocation_exceeds_device": ("oom:allocation_exceeds_device",),
     "genuine_pressure": _MEMORY,
     "activation_memory": _MEMORY,
     "model_state_memory": _MEMORY,
@@ -137,12 +143,44 @@ def full_oom(ctx: Context) -> bool:
     return False
 
 
+# What an OOM message's numbers can show by themselves (see `oom_shows`).
+_OOM_SHOWS = {
+    "fragmentation": "memory reserved but unallocated",
+    "other_processes": "memory held by other processes",
+    "non_pytorch_memory": "memory outside PyTorch's allocator",
+    "allocation_exceeds_device": "a request of half the GPU or more",
+}
+
+
+def oom_shows(oom) -> str | None:
+    """The category an OOM message's numbers decide by themselves, with the allocator rules'
+    own thresholds; None where they show PyTorch's own allocations filling the GPU."""
+    req, total = oom.requested_bytes or 0, oom.total_bytes or 0
+    if not req or not total:
+        return None
+    if req >= 0.5 * total:  # RK004's threshold
+        return "allocation_exceeds_device"
+    slack = reserved_unallocated(oom)
+    if slack and fragmentation_worth_the_name(slack, req, total):
+        return "fragmentation"
+    elsewhere = max(oom.other_processes_bytes or 0, oom.held_elsewhere_bytes or 0)
+    if elsewhere >= max(req, 0.1 * total):
+        return "other_processes"
+    if oom.process_bytes is not None and oom.reserved_bytes is not None:
+        outside = oom.process_bytes - oom.reserved_bytes
+        if outside >= max(req, 0.1 * total):
+            return "non_pytorch_memory"
+    return None
+
+
 def present(ctx: Context) -> dict[str, str]:
     """The deciding evidence in the input, by kind, with what it is."""
     ev = ctx.evidence
     out: dict[str, str] = {}
     if full_oom(ctx):
         out["full_oom"] = "an OOM message with its sizes"
+        for cat in sorted({shown for oom in ev.oom if (shown := oom_shows(oom))}):
+            out[f"oom:{cat}"] = f"an OOM message whose sizes show {_OOM_SHOWS[cat]}"
     if ctx.estimate is not None:
         out["shape"] = "a config with a model shape the estimator split"
     if ev.memory or ev.memory_stats or ev.snapshot or ev.theoretical_memory or ev.gpu_processes:
@@ -187,6 +225,14 @@ def _is_validation(e) -> bool:
         and e.type.split(".")[-1] in _VALIDATION_TYPES
         and bool(_CONSTRAINT.search(e.message))
     )
+
+
+def deciding(ctx: Context) -> dict[str, str]:
+    """The evidence present that decides some category (the corpus's `decidable` label): an
+    OOM message whose numbers show only PyTorch's allocations filling the GPU decides none by
+    itself."""
+    kinds = present(ctx)
+    return kinds if any(decides(category, kinds) for category in DECIDED_BY) else {}
 
 
 def decides(category: str, kinds: dict[str, str] | set[str]) -> bool:

@@ -28,7 +28,7 @@ CONTEXT_FLOOR = 256 * 2**20
 PT_MEMORY = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 
 
-def _reserved_unallocated(oom) -> int | None:
+def reserved_unallocated(oom) -> int | None:
     """Reserved-but-unallocated bytes; PyTorch <= 2.0 printed other fields: '(... C cached)'
     is that amount itself (the parser stores it as such), '(... A already allocated; ... R
     reserved in total by PyTorch)' gives it as R - A."""
@@ -70,7 +70,7 @@ def fragmentation_worth_the_name(slack: int, requested: int, total: int) -> bool
 )
 def _fragmentation(ctx: Context) -> Match | None:
     oom = ctx.oom
-    slack = _reserved_unallocated(oom) if oom else None
+    slack = reserved_unallocated(oom) if oom else None
     if not oom or not slack or not oom.requested_bytes:
         return None
     req = oom.requested_bytes
