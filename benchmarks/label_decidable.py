@@ -10,10 +10,11 @@ show PyTorch's own allocations filling the GPU together with an artefact that sp
 model shape, a memory table, the frames it failed in); a config with a model shape the estimator
 can split; a memory table (memory reports, memory stats, a snapshot, nvidia-smi's process table,
 Megatron's theoretical footprint); measured runs (an ablation table, timed iteration lines); a
-traceback with its frames; a framework's validation error stating a constraint; or a config
-Megatron's validation rejects. Prose, any other bare exception line, an OOM title without its
-sizes, an OOM message that shows only PyTorch's allocations and nothing that splits them, a
-config without a model shape: thin.
+traceback with its frames and its exception line; a framework's validation error stating a
+constraint; or a config Megatron's validation rejects. Thin: prose, any other bare exception
+line, an OOM title without its sizes, frames cut before their exception line, an OOM message
+that shows only PyTorch's allocations and nothing that splits them, a config without a model
+shape.
 
 Only the paste (`artefacts`, `config`) is read: never the case's diagnosis, expected category or
 what the doctor answers. Without --write it prints the proposals that differ from the files.
@@ -31,7 +32,7 @@ import yaml
 
 from recompute_kit.doctor.engine import build_context
 from recompute_kit.doctor.evidence import collect
-from recompute_kit.doctor.verdict import deciding, full_oom
+from recompute_kit.doctor.verdict import deciding, full_oom, present
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "cases"
 
@@ -45,6 +46,8 @@ def _thin_why(ctx) -> str:
         has.append("an OOM line without its sizes")
     if any(not e.frames and "out of memory" not in e.message.lower() for e in ev.errors):
         has.append("an exception or warning line without frames")
+    if any(e.frames for e in ev.errors) and "traceback" not in present(ctx):
+        has.append("frames cut before their exception line")
     if ev.config:
         has.append("settings without a model shape the estimator can split")
     return "thin: " + (", ".join(has) if has else "prose only")

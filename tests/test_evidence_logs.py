@@ -494,6 +494,27 @@ def test_tracebacks_of_two_ranks_interleaved():
     assert [e.frames for e in errors] == [e.frames for e in single]
 
 
+# https://github.com/pytorch/torchtitan/issues/1971 : Python 3.13's traceback, pasted as an
+# indented block (frames at four spaces, the exception line at two), the tail verbatim
+INDENTED_TRACEBACK = """\
+    File "/home/danvm/.conda/envs/torch/lib/python3.13/site-packages/torch/utils/checkpoint.py", line 1090, in pack_hook
+      raise CheckpointError(
+      ...<3 lines>...
+      )
+  torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: trying to save more tensors during recomputation than during the original forward pass.
+"""
+
+
+def test_indented_paste_keeps_its_exception_line():
+    (error,) = parse_log(INDENTED_TRACEBACK).errors
+    assert error.type == "torch.utils.checkpoint.CheckpointError"
+    assert error.message.startswith("torch.utils.checkpoint: trying to save more tensors")
+    assert error.frames[-1].endswith("checkpoint.py:1090 in pack_hook")
+    # the source line under a frame, indented deeper, stays a source line
+    nested = INDENTED_TRACEBACK.replace("  torch.utils", "        torch.utils")
+    assert all(e.type != "torch.utils.checkpoint.CheckpointError" for e in parse_log(nested).errors)
+
+
 def test_real_python_warnings():
     # real warnings, formatted by Python's warnings module: torch's checkpoint without inputs
     # that need grad (ckpt-local-no-input-grad) and the stdlib re module's FutureWarning

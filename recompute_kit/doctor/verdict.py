@@ -20,7 +20,8 @@ paste alone; benchmarks/label_decidable.py):
 * a memory table: Megatron's memory reports or theoretical footprint, torch.cuda.memory_stats(),
   a memory snapshot, or nvidia-smi's process table;
 * a measurement: an ablation table or iteration lines with times;
-* a traceback: an exception or warning with the frames it came from;
+* a traceback: an exception or warning with the frames it came from (frames cut before the
+  exception line say where, not what, failed: they decide nothing);
 * a framework's validation error (ValueError, AssertionError, ...) stating the constraint broken
   (`ValueError: ... recompute_method must be "block" or "uniform"`), or a config that
   Megatron's validation (run by the kit) rejects: these decide invalid_config.
@@ -190,13 +191,21 @@ def present(ctx: Context) -> dict[str, str]:
     timed = [it for it in ev.iterations if getattr(it, "elapsed_ms", None)]
     if ev.experiments or len(timed) >= 2:
         out["measurement"] = "measured runs (an ablation table or timed iteration lines)"
-    if any(e.frames for e in ev.errors):
+    if any(e.frames for e in ev.errors) and not _frames_without_exception(ctx):
         out["traceback"] = "a traceback with its frames"
     if any(_is_validation(e) for e in ev.errors):
         out["validation_message"] = "a framework's validation error stating the constraint broken"
     if ctx.config_error:
         out["config_rejected"] = "the config, which Megatron's validation rejects"
     return out
+
+
+def _frames_without_exception(ctx: Context) -> bool:
+    """Frames cut before their exception line, and no exception line (nor OOM message) anywhere
+    else in the paste: they say where, not what, failed."""
+    ev = ctx.evidence
+    typed = any(e.type for e in ev.errors) or ev.oom
+    return not typed and all(e.kind == "exception" for e in ev.errors if e.frames)
 
 
 # A framework's own validation error: an exception (not a warning) of a validation type whose
@@ -521,8 +530,7 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items = _for_a_running_job(items)
         if not ran_out:
             items = [i for i in items if i["id"] != "expandable"]
-    cut = any(e.kind == "exception" and not e.type for e in ctx.evidence.errors)
-    if cut and not any(i["id"] == "traceback" for i in items):  # frames, but no exception line
+    if _frames_without_exception(ctx) and not any(i["id"] == "traceback" for i in items):
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
         items.insert(0, {"id": "traceback", "what": what, "decides": competing})
     if assumed:

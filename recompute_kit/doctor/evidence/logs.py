@@ -469,8 +469,13 @@ class _LogParser(ProgressLines):
                 if len(tb.frames) > _MAX_FRAMES:
                     del tb.frames[0]
                 tb.source_due = True
+                tb.frame_indent = len(text) - len(text.lstrip())
                 return True
-            if text[:1].isspace() or text.lstrip().startswith("[Previous line repeated"):
+            # an exception line is indented less than the frames (a pasted block indents all)
+            outdented = len(text) - len(text.lstrip()) < tb.frame_indent
+            if (
+                text[:1].isspace() and not (outdented and _EXC_LINE_RE.match(text.strip()))
+            ) or text.lstrip().startswith("[Previous line repeated"):
                 if tb.source_due:
                     tb.source = text.strip()
                 tb.source_due = False

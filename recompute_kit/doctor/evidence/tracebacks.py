@@ -48,10 +48,13 @@ _MAX_DETAIL_LINES = 30
 class _Traceback:
     """One rank's traceback or exception message being read."""
 
-    __slots__ = ("chained", "details", "event", "frames", "source", "source_due", "state")
+    __slots__ = (
+        "chained", "details", "event", "frame_indent", "frames", "source", "source_due", "state",
+    )
 
     def __init__(self, chained: str = "") -> None:
         self.frames: list[str] = []
+        self.frame_indent = 0  # the last frame line's indentation (a pasted block shifts it)
         self.source_due = False  # a frame was read: its source line may follow (unindented
         # when the paste lost its whitespace)
         self.source = ""  # the last frame's source line ("assert args.x, ..." names the type)
