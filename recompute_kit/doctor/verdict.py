@@ -191,7 +191,8 @@ def present(ctx: Context) -> dict[str, str]:
     timed = [it for it in ev.iterations if getattr(it, "elapsed_ms", None)]
     if ev.experiments or len(timed) >= 2:
         out["measurement"] = "measured runs (an ablation table or timed iteration lines)"
-    if any(e.frames for e in ev.errors) and not _frames_without_exception(ctx):
+    cut = _frames_without_exception(ctx)
+    if any(e.frames and (e.type or not cut) for e in ev.errors):
         out["traceback"] = "a traceback with its frames"
     if any(_is_validation(e) for e in ev.errors):
         out["validation_message"] = "a framework's validation error stating the constraint broken"
@@ -204,8 +205,8 @@ def _frames_without_exception(ctx: Context) -> bool:
     """Frames cut before their exception line, and no exception line (nor OOM message) anywhere
     else in the paste: they say where, not what, failed."""
     ev = ctx.evidence
-    typed = any(e.type for e in ev.errors) or ev.oom
-    return not typed and all(e.kind == "exception" for e in ev.errors if e.frames)
+    cut = any(e.kind == "exception" and e.frames and not e.type for e in ev.errors)
+    return cut and not (ev.oom or any(e.kind == "exception" and e.type for e in ev.errors))
 
 
 # A framework's own validation error: an exception (not a warning) of a validation type whose
