@@ -25,6 +25,31 @@ from recompute_kit.doctor.evidence import (
 
 
 @covers("RK170")
+def test_rk170_an_oom_in_words_beside_a_step_that_fits_stays_possible(tmp_path):
+    # A real Megatron-LM launch script (GPT 345M, tests/sources/corpus/megatron_lm), an OOM said
+    # in words, an 80 GB GPU: the step is estimated at about 5 GiB, so the knobs of the step are
+    # not the likely cause; the reading says so and stays below 0.2 (a skill trial was led to
+    # "recompute more" by a 42 GiB estimate on a 79 GiB GPU)
+    from pathlib import Path
+
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    script = Path(__file__).parent / "sources/corpus/megatron_lm"
+    script = script / "blind2_beinggod_pretrain_gpt_345m_N1C2.sh"
+    log = tmp_path / "said.log"
+    log.write_text("CUDA out of memory when I start training with this script.\n")
+    on_h100 = diagnose(collect(logs=[str(log)], config=str(script)), 79.1)
+    f = top(on_h100)
+    assert f.rule == "RK170" and f.raw_confidence <= 0.2
+    assert "do not explain an OOM by themselves" in f.evidence
+    # on a GPU the estimate fills, the reading stands
+    small = top(diagnose(collect(logs=[str(log)], config=str(script)), 6.0))
+    assert small.rule == "RK170" and small.raw_confidence > 0.2
+    assert "do not explain" not in small.evidence
+
+
+@covers("RK170")
 def test_rk170_llamafactory_command_halves_the_batch_and_keeps_the_global_one():
     # https://github.com/hiyouga/LlamaFactory/issues/922: only the launch command is pasted;
     # maintainer: one over-long sample blew up the GPU, reduce the batch size.

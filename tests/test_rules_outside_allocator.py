@@ -189,6 +189,59 @@ def test_rk100_nemo_rl_config_colocates_vllm_and_the_oom_is_at_setup():
     assert "RK014" not in ids(d)  # activation checkpointing cannot help before a step
 
 
+LAUNCH = Path(__file__).parent / "data" / "nemo_rl_launch" / "examples" / "configs"
+# A skill trial's user, in words, beside NeMo-RL's real examples/configs/grpo_math_8B_megatron.yaml
+# (Llama-3.1-8B, TP1 PP2 on 8 GPUs, colocated vLLM at gpu_memory_utilization 0.6)
+SAID = "This NeMo-RL job OOMs on 8x H100 80GB during the policy training step.\n"
+# The same run's OOM as PyTorch >= 2.1 words it (c10/cuda/CUDACachingAllocator.cpp), with no
+# "Process <pid> has ..." line: NVML listed no other process (another container's engine), the
+# sizes the skill trial used: 79.10 GiB, 301 MiB free, this process 30.87 GiB.
+UNLISTED_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 0 has a "
+    "total capacity of 79.10 GiB of which 301.00 MiB is free. Including non-PyTorch memory, "
+    "this process has 30.87 GiB memory in use. Of the allocated memory 27.50 GiB is allocated "
+    "by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+    "to avoid fragmentation.\n"
+)
+
+
+def _nemo_rl_8b(tmp_path, said, gpu):
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "said.log"
+    log.write_text(said, encoding="utf-8")
+    config = LAUNCH / "grpo_math_8B_megatron.yaml"
+    return diagnose(collect(logs=[str(log)], config=str(config)), gpu)
+
+
+@covers("RK100")
+def test_rk100_an_oom_in_words_beside_a_step_that_fits_puts_the_engine_first(tmp_path):
+    # The trial: the estimate (about 43 GiB of 79.1) fits, yet the doctor led with "recompute
+    # more". Said in words, the OOM reads the colocated engine's share beside the step.
+    d = _nemo_rl_8b(tmp_path, SAID, 79.1)
+    engine = get(d, "RK100")
+    assert "0.6 x 79.10 GiB = 47.46 GiB" in engine.evidence
+    assert "only where sleep mode frees the engine's memory" in engine.evidence
+    assert top(d).rule == "RK100"
+    # the default reading that blames the step's own knobs says the estimate fits, and follows
+    default = next((f for f in d.findings if f.rule in ("RK170", "RK171")), None)
+    if default is not None:
+        assert default.raw_confidence <= 0.2 and "do not explain an OOM" in default.evidence
+
+
+@covers("RK100", "RK089")
+def test_rk100_memory_held_outside_the_process_is_the_engine_s_share(tmp_path):
+    d = _nemo_rl_8b(tmp_path, UNLISTED_OOM, None)
+    engine = get(d, "RK100")
+    assert engine.raw_confidence >= 0.85
+    assert "47.94 GiB held outside this process" in engine.evidence
+    # RK089 reads the memory no "Process" line names (without the config, it alone)
+    elsewhere = get(run(UNLISTED_OOM), "RK089")
+    assert "does not list" in elsewhere.evidence and "47.94 GiB" in elsewhere.evidence
+
+
 def test_nemo_rl_environment_patches_go_to_the_policys_env_vars():
     # NeMo-RL's workers take env vars from policy.megatron_cfg.env_vars (its
     # docs/design-docs/env-vars.md); a bare environment variable would reach the colocated

@@ -380,6 +380,7 @@ def _reconcile(
                 if f.category == "model_state_memory":
                     f.confidence = round(min(0.99, top + 0.01), 2)
     _where_is_not_why(ctx, kept)
+    _the_estimate_fits(ctx, kept)
     _the_run_steps(ctx, kept)
     _the_request_is_not_this_step(ctx, kept)
     if ctx.cfg:  # a config was given: confirm steps must not ask for one
@@ -407,6 +408,36 @@ def _the_run_steps(ctx: Context, findings: list[Finding]) -> None:
                 " But the log shows the run stepping without an OOM: the estimate is above what "
                 "it holds (the sequence length read is the longest a sample may have; batches "
                 "padded to their own longest are shorter), so this is an upper bound."
+            )
+
+
+# The default readings (rules/fallback.py): a knob of the step's own memory set the peak
+_DEFAULT_READINGS = ("RK170", "RK171")
+FITS_SHARE = 0.75  # an estimate under this share of the GPU leaves room for the estimate's error
+
+
+def _the_estimate_fits(ctx: Context, findings: list[Finding]) -> None:
+    """An OOM said in words, beside a config whose estimated step takes well under the GPU
+    (the capacity from --gpu): the settings read do not explain it by themselves, so the
+    default readings that blame the step's own knobs stay possible, below what the estimate
+    does not size (a skill trial's NeMo-RL run: 41.8 GiB estimated of 79.1, and the doctor led
+    with 'recompute more')."""
+    est, gpu, oom = ctx.estimate, ctx.gpu_bytes, ctx.oom
+    if est is None or not gpu or (oom is not None and oom.requested_bytes):
+        return  # an OOM's numbers are read against the estimate by rules/estimate_gap.py
+    peak = est.total_with_overheads_bytes or est.total_bytes
+    if peak >= FITS_SHARE * gpu:
+        return
+    for f in findings:
+        if f.rule in _DEFAULT_READINGS:
+            f.confidence = round(min(f.confidence, 0.2), 2)
+            f.evidence += (
+                f" But the estimate of this step as configured is {peak / GIB:.1f} GiB of the "
+                f"{gpu / GIB:.1f} GiB GPU: the settings read do not explain an OOM by "
+                "themselves. What the estimate does not size is more likely: an inference "
+                "engine or another process on the GPU, longer samples than the cap read, "
+                "another pass (evaluation, log-probabilities, generation); the OOM message "
+                "says which."
             )
 
 

@@ -15,7 +15,8 @@ from .registry import fact, gib, oom_errors, rule
     "other_processes",
     symptom="An OOM message whose total, free and 'reserved by PyTorch' sizes leave a large "
     "part of the GPU unaccounted for (often old PyTorch: a few hundred MiB reserved, almost "
-    "nothing free)",
+    "nothing free; from 2.1, 'this process has' far less than the GPU less its free memory, "
+    "and no 'Process <pid> has' line)",
     cause="Something other than this process's caching allocator holds the memory: another "
     "process or rank on the same GPU, an inference engine, NCCL buffers, the CUDA context",
     confirm="nvidia-smi --query-compute-apps=pid,used_memory --format=csv while the job runs",
@@ -29,11 +30,25 @@ def _held_elsewhere(ctx: Context) -> Match | None:
     if not oom or not oom.held_elsewhere_bytes or not oom.total_bytes:
         return None
     held, total = oom.held_elsewhere_bytes, oom.total_bytes
+    if oom.other_processes_bytes:
+        return None  # the 2.1+ message itemises them; RK002 reads it
+    unlisted = oom.process_bytes is not None
+    if unlisted:  # 2.1+: this process is counted whole (RK003 reads its non-PyTorch part)
+        held = total - oom.free_bytes - oom.process_bytes
     # A desktop GPU's display and CUDA context take a few hundred MiB: not what is meant.
     if held < 0.25 * total or held < max(oom.requested_bytes or 0, int(1.5 * GIB)):
         return None
-    if oom.process_bytes is not None or oom.other_processes_bytes:
-        return None  # the 2.1+ message itemises this; RK002 / RK003 read it
+    if unlisted:
+        # NVML names only the processes it can see: another container's or PID namespace's
+        # (a colocated inference engine, another job) holds memory without a "Process" line
+        return Match(
+            min(0.9, 0.5 + held / total / 2),
+            f"Of the {gib(total)} GPU, {gib(oom.free_bytes)} is free and this process has "
+            f"{gib(oom.process_bytes)} in use: {gib(held)} ({held / total:.0%}) is held by "
+            "processes the message does not list (another container or PID namespace: a "
+            f"colocated inference engine, another job), more than the "
+            f"{gib(oom.requested_bytes)} request.",
+        )
     return Match(
         min(0.9, 0.5 + held / total / 2),
         f"Of the {gib(total)} GPU, {gib(oom.free_bytes)} is free and PyTorch reserved "

@@ -112,7 +112,9 @@ def _inference_engine(ctx: Context) -> Match | None:
     read = ctx.cfg.get("inference_colocated")  # the config says so (NeMo-RL generation)
     if read is True and hit is None:
         hit = "vllm"
-    if hit is None or not (ctx.oom or oom_errors(ctx) or "still in use" in text):
+    # an OOM said in words counts where the config says the engine shares the GPUs
+    ran_out = ctx.oom or oom_errors(ctx) or (read is True and fact(ctx, "oom_mentions"))
+    if hit is None or not (ran_out or "still in use" in text):
         return None
     if read is False or (hit in ("vllm", "sglang") and not read and not _colocated(ctx, text)):
         return None  # an engine on GPUs of its own (vllm_num_engines), not the trainer's
@@ -124,7 +126,7 @@ def _inference_engine(ctx: Context) -> Match | None:
         patch = {"gpu_memory_utilization": new}
         numbers = f" Lowering gpu_memory_utilization from {util} to {new} frees about " + gib(
             (util - new) * oom.total_bytes
-        )
+        ) + "."
     else:
         patch, numbers = {"gpu_memory_utilization": 0.4}, ""
     if read is not None:  # NeMo-RL's own key for the share
@@ -140,6 +142,19 @@ def _inference_engine(ctx: Context) -> Match | None:
         "rollouts."
     )
     messages = " ".join([ctx.text, oom.line if oom else ""]).lower()
+    outside = _outside_this_process(oom)
+    if isinstance(util, float) and outside and oom.total_bytes:
+        share = util * oom.total_bytes
+        if abs(outside - share) <= 0.15 * share:
+            # what the OOM shows held outside this process is the engine's share: not freed
+            return Match(
+                0.85,
+                f"{where}. The OOM shows {gib(outside)} held outside this process, the engine's "
+                f"share ({util} x {gib(oom.total_bytes)} = {gib(share)}): the engine still held "
+                f"it when the trainer ran out (sleep mode off, or it did not free it).{numbers}"
+                f"{trade}",
+                config_patch=patch,
+            )
     if read and not any(w in messages for w in ("vllm", "sglang", "sleep", "cumem")):
         # only the config says the engine is there; NeMo-RL puts it to sleep (weights off the
         # GPU, KV cache freed) while the policy trains: possible, not shown
@@ -147,10 +162,42 @@ def _inference_engine(ctx: Context) -> Match | None:
             0.45,
             f"{where}, but nothing in the log shows the engine's memory at the failure: its "
             "sleep mode frees it while the policy trains. Check vLLM's 'Sleep mode freed ... "
-            f"memory is still in use' line before lowering the share.{numbers}{trade}",
+            f"memory is still in use' line before lowering the share.{numbers}"
+            f"{_beside_the_step(ctx, util)}{trade}",
             config_patch=patch,
         )
     return Match(0.8, f"{where}.{numbers}{trade}", config_patch=patch)
+
+
+def _outside_this_process(oom) -> int | None:
+    """What an OOM message shows held on the GPU outside this process: the other processes it
+    lists, or (2.1+, none listed) what is neither free nor this process's."""
+    if oom is None or not oom.total_bytes or oom.free_bytes is None:
+        return None
+    if oom.other_processes_bytes:
+        return oom.other_processes_bytes
+    if oom.process_bytes is not None:
+        return oom.total_bytes - oom.free_bytes - oom.process_bytes
+    return oom.held_elsewhere_bytes
+
+
+def _beside_the_step(ctx: Context, util: object) -> str:
+    """The engine's share beside the estimated training step, where both are known."""
+    est, gpu = ctx.estimate, ctx.gpu_bytes or (ctx.oom.total_bytes if ctx.oom else None)
+    if est is None or not gpu or not isinstance(util, (int, float)):
+        return ""
+    step = est.total_with_overheads_bytes or est.total_bytes
+    share = util * gpu
+    if step + share <= gpu:
+        return (
+            f" The engine's share ({util} x {gib(gpu)} = {gib(share)}) and the estimated "
+            f"training step ({gib(step)}) fit together."
+        )
+    return (
+        f" The engine's share ({util} x {gib(gpu)} = {gib(share)}) and the estimated training "
+        f"step ({gib(step)}) need {gib(step + share)} of the {gib(gpu)} GPU: the step fits "
+        "only where sleep mode frees the engine's memory first."
+    )
 
 
 def _colocated(ctx: Context, text: str) -> bool:
