@@ -176,3 +176,27 @@ def test_strict_keeps_megatron_lm_s_command_line_rules_to_runs_it_parses(capsys)
         and "megatron-bridge does not run" in w
         for w in doc["warnings"]
     )
+
+
+def test_a_recompute_setting_the_run_s_keys_cannot_write_is_refused():
+    # A skill trial: validate called full:block:4 valid on NeMo-RL's grpo_math_8B_megatron.yaml
+    # (NVIDIA-NeMo/RL 7ea279ab, tests/data/nemo_rl_launch/), whose setup.py writes full recompute
+    # as uniform, one layer, whatever the YAML says
+    config = (
+        Path(__file__).parent / "data/nemo_rl_launch/examples/configs/grpo_math_8B_megatron.yaml"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def check(spec: str) -> dict:
+        proc = subprocess.run(
+            [*RK, "validate", str(config), "--recompute", spec, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        return json.loads(proc.stdout)
+
+    refused = check("full:block:4")
+    assert not refused["valid"] and "uniform, one layer" in refused["errors"][0]
+    assert check("full:uniform:1")["valid"] and check("selective:mlp")["valid"]

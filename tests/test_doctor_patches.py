@@ -324,7 +324,8 @@ def test_nemo_rl_fused_logprobs_key_is_named_with_what_refuses_it(tmp_path):
     # launched at 8192 tokens on PP 1, and an OOM of the fp32 logits' size (8192 x 128256 x 4
     # = 3.91 GiB; PyTorch's wording with a skill trial's figures). The fused loss there is
     # policy.megatron_cfg.use_fused_linear_logprobs, which GRPO refuses with sequence packing
-    # (on in this config): said, not patched. (Before: a model_overrides key NeMo-RL never reads.)
+    # (on in this config): the patch is NeMo-RL's chunked log-probs, which packing allows (a
+    # skill trial; before: nothing, and before that a model_overrides key NeMo-RL never reads).
     import shutil
 
     shutil.copytree(
@@ -345,9 +346,11 @@ def test_nemo_rl_fused_logprobs_key_is_named_with_what_refuses_it(tmp_path):
     )
     d = diagnose(collect(logs=[str(log)], config=str(launch)))
     f = finding(d, "RK012")
-    reasons = " ".join(x["reason"] for x in f.patch_check["dropped"])
-    assert "policy.megatron_cfg.use_fused_linear_logprobs" in reasons
-    assert "sequence packing" in reasons and "model_overrides" not in reasons
+    assert f.patch_keys == {
+        "policy.logprob_chunk_size": 1024,
+        "policy.megatron_cfg.defer_fp32_logits": True,
+    }
+    assert "model_overrides" not in str(f.patch_check)
 
 
 def test_a_pick_that_fits_only_with_offloading_is_patched_with_it():

@@ -570,3 +570,21 @@ def test_settings_left_out_on_the_version_say_their_own_reason():
     uniform = next(s for s in said if "full:uniform:3" in s)
     assert "overlap_moe_expert_parallel_comm" in moe and "past the last layer" not in moe
     assert "past the last layer" in uniform
+
+
+def test_settings_the_run_s_keys_cannot_write_are_said_not_proposed():
+    # A skill trial: at 45 GiB the plan for NeMo-RL's grpo_math_8B_megatron.yaml (NVIDIA-NeMo/RL
+    # 7ea279ab) picked selective:mlp and never said why full:block:N, which fits with less
+    # recompute, was no candidate: NeMo-RL writes full recompute as uniform, one layer.
+    from recompute_kit.config import format_spec
+    from recompute_kit.sources.resolve import resolve
+
+    data = Path(__file__).parent / "data/nemo_rl_launch/examples/configs"
+    run = resolve([str(data / "grpo_math_8B_megatron.yaml")]).config
+    excluded: list[tuple[str, str]] = []
+    specs = [format_spec(rc) for rc, _ in candidates(run, None, excluded, "nemo-rl")]
+    assert "full:uniform:1" in specs and not any("block" in s for s in specs)
+    result = plan(run, 45, fmt="nemo-rl")
+    said = "the run's keys cannot write them: full:uniform:2-16, full:block:1-16"
+    assert said in result.explanation
+    assert "uniform, one layer" in result.explanation

@@ -258,6 +258,35 @@ def test_nemo_rl_environment_patches_go_to_the_policys_env_vars():
     )
 
 
+def test_nemo_rl_patches_in_its_own_log_prob_keys_and_no_device_pinning(tmp_path):
+    # A skill trial on grpo_math_8B_megatron.yaml (sequence packing on, which GRPO refuses with
+    # use_fused_linear_logprobs): the loss finding's patch left NeMo-RL's own lever out; its
+    # chunked log-probs (policy.logprob_chunk_size, which nemo_rl/models/megatron/setup.py
+    # accepts only with megatron_cfg.defer_fp32_logits) are the patch. And a
+    # CUDA_VISIBLE_DEVICES for a Ray worker's env_vars would fight Ray's placement: left out.
+    d = _nemo_rl_8b(tmp_path, UNLISTED_OOM, None)
+    assert not get(d, "RK089").patch_keys  # its CUDA_VISIBLE_DEVICES: left out
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.evidence import collect
+    from recompute_kit.doctor.patches import _translate
+
+    log = tmp_path / "said.log"
+    log.write_text(SAID, encoding="utf-8")
+    ctx = build_context(collect(logs=[str(log)], config=str(LAUNCH / "grpo_math_8B_megatron.yaml")))
+    dropped = []
+    out = _translate(
+        "nemo-rl",
+        {"cross_entropy_loss_fusion": True, "env": {"CUDA_VISIBLE_DEVICES": "0"}},
+        ctx,
+        lambda key, value, why: dropped.append(why),
+    )
+    assert out == {
+        "policy.logprob_chunk_size": 1024,
+        "policy.megatron_cfg.defer_fp32_logits": True,
+    }
+    assert dropped == ["NeMo-RL's Ray placement sets each worker's GPUs"]
+
+
 @covers("RK360")
 def test_processes_of_earlier_runs_said_alive_read_as_other_processes():
     # https://github.com/deepspeedai/DeepSpeed/issues/1016 (the reporter's words, verbatim):

@@ -338,6 +338,35 @@ def test_agentskills_validate_passes(checkout):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_bootstrap_installs_every_dependency_the_kit_declares(tmp_path):
+    # A skill trial's venv had torch and PyYAML only (the kit goes in with --no-deps): NeMo-RL's
+    # ${mul:...} went unresolved without OmegaConf. The bootstrap's list is pyproject's.
+    import importlib.util
+    import re
+
+    import tomllib
+
+    script = REPO / "skill/scripts/bootstrap.py"
+    spec = importlib.util.spec_from_file_location("bootstrap", script)
+    boot = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(script.parent))  # its _kit helper
+    try:
+        spec.loader.exec_module(boot)
+    finally:
+        sys.path.remove(str(script.parent))
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {d.split(";")[0].strip() for d in declared if not d.startswith("torch")}
+    assert wanted == set(boot.RUNTIME_PACKAGES.values())
+    probed = re.search(r'need = \[(.*?)\]', boot.PROBE).group(1)
+    assert {m.strip(' "') for m in probed.split(",")} | {"tomli"} == set(boot.RUNTIME_PACKAGES)
+    here = {"torch": "2.13.0", "recompute_kit": str(REPO / "recompute_kit/__init__.py")}
+    assert boot.usable({**here, "missing": []}, notebooks=False)
+    assert not boot.usable({**here, "missing": ["omegaconf"]}, notebooks=False)
+    assert boot.problems({**here, "missing": ["omegaconf"]}, False) == [
+        "not importable: omegaconf"
+    ]
+
+
 def test_installed_copy_runs_bootstrap_and_diagnose(installed):
     for agent, skill in installed.items():
         assert (skill / "SKILL.md").is_file(), agent

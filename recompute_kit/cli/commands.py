@@ -176,6 +176,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             warnings += [w for w in held_beyond_estimate(cfg, version) if w not in warnings]
     except ConfigError as exc:
         errors.append(str(exc))
+    if args.recompute:  # a setting the run's own keys cannot write is no choice for it
+        from ..export import format_for
+        from ..plan.search import unexpressible
+
+        reading = resolved.reading
+        why = unexpressible(cfg.recompute, format_for(reading.framework, reading.format))
+        if why:
+            errors.append(f"--recompute {args.recompute}: {why}")
     if not errors and cfg.megatron_core_version is not None:
         # Megatron's checks accept these, but on the version named the run fails (an
         # IndexError at the first step): not a valid setting for that run

@@ -372,8 +372,20 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
             # (docs/design-docs/env-vars.md): only the policy workers get it, never the
             # colocated vLLM workers, whose memory pool refuses expandable_segments
             section = "policy.dtensor_cfg" if _dtensor(ctx) else _NEMO_RL_MEGATRON
-            out.update({f"{section}.env_vars.{name}": v for name, v in value.items()})
+            for name, v in value.items():
+                if name == "CUDA_VISIBLE_DEVICES":  # Ray gives each worker its GPUs
+                    drop(key, value, "NeMo-RL's Ray placement sets each worker's GPUs")
+                    continue
+                out[f"{section}.env_vars.{name}"] = v
             continue
+        if framework == "nemo-rl" and key in _NEMO_RL_LOGPROBS:
+            out[_NEMO_RL_LOGPROBS[key]] = value  # NeMo-RL's own key, at its path
+            continue
+        if framework == "nemo-rl" and key == "cross_entropy_loss_fusion" and value:
+            chunked = _nemo_rl_chunked_logprobs(ctx)
+            if chunked:
+                out.update(chunked)
+                continue
         if not is_mcore(key):
             out[key] = value  # an action, or a key of this framework's own
             continue
@@ -520,6 +532,27 @@ def _nemo_rl_fused_logprobs(ctx: Context) -> str:
         if on
     ]
     return key if not blocked else f"{key} once the run {' and '.join(blocked)}"
+
+
+# NeMo-RL's chunked log-probs (Megatron backend): nemo_rl/models/megatron/setup.py asserts
+# defer_fp32_logits where logprob_chunk_size is set (NVIDIA-NeMo/RL @ 7ea279ab, :1241-1246)
+_NEMO_RL_LOGPROBS = {
+    "logprob_chunk_size": "policy.logprob_chunk_size",
+    "defer_fp32_logits": f"{_NEMO_RL_MEGATRON}.defer_fp32_logits",
+}
+
+
+def _nemo_rl_chunked_logprobs(ctx: Context) -> dict[str, Any] | None:
+    """Where the fused linear log-probs are refused (sequence packing, context parallelism) on
+    the Megatron backend: the log-probs in chunks of the sequence, cast to fp32 per chunk,
+    which neither refuses (nemo_rl/algorithms/loss/utils.py: "avoids materializing full-size
+    float32 logits")."""
+    if _dtensor(ctx) or _nemo_rl_fused_logprobs(ctx).endswith("use_fused_linear_logprobs"):
+        return None
+    return {
+        _NEMO_RL_LOGPROBS["logprob_chunk_size"]: 1024,
+        _NEMO_RL_LOGPROBS["defer_fp32_logits"]: True,
+    }
 
 
 def _dtensor(ctx: Context) -> bool:

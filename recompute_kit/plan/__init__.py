@@ -29,7 +29,7 @@ from .margins import (
     planned_bytes,
     tie_reason,
 )
-from .search import REFUSED, as_candidate, candidates, compact_specs
+from .search import REFUSED, UNWRITABLE, as_candidate, candidates, compact_specs
 from .stages import Stage, binding_reason, stage_table
 
 __all__ = ["Candidate", "Plan", "candidates", "explain", "plan"]
@@ -534,8 +534,11 @@ def not_proposed(excluded: list[tuple[str, str]], version: tuple[int, int] | Non
     apart from the settings broken on the version."""
     refused: dict[str, list[str]] = {}
     broken: dict[str, list[str]] = {}  # by reason (config/versions.py known_broken)
+    unwritable: dict[str, list[str]] = {}  # by the framework's reason (search.unexpressible)
     for spec, why in excluded:
-        if why.startswith(REFUSED):
+        if why.startswith(UNWRITABLE):
+            unwritable.setdefault(why[len(UNWRITABLE) :], []).append(spec)
+        elif why.startswith(REFUSED):
             refused.setdefault(why[len(REFUSED) :], []).append(spec)
         elif why.startswith("full:uniform:"):
             broken.setdefault(_UNIFORM_CLAMP, []).append(spec)
@@ -546,6 +549,10 @@ def not_proposed(excluded: list[tuple[str, str]], version: tuple[int, int] | Non
     out = [
         f"Not proposed, Megatron-Core refuses them: {compact_specs(specs)} ({message})."
         for message, specs in refused.items()
+    ]
+    out += [
+        f"Not proposed, the run's keys cannot write them: {compact_specs(specs)} ({why})."
+        for why, specs in unwritable.items()
     ]
     out += [
         f"Not proposed on Megatron-Core {describe_version(version)}: {compact_specs(specs)} "

@@ -35,6 +35,8 @@ from ..config import (
 from ..config.versions import chunk_layer_counts, known_broken
 from ..sources.torchtitan_defaults import op_sac_modules
 
+# The start of an `excluded` reason that is the run's framework's (`unexpressible`'s words follow).
+UNWRITABLE = "unwritable: "
 # The start of an `excluded` reason that is Megatron-Core's refusal (its message follows).
 REFUSED = "Megatron-Core refuses it: "
 
@@ -92,6 +94,24 @@ def _torchtitan_settings(config: Config, fmt: str) -> list[RecomputeConfig]:
     ]
 
 
+def unexpressible(rc: RecomputeConfig, fmt: str) -> str | None:
+    """Why `fmt`'s keys cannot set the recompute settings `rc` (None where they can)."""
+    uniform_one = (rc.recompute_method, rc.recompute_num_layers) == ("uniform", 1)
+    if fmt == "nemo-rl" and rc.recompute_granularity == "full" and not uniform_one:
+        return (
+            "NeMo-RL runs full recompute as uniform, one layer "
+            "(nemo_rl/models/megatron/setup.py sets recompute_method='uniform' and "
+            "recompute_num_layers=1 under policy.megatron_cfg.activation_checkpointing): "
+            "its keys cannot set another method or layer count"
+        )
+    if fmt == "nemo-rl-dtensor" and rc.recompute_granularity == "selective":
+        return (
+            "NeMo-RL's DTensor policy checkpoints whole layers "
+            "(policy.dtensor_cfg.activation_checkpointing): no selective recompute"
+        )
+    return None
+
+
 def candidates(
     config: Config,
     version: tuple[int, int] | None = None,
@@ -135,12 +155,14 @@ def candidates(
         ]
     nemo_rl = fmt == "nemo-rl"
     if nemo_rl:
-        rcs = [
-            rc
-            for rc in rcs
-            if rc.recompute_granularity != "full"
-            or (rc.recompute_method, rc.recompute_num_layers) == ("uniform", 1)
-        ]
+        kept = [rc for rc in rcs if unexpressible(rc, fmt) is None]
+        if excluded is not None:
+            excluded += [
+                (format_spec(rc), UNWRITABLE + str(unexpressible(rc, fmt)))
+                for rc in rcs
+                if rc not in kept
+            ]
+        rcs = kept
     settings = [(rc, "") for rc in rcs]
     if not titan and not nemo_rl and fmt != "megatron-deepspeed":  # no activation offloading
         layers = m.num_layers // p.pipeline_model_parallel_size

@@ -326,6 +326,7 @@ def read(
         fv.set("fp16", flags[precision][1], (p, "precision"))
 
     _packed_micro_batches(fv)
+    _log_prob_passes(fv)
     megatron_on = fv.get(p, "megatron_cfg", "enabled", kind=bool)
     if megatron_on:
         reading.format = MEGATRON + (DPO if fv.has("dpo") else "")
@@ -379,6 +380,33 @@ def read(
     fv.record_unused()
     nemo_rl_overrides.label(reading, list(overrides))
     return reading
+
+
+def _log_prob_passes(fv: FileValues) -> None:
+    """NeMo-RL's log-prob passes (the previous policy's and the reference's: forward only, no
+    gradients) run policy.logprob_batch_size sequences per micro-batch. Above the training
+    micro-batch, their logits can set the peak, and the estimate sizes the training step only:
+    said aloud, with the keys that chunk them (a skill trial found the key listed unused)."""
+    p = "policy"
+    passes = fv.get(p, "logprob_batch_size", kind=int)
+    train = fv.reading.values.get("micro_batch_size")
+    if passes is None or not isinstance(train, int) or passes <= train:
+        return
+    seq = fv.reading.values.get("seq_length")
+    chunk = fv.get(p, "logprob_chunk_size", kind=int)
+    tokens = f"{passes} x {seq}" if isinstance(seq, int) else f"{passes} sequences'"
+    held = (
+        f"in chunks of {chunk} tokens (policy.logprob_chunk_size)"
+        if chunk
+        else "whole, in fp32 (policy.logprob_chunk_size with policy.megatron_cfg."
+        "defer_fp32_logits: true computes them in chunks)"
+    )
+    fv.reading.warnings.append(
+        f"{fv.where((p, 'logprob_batch_size'))}: policy.logprob_batch_size = {passes}, against "
+        f"the training micro-batch's {train}: the log-prob passes (forward only) hold logits of "
+        f"{tokens} tokens x the vocabulary / TP {held}; the estimate sizes the training step, "
+        "not these passes"
+    )
 
 
 # NeMo-RL's DPO trains on preference pairs: each micro-batch holds the chosen and the rejected

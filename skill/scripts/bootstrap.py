@@ -2,7 +2,8 @@
 """Make recompute-kit runnable from this skill folder; prints one JSON document on stdout.
 
 The skill folder holds the kit's source (pyproject.toml, recompute_kit/); it needs an interpreter
-with torch >= 2.5 and PyYAML. Looked for, in order (the first that works wins, nothing is
+with torch >= 2.5 and the kit's other dependencies (PyYAML, OmegaConf, bashlex; tomli before
+Python 3.11). Looked for, in order (the first that works wins, nothing is
 installed):
 
   1. --python PY or $RECOMPUTE_KIT_PYTHON (if given, it must work: no fallback);
@@ -11,9 +12,9 @@ installed):
 
 Otherwise a venv is created at that place (with --system-site-packages, so a torch already
 installed system-wide or in conda is reused; --isolated to not), then inside it: torch only if it
-is not importable, PyYAML if missing, the kit itself from this folder (`pip install --no-deps -e`;
-a .pth file pointing here if that fails), and with --with-notebooks papermill, ipykernel,
-matplotlib and nbformat.
+is not importable, the other dependencies where missing, the kit itself from this folder (`pip
+install --no-deps -e`; a .pth file pointing here if that fails), and with --with-notebooks
+papermill, ipykernel, matplotlib and nbformat.
 
 torch: on a machine without a GPU, the CPU build torch==2.13.0 (Linux x86_64: 2.13.0+cpu from
 https://download.pytorch.org/whl/cpu). On a machine with an NVIDIA/AMD GPU it installs nothing
@@ -42,6 +43,15 @@ from _kit import ROOT, SCRIPTS, emit, venv_python
 
 MIN_TORCH = (2, 5)
 NOTEBOOK_PACKAGES = ["papermill", "ipykernel", "matplotlib", "nbformat"]
+# The kit's dependencies other than torch (pyproject.toml's [project] dependencies; the
+# probe's `need` lists their modules): installed where missing, as `pip install --no-deps -e`
+# of the kit does not.
+RUNTIME_PACKAGES = {
+    "yaml": "pyyaml>=6",
+    "omegaconf": "omegaconf>=2.3",
+    "bashlex": "bashlex>=0.18",
+    "tomli": "tomli>=2",  # Python < 3.11 only (tomllib from 3.11)
+}
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 PROBE = r"""
@@ -56,7 +66,8 @@ try:
     out["torch_cuda"] = torch.version.cuda
 except Exception as exc:
     out["torch_error"] = f"{type(exc).__name__}: {exc}"
-out["yaml"] = importlib.util.find_spec("yaml") is not None
+need = ["yaml", "omegaconf", "bashlex"] + (["tomli"] if sys.version_info < (3, 11) else [])
+out["missing"] = [m for m in need if importlib.util.find_spec(m) is None]
 try:
     import recompute_kit
     out["recompute_kit"] = recompute_kit.__file__
@@ -108,7 +119,7 @@ def usable(info: dict, notebooks: bool) -> bool:
     from_here = Path(kit).resolve().is_relative_to(ROOT) if kit else False
     return (
         torch_ok(info)
-        and info.get("yaml", False)
+        and info.get("missing") == []
         and from_here
         and (info.get("notebooks", False) or not notebooks)
     )
@@ -122,8 +133,8 @@ def problems(info: dict, notebooks: bool) -> list[str]:
         out.append(f"torch not importable ({info.get('torch_error', '')})")
     elif not torch_ok(info):
         out.append(f"torch {info['torch']} is older than 2.5")
-    if not info.get("yaml"):
-        out.append("PyYAML not importable")
+    if info.get("missing"):
+        out.append(f"not importable: {', '.join(info['missing'])}")
     if info.get("kit_error"):
         out.append(f"recompute_kit import failed: {info['kit_error']}")
     if notebooks and not info.get("notebooks"):
@@ -355,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 1,
             )
-    if not info.get("yaml") and not pip(str(vpy), ["pyyaml>=6"], args.dry_run, actions):
+    needed = [RUNTIME_PACKAGES[m] for m in info.get("missing") or []]
+    if needed and not pip(str(vpy), needed, args.dry_run, actions):
         return emit(
             result(
                 "error",
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"venv {venv}",
                 actions,
                 venv=str(venv),
-                error="pip could not install pyyaml",
+                error=f"pip could not install {' '.join(needed)}",
                 tried=tried,
             ),
             1,

@@ -246,3 +246,15 @@ def test_a_file_of_overrides_applies_to_the_config_before_it_and_alone_says_so(t
     ).reading
     assert on.values["context_parallel_size"] == 2
     assert not [w for w in on.warnings if "Megatron-backend settings" in w]
+
+
+def test_log_prob_passes_larger_than_the_training_micro_batch_are_said_unsized():
+    # grpo_math_8B_megatron.yaml sets policy.logprob_batch_size 4 beside train_micro_batch_size
+    # 1 (a skill trial found it listed unused, with no word that the estimate leaves it out)
+    r = _read(str(DATA / "examples/configs/grpo_math_8B_megatron.yaml"))
+    (said,) = [w for w in r.warnings if "policy.logprob_batch_size = 4" in w]
+    assert "training micro-batch's 1" in said and "4 x 4096 tokens" in said
+    assert "policy.logprob_chunk_size" in said and "not these passes" in said
+    # the 1B config keeps them equal (logprob_batch_size: ${policy.train_micro_batch_size})
+    small = _read(str(DATA / "examples/configs/grpo_math_1B_megatron.yaml"))
+    assert not any("logprob_batch_size" in w for w in small.warnings)
