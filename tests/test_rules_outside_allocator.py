@@ -307,3 +307,34 @@ def test_processes_of_earlier_runs_said_alive_read_as_other_processes():
     # no OOM named: the same words alone, at lower confidence
     alone = top(run(said.replace("cuda out of memory errors", "slow steps")))
     assert alone.rule == "RK360" and alone.confidence <= 0.5 and "kill PID" in alone.fix
+
+
+def test_the_evidence_proposes_in_the_run_s_keys_too(tmp_path):
+    # The trial: RK170's evidence proposed "--recompute-granularity selective
+    # --recompute-modules mlp" (Megatron-LM's flags) while its patch was NeMo-RL's keys. Here the
+    # engine is said not to share the GPUs, so the default reading is what answers.
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "said.log"
+    log.write_text(SAID, encoding="utf-8")
+    config = str(LAUNCH / "grpo_math_8B_megatron.yaml")
+    evidence = collect(logs=[str(log)], config=config, overrides={"inference_colocated": False})
+    f = get(diagnose(evidence, 50), "RK170")
+    assert "--recompute-" not in f.evidence
+    assert "policy.megatron_cfg.recompute_modules: [mlp]" in f.evidence
+
+
+def test_an_rl_run_s_sequence_cap_is_said_to_shorten_its_rollouts(tmp_path):
+    # The trial: "policy.max_total_sequence_length 4096 -> 2048 ... truncate or drop the longest
+    # samples", for a GRPO run where that key is also vLLM's max_model_len and max_new_tokens
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    log = tmp_path / "said.log"
+    log.write_text(SAID, encoding="utf-8")
+    config = str(LAUNCH / "grpo_math_8B_megatron.yaml")
+    evidence = collect(logs=[str(log)], config=config, overrides={"inference_colocated": False})
+    fix = get(diagnose(evidence, 50), "RK170").fix
+    assert "policy.max_total_sequence_length 4096 -> 2048" in fix
+    assert "shortens the rollouts" in fix and "truncate or drop" not in fix

@@ -94,6 +94,8 @@ def fix_in_framework_keys(framework: str | None, fix: str, ctx: Context) -> tupl
     def swap(m: re.Match) -> str:
         if _LABELLED.search(fix, 0, m.start()):
             return m.group(0)  # "Megatron: --flag" in a list of each framework's key: as written
+        if fix.count("`", 0, m.start()) % 2:
+            return m.group(0)  # inside `a command`: recompute-kit's own options, as written
         flag, value = m.group(0).split(" ")[0], m.group("value")
         fields = _flag_fields().get(flag) or ()
         if fields and fields[0][1] is not None:  # a switch: the words after it are prose

@@ -63,8 +63,10 @@ def check_patches(ctx: Context, findings: list[Finding]) -> None:
             _check(ctx, f, framework, current, where)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # odd pasted values
             f.patch_check = {"keys": None, "dropped": [], "notes": [f"not checked: {exc}"]}
-        # the words name the same keys as the patch (doctor/fix_words.py)
+        # the words name the same keys as the patch (doctor/fix_words.py), in the fix and in
+        # the evidence's proposals ("Cheapest change first: ...")
         f.fix, swapped = fix_in_framework_keys(framework, f.fix, ctx)
+        f.evidence, _ = fix_in_framework_keys(framework, f.evidence, ctx)
         if swapped:
             f.patch_check["fix_keys"] = swapped
 

@@ -12,6 +12,7 @@ fired, so they never outrank a specific finding.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...config import CONFIG_KEYS
@@ -260,18 +261,42 @@ BATCH_KEY = {
 
 
 
-def seq_step(k: Knobs) -> tuple[dict[str, Any], str] | None:
+def seq_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str] | None:
     if not k.seq:
         return None
     key, n = k.seq[0]
     if n <= SHORT_SEQUENCE:
         return None
+    if _rollout_cap(ctx, k, key):
+        return (
+            {key: n // 2},
+            f"{said_as(k, key)} {n} -> {n // 2} (activations grow with the tokens per sample; in "
+            "an RL run this cap also bounds the responses the policy generates: halving it "
+            "shortens the rollouts, which changes what is trained, not only its memory)",
+        )
     return (
         {key: n // 2},
         f"{said_as(k, key)} {n} -> {n // 2} (activations grow with the tokens per sample; "
         "truncate or drop the longest samples, as one over-long sample can OOM a run that ran "
         "for hours)",
     )
+
+
+# RL caps that bound generation too (verl's / OpenRLHF's response lengths)
+_ROLLOUT_CAP = re.compile(r"response|rollout|generate_max")
+
+
+def _rollout_cap(ctx: Context, k: Knobs, key: str) -> bool:
+    """The sequence cap also bounds what an RL run generates: where NeMo-RL generates (a
+    policy.generation section), policy.max_total_sequence_length is vLLM's max_model_len and
+    the rollout's max_new_tokens too (examples/configs/grpo_math_1B.yaml); or the key names a
+    response / rollout length."""
+    generates = any(
+        ctx.cfg.get(f) is not None
+        for f in ("inference_colocated", "inference_gpu_memory_utilization")
+    )
+    nemo_rl = (ctx.evidence.read or {}).get("framework") == "nemo-rl" and key == "seq_length"
+    return (nemo_rl and generates) or bool(_ROLLOUT_CAP.search(said_as(k, key)))
 
 
 def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
@@ -453,7 +478,7 @@ def _default_activations(ctx: Context) -> Match | None:
         return None
     _, k, count, said = reading
     steps: list[tuple[dict[str, Any], str]] = []
-    for step in (batch_step(k), ckpt_step(ctx, k), _attn_step(k), seq_step(k)):
+    for step in (batch_step(k), ckpt_step(ctx, k), _attn_step(k), seq_step(ctx, k)):
         if step is not None:
             steps.append(step)
     if k.batch is None and k.said_batch != 1:  # no batch in the paste (a batch of one, in

@@ -76,7 +76,7 @@ def knob_advice(ctx: Context) -> KnobAdvice | None:
     k = read_knobs(ctx)
     if not (k.batch or k.seq or k.ckpt is not None or k.ckpt_key):
         return None
-    batch, ckpt, seq = batch_step(k), ckpt_step(ctx, k), seq_step(k)
+    batch, ckpt, seq = batch_step(k), ckpt_step(ctx, k), seq_step(ctx, k)
     steps = [s for s in (batch, ckpt, seq) if s is not None]
     if not steps:
         return None
