@@ -138,6 +138,23 @@ def test_r6s_ranks_context_on_device0():
     assert "LOCAL_RANK" in f.config_patch["code"]
 
 
+@covers("RK645")
+def test_rk645_gpu0_said_first_then_each_script():
+    # https://github.com/pytorch/pytorch/issues/9871 (the reporter's words, verbatim): seven
+    # training scripts, each on its own GPU, all holding memory on GPU 0 (soumith: call
+    # torch.cuda.set_device in the child process)
+    said = (
+        "However, although this should be expected to work fine, but from the second script to "
+        "the last, they give a `CUDA Runtime Error with out of memory`. It seems GPU 0 always "
+        "occupy a lot of memory for each script even if they are assigned with other GPUs.\n"
+    )
+    f = top(run(said))
+    assert f.rule == "RK645" and f.category == "other_processes"
+    assert "set_device" in f.fix
+    # GPU 0 named beside something other than processes is not that pattern
+    assert "RK645" not in ids(run("GPU 0 runs out of memory for each batch of 64 images.\n"))
+
+
 def test_r6s_set_device_called_without_symptom_is_silent():
     code = text("r6s-pt135279-ranks-device0").split("\n", 2)[2].replace("#torch", "torch")
     assert "RK645" not in ids(run(code))

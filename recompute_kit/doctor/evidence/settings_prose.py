@@ -353,9 +353,13 @@ def _rlhf(lines: list[str]) -> dict[str, Any] | None:
 
 # Ranks other than 0 holding memory on GPU 0: "Each non-0 rank is occupying ~1GB memory on GPU
 # 0", "every process creates a context on cuda:0", "all ranks allocate memory on device 0"
+_PROCS = r"(?:ranks?|process(?:es)?|workers?|scripts?|jobs?)"
+_GPU0 = r"(?:GPU\s*(?:#|:)?\s*0|cuda:0|device\s*(?:id\s*)?0|rank\s*0'?s\s+GPU)"
 _DEVICE0_RE = re.compile(
-    r"\b(?:non-?0|non-?zero|other|every|each|all)\b[^.\n]{0,30}\b(?:ranks?|process(?:es)?|workers?)"
-    r"\b[^.\n]{0,60}\b(?:GPU\s*(?:#|:)?\s*0|cuda:0|device\s*(?:id\s*)?0|rank\s*0'?s\s+GPU)\b",
+    rf"\b(?:non-?0|non-?zero|other|every|each|all)\b[^.\n]{{0,30}}\b{_PROCS}"
+    rf"\b[^.\n]{{0,60}}\b{_GPU0}\b"
+    # the other order: "GPU 0 always occupies a lot of memory for each script"
+    rf"|\b{_GPU0}\b[^.\n]{{0,60}}\b(?:every|each|all)\b[^.\n]{{0,20}}\b{_PROCS}\b",
     re.I,
 )
 
