@@ -261,6 +261,18 @@ def test_fresh_rk086_prose_out_of_memory_after_validation():
 
 
 @covers("RK086")
+def test_rk086_chinese_prose_after_the_evaluation_stage():
+    # https://github.com/hiyouga/LlamaFactory/issues/836 (the reporter's words, verbatim): "the
+    # memory blows up right after the evaluation stage ends" (maintainer: turn the validation set
+    # off until it is fixed). 评估阶段结束之后 is evaluation as much as 评估时 is.
+    said = (
+        "两张4090,训练阶段显存占用不多，batchsize设置为1大概13G，但是评估阶段结束之后会直接爆显存。\n"
+    )
+    assert "RK086" in ids(run(said))
+    assert "RK086" not in ids(run("两张4090,训练阶段显存占用不多，batchsize设置为1大概13G，会直接爆显存。\n"))
+
+
+@covers("RK086")
 def test_fresh_rk086_prose_validation_memory_grows_thc_error():
     # https://github.com/skorch-dev/skorch/issues/218: "cuda runtime error (2) : out of memory",
     # narrowed down to the validation step where memory grows per batch; the maintainers wrapped

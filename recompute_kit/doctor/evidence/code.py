@@ -179,7 +179,8 @@ _VALIDATION_PROSE_RE = re.compile(
     r"\b(?:in|during|after|at|upon|on|when|while|start of|the) (?:the |each |every )?"
     r"(?:validation|evaluation|eval|val|test)\b(?! or| and|/)"
     r"|\b(?:validation|evaluation|eval|val) (?:step|phase|loop|stage|batch|epoch)"
-    r"|\bwhen (?:validating|evaluating)|\b(?:validate|evaluate)\(\)|验证时|评估时",
+    r"|\bwhen (?:validating|evaluating)|\b(?:validate|evaluate)\(\)"
+    r"|(?:验证|评估|评测)(?:时|阶段|之后|后|过程)",  # at / in / after evaluation, in Chinese
     re.I,
 )
 # Another job on the same GPU, in words: "I run another code on GPU0", "there is already a
