@@ -269,7 +269,8 @@ def test_rk086_chinese_prose_after_the_evaluation_stage():
         "两张4090,训练阶段显存占用不多，batchsize设置为1大概13G，但是评估阶段结束之后会直接爆显存。\n"
     )
     assert "RK086" in ids(run(said))
-    assert "RK086" not in ids(run("两张4090,训练阶段显存占用不多，batchsize设置为1大概13G，会直接爆显存。\n"))
+    without = said.replace("但是评估阶段结束之后", "")
+    assert "RK086" not in ids(run(without))
 
 
 @covers("RK086")
