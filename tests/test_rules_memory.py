@@ -765,11 +765,30 @@ def test_a_logits_oom_under_nemo_rls_policy_worker_names_nemo_rls_levers():
 
 
 @covers("RK086")
+@covers("RK621")
 def test_an_oom_in_the_trainers_own_evaluation_loop_is_what_it_gathers():
     # https://github.com/huggingface/transformers/issues/7158: the OOM in Trainer.evaluate's
     # prediction_loop (torch.cat of the predictions); the fix was eval_accumulation_steps
     # (PR #7767). A re-trial was told to wrap the loop in torch.no_grad(), which the Trainer
-    # does already.
-    f = get(run(text("t24-transformers-7158-evaluate-oom")), "RK086")
-    assert "runs under no_grad" in f.evidence and "eval_accumulation_steps" in f.fix
-    assert f.config_patch == {"eval_accumulation_steps": 8}
+    # does already. What it gathers is every batch's logits: logits memory.
+    d = run(text("t24-transformers-7158-evaluate-oom"))
+    f = get(d, "RK621")
+    assert f.category == "logits_memory" and "runs under no_grad" in f.evidence
+    assert "eval_accumulation_steps" in f.fix
+    assert f.config_patch == {"eval_accumulation_steps": 1}
+    assert "RK086" not in ids(d)  # no torch.no_grad() advice for a loop that has it
+
+
+@covers("RK621")
+def test_rk621_an_oom_at_the_evaluation_steps_of_a_llama_factory_run():
+    # https://github.com/hiyouga/LlamaFactory/issues/5419 (the reporter's words, verbatim): fine
+    # in training, an OOM as soon as eval_steps comes; the reporter's fix: eval_accumulation_steps 1
+    said = (
+        "LLaMA-Factory 0.8.3\n\n"
+        "训练时显存还是够用的，但是一到eval_step设置的步数就爆OOM了，这个问题持续很久了。\n"
+    )
+    f = top(run(said))
+    assert f.rule == "RK621" and f.category == "logits_memory"
+    assert f.config_patch == {"eval_accumulation_steps": 1}
+    # without the framework named, the evaluation reading is RK086's (a loop of unknown make)
+    assert "RK621" not in ids(run(said.split("\n\n", 1)[1]))

@@ -167,6 +167,7 @@ _MANAGED_EVAL_RE = re.compile(
     r"\bv_num=\d|^\s*Validating:|Validation DataLoader \d|\bpytorch_lightning\b|"
     r"\blightning/pytorch/|transformers/trainer\.py\S*\s+in\s+(?:evaluate|evaluation_loop|"
     r"prediction_step|predict)"
+    r"|(?i:\bllama-?factory\b)"  # its evaluation is the Trainer's own loop
 )
 _EVAL_PROSE_RE = re.compile(
     r"\beval(?:uation)?[ _-]mode\b|\.eval\(\)|\bself\.training\b|\b(?:in|into)\s+training\s+mode\b",
@@ -178,7 +179,7 @@ _EVAL_PROSE_RE = re.compile(
 _VALIDATION_PROSE_RE = re.compile(
     r"\b(?:in|during|after|at|upon|on|when|while|start of|the) (?:the |each |every )?"
     r"(?:validation|evaluation|eval|val|test)\b(?! or| and|/)"
-    r"|\b(?:validation|evaluation|eval|val) (?:step|phase|loop|stage|batch|epoch)"
+    r"|(?<![A-Za-z])(?:validation|evaluation|eval|val)[ _](?:steps?|phase|loop|stage|batch|epoch)"
     r"|\bwhen (?:validating|evaluating)|\b(?:validate|evaluate)\(\)"
     r"|(?:验证|评估|评测)(?:时|阶段|之后|后|过程)",  # at / in / after evaluation, in Chinese
     re.I,

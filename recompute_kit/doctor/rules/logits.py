@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...memory.estimate import loss_bytes
 from ..types import Context, Match
-from .memory import activation_split
+from .memory import EVAL_WORDS, HF_EVAL_FRAMES, HF_EVAL_LINE, activation_split
 from .nothing_fits import largest_at_full_recompute, lever_patch
 from .registry import all_frames, fact, gib, is_megatron, oom_errors, oom_where, rule, where_raised
 
@@ -285,3 +285,46 @@ def _vocab_blamed(ctx: Context) -> Match | None:
         "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
         "(a chunk count of 2 or more), or a smaller micro-batch",
     )
+
+
+@rule(
+    "RK621",
+    "The Trainer's evaluation loop keeps every batch's logits on the GPU",
+    "logits_memory",
+    symptom="An OOM in (or right at) evaluation of a Hugging Face Trainer / LLaMA-Factory run "
+    "that trains fine: the traceback runs through transformers/trainer.py's evaluation loop, or "
+    "the paste says the OOM comes at the evaluation steps",
+    cause="The Trainer's evaluation_loop runs under no_grad but gathers every batch's logits "
+    "([batch, sequence, vocabulary]) on the GPU until eval_accumulation_steps moves them to "
+    "the CPU (unset: never, until the evaluation ends)",
+    confirm="The memory climbs batch after batch during evaluation and falls after it; "
+    "eval_accumulation_steps: 1 keeps it flat",
+    fix="eval_accumulation_steps (1: move the predictions to the CPU after every batch), "
+    "preprocess_logits_for_metrics (keep the argmax, not the logits) or prediction_loss_only "
+    "(no predictions kept); a smaller per_device_eval_batch_size",
+    patch={"eval_accumulation_steps": 1},
+    refs=("https://github.com/huggingface/transformers/issues/12878",),
+    supersedes=("RK005", "RK087", "RK266", "RK170"),
+)
+def _trainer_eval_logits(ctx: Context) -> Match | None:
+    if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions")):
+        return None
+    where = " " + oom_where(ctx) + " " + all_frames(ctx)
+    hit = next((w for w in EVAL_WORDS if w in where), None)
+    frames = all_frames(ctx)
+    if hit is not None and "backward" not in where and any(t in frames for t in HF_EVAL_FRAMES):
+        return Match(
+            0.6,
+            f"The OOM is raised under '{hit.strip()}' in the Trainer's own evaluation loop, "
+            "which runs under no_grad: the logits it gathers across batches fill the GPU.",
+        )
+    prose = fact(ctx, "eval_memory_prose")
+    managed = [line for line in fact(ctx, "managed_eval_loop") or [] if HF_EVAL_LINE.search(line)]
+    if prose and managed and "backward" not in where:
+        return Match(
+            0.45,
+            f"The paste places the OOM in evaluation ('{prose[0]}') of a Trainer run "
+            f"('{managed[0]}'), whose evaluation loop gathers every batch's logits on the GPU "
+            "until eval_accumulation_steps moves them.",
+        )
+    return None

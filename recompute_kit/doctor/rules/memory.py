@@ -535,8 +535,12 @@ EVAL_WORDS = (
 )
 
 
-# Evaluation loops a trainer runs itself, under no_grad (transformers' Trainer, Lightning)
-_MANAGED_EVAL_FRAMES = ("transformers/trainer.py", "lightning/pytorch/loops", "pytorch_lightning/")
+# Evaluation loops a trainer runs itself, under no_grad (Lightning here; the Hugging Face
+# Trainer's, which gathers every batch's logits, is RK621's: rules/logits.py)
+_MANAGED_EVAL_FRAMES = ("lightning/pytorch/loops", "pytorch_lightning/")
+HF_EVAL_FRAMES = ("transformers/trainer.py",)
+# a managed-loop line (evidence/code.py) that is the Hugging Face Trainer's or LLaMA-Factory's
+HF_EVAL_LINE = re.compile(r"transformers/trainer\.py|llama-?factory", re.I)
 
 
 @rule(
@@ -564,6 +568,8 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     hit = next((w for w in EVAL_WORDS if w in where), None)
     if hit is not None and "backward" not in where:
         frames = all_frames(ctx)
+        if any(t in frames for t in HF_EVAL_FRAMES):
+            return None  # the Trainer's own loop: RK621
         if any(t in frames for t in _MANAGED_EVAL_FRAMES):
             # the Trainer's / Lightning's own loop, already under no_grad: what it gathers
             # across batches fills the GPU (the Trainer keeps every batch's predictions there
@@ -573,11 +579,9 @@ def _oom_in_eval(ctx: Context) -> Match | None:
                 f"The OOM is raised under '{hit.strip()}' in the trainer's own evaluation loop, "
                 "which runs under no_grad: what it keeps across batches (every batch's "
                 "predictions / logits, gathered on the GPU) is what fills it.",
-                fix="Hugging Face Trainer: eval_accumulation_steps (moves the predictions to the "
-                "CPU every N steps), preprocess_logits_for_metrics (keep argmax, not logits) or "
-                "prediction_loss_only; a smaller per_device_eval_batch_size; Lightning: return "
-                "only detached scalars from validation_step",
-                config_patch={"eval_accumulation_steps": 8},
+                fix="Lightning: return only detached scalars from validation_step (not the "
+                "outputs); a smaller validation batch",
+                config_patch={},
             )
         return Match(
             0.8,
@@ -589,6 +593,8 @@ def _oom_in_eval(ctx: Context) -> Match | None:
     if not prose or fact(ctx, "no_grad_code") or "backward" in where:
         return None
     managed = fact(ctx, "managed_eval_loop")
+    if managed and any(HF_EVAL_LINE.search(line) for line in managed):
+        return None  # the Trainer's own loop: RK621
     if managed:
         # Lightning / the Trainer run evaluation under no_grad themselves: not showing it
         # says nothing; what grows there is what the loop keeps across batches
