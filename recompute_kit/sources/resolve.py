@@ -255,6 +255,23 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
     return None
 
 
+LOG_HEAD_BYTES = 2**20  # Megatron prints its arguments at start-up
+
+
+def _read_head_of_a_log(path: Path) -> bytes | None:
+    """The head of a long training log that prints Megatron's arguments (all the reader takes
+    from it: the dump and the start-up lines), cut at a line; None for any other file."""
+    from . import megatron_dump
+
+    if path.stat().st_size <= LOG_HEAD_BYTES:
+        return None
+    with open(path, "rb") as handle:
+        head = handle.read(LOG_HEAD_BYTES)
+    head = head[: head.rfind(b"\n") + 1] or head
+    text = head.decode("utf-8", errors="replace")
+    return head if megatron_dump.sniff(text, str(path)) >= 85 else None
+
+
 def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
     """One input: a file (any known format) or a model id / registry name; `overrides`: the
     `key=value` items given after it (a NeMo-RL / Megatron-Bridge config's). A script given
@@ -286,7 +303,7 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
     looks_like_path = item.startswith(("/", ".", "~")) or item.lower().endswith(_FILE_SUFFIXES)
     if is_file:
         try:
-            data = path.read_bytes()
+            data = _read_head_of_a_log(path) or path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read {item}: {exc.strerror}") from None
         if not data.strip():

@@ -234,3 +234,20 @@ def test_two_whole_configs_of_one_kind_are_said_to_be_merged_as_one_run():
     assert any("2 inputs each write a whole model" in w for w in both.warnings)
     alone = resolve([str(arm)], require_shape=False).reading
     assert not any("write a whole model" in w for w in alone.warnings)
+
+
+def test_a_long_log_is_read_as_its_head(tmp_path, monkeypatch):
+    # The doctor reads a log that prints Megatron's arguments as its config; the reader takes
+    # the head (the dump and the start-up lines) of a long one, not the hours of iterations
+    import recompute_kit.sources.resolve as resolve_module
+
+    terminal = DATA / "launch" / "mlm525" / "terminal.txt"  # NVIDIA/Megatron-LM#525
+    head = terminal.read_text()
+    monkeypatch.setattr(resolve_module, "LOG_HEAD_BYTES", len(head.encode()) + 4096)
+    long_log = tmp_path / "train.log"
+    line = " iteration        1/  500000 | elapsed time per iteration (ms): 812.4 |\n"
+    long_log.write_text(head + line * 2000 + "\x00 binary tail the reader never sees\n")
+    short = resolve([str(terminal)], require_shape=False).reading
+    whole = resolve([str(long_log)], require_shape=False).reading
+    assert whole.format == short.format == megatron_dump.FORMAT
+    assert whole.values == short.values

@@ -215,10 +215,11 @@ def collect(
         or script_call(c)
         or (c != "-" and (is_launch_command(c) or Path(file_of(c)).stat().st_size))
     ]
-    if files:
-        # a log that prints Megatron's arguments prints the settings the run ran with: read
-        # after the config files, it wins over their defaults (the attention path, TE or not)
-        files += [log for log in logs if _prints_the_arguments(log)]
+    # a log that prints Megatron's arguments prints the settings the run ran with: read after
+    # the config files, it wins over their defaults (the attention path, TE or not); with no
+    # config file it is the config (a skill trial's log-only doctor missed the vocabulary the
+    # dump prints and read the OOM in the loss as the logits' fault)
+    files += [log for log in logs if _prints_the_arguments(log)]
     if files or model:  # (a model id alone gives the shape: a prose paste names its model)
         layout = _layout(evidence, overrides)
         read = _read_config_files(files, layout, model)
@@ -268,8 +269,10 @@ def _prints_the_arguments(log: str) -> bool:
 
     if log == "-" or not Path(log).is_file() or Path(log).stat().st_size > _DUMP_READ_BYTES:
         return False
+    from ...sources.resolve import LOG_HEAD_BYTES  # (what the reader reads of a long log)
+
     with open(log, encoding="utf-8", errors="replace") as handle:
-        head = handle.read(2_000_000)
+        head = handle.read(LOG_HEAD_BYTES)
     return megatron_dump.sniff(head, log) >= 85
 
 
