@@ -1141,7 +1141,20 @@ def apply_defaults(reading: Reading) -> None:
     d("attention_softmax_in_fp32", False, DEFAULT_WHERE)
     d("make_vocab_size_divisible_by", 128, DEFAULT_WHERE)
     # the default since core_r0.6.0; before it `local` (a 2023 checkout keeps the s x s
-    # attention scores where this estimate has a fused kernel): said in the note
+    # attention scores where this estimate has a fused kernel): said in the note, and aloud
+    # where the attention path is not set either (a skill trial's 2023 GPT-2 script was
+    # planned at 18.6 GiB with fused attention; it ran local and needed 32.7)
+    unset = all(
+        reading.origins.get(key) is None or reading.origins[key].kind == FROM_DEFAULT
+        for key in ("transformer_impl", "attention_backend")
+    )
+    if unset and v("seq_length") and v("num_attention_heads"):
+        reading.warnings.append(
+            "--transformer-impl not set: the estimate takes Megatron-LM's default since "
+            "core_r0.6.0, transformer_engine (fused attention); a checkout before it runs "
+            "local, unfused attention, which keeps the s x s scores of every layer (estimate "
+            "--attention unfused sizes it): --transformer-impl, or the run's log, says which"
+        )
     d(
         "transformer_impl",
         "transformer_engine",

@@ -251,3 +251,16 @@ def test_a_long_log_is_read_as_its_head(tmp_path, monkeypatch):
     whole = resolve([str(long_log)], require_shape=False).reading
     assert whole.format == short.format == megatron_dump.FORMAT
     assert whole.values == short.values
+
+
+def test_a_script_that_does_not_set_the_transformer_impl_says_the_default_aloud():
+    # NVIDIA/Megatron-LM#525's 2023 script sets neither --transformer-impl nor an attention
+    # backend: the estimate takes today's default (TE, fused attention) and says so; the run's
+    # own log (transformer_impl local) settles it and silences the warning
+    mlm525 = DATA / "launch" / "mlm525"
+    alone = resolve([str(mlm525 / "gpt2_755.sh")], require_shape=False)
+    (said,) = [w for w in alone.warnings if "--transformer-impl not set" in w]
+    assert "core_r0.6.0" in said and "--attention unfused" in said
+    both = resolve([str(mlm525 / "gpt2_755.sh"), str(mlm525 / "terminal.txt")])
+    assert not any("--transformer-impl not set" in w for w in both.warnings)
+    assert both.reading.get("transformer_impl") == "local"
