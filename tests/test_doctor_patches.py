@@ -436,3 +436,27 @@ def test_an_unknown_model_beside_the_config_still_reads_the_config(tmp_path: Pat
     d = diagnose(collect(logs=[str(OOM)], config=str(config), model="not-a-model"), None)
     assert (d.evidence.read or {}).get("framework") == "hf-trainer"
     assert any("--model not-a-model not applied" in n for n in d.evidence.notes)
+
+
+def test_a_memory_patch_that_frees_nothing_is_not_shown():
+    # NVIDIA/Megatron-LM#525 (tests/data/launch/mlm525, verbatim): an OOM in the loss. A skill
+    # trial was given --cross-entropy-loss-fusion, whose native implementation keeps the same
+    # fp32 tensors by the kit's own estimate (memory/estimate.py loss_bytes): TE's is the patch,
+    # and a patch that leaves the estimate where it is goes, with the reason said
+    import dataclasses
+
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.patches import check_patches
+
+    mlm525 = ROOT / "data" / "launch" / "mlm525"
+    evidence = collect(logs=[str(mlm525 / "terminal.txt")], config=str(mlm525 / "gpt2_755.sh"))
+    d = diagnose(evidence, 32)
+    f = finding(d, "RK012")
+    te = {"--cross-entropy-loss-fusion": True, "--cross-entropy-fusion-impl": "te"}
+    assert f.patch_keys == te
+    native = dataclasses.replace(
+        f, config_patch={"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
+    )
+    check_patches(build_context(evidence, 32), [native])
+    assert not native.patch_keys
+    assert "it frees nothing" in native.patch_check["harmful"]
