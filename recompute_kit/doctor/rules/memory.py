@@ -41,7 +41,7 @@ from .registry import (
 
 @rule(
     "RK010",
-    "Recompute more: activations dominate, or recompute makes the rank fit",
+    "Activations dominate: more recompute (or a smaller micro-batch) makes the rank fit",
     "activation_memory",
     symptom="OOM in training; the estimate puts activations above weights + gradients + "
     "optimizer states on the failing rank, or the current setting does not fit the GPU and a "
@@ -50,8 +50,9 @@ from .registry import (
     "length, micro-batch and parallel layout",
     confirm="recompute-kit estimate --config CONFIG --recompute CURRENT NEXT shows the peak "
     "per setting; recompute-kit plan --gpu-memory-gb X ranks what fits",
-    fix="Apply the next recompute step (config_patch); the planner's choice when the GPU "
-    "size is known",
+    fix="Apply the cheapest step that fits (config_patch): the next recompute setting, or a "
+    "smaller micro-batch where that costs less (plan --levers prices both); the planner's "
+    "choice when the GPU size is known",
     refs=("arXiv:2205.05198",),
     supersedes=("RK005",),
 )
