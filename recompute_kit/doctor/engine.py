@@ -401,14 +401,22 @@ def _the_run_steps(ctx: Context, findings: list[Finding]) -> None:
     sample, batches padded shorter; an assumed input). Those findings say so and stay possible."""
     if not steps_without_oom(ctx):
         return
+    _only_possible(
+        findings,
+        _PREDICTS_NO_FIT,
+        0.4,
+        " But the log shows the run stepping without an OOM: the estimate is above what it "
+        "holds (the sequence length read is the longest a sample may have; batches padded to "
+        "their own longest are shorter), so this is an upper bound.",
+    )
+
+
+def _only_possible(findings: list[Finding], rules: tuple[str, ...], cap: float, why: str) -> None:
+    """The findings of `rules` stay possible, at most `cap`, and say `why`."""
     for f in findings:
-        if f.rule in _PREDICTS_NO_FIT:
-            f.confidence = round(min(f.confidence, 0.4), 2)
-            f.evidence += (
-                " But the log shows the run stepping without an OOM: the estimate is above what "
-                "it holds (the sequence length read is the longest a sample may have; batches "
-                "padded to their own longest are shorter), so this is an upper bound."
-            )
+        if f.rule in rules:
+            f.confidence = round(min(f.confidence, cap), 2)
+            f.evidence += why
 
 
 # The default readings (rules/fallback.py): a knob of the step's own memory set the peak
@@ -428,17 +436,16 @@ def _the_estimate_fits(ctx: Context, findings: list[Finding]) -> None:
     peak = est.total_with_overheads_bytes or est.total_bytes
     if peak >= FITS_SHARE * gpu:
         return
-    for f in findings:
-        if f.rule in _DEFAULT_READINGS:
-            f.confidence = round(min(f.confidence, 0.2), 2)
-            f.evidence += (
-                f" But the estimate of this step as configured is {peak / GIB:.1f} GiB of the "
-                f"{gpu / GIB:.1f} GiB GPU: the settings read do not explain an OOM by "
-                "themselves. What the estimate does not size is more likely: an inference "
-                "engine or another process on the GPU, longer samples than the cap read, "
-                "another pass (evaluation, log-probabilities, generation); the OOM message "
-                "says which."
-            )
+    _only_possible(
+        findings,
+        _DEFAULT_READINGS,
+        0.2,
+        f" But the estimate of this step as configured is {peak / GIB:.1f} GiB of the "
+        f"{gpu / GIB:.1f} GiB GPU: the settings read do not explain an OOM by themselves. What "
+        "the estimate does not size is more likely: an inference engine or another process on "
+        "the GPU, longer samples than the cap read, another pass (evaluation, "
+        "log-probabilities, generation); the OOM message says which.",
+    )
 
 
 def _the_request_is_not_this_step(ctx: Context, findings: list[Finding]) -> None:
@@ -461,16 +468,15 @@ def _the_request_is_not_this_step(ctx: Context, findings: list[Finding]) -> None
     )
     if oom.requested_bytes <= 1.5 * largest:
         return
-    for f in findings:
-        if f.rule in _PREDICTS_NO_FIT:
-            f.confidence = round(min(f.confidence, 0.5), 2)
-            f.evidence += (
-                f" But the failed request, {oom.requested_bytes / GIB:.2f} GiB, is larger than "
-                f"any one tensor of the step this config describes (the largest, "
-                f"{largest / GIB:.2f} GiB, counts a whole model-state term as one buffer): the "
-                "run that failed is not the one the config describes, or something outside the "
-                "training step asked for it."
-            )
+    _only_possible(
+        findings,
+        _PREDICTS_NO_FIT,
+        0.5,
+        f" But the failed request, {oom.requested_bytes / GIB:.2f} GiB, is larger than any one "
+        f"tensor of the step this config describes (the largest, {largest / GIB:.2f} GiB, "
+        "counts a whole model-state term as one buffer): the run that failed is not the one "
+        "the config describes, or something outside the training step asked for it.",
+    )
 
 
 def _where_is_not_why(ctx: Context, findings: list[Finding]) -> None:
