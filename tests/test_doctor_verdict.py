@@ -146,6 +146,19 @@ def test_oom_numbers_decide_only_the_cause_they_show(tmp_path):
     shown, decisive = kinds(OTHER_PROCESS)
     assert "oom:other_processes" in decisive and decides("other_processes", shown)
     assert not decides("fragmentation", shown)
+    # PyTorch >= 2.1 counts this process whole ("this process has"): what it holds beyond its
+    # allocator is its own (outside the allocator), what is neither free nor it another's.
+    # The message as c10/cuda/CUDACachingAllocator.cpp words it, with these sizes:
+    whole = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 1.00 GiB is free. Including non-PyTorch memory, "
+        "this process has 78.00 GiB memory in use. Of the allocated memory 57.00 GiB is "
+        "allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated.\n"
+    )
+    assert "oom:non_pytorch_memory" in kinds(whole)[0]
+    others = whole.replace("this process has 78.00 GiB", "this process has 58.10 GiB")
+    assert "oom:other_processes" in kinds(others)[0]
+    assert "oom:non_pytorch_memory" not in kinds(others)[0]
 
 
 def test_every_category_has_what_decides_it_and_what_to_collect():

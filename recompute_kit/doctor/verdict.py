@@ -164,11 +164,17 @@ def oom_shows(oom) -> str | None:
     slack = reserved_unallocated(oom)
     if slack and fragmentation_worth_the_name(slack, req, total):
         return "fragmentation"
-    elsewhere = max(oom.other_processes_bytes or 0, oom.held_elsewhere_bytes or 0)
+    if oom.process_bytes is not None and oom.free_bytes is not None:  # 2.1+: this process whole
+        elsewhere = oom.other_processes_bytes or total - oom.free_bytes - oom.process_bytes
+    else:  # <= 2.0: all but PyTorch's reserved memory
+        elsewhere = max(oom.other_processes_bytes or 0, oom.held_elsewhere_bytes or 0)
     if elsewhere >= max(req, 0.1 * total):
         return "other_processes"
-    if oom.process_bytes is not None and oom.reserved_bytes is not None:
-        outside = oom.process_bytes - oom.reserved_bytes
+    pytorch = oom.reserved_bytes  # <= 2.0's "reserved in total"; 2.1+ gives its two parts
+    if pytorch is None and oom.allocated_bytes is not None:
+        pytorch = oom.allocated_bytes + (slack or 0)
+    if oom.process_bytes is not None and pytorch is not None:
+        outside = oom.process_bytes - pytorch
         if outside >= max(req, 0.1 * total):
             return "non_pytorch_memory"
     return None
