@@ -452,6 +452,9 @@ def test_a_memory_patch_that_frees_nothing_is_not_shown():
     evidence = collect(logs=[str(mlm525 / "terminal.txt")], config=str(mlm525 / "gpt2_755.sh"))
     d = diagnose(evidence, 32)
     f = finding(d, "RK012")
+    # the logits as the loss holds them: the padded vocabulary (the OOM asked 786.00 MiB)
+    assert "4096 tokens x 50304 vocabulary (the 50257 padded" in f.evidence
+    assert "one fp32 copy of the logits is 786.00 MiB" in f.evidence
     te = {"--cross-entropy-loss-fusion": True, "--cross-entropy-fusion-impl": "te"}
     assert f.patch_keys == te
     native = dataclasses.replace(

@@ -5,7 +5,7 @@ their fix in the run's own keys.
 
 from __future__ import annotations
 
-from ...memory.estimate import loss_bytes
+from ...memory.estimate import logits_columns, loss_bytes
 from ..types import Context, Match
 from .memory import EVAL_WORDS, HF_EVAL_FRAMES, HF_EVAL_LINE, activation_split
 from .nothing_fits import largest_at_full_recompute, lever_patch
@@ -36,7 +36,10 @@ def _logits(ctx: Context) -> Match | None:
     if ctx.oom_stage is not None and ctx.oom_stage != last:
         return None  # the OOM's rank is on an earlier pipeline stage: no logits there
     tokens = m.seq_length * m.micro_batch_size // p.context_parallel_size
-    logits = 4 * tokens * m.vocab_size / p.tensor_model_parallel_size  # one fp32 copy
+    columns = logits_columns(m, p)  # the vocabulary over TP, padded where Megatron pads it
+    logits = 4 * tokens * columns  # one fp32 copy
+    vocab = round(columns * p.tensor_model_parallel_size)
+    padded = f" (the {m.vocab_size} padded as Megatron pads it)" if vocab != m.vocab_size else ""
     oom = ctx.oom
     # a fused linear cross-entropy outside Megatron (Liger, TRL's chunked_nll, torchtitan's
     # ChunkedLossWrapper) never makes the whole logits: a request of that size is another
@@ -55,7 +58,7 @@ def _logits(ctx: Context) -> Match | None:
     if not hit and held < 0.15 * ctx.gpu_bytes:
         return None
     said = (
-        f"The logits and loss of {tokens} tokens x {m.vocab_size} vocabulary keep "
+        f"The logits and loss of {tokens} tokens x {vocab} vocabulary{padded} keep "
         f"{gib(saved)} per rank for backward and {gib(held)} at their peak (the estimate's "
         f"loss term; one fp32 copy of the logits is {gib(logits)})."
     )
