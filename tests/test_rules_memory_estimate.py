@@ -291,6 +291,11 @@ def test_an_oom_in_the_loss_follows_the_layers_activations_that_filled_the_gpu()
         logits = [f for f in d.findings if f.category == "logits_memory"]
         assert logits and all("the layers' activations are why" in f.evidence for f in logits)
         assert d.evidence.read["config"]["attention_backend"] == "unfused"
+        # no iteration finished: the OOM came in the first step, before Adam's moments
+        # (2 x 4 B x 771M parameters = 5.75 GiB) existed (a skill trial: "11.49 GiB of model
+        # states" was said for a rank that held 5.75)
+        f = next(f for f in d.findings if f.rule == "RK010")
+        assert "Adam's moments (5.75 GiB) did not exist yet" in f.evidence
 
 
 def test_a_smaller_micro_batch_that_fits_at_no_cost_leads_the_recompute_step():

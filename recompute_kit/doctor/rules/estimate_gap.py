@@ -15,7 +15,7 @@ import math
 
 from ...memory.estimate import estimate
 from ..types import GIB, Context, Match
-from .registry import candidate_patch, candidate_spec, gib, rule
+from .registry import candidate_patch, candidate_spec, gib, moments_before_first_step, rule
 
 GAP_FLOOR = 2 * GIB  # below this (or 10% of the estimate) the gap is within the estimate's error
 GAP_SHARE = 0.10
@@ -26,9 +26,9 @@ def _before_first_step(ctx: Context) -> str:
     """A caveat where the log shows no iteration: Adam's two moments (two thirds of the
     optimizer's 12 bytes per parameter) are made at the first optimizer step, so an OOM before
     it held less than the estimate counts and the gap is larger by up to that much."""
-    if ctx.evidence.iterations or ctx.estimate is None or not ctx.estimate.optimizer_bytes:
+    moments = moments_before_first_step(ctx)
+    if not moments:
         return ""
-    moments = ctx.estimate.optimizer_bytes * 2 // 3
     return (
         f" The log shows no finished iteration: if the OOM came before the first optimizer "
         f"step, Adam's moments ({gib(moments)}) did not exist yet and the gap is larger by up "

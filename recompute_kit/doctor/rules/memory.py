@@ -26,6 +26,7 @@ from .registry import (
     fact,
     gib,
     is_megatron,
+    moments_before_first_step,
     more_recompute_patch,
     next_step,
     oom_errors,
@@ -123,6 +124,13 @@ def _activations(ctx: Context) -> Match | None:
             f"weights, gradients and optimizer states, activations peaking at "
             f"{gib(e.peak_activation_bytes)}) against the {gib(ctx.gpu_bytes)} GPU; "
             f"recompute closes the gap."
+        )
+    moments = moments_before_first_step(ctx)
+    if moments:
+        said += (
+            f" The log shows no finished iteration: if the OOM came before the first optimizer "
+            f"step, Adam's moments ({gib(moments)}) did not exist yet, and the states held "
+            f"{gib(state - moments)} at the failure."
         )
     if predicted:
         said += (

@@ -323,6 +323,16 @@ def before_first_step(ctx: Context) -> bool:
     return bool(_SETUP_FRAME.search(frames)) and not _STEP_FRAME.search(frames)
 
 
+def moments_before_first_step(ctx: Context) -> int:
+    """Adam's two moments (two thirds of the optimizer's 12 bytes per parameter) where an OOM
+    came with no finished iteration in the log: torch's Adam makes them at the first optimizer
+    step, so an OOM before it held that much less than the estimate counts; 0 otherwise."""
+    e = ctx.estimate
+    if ctx.evidence.iterations or e is None or not e.optimizer_bytes or ctx.oom is None:
+        return 0
+    return e.optimizer_bytes * 2 // 3
+
+
 _MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
 
 
@@ -428,3 +438,4 @@ def expandable_on(ctx: Context) -> bool:
         key.endswith("ALLOC_CONF") and "expandable_segments:True" in value.replace(" ", "")
         for key, value in ctx.evidence.env.items()
     )
+
