@@ -25,7 +25,7 @@ from .rules.memory import activation_split
 from .rules.registry import fact, oom_errors, steps_without_oom
 from .symptoms import explaining
 from .symptoms import rank as rank_by_symptom
-from .types import GIB, SHAPE_KEYS, Context, Diagnosis, Finding
+from .types import GIB, MEMORY_CATEGORIES, SHAPE_KEYS, Context, Diagnosis, Finding
 from .verdict import decides, judge, present
 
 
@@ -319,7 +319,6 @@ def _stated_readings(ctx: Context, findings: list[Finding], stated: list[str]) -
     return out
 
 
-MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")
 
 
 def _fragmentation_slack(ctx: Context) -> int | None:

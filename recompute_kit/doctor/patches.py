@@ -50,8 +50,8 @@ from .patch_keys import (
     PATCH_KEYS,
 )
 from .rules.logits import trl_sft
-from .rules.registry import estimate_with
-from .types import GIB, Context, Finding
+from .rules.registry import MEGATRON_RUNS, estimate_with
+from .types import GIB, MEMORY_CATEGORIES, Context, Finding
 
 
 def check_patches(ctx: Context, findings: list[Finding]) -> None:
@@ -228,7 +228,7 @@ def _check(
     # Megatron's native fused loss keeps the same fp32 tensors as the unfused one
     # (memory/estimate.py loss_bytes): the fusion that frees memory is TE's
     if (
-        framework in _ESTIMATED_AS_WRITTEN
+        framework in MEGATRON_RUNS
         and patch.get("cross_entropy_loss_fusion") is True
         and current.get("cross_entropy_loss_fusion") is not True  # (a run that fuses: as is)
         and "cross_entropy_fusion_impl" not in patch
@@ -355,7 +355,7 @@ def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, d
     elif (
         f.category in _FREES_MEMORY
         and ctx.evidence.read is not None
-        and (ctx.evidence.read.get("framework") or "") in _ESTIMATED_AS_WRITTEN
+        and (ctx.evidence.read.get("framework") or "") in MEGATRON_RUNS
         and after is not None
         and after >= before - 2**20
     ):
@@ -370,14 +370,8 @@ def _memory(ctx: Context, f: Finding, patch: dict, current: dict, check: dict, d
 
 
 _HEADROOM = "spends the GPU's unused memory on speed"
-# frameworks whose keys the estimator models as they are (elsewhere a key stands for the
-# framework's own mechanism: Liger for the Trainer, chunked log-probs for NeMo-RL)
-_ESTIMATED_AS_WRITTEN = {"megatron-lm", "megatron-core", "megatron-bridge", "nemo2", "nemo1"}
 # the categories whose patches are there to lower the peak
-_FREES_MEMORY = {
-    "activation_memory", "model_state_memory", "logits_memory", "genuine_pressure",
-    "allocation_exceeds_device",
-}
+_FREES_MEMORY = {*MEMORY_CATEGORIES, "allocation_exceeds_device"}
 
 
 def _spends_headroom(ctx: Context, f: Finding, after: int | None) -> bool:

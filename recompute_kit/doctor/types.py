@@ -16,6 +16,8 @@ from ..memory.estimate import Estimate
 from .evidence import Evidence, OOMEvent
 
 GIB = 2**30
+# The categories that say which memory fills the GPU (the engine's reconciliation, patches)
+MEMORY_CATEGORIES = ("activation_memory", "model_state_memory", "logits_memory", "genuine_pressure")
 # The keys without which no memory estimate is worth making.
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 

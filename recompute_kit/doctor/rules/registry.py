@@ -333,7 +333,7 @@ def moments_before_first_step(ctx: Context) -> int:
     return e.optimizer_bytes * 2 // 3
 
 
-_MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
+MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
 
 
 def is_megatron(ctx: Context) -> bool:
@@ -341,7 +341,7 @@ def is_megatron(ctx: Context) -> bool:
     config files, else from the config's keys or the frames. (The reader writes every config
     in Megatron-Core's field names, so its keys say nothing of the framework.)"""
     read = ctx.evidence.read or {}
-    if read.get("framework") in _MEGATRON_RUNS:
+    if read.get("framework") in MEGATRON_RUNS:
         return True
     if read.get("framework") in ("hf-trainer", "torchtitan"):
         return False
