@@ -46,7 +46,13 @@ from ..runstats import RERUN
 from ..sources.reading import FROM_ASSUMED, MEMORY_KEYS
 from ..sources.semantics import CANNOT_RUN
 from .rules.allocator import fragmentation_worth_the_name, reserved_unallocated
-from .rules.registry import expandable_on, fact, oom_errors, steps_without_oom
+from .rules.registry import (
+    expandable_on,
+    fact,
+    oom_errors,
+    outside_this_process,
+    steps_without_oom,
+)
 from .types import Context, Finding
 
 DIAGNOSED_AT = 0.85  # the calibrated confidence a diagnosed verdict needs
@@ -164,11 +170,7 @@ def oom_shows(oom) -> str | None:
     slack = reserved_unallocated(oom)
     if slack and fragmentation_worth_the_name(slack, req, total):
         return "fragmentation"
-    if oom.process_bytes is not None and oom.free_bytes is not None:  # 2.1+: this process whole
-        elsewhere = oom.other_processes_bytes or total - oom.free_bytes - oom.process_bytes
-    else:  # <= 2.0: all but PyTorch's reserved memory
-        elsewhere = max(oom.other_processes_bytes or 0, oom.held_elsewhere_bytes or 0)
-    if elsewhere >= max(req, 0.1 * total):
+    if (outside_this_process(oom) or 0) >= max(req, 0.1 * total):
         return "other_processes"
     pytorch = oom.reserved_bytes  # <= 2.0's "reserved in total"; 2.1+ gives its two parts
     if pytorch is None and oom.allocated_bytes is not None:

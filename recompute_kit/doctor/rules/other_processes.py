@@ -6,7 +6,7 @@ processes itself: rules/allocator.py (RK002) reads that.
 from __future__ import annotations
 
 from ..types import GIB, Context, Match
-from .registry import fact, gib, oom_errors, rule
+from .registry import fact, gib, oom_errors, outside_this_process, rule
 
 
 @rule(
@@ -34,7 +34,7 @@ def _held_elsewhere(ctx: Context) -> Match | None:
         return None  # the 2.1+ message itemises them; RK002 reads it
     unlisted = oom.process_bytes is not None
     if unlisted:  # 2.1+: this process is counted whole (RK003 reads its non-PyTorch part)
-        held = total - oom.free_bytes - oom.process_bytes
+        held = outside_this_process(oom)
     # A desktop GPU's display and CUDA context take a few hundred MiB: not what is meant.
     if held < 0.25 * total or held < max(oom.requested_bytes or 0, int(1.5 * GIB)):
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ..types import GIB, Context, Match
-from .registry import fact, gib, oom_errors, rule
+from .registry import fact, gib, oom_errors, outside_this_process, rule
 
 MIB = 2**20
 # A CUDA context is ~300-500 MiB per process and device on CUDA >= 11.7 (lazy loading), over
@@ -142,7 +142,7 @@ def _inference_engine(ctx: Context) -> Match | None:
         "rollouts."
     )
     messages = " ".join([ctx.text, oom.line if oom else ""]).lower()
-    outside = _outside_this_process(oom)
+    outside = outside_this_process(oom)
     if isinstance(util, float) and outside and oom.total_bytes:
         share = util * oom.total_bytes
         if abs(outside - share) <= 0.15 * share:
@@ -167,18 +167,6 @@ def _inference_engine(ctx: Context) -> Match | None:
             config_patch=patch,
         )
     return Match(0.8, f"{where}.{numbers}{trade}", config_patch=patch)
-
-
-def _outside_this_process(oom) -> int | None:
-    """What an OOM message shows held on the GPU outside this process: the other processes it
-    lists, or (2.1+, none listed) what is neither free nor this process's."""
-    if oom is None or not oom.total_bytes or oom.free_bytes is None:
-        return None
-    if oom.other_processes_bytes:
-        return oom.other_processes_bytes
-    if oom.process_bytes is not None:
-        return oom.total_bytes - oom.free_bytes - oom.process_bytes
-    return oom.held_elsewhere_bytes
 
 
 def _beside_the_step(ctx: Context, util: object) -> str:

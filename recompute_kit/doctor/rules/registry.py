@@ -266,6 +266,21 @@ def assume(ctx: Context, words: str) -> None:
         ctx.assumptions.append(words)
 
 
+def outside_this_process(oom) -> int | None:
+    """What an OOM message shows held on the GPU outside this process: the other processes it
+    lists, or (PyTorch >= 2.1, which counts this process whole, none listed) what is neither
+    free nor this process's, or (<= 2.0) all but PyTorch's reserved memory."""
+    if oom is None or not oom.total_bytes:
+        return None
+    if oom.other_processes_bytes:
+        return oom.other_processes_bytes
+    if oom.free_bytes is None:
+        return None
+    if oom.process_bytes is not None:
+        return oom.total_bytes - oom.free_bytes - oom.process_bytes
+    return oom.held_elsewhere_bytes
+
+
 def oom_errors(ctx: Context):
     return [
         e
