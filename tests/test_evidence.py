@@ -425,3 +425,17 @@ def test_a_lone_process_entry_is_this_process():
     event = parse_oom(two)[0]
     assert event.process_bytes is None
     assert event.other_processes_bytes == nbytes(24.15, GiB) + nbytes(522.00, MiB)
+
+
+def test_a_flag_in_a_markdown_code_span_takes_only_the_spans_words():
+    from recompute_kit.doctor.evidence.pasted import parse_pasted_settings
+
+    # https://github.com/NVIDIA/Megatron-LM/pull/403 (the PR's text, verbatim): prose around
+    # code spans is not the flags' values, and a value flag alone in a span sets nothing
+    flat = parse_pasted_settings(
+        "In the new `TransformerConfig`, when `--recompute-granularity` is set, it is checked "
+        "whether `--recompute-method` is in allowed the values and not `None`. However, when "
+        "`--recompute-granularity selective` is used, `--recompute-method` _must not_ be set "
+        "(i.e. it must be `None`) according to `megatron/arguments.py`."
+    )
+    assert flat == {"recompute_granularity": "selective"}

@@ -385,3 +385,26 @@ def test_a_request_larger_than_any_tensor_of_the_step_keeps_the_estimate_possibl
     assert plausible.confidence > 0.5 and "is larger than any one tensor" not in plausible.evidence
     alien = rk010("40.00")
     assert alien.confidence <= 0.5 and "is larger than any one tensor" in alien.evidence
+
+
+# https://github.com/NVIDIA/Megatron-LM/issues/818: Llama-3 8B flags pasted from the issue
+# (one GPU, no --tensor-model-parallel-size, no --bf16, no distributed optimizer); the GPU's
+# size is in no input
+_LLAMA3_8B_FLAGS = (
+    "--use-mcore-models\n--seq-length 8192\n--num-layers 32\n--hidden-size 4096\n"
+    "--ffn-hidden-size 14336\n--num-attention-heads 32\n--swiglu\n"
+    "--untie-embeddings-and-output-weights\n--no-position-embedding\n"
+    "--use-rotary-position-embeddings\n--max-position-embeddings 8192\n"
+    "--normalization 'RMSNorm'\n--tokenizer-type 'HuggingFaceTokenizer'\n"
+)
+
+
+def test_rk011_without_a_gpu_size_fires_when_the_states_exceed_any_common_gpu():
+    d = run("", config=_LLAMA3_8B_FLAGS, config_name="flags.sh")
+    f = _finding(d, "RK011")
+    # fp32 weights and gradients (4 + 4 bytes) and Adam's two moments (8): ~120 GiB per rank
+    assert "of an A100/H100 (no input gives the GPU's size)" in f.evidence
+    assert f.category == "model_state_memory"
+    # a model whose states fit an 80 GiB GPU says nothing without the GPU's size
+    small = _LLAMA3_8B_FLAGS.replace("--num-layers 32", "--num-layers 4")
+    assert "RK011" not in [g.rule for g in run("", config=small, config_name="flags.sh").findings]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .arg_dump import _ARG_RE, parse_arg_dump
+from .megatron_lm import VALUE_FLAGS
 from .text import _DOTTED, clean_line
 from .values import (
     _CONFIG_KEY_SET,
@@ -204,6 +205,8 @@ def _parse_command_line(
                     i += 1
             if not eq and _mentioned_in_prose(name, values):
                 continue  # "--checkpoint-activations is no longer valid, use ...": words
+            if not eq and not values and f"--{name}" in VALUE_FLAGS:
+                continue  # "`--recompute-method` must not be set": a flag that takes a value
             _assign_flag(out, name, values)
             continue
         m = _HYDRA_RE.match(token)

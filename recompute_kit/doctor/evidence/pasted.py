@@ -150,7 +150,11 @@ def _unquote(line: str) -> str:
     spans (`--gradient_checkpointing`) read as flags."""
     if (m := _SHELL_ASSIGN_RE.match(line)) is not None:
         return m.group(2)
-    return line.replace("`", " ") if "`" in line else line
+    if "`" not in line:
+        return line
+    # each code span is a command of its own: its flag's values end where the span does
+    # ("when `--recompute-granularity selective` is used": selective, not "is used")
+    return line.replace("`", " ; ") if line.count("`") % 2 == 0 else line.replace("`", " ")
 
 
 def _yaml_blocks(lines: list[str]) -> list[list[str]]:

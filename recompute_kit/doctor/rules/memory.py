@@ -267,22 +267,31 @@ _MODEL_STATES_FIX = (
 )
 def _model_states(ctx: Context) -> Match | None:
     e = ctx.estimate
-    if e is None or not ctx.gpu_bytes:
+    if e is None:
         return None
     state = e.model_state_bytes
-    share = state / ctx.gpu_bytes
+    gpu = ctx.gpu_bytes
+    if not gpu and state >= COMMON_GPU_BYTES:  # no GPU size given: above any common GPU
+        gpu = COMMON_GPU_BYTES
+    if not gpu:
+        return None
+    share = state / gpu
     if share < 0.6:
         return None
     # When the whole estimate fits, model states explain the memory but not the OOM; when
     # nothing fits, they lead only if they are the largest term left at full recompute.
-    explains_oom = e.total_bytes > 0.95 * ctx.gpu_bytes
+    explains_oom = e.total_bytes > 0.95 * gpu
     largest = largest_at_full_recompute(ctx)
     if largest is not None and largest[0] != "states":
         explains_oom = False
     said = (
         f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
         f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "
-        f"{gib(ctx.gpu_bytes)} GPU."
+        f"{gib(gpu)} GPU."
+        if ctx.gpu_bytes
+        else f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
+        f"states {gib(e.optimizer_bytes)} per rank ({gib(state)}) are more than the "
+        f"{gib(gpu)} of an A100/H100 (no input gives the GPU's size)."
     )
     conf = (0.85 if explains_oom else 0.5) if ctx.oom else 0.45
     oom = ctx.oom
