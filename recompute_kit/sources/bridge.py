@@ -250,9 +250,14 @@ def sniff(text: str, path: str) -> int:
         if re.search(r"^\s*\w+\.(model|train|ddp|optimizer|dataset)\.\w+\s*=", text, re.M):
             return 60
         return 0
-    if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and re.search(
+    overrides = re.search(
         r"(^|\s)[+~]?(model|train|dataset|ddp|optimizer|dist|mixed_precision)\.\w+=", text
-    ):
+    )
+    if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and overrides:
+        return 85
+    # Megatron-Bridge's example scripts (examples/models/*/finetune_<model>.py): a YAML of
+    # overrides by --config-file, then Hydra-style overrides on the command line
+    if re.search(EXAMPLE_SCRIPT, text) and (overrides or "--config-file" in text):
         return 85
     if low.endswith((".yaml", ".yml", ".json")):
         score = 0
@@ -272,6 +277,9 @@ def sniff(text: str, path: str) -> int:
     if re.search(r"(^|\s)[+~]?model\.\w+=", text):
         return 40
     return 0
+
+
+EXAMPLE_SCRIPT = r"\b(?:pretrain|finetune)_(\w+)\.py\b"
 
 
 def json_sections(text: str) -> bool:

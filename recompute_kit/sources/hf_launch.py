@@ -33,7 +33,10 @@ _LAUNCHER = re.compile(
 # a script run by plain python (HF's examples: `python run_clm.py --model_name_or_path ...`):
 # one process, which the Trainer spreads over every visible GPU with DataParallel
 _PLAIN_PYTHON = re.compile(r"(?m)^[^#\n]*\bpython3?\s+(?!-m\b)\S+\.py\b")
-_NOT_OURS = re.compile(r"\bpretrain_\w+\.py\b|\btorchtitan\b|--num-layers\b|--hidden-size\b")
+# (`--config-file`: Megatron-Bridge's and NeMo's example scripts; TRL's is `--config`)
+_NOT_OURS = re.compile(
+    r"\bpretrain_\w+\.py\b|\btorchtitan\b|--num-layers\b|--hidden-size\b|--config-file\b"
+)
 _TRAINER_ARGS = re.compile(r"--(?:model_name_or_path|per_device_train_batch_size|deepspeed)\b")
 _CONFIG_ARG = re.compile(r"\S+\.(?:ya?ml|json)\b")
 # `NPROC_PER_NODE=8 NNODES=2 llamafactory-cli train cfg.yaml` (also exported before it)

@@ -16,6 +16,7 @@ import yaml
 from ..config import ConfigError
 from .bridge import (
     BRIDGE,
+    EXAMPLE_SCRIPT,
     ON_RECIPE,
     UNKNOWN_RECIPE,
     Entry,
@@ -184,6 +185,8 @@ def read(text: str, path: str) -> Reading:
     pos = 0
     world: dict[str, tuple[int, int, str]] = {}
     recipe: str | None = None
+    config_file: tuple[str, int] | None = None  # an example script's --config-file YAML
+    script: tuple[str, str, int] | None = None  # (model part of its name, the word, line)
     i = 0
     while i < len(words):
         w = words[i]
@@ -215,6 +218,13 @@ def read(text: str, path: str) -> Reading:
             else:
                 section, key = SHORTHANDS[opt].split(".")
                 entries.append(Entry(section, key, _value(raw), line, opt))
+        elif opt in ("--config-file", "--config_file") and (inline if eq else nxt):
+            line, pos = _line_of(text, w, pos)
+            config_file = (inline if eq else nxt, line)
+            i += 0 if eq else 1
+        elif (m := re.search(EXAMPLE_SCRIPT, w)) is not None and script is None:
+            line, pos = _line_of(text, w, pos)
+            script = (m.group(1), w, line)
         elif _WHOLE_PRECISION.match(w):
             # `mixed_precision=bf16_with_mxfp8_mixed`: the ConfigContainer's field set to a
             # named MixedPrecisionConfig (training/mixed_precision.py), as Bridge's docs map
@@ -252,7 +262,13 @@ def read(text: str, path: str) -> Reading:
         i += 1
     parsed = bool(entries)  # before the length overrides Megatron-Bridge resets are dropped
     entries = _the_length_that_runs(entries, reading, path, "run_recipe.py" in text)
-    apply_entries(reading, entries, path)
+    if config_file is not None:
+        reading = _with_config_file(reading, *config_file, path)
+    apply_entries(reading, entries, path)  # the command's overrides win over the YAML's
+    if script is not None and recipe is None:
+        name, word, line = script
+        origin = Origin(FROM_FILE, f"{path}:{line}", word, "the example script's name")
+        set_model_name(reading, name, origin)
     if world:
         n = world.get("nproc_per_node")
         m = world.get("nnodes", (1, 0, ""))
@@ -271,7 +287,32 @@ def read(text: str, path: str) -> Reading:
         raise ConfigError(f"{path}: no Megatron-Bridge overrides (key=value) found")
     else:
         reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
+    if script is not None and recipe is None:  # the recipe is the one the script builds
+        reading.format = f"Megatron-Bridge {script[1]} command line (overrides on its recipe)"
     return reading
+
+
+def _with_config_file(reading: Reading, name: str, line: int, path: str) -> Reading:
+    """The YAML an example script's `--config-file` names, read from beside the command's file
+    (Megatron-Bridge merges it on the recipe, then the command's overrides on it); where it is
+    not there, a warning that says how to give it."""
+    from pathlib import Path
+
+    from .bridge import read_yaml
+
+    file = Path(name) if Path(name).is_absolute() else Path(path).parent / name
+    if not file.is_file():
+        reading.warnings.append(
+            f"{path}:{line}: --config-file {name}: not found beside this file; its values are "
+            f"not read (give it too, before the command: recompute-kit read {name} {path})"
+        )
+        return reading
+    base = read_yaml(file.read_text(encoding="utf-8"), str(file))
+    base.warnings += reading.warnings
+    base.unused.update(reading.unused)
+    for key, value in reading.values.items():
+        base.set(key, value, reading.origins[key])
+    return base
 
 
 # the one ConfigContainer field an override sets whole, to a preset's name

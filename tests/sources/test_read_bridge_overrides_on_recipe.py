@@ -149,3 +149,45 @@ def test_a_named_precision_override_and_bridge_0_5s_full_iteration_graph_are_rea
     old = dataclasses.replace(cfg, megatron_core_version="0.16")
     with pytest.raises(ConfigError, match="spells it cuda_graph_impl local"):
         old.validate()
+
+
+# Megatron-Bridge 067f987's examples/models/qwen/qwen3_next/finetune_qwen3_next_80b_a3b.py
+# docstring commands and conf/qwen3_next_80b_a3b_finetune_override_example.yaml (cut), verbatim:
+# https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/067f987df03b8355b03192d88d70f1709fedf51a/examples/models/qwen/qwen3_next
+EXAMPLE_CLI = (
+    "torchrun --nproc_per_node=8 finetune_qwen3_next_80b_a3b.py "
+    "model.tensor_model_parallel_size=4 train.train_iters=100000\n"
+)
+EXAMPLE_YAML_CMD = (
+    "torchrun --nproc_per_node=8 finetune_qwen3_next_80b_a3b.py --config-file "
+    "conf/qwen3_next_80b_a3b_pretrain_override_example.yaml\n"
+)
+EXAMPLE_YAML = (
+    "model:\n  seq_length: 2048\n  cross_entropy_loss_fusion: False\n\ntrain:\n"
+    "  train_iters: 600\n  global_batch_size: 64\n  micro_batch_size: 1\n  eval_iters: 5\n"
+    "\ndataset:\n  seq_length: 2048\n"
+)
+
+
+def test_an_example_scripts_command_is_read_as_bridge_overrides_on_its_recipe(tmp_path):
+    # was refused: "no training command found (torchrun, deepspeed, accelerate)", the Hugging
+    # Face launch reader's, which claimed it for the .yaml it names
+    cmd = tmp_path / "cmd.sh"
+    cmd.write_text(EXAMPLE_CLI)
+    r = resolve([str(cmd)], require_shape=False).reading
+    assert r.framework == "megatron-bridge" and "finetune_qwen3_next_80b_a3b.py" in r.format
+    assert r.get("tensor_model_parallel_size") == 4 and r.get("world_size") == 8
+    assert r.unused[ON_RECIPE] == "unknown recipe"  # the script's recipe is not read: said
+
+
+def test_an_example_scripts_config_file_is_merged_under_its_overrides(tmp_path):
+    cmd = tmp_path / "cmd.sh"
+    cmd.write_text(EXAMPLE_YAML_CMD.replace("\n", " dataset.seq_length=8192\n"))
+    missing = resolve([str(cmd)], require_shape=False).reading
+    assert any("--config-file conf/qwen3_next" in w and "not found" in w for w in missing.warnings)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/qwen3_next_80b_a3b_pretrain_override_example.yaml").write_text(EXAMPLE_YAML)
+    r = resolve([str(cmd)], require_shape=False).reading
+    assert r.get("global_batch_size") == 64 and r.get("micro_batch_size") == 1
+    assert r.get("seq_length") == 8192  # the command's override wins over the YAML's 2048
+    assert r.origins["global_batch_size"].where.endswith("example.yaml:7")
