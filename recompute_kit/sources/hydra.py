@@ -165,6 +165,59 @@ _NEMO2_PREFIXES = (
 )
 
 
+def _words(text: str, path: str) -> list[str]:
+    """The text's shell words, line by line; a quoted value that runs over lines (a script's
+    `CLI_OVERRIDES="` ... `"`) is read to its closing quote, and the overrides a variable
+    holds (`CLI_OVERRIDES=" model.x=1 ..."`) are read where it is set."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    words: list[str] = []
+    pending = ""
+    for line in joined.splitlines():
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            split = shlex.split(pending, comments=True)
+        except ValueError as exc:
+            if pending.count("\n") < _MAX_QUOTED_LINES:
+                continue
+            raise ConfigError(f"{path}: cannot split the command line ({exc})") from None
+        pending = ""
+        for word in split:
+            name, eq, value = word.partition("=")
+            if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and re.search(r"\s", value):
+                words.extend(value.split())  # a variable holding overrides: its words
+            else:
+                words.append(word)
+    if pending:
+        raise ConfigError(f"{path}: cannot split the command line (no closing quotation)")
+    return words
+
+
+_MAX_QUOTED_LINES = 200
+_VAR_RE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
+
+
+def _script_context(text: str, path: str) -> tuple[dict[str, str], list[str], tuple | None]:
+    """For a launch script (Megatron-Bridge's slurm_*.sh): its variables that hold one literal
+    (the shell reader's, sources/shell.py), what that reader could not follow (a `case` on a
+    pattern, the `for` loop over parallel layouts: the values they set stay unread, each said),
+    and the ranks its #SBATCH header asks for."""
+    if not re.search(r"(?m)^\s*(?:export\s+)?[A-Za-z_]\w*=|^#SBATCH", text):
+        return {}, [], None  # a bare command line or overrides file: nothing to expand
+    from .shell import parse_script, sbatch_world_size, unresolved_names
+
+    try:
+        script = parse_script(text, path)
+    except ConfigError:
+        return {}, [], None
+    literals: dict[str, str] = {}
+    for name, value in script.variables.items():
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], tuple):
+            literal = str(value[0][0])
+            if not unresolved_names(literal):
+                literals[name] = literal
+    return literals, script.warnings, sbatch_world_size(script.sbatch)
+
+
 def _nemo2_as_bridge(dotted: str) -> str:
     for nemo2, bridge in _NEMO2_PREFIXES:
         if dotted.startswith(nemo2):
@@ -173,13 +226,13 @@ def _nemo2_as_bridge(dotted: str) -> str:
 
 
 def read(text: str, path: str) -> Reading:
-    joined = re.sub(r"\\\r?\n", " ", text)
-    try:
-        words: list[str] = []
-        for line in joined.splitlines():
-            words.extend(shlex.split(line, comments=True))
-    except ValueError as exc:
-        raise ConfigError(f"{path}: cannot split the command line ({exc})") from None
+    words = _words(text, path)
+    literals, script_warnings, sbatch_world = _script_context(text, path)
+    if literals:  # `train.micro_batch_size=$MICRO_BATCH_SIZE` with MICRO_BATCH_SIZE=1 above
+        words = [
+            _VAR_RE.sub(lambda m: literals.get(m.group(1) or m.group(2), m.group(0)), w)
+            for w in words
+        ]
     reading = Reading(framework=BRIDGE, format="Megatron-Bridge Hydra-style overrides")
     entries: list[Entry] = []
     pos = 0
@@ -269,6 +322,10 @@ def read(text: str, path: str) -> Reading:
         name, word, line = script
         origin = Origin(FROM_FILE, f"{path}:{line}", word, "the example script's name")
         set_model_name(reading, name, origin)
+    reading.warnings += script_warnings
+    if not world and sbatch_world is not None:  # srun: one rank per task of the #SBATCH header
+        ranks, line, key = sbatch_world
+        reading.set("world_size", ranks, Origin(FROM_FILE, f"{path}:{line}", key))
     if world:
         n = world.get("nproc_per_node")
         m = world.get("nnodes", (1, 0, ""))

@@ -11,10 +11,8 @@ from recompute_kit.sources.bridge import ON_RECIPE
 from recompute_kit.sources.reading import FROM_ASSUMED, FROM_FILE
 from recompute_kit.sources.resolve import resolve
 
-H100 = (
-    Path(__file__).parent
-    / "corpus/bridge_checkout/src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
-)
+BRIDGE_CHECKOUT = Path(__file__).parent / "corpus/bridge_checkout"
+H100 = BRIDGE_CHECKOUT / "src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py"
 RECIPE = f"{H100}::qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
 # The trial's overrides.txt and overrides_8k.txt, verbatim.
 OVERRIDES = (
@@ -191,3 +189,17 @@ def test_an_example_scripts_config_file_is_merged_under_its_overrides(tmp_path):
     assert r.get("global_batch_size") == 64 and r.get("micro_batch_size") == 1
     assert r.get("seq_length") == 8192  # the command's override wins over the YAML's 2048
     assert r.origins["global_batch_size"].where.endswith("example.yaml:7")
+
+
+def test_a_bridge_slurm_script_is_read_with_its_variables_and_says_what_it_cannot_follow():
+    # Megatron-Bridge's own slurm_sft.sh (bridge_checkout/README.md): its overrides sit in a
+    # quoted variable over 25 lines (was "cannot split the command line (No closing
+    # quotation)"); the run_recipe.py command is built inside a `for` over parallel layouts
+    script = BRIDGE_CHECKOUT / "examples/models/gpt_oss/slurm_sft.sh"
+    r = resolve([str(script)], require_shape=False).reading
+    assert r.get("micro_batch_size") == 1  # =$MICRO_BATCH_SIZE, set to 1 on line 87
+    assert r.origins["micro_batch_size"].where.endswith("slurm_sft.sh:199")
+    assert r.get("world_size") == 16  # #SBATCH --nodes=2 x --ntasks-per-node=8
+    said = "\n".join(r.warnings)
+    assert "model.tensor_model_parallel_size = $TP: not a literal" in said  # the loop's, unread
+    assert "a `for` block is not followed" in said and "a `case` block is not followed" in said
