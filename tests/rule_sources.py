@@ -546,6 +546,8 @@ SOURCES.update(
         ),
         "stated-antislop-3-never-enabled": "https://github.com/sam-paech/auto-antislop/issues/3",
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
+        "torchtitan-660-nccl-barrier-calloc": "https://github.com/pytorch/torchtitan/pull/660",
+        "nemorl-2811-logprob-oom": "https://github.com/NVIDIA-NeMo/RL/issues/2811",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
         "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",

@@ -107,12 +107,12 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # that decides them. Dev 185/288 = 64.2%, 186/288 = 64.6%; held-out 78/213 = 36.6%, 61/213 =
 # 28.6% (floors lowered for the grown corpus).
 FLOORS = {
-    ("dev", "category_ok"): 0.63,
-    ("dev", "fix_ok"): 0.63,
+    ("dev", "category_ok"): 0.62,
+    ("dev", "fix_ok"): 0.62,
     ("held_out", "category_ok"): 0.35,
     ("held_out", "fix_ok"): 0.27,
 }
-MIN_CASES = 501
+MIN_CASES = 532
 
 
 @pytest.fixture(scope="module")

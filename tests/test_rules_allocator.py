@@ -808,3 +808,21 @@ def test_rk002_a_small_other_process_beside_a_full_pytorch_does_not_lead():
     f = get(d, "RK002")
     assert f.confidence < top(d).confidence
     cites(f, "861.82 MiB (4%)", "this process's PyTorch holds")
+
+
+# torchtitan PR 660 (rule_sources.py): NCCL's barrier cannot calloc its 8 MiB; the failure is in
+# the lines under the exception line
+TORCHTITAN_660 = text("torchtitan-660-nccl-barrier-calloc")
+
+
+@covers("RK026")
+def test_rk026_a_library_oom_with_expandable_segments_already_on():
+    f = top(run(TORCHTITAN_660))
+    assert f.rule == "RK026" and f.category == "non_pytorch_memory"
+    assert "Failed to CUDA calloc" in f.evidence and "expandable_segments" not in str(
+        f.config_patch
+    )
+    # without the expandable line it is RK009's reading (the error's detail lines read too)
+    cut = TORCHTITAN_660.split("My run already")[0]
+    f = top(run(cut))
+    assert f.rule == "RK009" and "Failed to CUDA calloc" in f.evidence

@@ -795,3 +795,25 @@ def test_rk621_an_oom_at_the_evaluation_steps_of_a_llama_factory_run():
     assert f.config_patch == {"eval_accumulation_steps": 1}
     # without the framework named, the evaluation reading is RK086's (a loop of unknown make)
     assert "RK621" not in ids(run(said.split("\n\n", 1)[1]))
+
+
+# NeMo-RL issue 2811 (rule_sources.py): no config, the test's name names the model; 9.27 GiB
+# is 4 x 4096 tokens of fp32 logits over Qwen3's 151936 entries
+NEMORL_2811 = text("nemorl-2811-logprob-oom")
+
+
+@covers("RK622")
+def test_rk622_the_request_is_one_logits_tensor_of_the_named_model():
+    f = get(run(NEMORL_2811), "RK622")
+    assert f.category == "logits_memory" and "[16384 x 151936]" in f.evidence
+    # the same request with no model family named, or another family's vocabulary: nothing
+    assert "RK622" not in ids(run(NEMORL_2811.replace("qwen3_30ba3b", "model")))
+    assert "RK622" not in ids(run(NEMORL_2811.replace("qwen3_30ba3b", "gemma")))
+
+
+def test_logits_shape_of_a_request_needs_a_whole_number_of_token_blocks():
+    from recompute_kit.doctor.rules.logits import logits_shape_of_request
+
+    assert logits_shape_of_request(round(9.27 * 2**30), [151936]) == (16384, 151936, 4)
+    assert logits_shape_of_request(round(9.40 * 2**30), [151936]) is None  # 16613 tokens
+    assert logits_shape_of_request(round(1002.0 * 2**20), [128256]) == (2048, 128256, 4)

@@ -14,6 +14,7 @@ use.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -296,6 +297,8 @@ def _notices(lines: list[str]) -> dict[str, Any]:
     stated placement policy; {"token_overflow": {"length", "max", "line"}} for the
     tokenizer's sequence-length warning."""
     found: dict[str, Any] = {}
+    if families := _model_families(lines):
+        found["model_families"] = families
     gemini = any(_GEMINI_RE.search(line) for line in lines if len(line) < 4000)
     for line in lines:
         if len(line) > 4000:
@@ -322,6 +325,34 @@ def _notices(lines: list[str]) -> dict[str, Any]:
                 "line": joined[m.start() : m.end() + 80],
             }
     return found
+
+
+@functools.lru_cache(maxsize=1)
+def _family_vocabularies() -> dict[str, list[int]]:
+    """Model family word (qwen, llama, gemma, deepseek, gpt-oss, ...) -> the vocabulary sizes
+    of the registry's models of that family (sources/models: their config.json files)."""
+    from ...sources.registry import list_models, model_config
+
+    found: dict[str, set[int]] = {}
+    for model_id, _ in list_models():
+        name = model_id.split("/")[-1].lower().removeprefix("meta-")
+        family = "gpt-oss" if name.startswith("gpt-oss") else re.match(r"[a-z]*", name).group(0)
+        vocab = (model_config(model_id) or {}).get("vocab_size")
+        if len(family) >= 3 and isinstance(vocab, int):
+            found.setdefault(family, set()).add(vocab)
+    return {family: sorted(v) for family, v in found.items()}
+
+
+def _model_families(lines: list[str]) -> dict[str, list[int]]:
+    """The model families the paste names (a model id, a path, a test name: `Qwen2.5-7B`,
+    `llm_performance_grpo_qwen3_30ba3b`), each with its vocabulary sizes."""
+    families = _family_vocabularies()
+    text = "\n".join(line for line in lines if len(line) < 4000).lower()
+    return {
+        family: vocabs
+        for family, vocabs in families.items()
+        if re.search(rf"(?<![a-z]){re.escape(family)}", text)
+    }
 
 
 def _rlhf(lines: list[str]) -> dict[str, Any] | None:

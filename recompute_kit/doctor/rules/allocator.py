@@ -445,7 +445,16 @@ LIBRARY_OOM = (
     patch=EXPANDABLE,
 )
 def _library_oom(ctx: Context) -> Match | None:
-    text = ctx.text
+    hit = library_oom_hit(ctx)
+    if hit is None or expandable_on(ctx):
+        return None  # with expandable segments on, nothing is held in split segments: RK026
+    return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
+
+
+def library_oom_hit(ctx: Context) -> str | None:
+    """The words of a library's own failed allocation (NCCL, Triton, cuBLAS, cuDNN), in an
+    error's message or the lines under it (NCCL's 'Last error: Failed to CUDA calloc ...')."""
+    text = "\n".join([ctx.text, *(e.details for e in ctx.evidence.errors if e.details)])
     hit = next((w for w in LIBRARY_OOM if w.lower() in text.lower()), None)
     if hit is None:
         for o in ctx.evidence.oom:
@@ -460,9 +469,33 @@ def _library_oom(ctx: Context) -> Match | None:
             if library:  # (HIP, XPU and NPU messages are PyTorch's own allocators, like CUDA's)
                 hit = f"{library} out of memory"
                 break
-    if hit is None:
+    return hit
+
+
+@rule(
+    "RK026",
+    "A library outside PyTorch could not allocate, with expandable segments already on",
+    "non_pytorch_memory",
+    symptom="NCCL, Triton, cuBLAS or cuDNN reports 'out of memory' (NCCL's 'Failed to CUDA "
+    "calloc'), and the run already sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    cause="The library allocates outside PyTorch's allocator (NCCL's buffers, a workspace): "
+    "PyTorch's allocations and its cache leave it no free memory, and with expandable segments "
+    "on there are no split segments left to release",
+    confirm="torch.cuda.mem_get_info() just before the failing call shows less free memory than "
+    "the library asks for; the failure goes with torch.cuda.empty_cache() before the call",
+    fix="Leave the library headroom: torch.cuda.empty_cache() before the collective or kernel "
+    "that fails, a cap on PyTorch (torch.cuda.set_per_process_memory_fraction), smaller NCCL "
+    "buffers (NCCL_BUFFSIZE); or lower the peak PyTorch holds there",
+)
+def _library_oom_expandable_on(ctx: Context) -> Match | None:
+    hit = library_oom_hit(ctx)
+    if hit is None or not expandable_on(ctx):
         return None
-    return Match(0.75, f"'{hit}': a library's own allocation failed, not PyTorch's.")
+    return Match(
+        0.7,
+        f"'{hit}': a library's own allocation failed, not PyTorch's, while the run already "
+        "sets expandable_segments:True: the memory PyTorch holds leaves it none.",
+    )
 
 
 @rule(

@@ -290,6 +290,65 @@ def _vocab_blamed(ctx: Context) -> Match | None:
     )
 
 
+# a logits tensor's tokens are a round number (batch x a sequence length, packed or padded)
+_TOKEN_GRAIN = 256
+
+
+def logits_shape_of_request(requested: int, vocabs: list[int]) -> tuple[int, int, int] | None:
+    """(tokens, vocab, bytes per value) where `requested` is one [tokens x vocab] tensor of
+    32- or 16-bit values, tokens a multiple of 256 (at least 1024), within the rounding of the
+    OOM's two decimals (of GiB from 1 GiB, of MiB below); None when no vocabulary gives one."""
+    unit = 2**30 if requested >= 2**30 else 2**20
+    for width in (4, 2):
+        for vocab in vocabs:
+            tokens = requested / (vocab * width)
+            nearest = round(tokens / _TOKEN_GRAIN) * _TOKEN_GRAIN
+            slack = 0.005 * unit / (vocab * width) + 0.5
+            if nearest >= 1024 and abs(tokens - nearest) <= slack:
+                return nearest, vocab, width
+    return None
+
+
+@rule(
+    "RK622",
+    "The OOM's request is one logits tensor of the model the paste names",
+    "logits_memory",
+    symptom="An OOM whose request is exactly tokens x vocabulary x 4 (or 2) bytes for the "
+    "vocabulary of the model family the paste names (Qwen 151936, Llama-3 128256, ...), no "
+    "config given",
+    cause="The logits (and their fp32 copy for the loss or the log-probabilities) are one "
+    "[tokens x vocabulary] tensor: with a 100K-260K vocabulary it is larger than any layer's "
+    "activations, and recompute does not touch it",
+    confirm="requested bytes / (vocab x 4) is the micro-batch's tokens (batch x sequence); "
+    "the OOM moves or goes with half the tokens per forward (a smaller micro-batch or "
+    "log-prob batch) or a chunked loss",
+    fix="Never hold the whole logits: a fused / chunked cross-entropy or log-prob computation, "
+    "fewer tokens per forward (micro-batch, log-prob batch), or more tensor parallelism",
+)
+def _request_is_named_models_logits(ctx: Context) -> Match | None:
+    oom = ctx.oom
+    if oom is None or not oom.requested_bytes or oom.requested_bytes < 256 * 2**20:
+        return None
+    if ctx.config is not None:
+        return None  # the config's own vocabulary and tokens: RK012 reads it
+    families = fact(ctx, "model_families", "log") or {}
+    vocabs = sorted({v for family_vocabs in families.values() for v in family_vocabs})
+    found = logits_shape_of_request(oom.requested_bytes, vocabs)
+    if found is None:
+        return None
+    tokens, vocab, width = found
+    family = next(f for f, v in families.items() if vocab in v)
+    said = (
+        f"The failed request ({gib(oom.requested_bytes)}) is one {8 * width}-bit "
+        f"[{tokens} x {vocab}] tensor: {tokens} tokens of logits over the {vocab}-entry "
+        f"vocabulary of the {family} models the paste names."
+    )
+    # the request is what broke the step; memory other processes hold explains the headroom
+    mine = oom.process_bytes or oom.allocated_bytes or 0
+    conf = 0.75 if mine >= (oom.other_processes_bytes or 0) else 0.55
+    return Match(conf, said, fix=fused_loss_fix(ctx))
+
+
 @rule(
     "RK621",
     "The Trainer's evaluation loop keeps every batch's logits on the GPU",
