@@ -548,6 +548,7 @@ SOURCES.update(
         "npkit-37-nccl-calloc": "https://github.com/microsoft/NPKit/issues/37",
         "torchtitan-660-nccl-barrier-calloc": "https://github.com/pytorch/torchtitan/pull/660",
         "nemorl-2811-logprob-oom": "https://github.com/NVIDIA-NeMo/RL/issues/2811",
+        "stated-unsloth-1111-slower-since-yesterday": "https://github.com/unslothai/unsloth/issues/1111",
         "bnb-758-attention-softmax-oom": "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/758",
         "megatron-394-unrecognized-activations-checkpoint-method": "https://github.com/NVIDIA/Megatron-LM/issues/394",
         "stated-torchtitan-678-activation-memory": "https://github.com/pytorch/torchtitan/issues/678",

@@ -214,3 +214,13 @@ def test_sharding_said_to_raise_memory_reads_as_a_bug_to_confirm():
     # the maintainer: TE 2.10's FusedAdam made unsharded optimizer states; fixed in TE main.
     _reading("stated-mlm-2772-mfsdp-more-memory", "RK813", "framework_bug")
     assert symptoms.stated("FSDP cut the memory by half, as expected") == []
+
+
+@covers("RK807")
+def test_slower_than_yesterday_with_the_same_config_reads_as_a_regression():
+    # https://github.com/unslothai/unsloth/issues/1111 (the first post): "become slower", the
+    # same config 1 h 30 yesterday and 3 h 40 today, "Possibly from this commit?"; no
+    # checkpointing named, so not "slower with recompute" (RK801). Before: no finding.
+    d = run(text("stated-unsloth-1111-slower-since-yesterday"))
+    assert top(d).rule == "RK807" and top(d).category == "framework_bug"
+    assert "RK801" not in ids(d)

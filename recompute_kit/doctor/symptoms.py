@@ -40,6 +40,7 @@ _CKPT = (
     r"(?:gradient|activation)[ -_]checkpoint\b|"
     r"\bckpt\b|梯度检查点|重计算|激活重计算|梯度检查)"
 )
+CHECKPOINTING_WORDS = _CKPT  # what the stated readings ask of a sentence too
 _NEG = r"(?:has|had|have|makes?|made|with|shows?|showed)\s+(?:no|zero|little)"
 # a memory figure that did not move: "memory does not decrease", "same memory", 显存没有减少
 _MEM_SAME = (
@@ -92,6 +93,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
     Symptom(
         "slower",
         re.compile(
+            # "training seems to have become slower": a change over time, said on its own
+            r"\b(?:become|became|becomes|got|gotten|getting|grown)\s+(?:\w+\s+)?slower\b|"
             r"\b(?:slower|slow(?:ed|s)?\s+down|slowdown|takes?\s+(?:much\s+)?longer|"
             r"regress(?:ed|ion)\s+in\s+(?:speed|throughput)|(?:throughput|tokens?/s|"
             r"samples?/s|it/s|tflops|mfu)\s+(?:\w+\s+){0,2}(?:dropped|drops|decreased|fell|"
@@ -215,7 +218,12 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"main|master|#\d+)|"
             # "All FSDP jobs start to have OOM": jobs that ran now fail, the config unchanged
             r"\b(?:all|every|our|the)\s+(?:\w+\s+){0,3}?(?:jobs?|runs?|recipes?|tests?)\s+"
-            r"(?:start(?:ed)?|began|begin)\s+to\s+(?:have|hit|get|see|run\s+into|fail)",
+            r"(?:start(?:ed)?|began|begin)\s+to\s+(?:have|hit|get|see|run\s+into|fail)|"
+            # a change over time with the run unchanged: "Yesterday ... 1 hour 30 mins. Today
+            # ... 3 hours", "possibly from this commit"
+            r"\byesterday\b[^\n]{0,300}?\btoday\b|"
+            r"\b(?:from|by|since|after|in)\s+(?:this|that|the\s+(?:latest|last|recent)|a\s+"
+            r"recent)\s+commit\b|\bcommit\s+[0-9a-f]{7,40}\b",
             re.I,
         ),
         ("framework_bug",),

@@ -10,6 +10,9 @@ a change to make, and the verdict stays `needs_evidence` (calibration caps an un
 
 from __future__ import annotations
 
+import re
+
+from ..symptoms import CHECKPOINTING_WORDS
 from ..types import Context, Match
 from .registry import fact, rule
 
@@ -18,13 +21,27 @@ STATED_CONFIDENCE = 0.4
 
 
 def _said(ctx: Context, symptom: str) -> Match | None:
-    line = (fact(ctx, "symptom_lines") or {}).get(symptom)
+    lines = fact(ctx, "symptom_lines") or {}
+    line = lines.get(symptom)
     if not line:
         return None
+    if symptom == "slower" and "after_update" in lines and not _recompute_named(ctx, line):
+        return None  # slower since an update, checkpointing never named: RK807's reading
     return Match(
         STATED_CONFIDENCE,
         f"The report says '{line}'; nothing pasted shows the cause, so this is the likeliest "
         "reading of that sentence, not a diagnosis.",
+    )
+
+
+def _recompute_named(ctx: Context, line: str) -> bool:
+    """Checkpointing / recompute is named: in the symptom's sentence, the paste's settings or
+    the config's recompute keys."""
+    stated = fact(ctx, "settings_prose", "log") or {}
+    return bool(
+        re.search(CHECKPOINTING_WORDS, line, re.I)
+        or (isinstance(stated, dict) and stated.get("gradient_checkpointing"))
+        or ctx.granularity
     )
 
 
