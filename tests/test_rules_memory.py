@@ -817,3 +817,17 @@ def test_logits_shape_of_a_request_needs_a_whole_number_of_token_blocks():
     assert logits_shape_of_request(round(9.27 * 2**30), [151936]) == (16384, 151936, 4)
     assert logits_shape_of_request(round(9.40 * 2**30), [151936]) is None  # 16613 tokens
     assert logits_shape_of_request(round(1002.0 * 2**20), [128256]) == (2048, 128256, 4)
+
+
+@covers("RK620")
+def test_peak_memory_blamed_on_the_cross_entropy_in_words():
+    # https://github.com/pytorch/torchtitan/pull/996 (its first line, verbatim): the PR chunks
+    # the loss; before, no finding
+    d = run(
+        "Noticed that in the memory snapshot when running the Llama3-8B models, the cross "
+        "entropy loss is causing huge spikes in peak memory: \n"
+    )
+    f = top(d)
+    assert f.rule == "RK620" and "the loss / logits" in f.evidence
+    # the loss named without memory blamed on it is not this reading
+    assert "RK620" not in ids(run("the cross entropy loss is NaN after step 10\n"))

@@ -464,8 +464,21 @@ _MEMORY_WORD_RE = re.compile(
 )
 
 
+# The loss / logits blamed for the memory in words: "the cross entropy loss is causing huge
+# spikes in peak memory", "OOM in the cross-entropy"
+_LOSS_BLAMED_RE = re.compile(
+    r"(?:cross[ _-]?entropy|\bCE\s+loss|log[_ ]?softmax|\blogits\b)[^.\n]{0,60}?"
+    r"\b(?:caus\w*|spik\w*|peak\w*|dominat\w*|tak(?:es|ing)|consum\w*|blow\w*|explod\w*)"
+    r"[^.\n]{0,40}?\b(?:memory|VRAM|OOM)\b"
+    r"|\b(?:OOM|out of memory)\s+(?:in|at|during|inside|from)\s+(?:the\s+)?"
+    r"(?:cross[ _-]?entropy|loss|log[_ ]?softmax|logits)\b",
+    re.I,
+)
+
+
 def vocab_memory_prose(lines: list[str]) -> list[dict[str, Any]]:
-    """Paragraphs that blame memory on a large vocabulary (>= 30k, "128K" or "151936")."""
+    """Paragraphs that blame memory on a large vocabulary (>= 30k, "128K" or "151936"), or on
+    the loss / logits themselves (then no vocabulary: "vocab" None)."""
     out: list[dict[str, Any]] = []
     paragraph: list[str] = []
     # a short paste (a PR or issue text) is one argument: memory named in any paragraph
@@ -483,6 +496,10 @@ def vocab_memory_prose(lines: list[str]) -> list[dict[str, Any]]:
             if 30_000 <= vocab <= 300_000 and (anywhere or _MEMORY_WORD_RE.search(joined)):
                 out.append({"line": joined[:200], "vocab": vocab})
                 break
+        else:
+            if m := _LOSS_BLAMED_RE.search(joined):
+                start = max(0, m.start() - 60)
+                out.append({"line": joined[start : start + 200], "vocab": None})
     return out[:4]
 
 

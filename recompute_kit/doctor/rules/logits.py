@@ -258,11 +258,12 @@ def _fused_fix(ctx: Context) -> str | None:
 
 @rule(
     "RK620",
-    "Memory blamed on a large vocabulary",
+    "Memory blamed on a large vocabulary or on the loss",
     "logits_memory",
     symptom="The paste blames the memory (an OOM, 'insufficient memory', a peak, a size) on a "
     "large vocabulary ('vocab_size (128K)', '250K vocab', 'a 128k vocab ... 1 GiB * "
-    "batch_size') without a traceback or a sized tensor",
+    "batch_size') or on the loss itself ('the cross entropy loss is causing huge spikes in "
+    "peak memory') without a traceback or a sized tensor",
     cause="The logits are tokens x vocabulary: with a 128K-256K vocabulary they (and their "
     "fp32 copy and gradient) outgrow a layer's activations; recompute does not touch them",
     confirm="tokens x vocab x 2 (bf16) or 4 (fp32) bytes against the peak; the peak drops by "
@@ -278,12 +279,18 @@ def _vocab_blamed(ctx: Context) -> Match | None:
         found += fact(ctx, "vocab_memory_prose", "config") or []
     if not found:
         return None
-    top = found[0]
+    top = next((f for f in found if f["vocab"]), found[0])
     vocab = top["vocab"]
+    said = (
+        f"The paste ties the memory to a {vocab // 1000}K vocabulary ('{top['line'][:160]}'): "
+        f"every 1,000 tokens hold {gib(1000 * vocab * 4)} of fp32 logits."
+        if vocab
+        else f"The paste ties the memory to the loss / logits ('{top['line'][:160]}'): they "
+        "are [tokens x vocabulary], kept in fp32 for the loss."
+    )
     return Match(
         0.6,
-        f"The paste ties the memory to a {vocab // 1000}K vocabulary ('{top['line'][:160]}'): "
-        f"every 1,000 tokens hold {gib(1000 * vocab * 4)} of fp32 logits.",
+        said,
         fix="Never hold the full logits: a fused linear cross-entropy (use_liger_kernel / "
         "cross_entropy_loss_fusion) or the loss computed in chunks of the batch / sequence "
         "(a chunk count of 2 or more), or a smaller micro-batch",
