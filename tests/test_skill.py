@@ -629,6 +629,14 @@ def test_diagnose_leads_with_the_verdict_and_passes_the_layout(tmp_path):
     read = dp16["doctor"]["evidence"]["read"]["config"]
     assert (read["data_parallel_size"], read["world_size"]) == (16, 64)
     assert alone["doctor"]["evidence"]["read"]["config"]["world_size"] == 32  # assumed: the least
+    # the on/off layout switches plan.py takes pass too (a trial: --sp was refused)
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from diagnose import doctor_args, parse_args
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    sp = doctor_args(parse_args(["--config", str(script), "--sp", "--no-distributed-optimizer"]))
+    assert sp[-2:] == ["--sp", "--no-distributed-optimizer"]
 
 
 def test_diagnose_says_which_inputs_it_could_not_read(tmp_path):

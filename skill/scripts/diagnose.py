@@ -76,6 +76,11 @@ LAYOUT_FLAGS = {
     "seq-length": "sequence length",
     "micro-batch-size": "micro-batch size",
 }
+# on/off layout settings, as plan.py takes them (--sp / --no-sp)
+SWITCHES = {
+    "sp": "sequence parallelism",
+    "distributed-optimizer": "Megatron's distributed optimizer",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     for flag, what in LAYOUT_FLAGS.items():
         layout.add_argument(f"--{flag}", type=int, metavar="N", help=what)
+    for flag, what in SWITCHES.items():
+        layout.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, help=what)
     layout.add_argument(
         "--model",
         metavar="NAME",
@@ -160,6 +167,10 @@ def doctor_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             out += [f"--{flag}", str(value)]
+    for flag in SWITCHES:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            out.append(f"--{flag}" if value else f"--no-{flag}")
     return out
 
 
