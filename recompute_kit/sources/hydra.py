@@ -211,8 +211,8 @@ def _script_context(text: str, path: str) -> tuple[dict[str, str], list[str], tu
         return {}, [], None
     literals: dict[str, str] = {}
     for name, value in script.variables.items():
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], tuple):
-            literal = str(value[0][0])
+        if isinstance(value, list) and value and all(isinstance(v, tuple) for v in value):
+            literal = "".join(str(text) for text, _line in value)  # `${MODEL_NAME}_sft_config`
             if not unresolved_names(literal):
                 literals[name] = literal
     return literals, script.warnings, sbatch_world_size(script.sbatch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
 import operator
 import re
 import shlex
@@ -243,6 +244,11 @@ class _Lexer:
             self._adv()
         at_word = self.i < len(self.s) and self._peek() not in "\n;&|()"
         target = self._word() if at_word else None
+        if op.lstrip("0123456789") == "<<<" and target is not None:
+            # a here-string is the input `read` splits (`read -r A B <<< "$CONFIG"`)
+            self.toks.append(Tok("op", line, op="herestring"))
+            self.toks.append(Tok("word", line, word=target))
+            return
         self.toks.append(Tok("op", line, op="redir"))
         if op.lstrip("0123456789").startswith("<<") and not op.endswith("<<<") and target:
             delim = "".join(p.text for p in target.parts).strip()
@@ -687,7 +693,9 @@ class _Interp:
 
     # -- statements
     def run(self, toks: list[Tok]) -> None:
-        commands = _commands(toks)
+        self._run_commands(_commands(toks))
+
+    def _run_commands(self, commands: list[_Cmd], depth: int = 0) -> None:
         frames: list[list] = []  # [kind, active(True/False/None), any_taken, line]
 
         def active() -> bool:
@@ -739,6 +747,11 @@ class _Interp:
                 frames.pop()
                 commands[i] = _Cmd(words[1:], cmd.line, ";", cmd.redirs)
                 continue
+            if first == "for" and active() and depth < 4:
+                end = _skip_block(commands, i, "for", "done")
+                if self._for_once(cmd, commands[i + 1 : end], depth):
+                    i = end
+                    continue
             if first in _KEYWORDS_OPEN_SKIP:
                 end = "esac" if first == "case" else "done"
                 if active():
@@ -774,6 +787,42 @@ class _Interp:
                     if name:
                         self.set_only_in_untaken.add(name)
             i += 1
+
+    def _for_once(self, cmd: _Cmd, body: list[_Cmd], depth: int) -> bool:
+        """`for NAME in WORDS; do ...; done` over literal values: the body read once, with the
+        first value (Megatron-Bridge's slurm scripts loop over parallel layouts:
+        `for CONFIG in "${PARALLELISM_CONFIGS[@]}"`); False where the values are not known."""
+        words = cmd.words
+        if len(words) < 3 or _literal(words[2]) != "in" or _literal(words[1]) is None:
+            return False
+        name = _literal(words[1])
+        items = [w for w in words[3:] if _literal(w) != "do"]
+        values = [f.text for f in self.expand_words(items)]
+        if not values or any(_MARK in v for v in values):  # a value the script does not give
+            return False
+        if len(values) > 1:
+            self.warnings.append(
+                f"{self.path}:{cmd.line}: a `for` loop over {len(values)} values is read once, "
+                f"with its first: {name}={values[0]}"
+            )
+        self.vars[name] = [(values[0], cmd.line)]
+        self._run_commands([c for c in body if c.words], depth + 1)
+        return True
+
+    def _read(self, rest: list, cmd: _Cmd, assigns: list) -> None:
+        """`IFS=',' read -r A B C <<< "$CONFIG"`: the here-string split on IFS into the names
+        (the last takes the rest); without a here-string the names stay unset."""
+        names = [x for x in (_literal(w) for w in rest[1:]) if x and not x.startswith("-")]
+        if cmd.herestring is None or not names:
+            return
+        text = "".join(f.text for f in self.expand_words([cmd.herestring]))
+        ifs = " \t\n"
+        for name, _append, value_word, _items, _line in assigns:
+            if name == "IFS" and value_word is not None:
+                ifs = "".join(f.text for f in self.expand_words([value_word])) or ifs
+        parts = re.split("[" + re.escape(ifs) + "]", text, maxsplit=len(names) - 1)
+        for k, name in enumerate(names):
+            self.vars[name] = [(parts[k] if k < len(parts) else "", cmd.line)]
 
     def _condition(self, cond: list[tuple[str, list[Word]]]) -> bool | None:
         result: bool | None = None
@@ -813,7 +862,10 @@ class _Interp:
         elif len(vals) == 3 and vals[1] in ("==", "=", "!="):
             if unresolved_names(vals[0]) or unresolved_names(vals[2]):
                 return None
-            res = (vals[0] == vals[2]) == (vals[1] != "!=")
+            same = vals[0] == vals[2]
+            if lits[0] == "[[" and _GLOB.search(vals[2]) and not _quoted(body[2]):
+                same = fnmatch.fnmatchcase(vals[0], vals[2])  # `[[ $x == pat* ]]`: a glob
+            res = same == (vals[1] != "!=")
         elif len(vals) == 3 and vals[1] in ("-eq", "-ne", "-gt", "-lt", "-ge", "-le"):
             try:
                 a, b = int(vals[0]), int(vals[2])
@@ -896,6 +948,9 @@ class _Interp:
             for w in rest[1:]:
                 self.vars.pop(_literal(w) or "", None)
                 self.rests_on.pop(_literal(w) or "", None)
+            return
+        if first == "read":
+            self._read(rest, cmd, assigns)
             return
         if first in ("source", "."):
             self.warnings.append(
@@ -1054,6 +1109,11 @@ def _is_fields(value: object) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], Field)
 
 
+def _quoted(word: Word) -> bool:
+    """Any part of the word written inside quotes (a quoted pattern is no glob)."""
+    return any(part.quoted for part in getattr(word, "parts", ()))
+
+
 def _literal(word: Word | _ArrayWord | None) -> str | None:
     if not isinstance(word, Word):
         return None
@@ -1095,6 +1155,7 @@ class _Cmd:
     conn: str  # the operator before this command: ";", "&&", "||", "|", "&"
     redirs: int = 0
     opens_function: bool = False
+    herestring: Any = None  # the word after `<<<`
 
 
 def _commands(toks: list[Tok]) -> list[_Cmd]:
@@ -1104,6 +1165,7 @@ def _commands(toks: list[Tok]) -> list[_Cmd]:
     conn = ";"
     i = 0
     fn = False
+    herestring = None
     while i < len(toks):
         t = toks[i]
         if t.kind == "word":
@@ -1122,6 +1184,9 @@ def _commands(toks: list[Tok]) -> list[_Cmd]:
             words.append(_ArrayWord(t.name, t.append, items, t.line))
         elif t.kind == "op" and t.op == "redir":
             pass
+        elif t.kind == "op" and t.op == "herestring":
+            herestring = toks[i + 1].word if i + 1 < len(toks) else None
+            i += 1
         elif t.kind == "op" and t.op == "(" and i + 1 < len(toks) and toks[i + 1].op == ")":
             fn = True  # name() { ...
             i += 1
@@ -1129,12 +1194,12 @@ def _commands(toks: list[Tok]) -> list[_Cmd]:
             pass  # subshells: read as if inline
         else:
             if words:
-                cmds.append(_Cmd(words, line, conn, opens_function=fn))
-            words, fn = [], False
+                cmds.append(_Cmd(words, line, conn, opens_function=fn, herestring=herestring))
+            words, fn, herestring = [], False, None
             conn = t.op if t.kind == "op" else ";"
         i += 1
     if words:
-        cmds.append(_Cmd(words, line, conn, opens_function=fn))
+        cmds.append(_Cmd(words, line, conn, opens_function=fn, herestring=herestring))
     return cmds
 
 
@@ -1144,8 +1209,9 @@ _GLOB = re.compile(r"[*?\[]")
 def _case_as_if(toks: list[Tok]) -> list[Tok]:
     """Each `case WORD in p1|p2) ... ;; *) ... ;; esac` whose patterns are literals (or the
     last one `*`) as `if [ WORD == p1 ] || [ WORD == p2 ]; then ...; elif ...; else ...; fi`:
-    the interpreter decides it as it decides an `if` (or says it does not). A `case` with glob
-    patterns or nested in another stays as it is (skipped, with a warning)."""
+    the interpreter decides it as it decides an `if` (or says it does not); a glob pattern
+    (`openmathinstruct2*)`) is matched as bash matches it. A `case` nested in another stays as
+    it is (skipped, with a warning)."""
     out: list[Tok] = []
     i = 0
     while i < len(toks):
@@ -1198,16 +1264,14 @@ def _rewrite_case(toks: list[Tok], i: int) -> tuple[list[Tok] | None, int]:
             head = [op(";", at), word("else", at)] if arm else None
             if head is None:  # `*)` first: always taken
                 head = [word("if", at), word("true", at), op(";", at), word("then", at)]
-        elif any(_GLOB.search(x) for x in texts):
-            return None, i
-        else:
+        else:  # `[[ WORD == pattern ]]`: bash matches an unquoted right side as a glob
             head = [op(";", at)] if arm else []
             head.append(word("elif" if arm else "if", at))
             for k, pattern in enumerate(patterns):
                 if k:
                     head.append(op("||", at))
-                head += [word("[", at), Tok("word", at, subject), word("==", at)]
-                head += [Tok("word", at, pattern), word("]", at)]
+                head += [word("[[", at), Tok("word", at, subject), word("==", at)]
+                head += [Tok("word", at, pattern), word("]]", at)]
             head += [op(";", at), word("then", at)]
         out += head
         arm += 1

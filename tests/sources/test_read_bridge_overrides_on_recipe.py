@@ -191,15 +191,21 @@ def test_an_example_scripts_config_file_is_merged_under_its_overrides(tmp_path):
     assert r.origins["global_batch_size"].where.endswith("example.yaml:7")
 
 
-def test_a_bridge_slurm_script_is_read_with_its_variables_and_says_what_it_cannot_follow():
+def test_a_bridge_slurm_script_is_read_with_its_variables_its_case_and_its_layout_loop():
     # Megatron-Bridge's own slurm_sft.sh (bridge_checkout/README.md): its overrides sit in a
     # quoted variable over 25 lines (was "cannot split the command line (No closing
-    # quotation)"); the run_recipe.py command is built inside a `for` over parallel layouts
+    # quotation)"); the recipe name comes from a `case` on glob patterns, the layout from a
+    # `for` over PARALLELISM_CONFIGS split by `IFS=',' read -r TP PP EP CP SP <<< "$CONFIG"`
+    # (were "not followed": a skill trial typed the layout in by hand)
     script = BRIDGE_CHECKOUT / "examples/models/gpt_oss/slurm_sft.sh"
     r = resolve([str(script)], require_shape=False).reading
     assert r.get("micro_batch_size") == 1  # =$MICRO_BATCH_SIZE, set to 1 on line 87
     assert r.origins["micro_batch_size"].where.endswith("slurm_sft.sh:199")
     assert r.get("world_size") == 16  # #SBATCH --nodes=2 x --ntasks-per-node=8
+    assert r.model_name == "openai/gpt-oss-20b"  # --recipe gpt_oss_20b_sft_config (the `*)` arm)
+    assert (r.get("seq_length"), r.get("global_batch_size")) == (2048, 8)
+    layout = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+    assert [r.get(k) for k in layout] == [2, 2] and r.get("expert_model_parallel_size") == 4
+    assert r.get("sequence_parallel") is True
     said = "\n".join(r.warnings)
-    assert "model.tensor_model_parallel_size = $TP: not a literal" in said  # the loop's, unread
-    assert "a `for` block is not followed" in said and "a `case` block is not followed" in said
+    assert "a `for` loop over 2 values is read once, with its first: CONFIG=2,2,4,1,True" in said

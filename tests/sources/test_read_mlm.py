@@ -449,16 +449,18 @@ def test_a_case_of_literal_patterns_is_decided_and_a_hybrid_mamba_model_is_never
         estimate(config)
 
 
-def test_a_case_the_script_does_not_decide_or_with_glob_patterns_is_not_read(tmp_path):
+def test_a_case_the_script_does_not_decide_is_not_read_and_a_glob_pattern_matches(tmp_path):
     from recompute_kit.sources.shell import parse_script
 
     undecided = 'case "$SIZE" in\n  small) HIDDEN=1024 ;;\n  *) HIDDEN=4096 ;;\nesac\n'
     script = parse_script(undecided, "u.sh")
     assert "HIDDEN" not in script.variables or not script.variables["HIDDEN"]
-    globbed = 'SIZE=8B\ncase "$SIZE" in\n  8*) HIDDEN=4096 ;;\nesac\n'
-    script = parse_script(globbed, "g.sh")
-    assert "HIDDEN" not in script.variables
-    assert any("`case` block is not followed" in w for w in script.warnings)
+    # glob patterns match as bash matches them (Megatron-Bridge's slurm scripts:
+    # `case "$DATASET_NAME" in openmathinstruct2*) ...;; *) ...;; esac`); a quoted one is literal
+    globbed = 'SIZE=8B\ncase "$SIZE" in\n  7*) HIDDEN=2048 ;;\n  8*) HIDDEN=4096 ;;\nesac\n'
+    assert parse_script(globbed, "g.sh").variables["HIDDEN"] == [("4096", 4)]
+    quoted = 'SIZE=8B\ncase "$SIZE" in\n  "8*") HIDDEN=4096 ;;\n  *) HIDDEN=1 ;;\nesac\n'
+    assert parse_script(quoted, "q.sh").variables["HIDDEN"] == [("1", 4)]
     chosen = 'SIZE=8B\ncase "$SIZE" in\n  1B|2B) HIDDEN=2048 ;;\n  8B) HIDDEN=4096 ;;\nesac\n'
     assert parse_script(chosen, "c.sh").variables["HIDDEN"] == [("4096", 4)]
 
@@ -596,3 +598,16 @@ def test_megatron_lm_v1_flags_are_read_as_their_successors(tmp_path):
     path.write_text(today)
     r = resolve([str(path)], require_shape=False).reading
     assert not any("Megatron-LM v1" in w for w in r.warnings)
+
+
+def test_a_for_loop_is_read_once_over_literal_values_and_skipped_over_unknown_ones():
+    from recompute_kit.sources.shell import parse_script
+
+    once = 'for C in "2,1" "4,2"; do\n  IFS=\',\' read -r TP PP <<< "$C"\ndone\n'
+    script = parse_script(once, "f.sh")
+    assert (script.variables["TP"], script.variables["PP"]) == ([("2", 2)], [("1", 2)])
+    assert any("over 2 values is read once" in w for w in script.warnings)
+    unknown = "for N in $(seq 1 4); do\n  TP=$N\ndone\n"
+    script = parse_script(unknown, "u.sh")
+    assert "TP" not in script.variables
+    assert any("`for` block is not followed" in w for w in script.warnings)
