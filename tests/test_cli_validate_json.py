@@ -200,3 +200,21 @@ def test_a_recompute_setting_the_run_s_keys_cannot_write_is_refused():
     refused = check("full:block:4")
     assert not refused["valid"] and "uniform, one layer" in refused["errors"][0]
     assert check("full:uniform:1")["valid"] and check("selective:mlp")["valid"]
+
+
+def test_a_global_batch_that_does_not_split_over_micro_batches_and_dp_is_refused(capsys):
+    # A skill trial: Megatron-Bridge's slurm_sft.sh (tests/sources/corpus/bridge_checkout) with
+    # GLOBAL_BATCH_SIZE=8 at micro-batch 2 on DP 8 was "valid": Megatron-Core's
+    # num_microbatches_calculator refuses it when training starts
+    from recompute_kit.cli import main
+
+    checkout = Path(__file__).parent / "sources/corpus/bridge_checkout"
+    script = str(checkout / "examples/models/gpt_oss/slurm_sft.sh")
+    assert main(["validate", script, "train.micro_batch_size=2", "--dp", "8", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] == [
+        "global batch size (8) is not divisible by micro batch size (2) times data parallel "
+        "size (8)"
+    ]
+    # as the script runs it (micro-batch 1, DP 4 of its 16 ranks at TP 2 x PP 2): it splits
+    assert main(["validate", script, "--json"]) == 0

@@ -15,6 +15,7 @@ from ..config import (
     all_specs,
     parse_spec,
 )
+from ..config.validation import batch_split_problem
 from ..config.versions import held_beyond_estimate, ignored_settings, known_broken, parse_version
 from ..export_layout import changed_settings
 from ..plan.margins import planned_bytes
@@ -169,6 +170,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                 "not run Megatron-LM's argument checks)")
                 strict = False
         warnings += cfg.validate(strict=strict, modules_given=given)
+        # (checked where the batch and the layout were read, not assumed: a data-parallel size
+        # the kit assumed is no reason to refuse the run)
+        if _batch_and_layout_read(resolved.reading) and (problem := batch_split_problem(cfg)):
+            raise ConfigError(problem)
         if not strict:  # what Megatron accepts but does not act on is said either way
             written = cfg.recompute.recompute_modules if given else None
             warnings += [w for w in ignored_settings(cfg, written) if w not in warnings]
@@ -881,3 +886,19 @@ def cmd_notebook(args: argparse.Namespace) -> int:
             f"; its report is in {out_dir}" if out_dir else "; its report is in the "
             "notebook's default out_dir"))
     return 0
+
+
+def _batch_and_layout_read(reading) -> bool:
+    """The global batch and the data-parallel size both come from the inputs (or the kit's
+    command line): a DP derived from a world size the inputs give counts, an assumed one not."""
+    from ..sources.reading import FROM_ARGUMENT, FROM_DERIVED, FROM_FILE
+
+    def said(key: str) -> bool:
+        origin = reading.origins.get(key)
+        return origin is not None and origin.kind in (FROM_FILE, FROM_ARGUMENT)
+
+    dp = reading.origins.get("data_parallel_size")
+    dp_read = said("data_parallel_size") or (
+        dp is not None and dp.kind == FROM_DERIVED and said("world_size")
+    )
+    return said("global_batch_size") and dp_read

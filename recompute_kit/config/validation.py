@@ -259,6 +259,21 @@ def validate(cfg: Config, strict: bool = False, modules_given: bool = True) -> l
     return warnings
 
 
+def batch_split_problem(cfg: Config) -> str | None:
+    """The global batch splits into whole micro-batches per data-parallel rank: Megatron-Core's
+    num_microbatches_calculator.py asserts it when training starts (Megatron-LM, Bridge and
+    NeMo all start there; TransformerConfig does not check it). None when it splits or the
+    global batch is not known."""
+    m, p = cfg.model, cfg.parallel
+    gbs, step = p.global_batch_size, m.micro_batch_size * p.data_parallel_size
+    if gbs is None or step <= 0 or gbs % step == 0:
+        return None
+    return (
+        f"global batch size ({gbs}) is not divisible by micro batch size "
+        f"({m.micro_batch_size}) times data parallel size ({p.data_parallel_size})"
+    )
+
+
 # Megatron-LM's arguments.py from core_v0.19.0 (PR #5115, #5162): TE's fused cross-entropy is
 # refused on its command line (Megatron-Core itself, which Bridge runs, accepts it)
 TE_CROSS_ENTROPY_REFUSED = (
