@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -197,10 +198,10 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 
 def _script_context(text: str, path: str) -> tuple[dict[str, str], list[str], tuple | None]:
-    """For a launch script (Megatron-Bridge's slurm_*.sh): its variables that hold one literal
-    (the shell reader's, sources/shell.py), what that reader could not follow (a `case` on a
-    pattern, the `for` loop over parallel layouts: the values they set stay unread, each said),
-    and the ranks its #SBATCH header asks for."""
+    """For a launch script (Megatron-Bridge's slurm_*.sh): its variables that hold a literal,
+    as the shell reader (sources/shell.py) leaves them (a `case` decided, a `for` over layouts
+    read with its first), what that reader says of it (a loop read once, an `if` it could not
+    decide), and the ranks its #SBATCH header asks for."""
     if not re.search(r"(?m)^\s*(?:export\s+)?[A-Za-z_]\w*=|^#SBATCH", text):
         return {}, [], None  # a bare command line or overrides file: nothing to expand
     from .shell import parse_script, sbatch_world_size, unresolved_names
@@ -212,7 +213,7 @@ def _script_context(text: str, path: str) -> tuple[dict[str, str], list[str], tu
     literals: dict[str, str] = {}
     for name, value in script.variables.items():
         if isinstance(value, list) and value and all(isinstance(v, tuple) for v in value):
-            literal = "".join(str(text) for text, _line in value)  # `${MODEL_NAME}_sft_config`
+            literal = "".join(str(piece) for piece, _line in value)  # `${MODEL}_sft_config`
             if not unresolved_names(literal):
                 literals[name] = literal
     return literals, script.warnings, sbatch_world_size(script.sbatch)
@@ -318,10 +319,6 @@ def read(text: str, path: str) -> Reading:
     if config_file is not None:
         reading = _with_config_file(reading, *config_file, path)
     apply_entries(reading, entries, path)  # the command's overrides win over the YAML's
-    if script is not None and recipe is None:
-        name, word, line = script
-        origin = Origin(FROM_FILE, f"{path}:{line}", word, "the example script's name")
-        set_model_name(reading, name, origin)
     reading.warnings += script_warnings
     if not world and sbatch_world is not None:  # srun: one rank per task of the #SBATCH header
         ranks, line, key = sbatch_world
@@ -345,7 +342,10 @@ def read(text: str, path: str) -> Reading:
     else:
         reading.unused[ON_RECIPE] = UNKNOWN_RECIPE
     if script is not None and recipe is None:  # the recipe is the one the script builds
-        reading.format = f"Megatron-Bridge {script[1]} command line (overrides on its recipe)"
+        name, word, line = script
+        origin = Origin(FROM_FILE, f"{path}:{line}", word, "the example script's name")
+        set_model_name(reading, name, origin)
+        reading.format = f"Megatron-Bridge {word} command line (overrides on its recipe)"
     return reading
 
 
@@ -353,8 +353,6 @@ def _with_config_file(reading: Reading, name: str, line: int, path: str) -> Read
     """The YAML an example script's `--config-file` names, read from beside the command's file
     (Megatron-Bridge merges it on the recipe, then the command's overrides on it); where it is
     not there, a warning that says how to give it."""
-    from pathlib import Path
-
     from .bridge import read_yaml
 
     file = Path(name) if Path(name).is_absolute() else Path(path).parent / name
