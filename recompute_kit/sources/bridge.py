@@ -251,7 +251,7 @@ def sniff(text: str, path: str) -> int:
             return 60
         return 0
     overrides = re.search(
-        r"(^|\s)[+~]?(model|train|dataset|ddp|optimizer|dist|mixed_precision)\.\w+=", text
+        r"(^|\s)[\"']?[+~]?(model|train|dataset|ddp|optimizer|dist|mixed_precision)\.\w+=", text
     )
     if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and overrides:
         return 85

@@ -186,6 +186,9 @@ def _words(text: str, path: str) -> list[str]:
             name, eq, value = word.partition("=")
             if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and re.search(r"\s", value):
                 words.extend(value.split())  # a variable holding overrides: its words
+            elif re.search(r"\s", word) and _QUOTED_COMMAND.search(word):
+                # a command quoted whole (`srun ... bash -c "... run_recipe.py --recipe X"`)
+                words.extend(_words(word, path))
             else:
                 words.append(word)
     if pending:
@@ -194,6 +197,7 @@ def _words(text: str, path: str) -> list[str]:
 
 
 _MAX_QUOTED_LINES = 200
+_QUOTED_COMMAND = re.compile(r"\brun_recipe\.py\b|(?:^|\s)--recipe\b")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 
@@ -229,6 +233,7 @@ def _nemo2_as_bridge(dotted: str) -> str:
 def read(text: str, path: str) -> Reading:
     words = _words(text, path)
     literals, script_warnings, sbatch_world = _script_context(text, path)
+    written = list(words)  # as the text has them, to find their lines
     if literals:  # `train.micro_batch_size=$MICRO_BATCH_SIZE` with MICRO_BATCH_SIZE=1 above
         words = [
             _VAR_RE.sub(lambda m: literals.get(m.group(1) or m.group(2), m.group(0)), w)
@@ -250,11 +255,11 @@ def read(text: str, path: str) -> Reading:
             opt in SHORTHANDS or opt in ("--recipe", "--model") or opt in _LAUNCHER_WORLD
         ):
             raw = inline if eq else nxt
-            line, pos = _line_of(text, w, pos)
+            line, pos = _line_of(text, written[i], pos)
             if not eq:
                 i += 1
                 if raw is not None:
-                    _, pos = _line_of(text, raw, pos)
+                    _, pos = _line_of(text, written[i], pos)
             if raw is None:
                 raise ConfigError(f"{path}:{line}: {opt} needs a value")
             if opt in ("--recipe", "--model"):
@@ -273,22 +278,22 @@ def read(text: str, path: str) -> Reading:
                 section, key = SHORTHANDS[opt].split(".")
                 entries.append(Entry(section, key, _value(raw), line, opt))
         elif opt in ("--config-file", "--config_file") and (inline if eq else nxt):
-            line, pos = _line_of(text, w, pos)
+            line, pos = _line_of(text, written[i], pos)
             config_file = (inline if eq else nxt, line)
             i += 0 if eq else 1
         elif (m := re.search(EXAMPLE_SCRIPT, w)) is not None and script is None:
-            line, pos = _line_of(text, w, pos)
+            line, pos = _line_of(text, written[i], pos)
             script = (m.group(1), w, line)
         elif _WHOLE_PRECISION.match(w):
             # `mixed_precision=bf16_with_mxfp8_mixed`: the ConfigContainer's field set to a
             # named MixedPrecisionConfig (training/mixed_precision.py), as Bridge's docs map
             # --bf16 to mixed_precision=bf16_mixed
-            line, pos = _line_of(text, w, pos)
+            line, pos = _line_of(text, written[i], pos)
             entries.append(Entry("mixed_precision", "", _value(inline), line, opt.lstrip("+")))
         elif re.match(r"^(\+\+|\+|~)?[A-Za-z_][\w]*(\.[\w]+)+(=|$)", w) and (
             eq or w.startswith("~")
         ):
-            line, pos = _line_of(text, w, pos)
+            line, pos = _line_of(text, written[i], pos)
             prefix = re.match(r"^(\+\+|\+|~)?", w).group(0)
             dotted = opt[len(prefix) :]
             section, _, key = _nemo2_as_bridge(dotted).partition(".")

@@ -313,7 +313,8 @@ _TOKENIZER_VOCAB = {
     "GPT2BPETokenizer": (50257, "GPT-2's BPE vocabulary (gpt2-vocab.json), 50257 tokens"),
 }
 _HYDRA_SECTION_KEYS = re.compile(
-    r"(?:^|\s)[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|mixed_precision)"
+    r"(?:^|\s)[\"']?[+~]?(?:model|train|dataset|optimizer|ddp|checkpoint|scheduler|"
+    r"mixed_precision)"
     r"\.\w+="
 )
 

@@ -209,3 +209,17 @@ def test_a_bridge_slurm_script_is_read_with_its_variables_its_case_and_its_layou
     assert r.get("sequence_parallel") is True
     said = "\n".join(r.warnings)
     assert "a `for` loop over 2 values is read once, with its first: CONFIG=2,2,4,1,True" in said
+
+
+def test_bridge_slurm_scripts_with_quoted_overrides_or_a_quoted_command_name_their_recipe():
+    # Megatron-Bridge's gemma4 slurm_pretrain.sh quotes each override ("model.seq_length=...")
+    # and mentions pretrain_gpt.py: it was read as a Megatron-LM script ("no Megatron-LM
+    # training command or flags found"); deepseek_v4's slurm_sft.sh runs run_recipe.py inside
+    # `bash -c "..."`: its --recipe was not seen
+    gemma = BRIDGE_CHECKOUT / "examples/models/gemma/gemma4/slurm_pretrain.sh"
+    r = resolve([str(gemma)], require_shape=False).reading
+    assert r.framework == "megatron-bridge" and "gemma4_e4b_pretrain_config" in r.format
+    assert r.origins["world_size"].where.endswith("slurm_pretrain.sh:240")  # $GPUS_PER_NODE's
+    deepseek = BRIDGE_CHECKOUT / "examples/models/deepseek_v4/slurm_sft.sh"
+    r = resolve([str(deepseek)], require_shape=False).reading
+    assert "on recipe deepseek_v4_flash_sft_config" in r.format  # MTP=${MTP:-on}'s case arm
