@@ -524,7 +524,7 @@ def read_with_overrides(text: str, path: str, overrides: list[str]) -> Reading:
         raise ConfigError(
             f"{file_path}: {entry}() returns no Trainer.Config recompute-kit can read"
         )
-    _apply_overrides(cfg, overrides, file_path)
+    refused = _apply_overrides(cfg, overrides, file_path)
     spec = cfg.fields.get("model_spec")
     if not isinstance(spec, _ModelSpec):
         raise ConfigError(f"{file_path}: {entry}() sets no model_spec = model_registry(flavor)")
@@ -536,6 +536,7 @@ def read_with_overrides(text: str, path: str, overrides: list[str]) -> Reading:
     _map_activation_checkpoint(toml, cfg)
     _map_compile(toml, cfg)
     reading = Reading(framework="torchtitan", format=f"{REGISTRY_FORMAT} {entry}()")
+    reading.warnings += refused
     torchtitan.read_sections(toml, reading)
     _read_beyond_the_toml(cfg, spec, name, file_path, reading)
     reading.warnings.extend(interp.warnings + toml.warnings)
@@ -651,9 +652,28 @@ def _literal(text: str) -> Any:
         return text
 
 
-def _apply_overrides(cfg: _Config, overrides: list[str], path: str) -> None:
+# The TOML era's [training] keys the config registry's TrainingConfig replaced
+# (torchtitan/config/configs.py): its parser refuses them on the command line
+_TOML_ERA_TRAINING = {
+    "training.local_batch_size": "training.num_tokens_per_microbatch_per_dp_rank (tokens per "
+    "micro-batch per data-parallel rank: samples x max_context_length)",
+    "training.seq_len": "training.max_context_length",
+    "training.global_batch_size": "training.num_tokens_per_train_step (tokens)",
+}
+
+
+def _apply_overrides(cfg: _Config, overrides: list[str], path: str) -> list[str]:
+    """Apply the overrides to `cfg`; returns what was refused, in words (not applied)."""
+    refused = []
     for item in split_overrides(overrides):
         key, _, text = item.partition("=")
+        if key in _TOML_ERA_TRAINING:
+            refused.append(
+                f"--{key} {text}: a TOML-era key, not a field of the config registry's "
+                f"TrainingConfig (torchtitan's parser refuses it; not applied): its setting "
+                f"is {_TOML_ERA_TRAINING[key]}"
+            )
+            continue
         if key == _AC_FIELD and (text in _AC_POLICY or text == "none"):
             policy = _Config(_AC_POLICY[text], COMMAND_LINE) if text in _AC_POLICY else None
             cfg.fields[_AC_FIELD] = policy
@@ -671,3 +691,4 @@ def _apply_overrides(cfg: _Config, overrides: list[str], path: str) -> None:
             raise ConfigError(f"{item}: no such section in the config of {path}")
         node.fields[last] = _literal(text)
         node.lines[last] = COMMAND_LINE
+    return refused

@@ -85,6 +85,21 @@ def test_launch_command_with_overrides(monkeypatch):
     assert c.origins["tensor_model_parallel_size"].key == "--parallelism.tensor_parallel_degree"
 
 
+def test_toml_era_training_keys_on_a_registry_launch_are_said_not_applied(monkeypatch):
+    # A skill trial wrote `--training.local_batch_size 4 --training.seq_len 8192` (the TOML
+    # era's keys) for a registry launch: they were dropped without a word; torchtitan's parser
+    # refuses them (torchtitan/config/configs.py: TrainingConfig has the token budgets)
+    monkeypatch.chdir(CHECKOUT)
+    command = (
+        "torchrun --nproc_per_node=8 -m torchtitan.train --module llama3 --config llama3_8b "
+        "--training.local_batch_size 4 --training.seq_len 8192"
+    )
+    r = _read(command).reading
+    said = [w for w in r.warnings if "TOML-era key" in w]
+    assert len(said) == 2 and "training.max_context_length" in said[1]
+    assert "not applied" in said[0] and "num_tokens_per_microbatch_per_dp_rank" in said[0]
+
+
 def test_run_train_sh_reads_the_default_config(monkeypatch):
     # MODULE=${MODULE:-"llama3"} CONFIG=${CONFIG:-"llama3_debugmodel"}: the environment's
     # defaults, said as such
