@@ -664,7 +664,12 @@ _TOML_ERA_TRAINING = {
 
 def _apply_overrides(cfg: _Config, overrides: list[str], path: str) -> list[str]:
     """Apply the overrides to `cfg`; returns what was refused, in words (not applied)."""
-    refused = []
+    refused = [
+        f"{word}: not an override torchtitan's parser takes (`--section.key value`, or "
+        "`activation-checkpoint:none|selective|full`): not applied"
+        for word in overrides
+        if word.startswith("--") and "." not in word.partition("=")[0]
+    ]
     for item in split_overrides(overrides):
         key, _, text = item.partition("=")
         if key in _TOML_ERA_TRAINING:

@@ -98,6 +98,10 @@ def test_toml_era_training_keys_on_a_registry_launch_are_said_not_applied(monkey
     said = [w for w in r.warnings if "TOML-era key" in w]
     assert len(said) == 2 and "training.max_context_length" in said[1]
     assert "not applied" in said[0] and "num_tokens_per_microbatch_per_dp_rank" in said[0]
+    # a flag torchtitan's parser does not take (its AC policy is a subcommand) is said too
+    r = _read(command.replace("--training.seq_len 8192", "--activation_checkpoint none")).reading
+    assert any(w.startswith("--activation_checkpoint: not an override") for w in r.warnings)
+    assert r.get("recompute_granularity") == "selective"  # the function's, unchanged
 
 
 def test_run_train_sh_reads_the_default_config(monkeypatch):
