@@ -41,6 +41,7 @@ from .reading import (
 )
 from .semantics import derive_layout, normalize
 from .summary import assumption_text
+from .torchtitan_defaults import REGISTRY_UNNAMED
 
 # What recompute-kit assumes when nothing says it (said aloud, with the key that sets it):
 # Megatron-Core's own defaults, except where a training run of a large model plainly differs
@@ -498,11 +499,15 @@ def resolve(
         items.append(model)
         described.append({"path": model, "format": what})
     left_out: list[str] = []  # a training script passed beside the files it runs with
+    unnamed: dict[str, ConfigError] = {}  # registries of several configs, none named here
     pairs = list(with_overrides(inputs))
     for item, given in pairs:
         try:
             reading, what = read_input(item, given)
         except ConfigError as exc:
+            if REGISTRY_UNNAMED in str(exc) and len(pairs) > 1:
+                unnamed[item] = exc  # a launch beside it may name the config (checked below)
+                continue
             if not (_a_script_beside_configs(item, pairs) and formats.NOT_A_CONFIG in str(exc)):
                 raise
             left_out.append(
@@ -528,6 +533,16 @@ def resolve(
             {"path": parent, "format": f"the defaults: parent of {child}", "parent_of": item}
             for parent in getattr(reading, "parents", ())
         ]
+    launched = {
+        os.path.realpath(r.launched_config): item
+        for item, r in zip(items, readings, strict=True)
+        if getattr(r, "launched_config", None)
+    }
+    for item, exc in unnamed.items():
+        owner = launched.get(os.path.realpath(file_of(item)))
+        if owner is None:
+            raise exc  # no launch among the inputs says which config of it runs
+        described.append({"path": item, "format": f"read once, within {owner}: its --config"})
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     _drop_inputs_read_within(items, readings, described)

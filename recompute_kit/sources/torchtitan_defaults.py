@@ -18,6 +18,9 @@ JOB_CONFIG = "torchtitan/config/job_config.py @ v0.2.2"
 # a config registry's (sources/torchtitan_registry.py): the same defaults, in main's dataclasses
 REGISTRY_CONFIG = "torchtitan/config/configs.py @ main b5bcd76"
 REGISTRY_FORMAT = "torchtitan config registry"
+# what a registry of several configs read without ::NAME says (resolve.py waits for a launch
+# among the inputs to name it)
+REGISTRY_UNNAMED = "name one"
 OPTIMIZER = f"{TT_BLOB}/torchtitan/components/optimizer.py"
 PARALLELIZE = f"{TT_BLOB}/torchtitan/models/llama3/infra/parallelize.py"
 # the same sources on main (b5bcd76), for a config registry's reading

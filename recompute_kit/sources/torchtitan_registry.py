@@ -43,7 +43,7 @@ from . import torchtitan
 from .bridge import Unresolved
 from .reading import FROM_DEFAULT, FROM_FILE, Origin, Reading
 from .recipe_eval import fold
-from .torchtitan_defaults import REGISTRY_FORMAT
+from .torchtitan_defaults import REGISTRY_FORMAT, REGISTRY_UNNAMED
 
 FRAMEWORKS: tuple[str, ...] = ()  # torchtitan.py owns torchtitan's defaults ...
 FORMAT_PREFIX = REGISTRY_FORMAT  # ... a registry reading's key names are this module's
@@ -495,8 +495,9 @@ def _entry(selector: str, interp: _Interpreter, path: str) -> str:
         if len(returning) == 1:
             return returning[0]
         raise ConfigError(
-            f"{path}: a torchtitan config registry of {len(returning)} configs: name one, "
-            f"{path}::NAME (torchtitan's --config NAME): {', '.join(returning)}"
+            f"{path}: a torchtitan config registry of {len(returning)} configs: "
+            f"{REGISTRY_UNNAMED}, {path}::NAME (torchtitan's --config NAME): "
+            f"{', '.join(returning)}"
         )
     if selector not in interp.funcs:
         raise ConfigError(

@@ -104,6 +104,22 @@ def test_toml_era_training_keys_on_a_registry_launch_are_said_not_applied(monkey
     assert r.get("recompute_granularity") == "selective"  # the function's, unchanged
 
 
+def test_a_registry_given_beside_the_launch_that_names_its_config(tmp_path):
+    # A skill trial passed the registry file and the launch (which names --config): "name
+    # one" was refused; the launch's --config says which. Alone, the file still asks.
+    (tmp_path / "torchtitan").symlink_to(CHECKOUT / "torchtitan")  # the command's checkout
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "torchrun --nproc_per_node=8 -m torchtitan.train --module llama3 --config llama3_8b\n"
+    )
+    r = _read(str(LLAMA3), str(launch)).reading
+    assert "llama3_8b()" in r.format and r.get("num_layers") == 32
+    other = tmp_path / "other.yaml"  # another input that names no registry config
+    other.write_text("num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n")
+    with pytest.raises(ConfigError, match="name one"):
+        _read(str(LLAMA3), str(other))
+
+
 def test_run_train_sh_reads_the_default_config(monkeypatch):
     # MODULE=${MODULE:-"llama3"} CONFIG=${CONFIG:-"llama3_debugmodel"}: the environment's
     # defaults, said as such
