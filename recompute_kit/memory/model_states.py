@@ -246,6 +246,15 @@ def sharding_mode(config: Config) -> str:
     return "megatron_fsdp" if p.use_distributed_optimizer else "zero"
 
 
+def adam_moment_share(config: Config) -> float:
+    """The share of the optimizer states that is Adam's two moments (the rest is the fp32
+    master copy): all of it where the weights themselves are fp32 (fp32 training, FSDP2,
+    autocast's "amp"), two thirds with 16-bit weights and an fp32 master copy (12 B/param)."""
+    m, p = config.model, config.parallel
+    fp32_weights = not (m.bf16 or m.fp16) or sharding_mode(config) == "fsdp2"
+    return 1.0 if fp32_weights or p.param_precision in ("amp", "pure") else 2 / 3
+
+
 def _largest_module(m: ModelConfig, t: int) -> float:
     """The most parameters one module holds directly in a Hugging Face model (DeepSpeed's
     `model_to_params`: `m.parameters(recurse=False)` of every module): the embedding or output

@@ -23,9 +23,9 @@ IMBALANCE_STEP = 0.25  # the imbalance planned for: the one that closes the gap,
 
 
 def _before_first_step(ctx: Context) -> str:
-    """A caveat where the log shows no iteration: Adam's two moments (two thirds of the
-    optimizer's 12 bytes per parameter) are made at the first optimizer step, so an OOM before
-    it held less than the estimate counts and the gap is larger by up to that much."""
+    """A caveat where the log shows no iteration: Adam's two moments are made at the first
+    optimizer step, so an OOM before it held less than the estimate counts and the gap is
+    larger by up to that much."""
     moments = moments_before_first_step(ctx)
     if not moments:
         return ""
@@ -200,7 +200,7 @@ def _moe_imbalance(ctx: Context) -> Match | None:
     if _before_first_step(ctx):
         # without the moments the same OOM means more imbalance, and the moments come at the
         # first step: the fix is planned for that case (it covers the other)
-        moments = ctx.estimate.optimizer_bytes * 2 // 3
+        moments = moments_before_first_step(ctx)
         upper = 1.0 + (gap + moments) / per_share
         if upper <= max(2.0, ep):
             planned = math.ceil(upper / IMBALANCE_STEP) * IMBALANCE_STEP

@@ -339,13 +339,19 @@ def before_first_step(ctx: Context) -> bool:
 
 
 def moments_before_first_step(ctx: Context) -> int:
-    """Adam's two moments (two thirds of the optimizer's 12 bytes per parameter) where an OOM
-    came with no finished iteration in the log: torch's Adam makes them at the first optimizer
-    step, so an OOM before it held that much less than the estimate counts; 0 otherwise."""
+    """Adam's two moments (memory/model_states.py `adam_moment_share`: two thirds of the
+    optimizer's 12 bytes per parameter with an fp32 master copy, all of it without) where an
+    OOM came with no finished iteration in the log: torch's Adam makes them at the first
+    optimizer step, so an OOM before it held that much less than the estimate counts; 0
+    otherwise."""
+    from ...memory.model_states import adam_moment_share
+
     e = ctx.estimate
     if ctx.evidence.iterations or e is None or not e.optimizer_bytes or ctx.oom is None:
         return 0
-    return e.optimizer_bytes * 2 // 3
+    if ctx.config is None:
+        return 0
+    return int(e.optimizer_bytes * adam_moment_share(ctx.config))
 
 
 MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
