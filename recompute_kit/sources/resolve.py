@@ -291,6 +291,9 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {called.script}: {exc}") from None
         reading = formats.read_file_text(text, str(called.script), overrides)
+        # the script itself, given again beside this file, is not read again on its own
+        # defaults (run_train.sh's CONFIG=llama3_debugmodel): it was read here, with arguments
+        reading.read_within.append(str(called.script))
         n = len(called.argv)
         exported = f", and its exports {' '.join(called.exports)}" if called.exports else ""
         reading.warnings.insert(

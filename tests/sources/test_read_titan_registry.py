@@ -120,6 +120,17 @@ def test_a_registry_given_beside_the_launch_that_names_its_config(tmp_path):
         _read(str(LLAMA3), str(other))
 
 
+def test_run_train_sh_beside_the_command_that_runs_it_is_read_once(tmp_path):
+    # A skill trial passed launch.sh (`CONFIG=llama3_8b ./run_train.sh ...`) and run_train.sh:
+    # the script was read again on its own defaults (llama3_debugmodel) and won the merge
+    for name in ("torchtitan", "run_train.sh"):
+        (tmp_path / name).symlink_to(CHECKOUT / name)
+    launch = tmp_path / "launch.sh"
+    launch.write_text("NGPU=8 MODULE=llama3 CONFIG=llama3_8b ./run_train.sh\n")
+    r = _read(str(launch), str(tmp_path / "run_train.sh")).reading
+    assert r.get("num_layers") == 32 and not any("conflict" in w for w in r.warnings)
+
+
 def test_run_train_sh_reads_the_default_config(monkeypatch):
     # MODULE=${MODULE:-"llama3"} CONFIG=${CONFIG:-"llama3_debugmodel"}: the environment's
     # defaults, said as such
