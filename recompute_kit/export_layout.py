@@ -461,8 +461,8 @@ def _torchtitan(changes: dict[str, Any], world: int) -> list[str]:
     return lines
 
 
-# the TOML's [training] keys in the registry's TrainingConfig: the batch is counted in tokens
-# the TOML's [training] keys (in sequences) as the registry's TrainingConfig keys (in tokens)
+# the TOML's batch keys (in sequences; the pipeline's micro-batch is a [parallelism] key there)
+# as the registry's TrainingConfig keys (in tokens)
 _REGISTRY_TOKENS = {
     "local_batch_size": "num_tokens_per_microbatch_per_dp_rank",
     "pipeline_parallel_microbatch_size": "num_tokens_per_microbatch_per_dp_rank",
@@ -498,6 +498,9 @@ def _torchtitan_registry(changes: dict[str, Any], world: int) -> list[str]:
                 out.append(f"# {key} {value} sequences: the sequence length is not known here")
                 continue
             key, value = _REGISTRY_TOKENS[key], str(int(value) * int(seq))
+            out.append(f"config.training.{key} = {value}")
+            flags.append(f"--training.{key} {value}")
+            continue
         out.append(f"config.{section}.{key} = {value}")
         flags.append(f"--{section}.{key} {value}")
     if pp_micro is not None:

@@ -516,3 +516,15 @@ def test_bridge_fine_grained_offloading_says_the_environment_it_needs():
     )
     assert "NVTE_CPU_OFFLOAD_V1=1" in render(rc, "megatron-bridge", num_layers=4)
     assert "NVTE_CPU_OFFLOAD_V1" not in render(parse_spec("selective:layernorm"), "megatron-bridge")
+
+
+def test_registry_pipeline_micro_batch_is_a_training_token_key():
+    # A skill trial: the pipeline rows of `plan --levers` rendered
+    # `--parallelism.num_tokens_per_microbatch_per_dp_rank`; the registry's TrainingConfig holds
+    # it (torchtitan/config/configs.py), in tokens
+    from recompute_kit.export_layout import SEQUENCE_TOKENS, _torchtitan_registry
+
+    changes = {"pipeline_model_parallel_size": 2, "micro_batch_size": 1, SEQUENCE_TOKENS: 8192}
+    lines = _torchtitan_registry(changes, world=8)
+    assert "config.training.num_tokens_per_microbatch_per_dp_rank = 8192" in lines
+    assert not any("parallelism.num_tokens" in line for line in lines)
