@@ -408,3 +408,19 @@ def test_rk011_without_a_gpu_size_fires_when_the_states_exceed_any_common_gpu():
     # a model whose states fit an 80 GiB GPU says nothing without the GPU's size
     small = _LLAMA3_8B_FLAGS.replace("--num-layers 32", "--num-layers 4")
     assert "RK011" not in [g.rule for g in run("", config=small, config_name="flags.sh").findings]
+
+
+def test_rk012_a_request_that_is_a_whole_fraction_of_the_tokens_is_no_shorter_batch(tmp_path):
+    # A skill trial (Llama-3.1-8B, 4 x 8192 tokens per micro-batch): a 3.91 GiB request was
+    # read as "a logits tensor of about 16368 tokens (4 x 4092): the batch that failed held
+    # fewer tokens (padding)", to the token, from a figure rounded to 0.01 GiB; it is 8192
+    # tokens of fp32 logits over 128256 entries, a quarter of the micro-batch's 32768
+    (tmp_path / "oom.log").write_text(OOM_4090.format(request="3.91 GiB"), encoding="utf-8")
+    evidence = collect(
+        logs=[str(tmp_path / "oom.log")],
+        model="meta-llama/Meta-Llama-3.1-8B",
+        overrides={"data_parallel_size": 8, "seq_length": 8192, "micro_batch_size": 4},
+    )
+    said = " ".join(f.evidence for f in diagnose(evidence).findings if f.rule == "RK012")
+    assert "8192 tokens (to the OOM's rounding), 1/4 of the micro-batch's 32768" in said
+    assert "padding" not in said

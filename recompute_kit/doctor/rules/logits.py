@@ -117,6 +117,18 @@ def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
     ]
     if any(abs(t - tokens) < 0.02 * tokens for t in whole):
         return ""  # one tensor of all the config's tokens (16- or 32-bit): no shorter batch
+    exact = logits_shape_of_request(
+        oom.requested_bytes * p.tensor_model_parallel_size, [m.vocab_size]
+    )
+    if exact is not None and exact[0] < tokens and tokens % exact[0] == 0:
+        # a whole fraction of the micro-batch's tokens, to the OOM's rounding: a chunk of the
+        # loss or a split of the batch, not a shorter (padded) batch
+        t, _, width = exact
+        return (
+            f" The request is one {8 * width}-bit logits tensor of {t} tokens (to the OOM's "
+            f"rounding), 1/{tokens // t} of the micro-batch's {tokens}: a chunk of the loss or "
+            "a split of the batch, not a shorter batch."
+        )
     for width in (2, 4):
         t = oom.requested_bytes * p.tensor_model_parallel_size / (width * m.vocab_size)
         per_sample = t / m.micro_batch_size
