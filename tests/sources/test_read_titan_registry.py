@@ -295,3 +295,19 @@ def test_the_policy_chosen_on_the_command_line(monkeypatch):
         "full"
     )
     assert _read(f"{base} activation-checkpoint:none").reading.get("recompute_granularity") is None
+
+
+def test_the_doctor_reads_the_environment_the_launched_script_sets(tmp_path):
+    # A skill trial: launch.sh runs run_train.sh, which launches with
+    # PYTORCH_ALLOC_CONF="expandable_segments:True"; the doctor still asked for "the same step
+    # with expandable_segments" (it read only launch.sh's own text)
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    for name in ("torchtitan", "run_train.sh"):
+        (tmp_path / name).symlink_to(CHECKOUT / name)
+    launch = tmp_path / "launch.sh"
+    launch.write_text("NGPU=8 MODULE=llama3 CONFIG=llama3_8b ./run_train.sh\n")
+    evidence = collect(config=[str(launch)])
+    assert evidence.env.get("PYTORCH_ALLOC_CONF") == "expandable_segments:True"
+    assert "expandable" not in [c["id"] for c in diagnose(evidence).verdict.collect]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -201,6 +202,14 @@ def collect(
         # what the file states, without comments (documentation, not evidence)
         stated = config_artefact_text(text)
         env = _scan_env(strip_comments(text))
+        if called is None and one != "-" and not command:
+            # a file whose command runs a script (`CONFIG=x ./run_train.sh ...`): the
+            # environment that script sets is the run's too (run_train.sh's
+            # PYTORCH_ALLOC_CONF="expandable_segments:True")
+            runs = script_call(one, text)
+            if runs is not None:
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    env = {**_scan_env(strip_comments(runs.text())), **env}
         if file_of(one).endswith(".py"):
             scanned.update(flat)
         part = Evidence(config=flat, env=env, sources=[f"config:{label}"])
