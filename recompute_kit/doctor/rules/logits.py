@@ -6,6 +6,7 @@ their fix in the run's own keys.
 from __future__ import annotations
 
 from ...memory.estimate import logits_columns, loss_bytes
+from ...plan.trainer_levers import is_trainer_run
 from ..types import Context, Match
 from .memory import EVAL_WORDS, HF_EVAL_FRAMES, HF_EVAL_LINE, activation_split
 from .nothing_fits import largest_at_full_recompute, lever_patch
@@ -120,9 +121,10 @@ def _tokens_of_the_request(ctx: Context, tokens: int) -> str:
     exact = logits_shape_of_request(
         oom.requested_bytes * p.tensor_model_parallel_size, [m.vocab_size]
     )
-    if exact is not None and exact[0] < tokens and tokens % exact[0] == 0:
-        # a whole fraction of the micro-batch's tokens, to the OOM's rounding: a chunk of the
-        # loss or a split of the batch, not a shorter (padded) batch
+    full_batches = not is_trainer_run(cfg)  # Megatron, torchtitan: fixed or packed sequences
+    if exact is not None and full_batches and exact[0] < tokens and tokens % exact[0] == 0:
+        # a whole fraction of the micro-batch's tokens, to the OOM's rounding, where batches
+        # are never padded short: a chunk of the loss or a split of the batch
         t, _, width = exact
         return (
             f" The request is one {8 * width}-bit logits tensor of {t} tokens (to the OOM's "
