@@ -300,6 +300,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             rejected.append({"recompute": spec, "error": str(exc)})
             print(f"recompute-kit: note: {spec} not estimated: {exc}", file=sys.stderr)
             continue
+        resolved = getattr(args, "resolved", None)
+        if resolved is not None and args.recompute:
+            from ..plan.search import unexpressible
+
+            why = unexpressible(candidate.recompute, default_format(args))
+            if why:  # a what-if the run's keys cannot write: estimated, and said
+                print(f"recompute-kit: note: {spec}: {why}", file=sys.stderr)
         results.append(estimate(candidate, stage=args.stage))
     if not results:
         raise ConfigError(rejected[0]["error"])

@@ -532,7 +532,7 @@ def layer_span(layers: Sequence[int], word: str = "layers ") -> str:
 
 
 def default_format(args: argparse.Namespace) -> str:
-    if args.format:
+    if getattr(args, "format", None):  # (`estimate` has no --format: the inputs' own)
         return args.format
     from ..export import format_for
 

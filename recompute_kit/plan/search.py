@@ -104,6 +104,12 @@ def unexpressible(rc: RecomputeConfig, fmt: str) -> str | None:
             "recompute_num_layers=1 under policy.megatron_cfg.activation_checkpointing): "
             "its keys cannot set another method or layer count"
         )
+    if fmt == "torchtitan-registry" and rc.recompute_granularity == "full" and not uniform_one:
+        return (
+            "torchtitan's config registry has FullAC (every transformer block; "
+            "torchtitan/distributed/activation_checkpoint.py: no layer count): its keys cannot "
+            "set a method or a number of layers"
+        )
     if fmt == "nemo-rl-dtensor" and rc.recompute_granularity == "selective":
         return (
             "NeMo-RL's DTensor policy checkpoints whole layers "

@@ -311,3 +311,20 @@ def test_the_doctor_reads_the_environment_the_launched_script_sets(tmp_path):
     evidence = collect(config=[str(launch)])
     assert evidence.env.get("PYTORCH_ALLOC_CONF") == "expandable_segments:True"
     assert "expandable" not in [c["id"] for c in diagnose(evidence).verdict.collect]
+
+
+def test_a_full_layer_count_is_no_registry_setting(tmp_path, capsys):
+    # A skill trial: `estimate --recompute full:block:16` on a registry launch was estimated
+    # without a word; the registry's FullAC.Config has no layer count
+    # (torchtitan/distributed/activation_checkpoint.py)
+    from recompute_kit.cli import main
+
+    (tmp_path / "torchtitan").symlink_to(CHECKOUT / "torchtitan")
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "torchrun --nproc_per_node=8 -m torchtitan.train --module llama3 --config llama3_8b\n"
+    )
+    assert main(["estimate", "--config", str(launch), "--recompute", "none", "full:block:16"]) == 0
+    assert "full:block:16: torchtitan's config registry has FullAC" in capsys.readouterr().err
+    assert main(["validate", str(launch), "--recompute", "full:block:16"]) == 1
+    assert main(["validate", str(launch), "--recompute", "full:uniform:1"]) == 0
