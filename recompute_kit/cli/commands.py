@@ -287,8 +287,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from ..memory.estimate import estimate
 
     cfg = validate_run(config_from_args(args, shows_layout=True), not args.recompute)
+    from ..plan.search import unexpressible
+
     results, rejected = [], []
     specs = specs_for(cfg, args)
+    # a what-if the run's keys cannot write is estimated, and said (its format: the inputs')
+    fmt = default_format(args) if args.recompute and getattr(args, "resolved", None) else None
     for spec in specs:
         candidate = cfg.with_recompute(spec)
         try:
@@ -300,13 +304,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             rejected.append({"recompute": spec, "error": str(exc)})
             print(f"recompute-kit: note: {spec} not estimated: {exc}", file=sys.stderr)
             continue
-        resolved = getattr(args, "resolved", None)
-        if resolved is not None and args.recompute:
-            from ..plan.search import unexpressible
-
-            why = unexpressible(candidate.recompute, default_format(args))
-            if why:  # a what-if the run's keys cannot write: estimated, and said
-                print(f"recompute-kit: note: {spec}: {why}", file=sys.stderr)
+        if fmt and (why := unexpressible(candidate.recompute, fmt)):
+            print(f"recompute-kit: note: {spec}: {why}", file=sys.stderr)
         results.append(estimate(candidate, stage=args.stage))
     if not results:
         raise ConfigError(rejected[0]["error"])

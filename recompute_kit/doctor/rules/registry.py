@@ -349,9 +349,7 @@ def moments_before_first_step(ctx: Context) -> int:
     e = ctx.estimate
     if ctx.evidence.iterations or e is None or not e.optimizer_bytes or ctx.oom is None:
         return 0
-    if ctx.config is None:
-        return 0
-    return int(e.optimizer_bytes * adam_moment_share(ctx.config))
+    return int(e.optimizer_bytes * adam_moment_share(ctx.config)) if ctx.config else 0
 
 
 MEGATRON_RUNS = ("megatron-core", "megatron-lm", "megatron-bridge", "nemo2", "nemo1")
