@@ -255,6 +255,8 @@ def sniff(text: str, path: str) -> int:
     )
     if re.search(r"\b(run_recipe\.py|pretrain_\w+\.py)\b", text) and overrides:
         return 85
+    if re.search(r"\brun_recipe\.py\b", text) and re.search(r"--(?:recipe|model)\b", text):
+        return 85  # Megatron-Bridge's launcher with its shorthands only (`-sl 8192 -tp 2`)
     # Megatron-Bridge's example scripts (examples/models/*/finetune_<model>.py): a YAML of
     # overrides by --config-file, then Hydra-style overrides on the command line
     if re.search(EXAMPLE_SCRIPT, text) and (overrides or "--config-file" in text):

@@ -244,6 +244,7 @@ def read(text: str, path: str) -> Reading:
     pos = 0
     world: dict[str, tuple[int, int, str]] = {}
     recipe: str | None = None
+    mode: tuple[str, int] | None = None  # run_recipe.py --mode (pretrain, sft, lora, dora)
     config_file: tuple[str, int] | None = None  # an example script's --config-file YAML
     script: tuple[str, str, int] | None = None  # (model part of its name, the word, line)
     i = 0
@@ -252,7 +253,7 @@ def read(text: str, path: str) -> Reading:
         opt, eq, inline = w.partition("=")
         nxt = words[i + 1] if i + 1 < len(words) else None
         if w.startswith("-") and (
-            opt in SHORTHANDS or opt in ("--recipe", "--model") or opt in _LAUNCHER_WORLD
+            opt in SHORTHANDS or opt in ("--recipe", "--model", "--mode") or opt in _LAUNCHER_WORLD
         ):
             raw = inline if eq else nxt
             line, pos = _line_of(text, written[i], pos)
@@ -262,7 +263,9 @@ def read(text: str, path: str) -> Reading:
                     _, pos = _line_of(text, written[i], pos)
             if raw is None:
                 raise ConfigError(f"{path}:{line}: {opt} needs a value")
-            if opt in ("--recipe", "--model"):
+            if opt == "--mode":
+                mode = (raw, line)
+            elif opt in ("--recipe", "--model"):
                 recipe = raw
                 named_at = Origin(FROM_FILE, f"{path}:{line}", opt)
                 reading.recipe_origin = named_at  # type: ignore[attr-defined]
@@ -339,6 +342,7 @@ def read(text: str, path: str) -> Reading:
                     FROM_FILE, f"{path}:{n[1]}", n[2], f"x nnodes {m[0]}" if m[2] else "one node"
                 ),
             )
+    _peft_mode(reading, recipe, mode, path)
     if recipe is not None:
         reading.unused[ON_RECIPE] = recipe
         reading.format = f"Megatron-Bridge Hydra-style overrides on recipe {recipe}"
@@ -352,6 +356,24 @@ def read(text: str, path: str) -> Reading:
         set_model_name(reading, name, origin)
         reading.format = f"Megatron-Bridge {word} command line (overrides on its recipe)"
     return reading
+
+
+def _peft_mode(reading: Reading, recipe: str | None, mode: tuple | None, path: str) -> None:
+    """run_recipe.py's training mode: `--mode lora|dora`, else the one the recipe's name encodes
+    (scripts/training/recipe_metadata.py `infer_recipe_mode`: `_peft_` / `_lora_` is LoRA,
+    `_dora_` DoRA): adapters on frozen base weights, which the recipe (not read here) sets."""
+    if mode is not None:
+        name, line, key = mode[0], mode[1], "--mode"
+    elif recipe is not None:
+        named = f"_{recipe.lower().strip('_')}_"
+        name = next((m for m in ("dora", "peft", "lora") if f"_{m}_" in named), "")
+        line, key = getattr(reading, "recipe_origin", Origin(FROM_FILE, path)).where, "--recipe"
+        line = line.rpartition(":")[2]
+    else:
+        return
+    if name.lower() in ("lora", "dora", "peft"):
+        note = f"{name}: adapters on frozen base weights (run_recipe.py's mode)"
+        reading.set("frozen_base", True, Origin(FROM_FILE, f"{path}:{line}", key, note))
 
 
 def _with_config_file(reading: Reading, name: str, line: int, path: str) -> Reading:

@@ -223,3 +223,33 @@ def test_bridge_slurm_scripts_with_quoted_overrides_or_a_quoted_command_name_the
     deepseek = BRIDGE_CHECKOUT / "examples/models/deepseek_v4/slurm_sft.sh"
     r = resolve([str(deepseek)], require_shape=False).reading
     assert "on recipe deepseek_v4_flash_sft_config" in r.format  # MTP=${MTP:-on}'s case arm
+
+
+def test_a_peft_recipe_or_mode_trains_adapters_on_frozen_weights(tmp_path):
+    # Megatron-Bridge's gpt_oss slurm_peft.sh names gpt_oss_20b_peft_config, which run_recipe.py
+    # runs as LoRA (scripts/training/recipe_metadata.py infer_recipe_mode: `_peft_` / `_lora_`
+    # LoRA, `_dora_` DoRA); the estimate counted full fine-tuning's states
+    peft = BRIDGE_CHECKOUT / "examples/models/gpt_oss/slurm_peft.sh"
+    r = resolve([str(peft)], require_shape=False).reading
+    assert r.get("frozen_base") is True and r.origins["frozen_base"].key == "--recipe"
+    # --mode says it whatever the name; a pretraining recipe and --mode sft do not
+    cmd = tmp_path / "cmd.sh"
+    cmd.write_text("python run_recipe.py --recipe qwen3_8b_pretrain_config --mode lora -sl 4096\n")
+    assert resolve([str(cmd)], require_shape=False).reading.get("frozen_base") is True
+    cmd.write_text("python run_recipe.py --recipe qwen3_8b_pretrain_config -sl 4096\n")
+    assert resolve([str(cmd)], require_shape=False).reading.get("frozen_base") is not True
+    sft = BRIDGE_CHECKOUT / "examples/models/gpt_oss/slurm_sft.sh"  # --mode sft
+    assert resolve([str(sft)], require_shape=False).reading.get("frozen_base") is not True
+
+
+def test_the_default_reading_says_the_dtype_the_reader_assumed():
+    # the doctor on that script (no OOM, an H100): its default reading said "dtype: not in the
+    # paste (fp32 unless set)" while the reader had taken Megatron-Bridge's bf16 mixed precision
+    from recompute_kit.doctor.engine import diagnose
+    from recompute_kit.doctor.evidence import collect
+
+    peft = BRIDGE_CHECKOUT / "examples/models/gpt_oss/slurm_peft.sh"
+    d = diagnose(collect(config=[str(peft)]), 79.1)
+    said = " ".join(f.evidence for f in d.findings if f.rule == "RK170")
+    assert "dtype: nothing read sets it (bf16 assumed)" in said and "fp32 unless set" not in said
+    assert "LoRA (adapters on frozen weights)" in said

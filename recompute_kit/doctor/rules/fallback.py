@@ -434,7 +434,12 @@ def _knob_list(ctx: Context, k: Knobs, count: StateCount | None) -> str:
         parts.append("FSDP")
     if k.dist_opt:
         parts.append("distributed optimizer")
-    parts.append(f"dtype {k.dtype}" if k.dtype else "dtype: not in the paste (fp32 unless set)")
+    if k.dtype:
+        parts.append(f"dtype {k.dtype}")
+    elif k.dtype_assumed:
+        parts.append(f"dtype: nothing read sets it ({k.dtype_assumed} assumed)")
+    else:
+        parts.append("dtype: not in the paste (fp32 unless set)")
     if k.lora is True:
         parts.append("LoRA (adapters on frozen weights)")
     elif k.lora is False:

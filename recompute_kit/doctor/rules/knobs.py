@@ -115,6 +115,7 @@ class Knobs:
     fsdp: bool = False
     dist_opt: bool = False
     dtype: str | None = None
+    dtype_assumed: str | None = None  # what the reader assumed where nothing read sets it
     lora: bool | None = None  # None: the paste does not say
     attn: str | None = None  # the attention implementation as set ("key=value"), if set
     mentioned: list[str] = field(default_factory=list)  # "key = value" as found, in order
@@ -258,6 +259,8 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
             k.batch = ("micro_batch_size", n)
     if not k.dtype and known("bf16") and values["bf16"] is True:
         k.dtype = "bf16"
+    elif not k.dtype and "bf16" in values:  # the framework's default, as the reader took it
+        k.dtype_assumed = "bf16" if values["bf16"] else "fp16" if values.get("fp16") else "fp32"
     if not k.fsdp and known("use_torch_fsdp2") and values["use_torch_fsdp2"] is True:
         k.fsdp = True
         if k.zero is None and known("zero_stage"):
