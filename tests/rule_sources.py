@@ -656,3 +656,11 @@ SOURCES["t24-transformers-7158-evaluate-oom"] = (
     "https://github.com/huggingface/transformers/issues/7158 (its title as the first line, then "
     "the report as the stored copy cuts it, inside its traceback)"
 )
+
+# round ac (2026-11-28): fresh cases' verbatim pastes a rule was written for
+SOURCES["transformers-30544-gradient-checkpointing-func"] = (
+    "https://github.com/huggingface/transformers/issues/30544 (the traceback the report pastes)"
+)
+SOURCES["megatronllm-86-full-recompute-position-ids"] = (
+    "https://github.com/epfLLM/Megatron-LLM/pull/86 (the PR's description)"
+)

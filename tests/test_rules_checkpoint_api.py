@@ -11,6 +11,7 @@ from rule_helpers import (
     MIXTRAL_8X7B_MLP,
     cites,
     covers,
+    get,
     ids,
     intended_patch,
     run,
@@ -446,6 +447,14 @@ def test_rk099_requires_grad_warning_alone_is_informational():
 
 
 @covers("RK075")
+@covers("RK078")
+def test_rk078_gradient_checkpointing_func_missing_is_the_flag_set_by_hand():
+    # https://github.com/huggingface/transformers/issues/30544
+    f = top(run(text("transformers-30544-gradient-checkpointing-func")))
+    assert f.rule == "RK078" and f.category == "checkpoint_api_misuse"
+    assert "gradient_checkpointing_enable()" in f.fix
+
+
 def test_rk075_moe_router_metadata_mismatch_names_the_router():
     f = top(run(text("i12-automodel-2635")))
     assert f.rule == "RK075" and "router" in f.fix.lower()
@@ -541,6 +550,17 @@ def test_megatron_validation_of_a_config(rule_id, config, name, quoted):
     assert d.to_json()["verdict"] == "diagnosed"  # the kit ran Megatron's validation
     assert f.evidence.startswith("Megatron would reject this config")
     cites(f, quoted)
+
+
+@covers("RK050")
+def test_a_refused_config_beside_a_log_of_the_run_training_is_no_diagnosis():
+    # The config as read is refused, but the log (Megatron-LM#5662's iteration line) shows the
+    # run training: Megatron validates before the first step, so the run's config passed.
+    config, name = CONFIG_CASES[0][1], CONFIG_CASES[0][2]
+    d = run(text("ex-mlm-pr5662"), config=config, config_name=name)
+    f = get(d, "RK050")
+    assert f.raw_confidence == 0.5 and "training iteration" in f.evidence
+    assert d.to_json()["verdict"] != "diagnosed" or top(d).rule != "RK050"
 
 
 @covers("RK050", "RK051", "RK052", "RK053", "RK054", "RK055", "RK056", "RK057")

@@ -276,3 +276,18 @@ def test_megatron_lms_assert_and_the_kits_layout_check_give_the_uneven_stages():
     # over PP 4 is not the run's): Megatron-Bridge's recompute skill's Llama3 70B table
     paste = "recompute_granularity=selective, recompute_modules=[mlp] (Exp 1); TP=4, PP=4"
     assert "RK097" not in ids(run(config=paste, config_name="config.txt"))
+
+
+def test_a_flag_quoted_in_prose_is_no_refused_config():
+    # https://github.com/epfLLM/Megatron-LLM/pull/86: `--recompute_granularity full` quoted in
+    # a sentence, and the run's forward failing: the paste does not show the whole command,
+    # so the recompute_method it leaves out is not read as missing (no RK050)
+    d = run(text("megatronllm-86-full-recompute-position-ids"))
+    assert "RK050" not in ids(d)
+    assert any("recompute_method" in a and "not read" in a for a in d.assumptions)
+
+
+def test_a_whole_config_pasted_without_a_method_is_refused():
+    shape = "num_layers: 4\nhidden_size: 256\nnum_attention_heads: 4\nseq_length: 128\n"
+    d = run(shape + "recompute_granularity: full\n")
+    assert "RK050" in ids(d)

@@ -53,11 +53,15 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
     elif read is None and (
         flat.get("recompute_granularity") is not None or flat.get("cpu_offloading")
     ):
-        try:
-            cfg, _ = config_from_dict(_known_keys(flat))
-            cfg.validate()
-        except ConfigError as exc:
-            ctx.config_error = str(exc)
+        refusal = _refusal(_known_keys(flat))
+        if refusal and _refused_whatever_unset(flat):
+            ctx.config_error = refusal
+        elif refusal:
+            ctx.assumptions.append(
+                f"Megatron would refuse the settings the paste shows as they stand "
+                f'("{refusal}"), but they leave {" and ".join(_unset_recompute(flat))} unset, '
+                "and the paste is no whole config: the run's own value is not read"
+            )
     if read is not None:  # the config files, read as every command reads them
         ctx.config, ctx.assumptions = read, [*ctx.assumptions, *read.assumptions]
         _trl_before_chunked_loss(ctx)
@@ -141,6 +145,36 @@ def _unsized(evidence: Evidence) -> str | None:
     from ..sources.resolve import NOT_SIZED
 
     return next((w for w in (evidence.read or {}).get("warnings") or [] if NOT_SIZED in w), None)
+
+
+def _refusal(keys: dict[str, Any]) -> str | None:
+    """Megatron's validation message for these settings, or None where it accepts them."""
+    try:
+        cfg, _ = config_from_dict(keys)
+        cfg.validate()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+# The recompute keys full recompute needs, and a value of each that Megatron accepts
+_RECOMPUTE_COMPANIONS = {"recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def _unset_recompute(flat: dict[str, Any]) -> list[str]:
+    return [k for k in _RECOMPUTE_COMPANIONS if k not in flat]  # (an args dump's None is read)
+
+
+def _refused_whatever_unset(flat: dict[str, Any]) -> bool:
+    """Whether a paste's settings are refused whatever the recompute keys it does not show
+    are: a fragment pasted from a command (`--recompute-granularity full` in a sentence) is
+    not the whole command, and a key it leaves out may be set in the run."""
+    unset = _unset_recompute(flat)
+    whole = all(flat.get(k) for k in SHAPE_KEYS)  # a config pasted whole: unset is the default
+    if whole or not unset or flat.get("recompute_granularity") != "full":
+        return True
+    filled = {**_known_keys(flat), **{k: _RECOMPUTE_COMPANIONS[k] for k in unset}}
+    return _refusal(filled) is not None
 
 
 def _known_keys(flat: dict[str, Any]) -> dict[str, Any]:

@@ -407,6 +407,26 @@ rule(
 )(on_message("does not support gradient checkpointing"))
 
 
+rule(
+    "RK078",
+    "Checkpointing switched on by hand, not by gradient_checkpointing_enable() (Hugging Face)",
+    "checkpoint_api_misuse",
+    symptom="AttributeError: '... object has no attribute '_gradient_checkpointing_func'' from "
+    "a transformers model's forward",
+    cause="transformers (4.35 and later) checkpoints a layer through the function "
+    "gradient_checkpointing_enable() installs on each module; setting the module's "
+    "`gradient_checkpointing = True` by hand (or a wrapper that does) turns the branch on "
+    "without the function",
+    confirm="grep the training code for `gradient_checkpointing = True` assigned to a model "
+    "or layer; hasattr(model.model, '_gradient_checkpointing_func') is False before the step",
+    fix="Call model.gradient_checkpointing_enable() on the model (with "
+    "gradient_checkpointing_kwargs={'use_reentrant': False}) instead of setting the flag, "
+    "outside the forward, before training starts",
+    patch={"gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    refs=("https://huggingface.co/docs/transformers/perf_train_gpu_one",),
+)(on_message("has no attribute '_gradient_checkpointing_func'"))
+
+
 @rule(
     "RK093",
     "Backward through the graph twice under checkpointing",

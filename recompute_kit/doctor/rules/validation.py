@@ -34,10 +34,25 @@ def _validation(*fragments: str):
                     f"{said}, as read: it takes values set inside `if` branches the files do "
                     f"not decide ({', '.join(branched[:4])}), which the run may not set.",
                 )
+            ran = _ran_past_validation(ctx)
+            if ran:  # Megatron validates before the first step: the run's config passed
+                return Match(0.5, f"{said}, as read; but {ran}, so the run's own config passed.")
             return Match(0.9, said)
         return None
 
     return check
+
+
+def _ran_past_validation(ctx: Context) -> str | None:
+    """What in the log shows the run got past Megatron's validation (which runs before the
+    model is built): training iterations, or a failure inside a forward or backward."""
+    ev = ctx.evidence
+    if ev.iterations:
+        return f"the log shows {len(ev.iterations)} training iteration(s)"
+    for e in ev.errors:
+        if any(re.search(r" in (?:\w*_)?(?:forward|backward)\w*$", f) for f in e.frames):
+            return "the log's traceback fails inside the model's forward or backward"
+    return None
 
 
 def _from_undecided_branches(ctx: Context) -> list[str]:
