@@ -165,6 +165,17 @@ class Spelling:
                     named = ", ".join(kept[:-1]) + (" and " if len(kept) > 1 else "") + kept[-1]
                     out.append(f"{drop.group(1)}{named}{drop.group(3)}")
                 continue
+            if line.startswith("--"):
+                line, kept = _without_written_switches(line, self.written)
+                if kept:
+                    out.append(
+                        f"# {' '.join(kept)}: in the script already (Megatron-LM turns "
+                        "--sequence-parallel off at TP 1; the TP above makes it take effect)"
+                        if kept == ["--sequence-parallel"]
+                        else f"# {' '.join(kept)}: in the script already"
+                    )
+                if not line:
+                    continue
             flag = line.split()[0] if line.startswith("--") else ""
             if flag in self.from_variables:
                 out.append(
@@ -173,6 +184,19 @@ class Spelling:
                 )
             out.append(line)
         return out
+
+
+def _without_written_switches(line: str, written: frozenset[str]) -> tuple[str, list[str]]:
+    """A line of flags less the value-less switches the script passes already (a value flag
+    the script passes is a change of its value: kept)."""
+    words, kept, out = line.split(), [], []
+    for i, word in enumerate(words):
+        switch = word.startswith("--") and (i + 1 == len(words) or words[i + 1].startswith("--"))
+        if switch and word in written:
+            kept.append(word)
+        else:
+            out.append(word)
+    return " ".join(out), kept
 
 
 _PAIRED = re.compile(
@@ -218,6 +242,8 @@ def spelling_of(reading) -> Spelling:
 
 def _megatron_lm_spelling(reading) -> Spelling:
     written = {o.key for o in reading.origins.values() if o.kind == "file" and o.key}
+    # a flag the script passes whose value Megatron-LM overrode (--sequence-parallel at TP 1)
+    written |= {o.key for o in reading.origins.values() if o.kind == "derived" and o.key}
     written |= set(reading.unused)
     variables = {}
     for o in reading.origins.values():
@@ -603,15 +629,39 @@ _nemo_rl = _keyed(
         "use_distributed_optimizer": "policy.megatron_cfg.optimizer.use_distributed_optimizer",
         "micro_batch_size": "policy.train_micro_batch_size",
         "seq_length": "policy.max_total_sequence_length",
+        # what the layout asks of NeMo-RL beside it (nemo_rl_companions)
+        "sequence_packing": "policy.sequence_packing.enabled",
+        "sequence_length_multiple": "policy.make_sequence_length_divisible_by",
     },
     "cluster.num_nodes x cluster.gpus_per_node",
     {
         # nemo_rl/models/megatron/setup.py: "Sequence Packing must be enabled to use Context
         # Parallelism with MCore."
-        "context_parallel_size": "with policy.sequence_packing.enabled: true (NeMo-RL's "
-        "Megatron policy asserts it for CP)",
+        "sequence_packing": "NeMo-RL's Megatron policy asserts it for CP",
+        "sequence_length_multiple": "sequences padded to a multiple of TP (with SP) x 2 CP",
     },
 )
+
+
+def sequence_multiple(config: Config) -> int:
+    """What a sequence's length must divide by for this layout: 2 x CP (each rank takes two
+    chunks) times TP under sequence parallelism (NeMo-RL's megatron/data.py minimum_pad_factor,
+    Megatron's own checks)."""
+    p = config.parallel
+    cp = p.context_parallel_size
+    tp = p.tensor_model_parallel_size if p.sequence_parallel else 1
+    return (2 * cp if cp > 1 else 1) * tp
+
+
+def nemo_rl_companions(planned: Config, changes: dict[str, Any]) -> None:
+    """The NeMo-RL keys a layout change needs beside its own: sequence packing for CP, and the
+    padding multiple (policy.make_sequence_length_divisible_by) for a new TP x SP or CP (a
+    recipe that pins it to the old TP refuses or breaks the new layout)."""
+    keys = {"tensor_model_parallel_size", "sequence_parallel", "context_parallel_size"}
+    if planned.parallel.context_parallel_size > 1 and "context_parallel_size" in changes:
+        changes["sequence_packing"] = True
+    if keys & set(changes) and sequence_multiple(planned) > 1:
+        changes["sequence_length_multiple"] = sequence_multiple(planned)
 # NeMo-RL's DTensor (FSDP2) policy: TP, CP and SP in dtensor_cfg, no pipeline parallelism
 _nemo_rl_dtensor = _keyed(
     "NeMo-RL DTensor",
@@ -625,6 +675,11 @@ _nemo_rl_dtensor = _keyed(
     "cluster.num_nodes x cluster.gpus_per_node",
     {},
 )
+
+
+def layout_key(fmt: str, key: str) -> str | None:
+    """The key format `fmt`'s layout writer writes `key` as (None: it has none listed)."""
+    return (getattr(_WRITERS.get(fmt), "keys", None) or {}).get(key)
 
 
 def has_key(fmt: str, megatron_key: str) -> bool:

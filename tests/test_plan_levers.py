@@ -715,3 +715,46 @@ def test_an_expert_group_spans_its_own_ranks_not_the_attention_layers_tp_x_cp():
     assert ep_transfer_seconds(cfg, 0, Hardware()) == ep_transfer_seconds(cfg, 0, nvlink)
     wide = cfg.replace(expert_model_parallel_size=16, data_parallel_size=8)  # two nodes
     assert ep_transfer_seconds(wide, 0, Hardware()) > ep_transfer_seconds(wide, 0, nvlink)
+
+
+NEMO_RL_SFT70B_4GPU = (
+    Path(__file__).parent
+    / "data/read/nemo_rl_sft70b/examples/configs/recipes/llm"
+    / "sft-llama3.1-70b-8n4g-tp2pp2-long-megatron.yaml"
+)
+
+
+def test_a_node_of_four_gpus_bounds_tp_and_prices_what_spans_it(capsys):
+    # a skill trial (round ac) on NeMo-RL's 70B SFT recipe for 8 nodes x 4 GPUs
+    # (cluster.gpus_per_node: 4): the step-time model took nodes of 8 GPUs, so a CP4 ring at
+    # TP2 (8 GPUs: two nodes) cost nothing and TP 8 (across nodes) was offered; TP4 with PP4,
+    # which fits without recompute, was never tried
+    from recompute_kit.plan.step_time import Hardware, stage_time
+    from recompute_kit.sources.resolve import resolve
+
+    cfg = resolve([str(NEMO_RL_SFT70B_4GPU)]).config
+    assert cfg.parallel.gpus_per_node == 4
+    cp4 = cfg.replace(context_parallel_size=4, pipeline_model_parallel_size=4, data_parallel_size=1)
+    on_dgx = cp4.replace(gpus_per_node=8)
+    assert stage_time(cp4, 0, Hardware()).cp_transfer_s == pytest.approx(
+        stage_time(on_dgx, 0, Hardware()).cp_transfer_s * 9  # 450 GB/s / 50 GB/s
+    )
+    args = ["plan", "--config", str(NEMO_RL_SFT70B_4GPU), "--gpu", "h100-80gb", "--levers"]
+    assert main([*args, "--json"]) in (0, 1)
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    assert not [r for r in rows if r["tensor_model_parallel_size"] > 4]
+    both = [r for r in rows if r["lever"] == "tp x pp" and r["fits"]]
+    assert any(r["recompute"] == "none" for r in both)
+    # its hand-over sets the padding NeMo-RL needs for TP4 with SP (the recipe pins it to 2)
+    tp4pp4 = next(r for r in both if r["setting"].startswith("tp=4 pp=4"))
+    assert "policy.make_sequence_length_divisible_by: 4" in tp4pp4["rendered"]
+    cp_row = next(r for r in rows if r["context_parallel_size"] == 4)
+    assert "policy.sequence_packing.enabled: true" in cp_row["rendered"]
+    assert "policy.make_sequence_length_divisible_by: 8" in cp_row["rendered"]  # 2 CP x TP2 off SP
+
+
+def test_levers_say_what_the_current_row_is_with_overrides(capsys):
+    args = ["plan", "--config", str(NEMO_RL_SFT70B_4GPU), "--gpu", "h100-80gb", "--levers"]
+    assert main([*args, "--tp", "4", "--sp", "--pp", "4", "--json"]) in (0, 1)
+    said = json.loads(capsys.readouterr().out)["current_is"]
+    assert said == "the run as given, with --tp 4 --pp 4 --sp"

@@ -288,3 +288,23 @@ def test_a_model_alone_gets_the_whole_layout_it_was_planned_for(capsys):
     for flag in ("--seq-length 4096", "--micro-batch-size 1", "--tensor-model-parallel-size 8"):
         assert flag in doc["rendered"], flag
     assert doc["changed_settings"]["seq_length"] == 4096
+
+
+DEEPSEEK_MFSDP = Path(__file__).parent / "data" / "read" / "mlm_sbatch_mfsdp_deepseek_v3.sh"
+
+
+def test_a_switch_the_script_passes_is_not_added_again_and_no_false_tie(capsys):
+    # a skill trial (round ac) on Megatron-LM's Megatron-FSDP DeepSeek-V3 script at TP2 SP:
+    # the hand-over added --sequence-parallel, which the script passes (Megatron-LM turned it
+    # off at TP 1), and named full:block:61 a near-tie "memory within the band" while it holds
+    # 4 GiB more (Megatron runs the MTP layer without recompute under block)
+    args = ["plan", "--config", str(DEEPSEEK_MFSDP), "--dp", "128", "--tp", "2", "--sp"]
+    assert main([*args, "--gpu", "h100-80gb", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rendered = doc["rendered"]
+    layout = rendered[rendered.index("the parallel layout") :]
+    flags = [line for line in layout.splitlines() if line.startswith("--")]
+    assert flags == ["--tensor-model-parallel-size 2"]
+    assert "--sequence-parallel: in the script already" in layout
+    assert "full:block:61" not in json.dumps(doc.get("ties") or doc.get("explanation", ""))
+    assert doc["layout"]["world_size"] == 256

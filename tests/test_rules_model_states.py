@@ -5,6 +5,7 @@ comment by the test). Texts, sources and the helpers: tests/rule_helpers.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rule_helpers import (
     GIB,
@@ -634,3 +635,30 @@ def test_a_named_size_split_over_pipeline_ranks_is_no_whole_model_count():
     assert "RK500" not in ids(d)
     assert top(d).rule == "RK806" and top(d).category == "model_state_memory"
     assert all("zero_optimization" not in json.dumps(f.config_patch) for f in d.findings)
+
+
+NEMO_RL_SFT70B_4GPU = (
+    Path(__file__).parent
+    / "data/read/nemo_rl_sft70b/examples/configs/recipes/llm"
+    / "sft-llama3.1-70b-8n4g-tp2pp2-long-megatron.yaml"
+)
+
+
+@covers("RK011")
+def test_rk011_at_the_first_step_counts_no_adam_moments_and_patches_nemo_rl_whole():
+    # a skill trial (round ac): NeMo-RL's 70B SFT recipe on 8 nodes x 4 H100 80GB, "it OOMs at
+    # the first training step on some ranks" (the trial's words). The finding said the optimizer
+    # states "already take 109%" as if Adam's moments existed before the first step, and its
+    # CP patch left out the sequence packing and padding NeMo-RL asserts for CP
+    d = run(
+        "It OOMs at the first training step on some ranks.",
+        inputs=[str(NEMO_RL_SFT70B_4GPU)],
+        gpu_memory_gb=79.1,
+    )
+    f = get(d, "RK011")
+    assert "first step" in f.evidence and "Adam's moments" in f.evidence
+    keys = f.patch_keys or {}
+    if keys.get("policy.megatron_cfg.context_parallel_size", 1) > 1:
+        assert keys["policy.sequence_packing.enabled"] is True
+        assert keys["policy.make_sequence_length_divisible_by"] % 8 == 0
+    assert any(k.startswith("policy.megatron_cfg.") for k in keys)

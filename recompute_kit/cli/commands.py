@@ -17,7 +17,7 @@ from ..config import (
 )
 from ..config.validation import batch_split_problem
 from ..config.versions import held_beyond_estimate, ignored_settings, known_broken, parse_version
-from ..export_layout import changed_settings
+from ..export_layout import changed_settings, nemo_rl_companions
 from ..plan.margins import planned_bytes
 from ..presets import PRESETS
 from ..units import byte_unit, in_unit
@@ -538,6 +538,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     given = inputs_alone(args) if args.config else None
     read = inputs_read(args) if given is None and args.config else None
     changes = changed_settings(cfg, given, override_values(args), read)
+    if default_format(args) == "nemo-rl":
+        nemo_rl_companions(cfg, changes)
     if default_format(args) == "torchtitan" and {"micro_batch_size", "data_parallel_size"} & set(
         changes
     ):

@@ -468,6 +468,11 @@ def layout_of(cfg: Config, est: Any = None) -> dict[str, Any]:
         "expert_tensor_parallel_size": p.etp,
         "data_parallel_size": p.data_parallel_size,
         "use_distributed_optimizer": p.use_distributed_optimizer,
+        # the GPUs the layout makes: TP x PP x CP x DP (check it against the job's)
+        "world_size": p.tensor_model_parallel_size
+        * p.pipeline_model_parallel_size
+        * p.context_parallel_size
+        * p.data_parallel_size,
     }
     if est is not None:
         out.update(
@@ -509,7 +514,8 @@ def print_layout(cfg: Config, est: Any = None) -> None:
         states = f"{name} stage {p.zero_stage}" + (
             f" ({offloaded} offloaded to the host)" if offloaded else ""
         )
-    line = f"layout: {' '.join(parts)}, {states}"
+    world = layout_of(cfg)["world_size"]
+    line = f"layout: {' '.join(parts)} ({world} GPUs), {states}"
     if est is not None and est.layers:
         which = " (the stage that holds the most)" if est.stage_total_bytes else ""
         line += (

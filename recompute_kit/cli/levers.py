@@ -140,12 +140,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
                 "fits": fits,
                 "current_fits": table.current.fits,
                 # what "current" is: the run as given, or priced with another recompute
-                "current_is": (
-                    f"the run with recompute {args.price_recompute} (--price-recompute), not "
-                    "its own setting"
-                    if args.price_recompute
-                    else "the run as given"
-                ),
+                "current_is": _current_is(args),
                 "layout": layout_of(cfg),
                 # the config's, then what the run's own estimate assumes (as plain `plan`
                 # says them; the CUDA context and NCCL's buffers are the safety margin's)
@@ -186,7 +181,13 @@ def _rendered(
     recompute settings, what it changes of the layout and, for a Trainer run, of the model
     states' sharding and offload; None where it cannot be written."""
     from ..export import render
-    from ..export_layout import LAYOUT_FIELDS, changed_settings, setting, world_size
+    from ..export_layout import (
+        LAYOUT_FIELDS,
+        changed_settings,
+        nemo_rl_companions,
+        setting,
+        world_size,
+    )
     from ..plan.trainer_levers import sharding_snippet
     from .common import default_format, inputs_spelling, override_values
 
@@ -203,6 +204,8 @@ def _rendered(
         fused = row.model.fused_linear_cross_entropy
         if fused != given.model.fused_linear_cross_entropy:
             changes["fused_linear_cross_entropy"] = fused
+    if fmt == "nemo-rl":
+        nemo_rl_companions(row, changes)
     titan = fmt in ("torchtitan", "torchtitan-registry")
     if titan and ({"micro_batch_size", "data_parallel_size"} & set(changes)):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
@@ -301,11 +304,33 @@ def hint_line(hint: dict) -> str:
         if hint["recompute_pick_fits"]:
             pick_room = hint["recompute_pick_headroom_bytes"] / GIB
             room += f" against the recompute pick's {pick_room:.1f}"
+    # the setting names its lever already ("tp=2 dp=128 sp"), except some ("first=39 last=41")
+    lever = "" if hint["setting"].startswith(hint["lever"].split()[0]) else f"{hint['lever']}: "
     return (
-        f"a layout does better: {hint['lever']} {hint['setting']} (peak "
+        f"a layout does better: {lever}{hint['setting']} (peak "
         f"{hint['peak_bytes'] / GIB:.1f} GiB{room}{faster}; step times from the step-time "
         "model, `plan --levers` prices every lever)"
     )
+
+
+def _current_is(args: argparse.Namespace) -> str:
+    """What the "current" row is: the run as its files give it, or changed by the command line
+    (--tp, --pp, ... overrides; --price-recompute)."""
+    from .common import OVERRIDES
+
+    changed = []
+    for flag in OVERRIDES:
+        value, name = getattr(args, flag, None), flag.replace("_", "-")
+        if value is not None:
+            changed.append(
+                (f"--{name}" if value else f"--no-{name}")
+                if isinstance(value, bool)
+                else f"--{name} {value}"
+            )
+    said = "the run as given" + (f", with {' '.join(changed)}" if changed else "")
+    if args.price_recompute:
+        said += f" and recompute {args.price_recompute} (--price-recompute), not its own setting"
+    return said
 
 
 def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:

@@ -243,6 +243,10 @@ class ParallelConfig:
     store_param_remainders: bool = True
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # The GPUs of a node, where the inputs say (NeMo-RL's cluster.gpus_per_node, torchrun's
+    # --nproc_per_node, #SBATCH --ntasks-per-node); None: GPUS_PER_NODE. Tensor and context
+    # parallel groups beyond it run over the network.
+    gpus_per_node: int | None = None
     virtual_pipeline_model_parallel_size: int | None = None
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1

@@ -423,6 +423,39 @@ def _translate(framework: str, patch: dict[str, Any], ctx: Context, drop) -> dic
             drop(key, value, f"{framework} has no key that sets {key}{how}")
             continue
         out.update(_value_for(framework, key, target, value, ctx, patch))
+    if framework == "nemo-rl":
+        out.update(_nemo_rl_layout_companions(patch, ctx))
+    return out
+
+
+_LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "sequence_parallel",
+    "context_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+)
+
+
+def _nemo_rl_layout_companions(patch: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """What a layout change needs beside it in NeMo-RL (export_layout.nemo_rl_companions:
+    sequence packing for CP, the padding multiple), less what the files already set."""
+    from ..export_layout import layout_key, nemo_rl_companions
+
+    layout = {k: v for k, v in patch.items() if k in _LAYOUT_KEYS and v is not None}
+    if not layout or ctx.config is None:
+        return {}
+    try:
+        planned = ctx.config.replace(**layout)
+    except (TypeError, ValueError):
+        return {}
+    nemo_rl_companions(planned, layout)
+    unused = (ctx.evidence.read or {}).get("unused") or {}
+    out = {}
+    for key in ("sequence_packing", "sequence_length_multiple"):
+        target = layout_key("nemo-rl", key)
+        if key in layout and target and unused.get(target) != layout[key]:
+            out[target] = layout[key]
     return out
 
 

@@ -276,6 +276,12 @@ def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict
         and not c.offload
         and c.clears_band
         and abs(c.step_cost - best.step_cost) < TIE_FLOPS
+        # no choice: as costly and holding more than the band above the best (full:block:N
+        # runs an MTP layer without recompute where uniform recomputes it)
+        and not (
+            c.step_cost >= best.step_cost
+            and c.estimate.total_bytes - best.estimate.total_bytes > best.band.total_bytes
+        )
     ]
     # the most different in memory first: those are the choices worth a word
     near.sort(key=lambda c: c.estimate.total_bytes)
@@ -334,7 +340,10 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
     memory, so a smaller batch or sequence cannot help: not offered."""
     p, m = config.parallel, config.model
     batch_left = m.micro_batch_size > 1 and not states_alone_too_big
+    # what plan/levers.py has rows for (a trial followed the promise to the rest and found none)
+    priced = "the parallel layouts, the distributed optimizer and the micro-batch"
     if m.loss_implementation == "hf":
+        priced = "the sharding, the offloads and the micro-batch"
         parts = []
         if p.zero_stage < 3:
             parts.append("shard the model states (DeepSpeed ZeRO-3 / FSDP)")
@@ -357,6 +366,7 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
         if not states_alone_too_big:
             parts.append("shorten the sequence length")
     elif m.loss_implementation == "torchtitan":
+        priced = "the parallel degrees and the batch"
         parts = ["raise the FSDP / TP (up to the KV heads) / PP / CP degrees over more GPUs"]
         if m.num_moe_experts and p.expert_model_parallel_size == 1:
             # EP 1: every rank gathers each MoE block's experts whole
@@ -372,6 +382,8 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
         parts = ["add parallelism (--tp/--pp/--cp/--ep)"]
         if not p.use_distributed_optimizer:
             parts.append("the distributed optimizer")
+        else:
+            priced = "the parallel layouts and the micro-batch"
         if not p.use_precision_aware_optimizer:
             parts.append("16-bit optimizer moments (use_precision_aware_optimizer)")
         if not p.optimizer_offload:
@@ -381,7 +393,7 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
         if not states_alone_too_big:
             parts.append("shorten the sequence")
     listed = ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1]
-    return f"{listed} (`plan --levers` prices them)"
+    return f"{listed} (`plan --levers` prices {priced})"
 
 
 def explain(

@@ -41,7 +41,7 @@ from .margins import (
     planned_bytes,
 )
 from .search import candidates
-from .step_time import Hardware, StepTime, micro_batches_per_step, step_time
+from .step_time import Hardware, StepTime, micro_batches_per_step, node_gpus, step_time
 from .trainer_levers import (
     checkpointing_setting,
     is_trainer_run,
@@ -466,6 +466,8 @@ def levers(
                     )
                 )
     rows += _tensor_parallel(config, args)
+    if not layout_fixed and not dtensor:
+        rows += _tensor_and_pipeline(config, args, layout_fallback)
     if m.num_moe_experts and has_key(plan_format, "expert_model_parallel_size"):
         rows += _expert_parallel(config, args)
     pp = p.pipeline_model_parallel_size
@@ -667,15 +669,16 @@ def _with_adds(row: Lever | None, adds: str) -> Lever | None:
 
 
 def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:
-    """Every other TP size within a node (1-8) that the run's GPUs hold at its PP x CP (data
-    parallel takes the rest), sequence parallelism with it; priced with its collectives
-    (step_time.py). Megatron's and the framework's shape rules refuse what cannot run."""
+    """Every other TP size within a node (1-8, or the inputs' GPUs per node) that the run's
+    GPUs hold at its PP x CP (data parallel takes the rest), sequence parallelism with it;
+    priced with its collectives (step_time.py). Megatron's and the framework's shape rules
+    refuse what cannot run."""
     p = config.parallel
     world, others = _world(config), p.pipeline_model_parallel_size * p.context_parallel_size
     rows: list[Lever | None] = []
     for t in (1, 2, 4, 8):
-        if t == p.tensor_model_parallel_size or world % (t * others):
-            continue
+        if t == p.tensor_model_parallel_size or world % (t * others) or t > node_gpus(config):
+            continue  # (TP's all-reduces stay inside a node)
         dp = world // (t * others)
         c = config.replace(
             tensor_model_parallel_size=t, data_parallel_size=dp, sequence_parallel=t > 1
@@ -689,6 +692,34 @@ def _tensor_parallel(config: Config, args: tuple) -> list[Lever | None]:
         rows.append(
             _evaluate("tp", f"sequence_parallel (tp={p.tensor_model_parallel_size})", c, *args)
         )
+    return rows
+
+
+def _tensor_and_pipeline(config: Config, args: tuple, fallback: str) -> list[Lever | None]:
+    """A larger TP (with SP, within a node) and a deeper pipeline together, at the run's GPU
+    count and CP: each alone may need a costly recompute where the two fit without one (a
+    skill trial found TP4 PP4 by hand, better than every row listed)."""
+    p = config.parallel
+    world, cp = _world(config), p.context_parallel_size
+    rows: list[Lever | None] = []
+    for t in (2, 4, 8):
+        if t <= p.tensor_model_parallel_size or t > node_gpus(config):
+            continue
+        for pp in (2 * p.pipeline_model_parallel_size, 4 * p.pipeline_model_parallel_size):
+            if pp > MAX_SPLIT or world % (t * cp * pp):
+                continue
+            dp = world // (t * cp * pp)
+            c = config.replace(
+                tensor_model_parallel_size=t,
+                sequence_parallel=True,
+                pipeline_model_parallel_size=pp,
+                data_parallel_size=dp,
+                virtual_pipeline_model_parallel_size=None,
+                num_layers_in_first_pipeline_stage=None,
+                num_layers_in_last_pipeline_stage=None,
+            )
+            setting = f"tp={t} pp={pp} dp={dp} sp"
+            rows.append(_evaluate("tp x pp", setting, c, *args, fallback=fallback))
     return rows
 
 

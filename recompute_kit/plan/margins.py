@@ -134,6 +134,8 @@ def tie_reason(
             f"{room / gib:.1f} GiB more headroom, more than the band, for {cost}: pick it if "
             f"the run is near the limit, {best_name} for speed"
         )
+    if -room > band_bytes:
+        return f"{-room / gib:.1f} GiB less headroom, more than the band, for {cost}"
     if dflops > 0:
         return f"{best_name} recomputes {dflops:.2%} less of the step; memory within the band"
     if best_name.startswith("full:") and other_name.startswith("full:"):

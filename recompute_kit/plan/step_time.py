@@ -289,7 +289,7 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
         again = _attention_recomputed_layers(config, stage)
         attn = layer_forward_flops(m, moe_layer=False, executed=True)["core_attn"] / ranks / rate
         # the ring's slowest hop: NVLink inside a node, the network once TP x CP spans nodes
-        link = _link_gbps(hw, ranks)
+        link = _link_gbps(config, hw, ranks)
         t_fwd = fwd_bytes / (link * GB)
         t_bwd = 2 * t_fwd
         attn_bwd = attn * (FLASH_BACKWARD_FACTOR if skips_masked_half(m) else 2.0)
@@ -319,10 +319,17 @@ def stage_time(config: Config, stage: int, hw: Hardware, offloaded_bytes: float 
     )
 
 
-def _link_gbps(hw: Hardware, group: int) -> float:
+def node_gpus(config: Config) -> int:
+    """The GPUs of a node: the inputs' (cluster.gpus_per_node, --nproc_per_node), else a DGX's."""
+    return config.parallel.gpus_per_node or GPUS_PER_NODE
+
+
+def _link_gbps(config: Config, hw: Hardware, group: int) -> float:
     """A collective's bandwidth: NVLink while its group of ranks fits one node, else the
     network's (the slowest hop)."""
-    return hw.cp_link_gbps if group <= GPUS_PER_NODE else min(hw.cp_link_gbps, hw.internode_gbps)
+    if group <= node_gpus(config):
+        return hw.cp_link_gbps
+    return min(hw.cp_link_gbps, hw.internode_gbps)
 
 
 def _stage_layers(config: Config, stage: int) -> Iterator[tuple[int, bool]]:
@@ -358,7 +365,7 @@ def ep_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     # Megatron-Core builds the expert groups on their own rank grid (parallel_state.py:
     # expert_decoder_rank_generator, tp = expert TP, cp = 1): an EP group spans expert-TP x EP
     # consecutive ranks, whatever the attention layers' TP x CP
-    link = _link_gbps(hw, p.etp * ep)
+    link = _link_gbps(config, hw, p.etp * ep)
     again = config.recompute.selects("moe")
     units = sum(
         4 + (2 if full or again else 0)
@@ -394,7 +401,7 @@ def fsdp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     moved = (2 * gather_b + reduce_b) * (
         params["dense"] * (n - 1) / n + params["expert"] * (edp - 1) / edp
     )
-    link = _link_gbps(hw, p.tensor_model_parallel_size * n)
+    link = _link_gbps(config, hw, p.tensor_model_parallel_size * n)
     return moved / (link * GB)
 
 
@@ -408,7 +415,7 @@ def tp_transfer_seconds(config: Config, stage: int, hw: Hardware) -> float:
     width = 2 if (m.bf16 or m.fp16) else 4
     per = (t - 1) / t * m.micro_batch_size * m.seq_length / p.context_parallel_size
     per *= m.hidden_size * width
-    link = _link_gbps(hw, t)
+    link = _link_gbps(config, hw, t)
     units = 0
     for layer, full in _stage_layers(config, stage):
         mlp = 2 if not m.is_moe_layer(layer) or p.etp > 1 else 0

@@ -47,7 +47,7 @@ def next_tensor_parallel(
     heads: int | None = None,
     query_groups: int | None = None,
     gpus: int | None = None,
-    gpus_per_node: int = GPUS_PER_NODE,
+    gpus_per_node: int | None = None,
     more_gpus: bool = False,
     world_known: bool = True,
 ) -> TensorParallelStep:
@@ -57,6 +57,9 @@ def next_tensor_parallel(
     `more_gpus`: where the run's GPUs hold no larger TP, the smallest that more GPUs would
     (data parallel kept), with the GPUs it needs. `world_known=False`: the config's data-
     parallel size is an assumption, so its world size bounds nothing (one node does)."""
+    gpus_per_node = gpus_per_node or (
+        config.parallel.gpus_per_node if config is not None else None
+    ) or GPUS_PER_NODE
     if config is not None:
         p = config.parallel
         current = p.tensor_model_parallel_size

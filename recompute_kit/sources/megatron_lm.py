@@ -390,8 +390,11 @@ def read(text: str, path: str) -> Reading:
             fields = launch.args
             if launch.world_size:
                 reading.set("world_size", launch.world_size, _world_size_origin(launch, path))
+            if launch.gpus_per_node:
+                count, line, key = launch.gpus_per_node
+                reading.set("gpus_per_node", count, Origin(FROM_FILE, f"{path}:{line}", key))
             elif (gap := sbatch_unsized(script.sbatch)) is not None:
-                reading.warnings.append(f"{path}: {gap}: {_WORLD_UNKNOWN}")
+                reading.warnings.append(f"{path}: {gap}: {WORLD_UNKNOWN}")
         else:
             fields, names = _flags_in_variables(script.variables)
             if not fields:
@@ -406,7 +409,7 @@ def read(text: str, path: str) -> Reading:
                 world, line, key = sized
                 reading.set("world_size", world, Origin(FROM_FILE, f"{path}:{line}", key))
             elif (gap := sbatch_unsized(script.sbatch)) is not None:
-                reading.warnings.append(f"{path}: {gap}: {_WORLD_UNKNOWN}")
+                reading.warnings.append(f"{path}: {gap}: {WORLD_UNKNOWN}")
         args = _args_from_fields(fields, path, reading)
         variables = script.variables
         for flag, line in script.undecided_flags.items():
@@ -463,7 +466,7 @@ def _megatron_deepspeed(get, setv, path: str, reading: Reading, where: str = MDS
         )
 
 
-_WORLD_UNKNOWN = "the world size is not known; give --dp (the world size over TP x PP x CP)"
+WORLD_UNKNOWN = "the world size is not known; give --dp (the world size over TP x PP x CP)"
 
 
 def _world_size_origin(launch: Launch, path: str) -> Origin:
@@ -1098,10 +1101,12 @@ def apply_defaults(reading: Reading) -> None:
 
     # Sequence parallelism is turned off at TP=1 (arguments.py), with a warning.
     if v("sequence_parallel") and v("tensor_model_parallel_size", 1) == 1:
+        written = reading.origins["sequence_parallel"]
         reading.set(
             "sequence_parallel",
             False,
-            Origin("derived", "Megatron-LM turns sequence parallelism off at TP=1"),
+            # (the flag the script passes kept: a plan at TP > 1 need not add it again)
+            Origin("derived", "Megatron-LM turns sequence parallelism off at TP=1", written.key),
         )
         reading.warnings.append(
             "sequence_parallel is turned off: Megatron-LM disables it when "

@@ -356,6 +356,8 @@ def read(
 
     gpus = fv.get("cluster", "gpus_per_node", kind=int)
     nodes = fv.get("cluster", "num_nodes", kind=int)
+    if gpus is not None:
+        fv.take("gpus_per_node", ("cluster", "gpus_per_node"), int)
     if gpus is not None or nodes is not None:
         where = ("cluster", "gpus_per_node") if gpus is not None else ("cluster", "num_nodes")
         fv.set(

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
 from . import formats, hf_launch, megatron_core, recipe_choice, registry
+from .megatron_lm import WORLD_UNKNOWN
 from .nemo_rl_overrides import is_override
 from .reading import (
     ARCHITECTURE_KEYS,
@@ -568,7 +569,9 @@ def resolve(
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
     if "world_size" in merged.values or "data_parallel_size" in (overrides or {}):
         # another input (an accelerate config's num_processes) or --dp gave the world
-        merged.warnings = [w for w in merged.warnings if hf_launch.GPUS_UNSAID not in w]
+        merged.warnings = [
+            w for w in merged.warnings if hf_launch.GPUS_UNSAID not in w and WORLD_UNKNOWN not in w
+        ]
     named = _NOT_MODELLED_NAME.search(merged.model_name or "")
     if named and not merged.not_modelled:  # said before asking for a config.json to refuse
         merged.not_modelled.append(

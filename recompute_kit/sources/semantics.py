@@ -105,6 +105,15 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
             f"--dp {asked_dp} x (TP x PP x CP = {model_parallel}) sets the world size: {world} "
             f"GPUs, instead of {was}"
         )
+    elif not world and asked_dp:
+        # no input says the world: the user's --dp does, with the layout read (the GPUs this
+        # run makes, to check against the job's)
+        world = asked_dp * model_parallel
+        reading.set(
+            "world_size",
+            world,
+            Origin(FROM_DERIVED, f"--dp {asked_dp} x (TP x PP x CP = {model_parallel})"),
+        )
     elif world and asked_dp and reading.origins["world_size"].kind == FROM_ASSUMED:
         # the same world, now said by the user's --dp: no longer an assumption to ask about
         reading.set(

@@ -438,6 +438,7 @@ class Launch:
     world_size_line: int = 0
     world_size_key: str = ""
     world_size_rests_on: tuple[EnvDefault, ...] = ()  # environment defaults it rests on
+    gpus_per_node: tuple[int, int, str] | None = None  # (count, line, key) of a node's ranks
 
 
 @dataclass
@@ -1467,6 +1468,8 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
             return
         nproc_v = _int(nproc[0]) if nproc else 1
         nnodes_v = _int(nnodes[0]) if nnodes else 1
+        if nproc and nproc_v:
+            launch.gpus_per_node = (nproc_v, nproc[1], nproc[2])
         if nproc_v is not None and nnodes_v is not None:
             launch.world_size = nproc_v * nnodes_v
             launch.world_size_rests_on = tuple(
@@ -1502,6 +1505,8 @@ def _world_size(launch: Launch, sbatch: dict[str, tuple[str, int]]) -> None:
     tasks = pick(tasks, ("--ntasks", "-n"))
     per_node = pick(per_node, ("--ntasks-per-node",))
     nodes = pick(nodes, ("--nodes", "-N"))
+    if per_node and (count := _int(per_node[0])):
+        launch.gpus_per_node = (count, per_node[1], per_node[2])
     if tasks and _int(tasks[0]):
         launch.world_size, launch.world_size_line, launch.world_size_key = (
             _int(tasks[0]),

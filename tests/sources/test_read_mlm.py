@@ -335,6 +335,11 @@ def test_the_world_size_of_a_command_run_by_srun_inside_an_sbatch_heredoc(tmp_pa
     said = [w for w in nodes_only.warnings if "#SBATCH --nodes=32" in w]
     assert said and "--ntasks-per-node=your_own_tasks_per_node" in said[0]
     assert said[0].endswith("give --dp (the world size over TP x PP x CP)")
+    # --dp given (a skill trial, round ac): the world is the GPUs it makes, said in the output
+    # as world_size, and the request for --dp is no longer printed
+    given = resolve([str(path)], overrides={"data_parallel_size": 256}).reading
+    assert given.values["world_size"] == 256 and given.origins["world_size"].kind == "derived"
+    assert not [w for w in given.warnings if "give --dp" in w]
 
 
 def test_dp_given_to_the_kit_settles_an_assumed_world_of_the_same_size(tmp_path):

@@ -147,5 +147,5 @@ def test_the_megatron_policy_takes_what_its_bridge_sets_and_cp_says_packing():
     r = resolve([str(CORPUS / "grpo_math_qwen30ba3b_megatron.yaml")]).reading
     assert r.get("moe_grouped_gemm") is True
     assert "qwen3_moe_bridge.py" in r.origins["moe_grouped_gemm"].where
-    lines = layout_lines({"context_parallel_size": 4}, "nemo-rl", 64)
+    lines = layout_lines({"context_parallel_size": 4, "sequence_packing": True}, "nemo-rl", 64)
     assert any("sequence_packing.enabled: true" in line for line in lines)

@@ -105,6 +105,13 @@ _YAML_RECOMPUTE_RE = re.compile(
     r"^\s*(activations_checkpoint_(?:granularity|method|num_layers)|recompute_(?:granularity|"
     r"method|num_layers|modules))\s*:\s*([^#]*?)\s*(?:#.*)?$"
 )
+# Prose placing an OOM at the first step ("OOMs at the first training step", "on iteration 1"):
+# Adam's moments are made at the first optimizer step, so they did not exist yet
+_FIRST_STEP_RE = re.compile(
+    r"\b(?:first (?:training |train |optimizer |forward |backward )?(?:step|iteration|batch)"
+    r"|(?:step|iteration) (?:0|1)\b)",
+    re.I,
+)
 # An OOM in any wording a person or a tool writes it: "CUDA OOM", "OOM'd", "out of memory",
 # "OutOfMemoryError", "RESOURCE_EXHAUSTED", "显存不足" / "爆显存" (Chinese threads).
 _OOM_WORDS_RE = re.compile(
@@ -307,9 +314,10 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `num_layers_lines` (lines naming recompute_num_layers: the uniform loop's source),
     `out_of_range_lines` (lines reporting an index / list out of range, in prose too),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
-    "OutOfMemoryError", "显存不足"), `grads_lost` (prose lines reporting gradients None or
-    parameters not updated / trained), `metadata_pairs` ([(saved shape, dtype, recomputed
-    shape, dtype)] of a CheckpointError, wherever the paste puts them), `ckpt_inactive` /
+    "OutOfMemoryError", "显存不足"), `first_step_prose` (those placing it at the first step),
+    `grads_lost` (prose lines reporting gradients None or parameters not updated / trained),
+    `metadata_pairs` ([(saved shape, dtype, recomputed shape, dtype)] of a CheckpointError,
+    wherever the paste puts them), `ckpt_inactive` /
     `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
     mode named), `memory_prose` (prose lines naming memory, VRAM or an OOM), `eval_memory_prose`
     (prose placing memory or an OOM in
@@ -450,6 +458,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
                 saved_meta = None
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
+            if not _is_code(line) and _FIRST_STEP_RE.search(line):
+                add("first_step_prose", line.strip())
         if _MANAGED_EVAL_RE.search(line):
             add("managed_eval_loop", line.strip())
         if not _is_code(line) and 'File "' not in line and _MEMORY_WORD_RE.search(line):

@@ -294,6 +294,13 @@ def _model_states(ctx: Context) -> Match | None:
         f"{gib(gpu)} of an A100/H100 (no input gives the GPU's size)."
     )
     conf = (0.85 if explains_oom else 0.5) if ctx.oom else 0.45
+    moments = moments_before_first_step(ctx) if not ctx.oom else 0
+    if moments:  # (with an OOM's figures, the check below says it from them)
+        said += (
+            f" The paste places the OOM at the first step: Adam's moments ({gib(moments)}) "
+            f"are made at the first optimizer step, so {gib(state - moments)} of states were "
+            f"there ({(state - moments) / gpu:.0%} of the GPU)."
+        )
     oom = ctx.oom
     if oom and oom.allocated_bytes and state > oom.allocated_bytes + (oom.requested_bytes or 0):
         # the OOM's own figure is below the states: they were not all there yet (Adam's are

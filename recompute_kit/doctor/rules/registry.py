@@ -341,14 +341,16 @@ def before_first_step(ctx: Context) -> bool:
 def moments_before_first_step(ctx: Context) -> int:
     """Adam's two moments (memory/model_states.py `adam_moment_share`: two thirds of the
     optimizer's 12 bytes per parameter with an fp32 master copy, all of it without) where an
-    OOM came with no finished iteration in the log: torch's Adam makes them at the first
-    optimizer step, so an OOM before it held that much less than the estimate counts; 0
-    otherwise."""
+    OOM came with no finished iteration in the log (or the paste says it came at the first
+    step): torch's Adam makes them at the first optimizer step, so an OOM before it held that
+    much less than the estimate counts; 0 otherwise."""
     from ...memory.model_states import adam_moment_share
 
     e = ctx.estimate
-    if ctx.evidence.iterations or e is None or not e.optimizer_bytes or ctx.oom is None:
+    if ctx.evidence.iterations or e is None or not e.optimizer_bytes:
         return 0
+    if ctx.oom is None and not fact(ctx, "first_step_prose", "log"):
+        return 0  # (no OOM message: only where the paste places the OOM at the first step)
     return int(e.optimizer_bytes * adam_moment_share(ctx.config)) if ctx.config else 0
 
 
