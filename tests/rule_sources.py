@@ -664,3 +664,7 @@ SOURCES["transformers-30544-gradient-checkpointing-func"] = (
 SOURCES["megatronllm-86-full-recompute-position-ids"] = (
     "https://github.com/epfLLM/Megatron-LLM/pull/86 (the PR's description)"
 )
+SOURCES["transformerlm-21-resume-multi-gpu"] = (
+    "https://github.com/lopuhin/transformer-lm/issues/21 (the report, as the stored copy cuts "
+    "its OOM line)"
+)

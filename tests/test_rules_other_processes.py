@@ -183,3 +183,16 @@ def test_rk645_processes_of_one_size_listed_on_the_gpu_are_ranks_sharing_it():
     assert "RK645" not in ids(run(two))
     apart = EIGHT_RANKS_ON_GPU0.replace("9.68 GiB", "1.20 GiB")
     assert "RK645" not in ids(run(apart))
+
+
+@covers("RK646")
+def test_rk646_resume_on_several_gpus_restores_onto_gpu0():
+    # https://github.com/lopuhin/transformer-lm/issues/21: "resume training ... 8 GPUs", the
+    # OOM inside torch.load's _cuda_deserialize; fixed by loading with map_location
+    paste = text("transformerlm-21-resume-multi-gpu")
+    f = top(run(paste))
+    assert f.rule == "RK646" and f.category == "other_processes"
+    assert f.config_patch == {"map_location": "cpu"}
+    # the same frames from a one-GPU job: no rank crowds GPU 0, RK646 stays silent
+    one = paste.replace("it has 8 GPUs", "it has one GPU").replace("multiple gpu", "a gpu")
+    assert "RK646" not in ids(run(one))

@@ -112,6 +112,14 @@ _FIRST_STEP_RE = re.compile(
     r"|(?:step|iteration) (?:0|1)\b)",
     re.I,
 )
+# A job on several GPUs, as a paste says it: "resume on multiple gpu", "8 GPUs", "[rank3]",
+# torchrun / DDP (the launcher or its frames)
+_SEVERAL_GPUS_RE = re.compile(
+    r"multi[- ]?gpus?\b|multiple gpus?\b|\b(?:[2-9]|[1-9]\d+) ?(?:x ?)?(?:gpus|cards)\b|"
+    r"\[rank[1-9]\d*\]|\bworld_size\b|nproc_per_node|torchrun|DistributedDataParallel|"
+    r"多卡|多张",
+    re.I,
+)
 # An OOM in any wording a person or a tool writes it: "CUDA OOM", "OOM'd", "out of memory",
 # "OutOfMemoryError", "RESOURCE_EXHAUSTED", "显存不足" / "爆显存" (Chinese threads).
 _OOM_WORDS_RE = re.compile(
@@ -315,6 +323,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     `out_of_range_lines` (lines reporting an index / list out of range, in prose too),
     `oom_mentions` (lines that say out of memory in any wording: "CUDA OOM",
     "OutOfMemoryError", "显存不足"), `first_step_prose` (those placing it at the first step),
+    `several_gpus` (lines saying the job runs on several GPUs: "multi-GPU", "[rank3]", torchrun),
     `grads_lost` (prose lines reporting gradients None or parameters not updated / trained),
     `metadata_pairs` ([(saved shape, dtype, recomputed shape, dtype)] of a CheckpointError,
     wherever the paste puts them), `ckpt_inactive` /
@@ -456,6 +465,8 @@ def scan_snippets(text: str) -> dict[str, Any]:
             elif saved_meta is not None:
                 facts.setdefault("metadata_pairs", []).append((*saved_meta, shape, dtype))
                 saved_meta = None
+        if _SEVERAL_GPUS_RE.search(line):
+            add("several_gpus", line.strip())
         if _OOM_WORDS_RE.search(line) and not _NO_OOM_RE.search(line):
             add("oom_mentions", line)
             if not _is_code(line) and _FIRST_STEP_RE.search(line):

@@ -6,7 +6,7 @@ processes itself: rules/allocator.py (RK002) reads that.
 from __future__ import annotations
 
 from ..types import GIB, Context, Match
-from .registry import fact, gib, oom_errors, outside_this_process, rule
+from .registry import all_frames, fact, gib, oom_errors, outside_this_process, rule
 
 
 @rule(
@@ -179,4 +179,42 @@ def _ranks_on_device0(ctx: Context) -> Match | None:
             "code": "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
             "env": {"CUDA_VISIBLE_DEVICES": "<this rank's GPU only>"},
         },
+    )
+
+
+# torch.load restoring a CUDA tensor to the device it was saved from (torch/serialization.py)
+_RESTORE_FRAMES = ("default_restore_location", "_cuda_deserialize")
+
+
+@rule(
+    "RK646",
+    "torch.load puts every rank's copy of a checkpoint on the GPU it was saved from",
+    "other_processes",
+    symptom="An OOM raised inside torch.load (serialization.py default_restore_location / "
+    "_cuda_deserialize) when a multi-GPU job resumes from a checkpoint",
+    cause="Without map_location, torch.load restores each saved CUDA tensor to the device it "
+    "was saved from (cuda:0 for a checkpoint rank 0 wrote): every rank loads its copy onto GPU "
+    "0, which holds rank 0's model and runs out",
+    confirm="nvidia-smi during the resume: GPU 0 fills while the other GPUs hold only their "
+    "own model; the same resume on one GPU works",
+    fix="torch.load(path, map_location='cpu') (then load_state_dict moves each tensor to the "
+    "parameter's device), or map_location=f'cuda:{local_rank}'",
+    patch={"map_location": "cpu"},
+    supersedes=("RK102", "RK005", "RK087", "RK170", "RK089"),
+)
+def _restored_to_saved_device(ctx: Context) -> Match | None:
+    if ctx.oom is None and not oom_errors(ctx) and not fact(ctx, "oom_mentions"):
+        return None
+    frames = all_frames(ctx)
+    if not any(f in frames for f in _RESTORE_FRAMES):
+        return None
+    several = fact(ctx, "several_gpus")
+    if not several:
+        return None  # one GPU: the copy lands where the model is; other rules size it
+    return Match(
+        0.75,
+        f"The OOM is raised inside torch.load restoring a CUDA tensor to its saved device "
+        f"({next(f for f in _RESTORE_FRAMES if f in frames)}), in a job on several GPUs "
+        f"('{several[0][:100]}'): without map_location every rank restores onto the GPU the "
+        "checkpoint was saved from.",
     )
