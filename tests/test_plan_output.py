@@ -308,3 +308,16 @@ def test_a_switch_the_script_passes_is_not_added_again_and_no_false_tie(capsys):
     assert "--sequence-parallel: in the script already" in layout
     assert "full:block:61" not in json.dumps(doc.get("ties") or doc.get("explanation", ""))
     assert doc["layout"]["world_size"] == 256
+
+
+def test_a_registry_plan_keeps_the_steps_batch_when_the_micro_batch_changes(capsys):
+    # torchtitan main's registry counts batches in tokens; plan --micro-batch-size wrote the
+    # micro-batch and left the step's batch to the registry's -1 (local x DP), as --levers did
+    # not (the last session's note)
+    registry = CORPUS / "torchtitan_checkout/torchtitan/models/llama3/config_registry.py"
+    args = ["plan", "--config", f"{registry}::llama3_70b", "--dp", "8", "--tp", "8"]
+    args += ["--gpu", "h100-80gb", "--micro-batch-size", "1", "--global-batch-size", "64"]
+    assert main([*args, "--json"]) == 0
+    rendered = json.loads(capsys.readouterr().out)["rendered"]
+    assert "config.training.num_tokens_per_microbatch_per_dp_rank = 8192" in rendered
+    assert "config.training.num_tokens_per_train_step = 524288" in rendered  # 64 x 8192

@@ -540,9 +540,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     changes = changed_settings(cfg, given, override_values(args), read)
     if default_format(args) == "nemo-rl":
         nemo_rl_companions(cfg, changes)
-    if default_format(args) == "torchtitan" and {"micro_batch_size", "data_parallel_size"} & set(
-        changes
-    ):
+    titan = default_format(args) in ("torchtitan", "torchtitan-registry")
+    if titan and {"micro_batch_size", "data_parallel_size"} & set(changes):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         before = given or cfg
         global_batch = getattr(args, "global_batch_size", None) or before.parallel.global_batch_size
@@ -551,8 +550,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         elif not args.json:
             print(
                 "recompute-kit: note: the local batch or DP changes and the inputs give no "
-                "global batch: torchtitan's global_batch_size -1 follows local x DP; give "
-                "--global-batch-size to keep the step's batch in the rendered TOML",
+                "global batch: torchtitan's -1 (global_batch_size, in a registry "
+                "training.num_tokens_per_train_step) follows local x DP; give "
+                "--global-batch-size to keep the step's batch in the rendered config",
                 file=sys.stderr,
             )
     try:
