@@ -68,6 +68,8 @@ FORMATS = (
     "automodel",
     "nemo-rl",
     "nemo-rl-dtensor",
+    "llama-factory-mca",
+    "llama-factory-mbridge",
 )
 
 # Each Hugging Face stack's keys, as its source names them:
@@ -701,6 +703,8 @@ FORMAT_OF_FRAMEWORK = {
     "hf-trainer": "hf-trainer",
     "automodel": "automodel",
     "nemo-rl": "nemo-rl",
+    "llama-factory-mca": "llama-factory-mca",
+    "llama-factory-mbridge": "llama-factory-mbridge",
 }
 # the reader's `format` text of a NeMo-RL run on its DTensor (FSDP2) policy
 _DTENSOR = "DTensor"
@@ -720,6 +724,42 @@ def format_for(framework: str | None, reading_format: str = "") -> str:
     return FORMAT_OF_FRAMEWORK.get(framework or "", "megatron-bridge")
 
 
+def _render_llama_factory_megatron(rc: RecomputeConfig, bridge: bool) -> list[str]:
+    """A LLaMA-Factory YAML on its Megatron backend: the recompute keys at the top level
+    (mcore_adapter's DistributingParallelArguments; LLaMA-Factory's MegatronBridgeArguments),
+    what they have no key for in their dict of model overrides (mcore_adapter's
+    additional_configs, set on the model config by name; Megatron-Bridge's extra_config,
+    dot paths into its config container: hparams/megatron_bridge_args.py)."""
+    core = _core(rc)
+    g = core["recompute_granularity"]
+    backend = "USE_MEGATRON_BRIDGE=1" if bridge else "USE_MCA=1, mcore_adapter"
+    lines = [f"# LLaMA-Factory YAML on its Megatron backend ({backend}): top-level keys"]
+    lines += [
+        f"recompute_granularity: {_yaml(g)}",
+        f"recompute_method: {_yaml(core['recompute_method'])}",
+        f"recompute_num_layers: {_yaml(core['recompute_num_layers'])}",
+    ]
+    extra: dict[str, Any] = dict(offload_settings(rc))
+    modules = core["recompute_modules"]
+    if modules is not None and not bridge:
+        lines.append(f"recompute_modules: {','.join(modules)}")  # (a comma-separated string)
+    elif modules is not None:
+        extra = {"recompute_modules": modules, **extra}
+    if extra:
+        key = "extra_config" if bridge else "additional_configs"
+        doc = {f"model.{k}" if bridge else k: v for k, v in extra.items()}
+        lines += [
+            f"# merge into the YAML's own {key} if it has one",
+            f"{key}: '{json.dumps(doc)}'",
+        ]
+    if core["recompute_method"] == "block" and not bridge:
+        lines.append(
+            "# (mcore_adapter's recompute_method field lists uniform and recompute; a YAML's "
+            "value reaches Megatron-Core's TransformerConfig as written)"
+        )
+    return lines
+
+
 _RENDERERS = {
     "megatron-bridge": _render_bridge,
     "nemo2": _render_nemo2,
@@ -733,4 +773,6 @@ _RENDERERS = {
     "automodel": _render_automodel,
     "nemo-rl": _render_nemo_rl,
     "nemo-rl-dtensor": _render_nemo_rl_dtensor,
+    "llama-factory-mca": lambda rc, _: _render_llama_factory_megatron(rc, bridge=False),
+    "llama-factory-mbridge": lambda rc, _: _render_llama_factory_megatron(rc, bridge=True),
 }

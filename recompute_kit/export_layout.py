@@ -150,8 +150,9 @@ class Spelling:
         if not self.flags:
             return lines
         return [
-            line if line.lstrip().startswith("#") or ": " not in line else
-            "--{} {}".format(*line.strip().split(": ", 1))
+            line
+            if line.lstrip().startswith("#") or ": " not in line
+            else "--{} {}".format(*line.strip().split(": ", 1))
             for line in lines
         ]
 
@@ -662,6 +663,8 @@ def nemo_rl_companions(planned: Config, changes: dict[str, Any]) -> None:
         changes["sequence_packing"] = True
     if keys & set(changes) and sequence_multiple(planned) > 1:
         changes["sequence_length_multiple"] = sequence_multiple(planned)
+
+
 # NeMo-RL's DTensor (FSDP2) policy: TP, CP and SP in dtensor_cfg, no pipeline parallelism
 _nemo_rl_dtensor = _keyed(
     "NeMo-RL DTensor",
@@ -673,6 +676,25 @@ _nemo_rl_dtensor = _keyed(
         "seq_length": "policy.max_total_sequence_length",
     },
     "cluster.num_nodes x cluster.gpus_per_node",
+    {},
+)
+
+
+# LLaMA-Factory on its Megatron backend: Megatron's names at the YAML's top level, the batch
+# and length in its Trainer keys
+_llama_factory_megatron = _keyed(
+    "LLaMA-Factory (Megatron backend)",
+    {
+        # (data parallel is the launcher's: said as a note)
+        **{
+            k: k
+            for k in LAYOUT_FIELDS
+            if k not in ("micro_batch_size", "seq_length", "data_parallel_size")
+        },
+        "micro_batch_size": "per_device_train_batch_size",
+        "seq_length": "cutoff_len",
+    },
+    "torchrun --nproc_per_node x --nnodes (FORCE_TORCHRUN=1)",
     {},
 )
 
@@ -701,5 +723,7 @@ _WRITERS = {
     "llama-factory": _trainer("llama-factory"),
     "automodel": _automodel,
     "nemo-rl": _nemo_rl,
+    "llama-factory-mca": _llama_factory_megatron,
+    "llama-factory-mbridge": _llama_factory_megatron,
     "nemo-rl-dtensor": _nemo_rl_dtensor,
 }

@@ -104,8 +104,7 @@ def test_unknown_format_is_a_one_line_config_error():
     assert str(exc.value) == (
         "unknown format 'deepspeed'; choose from megatron-bridge, nemo2, megatron-lm, "
         "megatron-deepspeed, nemo, torchtitan, torchtitan-registry, hf-trainer, llama-factory, "
-            "automodel, nemo-rl, "
-        "nemo-rl-dtensor"
+        "automodel, nemo-rl, nemo-rl-dtensor, llama-factory-mca, llama-factory-mbridge"
     )
     assert "\n" not in str(exc.value)
 

@@ -38,6 +38,7 @@ FORMAT_MODULES = (
     "torchtitan",
     "torchtitan_registry",
     "torchtitan_launch",
+    "llama_factory_megatron",
     "hf_trainer",
     "hf_launch",
     "accelerate",

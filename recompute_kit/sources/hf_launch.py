@@ -136,7 +136,7 @@ def _accelerate_config(launch: Any, path: str, reading: Reading) -> None:
     if "accelerate" not in words or "--config_file" not in words[:-1]:
         return
     name = words[words.index("--config_file") + 1]
-    found = next((p for p in (Path(path).parent / name, Path(name)) if p.is_file()), None)
+    found = hf_trainer.find_beside(name, path) or (Path(name) if Path(name).is_file() else None)
     if found is None:
         reading.warnings.append(
             f"{path}: the command's --config_file {name} is not beside it: give that file too "
@@ -188,8 +188,9 @@ def _trl_trainer_in(program: str, path: str) -> str | None:
 
 
 def _trainer_file(name: str, path: str, line: int) -> Reading:
-    """The trainer config the command names, read beside the script (or as given)."""
-    found = next((p for p in (Path(path).parent / name, Path(name)) if p.is_file()), None)
+    """The trainer config the command names, read beside the script, in a folder above it (a
+    repository's root the script runs from) or as given."""
+    found = hf_trainer.find_beside(name, path) or (Path(name) if Path(name).is_file() else None)
     if found is None:
         raise ConfigError(
             f"{path}:{line}: the command trains with {name}, which is not beside the script: "

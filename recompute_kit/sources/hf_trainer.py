@@ -482,7 +482,9 @@ def _read_liger(data: dict[str, Any], src: _Src, reading: Reading, lf: bool) -> 
     )
 
 
-def _find_beside(ref: str, path: str) -> Path | None:
+def find_beside(ref: str, path: str) -> Path | None:
+    """The file `ref` names, beside `path` or in a folder above it (a script run from its
+    repository's root names files from there), else by its name beside `path`."""
     if not path:
         return None
     here = Path(path).parent
@@ -502,7 +504,7 @@ def _read_deepspeed_ref(ref: Any, src: _Src, reading: Reading) -> None:
         return
     if not isinstance(ref, str):
         raise ConfigError(f"{src.path}: deepspeed = {ref!r} is not a path to a JSON file")
-    found = _find_beside(ref, src.path)
+    found = find_beside(ref, src.path)
     if found is None:
         reading.unused["deepspeed"] = ref
         named = _ZERO_FILE_NAME.search(Path(ref).name)

@@ -408,7 +408,8 @@ def merge(readings: Sequence[Reading]) -> Reading:
             ):
                 continue  # nor does a guess (a script's unread tokenizer: the model's vocab)
             merged.set(key, value, origin)
-        merged.warnings += reading.warnings
+        # (a file a script reads and also given itself says its warnings once)
+        merged.warnings += [w for w in reading.warnings if w not in merged.warnings]
         merged.not_modelled += reading.not_modelled
         merged.unused.update(reading.unused)
         merged.unread_settings.update(reading.unread_settings)
