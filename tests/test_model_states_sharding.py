@@ -414,3 +414,25 @@ def test_adam_moments_are_the_whole_optimizer_without_a_master_copy():
     fsdp2 = Config(model, ParallelConfig(data_parallel_size=8, zero_stage=3, use_torch_fsdp2=True))
     assert adam_moment_share(megatron) == 2 / 3  # fp32 master + m + v: 12 B
     assert adam_moment_share(fsdp2) == 1.0  # m + v on fp32 weights: 8 B
+
+
+def test_a_4bit_frozen_base_counts_its_layers_at_nf4_bytes():
+    # LLaMA-Factory's FSDP+QLoRA example (tests/data/read/llama_factory, quantization_bit 4,
+    # FULL_SHARD over 2 GPUs): a skill trial (round ad) found the base counted at 16 bits,
+    # which flipped "fits" at cutoff_len 8192. Llama-3-8B's 32 layers hold 6,979,584,000
+    # parameters (attention 4096 x 6144 + 4096 x 4096, SwiGLU 3 x 4096 x 14336, two norms of
+    # 4096): NF4 keeps each in half a byte and a fp32 absmax per 64, 2 - 0.5625 = 1.4375 bytes
+    # less than bf16, sharded over the 2 ranks
+    from pathlib import Path
+
+    from recompute_kit.sources.resolve import resolve
+
+    script = (
+        Path(__file__).parent / "data/read/llama_factory/examples/extras/fsdp_qlora/train.sh"
+    )
+    cfg = resolve([str(script)]).config
+    assert cfg.parallel.base_weight_bits == 4 and cfg.parallel.frozen_base
+    bf16 = dataclasses.replace(cfg.parallel, base_weight_bits=None)
+    quantized = model_states(cfg).weights
+    full = model_states(Config(cfg.model, bf16, cfg.recompute)).weights
+    assert full - quantized == 6_979_584_000 * 1.4375 / 2

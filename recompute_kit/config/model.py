@@ -204,6 +204,10 @@ class ParallelConfig:
     # held in the 16-bit compute dtype with no gradients and no optimizer states; the adapters'
     # own states (rank x the targeted layers: well under 1% of a model) are not counted.
     frozen_base: bool = False
+    # A frozen base loaded quantized (QLoRA: bitsandbytes' 4-bit, LLM.int8's 8-bit): the bits of
+    # its transformer layers' weights (None: the compute dtype's); embeddings, the output layer
+    # and the adapters stay in 16 bits (transformers keeps the output layer unquantized)
+    base_weight_bits: int | None = None
     # A frozen reference model beside the policy on the GPU (TRL's DPOTrainer without PEFT or
     # precompute_ref_log_probs): its 16-bit weights, sharded as the policy's under ZeRO-3,
     # whole below it (trl/models/utils.py prepare_deepspeed: stage 0 for a stage < 3)

@@ -186,6 +186,7 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
         dense += layer_dense
         expert += layer_expert
         largest_layer = max(largest_layer, layer_dense + layer_expert)
+    in_layers = dense  # (the dense parameters of the transformer layers, before the edges)
     vocab = padded_vocab_size(m, t)
     if mtp_here:
         # enorm, hnorm and the final norm; eh_proj [2h -> h], column-parallel, no bias
@@ -198,10 +199,19 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
         dense += norm
         if not (m.share_embeddings_and_output_weights and stage == 0):
             dense += vocab * h / t
-    return {"dense": dense, "expert": expert, "largest_layer": largest_layer}
+    return {
+        "dense": dense,
+        "expert": expert,
+        "largest_layer": largest_layer,
+        "in_layers": in_layers,
+    }
 
 
 SHARDING_MODES = ("megatron", "megatron_fsdp", "zero", "fsdp2")
+# Bytes a parameter of a quantized frozen base: bitsandbytes' NF4 / FP4 (half a byte, and one
+# fp32 absmax per block of 64: 4 / 64; its double quantization makes that 1/64 + 4/16384) and
+# LLM.int8 (a byte, and one fp32 scale per output row: not counted)
+QUANTIZED_BASE_BYTES = {4: 0.5 + 4 / 64, 8: 1.0}
 PARAM_PRECISIONS = ("fp32_master", "amp", "pure")
 
 
@@ -336,6 +346,7 @@ def model_states(
             "dense": dense,
             "expert": counts["experts"] / (ep * pp),
             "largest_layer": (counts["layers"] / t + counts["experts"] / ep) / m.num_layers,
+            "in_layers": counts["layers"] / (t * pp),
         }
     else:
         params = _rank_parameters(config, stage)
@@ -368,6 +379,12 @@ def model_states(
     if p.frozen_base:  # adapters on a frozen base: 16-bit weights alone (the adapters aside)
         weight_b, grad_b, optim_b = (2 if half else 4), 0, 0
     weights = held(weight_b, level >= 3)
+    if p.frozen_base and p.base_weight_bits in QUANTIZED_BASE_BYTES:
+        # the layers' linear weights quantized (their norms, a few h a layer, counted so too);
+        # bitsandbytes stores 4-bit weights in the 16-bit storage dtype FSDP shards
+        quantized = params["in_layers"] + params["expert"]
+        saved = (weight_b - QUANTIZED_BASE_BYTES[p.base_weight_bits]) * quantized
+        weights -= saved / dp_cp if level >= 3 else saved
     if p.reference_model:  # (config/model.py): its weights in the compute dtype
         weights += held(2 if half else 4, level >= 3 and mode in ("zero", "fsdp2"))
     grads = held(grad_b, level >= 2)

@@ -353,7 +353,7 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
                 "fsdp_config.fsdp_offload_params, the Trainer's fsdp 'offload', Automodel "
                 "distributed.offload_policy)"
             )
-        elif not p.use_torch_fsdp2 and not p.optimizer_offload:
+        elif not p.use_torch_fsdp2 and not p.optimizer_offload and not p.frozen_base:
             parts.append(
                 "offload the optimizer states to the CPU (DeepSpeed offload_optimizer; FSDP "
                 "offloads parameters, gradients and optimizer states together: Accelerate "
@@ -361,6 +361,10 @@ def _what_else(config: Config, states_alone_too_big: bool = False) -> str:
             )
         elif not p.use_torch_fsdp2 and p.zero_stage >= 3 and not p.param_offload:
             parts.append("offload the parameters to the CPU (DeepSpeed offload_param)")
+        if not m.fused_linear_cross_entropy:  # the fp32 logits of the whole vocabulary
+            parts.append(
+                "a fused loss (Liger: use_liger_kernel, LLaMA-Factory enable_liger_kernel)"
+            )
         if batch_left:
             parts.append("lower per_device_train_batch_size (raising gradient_accumulation_steps)")
         if not states_alone_too_big:

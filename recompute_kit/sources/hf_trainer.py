@@ -410,10 +410,22 @@ def _warn_model_states(data: dict[str, Any], src: _Src, reading: Reading, lf: bo
                 "(rank x targets) not counted",
             ),
         )
-    if data.get("quantization_bit") is not None:
+    bits = data.get("quantization_bit")
+    if bits is None and data.get("load_in_4bit") is True:  # TRL's ModelConfig
+        bits = 4
+    elif bits is None and data.get("load_in_8bit") is True:
+        bits = 8
+    if bits in (4, 8):
+        key = "quantization_bit" if "quantization_bit" in data else f"load_in_{bits}bit"
+        reading.set(
+            "base_weight_bits",
+            bits,
+            src.origin(key, note="the frozen base's transformer layers loaded quantized (QLoRA)"),
+        )
+    elif bits is not None:
         reading.warnings.append(
-            f"{src.path}: quantization_bit {data['quantization_bit']}: a quantized frozen base "
-            "model (QLoRA) is not counted"
+            f"{src.path}: quantization_bit {bits}: a base quantized to {bits} bits (HQQ / EETQ "
+            "/ other methods) is counted in 16 bits"
         )
     key = "torch_dtype" if "torch_dtype" in data else "dtype"
     dtype = data.get(key)

@@ -611,10 +611,17 @@ def resolve(
     if regather and "lora_input_regather" not in merged:
         merged.set("lora_input_regather", True, Origin(FROM_FILE, "inputs", regather))
     if merged.get("frozen_base"):
+        bits = merged.get("base_weight_bits")
+        base = (
+            f"the base's layers at {bits} bits (with bitsandbytes' block scales), its "
+            "embedding and output layer in 16 bits, are"
+            if bits
+            else "the base's 16-bit weights are"
+        )
         merged.warnings.append(
             "frozen_base: the adapters' own parameters, gradients and optimizer states (LoRA "
-            "rank x the targeted layers' widths, about 18 B a parameter with Adam) are not "
-            "counted; the base's 16-bit weights are"
+            f"rank x the targeted layers' widths, about 18 B a parameter with Adam) are not "
+            f"counted; {base}"
         )
     vision = _vision_language(merged)
     if vision:
