@@ -823,6 +823,9 @@ _FRAMEWORK_FUSIONS = {
     "config to read it",
     "apply_rope_fusion": "Megatron-Core's default off; Megatron-LM applies RoPE fused unless "
     "--no-rope-fusion: give the run's config to read it",
+    # (the training dtype: every byte of the estimate scales with it)
+    "bf16": "Megatron-Core's default bf16 False, fp16 False: fp32 training; --dtype bf16 for a "
+    "bf16 run, or give the run's config to read it",
 }
 
 
@@ -848,6 +851,10 @@ def _assume_the_rest(reading: Reading, framework: Any) -> None:
     defaults = Config().to_flat()
     unset = getattr(framework, "UNSET_DEFAULT", None)
     no_framework = reading.framework in (None, "hf-config")  # a model alone: no trainer read
+    for key, why in _FRAMEWORK_FUSIONS.items() if no_framework else ():
+        origin = reading.origins.get(key)
+        if origin is not None and origin.kind == FROM_DEFAULT:  # (Megatron-Core's, filled above)
+            reading.set(key, reading.values[key], Origin(FROM_ASSUMED, "recompute-kit", key, why))
     for key in CONFIG_KEYS:
         if key not in reading and key not in _NEVER_DEFAULTED:
             if no_framework and key in _FRAMEWORK_FUSIONS:

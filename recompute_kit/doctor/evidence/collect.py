@@ -145,6 +145,30 @@ def _read_config_files(
     return evidence
 
 
+
+def _unwrapped(text: str) -> str:
+    """`text` with its hard-wrapped lines joined back (evidence/unwrap.py); where most lines
+    carry a prefix (`[rank3]: `, a logger's stamp, quote markers) the wrap is found without
+    them, and a prefix every line shares is put back on each joined line (the rank it says)."""
+    lines = text.splitlines()
+    cleaned = [clean_line(line) for line in lines]
+    prefixes = {
+        a[: a.find(b)] if b and b in a else None
+        for a, b in zip(lines, cleaned, strict=True)
+        if a.strip() and a.strip() != b
+    }
+    nonblank = sum(1 for line in lines if line.strip())
+    prefixed = sum(1 for a, b in zip(lines, cleaned, strict=True) if a.strip() and a.strip() != b)
+    if not nonblank or prefixed * 2 <= nonblank:
+        return unwrap(text)
+    stripped = "\n".join(cleaned)
+    joined = unwrap(stripped)
+    if joined == stripped:
+        return unwrap(text)  # nothing wrapped: the paste as it is, prefixes and all
+    shared = next(iter(prefixes)) if len(prefixes) == 1 else None
+    return "\n".join(f"{shared}{line}" for line in joined.splitlines()) if shared else joined
+
+
 def collect(
     logs: Iterable[str] = (),
     config: str | list[str] | None = None,
@@ -169,7 +193,7 @@ def collect(
         # a short log is read whole, its hard-wrapped lines joined back (evidence/unwrap.py),
         # Chinese descriptions given their English wording alongside (evidence/cjk.py)
         text = _short_log_text(log, stdin_text)
-        flat = translate_cjk(unwrap(text)) if text else text
+        flat = translate_cjk(_unwrapped(text)) if text else text
         if log == "-" or flat != text:
             part = parse_log(flat if flat != text else _read_text(log, "log", stdin_text))
             part.sources.append("log:<stdin>" if log == "-" else f"log:{log}")
