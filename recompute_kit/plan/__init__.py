@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import Config, ConfigError, RecomputeConfig
+from ..config import Config, ConfigError, RecomputeConfig, format_spec
 from ..config.versions import describe_version, held_beyond_estimate, parse_version
 from ..export import render, settings_line
 from ..export_layout import Spelling, world_size
@@ -182,6 +182,7 @@ def plan(
     if fitting and not any(c.clears_band for c in fitting):
         # nothing clears the band: the most headroom is the least risk
         fitting.sort(key=lambda c: (bool(c.offload), -c.headroom_bytes))
+        _fewest_layers_under_the_moe_leak(config, fitting, version)
     if not found:
         refused = "; ".join(sorted({why for _, why in excluded}))
         raise ConfigError(f"no recompute setting can run this layout: {refused}")
@@ -303,6 +304,41 @@ def _ties(best: Candidate, fitting: list[Candidate], most: int = 3) -> list[dict
         }
         for c in near[:most]
     ]
+
+
+def _closest_words(best: Candidate, found: list[Candidate]) -> str:
+    """Why `best` was picked where nothing clears the band: the most headroom, or one layer
+    at a time where the MoE recompute leak makes more layers hold more than estimated."""
+    roomier = [
+        c for c in found if c.fits and not c.offload and c.headroom_bytes > best.headroom_bytes
+    ]
+    if not roomier or best.offload:
+        return "; it is the setting that comes closest to clearing the band."
+    most = max(roomier, key=lambda c: c.headroom_bytes)
+    more = (most.headroom_bytes - best.headroom_bytes) / GIB
+    return (
+        f"; {format_spec(most.recompute)} leaves {more:.2f} GiB more headroom by the estimate, "
+        "within the band, but recomputes several layers at once, which the MoE recompute leak "
+        "below makes hold more than estimated."
+    )
+
+
+def _fewest_layers_under_the_moe_leak(config: Config, fitting: list, version) -> None:
+    """Where the most headroom is a full uniform recompute of several layers on a Megatron-Core
+    whose MoE full recompute holds memory beyond the estimate, growing with
+    recompute_num_layers (config/versions.py), put first the one-layer setting whose headroom
+    is within the band of it: the estimates cannot tell the two apart, the leak can."""
+    top = fitting[0]
+    if top.offload or (top.recompute.recompute_num_layers or 0) <= 1 or top.band is None:
+        return
+    if not held_beyond_estimate(as_candidate(config, top.recompute), version):
+        return
+    for c in fitting[1:]:
+        one = c.recompute.recompute_granularity == "full" and c.recompute.recompute_num_layers == 1
+        if one and not c.offload and top.headroom_bytes - c.headroom_bytes <= top.band.total_bytes:
+            fitting.remove(c)
+            fitting.insert(0, c)
+            return
 
 
 def step_cost(config: Config) -> float:
@@ -493,7 +529,7 @@ def explain(
             if best.offload
             else "; it is the cheapest setting that clears the band."
             if best.band is None or best.clears_band
-            else "; it is the setting that comes closest to clearing the band."
+            else _closest_words(best, found)
         )
     )
     ep = config.parallel.expert_model_parallel_size if config is not None else 1
