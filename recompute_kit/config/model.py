@@ -206,7 +206,8 @@ class ParallelConfig:
     frozen_base: bool = False
     # A frozen base loaded quantized (QLoRA: bitsandbytes' 4-bit, LLM.int8's 8-bit): the bits of
     # its transformer layers' weights (None: the compute dtype's); embeddings, the output layer
-    # and the adapters stay in 16 bits (transformers keeps the output layer unquantized)
+    # and the adapters stay in 16 bits (transformers' integrations/bitsandbytes.py
+    # get_keys_to_not_convert keeps the output layer unquantized)
     base_weight_bits: int | None = None
     # A frozen reference model beside the policy on the GPU (TRL's DPOTrainer without PEFT or
     # precompute_ref_log_probs): its 16-bit weights, sharded as the policy's under ZeRO-3,

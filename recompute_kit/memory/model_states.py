@@ -208,9 +208,10 @@ def _rank_parameters(config: Config, stage: int) -> dict[str, float]:
 
 
 SHARDING_MODES = ("megatron", "megatron_fsdp", "zero", "fsdp2")
-# Bytes a parameter of a quantized frozen base: bitsandbytes' NF4 / FP4 (half a byte, and one
-# fp32 absmax per block of 64: 4 / 64; its double quantization makes that 1/64 + 4/16384) and
-# LLM.int8 (a byte, and one fp32 scale per output row: not counted)
+# Bytes a parameter of a quantized frozen base: bitsandbytes' NF4 / FP4, half a byte and one
+# fp32 absmax per block of 64 (4 / 64; double quantization, LLaMA-Factory's default, stores
+# the absmax in fewer bits: an upper bound there), and LLM.int8, a byte (its per-row scales
+# not counted)
 QUANTIZED_BASE_BYTES = {4: 0.5 + 4 / 64, 8: 1.0}
 PARAM_PRECISIONS = ("fp32_master", "amp", "pure")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from . import hf_trainer, megatron_core
+from .hf_trainer import LF_ARGS, TRAINING_ARGS
 from .reading import FROM_DERIVED, Origin, Reading
 
 MCA, MBRIDGE = "llama-factory-mca", "llama-factory-mbridge"
@@ -117,9 +118,14 @@ def apply_defaults(reading: Reading) -> None:
         if tp > 1 and ep > 1 and not reading.get("sequence_parallel"):
             note = f"{_MCA_CONFIG}: TP with EP turns sequence parallelism on"
             reading.set("sequence_parallel", True, Origin(FROM_DERIVED, note))
-    d("micro_batch_size", 8, "transformers' default", "per_device_train_batch_size")
-    d("seq_length", 2048, "LLaMA-Factory's default (data_args.py)", "cutoff_len")
-    d("bf16", False, "transformers' default")
+    d(
+        "micro_batch_size",
+        8,
+        f"transformers' default ({TRAINING_ARGS})",
+        "per_device_train_batch_size",
+    )
+    d("seq_length", 2048, f"LLaMA-Factory's default ({LF_ARGS} data_args.py)", "cutoff_len")
+    d("bf16", False, f"transformers' default ({TRAINING_ARGS})")
     megatron_core.apply_defaults(reading)
 
 

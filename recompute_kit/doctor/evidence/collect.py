@@ -152,19 +152,15 @@ def _unwrapped(text: str) -> str:
     them, and a prefix every line shares is put back on each joined line (the rank it says)."""
     lines = text.splitlines()
     cleaned = [clean_line(line) for line in lines]
-    prefixes = {
-        a[: a.find(b)] if b and b in a else None
-        for a, b in zip(lines, cleaned, strict=True)
-        if a.strip() and a.strip() != b
-    }
+    pairs = [(a, b) for a, b in zip(lines, cleaned, strict=True) if a.strip() and a.strip() != b]
     nonblank = sum(1 for line in lines if line.strip())
-    prefixed = sum(1 for a, b in zip(lines, cleaned, strict=True) if a.strip() and a.strip() != b)
-    if not nonblank or prefixed * 2 <= nonblank:
+    if not nonblank or len(pairs) * 2 <= nonblank:
         return unwrap(text)
     stripped = "\n".join(cleaned)
     joined = unwrap(stripped)
     if joined == stripped:
         return unwrap(text)  # nothing wrapped: the paste as it is, prefixes and all
+    prefixes = {a[: a.find(b)] if b and b in a else None for a, b in pairs}
     shared = next(iter(prefixes)) if len(prefixes) == 1 else None
     return "\n".join(f"{shared}{line}" for line in joined.splitlines()) if shared else joined
 
