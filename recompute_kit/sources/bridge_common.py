@@ -169,7 +169,12 @@ _FAMILY_OF_ID = (
 
 
 # transformers' config classes of those families default attention_dropout to 0.0
-_CLASS_ATTENTION_DROPOUT = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+_CLASS_ATTENTION_DROPOUT = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "deepseek_v3": "DeepseekV3Config",
+}
 
 
 def apply_provider_settings(reading: Reading) -> None:

@@ -519,3 +519,17 @@ def test_autobridge_llama_runs_take_the_llama_bridges_settings_not_megatron_core
     assert unregistered.get("attention_dropout") == 0.0
     said = unregistered.origins["hidden_dropout"].note
     assert "by the model id meta-llama/Meta-Llama-3-70B" in said
+
+
+def test_a_deepseek_v3_family_id_the_registry_lacks_takes_the_transformers_class_dropout():
+    # Bridge's Moonlight-16B recipe (recipes/moonlight/h100/moonlight_16b.py) read
+    # attention_dropout 0.1, Megatron-Core's default; AutoBridge copies config.json's
+    # attention_dropout (model_bridge.py CONFIG_MAPPING line 469), and transformers'
+    # DeepseekV3Config defaults it to 0.0 (models/deepseek_v3/configuration_deepseek_v3.py).
+    from recompute_kit.sources import bridge_common
+    from recompute_kit.sources.reading import Reading
+
+    moonlight = Reading(framework="megatron-bridge", model_name="moonshotai/Moonlight-16B-A3B")
+    bridge_common.apply_provider_settings(moonlight)
+    assert moonlight.get("attention_dropout") == 0.0
+    assert "DeepseekV3Config" in moonlight.origins["attention_dropout"].note
