@@ -164,10 +164,16 @@ def _module_file(path: str, module: str, level: int) -> Path | None:
         candidates = [d / rel for d in (here, *here.parents)]
         candidates += [d / "src" / rel for d in here.parents]
     for c in candidates:
-        f = c.with_suffix(".py") if module else c / "__init__.py"
-        if f.is_file():
-            return f
+        for f in (c.with_suffix(".py"), c / "__init__.py") if module else (c / "__init__.py",):
+            if f.is_file():
+                return f
     return None
+
+
+# Bridge's base providers: the reader knows their defaults (bridge.py), whatever the checkout
+_BASE_PROVIDERS = frozenset(
+    ("GPTModelProvider", "MLAModelProvider", "TransformerConfig", "MLATransformerConfig")
+)
 
 
 class _Reader:
@@ -527,6 +533,7 @@ class _Reader:
                 *MODEL_CLASSES,
                 "ConfigContainer",
             )
+            and "ModelProvider" not in fname  # a provider class: its defaults, read below
         ):
             return self.imported(fname, node, env)
         cls = fname
@@ -556,6 +563,8 @@ class _Reader:
             section = "model"
             if cls in MODEL_CLASSES:
                 self.models.append((cls, line, cls))
+            elif cls in self.imports:
+                self.provider_defaults(cls)
         if section is None:
             return None
         for kw in node.keywords:
@@ -567,6 +576,38 @@ class _Reader:
                 written = f"{cls}({kw.arg}={kw.value.id})"
             self.add(section, kw.arg, v, line, written)
         return None
+
+    def provider_defaults(self, cls: str, depth: int = 0) -> None:
+        """The class-level defaults of a model provider the recipe imports from its checkout
+        (OlMoEModelProvider sets the whole shape itself), its own bases' first; the keywords
+        and assignments the recipe writes after it win."""
+        if cls in _BASE_PROVIDERS or cls not in self.imports or depth > 8:
+            return
+        module, level, name = self.imports[cls]
+        found = _module_file(self.path, module, level)
+        try:
+            tree = ast.parse(found.read_text(encoding="utf-8")) if found else None
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            tree = None
+        if tree is None:
+            self.warnings.append(
+                f"{self.path}: {cls} (from {'.' * level}{module}) is not beside this file: what "
+                "it sets beyond Megatron-Bridge's GPTModelProvider is not read (read the recipe "
+                "in its Bridge checkout, or name the model: --model HF_ID or its config.json)"
+            )
+            return
+        other = _Reader(tree, _shown(found), parent=self)  # adds to this recipe's entries
+        body = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if body is None:  # re-exported (a package's __init__): follow on
+            other.provider_defaults(name, depth + 1)
+            return
+        for base in body.bases:
+            other.provider_defaults(_name(base), depth + 1)
+        for stmt in body.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
+                v = other.value(stmt.value, {})
+                if not isinstance(v, (Unresolved, _Section)):
+                    other.add("model", stmt.target.id, v, stmt.lineno, f"{name}.{stmt.target.id}")
 
     def enter(
         self, owner: _Reader, fn: ast.FunctionDef, node: ast.Call, env: dict[str, Any]

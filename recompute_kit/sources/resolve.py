@@ -793,6 +793,10 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     said = [f"{Path(d['path']).stem} {d['format']}" for d in described]
     named = registry.named_in(" ".join(said))
     example = named or "meta-llama/Llama-3.1-8B"
+    # a provider class whose file was not found: the shape it sets is what is missing
+    unread = [w.split(": ", 1)[1] for w in reading.warnings if "ModelProvider" in w]
+    if unread and not named:
+        raise ConfigError(f"{names}: no model shape ({keys} not given): {unread[0]}")
     raise ConfigError(
         f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
         f"the model (--model {example}, a registry name, or its config.json)"

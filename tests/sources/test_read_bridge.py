@@ -533,3 +533,26 @@ def test_a_deepseek_v3_family_id_the_registry_lacks_takes_the_transformers_class
     bridge_common.apply_provider_settings(moonlight)
     assert moonlight.get("attention_dropout") == 0.0
     assert "DeepseekV3Config" in moonlight.origins["attention_dropout"].note
+
+
+def test_a_provider_class_in_the_checkout_gives_the_shape_it_sets(tmp_path):
+    # Bridge's OLMoE recipe builds OlMoEModelProvider(...), which sets the whole shape as
+    # dataclass defaults (models/olmoe/olmoe_provider.py lines 53-95); the recipe read alone was
+    # refused ("no model shape ... --model meta-llama/Llama-3.1-8B"). In its checkout (the
+    # package's __init__ re-exports the class) the provider's own lines are read; without the
+    # checkout the refusal names the class and what would give the shape.
+    from recompute_kit.sources.resolve import resolve
+
+    root = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    recipe = root / "megatron" / "bridge" / "recipes" / "olmoe" / "h100" / "olmoe_7b.py"
+    r = resolve([str(recipe)]).reading
+    shape = [r.get(k) for k in ("num_layers", "hidden_size", "num_moe_experts", "moe_router_topk")]
+    assert shape == [16, 2048, 64, 8]
+    assert r.origins["num_layers"].where.endswith("olmoe_provider.py:69")
+    assert r.get("attention_dropout") == 0.0  # the provider's, not Megatron-Core's 0.1
+    # what the recipe writes after the class wins over the class's default
+    assert r.get("recompute_granularity") == "selective"
+    alone = tmp_path / "olmoe_7b.py"
+    alone.write_text(recipe.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"OlMoEModelProvider .* not beside this file"):
+        resolve([str(alone)])
