@@ -458,6 +458,11 @@ def _set(reading: Reading, key: str, value: Any, origin: Origin) -> None:
     reading.set(key, value, origin)
 
 
+# Keys of Megatron-Bridge's HybridModelProvider (models/hybrid/hybrid_provider.py) and the
+# MambaModelProvider before it: a layer pattern with Mamba layers
+_HYBRID_KEYS = ("hybrid_layer_pattern", "hybrid_override_pattern", "is_hybrid_model")
+
+
 def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
     """Map ConfigContainer entries onto Megatron-Core fields of `reading`."""
     seq: dict[str, tuple[Any, Entry]] = {}
@@ -478,6 +483,13 @@ def apply_entries(reading: Reading, entries: list[Entry], path: str) -> None:
                 reading.unused[e.written] = v
             continue
         if sec in ("model", "strategy"):
+            hybrid = any("hybrid/Mamba" in said for said in reading.not_modelled)
+            if key in _HYBRID_KEYS and v not in (None, "", False) and not hybrid:
+                # Megatron's hybrid stack (Nemotron-H, Nemotron 3): Mamba layers, not sized
+                reading.not_modelled.append(
+                    f"{e.where} {e.written}: a hybrid model with Mamba layers (Megatron's "
+                    "hybrid/Mamba stack)"
+                )
             if key in ("seq_length",):
                 seq["model"] = (v, e)
             elif key == "gated_linear_unit":

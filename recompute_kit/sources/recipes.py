@@ -606,7 +606,7 @@ class _Reader:
         for stmt in body.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
                 v = other.value(stmt.value, {})
-                if not isinstance(v, (Unresolved, _Section)):
+                if v is not None and not isinstance(v, (Unresolved, _Section)):  # None: unset
                     other.add("model", stmt.target.id, v, stmt.lineno, f"{name}.{stmt.target.id}")
 
     def enter(

@@ -143,7 +143,7 @@ _NOT_MODELLED_NAMES = {
     "mamba": "Mamba",
 }
 _NOT_MODELLED_NAME = re.compile(
-    r"(?i)(?P<qwen3_next>Qwen3-Next)|(?P<nemotron_h>Nemotron-H\b|Nemotron-3-(?:Nano|Super|Ultra))"
+    r"(?i)(?P<qwen3_next>Qwen3-Next)|(?P<nemotron_h>Nemotron-H\b|Nemotron-3(?:\.\d)?-|Nemotron-Nano-(?:\d+B-)?v2)"
     r"|(?P<jamba>\bJamba)|(?P<falcon_h1>Falcon-H1)|(?P<mamba>\bmamba(?:2)?-)"
 )
 # The words of a reading whose model is not sized (Mamba, linear attention): the doctor reads

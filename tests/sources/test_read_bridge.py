@@ -556,3 +556,37 @@ def test_a_provider_class_in_the_checkout_gives_the_shape_it_sets(tmp_path):
     alone.write_text(recipe.read_text(encoding="utf-8"), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"OlMoEModelProvider .* not beside this file"):
         resolve([str(alone)])
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    ["nemotron_3_nano.py", "nemotron_3_nano.py::nemotron_3_nano_pretrain_8gpu_h100_bf16_config"],
+)
+def test_a_hybrid_provider_with_mamba_layers_is_read_but_not_sized(recipe):
+    # Bridge's Nemotron 3 recipes build HybridModelProvider(hybrid_layer_pattern="MEMEM*E...",
+    # is_hybrid_model=True): its 52 layers were sized as 52 attention + MoE layers (weights
+    # 20.5 GiB and optimizer 99.7 GiB a rank on 8 GPUs); the first recipe names a model
+    # (NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16) the family names did not catch either.
+    from recompute_kit.sources.resolve import resolve
+
+    folder = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    path = folder / "megatron" / "bridge" / "recipes" / "nemotronh" / "h100" / recipe
+    resolved = resolve([str(path)])
+    assert "hybrid_layer_pattern=): a hybrid model with Mamba" in resolved.config.model.not_modelled
+    assert len(resolved.reading.not_modelled) == 1, resolved.reading.not_modelled  # said once
+
+
+@pytest.mark.parametrize(
+    ("name", "hybrid"),
+    [
+        ("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16", True),
+        ("nvidia/NVIDIA-Nemotron-Nano-9B-v2", True),
+        ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", True),
+        ("nvidia/Llama-3.1-Nemotron-Nano-8B-v1", False),  # a Llama
+        ("nvidia/Nemotron-4-340B-Base", False),
+    ],
+)
+def test_hybrid_families_by_name(name, hybrid):
+    from recompute_kit.sources import resolve as resolving
+
+    assert bool(resolving._NOT_MODELLED_NAME.search(name)) is hybrid
