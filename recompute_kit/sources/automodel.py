@@ -31,7 +31,14 @@ from typing import Any
 
 from ..config import ConfigError
 from .nemo import FileValues, derive_data_parallel, load_yaml, moe_mla_recompute_defaults
-from .reading import FROM_DEFAULT, KNOWN_KEYS, MODEL_PARALLEL_SIZES, Origin, Reading
+from .reading import (
+    FROM_DEFAULT,
+    KNOWN_KEYS,
+    MODEL_PARALLEL_SIZES,
+    SHAPE_NOT_FROM_NAME,
+    Origin,
+    Reading,
+)
 
 FRAMEWORKS: tuple[str, ...] = ("automodel",)
 FORMAT = "NeMo Automodel recipe YAML"
@@ -115,7 +122,7 @@ def _read_model(fv: FileValues) -> None:
         else:
             reading.warnings.append(
                 f"{fv.where(p)}: {'.'.join(p)} {name!r} is not a Hugging Face id (a local "
-                "path?): the model's shape is not known from it; pass its config.json"
+                f"path?): {SHAPE_NOT_FROM_NAME}; pass its config.json"
             )
         break
     attn_p = ("model", "backend", "attn")

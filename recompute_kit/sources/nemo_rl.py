@@ -32,7 +32,14 @@ from .nemo import (
     resolve_interpolations,
 )
 from .nemo_rl_overrides import Override
-from .reading import FROM_DERIVED, KNOWN_KEYS, MODEL_PARALLEL_SIZES, Origin, Reading
+from .reading import (
+    FROM_DERIVED,
+    KNOWN_KEYS,
+    MODEL_PARALLEL_SIZES,
+    SHAPE_NOT_FROM_NAME,
+    Origin,
+    Reading,
+)
 
 FRAMEWORKS: tuple[str, ...] = ("nemo-rl",)
 
@@ -306,7 +313,7 @@ def read(
         else:
             reading.warnings.append(
                 f"{fv.where((p, 'model_name'))}: policy.model_name {name!r} is not a Hugging Face "
-                "id (a local path?): the model's shape is not known from it"
+                f"id (a local path?): {SHAPE_NOT_FROM_NAME}"
             )
     fv.take("seq_length", (p, "max_total_sequence_length"), int)
     if fv.has("dpo"):
@@ -548,8 +555,10 @@ def _read_megatron(fv: FileValues) -> None:
         else:
             fv.set("fp8", None, (*fp8, "enabled"))
 
+    # setup.py _apply_mtp_config copies it whenever the key is there: 0 turns off the MTP
+    # layers a model's config.json asks for (DeepSeek-V3's num_nextn_predict_layers)
     mtp = fv.get(*m, "mtp_num_layers", kind=int)
-    if mtp:
+    if mtp is not None:
         fv.set("mtp_num_layers", mtp, (*m, "mtp_num_layers"))
     # Other Megatron-Core fields under megatron_cfg (and model_overrides) go to the model config.
     cfg = fv.data["policy"]["megatron_cfg"]

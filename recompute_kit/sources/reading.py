@@ -183,6 +183,10 @@ MODEL_PARALLEL_SIZES = (
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
 )
+# What a reader says of a model name that is no Hugging Face id (a path, a placeholder); the
+# resolver says where the shape came from instead when --model gives it
+SHAPE_NOT_FROM_NAME = "the model's shape is not known from it"
+
 MEMORY_KEYS = (
     *SHAPE_KEYS,
     "num_query_groups",

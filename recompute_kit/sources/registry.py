@@ -220,11 +220,17 @@ def model_reading(name: str) -> Reading | None:
     return reading
 
 
+_SHORT_NAMES = {"dsv3": ("deepseek", "v3"), "dsv2": ("deepseek", "v2")}
+
+
 def named_in(text: str) -> str | None:
     """A registered model whose name's parts all appear among `text`'s (a file name such as
     `qwen3_moe_30b_a3b_pretrain_override_example`: Qwen/Qwen3-30B-A3B), for a suggestion only;
     the longest such name, None when none or several equally long match."""
     words = set(re.split(r"[^a-z0-9.]+", text.lower()))
+    for short, parts in _SHORT_NAMES.items():  # (NeMo-RL's recipes say dsv3)
+        if short in words:
+            words |= set(parts)
     found: list[tuple[int, str]] = []
     for model_id, _ in list_models():
         parts = [w for w in re.split(r"[^a-z0-9.]+", model_id.split("/")[-1].lower()) if w]

@@ -37,6 +37,7 @@ from .reading import (
     OVERRIDE_FLAGS,
     RECOMPUTE_KEYS,
     SHAPE_KEYS,
+    SHAPE_NOT_FROM_NAME,
     Origin,
     Reading,
 )
@@ -565,6 +566,13 @@ def resolve(
         )
         merged.model_name = readings[0].model_name
         merged.model_name_origin = readings[0].model_name_origin
+    if model:  # the files' unreadable model names are not what the shape comes from
+        merged.warnings = [
+            w.split(SHAPE_NOT_FROM_NAME)[0] + f"the shape is {model}'s (--model)"
+            if SHAPE_NOT_FROM_NAME in w
+            else w
+            for w in merged.warnings
+        ]
     for key, value in (overrides or {}).items():
         flag = _FLAG_OF.get(key) or "--" + key.replace("_", "-")
         merged.set(key, value, Origin(FROM_ARGUMENT, "recompute-kit", flag))
@@ -782,7 +790,7 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     if not missing:
         return
     names = ", ".join(d["path"] for d in described)
-    keys = ", ".join(dict.fromkeys(_key_for(framework, k) for k in missing))  # once each
+    keys = _keys_in_words([_key_for(framework, k) for k in missing])
     if reading.model_name:
         raise ConfigError(
             f"{names}: no model shape: the model {reading.model_name} is not in the registry "
@@ -797,6 +805,13 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     unread = [w.split(": ", 1)[1] for w in reading.warnings if "ModelProvider" in w]
     if unread and not named:
         raise ConfigError(f"{names}: no model shape ({keys} not given): {unread[0]}")
+    # a model named by what is no Hugging Face id (a local path, a placeholder)
+    unnamed = [w for w in reading.warnings if SHAPE_NOT_FROM_NAME in w]
+    if unnamed:
+        raise ConfigError(
+            f"no model shape: {unnamed[0]}; name the model (--model {named or 'HF_ID'}, a "
+            f"registry name, or its config.json), or set {keys}"
+        )
     raise ConfigError(
         f"{names}: no model shape ({keys} not given) and no model named; add them, or name "
         f"the model (--model {example}, a registry name, or its config.json)"
@@ -804,12 +819,23 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     )
 
 
+def _keys_in_words(keys: list[str]) -> str:
+    """The keys that set some values, once each, a way that all share said once ("the
+    model's config.json, or model_overrides.num_layers, ...hidden_size")."""
+    keys = list(dict.fromkeys(keys))
+    shared = {k.rpartition(", or ")[0] for k in keys}
+    if len(keys) > 1 and len(shared) == 1 and "" not in shared:
+        return f"{shared.pop()}, or " + ", ".join(k.rpartition(", or ")[2] for k in keys)
+    return ", ".join(keys)
+
+
 def _needed_keys(reading: Reading) -> list[str]:
     keys = list(MEMORY_KEYS)
     if reading.get("num_moe_experts"):
         keys += MOE_KEYS
     if reading.get("multi_latent_attention"):
-        keys += MLA_KEYS
+        # MLA's heads have their own widths: Megatron's MLA layers read neither of these
+        keys = [k for k in keys if k not in ("num_query_groups", "kv_channels")] + list(MLA_KEYS)
     granularity = reading.get("recompute_granularity")
     if granularity == "selective":  # (Megatron ignores the modules under full, and the
         keys.append("recompute_modules")  # method and layer count under selective)
