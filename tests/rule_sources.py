@@ -668,3 +668,6 @@ SOURCES["transformerlm-21-resume-multi-gpu"] = (
     "https://github.com/lopuhin/transformer-lm/issues/21 (the report, as the stored copy cuts "
     "its OOM line)"
 )
+SOURCES["megatronlm-381-quoted-pp-divisible-check"] = (
+    "https://github.com/NVIDIA/Megatron-LM/issues/381"
+)

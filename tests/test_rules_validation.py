@@ -32,6 +32,16 @@ def test_fresh_rk097_title_and_cut_validate_args_frame():
 
 
 @covers("RK097")
+def test_rk097_a_check_quoted_from_the_source_is_a_possibility_not_a_diagnosis():
+    # https://github.com/NVIDIA/Megatron-LM/issues/381: the user quotes validate_args's
+    # assertion (condition and message over two lines) and asks how to split the layers
+    # unevenly: nothing was raised in a log, so it is possible, at 0.5.
+    f = top(run(text("megatronlm-381-quoted-pp-divisible-check")))
+    assert f.rule == "RK097" and f.confidence == 0.5
+    assert "quotes a check" in f.evidence and "num_layers_in_first_pipeline_stage" in f.config_patch
+
+
+@covers("RK097")
 def test_fresh_rk097_model_construction_check():
     # https://github.com/NVIDIA-BioNeMo/bionemo-recipes/issues/784: the check raised from
     # get_num_layers_to_build (transformer_block.py), underscores in the setting's name.

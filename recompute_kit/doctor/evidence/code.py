@@ -68,6 +68,11 @@ _DROPOUT_RE = re.compile(
     r"\b([\w.]*dropout[\w.]*)['\"]?\s*[:=]\s*['\"]?(0?\.\d+|[01](?:\.\d+)?)\b", re.I
 )
 _ASSERT_RE = re.compile(r"^\s*#?\s*assert\b(.*)$")
+# A check quoted from the source with its message, its condition and message possibly on two
+# lines: `assert args.num_layers % pp == 0, \` / `'num_layers must be divisible by ...'`
+_QUOTED_CHECK_RE = re.compile(
+    r"\bassert\s[^\n]*?,\s*(?:\\\s*\n\s*)?[rf]?(['\"])([^'\"\n]{10,200})\1"
+)
 # "no_gradient_checkpointing: 6.4G", "with gradient checkpointing = 11.2 GB"
 _LABELLED_SIZE_RE = re.compile(
     r"^\s*([A-Za-z_ -]*checkpoint[A-Za-z_ -]*?)\s*[:=]\s*([\d.]+)\s*([KMGT]i?B?)\b", re.I
@@ -325,6 +330,7 @@ def scan_snippets(text: str) -> dict[str, Any]:
     "OutOfMemoryError", "显存不足"), `first_step_prose` (those placing it at the first step),
     `several_gpus` (lines saying the job runs on several GPUs: "multi-GPU", "[rank3]", torchrun),
     `grads_lost` (prose lines reporting gradients None or parameters not updated / trained),
+    `quoted_checks` (the messages of `assert cond, 'message'` lines quoted from a source),
     `metadata_pairs` ([(saved shape, dtype, recomputed shape, dtype)] of a CheckpointError,
     wherever the paste puts them), `ckpt_inactive` /
     `eval_prose` (prose: checkpointing not invoked / skipped; the module's eval or training
@@ -524,6 +530,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     if ac:
         facts["ac_loss"] = ac
     facts.update(scan_calls(lines, _is_code, _quote))  # calls, asserts (code_calls.py)
+    checks = [m.group(2) for m in _QUOTED_CHECK_RE.finditer(text)]
+    if checks:
+        facts["quoted_checks"] = checks
     return facts
 
 

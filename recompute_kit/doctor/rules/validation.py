@@ -405,6 +405,18 @@ def _megatron_arguments(ctx: Context) -> Match | None:
             + (f" (settings: {', '.join(keys)})." if keys else "."),
             config_patch=patch,
         )
+    for message in fact(ctx, "quoted_checks") or ():
+        # the check quoted from Megatron's source, not raised in a log: what the user is up
+        # against, less sure than the raised error
+        words = re.sub(r"[_-]+", " ", message.lower())
+        if _REQUIREMENT_RE.search(words) and _PARALLEL_SETTING_RE.search(words):
+            keys = list(dict.fromkeys(k for w, k in ARGUMENT_WORDS if w in words))
+            return Match(
+                0.5,
+                f'The paste quotes a check of Megatron\'s arguments: "{message}"'
+                + (f" (settings: {', '.join(keys)})." if keys else "."),
+                config_patch=_argument_patch(ctx, words, keys),
+            )
     refused = ctx.config_error or ""
     if _LAYOUT_REFUSED in refused:  # the kit's own check of the files' layout, before a run
         words = re.sub(r"[_-]+", " ", refused.lower())
