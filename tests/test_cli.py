@@ -973,3 +973,17 @@ def test_the_layout_line_says_where_moe_optimizer_states_are_sharded(capsys):
     out = capsys.readouterr().out
     assert "expert states over expert-DP 1: not sharded" in out
     assert "dense states sharded over DP x CP 8" in out
+
+
+def test_estimate_of_one_stage_keeps_every_stages_totals():
+    # A skill trial asked `estimate --stage 7 --json` for one stage's breakdown and got no
+    # stage_total_bytes: a second run without --stage was needed for the others.
+    args = ("estimate", "--model", "llama3-8b", "--pp", "4", "--json")
+    every = json.loads(run(*args, check_rc=0).stdout)["estimates"][0]
+    one = json.loads(run(*args, "--stage", "3", check_rc=0).stdout)["estimates"][0]
+    assert one["stage"] == 3 and len(every["stage_total_bytes"]) == 4
+    assert one["stage_total_bytes"] == every["stage_total_bytes"]
+    assert one["total_bytes"] == every["stage_total_bytes"][3]
+    shown = run(*args[:-1], "--stage", "3", check_rc=0).stdout
+    binding = every["stage"]
+    assert ("(the stage that holds the most)" in shown) is (binding == 3)

@@ -306,7 +306,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             continue
         if fmt and (why := unexpressible(candidate.recompute, fmt)):
             print(f"recompute-kit: note: {spec}: {why}", file=sys.stderr)
-        results.append(estimate(candidate, stage=args.stage))
+        shown = estimate(candidate, stage=args.stage)
+        if args.stage is not None:  # every stage's totals beside the stage asked for
+            every = estimate(candidate)
+            shown.stage_total_bytes = every.stage_total_bytes
+            shown.stage_held_bytes = every.stage_held_bytes
+        results.append(shown)
     if not results:
         raise ConfigError(rejected[0]["error"])
     if args.json:

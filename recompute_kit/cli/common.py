@@ -517,7 +517,8 @@ def print_layout(cfg: Config, est: Any = None) -> None:
     world = layout_of(cfg)["world_size"]
     line = f"layout: {' '.join(parts)} ({world} GPUs), {states}"
     if est is not None and est.layers:
-        which = " (the stage that holds the most)" if est.stage_total_bytes else ""
+        held = est.stage_held_bytes
+        which = " (the stage that holds the most)" if held and est.held_bytes >= max(held) else ""
         line += (
             f"; per rank of pipeline stage {est.stage}{which}: {layer_span(est.layers)}, "
             f"{in_flight_words(est.micro_batches_in_flight, est.chunk_micro_batches)}"

@@ -606,6 +606,17 @@ def _read_dtensor(fv: FileValues) -> None:
         fv.set("optimizer_offload", offload, (*d, "cpu_offload"), note if offload else "")
 
 
+_LOGPROBS = (
+    "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/"
+    "nemo_rl/distributed/model_utils.py DistributedLogprob"
+)
+_LOGPROBS_NOTE = (
+    "NeMo-RL computes the log-probabilities itself (DistributedLogprob), not with Megatron's "
+    "loss: its fp32 softmax kept for backward is counted as Megatron's unfused cross-entropy "
+    "keeps it; the fp32 temporaries of its forward (up to about 14 bytes a logit) are not"
+)
+
+
 def apply_defaults(reading: Reading) -> None:
     yml = "NeMo-RL's default (examples/configs/grpo_math_1B.yaml)"
     mcore = "Megatron-Core's TransformerConfig default"
@@ -621,6 +632,16 @@ def apply_defaults(reading: Reading) -> None:
         # (nemo_rl/models/megatron/setup.py overrides only the keys megatron_cfg has)
         from .bridge_common import apply_provider_settings
 
+        # The policy's forward returns the logits and NeMo-RL takes the log-probabilities
+        # itself (models/megatron/train.py from_parallel_logits_to_logprobs: an fp32 copy, its
+        # log-softmax, the fp32 softmax kept for backward), never Megatron's loss: the fp32
+        # softmax is what Megatron's unfused cross-entropy keeps, not a bridge's fused one.
+        reading.set(
+            "cross_entropy_loss_fusion",
+            False,
+            Origin(FROM_DERIVED, _LOGPROBS, note=_LOGPROBS_NOTE),
+        )
+        reading.warnings.append(_LOGPROBS_NOTE)
         apply_provider_settings(reading)
         for key in MODEL_PARALLEL_SIZES:
             reading.default(key, 1, yml)

@@ -44,3 +44,18 @@ def test_without_a_model_the_refusal_names_the_sentence_and_the_model_the_file_n
     assert "policy.model_name 'Follow instructions in" in said
     assert "--model deepseek-ai/DeepSeek-V3" in said  # the file name's dsv3
     assert said.count("policy.model_name's config.json") == 1, said  # said once, not per key
+
+
+def test_nemo_rl_takes_its_own_log_probs_not_a_bridges_fused_loss():
+    # NeMo-RL's Megatron policy returns logits and computes log-probabilities itself
+    # (nemo_rl/models/megatron/train.py from_parallel_logits_to_logprobs): DeepSeek-V3's bridge
+    # setting (cross_entropy_loss_fusion, TE) was read as the loss, 0.25 GiB against gpt-oss's
+    # unfused 1.15 GiB for the same NeMo-RL code path.
+    for recipe, model in (
+        (DSV3, "policy.model_name=deepseek-ai/DeepSeek-V3"),
+        (CONFIGS / "recipes" / "llm" / "grpo-gptoss-20b-8n8g-megatron.yaml", None),
+    ):
+        r = resolve([str(recipe), *([model] if model else [])]).reading
+        assert r.get("cross_entropy_loss_fusion") is False
+        assert "DistributedLogprob" in r.origins["cross_entropy_loss_fusion"].where
+        assert any("fp32 temporaries" in w for w in r.warnings)
