@@ -755,6 +755,15 @@ def _add_model_shape(reading: Reading) -> None:
         )
     for key, value in model.values.items():
         reading.set(key, value, model.origins[key], overwrite=False)
+    # what the config.json says of itself (gpt-oss's sliding window, counted as global), but
+    # not its capacity as a sequence length where the files give one
+    seq_given = "seq_length" in reading and reading.origins["seq_length"].kind != FROM_MODEL
+    reading.warnings += [
+        w
+        for w in model.warnings
+        if w not in reading.warnings and not (seq_given and "max_position_embeddings" in w)
+    ]
+    reading.not_modelled += [n for n in model.not_modelled if n not in reading.not_modelled]
 
 
 # What says a run trains a vision-language model: its keys (LLaMA-Factory's, a config.json's

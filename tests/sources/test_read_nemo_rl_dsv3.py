@@ -59,3 +59,13 @@ def test_nemo_rl_takes_its_own_log_probs_not_a_bridges_fused_loss():
         assert r.get("cross_entropy_loss_fusion") is False
         assert "DistributedLogprob" in r.origins["cross_entropy_loss_fusion"].where
         assert any("fp32 temporaries" in w for w in r.warnings)
+
+
+def test_what_the_named_models_config_says_of_itself_is_said_through_a_file_too():
+    # gpt-oss-20b read alone warns that its 128-token sliding window is counted as global
+    # attention; named by the NeMo-RL recipe (policy.model_name) the warning was dropped. Its
+    # max_position_embeddings note is not said where the recipe gives the sequence length.
+    recipe = CONFIGS / "recipes" / "llm" / "grpo-gptoss-20b-8n8g-megatron.yaml"
+    said = resolve([str(recipe)]).reading.warnings
+    assert any("sliding_window=128" in w for w in said), said
+    assert not any("max_position_embeddings" in w for w in said), said
