@@ -588,3 +588,27 @@ def test_settings_the_run_s_keys_cannot_write_are_said_not_proposed():
     said = "the run's keys cannot write them: full:uniform:2-16, full:block:1-16"
     assert said in result.explanation
     assert "uniform, one layer" in result.explanation
+
+
+def test_no_candidate_recomputes_a_module_that_changes_nothing():
+    # A skill trial on NeMo-RL's DeepSeek-V3 recipe (stage 1 all MoE layers) found
+    # `selective:mlp` and `selective:mlp,layernorm,...` listed beside the same settings without
+    # `mlp`, holding and costing the same (mlp acts on dense layers only), and `selective:`
+    # beside none: 98 candidates, most of them copies.
+    from recompute_kit.plan import _modules
+    from recompute_kit.sources.resolve import resolve
+
+    data = Path(__file__).parent / "data" / "read" / "nemo_rl_dsv3" / "examples" / "configs"
+    recipe = data / "recipes" / "llm" / "grpo-dapomath17k-dsv3-32n4g-megatron.yaml"
+    run = resolve([str(recipe)], model="deepseek-ai/DeepSeek-V3").config
+    result = plan(run, gpu_memory_gb=173.2, fmt="nemo-rl")
+    shown = [c for c in result.candidates if not c.offload]
+    assert not any(c.estimate.recompute in ("selective:", "selective:mlp") for c in shown)
+    for c in shown:
+        for d in shown:
+            mine, theirs = _modules(c.recompute), _modules(d.recompute)
+            if c is d or mine is None or theirs is None or not theirs < mine:
+                continue
+            same = abs(planned_bytes(c.estimate) - planned_bytes(d.estimate)) < 2**20
+            assert not (same and d.step_cost <= c.step_cost), (c.name, d.name)
+    assert any(c.estimate.recompute == "selective:mla_up_proj" for c in shown)

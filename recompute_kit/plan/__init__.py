@@ -164,6 +164,7 @@ def plan(
                 est.recompute_flops_fraction if stage is not None else step_cost(candidate),
             )
         )
+    found = _without_idle_modules(found)
     stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     for c in found:
         c.settings = settings_line(c.recompute, fmt, num_layers=stage_layers, spelling=spelling)
@@ -351,6 +352,43 @@ def step_cost(config: Config) -> float:
     extra = [recompute_flops(config, s, executed=True) for s in stages]
     slowest = max(base)
     return max(b + x for b, x in zip(base, extra, strict=True)) / slowest - 1 if slowest else 0.0
+
+
+def _modules(rc: RecomputeConfig) -> frozenset[str] | None:
+    """The modules a setting recomputes: none for no recompute, None for full recompute."""
+    if rc.recompute_granularity == "full":
+        return None
+    return frozenset(rc.modules) if rc.recompute_granularity == "selective" else frozenset()
+
+
+# Less than this apart, two settings hold the same (a checkpoint's few KiB of RNG state)
+_IDLE_BYTES = 1 << 20
+
+
+def _without_idle_modules(found: list[Candidate]) -> list[Candidate]:
+    """The candidates less those that recompute more modules than another (or the same ones,
+    said later: `selective:` after none) and hold (within a MiB) and cost what it does: the
+    extra modules act on no layer that matters here (`mlp` on a stage of MoE layers)."""
+    kept: list[Candidate] = []
+    for c in found:
+        mods = _modules(c.recompute)
+        same = next(
+            (
+                d
+                for d in kept
+                if not c.offload
+                and not d.offload
+                and mods is not None
+                and (theirs := _modules(d.recompute)) is not None
+                and theirs <= mods
+                and abs(planned_bytes(d.estimate) - planned_bytes(c.estimate)) < _IDLE_BYTES
+                and d.step_cost <= c.step_cost
+            ),
+            None,
+        )
+        if same is None:
+            kept.append(c)
+    return kept
 
 
 def _units(rc: RecomputeConfig) -> int:
