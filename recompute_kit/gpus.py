@@ -4,7 +4,7 @@ The figure is the `total capacity` of PyTorch's out-of-memory message, which is
 `torch.cuda.get_device_properties(i).total_memory` (= `torch.cuda.mem_get_info()[1]`) in GiB:
 what the driver leaves after its own reservation, less than the marketing "80 GB" (an H100
 80GB reports about 79.1 GiB, not 80). Each entry is the lowest figure seen for the device, with
-where it was seen; devices whose figure we have no public report of (GH200, B200, ...) are not
+where it was seen; devices whose figure we have no public report of (GH200, ...) are not
 listed: pass `--gpu-memory-gb` with what `nvidia-smi --query-gpu=memory.total` or
 `torch.cuda.mem_get_info()` says on yours.
 """
@@ -55,6 +55,29 @@ GPUS = {
             "NVIDIA H200 (141 GB)",
             "OOM message on H200: 'total capacity of 139.81 GiB' (THUDM/slime#1951, "
             "tests/corpus/cases/a_slime_1951_logprobs_oom_58gib.yaml)",
+        ),
+        Gpu(
+            "b200",
+            178.3,
+            "NVIDIA B200",
+            "OOM message on a B200: 'total capacity of 178.35 GiB' (stas00/ml-engineering "
+            "debug/pytorch.md, 'On NVIDIA B200 w/ 180GiB'); 2,250 dense BF16 TFLOP/s at "
+            "1,000 W (HGX B200, glennklockwood.com/garden/processors/B200 from NVIDIA's "
+            "figures); NVLink 5 at 1.8 TB/s both ways; its x86 hosts' PCIe 5",
+            2250.0,
+            900.0,
+        ),
+        Gpu(
+            "gb200",
+            184.3,
+            "NVIDIA GB200",
+            "OOM messages on GB200: 'total capacity of 184.31 GiB' (vllm-project/vllm#43951, "
+            "#52511: '4x NVIDIA GB200 (184 GiB)'); 2,500 dense BF16 TFLOP/s at 1,200 W (GB200 "
+            "variant, glennklockwood.com/garden/processors/B200); NVLink 5 at 1.8 TB/s both "
+            "ways; its Grace host over NVLink-C2C",
+            2500.0,
+            900.0,
+            "nvlink-c2c",
         ),
         Gpu(
             "a100-80gb",
