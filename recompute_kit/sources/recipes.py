@@ -62,6 +62,14 @@ CLASS_SECTIONS = {
     "CommOverlapConfig": "comm_overlap",
     "MegatronCommOverlapCallback": "comm_overlap",
 }
+# What a section class built anew sets by its own default, where an earlier object of the section
+# set otherwise (`cfg.optimizer = OptimizerConfig(optimizer="dist_muon", ...)` after
+# _pretrain_common()'s distributed Adam): Megatron-Core's OptimizerConfig and
+# DistributedDataParallelConfig both default use_distributed_optimizer to False
+_SECTION_DEFAULTS = {
+    "OptimizerConfig": {"use_distributed_optimizer": False},
+    "DistributedDataParallelConfig": {"use_distributed_optimizer": False},
+}
 # Helper calls whose effect is known (Bridge recipes/utils/optimizer_utils.py and NeMo
 # recipes/optim/adam.py build a distributed optimizer; precision presets).
 KNOWN_CALLS = {
@@ -567,6 +575,10 @@ class _Reader:
                 self.provider_defaults(cls)
         if section is None:
             return None
+        given = {kw.arg for kw in node.keywords}
+        for key, default in _SECTION_DEFAULTS.get(cls, {}).items():
+            if key not in given:  # a new section object: its own default, not the one replaced
+                self.add(section, key, default, line, f"{cls}() default {key}={default}")
         for kw in node.keywords:
             if kw.arg is None:
                 continue

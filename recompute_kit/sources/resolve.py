@@ -631,6 +631,25 @@ def resolve(
             f"rank x the targeted layers' widths, about 18 B a parameter with Adam) are not "
             f"counted; {base}"
         )
+    optimizer = next(
+        (
+            (k, v)
+            for k, v in merged.unused.items()
+            if _OPTIMIZER_KEY.search(str(k)) and _NOT_ADAM.search(str(v))
+        ),
+        None,
+    )
+    if optimizer:
+        merged.warnings.append(
+            f"{optimizer[0]} {optimizer[1]}: the optimizer states are counted as Adam's (an "
+            "fp32 master copy and two moments, 12 B a parameter); Muon keeps one momentum for "
+            "the linear weights (Adam for the rest) and its layer-wise distributed form leaves "
+            "each data-parallel rank the states of the parameters it owns: the optimizer figure "
+            "is an upper bound"
+            if "muon" in str(optimizer[1]).lower()
+            else f"{optimizer[0]} {optimizer[1]}: the optimizer states are counted as Adam's "
+            "(an fp32 master copy and two moments, 12 B a parameter), not this optimizer's"
+        )
     vision = _vision_language(merged)
     if vision:
         merged.warnings.append(
@@ -775,6 +794,9 @@ _VISION_KEYS = re.compile(
 _VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qwen3\.5-VL)")
 
 
+# An optimizer named beside the inputs that is not Adam: its states are not Adam's
+_OPTIMIZER_KEY = re.compile(r"(?:^|[.(\s-])optimizer(?:=\))?$|^--optimizer$")
+_NOT_ADAM = re.compile(r"(?i)^(?:dist_)?(?:muon|sgd|lion|adafactor|soap|shampoo)\b")
 _DEFERRED_WGRAD = re.compile(r"defer[_-]embedding[_-]wgrad[_-]compute$")
 _REGATHER = re.compile(r"sequence_parallel_input_regather$")  # Megatron-Bridge's LoRA
 

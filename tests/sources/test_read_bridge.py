@@ -590,3 +590,20 @@ def test_hybrid_families_by_name(name, hybrid):
     from recompute_kit.sources import resolve as resolving
 
     assert bool(resolving._NOT_MODELLED_NAME.search(name)) is hybrid
+
+
+def test_a_fresh_optimizer_config_replaces_the_distributed_adam_it_follows():
+    # Bridge's Kimi K2 recipe: _pretrain_common() builds distributed Adam, then
+    # _apply_kimi_k2_optimizer(cfg, "muon") assigns a fresh OptimizerConfig(optimizer=
+    # "dist_muon", ...) (its use_distributed_optimizer left at Megatron-Core's False) and sets
+    # ddp.use_distributed_optimizer = False: both sections off, so Bridge's sync
+    # (_validate_and_sync_distributed_optimizer_settings) leaves it off. It was read on (the
+    # replaced Adam's True). Muon's states are not Adam's: said.
+    from recompute_kit.sources.resolve import resolve
+
+    root = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    recipe = root / "megatron" / "bridge" / "recipes" / "kimi" / "h100" / "kimi_k2.py"
+    r = resolve([str(recipe)], require_shape=False).reading
+    assert r.get("use_distributed_optimizer") is False
+    assert r.origins["use_distributed_optimizer"].where.endswith("kimi_k2.py:74")
+    assert any("dist_muon" in w and "upper bound" in w for w in r.warnings)
