@@ -671,3 +671,14 @@ SOURCES["transformerlm-21-resume-multi-gpu"] = (
 SOURCES["megatronlm-381-quoted-pp-divisible-check"] = (
     "https://github.com/NVIDIA/Megatron-LM/issues/381"
 )
+# round ae (2026-11-28): a skill trial's pastes (the reporters' own text)
+SOURCES["stated-te-712-fp8-peak-not-lower"] = (
+    "https://github.com/NVIDIA/TransformerEngine/issues/712 (the report's opening paragraphs)"
+)
+SOURCES["stated-pt-18313-oom-after-epochs"] = (
+    "https://github.com/pytorch/pytorch/issues/18313 (the traceback, the GPU and the reporter's "
+    "follow-up)"
+)
+SOURCES["titan-808-float8-step-memory"] = (
+    "https://github.com/pytorch/torchtitan/pull/808 (the PR description's three runs)"
+)

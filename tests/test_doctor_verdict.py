@@ -477,3 +477,21 @@ def test_no_oom_in_the_paste_asks_for_no_oom_message(tmp_path):
     assert len(ids) == len(set(ids)) and "memory_by_step" in ids
     f = d.findings[0]
     assert f.rule == "RK020" and "nothing pasted says which it is" in f.evidence
+
+
+def test_runs_that_did_not_fail_are_asked_for_their_peaks_not_a_failure(tmp_path):
+    # torchtitan PR 808 (tests/data/rules/titan-808-float8-step-memory.txt,
+    # https://github.com/pytorch/torchtitan/pull/808): three runs' step lines, nothing failed.
+    # A skill trial was asked for "the full OOM message", "the full traceback" and nvidia-smi
+    # "just before the failing step"; the step lines were read as allocated memory (torchtitan
+    # prints max reserved) and the GPU's size they state (47.65 GiB is 50.16%) went unused.
+    paste = Path(__file__).parent / "data" / "rules" / "titan-808-float8-step-memory.txt"
+    d = diagnose(collect(logs=[str(paste)]))
+    ids = [i["id"] for i in d.verdict.collect]
+    assert "traceback" not in ids and "oom_message" not in ids, ids
+    assert all("failing step" not in i["what"] for i in d.verdict.collect)
+    assert "Nothing in it failed" in d.summary and "full OOM message" not in d.summary
+    assert "3 step line(s) with memory" in d.summary
+    series = d.evidence.facts["log"]["memory_series"]
+    assert [kind for _, _, kind, _ in series] == ["reserved"] * 3
+    assert any("95.0 GiB" in a for a in d.assumptions)

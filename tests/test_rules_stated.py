@@ -120,6 +120,16 @@ def test_memory_grows_slowly():
     assert symptoms.stated(text("stated-homura-16-grows")) == ["memory_grows"]
 
 
+@covers("RK805")
+def test_an_oom_only_after_some_epochs_reads_as_growth_and_asks_for_the_series():
+    # https://github.com/pytorch/pytorch/issues/18313: a bare "CUDA error: out of memory" in
+    # backward, and "The problem was occurring after some epochs": memory that grows (the
+    # thread: tensors kept across epochs), not a step's activations (a skill trial got RK087)
+    d = run(text("stated-pt-18313-oom-after-epochs"))
+    assert top(d).rule == "RK805"
+    assert d.verdict.collect[0]["id"] == "memory_series"
+
+
 @covers("RK806")
 def test_oom_while_saving_a_checkpoint_said_in_chinese():
     # https://github.com/ByteDance-Seed/Bagel/issues/139 (title): OOM when saving the ckpt
@@ -180,6 +190,10 @@ def test_activation_memory_said_to_grow_with_the_sequence():
         # https://github.com/NVIDIA/TransformerEngine/issues/1764: "same memory usage as bf16";
         # NVIDIA: --fp8-param-gather / fp8_model_init drop the high-precision copy
         "stated-te-1764-fp8-same-memory-as-bf16",
+        # https://github.com/NVIDIA/TransformerEngine/issues/712: "when looking at peak memory,
+        # it does not decrease that much, in fact enabling fp8 without setting the primary
+        # weights to fp8 is worse"; a skill trial found it read as activations
+        "stated-te-712-fp8-peak-not-lower",
     ],
 )
 def test_fp8_said_not_to_lower_memory_reads_as_model_states(name):

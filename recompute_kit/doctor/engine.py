@@ -43,6 +43,13 @@ def build_context(evidence: Evidence, gpu_memory_gb: float | None = None) -> Con
             )
     elif ctx.oom and ctx.oom.total_bytes:
         ctx.gpu_bytes = ctx.oom.total_bytes
+    elif device := fact(ctx, "device_bytes", "log"):
+        # torchtitan's step line gives its memory as a share of the device's
+        ctx.gpu_bytes = device
+        ctx.assumptions.append(
+            f"the GPU is taken as {device / GIB:.1f} GiB: the log's step lines give their "
+            "memory as a share of the device's (torchtitan's 'memory: X GiB(Y%)')"
+        )
     flat = dict(evidence.config)
     read, refused = _config_read_from_files(evidence)
     # Megatron's validation of what the paste sets; where the shared reader read the files,
@@ -545,13 +552,26 @@ def _summary(ctx: Context, findings: list[Finding]) -> str:
         top = findings[0]
         return f"{top.rule} {top.title} (confidence {top.confidence:.0%}): {top.evidence}"
     ev = ctx.evidence
+    series = len(fact(ctx, "memory_series", "log") or [])
     read = (
-        f"{len(ev.oom)} OOM message(s), {len(ev.iterations)} iteration line(s), "
-        f"{len(ev.memory)} memory report(s), {len(ev.errors)} error/warning(s), "
+        f"{len(ev.oom)} OOM message(s), {len(ev.iterations)} iteration line(s)"
+        + (f", {series} step line(s) with memory" if series else "")
+        + f", {len(ev.memory)} memory report(s), {len(ev.errors)} error/warning(s), "
         f"{len(ev.config)} config key(s), {len(ev.experiments)} experiment row(s)"
     )
+    config = (
+        "the training config or command line (model shape, parallel sizes, recompute settings)"
+    )
+    if not (ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions") or ev.errors):
+        # nothing failed: the question is how much memory the run holds, and where
+        return (
+            f"No known pattern. Read {read}. Nothing in it failed: collect {config}, and the "
+            "peak of each run compared (torch.cuda.max_memory_allocated() and "
+            "max_memory_reserved() after a few steps) or a memory snapshot "
+            "(torch.cuda.memory._dump_snapshot -> recompute-kit doctor --snapshot)."
+        )
     return (
         f"No known pattern. Read {read}. Collect next: the full OOM message (it says how "
-        "full the GPU was), the training config or command line (model shape, parallel sizes, "
-        "recompute settings), and a few iteration lines with memory reports before the failure."
+        f"full the GPU was), {config}, and a few iteration lines with memory reports before "
+        "the failure."
     )

@@ -165,7 +165,14 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"(?:\w+\s+)?(?:grow\w*|increas\w*|climb\w*|creep\w*|ris(?:e|es|ing))|"
             r"\bmemory\s+(?:\w+\s+){0,2}(?:grow\w*|increas\w*|climb\w*|creep\w*)"
             r"\s+(?:\w+\s+){0,2}(?:every|each|per|over|after|with each)\s+(?:\w+\s+)?"
-            r"(?:step|iteration|iter|epoch|batch)|\bmemory\s+leak",
+            r"(?:step|iteration|iter|epoch|batch)|\bmemory\s+leak|"
+            # the OOM comes only after training ran a while: memory that grows (or a later
+            # batch that is larger)
+            r"\b(?:oom|out of memory|problem|error|crash\w*)\s+(?:\w+\s+){0,2}?"
+            r"(?:occur\w*|happen\w*|appear\w*|comes?|starts?)\s+(?:only\s+)?after\s+"
+            r"(?:some|several|a few|many|\d+)\s+(?:epochs?|iterations?|steps?|batches)|"
+            r"\bafter\s+(?:some|several|a few|many|\d+)\s+(?:epochs?|iterations?|steps?)"
+            r"[^.\n]{0,40}?\b(?:oom|out of memory)\b",
             re.I,
         ),
         ("framework_bug", "fragmentation"),
@@ -260,7 +267,13 @@ SYMPTOMS: tuple[Symptom, ...] = (
             r"not\s+(?:be\s+)?(?:halved|reduced|lower)|prohibitive|no\s+(?:reduction|saving))|"
             r"\bstill\s+(?:shows?|uses?|takes?|needs?)\s+(?:\w+\s+){0,3}?memory|"
             r"(?:same|similar)\s+(?:memory|vram)[^.\n]{0,30}?(?:bf16|fp16|bfloat16)|"
-            r"\b(?:expected|any)\s+(?:memory\s+)?(?:benefits?|savings?|reduction)",
+            r"\b(?:expected|any)\s+(?:memory\s+)?(?:benefits?|savings?|reduction)|"
+            # "peak memory, it does not decrease that much", "memory didn't go down"
+            r"(?:memory|peak|vram)[^.\n]{0,40}?\b(?:does\s*n[o']?t|did\s*n[o']?t|not|never)\s+"
+            r"(?:\w+\s+){0,2}?(?:decreas\w*|drop\w*|go\s+down|reduc\w*|shrink\w*|lower\w*)|"
+            # "enabling fp8 ... is worse than not enabling fp8", "fp8 uses more memory"
+            r"\b(?:fp8|float8)\b[^.\n]{0,80}?\b(?:worse|more\s+(?:gpu\s+)?memory|"
+            r"higher\s+(?:peak\s+)?memory)\b",
             re.I,
         ),
         ("model_state_memory",),

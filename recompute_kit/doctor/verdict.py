@@ -469,6 +469,11 @@ _NOT_MEMORY = {
 }
 
 
+_SMI_WHILE_RUNNING = (
+    "nvidia-smi (its process table) during the run, at the steps whose memory is in question"
+)
+
+
 def _ran_out(ctx: Context) -> bool:
     """The input says memory ran out: an OOM message or error, or an OOM named in words."""
     return bool(ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"))
@@ -539,6 +544,13 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items = _for_a_running_job(items)
         if not ran_out:
             items = [i for i in items if i["id"] != "expandable"]
+        if not ran_out and not ctx.evidence.errors:
+            # nothing failed: no traceback to come, and no failing step to watch
+            items = [i for i in items if i["id"] != "traceback"]
+            items = [
+                {**i, "what": _SMI_WHILE_RUNNING} if i["id"] == "nvidia_smi" else i
+                for i in items
+            ]
     if _frames_without_exception(ctx) and not any(i["id"] == "traceback" for i in items):
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
         items.insert(0, {"id": "traceback", "what": what, "decides": competing})

@@ -164,7 +164,7 @@ def plan(
                 est.recompute_flops_fraction if stage is not None else step_cost(candidate),
             )
         )
-    found = _without_idle_modules(found)
+    found = _without_idle_modules(found, keep=config.recompute)
     stage_layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
     for c in found:
         c.settings = settings_line(c.recompute, fmt, num_layers=stage_layers, spelling=spelling)
@@ -365,12 +365,18 @@ def _modules(rc: RecomputeConfig) -> frozenset[str] | None:
 _IDLE_BYTES = 1 << 20
 
 
-def _without_idle_modules(found: list[Candidate]) -> list[Candidate]:
+def _without_idle_modules(
+    found: list[Candidate], keep: RecomputeConfig | None = None
+) -> list[Candidate]:
     """The candidates less those that recompute more modules than another (or the same ones,
     said later: `selective:` after none) and hold (within a MiB) and cost what it does: the
-    extra modules act on no layer that matters here (`mlp` on a stage of MoE layers)."""
+    extra modules act on no layer that matters here (`mlp` on a stage of MoE layers). The
+    run's own setting (`keep`) stays: what it holds is the question asked of it."""
     kept: list[Candidate] = []
     for c in found:
+        if keep is not None and _same_setting(c.recompute, keep):
+            kept.append(c)
+            continue
         mods = _modules(c.recompute)
         same = next(
             (
@@ -389,6 +395,15 @@ def _without_idle_modules(found: list[Candidate]) -> list[Candidate]:
         if same is None:
             kept.append(c)
     return kept
+
+
+def _same_setting(a: RecomputeConfig, b: RecomputeConfig) -> bool:
+    """The same recompute setting, its modules' order aside (offloading not compared)."""
+    return (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == (
+        b.recompute_granularity,
+        b.recompute_method,
+        b.recompute_num_layers,
+    ) and _modules(a) == _modules(b)
 
 
 def _units(rc: RecomputeConfig) -> int:

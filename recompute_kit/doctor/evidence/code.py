@@ -530,7 +530,9 @@ def scan_snippets(text: str) -> dict[str, Any]:
     if ac:
         facts["ac_loss"] = ac
     facts.update(scan_calls(lines, _is_code, _quote))  # calls, asserts (code_calls.py)
-    checks = [m.group(2) for m in _QUOTED_CHECK_RE.finditer(text)]
+    # (on the lines as read: a rank or logger prefix, quoting, cut away)
+    cleaned = "\n".join(clean_line(line) for line in text.splitlines())
+    checks = [m.group(2) for m in _QUOTED_CHECK_RE.finditer(cleaned)]
     if checks:
         facts["quoted_checks"] = checks
     return facts

@@ -197,6 +197,9 @@ _MEM_WORD_RE = re.compile(r"alloc|reserved|memory|\bmem\b|cached|usage|\bused\b"
 # Megatron-style report lines with no step on them: "memory (MB) | allocated: 20.4 | ..."
 _REPORT_RE = re.compile(r"memory \((MB|GB|MiB|GiB)\)\s*\|\s*allocated:\s*(\d+(?:\.\d+)?)", re.I)
 _SERIES_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB)\b", re.I)
+# torchtitan's step line, "memory: 47.65GiB(50.16%)": the step's max reserved memory and its
+# share of the device (components/metrics.py: max_reserved_gib, max_reserved_pct)
+_TITAN_MEMORY_RE = re.compile(r"\bmemory:\s*(\d+(?:\.\d+)?)\s*GiB\s*\((\d+(?:\.\d+)?)%\)")
 
 
 # A vision workload (detection, segmentation, image models): the config keys that set images
@@ -303,7 +306,8 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
     MI300X), `model_prose` ({"params", "name"}), `side_stream_lines`
     (communication on side streams), `residual_lines` (a memory counter still non-zero after
     del / gc; `residual_bytes`: the largest size on those lines), `cublas_workspace_lines`,
-    `shape_lines` (lines printing 4-d shapes), `memory_series` ([(step, bytes, "allocated" |
+    `shape_lines` (lines printing 4-d shapes), `device_bytes` (the device's memory, from
+    torchtitan's "memory: X GiB(Y%)"), `memory_series` ([(step, bytes, "allocated" |
     "reserved", line)]: a memory figure on a line that numbers its step),
     `fragmentation_prose` (allocator fragmentation named in words, PyTorch's tip excluded),
     `context_prose` (memory of the CUDA context / driver said to be outside PyTorch's
@@ -360,11 +364,18 @@ def scan_signals(lines: list[str]) -> dict[str, Any]:
                 facts.setdefault("memory_series", []).append((order, value, "allocated", _q(line)))
         elif (step := _STEP_RE.search(line)) and _MEM_WORD_RE.search(line):
             size = _SERIES_SIZE_RE.search(line, step.end()) or _SERIES_SIZE_RE.search(line)
+            titan = _TITAN_MEMORY_RE.search(line)
             if size is not None and len(facts.get("memory_series", [])) < 200:
                 kind = "reserved" if re.search(r"reserved|cached", line, re.I) else "allocated"
                 if re.search(r"alloc", line, re.I):
                     kind = "allocated"
-                value = parse_size(size.group(0))
+                if titan:
+                    kind, size = "reserved", titan
+                    share = float(titan.group(2))
+                    if share > 1:  # the device's memory, as torchtitan measured it
+                        device = float(titan.group(1)) * GIB * 100 / share
+                        facts["device_bytes"] = int(device)
+                value = parse_size(size.group(0)) if not titan else int(float(titan.group(1)) * GIB)
                 if value:
                     facts.setdefault("memory_series", []).append(
                         (int(step.group(1)), value, kind, _q(line))
