@@ -682,3 +682,7 @@ SOURCES["stated-pt-18313-oom-after-epochs"] = (
 SOURCES["titan-808-float8-step-memory"] = (
     "https://github.com/pytorch/torchtitan/pull/808 (the PR description's three runs)"
 )
+SOURCES["verl-456-grpo-global-batch"] = (
+    "https://github.com/verl-project/verl/issues/456 (the report and its launch script, cut as "
+    "the reporter cut it)"
+)

@@ -380,3 +380,13 @@ def test_full_fine_tuning_at_batch_one_and_short_samples_in_chinese_reads_as_mod
     # the same at 4096 tokens with checkpointing off: activations may still shrink
     longer = said.replace("序列长度是512", "序列长度是4096")
     assert run(longer).findings[0].rule == "RK170"
+
+
+def test_a_data_sections_train_batch_size_is_the_global_batch_never_halved():
+    # https://github.com/verl-project/verl/issues/456: verl's data.train_batch_size=1024 is the
+    # prompts of a step over all 16 GPUs; a skill trial got "data.train_batch_size 1024 -> 512"
+    # (each GPU's micro-batch unchanged), and the prose reader took it as a bare batch_size too.
+    d = run(text("verl-456-grpo-global-batch"))
+    assert "batch_size" not in d.evidence.config
+    for f in d.findings:
+        assert not any(k.endswith("batch_size") for k in f.config_patch), f.config_patch

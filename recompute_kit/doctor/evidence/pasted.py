@@ -78,7 +78,7 @@ _KNOB_ASSIGN_RE = re.compile(
 # "Training batch size is 188", "a batch size of 4", "batch_size=8" in prose; not the
 # evaluation's batch, not a batch the sentence says was tried away ("reduce ... to")
 _PROSE_BATCH_RE = re.compile(
-    r"(?<![\w-])(?:(train(?:ing)?|val(?:idation)?|eval(?:uation)?|test|inference)[ _]+)?"
+    r"(?<![\w.-])(?:(train(?:ing)?|val(?:idation)?|eval(?:uation)?|test|inference)[ _]+)?"
     r"batch[ _-]?size\s*(?:is|of|=|:)\s*(\d+)\b",
     re.I,
 )

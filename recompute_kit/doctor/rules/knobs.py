@@ -267,6 +267,12 @@ def _from_the_reader(ctx: Context, k: Knobs) -> None:
             k.zero = values["zero_stage"]
 
 
+def _global_batch(key: str) -> bool:
+    """A data section's train_batch_size: the samples (prompts) of a step over every GPU, as
+    verl's data.train_batch_size is; halving it leaves each GPU's micro-batch as it was."""
+    return key.lower().startswith("data.") and _leaf(key) == "train_batch_size"
+
+
 def read_knobs(ctx: Context) -> Knobs:
     """The memory knobs of ctx.cfg (and the checkpointing lines of the pasted text)."""
     cfg = ctx.cfg
@@ -279,13 +285,20 @@ def read_knobs(ctx: Context) -> Knobs:
         if hit and (n := _int(hit[1])) and not _NOT_BATCH.search(hit[0].lower()):
             if name == "train_batch_size" and "deepspeed" in " ".join(cfg).lower():
                 continue  # DeepSpeed's train_batch_size is the global batch
+            if _global_batch(hit[0]):
+                continue
             k.batch = (hit[0], n)
             break
     if k.batch is None:
         for key, value in cfg.items():
             leaf = _leaf(key)
             n = _int(value)
-            if leaf.endswith("batch_size") and not _NOT_BATCH.search(key.lower()) and n:
+            if (
+                leaf.endswith("batch_size")
+                and not _NOT_BATCH.search(key.lower())
+                and not _global_batch(key)
+                and n
+            ):
                 k.batch = (key, n)
                 break
     for name in ACCUM_KEYS:
