@@ -546,6 +546,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if default_format(args) == "nemo-rl":
         nemo_rl_companions(cfg, changes)
     titan = default_format(args) in ("torchtitan", "torchtitan-registry")
+    p = cfg.parallel
+    if titan and cfg.model.loss_implementation != "torchtitan" and not p.zero_stage:
+        if p.data_parallel_size > 1 and not args.json:
+            # a Megatron reading rendered for torchtitan: its figures are not FSDP2's
+            print(
+                "recompute-kit: note: the figures are this config's (weights and gradients "
+                "whole on every data-parallel rank); torchtitan shards them and the optimizer "
+                "states over those ranks by default (FSDP2, data_parallel_shard_degree -1): "
+                "give its TOML (or `--config` a torchtitan registry) for its figures",
+                file=sys.stderr,
+            )
     if titan and {"micro_batch_size", "data_parallel_size"} & set(changes):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         before = given or cfg
