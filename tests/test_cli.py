@@ -992,7 +992,16 @@ def test_estimate_of_one_stage_keeps_every_stages_totals():
 def test_a_megatron_reading_planned_for_torchtitan_says_its_figures_are_not_fsdp2s():
     # A skill trial planned `--model llama3-8b --dp 8 --format torchtitan`: the TOML it got
     # shards over the 8 ranks (FSDP2) while the figures kept weights and gradients whole.
-    args = ("plan", "--model", "llama3-8b", "--dp", "8", "--dtype", "bf16")
+    args = (
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--dp",
+        "8",
+        "--dtype",
+        "bf16",
+        "--distributed-optimizer",
+    )
     proc = run(*args, "--gpu-memory-gb", "95", "--format", "torchtitan", check_rc=0)
     assert "torchtitan shards them and the optimizer states" in proc.stderr
     proc = run(*args, "--gpu-memory-gb", "95", check_rc=0)

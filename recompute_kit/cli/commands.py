@@ -166,8 +166,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             try:
                 cfg.validate(strict=True, modules_given=given)
             except ConfigError as exc:
-                warnings.append(f"Megatron-LM's command line refuses: {exc} ({framework} does "
-                                "not run Megatron-LM's argument checks)")
+                warnings.append(
+                    f"Megatron-LM's command line refuses: {exc} ({framework} does "
+                    "not run Megatron-LM's argument checks)"
+                )
                 strict = False
         warnings += cfg.validate(strict=strict, modules_given=given)
         # (checked where the batch and the layout were read, not assumed: a data-parallel size
@@ -547,16 +549,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         nemo_rl_companions(cfg, changes)
     titan = default_format(args) in ("torchtitan", "torchtitan-registry")
     p = cfg.parallel
-    if titan and cfg.model.loss_implementation != "torchtitan" and not p.zero_stage:
-        if p.data_parallel_size > 1 and not args.json:
-            # a Megatron reading rendered for torchtitan: its figures are not FSDP2's
-            print(
-                "recompute-kit: note: the figures are this config's (weights and gradients "
-                "whole on every data-parallel rank); torchtitan shards them and the optimizer "
-                "states over those ranks by default (FSDP2, data_parallel_shard_degree -1): "
-                "give its TOML (or `--config` a torchtitan registry) for its figures",
-                file=sys.stderr,
-            )
+    megatron_reading = cfg.model.loss_implementation != "torchtitan" and not p.zero_stage
+    if titan and megatron_reading and p.data_parallel_size > 1 and not args.json:
+        # a Megatron reading rendered for torchtitan: its figures are not FSDP2's
+        print(
+            "recompute-kit: note: the figures are this config's (weights and gradients "
+            "whole on every data-parallel rank); torchtitan shards them and the optimizer "
+            "states over those ranks by default (FSDP2, data_parallel_shard_degree -1): "
+            "give its TOML (or `--config` a torchtitan registry) for its figures",
+            file=sys.stderr,
+        )
     if titan and {"micro_batch_size", "data_parallel_size"} & set(changes):
         # the step's global batch stays: torchtitan's -1 would follow local x DP instead
         before = given or cfg
@@ -906,9 +908,14 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"notebook": str(out), "out_dir": out_dir})
     else:
-        print(f"ran {notebook_run.NAMES[args.name]} into {out}" + (
-            f"; its report is in {out_dir}" if out_dir else "; its report is in the "
-            "notebook's default out_dir"))
+        print(
+            f"ran {notebook_run.NAMES[args.name]} into {out}"
+            + (
+                f"; its report is in {out_dir}"
+                if out_dir
+                else "; its report is in the notebook's default out_dir"
+            )
+        )
     return 0
 
 
