@@ -686,3 +686,6 @@ SOURCES["verl-456-grpo-global-batch"] = (
     "https://github.com/verl-project/verl/issues/456 (the report and its launch script, cut as "
     "the reporter cut it)"
 )
+SOURCES["fairseq-2926-one-gpu-long-input"] = (
+    "https://github.com/facebookresearch/fairseq/issues/2926 (the question as posted)"
+)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rule_helpers import (
     cites,
     covers,
+    get,
     ids,
     run,
     text,
@@ -390,3 +391,13 @@ def test_a_data_sections_train_batch_size_is_the_global_batch_never_halved():
     assert "batch_size" not in d.evidence.config
     for f in d.findings:
         assert not any(k.endswith("batch_size") for k in f.config_patch), f.config_patch
+
+
+def test_one_gpu_is_told_to_offload_the_states_not_to_shard_them():
+    # https://github.com/facebookresearch/fairseq/issues/2926: CUDA_VISIBLE_DEVICES=2, one GPU.
+    # ZeRO-3 or FSDP shards over ranks it does not have (a skill trial met the same advice for
+    # TransformerEngine#712's "single h100 ... without FSDP").
+    d = run(text("fairseq-2926-one-gpu-long-input"))
+    f = get(d, "RK170")
+    assert "one GPU has no ranks to shard them over" in f.fix
+    assert "ZeRO-3 (zero_optimization.stage 3) or FSDP" not in f.fix

@@ -363,12 +363,20 @@ def _states_step(ctx: Context, k: Knobs) -> tuple[dict[str, Any], str]:
                 elif step.gpus_needed:
                     words += f" on {step.gpus_needed} GPUs instead of {gpus}"
                 return patch, f"{words} (more GPUs share the model states: {step.why})"
-            patch, said = _shard_step(k)
+            patch, said = _shard_step(k, _gpu_count(ctx))
             return patch, f"{said} ({key} {value} stays: {step.why})"
-    return _shard_step(k)
+    return _shard_step(k, _gpu_count(ctx))
 
 
-def _shard_step(k: Knobs) -> tuple[dict[str, Any], str]:
+def _shard_step(k: Knobs, gpus: int | None = None) -> tuple[dict[str, Any], str]:
+    if gpus == 1 and not k.fsdp:
+        # one GPU has no ranks to shard over: only the host takes states off it
+        return (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+            "offload the optimizer states to the CPU (DeepSpeed ZeRO-Offload: "
+            "zero_optimization.offload_optimizer, or FSDP's CPU offload): one GPU has no ranks "
+            "to shard them over",
+        )
     if k.fsdp:
         return (
             {"fsdp": "full_shard auto_wrap offload"},
