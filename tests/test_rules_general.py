@@ -635,3 +635,13 @@ def _said_settings(text: str) -> dict:
     from recompute_kit.doctor.evidence.settings_prose import scan_settings
 
     return scan_settings(text.splitlines()).get("settings_prose", {})
+
+
+def test_the_sequence_length_and_batch_said_in_a_sentence_are_read():
+    # https://github.com/NVIDIA/TransformerEngine/issues/712: "a transformer with 4096 sequence
+    # length, 32 heads, 32 layers, 128 head size, and batch size of 1"; a skill trial got
+    # "sequence length: not in the paste".
+    d = run(text("stated-te-712-fp8-peak-not-lower"))
+    said = d.evidence.facts["log"]["settings_prose"]
+    assert (said["seq_len"], said["micro_batch"]) == (4096, 1)
+    assert all("sequence length: not in the paste" not in f.evidence for f in d.findings)

@@ -100,8 +100,14 @@ _PROSE_BATCH_RE = re.compile(
     re.I,
 )
 _PROSE_SEQ_RE = re.compile(
-    r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b", re.I
+    r"(?<![\w-])(?:max[_ ])?seq(?:uence)?[_ ]?len(?:gth)?\s*[=:]\s*(\d+)\b"
+    # in a sentence: "with 4096 sequence length", "a sequence length of 8192"
+    r"|(?<![\w.-])(\d{3,6})[- ](?:token[- ])?(?:sequence|seq|context)[_ -]?len(?:gth)?\b"
+    r"|\b(?:sequence|seq|context)[_ -]?len(?:gth)?\s+(?:of\s+)?(\d{3,6})\b",
+    re.I,
 )
+# "and batch size of 1", "a micro batch size of 2"
+_PROSE_BATCH_OF_RE = re.compile(r"\b(?:micro[_ ]?)?batch[_ -]?size\s+of\s+(\d{1,4})\b", re.I)
 # model parallelism stated: "PP4 DP2 EP1 TP1", "TP=8", "--pipeline-model-parallel-size 4",
 # "tensor_parallel_size: 2", "each rank will hold 5B"
 _MODEL_PARALLEL_RE = re.compile(
@@ -232,7 +238,9 @@ def scan_settings(lines: list[str]) -> dict[str, Any]:
         if (m := _PROSE_BATCH_RE.search(line)) and _stated(line, m.start()):
             put("micro_batch", int(m.group(1)), line)
         if (m := _PROSE_SEQ_RE.search(line)) and _stated(line, m.start()):
-            put("seq_len", int(m.group(1)), line)
+            put("seq_len", int(next(g for g in m.groups() if g)), line)
+        if (m := _PROSE_BATCH_OF_RE.search(line)) and _stated(line, m.start()):
+            put("micro_batch", int(m.group(1)), line)
         for m in _MODEL_PARALLEL_RE.finditer(line):
             if int(m.group(1) or m.group(2) or m.group(3)) > 1 and _stated(line, m.start()):
                 put("model_parallel", True, line)
