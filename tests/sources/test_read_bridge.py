@@ -543,7 +543,7 @@ def test_a_provider_class_in_the_checkout_gives_the_shape_it_sets(tmp_path):
     # checkout the refusal names the class and what would give the shape.
     from recompute_kit.sources.resolve import resolve
 
-    root = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    root = Path(__file__).parent / "corpus" / "bridge_checkout" / "src"
     recipe = root / "megatron" / "bridge" / "recipes" / "olmoe" / "h100" / "olmoe_7b.py"
     r = resolve([str(recipe)]).reading
     shape = [r.get(k) for k in ("num_layers", "hidden_size", "num_moe_experts", "moe_router_topk")]
@@ -569,7 +569,7 @@ def test_a_hybrid_provider_with_mamba_layers_is_read_but_not_sized(recipe):
     # (NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16) the family names did not catch either.
     from recompute_kit.sources.resolve import resolve
 
-    folder = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    folder = Path(__file__).parent / "corpus" / "bridge_checkout" / "src"
     path = folder / "megatron" / "bridge" / "recipes" / "nemotronh" / "h100" / recipe
     resolved = resolve([str(path)])
     assert "hybrid_layer_pattern=): a hybrid model with Mamba" in resolved.config.model.not_modelled
@@ -601,7 +601,7 @@ def test_a_fresh_optimizer_config_replaces_the_distributed_adam_it_follows():
     # replaced Adam's True). Muon's states are not Adam's: said.
     from recompute_kit.sources.resolve import resolve
 
-    root = Path(__file__).parents[1] / "data" / "read" / "bridge_checkout" / "src"
+    root = Path(__file__).parent / "corpus" / "bridge_checkout" / "src"
     recipe = root / "megatron" / "bridge" / "recipes" / "kimi" / "h100" / "kimi_k2.py"
     r = resolve([str(recipe)], require_shape=False).reading
     assert r.get("use_distributed_optimizer") is False
