@@ -613,7 +613,8 @@ _LOGPROBS = (
 _LOGPROBS_NOTE = (
     "NeMo-RL computes the log-probabilities itself (DistributedLogprob), not with Megatron's "
     "loss: its fp32 softmax kept for backward is counted as Megatron's unfused cross-entropy "
-    "keeps it; the fp32 temporaries of its forward (up to about 14 bytes a logit) are not"
+    "keeps it; the fp32 temporaries of its forward (the copy, the shifted logits and the "
+    "log-softmax beside the 16-bit logits, by its code) are not"
 )
 
 
