@@ -905,6 +905,10 @@ def apply_defaults(reading: Reading) -> None:
         for key in ("recompute_method", "recompute_num_layers", "recompute_modules"):
             if key not in reading:
                 reading.default(key, None, f"{fw}'s default (TransformerConfig)")
+    if not nemo:
+        from .bridge_common import apply_expert_tensor_parallel_default
+
+        apply_expert_tensor_parallel_default(reading)
     _derive(reading, fw)
 
 

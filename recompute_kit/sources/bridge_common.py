@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .reading import FROM_DEFAULT, Origin, Reading
+from .reading import FROM_DEFAULT, FROM_DERIVED, Origin, Reading
 
 COMMON_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 COMMON_URL = (
@@ -209,3 +209,24 @@ def apply_provider_settings(reading: Reading) -> None:
             said = note or f"{reading.model_name} config.json {hf_key}"
             origin = Origin(FROM_DEFAULT, where, f"MegatronModelBridge.CONFIG_MAPPING {key}", said)
             reading.set(key, float(config[hf_key]), origin, overwrite=False)
+
+
+# Megatron-Bridge's TransformerConfig (models/transformer_config.py lines 80-88, called when the
+# model config is finalized and again at initialize): an expert TP left unset is 1 under expert
+# parallelism, where Megatron-Core would take the tensor-parallel size
+EXPERT_TP_DEFAULT = f"{MODELS_URL}transformer_config.py#L80"
+
+
+def apply_expert_tensor_parallel_default(reading: Reading) -> None:
+    """expert_tensor_parallel_size 1 where the inputs leave it unset (or None) and expert
+    parallelism is on, as Megatron-Bridge finalizes its model config."""
+    ep = reading.get("expert_model_parallel_size")
+    if reading.get("expert_tensor_parallel_size") is None and isinstance(ep, int) and ep > 1:
+        origin = Origin(
+            FROM_DERIVED,
+            EXPERT_TP_DEFAULT,
+            "_set_moe_expert_tensor_parallel_default",
+            "Megatron-Bridge: unset expert TP is 1 under expert parallelism (Megatron-Core "
+            "would take the tensor-parallel size)",
+        )
+        reading.set("expert_tensor_parallel_size", 1, origin)

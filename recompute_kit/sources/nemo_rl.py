@@ -645,7 +645,11 @@ def apply_defaults(reading: Reading) -> None:
         reading.warnings.append(_LOGPROBS_NOTE)
         apply_provider_settings(reading)
         for key in MODEL_PARALLEL_SIZES:
-            reading.default(key, 1, yml)
+            if key != "expert_tensor_parallel_size":  # (Bridge's own default, below)
+                reading.default(key, 1, yml)
+        from .bridge_common import apply_expert_tensor_parallel_default
+
+        apply_expert_tensor_parallel_default(reading)
         reading.default("virtual_pipeline_model_parallel_size", None, mcore)
         reading.default("sequence_parallel", False, yml)
         reading.default(

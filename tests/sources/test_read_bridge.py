@@ -607,3 +607,20 @@ def test_a_fresh_optimizer_config_replaces_the_distributed_adam_it_follows():
     assert r.get("use_distributed_optimizer") is False
     assert r.origins["use_distributed_optimizer"].where.endswith("kimi_k2.py:74")
     assert any("dist_muon" in w and "upper bound" in w for w in r.warnings)
+
+
+def test_bridge_takes_expert_tp_1_where_the_recipe_leaves_it_unset():
+    # Megatron-Bridge finalizes an unset expert_tensor_parallel_size to 1 under expert
+    # parallelism (models/transformer_config.py lines 80-88), not Megatron-Core's TP: a skill
+    # trial had gpt_oss_120b_sft_48gpu_h100_bf16_32k_config (TP2, EP4) refused with "Bias in
+    # Moe is only supported when ETP==1" and had to pass --etp 1 everywhere.
+    from recompute_kit.memory.estimate import estimate
+    from recompute_kit.sources.resolve import resolve
+
+    root = Path(__file__).parent / "corpus" / "bridge_checkout" / "src"
+    recipe = root / "megatron" / "bridge" / "recipes" / "gpt_oss" / "h100" / "gpt_oss.py"
+    resolved = resolve([f"{recipe}::gpt_oss_120b_sft_48gpu_h100_bf16_32k_config"])
+    r = resolved.reading
+    assert (r.get("expert_model_parallel_size"), r.get("expert_tensor_parallel_size")) == (4, 1)
+    assert r.origins["expert_tensor_parallel_size"].where.endswith("transformer_config.py#L80")
+    assert estimate(resolved.config).total_bytes > 0  # validated and sized
