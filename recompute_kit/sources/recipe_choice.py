@@ -9,6 +9,7 @@ import ast
 import difflib
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
@@ -128,7 +129,49 @@ def select_named(
             for other in readings:  # the recipe the overrides apply on is read: its keys are
                 if other.unused.get(ON_RECIPE) == name:  # read, not left to it
                     del other.unused[ON_RECIPE]
+                    other.applies_on = name  # type: ignore[attr-defined]
     return again
+
+
+def from_the_checkout(items: list[str], readings: list[Reading]) -> list[str]:
+    """The recipe file a launch command's `--recipe NAME` loads when no recipe file is given:
+    the file of Megatron-Bridge's src/megatron/bridge/recipes that defines NAME, in the checkout
+    the command runs from (the working folder, or one above a launch script given), as
+    `FILE::NAME`. None found: nothing (the overrides stay on an unread recipe, said so)."""
+    if any(getattr(r, "recipe_choices", None) is not None for r in readings):
+        return []
+    names = {
+        r.unused[ON_RECIPE]
+        for r in readings
+        if r.unused.get(ON_RECIPE) not in (None, UNKNOWN_RECIPE)
+    }
+    found: list[str] = []
+    for name in sorted(n for n in names if isinstance(n, str) and n.isidentifier()):
+        define = re.compile(rf"^def {re.escape(name)}\(", re.M)
+        for root in _checkout_roots(items):
+            hits = [
+                f
+                for f in sorted((root / "src" / "megatron" / "bridge" / "recipes").rglob("*.py"))
+                if define.search(f.read_text(encoding="utf-8", errors="replace"))
+            ]
+            if hits:
+                found.append(f"{hits[0]}::{name}")
+                break
+    return found
+
+
+def _checkout_roots(items: list[str]) -> list[Path]:
+    """The working folder and the folders above each input file, that hold a Bridge checkout's
+    recipes (src/megatron/bridge/recipes)."""
+    starts = [Path.cwd()] + [Path(i).resolve().parent for i in items if Path(i).is_file()]
+    roots: list[Path] = []
+    for start in starts:
+        for folder in (start, *start.parents):
+            if (folder / "src" / "megatron" / "bridge" / "recipes").is_dir():
+                if folder not in roots:
+                    roots.append(folder)
+                break
+    return roots
 
 
 def apply_on_the_read_recipe(readings: list[Reading]) -> list[Reading]:
@@ -141,15 +184,21 @@ def apply_on_the_read_recipe(readings: list[Reading]) -> list[Reading]:
     if at is None:
         return list(readings)
     name = readings[at].recipe_read  # type: ignore[attr-defined]
-    on_it = [i for i, r in enumerate(readings) if r.unused.get(ON_RECIPE) == UNKNOWN_RECIPE]
+    on_it = [
+        i
+        for i, r in enumerate(readings)
+        if r.unused.get(ON_RECIPE) == UNKNOWN_RECIPE or getattr(r, "applies_on", None) == name
+    ]
     for i in on_it:
         r = readings[i]
-        del r.unused[ON_RECIPE]
+        r.unused.pop(ON_RECIPE, None)
         r.warnings = [
             w.replace(YAML_ON_RECIPE, f"a YAML of overrides, applied on top of recipe {name}")
             for w in r.warnings
         ]
-    before = [i for i in on_it if i < at]  # given first, applied after the recipe all the same
+    # given first, applied after the recipe all the same (run_recipe.py loads the recipe,
+    # then applies its overrides)
+    before = [i for i in on_it if i < at]
     order = [i for i in range(len(readings)) if i not in before]
     where = order.index(at) + 1
     order[where:where] = before

@@ -102,6 +102,8 @@ _HINT = "give the config files you train with, or a model id"
 # read as a one-line script run from the working folder
 _LAUNCH_COMMAND = re.compile(
     r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:torchrun|python3?|accelerate|deepspeed|srun)\s+\S"
+    # a Python script run directly with its flags (`scripts/training/run_recipe.py --recipe X`)
+    r"|^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*\S+\.py\s+-"
 )
 COMMAND_LINE = "the command line"
 
@@ -228,6 +230,8 @@ def script_call(item: str, text: str | None = None) -> ScriptCall | None:
             exports.append(words.pop(0))
         if words and words[0] in ("bash", "sh"):  # `bash run.sh A B`: the script and its args
             words = words[1:]
+        if words and words[0].endswith(".py"):
+            return None  # a Python script run with its flags: a launch command (python ...)
         if (len(words) > 1 or (words and exports)) and _is_file(words[0]):
             return ScriptCall(Path(words[0]), words[1:], "the command line", exports)
         return None
@@ -552,6 +556,13 @@ def resolve(
     if not readings:
         raise ConfigError("nothing to read: give a config file or a model id")
     _drop_inputs_read_within(items, readings, described)
+    # a launch command's --recipe NAME with no recipe file given: its file in the checkout
+    for found in recipe_choice.from_the_checkout(items, readings):
+        reading, what = read_input(found)
+        readings.insert(0, reading)
+        items.insert(0, found)
+        by = f"{what} (found in the checkout by --recipe)"
+        described.insert(0, {"path": found, "format": by})
     # a launch command's --recipe NAME chooses the function of a recipe file given beside it
     for index, (reading, what) in recipe_choice.select_named(items, readings, read_input).items():
         readings[index] = reading

@@ -218,3 +218,28 @@ def test_a_peft_recipe_freezes_the_base_through_default_peft_config():
     said = resolve([recipe, "peft=none"], overrides={"data_parallel_size": 1}).reading
     assert "peft=none" in said.unused
     assert any(w.startswith("peft=none: not a section.key=value override") for w in said.warnings)
+
+
+GPT_OSS = CHECKOUT / "src" / "megatron" / "bridge" / "recipes" / "gpt_oss" / "h100" / "gpt_oss.py"
+RUN = "scripts/training/run_recipe.py --recipe gpt_oss_120b_sft_48gpu_h100_bf16_32k_config"
+
+
+@pytest.mark.parametrize("command", [f"python {RUN}", RUN])
+def test_a_launch_alone_reads_the_recipe_it_names_from_the_checkout(monkeypatch, command):
+    # A skill trial gave `python scripts/training/run_recipe.py --recipe NAME` from its Bridge
+    # checkout's root and got every setting assumed ("1963 GiB per rank"); without `python`,
+    # "run_recipe.py: not valid Python". run_recipe.py loads the recipe NAME, then its overrides.
+    monkeypatch.chdir(CHECKOUT)
+    r = resolve([f"{command} model.pipeline_model_parallel_size=3"]).reading
+    assert r.get("pipeline_model_parallel_size") == 3  # the override, after the recipe
+    assert r.origins["expert_model_parallel_size"].where.endswith("gpt_oss.py:591")
+
+
+@pytest.mark.parametrize("launch_first", [False, True])
+def test_the_launchs_overrides_win_over_its_recipe_in_either_order(monkeypatch, launch_first):
+    # the same trial listed the launch line before the recipe file: the recipe's PP6 won over
+    # the launch's PP (run_recipe.py applies its overrides after loading the recipe)
+    monkeypatch.chdir(CHECKOUT)
+    launch = f"python {RUN} model.pipeline_model_parallel_size=3"
+    inputs = [launch, str(GPT_OSS)] if launch_first else [str(GPT_OSS), launch]
+    assert resolve(inputs).reading.get("pipeline_model_parallel_size") == 3
