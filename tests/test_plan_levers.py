@@ -529,12 +529,16 @@ def test_megatron_runs_get_a_fused_loss_lever_and_offload_rows_say_their_host_me
     assert fused["setting"].startswith("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te")
     assert "--cross-entropy-fusion-impl te" in fused["rendered"]
     assert "its speed is not timed" in fused["adds"] and fused["fits"]
+    # the run has it off (a recipe may on purpose); 0.18 accepts te, so no refusal is said
+    assert "check why" in fused["adds"] and "core_v0.19" not in fused["adds"]
     # the same run in Megatron-Bridge's keys
     assert main([*args, "--levers", "--json", "--format", "megatron-bridge"]) == 0
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
     bridge = next(r for r in rows if r["lever"] == "fused loss")
     assert bridge["setting"].startswith("model.cross_entropy_loss_fusion=true")
     assert 'cfg.model.cross_entropy_fusion_impl = "te"' in bridge["rendered"]
+    # the version unknown (the strictest): Megatron-LM's refusal from core_v0.19 is said
+    assert "core_v0.19" in bridge["adds"]
 
 
 def test_torchtitan_levers_combine_a_layout_with_the_micro_batch_and_say_fp32(capsys):

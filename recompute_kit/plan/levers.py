@@ -566,9 +566,12 @@ def _fused_loss(config: Config, args: tuple, plan_format: str, left_out: list[st
             "from core_v0.19; its native fusion keeps the same tensors)"
         )
         return None
+    refused = te_cross_entropy_refused(c)  # Megatron-LM's own check, from core_v0.19
     return _with_adds(
         _evaluate("fused loss", setting, c, *args),
-        "needs Transformer Engine; its speed is not timed",
+        "needs Transformer Engine; its speed is not timed; the run has it off: check why "
+        "(a recipe may turn it off on purpose)"
+        + ("; Megatron-LM refuses the te implementation from core_v0.19" if refused else ""),
     )
 
 
