@@ -94,13 +94,17 @@ def derive_layout(reading: Reading, overrides: dict[str, Any], strict: bool) -> 
         # recompute-kit's own --dp is the user's word about the run (a launch script's node
         # count often comes from the scheduler's environment, unset here): the world follows it
         origin = reading.origins["world_size"]
-        was = f"{reading.get('world_size')} ({origin.describe()})"
+        origin_world = reading.get("world_size")
+        was = f"{origin_world} ({origin.describe()})"
         world = asked_dp * model_parallel
         reading.set(
             "world_size",
             world,
             Origin(FROM_DERIVED, f"--dp {asked_dp} x (TP x PP x CP = {model_parallel})"),
         )
+        # (what a reader said of the world it replaces no longer holds)
+        stale = f"world_size {origin_world} is not a multiple of TP*PP*CP"
+        reading.warnings = [w for w in reading.warnings if not w.startswith(stale)]
         reading.warnings.append(
             f"--dp {asked_dp} x (TP x PP x CP = {model_parallel}) sets the world size: {world} "
             f"GPUs, instead of {was}"

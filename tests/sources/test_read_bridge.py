@@ -624,3 +624,17 @@ def test_bridge_takes_expert_tp_1_where_the_recipe_leaves_it_unset():
     assert (r.get("expert_model_parallel_size"), r.get("expert_tensor_parallel_size")) == (4, 1)
     assert r.origins["expert_tensor_parallel_size"].where.endswith("transformer_config.py#L80")
     assert estimate(resolved.config).total_bytes > 0  # validated and sized
+
+
+def test_dp_that_sets_the_world_drops_the_warning_about_the_world_it_replaces():
+    # A skill trial: `--pp 4 --dp 1` on the 48-GPU gpt-oss-120b recipe said both "world_size 48
+    # is not a multiple of TP*PP*CP 32" and "--dp 1 ... sets the world size: 32 GPUs".
+    from recompute_kit.sources.resolve import resolve
+
+    root = Path(__file__).parent / "corpus" / "bridge_checkout" / "src"
+    recipe = root / "megatron" / "bridge" / "recipes" / "gpt_oss" / "h100" / "gpt_oss.py"
+    over = {"pipeline_model_parallel_size": 4, "data_parallel_size": 1}
+    r = resolve([f"{recipe}::gpt_oss_120b_sft_48gpu_h100_bf16_32k_config"], overrides=over).reading
+    assert r.get("world_size") == 32
+    assert not any("is not a multiple of TP*PP*CP" in w for w in r.warnings), r.warnings
+    assert any("sets the world size: 32 GPUs" in w for w in r.warnings)
