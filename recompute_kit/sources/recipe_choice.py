@@ -160,10 +160,17 @@ def from_the_checkout(items: list[str], readings: list[Reading]) -> list[str]:
     return found
 
 
+def _is_file(item: str) -> bool:
+    try:  # (a launch command given as one input may be too long to be a path)
+        return Path(item).is_file()
+    except OSError:
+        return False
+
+
 def _checkout_roots(items: list[str]) -> list[Path]:
     """The working folder and the folders above each input file, that hold a Bridge checkout's
     recipes (src/megatron/bridge/recipes)."""
-    starts = [Path.cwd()] + [Path(i).resolve().parent for i in items if Path(i).is_file()]
+    starts = [Path.cwd()] + [Path(i).resolve().parent for i in items if _is_file(i)]
     roots: list[Path] = []
     for start in starts:
         for folder in (start, *start.parents):
