@@ -374,7 +374,7 @@ def _without_idle_modules(
     run's own setting (`keep`) stays: what it holds is the question asked of it."""
     kept: list[Candidate] = []
     for c in found:
-        if keep is not None and _same_setting(c.recompute, keep):
+        if keep is not None and same_setting(c.recompute, keep):
             kept.append(c)
             continue
         mods = _modules(c.recompute)
@@ -397,7 +397,7 @@ def _without_idle_modules(
     return kept
 
 
-def _same_setting(a: RecomputeConfig, b: RecomputeConfig) -> bool:
+def same_setting(a: RecomputeConfig, b: RecomputeConfig) -> bool:
     """The same recompute setting, its modules' order aside (offloading not compared)."""
     return (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == (
         b.recompute_granularity,

@@ -8,6 +8,7 @@ import re
 
 from ...config import ConfigError, format_spec, parse_spec
 from ...memory.estimate import estimate
+from ...plan import same_setting
 from ...plan.levers import CLEARLY_FASTER
 from ..types import Context, Match
 from .knob_advice import knob_advice
@@ -84,7 +85,8 @@ def _activations(ctx: Context) -> Match | None:
         return None
     current = format_spec(parse_spec_safe(ctx))
     keeping = ctx.best_keeping
-    if keeping is not None and not keeping.offload and _same(keeping.recompute, ctx):
+    run = parse_spec_safe(ctx)
+    if keeping is not None and not keeping.offload and same_setting(keeping.recompute, run):
         return None  # the run's own setting fits by the estimate: more recompute is no answer
     spec, why = next_step(ctx)
     patch = patch_for(spec)
@@ -234,16 +236,6 @@ def largest_at_full_recompute(ctx: Context) -> tuple[str, str] | None:
         return key, f"With the smallest candidate the largest term is {names[key]} ({parts})."
     parts = ", ".join(f"{TERMS[k]} {gib(v)}" for k, v in terms.items())
     return key, f"With full recompute of every layer its largest term is {TERMS[key]} ({parts})."
-
-
-def _same(rc, ctx: Context) -> bool:
-    """Whether `rc` is the run's own recompute setting (module order aside)."""
-    run = parse_spec_safe(ctx)
-    return (rc.recompute_granularity, rc.recompute_method, rc.recompute_num_layers) == (
-        run.recompute_granularity,
-        run.recompute_method,
-        run.recompute_num_layers,
-    ) and set(rc.modules) == set(run.modules)
 
 
 _MODEL_STATES_FIX = (
