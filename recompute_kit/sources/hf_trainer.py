@@ -160,9 +160,31 @@ def read(text: str, path: str) -> Reading:
         read_deepspeed(data, _Src(text, path, "json"), reading)
         return reading
     data = yaml_mapping(text, path, "a trainer YAML")
+    if _llama_factory_v1(data):
+        raise ConfigError(
+            f"{path}: a LLaMA-Factory v1 YAML (model: {data['model']}, "
+            f"{', '.join(k for k in _V1_KEYS if k in data)}): recompute-kit reads LLaMA-Factory's "
+            "Trainer YAMLs (model_name_or_path, per_device_train_batch_size), not v1's, whose "
+            "own trainer and defaults (its FSDP2 / DeepSpeed plugins, activation checkpointing "
+            "on) it does not model"
+        )
     reading = Reading(framework="hf-trainer", format=_kind(data))
     _read_yaml(data, _Src(text, path, "yaml"), reading)
     return reading
+
+
+# LLaMA-Factory v1's own keys (src/llamafactory/v1/config/training_args.py, model_args.py):
+# `model:` names the model, `dist_config` the FSDP2 / DeepSpeed plugin, `micro_batch_size` the
+# per-device batch; their semantics (its own trainer and defaults) are not the Trainer's
+_V1_KEYS = ("dist_config", "model_class", "kernel_config", "micro_batch_size", "train_dataset")
+
+
+def _llama_factory_v1(data: dict[str, Any]) -> bool:
+    return (
+        isinstance(data.get("model"), str)
+        and "model_name_or_path" not in data
+        and any(k in data for k in _V1_KEYS)
+    )
 
 
 def yaml_mapping(text: str, path: str, what: str) -> dict[str, Any]:

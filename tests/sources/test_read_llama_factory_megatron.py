@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from recompute_kit.cli import main
+from recompute_kit.config import ConfigError
 from recompute_kit.sources.resolve import resolve
 
 LF = Path(__file__).parents[1] / "data" / "read" / "llama_factory" / "examples"
@@ -99,3 +102,11 @@ def test_a_script_run_from_its_repositorys_root_finds_the_files_it_names():
         [str(script), str(LF / "extras/fsdp_qlora/llama3_lora_sft.yaml")], require_shape=False
     ).reading
     assert len(given.warnings) == len(set(given.warnings))
+
+
+def test_a_v1_yaml_is_refused_in_one_line_not_read_as_a_trainer_yaml():
+    # LLaMA-Factory v1 (examples/v1/train_full/train_full_fsdp2.yaml: `model:`, `dist_config`,
+    # `micro_batch_size`) was read as a Trainer YAML: "no model named" beside `model:
+    # Qwen/Qwen3-0.6B`, and LoRA assumed (v0's finetuning_type default) for a full run.
+    with pytest.raises(ConfigError, match=r"a LLaMA-Factory v1 YAML \(model: Qwen/Qwen3-0.6B"):
+        resolve([str(LF / "v1" / "train_full" / "train_full_fsdp2.yaml")])
