@@ -593,3 +593,28 @@ def test_mtp_tp2_sequence_parallel():
     tp2 = GPT.replace(mtp_num_layers=1, tensor_model_parallel_size=2, sequence_parallel=True)
     configs = [tp2.with_recompute(s) for s in ("none", "selective:layernorm", "full:uniform:1")]
     assert mtp_mismatches(configs, "fp32") == []
+
+
+def test_a_meta_measurement_leaves_megatrons_loss_scales_on_the_host():
+    # MTPLossAutoScaler's loss scale is a class-level tensor made when Megatron's
+    # multi_token_prediction module is imported: a first import under the meta device (a
+    # shapes-only rank) left it on meta, and a later real MTP run in the same process failed
+    # with "Tensor on device meta is not on the expected device cpu" (xdist placed
+    # test_meta_dispatch_matches_real_routing before test_mtp_moe). A fresh interpreter, as a
+    # worker starts.
+    import subprocess
+    import sys
+
+    code = (
+        "from recompute_kit.engines import megatron as engine\n"
+        "from recompute_kit.presets import get_preset\n"
+        "cfg = get_preset('tiny-moe').config().replace(add_bias_linear=False, "
+        "transformer_impl='local', moe_grouped_gemm=False, expert_model_parallel_size=2, "
+        "data_parallel_size=2)\n"
+        "engine.measure_one_rank(cfg, 'bf16', stage=0)\n"
+        "from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler\n"
+        "print(MTPLossAutoScaler.main_loss_backward_scale.device.type)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "cpu"

@@ -511,6 +511,11 @@ def measure_rank(
         stage = ps.get_pipeline_model_parallel_rank()
         chunks = pipeline_layout(m, p)[stage]
         vpp = p.virtual_pipeline_model_parallel_size if len(chunks) > 1 else None
+        # MTPLossAutoScaler's loss scale is a class-level tensor made when its module is first
+        # imported: imported under the meta device below, it stays on meta for every later
+        # real run in this process ("Tensor on device meta is not on the expected device")
+        from megatron.core.transformer import multi_token_prediction  # noqa: F401
+
         # Built on `device`; the forward then runs as on a GPU: a tensor made without a
         # device (e.g. core attention's mask type) is a host tensor, not counted.
         with torch.device(device), _tensor_cuda_stays_put():

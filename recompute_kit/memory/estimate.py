@@ -163,6 +163,10 @@ class _Shape:
         return self.s * self.b
 
 
+# Rotary position embeddings: YaRN's (gpt-oss) rotates q and k as RoPE does (GPTModel builds
+# its rotary_pos_emb the same way and attention applies apply_rotary_pos_emb to both)
+_ROTARY = ("rope", "yarn")
+
 def _shape(m: ModelConfig, p: ParallelConfig, dtype_bytes: int) -> _Shape:
     t, cp = p.tensor_model_parallel_size, p.context_parallel_size
     return _Shape(
@@ -332,7 +336,7 @@ def layer_activation_bytes(
         k_bytes = v_bytes = B * x.tokens * g * d / t  # un-expanded
         k_stored = v_stored = B * x.tokens * a * d / t  # expanded for the unfused path
         roles["qkv"] = attn_norm_out
-        if megatron and m.position_embedding_type == "rope" and not m.apply_rope_fusion:
+        if megatron and m.position_embedding_type in _ROTARY and not m.apply_rope_fusion:
             # Unfused RoPE computes cos and sin of the rotary angles for q and for k and keeps
             # them ([s, 1, 1, d] in the activation dtype); the fused kernel keeps only the
             # angles, once per forward.
@@ -363,7 +367,7 @@ def layer_activation_bytes(
             # q is a new tensor when it is copied (GQA) or rotated, k when it is rotated: RoPE
             # (unfused or fused) returns new tensors, and the checkpoint keeps those too
             # (megatron-core 0.16.1, measured per tensor: Llama-3-70B TP8 keeps 2q + 2k + v).
-            rope = m.position_embedding_type == "rope"
+            rope = m.position_embedding_type in _ROTARY
             core += (q_bytes if _q_is_copied(m, t) or rope else 0.0) + (k_bytes if rope else 0.0)
     elif m.attention_backend == "unfused":
         qkv_kept = 0.0 if expanded_gone else q_bytes + k_stored + v_stored

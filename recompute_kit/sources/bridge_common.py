@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .reading import FROM_DEFAULT, FROM_DERIVED, Origin, Reading
+from .reading import FROM_DEFAULT, FROM_DERIVED, FROM_MODEL, Origin, Reading
 
 COMMON_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 COMMON_URL = (
@@ -91,6 +91,7 @@ PROVIDER_SETTINGS: dict[str, tuple[str, str, list[tuple[str, Any, int]]]] = {
         "gpt_oss/gpt_oss_bridge.py",
         "GPTOSSBridge.provider_bridge()",
         [
+            ("position_embedding_type", "yarn", 65),
             ("moe_grouped_gemm", True, 68),
             ("moe_token_dispatcher_type", "alltoall", 69),
             ("moe_router_load_balancing_type", "none", 71),
@@ -198,7 +199,10 @@ def apply_provider_settings(reading: Reading) -> None:
         for key, value, line in settings:
             where = f"{MODELS_URL}{file}#L{line}"
             origin = Origin(FROM_DEFAULT, where, f"{method} provider.{key}", note)
-            reading.set(key, value, origin, overwrite=False)
+            # the bridge sets it after mapping config.json (gpt-oss: yarn over the rope its
+            # config.json reads as): it wins over the model's value, never over the inputs'
+            had = reading.origins.get(key)
+            reading.set(key, value, origin, overwrite=had is not None and had.kind == FROM_MODEL)
     if not config and model_type in _CLASS_ATTENTION_DROPOUT:
         # no config.json: the transformers class's default, which CONFIG_MAPPING copies
         config = {"attention_dropout": 0.0}
