@@ -63,7 +63,8 @@ GPUS = {
             "OOM message on a B200: 'total capacity of 178.35 GiB' (stas00/ml-engineering "
             "debug/pytorch.md, 'On NVIDIA B200 w/ 180GiB'); 2,250 dense BF16 TFLOP/s at "
             "1,000 W (HGX B200, glennklockwood.com/garden/processors/B200 from NVIDIA's "
-            "figures); NVLink 5 at 1.8 TB/s both ways; its x86 hosts' PCIe 5",
+            "figures); NVLink 5 at 1.8 TB/s both ways; the host link taken as an x86 HGX "
+            "server's PCIe 5 (not stated there)",
             2250.0,
             900.0,
         ),

@@ -178,6 +178,9 @@ def _module_file(path: str, module: str, level: int) -> Path | None:
     return None
 
 
+# Said of a model provider class whose file is not in the checkout (the resolver's refusal
+# names it where the shape is what is missing)
+PROVIDER_UNREAD = "what it sets beyond Megatron-Bridge's GPTModelProvider is not read"
 # Bridge's base providers: the reader knows their defaults (bridge.py), whatever the checkout
 _BASE_PROVIDERS = frozenset(
     ("GPTModelProvider", "MLAModelProvider", "TransformerConfig", "MLATransformerConfig")
@@ -603,9 +606,9 @@ class _Reader:
             tree = None
         if tree is None:
             self.warnings.append(
-                f"{self.path}: {cls} (from {'.' * level}{module}) is not beside this file: what "
-                "it sets beyond Megatron-Bridge's GPTModelProvider is not read (read the recipe "
-                "in its Bridge checkout, or name the model: --model HF_ID or its config.json)"
+                f"{self.path}: {cls} (from {'.' * level}{module}) is not beside this file: "
+                f"{PROVIDER_UNREAD} (read the recipe in its Bridge checkout, or name the model: "
+                "--model HF_ID or its config.json)"
             )
             return
         other = _Reader(tree, _shown(found), parent=self)  # adds to this recipe's entries

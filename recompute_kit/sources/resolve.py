@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEYS, Config, ConfigError
-from . import formats, hf_launch, megatron_core, recipe_choice, registry
+from . import formats, hf_launch, megatron_core, recipe_choice, recipes, registry
 from .megatron_lm import WORLD_UNKNOWN
 from .nemo_rl_overrides import is_override
 from .reading import (
@@ -651,15 +651,16 @@ def resolve(
         None,
     )
     if optimizer:
+        key, name = optimizer
+        muon = (
+            "; Muon keeps one momentum for the linear weights (Adam for the rest), and its "
+            "layer-wise distributed form leaves each data-parallel rank the parameters it owns"
+            if "muon" in str(name).lower()
+            else ""
+        )
         merged.warnings.append(
-            f"{optimizer[0]} {optimizer[1]}: the optimizer states are counted as Adam's (an "
-            "fp32 master copy and two moments, 12 B a parameter); Muon keeps one momentum for "
-            "the linear weights (Adam for the rest) and its layer-wise distributed form leaves "
-            "each data-parallel rank the states of the parameters it owns: the optimizer figure "
-            "is an upper bound"
-            if "muon" in str(optimizer[1]).lower()
-            else f"{optimizer[0]} {optimizer[1]}: the optimizer states are counted as Adam's "
-            "(an fp32 master copy and two moments, 12 B a parameter), not this optimizer's"
+            f"{key} {name}: the optimizer states are counted as Adam's (a master copy and two "
+            f"moments){muon}: the optimizer figure is an upper bound"
         )
     vision = _vision_language(merged)
     if vision:
@@ -844,7 +845,7 @@ def _check_shape(reading: Reading, framework: Any, described: list[dict[str, str
     named = registry.named_in(" ".join(said))
     example = named or "meta-llama/Llama-3.1-8B"
     # a provider class whose file was not found: the shape it sets is what is missing
-    unread = [w.split(": ", 1)[1] for w in reading.warnings if "ModelProvider" in w]
+    unread = [w.split(": ", 1)[1] for w in reading.warnings if recipes.PROVIDER_UNREAD in w]
     if unread and not named:
         raise ConfigError(f"{names}: no model shape ({keys} not given): {unread[0]}")
     # a model named by what is no Hugging Face id (a local path, a placeholder)
