@@ -463,3 +463,46 @@ def test_a_memory_patch_that_frees_nothing_is_not_shown():
     check_patches(build_context(evidence, 32), [native])
     assert not native.patch_keys
     assert "it frees nothing" in native.patch_check["harmful"]
+
+
+# ---- never already set: a DeepSpeed zero_optimization patch ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "patch", "kept"),
+    [
+        # ds_z3_config.json (LLaMA-Factory's examples/deepspeed) is stage 3 with no offload
+        ("hf_trainer/ds_z3_config.json", {"stage": 3}, False),
+        ("hf_trainer/ds_z3_config.json", {"offload_optimizer": {"device": "none"}}, False),
+        ("hf_trainer/ds_z3_config.json", {"offload_optimizer": {"device": "cpu"}}, True),
+        (
+            "hf_trainer/ds_z2_offload_config.json",
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            False,
+        ),
+        ("hf_trainer/ds_z2_offload_config.json", {"stage": 3}, True),
+    ],
+)
+def test_deepspeed_patch_already_in_the_inputs_is_not_shown(config, patch, kept):
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.patches import check_patches
+    from recompute_kit.doctor.types import Finding
+
+    ctx = build_context(collect(logs=[str(OOM)], config=str(CORPUS / config)))
+    f = Finding(
+        "RK000",
+        "model_state_memory",
+        "t",
+        "",
+        "",
+        "",
+        "",
+        {"zero_optimization": patch},
+        0.5,
+        [],
+        "",
+    )
+    check_patches(ctx, [f])
+    assert ("zero_optimization" in f.config_patch) is kept, f.patch_check
+    if not kept:
+        assert "already so in the inputs" in f.patch_check["dropped"][0]["reason"]

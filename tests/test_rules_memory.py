@@ -338,6 +338,39 @@ def test_fresh_rk017_cuda_after_device_map_auto():
     assert f.fix.startswith("Drop the .cuda()")
 
 
+@covers("RK017")
+def test_rk017_traceback_cut_inside_the_load_is_possible_only():
+    # https://github.com/hiyouga/LlamaFactory/issues/4559: QLoRA of a 70B GPTQ model on 4 x
+    # A10G 24 GB; every rank's traceback ends in from_pretrained / _load_pretrained_model and
+    # is cut before its exception line, then torch's launcher raises ChildFailedError. The
+    # maintainer: the quantized 70B needs 48 GB on one card. The paste does not say OOM: the
+    # load's memory is the reading, at low confidence, and the exception line is asked for.
+    d = run(text("lf-4559-load-traceback-cut"), config=_LF_4559_CONFIG)
+    f = top(d)
+    assert f.rule == "RK017" and f.category == "model_state_memory"
+    assert f.confidence < 0.5 and d.verdict.verdict == "needs_evidence"
+    assert d.verdict.collect[0]["id"] == "traceback"
+    assert "before its exception line" in d.verdict.collect[0]["what"]
+    # from_pretrained's `offload_index` (device_map's disk offload) is not CPU offloading:
+    # no offload bug, and no DeepSpeed offload patch for a run with no DeepSpeed config
+    assert "RK260" not in ids(d)
+    assert all("zero_optimization" not in (g.config_patch or {}) for g in d.findings)
+
+
+def test_rk017_cut_traceback_outside_the_load_is_not_read_as_the_load():
+    cut = text("lf-4559-load-traceback-cut").replace("from_pretrained", "forward")
+    cut = cut.replace("_load_pretrained_model", "forward").replace("load_model", "forward")
+    d = run(cut, config=_LF_4559_CONFIG)
+    assert "RK017" not in ids(d)
+    # the default reading reads the rank's own (cut) traceback, not the launcher's
+    # ChildFailedError raised in torch/distributed's api.py
+    f = get(d, "RK420")
+    assert "modeling_utils.py" in f.evidence and "ChildFailedError" not in f.evidence
+
+
+_LF_4559_CONFIG = (Path(__file__).parent / "data/rules/lf-4559-qlora-config.yaml").read_text()
+
+
 def test_fresh_rk017_needs_the_load_named_as_the_failing_site():
     # the same code, without the sentence that places the OOM at it and with an OOM from a
     # later line, is no loading finding

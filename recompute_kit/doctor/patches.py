@@ -142,6 +142,24 @@ def _same(key: str, a: Any, b: Any) -> bool:
     return a == b
 
 
+def _deepspeed_fields(zero: Any) -> dict[str, Any]:
+    """The reader's fields a DeepSpeed zero_optimization patch sets (stage, and whether the
+    optimizer states / parameters go to the CPU); {} where it sets something else too."""
+    if not isinstance(zero, dict) or not zero:
+        return {}
+    fields: dict[str, Any] = {}
+    for key, value in zero.items():
+        if key == "stage":
+            fields["zero_stage"] = value
+        elif key in ("offload_optimizer", "offload_param") and isinstance(value, dict):
+            if set(value) != {"device"}:
+                return {}
+            fields[key.replace("offload_", "") + "_offload"] = value["device"] in ("cpu", "nvme")
+        else:
+            return {}
+    return fields
+
+
 def _foreign_to_mcore(key: str, value: Any) -> dict[str, Any] | None:
     """A framework key as the Megatron-Core fields that mean the same, where there are any."""
     if key == "gradient_checkpointing" and isinstance(value, bool):
@@ -241,6 +259,17 @@ def _check(
             break  # its point: what the inputs say is not what runs; saying it again is the fix
         if key in current and _same(key, patch[key], current[key]):
             drop(key, patch[key], f"already {current[key]!r} ({where.get(key, 'the inputs')})")
+    deepspeed = _deepspeed_fields(patch.get("zero_optimization"))
+    if (
+        deepspeed
+        and f.category != "recompute_no_effect"
+        and all(
+            key in current and _same(key, value, current[key]) for key, value in deepspeed.items()
+        )
+    ):
+        said = ", ".join(f"{k} {current[k]!r}" for k in deepspeed)
+        drop("zero_optimization", patch["zero_optimization"], f"already so in the inputs ({said})")
+        mcore = mcore or ["zero_optimization"]
     if mcore and not patch:  # every entry is already what the inputs have
         check["already_set"] = True
     # 3. never lowers recompute or raises the estimated peak unless that is the point

@@ -49,6 +49,7 @@ from .rules.allocator import fragmentation_worth_the_name, reserved_unallocated
 from .rules.registry import (
     expandable_on,
     fact,
+    from_the_launcher,
     oom_errors,
     outside_this_process,
     steps_without_oom,
@@ -214,7 +215,8 @@ def _frames_without_exception(ctx: Context) -> bool:
     else in the paste: they say where, not what, failed."""
     ev = ctx.evidence
     cut = any(e.kind == "exception" and e.frames and not e.type for e in ev.errors)
-    return cut and not (ev.oom or any(e.kind == "exception" and e.type for e in ev.errors))
+    said = [e for e in ev.errors if e.kind == "exception" and e.type and not from_the_launcher(e)]
+    return cut and not (ev.oom or said)
 
 
 # A framework's own validation error: an exception (not a warning) of a validation type whose
@@ -548,8 +550,7 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
             # nothing failed: no traceback to come, and no failing step to watch
             items = [i for i in items if i["id"] != "traceback"]
             items = [
-                {**i, "what": _SMI_WHILE_RUNNING} if i["id"] == "nvidia_smi" else i
-                for i in items
+                {**i, "what": _SMI_WHILE_RUNNING} if i["id"] == "nvidia_smi" else i for i in items
             ]
     if _frames_without_exception(ctx) and not any(i["id"] == "traceback" for i in items):
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
@@ -558,8 +559,9 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items.insert(0, collect_assumed(ctx, assumed, competing))
     if any(f.rule in _GROWTH_READINGS for f in findings[:3]):
         # a leak or growth read: step-by-step figures decide it, not one OOM
-        items.insert(0, {"id": "memory_series", "what": COLLECT["memory_series"],
-                         "decides": competing})
+        items.insert(
+            0, {"id": "memory_series", "what": COLLECT["memory_series"], "decides": competing}
+        )
     if overstated:
         tokens = {"id": "tokens_per_batch", "what": COLLECT["tokens_per_batch"]}
         items.insert(0, {**tokens, "decides": competing})

@@ -18,7 +18,7 @@ from typing import Any
 from ..evidence.schema import ErrorEvent
 from ..types import Context, Match
 from .general import ORPHAN, library_of
-from .registry import fact, gib, oom_errors, rule
+from .registry import fact, from_the_launcher, gib, oom_errors, rule
 
 # Frames of torch that only pass a call on (module __call__, DDP's forward, autograd's entry):
 # an innermost frame here says the paste was cut, not that torch failed.
@@ -219,9 +219,12 @@ def _default_exception(ctx: Context) -> Match | None:
         return None
     if _user_input_error(ctx) is not None:
         return None  # the caller's input rejected: RK650's reading
-    typed = [e for e in events if e.message != ORPHAN]
-    e = typed[-1] if typed else events[-1]
-    frames = e.frames or [f for o in events for f in o.frames]
+    # a launcher's "a rank failed" (ChildFailedError) says nothing of why: the rank's own
+    # exception, or its traceback cut before the exception line, is the one to read
+    inner = [e for e in events if not from_the_launcher(e)] or events
+    typed = [e for e in inner if e.message != ORPHAN]
+    e = typed[-1] if typed else inner[-1]
+    frames = e.frames or [f for o in inner for f in o.frames]
     lib, cut = _owner(frames)
     ckpt = _ckpt_named(ctx, e)
     said = f"{e.type}: {e.message[:140]}" if e.message != ORPHAN else "A traceback"

@@ -102,6 +102,9 @@ def _frames_with_code(ctx: Context, frames: list[str]) -> list[tuple[str, str]]:
 _MODEL_CHECKPOINT_RE = re.compile(
     r"\w*(?:resume_from|save|load|from)_checkpoint\w*(?:\s*=\s*[\w.]+)?"
     r"|checkpoint_(?:dir|path|file|name)\w*"
+    # loading a model with device_map's disk offload (from_pretrained's offload_folder,
+    # offload_index, offload_state_dict) is not the training run's CPU offloading
+    r"|offload_(?:index|folder|state_dict|buffers)\w*|disk_offload\w*"
 )
 
 

@@ -11,6 +11,7 @@ from ...memory.estimate import estimate
 from ...plan import same_setting
 from ...plan.levers import CLEARLY_FASTER
 from ..types import Context, Match
+from .general import ORPHAN
 from .knob_advice import knob_advice
 from .lever_patch import lever_patch, lever_rows
 from .model_states import (
@@ -25,6 +26,7 @@ from .registry import (
     candidate_patch,
     candidate_spec,
     fact,
+    from_the_launcher,
     gib,
     is_megatron,
     moments_before_first_step,
@@ -395,7 +397,8 @@ _DISPATCH_THEN_MOVE_RE = re.compile(
     "model_state_memory",
     symptom="CUDA OOM raised from module constructors (build_module, __init__, "
     "from_pretrained, load_state_dict) before training starts, or a paste that says the OOM "
-    "comes when the model is loaded",
+    "comes when the model is loaded (a traceback cut before its exception line inside the "
+    "load: possible only, at low confidence)",
     cause="The weights alone do not fit the GPU(s) at this parallel layout and precision; "
     "activations and recompute are not involved yet",
     confirm="The traceback's frames (or the failing source line) are model construction or "
@@ -426,7 +429,7 @@ def _oom_at_build(ctx: Context) -> Match | None:
                 f"{words}",
             )
     if not (ctx.oom or oom_errors(ctx)):
-        return None
+        return _cut_while_loading(ctx)
     frames = fact(ctx, "frame_code") or []
     line = frames[-1][1] if frames else ""
     said = ""
@@ -472,6 +475,37 @@ def _oom_at_build(ctx: Context) -> Match | None:
         "(load_in_8bit / load_in_4bit, a published Int4 / GPTQ checkpoint), device_map='auto' "
         "over several GPUs, or a smaller model",
     )
+
+
+_LOAD_FRAME_RE = re.compile(
+    r"\bin (?:from_pretrained|_load_pretrained_model|load_state_dict|load_model)\b"
+)
+
+
+def _cut_while_loading(ctx: Context) -> Match | None:
+    """A traceback cut before its exception line (only the launcher's "a rank failed" after
+    it) whose innermost frames load the model: it does not say the failure is an OOM, so the
+    load's memory is one possible reading, at low confidence, until the exception line says."""
+    events = [e for e in ctx.evidence.errors if e.kind == "exception"]
+    cut = [e for e in events if e.message == ORPHAN]
+    said = [e for e in events if e.message != ORPHAN]
+    if not cut or not all(from_the_launcher(e) for e in said):
+        return None
+    for e in cut:
+        tail = " ".join(e.frames[-4:])
+        if e.frames and _LOAD_FRAME_RE.search(tail) and not _BACKWARD_FRAME.search(tail):
+            where = e.frames[-1].rsplit("/", 1)[-1]
+            return Match(
+                0.35,
+                f"A traceback is cut before its exception line inside the model's load "
+                f"({where}), before any step: if that exception is the OOM, the weights do not "
+                "fit this GPU at this layout and precision. Paste the exception line to decide.",
+                config_patch=None,
+                fix="Paste the exception line; if it is the OOM: load fewer bytes per GPU "
+                "(half precision, quantized weights, a sharded load: ZeRO-3 / FSDP / "
+                "device_map over several GPUs) or a larger GPU",
+            )
+    return None
 
 
 OFF_KEYS = (

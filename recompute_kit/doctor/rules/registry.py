@@ -137,14 +137,16 @@ def _next_steps(ctx: Context):
         yield "full:uniform:1", "full recompute of every layer on its own (the most saving)"
         return
     if not ctx.flash and "core_attn" not in mods:
-        yield _spec(mods | {"core_attn"}), (
-            "the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"
+        yield (
+            _spec(mods | {"core_attn"}),
+            ("the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"),
         )
     if ctx.is_mla and "mla_up_proj" not in mods:
         yield _spec(mods | {"mla_up_proj"}), "MLA's expanded Q/K/V are its largest tensors"
     if ctx.is_moe and ctx.cfg.get("moe_grouped_gemm") and "moe_act" not in mods:
-        yield _spec(mods | {"moe_act", "layernorm"}), (
-            "the expert activations (top-k copies of every token) are cheap to recompute"
+        yield (
+            _spec(mods | {"moe_act", "layernorm"}),
+            ("the expert activations (top-k copies of every token) are cheap to recompute"),
         )
     if ctx.is_moe and "moe" not in mods:
         yield _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
@@ -279,6 +281,14 @@ def outside_this_process(oom) -> int | None:
     if oom.process_bytes is not None:
         return oom.total_bytes - oom.free_bytes - oom.process_bytes
     return oom.held_elsewhere_bytes
+
+
+# Exceptions a launcher raises because a rank failed: they say that one failed, not why
+LAUNCHER_EXCEPTIONS = ("ChildFailedError", "CalledProcessError", "SystemExit")
+
+
+def from_the_launcher(error: Any) -> bool:
+    return str(error.type).rsplit(".", 1)[-1] in LAUNCHER_EXCEPTIONS
 
 
 def oom_errors(ctx: Context):
@@ -424,8 +434,10 @@ def _estimated_at(ctx: Context, tp: int) -> str:
     except ConfigError:
         return ""
     usable = int(ctx.gpu_bytes * (1 - SAFETY_MARGIN)) if ctx.gpu_bytes else None
-    verdict = "" if usable is None else (
-        f", {'within' if held <= usable else 'still above'} the {gib(usable)} usable"
+    verdict = (
+        ""
+        if usable is None
+        else (f", {'within' if held <= usable else 'still above'} the {gib(usable)} usable")
     )
     return f"; estimated there: {gib(held)} held per rank at the current recompute{verdict}"
 
@@ -459,4 +471,3 @@ def expandable_on(ctx: Context) -> bool:
         key.endswith("ALLOC_CONF") and "expandable_segments:True" in value.replace(" ", "")
         for key, value in ctx.evidence.env.items()
     )
-
