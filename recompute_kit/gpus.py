@@ -133,11 +133,14 @@ GPUS = {
         ),
         Gpu(
             "rtx-4090",
-            23.9,
+            23.6,
             "NVIDIA GeForce RTX 4090",
-            "OOM message on RTX 4090 24GB: '23.99 GiB total capacity' (hpcaitech/ColossalAI#4962);"
-            " 165.2 dense BF16 tensor TFLOP/s with FP32 accumulate (Ada whitepaper); no NVLink "
-            "or peer-to-peer: GPUs talk over PCIe 4",
+            "OOM messages on RTX 4090 24GB: 'total capacity of 23.64 GiB' (ali-vilab/VGen#104), "
+            "'total capacity of 23.61 GiB' (pinokiofactory/flux-webui#11), '23.65 GiB total "
+            "capacity' (tloen/llama-int8#7); one says '23.99 GiB total capacity' "
+            "(hpcaitech/ColossalAI#4962): the least is taken; 165.2 dense BF16 tensor TFLOP/s "
+            "with FP32 accumulate (Ada whitepaper); no NVLink or peer-to-peer: GPUs talk over "
+            "PCIe 4",
             165.2,
             32.0,
             "pcie4",

@@ -243,6 +243,29 @@ def test_price_recompute_times_a_chosen_setting_as_the_current_row(capsys):
     # full recompute runs every layer's forward again: the step is longer, the memory lower
     assert got["full:uniform:1"]["step_seconds"] > got[None]["step_seconds"]
     assert got["full:uniform:1"]["peak_bytes"] < got[None]["peak_bytes"]
+    # the run's own setting priced again is the run as given, said so (a skill trial read
+    # "not its own setting" for a NeMo-RL run whose setting it was)
+    assert main([*args, "--price-recompute", "none"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["current_is"] == "the run as given (recompute none, its own setting)"
+    assert "not its own setting" in said["full:uniform:1"]
+
+
+def test_layout_hint_says_what_nemo_rl_needs_for_context_parallelism(capsys):
+    # NeMo-RL's Megatron policy asserts sequence packing with CP (nemo_rl/models/megatron/
+    # setup.py: "Sequence Packing must be enabled to use Context Parallelism with MCore."):
+    # plain `plan` offering a CP layout for a run that does not pack says it needs packing
+    recipe = CORPUS.parent / "nemo_rl" / "grpo_math_qwen30ba3b_megatron.yaml"
+    args = ["plan", "--config", str(recipe), "policy.max_total_sequence_length=32768"]
+    assert main([*args, "--gpu", "h100-80gb", "--json"]) in (0, 1)
+    hint = json.loads(capsys.readouterr().out).get("better_layout") or {}
+    assert "cp=" in hint.get("setting", ""), hint
+    assert hint["needs"].startswith("policy.sequence_packing.enabled: true")
+    assert main(
+        [*args, "policy.sequence_packing.enabled=true", "--gpu", "h100-80gb", "--json"]
+    ) in (0, 1)
+    hint = json.loads(capsys.readouterr().out).get("better_layout") or {}
+    assert "cp=" in hint.get("setting", "") and hint["needs"] == ""
 
 
 def test_a_cp_ring_across_nodes_runs_at_the_networks_speed():
@@ -647,9 +670,7 @@ def test_the_doctor_prices_levers_on_the_gpu_named_as_plan_does():
         str(corpus / "accelerate_fsdp.yaml"),
         str(corpus / "zephyr-7b-beta_sft_config_full.yaml"),
     ]
-    evidence = collect(
-        config=files, overrides={"data_parallel_size": 16}, model="Qwen/Qwen2.5-72B"
-    )
+    evidence = collect(config=files, overrides={"data_parallel_size": 16}, model="Qwen/Qwen2.5-72B")
     gib = GPUS["a100-80gb"].usable_gib
     link = {}
     for gpu in ("a100-80gb", None):
@@ -666,9 +687,18 @@ def test_a_lever_that_needs_a_smaller_micro_batch_takes_the_largest_that_fits(ca
     (16 micro-batches, more FSDP gathers: slower)."""
     corpus = Path(__file__).parent / "sources" / "corpus" / "hf_trainer"
     argv = [
-        "plan", "--config", str(corpus / "accelerate_fsdp.yaml"),
-        str(corpus / "zephyr-7b-beta_sft_config_full.yaml"), "--model", "Qwen/Qwen2.5-72B",
-        "--dp", "16", "--gpu", "a100-80gb", "--levers", "--json",
+        "plan",
+        "--config",
+        str(corpus / "accelerate_fsdp.yaml"),
+        str(corpus / "zephyr-7b-beta_sft_config_full.yaml"),
+        "--model",
+        "Qwen/Qwen2.5-72B",
+        "--dp",
+        "16",
+        "--gpu",
+        "a100-80gb",
+        "--levers",
+        "--json",
     ]
     main(argv)
     rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
@@ -685,9 +715,16 @@ def test_ep_overlap_hides_the_all_to_alls_behind_compute():
 
     cfg = Config(
         ModelConfig(
-            num_layers=4, hidden_size=2048, num_attention_heads=16, seq_length=16384,
-            num_moe_experts=64, moe_router_topk=8, moe_ffn_hidden_size=768, bf16=True,
-            moe_token_dispatcher_type="alltoall", vocab_size=32000,
+            num_layers=4,
+            hidden_size=2048,
+            num_attention_heads=16,
+            seq_length=16384,
+            num_moe_experts=64,
+            moe_router_topk=8,
+            moe_ffn_hidden_size=768,
+            bf16=True,
+            moe_token_dispatcher_type="alltoall",
+            vocab_size=32000,
         ),
         ParallelConfig(expert_model_parallel_size=16, data_parallel_size=16),
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError
+from ..plan import same_setting
 from ..units import byte_unit, in_unit
 from .common import emit_json_read, format_table, layout_of, with_layout_assumptions
 
@@ -85,6 +86,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
     from ..plan.step_log import measured_step_seconds
     from ..plan.step_time import calibrate_tflops, hardware_for, micro_batches_per_step
 
+    own_recompute = cfg.recompute
     if args.price_recompute:
         cfg = cfg.with_recompute(args.price_recompute)
         cfg.validate()
@@ -140,7 +142,7 @@ def cmd_levers(args: argparse.Namespace, cfg: Config, gib: float, version: str |
                 "fits": fits,
                 "current_fits": table.current.fits,
                 # what "current" is: the run as given, or priced with another recompute
-                "current_is": _current_is(args),
+                "current_is": _current_is(args, same_setting(own_recompute, cfg.recompute)),
                 "layout": layout_of(cfg),
                 # the config's, then what the run's own estimate assumes (as plain `plan`
                 # says them; the CUDA context and NCCL's buffers are the safety margin's)
@@ -288,7 +290,30 @@ def layout_hint(
         "recompute_pick_headroom_bytes": usable - pick.estimate.held_bytes,
         "step_vs_recompute_pick": r.step.seconds / pick.step.seconds if pick.step.seconds else None,
         "recompute_pick_fits": pick.fits,
+        "needs": _nemo_rl_needs(args, cfg, r.config, resolved),
     }
+
+
+def _nemo_rl_needs(args: argparse.Namespace, given: Config, row: Config, resolved: Any) -> str:
+    """What a NeMo-RL run must change beside the layout itself (its rendering's companions):
+    sequence packing for context parallelism, unless the run packs already."""
+    from ..export_layout import changed_settings, nemo_rl_companions
+    from .common import default_format
+
+    if default_format(args) != "nemo-rl":
+        return ""
+    changes = changed_settings(row, given)
+    nemo_rl_companions(row, changes)
+    unused = getattr(getattr(resolved, "reading", None), "unused", None) or {}
+    if (
+        changes.get("sequence_packing")
+        and unused.get("policy.sequence_packing.enabled") is not True
+    ):
+        return (
+            "policy.sequence_packing.enabled: true (NeMo-RL's Megatron policy asserts it for "
+            "context parallelism; it changes how micro-batches are formed)"
+        )
+    return ""
 
 
 def hint_line(hint: dict) -> str:
@@ -306,16 +331,17 @@ def hint_line(hint: dict) -> str:
             room += f" against the recompute pick's {pick_room:.1f}"
     # the setting names its lever already ("tp=2 dp=128 sp"), except some ("first=39 last=41")
     lever = "" if hint["setting"].startswith(hint["lever"].split()[0]) else f"{hint['lever']}: "
+    needs = f"; it needs {hint['needs']}" if hint.get("needs") else ""
     return (
         f"a layout does better: {lever}{hint['setting']} (peak "
-        f"{hint['peak_bytes'] / GIB:.1f} GiB{room}{faster}; step times from the step-time "
-        "model, `plan --levers` prices every lever)"
+        f"{hint['peak_bytes'] / GIB:.1f} GiB{room}{faster}{needs}; step times from the "
+        "step-time model, `plan --levers` prices every lever)"
     )
 
 
-def _current_is(args: argparse.Namespace) -> str:
+def _current_is(args: argparse.Namespace, own_recompute: bool) -> str:
     """What the "current" row is: the run as its files give it, or changed by the command line
-    (--tp, --pp, ... overrides; --price-recompute)."""
+    (--tp, --pp, ... overrides; --price-recompute, unless it names the run's own setting)."""
     from .common import OVERRIDES
 
     changed = []
@@ -328,7 +354,9 @@ def _current_is(args: argparse.Namespace) -> str:
                 else f"--{name} {value}"
             )
     said = "the run as given" + (f", with {' '.join(changed)}" if changed else "")
-    if args.price_recompute:
+    if args.price_recompute and own_recompute:
+        said += f" (recompute {args.price_recompute}, its own setting)"
+    elif args.price_recompute:
         said += f" and recompute {args.price_recompute} (--price-recompute), not its own setting"
     return said
 

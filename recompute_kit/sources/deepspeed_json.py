@@ -7,6 +7,7 @@ YAML's key of the same name; the bucket sizes' "auto" waits for the model's hidd
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..config import ConfigError
@@ -153,8 +154,8 @@ def fill_auto_buckets(reading: Reading) -> None:
         if reading.get(field) != "auto":
             continue
         origin = reading.origins[field]
-        if not h:
-            del reading.values[field], reading.origins[field]
+        if not h:  # (None, not DeepSpeed's default: the file says auto, not the default)
+            reading.set(field, None, dataclasses.replace(origin, note="auto: not counted"))
             reading.warnings.append(
                 f"{origin.describe()} = auto: the Trainer fills it from the model's hidden "
                 "size, which nothing gives here: the bucket is not counted"

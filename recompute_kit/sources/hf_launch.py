@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def read(text: str, path: str) -> Reading:
     joined = re.sub(r"(?<!\\)[ \t]*\n(?=[ \t]*--[A-Za-z])", " \\\n", text)
     if (lf := _LF_COMMAND.search(joined)) is not None:
         line = joined.count("\n", 0, lf.start("cfg")) + 1
-        reading = _trainer_file(lf.group("cfg"), path, line)
+        overrides = _llamafactory_overrides(joined[lf.end("cfg") :], path, line)
+        reading = _trainer_file(lf.group("cfg"), path, line, overrides)
         reading.format = f"launch command, {reading.format}"
         _llamafactory_world(reading, joined, path, line)
         return reading
@@ -187,16 +189,43 @@ def _trl_trainer_in(program: str, path: str) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def _trainer_file(name: str, path: str, line: int) -> Reading:
+def _trainer_file(name: str, path: str, line: int, overrides: list | None = None) -> Reading:
     """The trainer config the command names, read beside the script, in a folder above it (a
-    repository's root the script runs from) or as given."""
+    repository's root the script runs from) or as given; with the command's key=value
+    overrides after it (llamafactory-cli's)."""
     found = hf_trainer.find_beside(name, path) or (Path(name) if Path(name).is_file() else None)
     if found is None:
         raise ConfigError(
             f"{path}:{line}: the command trains with {name}, which is not beside the script: "
             "give that file to --config too"
         )
-    return hf_trainer.read(found.read_text(encoding="utf-8"), str(found))
+    text = found.read_text(encoding="utf-8")
+    if overrides:
+        return hf_trainer.read_with_overrides(text, str(found), overrides)
+    return hf_trainer.read(text, str(found))
+
+
+def _llamafactory_overrides(rest: str, path: str, line: int) -> list:
+    """The `key=value` words after `llamafactory-cli train cfg.yaml` on its command (its lines
+    continued with a backslash), to the end of the command."""
+    from .nemo_rl_overrides import Override, is_override
+
+    command = []
+    for text in rest.split("\n"):
+        command.append(text.rstrip().removesuffix("\\"))
+        if not text.rstrip().endswith("\\"):
+            break
+    try:
+        words = shlex.split(" ".join(command), comments=True)
+    except ValueError:
+        return []
+    overrides = []
+    for word in words:
+        if word in ("&&", "||", ";", "|", "&") or word.startswith((">", "<", "2>")):
+            break
+        if is_override(word) and not word.startswith(("~", "+")):
+            overrides.append(Override(word, line=line, place=path))
+    return overrides
 
 
 def _trainer_flags(args: list, path: str) -> Reading:
@@ -245,7 +274,7 @@ def _llamafactory_world(reading: Reading, text: str, path: str, line: int) -> No
     NPROC_PER_NODE x NNODES processes, NPROC_PER_NODE defaulting to the visible GPUs
     (hiyouga/LLaMA-Factory src/llamafactory/cli.py)."""
     env = {
-        m.group(1): (int(m.group(2)), text.count("\n", 0, m.start()) + 1)
+        m.group(1): (int(m.group(2)), text.count("\n", 0, m.start(1)) + 1)
         for m in _ENV.finditer(text)
     }
     if "NPROC_PER_NODE" not in env:

@@ -173,6 +173,42 @@ def read(text: str, path: str) -> Reading:
     return reading
 
 
+def read_with_overrides(text: str, path: str, words: list) -> Reading:
+    """`cfg.yaml key=value ...` as `llamafactory-cli train` takes it: LLaMA-Factory's read_args
+    merges OmegaConf.from_cli(argv[2:]) over the YAML (hiyouga/LLaMA-Factory
+    src/llamafactory/hparams/parser.py), adding keys as freely as changing them. `words`: the
+    overrides as written (str, recompute-kit's command line) or nemo_rl_overrides.Override (a
+    launch script's)."""
+    from .nemo_rl_overrides import OVERRIDE, Override, value_of
+
+    data = None if path.lower().endswith(".json") else yaml_mapping(text, path, "a trainer YAML")
+    if data is None or _kind(data) != FORMAT_LF or _llama_factory_v1(data):
+        first = getattr(words[0], "written", words[0])
+        raise ConfigError(
+            f"{first}: a key=value override after a Trainer file applies to a LLaMA-Factory "
+            f"YAML (llamafactory-cli train cfg.yaml key=value); {path} is not one"
+        )
+    by_key: dict[str, Override] = {}
+    for word in words:
+        o = word if isinstance(word, Override) else Override(word, applies_to=path)
+        m = OVERRIDE.match(o.written)
+        if m is None or m.group("op") or m.group("v") is None:
+            raise ConfigError(
+                f"{o.where}: {o.written!r} is not a key=value override LLaMA-Factory takes"
+            )
+        *parents, last = m.group("key").split(".")
+        node = data
+        for part in parents:  # a dotted key sets inside a mapping (OmegaConf's dotlist)
+            node = node.setdefault(part, {}) if isinstance(node.get(part), dict | None) else None
+            if node is None:
+                raise ConfigError(f"{o.where}: {o.written}: {part} is not a mapping in {path}")
+        node[last] = value_of(m.group("v"))
+        by_key[m.group("key").split(".")[0]] = o
+    reading = Reading(framework="hf-trainer", format=_kind(data))
+    _read_yaml(data, _Src(text, path, "yaml", by_key), reading)
+    return reading
+
+
 # LLaMA-Factory v1's own keys (src/llamafactory/v1/config/training_args.py, model_args.py):
 # `model:` names the model, `dist_config` the FSDP2 / DeepSpeed plugin, `micro_batch_size` the
 # per-device batch; their semantics (its own trainer and defaults) are not the Trainer's
@@ -288,6 +324,14 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
         if data.get(key) is not None and "seq_length" not in reading:
             reading.set("seq_length", _int(src, key, take(key)), src.origin(key, note=note))
     packing = data.get("packing", data.get("neat_packing"))  # TRL / LLaMA-Factory
+    unset = ""
+    if packing is None and lf and "cutoff_len" in data:
+        # LLaMA-Factory packs when packing is unset only for pre-training (hparams/parser.py:
+        # `data_args.packing if data_args.packing is not None else finetuning_args.stage == "pt"`)
+        packing = data.get("stage") == "pt"
+        unset = (
+            f" (packing unset: LLaMA-Factory packs for stage pt only; stage {data.get('stage')!r})"
+        )
     if packing is not None and "seq_length" in reading:
         take("packing" if "packing" in data else "neat_packing")
         origin = reading.origins["seq_length"]
@@ -304,8 +348,9 @@ def _read_yaml(data: dict[str, Any], src: _Src, reading: Reading) -> None:
         )
         if not packing:
             reading.warnings.append(
-                f"{src.path}: packing false: batches are padded to their longest sample, so the "
-                "sequence length is an upper bound"
+                f"{src.path}: packing false{unset}: batches are padded to their longest sample, "
+                "so the sequence length is an upper bound (the estimate is a batch whose longest "
+                "sample is that long)"
             )
     # Gradient checkpointing: LLaMA-Factory turns it on itself unless disabled.
     if lf and "disable_gradient_checkpointing" in data:
@@ -633,9 +678,7 @@ def _trl_dpo(reading: Reading) -> None:
     b, origin = reading.get("micro_batch_size"), reading.origins.get("micro_batch_size")
     if b and origin is not None and origin.kind != FROM_ARGUMENT:
         note = f"{b} pairs: chosen and rejected in one batch ({_TRL_DPO_TRAINER})"
-        reading.set(
-            "micro_batch_size", 2 * b, Origin(origin.kind, origin.where, origin.key, note)
-        )
+        reading.set("micro_batch_size", 2 * b, Origin(origin.kind, origin.where, origin.key, note))
     reading.set("preference_pairs", True, Origin(FROM_DERIVED, "TRL's DPO script", note=DPO))
     spared = reading.get("frozen_base") or reading.unused.get("precompute_ref_log_probs")
     if spared in (True, "true", "True"):

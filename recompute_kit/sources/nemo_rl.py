@@ -379,6 +379,18 @@ def read(
     if fv.get(p, "generation", "backend") in (None, "vllm"):
         util = (p, "generation", "vllm_cfg", "gpu_memory_utilization")
         fv.take("inference_gpu_memory_utilization", util, (float, int))
+    if colocated is True:
+        # nemo_rl/models/generation/vllm/vllm_worker.py sleep(): llm.sleep(level=1) offloads
+        # the engine's weights and drops its KV cache before the policy trains; its process
+        # stays on the GPU with its CUDA context
+        vllm = fv.get(p, "generation", "backend") in (None, "vllm")
+        reading.warnings.append(
+            f"{fv.where((p, 'generation', 'colocated', 'enabled'))}: generation is colocated: "
+            "the generation engine sleeps on the same GPUs while the policy trains"
+            + (" (vLLM sleep level 1: weights offloaded, KV cache dropped)" if vllm else "")
+            + "; what its process keeps there asleep (at least its own CUDA context) is not "
+            "in the estimate"
+        )
     if colocated is False:
         reading.warnings.append(
             f"{fv.where((p, 'generation', 'colocated', 'enabled'))}: generation is not colocated: "
@@ -496,13 +508,19 @@ def _read_megatron(fv: FileValues) -> None:
     modules = fv.get(*m, "recompute_modules", kind=list)
     where = (*m, "activation_checkpointing")
     if ckpt:
+        # the granularity's own key where one says it (a file's line, an override), else
+        # activation_checkpointing's (NeMo-RL's default granularity is full)
+        said = (*m, "recompute_granularity") if granularity else where
+        on = f"activation_checkpointing true ({fv.where(where)})"
         granularity = granularity or "full"
         if granularity == "full":
-            fv.set("recompute_granularity", "full", where, "recompute_granularity full")
-            fv.set("recompute_method", "uniform", where, "NeMo-RL: full -> uniform, 1 layer")
-            fv.set("recompute_num_layers", 1, where, "NeMo-RL: full -> uniform, 1 layer")
+            fv.set("recompute_granularity", "full", said, f"recompute_granularity full; {on}")
+            fv.set("recompute_method", "uniform", said, "NeMo-RL: full -> uniform, 1 layer")
+            fv.set("recompute_num_layers", 1, said, "NeMo-RL: full -> uniform, 1 layer")
         elif granularity == "selective":
-            fv.set("recompute_granularity", "selective", where, "recompute_granularity selective")
+            fv.set(
+                "recompute_granularity", "selective", said, f"recompute_granularity selective; {on}"
+            )
             if modules is not None:
                 fv.set("recompute_modules", modules, (*m, "recompute_modules"))
         else:

@@ -101,7 +101,8 @@ _HINT = "give the config files you train with, or a model id"
 # `torchrun ...`, `NGPU=8 python -m torchtitan.train ...`: a launch command given as one input,
 # read as a one-line script run from the working folder
 _LAUNCH_COMMAND = re.compile(
-    r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:torchrun|python3?|accelerate|deepspeed|srun)\s+\S"
+    r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
+    r"(?:torchrun|python3?|accelerate|deepspeed|srun|llamafactory-cli)\s+\S"
     # a Python script run directly with its flags (`scripts/training/run_recipe.py --recipe X`)
     r"|^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*\S+\.py\s+-"
 )
@@ -335,11 +336,11 @@ def read_input(item: str, overrides: Sequence[str] = ()) -> tuple[Reading, str]:
         )
     if _exists(path):
         raise ConfigError(f"{item} is not a file")
-    if looks_like_path:
-        raise ConfigError(f"cannot read {item}: No such file or directory")
-    if _LAUNCH_COMMAND.match(item):  # a launch command typed as one quoted input
+    if _LAUNCH_COMMAND.match(item) and " " in item.strip():  # one quoted launch command
         reading = formats.read_file_text(item, COMMAND_LINE, overrides)
         return reading, reading.format or "launch command"
+    if looks_like_path:
+        raise ConfigError(f"cannot read {item}: No such file or directory")
     from . import hf_config
 
     preset = _preset_reading(item)

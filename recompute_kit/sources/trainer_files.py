@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..config import ConfigError
-from .reading import Origin
+from .reading import FROM_ARGUMENT, FROM_FILE, Origin
 
 
 def _yaml_line(text: str, key: str) -> int | None:
@@ -28,10 +28,16 @@ def _json_line(text: str, keys: tuple[str, ...]) -> int | None:
 
 
 class _Src:
-    def __init__(self, text: str, path: str, kind: str) -> None:
+    def __init__(self, text: str, path: str, kind: str, overrides: dict | None = None) -> None:
         self.text, self.path, self.kind = text, path, kind
+        # top-level key -> the key=value override (nemo_rl_overrides.Override) that set it
+        self.overrides = overrides or {}
 
     def origin(self, *keys: str, note: str = "") -> Origin:
+        o = self.overrides.get(keys[0])
+        if o is not None:  # as the NeMo-RL overrides are said: where, and as written
+            on = f"override of {self.path}" + (f"; {note}" if note else "")
+            return Origin(FROM_FILE if o.place else FROM_ARGUMENT, o.where, o.written, on)
         if self.kind == "json":
             line = _json_line(self.text, keys)
             key = ".".join(keys)

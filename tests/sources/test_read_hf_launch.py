@@ -7,6 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from recompute_kit.config import ConfigError
 from recompute_kit.sources.resolve import resolve
 
 HERE = Path(__file__).parent
@@ -38,6 +41,44 @@ def test_llamafactory_cli_takes_the_world_from_nproc_per_node(tmp_path):
     assert r.get("data_parallel_size") == 16
     assert r.origins["micro_batch_size"].where.startswith(str(tmp_path / "qwen3_full_sft.yaml"))
     assert r.get("recompute_granularity") == "full"  # LLaMA-Factory checkpoints by default
+
+
+def test_llamafactory_cli_overrides_after_the_yaml(tmp_path):
+    # llamafactory-cli train cfg.yaml key=value: LLaMA-Factory's read_args merges
+    # OmegaConf.from_cli(argv[2:]) over the YAML (src/llamafactory/hparams/parser.py); the
+    # YAML says cutoff_len 2048, the command 8192 (a run that fits at one and not the other)
+    script = _beside(
+        tmp_path,
+        "#!/bin/bash\nexport NPROC_PER_NODE=4\n"
+        "llamafactory-cli train qwen3_full_sft.yaml cutoff_len=8192 \\\n"
+        "    per_device_train_batch_size=2 > train.log 2>&1 output_dir=x\n",
+    )
+    r = resolve([str(script)], require_shape=False).reading
+    assert (r.get("seq_length"), r.get("micro_batch_size")) == (8192, 2)
+    o = r.origins["seq_length"]
+    assert (o.where, o.key) == (f"{script}:3", "cutoff_len=8192")
+    assert o.note.startswith(f"override of {tmp_path / 'qwen3_full_sft.yaml'};")
+    # the exported NPROC_PER_NODE is on line 2 (its own line, not the one before it)
+    assert r.origins["world_size"].where == f"{script}:2"
+    # what the YAML sets and no override changes keeps the YAML's line
+    assert r.origins["gradient_accumulation_steps"].where.endswith("qwen3_full_sft.yaml:30")
+
+
+def test_llamafactory_overrides_on_recompute_kits_command_line(monkeypatch, tmp_path):
+    script = _beside(tmp_path, "")
+    monkeypatch.chdir(tmp_path)
+    r = resolve(["qwen3_full_sft.yaml", "cutoff_len=8192"], require_shape=False).reading
+    assert r.get("seq_length") == 8192 and r.origins["seq_length"].where == "command line"
+    # the whole launch command typed as one quoted input
+    quoted = "FORCE_TORCHRUN=1 NPROC_PER_NODE=4 llamafactory-cli train qwen3_full_sft.yaml"
+    for command in (quoted, quoted.split(" ", 2)[2], quoted + " cutoff_len=4096"):
+        r = resolve([command], require_shape=False).reading
+        assert r.get("seq_length") == (4096 if "4096" in command else 2048), command
+    assert r.get("world_size") == 4
+    # a DeepSpeed JSON takes no key=value: said in one line
+    with pytest.raises(ConfigError, match="applies to a LLaMA-Factory YAML"):
+        resolve(["ds_z3_config.json", "stage=2"], require_shape=False)
+    assert script.exists()
 
 
 def test_torchrun_with_the_trainer_yaml(tmp_path):

@@ -149,3 +149,28 @@ def test_the_megatron_policy_takes_what_its_bridge_sets_and_cp_says_packing():
     assert "qwen3_moe_bridge.py" in r.origins["moe_grouped_gemm"].where
     lines = layout_lines({"context_parallel_size": 4, "sequence_packing": True}, "nemo-rl", 64)
     assert any("sequence_packing.enabled: true" in line for line in lines)
+
+
+def test_recompute_granularity_cites_its_own_key_and_colocation_is_said():
+    # grpo_math_qwen30ba3b_megatron.yaml (defaults: grpo_math_1B_megatron.yaml, whose
+    # megatron_cfg says activation_checkpointing false and recompute_granularity "full" on
+    # line 111). NeMo-RL (nemo_rl/models/megatron/setup.py) reads the granularity from its own
+    # key once activation_checkpointing is true: the value cites that key, where it is set.
+    recipe = CORPUS / "grpo_math_qwen30ba3b_megatron.yaml"
+    on = "policy.megatron_cfg.activation_checkpointing=true"
+    r = resolve([str(recipe), on], require_shape=False).reading
+    o = r.origins["recompute_granularity"]
+    assert r.get("recompute_granularity") == "full"
+    assert o.where == f"{CORPUS / 'grpo_math_1B_megatron.yaml'}:111"
+    assert o.key == "policy.megatron_cfg.recompute_granularity"
+    assert "activation_checkpointing true (command line)" in o.note
+    selective = "policy.megatron_cfg.recompute_granularity=selective"
+    r = resolve([str(recipe), on, selective], require_shape=False).reading
+    o = r.origins["recompute_granularity"]
+    assert r.get("recompute_granularity") == "selective"
+    assert (o.where, o.key) == ("command line", selective)
+    # grpo_math_1B.yaml:439 policy.generation.colocated.enabled true: vLLM sleeps on the GPUs
+    assert any(
+        w.startswith(f"{CORPUS / 'grpo_math_1B.yaml'}:439: generation is colocated")
+        for w in r.warnings
+    )
