@@ -119,6 +119,18 @@ def test_estimate_text_shows_the_moe_imbalance_and_the_total_with_overheads(caps
     # and 53.25 from estimate and could not tell which to hold against the GPU)
     held = doc["total_bytes"] + doc["moe_imbalance_bytes"]
     assert f"`plan` compares {held / 2**30:.2f} GiB" in line and "safety margin" in line
+    # and in a column of its own (a later trial found that figure in no column)
+    assert "held (GiB)" in header and f"{held / 2**30:.3f}" in row.split()
+    assert "held (GiB)" not in _table(tables["1.0"][1])[0]  # (nothing held beside it)
+
+
+def test_estimate_json_says_the_estimates_assumptions_at_the_top(capsys):
+    # a skill trial: `estimate --json` said "assumptions": [] where `plan` listed the MoE
+    # routing and the dispatcher's buffers; each estimate's own list is there as well
+    doc = _json(capsys, ["estimate", "--config", str(MIXTRAL), "--dp", "8"])
+    own = doc["estimates"][0]["overhead_assumptions"]
+    assert own and all(a in doc["assumptions"] for a in own)
+    assert any(a.startswith("MoE routing imbalance") for a in doc["assumptions"])
 
 
 def test_plan_text_states_the_total_it_compares_with_the_budget(capsys):
@@ -336,3 +348,13 @@ def test_under_the_moe_recompute_leak_a_plan_recomputes_one_layer_at_a_time(caps
     doc = json.loads(capsys.readouterr().out)
     assert doc["best"]["recompute"] == "full:uniform:1"
     assert "full:uniform:6 leaves" in doc["explanation"] and "#3221" in doc["explanation"]
+
+
+def test_elementwise_recompute_says_its_time_is_not_in_the_flops(capsys):
+    # a skill trial read "recompute FLOPs 0.00" for layernorm / moe_act as free
+    argv = ["estimate", "--config", str(MIXTRAL), "--dp", "8"]
+    assert main([*argv, "--recompute", "selective:layernorm,moe_act", "full:uniform:1"]) == 0
+    out = capsys.readouterr().out
+    assert "layernorm and moe_act replay elementwise kernels" in out
+    assert main([*argv, "--recompute", "full:uniform:1"]) == 0
+    assert "elementwise" not in capsys.readouterr().out

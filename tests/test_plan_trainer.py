@@ -112,6 +112,11 @@ def test_trainer_levers_are_the_trainers_own(capsys):
     assert both["peak_bytes"] < current["peak_bytes"]
     assert both["step_seconds"] > current["step_seconds"]
     assert "host memory per GPU" in both["adds"] and "CPU Adam not timed" in both["adds"]
+    # (a skill trial read offload's step as nearly free: it is a lower bound, said as such)
+    assert both["step_is_lower_bound"] and not current["step_is_lower_bound"]
+    # Liger's loss under ZeRO-3 (this run's ds_z3_config.json) carries the known failure
+    fused = next(r for r in rows if r["lever"] == "fused loss")
+    assert "Liger-Kernel#767" in fused["adds"]
     stage0 = next(r for r in rows if r["setting"].startswith("zero_optimization.stage 0"))
     assert stage0["peak_bytes"] > current["peak_bytes"]
 

@@ -321,7 +321,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             args,
             {
                 "layout": layout_of(cfg, results[0]),
-                "assumptions": cfg.assumptions,
+                # the config's, then what the estimates assume (each estimate says its own in
+                # overhead_assumptions): one list, as `plan` gives it
+                "assumptions": [
+                    *cfg.assumptions,
+                    *dict.fromkeys(a for e in results for a in e.overhead_assumptions),
+                ],
                 "estimates": [e.to_json() for e in results],
                 "rejected": rejected,
             },
@@ -330,6 +335,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     unit, scale = byte_unit([e.total_bytes for e in results])
     # each row is its own worst stage: where they differ, the table says which
     stages = len({e.stage for e in results}) > 1
+    # what `plan` compares, where the rank holds more than its total (MoE imbalance, FSDP's
+    # gathered weights): a column of its own
+    held = any(e.held_bytes != e.total_bytes for e in results)
     print(
         format_table(
             [
@@ -342,6 +350,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 f"grads ({unit})",
                 f"optimizer ({unit})",
                 f"total ({unit})",
+                *([f"held ({unit})"] if held else []),
                 f"logits/loss ({unit})",
                 f"overheads ({unit})",
                 f"total+overheads ({unit})",
@@ -358,6 +367,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     in_unit(e.grads_bytes, scale),
                     in_unit(e.optimizer_bytes, scale),
                     in_unit(e.total_bytes, scale),
+                    *([in_unit(e.held_bytes, scale)] if held else []),
                     in_unit(loss_at_peak_bytes(e), scale) if e.logits_shape else "-",
                     in_unit(e.overhead_bytes, scale),
                     in_unit(e.total_with_overheads_bytes, scale),
@@ -373,6 +383,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(loss_line(last, [e.recompute for e in results if e.loss_sets_peak]))
     if (step := step_line(results)) is not None:
         print(step)
+    if held:
+        print(
+            "held: the total and what the rank holds beside it (MoE routing imbalance, FSDP's "
+            "gathered weights): what `plan` compares with the usable memory"
+        )
+    elementwise = {"layernorm", "moe_act"}
+    if any(
+        set(e.recompute.split(":")[1].split(",")) & elementwise
+        for e in results
+        if e.recompute.startswith("selective:")
+    ):
+        print(
+            "recompute FLOPs: the matmuls replayed; layernorm and moe_act replay elementwise "
+            "kernels (memory-bound: time the FLOPs do not show)"
+        )
     same = len({tuple(overhead_terms(e).items()) for e in results}) == 1
     for e in results[:1] if same else results:
         print(overheads_line(e))

@@ -420,8 +420,8 @@ def _print(table: Any, calibration: dict | None) -> None:
                     in_unit(r.estimate.held_bytes, scale, 2),
                     r.estimate.stage,
                     ("yes" if r.clears_band else "in band") if r.fits else "no",
-                    f"{r.step.seconds:.3g}",
-                    f"{r.relative:.3f}",
+                    (">=" if r.untimed else "") + f"{r.step.seconds:.3g}",
+                    (">=" if r.untimed else "") + f"{r.relative:.3f}",
                     r.adds,
                 )
                 for r in rows
@@ -440,6 +440,12 @@ def _print(table: Any, calibration: dict | None) -> None:
         "'peak' is the binding stage's total, 'held' that and what the rank holds beside it "
         "(gathered FSDP parameters, MoE imbalance, buffers): what 'fits' compares with the "
         "usable memory. The model: recompute_kit/plan/step_time.py."
+        + (
+            " '>=': the row adds work the model does not time (its 'adds' says which): at least "
+            "this long"
+            if any(r.untimed for r in rows)
+            else ""
+        )
     )
     if calibration:
         print(

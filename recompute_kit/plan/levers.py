@@ -78,6 +78,11 @@ class Lever:
     baseline_seconds: float = 0.0
 
     @property
+    def untimed(self) -> bool:
+        """The row adds work the step-time model does not time (it says so in `adds`)."""
+        return "not timed" in self.adds
+
+    @property
     def relative(self) -> float:
         return self.step.seconds / self.baseline_seconds if self.baseline_seconds else 1.0
 
@@ -110,6 +115,8 @@ class Lever:
             "clears_error_band": self.clears_band,
             "step_seconds": self.step.seconds,
             "step_vs_current": self.relative,
+            # a part of the step the model does not time (CPU Adam, TE's speed): at least this
+            "step_is_lower_bound": self.untimed,
             "step_time": self.step.to_json(),
             "adds": self.adds,
         }
@@ -232,9 +239,10 @@ def _evaluate(
         micro = micro_batches_per_step(config, gbs)
     except ConfigError:
         return None
-    if micro < config.parallel.pipeline_model_parallel_size and (
-        config.parallel.virtual_pipeline_model_parallel_size or 1
-    ) > 1:
+    if (
+        micro < config.parallel.pipeline_model_parallel_size
+        and (config.parallel.virtual_pipeline_model_parallel_size or 1) > 1
+    ):
         # the interleaved schedule needs a micro-batch per stage at least; 1F1B runs fewer
         # (its warm-up is capped at the step's micro-batches, which never fill the pipeline)
         return None
@@ -636,6 +644,15 @@ def _trainer_rows(
             # TrainingArguments has the key from huggingface/transformers#32860 (reviewed
             # 2024-08-19/20, after 4.44 was out): an older pin (LLaVA's 4.37) rejects it
             adds += "; use_liger_kernel needs transformers >= 4.45"
+        if config.parallel.zero_stage >= 3:
+            # Liger's loss reads lm_head.weight without calling the module, so ZeRO-3 may not
+            # have gathered it (linkedin/Liger-Kernel#767: Qwen2.5-1.5B-Instruct, tied
+            # embeddings, ZeRO-3 with parameter offload, ZeroDivisionError; huggingface/trl#3368,
+            # fixed for TRL's GRPO in trl#5891 and its DPO / KTO in trl#6372)
+            adds += (
+                "; under ZeRO-3 Liger's loss can meet an ungathered lm_head.weight "
+                "(linkedin/Liger-Kernel#767): run a few steps first"
+            )
         others.append(("fused loss", f"{keys['liger']}: true", fused, adds))
     for name, setting, c, adds in others:
         rows.append(_with_adds(_evaluate(name, setting, c, *args, keys=keys), adds))
