@@ -187,6 +187,8 @@ SOURCES = {
     "fm-qwenvl-26-load-oom": "https://github.com/QwenLM/Qwen-VL/issues/26 (lwh9346's comment)",
     "fm-internlm-79-device-map-cuda": "https://github.com/InternLM/InternLM/issues/79",
     "fm-qwenomni-240-request-over-gpu": "https://github.com/QwenLM/Qwen2.5-Omni/issues/240",
+    "slime-1767-float-conversion-oom": "https://github.com/THUDM/slime/issues/1767 (the "
+    "reporter's traceback end and OOM line)",
     "lf-4559-load-traceback-cut": "https://github.com/hiyouga/LlamaFactory/issues/4559 (the "
     "reporter's output, cut in the issue before its exception line)",
 }

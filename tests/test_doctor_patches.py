@@ -506,3 +506,44 @@ def test_deepspeed_patch_already_in_the_inputs_is_not_shown(config, patch, kept)
     assert ("zero_optimization" in f.config_patch) is kept, f.patch_check
     if not kept:
         assert "already so in the inputs" in f.patch_check["dropped"][0]["reason"]
+
+
+@pytest.mark.parametrize(
+    "name", ["dots-ocr-196", "ipex-629", "i12-pytorch-40863", "ex-mlm-pr5662", "therock-1054"]
+)
+def test_no_patch_shows_a_change_in_place_of_a_value(name):
+    # a skill trial: RK004's patch {"micro_batch_size": "half of the current one"} was checked
+    # by Megatron's validation as a value. Texts whose rules (RK004, RK102, RK265) patch "half
+    # of the current one": no shown patch carries it; with a Megatron-LM script that gives the
+    # micro-batch (4), a batch patch is that halved
+    from recompute_kit.doctor.rules.registry import HALF
+
+    log = ROOT / "data" / "rules" / f"{name}.txt"
+    script = CORPUS / "megatron_lm" / "blind_llama3_8b_h100_fp8.sh"
+    for config in (None, script):
+        d = diagnose(collect(logs=[str(log)], config=str(config) if config else None))
+        for f in d.findings:
+            for patch in (f.config_patch or {}, f.patch_keys or {}):
+                assert HALF not in map(str, patch.values()), (f.rule, patch)
+            if config and any("half of" in n for n in f.patch_check.get("notes", [])):
+                assert f.config_patch["micro_batch_size"] == 2, f.config_patch
+
+
+def test_half_of_the_micro_batch_is_written_where_the_inputs_give_it():
+    # Megatron-Bridge's llama32_1b finetune recipe (blind2_llama32_1b_finetune.yaml) sets the
+    # micro-batch: "half of the current one" is that halved, in the run's own key
+    from recompute_kit.doctor.engine import build_context
+    from recompute_kit.doctor.patches import check_patches
+    from recompute_kit.doctor.rules.registry import HALF
+    from recompute_kit.doctor.types import Finding
+
+    config = CORPUS / "bridge" / "blind2_llama32_1b_finetune.yaml"
+    ctx = build_context(collect(logs=[str(OOM)], config=str(config)))
+    now = ctx.evidence.read["config"]["micro_batch_size"]
+    assert now > 1
+    f = Finding(
+        "RK000", "activation_memory", "t", "", "", "", "", {"batch_size": HALF}, 0.5, [], ""
+    )
+    check_patches(ctx, [f])
+    assert f.config_patch == {"micro_batch_size": now // 2}
+    assert any(n.startswith("batch_size: half of") for n in f.patch_check["notes"])

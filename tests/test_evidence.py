@@ -396,8 +396,15 @@ def test_the_process_list_says_when_this_process_is_among_its_entries():
         "PyTorch, and 2.30 MiB is reserved by PyTorch but unallocated."
     )
     event = _oom_event(msg, None)
-    assert event.listed_self is True and event.process_bytes is None
-    assert event.other_processes_bytes > 23 * 2**30
+    # the entries add up to the 23.56 GiB in use and one alone holds PyTorch's reserve
+    # (21.51 GiB + 2.30 MiB): that one is this process, the four of 398 MiB are the others
+    assert event.listed_self is True and event.process_bytes == nbytes(21.98, GiB)
+    assert event.other_processes_bytes == 4 * nbytes(398.00, MiB)
+    # a list that does not add up to the memory in use (a process not listed): not decided
+    short = msg.replace(
+        "Process 62200 has 21.98 GiB memory in use. ", "Process 62200 has 23.00 GiB memory in use. "
+    )
+    assert _oom_event(short, None).process_bytes is None
 
 
 def test_a_lone_process_entry_is_this_process():

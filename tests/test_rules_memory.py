@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rule_helpers import (
+    GIB,
     LLAMA3_70B_32K,
     LLAMA3_70B_TP8_NO_DISTOPT,
     LLAMA31_8B_128K,
@@ -789,6 +790,24 @@ def test_rk016_megatrons_fp32_upcast_of_the_returned_logits():
     f = top(run(text("nemorl-2859-dpo-float16-to-fp32")))
     assert f.rule == "RK016" and f.category == "logits_memory"
     cites(f, "float16_to_fp32")
+
+
+@covers("RK016")
+def test_rk016_float16_upcast_in_a_cut_paste_names_megatrons_own_lever():
+    # https://github.com/THUDM/slime/issues/1767 (slime: Megatron RL on Qwen3-4B): the paste
+    # keeps the traceback's last frames only, module.py's float_conversion (float16_to_fp32's
+    # inner function) casting the returned logits to fp32: a 61.34 GiB request on 79.11 GiB
+    d = run(text("slime-1767-float-conversion-oom"))
+    f = top(d)
+    assert f.rule == "RK016" and f.category == "logits_memory"
+    assert "fp32_output=False" in f.config_patch["code"] and "Float16Module" in f.fix
+    assert "cross_entropy_loss_fusion" not in f.config_patch
+    # no "this process has" line: of the two NVML entries, the one as large as PyTorch's
+    # reserve (44.61 GiB + 410.55 MiB) is this process (a Ray actor's PID namespace); the
+    # sleeping inference engine's 3.17 GiB is the other
+    oom = d.evidence.oom[0]
+    assert round(oom.process_bytes / GIB, 2) == 48.84
+    assert round(oom.other_processes_bytes / GIB, 2) == 3.17
 
 
 @covers("RK016")

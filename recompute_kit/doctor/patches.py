@@ -50,7 +50,7 @@ from .patch_keys import (
     PATCH_KEYS,
 )
 from .rules.logits import trl_sft
-from .rules.registry import MEGATRON_RUNS, estimate_with
+from .rules.registry import HALF, MEGATRON_RUNS, estimate_with
 from .types import GIB, MEMORY_CATEGORIES, Context, Finding
 
 
@@ -195,6 +195,21 @@ def _check(
         patch.pop(key, None)
         dropped.append({"key": key, "value": value, "reason": reason})
 
+    # 0. "half of the current one" is a change, not a value: the value where the inputs give
+    # the current one (a batch's: the micro-batch), else said in words and left out
+    for key, value in list(patch.items()):
+        if value != HALF:
+            continue
+        field = "micro_batch_size" if key in ("batch_size", "micro_batch_size") else key
+        now = current.get(field)
+        if isinstance(now, int) and not isinstance(now, bool) and now > 1:
+            patch.pop(key)
+            patch[field] = now // 2
+            check["notes"].append(f"{key}: half of {where.get(field, 'the inputs')}'s {now}")
+        elif now == 1:
+            drop(key, value, "already 1: a shorter sequence or input instead")
+        else:
+            drop(key, value, "halve it: the inputs do not give its current value")
     # 1. keys of another framework: translated where it has the same setting, else dropped
     if framework is not None:
         for key in list(patch):

@@ -221,10 +221,22 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
         # NVML lists every process on the GPU; PyTorch names its own on a line of its own,
         # unless its PID is not the one NVML sees: then it is among the entries
         event.listed_self = event.process_bytes is None
-        if event.listed_self and len(others) == 1 and "allocated by pytorch" in flat.lower():
-            # one entry and no "this process" line in a list that ended (the allocator's
-            # sentence follows it): the entry is this process (a container's PID namespace)
+        sizes = event.other_process_sizes
+        ended = "allocated by pytorch" in flat.lower()  # (the allocator's sentence follows)
+        if event.listed_self and ended and len(others) == 1:
+            # one entry and no "this process" line in a list that ended: the entry is this
+            # process (a container's PID namespace)
             event.process_bytes, event.other_processes_bytes = others[0], 0
+        elif event.listed_self and ended and (reserved := _reserved(event)) is not None:
+            # several entries that add up to the GPU's used memory (so this process is among
+            # them): it holds at least what its allocator reserved, and one entry alone that
+            # large is it (a Ray actor beside a sleeping inference engine)
+            mine = [x for x in sizes if x >= reserved]
+            used = (event.total_bytes or 0) - (event.free_bytes or 0)
+            whole = event.total_bytes and abs(sum(sizes) - used) <= 0.02 * event.total_bytes
+            if len(mine) == 1 and whole:
+                event.process_bytes = mine[0]
+                event.other_processes_bytes = sum(sizes) - mine[0]
     event.generation = _oom_generation(compact)
     lower = flat.lower()
     event.backend = next(
@@ -240,17 +252,24 @@ def _oom_event(text: str, rank: int | None, line_number: int | None = None) -> O
     return event
 
 
+def _reserved(event: OOMEvent) -> int | None:
+    """What PyTorch's allocator holds: "R reserved in total" (<= 2.0), or allocated plus
+    reserved-but-unallocated (>= 2.1)."""
+    if event.reserved_bytes is not None:
+        return event.reserved_bytes
+    if event.allocated_bytes is not None and event.reserved_unallocated_bytes is not None:
+        return event.allocated_bytes + event.reserved_unallocated_bytes
+    return None
+
+
 def _held_elsewhere(event: OOMEvent) -> int | None:
     """Device memory that is neither free nor reserved by this process's PyTorch allocator:
     other processes, the CUDA context, NCCL and library buffers. None when the message lacks
     total, free or PyTorch's reserved size."""
     if event.total_bytes is None or event.free_bytes is None:
         return None
-    if event.reserved_bytes is not None:  # <= 2.0: "R reserved in total by PyTorch"
-        pytorch = event.reserved_bytes
-    elif event.allocated_bytes is not None and event.reserved_unallocated_bytes is not None:
-        pytorch = event.allocated_bytes + event.reserved_unallocated_bytes
-    else:
+    pytorch = _reserved(event)
+    if pytorch is None:
         return None
     return max(0, event.total_bytes - event.free_bytes - pytorch)
 

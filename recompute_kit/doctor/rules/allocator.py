@@ -9,6 +9,7 @@ from .knob_advice import knob_advice, shrink_step
 from .registry import (
     EXPANDABLE,
     GIB,
+    HALF,
     all_frames,
     expandable_on,
     fact,
@@ -218,9 +219,10 @@ def _non_pytorch(ctx: Context) -> Match | None:
 
 @rule(
     "RK004",
-    "A single allocation larger than the GPU",
+    "A single allocation of half the GPU or more",
     "allocation_exceeds_device",
-    symptom="'Tried to allocate' is larger than the GPU's total or its usable memory",
+    symptom="'Tried to allocate' is half the GPU's total or more (or more than any GPU has, "
+    "where the message gives no total)",
     cause="One tensor is too big - typically logits [seq x batch x vocab] in fp32, an "
     "unfused attention score matrix [b, a, s, s], or a mistaken shape",
     confirm="Compute the tensor's size from the shapes; recompute-kit estimate --json shows "
@@ -253,7 +255,7 @@ def _too_big(ctx: Context) -> Match | None:
             0.85,
             f"One allocation of {gib(req)} was requested; this platform allocates at most "
             f"{gib(limit)} in one block, whatever the device's {gib(oom.total_bytes)}.",
-            config_patch={"batch_size": "half of the current one"},
+            config_patch={"batch_size": HALF},
             fix=f"Keep every tensor under {gib(limit)}: a smaller batch size or input, or "
             "process the tensor in chunks",
         )
@@ -294,7 +296,7 @@ def shrink_patch(ctx: Context) -> tuple[dict, str]:
     if (step := shrink_step(ctx)) is not None:  # the paste's own batch / sequence knob
         return step
     mbs = ctx.cfg.get("micro_batch_size")
-    half = max(1, mbs // 2) if isinstance(mbs, int) else "half of the current one"
+    half = max(1, mbs // 2) if isinstance(mbs, int) else HALF
     return {"micro_batch_size": half}, (
         "shrink the tensor: a smaller micro-batch or sequence (its size scales with both)"
     )
@@ -546,7 +548,7 @@ def _reserved_over_allocated(ctx: Context) -> Match | None:
     confirm="Halve the batch size: if the OOM goes, the GPU was simply too small for it",
     fix="Halve the batch size and keep the effective batch with gradient accumulation; "
     "smaller inputs (crop/resize images, shorter sequences), mixed precision, or a larger GPU",
-    patch={"batch_size": "half of the current one", "gradient_accumulation_steps": 2},
+    patch={"batch_size": HALF, "gradient_accumulation_steps": 2},
     supersedes=("RK087", "RK005"),  # same category; the advice fits desktop-class workloads
 )
 def _small_gpu(ctx: Context) -> Match | None:

@@ -14,7 +14,7 @@ from itertools import pairwise
 from typing import Any
 
 from ..types import Context, Match
-from .registry import GIB, all_frames, fact, gib, is_megatron, oom_errors, patch_for, rule
+from .registry import GIB, HALF, all_frames, fact, gib, is_megatron, oom_errors, patch_for, rule
 
 # --------------------------------------------------------------------------------------------
 # RK260: an exception inside a framework's frames on a recompute / offload / sharding path
@@ -474,7 +474,7 @@ def _cublas_workspace(ctx: Context) -> Match | None:
     fix="Give the run at least its peak (a larger GPU, no lower set_per_process_memory_"
     "fraction cap), or lower the peak: halve the batch size, shorter inputs, half precision, "
     "a smaller model",
-    patch={"batch_size": "half of the current one"},
+    patch={"batch_size": HALF},
     fallback=True,
 )
 def _summary_peak(ctx: Context) -> Match | None:
@@ -492,7 +492,7 @@ def _summary_peak(ctx: Context) -> Match | None:
         f"The memory report ({peak.label or peak.source}) peaks at "
         f"{gib(peak.max_allocated_bytes)} allocated{current}{against}: a GPU or a "
         "set_per_process_memory_fraction cap below that peak OOMs at this batch size.",
-        config_patch={"batch_size": "half of the current one"},
+        config_patch={"batch_size": HALF},
     )
 
 

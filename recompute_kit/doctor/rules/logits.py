@@ -202,6 +202,7 @@ def trl_sft(ctx: Context) -> bool:
     return "TRL" in fmt and "DPO" not in fmt
 
 
+FLOAT16_UPCAST = ("float16_to_fp32", "in float_conversion")
 LOGITS_WORDS = (
     "cross_entropy",
     "log_softmax",
@@ -213,8 +214,9 @@ LOGITS_WORDS = (
     "post_language_model_processing",
     "vocab_parallel",
     # Megatron's Float16Module upcasting the last stage's output: the logits, where the model
-    # returns them (RL log-probs, no labels passed), made fp32 at once
-    "float16_to_fp32",
+    # returns them (RL log-probs, no labels passed), made fp32 at once (float_conversion is
+    # float16_to_fp32's inner function, the frame a cut paste keeps)
+    *FLOAT16_UPCAST,
 )
 
 
@@ -238,18 +240,19 @@ def _oom_in_logits(ctx: Context) -> Match | None:
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
             frame = next((f for f in reversed(e.frames) if hit in f.lower()), hit)
-            return _in_logits(ctx, f"The OOM is raised under '{frame}'.", 0.9)
+            return _in_logits(ctx, f"The OOM is raised under '{frame}'.", 0.9, hit)
     # a paste with the frames apart from the OOM line, or the OOM said only in words (a title
     # "... 报错oom" above frames that end in the loss)
     if ctx.oom or oom_errors(ctx) or fact(ctx, "oom_mentions"):
         where = oom_where(ctx) + " " + all_frames(ctx)
         hit = next((w for w in LOGITS_WORDS if w in where), None)
         if hit:
-            return _in_logits(ctx, f"The pasted traceback runs through '{hit}' next to the OOM.")
+            said = f"The pasted traceback runs through '{hit}' next to the OOM."
+            return _in_logits(ctx, said, 0.8, hit)
     return None
 
 
-def _in_logits(ctx: Context, said: str, confidence: float = 0.8) -> Match:
+def _in_logits(ctx: Context, said: str, confidence: float, hit: str) -> Match:
     if "nemo_rl" in all_frames(ctx):
         # NeMo-RL's Megatron policy computes the log-probs itself: its own levers, not
         # Megatron's loss fusion (a trial got cross_entropy_loss_fusion for a float() of the
@@ -261,6 +264,22 @@ def _in_logits(ctx: Context, said: str, confidence: float = 0.8) -> Match:
             fix="Compute the log-probs in chunks of the sequence (policy.logprob_chunk_size) and "
             "cast to fp32 inside each chunk (defer_fp32_logits), or a smaller micro-batch / "
             "sequence; recompute of transformer layers does not help",
+        )
+    if hit in FLOAT16_UPCAST:
+        # megatron/core/transformer/module.py Float16Module.forward: on the last pipeline stage
+        # the output is upcast to fp32 unless fp32_output=False (Megatron-Core >= 0.15.0,
+        # NVIDIA/Megatron-LM a6c6250f9c); with labels the output is the per-token loss, small
+        return Match(
+            confidence,
+            said + " Megatron's Float16Module upcasts the last stage's output to fp32: where "
+            "the model returns its logits (no labels passed: log-probs for RL, evaluation) "
+            "that is a whole fp32 copy of [tokens x vocabulary / TP].",
+            config_patch={"code": "model(..., fp32_output=False)  # Megatron-Core >= 0.15"},
+            fix="Keep the logits in 16 bits out of the model (Float16Module's "
+            "fp32_output=False, Megatron-Core >= 0.15) and compute the log-probs in chunks of "
+            "the sequence, or pass labels so the model returns the per-token loss; else fewer "
+            "tokens per forward micro-batch, or more tensor parallelism (the vocabulary is "
+            "split over TP); recompute of transformer layers does not help",
         )
     return Match(confidence, said, fix=_fused_fix(ctx))
 

@@ -283,6 +283,11 @@ def outside_this_process(oom) -> int | None:
     return oom.held_elsewhere_bytes
 
 
+# A patch value that is a change, not a value: doctor/patches.py writes the value where the
+# inputs give the current one, and says it in words where they do not
+HALF = "half of the current one"
+
+
 # Exceptions a launcher raises because a rank failed: they say that one failed, not why
 LAUNCHER_EXCEPTIONS = ("ChildFailedError", "CalledProcessError", "SystemExit")
 

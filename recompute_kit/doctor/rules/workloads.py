@@ -12,7 +12,7 @@ from typing import Any
 from ..types import Context, Match
 from .fallback import numbered_steps
 from .knobs import Knobs, read_knobs
-from .registry import fact, gib, oom_errors, oom_where, rule
+from .registry import HALF, fact, gib, oom_errors, oom_where, rule
 
 # --------------------------------------------------------------------------------------------
 # RK630: a detection / segmentation workload that is too big for the GPU
@@ -35,10 +35,10 @@ def _vision_patch(keys: dict[str, int], k: Knobs, detectron: bool) -> tuple[dict
             smaller = n * 3 // 4 // 32 * 32
             return {key: smaller}, f"{key} {n} -> {smaller} (about half the pixels)"
     if detectron:
-        return {"SOLVER.IMS_PER_BATCH": "half of the current one"}, (
+        return {"SOLVER.IMS_PER_BATCH": HALF}, (
             "SOLVER.IMS_PER_BATCH halved (not set in the paste)"
         )
-    return {"batch_size": "half of the current one"}, "the batch size halved"
+    return {"batch_size": HALF}, "the batch size halved"
 
 
 @rule(
@@ -56,7 +56,7 @@ def _vision_patch(keys: dict[str, int], k: Knobs, detectron: bool) -> tuple[dict
     fix="Halve the images per GPU (detectron2 SOLVER.IMS_PER_BATCH, scaling SOLVER.BASE_LR "
     "with it; mmdet samples_per_gpu; batch_size); smaller images (INPUT.MIN_SIZE_TRAIN / "
     "MAX_SIZE_TRAIN, img_scale, imgsz); mixed precision (AMP); or a larger GPU",
-    patch={"SOLVER.IMS_PER_BATCH": "half of the current one"},
+    patch={"SOLVER.IMS_PER_BATCH": HALF},
     supersedes=("RK087", "RK005", "RK102", "RK170"),
 )
 def _vision_pressure(ctx: Context) -> Match | None:
