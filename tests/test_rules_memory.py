@@ -810,6 +810,18 @@ def test_rk016_float16_upcast_in_a_cut_paste_names_megatrons_own_lever():
     assert round(oom.other_processes_bytes / GIB, 2) == 3.17
 
 
+def test_model_states_reading_stands_down_where_recompute_makes_the_rank_fit():
+    # the same paste with the reporter's launch script as far as the issue shows it
+    # (tests/data/rules/slime-1767-launch-head.sh: the model's arguments, no precision flag,
+    # so Megatron-LM's fp32 default): RK011 said "recompute cannot fix this" and patched the
+    # recompute `plan --levers` found to fit
+    script = (Path(__file__).parent / "data/rules/slime-1767-launch-head.sh").read_text()
+    d = run(text("slime-1767-float-conversion-oom"), config=script, config_name="launch.sh")
+    assert top(d).rule == "RK016"
+    assert "RK011" not in ids(d)
+    assert "recompute" in str(get(d, "RK010").config_patch)
+
+
 @covers("RK016")
 def test_a_logits_oom_under_nemo_rls_policy_worker_names_nemo_rls_levers():
     # https://github.com/NVIDIA-NeMo/RL/issues/2859: a skill re-trial got Megatron's

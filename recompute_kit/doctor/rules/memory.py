@@ -13,7 +13,7 @@ from ...plan.levers import CLEARLY_FASTER
 from ..types import Context, Match
 from .general import ORPHAN
 from .knob_advice import knob_advice
-from .lever_patch import lever_patch, lever_rows
+from .lever_patch import first_fitting_lever, lever_patch, lever_rows
 from .model_states import (
     COMMON_GPU_BYTES,
     model_state_count,
@@ -278,6 +278,9 @@ def _model_states(ctx: Context) -> Match | None:
     largest = largest_at_full_recompute(ctx)
     if largest is not None and largest[0] != "states":
         explains_oom = False
+    row = first_fitting_lever(ctx) if explains_oom else None
+    if row is not None and row.lever == "recompute":
+        return None  # recompute makes the rank fit: this reading's premise does not hold
     said = (
         f"Weights {gib(e.weights_bytes)}, gradients {gib(e.grads_bytes)} and optimizer "
         f"states {gib(e.optimizer_bytes)} already take {share:.0%} of the "

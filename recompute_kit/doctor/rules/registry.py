@@ -410,21 +410,35 @@ def tensor_parallel_patch(ctx: Context, gpus: int | None = None) -> tuple[dict[s
 
     sources = (ctx.evidence.read or {}).get("sources") or {}
     assumed = (sources.get("data_parallel_size") or {}).get("from") == "assumed"
-    step = next_tensor_parallel(
-        ctx.config,
-        current=number("tensor_model_parallel_size") or 1,
-        heads=number("num_attention_heads"),
-        query_groups=number("num_query_groups"),
-        gpus=gpus,
-        world_known=not assumed,  # an assumed DP says nothing of the run's GPUs
-        more_gpus=True,  # the step that fits may need GPUs the run does not have: said so
-    )
-    # said as Megatron-LM's flag: the fix's words are then written in the framework's own key
-    # (doctor/fix_words.py), as the patch is
-    words = step.words.replace("tensor_model_parallel_size", "--tensor-model-parallel-size")
-    if step.value is None:
-        return {}, words
-    return {"tensor_model_parallel_size": step.value}, words + _estimated_at(ctx, step.value)
+    current = start = number("tensor_model_parallel_size") or 1
+    config, first = ctx.config, ""
+    if config is not None and not assumed and gpus is None:  # (the run's GPUs, kept)
+        p = config.parallel
+        gpus = start * p.pipeline_model_parallel_size * p.context_parallel_size
+        gpus *= p.data_parallel_size
+    while True:  # the next size up, then the next, until one fits by the estimate
+        step = next_tensor_parallel(
+            config,
+            current=current,
+            heads=number("num_attention_heads"),
+            query_groups=number("num_query_groups"),
+            gpus=gpus,
+            world_known=not assumed,  # an assumed DP says nothing of the run's GPUs
+            more_gpus=True,  # the step that fits may need GPUs the run does not have: said so
+        )
+        # said as Megatron-LM's flag: the fix's words are then written in the framework's
+        # own key (doctor/fix_words.py), as the patch is
+        words = step.words.replace("tensor_model_parallel_size", "--tensor-model-parallel-size")
+        words = words.replace(f"{current} -> ", f"{start} -> ", 1)  # from the run's own size
+        if step.value is None or step.value <= current:
+            return {}, first + words if first else words
+        priced = _estimated_at(ctx, step.value)
+        if "still above" not in priced:
+            return {"tensor_model_parallel_size": step.value}, first + words + priced
+        # a size its own estimate shows too big is no patch: the next one is tried
+        first = first or f"{words}{priced}; "
+        current = step.value
+        config = config.replace(tensor_model_parallel_size=current)
 
 
 def _estimated_at(ctx: Context, tp: int) -> str:
