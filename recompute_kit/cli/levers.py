@@ -377,7 +377,9 @@ def _trainer_options(args: argparse.Namespace, resolved: Any) -> dict[str, str]:
     if resolved is not None:
         attention = resolved.reading.origins.get("attention_backend")
         refused = context_parallel_refused(
-            resolved.reading.framework, attention.note if attention else ""
+            resolved.reading.framework,
+            attention.note if attention else "",
+            attention.where if attention else "",
         )
         if refused:
             out["no_context_parallel"] = refused

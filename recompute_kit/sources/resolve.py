@@ -809,7 +809,7 @@ _VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qw
 
 # An optimizer named beside the inputs that is not Adam: its states are not Adam's
 _OPTIMIZER_KEY = re.compile(r"(?:^|[.(\s-])optimizer(?:=\))?$|^--optimizer$")
-_NOT_ADAM = re.compile(r"(?i)^(?:dist_)?(?:muon|sgd|lion|adafactor|soap|shampoo)\b")
+_NOT_ADAM = re.compile(r"(?i)^(?:dist_?)?(?:muon|sgd|lion|adafactor|soap|shampoo)\b")
 _DEFERRED_WGRAD = re.compile(r"defer[_-]embedding[_-]wgrad[_-]compute$")
 _REGATHER = re.compile(r"sequence_parallel_input_regather$")  # Megatron-Bridge's LoRA
 

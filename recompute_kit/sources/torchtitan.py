@@ -149,7 +149,31 @@ _LLAMA4 = {
 _LLAMA4_16E = {**_LLAMA4, "num_moe_experts": 16, "moe_layer_freq": 1}
 _LLAMA4_128E = {**_LLAMA4, "num_moe_experts": 128, "moe_layer_freq": [0, 1] * 24}
 # (name, flavor) -> (Megatron fields of a flavor whose HF twin is not in the registry, attn_type)
+# Moonlight 16B-A3B, torchtitan's kimi_k2_7 "moonlight-16B-A3B" (_moonlight_16b_a3b_config):
+# the DeepSeek-V3 text tower, dim 2048, 27 layers (1 dense), 16 heads; MLA without q-LoRA
+# (kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128); dense FFN 11264; 64 experts of 1408,
+# 2 shared, top-6, sigmoid routing; vocab 163840
+_KIMI_SRC = (
+    "https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/"
+    "torchtitan/models/kimi_k2_7/__init__.py"
+)
+_MOONLIGHT = {
+    **_DSV3_DEBUG,
+    "num_layers": 27,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_query_groups": 16,
+    "kv_channels": 128,
+    "ffn_hidden_size": 11264,
+    "vocab_size": 163840,
+    "num_moe_experts": 64,
+    "moe_router_topk": 6,
+    "moe_ffn_hidden_size": 1408,
+    "moe_shared_expert_intermediate_size": 2 * 1408,
+    "moe_layer_freq": [0] + [1] * 26,
+}
 OWN_SHAPES: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    ("kimi_k2_7", "moonlight-16B-A3B"): (_MOONLIGHT, "flex"),
     ("llama3", "debugmodel"): (_LLAMA3_DEBUG, "sdpa"),
     ("llama3", "debugmodel_flex_attn"): (_LLAMA3_DEBUG, "flex"),
     ("llama3", "debugmodel_varlen_attn"): (_LLAMA3_DEBUG, "varlen"),
@@ -350,7 +374,7 @@ def _read_model(toml: _Toml, reading: Reading) -> tuple[bool, int | None]:
         )
     name = str(name or "llama3")
     flavor = str(flavor or "debugmodel")
-    src = flavor_source(name)
+    src = _KIMI_SRC if name == "kimi_k2_7" else flavor_source(name)
     origin_at = toml.origin("model", "flavor") if toml.has("model", "flavor") else None
     if (name, flavor) in HF_TWINS:
         hf_id, n_layers, moe, attn = HF_TWINS[(name, flavor)]
@@ -759,10 +783,15 @@ def derive_after_layout(reading: Reading) -> None:
     )
 
 
-def context_parallel_refused(framework: str | None, attention_note: str) -> str | None:
+def context_parallel_refused(
+    framework: str | None, attention_note: str, attention_where: str = ""
+) -> str | None:
     """Why the run cannot use context parallelism, or None: torchtitan refuses it with
     FlexAttention (models/*/infra/parallelize.py: "Context Parallel only supports SDPA").
     `attention_note`: the note of the reading's attention_backend origin ("attn_type 'flex'")."""
     if framework == "torchtitan" and "'flex'" in attention_note:
         return "torchtitan refuses it with FlexAttention (attn_type flex)"
+    if framework == "torchtitan" and "kimi_k2_7" in attention_where:
+        # torchtitan/models/kimi_k2_7/parallelize.py raises NotImplementedError with CP
+        return "torchtitan's kimi_k2_7 models refuse it (parallelize.py: not yet supported)"
     return None

@@ -538,10 +538,27 @@ def read_with_overrides(text: str, path: str, overrides: list[str]) -> Reading:
     _map_compile(toml, cfg)
     reading = Reading(framework="torchtitan", format=f"{REGISTRY_FORMAT} {entry}()")
     reading.warnings += refused
+    optimizers = _optimizer_names(cfg.fields.get("optimizer"))
+    if any(n.lower() not in ("adam", "adamw") for n in optimizers):
+        # (resolve.py says a non-Adam optimizer's states are counted as Adam's)
+        reading.unused["optimizer"] = next(n for n in optimizers if "adam" not in n.lower())
     torchtitan.read_sections(toml, reading)
     _read_beyond_the_toml(cfg, spec, name, file_path, reading)
     reading.warnings.extend(interp.warnings + toml.warnings)
     return reading
+
+
+def _optimizer_names(node: Any) -> list[str]:
+    """The optimizers an OptimizersContainer.Config names (its `name`, its param groups'
+    `optimizer_name`: Kimi's DistMuon for the matrices beside AdamW), as written."""
+    if isinstance(node, list):
+        return [n for item in node for n in _optimizer_names(item)]
+    if not isinstance(node, _Config):
+        return []
+    names = [
+        v for k, v in node.fields.items() if k in ("name", "optimizer_name") and isinstance(v, str)
+    ]
+    return names + [n for v in node.fields.values() for n in _optimizer_names(v)]
 
 
 def _read_beyond_the_toml(

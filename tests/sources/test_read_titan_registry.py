@@ -328,3 +328,32 @@ def test_a_full_layer_count_is_no_registry_setting(tmp_path, capsys):
     assert "full:block:16: torchtitan's config registry has FullAC" in capsys.readouterr().err
     assert main(["validate", str(launch), "--recompute", "full:block:16"]) == 1
     assert main(["validate", str(launch), "--recompute", "full:uniform:1"]) == 0
+
+
+def test_kimi_moonlight_registry_reads_its_shape_its_muon_and_refuses_cp(capsys):
+    # A skill trial: kimi_k2_7/config_registry.py was refused ("folder 'kimi_k2_7' is none of
+    # ..."). moonlight_16b_a3b(): model_registry("moonlight-16B-A3B", attn_backend="flex"),
+    # 4 x 4096 tokens, EP 8, FullAC, the chunked loss, and _dist_muon_optimizer (DistMuon for
+    # the matrices beside AdamW); torchtitan/models/kimi_k2_7/__init__.py
+    # _moonlight_16b_a3b_config: dim 2048, 27 layers (1 dense), MLA without q-LoRA, 64
+    # experts of 1408 + 2 shared, top-6, vocab 163840; parallelize.py refuses CP.
+    from recompute_kit.cli import main
+
+    kimi = f"{MODELS / 'kimi_k2_7' / 'config_registry.py'}::moonlight_16b_a3b"
+    r = _read(kimi, dp=8)
+    c = r.config
+    m = c.model
+    assert (m.num_layers, m.hidden_size, m.vocab_size) == (27, 2048, 163840)
+    assert m.multi_latent_attention and m.q_lora_rank is None and m.kv_lora_rank == 512
+    assert (m.num_moe_experts, m.moe_router_topk, m.moe_ffn_hidden_size) == (64, 6, 1408)
+    assert m.moe_shared_expert_intermediate_size == 2816
+    assert (m.seq_length, m.micro_batch_size) == (4096, 4)
+    assert c.parallel.expert_model_parallel_size == 8
+    assert any(w.startswith("optimizer DistMuon: ") for w in r.reading.warnings)
+    argv = ["plan", "--config", kimi, "--dp", "8", "--gpu", "h100-80gb", "--levers", "--json"]
+    assert main(argv) in (0, 1)
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert not any(row["context_parallel_size"] > 1 for row in doc["levers"]["rows"])
+    assert any("kimi_k2_7 models refuse it" in n for n in doc["levers"]["notes"])

@@ -106,6 +106,7 @@ def first_fitting_lever(ctx: Context):
                     no_context_parallel=context_parallel_refused(
                         read.get("framework"),
                         (read.get("sources") or {}).get("attention_backend", {}).get("note", ""),
+                        (read.get("sources") or {}).get("attention_backend", {}).get("where", ""),
                     ),
                 )
             except (ConfigError, ValueError, ZeroDivisionError):
