@@ -358,3 +358,18 @@ def test_elementwise_recompute_says_its_time_is_not_in_the_flops(capsys):
     assert "layernorm and moe_act replay elementwise kernels" in out
     assert main([*argv, "--recompute", "full:uniform:1"]) == 0
     assert "elementwise" not in capsys.readouterr().out
+
+
+def test_megatrons_moe_recompute_leak_is_not_said_of_torchtitans_moe():
+    # a skill trial: torchtitan's MoE (FullAC) was told of Megatron-Core's unfused-unpermute
+    # leak (Megatron-LM#3221) and its moe_permute_fusion, neither of which exists there
+    from recompute_kit.config.versions import held_beyond_estimate
+    from recompute_kit.sources.resolve import resolve
+
+    checkout = Path(__file__).parent / "sources/corpus/torchtitan_checkout/torchtitan/models"
+    kimi = f"{checkout / 'kimi_k2_7' / 'config_registry.py'}::moonlight_16b_a3b"
+    cfg = resolve([kimi], overrides={"data_parallel_size": 8}).config
+    assert cfg.recompute.recompute_granularity == "full" and cfg.model.num_moe_experts
+    assert held_beyond_estimate(cfg, None) == []
+    megatron = cfg.replace(loss_implementation="megatron")
+    assert "Megatron-LM#3221" in held_beyond_estimate(megatron, None)[0]

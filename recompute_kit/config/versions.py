@@ -106,6 +106,8 @@ def held_beyond_estimate(cfg: Config, version: tuple[int, int] | None) -> list[s
     )
     if not moe or r.recompute_granularity != "full" or cfg.model.moe_permute_fusion:
         return []
+    if cfg.model.loss_implementation in ("hf", "torchtitan"):
+        return []  # Hugging Face's / torchtitan's own MoE code: not Megatron-Core's unpermute
     if version is not None and version > MOE_FULL_RECOMPUTE_LEAK_UNTIL:
         return []
     return [
