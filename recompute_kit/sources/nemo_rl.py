@@ -338,6 +338,12 @@ def read(
     if megatron_on:
         reading.format = MEGATRON + (DPO if fv.has("dpo") else "")
         _read_megatron(fv)
+        # the training loss takes the chunk size too (models/megatron/train.py); setup.py
+        # asserts defer_fp32_logits with it
+        chunk = fv.get(p, "logprob_chunk_size", kind=int)
+        fv.get(p, "megatron_cfg", "defer_fp32_logits", kind=bool)
+        if chunk is not None and chunk > 0:
+            reading.warnings.append(_CHUNKED_NOTE.format(chunk=chunk))
     else:
         reading.format = DTENSOR + (DPO if fv.has("dpo") else "")
         dtensor_on = fv.get(p, "dtensor_cfg", "enabled", kind=bool)
@@ -634,6 +640,20 @@ _LOGPROBS_NOTE = (
     "keeps it; the fp32 temporaries of its forward (the copy, the shifted logits and the "
     "log-softmax beside the 16-bit logits, by its code) are not"
 )
+_CHUNKED_NOTE = (
+    "NeMo-RL computes the log-probabilities in chunks of {chunk} tokens "
+    "(policy.logprob_chunk_size {chunk} with defer_fp32_logits: ChunkedDistributedLogprob): "
+    "its fp32 copies are a chunk's at a time and it keeps the 16-bit logits for backward; the "
+    "estimate counts the loss as Megatron's unfused cross-entropy keeps it"
+)
+
+
+def _logprobs_note(reading: Reading) -> tuple[str, bool]:
+    """How NeMo-RL's training loss holds the logits (the chunked note the reader said where
+    policy.logprob_chunk_size is set, else whole), and whether it is said already."""
+    head = _CHUNKED_NOTE.split("{", 1)[0]
+    chunked = next((w for w in reading.warnings if w.startswith(head)), None)
+    return (chunked, True) if chunked else (_LOGPROBS_NOTE, False)
 
 
 def apply_defaults(reading: Reading) -> None:
@@ -655,12 +675,10 @@ def apply_defaults(reading: Reading) -> None:
         # itself (models/megatron/train.py from_parallel_logits_to_logprobs: an fp32 copy, its
         # log-softmax, the fp32 softmax kept for backward), never Megatron's loss: the fp32
         # softmax is what Megatron's unfused cross-entropy keeps, not a bridge's fused one.
-        reading.set(
-            "cross_entropy_loss_fusion",
-            False,
-            Origin(FROM_DERIVED, _LOGPROBS, note=_LOGPROBS_NOTE),
-        )
-        reading.warnings.append(_LOGPROBS_NOTE)
+        note, said = _logprobs_note(reading)
+        reading.set("cross_entropy_loss_fusion", False, Origin(FROM_DERIVED, _LOGPROBS, note=note))
+        if not said:
+            reading.warnings.append(note)
         apply_provider_settings(reading)
         for key in MODEL_PARALLEL_SIZES:
             if key != "expert_tensor_parallel_size":  # (Bridge's own default, below)

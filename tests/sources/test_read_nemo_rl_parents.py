@@ -174,3 +174,19 @@ def test_recompute_granularity_cites_its_own_key_and_colocation_is_said():
         w.startswith(f"{CORPUS / 'grpo_math_1B.yaml'}:439: generation is colocated")
         for w in r.warnings
     )
+
+
+def test_chunked_log_probs_are_read_not_left_unused():
+    # a skill trial found policy.logprob_chunk_size and defer_fp32_logits in `unused` while
+    # the loss they shape set the peak; NeMo-RL's megatron/train.py passes the chunk size to
+    # the training loss (ChunkedDistributedLogprob), setup.py asserts defer_fp32_logits with it
+    recipe = CORPUS / "grpo_math_qwen30ba3b_megatron.yaml"
+    words = ["++policy.logprob_chunk_size=2048", "++policy.megatron_cfg.defer_fp32_logits=true"]
+    r = resolve([str(recipe), *words], require_shape=False).reading
+    assert "policy.logprob_chunk_size" not in r.unused
+    assert "policy.megatron_cfg.defer_fp32_logits" not in r.unused
+    assert any(
+        w.startswith("NeMo-RL computes the log-probabilities in chunks of 2048") for w in r.warnings
+    )
+    whole = resolve([str(recipe)], require_shape=False).reading
+    assert any("(DistributedLogprob)" in w for w in whole.warnings)
