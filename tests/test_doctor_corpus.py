@@ -132,13 +132,18 @@ CASES = Path(__file__).parent / "corpus" / "cases"
 # as collected (dev 3/12, held-out 4/11; decidable 0/1), all 22 thin ones `needs_evidence` with
 # a collect item that decides them. Dev 235/411 = 57.2%, 208/411 = 50.6%; held-out 101/289 =
 # 34.9%, 72/289 = 24.9% (fix floors lowered for the grown corpus).
+# Round ah (16 fresh cases, deciding evidence asked for: Megatron-based stacks, fine-tuning
+# stacks, PyTorch / DeepSpeed and vision repositories, 11 dev / 5 held-out, 3 decidable by the
+# label rule): 11/16 right as collected (dev 8/11, held-out 3/5; decidable 3/3), all 13 thin
+# ones `needs_evidence` with a collect item that decides them. Dev 244/422 = 57.8%, 214/422 =
+# 50.7%; held-out 104/294 = 35.4%, 73/294 = 24.8%.
 FLOORS = {
     ("dev", "category_ok"): 0.57,
     ("dev", "fix_ok"): 0.50,
     ("held_out", "category_ok"): 0.33,
     ("held_out", "fix_ok"): 0.24,
 }
-MIN_CASES = 700
+MIN_CASES = 716
 
 
 @pytest.fixture(scope="module")

@@ -160,6 +160,19 @@ def test_a_phrase_said_twice_is_given_once():
     assert english_for("显存不足，显存不足") == ["out of memory"]
 
 
+def test_cjk_another_process_holding_the_gpu():
+    # https://github.com/RangiLyu/nanodet/issues/147, the reporter's follow-up: "我运行nvidia-smi，
+    # 发现有个VeCarRecoServer进程，把所有内存基本全吃了" (another user's daemon held the GPU)
+    line = (
+        "我运行nvidia-smi，发现有个VeCarRecoServer进程，把所有内存基本全吃了，"
+        "杀掉再运行训练的命令"
+    )
+    assert "the GPU is used by another process" in english_for(line)
+    f = top(run(line + "\n"))
+    assert f.category == "other_processes"
+    assert "the GPU is used by another process" not in english_for("训练进程很慢")
+
+
 # ---- memory that keeps growing: a leak --------------------------------------------------------
 
 

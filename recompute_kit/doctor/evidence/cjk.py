@@ -124,6 +124,15 @@ _PHRASES: list[Phrase] = [
         lambda m: f"batch_size={m.group('n')}",
     ),
     (re.compile(r"报错|出错"), _fixed("error")),
+    # another process holding the GPU: "发现有个VeCarRecoServer进程，把所有内存基本全吃了",
+    # "显存被其他进程占用"
+    (
+        re.compile(
+            r"(?:有|发现)(?:一)?个[^。！？\n]{0,40}?进程[^。！？\n]{0,20}?(?:吃|占)(?:了|满|掉|用|着)?"
+            r"|被(?:别的|其他|其它|另一个|别人的?)?进程(?:占用|占满|占了|吃)"
+        ),
+        _fixed("the GPU is used by another process"),
+    ),
     # GPU counts: "8卡", "单卡", "两张A100"
     (
         re.compile(
