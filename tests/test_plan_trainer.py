@@ -202,9 +202,7 @@ def test_where_no_one_lever_fits_each_is_tried_at_micro_batch_1(tmp_path, capsys
     alone = [r for r in rows if "+" not in r["setting"] and r["lever"] != "current"]
     assert not any(r["fits"] for r in alone)
     smallest = "per_device_train_batch_size=1 gradient_accumulation_steps=16"
-    both = next(
-        r for r in rows if r["lever"] == "fused loss" and r["setting"].startswith(smallest)
-    )
+    both = next(r for r in rows if r["lever"] == "fused loss" and r["setting"].startswith(smallest))
     assert both["fits"]
     assert "use_liger_kernel: true" in both["setting"] and "liger-kernel" in both["adds"]
     # (ZeRO-3's optimizer step, one sub-group's fp32 gradients, leaves it inside the error
@@ -260,8 +258,19 @@ def test_trl_dpo_counts_pairs_and_the_reference_model(capsys):
     assert not [s for s in batches if s.startswith("per_device_train_batch_size=4")]
     # a micro-batch asked in sequences is written in pairs, in the asked format too (a re-trial
     # saw `--micro-batch-size 4 --format hf-trainer` hand back the failing 4 pairs)
-    main(["plan", "--config", str(launch), "--gpu", "a100-40gb", "--micro-batch-size", "4",
-          "--format", "hf-trainer"])
+    main(
+        [
+            "plan",
+            "--config",
+            str(launch),
+            "--gpu",
+            "a100-40gb",
+            "--micro-batch-size",
+            "4",
+            "--format",
+            "hf-trainer",
+        ]
+    )
     assert "per_device_train_batch_size: 2  # pairs: 4 sequences (DPO)" in capsys.readouterr().out
     # the doctor's logits finding never patches SFTConfig's loss_type into a DPO run
     main(["doctor", "--config", str(launch), "--gpu", "a100-40gb", "--json"])
@@ -276,3 +285,34 @@ def test_evaluation_batches_are_said_as_not_counted():
     warnings = resolve([str(launch)]).reading.warnings
     said = [w for w in warnings if "evaluation (eval_strategy steps)" in w]
     assert said and "per_device_eval_batch_size 8 (transformers' default)" in said[0]
+
+
+def test_llama_factorys_optimizer_switches_are_said_and_deepspeed_rows_take_its_precision(
+    capsys,
+):
+    # LLaMA-Factory's Muon example (tests/data/read/llama_factory/examples/extras/muon/
+    # qwen2_full_sft.yaml: use_muon true, bf16, no deepspeed key: DDP with autocast over fp32
+    # weights). A skill trial: use_muon was left "unused" with no word that the states are
+    # counted as Adam's; and the ZeRO-1/2 rows of `plan --levers` kept the DDP run's fp32
+    # weights and autocast copies where DeepSpeed runs 16-bit weights with an fp32 master copy
+    # (a ZeRO-2 row 25 GiB above the same run read with LLaMA-Factory's ds_z2_config.json)
+    data = Path(__file__).parent / "data" / "read" / "llama_factory" / "examples"
+    muon = str(data / "extras" / "muon" / "qwen2_full_sft.yaml")
+    r = resolve([muon], require_shape=False).reading
+    said = [w for w in r.warnings if w.startswith("use_muon muon: the optimizer states")]
+    assert said and "distributed" not in said[0]  # (LLaMA-Factory's Muon is not DistMuon)
+    galore = str(HERE / "hf_trainer" / "blind2_galore_llama3_full_sft.yaml")
+    assert any(
+        w.startswith("use_galore galore: the optimizer states")
+        for w in resolve([galore], require_shape=False).reading.warnings
+    )
+    base = ["--config", muon, QWEN3, "--dp", "8", "--gpu", "a100-40gb"]
+    assert main(["plan", *base, "--levers", "--json"]) in (0, 1)
+    rows = json.loads(capsys.readouterr().out)["levers"]["rows"]
+    z2 = next(r for r in rows if r["setting"] == "zero_optimization.stage 2")
+    z2_json = str(HERE / "hf_trainer" / "blind_ds_z2_config.json")
+    spec = z2["recompute"]
+    argv = ["estimate", "--config", muon, z2_json, QWEN3, "--dp", "8", "--recompute", spec]
+    assert main([*argv, "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)["estimates"][0]
+    assert z2["peak_bytes"] == direct["total_bytes"]

@@ -563,6 +563,14 @@ def _fused_loss(config: Config, args: tuple, plan_format: str, left_out: list[st
     ):
         return None
     setting = _FUSED_LOSS_KEYS.get(plan_format)
+    if setting is None and plan_format == "nemo-rl":
+        # NeMo-RL takes its own log-probs (DistributedLogprob), never Megatron's loss
+        left_out.append(
+            "a fused loss: NeMo-RL computes its own log-probabilities; its "
+            "policy.megatron_cfg.use_fused_linear_logprobs (the logits a chunk of tokens at a "
+            "time) is not priced here"
+        )
+        return None
     if setting is None:
         left_out.append(f"Transformer Engine's fused loss (no key for it known in {plan_format})")
         return None

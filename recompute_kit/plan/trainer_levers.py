@@ -130,6 +130,9 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
         return out
     # DeepSpeed's JSON keys, or Accelerate's deepspeed_config (backend "accelerate")
     accelerate = backend == "accelerate"
+    # a run without DeepSpeed (the Trainer's autocast over fp32 weights) that takes it on gets
+    # DeepSpeed's mixed precision: 16-bit weights, the fp32 master copy in the optimizer
+    precision = "fp32_master" if p.param_precision == "amp" else p.param_precision
     stage_key = "deepspeed_config.zero_stage" if accelerate else "zero_optimization.stage"
     opt_key = "deepspeed_config.offload_optimizer_device" if accelerate else "offload_optimizer"
     par_key = "deepspeed_config.offload_param_device" if accelerate else "offload_param"
@@ -144,7 +147,7 @@ def sharding_settings(config: Config, backend: str) -> list[tuple[str, Config]]:
                 if par:
                     words += f", {par_key} cpu"
                 c = config.replace(zero_stage=stage, optimizer_offload=opt)
-                out.append((words, c.replace(param_offload=par)))
+                out.append((words, c.replace(param_offload=par, param_precision=precision)))
     return out
 
 

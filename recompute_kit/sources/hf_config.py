@@ -154,6 +154,17 @@ _CLASS_NAMES = {
     "gpt2": "GPT2Config",
 }
 
+# gpt-oss's attention adds a learnable sink to the softmax (Megatron's softmax_type
+# "learnable"); Transformer Engine's backend filter (transformer_engine/pytorch/attention/
+# dot_product_attention/utils.py @ d0067d0da6: "Filter: Softmax type")
+_GPT_OSS_SINKS = (
+    "gpt-oss's attention has learnable sinks: FlashAttention does not run them; Transformer "
+    "Engine runs them with its cuDNN FusedAttention and falls back to unfused attention (the "
+    "[s, s] scores kept per layer) with packed sequences (thd) on cuDNN < 9.18, in "
+    "deterministic mode, or with context parallelism other than a2a; the estimate counts a "
+    "fused kernel: estimate with --attention unfused for that fallback"
+)
+
 # Keys read into fields (the rest of the file goes to `unused`).
 _READ_KEYS = frozenset(
     {
@@ -535,6 +546,7 @@ def _map(data: dict[str, Any], origin_for: OriginFor, where: str) -> Reading:
                     "counted as SwiGLU (same memory)",
                 )
             if model_type == "gpt_oss":
+                reading.warnings.append(_GPT_OSS_SINKS)
                 reading.origins["swiglu"] = Origin(
                     reading.origins["swiglu"].kind,
                     reading.origins["swiglu"].where,

@@ -344,6 +344,17 @@ def read(
         fv.get(p, "megatron_cfg", "defer_fp32_logits", kind=bool)
         if chunk is not None and chunk > 0:
             reading.warnings.append(_CHUNKED_NOTE.format(chunk=chunk))
+        # nemo_rl/models/policy/__init__.py: "a chunked linear cross-entropy fusion kernel
+        # directly from hidden states, avoiding materialization of the full ... logit tensor"
+        if fv.get(p, "megatron_cfg", "use_fused_linear_logprobs", kind=bool):
+            size = fv.get(p, "megatron_cfg", "fused_linear_logprobs_chunk_size", kind=int)
+            reading.warnings.append(
+                f"{fv.where((p, 'megatron_cfg', 'use_fused_linear_logprobs'))}: "
+                "use_fused_linear_logprobs: NeMo-RL computes the log-probabilities from the "
+                "hidden states a chunk of tokens at a time"
+                + (f" ({size})" if size else "")
+                + ", never the whole logits; the estimate counts them whole (an upper bound)"
+            )
     else:
         reading.format = DTENSOR + (DPO if fv.has("dpo") else "")
         dtensor_on = fv.get(p, "dtensor_cfg", "enabled", kind=bool)

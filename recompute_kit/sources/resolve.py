@@ -650,15 +650,24 @@ def resolve(
             if _OPTIMIZER_KEY.search(str(k)) and _NOT_ADAM.search(str(v))
         ),
         None,
+    ) or next(  # LLaMA-Factory's own switches (hparams/finetuning_args.py): use_muon: true
+        (
+            (k, k.removeprefix("use_"))
+            for k, v in merged.unused.items()
+            if k in _LF_OPTIMIZER_SWITCHES and v is True
+        ),
+        None,
     )
     if optimizer:
         key, name = optimizer
-        muon = (
-            "; Muon keeps one momentum for the linear weights (Adam for the rest), and its "
-            "layer-wise distributed form leaves each data-parallel rank the parameters it owns"
-            if "muon" in str(name).lower()
-            else ""
-        )
+        muon = ""
+        if "muon" in str(name).lower():
+            muon = "; Muon keeps one momentum for the linear weights (Adam for the rest)"
+            if "dist" in str(name).lower():
+                muon += (
+                    ", and its layer-wise distributed form leaves each data-parallel rank the "
+                    "parameters it owns"
+                )
         merged.warnings.append(
             f"{key} {name}: the optimizer states are counted as Adam's (a master copy and two "
             f"moments){muon}: the optimizer figure is an upper bound"
@@ -809,7 +818,12 @@ _VISION_NAME = re.compile(r"(?i)(?:-VL\b|VL-|llava|-Vision\b|-Omni\b|InternVL|Qw
 
 # An optimizer named beside the inputs that is not Adam: its states are not Adam's
 _OPTIMIZER_KEY = re.compile(r"(?:^|[.(\s-])optimizer(?:=\))?$|^--optimizer$")
-_NOT_ADAM = re.compile(r"(?i)^(?:dist_?)?(?:muon|sgd|lion|adafactor|soap|shampoo)\b")
+# LLaMA-Factory's optimizer switches (src/llamafactory/hparams/finetuning_args.py) other than
+# Adam's: Muon, GaLore and APOLLO (low-rank projected states), BAdam (one block at a time)
+_LF_OPTIMIZER_SWITCHES = ("use_muon", "use_galore", "use_apollo", "use_badam")
+_NOT_ADAM = re.compile(
+    r"(?i)^(?:dist_?)?(?:muon|sgd|lion|adafactor|soap|shampoo|galore|apollo|badam)\b"
+)
 _DEFERRED_WGRAD = re.compile(r"defer[_-]embedding[_-]wgrad[_-]compute$")
 _REGATHER = re.compile(r"sequence_parallel_input_regather$")  # Megatron-Bridge's LoRA
 

@@ -435,3 +435,16 @@ def test_a_deepspeed_json_not_given_says_its_stage_by_its_name_as_an_assumption(
     r = resolve([str(tmp_path / "sft.yaml")], require_shape=False).reading
     assert "from the name" not in r.origins["zero_stage"].note  # (the kit's own assumption)
     assert any("my_ds.json not found" in w for w in r.warnings)
+
+
+def test_gpt_oss_attention_sinks_are_said():
+    # a skill trial (NeMo-RL GRPO on gpt-oss-20b at 16k): the estimate assumed a fused
+    # attention kernel without saying that gpt-oss's learnable sinks rule FlashAttention out
+    # and send Transformer Engine to unfused attention in some setups (its backend filter,
+    # transformer_engine/pytorch/attention/dot_product_attention/utils.py "Softmax type")
+    path = CORPUS / "openai--gpt-oss-20b.config.json"
+    reading = hf_config.read(path.read_text(), str(path))
+    said = [w for w in reading.warnings if w.startswith("gpt-oss's attention has learnable")]
+    assert said and "--attention unfused" in said[0]
+    llama = CORPUS / "meta-llama--Meta-Llama-3.1-8B.config.json"
+    assert not any("sinks" in w for w in hf_config.read(llama.read_text(), str(llama)).warnings)

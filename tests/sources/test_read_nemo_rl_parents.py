@@ -11,6 +11,7 @@ parent sft.yaml sets to 1 (GRPO's base, grpo_math_1B.yaml, says 4).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -190,3 +191,21 @@ def test_chunked_log_probs_are_read_not_left_unused():
     )
     whole = resolve([str(recipe)], require_shape=False).reading
     assert any("(DistributedLogprob)" in w for w in whole.warnings)
+
+
+def test_fused_linear_logprobs_is_read_and_said_as_not_priced(capsys):
+    # a skill trial (gpt-oss-20b GRPO): use_fused_linear_logprobs was left "unused" and the
+    # levers said no fused-loss key is known in NeMo-RL; nemo_rl/models/policy/__init__.py:
+    # log-probs "directly from hidden states, avoiding materialization of the full ... logit
+    # tensor", fused_linear_logprobs_chunk_size tokens at a time
+    from recompute_kit.cli import main
+
+    recipe = str(CORPUS / "grpo_math_qwen30ba3b_megatron.yaml")
+    on = "policy.megatron_cfg.use_fused_linear_logprobs=true"
+    r = resolve([recipe, on], require_shape=False).reading
+    assert "policy.megatron_cfg.use_fused_linear_logprobs" not in r.unused
+    assert any(w.startswith("command line: use_fused_linear_logprobs: NeMo-RL") for w in r.warnings)
+    argv = ["plan", "--config", recipe, "--gpu", "h100-80gb", "--levers", "--json"]
+    assert main(argv) in (0, 1)
+    notes = json.loads(capsys.readouterr().out)["levers"]["notes"]
+    assert any("use_fused_linear_logprobs" in n and "not priced" in n for n in notes)
