@@ -284,8 +284,7 @@ def _check(
     ):
         said = ", ".join(f"{k} {current[k]!r}" for k in deepspeed)
         drop("zero_optimization", patch["zero_optimization"], f"already so in the inputs ({said})")
-        mcore = mcore or ["zero_optimization"]
-    if mcore and not patch:  # every entry is already what the inputs have
+    if (mcore or deepspeed) and not patch:  # every entry is already what the inputs have
         check["already_set"] = True
     # 3. never lowers recompute or raises the estimated peak unless that is the point
     _memory(ctx, f, {**patch, **_IMPLIED} if whole else patch, current, check, drop)

@@ -550,7 +550,8 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
             # nothing failed: no traceback to come, and no failing step to watch
             items = [i for i in items if i["id"] != "traceback"]
             items = [
-                {**i, "what": _SMI_WHILE_RUNNING} if i["id"] == "nvidia_smi" else i for i in items
+                {**i, "what": _SMI_WHILE_RUNNING} if i["id"] == "nvidia_smi" else i
+                for i in items
             ]
     if _frames_without_exception(ctx) and not any(i["id"] == "traceback" for i in items):
         what = COLLECT["traceback"] + " (the paste cuts it before its exception line)"
@@ -559,9 +560,8 @@ def judge(ctx: Context, findings: list[Finding]) -> Verdict:
         items.insert(0, collect_assumed(ctx, assumed, competing))
     if any(f.rule in _GROWTH_READINGS for f in findings[:3]):
         # a leak or growth read: step-by-step figures decide it, not one OOM
-        items.insert(
-            0, {"id": "memory_series", "what": COLLECT["memory_series"], "decides": competing}
-        )
+        items.insert(0, {"id": "memory_series", "what": COLLECT["memory_series"],
+                         "decides": competing})
     if overstated:
         tokens = {"id": "tokens_per_batch", "what": COLLECT["tokens_per_batch"]}
         items.insert(0, {**tokens, "decides": competing})

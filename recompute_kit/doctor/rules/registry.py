@@ -137,16 +137,14 @@ def _next_steps(ctx: Context):
         yield "full:uniform:1", "full recompute of every layer on its own (the most saving)"
         return
     if not ctx.flash and "core_attn" not in mods:
-        yield (
-            _spec(mods | {"core_attn"}),
-            ("the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"),
+        yield _spec(mods | {"core_attn"}), (
+            "the unfused attention keeps [b, a, s, s] scores; core_attn removes them cheaply"
         )
     if ctx.is_mla and "mla_up_proj" not in mods:
         yield _spec(mods | {"mla_up_proj"}), "MLA's expanded Q/K/V are its largest tensors"
     if ctx.is_moe and ctx.cfg.get("moe_grouped_gemm") and "moe_act" not in mods:
-        yield (
-            _spec(mods | {"moe_act", "layernorm"}),
-            ("the expert activations (top-k copies of every token) are cheap to recompute"),
+        yield _spec(mods | {"moe_act", "layernorm"}), (
+            "the expert activations (top-k copies of every token) are cheap to recompute"
         )
     if ctx.is_moe and "moe" not in mods:
         yield _spec(mods | {"moe"}), "recomputing the whole MoE layer frees dispatch and experts"
@@ -453,10 +451,8 @@ def _estimated_at(ctx: Context, tp: int) -> str:
     except ConfigError:
         return ""
     usable = int(ctx.gpu_bytes * (1 - SAFETY_MARGIN)) if ctx.gpu_bytes else None
-    verdict = (
-        ""
-        if usable is None
-        else (f", {'within' if held <= usable else 'still above'} the {gib(usable)} usable")
+    verdict = "" if usable is None else (
+        f", {'within' if held <= usable else 'still above'} the {gib(usable)} usable"
     )
     return f"; estimated there: {gib(held)} held per rank at the current recompute{verdict}"
 
