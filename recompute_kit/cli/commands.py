@@ -385,8 +385,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(step)
     if held:
         print(
-            "held: the total and what the rank holds beside it (MoE routing imbalance, FSDP's "
-            "gathered weights): what `plan` compares with the usable memory"
+            "held: the total and what the rank holds beside it (MoE routing imbalance, gathered "
+            "or autocast weight copies): what `plan` compares with the usable memory"
         )
     elementwise = {"layernorm", "moe_act"}
     if any(

@@ -654,9 +654,9 @@ def _trainer_rows(
             adds += "; use_liger_kernel needs transformers >= 4.45"
         if config.parallel.zero_stage >= 3:
             # Liger's loss reads lm_head.weight without calling the module, so ZeRO-3 may not
-            # have gathered it (linkedin/Liger-Kernel#767: Qwen2.5-1.5B-Instruct, tied
-            # embeddings, ZeRO-3 with parameter offload, ZeroDivisionError; huggingface/trl#3368,
-            # fixed for TRL's GRPO in trl#5891 and its DPO / KTO in trl#6372)
+            # have gathered it (linkedin/Liger-Kernel#767: Qwen2.5-1.5B-Instruct under ZeRO-3
+            # with parameter offload, ZeroDivisionError; huggingface/trl#3368, fixed for TRL's
+            # GRPO in trl#5891 and its DPO / KTO in trl#6372)
             adds += (
                 "; under ZeRO-3 Liger's loss can meet an ungathered lm_head.weight "
                 "(linkedin/Liger-Kernel#767): run a few steps first"

@@ -179,7 +179,8 @@ def read_with_overrides(text: str, path: str, words: list) -> Reading:
     src/llamafactory/hparams/parser.py), adding keys as freely as changing them. `words`: the
     overrides as written (str, recompute-kit's command line) or nemo_rl_overrides.Override (a
     launch script's)."""
-    from .nemo_rl_overrides import OVERRIDE, Override, value_of
+    from .nemo_rl_overrides import Override, is_override, put_path, value_of
+    from .yaml_paths import lookup
 
     data = None if path.lower().endswith(".json") else yaml_mapping(text, path, "a trainer YAML")
     if data is None or _kind(data) != FORMAT_LF or _llama_factory_v1(data):
@@ -191,19 +192,17 @@ def read_with_overrides(text: str, path: str, words: list) -> Reading:
     by_key: dict[str, Override] = {}
     for word in words:
         o = word if isinstance(word, Override) else Override(word, applies_to=path)
-        m = OVERRIDE.match(o.written)
-        if m is None or m.group("op") or m.group("v") is None:
+        if not is_override(o.written) or o.op or "=" not in o.written:
             raise ConfigError(
                 f"{o.where}: {o.written!r} is not a key=value override LLaMA-Factory takes"
             )
-        *parents, last = m.group("key").split(".")
-        node = data
-        for part in parents:  # a dotted key sets inside a mapping (OmegaConf's dotlist)
-            node = node.setdefault(part, {}) if isinstance(node.get(part), dict | None) else None
-            if node is None:
-                raise ConfigError(f"{o.where}: {o.written}: {part} is not a mapping in {path}")
-        node[last] = value_of(m.group("v"))
-        by_key[m.group("key").split(".")[0]] = o
+        p = o.path
+        for k in range(1, len(p)):  # a dotted key sets inside a mapping (OmegaConf's dotlist)
+            found, node = lookup(data, p[:k])
+            if found and not isinstance(node, dict):
+                raise ConfigError(f"{o.where}: {o.written}: {p[k - 1]} is not a mapping in {path}")
+        put_path(data, p, value_of(o.written.split("=", 1)[1]), merge=True)
+        by_key[p[0]] = o
     reading = Reading(framework="hf-trainer", format=_kind(data))
     _read_yaml(data, _Src(text, path, "yaml", by_key), reading)
     return reading

@@ -353,7 +353,7 @@ def read(
                 "use_fused_linear_logprobs: NeMo-RL computes the log-probabilities from the "
                 "hidden states a chunk of tokens at a time"
                 + (f" ({size})" if size else "")
-                + ", never the whole logits; the estimate counts them whole (an upper bound)"
+                + ", never the whole logits; the estimate counts them whole"
             )
     else:
         reading.format = DTENSOR + (DPO if fv.has("dpo") else "")

@@ -88,7 +88,9 @@ def value_of(raw: str) -> Any:
     return value
 
 
-def _put(data: dict, p: Path, value: Any, merge: bool) -> None:
+def put_path(data: dict, p: Path, value: Any, merge: bool) -> None:
+    """`value` at the dotted path `p` of `data` (mappings made on the way); with `merge`, a
+    mapping value merges into the mapping there, as OmegaConf merges it."""
     node = data
     for key in p[:-1]:
         if not isinstance(node.get(key), dict):
@@ -150,9 +152,9 @@ def apply(
             )
             continue
         value = value_of(raw or "")
-        _put(merged, p, value, merge=True)
+        put_path(merged, p, value, merge=True)
         data, lines = placed.setdefault(_file(o), ({}, {}))
-        _put(data, p, value, merge=False)
+        put_path(data, p, value, merge=False)
         lines[p] = o.line
     # the most specific first: the later place wins where two give the same key
     extra = [(file, data, lines) for file, (data, lines) in reversed(placed.items())]
